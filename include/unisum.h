@@ -1,0 +1,131 @@
+/*
+ * unisum.h - the public C API of unisum.
+ *
+ * unisum sums gradients across data-parallel workers through a Summation
+ * Service (the BytePS architecture).  A training process calls
+ * unisum_init() once, declares each gradient tensor by name, and then calls
+ * unisum_push_pull() (or its asynchronous form) every iteration.
+ *
+ * Conventions (libuv's): every function that acts returns 0 (or a
+ * non-negative value where stated) on success and a negative UNISUM_E* code
+ * on failure; unisum_strerror() gives the code's text.  When a call fails,
+ * the log line names the rank, the tensor and what to do about it, and
+ * unisum_last_error() returns that same detailed message.
+ *
+ * Buffers passed to an asynchronous call belong to the caller and must stay
+ * valid, untouched, until the handle completes: that is what lets unisum
+ * send from and receive into them without copies.
+ */
+#ifndef UNISUM_H
+#define UNISUM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types of a tensor.  The values are part of the wire protocol. */
+typedef enum unisum_dtype {
+	UNISUM_FLOAT32 = 0,
+	UNISUM_FLOAT64 = 1,
+	UNISUM_FLOAT16 = 2,
+	UNISUM_BFLOAT16 = 3,
+	UNISUM_INT32 = 4,
+	UNISUM_INT64 = 5,
+	UNISUM_DTYPE_COUNT
+} unisum_dtype;
+
+/* Error codes: always negative. */
+enum {
+	UNISUM_OK = 0,
+	UNISUM_EINVAL = -1,	/* an argument is invalid */
+	UNISUM_ENOMEM = -2,	/* out of memory */
+	UNISUM_ECONFIG = -3,	/* an environment variable is missing or malformed */
+	UNISUM_ENOTINIT = -4,	/* unisum_init() has not been called */
+	UNISUM_EMISMATCH = -5,	/* workers disagree on a tensor's dtype or size */
+	UNISUM_ECONN = -6,	/* a connection to a peer failed or was closed */
+	UNISUM_EPROTO = -7,	/* a peer sent a message that breaks the protocol */
+	UNISUM_ETIMEDOUT = -8,	/* a bounded wait ran out */
+	UNISUM_EBUSY = -9,	/* the tensor already has a push_pull in flight */
+	UNISUM_EREMOTE = -10,	/* a peer reported an error (see the log / last error) */
+	UNISUM_ESYS = -11,	/* a system call failed (see errno in the log) */
+	UNISUM_ESHUTDOWN = -12,	/* the job is shutting down */
+};
+
+/* Flags of unisum_push_pull(). */
+#define UNISUM_AVERAGE 0x1	/* divide the sum by unisum_size() */
+
+/* An in-flight asynchronous operation; 0 is never a valid handle. */
+typedef int64_t unisum_handle;
+
+/* Reads the UNISUM_* / DMLC_* / BYTEPS_* environment, registers with the
+ * scheduler and connects to every server.  Blocks until the whole job has
+ * registered.  Returns 0 or a negative error (UNISUM_ECONFIG names the
+ * variable in unisum_last_error()). */
+int unisum_init(void);
+
+/* Waits for in-flight operations, tells the scheduler this worker is done
+ * and closes every connection.  Servers stay up until every worker is done. */
+int unisum_shutdown(void);
+
+/* Rank of this worker in [0, size), number of workers, and the rank and
+ * count of workers on this machine.  Negative (UNISUM_ENOTINIT) before init. */
+int unisum_rank(void);
+int unisum_size(void);
+int unisum_local_rank(void);
+int unisum_local_size(void);
+
+/* Declares a tensor of `count` elements of `dtype` under `name`.  Every
+ * worker must declare the same name with the same dtype and count, in any
+ * order: the keys are derived from the name.  `priority` orders
+ * transmission (larger goes first).  Declaring the same name again with the
+ * same shape returns the same id.  Returns a tensor id >= 0 or a negative
+ * error (UNISUM_EMISMATCH when another worker declared it differently). */
+int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int priority);
+
+/* Sums `in` over all workers into `out` (which may equal `in`); with
+ * UNISUM_AVERAGE the sum is divided by unisum_size() (integers: floor).
+ * Blocks until done. */
+int unisum_push_pull(int tensor, const void *in, void *out, int flags);
+
+/* The asynchronous form: starts the operation and stores its handle in *h.
+ * `in` and `out` must stay valid until unisum_poll() returns non-zero or
+ * unisum_wait() returns.  A tensor has at most one operation in flight
+ * (UNISUM_EBUSY otherwise).  On error *h is not set and no completion is
+ * ever reported. */
+int unisum_push_pull_async(int tensor, const void *in, void *out, int flags,
+			   unisum_handle *h);
+
+/* 1 when the operation is done (its handle is then released: do not poll
+ * or wait on it again), 0 while pending, negative on error (also releases). */
+int unisum_poll(unisum_handle h);
+
+/* Blocks until the operation completes; releases the handle.  0 or a
+ * negative error. */
+int unisum_wait(unisum_handle h);
+
+/* Copies `buf` of rank `root_rank` into `buf` of every worker. */
+int unisum_broadcast(int tensor, void *buf, int root_rank);
+
+/* Returns when every worker has called unisum_barrier(). */
+int unisum_barrier(void);
+
+/* Text of an error code; never NULL. */
+const char *unisum_strerror(int err);
+
+/* The detailed message of the last error on this thread (rank, tensor,
+ * what to do), or "" when there is none. */
+const char *unisum_last_error(void);
+
+/* Size in bytes of one element of `dtype`, or 0 for an unknown dtype. */
+size_t unisum_dtype_size(unisum_dtype dtype);
+
+/* Name of `dtype` ("float32", ...), or "unknown". */
+const char *unisum_dtype_name(unisum_dtype dtype);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* UNISUM_H */

@@ -1,0 +1,243 @@
+/*
+ * config.c - the table of every environment knob, and its parser.
+ *
+ * To add a knob: add a field to struct config, a row to config_knobs[] and,
+ * if its type is new, a case to config_parse_one().  Nothing else in unisum
+ * calls getenv() for a UNISUM_/DMLC_/BYTEPS_ variable.
+ */
+#include "config/config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "log/log.h"
+
+enum knob_type {
+	KNOB_INT,	/* decimal integer within [min, max] */
+	KNOB_U64,	/* decimal unsigned 64-bit within [min, max] */
+	KNOB_STRING,	/* any non-empty text that fits the field */
+	KNOB_ROLE,	/* scheduler | server | worker */
+	KNOB_LOG_LEVEL,	/* TRACE .. FATAL */
+};
+
+struct knob {
+	const char *name;	/* native UNISUM_* name */
+	const char *alias1;	/* BytePS / ps-lite name, or NULL */
+	const char *alias2;	/* a second alias, or NULL */
+	enum knob_type type;
+	size_t offset;		/* field in struct config */
+	size_t size;		/* field size (strings) */
+	const char *defval;	/* default as text, NULL = none (required by some roles) */
+	long long min, max;	/* range of numeric knobs */
+	const char *meaning;	/* one line for `unisum info` */
+};
+
+#define FIELD(f) offsetof(struct config, f), sizeof(((struct config *)0)->f)
+
+static const struct knob config_knobs[] = {
+	{"UNISUM_ROLE", "DMLC_ROLE", NULL, KNOB_ROLE, FIELD(role), NULL, 0, 0,
+	 "role of this process: scheduler, server or worker"},
+	{"UNISUM_NUM_WORKER", "DMLC_NUM_WORKER", NULL, KNOB_INT, FIELD(num_workers), NULL, 1, 65535,
+	 "number of worker processes in the job"},
+	{"UNISUM_NUM_SERVER", "DMLC_NUM_SERVER", NULL, KNOB_INT, FIELD(num_servers), NULL, 1, 65535,
+	 "number of summation servers in the job"},
+	{"UNISUM_SCHEDULER_HOST", "DMLC_PS_ROOT_URI", NULL, KNOB_STRING, FIELD(scheduler_host), NULL, 0, 0,
+	 "address of the scheduler"},
+	{"UNISUM_SCHEDULER_PORT", "DMLC_PS_ROOT_PORT", NULL, KNOB_INT, FIELD(scheduler_port), NULL, 1, 65535,
+	 "port of the scheduler"},
+	{"UNISUM_WORKER_ID", "DMLC_WORKER_ID", NULL, KNOB_INT, FIELD(worker_id), "-1", -1, 65534,
+	 "rank this worker asks for (-1: the scheduler assigns by arrival)"},
+	{"UNISUM_NODE_HOST", "DMLC_NODE_HOST", NULL, KNOB_STRING, FIELD(node_host), "127.0.0.1", 0, 0,
+	 "address this node listens on and advertises to its peers"},
+	{"UNISUM_PORT", "DMLC_PORT", NULL, KNOB_INT, FIELD(port), "0", 0, 65535,
+	 "listening port of a server (0: any free port)"},
+	{"UNISUM_LOCAL_RANK", "BYTEPS_LOCAL_RANK", NULL, KNOB_INT, FIELD(local_rank), "0", 0, 1023,
+	 "rank of this worker among the workers of its machine"},
+	{"UNISUM_LOCAL_SIZE", "BYTEPS_LOCAL_SIZE", NULL, KNOB_INT, FIELD(local_size), "1", 1, 1024,
+	 "number of workers on this machine"},
+	{"UNISUM_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES", NULL, KNOB_U64, FIELD(partition_bytes), "4096000",
+	 8, 1LL << 30, "largest partition a tensor is cut into, in bytes"},
+	{"UNISUM_SERVER_ENGINE_THREAD", "BYTEPS_SERVER_ENGINE_THREAD", NULL, KNOB_INT, FIELD(engine_threads),
+	 "0", 0, 256, "summation threads per server (0: one per core, at most 4)"},
+	{"UNISUM_LOG_LEVEL", "BYTEPS_LOG_LEVEL", NULL, KNOB_LOG_LEVEL, FIELD(log_level), "WARNING", 0, 0,
+	 "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL"},
+	{"UNISUM_TIMEOUT_MS", NULL, NULL, KNOB_INT, FIELD(timeout_ms), "30000", 100, INT_MAX,
+	 "how long connecting to a peer and registering may take, in ms"},
+};
+
+#define KNOB_COUNT (sizeof config_knobs / sizeof config_knobs[0])
+
+/* Which variable supplied a knob's value, for error messages. */
+static const char *knob_source(const struct knob *k, const char **value)
+{
+	const char *names[3] = {k->name, k->alias1, k->alias2};
+	for (int i = 0; i < 3; i++) {
+		if (names[i] == NULL)
+			continue;
+		const char *v = getenv(names[i]);
+		if (v != NULL) {
+			*value = v;
+			return names[i];
+		}
+	}
+	*value = NULL;
+	return NULL;
+}
+
+static int parse_ll(const char *s, long long *out)
+{
+	char *end;
+	errno = 0;
+	long long v = strtoll(s, &end, 10);
+	if (errno != 0 || end == s || *end != '\0')
+		return -1;
+	*out = v;
+	return 0;
+}
+
+static int role_parse(const char *s)
+{
+	if (strcasecmp(s, "scheduler") == 0)
+		return CONFIG_ROLE_SCHEDULER;
+	if (strcasecmp(s, "server") == 0)
+		return CONFIG_ROLE_SERVER;
+	if (strcasecmp(s, "worker") == 0)
+		return CONFIG_ROLE_WORKER;
+	return -1;
+}
+
+static int config_parse_one(struct config *cfg, const struct knob *k, const char *var,
+			    const char *text, char *err, size_t err_len)
+{
+	char *field = (char *)cfg + k->offset;
+	long long v;
+
+	switch (k->type) {
+	case KNOB_INT:
+	case KNOB_U64:
+		if (parse_ll(text, &v) != 0 || v < k->min || v > k->max) {
+			snprintf(err, err_len, "%s='%s' is not an integer in [%lld, %lld] (%s)", var,
+				 text, k->min, k->max, k->meaning);
+			return UNISUM_ECONFIG;
+		}
+		if (k->type == KNOB_INT)
+			*(int *)field = (int)v;
+		else
+			*(uint64_t *)field = (uint64_t)v;
+		return 0;
+	case KNOB_STRING:
+		if (text[0] == '\0' || strlen(text) >= k->size) {
+			snprintf(err, err_len, "%s='%s' must be non-empty and under %zu characters (%s)",
+				 var, text, k->size, k->meaning);
+			return UNISUM_ECONFIG;
+		}
+		memcpy(field, text, strlen(text) + 1);
+		return 0;
+	case KNOB_ROLE:
+		v = role_parse(text);
+		if (v < 0) {
+			snprintf(err, err_len, "%s='%s' must be scheduler, server or worker", var, text);
+			return UNISUM_ECONFIG;
+		}
+		*(int *)field = (int)v;
+		return 0;
+	case KNOB_LOG_LEVEL:
+		v = log_level_parse(text);
+		if (v < 0) {
+			snprintf(err, err_len, "%s='%s' must be TRACE, DEBUG, INFO, WARNING, ERROR or FATAL",
+				 var, text);
+			return UNISUM_ECONFIG;
+		}
+		*(int *)field = (int)v;
+		return 0;
+	}
+	return UNISUM_ECONFIG;
+}
+
+int config_load(struct config *cfg, char *err, size_t err_len)
+{
+	memset(cfg, 0, sizeof *cfg);
+	for (size_t i = 0; i < KNOB_COUNT; i++) {
+		const struct knob *k = &config_knobs[i];
+		const char *text;
+		const char *var = knob_source(k, &text);
+		if (var == NULL) {
+			if (k->defval == NULL)
+				continue;
+			var = k->name;
+			text = k->defval;
+		}
+		int rc = config_parse_one(cfg, k, var, text, err, err_len);
+		if (rc != 0)
+			return rc;
+	}
+	if (cfg->local_rank >= cfg->local_size) {
+		snprintf(err, err_len, "UNISUM_LOCAL_RANK=%d must be below UNISUM_LOCAL_SIZE=%d",
+			 cfg->local_rank, cfg->local_size);
+		return UNISUM_ECONFIG;
+	}
+	if (cfg->num_workers > 0 && cfg->worker_id >= cfg->num_workers) {
+		snprintf(err, err_len, "UNISUM_WORKER_ID=%d must be below UNISUM_NUM_WORKER=%d",
+			 cfg->worker_id, cfg->num_workers);
+		return UNISUM_ECONFIG;
+	}
+	if (cfg->engine_threads == 0) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		cfg->engine_threads = n < 1 ? 1 : n > 4 ? 4 : (int)n;
+	}
+	return 0;
+}
+
+int config_require(const struct config *cfg, int role, char *err, size_t err_len)
+{
+	const char *missing = NULL;
+	if (role != CONFIG_ROLE_SCHEDULER && cfg->scheduler_host[0] == '\0')
+		missing = "UNISUM_SCHEDULER_HOST (or DMLC_PS_ROOT_URI)";
+	else if (cfg->scheduler_port == 0)
+		missing = "UNISUM_SCHEDULER_PORT (or DMLC_PS_ROOT_PORT)";
+	else if (cfg->num_workers == 0)
+		missing = "UNISUM_NUM_WORKER (or DMLC_NUM_WORKER)";
+	else if (cfg->num_servers == 0)
+		missing = "UNISUM_NUM_SERVER (or DMLC_NUM_SERVER)";
+	if (missing == NULL)
+		return 0;
+	snprintf(err, err_len, "%s is not set: a %s needs it (run under `unisum launch`, or set it)",
+		 missing, config_role_name(role));
+	return UNISUM_ECONFIG;
+}
+
+const char *config_role_name(int role)
+{
+	switch (role) {
+	case CONFIG_ROLE_SCHEDULER:
+		return "scheduler";
+	case CONFIG_ROLE_SERVER:
+		return "server";
+	case CONFIG_ROLE_WORKER:
+		return "worker";
+	default:
+		return "none";
+	}
+}
+
+void config_print(FILE *out)
+{
+	for (size_t i = 0; i < KNOB_COUNT; i++) {
+		const struct knob *k = &config_knobs[i];
+		const char *text;
+		const char *var = knob_source(k, &text);
+		fprintf(out, "%-28s %s\n", k->name, k->meaning);
+		if (k->alias1 != NULL)
+			fprintf(out, "%-28s   alias: %s%s%s\n", "", k->alias1, k->alias2 ? ", " : "",
+				k->alias2 ? k->alias2 : "");
+		fprintf(out, "%-28s   default: %s", "", k->defval ? k->defval : "(none)");
+		if (var != NULL)
+			fprintf(out, "; set: %s=%s", var, text);
+		fputc('\n', out);
+	}
+}

@@ -1,0 +1,60 @@
+/*
+ * config.h - every environment variable unisum reads, parsed in one place.
+ *
+ * Each knob is declared once in config.c's table with its native name
+ * (UNISUM_*), the BytePS/ps-lite aliases existing launch scripts use, its
+ * default and a one-line meaning; `unisum info` prints the table.  A
+ * malformed value is an error that names the variable, never a silent
+ * default.  When both a native name and an alias are set, the native name
+ * wins.
+ */
+#ifndef UNISUM_CONFIG_H
+#define UNISUM_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "unisum.h"
+
+enum config_role {
+	CONFIG_ROLE_NONE = 0,
+	CONFIG_ROLE_SCHEDULER = 1,
+	CONFIG_ROLE_SERVER = 2,
+	CONFIG_ROLE_WORKER = 3,
+};
+
+/* The parsed environment. */
+struct config {
+	int role;			/* enum config_role */
+	int num_workers;		/* worker processes in the job (machines x local_size) */
+	int num_servers;		/* server processes */
+	char scheduler_host[256];	/* where the scheduler listens */
+	int scheduler_port;		/* its port */
+	int worker_id;			/* requested worker rank, -1 = assigned by arrival */
+	char node_host[256];		/* address this node advertises and binds */
+	int port;			/* listening port of a server, 0 = any free one */
+	int local_rank;			/* rank among the workers of this machine */
+	int local_size;			/* workers on this machine */
+	uint64_t partition_bytes;	/* largest partition of a tensor */
+	int engine_threads;		/* summation threads per server, 0 = one per core */
+	int log_level;			/* enum log_level */
+	int timeout_ms;			/* bound on connecting and registering */
+};
+
+/* Fills `cfg` from the environment.  On a malformed value returns
+ * UNISUM_ECONFIG with a message naming the variable in `err`. */
+int config_load(struct config *cfg, char *err, size_t err_len);
+
+/* Checks that everything `role` needs is present (the scheduler address,
+ * the job size).  UNISUM_ECONFIG with the missing variable named in `err`. */
+int config_require(const struct config *cfg, int role, char *err, size_t err_len);
+
+/* Name of a role: "scheduler", "server", "worker" or "none". */
+const char *config_role_name(int role);
+
+/* Prints every knob, its aliases, default, meaning and current value. */
+void config_print(FILE *out);
+
+#endif /* UNISUM_CONFIG_H */

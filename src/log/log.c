@@ -1,0 +1,94 @@
+/*
+ * log.c - see log.h.  One write(2) per line so lines from the threads of a
+ * process never interleave mid-line.
+ */
+#include "log/log.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+int log_threshold = LOG_LEVEL_WARNING;
+
+static char log_identity[48] = "unisum";
+static _Thread_local char log_last[1024];
+
+static const char *const log_level_names[] = {
+	"TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL",
+};
+
+void log_set_identity(const char *role, int rank)
+{
+	if (rank >= 0)
+		snprintf(log_identity, sizeof log_identity, "unisum[%s %d]", role, rank);
+	else
+		snprintf(log_identity, sizeof log_identity, "unisum[%s]", role);
+}
+
+void log_set_level(int level)
+{
+	if (level >= LOG_LEVEL_TRACE && level <= LOG_LEVEL_FATAL)
+		log_threshold = level;
+}
+
+int log_level_parse(const char *s)
+{
+	if (s[0] >= '0' && s[0] <= '5' && s[1] == '\0')
+		return s[0] - '0';
+	for (int i = 0; i <= LOG_LEVEL_FATAL; i++)
+		if (strcasecmp(s, log_level_names[i]) == 0)
+			return i;
+	if (strcasecmp(s, "WARN") == 0)
+		return LOG_LEVEL_WARNING;
+	return -1;
+}
+
+static void log_vwrite(int level, const char *fmt, va_list ap)
+{
+	char line[2048];
+	int n = snprintf(line, sizeof line, "%s %s: ", log_identity, log_level_names[level]);
+	if (n < 0)
+		return;
+	int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+	size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+	if (len > sizeof line - 2)
+		len = sizeof line - 2;
+	line[len++] = '\n';
+	ssize_t rc = write(STDERR_FILENO, line, len);
+	(void)rc;
+}
+
+void log_write(int level, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	log_vwrite(level, fmt, ap);
+	va_end(ap);
+}
+
+int log_fail(int err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(log_last, sizeof log_last, fmt, ap);
+	va_end(ap);
+	if (LOG_LEVEL_ERROR >= log_threshold)
+		log_write(LOG_LEVEL_ERROR, "%s", log_last);
+	return err;
+}
+
+void log_set_last_error(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(log_last, sizeof log_last, fmt, ap);
+	va_end(ap);
+}
+
+const char *log_last_error(void)
+{
+	return log_last;
+}

@@ -1,0 +1,57 @@
+/*
+ * log.h - levelled logging with the role and rank in every line, and the
+ * per-thread "last error" message the public API hands to users.
+ *
+ * The level is checked before anything is formatted (LOG_DEBUG in a hot
+ * loop costs one branch when debugging is off).  Lines go to stderr as
+ *   unisum[worker 1] ERROR: push_pull of tensor 'fc.weight' ...
+ */
+#ifndef UNISUM_LOG_H
+#define UNISUM_LOG_H
+
+#include <stdarg.h>
+
+enum log_level {
+	LOG_LEVEL_TRACE = 0,
+	LOG_LEVEL_DEBUG = 1,
+	LOG_LEVEL_INFO = 2,
+	LOG_LEVEL_WARNING = 3,
+	LOG_LEVEL_ERROR = 4,
+	LOG_LEVEL_FATAL = 5,
+};
+
+/* The current threshold; lines below it are dropped. */
+extern int log_threshold;
+
+/* Sets the role and rank printed in every line ("worker", 1). */
+void log_set_identity(const char *role, int rank);
+void log_set_level(int level);
+
+/* Parses "TRACE".."FATAL" (case-insensitive) or "0".."5"; -1 if invalid. */
+int log_level_parse(const char *s);
+
+void log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define LOG_AT(level, ...)                                                      \
+	do {                                                                    \
+		if ((level) >= log_threshold)                                   \
+			log_write((level), __VA_ARGS__);                        \
+	} while (0)
+#define LOG_TRACE(...) LOG_AT(LOG_LEVEL_TRACE, __VA_ARGS__)
+#define LOG_DEBUG(...) LOG_AT(LOG_LEVEL_DEBUG, __VA_ARGS__)
+#define LOG_INFO(...) LOG_AT(LOG_LEVEL_INFO, __VA_ARGS__)
+#define LOG_WARN(...) LOG_AT(LOG_LEVEL_WARNING, __VA_ARGS__)
+#define LOG_ERROR(...) LOG_AT(LOG_LEVEL_ERROR, __VA_ARGS__)
+
+/* Records `fmt` as this thread's last error (see unisum_last_error()),
+ * logs it at ERROR level and returns `err`, so callers can write
+ * `return log_fail(UNISUM_EINVAL, "...")`. */
+int log_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Records a last error without logging it (the caller logged already). */
+void log_set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* This thread's last error, "" when none. */
+const char *log_last_error(void);
+
+#endif /* UNISUM_LOG_H */

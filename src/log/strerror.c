@@ -1,0 +1,44 @@
+/*
+ * strerror.c - the text of every public error code.
+ */
+#include "log/log.h"
+#include "unisum.h"
+
+const char *unisum_strerror(int err)
+{
+	switch (err) {
+	case UNISUM_OK:
+		return "success";
+	case UNISUM_EINVAL:
+		return "invalid argument";
+	case UNISUM_ENOMEM:
+		return "out of memory";
+	case UNISUM_ECONFIG:
+		return "an environment variable is missing or malformed";
+	case UNISUM_ENOTINIT:
+		return "unisum_init() has not been called";
+	case UNISUM_EMISMATCH:
+		return "workers disagree on a tensor's dtype or size";
+	case UNISUM_ECONN:
+		return "a connection to a peer failed or was closed";
+	case UNISUM_EPROTO:
+		return "a peer broke the protocol";
+	case UNISUM_ETIMEDOUT:
+		return "timed out";
+	case UNISUM_EBUSY:
+		return "the tensor already has a push_pull in flight";
+	case UNISUM_EREMOTE:
+		return "a peer reported an error";
+	case UNISUM_ESYS:
+		return "a system call failed";
+	case UNISUM_ESHUTDOWN:
+		return "the job is shutting down";
+	default:
+		return "unknown error";
+	}
+}
+
+const char *unisum_last_error(void)
+{
+	return log_last_error();
+}

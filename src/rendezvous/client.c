@@ -1,0 +1,378 @@
+/*
+ * client.c - a node's side of the rendezvous (see rendezvous.h).
+ *
+ * DESIGN.  Registration is synchronous in rdv_client_new().  Afterwards a
+ * reader thread owns the receiving side of the scheduler connection: it
+ * hands replies (BARRIER_DONE, DECLARE) to the one request in flight
+ * (requests are serialised by `request_lock`) and turns SHUTDOWN and ERROR
+ * notices, or a lost scheduler, into a call of the notice callback.  Lock
+ * order: request_lock, then lock.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log/log.h"
+#include "rendezvous/rdv_proto.h"
+#include "rendezvous/rendezvous.h"
+#include "wire/wire.h"
+
+struct rdv_client {
+	const struct transport_ops *tp;
+	struct tp_conn *conn;		/* to the scheduler */
+	int role;			/* CONFIG_ROLE_* of this node */
+	uint32_t id;			/* this node's id */
+	int rank;			/* this node's rank within its role */
+	struct rdv_node *nodes;		/* the address book */
+	int nnodes;
+	rdv_notice_fn notice;		/* job-over callback */
+	void *notice_arg;
+	pthread_t reader;		/* reads everything the scheduler sends */
+	pthread_mutex_t request_lock;	/* one request in flight */
+	pthread_mutex_t send_lock;	/* serialises writes to conn */
+	pthread_mutex_t lock;		/* the reply slot and `failed` */
+	pthread_cond_t replied;
+	bool have_reply;		/* reply_hdr / reply_payload are set */
+	struct wire_hdr reply_hdr;
+	void *reply_payload;		/* malloc'd; taken by the requester */
+	int failed;			/* 0, or why no reply will ever come */
+	char failed_why[512];
+	bool closing;			/* rdv_client_free() has started */
+};
+
+static int rdv_send(struct rdv_client *c, const struct wire_hdr *h, const void *payload)
+{
+	pthread_mutex_lock(&c->send_lock);
+	int rc = c->tp->send(c->conn, h, payload);
+	pthread_mutex_unlock(&c->send_lock);
+	return rc;
+}
+
+/* Reads one message with its payload (malloc'd, NULL when empty). */
+static int rdv_recv(struct rdv_client *c, struct wire_hdr *h, void **payload, char *why, size_t len)
+{
+	*payload = NULL;
+	int rc = c->tp->recv_header(c->conn, h, why, len);
+	if (rc != 0)
+		return rc;
+	if (h->payload_len == 0)
+		return 0;
+	*payload = malloc(h->payload_len);
+	if (*payload == NULL)
+		return UNISUM_ENOMEM;
+	rc = c->tp->recv_payload(c->conn, *payload, h->payload_len);
+	if (rc != 0) {
+		free(*payload);
+		*payload = NULL;
+		snprintf(why, len, "connection closed");
+	}
+	return rc;
+}
+
+static void rdv_fail(struct rdv_client *c, int err, const char *why)
+{
+	pthread_mutex_lock(&c->lock);
+	bool first = c->failed == 0;
+	if (first) {
+		c->failed = err;
+		snprintf(c->failed_why, sizeof c->failed_why, "%s", why);
+	}
+	pthread_cond_broadcast(&c->replied);
+	bool closing = c->closing;
+	pthread_mutex_unlock(&c->lock);
+	if (first && c->notice != NULL && !(closing && err == UNISUM_ECONN))
+		c->notice(c->notice_arg, err, why);
+}
+
+static void *rdv_reader_main(void *arg)
+{
+	struct rdv_client *c = arg;
+	for (;;) {
+		struct wire_hdr h;
+		void *payload;
+		char why[256];
+		int rc = rdv_recv(c, &h, &payload, why, sizeof why);
+		if (rc != 0) {
+			char msg[400];
+			snprintf(msg, sizeof msg, "lost the scheduler at %s: %s (did the scheduler or "
+				 "launcher exit?)", c->tp->peer_name(c->conn), why);
+			rdv_fail(c, rc == UNISUM_EPROTO ? UNISUM_EPROTO : UNISUM_ECONN, msg);
+			return NULL;
+		}
+		switch (h.type) {
+		case WIRE_BARRIER_DONE:
+		case WIRE_DECLARE:
+			pthread_mutex_lock(&c->lock);
+			free(c->reply_payload);
+			c->reply_hdr = h;
+			c->reply_payload = payload;
+			c->have_reply = true;
+			pthread_cond_broadcast(&c->replied);
+			pthread_mutex_unlock(&c->lock);
+			break;
+		case WIRE_SHUTDOWN:
+			free(payload);
+			/* Servers take UNISUM_ESHUTDOWN as their clean stop. */
+			rdv_fail(c, UNISUM_ESHUTDOWN, "the scheduler ended the job: every worker is done");
+			return NULL;
+		case WIRE_ERROR: {
+			char text[512] = "the job failed";
+			struct wire_reader r;
+			wire_reader_init(&r, payload, h.payload_len);
+			wire_read_str(&r, text, sizeof text);
+			free(payload);
+			int err = -(int)h.aux;
+			if (err >= 0 || err < UNISUM_ESHUTDOWN)
+				err = UNISUM_EREMOTE;
+			rdv_fail(c, err, text);
+			return NULL;
+		}
+		default:
+			free(payload);
+			break;
+		}
+	}
+}
+
+static int rdv_register(struct rdv_client *c, const struct config *cfg, int listen_port)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	wire_buf_u32(&b, (uint32_t)cfg->role);
+	wire_buf_u32(&b, (uint32_t)(cfg->role == CONFIG_ROLE_WORKER ? cfg->worker_id : -1));
+	wire_buf_u32(&b, (uint32_t)listen_port);
+	wire_buf_str(&b, cfg->node_host);
+	if (b.failed) {
+		wire_buf_fini(&b);
+		return UNISUM_ENOMEM;
+	}
+	struct wire_hdr h = {.type = WIRE_REGISTER, .payload_len = b.len};
+	int rc = c->tp->send(c->conn, &h, b.data);
+	wire_buf_fini(&b);
+	if (rc != 0)
+		return log_fail(rc, "lost the scheduler at %s while registering", c->tp->peer_name(c->conn));
+
+	void *payload;
+	char why[256];
+	rc = rdv_recv(c, &h, &payload, why, sizeof why);
+	if (rc != 0)
+		return log_fail(rc, "no address book from the scheduler at %s: %s",
+				c->tp->peer_name(c->conn), why);
+	if (h.type == WIRE_ERROR) {
+		char text[512] = "";
+		struct wire_reader r;
+		wire_reader_init(&r, payload, h.payload_len);
+		wire_read_str(&r, text, sizeof text);
+		free(payload);
+		return log_fail(UNISUM_EREMOTE, "the scheduler refused the job: %s", text);
+	}
+	struct wire_reader r;
+	wire_reader_init(&r, payload, h.payload_len);
+	c->id = wire_read_u32(&r);
+	uint32_t n = wire_read_u32(&r);
+	if (h.type != WIRE_ADDRBOOK || r.failed || n == 0 || n > RDV_MAX_NODES) {
+		free(payload);
+		return log_fail(UNISUM_EPROTO, "the scheduler sent a malformed address book");
+	}
+	c->nodes = calloc(n, sizeof *c->nodes);
+	if (c->nodes == NULL) {
+		free(payload);
+		return UNISUM_ENOMEM;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		struct rdv_node *node = &c->nodes[i];
+		node->id = wire_read_u32(&r);
+		node->role = (int)wire_read_u32(&r);
+		node->rank = (int)wire_read_u32(&r);
+		node->port = (int)wire_read_u32(&r);
+		wire_read_str(&r, node->host, sizeof node->host);
+		if (node->id == c->id)
+			c->rank = node->rank;
+	}
+	c->nnodes = (int)n;
+	free(payload);
+	if (r.failed)
+		return log_fail(UNISUM_EPROTO, "the scheduler sent a malformed address book");
+	return 0;
+}
+
+int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn notice,
+		   void *notice_arg, struct rdv_client **out)
+{
+	struct rdv_client *c = calloc(1, sizeof *c);
+	if (c == NULL)
+		return UNISUM_ENOMEM;
+	c->tp = transport_tcp();
+	c->role = cfg->role;
+	c->notice = notice;
+	c->notice_arg = notice_arg;
+	pthread_mutex_init(&c->request_lock, NULL);
+	pthread_mutex_init(&c->send_lock, NULL);
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->replied, NULL);
+
+	int rc = c->tp->connect(cfg->scheduler_host, cfg->scheduler_port, cfg->timeout_ms, &c->conn);
+	if (rc != 0)
+		goto out_free;
+	rc = rdv_register(c, cfg, listen_port);
+	if (rc != 0)
+		goto out_conn;
+	if (pthread_create(&c->reader, NULL, rdv_reader_main, c) != 0) {
+		rc = UNISUM_ESYS;
+		goto out_conn;
+	}
+	*out = c;
+	return 0;
+
+out_conn:
+	c->tp->conn_free(c->conn);
+out_free:
+	free(c->nodes);
+	free(c);
+	return rc;
+}
+
+uint32_t rdv_client_id(const struct rdv_client *c)
+{
+	return c->id;
+}
+
+int rdv_client_rank(const struct rdv_client *c)
+{
+	return c->rank;
+}
+
+const struct rdv_node *rdv_client_nodes(const struct rdv_client *c, int *count)
+{
+	*count = c->nnodes;
+	return c->nodes;
+}
+
+const struct rdv_node *rdv_client_server(const struct rdv_client *c, int server_rank)
+{
+	for (int i = 0; i < c->nnodes; i++)
+		if (c->nodes[i].role == CONFIG_ROLE_SERVER && c->nodes[i].rank == server_rank)
+			return &c->nodes[i];
+	return NULL;
+}
+
+const struct rdv_node *rdv_client_node_by_id(const struct rdv_client *c, uint32_t id)
+{
+	for (int i = 0; i < c->nnodes; i++)
+		if (c->nodes[i].id == id)
+			return &c->nodes[i];
+	return NULL;
+}
+
+/* Sends a request and waits for its reply (type `want`).  On success the
+ * reply payload (malloc'd or NULL) goes to *payload. */
+static int rdv_request(struct rdv_client *c, const struct wire_hdr *req, const void *req_payload,
+		       int want, struct wire_hdr *reply, void **payload)
+{
+	pthread_mutex_lock(&c->request_lock);
+	pthread_mutex_lock(&c->lock);
+	int rc = c->failed;
+	pthread_mutex_unlock(&c->lock);
+	if (rc == 0)
+		rc = rdv_send(c, req, req_payload);
+	if (rc == 0) {
+		pthread_mutex_lock(&c->lock);
+		while (!c->have_reply && c->failed == 0)
+			pthread_cond_wait(&c->replied, &c->lock);
+		if (c->have_reply) {
+			*reply = c->reply_hdr;
+			*payload = c->reply_payload;
+			c->reply_payload = NULL;
+			c->have_reply = false;
+			if (reply->type != want) {
+				free(*payload);
+				rc = UNISUM_EPROTO;
+			}
+		} else {
+			rc = c->failed;
+		}
+		pthread_mutex_unlock(&c->lock);
+	}
+	if (rc != 0) {
+		pthread_mutex_lock(&c->lock);
+		const char *why = c->failed ? c->failed_why : "the scheduler sent an unexpected reply";
+		log_set_last_error("%s", why);
+		pthread_mutex_unlock(&c->lock);
+	}
+	pthread_mutex_unlock(&c->request_lock);
+	return rc;
+}
+
+int rdv_client_barrier(struct rdv_client *c, int group)
+{
+	struct wire_hdr h = {.type = WIRE_BARRIER, .sender = c->id, .aux = (uint32_t)group}, reply;
+	void *payload = NULL;
+	int rc = rdv_request(c, &h, NULL, WIRE_BARRIER_DONE, &reply, &payload);
+	free(payload);
+	return rc;
+}
+
+int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtype,
+		       uint64_t count, uint64_t partition_bytes, uint32_t nparts,
+		       uint64_t *key_base, uint32_t *servers, char *why, size_t why_len)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	wire_buf_str(&b, name);
+	wire_buf_u64(&b, partition_bytes);
+	if (b.failed) {
+		wire_buf_fini(&b);
+		return UNISUM_ENOMEM;
+	}
+	struct wire_hdr h = {.type = WIRE_DECLARE, .sender = c->id, .dtype = (uint8_t)dtype,
+			     .count = count, .payload_len = b.len}, reply;
+	void *payload = NULL;
+	int rc = rdv_request(c, &h, b.data, WIRE_DECLARE, &reply, &payload);
+	wire_buf_fini(&b);
+	if (rc != 0) {
+		snprintf(why, why_len, "%s", log_last_error());
+		return rc;
+	}
+	struct wire_reader r;
+	wire_reader_init(&r, payload, reply.payload_len);
+	int status = (int)(int32_t)wire_read_u32(&r);
+	if (status != 0) {
+		wire_read_str(&r, why, why_len);
+		rc = r.failed ? UNISUM_EPROTO : (status < 0 && status >= UNISUM_ESHUTDOWN ? status : UNISUM_EREMOTE);
+	} else {
+		for (uint32_t i = 0; i < nparts; i++)
+			servers[i] = wire_read_u32(&r);
+		*key_base = reply.key;
+		if (r.failed || r.left != 0) {
+			snprintf(why, why_len, "the scheduler's placement of '%s' has the wrong number of "
+				 "partitions (is every node the same unisum version?)", name);
+			rc = UNISUM_EPROTO;
+		}
+	}
+	free(payload);
+	return rc;
+}
+
+void rdv_client_free(struct rdv_client *c)
+{
+	if (c == NULL)
+		return;
+	pthread_mutex_lock(&c->lock);
+	c->closing = true;
+	bool failed = c->failed != 0;
+	pthread_mutex_unlock(&c->lock);
+	if (c->role == CONFIG_ROLE_WORKER && !failed) {
+		struct wire_hdr h = {.type = WIRE_SHUTDOWN, .sender = c->id};
+		rdv_send(c, &h, NULL);
+	}
+	c->tp->conn_shutdown(c->conn);
+	pthread_join(c->reader, NULL);
+	c->tp->conn_free(c->conn);
+	free(c->reply_payload);
+	free(c->nodes);
+	pthread_mutex_destroy(&c->request_lock);
+	pthread_mutex_destroy(&c->send_lock);
+	pthread_mutex_destroy(&c->lock);
+	pthread_cond_destroy(&c->replied);
+	free(c);
+}

@@ -1,0 +1,19 @@
+/*
+ * rdv_proto.h - payload layouts shared by the scheduler and its client.
+ * (Internal to src/rendezvous.)
+ *
+ *   REGISTER   u32 role, u32 requested rank (int32, -1 = any), u32 port, str host
+ *   ADDRBOOK   u32 your id, u32 n, n x {u32 id, u32 role, u32 rank, u32 port, str host}
+ *   BARRIER    header aux = group; BARRIER_DONE the same
+ *   DECLARE    request: header dtype, count; payload str name, u64 partition_bytes
+ *              reply:   header key; payload u32 status (0 or -error),
+ *                       then n x u32 server rank, or str message
+ *   SHUTDOWN   worker -> scheduler: goodbye; scheduler -> server: stop now
+ *   ERROR      scheduler -> node: the job failed; header aux = -error, payload str why
+ */
+#ifndef UNISUM_RDV_PROTO_H
+#define UNISUM_RDV_PROTO_H
+
+#define RDV_MAX_NODES 4096
+
+#endif /* UNISUM_RDV_PROTO_H */

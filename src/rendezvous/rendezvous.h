@@ -1,0 +1,102 @@
+/*
+ * rendezvous.h - the scheduler and the client every node uses to reach it.
+ *
+ * One scheduler per job.  Servers and workers connect to it, REGISTER
+ * (role, host, port, requested rank), and once all num_servers +
+ * num_workers have registered the scheduler assigns ids and sends every
+ * node the address book.  After that the scheduler serves barriers over
+ * role groups, tensor declarations (it is the single authority that maps a
+ * tensor name to its keys and servers, so every worker agrees whatever its
+ * declaration order), and shutdown: servers are told to stop only when
+ * every worker has said it is done.  If a node's connection drops before
+ * it said goodbye, the scheduler tells every other node which one died and
+ * fails the job.
+ */
+#ifndef UNISUM_RENDEZVOUS_H
+#define UNISUM_RENDEZVOUS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config/config.h"
+#include "transport/transport.h"
+
+/* Node ids: the scheduler is 0, servers 1..S, workers S+1..S+W. */
+#define RDV_SCHEDULER_ID 0u
+
+/* Role groups for barriers. */
+enum {
+	RDV_GROUP_WORKERS = 1,
+	RDV_GROUP_SERVERS = 2,
+	RDV_GROUP_ALL = 3,
+};
+
+/* One entry of the address book. */
+struct rdv_node {
+	uint32_t id;		/* node id (see above) */
+	int role;		/* CONFIG_ROLE_SERVER or CONFIG_ROLE_WORKER */
+	int rank;		/* rank within its role */
+	char host[64];		/* address peers connect to */
+	int port;		/* listening port (servers), 0 for workers */
+};
+
+/* ---- scheduler ---------------------------------------------------------- */
+
+struct rdv_scheduler;
+
+/* Starts a scheduler thread listening on host:port (port 0 picks a free
+ * one, stored in *port_out).  Returns 0 or a negative error. */
+int rdv_scheduler_start(const char *host, int port, int num_workers, int num_servers,
+			const struct transport_ops *tp, struct rdv_scheduler **out,
+			int *port_out);
+
+/* Waits for the scheduler to finish: 0 when every worker said goodbye and
+ * every server was told to stop; a negative error when a node died or broke
+ * the protocol (the log names it).  Frees the scheduler. */
+int rdv_scheduler_wait(struct rdv_scheduler *s);
+
+/* Makes a running scheduler give up (the launcher calls it when a process
+ * dies); rdv_scheduler_wait() then returns UNISUM_ESHUTDOWN. */
+void rdv_scheduler_abort(struct rdv_scheduler *s);
+
+/* ---- client (servers and workers) --------------------------------------- */
+
+struct rdv_client;
+
+/* Called once, on the client's reader thread, when the scheduler announces
+ * that the job is over: `err` is UNISUM_ESHUTDOWN for a clean stop (servers
+ * get it when every worker is done), another negative code when a node
+ * failed or the scheduler was lost, with `why` naming the culprit. */
+typedef void (*rdv_notice_fn)(void *arg, int err, const char *why);
+
+/* Connects to the scheduler of `cfg` (retrying until cfg->timeout_ms),
+ * registers as cfg->role with the given listening port, and waits for the
+ * address book.  Returns 0 and a client, or a negative error. */
+int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn notice,
+		   void *notice_arg, struct rdv_client **out);
+
+/* This node's id and rank, and the address book (valid until _free). */
+uint32_t rdv_client_id(const struct rdv_client *c);
+int rdv_client_rank(const struct rdv_client *c);
+const struct rdv_node *rdv_client_nodes(const struct rdv_client *c, int *count);
+const struct rdv_node *rdv_client_server(const struct rdv_client *c, int server_rank);
+const struct rdv_node *rdv_client_node_by_id(const struct rdv_client *c, uint32_t id);
+
+/* Waits until every node of `group` has entered the barrier. */
+int rdv_client_barrier(struct rdv_client *c, int group);
+
+/* Asks the scheduler for the keys of tensor `name`.  On success *key_base
+ * is the tensor's key (partition i has key key_base + i) and servers[i]
+ * the server rank of partition i, for `nparts` partitions computed by
+ * placement_partition() from count, dtype and partition_bytes.  On a
+ * mismatch with another worker's declaration returns UNISUM_EMISMATCH with
+ * both shapes in `why`. */
+int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtype,
+		       uint64_t count, uint64_t partition_bytes, uint32_t nparts,
+		       uint64_t *key_base, uint32_t *servers, char *why, size_t why_len);
+
+/* Says goodbye (workers: "done"; the scheduler stops servers when all
+ * workers are done) and frees the client. */
+void rdv_client_free(struct rdv_client *c);
+
+#endif /* UNISUM_RENDEZVOUS_H */

@@ -1,0 +1,614 @@
+/*
+ * scheduler.c - the scheduler: registration, address book, barriers,
+ * tensor declarations and shutdown (see rendezvous.h).
+ *
+ * DESIGN.  One thread accepts connections until every node has registered;
+ * each connection then has its own thread that reads requests and answers
+ * them.  All shared state sits under one mutex (`lock`); a node's socket
+ * has its own `send_lock` because a barrier or shutdown completed by one
+ * node's thread writes to every other node.  Lock order: lock, then a
+ * node's send_lock.  Traffic here is tiny (a few messages per tensor and
+ * per barrier), so simplicity wins over throughput.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log/log.h"
+#include "placement/placement.h"
+#include "rendezvous/rdv_proto.h"
+#include "rendezvous/rendezvous.h"
+#include "wire/wire.h"
+
+struct sched_node {
+	struct rdv_scheduler *s;	/* back pointer for the thread */
+	struct tp_conn *conn;		/* its connection */
+	pthread_t thread;		/* reads its requests */
+	bool thread_started;
+	pthread_mutex_t send_lock;	/* serialises writes to conn */
+	bool registered;		/* REGISTER received */
+	bool gone;			/* connection closed (normally or not) */
+	bool said_goodbye;		/* worker sent SHUTDOWN / server was stopped */
+	int role, req_rank, rank, port;
+	uint32_t id;
+	char host[64];
+	bool in_barrier[4];		/* entered the barrier of group g */
+};
+
+/* A declared tensor: the first declaration fixes its shape and placement. */
+struct sched_tensor {
+	char name[256];
+	int dtype;
+	uint64_t count, partition_bytes, key;
+	int first_rank;			/* who declared it first, for messages */
+	uint32_t nparts;
+	uint32_t *servers;
+};
+
+struct rdv_scheduler {
+	const struct transport_ops *tp;
+	struct tp_listener *listener;
+	int num_workers, num_servers;
+	pthread_t thread;		/* accepts, then waits for the end */
+	pthread_mutex_t lock;		/* everything below */
+	pthread_cond_t changed;		/* registration, goodbyes, failure */
+	struct sched_node *nodes;	/* accepted connections */
+	int nnodes, cap_nodes;
+	int registered;			/* nodes that sent REGISTER */
+	bool book_sent;			/* address book distributed */
+	int workers_done;		/* workers that said goodbye */
+	bool servers_stopped;		/* SHUTDOWN sent to servers */
+	int error;			/* first failure, 0 if none */
+	bool aborted;
+	struct sched_tensor *tensors;
+	int ntensors, cap_tensors;
+	uint64_t *server_loads;		/* bytes placed on each server */
+	int result;			/* what rdv_scheduler_wait returns */
+};
+
+static int sched_send(struct sched_node *n, const struct wire_hdr *h, const void *payload)
+{
+	pthread_mutex_lock(&n->send_lock);
+	int rc = n->s->tp->send(n->conn, h, payload);
+	pthread_mutex_unlock(&n->send_lock);
+	return rc;
+}
+
+static const char *sched_node_label(const struct sched_node *n, char *buf, size_t len)
+{
+	if (!n->registered)
+		snprintf(buf, len, "unregistered peer %s", n->s->tp->peer_name(n->conn));
+	else
+		snprintf(buf, len, "%s %d (%s)", config_role_name(n->role), n->rank,
+			 n->s->tp->peer_name(n->conn));
+	return buf;
+}
+
+/* Records the first failure and tells every other live node.  Called with
+ * s->lock held. */
+static void sched_fail(struct rdv_scheduler *s, int err, const char *why)
+{
+	if (s->error != 0)
+		return;
+	s->error = err;
+	LOG_ERROR("job failed: %s", why);
+	struct wire_hdr h = {.type = WIRE_ERROR, .aux = (uint32_t)-err};
+	struct wire_buf b;
+	wire_buf_init(&b);
+	wire_buf_str(&b, why);
+	h.payload_len = b.len;
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *n = &s->nodes[i];
+		if (!n->gone && n->registered && !b.failed)
+			sched_send(n, &h, b.data);
+		s->tp->conn_shutdown(n->conn);
+	}
+	wire_buf_fini(&b);
+	s->tp->listener_shutdown(s->listener);
+	pthread_cond_broadcast(&s->changed);
+}
+
+/* Assigns ranks and ids and sends every node the address book.  Called
+ * with s->lock held once all nodes have registered. */
+static int sched_send_addrbook(struct rdv_scheduler *s)
+{
+	bool *taken = calloc((size_t)(s->num_workers + s->num_servers), sizeof *taken);
+	if (taken == NULL)
+		return UNISUM_ENOMEM;
+	/* Requested worker ranks first, then everybody else by arrival. */
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *n = &s->nodes[i];
+		n->rank = -1;
+		if (!n->registered || n->role != CONFIG_ROLE_WORKER || n->req_rank < 0)
+			continue;
+		if (taken[n->req_rank]) {
+			free(taken);
+			char why[256];
+			snprintf(why, sizeof why,
+				 "two workers asked for rank %d (UNISUM_WORKER_ID / DMLC_WORKER_ID must be "
+				 "unique)", n->req_rank);
+			sched_fail(s, UNISUM_ECONFIG, why);
+			return UNISUM_ECONFIG;
+		}
+		taken[n->req_rank] = true;
+		n->rank = n->req_rank;
+	}
+	int next_worker = 0, next_server = 0;
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *n = &s->nodes[i];
+		if (!n->registered)
+			continue;
+		if (n->role == CONFIG_ROLE_SERVER) {
+			n->rank = next_server++;
+			n->id = 1 + (uint32_t)n->rank;
+		} else {
+			if (n->rank < 0) {
+				while (taken[next_worker])
+					next_worker++;
+				n->rank = next_worker;
+				taken[next_worker] = true;
+			}
+			n->id = 1 + (uint32_t)s->num_servers + (uint32_t)n->rank;
+		}
+	}
+	free(taken);
+
+	int rc = 0;
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *me = &s->nodes[i];
+		if (!me->registered)
+			continue;
+		struct wire_buf b;
+		wire_buf_init(&b);
+		wire_buf_u32(&b, me->id);
+		wire_buf_u32(&b, (uint32_t)s->registered);
+		for (int j = 0; j < s->nnodes; j++) {
+			struct sched_node *n = &s->nodes[j];
+			if (!n->registered)
+				continue;
+			wire_buf_u32(&b, n->id);
+			wire_buf_u32(&b, (uint32_t)n->role);
+			wire_buf_u32(&b, (uint32_t)n->rank);
+			wire_buf_u32(&b, (uint32_t)n->port);
+			wire_buf_str(&b, n->host);
+		}
+		struct wire_hdr h = {.type = WIRE_ADDRBOOK, .payload_len = b.len};
+		if (b.failed)
+			rc = UNISUM_ENOMEM;
+		else
+			sched_send(me, &h, b.data);
+		wire_buf_fini(&b);
+	}
+	s->book_sent = true;
+	s->tp->listener_shutdown(s->listener);	/* wakes the accepting thread */
+	LOG_INFO("all %d servers and %d workers registered", s->num_servers, s->num_workers);
+	return rc;
+}
+
+static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, const void *payload,
+			     size_t len, char *why, size_t why_len)
+{
+	struct wire_reader r;
+	wire_reader_init(&r, payload, len);
+	int role = (int)wire_read_u32(&r);
+	int req = (int)(int32_t)wire_read_u32(&r);
+	int port = (int)wire_read_u32(&r);
+	char host[64];
+	wire_read_str(&r, host, sizeof host);
+	if (r.failed || (role != CONFIG_ROLE_SERVER && role != CONFIG_ROLE_WORKER) || port < 0 ||
+	    port > 65535 || req < -1 || (role == CONFIG_ROLE_WORKER && req >= s->num_workers)) {
+		snprintf(why, why_len, "malformed REGISTER");
+		return UNISUM_EPROTO;
+	}
+	pthread_mutex_lock(&s->lock);
+	int have = 0;
+	for (int i = 0; i < s->nnodes; i++)
+		if (s->nodes[i].registered && s->nodes[i].role == role)
+			have++;
+	int limit = role == CONFIG_ROLE_SERVER ? s->num_servers : s->num_workers;
+	if (n->registered || s->book_sent || have >= limit) {
+		pthread_mutex_unlock(&s->lock);
+		snprintf(why, why_len, "unexpected REGISTER of a %s: the job already has %d", config_role_name(role),
+			 limit);
+		return UNISUM_EPROTO;
+	}
+	n->role = role;
+	n->req_rank = req;
+	n->port = port;
+	snprintf(n->host, sizeof n->host, "%s", host);
+	n->registered = true;
+	s->registered++;
+	LOG_DEBUG("registered %s from %s (%d of %d)", config_role_name(role), host, s->registered,
+		  s->num_servers + s->num_workers);
+	int rc = 0;
+	if (s->registered == s->num_servers + s->num_workers)
+		rc = sched_send_addrbook(s);
+	pthread_cond_broadcast(&s->changed);
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
+static bool group_has(int group, int role)
+{
+	return (role == CONFIG_ROLE_WORKER && (group & RDV_GROUP_WORKERS)) ||
+	       (role == CONFIG_ROLE_SERVER && (group & RDV_GROUP_SERVERS));
+}
+
+static void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int group)
+{
+	pthread_mutex_lock(&s->lock);
+	n->in_barrier[group] = true;
+	int need = 0, have = 0;
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *m = &s->nodes[i];
+		if (!m->registered || !group_has(group, m->role))
+			continue;
+		need++;
+		have += m->in_barrier[group];
+	}
+	if (have == need) {
+		struct wire_hdr h = {.type = WIRE_BARRIER_DONE, .aux = (uint32_t)group};
+		for (int i = 0; i < s->nnodes; i++) {
+			struct sched_node *m = &s->nodes[i];
+			if (!m->registered || !group_has(group, m->role))
+				continue;
+			m->in_barrier[group] = false;
+			sched_send(m, &h, NULL);
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
+static struct sched_tensor *sched_find_tensor(struct rdv_scheduler *s, const char *name, uint64_t key)
+{
+	for (int i = 0; i < s->ntensors; i++)
+		if (s->tensors[i].key == key || strcmp(s->tensors[i].name, name) == 0)
+			return &s->tensors[i];
+	return NULL;
+}
+
+/* Answers a DECLARE: the tensor's key and servers, or why not. */
+static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *req,
+			    const void *payload, size_t len)
+{
+	struct wire_reader r;
+	wire_reader_init(&r, payload, len);
+	char name[256];
+	wire_read_str(&r, name, sizeof name);
+	uint64_t pbytes = wire_read_u64(&r);
+	size_t esize = unisum_dtype_size(req->dtype);
+	if (r.failed || name[0] == '\0' || pbytes < esize || n->role != CONFIG_ROLE_WORKER)
+		return UNISUM_EPROTO;
+	uint64_t nparts = placement_nparts(req->count, esize, pbytes);
+	if (nparts > PLACEMENT_MAX_PARTS)
+		return UNISUM_EPROTO;
+
+	uint64_t key = placement_tensor_key(name);
+	struct wire_buf b;
+	wire_buf_init(&b);
+	pthread_mutex_lock(&s->lock);
+	struct sched_tensor *t = sched_find_tensor(s, name, key);
+	char msg[768] = "";
+	if (t != NULL && strcmp(t->name, name) != 0) {
+		snprintf(msg, sizeof msg,
+			 "tensor names '%s' and '%s' hash to the same key 0x%llx: rename one of them",
+			 t->name, name, (unsigned long long)key);
+	} else if (t != NULL && (t->dtype != req->dtype || t->count != req->count ||
+				 t->partition_bytes != pbytes)) {
+		snprintf(msg, sizeof msg,
+			 "tensor '%s' declared as %s[%llu] (partition %llu bytes) by worker %d but as "
+			 "%s[%llu] (partition %llu bytes) by worker %d: every worker must declare a name "
+			 "with the same dtype, element count and UNISUM_PARTITION_BYTES",
+			 name, unisum_dtype_name(t->dtype), (unsigned long long)t->count,
+			 (unsigned long long)t->partition_bytes, t->first_rank,
+			 unisum_dtype_name(req->dtype), (unsigned long long)req->count,
+			 (unsigned long long)pbytes, n->rank);
+	} else if (t == NULL) {
+		if (s->ntensors == s->cap_tensors) {
+			int cap = s->cap_tensors ? s->cap_tensors * 2 : 64;
+			struct sched_tensor *nt = realloc(s->tensors, (size_t)cap * sizeof *nt);
+			if (nt == NULL)
+				goto out_nomem;
+			s->tensors = nt;
+			s->cap_tensors = cap;
+		}
+		t = &s->tensors[s->ntensors];
+		memset(t, 0, sizeof *t);
+		t->servers = calloc(nparts ? nparts : 1, sizeof *t->servers);
+		uint64_t *bytes = calloc(nparts ? nparts : 1, sizeof *bytes);
+		struct placement_part *parts = calloc(nparts ? nparts : 1, sizeof *parts);
+		if (t->servers == NULL || bytes == NULL || parts == NULL) {
+			free(t->servers);
+			free(bytes);
+			free(parts);
+			goto out_nomem;
+		}
+		placement_partition(req->count, nparts, parts);
+		for (uint64_t i = 0; i < nparts; i++)
+			bytes[i] = parts[i].count * esize;
+		placement_assign(s->server_loads, s->num_servers, bytes, nparts, t->servers);
+		free(bytes);
+		free(parts);
+		snprintf(t->name, sizeof t->name, "%s", name);
+		t->dtype = req->dtype;
+		t->count = req->count;
+		t->partition_bytes = pbytes;
+		t->key = key;
+		t->first_rank = n->rank;
+		t->nparts = (uint32_t)nparts;
+		s->ntensors++;
+	}
+	if (msg[0] != '\0') {
+		LOG_ERROR("%s", msg);
+		wire_buf_u32(&b, (uint32_t)UNISUM_EMISMATCH);
+		wire_buf_str(&b, msg);
+	} else {
+		wire_buf_u32(&b, 0);
+		for (uint32_t i = 0; i < t->nparts; i++)
+			wire_buf_u32(&b, t->servers[i]);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (b.failed) {
+		wire_buf_fini(&b);
+		return UNISUM_ENOMEM;
+	}
+	struct wire_hdr h = {.type = WIRE_DECLARE, .key = key, .dtype = req->dtype, .count = req->count,
+			     .payload_len = b.len};
+	sched_send(n, &h, b.data);
+	wire_buf_fini(&b);
+	return 0;
+
+out_nomem:
+	pthread_mutex_unlock(&s->lock);
+	wire_buf_fini(&b);
+	return UNISUM_ENOMEM;
+}
+
+/* A worker said goodbye; when all have, stop the servers. */
+static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
+{
+	pthread_mutex_lock(&s->lock);
+	if (!n->said_goodbye) {
+		n->said_goodbye = true;
+		s->workers_done++;
+	}
+	if (s->workers_done == s->num_workers && !s->servers_stopped) {
+		s->servers_stopped = true;
+		struct wire_hdr h = {.type = WIRE_SHUTDOWN};
+		for (int i = 0; i < s->nnodes; i++) {
+			struct sched_node *m = &s->nodes[i];
+			if (m->registered && m->role == CONFIG_ROLE_SERVER) {
+				m->said_goodbye = true;
+				sched_send(m, &h, NULL);
+			}
+		}
+		LOG_INFO("every worker is done; servers told to stop");
+	}
+	pthread_cond_broadcast(&s->changed);
+	pthread_mutex_unlock(&s->lock);
+}
+
+static void *sched_node_main(void *arg)
+{
+	struct sched_node *n = arg;
+	struct rdv_scheduler *s = n->s;
+	char why[256] = "";
+	void *payload = NULL;
+	int rc;
+
+	for (;;) {
+		struct wire_hdr h;
+		rc = s->tp->recv_header(n->conn, &h, why, sizeof why);
+		if (rc != 0)
+			break;
+		free(payload);
+		payload = NULL;
+		if (h.payload_len > 0) {
+			payload = malloc(h.payload_len);
+			if (payload == NULL) {
+				rc = UNISUM_ENOMEM;
+				snprintf(why, sizeof why, "out of memory");
+				break;
+			}
+			rc = s->tp->recv_payload(n->conn, payload, h.payload_len);
+			if (rc != 0) {
+				snprintf(why, sizeof why, "connection closed");
+				break;
+			}
+		}
+		if (!n->registered && h.type != WIRE_REGISTER) {
+			rc = UNISUM_EPROTO;
+			snprintf(why, sizeof why, "%s before REGISTER", wire_type_name(h.type));
+			break;
+		}
+		switch (h.type) {
+		case WIRE_REGISTER:
+			rc = sched_on_register(s, n, payload, h.payload_len, why, sizeof why);
+			break;
+		case WIRE_BARRIER:
+			if (h.aux != RDV_GROUP_WORKERS && h.aux != RDV_GROUP_SERVERS && h.aux != RDV_GROUP_ALL) {
+				rc = UNISUM_EPROTO;
+				snprintf(why, sizeof why, "barrier of unknown group %u", h.aux);
+				break;
+			}
+			sched_on_barrier(s, n, (int)h.aux);
+			break;
+		case WIRE_DECLARE:
+			rc = sched_on_declare(s, n, &h, payload, h.payload_len);
+			if (rc == UNISUM_EPROTO)
+				snprintf(why, sizeof why, "malformed DECLARE");
+			break;
+		case WIRE_SHUTDOWN:
+			if (n->role == CONFIG_ROLE_WORKER)
+				sched_on_goodbye(s, n);
+			break;
+		case WIRE_HEARTBEAT:
+			break;
+		default:
+			rc = UNISUM_EPROTO;
+			snprintf(why, sizeof why, "unexpected %s", wire_type_name(h.type));
+			break;
+		}
+		if (rc != 0)
+			break;
+	}
+	free(payload);
+
+	pthread_mutex_lock(&s->lock);
+	n->gone = true;
+	char label[160];
+	sched_node_label(n, label, sizeof label);
+	if (rc == UNISUM_EPROTO) {
+		LOG_ERROR("closing the connection of %s: %s", label, why);
+	}
+	if (n->registered && !n->said_goodbye && s->error == 0 && !s->aborted) {
+		char msg[512];
+		if (rc == UNISUM_EPROTO)
+			snprintf(msg, sizeof msg, "%s broke the protocol: %s", label, why);
+		else
+			snprintf(msg, sizeof msg,
+				 "%s lost its connection to the scheduler without saying goodbye: it "
+				 "exited or crashed; see its own log for the first error",
+				 label);
+		sched_fail(s, rc == UNISUM_EPROTO ? UNISUM_EPROTO : UNISUM_ECONN, msg);
+	}
+	pthread_cond_broadcast(&s->changed);
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
+/* Whether the job is over: every node gone after goodbye, or a failure. */
+static bool sched_is_finished(const struct rdv_scheduler *s)
+{
+	if (s->error != 0 || s->aborted)
+		return true;
+	if (!s->servers_stopped)
+		return false;
+	for (int i = 0; i < s->nnodes; i++)
+		if (s->nodes[i].registered && !s->nodes[i].gone)
+			return false;
+	return true;
+}
+
+static void *sched_main(void *arg)
+{
+	struct rdv_scheduler *s = arg;
+
+	/* Accept until every node registered; a connection that never
+	 * registers takes no slot. */
+	for (;;) {
+		pthread_mutex_lock(&s->lock);
+		bool done = s->book_sent || s->error != 0 || s->aborted;
+		pthread_mutex_unlock(&s->lock);
+		if (done)
+			break;
+		struct tp_conn *c;
+		int rc = s->tp->accept(s->listener, &c);
+		if (rc != 0)
+			break;
+		pthread_mutex_lock(&s->lock);
+		if (s->nnodes == s->cap_nodes || s->nnodes >= RDV_MAX_NODES) {
+			s->tp->conn_free(c);
+			pthread_mutex_unlock(&s->lock);
+			LOG_ERROR("too many connections before registration completed (%d); refusing one",
+				  s->nnodes);
+			continue;
+		}
+		struct sched_node *n = &s->nodes[s->nnodes];
+		memset(n, 0, sizeof *n);
+		n->s = s;
+		n->conn = c;
+		pthread_mutex_init(&n->send_lock, NULL);
+		if (pthread_create(&n->thread, NULL, sched_node_main, n) == 0) {
+			n->thread_started = true;
+			s->nnodes++;
+		} else {
+			s->tp->conn_free(c);
+		}
+		pthread_mutex_unlock(&s->lock);
+	}
+	s->tp->listener_shutdown(s->listener);
+
+	pthread_mutex_lock(&s->lock);
+	while (!sched_is_finished(s))
+		pthread_cond_wait(&s->changed, &s->lock);
+	s->result = s->error != 0 ? s->error : s->aborted ? UNISUM_ESHUTDOWN : 0;
+	for (int i = 0; i < s->nnodes; i++)
+		s->tp->conn_shutdown(s->nodes[i].conn);
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
+int rdv_scheduler_start(const char *host, int port, int num_workers, int num_servers,
+			const struct transport_ops *tp, struct rdv_scheduler **out, int *port_out)
+{
+	if (num_workers < 1 || num_servers < 1 || num_workers + num_servers > RDV_MAX_NODES)
+		return log_fail(UNISUM_EINVAL, "a job needs 1 to %d nodes with at least one worker and one "
+				"server (got %d workers, %d servers)", RDV_MAX_NODES, num_workers, num_servers);
+	struct rdv_scheduler *s = calloc(1, sizeof *s);
+	if (s == NULL)
+		return UNISUM_ENOMEM;
+	s->tp = tp;
+	s->num_workers = num_workers;
+	s->num_servers = num_servers;
+	/* Room for every node plus strangers that connect and fail. */
+	s->cap_nodes = 2 * (num_workers + num_servers) + 64;
+	s->nodes = calloc((size_t)s->cap_nodes, sizeof *s->nodes);
+	s->server_loads = calloc((size_t)num_servers, sizeof *s->server_loads);
+	int rc = UNISUM_ENOMEM;
+	if (s->nodes == NULL || s->server_loads == NULL)
+		goto out_free;
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->changed, NULL);
+	rc = tp->listen(host, port, &s->listener, port_out);
+	if (rc != 0)
+		goto out_free;
+	if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+		rc = UNISUM_ESYS;
+		goto out_listener;
+	}
+	LOG_INFO("scheduler listening on %s:%d for %d servers and %d workers", host, *port_out,
+		 num_servers, num_workers);
+	*out = s;
+	return 0;
+
+out_listener:
+	tp->listener_free(s->listener);
+out_free:
+	free(s->nodes);
+	free(s->server_loads);
+	free(s);
+	return rc;
+}
+
+void rdv_scheduler_abort(struct rdv_scheduler *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->aborted = true;
+	pthread_cond_broadcast(&s->changed);
+	pthread_mutex_unlock(&s->lock);
+	s->tp->listener_shutdown(s->listener);
+}
+
+int rdv_scheduler_wait(struct rdv_scheduler *s)
+{
+	pthread_join(s->thread, NULL);
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *n = &s->nodes[i];
+		if (n->thread_started)
+			pthread_join(n->thread, NULL);
+		s->tp->conn_free(n->conn);
+		pthread_mutex_destroy(&n->send_lock);
+	}
+	int rc = s->result;
+	s->tp->listener_free(s->listener);
+	for (int i = 0; i < s->ntensors; i++)
+		free(s->tensors[i].servers);
+	free(s->tensors);
+	free(s->nodes);
+	free(s->server_loads);
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->changed);
+	free(s);
+	return rc;
+}

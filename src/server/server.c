@@ -1,0 +1,820 @@
+/*
+ * server.c - the Summation Service: receives pushes, sums them, answers
+ * pulls.
+ *
+ * DESIGN.  Threads:
+ *   - the main thread accepts worker connections;
+ *   - each connection has a receiving thread (validates every message,
+ *     receives PUSH payloads straight into the key's per-worker buffer,
+ *     hands events to the key's engine) and a sending thread (writes
+ *     PULL_REPLYs straight from the key's sum buffer);
+ *   - engine threads sum.  Every key is pinned to one engine, chosen by
+ *     byte balance when it is declared, so one key's events are handled in
+ *     order by one thread and its sums need no lock.
+ *
+ * Rounds.  Each worker pushes round 0, 1, 2, ... of a key, each push
+ * followed by a pull of the same round.  A key keeps two round slots
+ * (round & 1): a worker can only push round r+1 after it received the sum
+ * of round r, so at most rounds r and r+1 are alive and they never mix.
+ *
+ * Summation order.  Contributions are folded in worker-rank order
+ * (((w0 + w1) + w2) + ...), whatever order they arrive in: results are
+ * bitwise reproducible from run to run and equal a reference summed in the
+ * same order.  The first contribution is not copied: the sum of w0 and w1
+ * goes straight into the slot's accumulator (dst = a + b), later ones are
+ * added in place.  With one worker the sum *is* its push buffer.  A push
+ * flagged ZERO (a broadcast from another root) is skipped.
+ *
+ * Buffer lifetimes.  A worker's push buffer of a key is rewritten only by
+ * its next push of that key, which comes after that worker received the
+ * previous sum, which is after every push of that round was folded.  A
+ * slot's accumulator is rewritten two rounds later, after every worker
+ * received it (same argument).  So the sending threads can write straight
+ * from these buffers without copies.
+ *
+ * Locks.  `srv->lock` guards the key table and the worker -> connection
+ * table; a connection's `qlock` guards its send queue; an engine's `lock`
+ * its event queue.  Order: srv->lock, then qlock.  No lock is held while
+ * summing or doing socket I/O.
+ */
+#include "server/server.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log/log.h"
+#include "reducer/reducer.h"
+#include "rendezvous/rendezvous.h"
+#include "transport/transport.h"
+#include "wire/wire.h"
+
+enum srv_result {
+	RESULT_NONE,		/* nothing folded yet */
+	RESULT_ZERO,		/* only ZERO contributions so far */
+	RESULT_BORROWED,	/* the sum is worker `borrowed`'s push buffer */
+	RESULT_OWNED,		/* the sum is in `acc` */
+};
+
+/* One round of a key, owned by the key's engine thread. */
+struct srv_slot {
+	bool active;		/* holds a round in progress */
+	uint32_t round;		/* which one */
+	int next;		/* next worker rank to fold */
+	int result;		/* enum srv_result */
+	int borrowed;		/* worker whose buffer is the sum (RESULT_BORROWED) */
+	bool ready;		/* every worker folded */
+	int replies;		/* pull replies queued */
+	uint8_t *arrived;	/* [W] pushed this round */
+	uint8_t *zero;		/* [W] pushed a ZERO contribution */
+	uint8_t *pull_waiting;	/* [W] pulled before the round was ready */
+	uint8_t *acc;		/* accumulator, key bytes, allocated on first use */
+};
+
+struct srv_key {
+	uint64_t key;
+	int dtype;
+	uint64_t count;
+	size_t bytes;		/* count x element size */
+	int engine;		/* engine thread that owns the key */
+	uint32_t *next_round;	/* [W] next round worker w may push; its conn thread's */
+	uint8_t **push_buf;	/* [W] worker w's push buffer; written by its conn thread */
+	struct srv_slot slot[2];	/* engine-owned */
+	struct srv_key *next;	/* hash chain */
+};
+
+enum srv_event_type { EVENT_PUSH, EVENT_PULL };
+
+struct srv_event {
+	int type;		/* enum srv_event_type */
+	struct srv_key *key;
+	int worker;
+	uint32_t round;
+	bool zero;		/* PUSH flagged ZERO */
+	struct srv_event *next;
+};
+
+struct srv_engine {
+	struct server *srv;
+	pthread_t thread;
+	pthread_mutex_t lock;	/* the queue */
+	pthread_cond_t cond;
+	struct srv_event *head, *tail;
+	bool stop;
+	uint64_t bytes;		/* bytes of keys pinned here (under srv->lock) */
+};
+
+struct srv_reply {
+	struct wire_hdr hdr;
+	const void *payload;	/* what follows the header */
+	void *owned;		/* freed after sending (error texts), or NULL */
+	struct srv_reply *next;
+};
+
+struct srv_conn {
+	struct server *srv;
+	struct tp_conn *conn;
+	pthread_t recv_thread, send_thread;
+	bool send_started;
+	int worker;		/* worker rank after hello, -1 before */
+	pthread_mutex_t qlock;	/* the reply queue */
+	pthread_cond_t qcond;
+	struct srv_reply *head, *tail;
+	bool closing;		/* no more replies; the sender exits */
+	atomic_bool finished;	/* the receiving thread has ended */
+	struct srv_conn *next;	/* all connections, for the final join */
+};
+
+struct server {
+	const struct config *cfg;
+	const struct transport_ops *tp;
+	struct rdv_client *rdv;
+	struct tp_listener *listener;
+	int nworkers;
+	uint32_t id;		/* this server's node id */
+	int rank;
+	pthread_mutex_t lock;	/* keys, by_worker, conns, stop state */
+	struct srv_key **buckets;	/* key hash table */
+	size_t nbuckets, nkeys;
+	struct srv_conn **by_worker;	/* [W] live connection of each worker */
+	struct srv_conn *conns;	/* every connection ever accepted */
+	struct srv_engine *engines;
+	int nengines;
+	atomic_bool stopping;
+	atomic_int job_error;	/* the notice's error, 0 while running */
+};
+
+/* ---- key table ---------------------------------------------------------- */
+
+static size_t srv_hash(uint64_t key, size_t n)
+{
+	key ^= key >> 33;
+	key *= 0xff51afd7ed558ccdull;
+	key ^= key >> 33;
+	return (size_t)(key & (n - 1));
+}
+
+/* Looks a key up; call with srv->lock held. */
+static struct srv_key *srv_key_find(struct server *srv, uint64_t key)
+{
+	for (struct srv_key *k = srv->buckets[srv_hash(key, srv->nbuckets)]; k; k = k->next)
+		if (k->key == key)
+			return k;
+	return NULL;
+}
+
+static int srv_key_grow(struct server *srv)
+{
+	size_t n = srv->nbuckets * 2;
+	struct srv_key **b = calloc(n, sizeof *b);
+	if (b == NULL)
+		return UNISUM_ENOMEM;
+	for (size_t i = 0; i < srv->nbuckets; i++) {
+		struct srv_key *k = srv->buckets[i];
+		while (k) {
+			struct srv_key *next = k->next;
+			size_t h = srv_hash(k->key, n);
+			k->next = b[h];
+			b[h] = k;
+			k = next;
+		}
+	}
+	free(srv->buckets);
+	srv->buckets = b;
+	srv->nbuckets = n;
+	return 0;
+}
+
+static void srv_key_free(struct srv_key *k, int nworkers)
+{
+	if (k == NULL)
+		return;
+	if (k->push_buf)
+		for (int w = 0; w < nworkers; w++)
+			free(k->push_buf[w]);
+	for (int i = 0; i < 2; i++) {
+		free(k->slot[i].arrived);
+		free(k->slot[i].zero);
+		free(k->slot[i].pull_waiting);
+		free(k->slot[i].acc);
+	}
+	free(k->push_buf);
+	free(k->next_round);
+	free(k);
+}
+
+/* Declares a key (idempotent when the shape matches).  Returns 0, or
+ * UNISUM_EMISMATCH / UNISUM_ENOMEM with `why` set. */
+static int srv_key_declare(struct server *srv, const struct wire_hdr *h, char *why, size_t len)
+{
+	int rc = 0;
+	size_t W = (size_t)srv->nworkers;
+	pthread_mutex_lock(&srv->lock);
+	struct srv_key *k = srv_key_find(srv, h->key);
+	if (k != NULL) {
+		if (k->dtype != h->dtype || k->count != h->count) {
+			snprintf(why, len, "key 0x%llx is %s[%llu] here but the worker declared %s[%llu]",
+				 (unsigned long long)h->key, unisum_dtype_name(k->dtype),
+				 (unsigned long long)k->count, unisum_dtype_name(h->dtype),
+				 (unsigned long long)h->count);
+			rc = UNISUM_EMISMATCH;
+		}
+		goto out_unlock;
+	}
+	if (srv->nkeys + 1 > srv->nbuckets && srv_key_grow(srv) != 0) {
+		rc = UNISUM_ENOMEM;
+		goto out_unlock;
+	}
+	k = calloc(1, sizeof *k);
+	if (k == NULL) {
+		rc = UNISUM_ENOMEM;
+		goto out_unlock;
+	}
+	k->next_round = calloc(W, sizeof *k->next_round);
+	k->push_buf = calloc(W, sizeof *k->push_buf);
+	bool ok = k->next_round && k->push_buf;
+	for (int i = 0; i < 2; i++) {
+		k->slot[i].arrived = calloc(W, 1);
+		k->slot[i].zero = calloc(W, 1);
+		k->slot[i].pull_waiting = calloc(W, 1);
+		ok = ok && k->slot[i].arrived && k->slot[i].zero && k->slot[i].pull_waiting;
+	}
+	if (!ok) {
+		srv_key_free(k, srv->nworkers);
+		rc = UNISUM_ENOMEM;
+		goto out_unlock;
+	}
+	k->key = h->key;
+	k->dtype = h->dtype;
+	k->count = h->count;
+	k->bytes = h->count * unisum_dtype_size(h->dtype);
+	int best = 0;
+	for (int e = 1; e < srv->nengines; e++)
+		if (srv->engines[e].bytes < srv->engines[best].bytes)
+			best = e;
+	k->engine = best;
+	srv->engines[best].bytes += k->bytes;
+	size_t b = srv_hash(k->key, srv->nbuckets);
+	k->next = srv->buckets[b];
+	srv->buckets[b] = k;
+	srv->nkeys++;
+out_unlock:
+	if (rc == UNISUM_ENOMEM)
+		snprintf(why, len, "out of memory declaring key 0x%llx", (unsigned long long)h->key);
+	pthread_mutex_unlock(&srv->lock);
+	return rc;
+}
+
+/* ---- sending ------------------------------------------------------------ */
+
+/* Appends a reply to a connection's queue, unless it is closing.  `owned`
+ * (may be NULL) is freed once the reply is sent or dropped. */
+static void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *payload,
+			     void *owned)
+{
+	struct srv_reply *r = malloc(sizeof *r);
+	if (r == NULL) {
+		LOG_ERROR("out of memory queuing a reply to worker %d", c->worker);
+		free(owned);
+		return;
+	}
+	*r = (struct srv_reply){.hdr = *h, .payload = payload, .owned = owned};
+	pthread_mutex_lock(&c->qlock);
+	if (c->closing) {
+		free(r->owned);
+		free(r);
+	} else {
+		if (c->tail)
+			c->tail->next = r;
+		else
+			c->head = r;
+		c->tail = r;
+		pthread_cond_signal(&c->qcond);
+	}
+	pthread_mutex_unlock(&c->qlock);
+}
+
+/* Queues a reply to worker w; dropped when its connection is gone. */
+static void srv_queue_reply(struct server *srv, int w, const struct wire_hdr *h, const void *payload)
+{
+	pthread_mutex_lock(&srv->lock);
+	struct srv_conn *c = srv->by_worker[w];
+	if (c != NULL)
+		srv_conn_enqueue(c, h, payload, NULL);
+	pthread_mutex_unlock(&srv->lock);
+}
+
+/* Writes queued replies in order; after `closing` it drains what is left
+ * (an ERROR explaining the close goes out last) and exits. */
+static void *srv_send_main(void *arg)
+{
+	struct srv_conn *c = arg;
+	struct server *srv = c->srv;
+	bool broken = false;
+	for (;;) {
+		pthread_mutex_lock(&c->qlock);
+		while (c->head == NULL && !c->closing)
+			pthread_cond_wait(&c->qcond, &c->qlock);
+		struct srv_reply *r = c->head;
+		if (r == NULL) {
+			pthread_mutex_unlock(&c->qlock);
+			return NULL;
+		}
+		c->head = r->next;
+		if (c->head == NULL)
+			c->tail = NULL;
+		pthread_mutex_unlock(&c->qlock);
+		if (!broken && srv->tp->send(c->conn, &r->hdr, r->payload) != 0) {
+			broken = true;
+			LOG_INFO("sending to worker %d (%s) failed; closing its connection", c->worker,
+				 srv->tp->peer_name(c->conn));
+			srv->tp->conn_shutdown(c->conn);
+		}
+		free(r->owned);
+		free(r);
+	}
+}
+
+/* ---- engines ------------------------------------------------------------ */
+
+static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slot *s, int w)
+{
+	struct wire_hdr h = {.type = WIRE_PULL_REPLY, .sender = srv->id, .round = s->round,
+			     .key = k->key, .count = k->count, .dtype = (uint8_t)k->dtype};
+	const void *payload = NULL;
+	if (s->result == RESULT_ZERO) {
+		h.flags = WIRE_FLAG_ZERO;
+	} else {
+		h.payload_len = k->bytes;
+		payload = s->result == RESULT_OWNED ? s->acc : k->push_buf[s->borrowed];
+	}
+	srv_queue_reply(srv, w, &h, payload);
+	if (++s->replies == srv->nworkers) {
+		/* Everyone has its reply queued: the slot is free for round + 2. */
+		s->active = false;
+		s->ready = false;
+		s->replies = 0;
+		s->next = 0;
+		s->result = RESULT_NONE;
+		memset(s->arrived, 0, (size_t)srv->nworkers);
+		memset(s->zero, 0, (size_t)srv->nworkers);
+	}
+}
+
+static bool srv_slot_acc(struct srv_key *k, struct srv_slot *s)
+{
+	if (s->acc == NULL)
+		s->acc = malloc(k->bytes ? k->bytes : 1);
+	return s->acc != NULL;
+}
+
+/* Folds worker w's contribution into the slot's sum. */
+static int srv_fold(struct srv_key *k, struct srv_slot *s, int w)
+{
+	if (s->zero[w]) {
+		if (s->result == RESULT_NONE)
+			s->result = RESULT_ZERO;
+		return 0;
+	}
+	switch (s->result) {
+	case RESULT_NONE:
+	case RESULT_ZERO:
+		s->result = RESULT_BORROWED;
+		s->borrowed = w;
+		return 0;
+	case RESULT_BORROWED:
+		if (!srv_slot_acc(k, s))
+			return UNISUM_ENOMEM;
+		reducer_sum(s->acc, k->push_buf[s->borrowed], k->push_buf[w], k->count, k->dtype);
+		s->result = RESULT_OWNED;
+		return 0;
+	default:
+		reducer_sum_into(s->acc, k->push_buf[w], k->count, k->dtype);
+		return 0;
+	}
+}
+
+static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
+{
+	struct srv_slot *s = &k->slot[ev->round & 1];
+	if (!s->active) {
+		s->active = true;
+		s->round = ev->round;
+	}
+	s->arrived[ev->worker] = 1;
+	s->zero[ev->worker] = ev->zero;
+	while (s->next < srv->nworkers && s->arrived[s->next]) {
+		if (srv_fold(k, s, s->next) != 0) {
+			LOG_ERROR("out of memory summing key 0x%llx", (unsigned long long)k->key);
+			atomic_store(&srv->job_error, UNISUM_ENOMEM);
+			return;
+		}
+		s->next++;
+	}
+	if (s->next < srv->nworkers)
+		return;
+	/* Every worker folded.  A borrowed sum shared by several workers is
+	 * copied out, because its owner may push its next round before the
+	 * others have received this one. */
+	if (s->result == RESULT_BORROWED && srv->nworkers > 1) {
+		if (!srv_slot_acc(k, s)) {
+			atomic_store(&srv->job_error, UNISUM_ENOMEM);
+			return;
+		}
+		memcpy(s->acc, k->push_buf[s->borrowed], k->bytes);
+		s->result = RESULT_OWNED;
+	}
+	s->ready = true;
+	for (int w = 0; w < srv->nworkers; w++) {
+		if (s->pull_waiting[w]) {
+			s->pull_waiting[w] = 0;
+			srv_reply_pull(srv, k, s, w);
+		}
+	}
+}
+
+static void srv_on_pull(struct server *srv, struct srv_key *k, const struct srv_event *ev)
+{
+	struct srv_slot *s = &k->slot[ev->round & 1];
+	if (s->active && s->round == ev->round && s->ready)
+		srv_reply_pull(srv, k, s, ev->worker);
+	else
+		s->pull_waiting[ev->worker] = 1;
+}
+
+static void *srv_engine_main(void *arg)
+{
+	struct srv_engine *e = arg;
+	for (;;) {
+		pthread_mutex_lock(&e->lock);
+		while (e->head == NULL && !e->stop)
+			pthread_cond_wait(&e->cond, &e->lock);
+		struct srv_event *ev = e->head;
+		if (ev == NULL) {
+			pthread_mutex_unlock(&e->lock);
+			return NULL;
+		}
+		e->head = ev->next;
+		if (e->head == NULL)
+			e->tail = NULL;
+		pthread_mutex_unlock(&e->lock);
+		if (ev->type == EVENT_PUSH)
+			srv_on_push(e->srv, ev->key, ev);
+		else
+			srv_on_pull(e->srv, ev->key, ev);
+		free(ev);
+	}
+}
+
+static int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero)
+{
+	struct srv_event *ev = malloc(sizeof *ev);
+	if (ev == NULL)
+		return UNISUM_ENOMEM;
+	*ev = (struct srv_event){.type = type, .key = k, .worker = w, .round = round, .zero = zero};
+	struct srv_engine *e = &srv->engines[k->engine];
+	pthread_mutex_lock(&e->lock);
+	if (e->tail)
+		e->tail->next = ev;
+	else
+		e->head = ev;
+	e->tail = ev;
+	pthread_cond_signal(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+	return 0;
+}
+
+/* ---- receiving ---------------------------------------------------------- */
+
+/* Handles the hello; returns 0 and sets c->worker, or UNISUM_EPROTO. */
+static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
+			size_t len)
+{
+	if (h->type != WIRE_REGISTER || h->payload_len != 0) {
+		snprintf(why, len, "first message is %s, expected a worker hello", wire_type_name(h->type));
+		return UNISUM_EPROTO;
+	}
+	const struct rdv_node *n = rdv_client_node_by_id(srv->rdv, h->sender);
+	if (n == NULL || n->role != CONFIG_ROLE_WORKER) {
+		snprintf(why, len, "hello from node id %u, which is not a worker of this job", h->sender);
+		return UNISUM_EPROTO;
+	}
+	pthread_mutex_lock(&srv->lock);
+	int rc = 0;
+	if (srv->by_worker[n->rank] != NULL) {
+		snprintf(why, len, "a second connection claims to be worker %d", n->rank);
+		rc = UNISUM_EPROTO;
+	} else {
+		srv->by_worker[n->rank] = c;
+		c->worker = n->rank;
+	}
+	pthread_mutex_unlock(&srv->lock);
+	return rc;
+}
+
+/* Validates a PUSH or PULL against the key's state; returns the key or
+ * NULL with `why` set. */
+static struct srv_key *srv_check_data(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+				      char *why, size_t len)
+{
+	pthread_mutex_lock(&srv->lock);
+	struct srv_key *k = srv_key_find(srv, h->key);
+	pthread_mutex_unlock(&srv->lock);
+	if (k == NULL) {
+		snprintf(why, len, "%s of undeclared key 0x%llx", wire_type_name(h->type),
+			 (unsigned long long)h->key);
+		return NULL;
+	}
+	if (h->dtype != k->dtype || (h->type == WIRE_PUSH && h->count != k->count)) {
+		snprintf(why, len, "%s of key 0x%llx as %s[%llu], declared %s[%llu]",
+			 wire_type_name(h->type), (unsigned long long)h->key, unisum_dtype_name(h->dtype),
+			 (unsigned long long)h->count, unisum_dtype_name(k->dtype),
+			 (unsigned long long)k->count);
+		return NULL;
+	}
+	uint32_t expect = k->next_round[c->worker] - (h->type == WIRE_PULL ? 1 : 0);
+	if (h->round != expect || (h->type == WIRE_PULL && k->next_round[c->worker] == 0)) {
+		snprintf(why, len, "%s of key 0x%llx for round %u, expected round %u",
+			 wire_type_name(h->type), (unsigned long long)h->key, h->round, expect);
+		return NULL;
+	}
+	return k;
+}
+
+static int srv_on_message(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
+			  size_t len)
+{
+	struct srv_key *k;
+	switch (h->type) {
+	case WIRE_DECLARE_CHECK:
+		return srv_key_declare(srv, h, why, len);
+	case WIRE_PUSH:
+		k = srv_check_data(srv, c, h, why, len);
+		if (k == NULL)
+			return UNISUM_EPROTO;
+		if (!(h->flags & WIRE_FLAG_ZERO)) {
+			if (k->push_buf[c->worker] == NULL)
+				k->push_buf[c->worker] = malloc(k->bytes ? k->bytes : 1);
+			if (k->push_buf[c->worker] == NULL) {
+				snprintf(why, len, "out of memory for a %zu-byte push", k->bytes);
+				return UNISUM_ENOMEM;
+			}
+			/* Zero-copy receive: the payload lands in its buffer. */
+			if (srv->tp->recv_payload(c->conn, k->push_buf[c->worker], h->payload_len) != 0) {
+				snprintf(why, len, "connection closed in the middle of a push");
+				return UNISUM_ECONN;
+			}
+		}
+		k->next_round[c->worker]++;
+		return srv_post(srv, EVENT_PUSH, k, c->worker, h->round, h->flags & WIRE_FLAG_ZERO);
+	case WIRE_PULL:
+		k = srv_check_data(srv, c, h, why, len);
+		if (k == NULL)
+			return UNISUM_EPROTO;
+		return srv_post(srv, EVENT_PULL, k, c->worker, h->round, false);
+	case WIRE_HEARTBEAT:
+		return 0;
+	default:
+		snprintf(why, len, "unexpected %s from a worker", wire_type_name(h->type));
+		return UNISUM_EPROTO;
+	}
+}
+
+static void *srv_recv_main(void *arg)
+{
+	struct srv_conn *c = arg;
+	struct server *srv = c->srv;
+	char why[512] = "";
+	int rc;
+	for (;;) {
+		struct wire_hdr h;
+		rc = srv->tp->recv_header(c->conn, &h, why, sizeof why);
+		if (rc != 0)
+			break;
+		if (c->worker < 0)
+			rc = srv_on_hello(srv, c, &h, why, sizeof why);
+		else
+			rc = srv_on_message(srv, c, &h, why, sizeof why);
+		if (rc != 0)
+			break;
+	}
+	const char *peer = srv->tp->peer_name(c->conn);
+	if (rc == UNISUM_ECONN && !atomic_load(&srv->stopping))
+		LOG_INFO("worker %d (%s) disconnected", c->worker, peer);
+	else if (rc != UNISUM_ECONN && rc != 0) {
+		if (c->worker >= 0)
+			LOG_ERROR("closing the connection of worker %d (%s): %s", c->worker, peer, why);
+		else
+			LOG_ERROR("closing a connection from %s: %s", peer, why);
+		if (c->worker >= 0) {
+			/* Tell the worker why before hanging up. */
+			struct wire_buf b;
+			wire_buf_init(&b);
+			wire_buf_str(&b, why);
+			struct wire_hdr e = {.type = WIRE_ERROR, .sender = srv->id, .aux = (uint32_t)-rc,
+					     .payload_len = b.len};
+			if (!b.failed) {
+				srv_conn_enqueue(c, &e, b.data, b.data);
+				b.data = NULL;
+			}
+			wire_buf_fini(&b);
+		}
+	}
+	pthread_mutex_lock(&srv->lock);
+	if (c->worker >= 0 && srv->by_worker[c->worker] == c)
+		srv->by_worker[c->worker] = NULL;
+	pthread_mutex_unlock(&srv->lock);
+	/* Let the sender drain (the ERROR above goes out last), then hang up. */
+	pthread_mutex_lock(&c->qlock);
+	c->closing = true;
+	pthread_cond_signal(&c->qcond);
+	pthread_mutex_unlock(&c->qlock);
+	if (rc == UNISUM_ECONN)
+		srv->tp->conn_shutdown(c->conn);
+	pthread_join(c->send_thread, NULL);
+	c->send_started = false;
+	srv->tp->conn_shutdown(c->conn);
+	atomic_store(&c->finished, true);
+	return NULL;
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static void srv_notice(void *arg, int err, const char *why)
+{
+	struct server *srv = arg;
+	if (err != UNISUM_ESHUTDOWN) {
+		LOG_ERROR("stopping: %s", why);
+		atomic_store(&srv->job_error, err);
+	} else {
+		LOG_INFO("stopping: %s", why);
+	}
+	atomic_store(&srv->stopping, true);
+	srv->tp->listener_shutdown(srv->listener);
+}
+
+static void srv_conn_free(struct server *srv, struct srv_conn *c)
+{
+	pthread_join(c->recv_thread, NULL);
+	if (c->send_started)
+		pthread_join(c->send_thread, NULL);
+	for (struct srv_reply *r = c->head; r;) {
+		struct srv_reply *next = r->next;
+		free(r->owned);
+		free(r);
+		r = next;
+	}
+	srv->tp->conn_free(c->conn);
+	pthread_mutex_destroy(&c->qlock);
+	pthread_cond_destroy(&c->qcond);
+	free(c);
+}
+
+/* Frees connections whose threads have ended (strangers that were
+ * rejected), so a stream of bad connections cannot grow memory. */
+static void srv_reap(struct server *srv)
+{
+	pthread_mutex_lock(&srv->lock);
+	struct srv_conn **pp = &srv->conns;
+	while (*pp) {
+		struct srv_conn *c = *pp;
+		if (atomic_load(&c->finished)) {
+			*pp = c->next;
+			pthread_mutex_unlock(&srv->lock);
+			srv_conn_free(srv, c);
+			pthread_mutex_lock(&srv->lock);
+			pp = &srv->conns;
+			continue;
+		}
+		pp = &c->next;
+	}
+	pthread_mutex_unlock(&srv->lock);
+}
+
+static void srv_accept_loop(struct server *srv)
+{
+	for (;;) {
+		struct tp_conn *tc;
+		int rc = srv->tp->accept(srv->listener, &tc);
+		if (rc != 0)
+			return;
+		srv_reap(srv);
+		struct srv_conn *c = calloc(1, sizeof *c);
+		if (c == NULL) {
+			srv->tp->conn_free(tc);
+			continue;
+		}
+		c->srv = srv;
+		c->conn = tc;
+		c->worker = -1;
+		pthread_mutex_init(&c->qlock, NULL);
+		pthread_cond_init(&c->qcond, NULL);
+		atomic_init(&c->finished, false);
+		if (pthread_create(&c->send_thread, NULL, srv_send_main, c) == 0)
+			c->send_started = true;
+		if (!c->send_started || pthread_create(&c->recv_thread, NULL, srv_recv_main, c) != 0) {
+			LOG_ERROR("cannot start threads for a connection from %s", srv->tp->peer_name(tc));
+			pthread_mutex_lock(&c->qlock);
+			c->closing = true;
+			pthread_cond_signal(&c->qcond);
+			pthread_mutex_unlock(&c->qlock);
+			if (c->send_started)
+				pthread_join(c->send_thread, NULL);
+			srv->tp->conn_free(tc);
+			free(c);
+			continue;
+		}
+		pthread_mutex_lock(&srv->lock);
+		c->next = srv->conns;
+		srv->conns = c;
+		pthread_mutex_unlock(&srv->lock);
+	}
+}
+
+int server_run(const struct config *cfg)
+{
+	struct server *srv = calloc(1, sizeof *srv);
+	if (srv == NULL)
+		return UNISUM_ENOMEM;
+	srv->cfg = cfg;
+	srv->tp = transport_tcp();
+	srv->nworkers = cfg->num_workers;
+	srv->nengines = cfg->engine_threads;
+	pthread_mutex_init(&srv->lock, NULL);
+	srv->nbuckets = 1024;
+	srv->buckets = calloc(srv->nbuckets, sizeof *srv->buckets);
+	srv->by_worker = calloc((size_t)srv->nworkers, sizeof *srv->by_worker);
+	srv->engines = calloc((size_t)srv->nengines, sizeof *srv->engines);
+	int rc = UNISUM_ENOMEM, started = 0, port = 0;
+	if (srv->buckets == NULL || srv->by_worker == NULL || srv->engines == NULL)
+		goto out_free;
+
+	rc = srv->tp->listen(cfg->node_host, cfg->port, &srv->listener, &port);
+	if (rc != 0)
+		goto out_free;
+	for (; started < srv->nengines; started++) {
+		struct srv_engine *e = &srv->engines[started];
+		e->srv = srv;
+		pthread_mutex_init(&e->lock, NULL);
+		pthread_cond_init(&e->cond, NULL);
+		if (pthread_create(&e->thread, NULL, srv_engine_main, e) != 0) {
+			rc = UNISUM_ESYS;
+			goto out_engines;
+		}
+	}
+	rc = rdv_client_new(cfg, port, srv_notice, srv, &srv->rdv);
+	if (rc != 0)
+		goto out_engines;
+	srv->id = rdv_client_id(srv->rdv);
+	srv->rank = rdv_client_rank(srv->rdv);
+	log_set_identity("server", srv->rank);
+	LOG_INFO("listening on %s:%d with %d engine threads, reducer %s", cfg->node_host, port,
+		 srv->nengines, reducer_isa_name(reducer_active_isa()));
+
+	srv_accept_loop(srv);
+
+	/* Stop: hang up on everyone, then join every thread. */
+	atomic_store(&srv->stopping, true);
+	pthread_mutex_lock(&srv->lock);
+	for (struct srv_conn *c = srv->conns; c; c = c->next)
+		srv->tp->conn_shutdown(c->conn);
+	pthread_mutex_unlock(&srv->lock);
+	while (srv->conns) {
+		struct srv_conn *c = srv->conns;
+		srv->conns = c->next;
+		srv_conn_free(srv, c);
+	}
+	rdv_client_free(srv->rdv);
+	rc = atomic_load(&srv->job_error);
+
+out_engines:
+	for (int i = 0; i < started; i++) {
+		struct srv_engine *e = &srv->engines[i];
+		pthread_mutex_lock(&e->lock);
+		e->stop = true;
+		pthread_cond_signal(&e->cond);
+		pthread_mutex_unlock(&e->lock);
+		pthread_join(e->thread, NULL);
+		for (struct srv_event *ev = e->head; ev;) {
+			struct srv_event *next = ev->next;
+			free(ev);
+			ev = next;
+		}
+	}
+	srv->tp->listener_free(srv->listener);
+out_free:
+	if (srv->buckets)
+		for (size_t i = 0; i < srv->nbuckets; i++)
+			for (struct srv_key *k = srv->buckets[i]; k;) {
+				struct srv_key *next = k->next;
+				srv_key_free(k, srv->nworkers);
+				k = next;
+			}
+	free(srv->buckets);
+	free(srv->by_worker);
+	free(srv->engines);
+	pthread_mutex_destroy(&srv->lock);
+	free(srv);
+	return rc;
+}

@@ -1,0 +1,80 @@
+/*
+ * transport.h - the interface every transport implements.
+ *
+ * A transport moves wire messages (a fixed header and an optional payload)
+ * between two nodes.  It is a table of function pointers so that a UCX
+ * transport can be added beside TCP without touching any caller.
+ *
+ * Threading contract: a connection has two independent directions.  At most
+ * one thread sends on a connection at a time and at most one thread
+ * receives at a time; the two may run concurrently.  All calls block; the
+ * only way to unblock a receiver is conn_shutdown() from another thread.
+ *
+ * Zero-copy contract: send() transmits straight from the caller's payload
+ * buffer, which the caller may reuse as soon as send() returns.  A receiver
+ * first reads the header with recv_header(), decides where the payload
+ * belongs, then calls recv_payload() with that destination (for a PUSH the
+ * key's buffer on the server, for a PULL_REPLY the user's output tensor on
+ * the worker): the payload never lands in an intermediate buffer.
+ */
+#ifndef UNISUM_TRANSPORT_H
+#define UNISUM_TRANSPORT_H
+
+#include <stddef.h>
+
+#include "wire/wire.h"
+
+struct tp_listener;
+struct tp_conn;
+
+struct transport_ops {
+	const char *name;
+
+	/* Listens on host:port (port 0 = a free port; the bound port goes to
+	 * *port_out).  Returns 0 or a negative error. */
+	int (*listen)(const char *host, int port, struct tp_listener **out, int *port_out);
+
+	/* Blocks until a peer connects; 0 and a new connection, or
+	 * UNISUM_ESHUTDOWN once listener_close() was called. */
+	int (*accept)(struct tp_listener *l, struct tp_conn **out);
+
+	/* listener_shutdown() makes a blocked or later accept() return
+	 * UNISUM_ESHUTDOWN; never blocks.  listener_free() closes and frees
+	 * the listener once no accept() is running. */
+	void (*listener_shutdown)(struct tp_listener *l);
+	void (*listener_free)(struct tp_listener *l);
+
+	/* Connects to host:port, retrying refused attempts until timeout_ms
+	 * has passed.  0 and a connection, or a negative error. */
+	int (*connect)(const char *host, int port, int timeout_ms, struct tp_conn **out);
+
+	/* Sends `hdr` followed by hdr->payload_len bytes of `payload` (NULL
+	 * when the length is 0).  Returns when everything was handed to the
+	 * kernel: 0, or UNISUM_ECONN. */
+	int (*send)(struct tp_conn *c, const struct wire_hdr *hdr, const void *payload);
+
+	/* Receives and validates (wire_decode) the next header.  0, or
+	 * UNISUM_ECONN when the peer closed or the connection broke, or
+	 * UNISUM_EPROTO with the reason in `why`. */
+	int (*recv_header)(struct tp_conn *c, struct wire_hdr *hdr, char *why, size_t why_len);
+
+	/* Receives exactly `len` payload bytes into `dst` (dst == NULL
+	 * discards them).  0 or UNISUM_ECONN. */
+	int (*recv_payload)(struct tp_conn *c, void *dst, size_t len);
+
+	/* Wakes every thread blocked on the connection with UNISUM_ECONN and
+	 * makes later calls fail.  Never blocks; safe from any thread. */
+	void (*conn_shutdown)(struct tp_conn *c);
+
+	/* Frees the connection; no thread may be using it. */
+	void (*conn_free)(struct tp_conn *c);
+
+	/* "host:port" of the peer, for log lines; valid until conn_free. */
+	const char *(*peer_name)(const struct tp_conn *c);
+};
+
+/* The TCP transport (blocking sockets, one thread per
+ * direction; see transport/tcp/tcp.c). */
+const struct transport_ops *transport_tcp(void);
+
+#endif /* UNISUM_TRANSPORT_H */

@@ -1,0 +1,284 @@
+/*
+ * wire.c - header codec and control-payload helpers (see wire.h).
+ * Byte order is spelled out byte by byte, so the codec is the same on any
+ * host and never reads an unaligned field.
+ */
+#include "wire/wire.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void put16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	uint32_t v = 0;
+	for (int i = 0; i < 4; i++)
+		v |= (uint32_t)p[i] << (8 * i);
+	return v;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 0; i < 8; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
+
+void wire_encode(const struct wire_hdr *h, uint8_t out[WIRE_HDR_SIZE])
+{
+	memset(out, 0, WIRE_HDR_SIZE);
+	put32(out + 0, WIRE_MAGIC);
+	out[4] = WIRE_VERSION;
+	out[5] = h->type;
+	put16(out + 6, h->flags);
+	put32(out + 8, h->sender);
+	put32(out + 12, h->round);
+	put64(out + 16, h->key);
+	put64(out + 24, h->count);
+	put64(out + 32, h->payload_len);
+	out[40] = h->dtype;
+	put32(out + 44, h->aux);
+}
+
+static const char *const wire_type_names[] = {
+	[WIRE_REGISTER] = "REGISTER",	  [WIRE_ADDRBOOK] = "ADDRBOOK",
+	[WIRE_BARRIER] = "BARRIER",	  [WIRE_BARRIER_DONE] = "BARRIER_DONE",
+	[WIRE_HEARTBEAT] = "HEARTBEAT",	  [WIRE_PUSH] = "PUSH",
+	[WIRE_PUSH_ACK] = "PUSH_ACK",	  [WIRE_PULL] = "PULL",
+	[WIRE_PULL_REPLY] = "PULL_REPLY", [WIRE_DECLARE_CHECK] = "DECLARE_CHECK",
+	[WIRE_ERROR] = "ERROR",		  [WIRE_SHUTDOWN] = "SHUTDOWN",
+	[WIRE_DECLARE] = "DECLARE",
+};
+
+const char *wire_type_name(int type)
+{
+	if (type < 1 || type > WIRE_TYPE_MAX)
+		return "unknown";
+	return wire_type_names[type];
+}
+
+static size_t dtype_bytes(uint8_t dtype)
+{
+	return unisum_dtype_size((unisum_dtype)dtype);
+}
+
+/* Whether the type carries a tensor dtype that must be valid. */
+static bool type_has_dtype(uint8_t type)
+{
+	return type == WIRE_PUSH || type == WIRE_PULL || type == WIRE_PULL_REPLY ||
+	       type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE;
+}
+
+int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, size_t why_len)
+{
+	uint32_t magic = get32(in);
+	if (magic != WIRE_MAGIC) {
+		snprintf(why, why_len, "bad magic 0x%08x (not a unisum peer?)", magic);
+		return UNISUM_EPROTO;
+	}
+	if (in[4] != WIRE_VERSION) {
+		snprintf(why, why_len, "protocol version %u, this build speaks %u", in[4], WIRE_VERSION);
+		return UNISUM_EPROTO;
+	}
+	h->type = in[5];
+	h->flags = get16(in + 6);
+	h->sender = get32(in + 8);
+	h->round = get32(in + 12);
+	h->key = get64(in + 16);
+	h->count = get64(in + 24);
+	h->payload_len = get64(in + 32);
+	h->dtype = in[40];
+	h->aux = get32(in + 44);
+
+	if (h->type < 1 || h->type > WIRE_TYPE_MAX) {
+		snprintf(why, why_len, "unknown message type %u", h->type);
+		return UNISUM_EPROTO;
+	}
+	if (in[41] != 0 || in[42] != 0 || in[43] != 0) {
+		snprintf(why, why_len, "%s: reserved header bytes are not zero", wire_type_name(h->type));
+		return UNISUM_EPROTO;
+	}
+	uint16_t allowed = (h->type == WIRE_PUSH || h->type == WIRE_PULL_REPLY) ? WIRE_FLAG_ZERO : 0;
+	if ((h->flags & ~allowed) != 0) {
+		snprintf(why, why_len, "%s: unknown flags 0x%x", wire_type_name(h->type), h->flags);
+		return UNISUM_EPROTO;
+	}
+	if (type_has_dtype(h->type) ? h->dtype >= UNISUM_DTYPE_COUNT : h->dtype != 0) {
+		snprintf(why, why_len, "%s: invalid dtype %u", wire_type_name(h->type), h->dtype);
+		return UNISUM_EPROTO;
+	}
+
+	switch (h->type) {
+	case WIRE_PUSH:
+	case WIRE_PULL_REPLY: {
+		uint64_t want = 0;
+		if (!(h->flags & WIRE_FLAG_ZERO)) {
+			if (h->count > WIRE_MAX_DATA_PAYLOAD / dtype_bytes(h->dtype)) {
+				snprintf(why, why_len, "%s: %llu elements exceed the 1 GiB limit",
+					 wire_type_name(h->type), (unsigned long long)h->count);
+				return UNISUM_EPROTO;
+			}
+			want = h->count * dtype_bytes(h->dtype);
+		}
+		if (h->payload_len != want) {
+			snprintf(why, why_len, "%s: payload of %llu bytes, but %llu %s elements need %llu",
+				 wire_type_name(h->type), (unsigned long long)h->payload_len,
+				 (unsigned long long)h->count, unisum_dtype_name(h->dtype),
+				 (unsigned long long)want);
+			return UNISUM_EPROTO;
+		}
+		return 0;
+	}
+	case WIRE_PULL:
+	case WIRE_DECLARE_CHECK:
+	case WIRE_BARRIER:
+	case WIRE_BARRIER_DONE:
+	case WIRE_HEARTBEAT:
+	case WIRE_PUSH_ACK:
+		if (h->payload_len != 0) {
+			snprintf(why, why_len, "%s: carries no payload, got %llu bytes",
+				 wire_type_name(h->type), (unsigned long long)h->payload_len);
+			return UNISUM_EPROTO;
+		}
+		return 0;
+	default:
+		if (h->payload_len > WIRE_MAX_CONTROL_PAYLOAD) {
+			snprintf(why, why_len, "%s: payload of %llu bytes exceeds the %u-byte control limit",
+				 wire_type_name(h->type), (unsigned long long)h->payload_len,
+				 WIRE_MAX_CONTROL_PAYLOAD);
+			return UNISUM_EPROTO;
+		}
+		return 0;
+	}
+}
+
+void wire_buf_init(struct wire_buf *b)
+{
+	memset(b, 0, sizeof *b);
+}
+
+void wire_buf_fini(struct wire_buf *b)
+{
+	free(b->data);
+	memset(b, 0, sizeof *b);
+}
+
+static uint8_t *wire_buf_grow(struct wire_buf *b, size_t n)
+{
+	if (b->failed)
+		return NULL;
+	if (b->len + n > b->cap) {
+		size_t cap = b->cap ? b->cap * 2 : 256;
+		while (cap < b->len + n)
+			cap *= 2;
+		uint8_t *p = realloc(b->data, cap);
+		if (p == NULL) {
+			b->failed = true;
+			return NULL;
+		}
+		b->data = p;
+		b->cap = cap;
+	}
+	uint8_t *at = b->data + b->len;
+	b->len += n;
+	return at;
+}
+
+void wire_buf_u32(struct wire_buf *b, uint32_t v)
+{
+	uint8_t *p = wire_buf_grow(b, 4);
+	if (p != NULL)
+		put32(p, v);
+}
+
+void wire_buf_u64(struct wire_buf *b, uint64_t v)
+{
+	uint8_t *p = wire_buf_grow(b, 8);
+	if (p != NULL)
+		put64(p, v);
+}
+
+void wire_buf_str(struct wire_buf *b, const char *s)
+{
+	size_t n = strlen(s);
+	wire_buf_u32(b, (uint32_t)n);
+	uint8_t *p = wire_buf_grow(b, n);
+	if (p != NULL)
+		memcpy(p, s, n);
+}
+
+void wire_reader_init(struct wire_reader *r, const void *data, size_t len)
+{
+	r->p = data;
+	r->left = len;
+	r->failed = false;
+}
+
+static const uint8_t *wire_read_bytes(struct wire_reader *r, size_t n)
+{
+	if (r->failed || r->left < n) {
+		r->failed = true;
+		return NULL;
+	}
+	const uint8_t *at = r->p;
+	r->p += n;
+	r->left -= n;
+	return at;
+}
+
+uint32_t wire_read_u32(struct wire_reader *r)
+{
+	const uint8_t *p = wire_read_bytes(r, 4);
+	return p ? get32(p) : 0;
+}
+
+uint64_t wire_read_u64(struct wire_reader *r)
+{
+	const uint8_t *p = wire_read_bytes(r, 8);
+	return p ? get64(p) : 0;
+}
+
+void wire_read_str(struct wire_reader *r, char *dst, size_t dst_len)
+{
+	dst[0] = '\0';
+	uint32_t n = wire_read_u32(r);
+	if (r->failed)
+		return;
+	if (n >= dst_len) {
+		r->failed = true;
+		return;
+	}
+	const uint8_t *p = wire_read_bytes(r, n);
+	if (p == NULL)
+		return;
+	if (memchr(p, '\0', n) != NULL) {
+		r->failed = true;
+		return;
+	}
+	memcpy(dst, p, n);
+	dst[n] = '\0';
+}

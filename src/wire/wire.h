@@ -1,0 +1,115 @@
+/*
+ * wire.h - the message header every unisum node speaks (DESIGN.md sec. 4).
+ *
+ * A message is a 48-byte little-endian header followed by payload_len
+ * bytes of payload:
+ *
+ *   off size field
+ *    0   4   magic        "USUM" (0x4d555355 little-endian)
+ *    4   1   version      WIRE_VERSION
+ *    5   1   type         enum wire_type
+ *    6   2   flags        WIRE_FLAG_*, only those valid for the type
+ *    8   4   sender       node id of the sender
+ *   12   4   round        training round of the key (PUSH, PULL, PULL_REPLY)
+ *   16   8   key          partition key
+ *   24   8   count        number of elements (PUSH, PULL_REPLY, DECLARE*)
+ *   32   8   payload_len  bytes that follow the header
+ *   40   1   dtype        unisum_dtype (PUSH, PULL, PULL_REPLY, DECLARE*)
+ *   41   3   reserved     zero
+ *   44   4   aux          per type: barrier group, partition count, error code
+ *
+ * wire_decode() rejects anything a well-behaved peer never sends: bad
+ * magic or version, unknown type, flags the type does not take, non-zero
+ * reserved bytes, an unknown dtype, a payload larger than the type allows
+ * or one that disagrees with count x dtype.  Checks that need state (is the
+ * key declared, is the round the expected one) belong to the receiver.
+ *
+ * Control payloads (REGISTER, ADDRBOOK, DECLARE, ERROR) are built with
+ * wire_buf and read with wire_reader, which never read past their end.
+ */
+#ifndef UNISUM_WIRE_H
+#define UNISUM_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "unisum.h"
+
+#define WIRE_MAGIC 0x4d555355u	/* "USUM" */
+#define WIRE_VERSION 1
+#define WIRE_HDR_SIZE 48
+#define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
+#define WIRE_MAX_DATA_PAYLOAD (1ull << 30)	/* 1 GiB for one partition */
+
+enum wire_type {
+	WIRE_REGISTER = 1,	/* node -> scheduler: role, host, port; worker -> server: hello */
+	WIRE_ADDRBOOK = 2,	/* scheduler -> node: ids and addresses of every node */
+	WIRE_BARRIER = 3,	/* node -> scheduler: entered barrier of group `aux` */
+	WIRE_BARRIER_DONE = 4,	/* scheduler -> node: everyone entered */
+	WIRE_HEARTBEAT = 5,	/* liveness (reserved for the failure detector) */
+	WIRE_PUSH = 6,		/* worker -> server: a partition's contribution */
+	WIRE_PUSH_ACK = 7,	/* reserved: pushes are answered by the pull reply */
+	WIRE_PULL = 8,		/* worker -> server: send me the sum of this round */
+	WIRE_PULL_REPLY = 9,	/* server -> worker: the sum */
+	WIRE_DECLARE_CHECK = 10, /* worker -> server: key, dtype, count it will push */
+	WIRE_ERROR = 11,	/* any -> any: code in aux, text in payload */
+	WIRE_SHUTDOWN = 12,	/* worker -> scheduler: done; scheduler -> server: stop */
+	WIRE_DECLARE = 13,	/* worker <-> scheduler: name -> key and servers */
+	WIRE_TYPE_MAX = 13,
+};
+
+/* PUSH: the contribution is all zeros and no payload follows (broadcast
+ * from another root).  PULL_REPLY: the sum is all zeros, no payload. */
+#define WIRE_FLAG_ZERO 0x1u
+
+struct wire_hdr {
+	uint8_t type;
+	uint16_t flags;
+	uint32_t sender;
+	uint32_t round;
+	uint64_t key;
+	uint64_t count;
+	uint64_t payload_len;
+	uint8_t dtype;
+	uint32_t aux;
+};
+
+/* Writes `h` (plus magic and version) into out[WIRE_HDR_SIZE]. */
+void wire_encode(const struct wire_hdr *h, uint8_t out[WIRE_HDR_SIZE]);
+
+/* Parses and validates in[WIRE_HDR_SIZE] into *h.  Returns 0, or
+ * UNISUM_EPROTO with the reason written to `why`. */
+int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, size_t why_len);
+
+/* Name of a message type, "unknown" otherwise. */
+const char *wire_type_name(int type);
+
+/* A growable buffer for building control payloads. */
+struct wire_buf {
+	uint8_t *data;
+	size_t len, cap;
+	bool failed;		/* an allocation failed; the content is invalid */
+};
+
+void wire_buf_init(struct wire_buf *b);
+void wire_buf_fini(struct wire_buf *b);
+void wire_buf_u32(struct wire_buf *b, uint32_t v);
+void wire_buf_u64(struct wire_buf *b, uint64_t v);
+void wire_buf_str(struct wire_buf *b, const char *s);	/* u32 length + bytes */
+
+/* A bounds-checked reader over a received control payload. */
+struct wire_reader {
+	const uint8_t *p;
+	size_t left;
+	bool failed;		/* a read went past the end or a string was bad */
+};
+
+void wire_reader_init(struct wire_reader *r, const void *data, size_t len);
+uint32_t wire_read_u32(struct wire_reader *r);
+uint64_t wire_read_u64(struct wire_reader *r);
+/* Copies a string into dst (NUL-terminated); fails if it does not fit or
+ * holds a NUL byte. */
+void wire_read_str(struct wire_reader *r, char *dst, size_t dst_len);
+
+#endif /* UNISUM_WIRE_H */

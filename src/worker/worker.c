@@ -1,0 +1,844 @@
+/*
+ * worker.c - the worker side of unisum: the public C API of unisum.h.
+ *
+ * DESIGN.  A worker keeps one connection to every server.  Each connection
+ * has a sending thread, which takes partition jobs from a priority queue
+ * (higher tensor priority first, then first come first served) and writes
+ * PUSH (straight from the caller's input buffer) followed by PULL, and a
+ * receiving thread, which reads PULL_REPLYs straight into the caller's
+ * output buffer, divides for UNISUM_AVERAGE while the data is hot in cache,
+ * and completes the operation when its last partition arrives.
+ *
+ * A job lives in its connection's pending table from the moment it is
+ * queued until its reply arrives or the connection dies; only the
+ * receiving thread completes jobs, so once an operation is reported done
+ * no thread touches the caller's buffers again.  When a connection dies,
+ * its receiving thread first stops the sending thread, then fails every
+ * pending job with an error that names the server.
+ *
+ * Locks.  `wk.lock` guards the tensor table, the operations and `failed`;
+ * a connection's `lock` guards its queue and pending table.  Order:
+ * wk.lock, then a connection's lock.  No lock is held during socket I/O.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/config.h"
+#include "log/log.h"
+#include "placement/placement.h"
+#include "reducer/reducer.h"
+#include "rendezvous/rendezvous.h"
+#include "transport/transport.h"
+#include "unisum.h"
+#include "wire/wire.h"
+
+struct wk_tensor {
+	char name[256];
+	unisum_dtype dtype;
+	uint64_t count;
+	size_t esize;
+	int priority;
+	uint64_t key;			/* partition i has key + i */
+	uint32_t nparts;
+	struct placement_part *parts;
+	uint32_t *servers;		/* server rank of each partition */
+	uint32_t round;			/* next round */
+	bool busy;			/* an operation is in flight */
+};
+
+struct wk_op {
+	unisum_handle handle;
+	struct wk_tensor *t;
+	int flags;
+	uint32_t remaining;		/* partitions not yet completed */
+	int error;			/* first error of any partition */
+	char why[512];			/* its message */
+	bool done;
+};
+
+enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL };
+
+struct wk_job {
+	int type;			/* enum wk_job_type */
+	int priority;
+	uint64_t seq;			/* FIFO among equal priorities */
+	uint64_t key;
+	uint32_t round;
+	unisum_dtype dtype;
+	uint64_t count;
+	const void *in;			/* push from here (NULL: a ZERO push) */
+	void *out;			/* reply goes here */
+	int divisor;			/* UNISUM_AVERAGE: divide by this, else 1 */
+	struct wk_op *op;		/* NULL for DECLARE jobs */
+	struct wk_job *pending_next;	/* chain in the pending table */
+};
+
+struct wk_conn {
+	int server;			/* server rank */
+	char label[128];		/* "server 0 (127.0.0.1:4000)" */
+	struct tp_conn *conn;
+	pthread_t send_thread, recv_thread;
+	pthread_mutex_t lock;		/* queue, pending, dead */
+	pthread_cond_t cond;		/* queue non-empty or dead */
+	struct wk_job **heap;		/* send queue, a binary heap */
+	size_t nheap, capheap;
+	struct wk_job **pending;	/* key -> job, chained hash */
+	size_t npending_buckets;
+	bool dead;			/* the connection failed or closed */
+	bool closing;			/* unisum_shutdown() closed it */
+	char dead_why[512];		/* why, for the errors of later calls */
+};
+
+static struct {
+	pthread_mutex_t lock;		/* everything below but conns' own state */
+	pthread_cond_t done_cond;	/* an operation completed */
+	bool initialized;
+	struct config cfg;
+	const struct transport_ops *tp;
+	struct rdv_client *rdv;
+	int rank, size, nservers;
+	struct wk_conn *conns;		/* [nservers] */
+	struct wk_tensor **tensors;
+	int ntensors, captensors;
+	struct wk_op **ops;		/* operations not yet released */
+	int nops, capops;
+	unisum_handle next_handle;
+	atomic_ullong seq;
+	int failed;			/* the job failed: every call returns it */
+	char failed_why[512];
+} wk = {.lock = PTHREAD_MUTEX_INITIALIZER, .done_cond = PTHREAD_COND_INITIALIZER};
+
+/* ---- send queue (binary heap) and pending table ------------------------- */
+
+static bool job_before(const struct wk_job *a, const struct wk_job *b)
+{
+	if (a->priority != b->priority)
+		return a->priority > b->priority;
+	return a->seq < b->seq;
+}
+
+static int heap_push(struct wk_conn *c, struct wk_job *j)
+{
+	if (c->nheap == c->capheap) {
+		size_t cap = c->capheap ? c->capheap * 2 : 64;
+		struct wk_job **h = realloc(c->heap, cap * sizeof *h);
+		if (h == NULL)
+			return UNISUM_ENOMEM;
+		c->heap = h;
+		c->capheap = cap;
+	}
+	size_t i = c->nheap++;
+	while (i > 0 && job_before(j, c->heap[(i - 1) / 2])) {
+		c->heap[i] = c->heap[(i - 1) / 2];
+		i = (i - 1) / 2;
+	}
+	c->heap[i] = j;
+	return 0;
+}
+
+static struct wk_job *heap_pop(struct wk_conn *c)
+{
+	if (c->nheap == 0)
+		return NULL;
+	struct wk_job *top = c->heap[0], *last = c->heap[--c->nheap];
+	size_t i = 0;
+	for (;;) {
+		size_t l = 2 * i + 1, r = l + 1, m = i;
+		const struct wk_job *best = last;
+		if (l < c->nheap && job_before(c->heap[l], best)) {
+			m = l;
+			best = c->heap[l];
+		}
+		if (r < c->nheap && job_before(c->heap[r], best))
+			m = r;
+		if (m == i)
+			break;
+		c->heap[i] = c->heap[m];
+		i = m;
+	}
+	if (c->nheap > 0)
+		c->heap[i] = last;
+	return top;
+}
+
+static size_t pending_slot(const struct wk_conn *c, uint64_t key)
+{
+	key ^= key >> 29;
+	key *= 0xbf58476d1ce4e5b9ull;
+	key ^= key >> 32;
+	return (size_t)(key & (c->npending_buckets - 1));
+}
+
+static void pending_add(struct wk_conn *c, struct wk_job *j)
+{
+	size_t s = pending_slot(c, j->key);
+	j->pending_next = c->pending[s];
+	c->pending[s] = j;
+}
+
+/* Removes and returns the pending job of `key`, or NULL. */
+static struct wk_job *pending_take(struct wk_conn *c, uint64_t key)
+{
+	struct wk_job **pp = &c->pending[pending_slot(c, key)];
+	for (; *pp; pp = &(*pp)->pending_next) {
+		struct wk_job *j = *pp;
+		if (j->key == key && j->type == JOB_PUSH_PULL) {
+			*pp = j->pending_next;
+			return j;
+		}
+	}
+	return NULL;
+}
+
+/* ---- completion --------------------------------------------------------- */
+
+/* Completes one partition of an operation (err 0 or negative). */
+static void op_part_done(struct wk_op *op, int err, const char *why)
+{
+	pthread_mutex_lock(&wk.lock);
+	if (err != 0 && op->error == 0) {
+		op->error = err;
+		snprintf(op->why, sizeof op->why, "%s", why);
+	}
+	if (--op->remaining == 0) {
+		op->done = true;
+		op->t->busy = false;
+		pthread_cond_broadcast(&wk.done_cond);
+	}
+	pthread_mutex_unlock(&wk.lock);
+}
+
+/* ---- connection threads ------------------------------------------------- */
+
+static void *wk_send_main(void *arg)
+{
+	struct wk_conn *c = arg;
+	for (;;) {
+		pthread_mutex_lock(&c->lock);
+		while (c->nheap == 0 && !c->dead)
+			pthread_cond_wait(&c->cond, &c->lock);
+		if (c->dead) {
+			pthread_mutex_unlock(&c->lock);
+			return NULL;
+		}
+		struct wk_job *j = heap_pop(c);
+		pthread_mutex_unlock(&c->lock);
+
+		int rc;
+		if (j->type == JOB_DECLARE) {
+			struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = rdv_client_id(wk.rdv),
+					     .key = j->key, .count = j->count, .dtype = (uint8_t)j->dtype};
+			rc = wk.tp->send(c->conn, &h, NULL);
+			free(j);
+		} else {
+			/* Build both headers first: once PULL is on its way the reply may
+			 * complete (and free) the job before send() returns. */
+			struct wire_hdr push = {.type = WIRE_PUSH, .sender = rdv_client_id(wk.rdv),
+						.round = j->round, .key = j->key, .count = j->count,
+						.dtype = (uint8_t)j->dtype};
+			const void *payload = j->in;
+			if (payload == NULL)
+				push.flags = WIRE_FLAG_ZERO;
+			else
+				push.payload_len = j->count * unisum_dtype_size(j->dtype);
+			struct wire_hdr pull = push;
+			pull.type = WIRE_PULL;
+			pull.flags = 0;
+			pull.count = 0;
+			pull.payload_len = 0;
+			rc = wk.tp->send(c->conn, &push, payload);
+			if (rc == 0)
+				rc = wk.tp->send(c->conn, &pull, NULL);
+		}
+		if (rc != 0) {
+			/* The receiving thread notices the broken socket and cleans up. */
+			wk.tp->conn_shutdown(c->conn);
+			return NULL;
+		}
+	}
+}
+
+/* Marks the connection dead, stops its sender, fails every pending job. */
+static void wk_conn_fail(struct wk_conn *c, const char *why)
+{
+	pthread_mutex_lock(&c->lock);
+	c->dead = true;
+	if (c->dead_why[0] == '\0')
+		snprintf(c->dead_why, sizeof c->dead_why, "%s", why);
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+	wk.tp->conn_shutdown(c->conn);
+	pthread_join(c->send_thread, NULL);
+
+	pthread_mutex_lock(&c->lock);
+	c->nheap = 0;	/* every queued job is also pending, freed below */
+	struct wk_job *all = NULL;
+	for (size_t i = 0; i < c->npending_buckets; i++) {
+		while (c->pending[i]) {
+			struct wk_job *j = c->pending[i];
+			c->pending[i] = j->pending_next;
+			j->pending_next = all;
+			all = j;
+		}
+	}
+	bool closing = c->closing;
+	pthread_mutex_unlock(&c->lock);
+	if (!closing && all != NULL)
+		LOG_ERROR("%s", c->dead_why);
+	while (all) {
+		struct wk_job *j = all;
+		all = j->pending_next;
+		if (j->op != NULL)
+			op_part_done(j->op, UNISUM_ECONN, c->dead_why);
+		free(j);
+	}
+}
+
+static void *wk_recv_main(void *arg)
+{
+	struct wk_conn *c = arg;
+	char why[400] = "", msg[512];
+	for (;;) {
+		struct wire_hdr h;
+		int rc = wk.tp->recv_header(c->conn, &h, why, sizeof why);
+		if (rc != 0) {
+			snprintf(msg, sizeof msg, "%s: %s", c->label,
+				 rc == UNISUM_EPROTO ? why : "the connection closed (did the server exit?)");
+			break;
+		}
+		if (h.type == WIRE_ERROR) {
+			char text[400] = "";
+			void *p = malloc(h.payload_len + 1);
+			if (p != NULL && wk.tp->recv_payload(c->conn, p, h.payload_len) == 0) {
+				struct wire_reader r;
+				wire_reader_init(&r, p, h.payload_len);
+				wire_read_str(&r, text, sizeof text);
+			}
+			free(p);
+			snprintf(msg, sizeof msg, "%s rejected this worker: %s", c->label, text);
+			break;
+		}
+		if (h.type != WIRE_PULL_REPLY) {
+			snprintf(msg, sizeof msg, "%s sent an unexpected %s", c->label, wire_type_name(h.type));
+			break;
+		}
+		pthread_mutex_lock(&c->lock);
+		struct wk_job *j = pending_take(c, h.key);
+		pthread_mutex_unlock(&c->lock);
+		if (j == NULL || j->round != h.round || j->dtype != h.dtype || j->count != h.count) {
+			snprintf(msg, sizeof msg, "%s sent a reply for key 0x%llx round %u that this worker "
+				 "did not ask for", c->label, (unsigned long long)h.key, h.round);
+			if (j != NULL) {
+				op_part_done(j->op, UNISUM_EPROTO, msg);
+				free(j);
+			}
+			break;
+		}
+		size_t bytes = j->count * unisum_dtype_size(j->dtype);
+		if (h.flags & WIRE_FLAG_ZERO) {
+			memset(j->out, 0, bytes);
+		} else if (wk.tp->recv_payload(c->conn, j->out, bytes) != 0) {
+			snprintf(msg, sizeof msg, "%s: the connection closed in the middle of a reply",
+				 c->label);
+			op_part_done(j->op, UNISUM_ECONN, msg);
+			free(j);
+			break;
+		}
+		if (j->divisor > 1)
+			reducer_divide(j->out, j->count, j->dtype, j->divisor);
+		op_part_done(j->op, 0, NULL);
+		free(j);
+	}
+	wk_conn_fail(c, msg);
+	return NULL;
+}
+
+/* Queues a job on its server's connection.  Returns UNISUM_ECONN (with the
+ * reason in the last error) when the connection is dead. */
+static int wk_enqueue(struct wk_conn *c, struct wk_job *j)
+{
+	j->seq = atomic_fetch_add(&wk.seq, 1);
+	pthread_mutex_lock(&c->lock);
+	int rc = 0;
+	if (c->dead) {
+		log_set_last_error("%s", c->dead_why);
+		rc = UNISUM_ECONN;
+	} else {
+		rc = heap_push(c, j);
+		if (rc == 0) {
+			if (j->type == JOB_PUSH_PULL)
+				pending_add(c, j);
+			pthread_cond_signal(&c->cond);
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	return rc;
+}
+
+static int wk_connect_servers(void)
+{
+	wk.conns = calloc((size_t)wk.nservers, sizeof *wk.conns);
+	if (wk.conns == NULL)
+		return UNISUM_ENOMEM;
+	for (int s = 0; s < wk.nservers; s++) {
+		struct wk_conn *c = &wk.conns[s];
+		const struct rdv_node *n = rdv_client_server(wk.rdv, s);
+		c->server = s;
+		c->npending_buckets = 1024;
+		c->pending = calloc(c->npending_buckets, sizeof *c->pending);
+		if (n == NULL || c->pending == NULL)
+			return UNISUM_ENOMEM;
+		snprintf(c->label, sizeof c->label, "server %d (%s:%d)", s, n->host, n->port);
+		pthread_mutex_init(&c->lock, NULL);
+		pthread_cond_init(&c->cond, NULL);
+		int rc = wk.tp->connect(n->host, n->port, wk.cfg.timeout_ms, &c->conn);
+		if (rc != 0)
+			return log_fail(rc, "worker %d cannot reach %s: %s", wk.rank, c->label,
+					log_last_error());
+		struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(wk.rdv)};
+		rc = wk.tp->send(c->conn, &hello, NULL);
+		if (rc != 0)
+			return log_fail(rc, "worker %d lost %s while saying hello", wk.rank, c->label);
+		if (pthread_create(&c->send_thread, NULL, wk_send_main, c) != 0)
+			return UNISUM_ESYS;
+		if (pthread_create(&c->recv_thread, NULL, wk_recv_main, c) != 0) {
+			/* Stop the sender we just started. */
+			pthread_mutex_lock(&c->lock);
+			c->dead = true;
+			pthread_cond_broadcast(&c->cond);
+			pthread_mutex_unlock(&c->lock);
+			pthread_join(c->send_thread, NULL);
+			return UNISUM_ESYS;
+		}
+	}
+	return 0;
+}
+
+/* The scheduler says the job failed (or was lost): fail everything. */
+static void wk_notice(void *arg, int err, const char *why)
+{
+	(void)arg;
+	pthread_mutex_lock(&wk.lock);
+	if (wk.failed == 0) {
+		wk.failed = err == UNISUM_ESHUTDOWN ? UNISUM_ECONN : err;
+		snprintf(wk.failed_why, sizeof wk.failed_why, "%s", why);
+	}
+	pthread_mutex_unlock(&wk.lock);
+	LOG_ERROR("%s", why);
+	for (int s = 0; s < wk.nservers; s++)
+		wk.tp->conn_shutdown(wk.conns[s].conn);
+}
+
+/* ---- public API --------------------------------------------------------- */
+
+#define REQUIRE_INIT()                                                                             \
+	do {                                                                                       \
+		if (!wk.initialized)                                                               \
+			return log_fail(UNISUM_ENOTINIT, "call unisum_init() first");              \
+	} while (0)
+
+static void wk_free_all(void)
+{
+	for (int i = 0; i < wk.ntensors; i++) {
+		free(wk.tensors[i]->parts);
+		free(wk.tensors[i]->servers);
+		free(wk.tensors[i]);
+	}
+	free(wk.tensors);
+	for (int i = 0; i < wk.nops; i++)
+		free(wk.ops[i]);
+	free(wk.ops);
+	wk.tensors = NULL;
+	wk.ops = NULL;
+	wk.ntensors = wk.captensors = wk.nops = wk.capops = 0;
+}
+
+/* Stops and frees every server connection (after their threads ran). */
+static void wk_close_conns(void)
+{
+	if (wk.conns == NULL)
+		return;
+	for (int s = 0; s < wk.nservers; s++) {
+		struct wk_conn *c = &wk.conns[s];
+		if (c->conn != NULL) {
+			pthread_mutex_lock(&c->lock);
+			c->closing = true;
+			pthread_mutex_unlock(&c->lock);
+			wk.tp->conn_shutdown(c->conn);
+			if (c->recv_thread)
+				pthread_join(c->recv_thread, NULL);
+			wk.tp->conn_free(c->conn);
+			pthread_mutex_destroy(&c->lock);
+			pthread_cond_destroy(&c->cond);
+		}
+		free(c->heap);
+		free(c->pending);
+	}
+	free(wk.conns);
+	wk.conns = NULL;
+}
+
+int unisum_init(void)
+{
+	char err[512];
+	if (wk.initialized)
+		return 0;
+	int rc = config_load(&wk.cfg, err, sizeof err);
+	if (rc == 0 && wk.cfg.role == CONFIG_ROLE_NONE)
+		wk.cfg.role = CONFIG_ROLE_WORKER;
+	if (rc == 0 && wk.cfg.role != CONFIG_ROLE_WORKER) {
+		snprintf(err, sizeof err, "UNISUM_ROLE=%s: unisum_init() is for workers; run `unisum %s` "
+			 "for that role", config_role_name(wk.cfg.role), config_role_name(wk.cfg.role));
+		rc = UNISUM_ECONFIG;
+	}
+	if (rc == 0)
+		rc = config_require(&wk.cfg, CONFIG_ROLE_WORKER, err, sizeof err);
+	if (rc != 0)
+		return log_fail(rc, "unisum_init: %s", err);
+	log_set_level(wk.cfg.log_level);
+	log_set_identity("worker", wk.cfg.worker_id);
+
+	wk.tp = transport_tcp();
+	wk.failed = 0;
+	wk.nservers = wk.cfg.num_servers;
+	rc = rdv_client_new(&wk.cfg, 0, wk_notice, NULL, &wk.rdv);
+	if (rc != 0)
+		return log_fail(rc, "unisum_init: cannot join the job through the scheduler at %s:%d: %s",
+				wk.cfg.scheduler_host, wk.cfg.scheduler_port, log_last_error());
+	wk.rank = rdv_client_rank(wk.rdv);
+	wk.size = wk.cfg.num_workers;
+	log_set_identity("worker", wk.rank);
+	rc = wk_connect_servers();
+	if (rc != 0) {
+		wk_close_conns();
+		rdv_client_free(wk.rdv);
+		wk.rdv = NULL;
+		return rc;
+	}
+	wk.initialized = true;
+	LOG_INFO("joined as worker %d of %d with %d servers", wk.rank, wk.size, wk.nservers);
+	return 0;
+}
+
+int unisum_shutdown(void)
+{
+	REQUIRE_INIT();
+	/* Operations the caller never waited on must finish before their
+	 * buffers' owner goes away. */
+	pthread_mutex_lock(&wk.lock);
+	for (int i = 0; i < wk.nops; i++)
+		while (!wk.ops[i]->done)
+			pthread_cond_wait(&wk.done_cond, &wk.lock);
+	int failed = wk.failed;
+	pthread_mutex_unlock(&wk.lock);
+	wk_close_conns();
+	rdv_client_free(wk.rdv);
+	wk.rdv = NULL;
+	wk_free_all();
+	wk.initialized = false;
+	return failed;
+}
+
+int unisum_rank(void)
+{
+	return wk.initialized ? wk.rank : UNISUM_ENOTINIT;
+}
+
+int unisum_size(void)
+{
+	return wk.initialized ? wk.size : UNISUM_ENOTINIT;
+}
+
+int unisum_local_rank(void)
+{
+	return wk.initialized ? wk.cfg.local_rank : UNISUM_ENOTINIT;
+}
+
+int unisum_local_size(void)
+{
+	return wk.initialized ? wk.cfg.local_size : UNISUM_ENOTINIT;
+}
+
+int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int priority)
+{
+	REQUIRE_INIT();
+	if (name == NULL || name[0] == '\0' || strlen(name) >= sizeof ((struct wk_tensor *)0)->name)
+		return log_fail(UNISUM_EINVAL, "unisum_declare: the name must have 1 to 255 characters");
+	size_t esize = unisum_dtype_size(dtype);
+	if (esize == 0)
+		return log_fail(UNISUM_EINVAL, "unisum_declare('%s'): unknown dtype %d", name, (int)dtype);
+	if (esize > wk.cfg.partition_bytes)
+		return log_fail(UNISUM_ECONFIG, "UNISUM_PARTITION_BYTES=%llu is smaller than one %s element",
+				(unsigned long long)wk.cfg.partition_bytes, unisum_dtype_name(dtype));
+	uint64_t nparts = placement_nparts(count, esize, wk.cfg.partition_bytes);
+	if (nparts > PLACEMENT_MAX_PARTS)
+		return log_fail(UNISUM_EINVAL, "unisum_declare('%s'): %zu elements make %llu partitions, "
+				"more than %u; raise UNISUM_PARTITION_BYTES", name, count,
+				(unsigned long long)nparts, PLACEMENT_MAX_PARTS);
+
+	pthread_mutex_lock(&wk.lock);
+	for (int i = 0; i < wk.ntensors; i++) {
+		struct wk_tensor *t = wk.tensors[i];
+		if (strcmp(t->name, name) != 0)
+			continue;
+		pthread_mutex_unlock(&wk.lock);
+		if (t->dtype != dtype || t->count != count)
+			return log_fail(UNISUM_EMISMATCH, "worker %d declared tensor '%s' twice: as %s[%llu] "
+					"and now as %s[%zu]", wk.rank, name, unisum_dtype_name(t->dtype),
+					(unsigned long long)t->count, unisum_dtype_name(dtype), count);
+		return i;
+	}
+	pthread_mutex_unlock(&wk.lock);
+
+	struct wk_tensor *t = calloc(1, sizeof *t);
+	if (t == NULL)
+		return UNISUM_ENOMEM;
+	snprintf(t->name, sizeof t->name, "%s", name);
+	t->dtype = dtype;
+	t->count = count;
+	t->esize = esize;
+	t->priority = priority;
+	t->nparts = (uint32_t)nparts;
+	t->parts = calloc(nparts ? nparts : 1, sizeof *t->parts);
+	t->servers = calloc(nparts ? nparts : 1, sizeof *t->servers);
+	int rc = UNISUM_ENOMEM;
+	if (t->parts == NULL || t->servers == NULL)
+		goto out_free;
+	placement_partition(count, nparts, t->parts);
+
+	char why[768];
+	rc = rdv_client_declare(wk.rdv, name, dtype, count, wk.cfg.partition_bytes, t->nparts, &t->key,
+				t->servers, why, sizeof why);
+	if (rc != 0) {
+		rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", name, wk.rank, why);
+		goto out_free;
+	}
+	for (uint32_t i = 0; i < t->nparts; i++) {
+		if (t->servers[i] >= (uint32_t)wk.nservers) {
+			rc = log_fail(UNISUM_EPROTO, "the scheduler placed '%s' on server %u of %d", name,
+				      t->servers[i], wk.nservers);
+			goto out_free;
+		}
+		struct wk_job *j = calloc(1, sizeof *j);
+		if (j == NULL) {
+			rc = UNISUM_ENOMEM;
+			goto out_free;
+		}
+		*j = (struct wk_job){.type = JOB_DECLARE, .priority = 0x7fffffff, .key = t->key + i,
+				     .dtype = dtype, .count = t->parts[i].count};
+		rc = wk_enqueue(&wk.conns[t->servers[i]], j);
+		if (rc != 0) {
+			free(j);
+			rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", name, wk.rank,
+				      log_last_error());
+			goto out_free;
+		}
+	}
+
+	pthread_mutex_lock(&wk.lock);
+	/* Another thread may have declared the same name meanwhile. */
+	for (int i = 0; i < wk.ntensors; i++) {
+		if (strcmp(wk.tensors[i]->name, name) == 0) {
+			pthread_mutex_unlock(&wk.lock);
+			rc = i;
+			goto out_free;
+		}
+	}
+	if (wk.ntensors == wk.captensors) {
+		int cap = wk.captensors ? wk.captensors * 2 : 64;
+		struct wk_tensor **nt = realloc(wk.tensors, (size_t)cap * sizeof *nt);
+		if (nt == NULL) {
+			pthread_mutex_unlock(&wk.lock);
+			rc = UNISUM_ENOMEM;
+			goto out_free;
+		}
+		wk.tensors = nt;
+		wk.captensors = cap;
+	}
+	int id = wk.ntensors++;
+	wk.tensors[id] = t;
+	pthread_mutex_unlock(&wk.lock);
+	return id;
+
+out_free:
+	free(t->parts);
+	free(t->servers);
+	free(t);
+	return rc;
+}
+
+/* Starts an operation: `in` NULL means "contribute zeros" (broadcast from
+ * another root). */
+static int wk_start(int tensor, const void *in, void *out, int flags, unisum_handle *h)
+{
+	REQUIRE_INIT();
+	if (h == NULL || out == NULL || (flags & ~UNISUM_AVERAGE) != 0)
+		return log_fail(UNISUM_EINVAL, "unisum_push_pull: out and the handle must not be NULL and "
+				"flags may only hold UNISUM_AVERAGE (worker %d, tensor %d)", wk.rank, tensor);
+	struct wk_op *op = calloc(1, sizeof *op);
+	if (op == NULL)
+		return UNISUM_ENOMEM;
+
+	pthread_mutex_lock(&wk.lock);
+	int rc = 0;
+	if (wk.failed != 0) {
+		rc = log_fail(wk.failed, "worker %d: the job has failed: %s", wk.rank, wk.failed_why);
+		goto out_unlock;
+	}
+	if (tensor < 0 || tensor >= wk.ntensors) {
+		rc = log_fail(UNISUM_EINVAL, "worker %d: tensor id %d was never declared (declared ids are "
+			      "0..%d); call unisum_declare() first", wk.rank, tensor, wk.ntensors - 1);
+		goto out_unlock;
+	}
+	struct wk_tensor *t = wk.tensors[tensor];
+	if (t->busy) {
+		rc = log_fail(UNISUM_EBUSY, "worker %d: tensor '%s' already has a push_pull in flight; wait "
+			      "for it before starting the next", wk.rank, t->name);
+		goto out_unlock;
+	}
+	if (wk.nops == wk.capops) {
+		int cap = wk.capops ? wk.capops * 2 : 64;
+		struct wk_op **no = realloc(wk.ops, (size_t)cap * sizeof *no);
+		if (no == NULL) {
+			rc = UNISUM_ENOMEM;
+			goto out_unlock;
+		}
+		wk.ops = no;
+		wk.capops = cap;
+	}
+	op->handle = ++wk.next_handle;
+	op->t = t;
+	op->flags = flags;
+	op->remaining = t->nparts;
+	op->done = t->nparts == 0;
+	t->busy = !op->done;
+	uint32_t round = t->round++;
+	wk.ops[wk.nops++] = op;
+	*h = op->handle;
+	pthread_mutex_unlock(&wk.lock);
+
+	for (uint32_t i = 0; i < t->nparts; i++) {
+		struct wk_job *j = malloc(sizeof *j);
+		const struct placement_part *p = &t->parts[i];
+		size_t off = p->offset * t->esize;
+		if (j != NULL) {
+			*j = (struct wk_job){.type = JOB_PUSH_PULL, .priority = t->priority, .key = t->key + i,
+					     .round = round, .dtype = t->dtype, .count = p->count,
+					     .in = in ? (const uint8_t *)in + off : NULL,
+					     .out = (uint8_t *)out + off,
+					     .divisor = (flags & UNISUM_AVERAGE) ? wk.size : 1, .op = op};
+			rc = wk_enqueue(&wk.conns[t->servers[i]], j);
+		} else {
+			rc = UNISUM_ENOMEM;
+		}
+		if (rc != 0) {
+			/* The operation fails; partitions already queued finish on their own. */
+			free(j);
+			char why[512];
+			snprintf(why, sizeof why, "worker %d, tensor '%s': %s", wk.rank, t->name,
+				 rc == UNISUM_ENOMEM ? "out of memory" : log_last_error());
+			op_part_done(op, rc, why);
+		}
+	}
+	return 0;
+
+out_unlock:
+	pthread_mutex_unlock(&wk.lock);
+	free(op);
+	return rc;
+}
+
+int unisum_push_pull_async(int tensor, const void *in, void *out, int flags, unisum_handle *h)
+{
+	if (in == NULL)
+		return log_fail(UNISUM_EINVAL, "unisum_push_pull: in must not be NULL (tensor %d)", tensor);
+	return wk_start(tensor, in, out, flags, h);
+}
+
+/* Finds an unreleased operation; call with wk.lock held. */
+static int wk_find_op(unisum_handle h)
+{
+	for (int i = 0; i < wk.nops; i++)
+		if (wk.ops[i]->handle == h)
+			return i;
+	return -1;
+}
+
+/* Releases a completed operation and returns its status; wk.lock held. */
+static int wk_release(int i)
+{
+	struct wk_op *op = wk.ops[i];
+	wk.ops[i] = wk.ops[--wk.nops];
+	int rc = op->error;
+	if (rc != 0)
+		log_fail(rc, "worker %d, tensor '%s': %s", wk.rank, op->t->name, op->why);
+	free(op);
+	return rc;
+}
+
+int unisum_poll(unisum_handle h)
+{
+	REQUIRE_INIT();
+	pthread_mutex_lock(&wk.lock);
+	int i = wk_find_op(h), rc;
+	if (i < 0)
+		rc = log_fail(UNISUM_EINVAL, "unisum_poll: unknown or already released handle %lld",
+			      (long long)h);
+	else if (!wk.ops[i]->done)
+		rc = 0;
+	else {
+		rc = wk_release(i);
+		if (rc == 0)
+			rc = 1;
+	}
+	pthread_mutex_unlock(&wk.lock);
+	return rc;
+}
+
+int unisum_wait(unisum_handle h)
+{
+	REQUIRE_INIT();
+	pthread_mutex_lock(&wk.lock);
+	int i = wk_find_op(h), rc;
+	if (i < 0) {
+		rc = log_fail(UNISUM_EINVAL, "unisum_wait: unknown or already released handle %lld",
+			      (long long)h);
+	} else {
+		struct wk_op *op = wk.ops[i];
+		while (!op->done)
+			pthread_cond_wait(&wk.done_cond, &wk.lock);
+		rc = wk_release(wk_find_op(h));
+	}
+	pthread_mutex_unlock(&wk.lock);
+	return rc;
+}
+
+int unisum_push_pull(int tensor, const void *in, void *out, int flags)
+{
+	unisum_handle h;
+	int rc = unisum_push_pull_async(tensor, in, out, flags, &h);
+	return rc != 0 ? rc : unisum_wait(h);
+}
+
+int unisum_broadcast(int tensor, void *buf, int root_rank)
+{
+	REQUIRE_INIT();
+	if (buf == NULL || root_rank < 0 || root_rank >= wk.size)
+		return log_fail(UNISUM_EINVAL, "unisum_broadcast: buf must not be NULL and root_rank %d "
+				"must be in [0, %d) (worker %d, tensor %d)", root_rank, wk.size, wk.rank,
+				tensor);
+	unisum_handle h;
+	int rc = wk_start(tensor, wk.rank == root_rank ? buf : NULL, buf, 0, &h);
+	return rc != 0 ? rc : unisum_wait(h);
+}
+
+int unisum_barrier(void)
+{
+	REQUIRE_INIT();
+	int rc = rdv_client_barrier(wk.rdv, RDV_GROUP_WORKERS);
+	if (rc != 0)
+		return log_fail(rc, "unisum_barrier on worker %d: %s", wk.rank, log_last_error());
+	return 0;
+}
