@@ -67,6 +67,7 @@ int scheduler_main(int argc, char **argv)
 		return 1;
 	}
 	rc = rdv_scheduler_wait(s);
+	rdv_scheduler_free(s);
 	return rc == 0 ? 0 : 1;
 }
 

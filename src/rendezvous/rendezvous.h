@@ -52,12 +52,16 @@ int rdv_scheduler_start(const char *host, int port, int num_workers, int num_ser
 
 /* Waits for the scheduler to finish: 0 when every worker said goodbye and
  * every server was told to stop; a negative error when a node died or broke
- * the protocol (the log names it).  Frees the scheduler. */
+ * the protocol (the log names it).  Call once. */
 int rdv_scheduler_wait(struct rdv_scheduler *s);
 
 /* Makes a running scheduler give up (the launcher calls it when a process
- * dies); rdv_scheduler_wait() then returns UNISUM_ESHUTDOWN. */
+ * dies); rdv_scheduler_wait() then returns UNISUM_ESHUTDOWN.  Safe from any
+ * thread at any time before rdv_scheduler_free(), also after wait returned. */
 void rdv_scheduler_abort(struct rdv_scheduler *s);
+
+/* Frees the scheduler once rdv_scheduler_wait() has returned. */
+void rdv_scheduler_free(struct rdv_scheduler *s);
 
 /* ---- client (servers and workers) --------------------------------------- */
 

@@ -593,14 +593,20 @@ void rdv_scheduler_abort(struct rdv_scheduler *s)
 int rdv_scheduler_wait(struct rdv_scheduler *s)
 {
 	pthread_join(s->thread, NULL);
+	for (int i = 0; i < s->nnodes; i++)
+		if (s->nodes[i].thread_started)
+			pthread_join(s->nodes[i].thread, NULL);
+	return s->result;
+}
+
+void rdv_scheduler_free(struct rdv_scheduler *s)
+{
+	if (s == NULL)
+		return;
 	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *n = &s->nodes[i];
-		if (n->thread_started)
-			pthread_join(n->thread, NULL);
-		s->tp->conn_free(n->conn);
-		pthread_mutex_destroy(&n->send_lock);
+		s->tp->conn_free(s->nodes[i].conn);
+		pthread_mutex_destroy(&s->nodes[i].send_lock);
 	}
-	int rc = s->result;
 	s->tp->listener_free(s->listener);
 	for (int i = 0; i < s->ntensors; i++)
 		free(s->tensors[i].servers);
@@ -610,5 +616,4 @@ int rdv_scheduler_wait(struct rdv_scheduler *s)
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->changed);
 	free(s);
-	return rc;
 }

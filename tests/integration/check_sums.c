@@ -1,0 +1,433 @@
+/*
+ * check_sums.c - a worker program for the integration tests.  Run it under
+ * `unisum launch`; it checks what every worker receives against a reference
+ * computed locally, and exits non-zero with a message on the first wrong
+ * element.
+ *
+ * Every worker can compute every other worker's input (it is a function of
+ * rank, tensor and index), so the reference is exact: the server folds
+ * contributions in rank order, and the reference sums in the same order
+ * with the same rounding (float16 / bfloat16 round to nearest-even after
+ * every addition, as the server does).  Integer sums wrap.
+ *
+ *   check_sums sums [--big]   every dtype x boundary sizes (and 64 MiB with --big),
+ *                             plain and averaged
+ *   check_sums rounds N       N rounds of a small tensor, inputs change every round
+ *   check_sums many N         N tensors in flight at once
+ *   check_sums shuffle        names declared in a different order on every worker
+ *   check_sums broadcast      broadcast from every root, including non-zero ones
+ *   check_sums undeclared     a push_pull of an undeclared id fails clearly
+ *   check_sums mismatch       declaring a name with another size fails clearly
+ *   check_sums garbage PORT   rank 0 sends malformed streams to the server at
+ *                             127.0.0.1:PORT; every worker then finishes rounds
+ */
+#include <arpa/inet.h>
+#include <inttypes.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "reducer/reducer.h"
+#include "unisum.h"
+#include "wire/wire.h"
+
+static int rank, size;
+
+#define FAIL(...)                                                                                  \
+	do {                                                                                       \
+		fprintf(stderr, "check_sums[rank %d] FAILED: ", rank);                             \
+		fprintf(stderr, __VA_ARGS__);                                                      \
+		fprintf(stderr, "\n");                                                             \
+		exit(1);                                                                           \
+	} while (0)
+
+static uint64_t mix(uint64_t x)
+{
+	x ^= x >> 31;
+	x *= 0x7fb5d329728ea185ull;
+	x ^= x >> 27;
+	x *= 0x81dadef4bc2dd44dull;
+	x ^= x >> 33;
+	return x;
+}
+
+/* Input element i of worker r for tensor `salt`, stored into dst. */
+static void gen(unisum_dtype dt, uint64_t salt, int r, size_t i, void *dst)
+{
+	uint64_t h = mix(salt * 0x9e3779b97f4a7c15ull + (uint64_t)r * 0x632be59bd9b4e019ull + i);
+	double v = ((double)(h % 200001) - 100000.0) / 1024.0;	/* about +-98, many bits */
+	switch (dt) {
+	case UNISUM_FLOAT32:
+		*(float *)dst = (float)v;
+		break;
+	case UNISUM_FLOAT64:
+		*(double *)dst = v / 3.0;
+		break;
+	case UNISUM_FLOAT16:
+		*(uint16_t *)dst = reducer_f32_to_f16((float)(v / 16.0));
+		break;
+	case UNISUM_BFLOAT16:
+		*(uint16_t *)dst = reducer_f32_to_bf16((float)v);
+		break;
+	case UNISUM_INT32:
+		*(int32_t *)dst = (int32_t)(uint32_t)h;
+		break;
+	case UNISUM_INT64:
+		*(int64_t *)dst = (int64_t)h;
+		break;
+	default:
+		break;
+	}
+}
+
+/* acc = acc + x in the server's arithmetic. */
+static void add(unisum_dtype dt, void *acc, const void *x)
+{
+	switch (dt) {
+	case UNISUM_FLOAT32:
+		*(float *)acc = *(float *)acc + *(const float *)x;
+		break;
+	case UNISUM_FLOAT64:
+		*(double *)acc = *(double *)acc + *(const double *)x;
+		break;
+	case UNISUM_FLOAT16:
+		*(uint16_t *)acc = reducer_f32_to_f16(reducer_f16_to_f32(*(uint16_t *)acc) +
+						      reducer_f16_to_f32(*(const uint16_t *)x));
+		break;
+	case UNISUM_BFLOAT16:
+		*(uint16_t *)acc = reducer_f32_to_bf16(reducer_bf16_to_f32(*(uint16_t *)acc) +
+						       reducer_bf16_to_f32(*(const uint16_t *)x));
+		break;
+	case UNISUM_INT32:
+		*(uint32_t *)acc = *(uint32_t *)acc + *(const uint32_t *)x;
+		break;
+	case UNISUM_INT64:
+		*(uint64_t *)acc = *(uint64_t *)acc + *(const uint64_t *)x;
+		break;
+	default:
+		break;
+	}
+}
+
+/* The expected element i: the rank-ordered sum, averaged if asked. */
+static void expect(unisum_dtype dt, uint64_t salt, size_t i, bool average, void *out)
+{
+	uint8_t acc[8], x[8];
+	gen(dt, salt, 0, i, acc);
+	for (int r = 1; r < size; r++) {
+		gen(dt, salt, r, i, x);
+		add(dt, acc, x);
+	}
+	if (average)
+		reducer_divide(acc, 1, dt, size);
+	memcpy(out, acc, unisum_dtype_size(dt));
+}
+
+static void fill(unisum_dtype dt, uint64_t salt, void *buf, size_t count)
+{
+	size_t es = unisum_dtype_size(dt);
+	for (size_t i = 0; i < count; i++)
+		gen(dt, salt, rank, i, (uint8_t *)buf + i * es);
+}
+
+static void verify(const char *what, unisum_dtype dt, uint64_t salt, const void *buf, size_t count,
+		   bool average)
+{
+	size_t es = unisum_dtype_size(dt);
+	for (size_t i = 0; i < count; i++) {
+		uint8_t want[8];
+		expect(dt, salt, i, average, want);
+		if (memcmp(want, (const uint8_t *)buf + i * es, es) != 0) {
+			uint64_t w = 0, g = 0;
+			memcpy(&w, want, es);
+			memcpy(&g, (const uint8_t *)buf + i * es, es);
+			FAIL("%s: %s element %zu of %zu: got 0x%" PRIx64 ", expected 0x%" PRIx64, what,
+			     unisum_dtype_name(dt), i, count, g, w);
+		}
+	}
+}
+
+static void check(int rc, const char *what)
+{
+	if (rc < 0)
+		FAIL("%s: %s: %s", what, unisum_strerror(rc), unisum_last_error());
+}
+
+static size_t partition_elems(unisum_dtype dt)
+{
+	const char *p = getenv("UNISUM_PARTITION_BYTES");
+	size_t pb = p ? strtoull(p, NULL, 10) : 4096000;
+	return pb / unisum_dtype_size(dt);
+}
+
+/* One push_pull of a fresh tensor, checked; in place on odd salts. */
+static void one_tensor(unisum_dtype dt, size_t count, uint64_t salt, bool average)
+{
+	char name[96];
+	snprintf(name, sizeof name, "sums.%s.%zu.%s", unisum_dtype_name(dt), count, average ? "avg" : "sum");
+	int t = unisum_declare(name, dt, count, 0);
+	check(t, name);
+	size_t es = unisum_dtype_size(dt);
+	uint8_t *in = malloc(count * es + 1), *out = malloc(count * es + 1);
+	if (in == NULL || out == NULL)
+		FAIL("out of memory");
+	fill(dt, salt, in, count);
+	bool in_place = salt & 1;
+	check(unisum_push_pull(t, in, in_place ? in : out, average ? UNISUM_AVERAGE : 0), name);
+	verify(name, dt, salt, in_place ? in : out, count, average);
+	free(in);
+	free(out);
+}
+
+static void mode_sums(bool big)
+{
+	uint64_t salt = 1;
+	for (int d = 0; d < UNISUM_DTYPE_COUNT; d++) {
+		unisum_dtype dt = (unisum_dtype)d;
+		size_t p = partition_elems(dt);
+		size_t sizes[] = {0, 1, 2, 3, 17, 1000, p - 1, p, p + 1, 3 * p + 2, big ? (64u << 20) / unisum_dtype_size(dt) : 0};
+		for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+			if (k > 0 && sizes[k] == 0)
+				continue;
+			one_tensor(dt, sizes[k], salt++, false);
+			if (sizes[k] < 100000)
+				one_tensor(dt, sizes[k], salt++, true);
+		}
+	}
+	printf("rank %d: sums ok\n", rank);
+}
+
+static void mode_rounds(int n)
+{
+	enum { COUNT = 37 };
+	int t = unisum_declare("rounds", UNISUM_INT64, COUNT, 0);
+	check(t, "declare rounds");
+	int64_t buf[COUNT];
+	for (int r = 0; r < n; r++) {
+		fill(UNISUM_INT64, 1000 + (uint64_t)r, buf, COUNT);
+		check(unisum_push_pull(t, buf, buf, 0), "rounds");
+		verify("rounds", UNISUM_INT64, 1000 + (uint64_t)r, buf, COUNT, false);
+	}
+	printf("rank %d: %d rounds ok\n", rank, n);
+}
+
+static void mode_many(int n)
+{
+	int *ids = malloc(sizeof(int) * (size_t)n);
+	unisum_handle *hs = malloc(sizeof(unisum_handle) * (size_t)n);
+	float **bufs = malloc(sizeof(float *) * (size_t)n);
+	for (int i = 0; i < n; i++) {
+		char name[64];
+		snprintf(name, sizeof name, "many.%d", i);
+		size_t count = 1 + (size_t)(i * 37 % 2000);
+		ids[i] = unisum_declare(name, UNISUM_FLOAT32, count, i % 7);
+		check(ids[i], name);
+		bufs[i] = malloc(count * sizeof(float));
+		fill(UNISUM_FLOAT32, 5000 + (uint64_t)i, bufs[i], count);
+	}
+	for (int i = 0; i < n; i++)
+		check(unisum_push_pull_async(ids[i], bufs[i], bufs[i], 0, &hs[i]), "push_pull_async");
+	/* Poll some, wait for the rest, in reverse order. */
+	for (int i = n - 1; i >= 0; i--) {
+		int rc = i % 2 ? unisum_poll(hs[i]) : 0;
+		check(rc, "poll");
+		if (rc == 0)
+			check(unisum_wait(hs[i]), "wait");
+	}
+	for (int i = 0; i < n; i++) {
+		size_t count = 1 + (size_t)(i * 37 % 2000);
+		verify("many", UNISUM_FLOAT32, 5000 + (uint64_t)i, bufs[i], count, false);
+		free(bufs[i]);
+	}
+	free(ids);
+	free(hs);
+	free(bufs);
+	printf("rank %d: %d tensors in flight ok\n", rank, n);
+}
+
+static void mode_shuffle(void)
+{
+	enum { N = 40 };
+	int order[N], ids[N];
+	for (int i = 0; i < N; i++)
+		order[i] = i;
+	srand((unsigned)(rank * 7919 + 1));
+	for (int i = N - 1; i > 0; i--) {
+		int j = rand() % (i + 1), tmp = order[i];
+		order[i] = order[j];
+		order[j] = tmp;
+	}
+	for (int k = 0; k < N; k++) {
+		int i = order[k];
+		char name[64];
+		snprintf(name, sizeof name, "shuffle.%d", i);
+		ids[i] = unisum_declare(name, UNISUM_INT32, 100 + (size_t)i * 1000, 0);
+		check(ids[i], name);
+	}
+	for (int i = 0; i < N; i++) {
+		size_t count = 100 + (size_t)i * 1000;
+		int32_t *buf = malloc(count * sizeof *buf);
+		fill(UNISUM_INT32, 7000 + (uint64_t)i, buf, count);
+		check(unisum_push_pull(ids[i], buf, buf, 0), "shuffle push_pull");
+		verify("shuffle", UNISUM_INT32, 7000 + (uint64_t)i, buf, count, false);
+		free(buf);
+	}
+	printf("rank %d: shuffled declarations ok\n", rank);
+}
+
+static void mode_broadcast(void)
+{
+	size_t count = 3 * partition_elems(UNISUM_FLOAT32) / 2 + 5;
+	int t = unisum_declare("broadcast", UNISUM_FLOAT32, count, 0);
+	check(t, "declare broadcast");
+	float *buf = malloc(count * sizeof *buf);
+	for (int root = size - 1; root >= 0; root--) {
+		fill(UNISUM_FLOAT32, 9000 + (uint64_t)rank, buf, count);
+		check(unisum_broadcast(t, buf, root), "broadcast");
+		/* Every worker must now hold root's input exactly. */
+		for (size_t i = 0; i < count; i++) {
+			float want;
+			gen(UNISUM_FLOAT32, 9000 + (uint64_t)root, root, i, &want);
+			if (memcmp(&want, &buf[i], sizeof want) != 0)
+				FAIL("broadcast from root %d: element %zu is %g, expected %g", root, i, buf[i], want);
+		}
+	}
+	free(buf);
+	printf("rank %d: broadcast ok\n", rank);
+}
+
+static void finish_round(const char *after)
+{
+	int t = unisum_declare("healthy", UNISUM_INT32, 1000, 0);
+	check(t, "declare healthy");
+	int32_t buf[1000];
+	for (int r = 0; r < 3; r++) {
+		fill(UNISUM_INT32, 11000 + (uint64_t)r, buf, 1000);
+		check(unisum_push_pull(t, buf, buf, 0), "healthy push_pull");
+		verify(after, UNISUM_INT32, 11000 + (uint64_t)r, buf, 1000, false);
+	}
+}
+
+static void mode_undeclared(void)
+{
+	int32_t buf[4] = {0};
+	int rc = unisum_push_pull(4242, buf, buf, 0);
+	if (rc != UNISUM_EINVAL || strstr(unisum_last_error(), "never declared") == NULL)
+		FAIL("push_pull of an undeclared id returned %d (%s)", rc, unisum_last_error());
+	printf("rank %d: undeclared id rejected: %s\n", rank, unisum_last_error());
+	finish_round("after an undeclared id");
+	printf("rank %d: round after undeclared ok\n", rank);
+}
+
+static void mode_mismatch(void)
+{
+	/* Rank 0 declares first; every other rank then declares another size. */
+	if (rank == 0)
+		check(unisum_declare("mismatched", UNISUM_FLOAT32, 10, 0), "declare mismatched");
+	check(unisum_barrier(), "barrier");
+	if (rank != 0) {
+		int rc = unisum_declare("mismatched", UNISUM_FLOAT32, 20 + (size_t)rank, 0);
+		const char *msg = unisum_last_error();
+		if (rc != UNISUM_EMISMATCH || strstr(msg, "float32[10]") == NULL || strstr(msg, "mismatched") == NULL)
+			FAIL("mismatched declare returned %d (%s)", rc, msg);
+		printf("rank %d: mismatch rejected: %s\n", rank, msg);
+	}
+	check(unisum_barrier(), "barrier");
+	finish_round("after a mismatch");
+	printf("rank %d: round after mismatch ok\n", rank);
+}
+
+/* Sends `len` bytes on a fresh connection and checks that the server hangs
+ * up (possibly after an ERROR) within 5 s instead of waiting for more. */
+static void expect_hangup(int port, const void *data, size_t len, const char *what)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+		FAIL("garbage: cannot connect to the server on port %d", port);
+	struct timeval tv = {.tv_sec = 5};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	if (send(fd, data, len, MSG_NOSIGNAL) != (ssize_t)len)
+		FAIL("garbage: send failed");
+	char sink[4096];
+	ssize_t n;
+	while ((n = recv(fd, sink, sizeof sink, 0)) > 0)
+		;
+	if (n < 0)
+		FAIL("garbage: the server kept the connection open after %s", what);
+	close(fd);
+	printf("rank %d: server hung up after %s\n", rank, what);
+}
+
+static void mode_garbage(int port)
+{
+	if (rank == 0) {
+		uint8_t junk[4096];
+		for (size_t i = 0; i < sizeof junk; i++)
+			junk[i] = (uint8_t)mix(i);
+		expect_hangup(port, junk, sizeof junk, "random bytes");
+
+		uint8_t hdr[WIRE_HDR_SIZE];
+		struct wire_hdr h = {.type = WIRE_PUSH, .key = 1, .count = 1, .payload_len = 4};
+		wire_encode(&h, hdr);
+		expect_hangup(port, hdr, sizeof hdr, "a PUSH without a hello");
+
+		h = (struct wire_hdr){.type = WIRE_REGISTER, .sender = 999};
+		wire_encode(&h, hdr);
+		expect_hangup(port, hdr, sizeof hdr, "a hello from an unknown node");
+
+		h = (struct wire_hdr){.type = WIRE_ERROR, .payload_len = 1ull << 40};
+		wire_encode(&h, hdr);
+		expect_hangup(port, hdr, sizeof hdr, "a 1 TiB payload length");
+
+		h = (struct wire_hdr){.type = 77};
+		wire_encode(&h, hdr);
+		expect_hangup(port, hdr, sizeof hdr, "an unknown message type");
+
+		h = (struct wire_hdr){.type = WIRE_PUSH};
+		wire_encode(&h, hdr);
+		expect_hangup(port, hdr, 20, "a truncated header");
+	}
+	check(unisum_barrier(), "barrier");
+	finish_round("after garbage");
+	printf("rank %d: rounds after garbage ok\n", rank);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		fprintf(stderr, "usage: check_sums MODE [ARG]\n");
+		return 2;
+	}
+	check(unisum_init(), "unisum_init");
+	rank = unisum_rank();
+	size = unisum_size();
+	const char *mode = argv[1];
+	int arg = argc > 2 ? atoi(argv[2]) : 0;
+	if (strcmp(mode, "sums") == 0)
+		mode_sums(argc > 2 && strcmp(argv[2], "--big") == 0);
+	else if (strcmp(mode, "rounds") == 0)
+		mode_rounds(arg);
+	else if (strcmp(mode, "many") == 0)
+		mode_many(arg);
+	else if (strcmp(mode, "shuffle") == 0)
+		mode_shuffle();
+	else if (strcmp(mode, "broadcast") == 0)
+		mode_broadcast();
+	else if (strcmp(mode, "undeclared") == 0)
+		mode_undeclared();
+	else if (strcmp(mode, "mismatch") == 0)
+		mode_mismatch();
+	else if (strcmp(mode, "garbage") == 0)
+		mode_garbage(arg);
+	else
+		FAIL("unknown mode %s", mode);
+	check(unisum_shutdown(), "unisum_shutdown");
+	return 0;
+}

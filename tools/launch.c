@@ -1,0 +1,1303 @@
+/*
+ * launch.c - `unisum launch`: a whole job on this machine.
+ *
+ *   unisum launch -w N -s K [--timeout SEC] -- CMD ARGS...
+ *
+ * The launcher runs the scheduler in-process, starts K server processes
+ * (this same executable, `unisum server`) and N worker processes running
+ * CMD, wires their environment (UNISUM_ROLE, UNISUM_WORKER_ID, the
+ * scheduler's address, ...), forwards their output with a rank prefix, and
+ * turns the fate of the job into one exit status.
+ *
+ * DESIGN
+ *
+ * Everything happens on the calling thread in one poll() loop, plus one
+ * helper thread whose only job is to block in rdv_scheduler_wait() and
+ * report the result through a pipe, so that a failing scheduler wakes the
+ * loop like any other event.  The loop watches:
+ *
+ *   - a signalfd for SIGCHLD, SIGINT, SIGTERM and SIGHUP.  Those signals are
+ *     blocked before the scheduler starts, so every thread inherits the
+ *     mask and the signals are only ever seen through the signalfd;
+ *   - the scheduler-waiter pipe;
+ *   - the read ends of every child's stdout and stderr pipes.  Each complete
+ *     line is forwarded as "[worker 0] line" to our own stdout (or stderr
+ *     for the child's stderr); the lines of one read() go out in one
+ *     write(), so a chatty child costs few system calls.  A line longer
+ *     than the buffer is cut into buffer-sized pieces, each prefixed and
+ *     ended with a newline, so that another process's output never lands
+ *     in the middle of it.  The pipes are drained whenever they are readable, so a child
+ *     that writes a lot never blocks on a full pipe for long.
+ *
+ * Failure policy.  The first process that exits non-zero or dies by a
+ * signal is the root cause: one summary line names it, every other child's
+ * process group gets SIGTERM, then SIGKILL 3 s later, and the launcher
+ * exits with that process's status (128 + signal for a signal).  Later
+ * deaths are the cascade and get one short line each, except those caused
+ * by our own SIGTERM/SIGKILL, which are expected.  A scheduler failure is
+ * usually the echo of a process dying, so it is only blamed (exit 1) when
+ * no child fails within a second of it.  --timeout (exit 124) and SIGINT,
+ * SIGTERM, SIGHUP to the launcher (exit 128 + signal) stop the job the same
+ * way; a second signal sends SIGKILL at once.
+ *
+ * Success.  When every worker has exited 0, the scheduler tells the servers
+ * to stop; they get 30 s to exit on their own before that counts as a
+ * failure.  Then rdv_scheduler_wait()'s result decides: 0 exits 0.
+ *
+ * Stopping the scheduler.  After every child is gone the scheduler
+ * normally finishes by itself (a clean goodbye, or connections that dropped
+ * without one); only if it has not within 2 s is it aborted.
+ * rdv_scheduler_abort() is safe until rdv_scheduler_free(), which runs last.
+ *
+ * Children.  Each child gets its own process group (so that SIGTERM reaches
+ * whatever it spawned, and Ctrl-C on the terminal reaches only the launcher,
+ * which then stops the job in order), PR_SET_PDEATHSIG(SIGKILL) so that it
+ * does not outlive a launcher killed with SIGKILL, stdin from /dev/null
+ * (a background process group reading the terminal would be stopped), the
+ * signal mask and SIGPIPE disposition the launcher started with, and no file
+ * descriptor opened since launch_main() began (the scheduler's sockets).
+ * The child environment is built before fork(): the scheduler's threads are
+ * running, so the child calls only async-signal-safe functions until exec.
+ *
+ * launch_main() owns the process: it leaves the signals blocked and SIGPIPE
+ * ignored when it returns, since its return value becomes the exit status.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "unisum.h"
+#include "log/log.h"
+#include "rendezvous/rendezvous.h"
+#include "tools.h"
+#include "transport/transport.h"
+
+extern char **environ;
+
+#define LAUNCH_HOST "127.0.0.1"
+
+/* Bytes buffered per child stream; a longer line is forwarded in pieces. */
+#define LAUNCH_LINE_MAX (64 * 1024)
+
+/* From SIGTERM to SIGKILL when stopping the job. */
+#define LAUNCH_TERM_GRACE_MS 3000
+
+/* After SIGKILL, how long to wait for the children to be reaped before the
+ * launcher gives up on them (a process stuck in the kernel). */
+#define LAUNCH_KILL_GRACE_MS 5000
+
+/* How long the servers may run after every worker exited 0. */
+#define LAUNCH_SERVER_GRACE_MS 30000
+
+/* How long a scheduler failure waits for a child failure to blame instead. */
+#define LAUNCH_BLAME_GRACE_MS 1000
+
+/* After every child is gone, how long the scheduler may take to finish on
+ * its own before it is aborted, and then how long the abort may take. */
+#define LAUNCH_SCHED_GRACE_MS 2000
+#define LAUNCH_SCHED_ABORT_MS 5000
+
+/* After every child is gone, how long to keep reading pipes that something
+ * else (a grandchild) still holds open. */
+#define LAUNCH_DRAIN_MS 1000
+
+/* Exit status of a usage error. */
+#define LAUNCH_EXIT_USAGE 2
+
+/* Exit status when the job ran past --timeout (timeout(1)'s). */
+#define LAUNCH_EXIT_TIMEOUT 124
+
+enum child_role {
+	CHILD_SERVER,
+	CHILD_WORKER,
+};
+
+/* One of a child's output pipes, and the partial line read from it. */
+struct stream {
+	int fd;				/* read end, non-blocking; -1 once at EOF */
+	int out_fd;			/* where its lines go: 1 or 2 */
+	size_t len;			/* bytes in buf not yet forwarded */
+	char buf[LAUNCH_LINE_MAX];	/* the start of the current line */
+};
+
+/* A server or worker process. */
+struct child {
+	int role;			/* enum child_role */
+	int rank;			/* server or worker index */
+	pid_t pid;			/* process id, also its process group; 0 until spawned */
+	bool running;			/* spawned and not yet reaped */
+	bool signalled;			/* the launcher sent it SIGTERM or SIGKILL */
+	char prefix[32];		/* "[worker 0] ", put before each line */
+	struct stream out;		/* its stdout */
+	struct stream err;		/* its stderr */
+};
+
+/* The child environment: environ minus the names we set, plus ours. */
+#define LAUNCH_ENV_OWN 12
+struct child_env {
+	char **envp;				/* NULL-terminated, for execve */
+	char vars[LAUNCH_ENV_OWN][96];		/* storage of our NAME=value strings */
+};
+
+/* Everything the launcher knows. */
+struct launcher {
+	/* Options. */
+	int num_workers;		/* -w */
+	int num_servers;		/* -s */
+	double timeout_s;		/* --timeout, 0 = none */
+	char **cmd;			/* CMD ARGS..., NULL-terminated (argv's) */
+
+	/* The scheduler and the thread that waits for it. */
+	struct rdv_scheduler *sched;	/* freed last, once sched_done */
+	int port;			/* its port */
+	pthread_t waiter;		/* runs sched_waiter() */
+	bool waiter_started;		/* the thread exists */
+	int waiter_pipe[2];		/* the thread writes one byte when done */
+	bool sched_done;		/* rdv_scheduler_wait() returned, sched_rc is valid */
+	int sched_rc;			/* its result */
+	int64_t sched_failed_ms;	/* when it failed while the job ran, 0 = it did not */
+	bool sched_abandoned;		/* the waiter never returned: it still uses this struct */
+
+	/* Children: servers first, then workers. */
+	struct child *children;
+	int nchildren;
+	int devnull;			/* /dev/null, the children's stdin */
+	pid_t self;			/* our pid, for the PDEATHSIG check */
+
+	/* Descriptors open when launch_main() began; all others are kept from
+	 * the children. */
+	int *entry_fds;
+	int nentry_fds;
+
+	/* Signals. */
+	int sigfd;			/* signalfd of SIGCHLD, SIGINT, SIGTERM, SIGHUP */
+	sigset_t entry_mask;		/* the mask to give back to children */
+
+	/* The job's fate. */
+	int64_t start_ms;		/* when the children were started */
+	int64_t workers_done_ms;	/* when the last worker exited 0, 0 = not yet */
+	bool stopping;			/* a failure was declared; exit_status is set */
+	int exit_status;		/* the root cause's status */
+	int64_t kill_at_ms;		/* when stopping: when SIGKILL follows SIGTERM */
+	bool killed;			/* SIGKILL was sent */
+};
+
+/* ---- small helpers ------------------------------------------------------- */
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static const char *role_name(int role)
+{
+	return role == CHILD_SERVER ? "server" : "worker";
+}
+
+/* Writes "SIGKILL" (or "signal 77") for `sig` into buf. */
+static void signal_name(int sig, char *buf, size_t len)
+{
+	const char *abbrev = sigabbrev_np(sig);
+
+	if (abbrev)
+		snprintf(buf, len, "SIG%s", abbrev);
+	else
+		snprintf(buf, len, "signal %d", sig);
+}
+
+/* Describes a waitpid() status: "exited with status 3", "killed by signal
+ * 9 (SIGKILL)".  Returns the matching exit status for the launcher. */
+static int describe_status(int status, char *buf, size_t len)
+{
+	char name[32];
+
+	if (WIFEXITED(status)) {
+		int code = WEXITSTATUS(status);
+
+		snprintf(buf, len, "exited with status %d%s", code,
+			 code == 127 ? " (the command could not be run)" : "");
+		return code;
+	}
+	if (WIFSIGNALED(status)) {
+		int sig = WTERMSIG(status);
+
+		signal_name(sig, name, sizeof(name));
+		snprintf(buf, len, "killed by signal %d (%s)%s", sig, name,
+			 WCOREDUMP(status) ? ", core dumped" : "");
+		return 128 + sig;
+	}
+	snprintf(buf, len, "ended with wait status 0x%x", (unsigned)status);
+	return 1;
+}
+
+/* Writes all of buf to fd, retrying short writes.  Output that cannot be
+ * written (our stdout was closed) is dropped: the job goes on. */
+static void write_all(int fd, const char *buf, size_t len)
+{
+	while (len > 0) {
+		ssize_t n = write(fd, buf, len);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN) {
+				struct pollfd p = { .fd = fd, .events = POLLOUT };
+
+				poll(&p, 1, 1000);
+				continue;
+			}
+			return;
+		}
+		buf += n;
+		len -= (size_t)n;
+	}
+}
+
+/* ---- output forwarding --------------------------------------------------- */
+
+/* Prefixed lines waiting to be written, so that a burst of short lines
+ * costs one write() rather than one per line.  Only the main thread
+ * forwards output, and the batch is flushed before any other write, so
+ * lines are never cut or reordered. */
+static struct {
+	int fd;					/* where the batch goes */
+	size_t len;				/* bytes in data */
+	char data[2 * LAUNCH_LINE_MAX];		/* whole prefixed lines */
+} batch;
+
+static void batch_flush(void)
+{
+	write_all(batch.fd, batch.data, batch.len);
+	batch.len = 0;
+}
+
+/* Queues one line (or a piece of a long one) of child `c`, adding the
+ * newline when `data` does not end with one. */
+static void stream_emit(const struct child *c, const struct stream *s, const char *data,
+			size_t len)
+{
+	size_t prefix = strlen(c->prefix);
+	bool newline = len == 0 || data[len - 1] != '\n';
+
+	if (batch.len > 0 && (batch.fd != s->out_fd ||
+			      batch.len + prefix + len + 1 > sizeof(batch.data)))
+		batch_flush();
+	batch.fd = s->out_fd;
+	memcpy(batch.data + batch.len, c->prefix, prefix);
+	memcpy(batch.data + batch.len + prefix, data, len);
+	batch.len += prefix + len;
+	if (newline)
+		batch.data[batch.len++] = '\n';
+}
+
+/* Closes a stream, forwarding its unfinished last line. */
+static void stream_close(const struct child *c, struct stream *s)
+{
+	if (s->fd < 0)
+		return;
+	if (s->len > 0)
+		stream_emit(c, s, s->buf, s->len);
+	batch_flush();
+	s->len = 0;
+	close(s->fd);
+	s->fd = -1;
+}
+
+/* Reads what the pipe has once and forwards every complete line.  Returns
+ * true when more may be waiting (the read filled the buffer's free space). */
+static bool stream_read(const struct child *c, struct stream *s)
+{
+	size_t room = sizeof(s->buf) - s->len;
+	size_t start = 0;
+	ssize_t n;
+	char *nl;
+
+	if (s->fd < 0)
+		return false;
+	do
+		n = read(s->fd, s->buf + s->len, room);
+	while (n < 0 && errno == EINTR);
+	if (n < 0 && errno == EAGAIN)
+		return false;
+	if (n <= 0) {
+		stream_close(c, s);
+		return false;
+	}
+	s->len += (size_t)n;
+
+	while ((nl = memchr(s->buf + start, '\n', s->len - start)) != NULL) {
+		size_t end = (size_t)(nl - s->buf) + 1;
+
+		stream_emit(c, s, s->buf + start, end - start);
+		start = end;
+	}
+	if (start == 0 && s->len == sizeof(s->buf)) {
+		/* A line longer than the buffer: forward this piece. */
+		stream_emit(c, s, s->buf, s->len);
+		start = s->len;
+	}
+	batch_flush();
+	memmove(s->buf, s->buf + start, s->len - start);
+	s->len -= start;
+	return (size_t)n == room;
+}
+
+/* Reads a stream until it is empty, within a bound in case something keeps
+ * writing into it as fast as we read. */
+static void stream_drain(const struct child *c, struct stream *s)
+{
+	for (int i = 0; i < 256 && stream_read(c, s); i++)
+		;
+}
+
+/* ---- the scheduler ------------------------------------------------------- */
+
+/* The waiter thread: blocks in rdv_scheduler_wait() and reports. */
+static void *sched_waiter(void *arg)
+{
+	struct launcher *l = arg;
+	char byte = 1;
+	ssize_t n;
+
+	l->sched_rc = rdv_scheduler_wait(l->sched);
+	do
+		n = write(l->waiter_pipe[1], &byte, 1);
+	while (n < 0 && errno == EINTR);
+	return NULL;
+}
+
+/* Takes the waiter's report once its byte arrived. */
+static void sched_collect(struct launcher *l)
+{
+	char byte;
+
+	if (l->sched_done || read(l->waiter_pipe[0], &byte, 1) != 1)
+		return;
+	pthread_join(l->waiter, NULL);
+	l->sched_done = true;
+}
+
+/* Waits up to timeout_ms for the waiter's report; true once it is in. */
+static bool sched_await(struct launcher *l, int timeout_ms)
+{
+	struct pollfd p = { .fd = l->waiter_pipe[0], .events = POLLIN };
+	int64_t deadline = now_ms() + timeout_ms;
+
+	while (!l->sched_done) {
+		int64_t left = deadline - now_ms();
+
+		if (left <= 0)
+			break;
+		if (poll(&p, 1, (int)left) > 0)
+			sched_collect(l);
+	}
+	return l->sched_done;
+}
+
+/* ---- stopping the job ---------------------------------------------------- */
+
+/* Sends `sig` to the process group of every running child. */
+static void children_signal(struct launcher *l, int sig)
+{
+	for (int i = 0; i < l->nchildren; i++) {
+		struct child *c = &l->children[i];
+
+		if (!c->running)
+			continue;
+		c->signalled = true;
+		if (kill(-c->pid, sig) < 0)
+			kill(c->pid, sig);
+	}
+}
+
+/* Declares the job failed with `status`: prints the root cause's line (the
+ * format's text after "unisum launch: "), then sends SIGTERM to every
+ * child.  Only the first call acts. */
+__attribute__((format(printf, 3, 4)))
+static void job_fail(struct launcher *l, int status, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (l->stopping)
+		return;
+	l->stopping = true;
+	l->exit_status = status;
+	fputs("unisum launch: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	children_signal(l, SIGTERM);
+	l->kill_at_ms = now_ms() + LAUNCH_TERM_GRACE_MS;
+}
+
+/* Sends SIGKILL to every child still running, naming each. */
+static void job_kill(struct launcher *l)
+{
+	for (int i = 0; i < l->nchildren; i++) {
+		struct child *c = &l->children[i];
+
+		if (c->running)
+			fprintf(stderr, "unisum launch: %s %d (pid %d) is still running; "
+				"sending SIGKILL\n", role_name(c->role), c->rank, (int)c->pid);
+	}
+	children_signal(l, SIGKILL);
+	l->killed = true;
+	l->kill_at_ms = now_ms();
+}
+
+/* ---- children ------------------------------------------------------------ */
+
+/* Remembers which descriptors are open now. */
+static int fds_snapshot(struct launcher *l)
+{
+	DIR *dir = opendir("/proc/self/fd");
+	struct dirent *e;
+	int cap = 0;
+
+	if (!dir)
+		return 0;	/* without /proc, rely on O_CLOEXEC alone */
+	while ((e = readdir(dir)) != NULL) {
+		int fd = atoi(e->d_name);
+
+		if (e->d_name[0] == '.' || fd == dirfd(dir))
+			continue;
+		if (l->nentry_fds == cap) {
+			int *grown = realloc(l->entry_fds, sizeof(int) * (size_t)(cap ? 2 * cap : 16));
+
+			if (!grown) {
+				closedir(dir);
+				return -1;
+			}
+			l->entry_fds = grown;
+			cap = cap ? 2 * cap : 16;
+		}
+		l->entry_fds[l->nentry_fds++] = fd;
+	}
+	closedir(dir);
+	return 0;
+}
+
+/* Marks close-on-exec every descriptor opened since launch_main() began, so
+ * that no child inherits a scheduler socket (which would keep a connection
+ * alive after the scheduler closed it). */
+static void fds_protect(struct launcher *l)
+{
+	DIR *dir = opendir("/proc/self/fd");
+	struct dirent *e;
+
+	if (!dir)
+		return;
+	while ((e = readdir(dir)) != NULL) {
+		int fd = atoi(e->d_name);
+		bool old = false;
+		int flags;
+
+		if (e->d_name[0] == '.' || fd == dirfd(dir))
+			continue;
+		for (int i = 0; i < l->nentry_fds && !old; i++)
+			old = l->entry_fds[i] == fd;
+		if (old)
+			continue;
+		flags = fcntl(fd, F_GETFD);
+		if (flags >= 0 && !(flags & FD_CLOEXEC))
+			fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+	}
+	closedir(dir);
+}
+
+/* Adds "NAME=value" to a child environment. */
+__attribute__((format(printf, 3, 4)))
+static void env_add(struct child_env *env, int *n, const char *fmt, ...)
+{
+	char *var = env->vars[*n];
+	va_list ap;
+	int used;
+
+	for (used = 0; env->envp[used] != NULL; used++)
+		;
+	va_start(ap, fmt);
+	vsnprintf(var, sizeof(env->vars[0]), fmt, ap);
+	va_end(ap);
+	env->envp[used] = var;
+	env->envp[used + 1] = NULL;
+	(*n)++;
+}
+
+/* Whether environ entry `var` is one the launcher sets (or clears). */
+static bool env_is_ours(const char *var)
+{
+	static const char *const names[] = {
+		"UNISUM_NUM_WORKER", "UNISUM_NUM_SERVER", "UNISUM_SCHEDULER_HOST",
+		"UNISUM_SCHEDULER_PORT", "UNISUM_ROLE", "UNISUM_WORKER_ID",
+		"UNISUM_SERVER_ID", "UNISUM_LOCAL_RANK", "UNISUM_LOCAL_SIZE",
+		"UNISUM_LAUNCHED", "DMLC_ROLE", "DMLC_WORKER_ID",
+	};
+
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		size_t len = strlen(names[i]);
+
+		if (strncmp(var, names[i], len) == 0 && var[len] == '=')
+			return true;
+	}
+	return false;
+}
+
+/* Builds the environment of child `c`.  Returns NULL when out of memory;
+ * free with free(env->envp) then free(env). */
+static struct child_env *env_build(const struct launcher *l, const struct child *c)
+{
+	struct child_env *env;
+	size_t count = 0, used = 0;
+	int own = 0;
+
+	for (char **e = environ; *e; e++)
+		count++;
+	env = calloc(1, sizeof(*env));
+	if (!env)
+		return NULL;
+	env->envp = calloc(count + LAUNCH_ENV_OWN + 1, sizeof(char *));
+	if (!env->envp) {
+		free(env);
+		return NULL;
+	}
+	for (char **e = environ; *e; e++)
+		if (!env_is_ours(*e))
+			env->envp[used++] = *e;
+	env->envp[used] = NULL;
+
+	env_add(env, &own, "UNISUM_NUM_WORKER=%d", l->num_workers);
+	env_add(env, &own, "UNISUM_NUM_SERVER=%d", l->num_servers);
+	env_add(env, &own, "UNISUM_SCHEDULER_HOST=%s", LAUNCH_HOST);
+	env_add(env, &own, "UNISUM_SCHEDULER_PORT=%d", l->port);
+	env_add(env, &own, "UNISUM_ROLE=%s", role_name(c->role));
+	env_add(env, &own, "UNISUM_LAUNCHED=1");
+	if (c->role == CHILD_WORKER) {
+		env_add(env, &own, "UNISUM_WORKER_ID=%d", c->rank);
+		env_add(env, &own, "UNISUM_LOCAL_RANK=0");
+		env_add(env, &own, "UNISUM_LOCAL_SIZE=1");
+	} else {
+		env_add(env, &own, "UNISUM_SERVER_ID=%d", c->rank);
+	}
+	return env;
+}
+
+static void env_free(struct child_env *env)
+{
+	if (!env)
+		return;
+	free(env->envp);
+	free(env);
+}
+
+/* Writes a string to fd 2 with async-signal-safe calls only. */
+static void child_say(const char *s)
+{
+	ssize_t n = write(STDERR_FILENO, s, strlen(s));
+
+	(void)n;
+}
+
+/* The child's side of fork(): async-signal-safe calls only, because the
+ * scheduler's threads were running at fork() time.  Never returns. */
+__attribute__((noreturn))
+static void child_exec(const struct launcher *l, const struct child *c, int out_w, int err_w,
+		       char *const argv[], char *const envp[])
+{
+	struct sigaction dfl = { .sa_handler = SIG_DFL };
+	const char *why;
+	int err;
+
+	setpgid(0, 0);
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != l->self)
+		_exit(1);	/* the launcher died before PDEATHSIG was armed */
+
+	if (dup2(l->devnull, STDIN_FILENO) < 0 || dup2(out_w, STDOUT_FILENO) < 0 ||
+	    dup2(err_w, STDERR_FILENO) < 0)
+		_exit(127);
+	sigaction(SIGPIPE, &dfl, NULL);
+	sigprocmask(SIG_SETMASK, &l->entry_mask, NULL);
+
+	if (c->role == CHILD_SERVER)
+		execve("/proc/self/exe", argv, envp);
+	else
+		execvpe(argv[0], argv, envp);
+
+	err = errno;
+	why = strerrordesc_np(err);
+	child_say("unisum launch: cannot run '");
+	child_say(c->role == CHILD_SERVER ? "/proc/self/exe" : argv[0]);
+	child_say("': ");
+	child_say(why ? why : "unknown error");
+	child_say("\n");
+	_exit(127);
+}
+
+/* Starts child `c` with its output on two new pipes.  Returns 0, or -errno
+ * with nothing left behind. */
+static int child_spawn(struct launcher *l, struct child *c)
+{
+	static char *server_argv[] = { "unisum", "server", NULL };
+	char *const *argv = c->role == CHILD_SERVER ? server_argv : l->cmd;
+	struct child_env *env;
+	int out_pipe[2], err_pipe[2];
+	int rc = 0;
+	pid_t pid;
+
+	env = env_build(l, c);
+	if (!env)
+		return -ENOMEM;
+	if (pipe2(out_pipe, O_CLOEXEC) < 0) {
+		rc = -errno;
+		goto out_free_env;
+	}
+	if (pipe2(err_pipe, O_CLOEXEC) < 0) {
+		rc = -errno;
+		goto out_close_out_pipe;
+	}
+	fds_protect(l);
+
+	pid = fork();
+	if (pid < 0) {
+		rc = -errno;
+		close(err_pipe[0]);
+		close(err_pipe[1]);
+		goto out_close_out_pipe;
+	}
+	if (pid == 0)
+		child_exec(l, c, out_pipe[1], err_pipe[1], argv, env->envp);
+
+	/* Also set the group here, so that a signal sent before the child ran
+	 * setpgid() still finds it. */
+	setpgid(pid, pid);
+	c->pid = pid;
+	c->running = true;
+	close(out_pipe[1]);
+	close(err_pipe[1]);
+	fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
+	fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
+	c->out.fd = out_pipe[0];
+	c->err.fd = err_pipe[0];
+	goto out_free_env;
+
+out_close_out_pipe:
+	close(out_pipe[0]);
+	close(out_pipe[1]);
+out_free_env:
+	env_free(env);
+	return rc;
+}
+
+/* Judges a child that just exited, with its last output already forwarded. */
+static void child_ended(struct launcher *l, struct child *c, int status)
+{
+	char what[96];
+	int code = describe_status(status, what, sizeof(what));
+
+	if (l->stopping) {
+		/* The cascade: quiet when it is our own SIGTERM/SIGKILL at work. */
+		bool ours = c->signalled && WIFSIGNALED(status) &&
+			    (WTERMSIG(status) == SIGTERM || WTERMSIG(status) == SIGKILL);
+
+		if (code != 0 && !ours)
+			fprintf(stderr, "unisum launch: then %s %d (pid %d) %s\n",
+				role_name(c->role), c->rank, (int)c->pid, what);
+		return;
+	}
+	if (code != 0) {
+		job_fail(l, code, "%s %d (pid %d) %s; stopping the job",
+			 role_name(c->role), c->rank, (int)c->pid, what);
+		return;
+	}
+	if (c->role == CHILD_WORKER && l->workers_done_ms == 0) {
+		bool all = true;
+
+		for (int i = 0; i < l->nchildren && all; i++)
+			all = l->children[i].role != CHILD_WORKER || l->children[i].pid == 0 ||
+			      !l->children[i].running;
+		if (all)
+			l->workers_done_ms = now_ms();
+	}
+}
+
+/* Reaps every child that has ended, forwarding its remaining output first. */
+static void children_reap(struct launcher *l)
+{
+	for (int i = 0; i < l->nchildren; i++) {
+		struct child *c = &l->children[i];
+		int status;
+		pid_t r;
+
+		if (!c->running)
+			continue;
+		do
+			r = waitpid(c->pid, &status, WNOHANG);
+		while (r < 0 && errno == EINTR);
+		if (r == 0)
+			continue;
+		c->running = false;
+		if (r < 0) {
+			/* Not our child any more (cannot happen unless someone
+			 * reaped it behind our back): count it as failed. */
+			status = 1 << 8;
+		}
+		stream_drain(c, &c->out);
+		stream_drain(c, &c->err);
+		child_ended(l, c, status);
+	}
+}
+
+static int children_running(const struct launcher *l)
+{
+	int n = 0;
+
+	for (int i = 0; i < l->nchildren; i++)
+		n += l->children[i].running;
+	return n;
+}
+
+/* ---- the event loop ------------------------------------------------------ */
+
+/* Handles the signals that arrived on the signalfd. */
+static void signals_handle(struct launcher *l)
+{
+	struct signalfd_siginfo si;
+	char name[32];
+
+	while (read(l->sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+		int sig = (int)si.ssi_signo;
+
+		if (sig == SIGCHLD)
+			continue;	/* children_reap() runs every round */
+		signal_name(sig, name, sizeof(name));
+		if (!l->stopping) {
+			job_fail(l, 128 + sig, "received %s; stopping the job", name);
+		} else if (!l->killed) {
+			fprintf(stderr, "unisum launch: received %s while stopping; killing everything\n",
+				name);
+			job_kill(l);
+		}
+	}
+}
+
+/* Checks the deadlines that hold while the job runs. */
+static void deadlines_check(struct launcher *l, int64_t now)
+{
+	if (l->stopping)
+		return;
+	if (l->timeout_s > 0 && now - l->start_ms >= (int64_t)(l->timeout_s * 1000)) {
+		job_fail(l, LAUNCH_EXIT_TIMEOUT,
+			 "the job ran longer than --timeout %g s; stopping it", l->timeout_s);
+		return;
+	}
+	if (l->sched_failed_ms && now - l->sched_failed_ms >= LAUNCH_BLAME_GRACE_MS) {
+		job_fail(l, 1, "the scheduler failed: %s; stopping the job",
+			 unisum_strerror(l->sched_rc));
+		return;
+	}
+	if (l->workers_done_ms && now - l->workers_done_ms >= LAUNCH_SERVER_GRACE_MS) {
+		for (int i = 0; i < l->nchildren; i++) {
+			struct child *c = &l->children[i];
+
+			if (c->running) {
+				job_fail(l, 1, "%s %d (pid %d) still runs %d s after every "
+					 "worker finished%s; stopping it", role_name(c->role),
+					 c->rank, (int)c->pid, LAUNCH_SERVER_GRACE_MS / 1000,
+					 l->sched_done ? "" : " (the scheduler is still waiting "
+					 "for workers: did every worker call unisum_shutdown()?)");
+				return;
+			}
+		}
+	}
+}
+
+/* The poll() timeout until the nearest deadline, -1 for none. */
+static int loop_timeout(const struct launcher *l, int64_t now)
+{
+	int64_t next = INT64_MAX;
+
+	if (l->stopping) {
+		next = l->kill_at_ms + (l->killed ? LAUNCH_KILL_GRACE_MS : 0);
+	} else {
+		if (l->timeout_s > 0)
+			next = l->start_ms + (int64_t)(l->timeout_s * 1000);
+		if (l->sched_failed_ms && l->sched_failed_ms + LAUNCH_BLAME_GRACE_MS < next)
+			next = l->sched_failed_ms + LAUNCH_BLAME_GRACE_MS;
+		if (l->workers_done_ms && l->workers_done_ms + LAUNCH_SERVER_GRACE_MS < next)
+			next = l->workers_done_ms + LAUNCH_SERVER_GRACE_MS;
+	}
+	if (next == INT64_MAX)
+		return -1;
+	if (next <= now)
+		return 0;
+	return next - now > INT_MAX ? INT_MAX : (int)(next - now);
+}
+
+/* Fills `fds` with every open child stream (and `streams`/`owners` with
+ * what each entry is), after `first` fixed entries.  Returns the count. */
+static int loop_fds(struct launcher *l, struct pollfd *fds, int first, struct stream **streams,
+		    struct child **owners)
+{
+	int n = first;
+
+	for (int i = 0; i < l->nchildren; i++) {
+		struct child *c = &l->children[i];
+		struct stream *both[2] = { &c->out, &c->err };
+
+		for (int k = 0; k < 2; k++) {
+			if (both[k]->fd < 0)
+				continue;
+			fds[n].fd = both[k]->fd;
+			fds[n].events = POLLIN;
+			fds[n].revents = 0;
+			streams[n] = both[k];
+			owners[n] = c;
+			n++;
+		}
+	}
+	return n;
+}
+
+/* Runs until every child is gone (or, after SIGKILL, given up on). */
+static int loop_run(struct launcher *l)
+{
+	size_t slots = 2 + 2 * (size_t)l->nchildren;
+	struct pollfd *fds = calloc(slots, sizeof(*fds));
+	struct stream **streams = calloc(slots, sizeof(*streams));
+	struct child **owners = calloc(slots, sizeof(*owners));
+	int rc = 0;
+
+	if (!fds || !streams || !owners) {
+		rc = -ENOMEM;
+		goto out_free;
+	}
+	while (children_running(l) > 0) {
+		int64_t now = now_ms();
+		int n;
+
+		if (l->stopping && now >= l->kill_at_ms) {
+			if (!l->killed) {
+				job_kill(l);
+			} else if (now >= l->kill_at_ms + LAUNCH_KILL_GRACE_MS) {
+				fprintf(stderr, "unisum launch: %d process(es) did not die after "
+					"SIGKILL; giving up on them\n", children_running(l));
+				break;
+			}
+		}
+
+		fds[0] = (struct pollfd){ .fd = l->sigfd, .events = POLLIN };
+		fds[1] = (struct pollfd){ .fd = l->sched_done ? -1 : l->waiter_pipe[0],
+					  .events = POLLIN };
+		n = loop_fds(l, fds, 2, streams, owners);
+		if (poll(fds, (nfds_t)n, loop_timeout(l, now)) < 0 && errno != EINTR) {
+			rc = -errno;
+			goto out_free;
+		}
+
+		for (int i = 2; i < n; i++)
+			if (fds[i].revents)
+				stream_read(owners[i], streams[i]);
+		if (fds[1].revents) {
+			sched_collect(l);
+			if (l->sched_done && l->sched_rc != 0 && !l->stopping)
+				l->sched_failed_ms = now_ms();
+		}
+		if (fds[0].revents)
+			signals_handle(l);
+		children_reap(l);
+		deadlines_check(l, now_ms());
+	}
+out_free:
+	free(fds);
+	free(streams);
+	free(owners);
+	return rc;
+}
+
+/* Forwards what is left in the pipes once every child is gone; a pipe that
+ * a grandchild still holds open is read for LAUNCH_DRAIN_MS at most. */
+static void output_finish(struct launcher *l)
+{
+	int64_t deadline = now_ms() + LAUNCH_DRAIN_MS;
+	size_t slots = 2 * (size_t)l->nchildren + 2;
+	struct pollfd *fds = calloc(slots, sizeof(*fds));
+	struct stream **streams = calloc(slots, sizeof(*streams));
+	struct child **owners = calloc(slots, sizeof(*owners));
+
+	while (fds && streams && owners) {
+		int64_t left = deadline - now_ms();
+		int n = loop_fds(l, fds, 0, streams, owners);
+
+		if (n == 0 || left <= 0)
+			break;
+		if (poll(fds, (nfds_t)n, (int)left) <= 0)
+			continue;
+		for (int i = 0; i < n; i++)
+			if (fds[i].revents)
+				stream_read(owners[i], streams[i]);
+	}
+	for (int i = 0; i < l->nchildren; i++) {
+		stream_close(&l->children[i], &l->children[i].out);
+		stream_close(&l->children[i], &l->children[i].err);
+	}
+	free(fds);
+	free(streams);
+	free(owners);
+}
+
+/* Lets the scheduler finish once every child is gone, aborting it if it
+ * does not (see DESIGN above), and folds its result into the exit status. */
+static void sched_finish(struct launcher *l)
+{
+	if (!l->waiter_started)
+		return;
+	if (!sched_await(l, LAUNCH_SCHED_GRACE_MS)) {
+		if (!l->stopping) {
+			l->stopping = true;
+			l->exit_status = 1;
+			fprintf(stderr, "unisum launch: every process exited but the scheduler "
+				"did not finish; did every worker call unisum_init() and "
+				"unisum_shutdown()?\n");
+		}
+		rdv_scheduler_abort(l->sched);
+		if (!sched_await(l, LAUNCH_SCHED_ABORT_MS)) {
+			fprintf(stderr, "unisum launch: the scheduler did not stop within %d s "
+				"of being aborted; exiting anyway\n", LAUNCH_SCHED_ABORT_MS / 1000);
+			l->sched_abandoned = true;
+		}
+		return;
+	}
+	if (l->sched_rc == 0 || l->sched_rc == UNISUM_ESHUTDOWN)
+		return;
+	if (!l->stopping) {
+		l->stopping = true;
+		l->exit_status = 1;
+		fprintf(stderr, "unisum launch: the scheduler failed: %s\n",
+			unisum_strerror(l->sched_rc));
+	}
+}
+
+/* ---- options ------------------------------------------------------------- */
+
+static void usage(FILE *out)
+{
+	fputs("usage: unisum launch [-w N] [-s K] [--timeout SEC] [--] CMD [ARGS...]\n"
+	      "\n"
+	      "Runs a whole job on this machine: the scheduler (inside this process),\n"
+	      "K server processes and N worker processes running CMD, with the\n"
+	      "environment wired (UNISUM_ROLE, UNISUM_WORKER_ID, UNISUM_SCHEDULER_HOST,\n"
+	      "UNISUM_SCHEDULER_PORT, ...).  Every line a process prints is forwarded\n"
+	      "with a \"[worker 0] \" or \"[server 0] \" prefix.  When any process fails,\n"
+	      "everything is stopped and launch exits with that process's status.\n"
+	      "\n"
+	      "  -w, --workers N     worker processes (default 2)\n"
+	      "  -s, --servers K     server processes (default 1)\n"
+	      "      --timeout SEC   stop everything and exit 124 after SEC seconds\n"
+	      "                      (default 0: no limit)\n"
+	      "  -h, --help          print this help\n"
+	      "\n"
+	      "Exit status: 0 when every process exited 0; else the first failing\n"
+	      "process's status (128 + N when killed by signal N), 1 when the\n"
+	      "scheduler failed, 124 on --timeout, 130/143 on SIGINT/SIGTERM, 2 on a\n"
+	      "usage error.\n", out);
+}
+
+/* Matches option `arg` against -x / --long, in the forms "-x V", "-xV",
+ * "--long V" and "--long=V".  Returns 1 with *value set, 0 when it is
+ * another option, -1 when the value is missing. */
+static int option_match(int argc, char **argv, int *i, const char *shortname,
+			const char *longname, const char **value)
+{
+	const char *arg = argv[*i];
+	size_t longlen = strlen(longname);
+
+	if ((shortname && strcmp(arg, shortname) == 0) || strcmp(arg, longname) == 0) {
+		if (*i + 1 >= argc)
+			return -1;
+		*value = argv[++*i];
+		return 1;
+	}
+	if (strncmp(arg, longname, longlen) == 0 && arg[longlen] == '=') {
+		*value = arg + longlen + 1;
+		return 1;
+	}
+	if (shortname && strncmp(arg, shortname, 2) == 0 && arg[2] != '\0') {
+		*value = arg + 2;
+		return 1;
+	}
+	return 0;
+}
+
+/* Parses a count of processes (1..4096). */
+static int parse_count(const char *name, const char *value, int *out)
+{
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(value, &end, 10);
+	if (errno || end == value || *end != '\0' || v < 1 || v > 4096) {
+		fprintf(stderr, "unisum launch: %s needs a number of processes from 1 to 4096, "
+			"got '%s'\n", name, value);
+		return -1;
+	}
+	*out = (int)v;
+	return 0;
+}
+
+/* Fills the options of `l` from argv.  Returns 0, 1 when help was printed,
+ * or -1 after printing a usage error. */
+static int options_parse(struct launcher *l, int argc, char **argv)
+{
+	l->num_workers = 2;
+	l->num_servers = 1;
+	l->timeout_s = 0;
+	l->cmd = NULL;
+
+	for (int i = 1; i < argc; i++) {
+		const char *arg = argv[i];
+		const char *value = NULL;
+		int m;
+
+		if (strcmp(arg, "--") == 0) {
+			l->cmd = &argv[i + 1];
+			break;
+		}
+		if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+			usage(stdout);
+			return 1;
+		}
+		if (arg[0] != '-' || arg[1] == '\0') {
+			l->cmd = &argv[i];
+			break;
+		}
+		if ((m = option_match(argc, argv, &i, "-w", "--workers", &value)) != 0) {
+			if (m < 0 || parse_count("--workers", value, &l->num_workers) < 0)
+				goto out_missing;
+		} else if ((m = option_match(argc, argv, &i, "-s", "--servers", &value)) != 0) {
+			if (m < 0 || parse_count("--servers", value, &l->num_servers) < 0)
+				goto out_missing;
+		} else if ((m = option_match(argc, argv, &i, NULL, "--timeout", &value)) != 0) {
+			char *end;
+
+			if (m < 0)
+				goto out_missing;
+			errno = 0;
+			l->timeout_s = strtod(value, &end);
+			if (errno || end == value || *end != '\0' || !(l->timeout_s >= 0) ||
+			    l->timeout_s > 1e9) {
+				fprintf(stderr, "unisum launch: --timeout needs a number of seconds "
+					"(0 for none), got '%s'\n", value);
+				return -1;
+			}
+		} else if (strncmp(arg, "--nproc-per-node", 16) == 0) {
+			fprintf(stderr, "unisum launch: --nproc-per-node (one machine of a "
+				"multi-machine job) is not supported yet; run `unisum scheduler`, "
+				"`unisum server` and the workers yourself\n");
+			return -1;
+		} else {
+			fprintf(stderr, "unisum launch: unknown option '%s'\n", arg);
+			goto out_usage;
+		}
+		continue;
+out_missing:
+		if (m < 0)
+			fprintf(stderr, "unisum launch: %s needs a value\n", arg);
+		return -1;
+	}
+	if (!l->cmd || !l->cmd[0]) {
+		fprintf(stderr, "unisum launch: no command to run\n");
+		goto out_usage;
+	}
+	return 0;
+
+out_usage:
+	fputs("usage: unisum launch [-w N] [-s K] [--timeout SEC] [--] CMD [ARGS...]\n"
+	      "       (unisum launch --help for more)\n", stderr);
+	return -1;
+}
+
+/* ---- the entry point ----------------------------------------------------- */
+
+/* Makes sure descriptors 0-2 are open, so that no pipe lands on them. */
+static void stdio_ensure(void)
+{
+	for (int fd = 0; fd <= 2; fd++) {
+		if (fcntl(fd, F_GETFD) >= 0)
+			continue;
+		if (open("/dev/null", O_RDWR) != fd)
+			return;
+	}
+}
+
+/* Prints the start line: the scheduler's address, the job, the command. */
+static void announce(const struct launcher *l)
+{
+	fprintf(stderr, "unisum launch: scheduler on %s:%d, %d server(s), %d worker(s):",
+		LAUNCH_HOST, l->port, l->num_servers, l->num_workers);
+	for (char **a = l->cmd; *a; a++)
+		fprintf(stderr, " %s", *a);
+	fputc('\n', stderr);
+}
+
+int launch_main(int argc, char **argv)
+{
+	struct sigaction ignore = { .sa_handler = SIG_IGN };
+	struct launcher *l;
+	sigset_t handled;
+	int status = 1;
+	int rc;
+
+	/* On the heap, because a waiter thread that never returns keeps using
+	 * it after launch_main() did (see sched_finish()). */
+	l = calloc(1, sizeof(*l));
+	if (!l) {
+		fprintf(stderr, "unisum launch: out of memory\n");
+		return 1;
+	}
+	l->sigfd = -1;
+	l->devnull = -1;
+	l->waiter_pipe[0] = l->waiter_pipe[1] = -1;
+	l->self = getpid();
+
+	rc = options_parse(l, argc, argv);
+	if (rc != 0) {
+		status = rc > 0 ? 0 : LAUNCH_EXIT_USAGE;
+		goto out_free_fds;
+	}
+
+	stdio_ensure();
+	fflush(stdout);
+	if (fds_snapshot(l) < 0) {
+		fprintf(stderr, "unisum launch: out of memory\n");
+		goto out_free_fds;
+	}
+
+	/* Block the signals we watch before any thread exists, so that every
+	 * thread inherits the mask and they only arrive on the signalfd. */
+	sigemptyset(&handled);
+	sigaddset(&handled, SIGCHLD);
+	sigaddset(&handled, SIGINT);
+	sigaddset(&handled, SIGTERM);
+	sigaddset(&handled, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &handled, &l->entry_mask);
+	sigaction(SIGPIPE, &ignore, NULL);
+	l->sigfd = signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (l->sigfd < 0) {
+		fprintf(stderr, "unisum launch: signalfd: %s\n", strerror(errno));
+		goto out_free_fds;
+	}
+	l->devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (l->devnull < 0) {
+		fprintf(stderr, "unisum launch: cannot open /dev/null: %s\n", strerror(errno));
+		goto out_close_sigfd;
+	}
+	if (pipe2(l->waiter_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+		fprintf(stderr, "unisum launch: pipe: %s\n", strerror(errno));
+		goto out_close_devnull;
+	}
+	l->nchildren = l->num_servers + l->num_workers;
+	l->children = calloc((size_t)l->nchildren, sizeof(*l->children));
+	if (!l->children) {
+		fprintf(stderr, "unisum launch: out of memory for %d processes\n", l->nchildren);
+		goto out_close_waiter_pipe;
+	}
+	for (int i = 0; i < l->nchildren; i++) {
+		struct child *c = &l->children[i];
+
+		c->role = i < l->num_servers ? CHILD_SERVER : CHILD_WORKER;
+		c->rank = i < l->num_servers ? i : i - l->num_servers;
+		snprintf(c->prefix, sizeof(c->prefix), "[%s %d] ", role_name(c->role), c->rank);
+		c->out.fd = c->err.fd = -1;
+		c->out.out_fd = STDOUT_FILENO;
+		c->err.out_fd = STDERR_FILENO;
+	}
+
+	log_set_identity("scheduler", -1);
+	rc = rdv_scheduler_start(LAUNCH_HOST, 0, l->num_workers, l->num_servers, transport_tcp(),
+				 &l->sched, &l->port);
+	if (rc < 0) {
+		fprintf(stderr, "unisum launch: cannot start the scheduler on %s: %s\n",
+			LAUNCH_HOST, unisum_strerror(rc));
+		goto out_free_children;
+	}
+	rc = pthread_create(&l->waiter, NULL, sched_waiter, l);
+	if (rc != 0) {
+		fprintf(stderr, "unisum launch: cannot start the scheduler's waiter thread: %s\n",
+			strerror(rc));
+		rdv_scheduler_abort(l->sched);
+		rdv_scheduler_wait(l->sched);
+		rdv_scheduler_free(l->sched);
+		goto out_free_children;
+	}
+	l->waiter_started = true;
+	announce(l);
+
+	l->start_ms = now_ms();
+	for (int i = 0; i < l->nchildren; i++) {
+		struct child *c = &l->children[i];
+
+		rc = child_spawn(l, c);
+		if (rc < 0) {
+			job_fail(l, 1, "cannot start %s %d: %s; stopping the job",
+				 role_name(c->role), c->rank, strerror(-rc));
+			break;
+		}
+	}
+
+	rc = loop_run(l);
+	if (rc < 0) {
+		/* poll() itself failed: nothing can be watched any more. */
+		job_fail(l, 1, "poll: %s; stopping the job", strerror(-rc));
+		children_signal(l, SIGKILL);
+		for (int i = 0; i < l->nchildren; i++)
+			if (l->children[i].running)
+				waitpid(l->children[i].pid, NULL, 0);
+	}
+	output_finish(l);
+	sched_finish(l);
+	status = l->stopping ? l->exit_status : 0;
+	if (l->sched_done)
+		rdv_scheduler_free(l->sched);
+
+	if (l->sched_abandoned) {
+		/* The waiter thread still holds `l` and its pipe: leave both
+		 * to the process exit that follows. */
+		free(l->children);
+		return status;
+	}
+
+out_free_children:
+	free(l->children);
+out_close_waiter_pipe:
+	close(l->waiter_pipe[0]);
+	close(l->waiter_pipe[1]);
+out_close_devnull:
+	close(l->devnull);
+out_close_sigfd:
+	close(l->sigfd);
+out_free_fds:
+	free(l->entry_fds);
+	free(l);
+	return status;
+}
