@@ -7,7 +7,8 @@
  * and requiring it keeps the set equal to x86-64-v3).
  *
  * The loops are memory-bound: each handles four vectors per iteration so
- * that enough loads are in flight, then single vectors, then hands the last
+ * that enough loads are in flight, with a software prefetch 4 KiB ahead,
+ * then single vectors, then hands the last
  * few elements to the scalar loop, which is the reference and so cannot
  * round differently.  Loads and stores are unaligned (any address works).
  * Within a vector the loads come before the store, which is what makes
@@ -28,6 +29,27 @@
 #define AVX2_FN __attribute__((target("avx2,f16c,fma")))
 
 /*
+ * How far ahead of its loads a loop prefetches, in bytes.  The hardware
+ * prefetchers stop at each 4 KiB page, and a loop whose vectors take many
+ * instructions (the float16 and bfloat16 conversions) fills the reorder
+ * buffer before enough cache misses are in flight; see reducer_avx512.c
+ * for the measurements.
+ */
+#define PREFETCH_BYTES 4096
+
+/* Prefetches the `len` bytes at p + o + PREFETCH_BYTES, unless that lies
+ * past the `total` bytes of the buffer.  A prefetch never faults, but
+ * nothing past the buffer is worth a memory access. */
+AVX2_FN static inline void prefetch_ahead(const unsigned char *p, size_t o,
+					  size_t len, size_t total)
+{
+	if (o + PREFETCH_BYTES >= total)
+		return;
+	for (size_t l = 0; l < len; l += 64)
+		_mm_prefetch((const char *)p + o + PREFETCH_BYTES + l, _MM_HINT_T0);
+}
+
+/*
  * The loop every AVX2 sum shares.  `size` is the element size, `lanes` the
  * elements one STEP handles; STEP(d, x, y) sums one vector at those byte
  * addresses; `dtype` names the scalar loop that finishes the tail.
@@ -37,11 +59,14 @@
 		unsigned char *d_ = dst;                                           \
 		const unsigned char *x_ = a, *y_ = b;                              \
 		const size_t vb_ = (size) * (lanes); /* bytes per vector */        \
+		const size_t total_ = n * (size);                                  \
 		size_t i_ = 0;                                                     \
                                                                                    \
 		for (; i_ + 4 * (lanes) <= n; i_ += 4 * (lanes)) {                 \
 			size_t o_ = i_ * (size);                                   \
                                                                                    \
+			prefetch_ahead(x_, o_, 4 * vb_, total_);                   \
+			prefetch_ahead(y_, o_, 4 * vb_, total_);                   \
 			STEP(d_ + o_, x_ + o_, y_ + o_);                           \
 			STEP(d_ + o_ + vb_, x_ + o_ + vb_, y_ + o_ + vb_);         \
 			STEP(d_ + o_ + 2 * vb_, x_ + o_ + 2 * vb_,                 \
@@ -63,8 +88,12 @@
 		unsigned char *p_ = buf;                                           \
 		size_t i_ = 0;                                                     \
                                                                                    \
-		for (; i_ + (lanes) <= n; i_ += (lanes))                           \
+		for (; i_ + (lanes) <= n; i_ += (lanes)) {                         \
+			if (i_ % (4 * (lanes)) == 0)                               \
+				prefetch_ahead(p_, i_ * (size), 4 * (size) * (lanes), \
+					       n * (size));                        \
 			STEP(p_ + i_ * (size));                                    \
+		}                                                                  \
 		if (i_ < n)                                                        \
 			reducer_scalar_ops.divide[dtype](p_ + i_ * (size),         \
 							 n - i_, divisor);         \

@@ -342,9 +342,10 @@ static void mode_mismatch(void)
 	printf("rank %d: round after mismatch ok\n", rank);
 }
 
-/* Sends `len` bytes on a fresh connection and checks that the server hangs
- * up (possibly after an ERROR) within 5 s instead of waiting for more. */
-static void expect_hangup(int port, const void *data, size_t len, const char *what)
+/* Sends `len` bytes on a fresh connection (then half-closes it when
+ * `half_close`) and checks that the server hangs up (possibly after an
+ * ERROR) within 5 s instead of waiting for more. */
+static void expect_hangup(int port, const void *data, size_t len, bool half_close, const char *what)
 {
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
@@ -355,6 +356,8 @@ static void expect_hangup(int port, const void *data, size_t len, const char *wh
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	if (send(fd, data, len, MSG_NOSIGNAL) != (ssize_t)len)
 		FAIL("garbage: send failed");
+	if (half_close)
+		shutdown(fd, SHUT_WR);
 	char sink[4096];
 	ssize_t n;
 	while ((n = recv(fd, sink, sizeof sink, 0)) > 0)
@@ -371,32 +374,48 @@ static void mode_garbage(int port)
 		uint8_t junk[4096];
 		for (size_t i = 0; i < sizeof junk; i++)
 			junk[i] = (uint8_t)mix(i);
-		expect_hangup(port, junk, sizeof junk, "random bytes");
+		expect_hangup(port, junk, sizeof junk, false, "random bytes");
 
 		uint8_t hdr[WIRE_HDR_SIZE];
 		struct wire_hdr h = {.type = WIRE_PUSH, .key = 1, .count = 1, .payload_len = 4};
 		wire_encode(&h, hdr);
-		expect_hangup(port, hdr, sizeof hdr, "a PUSH without a hello");
+		expect_hangup(port, hdr, sizeof hdr, false, "a PUSH without a hello");
 
 		h = (struct wire_hdr){.type = WIRE_REGISTER, .sender = 999};
 		wire_encode(&h, hdr);
-		expect_hangup(port, hdr, sizeof hdr, "a hello from an unknown node");
+		expect_hangup(port, hdr, sizeof hdr, false, "a hello from an unknown node");
 
 		h = (struct wire_hdr){.type = WIRE_ERROR, .payload_len = 1ull << 40};
 		wire_encode(&h, hdr);
-		expect_hangup(port, hdr, sizeof hdr, "a 1 TiB payload length");
+		expect_hangup(port, hdr, sizeof hdr, false, "a 1 TiB payload length");
 
 		h = (struct wire_hdr){.type = 77};
 		wire_encode(&h, hdr);
-		expect_hangup(port, hdr, sizeof hdr, "an unknown message type");
+		expect_hangup(port, hdr, sizeof hdr, false, "an unknown message type");
 
 		h = (struct wire_hdr){.type = WIRE_PUSH};
 		wire_encode(&h, hdr);
-		expect_hangup(port, hdr, 20, "a truncated header");
+		expect_hangup(port, hdr, 20, true, "a truncated header and end of stream");
 	}
 	check(unisum_barrier(), "barrier");
 	finish_round("after garbage");
 	printf("rank %d: rounds after garbage ok\n", rank);
+}
+
+/* Prints a port that is free right now (for tests that start nodes by
+ * hand); the kernel picks it. */
+static int print_free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	socklen_t len = sizeof sa;
+	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+	    getsockname(fd, (struct sockaddr *)&sa, &len) != 0)
+		return 1;
+	printf("%d\n", ntohs(sa.sin_port));
+	close(fd);
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -405,6 +424,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: check_sums MODE [ARG]\n");
 		return 2;
 	}
+	if (strcmp(argv[1], "free-port") == 0)
+		return print_free_port();
 	check(unisum_init(), "unisum_init");
 	rank = unisum_rank();
 	size = unisum_size();

@@ -1,0 +1,48 @@
+# Shared helpers of the integration tests (sourced; $1 of the test is the
+# build directory).  Every job runs with a hard timeout, so no test hangs.
+set -u
+BUILD=$(cd "$1" && pwd)
+UNISUM="$BUILD/unisum"
+CHECK="$BUILD/check_sums"
+FAILS=0
+PASSES=0
+
+# run_job NAME WORKERS SERVERS ARGS... : runs check_sums ARGS as a job.
+run_job() {
+	name=$1 w=$2 s=$3
+	shift 3
+	out=$(mktemp)
+	if timeout 300 "$UNISUM" launch -w "$w" -s "$s" -- "$CHECK" "$@" >"$out" 2>&1; then
+		PASSES=$((PASSES + 1))
+		echo "ok   $name (w=$w s=$s: $*)"
+	else
+		FAILS=$((FAILS + 1))
+		echo "FAIL $name (w=$w s=$s: $*), output:"
+		sed 's/^/    /' "$out"
+	fi
+	rm -f "$out"
+}
+
+# expect NAME CONDITION-COMMAND... : counts a named assertion.
+expect() {
+	name=$1
+	shift
+	if "$@"; then
+		PASSES=$((PASSES + 1))
+		echo "ok   $name"
+	else
+		FAILS=$((FAILS + 1))
+		echo "FAIL $name"
+	fi
+}
+
+# finish : prints the closing line and exits with the verdict.
+finish() {
+	echo "$PASSES passed, $FAILS failed"
+	[ "$FAILS" -eq 0 ]
+}
+
+# free_port : a TCP port nobody listens on right now.
+free_port() {
+	"$BUILD/check_sums" free-port
+}

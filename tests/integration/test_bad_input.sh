@@ -1,0 +1,57 @@
+# Integration: bad input gets a clear error and the job goes on.
+. "$(dirname "$0")/lib.sh"
+
+run_job "a push_pull of an undeclared tensor id fails clearly" 2 1 undeclared
+run_job "a size mismatch between workers fails clearly at declare" 3 2 mismatch
+
+# Garbage to a server's port: start the pieces by hand, as on a cluster,
+# with a known server port.
+sport=$(free_port)
+pport=$(free_port)
+log=$(mktemp -d)
+export UNISUM_NUM_WORKER=2 UNISUM_NUM_SERVER=1 UNISUM_SCHEDULER_HOST=127.0.0.1 UNISUM_SCHEDULER_PORT=$pport
+UNISUM_ROLE=scheduler timeout 120 "$UNISUM" scheduler >"$log/scheduler" 2>&1 &
+sched=$!
+UNISUM_ROLE=server UNISUM_PORT=$sport timeout 120 "$UNISUM" server >"$log/server" 2>&1 &
+server=$!
+UNISUM_ROLE=worker UNISUM_WORKER_ID=0 timeout 120 "$CHECK" garbage "$sport" >"$log/w0" 2>&1 &
+w0=$!
+UNISUM_ROLE=worker UNISUM_WORKER_ID=1 timeout 120 "$CHECK" garbage "$sport" >"$log/w1" 2>&1
+rc1=$?
+wait $w0
+rc0=$?
+wait $server
+rcs=$?
+wait $sched
+rcp=$?
+expect "garbage: worker 0 survived and finished its rounds" [ $rc0 -eq 0 ]
+expect "garbage: worker 1 finished its rounds" [ $rc1 -eq 0 ]
+expect "garbage: the server kept serving and exited cleanly" [ $rcs -eq 0 ]
+expect "garbage: the scheduler exited cleanly" [ $rcp -eq 0 ]
+expect "garbage: the server logged why it closed a connection" grep -q "closing a connection from" "$log/server"
+if [ "$FAILS" -ne 0 ]; then
+	for f in "$log"/*; do
+		echo "--- $f"
+		cat "$f"
+	done
+fi
+rm -rf "$log"
+unset UNISUM_NUM_WORKER UNISUM_NUM_SERVER UNISUM_SCHEDULER_HOST UNISUM_SCHEDULER_PORT
+
+# A bad environment value fails at start and names the variable.
+out=$(UNISUM_NUM_WORKER=two UNISUM_NUM_SERVER=1 UNISUM_SCHEDULER_HOST=127.0.0.1 \
+	UNISUM_SCHEDULER_PORT=1 timeout 20 "$UNISUM" server 2>&1)
+rc=$?
+expect "a malformed UNISUM_NUM_WORKER exits 2" [ $rc -eq 2 ]
+expect "... and names the variable" sh -c "echo '$out' | grep -q UNISUM_NUM_WORKER"
+out=$(DMLC_ROLE=worker DMLC_NUM_WORKER=1 DMLC_NUM_SERVER=1 DMLC_PS_ROOT_URI=127.0.0.1 \
+	DMLC_PS_ROOT_PORT=99999 timeout 20 "$CHECK" rounds 1 2>&1)
+rc=$?
+expect "an out-of-range DMLC_PS_ROOT_PORT fails unisum_init" [ $rc -ne 0 ]
+expect "... and names the variable" sh -c "echo '$out' | grep -q DMLC_PS_ROOT_PORT"
+out=$(UNISUM_PARTITION_BYTES=4k timeout 60 "$UNISUM" launch -w 1 -s 1 -- "$CHECK" rounds 1 2>&1)
+expect "a malformed UNISUM_PARTITION_BYTES names the variable" sh -c "echo '$out' | grep -q UNISUM_PARTITION_BYTES"
+out=$(env -u UNISUM_SCHEDULER_PORT -u DMLC_PS_ROOT_PORT UNISUM_NUM_WORKER=1 UNISUM_NUM_SERVER=1 \
+	UNISUM_SCHEDULER_HOST=127.0.0.1 timeout 20 "$CHECK" rounds 1 2>&1)
+expect "a missing scheduler port names the variable" sh -c "echo '$out' | grep -q UNISUM_SCHEDULER_PORT"
+finish

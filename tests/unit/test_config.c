@@ -1,0 +1,131 @@
+/*
+ * test_config.c - the environment parser: defaults, BytePS aliases, native
+ * names winning over aliases, and errors that name the variable.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "config/config.h"
+#include "log/log.h"
+
+static const char *const all_vars[] = {
+	"UNISUM_ROLE", "DMLC_ROLE", "UNISUM_NUM_WORKER", "DMLC_NUM_WORKER", "UNISUM_NUM_SERVER",
+	"DMLC_NUM_SERVER", "UNISUM_SCHEDULER_HOST", "DMLC_PS_ROOT_URI", "UNISUM_SCHEDULER_PORT",
+	"DMLC_PS_ROOT_PORT", "UNISUM_WORKER_ID", "DMLC_WORKER_ID", "UNISUM_NODE_HOST", "DMLC_NODE_HOST",
+	"UNISUM_PORT", "DMLC_PORT", "UNISUM_LOCAL_RANK", "BYTEPS_LOCAL_RANK", "UNISUM_LOCAL_SIZE",
+	"BYTEPS_LOCAL_SIZE", "UNISUM_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES",
+	"UNISUM_SERVER_ENGINE_THREAD", "BYTEPS_SERVER_ENGINE_THREAD", "UNISUM_LOG_LEVEL",
+	"BYTEPS_LOG_LEVEL", "UNISUM_TIMEOUT_MS",
+};
+
+static int clear_env(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < sizeof all_vars / sizeof all_vars[0]; i++)
+		unsetenv(all_vars[i]);
+	return 0;
+}
+
+static void test_defaults(void **state)
+{
+	(void)state;
+	struct config c;
+	char err[512];
+	assert_int_equal(config_load(&c, err, sizeof err), 0);
+	assert_int_equal(c.role, CONFIG_ROLE_NONE);
+	assert_int_equal(c.worker_id, -1);
+	assert_true(c.partition_bytes == 4096000);
+	assert_int_equal(c.local_size, 1);
+	assert_int_equal(c.log_level, LOG_LEVEL_WARNING);
+	assert_true(c.engine_threads >= 1);
+	assert_string_equal(c.node_host, "127.0.0.1");
+	/* a worker needs the scheduler's address and the job size */
+	assert_int_equal(config_require(&c, CONFIG_ROLE_WORKER, err, sizeof err), UNISUM_ECONFIG);
+	assert_non_null(strstr(err, "UNISUM_SCHEDULER_HOST"));
+}
+
+static void test_byteps_aliases(void **state)
+{
+	(void)state;
+	setenv("DMLC_ROLE", "server", 1);
+	setenv("DMLC_NUM_WORKER", "4", 1);
+	setenv("DMLC_NUM_SERVER", "2", 1);
+	setenv("DMLC_PS_ROOT_URI", "10.0.0.1", 1);
+	setenv("DMLC_PS_ROOT_PORT", "1234", 1);
+	setenv("BYTEPS_PARTITION_BYTES", "1024000", 1);
+	setenv("BYTEPS_LOG_LEVEL", "debug", 1);
+	struct config c;
+	char err[512];
+	assert_int_equal(config_load(&c, err, sizeof err), 0);
+	assert_int_equal(c.role, CONFIG_ROLE_SERVER);
+	assert_int_equal(c.num_workers, 4);
+	assert_int_equal(c.num_servers, 2);
+	assert_string_equal(c.scheduler_host, "10.0.0.1");
+	assert_int_equal(c.scheduler_port, 1234);
+	assert_true(c.partition_bytes == 1024000);
+	assert_int_equal(c.log_level, LOG_LEVEL_DEBUG);
+	assert_int_equal(config_require(&c, CONFIG_ROLE_SERVER, err, sizeof err), 0);
+
+	/* the native name wins over the alias */
+	setenv("UNISUM_NUM_WORKER", "8", 1);
+	assert_int_equal(config_load(&c, err, sizeof err), 0);
+	assert_int_equal(c.num_workers, 8);
+}
+
+/* Sets `var` to `value` and checks that loading fails naming `var`. */
+static void expect_error(const char *var, const char *value)
+{
+	clear_env(NULL);
+	setenv(var, value, 1);
+	struct config c;
+	char err[512] = "";
+	assert_int_equal(config_load(&c, err, sizeof err), UNISUM_ECONFIG);
+	if (strstr(err, var) == NULL)
+		fail_msg("the error for %s='%s' does not name it: %s", var, value, err);
+	unsetenv(var);
+}
+
+static void test_malformed_values_name_the_variable(void **state)
+{
+	(void)state;
+	expect_error("UNISUM_NUM_WORKER", "two");
+	expect_error("UNISUM_NUM_WORKER", "0");
+	expect_error("DMLC_NUM_SERVER", "-1");
+	expect_error("DMLC_PS_ROOT_PORT", "70000");
+	expect_error("UNISUM_SCHEDULER_PORT", "12ab");
+	expect_error("UNISUM_SCHEDULER_PORT", "");
+	expect_error("DMLC_ROLE", "boss");
+	expect_error("BYTEPS_PARTITION_BYTES", "4k");
+	expect_error("BYTEPS_PARTITION_BYTES", "4");
+	expect_error("UNISUM_PARTITION_BYTES", "99999999999999999999999");
+	expect_error("BYTEPS_LOG_LEVEL", "LOUD");
+	expect_error("UNISUM_TIMEOUT_MS", "1.5");
+	expect_error("DMLC_PS_ROOT_URI", "");
+	expect_error("BYTEPS_SERVER_ENGINE_THREAD", "9999");
+
+	/* cross-field checks name both variables */
+	clear_env(NULL);
+	setenv("UNISUM_LOCAL_RANK", "2", 1);
+	setenv("UNISUM_LOCAL_SIZE", "2", 1);
+	struct config c;
+	char err[512];
+	assert_int_equal(config_load(&c, err, sizeof err), UNISUM_ECONFIG);
+	assert_non_null(strstr(err, "UNISUM_LOCAL_RANK"));
+	assert_non_null(strstr(err, "UNISUM_LOCAL_SIZE"));
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup(test_defaults, clear_env),
+		cmocka_unit_test_setup(test_byteps_aliases, clear_env),
+		cmocka_unit_test_setup(test_malformed_values_name_the_variable, clear_env),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,227 @@
+/*
+ * test_wire.c - the header codec: round trips, and rejection of every
+ * malformed field (magic, version, type, flags, reserved bytes, dtype,
+ * payload length against count x dtype and against the limits), plus the
+ * bounds-checked control-payload reader.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "wire/wire.h"
+
+static int decode(const uint8_t *buf, struct wire_hdr *h, char *why)
+{
+	return wire_decode(buf, h, why, 256);
+}
+
+static void test_round_trip_every_type(void **state)
+{
+	(void)state;
+	for (int type = 1; type <= WIRE_TYPE_MAX; type++) {
+		struct wire_hdr in = {.type = (uint8_t)type, .sender = 0xdeadbeef, .round = 0xfffffffe,
+				      .key = 0x0123456789abcdefull, .aux = 0x80000001u};
+		if (type == WIRE_PUSH || type == WIRE_PULL_REPLY) {
+			in.dtype = UNISUM_BFLOAT16;
+			in.count = 12345;
+			in.payload_len = 12345 * 2;
+		} else if (type == WIRE_PULL || type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE) {
+			in.dtype = UNISUM_INT64;
+			in.count = 7;
+		} else if (type != WIRE_BARRIER && type != WIRE_BARRIER_DONE && type != WIRE_HEARTBEAT &&
+			   type != WIRE_PUSH_ACK) {
+			in.payload_len = 100;
+		}
+		uint8_t buf[WIRE_HDR_SIZE];
+		wire_encode(&in, buf);
+		struct wire_hdr out;
+		char why[256] = "";
+		assert_int_equal(decode(buf, &out, why), 0);
+		assert_int_equal(out.type, in.type);
+		assert_int_equal(out.flags, in.flags);
+		assert_int_equal(out.sender, in.sender);
+		assert_int_equal(out.round, in.round);
+		assert_true(out.key == in.key);
+		assert_true(out.count == in.count);
+		assert_true(out.payload_len == in.payload_len);
+		assert_int_equal(out.dtype, in.dtype);
+		assert_int_equal(out.aux, in.aux);
+	}
+}
+
+static void test_layout_is_little_endian(void **state)
+{
+	(void)state;
+	struct wire_hdr h = {.type = WIRE_PULL, .sender = 0x04030201, .key = 0x0807060504030201ull,
+			     .dtype = UNISUM_FLOAT16};
+	uint8_t buf[WIRE_HDR_SIZE];
+	wire_encode(&h, buf);
+	assert_memory_equal(buf, "USUM", 4);
+	assert_int_equal(buf[4], WIRE_VERSION);
+	assert_int_equal(buf[5], WIRE_PULL);
+	assert_int_equal(buf[8], 1);
+	assert_int_equal(buf[11], 4);
+	assert_int_equal(buf[16], 1);
+	assert_int_equal(buf[23], 8);
+	assert_int_equal(buf[40], UNISUM_FLOAT16);
+}
+
+/* A valid PUSH to corrupt one field at a time. */
+static void good_push(uint8_t buf[WIRE_HDR_SIZE])
+{
+	struct wire_hdr h = {.type = WIRE_PUSH, .key = 1, .round = 3, .dtype = UNISUM_FLOAT32, .count = 10,
+			     .payload_len = 40};
+	wire_encode(&h, buf);
+}
+
+static void expect_reject(const uint8_t *buf, const char *needle)
+{
+	struct wire_hdr h;
+	char why[256] = "";
+	assert_int_equal(decode(buf, &h, why), UNISUM_EPROTO);
+	if (strstr(why, needle) == NULL)
+		fail_msg("reason '%s' does not mention '%s'", why, needle);
+}
+
+static void test_rejects_each_malformed_field(void **state)
+{
+	(void)state;
+	uint8_t buf[WIRE_HDR_SIZE];
+	struct wire_hdr h;
+	char why[256];
+
+	good_push(buf);
+	assert_int_equal(decode(buf, &h, why), 0);
+
+	good_push(buf);
+	buf[0] ^= 0xff;
+	expect_reject(buf, "magic");
+
+	good_push(buf);
+	buf[4] = WIRE_VERSION + 1;
+	expect_reject(buf, "version");
+
+	good_push(buf);
+	buf[5] = 0;
+	expect_reject(buf, "unknown message type");
+	buf[5] = WIRE_TYPE_MAX + 1;
+	expect_reject(buf, "unknown message type");
+
+	good_push(buf);
+	buf[6] = 0x2;	/* a flag PUSH does not take */
+	expect_reject(buf, "flags");
+
+	for (int i = 41; i <= 43; i++) {
+		good_push(buf);
+		buf[i] = 1;
+		expect_reject(buf, "reserved");
+	}
+
+	good_push(buf);
+	buf[40] = UNISUM_DTYPE_COUNT;
+	expect_reject(buf, "dtype");
+
+	good_push(buf);
+	buf[32] = 41;	/* payload_len != count x 4 */
+	expect_reject(buf, "payload");
+
+	/* count so large that count x size overflows or passes 1 GiB */
+	struct wire_hdr big = {.type = WIRE_PUSH, .dtype = UNISUM_FLOAT64, .count = 1ull << 61,
+			       .payload_len = 0};
+	wire_encode(&big, buf);
+	expect_reject(buf, "1 GiB");
+
+	/* a dtype on a type that carries none */
+	struct wire_hdr bar = {.type = WIRE_BARRIER, .dtype = 1};
+	wire_encode(&bar, buf);
+	expect_reject(buf, "dtype");
+
+	/* payloads on types that carry none, and oversized control payloads */
+	struct wire_hdr pull = {.type = WIRE_PULL, .payload_len = 1};
+	wire_encode(&pull, buf);
+	expect_reject(buf, "no payload");
+	struct wire_hdr reg = {.type = WIRE_REGISTER, .payload_len = WIRE_MAX_CONTROL_PAYLOAD + 1ull};
+	wire_encode(&reg, buf);
+	expect_reject(buf, "control limit");
+}
+
+static void test_zero_flag(void **state)
+{
+	(void)state;
+	uint8_t buf[WIRE_HDR_SIZE];
+	struct wire_hdr h = {.type = WIRE_PUSH, .flags = WIRE_FLAG_ZERO, .dtype = UNISUM_INT32, .count = 5};
+	wire_encode(&h, buf);
+	struct wire_hdr out;
+	char why[256];
+	assert_int_equal(decode(buf, &out, why), 0);
+	/* ZERO with a payload is malformed */
+	h.payload_len = 20;
+	wire_encode(&h, buf);
+	expect_reject(buf, "payload");
+	/* ZERO is not a PULL flag */
+	struct wire_hdr p = {.type = WIRE_PULL, .flags = WIRE_FLAG_ZERO};
+	wire_encode(&p, buf);
+	expect_reject(buf, "flags");
+}
+
+static void test_reader_bounds(void **state)
+{
+	(void)state;
+	struct wire_buf b;
+	wire_buf_init(&b);
+	wire_buf_u32(&b, 7);
+	wire_buf_u64(&b, 1ull << 40);
+	wire_buf_str(&b, "hello");
+	assert_false(b.failed);
+
+	struct wire_reader r;
+	char s[16];
+	wire_reader_init(&r, b.data, b.len);
+	assert_int_equal(wire_read_u32(&r), 7);
+	assert_true(wire_read_u64(&r) == 1ull << 40);
+	wire_read_str(&r, s, sizeof s);
+	assert_string_equal(s, "hello");
+	assert_false(r.failed);
+	assert_int_equal(r.left, 0);
+	wire_read_u32(&r);
+	assert_true(r.failed);
+
+	/* every truncation fails instead of reading past the end */
+	for (size_t cut = 0; cut < b.len; cut++) {
+		wire_reader_init(&r, b.data, cut);
+		wire_read_u32(&r);
+		wire_read_u64(&r);
+		wire_read_str(&r, s, sizeof s);
+		assert_true(r.failed);
+	}
+
+	/* a string longer than the destination fails */
+	wire_reader_init(&r, b.data + 12, b.len - 12);
+	char tiny[4];
+	wire_read_str(&r, tiny, sizeof tiny);
+	assert_true(r.failed);
+	assert_string_equal(tiny, "");
+
+	/* a string holding a NUL byte fails */
+	uint8_t nul[] = {3, 0, 0, 0, 'a', 0, 'b'};
+	wire_reader_init(&r, nul, sizeof nul);
+	wire_read_str(&r, s, sizeof s);
+	assert_true(r.failed);
+	wire_buf_fini(&b);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_round_trip_every_type),
+		cmocka_unit_test(test_layout_is_little_endian),
+		cmocka_unit_test(test_rejects_each_malformed_field),
+		cmocka_unit_test(test_zero_flag),
+		cmocka_unit_test(test_reader_bounds),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
