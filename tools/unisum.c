@@ -80,7 +80,8 @@ int server_main(int argc, char **argv)
 		return 2;
 	int rc = server_run(&cfg);
 	if (rc != 0) {
-		fprintf(stderr, "unisum server: %s (%s)\n", unisum_strerror(rc), unisum_last_error());
+		fprintf(stderr, "unisum server: exiting on an error: %s (the log above says why)\n",
+			unisum_strerror(rc));
 		return 1;
 	}
 	return 0;

@@ -37,17 +37,15 @@
  */
 #define PREFETCH_BYTES 4096
 
-/* Prefetches the `len` bytes at p + o + PREFETCH_BYTES, unless that lies
- * past the `total` bytes of the buffer.  A prefetch never faults, but
- * nothing past the buffer is worth a memory access. */
-AVX2_FN static inline void prefetch_ahead(const unsigned char *p, size_t o,
-					  size_t len, size_t total)
-{
-	if (o + PREFETCH_BYTES >= total)
-		return;
-	for (size_t l = 0; l < len; l += 64)
-		_mm_prefetch((const char *)p + o + PREFETCH_BYTES + l, _MM_HINT_T0);
-}
+/*
+ * Prefetches the `len` bytes at p + o, a line at a time.  A macro, not a
+ * function: GCC 12 splits a small function with an early return, then
+ * judges the split part free of side effects (a prefetch does not count)
+ * and deletes every call to it.
+ */
+#define PREFETCH_LINES(p, o, len)                                                 \
+	for (size_t l_ = 0; l_ < (len); l_ += 64)                                  \
+		_mm_prefetch((const char *)(p) + (o) + l_, _MM_HINT_T0)
 
 /*
  * The loop every AVX2 sum shares.  `size` is the element size, `lanes` the
@@ -65,8 +63,10 @@ AVX2_FN static inline void prefetch_ahead(const unsigned char *p, size_t o,
 		for (; i_ + 4 * (lanes) <= n; i_ += 4 * (lanes)) {                 \
 			size_t o_ = i_ * (size);                                   \
                                                                                    \
-			prefetch_ahead(x_, o_, 4 * vb_, total_);                   \
-			prefetch_ahead(y_, o_, 4 * vb_, total_);                   \
+			if (o_ + PREFETCH_BYTES < total_) {                        \
+				PREFETCH_LINES(x_, o_ + PREFETCH_BYTES, 4 * vb_);  \
+				PREFETCH_LINES(y_, o_ + PREFETCH_BYTES, 4 * vb_);  \
+			}                                                          \
 			STEP(d_ + o_, x_ + o_, y_ + o_);                           \
 			STEP(d_ + o_ + vb_, x_ + o_ + vb_, y_ + o_ + vb_);         \
 			STEP(d_ + o_ + 2 * vb_, x_ + o_ + 2 * vb_,                 \
@@ -89,9 +89,10 @@ AVX2_FN static inline void prefetch_ahead(const unsigned char *p, size_t o,
 		size_t i_ = 0;                                                     \
                                                                                    \
 		for (; i_ + (lanes) <= n; i_ += (lanes)) {                         \
-			if (i_ % (4 * (lanes)) == 0)                               \
-				prefetch_ahead(p_, i_ * (size), 4 * (size) * (lanes), \
-					       n * (size));                        \
+			if (i_ % (4 * (lanes)) == 0 &&                             \
+			    (i_ * (size)) + PREFETCH_BYTES < n * (size))           \
+				PREFETCH_LINES(p_, i_ * (size) + PREFETCH_BYTES,   \
+					       4 * (size) * (lanes));              \
 			STEP(p_ + i_ * (size));                                    \
 		}                                                                  \
 		if (i_ < n)                                                        \

@@ -43,30 +43,33 @@
  */
 #define PREFETCH_BYTES 4096
 
-/* Prefetches the `len` bytes at p + o + PREFETCH_BYTES, unless that lies
- * past the `total` bytes of the buffer.  A prefetch never faults, but
- * nothing past the buffer is worth a memory access. */
-AVX512_FN static inline void prefetch_ahead(const unsigned char *p, size_t o,
-					    size_t len, size_t total)
-{
-	if (o + PREFETCH_BYTES >= total)
-		return;
-	for (size_t l = 0; l < len; l += 64)
-		_mm_prefetch((const char *)p + o + PREFETCH_BYTES + l, _MM_HINT_T0);
-}
+/*
+ * Prefetches the `len` bytes at p + o, a line at a time.  A macro, not a
+ * function: GCC 12 splits a small function with an early return, then
+ * judges the split part free of side effects (a prefetch does not count)
+ * and deletes every call to it.
+ */
+#define PREFETCH_LINES(p, o, len)                                                 \
+	for (size_t l_ = 0; l_ < (len); l_ += 64)                                  \
+		_mm_prefetch((const char *)(p) + (o) + l_, _MM_HINT_T0)
 
 /* What the sums and the divisions prefetch: the operands `x` and `y`
  * (`dst` is one of them in the common dst += src), or the buffer `p`. */
-#define SUM_PREFETCH(o, len, total) \
-	(prefetch_ahead(x, (o), (len), (total)), prefetch_ahead(y, (o), (len), (total)))
-#define DIVIDE_PREFETCH(o, len, total) prefetch_ahead(p, (o), (len), (total))
+#define SUM_PREFETCH(o, len)                                                      \
+	do {                                                                       \
+		PREFETCH_LINES(x, (o), (len));                                     \
+		PREFETCH_LINES(y, (o), (len));                                     \
+	} while (0)
+#define DIVIDE_PREFETCH(o, len) PREFETCH_LINES(p, (o), (len))
 
 /*
  * The loop every AVX-512 sum and division shares.  `size` is the element
  * size and `lanes` the elements of one vector; STEP(o) handles the vector
  * at byte offset o and MSTEP(o, m) the lanes of mask m there;
- * PREFETCH(o, len, total) prefetches ahead of the `len` bytes at offset o
- * of buffers of `total` bytes.
+ * PREFETCH(o, len) prefetches the `len` bytes at offset o.  The unrolled
+ * loop prefetches PREFETCH_BYTES ahead of what it loads, but never past
+ * the end: a prefetch cannot fault, but nothing there is worth a memory
+ * access.
  */
 #define AVX512_LOOP(size, lanes, STEP, MSTEP, PREFETCH)                          \
 	do {                                                                       \
@@ -77,7 +80,8 @@ AVX512_FN static inline void prefetch_ahead(const unsigned char *p, size_t o,
 		for (; i_ + 4 * (lanes) <= n; i_ += 4 * (lanes)) {                 \
 			size_t o_ = i_ * (size);                                   \
                                                                                    \
-			PREFETCH(o_, 4 * vb_, total_);                             \
+			if (o_ + PREFETCH_BYTES < total_)                          \
+				PREFETCH(o_ + PREFETCH_BYTES, 4 * vb_);            \
 			STEP(o_);                                                  \
 			STEP(o_ + vb_);                                            \
 			STEP(o_ + 2 * vb_);                                        \

@@ -24,6 +24,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "config/config.h"
 #include "log/log.h"
@@ -88,12 +89,13 @@ struct wk_conn {
 	size_t npending_buckets;
 	bool dead;			/* the connection failed or closed */
 	bool closing;			/* unisum_shutdown() closed it */
-	char dead_why[512];		/* why, for the errors of later calls */
+	char dead_why[700];		/* why, for the errors of later calls */
 };
 
 static struct {
 	pthread_mutex_t lock;		/* everything below but conns' own state */
 	pthread_cond_t done_cond;	/* an operation completed */
+	pthread_cond_t failed_cond;	/* `failed` was set */
 	bool initialized;
 	struct config cfg;
 	const struct transport_ops *tp;
@@ -108,7 +110,8 @@ static struct {
 	atomic_ullong seq;
 	int failed;			/* the job failed: every call returns it */
 	char failed_why[512];
-} wk = {.lock = PTHREAD_MUTEX_INITIALIZER, .done_cond = PTHREAD_COND_INITIALIZER};
+} wk = {.lock = PTHREAD_MUTEX_INITIALIZER, .done_cond = PTHREAD_COND_INITIALIZER,
+      .failed_cond = PTHREAD_COND_INITIALIZER};
 
 /* ---- send queue (binary heap) and pending table ------------------------- */
 
@@ -263,6 +266,27 @@ static void *wk_send_main(void *arg)
 /* Marks the connection dead, stops its sender, fails every pending job. */
 static void wk_conn_fail(struct wk_conn *c, const char *why)
 {
+	/* A server hanging up mid-job is usually the echo of another node's
+	 * death, which the scheduler is about to announce: give its notice a
+	 * moment, so the error names the root cause rather than the echo. */
+	char root[640];
+	pthread_mutex_lock(&wk.lock);
+	pthread_mutex_lock(&c->lock);
+	bool closing = c->closing;
+	pthread_mutex_unlock(&c->lock);
+	if (wk.failed == 0 && !closing) {
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += 2;
+		while (wk.failed == 0 &&
+		       pthread_cond_timedwait(&wk.failed_cond, &wk.lock, &until) == 0)
+			;
+	}
+	if (wk.failed != 0) {
+		snprintf(root, sizeof root, "the job failed: %s", wk.failed_why);
+		why = root;
+	}
+	pthread_mutex_unlock(&wk.lock);
 	pthread_mutex_lock(&c->lock);
 	c->dead = true;
 	if (c->dead_why[0] == '\0')
@@ -283,7 +307,6 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 			all = j;
 		}
 	}
-	bool closing = c->closing;
 	pthread_mutex_unlock(&c->lock);
 	if (!closing && all != NULL)
 		LOG_ERROR("%s", c->dead_why);
@@ -424,6 +447,7 @@ static void wk_notice(void *arg, int err, const char *why)
 	if (wk.failed == 0) {
 		wk.failed = err == UNISUM_ESHUTDOWN ? UNISUM_ECONN : err;
 		snprintf(wk.failed_why, sizeof wk.failed_why, "%s", why);
+		pthread_cond_broadcast(&wk.failed_cond);
 	}
 	pthread_mutex_unlock(&wk.lock);
 	LOG_ERROR("%s", why);

@@ -20,11 +20,15 @@
  *   check_sums mismatch       declaring a name with another size fails clearly
  *   check_sums garbage PORT   rank 0 sends malformed streams to the server at
  *                             127.0.0.1:PORT; every worker then finishes rounds
+ *   check_sums die R N        rank R is killed (SIGKILL) after N rounds; the
+ *                             others keep pushing and exit 3 once their error
+ *                             names "worker R", 1 otherwise
  */
 #include <arpa/inet.h>
 #include <inttypes.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -418,6 +422,30 @@ static int print_free_port(void)
 	return 0;
 }
 
+static void mode_die(int victim, int rounds)
+{
+	int t = unisum_declare("die", UNISUM_INT32, 1000, 0);
+	check(t, "declare die");
+	int32_t buf[1000];
+	for (int r = 0;; r++) {
+		if (rank == victim && r == rounds) {
+			printf("rank %d: killing myself after %d rounds\n", rank, r);
+			fflush(stdout);
+			raise(SIGKILL);
+		}
+		fill(UNISUM_INT32, 13000 + (uint64_t)r, buf, 1000);
+		int rc = unisum_push_pull(t, buf, buf, 0);
+		if (rc != 0) {
+			char want[32];
+			snprintf(want, sizeof want, "worker %d", victim);
+			const char *msg = unisum_last_error();
+			printf("rank %d: round %d failed: %s\n", rank, r, msg);
+			exit(strstr(msg, want) != NULL ? 3 : 1);
+		}
+		verify("die", UNISUM_INT32, 13000 + (uint64_t)r, buf, 1000, false);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -447,6 +475,8 @@ int main(int argc, char **argv)
 		mode_mismatch();
 	else if (strcmp(mode, "garbage") == 0)
 		mode_garbage(arg);
+	else if (strcmp(mode, "die") == 0 && argc > 3)
+		mode_die(arg, atoi(argv[3]));
 	else
 		FAIL("unknown mode %s", mode);
 	check(unisum_shutdown(), "unisum_shutdown");

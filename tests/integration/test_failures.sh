@@ -1,0 +1,50 @@
+# Integration: a dead process is named, the job stops, nothing hangs.
+. "$(dirname "$0")/lib.sh"
+
+# The launcher: the first failure is named and sets the exit status.
+out=$(timeout 120 "$UNISUM" launch -w 3 -s 1 -- sh -c 'if [ "$UNISUM_WORKER_ID" = 1 ]; then exit 3; fi; sleep 30' 2>&1)
+rc=$?
+expect "launch exits with the failing worker's status" [ $rc -eq 3 ]
+expect "... and names it" sh -c "echo '$out' | grep -q 'worker 1 .*exited with status 3'"
+out=$(timeout 60 "$UNISUM" launch -w 1 -s 1 -- /nonexistent/program 2>&1)
+rc=$?
+expect "launch of a missing program exits 127" [ $rc -eq 127 ]
+
+# A worker killed mid-run: every survivor's error names it.  Started by
+# hand so the survivors are not stopped by the launcher first.
+pport=$(free_port)
+log=$(mktemp -d)
+export UNISUM_NUM_WORKER=3 UNISUM_NUM_SERVER=2 UNISUM_SCHEDULER_HOST=127.0.0.1 UNISUM_SCHEDULER_PORT=$pport
+start=$(date +%s)
+UNISUM_ROLE=scheduler timeout 60 "$UNISUM" scheduler >"$log/scheduler" 2>&1 &
+sched=$!
+UNISUM_ROLE=server timeout 60 "$UNISUM" server >"$log/server0" 2>&1 &
+s0=$!
+UNISUM_ROLE=server timeout 60 "$UNISUM" server >"$log/server1" 2>&1 &
+s1=$!
+for i in 0 1 2; do
+	UNISUM_ROLE=worker UNISUM_WORKER_ID=$i timeout 60 "$CHECK" die 2 50 >"$log/w$i" 2>&1 &
+	eval "w$i=\$!"
+done
+wait $w0; r0=$?
+wait $w1; r1=$?
+wait $w2; r2=$?
+wait $s0; rs0=$?
+wait $s1; rs1=$?
+wait $sched; rsc=$?
+elapsed=$(($(date +%s) - start))
+expect "killed worker: survivor 0 failed naming worker 2" [ $r0 -eq 3 ]
+expect "killed worker: survivor 1 failed naming worker 2" [ $r1 -eq 3 ]
+expect "killed worker: the victim died by SIGKILL" [ $r2 -eq 137 ]
+expect "killed worker: both servers exited non-zero" [ $rs0 -ne 0 -a $rs1 -ne 0 -a $rs0 -ne 124 -a $rs1 -ne 124 ]
+expect "killed worker: the servers' logs name worker 2" sh -c "grep -q 'worker 2' '$log/server0' && grep -q 'worker 2' '$log/server1'"
+expect "killed worker: the scheduler exited non-zero" [ $rsc -ne 0 -a $rsc -ne 124 ]
+expect "killed worker: everything ended within 20 s" [ $elapsed -le 20 ]
+if [ "$FAILS" -ne 0 ]; then
+	for f in "$log"/*; do
+		echo "--- $f"
+		cat "$f"
+	done
+fi
+rm -rf "$log"
+finish
