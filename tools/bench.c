@@ -85,19 +85,21 @@ static int bench_worker(const int *sizes_mib, int nsizes, double seconds)
 			return 1;
 		}
 		unisum_barrier();
-		double t0 = now_s();
+		double t0 = now_s(), shown = t0;
 		for (int r = 0; r < rounds; r++) {
 			if (unisum_push_pull(t, in, out, 0) != 0) {
 				fprintf(stderr, "unisum bench: %s\n", unisum_last_error());
 				return 1;
 			}
-			if (rank == 0 && isatty(STDERR_FILENO) && (r % 8 == 0 || r == rounds - 1))
-				fprintf(stderr, "\r  %d MiB: round %d/%d", sizes_mib[i], r + 1, rounds);
+			/* A progress line a second: whole lines, so they pass through
+			 * the launcher's line-by-line forwarding. */
+			if (rank == 0 && now_s() - shown >= 1.0) {
+				shown = now_s();
+				fprintf(stderr, "  ... %d MiB: round %d of %d\n", sizes_mib[i], r + 1, rounds);
+			}
 		}
 		double el = now_s() - t0;
 		if (rank == 0) {
-			if (isatty(STDERR_FILENO))
-				fprintf(stderr, "\r%40s\r", "");
 			double per = el / rounds;
 			printf("%7d MiB %8d %9.3f ms %13.2f GB/s %15.2f GB/s\n", sizes_mib[i], rounds, per * 1e3,
 			       (double)bytes / per / 1e9, 2.0 * size * (double)bytes / per / 1e9);
