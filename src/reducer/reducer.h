@@ -7,7 +7,11 @@
  * what the CPU reports; reducer_force_isa() lets tests and benchmarks pin
  * one path.  float16 and bfloat16 are summed by widening to float32,
  * adding, and rounding back to nearest-even (NaN stays NaN), so every path
- * gives bit-identical results for every dtype.
+ * gives bit-identical results for every dtype.  A float16 or bfloat16
+ * result that is NaN is always the canonical quiet NaN (0x7e00, 0x7fc0):
+ * which payload survives a sum of two NaNs is otherwise left open by IEEE.
+ * For float32 and float64 that one case (both operands NaN) gives a NaN
+ * whose payload may differ between paths; every other input is exact.
  *
  * Nothing here allocates or fails: callers validate dtype and lengths.
  * Buffers may be unaligned; `dst` may equal `src` or `a`/`b`.
@@ -25,7 +29,7 @@
 typedef enum reducer_isa {
 	REDUCER_ISA_SCALAR = 0,
 	REDUCER_ISA_AVX2 = 1,	/* AVX2 + FMA-free adds + F16C conversions */
-	REDUCER_ISA_AVX512 = 2,	/* AVX-512F/BW/VL */
+	REDUCER_ISA_AVX512 = 2,	/* AVX-512F/BW/VL/DQ; no FP16 or BF16 needed */
 } reducer_isa;
 
 /* dst[i] += src[i] for i < n. */
@@ -36,7 +40,7 @@ void reducer_sum(void *dst, const void *a, const void *b, size_t n, unisum_dtype
 
 /* buf[i] /= divisor for i < n (divisor >= 1).  Floats divide (float16 and
  * bfloat16 through float32, rounded to nearest-even); integers floor-divide
- * as Python and torch do. */
+ * as Python and torch do.  A divisor of 1 leaves buf untouched. */
 void reducer_divide(void *buf, size_t n, unisum_dtype dtype, int divisor);
 
 /* The path in use, and its name ("avx512", "avx2", "scalar"). */

@@ -8,9 +8,9 @@
  *
  * The loops are memory-bound: each handles four vectors per iteration so
  * that enough loads are in flight, with a software prefetch 4 KiB ahead,
- * then single vectors, then hands the last
- * few elements to the scalar loop, which is the reference and so cannot
- * round differently.  Loads and stores are unaligned (any address works).
+ * then single vectors, then hands the last few elements to the scalar
+ * loop, which is the reference and so cannot round differently.  Loads
+ * and stores are unaligned (any address works).
  * Within a vector the loads come before the store, which is what makes
  * `dst` equal to an operand safe.
  *
@@ -82,7 +82,8 @@
 						      y_ + i_ * (size), n - i_);   \
 	} while (0)
 
-/* The same for a division in place: STEP(p) divides one vector at p. */
+/* The same for a division in place: STEP(p) divides one vector at p, and
+ * every fourth vector prefetches the next four, PREFETCH_BYTES ahead. */
 #define AVX2_DIVIDE_LOOP(size, lanes, STEP, dtype)                                \
 	do {                                                                       \
 		unsigned char *p_ = buf;                                           \

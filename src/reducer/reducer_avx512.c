@@ -4,17 +4,17 @@
  * Every function carries its own target attribute (AVX-512 F, BW, VL, DQ),
  * so this file builds with plain -O2 and its code only runs once reducer.c
  * has seen the CPU report all four.  Nothing here needs AVX512_FP16 or
- * AVX512_BF16.  In particular vcvtne2ps2bf16 is not used on purpose: it
- * treats denormal inputs as zero and flushes denormal results, so it would
- * not match the scalar path bit for bit.
+ * AVX512_BF16.  In particular vcvtneps2bf16 is not used on purpose: it
+ * treats denormal inputs as zero (measured: 0x00010000 gives 0x0000, not
+ * 0x0001), so it would not match the scalar path bit for bit.
  *
  * The loops are memory-bound: four vectors per iteration so that enough
  * loads are in flight, with a software prefetch 4 KiB ahead, then single
- * vectors, then one masked vector for the
- * last few elements (a masked load or store touches no byte outside its
- * mask, so nothing outside [dst, dst + n) is read or written).  Loads and
- * stores are unaligned.  Within a vector the loads come before the store,
- * which is what makes `dst` equal to an operand safe.
+ * vectors, then one masked vector for the last few elements (a masked load
+ * or store touches no byte outside its mask, so nothing outside
+ * [dst, dst + n) is read or written).  Loads and stores are unaligned.
+ * Within a vector the loads come before the store, which is what makes
+ * `dst` equal to an operand safe.
  *
  * float16 widens with vcvtph2ps (exact) and narrows with vcvtps2ph in
  * round-to-nearest-even; bfloat16 widens by shifting and rounds with the
