@@ -5,7 +5,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build demo test bench clean
+.PHONY: all deps build demo test test-sanitize bench clean
 
 all: build
 
@@ -14,7 +14,7 @@ deps:
 
 build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
 demo: build
 	$(BUILD)/unisum launch -w 2 -s 1 -- $(BUILD)/train_logreg
@@ -22,9 +22,17 @@ demo: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 1
 
+# The whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
+test-sanitize: deps
+	@sh scripts/install-deps.sh clang
+	@CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug \
+		-DCMAKE_C_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -O1" >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+	cd build-asan && ctest --output-on-failure -j 1
+
 bench: build
 	$(BUILD)/bench_reducer
 	sh bench/tcp.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-asan

@@ -1,10 +1,11 @@
 #!/bin/sh
-# Installs the Debian packages unisum needs to build, test and benchmark.
-# Runs apt-get only when something is missing, so it is cheap to call from
-# every `make` target.  Needs root (or sudo) the first time.
+# Installs the Debian packages unisum needs to build, test and benchmark,
+# plus any named on the command line (`install-deps.sh clang`).  Runs
+# apt-get only when something is missing, so it is cheap to call from every
+# `make` target.  Needs root (or sudo) the first time.
 set -eu
 
-pkgs="build-essential cmake pkg-config libcmocka-dev iperf3 python3"
+pkgs="build-essential cmake pkg-config libcmocka-dev iperf3 python3 $*"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -4,7 +4,7 @@
  */
 #include "log/log.h"
 
-#include <ctype.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +13,10 @@
 
 int log_threshold = LOG_LEVEL_WARNING;
 
-static char log_identity[48] = "unisum";
+/* Who is logging: set once the role and rank are known, read by every
+ * thread, so both are atomics (the role is always a string literal). */
+static _Atomic(const char *) log_role = NULL;
+static atomic_int log_rank = -1;
 static _Thread_local char log_last[1024];
 
 static const char *const log_level_names[] = {
@@ -22,10 +25,8 @@ static const char *const log_level_names[] = {
 
 void log_set_identity(const char *role, int rank)
 {
-	if (rank >= 0)
-		snprintf(log_identity, sizeof log_identity, "unisum[%s %d]", role, rank);
-	else
-		snprintf(log_identity, sizeof log_identity, "unisum[%s]", role);
+	atomic_store(&log_rank, rank);
+	atomic_store(&log_role, role);
 }
 
 void log_set_level(int level)
@@ -49,7 +50,14 @@ int log_level_parse(const char *s)
 static void log_vwrite(int level, const char *fmt, va_list ap)
 {
 	char line[2048];
-	int n = snprintf(line, sizeof line, "%s %s: ", log_identity, log_level_names[level]);
+	const char *role = atomic_load(&log_role);
+	int rank = atomic_load(&log_rank), n;
+	if (role == NULL)
+		n = snprintf(line, sizeof line, "unisum %s: ", log_level_names[level]);
+	else if (rank < 0)
+		n = snprintf(line, sizeof line, "unisum[%s] %s: ", role, log_level_names[level]);
+	else
+		n = snprintf(line, sizeof line, "unisum[%s %d] %s: ", role, rank, log_level_names[level]);
 	if (n < 0)
 		return;
 	int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);

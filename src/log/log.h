@@ -23,7 +23,8 @@ enum log_level {
 /* The current threshold; lines below it are dropped. */
 extern int log_threshold;
 
-/* Sets the role and rank printed in every line ("worker", 1). */
+/* Sets the role (a string literal: it is kept, not copied) and rank
+ * printed in every line ("worker", 1; rank -1 prints none).  Thread-safe. */
 void log_set_identity(const char *role, int rank);
 void log_set_level(int level);
 

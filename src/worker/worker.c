@@ -457,11 +457,11 @@ static void wk_notice(void *arg, int err, const char *why)
 
 /* ---- public API --------------------------------------------------------- */
 
-#define REQUIRE_INIT()                                                                             \
-	do {                                                                                       \
-		if (!wk.initialized)                                                               \
-			return log_fail(UNISUM_ENOTINIT, "call unisum_init() first");              \
-	} while (0)
+/* 0 when unisum_init() has run, else UNISUM_ENOTINIT with a message. */
+static int wk_require_init(void)
+{
+	return wk.initialized ? 0 : log_fail(UNISUM_ENOTINIT, "call unisum_init() first");
+}
 
 static void wk_free_all(void)
 {
@@ -548,7 +548,8 @@ int unisum_init(void)
 
 int unisum_shutdown(void)
 {
-	REQUIRE_INIT();
+	if (!wk.initialized)
+		return wk_require_init();
 	/* Operations the caller never waited on must finish before their
 	 * buffers' owner goes away. */
 	pthread_mutex_lock(&wk.lock);
@@ -587,7 +588,8 @@ int unisum_local_size(void)
 
 int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int priority)
 {
-	REQUIRE_INIT();
+	if (!wk.initialized)
+		return wk_require_init();
 	if (name == NULL || name[0] == '\0' || strlen(name) >= sizeof ((struct wk_tensor *)0)->name)
 		return log_fail(UNISUM_EINVAL, "unisum_declare: the name must have 1 to 255 characters");
 	size_t esize = unisum_dtype_size(dtype);
@@ -697,7 +699,8 @@ out_free:
  * another root). */
 static int wk_start(int tensor, const void *in, void *out, int flags, unisum_handle *h)
 {
-	REQUIRE_INIT();
+	if (!wk.initialized)
+		return wk_require_init();
 	if (h == NULL || out == NULL || (flags & ~UNISUM_AVERAGE) != 0)
 		return log_fail(UNISUM_EINVAL, "unisum_push_pull: out and the handle must not be NULL and "
 				"flags may only hold UNISUM_AVERAGE (worker %d, tensor %d)", wk.rank, tensor);
@@ -804,7 +807,8 @@ static int wk_release(int i)
 
 int unisum_poll(unisum_handle h)
 {
-	REQUIRE_INIT();
+	if (!wk.initialized)
+		return wk_require_init();
 	pthread_mutex_lock(&wk.lock);
 	int i = wk_find_op(h), rc;
 	if (i < 0)
@@ -823,7 +827,8 @@ int unisum_poll(unisum_handle h)
 
 int unisum_wait(unisum_handle h)
 {
-	REQUIRE_INIT();
+	if (!wk.initialized)
+		return wk_require_init();
 	pthread_mutex_lock(&wk.lock);
 	int i = wk_find_op(h), rc;
 	if (i < 0) {
@@ -848,7 +853,8 @@ int unisum_push_pull(int tensor, const void *in, void *out, int flags)
 
 int unisum_broadcast(int tensor, void *buf, int root_rank)
 {
-	REQUIRE_INIT();
+	if (!wk.initialized)
+		return wk_require_init();
 	if (buf == NULL || root_rank < 0 || root_rank >= wk.size)
 		return log_fail(UNISUM_EINVAL, "unisum_broadcast: buf must not be NULL and root_rank %d "
 				"must be in [0, %d) (worker %d, tensor %d)", root_rank, wk.size, wk.rank,
@@ -860,7 +866,8 @@ int unisum_broadcast(int tensor, void *buf, int root_rank)
 
 int unisum_barrier(void)
 {
-	REQUIRE_INIT();
+	if (!wk.initialized)
+		return wk_require_init();
 	int rc = rdv_client_barrier(wk.rdv, RDV_GROUP_WORKERS);
 	if (rc != 0)
 		return log_fail(rc, "unisum_barrier on worker %d: %s", wk.rank, log_last_error());
