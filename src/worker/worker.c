@@ -89,6 +89,7 @@ struct wk_conn {
 	size_t npending_buckets;
 	bool dead;			/* the connection failed or closed */
 	bool closing;			/* unisum_shutdown() closed it */
+	bool threads_started;		/* both threads run; the receiver joins the sender */
 	char dead_why[700];		/* why, for the errors of later calls */
 };
 
@@ -102,6 +103,7 @@ static struct {
 	struct rdv_client *rdv;
 	int rank, size, nservers;
 	struct wk_conn *conns;		/* [nservers] */
+	bool conns_live;		/* every conn is set up and not yet torn down */
 	struct wk_tensor **tensors;
 	int ntensors, captensors;
 	struct wk_op **ops;		/* operations not yet released */
@@ -297,7 +299,12 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	pthread_join(c->send_thread, NULL);
 
 	pthread_mutex_lock(&c->lock);
-	c->nheap = 0;	/* every queued job is also pending, freed below */
+	/* Queued PUSH_PULL jobs are also pending and freed below; DECLARE
+	 * jobs are only queued. */
+	for (size_t i = 0; i < c->nheap; i++)
+		if (c->heap[i]->type == JOB_DECLARE)
+			free(c->heap[i]);
+	c->nheap = 0;
 	struct wk_job *all = NULL;
 	for (size_t i = 0; i < c->npending_buckets; i++) {
 		while (c->pending[i]) {
@@ -435,7 +442,11 @@ static int wk_connect_servers(void)
 			pthread_join(c->send_thread, NULL);
 			return UNISUM_ESYS;
 		}
+		c->threads_started = true;
 	}
+	pthread_mutex_lock(&wk.lock);
+	wk.conns_live = true;
+	pthread_mutex_unlock(&wk.lock);
 	return 0;
 }
 
@@ -449,10 +460,13 @@ static void wk_notice(void *arg, int err, const char *why)
 		snprintf(wk.failed_why, sizeof wk.failed_why, "%s", why);
 		pthread_cond_broadcast(&wk.failed_cond);
 	}
+	/* Unblock every connection (their threads fail the pending jobs),
+	 * unless they are still being set up or already being torn down. */
+	if (wk.conns_live)
+		for (int s = 0; s < wk.nservers; s++)
+			wk.tp->conn_shutdown(wk.conns[s].conn);
 	pthread_mutex_unlock(&wk.lock);
 	LOG_ERROR("%s", why);
-	for (int s = 0; s < wk.nservers; s++)
-		wk.tp->conn_shutdown(wk.conns[s].conn);
 }
 
 /* ---- public API --------------------------------------------------------- */
@@ -482,6 +496,9 @@ static void wk_free_all(void)
 /* Stops and frees every server connection (after their threads ran). */
 static void wk_close_conns(void)
 {
+	pthread_mutex_lock(&wk.lock);
+	wk.conns_live = false;	/* the scheduler's notice keeps off from now on */
+	pthread_mutex_unlock(&wk.lock);
 	if (wk.conns == NULL)
 		return;
 	for (int s = 0; s < wk.nservers; s++) {
@@ -491,7 +508,7 @@ static void wk_close_conns(void)
 			c->closing = true;
 			pthread_mutex_unlock(&c->lock);
 			wk.tp->conn_shutdown(c->conn);
-			if (c->recv_thread)
+			if (c->threads_started)
 				pthread_join(c->recv_thread, NULL);
 			wk.tp->conn_free(c->conn);
 			pthread_mutex_destroy(&c->lock);
