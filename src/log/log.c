@@ -77,16 +77,21 @@ void log_write(int level, const char *fmt, ...)
 	va_end(ap);
 }
 
-/* Both format into a temporary first: callers often pass log_last_error()
+/* Formats into a temporary first: callers often pass log_last_error()
  * itself as an argument, to wrap the previous message in context. */
-int log_fail(int err, const char *fmt, ...)
+static void log_vset_last(const char *fmt, va_list ap)
 {
 	char tmp[sizeof log_last];
+	vsnprintf(tmp, sizeof tmp, fmt, ap);
+	memcpy(log_last, tmp, sizeof log_last);
+}
+
+int log_fail(int err, const char *fmt, ...)
+{
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(tmp, sizeof tmp, fmt, ap);
+	log_vset_last(fmt, ap);
 	va_end(ap);
-	memcpy(log_last, tmp, sizeof log_last);
 	if (LOG_LEVEL_ERROR >= log_threshold)
 		log_write(LOG_LEVEL_ERROR, "%s", log_last);
 	return err;
@@ -94,12 +99,10 @@ int log_fail(int err, const char *fmt, ...)
 
 void log_set_last_error(const char *fmt, ...)
 {
-	char tmp[sizeof log_last];
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(tmp, sizeof tmp, fmt, ap);
+	log_vset_last(fmt, ap);
 	va_end(ap);
-	memcpy(log_last, tmp, sizeof log_last);
 }
 
 const char *log_last_error(void)
