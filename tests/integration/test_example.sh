@@ -13,4 +13,8 @@ expect "the example printed 6 epochs" [ "$(echo "$one" | grep -c epoch)" -eq 6 ]
 expect "the loss falls" sh -c "echo '$one' | awk 'NR==1{a=\$4} END{exit !(\$4 < a)}'"
 expect "2 workers give the same curve as 1" [ "$one" = "$two" ]
 expect "4 workers give the same curve as 1" [ "$one" = "$four" ]
+
+# `unisum bench` launches its own job and prints a row per size.
+out=$(timeout 120 "$UNISUM" bench -w 2 -s 2 --sizes 1,2 --seconds 0.2 2>&1)
+expect "unisum bench prints a row for each size" sh -c "echo '$out' | grep -q ' 1 MiB' && echo '$out' | grep -q ' 2 MiB'"
 finish
