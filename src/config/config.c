@@ -52,6 +52,8 @@ static const struct knob config_knobs[] = {
 	 "port of the scheduler"},
 	{"UNISUM_WORKER_ID", "DMLC_WORKER_ID", NULL, KNOB_INT, FIELD(worker_id), "-1", -1, 65534,
 	 "rank this worker asks for (-1: the scheduler assigns by arrival)"},
+	{"UNISUM_SERVER_ID", NULL, NULL, KNOB_INT, FIELD(server_id), "-1", -1, 65534,
+	 "rank this server asks for (-1: the scheduler assigns by arrival)"},
 	{"UNISUM_NODE_HOST", "DMLC_NODE_HOST", NULL, KNOB_STRING, FIELD(node_host), "127.0.0.1", 0, 0,
 	 "address this node listens on and advertises to its peers"},
 	{"UNISUM_PORT", "DMLC_PORT", NULL, KNOB_INT, FIELD(port), "0", 0, 65535,
@@ -184,6 +186,11 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 	if (cfg->num_workers > 0 && cfg->worker_id >= cfg->num_workers) {
 		snprintf(err, err_len, "UNISUM_WORKER_ID=%d must be below UNISUM_NUM_WORKER=%d",
 			 cfg->worker_id, cfg->num_workers);
+		return UNISUM_ECONFIG;
+	}
+	if (cfg->num_servers > 0 && cfg->server_id >= cfg->num_servers) {
+		snprintf(err, err_len, "UNISUM_SERVER_ID=%d must be below UNISUM_NUM_SERVER=%d",
+			 cfg->server_id, cfg->num_servers);
 		return UNISUM_ECONFIG;
 	}
 	if (cfg->engine_threads == 0) {

@@ -33,6 +33,7 @@ struct config {
 	char scheduler_host[256];	/* where the scheduler listens */
 	int scheduler_port;		/* its port */
 	int worker_id;			/* requested worker rank, -1 = assigned by arrival */
+	int server_id;			/* requested server rank, -1 = assigned by arrival */
 	char node_host[256];		/* address this node advertises and binds */
 	int port;			/* listening port of a server, 0 = any free one */
 	int local_rank;			/* rank among the workers of this machine */

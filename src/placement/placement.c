@@ -45,5 +45,7 @@ uint64_t placement_tensor_key(const char *name)
 	}
 	/* Fold the top bits in so all 64 bits of the hash matter. */
 	h ^= h >> 48;
-	return (h & 0xffffffffffffull) << 16;
+	h &= 0xffffffffffffull;
+	/* Key 0 means "no tensor" in ERROR messages. */
+	return (h ? h : 1) << 16;
 }

@@ -41,7 +41,8 @@ void placement_partition(uint64_t count, uint64_t nparts, struct placement_part 
 void placement_assign(uint64_t *loads, int nservers, const uint64_t *part_bytes, uint64_t nparts,
 		      uint32_t *servers_out);
 
-/* The key of a tensor name: a 48-bit FNV-1a hash shifted left by 16. */
+/* The key of a tensor name: a 48-bit FNV-1a hash shifted left by 16;
+ * never 0. */
 uint64_t placement_tensor_key(const char *name);
 
 #endif /* UNISUM_PLACEMENT_H */

@@ -26,7 +26,8 @@ struct rdv_client {
 	struct rdv_node *nodes;		/* the address book */
 	int nnodes;
 	rdv_notice_fn notice;		/* job-over callback */
-	void *notice_arg;
+	rdv_tensor_error_fn tensor_error; /* poisoned-tensor callback, or NULL */
+	void *notice_arg;		/* both callbacks' argument */
 	pthread_t reader;		/* reads everything the scheduler sends */
 	pthread_mutex_t request_lock;	/* one request in flight */
 	pthread_mutex_t send_lock;	/* serialises writes to conn */
@@ -116,11 +117,17 @@ static void *rdv_reader_main(void *arg)
 			rdv_fail(c, UNISUM_ESHUTDOWN, "the scheduler ended the job: every worker is done");
 			return NULL;
 		case WIRE_ERROR: {
-			char text[512] = "the job failed";
+			char text[768] = "the job failed";
 			struct wire_reader r;
 			wire_reader_init(&r, payload, h.payload_len);
 			wire_read_str(&r, text, sizeof text);
 			free(payload);
+			if (h.key != 0) {
+				/* One tensor is unusable; the job goes on. */
+				if (c->tensor_error != NULL)
+					c->tensor_error(c->notice_arg, h.key, text);
+				break;
+			}
 			int err = -(int)h.aux;
 			if (err >= 0 || err < UNISUM_ESHUTDOWN)
 				err = UNISUM_EREMOTE;
@@ -139,7 +146,7 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 	struct wire_buf b;
 	wire_buf_init(&b);
 	wire_buf_u32(&b, (uint32_t)cfg->role);
-	wire_buf_u32(&b, (uint32_t)(cfg->role == CONFIG_ROLE_WORKER ? cfg->worker_id : -1));
+	wire_buf_u32(&b, (uint32_t)(cfg->role == CONFIG_ROLE_WORKER ? cfg->worker_id : cfg->server_id));
 	wire_buf_u32(&b, (uint32_t)listen_port);
 	wire_buf_str(&b, cfg->node_host);
 	if (b.failed) {
@@ -197,7 +204,7 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 }
 
 int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn notice,
-		   void *notice_arg, struct rdv_client **out)
+		   rdv_tensor_error_fn tensor_error, void *notice_arg, struct rdv_client **out)
 {
 	struct rdv_client *c = calloc(1, sizeof *c);
 	if (c == NULL)
@@ -205,6 +212,7 @@ int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn noti
 	c->tp = transport_tcp();
 	c->role = cfg->role;
 	c->notice = notice;
+	c->tensor_error = tensor_error;
 	c->notice_arg = notice_arg;
 	pthread_mutex_init(&c->request_lock, NULL);
 	pthread_mutex_init(&c->send_lock, NULL);

@@ -9,7 +9,9 @@
  *              reply:   header key; payload u32 status (0 or -error),
  *                       then n x u32 server rank, or str message
  *   SHUTDOWN   worker -> scheduler: goodbye; scheduler -> server: stop now
- *   ERROR      scheduler -> node: the job failed; header aux = -error, payload str why
+ *   ERROR      scheduler -> node: the job failed; header key 0, aux = -error, payload str why
+ *              scheduler -> server: header key = a tensor key: that tensor's workers
+ *              disagree on its shape and it can never be summed; payload str why
  */
 #ifndef UNISUM_RDV_PROTO_H
 #define UNISUM_RDV_PROTO_H

@@ -73,11 +73,17 @@ struct rdv_client;
  * failed or the scheduler was lost, with `why` naming the culprit. */
 typedef void (*rdv_notice_fn)(void *arg, int err, const char *why);
 
+/* Called on the reader thread (servers only) when the scheduler finds that
+ * the workers disagree on the shape of the tensor with key `key`: it can
+ * never be summed, and `why` names both shapes. */
+typedef void (*rdv_tensor_error_fn)(void *arg, uint64_t key, const char *why);
+
 /* Connects to the scheduler of `cfg` (retrying until cfg->timeout_ms),
  * registers as cfg->role with the given listening port, and waits for the
- * address book.  Returns 0 and a client, or a negative error. */
+ * address book.  Both callbacks get `arg`; tensor_error may be NULL.
+ * Returns 0 and a client, or a negative error. */
 int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn notice,
-		   void *notice_arg, struct rdv_client **out);
+		   rdv_tensor_error_fn tensor_error, void *arg, struct rdv_client **out);
 
 /* This node's id and rank, and the address book (valid until _free). */
 uint32_t rdv_client_id(const struct rdv_client *c);

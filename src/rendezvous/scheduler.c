@@ -43,6 +43,7 @@ struct sched_tensor {
 	int first_rank;			/* who declared it first, for messages */
 	uint32_t nparts;
 	uint32_t *servers;
+	char *poison;			/* why it can never be summed (a mismatch), or NULL */
 };
 
 struct rdv_scheduler {
@@ -108,52 +109,64 @@ static void sched_fail(struct rdv_scheduler *s, int err, const char *why)
 	pthread_cond_broadcast(&s->changed);
 }
 
-/* Assigns ranks and ids and sends every node the address book.  Called
- * with s->lock held once all nodes have registered. */
-static int sched_send_addrbook(struct rdv_scheduler *s)
+/* Gives every registered node of `role` its rank: the one it asked for
+ * (UNISUM_WORKER_ID / UNISUM_SERVER_ID), else the lowest free one in
+ * arrival order.  Called with s->lock held. */
+static int sched_assign_ranks(struct rdv_scheduler *s, int role, int count)
 {
-	bool *taken = calloc((size_t)(s->num_workers + s->num_servers), sizeof *taken);
+	bool *taken = calloc((size_t)count, sizeof *taken);
 	if (taken == NULL)
 		return UNISUM_ENOMEM;
-	/* Requested worker ranks first, then everybody else by arrival. */
+	int rc = 0;
 	for (int i = 0; i < s->nnodes; i++) {
 		struct sched_node *n = &s->nodes[i];
-		n->rank = -1;
-		if (!n->registered || n->role != CONFIG_ROLE_WORKER || n->req_rank < 0)
+		n->rank = n->role == role ? -1 : n->rank;
+		if (!n->registered || n->role != role || n->req_rank < 0)
 			continue;
 		if (taken[n->req_rank]) {
-			free(taken);
 			char why[256];
-			snprintf(why, sizeof why,
-				 "two workers asked for rank %d (UNISUM_WORKER_ID / DMLC_WORKER_ID must be "
-				 "unique)", n->req_rank);
+			snprintf(why, sizeof why, "two %ss asked for rank %d (%s must be unique)",
+				 config_role_name(role), n->req_rank,
+				 role == CONFIG_ROLE_WORKER ? "UNISUM_WORKER_ID / DMLC_WORKER_ID" : "UNISUM_SERVER_ID");
 			sched_fail(s, UNISUM_ECONFIG, why);
-			return UNISUM_ECONFIG;
+			rc = UNISUM_ECONFIG;
+			goto out_free;
 		}
 		taken[n->req_rank] = true;
 		n->rank = n->req_rank;
 	}
-	int next_worker = 0, next_server = 0;
+	int next = 0;
 	for (int i = 0; i < s->nnodes; i++) {
 		struct sched_node *n = &s->nodes[i];
-		if (!n->registered)
+		if (!n->registered || n->role != role || n->rank >= 0)
 			continue;
-		if (n->role == CONFIG_ROLE_SERVER) {
-			n->rank = next_server++;
-			n->id = 1 + (uint32_t)n->rank;
-		} else {
-			if (n->rank < 0) {
-				while (taken[next_worker])
-					next_worker++;
-				n->rank = next_worker;
-				taken[next_worker] = true;
-			}
-			n->id = 1 + (uint32_t)s->num_servers + (uint32_t)n->rank;
-		}
+		while (taken[next])
+			next++;
+		n->rank = next;
+		taken[next] = true;
 	}
+out_free:
 	free(taken);
+	return rc;
+}
 
-	int rc = 0;
+/* Assigns ranks and ids and sends every node the address book.  Called
+ * with s->lock held once all nodes have registered. */
+static int sched_send_addrbook(struct rdv_scheduler *s)
+{
+	/* Requested ranks first, then everybody else by arrival. */
+	int rc = sched_assign_ranks(s, CONFIG_ROLE_SERVER, s->num_servers);
+	if (rc == 0)
+		rc = sched_assign_ranks(s, CONFIG_ROLE_WORKER, s->num_workers);
+	if (rc != 0)
+		return rc;
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *n = &s->nodes[i];
+		if (n->registered)
+			n->id = n->role == CONFIG_ROLE_SERVER ? 1 + (uint32_t)n->rank
+							      : 1 + (uint32_t)s->num_servers + (uint32_t)n->rank;
+	}
+
 	for (int i = 0; i < s->nnodes; i++) {
 		struct sched_node *me = &s->nodes[i];
 		if (!me->registered)
@@ -196,7 +209,8 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 	char host[64];
 	wire_read_str(&r, host, sizeof host);
 	if (r.failed || (role != CONFIG_ROLE_SERVER && role != CONFIG_ROLE_WORKER) || port < 0 ||
-	    port > 65535 || req < -1 || (role == CONFIG_ROLE_WORKER && req >= s->num_workers)) {
+	    port > 65535 || req < -1 || (role == CONFIG_ROLE_WORKER && req >= s->num_workers) ||
+	    (role == CONFIG_ROLE_SERVER && req >= s->num_servers)) {
 		snprintf(why, why_len, "malformed REGISTER");
 		return UNISUM_EPROTO;
 	}
@@ -267,6 +281,23 @@ static struct sched_tensor *sched_find_tensor(struct rdv_scheduler *s, const cha
 	return NULL;
 }
 
+/* Tells every server that tensor `key` can never be summed (its workers
+ * disagree on its shape).  Called with s->lock held. */
+static void sched_poison(struct rdv_scheduler *s, uint64_t key, const char *why)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	wire_buf_str(&b, why);
+	struct wire_hdr h = {.type = WIRE_ERROR, .key = key, .aux = (uint32_t)-UNISUM_EMISMATCH,
+			     .payload_len = b.len};
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *n = &s->nodes[i];
+		if (!b.failed && n->registered && !n->gone && n->role == CONFIG_ROLE_SERVER)
+			sched_send(n, &h, b.data);
+	}
+	wire_buf_fini(&b);
+}
+
 /* Answers a DECLARE: the tensor's key and servers, or why not. */
 static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *req,
 			    const void *payload, size_t len)
@@ -293,6 +324,8 @@ static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const
 		snprintf(msg, sizeof msg,
 			 "tensor names '%s' and '%s' hash to the same key 0x%llx: rename one of them",
 			 t->name, name, (unsigned long long)key);
+	} else if (t != NULL && t->poison != NULL) {
+		snprintf(msg, sizeof msg, "%s", t->poison);
 	} else if (t != NULL && (t->dtype != req->dtype || t->count != req->count ||
 				 t->partition_bytes != pbytes)) {
 		snprintf(msg, sizeof msg,
@@ -337,6 +370,12 @@ static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const
 		t->first_rank = n->rank;
 		t->nparts = (uint32_t)nparts;
 		s->ntensors++;
+	}
+	if (t != NULL && msg[0] != '\0' && t->poison == NULL && strcmp(t->name, name) == 0) {
+		/* Workers that declared the first shape may already be pushing:
+		 * the servers answer every pull of this tensor with the error. */
+		t->poison = strdup(msg);
+		sched_poison(s, t->key, msg);
 	}
 	if (msg[0] != '\0') {
 		LOG_ERROR("%s", msg);
@@ -608,8 +647,10 @@ void rdv_scheduler_free(struct rdv_scheduler *s)
 		pthread_mutex_destroy(&s->nodes[i].send_lock);
 	}
 	s->tp->listener_free(s->listener);
-	for (int i = 0; i < s->ntensors; i++)
+	for (int i = 0; i < s->ntensors; i++) {
 		free(s->tensors[i].servers);
+		free(s->tensors[i].poison);
+	}
 	free(s->tensors);
 	free(s->nodes);
 	free(s->server_loads);

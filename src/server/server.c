@@ -81,10 +81,11 @@ struct srv_key {
 	uint32_t *next_round;	/* [W] next round worker w may push; its conn thread's */
 	uint8_t **push_buf;	/* [W] worker w's push buffer; written by its conn thread */
 	struct srv_slot slot[2];	/* engine-owned */
+	const char *poison;	/* engine-owned: why every pull fails, or NULL */
 	struct srv_key *next;	/* hash chain */
 };
 
-enum srv_event_type { EVENT_PUSH, EVENT_PULL };
+enum srv_event_type { EVENT_PUSH, EVENT_PULL, EVENT_POISON };
 
 struct srv_event {
 	int type;		/* enum srv_event_type */
@@ -92,6 +93,7 @@ struct srv_event {
 	int worker;
 	uint32_t round;
 	bool zero;		/* PUSH flagged ZERO */
+	const char *why;	/* POISON: the reason (owned by the server) */
 	struct srv_event *next;
 };
 
@@ -141,8 +143,17 @@ struct server {
 	struct srv_conn *conns;	/* every connection ever accepted */
 	struct srv_engine *engines;
 	int nengines;
+	struct srv_poison *poisoned;	/* tensors that can never be summed */
 	atomic_bool stopping;
 	atomic_int job_error;	/* the notice's error, 0 while running */
+};
+
+/* A tensor whose workers disagree on its shape (the scheduler says so):
+ * every pull of its keys is answered with an error instead of a sum. */
+struct srv_poison {
+	uint64_t tensor;	/* key >> 16 */
+	char *why;		/* both shapes, for the workers' errors */
+	struct srv_poison *next;
 };
 
 /* ---- key table ---------------------------------------------------------- */
@@ -362,6 +373,46 @@ static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slo
 	}
 }
 
+/* Answers worker w's pull of key k with an error instead of a sum. */
+static void srv_reply_error(struct server *srv, struct srv_conn *c, int w, uint64_t key, uint32_t round,
+			    int err, const char *why)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	wire_buf_str(&b, why);
+	struct wire_hdr h = {.type = WIRE_ERROR, .sender = srv->id, .key = key, .round = round,
+			     .aux = (uint32_t)-err, .payload_len = b.len};
+	if (!b.failed) {
+		if (c != NULL) {
+			srv_conn_enqueue(c, &h, b.data, b.data);
+		} else {
+			pthread_mutex_lock(&srv->lock);
+			struct srv_conn *to = srv->by_worker[w];
+			if (to != NULL)
+				srv_conn_enqueue(to, &h, b.data, b.data);
+			else
+				free(b.data);
+			pthread_mutex_unlock(&srv->lock);
+		}
+		b.data = NULL;
+	}
+	wire_buf_fini(&b);
+}
+
+static void srv_on_poison(struct server *srv, struct srv_key *k, const char *why)
+{
+	k->poison = why;
+	for (int i = 0; i < 2; i++) {
+		struct srv_slot *s = &k->slot[i];
+		for (int w = 0; w < srv->nworkers; w++) {
+			if (s->pull_waiting[w]) {
+				s->pull_waiting[w] = 0;
+				srv_reply_error(srv, NULL, w, k->key, s->round, UNISUM_EMISMATCH, why);
+			}
+		}
+	}
+}
+
 static bool srv_slot_acc(struct srv_key *k, struct srv_slot *s)
 {
 	if (s->acc == NULL)
@@ -437,7 +488,9 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 static void srv_on_pull(struct server *srv, struct srv_key *k, const struct srv_event *ev)
 {
 	struct srv_slot *s = &k->slot[ev->round & 1];
-	if (s->active && s->round == ev->round && s->ready)
+	if (k->poison != NULL)
+		srv_reply_error(srv, NULL, ev->worker, k->key, ev->round, UNISUM_EMISMATCH, k->poison);
+	else if (s->active && s->round == ev->round && s->ready)
 		srv_reply_pull(srv, k, s, ev->worker);
 	else
 		s->pull_waiting[ev->worker] = 1;
@@ -461,18 +514,22 @@ static void *srv_engine_main(void *arg)
 		pthread_mutex_unlock(&e->lock);
 		if (ev->type == EVENT_PUSH)
 			srv_on_push(e->srv, ev->key, ev);
-		else
+		else if (ev->type == EVENT_PULL)
 			srv_on_pull(e->srv, ev->key, ev);
+		else
+			srv_on_poison(e->srv, ev->key, ev->why);
 		free(ev);
 	}
 }
 
-static int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero)
+static int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
+		    const char *why)
 {
 	struct srv_event *ev = malloc(sizeof *ev);
 	if (ev == NULL)
 		return UNISUM_ENOMEM;
-	*ev = (struct srv_event){.type = type, .key = k, .worker = w, .round = round, .zero = zero};
+	*ev = (struct srv_event){.type = type, .key = k, .worker = w, .round = round, .zero = zero,
+				 .why = why};
 	struct srv_engine *e = &srv->engines[k->engine];
 	pthread_mutex_lock(&e->lock);
 	if (e->tail)
@@ -511,6 +568,44 @@ static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wir
 	}
 	pthread_mutex_unlock(&srv->lock);
 	return rc;
+}
+
+/* Why the tensor of `key` was poisoned by the scheduler, or NULL.  The
+ * text lives as long as the server. */
+static const char *srv_poison_of(struct server *srv, uint64_t key)
+{
+	pthread_mutex_lock(&srv->lock);
+	struct srv_poison *p = srv->poisoned;
+	while (p != NULL && p->tensor != key >> 16)
+		p = p->next;
+	pthread_mutex_unlock(&srv->lock);
+	return p != NULL ? p->why : NULL;
+}
+
+/* The scheduler says tensor `key`'s workers disagree on its shape: fail
+ * every pull of it, now and later. */
+static void srv_tensor_error(void *arg, uint64_t key, const char *why)
+{
+	struct server *srv = arg;
+	struct srv_poison *p = calloc(1, sizeof *p);
+	char *text = strdup(why);
+	if (p == NULL || text == NULL) {
+		free(p);
+		free(text);
+		LOG_ERROR("out of memory recording a bad tensor: %s", why);
+		return;
+	}
+	p->tensor = key >> 16;
+	p->why = text;
+	LOG_WARN("%s", why);
+	pthread_mutex_lock(&srv->lock);
+	p->next = srv->poisoned;
+	srv->poisoned = p;
+	for (size_t i = 0; i < srv->nbuckets; i++)
+		for (struct srv_key *k = srv->buckets[i]; k; k = k->next)
+			if (k->key >> 16 == p->tensor)
+				srv_post(srv, EVENT_POISON, k, 0, 0, false, p->why);
+	pthread_mutex_unlock(&srv->lock);
 }
 
 /* Validates a PUSH or PULL against the key's state; returns the key or
@@ -553,6 +648,11 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 		k = srv_check_data(srv, c, h, why, len);
 		if (k == NULL)
 			return UNISUM_EPROTO;
+		if (srv_poison_of(srv, k->key) != NULL) {
+			/* Never summed; the pull that follows gets the error. */
+			k->next_round[c->worker]++;
+			return srv->tp->recv_payload(c->conn, NULL, h->payload_len) == 0 ? 0 : UNISUM_ECONN;
+		}
 		if (!(h->flags & WIRE_FLAG_ZERO)) {
 			if (k->push_buf[c->worker] == NULL)
 				k->push_buf[c->worker] = malloc(k->bytes ? k->bytes : 1);
@@ -567,12 +667,18 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 			}
 		}
 		k->next_round[c->worker]++;
-		return srv_post(srv, EVENT_PUSH, k, c->worker, h->round, h->flags & WIRE_FLAG_ZERO);
-	case WIRE_PULL:
+		return srv_post(srv, EVENT_PUSH, k, c->worker, h->round, h->flags & WIRE_FLAG_ZERO, NULL);
+	case WIRE_PULL: {
 		k = srv_check_data(srv, c, h, why, len);
 		if (k == NULL)
 			return UNISUM_EPROTO;
-		return srv_post(srv, EVENT_PULL, k, c->worker, h->round, false);
+		const char *poison = srv_poison_of(srv, k->key);
+		if (poison != NULL) {
+			srv_reply_error(srv, c, c->worker, k->key, h->round, UNISUM_EMISMATCH, poison);
+			return 0;
+		}
+		return srv_post(srv, EVENT_PULL, k, c->worker, h->round, false, NULL);
+	}
 	case WIRE_HEARTBEAT:
 		return 0;
 	default:
@@ -763,7 +869,7 @@ int server_run(const struct config *cfg)
 			goto out_engines;
 		}
 	}
-	rc = rdv_client_new(cfg, port, srv_notice, srv, &srv->rdv);
+	rc = rdv_client_new(cfg, port, srv_notice, srv_tensor_error, srv, &srv->rdv);
 	if (rc != 0)
 		goto out_engines;
 	srv->id = rdv_client_id(srv->rdv);
@@ -812,6 +918,12 @@ out_free:
 				k = next;
 			}
 	free(srv->buckets);
+	while (srv->poisoned) {
+		struct srv_poison *p = srv->poisoned;
+		srv->poisoned = p->next;
+		free(p->why);
+		free(p);
+	}
 	free(srv->by_worker);
 	free(srv->engines);
 	pthread_mutex_destroy(&srv->lock);

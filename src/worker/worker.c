@@ -347,8 +347,28 @@ static void *wk_recv_main(void *arg)
 				wire_read_str(&r, text, sizeof text);
 			}
 			free(p);
-			snprintf(msg, sizeof msg, "%s rejected this worker: %s", c->label, text);
-			break;
+			if (h.key == 0) {
+				snprintf(msg, sizeof msg, "%s rejected this worker: %s", c->label, text);
+				break;
+			}
+			/* One partition failed (its tensor was declared with another
+			 * shape elsewhere); the connection is fine. */
+			pthread_mutex_lock(&c->lock);
+			struct wk_job *j = pending_take(c, h.key);
+			pthread_mutex_unlock(&c->lock);
+			if (j == NULL || j->round != h.round) {
+				snprintf(msg, sizeof msg, "%s sent an error for key 0x%llx round %u that this "
+					 "worker did not ask for", c->label, (unsigned long long)h.key, h.round);
+				if (j != NULL) {
+					op_part_done(j->op, UNISUM_EPROTO, msg);
+					free(j);
+				}
+				break;
+			}
+			int err = -(int)h.aux;
+			op_part_done(j->op, err < 0 && err >= UNISUM_ESHUTDOWN ? err : UNISUM_EREMOTE, text);
+			free(j);
+			continue;
 		}
 		if (h.type != WIRE_PULL_REPLY) {
 			snprintf(msg, sizeof msg, "%s sent an unexpected %s", c->label, wire_type_name(h.type));
@@ -544,7 +564,7 @@ int unisum_init(void)
 	wk.tp = transport_tcp();
 	wk.failed = 0;
 	wk.nservers = wk.cfg.num_servers;
-	rc = rdv_client_new(&wk.cfg, 0, wk_notice, NULL, &wk.rdv);
+	rc = rdv_client_new(&wk.cfg, 0, wk_notice, NULL, NULL, &wk.rdv);
 	if (rc != 0)
 		return log_fail(rc, "unisum_init: cannot join the job through the scheduler at %s:%d: %s",
 				wk.cfg.scheduler_host, wk.cfg.scheduler_port, log_last_error());

@@ -330,9 +330,15 @@ static void mode_undeclared(void)
 
 static void mode_mismatch(void)
 {
-	/* Rank 0 declares first; every other rank then declares another size. */
-	if (rank == 0)
-		check(unisum_declare("mismatched", UNISUM_FLOAT32, 10, 0), "declare mismatched");
+	/* Rank 0 declares first and starts pushing; every other rank then
+	 * declares another size.  Every rank must fail, none may hang. */
+	float early[10] = {0};
+	unisum_handle h = 0;
+	if (rank == 0) {
+		int t = unisum_declare("mismatched", UNISUM_FLOAT32, 10, 0);
+		check(t, "declare mismatched");
+		check(unisum_push_pull_async(t, early, early, 0, &h), "push_pull_async mismatched");
+	}
 	check(unisum_barrier(), "barrier");
 	if (rank != 0) {
 		int rc = unisum_declare("mismatched", UNISUM_FLOAT32, 20 + (size_t)rank, 0);
@@ -342,6 +348,14 @@ static void mode_mismatch(void)
 		printf("rank %d: mismatch rejected: %s\n", rank, msg);
 	}
 	check(unisum_barrier(), "barrier");
+	if (rank == 0) {
+		/* The push_pull already in flight fails with both shapes. */
+		int rc = unisum_wait(h);
+		const char *msg = unisum_last_error();
+		if (rc != UNISUM_EMISMATCH || strstr(msg, "float32[10]") == NULL || strstr(msg, "float32[2") == NULL)
+			FAIL("the in-flight push_pull of a mismatched tensor returned %d (%s)", rc, msg);
+		printf("rank %d: in-flight push_pull failed: %s\n", rank, msg);
+	}
 	finish_round("after a mismatch");
 	printf("rank %d: round after mismatch ok\n", rank);
 }
