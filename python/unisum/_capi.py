@@ -1,0 +1,96 @@
+"""ctypes bindings of the C API in include/unisum.h.
+
+The library is looked up, in order, at ``$UNISUM_LIBRARY``, next to this
+file (an installed package carries a copy), in the build tree of a source
+checkout (``<repo>/build/libunisum.so``), and on the system's library path.
+Every call that fails raises :class:`UnisumError` with the C library's own
+message (rank, tensor, what to do).  ctypes releases the GIL during each
+call, so a blocking wait never stalls other Python threads.
+"""
+
+import ctypes
+import ctypes.util
+import os
+
+# Values of unisum_dtype (part of the wire protocol).
+FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32, INT64 = range(6)
+
+# Error codes of unisum.h.
+EINVAL, ENOMEM, ECONFIG, ENOTINIT, EMISMATCH, ECONN = -1, -2, -3, -4, -5, -6
+EPROTO, ETIMEDOUT, EBUSY, EREMOTE, ESYS, ESHUTDOWN = -7, -8, -9, -10, -11, -12
+
+AVERAGE = 0x1
+
+
+class UnisumError(RuntimeError):
+    """A unisum call failed; ``code`` is the negative UNISUM_E* value."""
+
+    def __init__(self, message, code=0):
+        super().__init__(message)
+        self.code = code
+
+
+def _candidates():
+    env = os.environ.get("UNISUM_LIBRARY")
+    if env:
+        yield env
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "libunisum.so")
+    yield os.path.join(here, os.pardir, os.pardir, "build", "libunisum.so")
+    found = ctypes.util.find_library("unisum")
+    if found:
+        yield found
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if os.path.sep in path and not os.path.exists(path):
+            tried.append(path)
+            continue
+        try:
+            return ctypes.CDLL(path)
+        except OSError as e:
+            tried.append("%s (%s)" % (path, e))
+    raise ImportError(
+        "unisum: cannot find libunisum.so; build it with `make` in the source tree "
+        "or set UNISUM_LIBRARY. Tried: " + "; ".join(tried))
+
+
+lib = _load()
+
+_c_int, _c_size, _c_ptr, _c_i64 = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int64
+for _name, _args, _ret in [
+    ("unisum_init", [], _c_int),
+    ("unisum_shutdown", [], _c_int),
+    ("unisum_rank", [], _c_int),
+    ("unisum_size", [], _c_int),
+    ("unisum_local_rank", [], _c_int),
+    ("unisum_local_size", [], _c_int),
+    ("unisum_declare", [ctypes.c_char_p, _c_int, _c_size, _c_int], _c_int),
+    ("unisum_push_pull_async", [_c_int, _c_ptr, _c_ptr, _c_int, ctypes.POINTER(_c_i64)], _c_int),
+    ("unisum_poll", [_c_i64], _c_int),
+    ("unisum_wait", [_c_i64], _c_int),
+    ("unisum_broadcast", [_c_int, _c_ptr, _c_int], _c_int),
+    ("unisum_barrier", [], _c_int),
+    ("unisum_strerror", [_c_int], ctypes.c_char_p),
+    ("unisum_last_error", [], ctypes.c_char_p),
+]:
+    _fn = getattr(lib, _name)
+    _fn.argtypes = _args
+    _fn.restype = _ret
+
+
+def error(rc, what):
+    """The exception for a failed call: the C library's detailed message,
+    else its error text."""
+    detail = lib.unisum_last_error().decode("utf-8", "replace")
+    text = lib.unisum_strerror(rc).decode()
+    return UnisumError("%s: %s" % (what, detail or text), rc)
+
+
+def check(rc, what):
+    """Returns rc when it is not an error, else raises."""
+    if rc < 0:
+        raise error(rc, what)
+    return rc

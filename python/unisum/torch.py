@@ -1,0 +1,508 @@
+"""unisum for PyTorch, with the names of byteps.torch and horovod.torch.
+
+    import unisum.torch as us
+
+    us.init()
+    model = ...
+    optimizer = us.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    us.broadcast_parameters(model.state_dict(), root_rank=0)
+    us.broadcast_optimizer_state(optimizer, root_rank=0)
+    for batch in shard_of_the_data:
+        optimizer.zero_grad()
+        loss_fn(model(batch)).backward()     # gradients are pushed as they appear
+        optimizer.step()                     # waits for the sums, then steps
+
+Tensors live on the CPU (the build of torch this targets has no GPU).  A
+name maps to one dtype and element count on every worker; the keys come
+from names, so workers may declare and push in any order.  Every failure
+raises :class:`unisum.UnisumError` carrying the C library's message.
+
+Choices where the references differ:
+
+* ``push_pull`` without a name uses ``noname.<dtype>.<shape>.<slot>``,
+  reusing a slot once its previous operation is done, so every worker must
+  issue unnamed operations in the same order (as with Horovod), and a
+  training loop never grows the set of tensors.
+* ``DistributedOptimizer(backward_passes_per_step=k)`` sums the gradients of
+  the k passes locally (as Horovod does: scale the loss by 1/k for a mean)
+  and averages over workers.
+* Each gradient's priority comes from its parameter's position (the first
+  layer's gradients first), unlike BytePS, which gives every PyTorch
+  gradient priority 0.
+"""
+
+import collections
+import pickle
+import threading
+
+import numpy
+import torch
+
+from unisum import _capi
+from unisum._capi import UnisumError
+
+__all__ = [
+    "init", "shutdown", "size", "rank", "local_rank", "local_size", "declare",
+    "push_pull", "push_pull_", "push_pull_async", "push_pull_async_inplace", "poll",
+    "synchronize", "broadcast_parameters", "broadcast_optimizer_state",
+    "broadcast_object", "barrier", "DistributedOptimizer", "Compression", "UnisumError",
+]
+
+_DTYPES = {
+    torch.float32: _capi.FLOAT32,
+    torch.float64: _capi.FLOAT64,
+    torch.float16: _capi.FLOAT16,
+    torch.bfloat16: _capi.BFLOAT16,
+    torch.int32: _capi.INT32,
+    torch.int64: _capi.INT64,
+}
+
+_lock = threading.Lock()      # guards the tables below
+_initialized = False
+_tensors = {}                 # name -> (tensor id, dtype, numel)
+_ops = {}                     # handle -> _Op
+_noname_busy = collections.defaultdict(set)   # (dtype, shape) -> slots in flight
+_object_counter = 0
+
+
+class _Op:
+    """An operation in flight: keeps its tensors alive and knows how to
+    finish (copy back into a non-contiguous destination, free a slot)."""
+
+    __slots__ = ("c_handle", "send", "recv", "output", "done", "finish")
+
+    def __init__(self, c_handle, send, recv, output, finish):
+        self.c_handle = c_handle
+        self.send = send        # the buffer the C library reads
+        self.recv = recv        # the buffer the C library writes
+        self.output = output    # what synchronize() returns
+        self.done = False
+        self.finish = finish    # called once when the operation completes
+
+
+def _require_init():
+    if not _initialized:
+        raise UnisumError("unisum.torch: call init() first", _capi.ENOTINIT)
+
+
+def init():
+    """Joins the job described by the environment (UNISUM_* or the BytePS
+    DMLC_* names); under `unisum launch` everything is already set."""
+    global _initialized
+    with _lock:
+        if _initialized:
+            return
+        _capi.check(_capi.lib.unisum_init(), "unisum.torch.init")
+        _initialized = True
+
+
+def shutdown():
+    """Waits for operations in flight and leaves the job."""
+    global _initialized
+    with _lock:
+        if not _initialized:
+            return
+        _initialized = False
+        _tensors.clear()
+        _ops.clear()
+        _noname_busy.clear()
+        rc = _capi.lib.unisum_shutdown()
+    _capi.check(rc, "unisum.torch.shutdown")
+
+
+def size():
+    _require_init()
+    return _capi.lib.unisum_size()
+
+
+def rank():
+    _require_init()
+    return _capi.lib.unisum_rank()
+
+
+def local_rank():
+    _require_init()
+    return _capi.lib.unisum_local_rank()
+
+
+def local_size():
+    _require_init()
+    return _capi.lib.unisum_local_size()
+
+
+def barrier():
+    """Returns once every worker has called barrier()."""
+    _require_init()
+    _capi.check(_capi.lib.unisum_barrier(), "unisum.torch.barrier")
+
+
+def _c_dtype(tensor):
+    try:
+        return _DTYPES[tensor.dtype]
+    except KeyError:
+        raise TypeError("unisum.torch: %s tensors are not supported; use one of %s" % (
+            tensor.dtype, ", ".join(str(d) for d in _DTYPES))) from None
+
+
+def _tensor_id(name, tensor, priority):
+    """The C tensor id of `name`, declared on first use with the tensor's
+    dtype and element count."""
+    if tensor.device.type != "cpu":
+        raise TypeError("unisum.torch: tensor '%s' is on %s; this build sums CPU tensors" % (
+            name, tensor.device))
+    key = (tensor.dtype, tensor.numel())
+    with _lock:
+        known = _tensors.get(name)
+    if known is not None:
+        tid, dtype, numel = known
+        if (dtype, numel) != key:
+            raise UnisumError(
+                "unisum.torch: tensor '%s' was declared as %s[%d] and is now used as %s[%d]; "
+                "give tensors of another shape another name" % (name, dtype, numel, *key),
+                _capi.EMISMATCH)
+        return tid
+    tid = _capi.check(
+        _capi.lib.unisum_declare(name.encode(), _c_dtype(tensor), tensor.numel(), int(priority)),
+        "unisum.torch: declare '%s'" % name)
+    with _lock:
+        _tensors[name] = (tid, tensor.dtype, tensor.numel())
+    return tid
+
+
+def declare(name, tensor=None, priority=0):
+    """Declares `name`.  With a tensor, its dtype and size are fixed now;
+    without, at its first push_pull (as byteps.torch.declare)."""
+    _require_init()
+    if tensor is not None:
+        _tensor_id(name, tensor, priority)
+
+
+def _noname(tensor):
+    """A name for an unnamed operation (see the module docstring)."""
+    sig = (str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape))
+    with _lock:
+        busy = _noname_busy[sig]
+        slot = 0
+        while slot in busy:
+            slot += 1
+        busy.add(slot)
+    name = "noname.%s.%s.%d" % (sig[0], "x".join(str(d) for d in sig[1]) or "scalar", slot)
+
+    def release():
+        with _lock:
+            _noname_busy[sig].discard(slot)
+    return name, release
+
+
+def _start(tensor, average, name, priority, inplace):
+    _require_init()
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError("unisum.torch: push_pull takes a torch.Tensor, got %s" % type(tensor).__name__)
+    release = None
+    if name is None:
+        name, release = _noname(tensor)
+    try:
+        tid = _tensor_id(name, tensor, priority)
+        src = tensor.detach()
+        send = src if src.is_contiguous() else src.contiguous()
+        if inplace:
+            recv = send
+            output = tensor
+        else:
+            recv = torch.empty_like(send, memory_format=torch.contiguous_format)
+            output = recv
+
+        def finish():
+            if inplace and recv.data_ptr() != src.data_ptr():
+                src.copy_(recv.view_as(src))
+            if release is not None:
+                release()
+
+        h = _capi.ctypes.c_int64(0)
+        flags = _capi.AVERAGE if average else 0
+        _capi.check(_capi.lib.unisum_push_pull_async(tid, send.data_ptr(), recv.data_ptr(), flags,
+                                                     _capi.ctypes.byref(h)),
+                    "unisum.torch: push_pull of '%s'" % name)
+    except BaseException:
+        if release is not None:
+            release()
+        raise
+    with _lock:
+        _ops[h.value] = _Op(h.value, send, recv, output, finish)
+    return h.value
+
+
+def push_pull_async(tensor, average=True, name=None, priority=0):
+    """Starts summing `tensor` over all workers into a new tensor (divided by
+    size() when `average`); returns a handle for poll() / synchronize()."""
+    return _start(tensor, average, name, priority, inplace=False)
+
+
+def push_pull_async_inplace(tensor, average=True, name=None, priority=0):
+    """As push_pull_async, writing the result into `tensor` itself."""
+    return _start(tensor, average, name, priority, inplace=True)
+
+
+def _take(handle):
+    with _lock:
+        op = _ops.get(handle)
+    if op is None:
+        raise UnisumError("unisum.torch: unknown or already synchronized handle %r" % (handle,),
+                          _capi.EINVAL)
+    return op
+
+
+def poll(handle):
+    """True once the operation is done (then synchronize() returns at once)."""
+    op = _take(handle)
+    if op.done:
+        return True
+    rc = _capi.lib.unisum_poll(op.c_handle)
+    if rc == 0:
+        return False
+    op.done = True
+    if rc < 0:
+        with _lock:
+            _ops.pop(handle, None)
+        op.finish()
+        raise _capi.error(rc, "unisum.torch: push_pull")
+    return True
+
+
+def synchronize(handle):
+    """Waits for the operation and returns its output tensor."""
+    op = _take(handle)
+    rc = 0 if op.done else _capi.lib.unisum_wait(op.c_handle)
+    err = _capi.error(rc, "unisum.torch: push_pull") if rc < 0 else None
+    with _lock:
+        _ops.pop(handle, None)
+    op.finish()
+    if err is not None:
+        raise err
+    return op.output
+
+
+def push_pull(tensor, average=True, name=None, priority=0):
+    """Sums `tensor` over all workers into a new tensor and returns it."""
+    return synchronize(push_pull_async(tensor, average, name, priority))
+
+
+def push_pull_(tensor, average=True, name=None, priority=0):
+    """Sums `tensor` over all workers in place and returns it."""
+    return synchronize(push_pull_async_inplace(tensor, average, name, priority))
+
+
+def _broadcast_(tensor, root_rank, name):
+    """Overwrites `tensor` with root's tensor of the same name."""
+    src = tensor.detach()
+    buf = src if src.is_contiguous() else src.contiguous()
+    tid = _tensor_id(name, buf, 0)
+    _capi.check(_capi.lib.unisum_broadcast(tid, buf.data_ptr(), int(root_rank)),
+                "unisum.torch: broadcast of '%s'" % name)
+    if buf.data_ptr() != src.data_ptr():
+        src.copy_(buf)
+
+
+def broadcast_parameters(params, root_rank):
+    """Copies root's parameters to every worker, in place.  `params` is a
+    state_dict() or named_parameters() (or any (name, tensor) pairs)."""
+    _require_init()
+    items = params.items() if isinstance(params, dict) else params
+    for name, p in sorted(items, key=lambda kv: kv[0]):
+        if not isinstance(p, torch.Tensor):
+            raise TypeError("unisum.torch: broadcast_parameters: '%s' is not a tensor" % name)
+        _broadcast_(p, root_rank, "broadcast.param." + name)
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """Returns root's `obj` on every worker (pickled; any size)."""
+    global _object_counter
+    _require_init()
+    if name is None:
+        with _lock:
+            _object_counter += 1
+            name = "object.%d" % _object_counter
+    is_root = rank() == root_rank
+    if is_root:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        length = torch.tensor([len(data)], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    _broadcast_(length, root_rank, "broadcast_object.%s.len" % name)
+    n = int(length.item())
+    words = (n + 3) // 4
+    if is_root:
+        payload = torch.zeros(words, dtype=torch.int32)
+        payload.numpy().view(numpy.uint8)[:n] = numpy.frombuffer(data, dtype=numpy.uint8)
+    else:
+        payload = torch.zeros(words, dtype=torch.int32)
+    if words > 0:
+        _broadcast_(payload, root_rank, "broadcast_object.%s.%d" % (name, words))
+    return obj if is_root else pickle.loads(payload.numpy().view(numpy.uint8)[:n].tobytes())
+
+
+def broadcast_optimizer_state(optimizer, root_rank):
+    """Makes every worker's optimizer state equal root's: the state tensors
+    (momentum buffers, Adam moments, step counts) and the scalars of every
+    parameter group (lr, momentum, ...).  Works for stateless optimizers."""
+    _require_init()
+    state = optimizer.state_dict()
+    # Root sends the layout (with tensors replaced by their shape and dtype);
+    # then every tensor travels as a tensor.
+    layout, tensors = {}, []
+    for pid, pstate in sorted(state["state"].items()):
+        entry = {}
+        for k, v in sorted(pstate.items()):
+            if isinstance(v, torch.Tensor):
+                entry[k] = ("tensor", tuple(v.shape), v.dtype, len(tensors))
+                tensors.append(v)
+            else:
+                entry[k] = ("value", v)
+        layout[pid] = entry
+    layout = broadcast_object({"layout": layout, "param_groups": state["param_groups"]},
+                              root_rank, name="optimizer_state")
+    is_root = rank() == root_rank
+    new_state = {}
+    for pid, entry in layout["layout"].items():
+        new_state[pid] = {}
+        for k, desc in entry.items():
+            if desc[0] == "value":
+                new_state[pid][k] = desc[1]
+                continue
+            _, shape, dtype, index = desc
+            t = tensors[index] if is_root else torch.zeros(shape, dtype=dtype)
+            if t.dtype not in _DTYPES:
+                t = t.to(torch.float64)
+            _broadcast_(t, root_rank, "broadcast.optimizer.%s.%s" % (pid, k))
+            new_state[pid][k] = t.to(dtype)
+    if not is_root:
+        optimizer.load_state_dict({"state": new_state, "param_groups": layout["param_groups"]})
+
+
+class Compression:
+    """Gradient compression for DistributedOptimizer (Horovod's names)."""
+
+    class none:
+        @staticmethod
+        def compress(tensor):
+            return tensor, None
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            return tensor
+
+    class fp16:
+        """Sends float gradients as float16: half the bytes."""
+
+        @staticmethod
+        def compress(tensor):
+            if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
+                return tensor.to(torch.float16), tensor.dtype
+            return tensor, None
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            return tensor if ctx is None else tensor.to(ctx)
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Mixed into the user's optimizer class by DistributedOptimizer()."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        self._passes = backward_passes_per_step
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            named = list(named_parameters)
+            names = [n for n, _ in named]
+            if len(set(names)) != len(names):
+                raise ValueError("unisum.torch: named_parameters holds duplicate names")
+            by_id = {id(p): n for n, p in named}
+            missing = [p for p in all_params if id(p) not in by_id]
+            if missing:
+                raise ValueError("unisum.torch: %d optimizer parameters are missing from "
+                                 "named_parameters" % len(missing))
+            order = {id(p): i for i, (_, p) in enumerate(named)}
+        else:
+            by_id = {id(p): "param.%d" % i for i, p in enumerate(all_params)}
+            order = {id(p): i for i, p in enumerate(all_params)}
+        self._names = by_id
+        # The first parameters (first layers) are needed first in the next
+        # forward pass: higher priority.
+        self._priority = {pid: len(order) - i for pid, i in order.items()}
+        self._handles = {}
+        self._delay = {}
+        self._grad_accs = []
+        self._register_hooks()
+
+    def _register_hooks(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                self._delay[p] = self._passes
+                p_tmp = p.expand_as(p)
+                grad_acc = p_tmp.grad_fn.next_functions[0][0]
+                grad_acc.register_hook(self._make_hook(p))
+                self._grad_accs.append(grad_acc)
+
+    def _push_pull_grad(self, p):
+        name = "gradient." + self._names[id(p)]
+        compressed, ctx = self._compression.compress(p.grad)
+        handle = push_pull_async_inplace(compressed, average=True, name=name,
+                                         priority=self._priority[id(p)])
+        return handle, ctx, compressed
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            if self._delay[p] <= 0:
+                raise UnisumError(
+                    "unisum.torch: gradients of '%s' were computed more than "
+                    "backward_passes_per_step=%d times before step(); call step() or "
+                    "synchronize() in between" % (self._names[id(p)], self._passes))
+            self._delay[p] -= 1
+            if self._delay[p] == 0:
+                self._handles[p] = self._push_pull_grad(p)
+            else:
+                self._handles[p] = (None, None, None)
+        return hook
+
+    def synchronize(self):
+        """Waits for every gradient's sum (pushing any whose hook did not
+        fire, e.g. unused parameters, so no worker waits forever)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is not None and \
+                        (p not in self._handles or self._handles[p][0] is None):
+                    self._handles[p] = self._push_pull_grad(p)
+        for p, (handle, ctx, compressed) in self._handles.items():
+            out = synchronize(handle)
+            p.grad.copy_(self._compression.decompress(out, ctx))
+            self._delay[p] = self._passes
+        self._handles.clear()
+
+    def step(self, closure=None):
+        self.synchronize()
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none=False):
+        if self._handles:
+            raise UnisumError("unisum.torch: zero_grad() between backward() and step() would "
+                              "discard gradients being summed; call step() or synchronize() first")
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1):
+    """Wraps `optimizer` so that every gradient is summed over all workers
+    (averaged) as soon as backward() produces it, and step() waits for the
+    sums before updating."""
+    _require_init()
+    if backward_passes_per_step < 1:
+        raise ValueError("unisum.torch: backward_passes_per_step must be >= 1")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
+    wrapped.load_state_dict(optimizer.state_dict())
+    return wrapped
