@@ -1,11 +1,12 @@
 # The two commands of the README, and the pieces they are made of.
-#   make demo   installs what is missing, builds, runs the demo job on a
-#               local cluster (scheduler + 1 server + 2 workers)
+#   make demo   installs what is missing, builds, trains a CNN on the digits
+#               data set with PyTorch on a local cluster (scheduler + 1 server
+#               + 2 workers)
 #   make test   installs what is missing, builds, runs every test
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build demo test test-sanitize bench clean
+.PHONY: all deps build demo demo-c test test-sanitize bench clean
 
 all: build
 
@@ -16,7 +17,12 @@ build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
+PYTHON ?= /usr/bin/python3
+
 demo: build
+	$(BUILD)/unisum launch -w 2 -s 1 -- $(PYTHON) examples/train_digits.py
+
+demo-c: build
 	$(BUILD)/unisum launch -w 2 -s 1 -- $(BUILD)/train_logreg
 
 test: build

@@ -291,13 +291,16 @@ static void batch_flush(void)
 }
 
 /* Queues one line (or a piece of a long one) of child `c`, adding the
- * newline when `data` does not end with one. */
+ * newline when `data` ends with neither a newline nor a carriage return
+ * (a progress bar redrawing its line ends each frame with '\r'). */
 static void stream_emit(const struct child *c, const struct stream *s, const char *data,
 			size_t len)
 {
 	size_t prefix = strlen(c->prefix);
-	bool newline = len == 0 || data[len - 1] != '\n';
+	bool newline = len == 0 || (data[len - 1] != '\n' && data[len - 1] != '\r');
 
+	if (len == 1 && data[0] == '\r')
+		prefix = 0;	/* a bare carriage return starting a frame: no prefix */
 	if (batch.len > 0 && (batch.fd != s->out_fd ||
 			      batch.len + prefix + len + 1 > sizeof(batch.data)))
 		batch_flush();
@@ -344,7 +347,15 @@ static bool stream_read(const struct child *c, struct stream *s)
 	}
 	s->len += (size_t)n;
 
-	while ((nl = memchr(s->buf + start, '\n', s->len - start)) != NULL) {
+	/* A line ends at '\n', or at a '\r' not followed by '\n': each frame
+	 * of a progress bar goes out prefixed, as it is drawn. */
+	while ((nl = memchr(s->buf + start, '\n', s->len - start)) != NULL ||
+	       (nl = memchr(s->buf + start, '\r', s->len - start)) != NULL) {
+		char *cr = memchr(s->buf + start, '\r', (size_t)(nl - s->buf) - start);
+		if (cr != NULL && cr + 1 < s->buf + s->len && cr[1] != '\n')
+			nl = cr;
+		else if (*nl == '\r' && nl + 1 == s->buf + s->len)
+			break;	/* maybe the first half of "\r\n": wait for more */
 		size_t end = (size_t)(nl - s->buf) + 1;
 
 		stream_emit(c, s, s->buf + start, end - start);
