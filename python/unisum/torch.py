@@ -293,14 +293,22 @@ def push_pull_(tensor, average=True, name=None, priority=0):
 
 
 def _broadcast_(tensor, root_rank, name):
-    """Overwrites `tensor` with root's tensor of the same name."""
+    """Overwrites `tensor` with root's tensor of the same name.  Dtypes the
+    C library does not sum (bool, uint8, int8, int16, complex) travel
+    widened to int64 / float64, which carries them exactly."""
     src = tensor.detach()
-    buf = src if src.is_contiguous() else src.contiguous()
+    if src.dtype in _DTYPES:
+        buf = src if src.is_contiguous() else src.contiguous()
+    elif src.dtype.is_complex:
+        buf = torch.view_as_real(src.contiguous()).to(torch.float64)
+    else:
+        buf = src.to(torch.float64 if src.dtype.is_floating_point else torch.int64)
     tid = _tensor_id(name, buf, 0)
     _capi.check(_capi.lib.unisum_broadcast(tid, buf.data_ptr(), int(root_rank)),
                 "unisum.torch: broadcast of '%s'" % name)
     if buf.data_ptr() != src.data_ptr():
-        src.copy_(buf)
+        src.copy_(torch.view_as_complex(buf.to(torch.view_as_real(src).dtype))
+                  if src.dtype.is_complex else buf.view_as(src))
 
 
 def broadcast_parameters(params, root_rank):
@@ -371,10 +379,8 @@ def broadcast_optimizer_state(optimizer, root_rank):
                 continue
             _, shape, dtype, index = desc
             t = tensors[index] if is_root else torch.zeros(shape, dtype=dtype)
-            if t.dtype not in _DTYPES:
-                t = t.to(torch.float64)
             _broadcast_(t, root_rank, "broadcast.optimizer.%s.%s" % (pid, k))
-            new_state[pid][k] = t.to(dtype)
+            new_state[pid][k] = t
     if not is_root:
         optimizer.load_state_dict({"state": new_state, "param_groups": layout["param_groups"]})
 
