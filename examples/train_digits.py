@@ -50,7 +50,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=15)
     ap.add_argument("--batch-size", type=int, default=32, help="per worker")
-    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--lr", type=float, default=0.02)
     ap.add_argument("--compression", choices=["none", "fp16"], default="none")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()

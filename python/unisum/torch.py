@@ -63,6 +63,8 @@ _tensors = {}                 # name -> (tensor id, dtype, numel)
 _ops = {}                     # handle -> _Op
 _noname_busy = collections.defaultdict(set)   # (dtype, shape) -> slots in flight
 _object_counter = 0
+_optimizer_counter = 0        # DistributedOptimizers made so far
+_empty_handles = 0            # handles of empty tensors count down from -1
 
 
 class _Op:
@@ -177,6 +179,12 @@ def declare(name, tensor=None, priority=0):
         _tensor_id(name, tensor, priority)
 
 
+def _shaped(name, tensor):
+    """An internal name that also carries dtype and size, so two models or
+    optimizers whose parameters share names but not shapes never collide."""
+    return "%s.%s[%d]" % (name, str(tensor.dtype).replace("torch.", ""), tensor.numel())
+
+
 def _noname(tensor):
     """A name for an unnamed operation (see the module docstring)."""
     sig = (str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape))
@@ -202,6 +210,12 @@ def _start(tensor, average, name, priority, inplace):
     if name is None:
         name, release = _noname(tensor)
     try:
+        if tensor.numel() == 0:
+            # Nothing to sum: an operation that is already done.
+            output = tensor if inplace else torch.empty_like(tensor)
+            if release is not None:
+                release()
+            return _register(_Op(None, None, None, output, lambda: None), done=True)
         tid = _tensor_id(name, tensor, priority)
         src = tensor.detach()
         send = src if src.is_contiguous() else src.contiguous()
@@ -227,9 +241,22 @@ def _start(tensor, average, name, priority, inplace):
         if release is not None:
             release()
         raise
+    return _register(_Op(h.value, send, recv, output, finish))
+
+
+def _register(op, done=False):
+    """Files an operation under a handle of its own (the C handle when there
+    is one) and returns the handle."""
+    global _empty_handles
+    op.done = done
     with _lock:
-        _ops[h.value] = _Op(h.value, send, recv, output, finish)
-    return h.value
+        if op.c_handle is None:
+            _empty_handles -= 1
+            handle = _empty_handles
+        else:
+            handle = op.c_handle
+        _ops[handle] = op
+    return handle
 
 
 def push_pull_async(tensor, average=True, name=None, priority=0):
@@ -319,7 +346,7 @@ def broadcast_parameters(params, root_rank):
     for name, p in sorted(items, key=lambda kv: kv[0]):
         if not isinstance(p, torch.Tensor):
             raise TypeError("unisum.torch: broadcast_parameters: '%s' is not a tensor" % name)
-        _broadcast_(p, root_rank, "broadcast.param." + name)
+        _broadcast_(p, root_rank, _shaped("broadcast.param." + name, p))
 
 
 def broadcast_object(obj, root_rank=0, name=None):
@@ -379,7 +406,7 @@ def broadcast_optimizer_state(optimizer, root_rank):
                 continue
             _, shape, dtype, index = desc
             t = tensors[index] if is_root else torch.zeros(shape, dtype=dtype)
-            _broadcast_(t, root_rank, "broadcast.optimizer.%s.%s" % (pid, k))
+            _broadcast_(t, root_rank, _shaped("broadcast.optimizer.%s.%s" % (pid, k), t))
             new_state[pid][k] = t
     if not is_root:
         optimizer.load_state_dict({"state": new_state, "param_groups": layout["param_groups"]})
@@ -431,7 +458,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "named_parameters" % len(missing))
             order = {id(p): i for i, (_, p) in enumerate(named)}
         else:
-            by_id = {id(p): "param.%d" % i for i, p in enumerate(all_params)}
+            # Unnamed: number the optimizers too (they are made in the same
+            # order on every worker) so two of them never share names.
+            global _optimizer_counter
+            with _lock:
+                _optimizer_counter += 1
+                prefix = "optimizer%d.param." % _optimizer_counter
+            by_id = {id(p): prefix + str(i) for i, p in enumerate(all_params)}
             order = {id(p): i for i, p in enumerate(all_params)}
         self._names = by_id
         # The first parameters (first layers) are needed first in the next
@@ -454,7 +487,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._grad_accs.append(grad_acc)
 
     def _push_pull_grad(self, p):
-        name = "gradient." + self._names[id(p)]
+        name = _shaped("gradient." + self._names[id(p)], p.grad)
         compressed, ctx = self._compression.compress(p.grad)
         handle = push_pull_async_inplace(compressed, average=True, name=name,
                                          priority=self._priority[id(p)])
