@@ -802,6 +802,8 @@ static void signals_handle(struct launcher *l)
 			continue;	/* children_reap() runs every round */
 		signal_name(sig, name, sizeof(name));
 		if (!l->stopping) {
+			if (!l->sched_done)
+				rdv_scheduler_abort(l->sched);
 			job_fail(l, 128 + sig, "received %s; stopping the job", name);
 		} else if (!l->killed) {
 			fprintf(stderr, "unisum launch: received %s while stopping; killing everything\n",
@@ -817,6 +819,10 @@ static void deadlines_check(struct launcher *l, int64_t now)
 	if (l->stopping)
 		return;
 	if (l->timeout_s > 0 && now - l->start_ms >= (int64_t)(l->timeout_s * 1000)) {
+		/* The launcher itself is the root cause: keep the scheduler from
+		 * blaming the processes it is about to stop. */
+		if (!l->sched_done)
+			rdv_scheduler_abort(l->sched);
 		job_fail(l, LAUNCH_EXIT_TIMEOUT,
 			 "the job ran longer than --timeout %g s; stopping it", l->timeout_s);
 		return;

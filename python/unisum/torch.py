@@ -508,12 +508,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return hook
 
     def synchronize(self):
-        """Waits for every gradient's sum (pushing any whose hook did not
-        fire, e.g. unused parameters, so no worker waits forever)."""
+        """Waits for every gradient's sum.  A parameter whose hook did not
+        fire on this worker (unused in this step's graph here, perhaps used
+        on others) contributes zeros, as in Horovod, so no worker waits
+        forever for it."""
         for group in self.param_groups:
             for p in group["params"]:
-                if p.requires_grad and p.grad is not None and \
-                        (p not in self._handles or self._handles[p][0] is None):
+                if p.requires_grad and (p not in self._handles or self._handles[p][0] is None):
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
                     self._handles[p] = self._push_pull_grad(p)
         for p, (handle, ctx, compressed) in self._handles.items():
             out = synchronize(handle)

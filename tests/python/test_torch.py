@@ -278,6 +278,19 @@ def test_shape_mismatch_fails_every_rank(tmp_path, run):
         assert res.get("healthy") == [3.0] * 5, json.dumps(res)
 
 
+def test_parameter_unused_on_one_rank(tmp_path):
+    """A layer that rank 1 never uses: rank 1 contributes zeros for its
+    gradient (Horovod's behaviour) rather than leaving rank 0 waiting, and
+    both ranks end with identical parameters after 3 steps."""
+    rc, out, err = run_launch(2, 1, "unused.py", tmp_path, timeout=60)
+    assert rc == 0, describe(rc, out, err)
+    p0 = torch.load(str(tmp_path / "rank0.pt"))
+    p1 = torch.load(str(tmp_path / "rank1.pt"))
+    assert p0.keys() == p1.keys()
+    for name in p0:
+        assert torch.equal(p0[name], p1[name]), name
+
+
 # ---- 7. before init() -----------------------------------------------------
 
 @pytest.mark.parametrize("call", [
