@@ -1250,9 +1250,20 @@ int launch_main(int argc, char **argv)
 		c->err.out_fd = STDERR_FILENO;
 	}
 
+	/* The scheduler's knobs (heartbeat, timeout, log level) come from the
+	 * same environment the children get; the job size from the options. */
+	struct config cfg;
+	char cfg_err[512];
+	if (config_load(&cfg, cfg_err, sizeof cfg_err) != 0) {
+		fprintf(stderr, "unisum launch: %s\n", cfg_err);
+		status = LAUNCH_EXIT_USAGE;
+		goto out_free_children;
+	}
+	cfg.num_workers = l->num_workers;
+	cfg.num_servers = l->num_servers;
+	log_set_level(cfg.log_level);
 	log_set_identity("scheduler", -1);
-	rc = rdv_scheduler_start(LAUNCH_HOST, 0, l->num_workers, l->num_servers, transport_tcp(),
-				 &l->sched, &l->port);
+	rc = rdv_scheduler_start(LAUNCH_HOST, 0, &cfg, transport_tcp(), &l->sched, &l->port);
 	if (rc < 0) {
 		fprintf(stderr, "unisum launch: cannot start the scheduler on %s: %s\n",
 			LAUNCH_HOST, unisum_strerror(rc));

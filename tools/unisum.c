@@ -60,8 +60,7 @@ int scheduler_main(int argc, char **argv)
 	struct rdv_scheduler *s;
 	int port;
 	const char *host = cfg.scheduler_host[0] ? cfg.scheduler_host : "0.0.0.0";
-	int rc = rdv_scheduler_start(host, cfg.scheduler_port, cfg.num_workers, cfg.num_servers,
-				     transport_tcp(), &s, &port);
+	int rc = rdv_scheduler_start(host, cfg.scheduler_port, &cfg, transport_tcp(), &s, &port);
 	if (rc != 0) {
 		fprintf(stderr, "unisum scheduler: %s\n", unisum_last_error());
 		return 1;

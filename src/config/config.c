@@ -69,7 +69,9 @@ static const struct knob config_knobs[] = {
 	{"UNISUM_LOG_LEVEL", "BYTEPS_LOG_LEVEL", NULL, KNOB_LOG_LEVEL, FIELD(log_level), "WARNING", 0, 0,
 	 "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL"},
 	{"UNISUM_TIMEOUT_MS", NULL, NULL, KNOB_INT, FIELD(timeout_ms), "30000", 100, INT_MAX,
-	 "how long connecting to a peer and registering may take, in ms"},
+	 "a node or scheduler silent this long (ms) is declared dead; also bounds connecting"},
+	{"UNISUM_HEARTBEAT_MS", NULL, NULL, KNOB_INT, FIELD(heartbeat_ms), "1000", 10, INT_MAX,
+	 "how often (ms) every node and the scheduler send a heartbeat"},
 };
 
 #define KNOB_COUNT (sizeof config_knobs / sizeof config_knobs[0])
@@ -191,6 +193,11 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 	if (cfg->num_servers > 0 && cfg->server_id >= cfg->num_servers) {
 		snprintf(err, err_len, "UNISUM_SERVER_ID=%d must be below UNISUM_NUM_SERVER=%d",
 			 cfg->server_id, cfg->num_servers);
+		return UNISUM_ECONFIG;
+	}
+	if (cfg->heartbeat_ms >= cfg->timeout_ms) {
+		snprintf(err, err_len, "UNISUM_HEARTBEAT_MS=%d must be below UNISUM_TIMEOUT_MS=%d",
+			 cfg->heartbeat_ms, cfg->timeout_ms);
 		return UNISUM_ECONFIG;
 	}
 	if (cfg->engine_threads == 0) {

@@ -41,7 +41,8 @@ struct config {
 	uint64_t partition_bytes;	/* largest partition of a tensor */
 	int engine_threads;		/* summation threads per server, 0 = one per core */
 	int log_level;			/* enum log_level */
-	int timeout_ms;			/* bound on connecting and registering */
+	int timeout_ms;			/* a peer silent this long is dead; also bounds connecting */
+	int heartbeat_ms;		/* how often nodes and scheduler say they are alive */
 };
 
 /* Fills `cfg` from the environment.  On a malformed value returns

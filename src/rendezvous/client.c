@@ -5,12 +5,16 @@
  * reader thread owns the receiving side of the scheduler connection: it
  * hands replies (BARRIER_DONE, DECLARE) to the one request in flight
  * (requests are serialised by `request_lock`) and turns SHUTDOWN and ERROR
- * notices, or a lost scheduler, into a call of the notice callback.  Lock
- * order: request_lock, then lock.
+ * notices, or a lost scheduler, into a call of the notice callback.  A
+ * heartbeat thread tells the scheduler this node is alive every
+ * heartbeat_ms and declares the scheduler lost when it has been silent
+ * for timeout_ms.  Lock order: request_lock, then lock.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log/log.h"
 #include "rendezvous/rdv_proto.h"
@@ -29,6 +33,10 @@ struct rdv_client {
 	rdv_tensor_error_fn tensor_error; /* poisoned-tensor callback, or NULL */
 	void *notice_arg;		/* both callbacks' argument */
 	pthread_t reader;		/* reads everything the scheduler sends */
+	pthread_t heartbeat;		/* says we are alive; watches the scheduler */
+	bool heartbeat_started;
+	int heartbeat_ms, timeout_ms;
+	_Atomic int64_t last_rx_ms;	/* when the scheduler last sent anything */
 	pthread_mutex_t request_lock;	/* one request in flight */
 	pthread_mutex_t send_lock;	/* serialises writes to conn */
 	pthread_mutex_t lock;		/* the reply slot and `failed` */
@@ -40,6 +48,13 @@ struct rdv_client {
 	char failed_why[512];
 	bool closing;			/* rdv_client_free() has started */
 };
+
+static int64_t rdv_now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static int rdv_send(struct rdv_client *c, const struct wire_hdr *h, const void *payload)
 {
@@ -93,6 +108,7 @@ static void *rdv_reader_main(void *arg)
 		void *payload;
 		char why[256];
 		int rc = rdv_recv(c, &h, &payload, why, sizeof why);
+		atomic_store(&c->last_rx_ms, rdv_now_ms());
 		if (rc != 0) {
 			char msg[400];
 			snprintf(msg, sizeof msg, "lost the scheduler at %s: %s (did the scheduler or "
@@ -139,6 +155,39 @@ static void *rdv_reader_main(void *arg)
 			break;
 		}
 	}
+}
+
+static void *rdv_heartbeat_main(void *arg)
+{
+	struct rdv_client *c = arg;
+	struct wire_hdr hb = {.type = WIRE_HEARTBEAT, .sender = c->id};
+	pthread_mutex_lock(&c->lock);
+	while (!c->closing && c->failed == 0) {
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += (long)(c->heartbeat_ms % 1000) * 1000000;
+		until.tv_sec += c->heartbeat_ms / 1000 + until.tv_nsec / 1000000000;
+		until.tv_nsec %= 1000000000;
+		pthread_cond_timedwait(&c->replied, &c->lock, &until);
+		if (c->closing || c->failed != 0)
+			break;
+		pthread_mutex_unlock(&c->lock);
+		int64_t silent = rdv_now_ms() - atomic_load(&c->last_rx_ms);
+		if (silent >= c->timeout_ms) {
+			char msg[400];
+			snprintf(msg, sizeof msg,
+				 "the scheduler at %s has sent nothing for %lld ms: it is hung, stopped "
+				 "or cut off (UNISUM_TIMEOUT_MS=%d)",
+				 c->tp->peer_name(c->conn), (long long)silent, c->timeout_ms);
+			rdv_fail(c, UNISUM_ETIMEDOUT, msg);
+			c->tp->conn_shutdown(c->conn);
+			return NULL;
+		}
+		rdv_send(c, &hb, NULL);
+		pthread_mutex_lock(&c->lock);
+	}
+	pthread_mutex_unlock(&c->lock);
+	return NULL;
 }
 
 static int rdv_register(struct rdv_client *c, const struct config *cfg, int listen_port)
@@ -225,10 +274,16 @@ int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn noti
 	rc = rdv_register(c, cfg, listen_port);
 	if (rc != 0)
 		goto out_conn;
+	c->heartbeat_ms = cfg->heartbeat_ms;
+	c->timeout_ms = cfg->timeout_ms;
+	atomic_store(&c->last_rx_ms, rdv_now_ms());
 	if (pthread_create(&c->reader, NULL, rdv_reader_main, c) != 0) {
 		rc = UNISUM_ESYS;
 		goto out_conn;
 	}
+	c->heartbeat_started = pthread_create(&c->heartbeat, NULL, rdv_heartbeat_main, c) == 0;
+	if (!c->heartbeat_started)
+		LOG_WARN("cannot start the heartbeat thread: the scheduler may declare this node dead");
 	*out = c;
 	return 0;
 
@@ -368,7 +423,10 @@ void rdv_client_free(struct rdv_client *c)
 	pthread_mutex_lock(&c->lock);
 	c->closing = true;
 	bool failed = c->failed != 0;
+	pthread_cond_broadcast(&c->replied);	/* wakes the heartbeat thread */
 	pthread_mutex_unlock(&c->lock);
+	if (c->heartbeat_started)
+		pthread_join(c->heartbeat, NULL);
 	if (c->role == CONFIG_ROLE_WORKER && !failed) {
 		struct wire_hdr h = {.type = WIRE_SHUTDOWN, .sender = c->id};
 		rdv_send(c, &h, NULL);

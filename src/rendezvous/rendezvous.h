@@ -45,8 +45,11 @@ struct rdv_node {
 struct rdv_scheduler;
 
 /* Starts a scheduler thread listening on host:port (port 0 picks a free
- * one, stored in *port_out).  Returns 0 or a negative error. */
-int rdv_scheduler_start(const char *host, int port, int num_workers, int num_servers,
+ * one, stored in *port_out).  Once every node registered, the scheduler
+ * sends each a heartbeat every cfg->heartbeat_ms and declares dead (failing
+ * the job, naming it) any node silent for cfg->timeout_ms.  Returns 0 or a
+ * negative error. */
+int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 			const struct transport_ops *tp, struct rdv_scheduler **out,
 			int *port_out);
 

@@ -7,12 +7,15 @@
  * them.  All shared state sits under one mutex (`lock`); a node's socket
  * has its own `send_lock` because a barrier or shutdown completed by one
  * node's thread writes to every other node.  Lock order: lock, then a
- * node's send_lock.  Traffic here is tiny (a few messages per tensor and
+ * node's send_lock.  A monitor thread sends every node a heartbeat and
+ * fails the job, naming the node, when one has been silent too long.  Traffic here is tiny (a few messages per tensor and
  * per barrier), so simplicity wins over throughput.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log/log.h"
 #include "placement/placement.h"
@@ -33,6 +36,7 @@ struct sched_node {
 	uint32_t id;
 	char host[64];
 	bool in_barrier[4];		/* entered the barrier of group g */
+	_Atomic int64_t last_seen_ms;	/* when it last sent anything */
 };
 
 /* A declared tensor: the first declaration fixes its shape and placement. */
@@ -50,7 +54,10 @@ struct rdv_scheduler {
 	const struct transport_ops *tp;
 	struct tp_listener *listener;
 	int num_workers, num_servers;
+	int heartbeat_ms, timeout_ms;	/* liveness (UNISUM_HEARTBEAT_MS, UNISUM_TIMEOUT_MS) */
 	pthread_t thread;		/* accepts, then waits for the end */
+	pthread_t monitor;		/* heartbeats and silence detection */
+	bool monitor_started;
 	pthread_mutex_t lock;		/* everything below */
 	pthread_cond_t changed;		/* registration, goodbyes, failure */
 	struct sched_node *nodes;	/* accepted connections */
@@ -66,6 +73,13 @@ struct rdv_scheduler {
 	uint64_t *server_loads;		/* bytes placed on each server */
 	int result;			/* what rdv_scheduler_wait returns */
 };
+
+static int64_t sched_now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static int sched_send(struct sched_node *n, const struct wire_hdr *h, const void *payload)
 {
@@ -440,6 +454,7 @@ static void *sched_node_main(void *arg)
 		rc = s->tp->recv_header(n->conn, &h, why, sizeof why);
 		if (rc != 0)
 			break;
+		atomic_store(&n->last_seen_ms, sched_now_ms());
 		free(payload);
 		payload = NULL;
 		if (h.payload_len > 0) {
@@ -529,6 +544,52 @@ static bool sched_is_finished(const struct rdv_scheduler *s)
 	return true;
 }
 
+/* Whether node n still has to prove it is alive. */
+static bool sched_node_is_watched(const struct sched_node *n)
+{
+	return n->registered && !n->gone && !n->said_goodbye;
+}
+
+/* Every heartbeat_ms: a heartbeat to every live node, and the job fails,
+ * naming the node, when one has been silent for timeout_ms (hung, stopped
+ * or cut off: a crash closes the connection and is caught sooner). */
+static void *sched_monitor_main(void *arg)
+{
+	struct rdv_scheduler *s = arg;
+	pthread_mutex_lock(&s->lock);
+	while (!sched_is_finished(s)) {
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += (long)(s->heartbeat_ms % 1000) * 1000000;
+		until.tv_sec += s->heartbeat_ms / 1000 + until.tv_nsec / 1000000000;
+		until.tv_nsec %= 1000000000;
+		pthread_cond_timedwait(&s->changed, &s->lock, &until);
+		if (!s->book_sent || sched_is_finished(s))
+			continue;
+		int64_t now = sched_now_ms();
+		struct wire_hdr hb = {.type = WIRE_HEARTBEAT};
+		for (int i = 0; i < s->nnodes && s->error == 0; i++) {
+			struct sched_node *n = &s->nodes[i];
+			if (!sched_node_is_watched(n))
+				continue;
+			int64_t silent = now - atomic_load(&n->last_seen_ms);
+			if (silent >= s->timeout_ms) {
+				char label[160], msg[400];
+				snprintf(msg, sizeof msg,
+					 "%s has sent nothing for %lld ms: it is hung, stopped or cut off "
+					 "(UNISUM_TIMEOUT_MS=%d)",
+					 sched_node_label(n, label, sizeof label), (long long)silent,
+					 s->timeout_ms);
+				sched_fail(s, UNISUM_ETIMEDOUT, msg);
+				break;
+			}
+			sched_send(n, &hb, NULL);
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
 static void *sched_main(void *arg)
 {
 	struct rdv_scheduler *s = arg;
@@ -578,9 +639,10 @@ static void *sched_main(void *arg)
 	return NULL;
 }
 
-int rdv_scheduler_start(const char *host, int port, int num_workers, int num_servers,
+int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 			const struct transport_ops *tp, struct rdv_scheduler **out, int *port_out)
 {
+	int num_workers = cfg->num_workers, num_servers = cfg->num_servers;
 	if (num_workers < 1 || num_servers < 1 || num_workers + num_servers > RDV_MAX_NODES)
 		return log_fail(UNISUM_EINVAL, "a job needs 1 to %d nodes with at least one worker and one "
 				"server (got %d workers, %d servers)", RDV_MAX_NODES, num_workers, num_servers);
@@ -590,6 +652,8 @@ int rdv_scheduler_start(const char *host, int port, int num_workers, int num_ser
 	s->tp = tp;
 	s->num_workers = num_workers;
 	s->num_servers = num_servers;
+	s->heartbeat_ms = cfg->heartbeat_ms;
+	s->timeout_ms = cfg->timeout_ms;
 	/* Room for every node plus strangers that connect and fail. */
 	s->cap_nodes = 2 * (num_workers + num_servers) + 64;
 	s->nodes = calloc((size_t)s->cap_nodes, sizeof *s->nodes);
@@ -606,6 +670,9 @@ int rdv_scheduler_start(const char *host, int port, int num_workers, int num_ser
 		rc = UNISUM_ESYS;
 		goto out_listener;
 	}
+	s->monitor_started = pthread_create(&s->monitor, NULL, sched_monitor_main, s) == 0;
+	if (!s->monitor_started)
+		LOG_WARN("cannot start the heartbeat monitor: silent nodes will not be detected");
 	LOG_INFO("scheduler listening on %s:%d for %d servers and %d workers", host, *port_out,
 		 num_servers, num_workers);
 	*out = s;
@@ -632,6 +699,8 @@ void rdv_scheduler_abort(struct rdv_scheduler *s)
 int rdv_scheduler_wait(struct rdv_scheduler *s)
 {
 	pthread_join(s->thread, NULL);
+	if (s->monitor_started)
+		pthread_join(s->monitor, NULL);
 	for (int i = 0; i < s->nnodes; i++)
 		if (s->nodes[i].thread_started)
 			pthread_join(s->nodes[i].thread, NULL);

@@ -23,6 +23,8 @@
  *   check_sums die R N        rank R is killed (SIGKILL) after N rounds; the
  *                             others keep pushing and exit 3 once their error
  *                             names "worker R", 1 otherwise
+ *   check_sums stop R N       the same, but rank R stops (SIGSTOP): alive yet
+ *                             silent, caught by the heartbeat timeout
  */
 #include <arpa/inet.h>
 #include <inttypes.h>
@@ -436,16 +438,16 @@ static int print_free_port(void)
 	return 0;
 }
 
-static void mode_die(int victim, int rounds)
+static void mode_die(int victim, int rounds, int sig)
 {
 	int t = unisum_declare("die", UNISUM_INT32, 1000, 0);
 	check(t, "declare die");
 	int32_t buf[1000];
 	for (int r = 0;; r++) {
 		if (rank == victim && r == rounds) {
-			printf("rank %d: killing myself after %d rounds\n", rank, r);
+			printf("rank %d: sending myself %s after %d rounds\n", rank, strsignal(sig), r);
 			fflush(stdout);
-			raise(SIGKILL);
+			raise(sig);
 		}
 		fill(UNISUM_INT32, 13000 + (uint64_t)r, buf, 1000);
 		int rc = unisum_push_pull(t, buf, buf, 0);
@@ -490,7 +492,9 @@ int main(int argc, char **argv)
 	else if (strcmp(mode, "garbage") == 0)
 		mode_garbage(arg);
 	else if (strcmp(mode, "die") == 0 && argc > 3)
-		mode_die(arg, atoi(argv[3]));
+		mode_die(arg, atoi(argv[3]), SIGKILL);
+	else if (strcmp(mode, "stop") == 0 && argc > 3)
+		mode_die(arg, atoi(argv[3]), SIGSTOP);
 	else
 		FAIL("unknown mode %s", mode);
 	check(unisum_shutdown(), "unisum_shutdown");

@@ -47,4 +47,43 @@ if [ "$FAILS" -ne 0 ]; then
 	done
 fi
 rm -rf "$log"
+
+# A worker that stops (SIGSTOP) stays connected but goes silent: the
+# heartbeat timeout names it on every survivor.
+pport=$(free_port)
+log=$(mktemp -d)
+export UNISUM_SCHEDULER_PORT=$pport UNISUM_NUM_WORKER=3 UNISUM_NUM_SERVER=1
+export UNISUM_HEARTBEAT_MS=100 UNISUM_TIMEOUT_MS=1500
+start=$(date +%s)
+UNISUM_ROLE=scheduler timeout 60 "$UNISUM" scheduler >"$log/scheduler" 2>&1 &
+sched=$!
+UNISUM_ROLE=server timeout 60 "$UNISUM" server >"$log/server0" 2>&1 &
+s0=$!
+UNISUM_ROLE=worker UNISUM_WORKER_ID=0 timeout 60 "$CHECK" stop 1 30 >"$log/w0" 2>&1 &
+w0=$!
+UNISUM_ROLE=worker UNISUM_WORKER_ID=1 "$CHECK" stop 1 30 >"$log/w1" 2>&1 &
+w1=$!
+UNISUM_ROLE=worker UNISUM_WORKER_ID=2 timeout 60 "$CHECK" stop 1 30 >"$log/w2" 2>&1 &
+w2=$!
+wait $w0; r0=$?
+wait $w2; r2=$?
+elapsed=$(($(date +%s) - start))
+kill -KILL $w1 2>/dev/null
+wait $w1
+wait $s0; rs0=$?
+wait $sched; rsc=$?
+unset UNISUM_HEARTBEAT_MS UNISUM_TIMEOUT_MS
+expect "stopped worker: survivor 0 failed naming worker 1" [ $r0 -eq 3 ]
+expect "stopped worker: survivor 2 failed naming worker 1" [ $r2 -eq 3 ]
+expect "stopped worker: the survivors' errors say it went silent" grep -q "has sent nothing for" "$log/w0"
+expect "stopped worker: the server exited non-zero" [ $rs0 -ne 0 -a $rs0 -ne 124 ]
+expect "stopped worker: the scheduler exited non-zero" [ $rsc -ne 0 -a $rsc -ne 124 ]
+expect "stopped worker: detected within the 1.5 s timeout plus a margin (10 s)" [ $elapsed -le 10 ]
+if [ "$FAILS" -ne 0 ]; then
+	for f in "$log"/*; do
+		echo "--- $f"
+		cat "$f"
+	done
+fi
+rm -rf "$log"
 finish

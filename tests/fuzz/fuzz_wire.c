@@ -1,0 +1,496 @@
+/*
+ * fuzz_wire.c - libFuzzer target for the wire codec (src/wire).
+ *
+ * Input: the first WIRE_HDR_SIZE bytes, when there are that many, are a
+ * header for wire_decode(); the bytes after them (the whole input when it
+ * is shorter than a header) are a control payload, read by every control
+ * parser of src/rendezvous, src/server and src/worker in turn.
+ *
+ * What must hold, and abort()s here when it does not:
+ *
+ * Header.  wire_decode() accepts exactly the headers that the rules in
+ * wire.h allow (an independent model of those rules is checked against
+ * it both ways).  For an accepted header: re-encoding it gives back the
+ * same 48 bytes; every field is the little-endian value at its offset;
+ * the type has a name; the flags are ones the type takes; the dtype is
+ * valid where the type carries one and 0 elsewhere; PUSH and PULL_REPLY
+ * carry count x dtype size bytes (0 with the ZERO flag) with no overflow
+ * and at most WIRE_MAX_DATA_PAYLOAD; payload-less types carry 0 bytes;
+ * control types at most WIRE_MAX_CONTROL_PAYLOAD.  A rejected header
+ * yields UNISUM_EPROTO and a non-empty reason that fits the reason buffer,
+ * however short that buffer is.
+ *
+ * Control payloads.  The reader never moves outside its payload
+ * (p + left always ends at the payload's end), a read that fits advances
+ * by exactly its size and returns the little-endian value, a read that
+ * does not fit fails and returns 0, and failure is sticky.  A string lands
+ * NUL-terminated in its destination, which is heap-allocated at exactly
+ * the caller's size so AddressSanitizer catches one byte written past it;
+ * it is accepted exactly when its length is below the destination size,
+ * its bytes are all there and none is NUL, and it is "" when rejected.
+ * A payload that parses is rebuilt with wire_buf and must come back byte
+ * for byte (the encoding is canonical).
+ *
+ * Build and run with tests/fuzz/run.sh.
+ */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "placement/placement.h"
+#include "rendezvous/rdv_proto.h"
+#include "wire/wire.h"
+
+/* Reports a broken invariant and aborts, so libFuzzer saves the input. */
+static void check_failed(const char *what, const char *file, int line)
+{
+	fprintf(stderr, "%s:%d: invariant broken: %s\n", file, line, what);
+	abort();
+}
+
+#define CHECK(cond)                                                  \
+	do {                                                         \
+		if (!(cond))                                         \
+			check_failed(#cond, __FILE__, __LINE__);     \
+	} while (0)
+
+/* Little-endian reads written independently of wire.c's. */
+static uint64_t le_bytes(const uint8_t *p, int n)
+{
+	uint64_t v = 0;
+	for (int i = n - 1; i >= 0; i--)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+/* ---- header ---- */
+
+/* Whether `type` carries a tensor dtype (wire.h's layout table). */
+static bool type_is_tensor(uint8_t type)
+{
+	return type == WIRE_PUSH || type == WIRE_PULL || type == WIRE_PULL_REPLY ||
+	       type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE;
+}
+
+/* Whether `type` never carries a payload. */
+static bool type_is_payloadless(uint8_t type)
+{
+	return type == WIRE_PULL || type == WIRE_DECLARE_CHECK || type == WIRE_BARRIER ||
+	       type == WIRE_BARRIER_DONE || type == WIRE_HEARTBEAT || type == WIRE_PUSH_ACK;
+}
+
+/* Whether `type` sends tensor data: count x dtype bytes unless ZERO. */
+static bool type_is_data(uint8_t type)
+{
+	return type == WIRE_PUSH || type == WIRE_PULL_REPLY;
+}
+
+/* The rules of wire.h, written from the header comment rather than from
+ * wire.c: whether a well-behaved peer could have sent in[]. */
+static bool model_accepts(const uint8_t in[WIRE_HDR_SIZE])
+{
+	uint8_t type = in[5];
+	uint16_t flags = (uint16_t)le_bytes(in + 6, 2);
+	uint64_t count = le_bytes(in + 24, 8);
+	uint64_t payload_len = le_bytes(in + 32, 8);
+	uint8_t dtype = in[40];
+
+	if (le_bytes(in, 4) != WIRE_MAGIC || in[4] != WIRE_VERSION)
+		return false;
+	if (type < 1 || type > WIRE_TYPE_MAX)
+		return false;
+	if (in[41] != 0 || in[42] != 0 || in[43] != 0)
+		return false;
+	if ((flags & ~(type_is_data(type) ? WIRE_FLAG_ZERO : 0u)) != 0)
+		return false;
+	if (type_is_tensor(type) ? dtype >= UNISUM_DTYPE_COUNT : dtype != 0)
+		return false;
+	if (type_is_data(type)) {
+		if (flags & WIRE_FLAG_ZERO)
+			return payload_len == 0;
+		uint64_t bytes;
+		if (__builtin_mul_overflow(count, (uint64_t)unisum_dtype_size(dtype), &bytes))
+			return false;
+		return bytes <= WIRE_MAX_DATA_PAYLOAD && payload_len == bytes;
+	}
+	if (type_is_payloadless(type))
+		return payload_len == 0;
+	return payload_len <= WIRE_MAX_CONTROL_PAYLOAD;
+}
+
+/* The invariants of a header wire_decode() accepted. */
+static void check_accepted(const uint8_t in[WIRE_HDR_SIZE], const struct wire_hdr *h)
+{
+	uint8_t again[WIRE_HDR_SIZE];
+	wire_encode(h, again);
+	CHECK(memcmp(again, in, WIRE_HDR_SIZE) == 0);
+
+	CHECK(h->type == in[5]);
+	CHECK(h->flags == le_bytes(in + 6, 2));
+	CHECK(h->sender == le_bytes(in + 8, 4));
+	CHECK(h->round == le_bytes(in + 12, 4));
+	CHECK(h->key == le_bytes(in + 16, 8));
+	CHECK(h->count == le_bytes(in + 24, 8));
+	CHECK(h->payload_len == le_bytes(in + 32, 8));
+	CHECK(h->dtype == in[40]);
+	CHECK(h->aux == le_bytes(in + 44, 4));
+
+	CHECK(h->type >= 1 && h->type <= WIRE_TYPE_MAX);
+	CHECK(strcmp(wire_type_name(h->type), "unknown") != 0);
+	CHECK((h->flags & ~(type_is_data(h->type) ? WIRE_FLAG_ZERO : 0u)) == 0);
+	if (type_is_tensor(h->type)) {
+		CHECK(h->dtype < UNISUM_DTYPE_COUNT);
+		CHECK(unisum_dtype_size((unisum_dtype)h->dtype) != 0);
+		CHECK(strcmp(unisum_dtype_name((unisum_dtype)h->dtype), "unknown") != 0);
+	} else {
+		CHECK(h->dtype == 0);
+	}
+
+	/* What a receiver may allocate on the header's word. */
+	CHECK(h->payload_len <= WIRE_MAX_DATA_PAYLOAD);
+	if (type_is_data(h->type)) {
+		if (h->flags & WIRE_FLAG_ZERO) {
+			CHECK(h->payload_len == 0);
+		} else {
+			uint64_t bytes;
+			size_t size = unisum_dtype_size((unisum_dtype)h->dtype);
+			CHECK(!__builtin_mul_overflow(h->count, (uint64_t)size, &bytes));
+			CHECK(h->payload_len == bytes);
+		}
+	} else if (type_is_payloadless(h->type)) {
+		CHECK(h->payload_len == 0);
+	} else {
+		CHECK(h->payload_len <= WIRE_MAX_CONTROL_PAYLOAD);
+	}
+}
+
+/* Decodes in[] and checks the verdict and, when accepted, the header. */
+static void fuzz_header(const uint8_t in[WIRE_HDR_SIZE])
+{
+	struct wire_hdr h;
+	char why[256];
+	memset(&h, 0xa5, sizeof h);
+	memset(why, 0xa5, sizeof why);
+	int rc = wire_decode(in, &h, why, sizeof why);
+	CHECK(rc == 0 || rc == UNISUM_EPROTO);
+	CHECK((rc == 0) == model_accepts(in));
+	if (rc == 0) {
+		check_accepted(in, &h);
+		return;
+	}
+	CHECK(memchr(why, '\0', sizeof why) != NULL);
+	CHECK(why[0] != '\0');
+
+	/* A short reason buffer, sized exactly on the heap, is truncated and
+	 * never overrun; the verdict does not depend on it. */
+	size_t short_len = 1 + in[47] % 16;
+	char *short_why = malloc(short_len);
+	CHECK(short_why != NULL);
+	memset(short_why, 0xa5, short_len);
+	CHECK(wire_decode(in, &h, short_why, short_len) == rc);
+	CHECK(memchr(short_why, '\0', short_len) != NULL);
+	free(short_why);
+}
+
+/* Names of any type and dtype byte are strings; sizes are the known ones. */
+static void fuzz_names(const uint8_t *data, size_t size)
+{
+	for (size_t i = 0; i < size && i < 8; i++) {
+		CHECK(wire_type_name((int8_t)data[i]) != NULL);
+		size_t s = unisum_dtype_size((unisum_dtype)data[i]);
+		CHECK(s == 0 || s == 2 || s == 4 || s == 8);
+		CHECK((s == 0) == (data[i] >= UNISUM_DTYPE_COUNT));
+		CHECK(unisum_dtype_name((unisum_dtype)data[i]) != NULL);
+	}
+	if (size >= 4)
+		CHECK(wire_type_name((int)le_bytes(data, 4)) != NULL);
+}
+
+/* ---- control payloads ---- */
+
+/* A reader and the payload it was given, to check it against. */
+struct checked_reader {
+	struct wire_reader r;
+	const uint8_t *start;	/* first byte of the payload */
+	const uint8_t *end;	/* one past its last byte */
+};
+
+static void cr_init(struct checked_reader *c, const uint8_t *data, size_t len)
+{
+	wire_reader_init(&c->r, data, len);
+	c->start = data;
+	c->end = data + len;
+	CHECK(!c->r.failed && c->r.p == data && c->r.left == len);
+}
+
+/* The reader's position stays inside the payload and agrees with left. */
+static void cr_check_position(const struct checked_reader *c)
+{
+	CHECK(c->r.p >= c->start && c->r.p <= c->end);
+	CHECK((size_t)(c->end - c->r.p) == c->r.left);
+}
+
+/* Bytes of the payload consumed so far. */
+static size_t cr_consumed(const struct checked_reader *c)
+{
+	return (size_t)(c->r.p - c->start);
+}
+
+/* Checks one fixed-size read of n bytes that returned v. */
+static void cr_check_fixed(const struct checked_reader *c, bool was_failed, const uint8_t *at, size_t left,
+			   size_t n, uint64_t v)
+{
+	cr_check_position(c);
+	if (!was_failed && left >= n) {
+		CHECK(!c->r.failed);
+		CHECK(c->r.p == at + n);
+		CHECK(v == le_bytes(at, (int)n));
+	} else {
+		CHECK(c->r.failed);
+		CHECK(c->r.p == at);
+		CHECK(v == 0);
+	}
+}
+
+static uint32_t cr_u32(struct checked_reader *c)
+{
+	bool was_failed = c->r.failed;
+	const uint8_t *at = c->r.p;
+	size_t left = c->r.left;
+	uint32_t v = wire_read_u32(&c->r);
+	cr_check_fixed(c, was_failed, at, left, 4, v);
+	return v;
+}
+
+static uint64_t cr_u64(struct checked_reader *c)
+{
+	bool was_failed = c->r.failed;
+	const uint8_t *at = c->r.p;
+	size_t left = c->r.left;
+	uint64_t v = wire_read_u64(&c->r);
+	cr_check_fixed(c, was_failed, at, left, 8, v);
+	return v;
+}
+
+/* Reads a string into out[dst_len] through a heap buffer of exactly
+ * dst_len bytes, and checks the result against what the contract says. */
+static void cr_str(struct checked_reader *c, char *out, size_t dst_len)
+{
+	char *dst = malloc(dst_len);
+	CHECK(dst != NULL);
+	memset(dst, 0xa5, dst_len);
+	bool was_failed = c->r.failed;
+	const uint8_t *at = c->r.p;
+	size_t left = c->r.left;
+	wire_read_str(&c->r, dst, dst_len);
+	cr_check_position(c);
+	CHECK(memchr(dst, '\0', dst_len) != NULL);
+
+	bool fits = false;
+	size_t n = 0;
+	if (!was_failed && left >= 4) {
+		n = (size_t)le_bytes(at, 4);
+		fits = n < dst_len && n <= left - 4 && memchr(at + 4, '\0', n) == NULL;
+	}
+	if (fits) {
+		CHECK(!c->r.failed);
+		CHECK(c->r.p == at + 4 + n);
+		CHECK(memcmp(dst, at + 4, n) == 0 && dst[n] == '\0');
+	} else {
+		CHECK(c->r.failed);
+		CHECK(dst[0] == '\0');
+	}
+	memcpy(out, dst, dst_len);
+	free(dst);
+}
+
+/* A payload that parsed, rebuilt with wire_buf, must be the bytes read. */
+static void check_rebuilt(const struct wire_buf *b, const struct checked_reader *c)
+{
+	CHECK(!b->failed);
+	CHECK(b->len == cr_consumed(c));
+	CHECK(b->len == 0 || memcmp(b->data, c->start, b->len) == 0);
+}
+
+/* REGISTER (scheduler.c sched_on_register): u32 role, u32 rank, u32 port, str host. */
+static void parse_register(const uint8_t *data, size_t len)
+{
+	struct checked_reader c;
+	cr_init(&c, data, len);
+	uint32_t role = cr_u32(&c);
+	uint32_t rank = cr_u32(&c);
+	uint32_t port = cr_u32(&c);
+	char host[64];
+	cr_str(&c, host, sizeof host);
+	if (c.r.failed)
+		return;
+	struct wire_buf b;
+	wire_buf_init(&b);
+	wire_buf_u32(&b, role);
+	wire_buf_u32(&b, rank);
+	wire_buf_u32(&b, port);
+	wire_buf_str(&b, host);
+	check_rebuilt(&b, &c);
+	wire_buf_fini(&b);
+}
+
+/* One node of an ADDRBOOK, as rendezvous.h's rdv_node keeps it. */
+struct fuzz_node {
+	uint32_t id, role, rank, port;
+	char host[64];
+};
+
+/* ADDRBOOK (client.c): u32 id, u32 n, then n x {u32 id, role, rank, port;
+ * str host}, n in 1..RDV_MAX_NODES. */
+static void parse_addrbook(const uint8_t *data, size_t len)
+{
+	struct checked_reader c;
+	cr_init(&c, data, len);
+	uint32_t me = cr_u32(&c);
+	uint32_t n = cr_u32(&c);
+	if (c.r.failed || n == 0 || n > RDV_MAX_NODES)
+		return;
+	struct fuzz_node *nodes = calloc(n, sizeof *nodes);
+	CHECK(nodes != NULL);
+	/* The client reads all n entries; once the reader has failed every
+	 * further read is a no-op, so one more entry after the failure is
+	 * enough to check that the failure sticks. */
+	uint32_t got = 0, after_failure = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		struct fuzz_node *node = &nodes[i];
+		node->id = cr_u32(&c);
+		node->role = cr_u32(&c);
+		node->rank = cr_u32(&c);
+		node->port = cr_u32(&c);
+		cr_str(&c, node->host, sizeof node->host);
+		got = i + 1;
+		if (c.r.failed && ++after_failure > 1)
+			break;
+	}
+	if (!c.r.failed) {
+		CHECK(got == n);
+		struct wire_buf b;
+		wire_buf_init(&b);
+		wire_buf_u32(&b, me);
+		wire_buf_u32(&b, n);
+		for (uint32_t i = 0; i < n; i++) {
+			wire_buf_u32(&b, nodes[i].id);
+			wire_buf_u32(&b, nodes[i].role);
+			wire_buf_u32(&b, nodes[i].rank);
+			wire_buf_u32(&b, nodes[i].port);
+			wire_buf_str(&b, nodes[i].host);
+		}
+		check_rebuilt(&b, &c);
+		wire_buf_fini(&b);
+	}
+	free(nodes);
+}
+
+/* DECLARE request (scheduler.c sched_on_declare): str name, u64 partition_bytes. */
+static void parse_declare_request(const uint8_t *data, size_t len)
+{
+	struct checked_reader c;
+	cr_init(&c, data, len);
+	char name[256];
+	cr_str(&c, name, sizeof name);
+	uint64_t partition_bytes = cr_u64(&c);
+	if (c.r.failed)
+		return;
+	struct wire_buf b;
+	wire_buf_init(&b);
+	wire_buf_str(&b, name);
+	wire_buf_u64(&b, partition_bytes);
+	check_rebuilt(&b, &c);
+	wire_buf_fini(&b);
+}
+
+/* DECLARE reply (client.c): u32 status, then str why when it is not 0,
+ * or nparts x u32 server rank. */
+static void parse_declare_reply(const uint8_t *data, size_t len, uint32_t nparts)
+{
+	struct checked_reader c;
+	cr_init(&c, data, len);
+	int32_t status = (int32_t)cr_u32(&c);
+	if (status != 0) {
+		char why[256];
+		cr_str(&c, why, sizeof why);
+		return;
+	}
+	uint32_t after_failure = 0;
+	for (uint32_t i = 0; i < nparts; i++) {
+		cr_u32(&c);
+		if (c.r.failed && ++after_failure > 1)
+			break;
+	}
+	if (!c.r.failed)
+		CHECK(cr_consumed(&c) == 4 + 4 * (size_t)nparts);
+}
+
+/* ERROR (worker.c, client.c): str text, into the sizes those callers use. */
+static void parse_error(const uint8_t *data, size_t len, size_t text_len)
+{
+	struct checked_reader c;
+	cr_init(&c, data, len);
+	char *text = malloc(text_len);
+	CHECK(text != NULL);
+	cr_str(&c, text, text_len);
+	if (!c.r.failed) {
+		struct wire_buf b;
+		wire_buf_init(&b);
+		wire_buf_str(&b, text);
+		check_rebuilt(&b, &c);
+		wire_buf_fini(&b);
+	}
+	free(text);
+}
+
+/* Strings back to back into destinations of boundary sizes, to hit
+ * length == size - 1, == size and == size + 1 for small sizes. */
+static void parse_strings(const uint8_t *data, size_t len)
+{
+	static const size_t sizes[] = {1, 2, 3, 4, 5, 8, 16, 17, 63, 64, 65, 256};
+	struct checked_reader c;
+	cr_init(&c, data, len);
+	for (size_t i = 0; i < 64 && !c.r.failed; i++) {
+		size_t dst_len = sizes[i % (sizeof sizes / sizeof sizes[0])];
+		char *out = malloc(dst_len);
+		CHECK(out != NULL);
+		cr_str(&c, out, dst_len);
+		free(out);
+	}
+	/* and one read after the failure, which must fail too */
+	char tail[8];
+	cr_str(&c, tail, sizeof tail);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	const uint8_t *payload = data;
+	size_t payload_len = size;
+	if (size >= WIRE_HDR_SIZE) {
+		fuzz_header(data);
+		payload = data + WIRE_HDR_SIZE;
+		payload_len = size - WIRE_HDR_SIZE;
+	}
+	fuzz_names(data, size);
+
+	/* The payload ends where libFuzzer's buffer ends, so AddressSanitizer
+	 * also catches a read one byte past it. */
+	parse_register(payload, payload_len);
+	parse_addrbook(payload, payload_len);
+	parse_declare_request(payload, payload_len);
+	uint32_t nparts = payload_len >= 4 ? (uint32_t)((payload_len - 4) / 4) : 0;
+	if (nparts > PLACEMENT_MAX_PARTS)
+		nparts = PLACEMENT_MAX_PARTS;
+	parse_declare_reply(payload, payload_len, nparts);	/* can be read exactly */
+	parse_declare_reply(payload, payload_len, nparts + 1);	/* one part too many */
+	parse_error(payload, payload_len, 400);
+	parse_error(payload, payload_len, 512);
+	parse_strings(payload, payload_len);
+	return 0;
+}

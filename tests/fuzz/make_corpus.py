@@ -1,0 +1,144 @@
+#!/usr/bin/python3
+"""make_corpus.py - writes the seed corpus of fuzz_wire (tests/fuzz/corpus/wire).
+
+Each seed is a 48-byte header laid out as src/wire/wire.h describes, then
+an optional control payload laid out as src/rendezvous/rdv_proto.h
+describes.  Valid seeds cover every message type; malformed ones break one
+rule each, so the fuzzer starts next to every rejection path.
+
+    make_corpus.py [--check] [OUT_DIR]
+
+Writes OUT_DIR (default: corpus/wire beside this script), replacing the
+seeds it owns and leaving other files alone.  With --check it writes
+nothing and exits 1 when OUT_DIR differs from what it would write.
+"""
+import os
+import struct
+import sys
+
+MAGIC = 0x4D555355  # "USUM" little-endian
+VERSION = 1
+HDR = struct.Struct("<IBBHIIQQQB3xI")  # the 48-byte header, wire.h offsets
+assert HDR.size == 48
+
+(REGISTER, ADDRBOOK, BARRIER, BARRIER_DONE, HEARTBEAT, PUSH, PUSH_ACK, PULL,
+ PULL_REPLY, DECLARE_CHECK, ERROR, SHUTDOWN, DECLARE) = range(1, 14)
+FLAG_ZERO = 0x1
+FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32, INT64 = range(6)
+DTYPE_SIZE = {FLOAT32: 4, FLOAT64: 8, FLOAT16: 2, BFLOAT16: 2, INT32: 4, INT64: 8}
+ROLE_SERVER, ROLE_WORKER = 2, 3
+
+
+def header(mtype, flags=0, sender=0, rnd=0, key=0, count=0, payload_len=0, dtype=0,
+           aux=0, magic=MAGIC, version=VERSION):
+    """The 48 header bytes, exactly as wire_encode() writes them."""
+    return HDR.pack(magic, version, mtype, flags, sender, rnd, key, count, payload_len,
+                    dtype, aux)
+
+
+def u32(v):
+    return struct.pack("<I", v & 0xFFFFFFFF)
+
+
+def u64(v):
+    return struct.pack("<Q", v)
+
+
+def wstr(s):
+    """A wire_buf_str: u32 length, then the bytes (no NUL)."""
+    b = s.encode() if isinstance(s, str) else s
+    return u32(len(b)) + b
+
+
+def message(mtype, payload=b"", **fields):
+    """A header whose payload_len matches `payload`, then the payload."""
+    fields.setdefault("payload_len", len(payload))
+    return header(mtype, **fields) + payload
+
+
+def data_message(mtype, dtype, count, flags=0, **fields):
+    """A PUSH or PULL_REPLY carrying count elements (none with ZERO)."""
+    n = 0 if flags & FLAG_ZERO else count * DTYPE_SIZE[dtype]
+    payload = bytes((i * 37 + 11) & 0xFF for i in range(n))
+    return header(mtype, flags=flags, dtype=dtype, count=count, payload_len=n, **fields) + payload
+
+
+def addrbook(me, nodes):
+    body = u32(me) + u32(len(nodes))
+    for node_id, role, rank, port, host in nodes:
+        body += u32(node_id) + u32(role) + u32(rank) + u32(port) + wstr(host)
+    return body
+
+
+def seeds():
+    """name -> bytes of every seed this script owns."""
+    register = u32(ROLE_WORKER) + u32(0xFFFFFFFF) + u32(40123) + wstr("10.0.0.7")
+    book = addrbook(3, [(1, ROLE_SERVER, 0, 40000, "10.0.0.5"),
+                        (2, ROLE_SERVER, 1, 40001, "node-b.example"),
+                        (3, ROLE_WORKER, 0, 40002, "127.0.0.1")])
+    return {
+        # one valid message of every type
+        "01-register": message(REGISTER, register),
+        "02-addrbook": message(ADDRBOOK, book),
+        "03-barrier": header(BARRIER, sender=3, aux=2),
+        "04-barrier-done": header(BARRIER_DONE, aux=2),
+        "05-heartbeat": header(HEARTBEAT, sender=5),
+        "06-push-float32": data_message(PUSH, FLOAT32, 4, sender=3, rnd=1, key=0x10000),
+        "06-push-zero": data_message(PUSH, INT64, 1000, flags=FLAG_ZERO, rnd=2, key=0x10001),
+        "07-push-ack": header(PUSH_ACK, key=0x10000, rnd=1),
+        "08-pull": header(PULL, dtype=FLOAT16, key=0x10000, rnd=1),
+        "09-pull-reply-bfloat16": data_message(PULL_REPLY, BFLOAT16, 3, key=0x10000, rnd=1),
+        "10-declare-check": header(DECLARE_CHECK, dtype=INT32, count=1 << 20, key=0x20000),
+        "11-error": message(ERROR, wstr("tensor 'w' declared as float32[10] by worker 0"),
+                            aux=5),
+        "12-shutdown": header(SHUTDOWN, sender=4),
+        "13-declare": message(DECLARE, wstr("layer1.weight") + u64(4 << 20), dtype=FLOAT32,
+                              count=1 << 20),
+        "13-declare-reply-ok": message(DECLARE, u32(0) + u32(1) + u32(0) + u32(1),
+                                       key=0x30000),
+        "13-declare-reply-mismatch": message(DECLARE, u32(-5) + wstr("shapes differ"),
+                                             key=0x30000),
+        # malformed, one rule broken each
+        "bad-magic": message(REGISTER, register, magic=0x4D555356),
+        "bad-version": header(HEARTBEAT, version=2),
+        "bad-reserved": header(HEARTBEAT)[:41] + b"\x01" + header(HEARTBEAT)[42:],
+        "bad-flags-pull": header(PULL, flags=FLAG_ZERO),
+        "bad-push-length": header(PUSH, dtype=FLOAT32, count=10, payload_len=41),
+        "bad-push-overflow": header(PUSH, dtype=FLOAT64, count=1 << 61, payload_len=0),
+        "bad-register-host-too-long": message(REGISTER, register[:12] + wstr("h" * 64)),
+        "bad-register-host-nul": message(REGISTER, register[:12] + wstr(b"10.0\x00.0.7")),
+        "bad-addrbook-truncated": message(ADDRBOOK, book[:-3]),
+        "bad-short-header": header(BARRIER)[:20],
+    }
+
+
+def main(argv):
+    check = "--check" in argv
+    args = [a for a in argv if a != "--check"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = args[0] if args else os.path.join(here, "corpus", "wire")
+    differ = []
+    if not check:
+        os.makedirs(out, exist_ok=True)
+    for name, blob in sorted(seeds().items()):
+        path = os.path.join(out, name)
+        if check:
+            try:
+                with open(path, "rb") as f:
+                    if f.read() != blob:
+                        differ.append(name)
+            except OSError:
+                differ.append(name)
+        else:
+            with open(path, "wb") as f:
+                f.write(blob)
+    if check and differ:
+        print("make_corpus: out of date: " + ", ".join(differ), file=sys.stderr)
+        return 1
+    if not check:
+        print("make_corpus: wrote %d seeds to %s" % (len(seeds()), out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
