@@ -72,6 +72,10 @@ static const struct knob config_knobs[] = {
 	 "a node or scheduler silent this long (ms) is declared dead; also bounds connecting"},
 	{"UNISUM_HEARTBEAT_MS", NULL, NULL, KNOB_INT, FIELD(heartbeat_ms), "1000", 10, INT_MAX,
 	 "how often (ms) every node and the scheduler send a heartbeat"},
+	{"UNISUM_STALL_WARN_MS", NULL, NULL, KNOB_INT, FIELD(stall_warn_ms), "60000", 10, INT_MAX,
+	 "a server logs a round some workers pushed and others not for this long (ms)"},
+	{"UNISUM_STALL_ABORT_MS", NULL, NULL, KNOB_INT, FIELD(stall_abort_ms), "0", 0, INT_MAX,
+	 "such a stall this long (ms) fails the job on every rank (0: never)"},
 };
 
 #define KNOB_COUNT (sizeof config_knobs / sizeof config_knobs[0])

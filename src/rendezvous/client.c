@@ -416,6 +416,18 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
 	return rc;
 }
 
+void rdv_client_fail_job(struct rdv_client *c, int err, const char *why)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	wire_buf_str(&b, why);
+	struct wire_hdr h = {.type = WIRE_ERROR, .sender = c->id, .aux = (uint32_t)-err,
+			     .payload_len = b.len};
+	if (!b.failed)
+		rdv_send(c, &h, b.data);
+	wire_buf_fini(&b);
+}
+
 void rdv_client_free(struct rdv_client *c)
 {
 	if (c == NULL)

@@ -10,6 +10,7 @@
  *                       then n x u32 server rank, or str message
  *   SHUTDOWN   worker -> scheduler: goodbye; scheduler -> server: stop now
  *   ERROR      scheduler -> node: the job failed; header key 0, aux = -error, payload str why
+ *              node -> scheduler: fail the job for this reason (a stalled round)
  *              scheduler -> server: header key = a tensor key: that tensor's workers
  *              disagree on its shape and it can never be summed; payload str why
  */

@@ -108,6 +108,11 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
 		       uint64_t count, uint64_t partition_bytes, uint32_t nparts,
 		       uint64_t *key_base, uint32_t *servers, char *why, size_t why_len);
 
+/* Asks the scheduler to fail the whole job with `why` (a server that
+ * found a round stalled past UNISUM_STALL_ABORT_MS): every node is told,
+ * every rank's pending and later calls fail with the message. */
+void rdv_client_fail_job(struct rdv_client *c, int err, const char *why);
+
 /* Says goodbye (workers: "done"; the scheduler stops servers when all
  * workers are done) and frees the client. */
 void rdv_client_free(struct rdv_client *c);

@@ -498,6 +498,19 @@ static void *sched_node_main(void *arg)
 			break;
 		case WIRE_HEARTBEAT:
 			break;
+		case WIRE_ERROR: {
+			/* A node found the job broken (a stalled round): fail it. */
+			char text[512] = "", label[160], msg[768];
+			struct wire_reader r;
+			wire_reader_init(&r, payload, h.payload_len);
+			wire_read_str(&r, text, sizeof text);
+			int err = -(int)h.aux;
+			pthread_mutex_lock(&s->lock);
+			snprintf(msg, sizeof msg, "%s: %s", sched_node_label(n, label, sizeof label), text);
+			sched_fail(s, err < 0 && err >= UNISUM_ESHUTDOWN ? err : UNISUM_EREMOTE, msg);
+			pthread_mutex_unlock(&s->lock);
+			break;
+		}
 		default:
 			rc = UNISUM_EPROTO;
 			snprintf(why, sizeof why, "unexpected %s", wire_type_name(h.type));

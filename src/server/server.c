@@ -32,6 +32,12 @@
  * received it (same argument).  So the sending threads can write straight
  * from these buffers without copies.
  *
+ * Stalls.  Each engine looks over its keys about once a second: a round
+ * that some workers pushed and others not for UNISUM_STALL_WARN_MS is
+ * logged with the tensor, the round and the missing ranks; with
+ * UNISUM_STALL_ABORT_MS the server asks the scheduler to fail the job, so
+ * every rank gets that message instead of waiting forever.
+ *
  * Locks.  `srv->lock` guards the key table and the worker -> connection
  * table; a connection's `qlock` guards its send queue; an engine's `lock`
  * its event queue.  Order: srv->lock, then qlock.  No lock is held while
@@ -43,6 +49,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log/log.h"
 #include "reducer/reducer.h"
@@ -70,6 +77,8 @@ struct srv_slot {
 	uint8_t *zero;		/* [W] pushed a ZERO contribution */
 	uint8_t *pull_waiting;	/* [W] pulled before the round was ready */
 	uint8_t *acc;		/* accumulator, key bytes, allocated on first use */
+	int64_t started_ms;	/* when the round's first push arrived */
+	int stall_level;	/* 0, 1 = warned, 2 = aborted */
 };
 
 struct srv_key {
@@ -82,6 +91,7 @@ struct srv_key {
 	uint8_t **push_buf;	/* [W] worker w's push buffer; written by its conn thread */
 	struct srv_slot slot[2];	/* engine-owned */
 	const char *poison;	/* engine-owned: why every pull fails, or NULL */
+	char *name;		/* the tensor's name, for stall reports */
 	struct srv_key *next;	/* hash chain */
 };
 
@@ -105,6 +115,8 @@ struct srv_engine {
 	struct srv_event *head, *tail;
 	bool stop;
 	uint64_t bytes;		/* bytes of keys pinned here (under srv->lock) */
+	struct srv_key **keys;	/* keys pinned here (under srv->lock) */
+	size_t nkeys, capkeys;
 };
 
 struct srv_reply {
@@ -212,12 +224,25 @@ static void srv_key_free(struct srv_key *k, int nworkers)
 	}
 	free(k->push_buf);
 	free(k->next_round);
+	free(k->name);
 	free(k);
 }
 
-/* Declares a key (idempotent when the shape matches).  Returns 0, or
- * UNISUM_EMISMATCH / UNISUM_ENOMEM with `why` set. */
-static int srv_key_declare(struct server *srv, const struct wire_hdr *h, char *why, size_t len)
+static int srv_engine_grow(struct srv_engine *e)
+{
+	size_t cap = e->capkeys ? 2 * e->capkeys : 64;
+	struct srv_key **keys = realloc(e->keys, cap * sizeof *keys);
+	if (keys == NULL)
+		return UNISUM_ENOMEM;
+	e->keys = keys;
+	e->capkeys = cap;
+	return 0;
+}
+
+/* Declares key h->key of tensor `name` (idempotent when the shape
+ * matches).  Returns 0, or UNISUM_EMISMATCH / UNISUM_ENOMEM with `why` set. */
+static int srv_key_declare(struct server *srv, const struct wire_hdr *h, const char *name, char *why,
+			   size_t len)
 {
 	int rc = 0;
 	size_t W = (size_t)srv->nworkers;
@@ -264,8 +289,16 @@ static int srv_key_declare(struct server *srv, const struct wire_hdr *h, char *w
 	for (int e = 1; e < srv->nengines; e++)
 		if (srv->engines[e].bytes < srv->engines[best].bytes)
 			best = e;
+	struct srv_engine *e = &srv->engines[best];
+	k->name = strdup(name);
+	if (k->name == NULL || (e->nkeys == e->capkeys && srv_engine_grow(e) != 0)) {
+		srv_key_free(k, srv->nworkers);
+		rc = UNISUM_ENOMEM;
+		goto out_unlock;
+	}
+	e->keys[e->nkeys++] = k;
 	k->engine = best;
-	srv->engines[best].bytes += k->bytes;
+	e->bytes += k->bytes;
 	size_t b = srv_hash(k->key, srv->nbuckets);
 	k->next = srv->buckets[b];
 	srv->buckets[b] = k;
@@ -348,6 +381,23 @@ static void *srv_send_main(void *arg)
 }
 
 /* ---- engines ------------------------------------------------------------ */
+
+static int64_t srv_now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* How often an engine looks for stalls: a quarter of the shortest limit,
+ * at most once a second. */
+static int srv_stall_period_ms(const struct server *srv)
+{
+	int limit = srv->cfg->stall_warn_ms;
+	if (srv->cfg->stall_abort_ms > 0 && srv->cfg->stall_abort_ms < limit)
+		limit = srv->cfg->stall_abort_ms;
+	return limit / 4 < 1000 ? (limit / 4 > 5 ? limit / 4 : 5) : 1000;
+}
 
 static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slot *s, int w)
 {
@@ -452,6 +502,8 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 	if (!s->active) {
 		s->active = true;
 		s->round = ev->round;
+		s->started_ms = srv_now_ms();
+		s->stall_level = 0;
 	}
 	s->arrived[ev->worker] = 1;
 	s->zero[ev->worker] = ev->zero;
@@ -496,17 +548,75 @@ static void srv_on_pull(struct server *srv, struct srv_key *k, const struct srv_
 		s->pull_waiting[ev->worker] = 1;
 }
 
+/* Reports rounds of this engine's keys that some workers pushed and others
+ * have not, for longer than the stall limits (see DESIGN above). */
+static void srv_check_stalls(struct server *srv, struct srv_engine *e)
+{
+	int64_t now = srv_now_ms();
+	const struct config *cfg = srv->cfg;
+	pthread_mutex_lock(&srv->lock);
+	for (size_t i = 0; i < e->nkeys; i++) {
+		struct srv_key *k = e->keys[i];
+		for (int j = 0; j < 2; j++) {
+			struct srv_slot *s = &k->slot[j];
+			if (!s->active || s->ready || k->poison != NULL)
+				continue;
+			int64_t waited = now - s->started_ms;
+			int level = cfg->stall_abort_ms > 0 && waited >= cfg->stall_abort_ms ? 2
+				    : waited >= cfg->stall_warn_ms			  ? 1
+											  : 0;
+			if (level <= s->stall_level)
+				continue;
+			s->stall_level = level;
+			char missing[256] = "", msg[768];
+			size_t n = 0;
+			for (int w = 0; w < srv->nworkers && n < sizeof missing - 16; w++)
+				if (!s->arrived[w])
+					n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%d",
+							      n ? ", " : "", w);
+			snprintf(msg, sizeof msg,
+				 "stall: tensor '%s' (partition %u) round %u has waited %lld ms for worker(s) "
+				 "%s, which have not pushed it; the others have. Does every worker push "
+				 "every tensor every round?",
+				 k->name, (unsigned)(k->key & 0xffff), s->round, (long long)waited, missing);
+			if (level == 1) {
+				LOG_WARN("%s", msg);
+			} else {
+				LOG_ERROR("%s (UNISUM_STALL_ABORT_MS=%d: failing the job)", msg,
+					  cfg->stall_abort_ms);
+				rdv_client_fail_job(srv->rdv, UNISUM_ETIMEDOUT, msg);
+			}
+		}
+	}
+	pthread_mutex_unlock(&srv->lock);
+}
+
 static void *srv_engine_main(void *arg)
 {
 	struct srv_engine *e = arg;
+	int64_t next_check = srv_now_ms() + srv_stall_period_ms(e->srv);
 	for (;;) {
+		if (srv_now_ms() >= next_check) {
+			srv_check_stalls(e->srv, e);
+			next_check = srv_now_ms() + srv_stall_period_ms(e->srv);
+		}
 		pthread_mutex_lock(&e->lock);
-		while (e->head == NULL && !e->stop)
-			pthread_cond_wait(&e->cond, &e->lock);
+		while (e->head == NULL && !e->stop && srv_now_ms() < next_check) {
+			struct timespec until;
+			clock_gettime(CLOCK_REALTIME, &until);
+			until.tv_nsec += 200 * 1000000;
+			until.tv_sec += until.tv_nsec / 1000000000;
+			until.tv_nsec %= 1000000000;
+			pthread_cond_timedwait(&e->cond, &e->lock, &until);
+		}
 		struct srv_event *ev = e->head;
-		if (ev == NULL) {
+		if (ev == NULL && e->stop) {
 			pthread_mutex_unlock(&e->lock);
 			return NULL;
+		}
+		if (ev == NULL) {
+			pthread_mutex_unlock(&e->lock);
+			continue;
 		}
 		e->head = ev->next;
 		if (e->head == NULL)
@@ -642,8 +752,27 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 {
 	struct srv_key *k;
 	switch (h->type) {
-	case WIRE_DECLARE_CHECK:
-		return srv_key_declare(srv, h, why, len);
+	case WIRE_DECLARE_CHECK: {
+		char name[256] = "";
+		void *p = h->payload_len ? malloc(h->payload_len) : NULL;
+		if (h->payload_len && p == NULL)
+			return UNISUM_ENOMEM;
+		if (h->payload_len && srv->tp->recv_payload(c->conn, p, h->payload_len) != 0) {
+			free(p);
+			snprintf(why, len, "connection closed in the middle of a declaration");
+			return UNISUM_ECONN;
+		}
+		struct wire_reader r;
+		wire_reader_init(&r, p, h->payload_len);
+		wire_read_str(&r, name, sizeof name);
+		free(p);
+		if (r.failed || name[0] == '\0') {
+			snprintf(why, len, "DECLARE_CHECK of key 0x%llx without a valid tensor name",
+				 (unsigned long long)h->key);
+			return UNISUM_EPROTO;
+		}
+		return srv_key_declare(srv, h, name, why, len);
+	}
 	case WIRE_PUSH:
 		k = srv_check_data(srv, c, h, why, len);
 		if (k == NULL)
@@ -902,6 +1031,7 @@ out_engines:
 		pthread_cond_signal(&e->cond);
 		pthread_mutex_unlock(&e->lock);
 		pthread_join(e->thread, NULL);
+		free(e->keys);
 		for (struct srv_event *ev = e->head; ev;) {
 			struct srv_event *next = ev->next;
 			free(ev);

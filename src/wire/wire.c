@@ -154,7 +154,6 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 		return 0;
 	}
 	case WIRE_PULL:
-	case WIRE_DECLARE_CHECK:
 	case WIRE_BARRIER:
 	case WIRE_BARRIER_DONE:
 	case WIRE_HEARTBEAT:

@@ -52,8 +52,8 @@ enum wire_type {
 	WIRE_PUSH_ACK = 7,	/* reserved: pushes are answered by the pull reply */
 	WIRE_PULL = 8,		/* worker -> server: send me the sum of this round */
 	WIRE_PULL_REPLY = 9,	/* server -> worker: the sum */
-	WIRE_DECLARE_CHECK = 10, /* worker -> server: key, dtype, count it will push */
-	WIRE_ERROR = 11,	/* any -> any: code in aux, text in payload */
+	WIRE_DECLARE_CHECK = 10, /* worker -> server: key, dtype, count it will push; payload str name */
+	WIRE_ERROR = 11,	/* any -> any: code in aux, text in payload; to the scheduler: fail the job */
 	WIRE_SHUTDOWN = 12,	/* worker -> scheduler: done; scheduler -> server: stop */
 	WIRE_DECLARE = 13,	/* worker <-> scheduler: name -> key and servers */
 	WIRE_TYPE_MAX = 13,

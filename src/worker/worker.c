@@ -73,6 +73,7 @@ struct wk_job {
 	void *out;			/* reply goes here */
 	int divisor;			/* UNISUM_AVERAGE: divide by this, else 1 */
 	struct wk_op *op;		/* NULL for DECLARE jobs */
+	char *name;			/* DECLARE jobs: the tensor's name (owned) */
 	struct wk_job *pending_next;	/* chain in the pending table */
 };
 
@@ -233,9 +234,16 @@ static void *wk_send_main(void *arg)
 
 		int rc;
 		if (j->type == JOB_DECLARE) {
+			/* The name lets the server say which tensor stalls. */
+			struct wire_buf b;
+			wire_buf_init(&b);
+			wire_buf_str(&b, j->name);
 			struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = rdv_client_id(wk.rdv),
-					     .key = j->key, .count = j->count, .dtype = (uint8_t)j->dtype};
-			rc = wk.tp->send(c->conn, &h, NULL);
+					     .key = j->key, .count = j->count, .dtype = (uint8_t)j->dtype,
+					     .payload_len = b.len};
+			rc = b.failed ? UNISUM_ENOMEM : wk.tp->send(c->conn, &h, b.data);
+			wire_buf_fini(&b);
+			free(j->name);
 			free(j);
 		} else {
 			/* Build both headers first: once PULL is on its way the reply may
@@ -301,9 +309,12 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	pthread_mutex_lock(&c->lock);
 	/* Queued PUSH_PULL jobs are also pending and freed below; DECLARE
 	 * jobs are only queued. */
-	for (size_t i = 0; i < c->nheap; i++)
-		if (c->heap[i]->type == JOB_DECLARE)
+	for (size_t i = 0; i < c->nheap; i++) {
+		if (c->heap[i]->type == JOB_DECLARE) {
+			free(c->heap[i]->name);
 			free(c->heap[i]);
+		}
+	}
 	c->nheap = 0;
 	struct wk_job *all = NULL;
 	for (size_t i = 0; i < c->npending_buckets; i++) {
@@ -317,11 +328,14 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	pthread_mutex_unlock(&c->lock);
 	if (!closing && all != NULL)
 		LOG_ERROR("%s", c->dead_why);
+	pthread_mutex_lock(&wk.lock);
+	int err = wk.failed != 0 ? wk.failed : UNISUM_ECONN;	/* the root cause's code */
+	pthread_mutex_unlock(&wk.lock);
 	while (all) {
 		struct wk_job *j = all;
 		all = j->pending_next;
 		if (j->op != NULL)
-			op_part_done(j->op, UNISUM_ECONN, c->dead_why);
+			op_part_done(j->op, err, c->dead_why);
 		free(j);
 	}
 }
@@ -690,9 +704,10 @@ int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int prior
 			goto out_free;
 		}
 		*j = (struct wk_job){.type = JOB_DECLARE, .priority = 0x7fffffff, .key = t->key + i,
-				     .dtype = dtype, .count = t->parts[i].count};
-		rc = wk_enqueue(&wk.conns[t->servers[i]], j);
+				     .dtype = dtype, .count = t->parts[i].count, .name = strdup(name)};
+		rc = j->name != NULL ? wk_enqueue(&wk.conns[t->servers[i]], j) : UNISUM_ENOMEM;
 		if (rc != 0) {
+			free(j->name);
 			free(j);
 			rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", name, wk.rank,
 				      log_last_error());

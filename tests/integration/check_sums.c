@@ -25,6 +25,10 @@
  *                             names "worker R", 1 otherwise
  *   check_sums stop R N       the same, but rank R stops (SIGSTOP): alive yet
  *                             silent, caught by the heartbeat timeout
+ *   check_sums late MS        rank 1 pushes tensor 'late' MS ms after the others
+ *   check_sums skip           rank 1 never pushes tensor 'skipped' and waits in a
+ *                             barrier; every rank exits 3 once an error names
+ *                             the tensor (UNISUM_STALL_ABORT_MS), 1 otherwise
  */
 #include <arpa/inet.h>
 #include <inttypes.h>
@@ -36,6 +40,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "reducer/reducer.h"
@@ -462,6 +467,30 @@ static void mode_die(int victim, int rounds, int sig)
 	}
 }
 
+static void mode_late(int ms)
+{
+	int t = unisum_declare("late", UNISUM_INT32, 1000, 0);
+	check(t, "declare late");
+	int32_t buf[1000];
+	fill(UNISUM_INT32, 15000, buf, 1000);
+	if (rank == 1)
+		nanosleep(&(struct timespec){ms / 1000, (long)(ms % 1000) * 1000000}, NULL);
+	check(unisum_push_pull(t, buf, buf, 0), "push_pull late");
+	verify("late", UNISUM_INT32, 15000, buf, 1000, false);
+	printf("rank %d: late round ok\n", rank);
+}
+
+static void mode_skip(void)
+{
+	int t = unisum_declare("skipped", UNISUM_INT32, 1000, 0);
+	check(t, "declare skipped");
+	int32_t buf[1000] = {0};
+	int rc = rank == 1 ? unisum_barrier() : unisum_push_pull(t, buf, buf, 0);
+	const char *msg = unisum_last_error();
+	printf("rank %d: %s returned %d: %s\n", rank, rank == 1 ? "barrier" : "push_pull", rc, msg);
+	exit(rc != 0 && strstr(msg, "'skipped'") != NULL ? 3 : 1);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -493,6 +522,10 @@ int main(int argc, char **argv)
 		mode_garbage(arg);
 	else if (strcmp(mode, "die") == 0 && argc > 3)
 		mode_die(arg, atoi(argv[3]), SIGKILL);
+	else if (strcmp(mode, "late") == 0)
+		mode_late(arg);
+	else if (strcmp(mode, "skip") == 0)
+		mode_skip();
 	else if (strcmp(mode, "stop") == 0 && argc > 3)
 		mode_die(arg, atoi(argv[3]), SIGSTOP);
 	else

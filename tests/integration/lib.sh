@@ -36,6 +36,12 @@ expect() {
 	fi
 }
 
+# contains TEXT REGEX : whether TEXT has a line matching the extended REGEX
+# (for `expect NAME contains "$out" REGEX`; safe for any quotes in TEXT).
+contains() {
+	printf '%s\n' "$1" | grep -E -q -- "$2"
+}
+
 # finish : prints the closing line and exits with the verdict.
 finish() {
 	echo "$PASSES passed, $FAILS failed"

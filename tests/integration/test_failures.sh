@@ -5,7 +5,7 @@
 out=$(timeout 120 "$UNISUM" launch -w 3 -s 1 -- sh -c 'if [ "$UNISUM_WORKER_ID" = 1 ]; then exit 3; fi; sleep 30' 2>&1)
 rc=$?
 expect "launch exits with the failing worker's status" [ $rc -eq 3 ]
-expect "... and names it" sh -c "echo '$out' | grep -q 'worker 1 .*exited with status 3'"
+expect "... and names it" contains "$out" 'worker 1 .*exited with status 3'
 out=$(timeout 60 "$UNISUM" launch -w 1 -s 1 -- /nonexistent/program 2>&1)
 rc=$?
 expect "launch of a missing program exits 127" [ $rc -eq 127 ]
