@@ -1,0 +1,65 @@
+# Integration, chaos: 20 jobs (scheduler, 2 servers, 3 workers started by
+# hand, as on a cluster), each losing one process to SIGKILL at some moment
+# of a long training loop.  The victim cycles through scheduler, servers and
+# workers and the moment through 0.1-0.8 s, from the run number, so a
+# failure reproduces.  Every run must end within UNISUM_TIMEOUT_MS plus a
+# margin, every survivor must exit non-zero with an error naming the
+# victim, and no worker may ever see a wrong sum (check_sums verifies every
+# element of every round).
+. "$(dirname "$0")/lib.sh"
+
+RUNS=${CHAOS_RUNS:-20}
+export UNISUM_NUM_WORKER=3 UNISUM_NUM_SERVER=2 UNISUM_SCHEDULER_HOST=127.0.0.1
+export UNISUM_HEARTBEAT_MS=200 UNISUM_TIMEOUT_MS=3000
+worst=0
+for run in $(seq "$RUNS"); do
+	log=$(mktemp -d)
+	export UNISUM_SCHEDULER_PORT=$(free_port)
+	UNISUM_ROLE=scheduler timeout 60 "$UNISUM" scheduler >"$log/scheduler" 2>&1 &
+	echo $! >"$log/pid.scheduler"
+	for s in 0 1; do
+		UNISUM_ROLE=server UNISUM_SERVER_ID=$s timeout 60 "$UNISUM" server >"$log/server$s" 2>&1 &
+		echo $! >"$log/pid.server$s"
+	done
+	for w in 0 1 2; do
+		UNISUM_ROLE=worker UNISUM_WORKER_ID=$w timeout 60 "$CHECK" rounds 1000000 >"$log/worker$w" 2>&1 &
+		echo $! >"$log/pid.worker$w"
+	done
+	case $((run % 3)) in
+	0) victim=scheduler; label="scheduler" ;;
+	1) victim=server$((run / 3 % 2)); label="server $((run / 3 % 2))" ;;
+	*) victim=worker$((run / 3 % 3)); label="worker $((run / 3 % 3))" ;;
+	esac
+	delay_ms=$((100 + run * 137 % 700))
+	sleep "$(awk -v ms=$delay_ms 'BEGIN { printf "%.3f", ms / 1000 }')"
+	# `timeout` runs the process as its child: kill the real process.
+	vpid=$(pgrep -P "$(cat "$log/pid.$victim")" | head -n 1)
+	kill -KILL "${vpid:-$(cat "$log/pid.$victim")}" 2>/dev/null
+	start=$(date +%s%3N)
+	ok=true
+	for p in scheduler server0 server1 worker0 worker1 worker2; do
+		wait "$(cat "$log/pid.$p")"
+		rc=$?
+		[ "$p" = "$victim" ] && continue
+		if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then
+			echo "  run $run ($label killed after $delay_ms ms): $p exited $rc"
+			ok=false
+		elif ! grep -q "$label" "$log/$p"; then
+			echo "  run $run ($label killed after $delay_ms ms): $p's error does not name $label:"
+			sed 's/^/      /' "$log/$p" | tail -n 5
+			ok=false
+		fi
+	done
+	elapsed=$(($(date +%s%3N) - start))
+	[ $elapsed -gt $worst ] && worst=$elapsed
+	if grep -q "element" "$log"/worker*; then
+		echo "  run $run: a worker saw a wrong sum:"
+		grep -h "element" "$log"/worker*
+		ok=false
+	fi
+	expect "chaos run $run: $label killed after $delay_ms ms, every survivor named it within $elapsed ms" \
+		sh -c "$ok && [ $elapsed -le 10000 ]"
+	rm -rf "$log"
+done
+echo "chaos: $RUNS runs, worst time from the kill to the last exit: $worst ms (limit 10000)"
+finish
