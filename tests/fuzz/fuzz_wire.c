@@ -75,11 +75,12 @@ static bool type_is_tensor(uint8_t type)
 	       type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE;
 }
 
-/* Whether `type` never carries a payload. */
+/* Whether `type` never carries a payload.  DECLARE_CHECK is not one of
+ * them: it carries the tensor's name (str), so it is a control message. */
 static bool type_is_payloadless(uint8_t type)
 {
-	return type == WIRE_PULL || type == WIRE_DECLARE_CHECK || type == WIRE_BARRIER ||
-	       type == WIRE_BARRIER_DONE || type == WIRE_HEARTBEAT || type == WIRE_PUSH_ACK;
+	return type == WIRE_PULL || type == WIRE_BARRIER || type == WIRE_BARRIER_DONE ||
+	       type == WIRE_HEARTBEAT || type == WIRE_PUSH_ACK;
 }
 
 /* Whether `type` sends tensor data: count x dtype bytes unless ZERO. */
@@ -407,6 +408,22 @@ static void parse_declare_request(const uint8_t *data, size_t len)
 	wire_buf_fini(&b);
 }
 
+/* DECLARE_CHECK (server.c srv_on_message): str name. */
+static void parse_declare_check(const uint8_t *data, size_t len)
+{
+	struct checked_reader c;
+	cr_init(&c, data, len);
+	char name[256];
+	cr_str(&c, name, sizeof name);
+	if (c.r.failed)
+		return;
+	struct wire_buf b;
+	wire_buf_init(&b);
+	wire_buf_str(&b, name);
+	check_rebuilt(&b, &c);
+	wire_buf_fini(&b);
+}
+
 /* DECLARE reply (client.c): u32 status, then str why when it is not 0,
  * or nparts x u32 server rank. */
 static void parse_declare_reply(const uint8_t *data, size_t len, uint32_t nparts)
@@ -429,7 +446,8 @@ static void parse_declare_reply(const uint8_t *data, size_t len, uint32_t nparts
 		CHECK(cr_consumed(&c) == 4 + 4 * (size_t)nparts);
 }
 
-/* ERROR (worker.c, client.c): str text, into the sizes those callers use. */
+/* ERROR (worker.c, client.c, scheduler.c): str text, into the sizes those
+ * callers use. */
 static void parse_error(const uint8_t *data, size_t len, size_t text_len)
 {
 	struct checked_reader c;
@@ -484,6 +502,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	parse_register(payload, payload_len);
 	parse_addrbook(payload, payload_len);
 	parse_declare_request(payload, payload_len);
+	parse_declare_check(payload, payload_len);
 	uint32_t nparts = payload_len >= 4 ? (uint32_t)((payload_len - 4) / 4) : 0;
 	if (nparts > PLACEMENT_MAX_PARTS)
 		nparts = PLACEMENT_MAX_PARTS;

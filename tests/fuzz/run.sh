@@ -19,7 +19,9 @@ die() {
 	exit 2
 }
 
-[ $# -ge 1 ] && [ $# -le 2 ] || die "usage: $0 SECONDS [BUILD_DIR]"
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+	die "usage: $0 SECONDS [BUILD_DIR]"
+fi
 SECONDS_TO_RUN=$1
 case $SECONDS_TO_RUN in
 '' | *[!0-9]*) die "SECONDS must be a whole number of seconds, got '$SECONDS_TO_RUN'" ;;
