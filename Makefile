@@ -6,7 +6,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build demo demo-c test test-sanitize bench clean
+.PHONY: all deps build demo demo-c test test-sanitize fuzz bench clean
 
 all: build
 
@@ -35,6 +35,10 @@ test-sanitize: deps
 		-DCMAKE_C_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -O1" >/dev/null
 	@cmake --build build-asan -j $(JOBS)
 	cd build-asan && ctest --output-on-failure -j 1
+
+# The wire-codec fuzzer for ten minutes (make test runs it for 45 s).
+fuzz: deps
+	sh tests/fuzz/run.sh 600 $(BUILD)/fuzz
 
 bench: build
 	$(BUILD)/bench_reducer

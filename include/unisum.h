@@ -52,6 +52,7 @@ enum {
 	UNISUM_EREMOTE = -10,	/* a peer reported an error (see the log / last error) */
 	UNISUM_ESYS = -11,	/* a system call failed (see errno in the log) */
 	UNISUM_ESHUTDOWN = -12,	/* the job is shutting down */
+	UNISUM_EAUTH = -13,	/* a peer failed the handshake of the job secret */
 };
 
 /* Flags of unisum_push_pull(). */

@@ -76,6 +76,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -86,6 +87,7 @@
 #include "log/log.h"
 #include "rendezvous/rendezvous.h"
 #include "tools.h"
+#include "transport/auth.h"
 #include "transport/transport.h"
 
 extern char **environ;
@@ -571,6 +573,22 @@ static bool env_is_ours(const char *var)
 			return true;
 	}
 	return false;
+}
+
+/* Gives the job a fresh secret (UNISUM_SECRET, inherited by every child)
+ * unless the user chose one: then nobody who merely reaches a port can join
+ * the job or inject gradients.  False when no random bytes could be had. */
+static bool secret_ensure(void)
+{
+	if (getenv("UNISUM_SECRET") != NULL || getenv("UNISUM_SECRET_FILE") != NULL)
+		return true;
+	uint8_t raw[32];
+	char hex[2 * sizeof raw + 1];
+	if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
+		return false;
+	for (size_t i = 0; i < sizeof raw; i++)
+		snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+	return setenv("UNISUM_SECRET", hex, 1) == 0;
 }
 
 /* Builds the environment of child `c`.  Returns NULL when out of memory;
@@ -1254,7 +1272,11 @@ int launch_main(int argc, char **argv)
 	 * same environment the children get; the job size from the options. */
 	struct config cfg;
 	char cfg_err[512];
-	if (config_load(&cfg, cfg_err, sizeof cfg_err) != 0) {
+	if (!secret_ensure()) {
+		fprintf(stderr, "unisum launch: cannot make a job secret: %s\n", strerror(errno));
+		goto out_free_children;
+	}
+	if (config_load(&cfg, cfg_err, sizeof cfg_err) != 0 || auth_set_secret(cfg.secret) != 0) {
 		fprintf(stderr, "unisum launch: %s\n", cfg_err);
 		status = LAUNCH_EXIT_USAGE;
 		goto out_free_children;

@@ -16,6 +16,7 @@
 #include "rendezvous/rendezvous.h"
 #include "server/server.h"
 #include "tools.h"
+#include "transport/auth.h"
 #include "transport/transport.h"
 
 static void usage(FILE *out)
@@ -47,6 +48,10 @@ static int load_role_config(struct config *cfg, int role)
 	}
 	log_set_level(cfg->log_level);
 	log_set_identity(config_role_name(role), -1);
+	if (auth_set_secret(cfg->secret) != 0) {
+		fprintf(stderr, "unisum %s: libsodium cannot start\n", config_role_name(role));
+		return UNISUM_ESYS;
+	}
 	return 0;
 }
 

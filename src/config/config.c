@@ -76,6 +76,10 @@ static const struct knob config_knobs[] = {
 	 "a server logs a round some workers pushed and others not for this long (ms)"},
 	{"UNISUM_STALL_ABORT_MS", NULL, NULL, KNOB_INT, FIELD(stall_abort_ms), "0", 0, INT_MAX,
 	 "such a stall this long (ms) fails the job on every rank (0: never)"},
+	{"UNISUM_SECRET", NULL, NULL, KNOB_STRING, FIELD(secret), NULL, 0, 0,
+	 "job secret: every connection proves it (HMAC handshake); `unisum launch` makes one"},
+	{"UNISUM_SECRET_FILE", NULL, NULL, KNOB_STRING, FIELD(secret_file), NULL, 0, 0,
+	 "file whose first line is the job secret (instead of UNISUM_SECRET)"},
 };
 
 #define KNOB_COUNT (sizeof config_knobs / sizeof config_knobs[0])
@@ -167,6 +171,30 @@ static int config_parse_one(struct config *cfg, const struct knob *k, const char
 	return UNISUM_ECONFIG;
 }
 
+/* Reads the first line of UNISUM_SECRET_FILE into cfg->secret. */
+static int config_read_secret(struct config *cfg, char *err, size_t err_len)
+{
+	if (cfg->secret[0] != '\0') {
+		snprintf(err, err_len, "UNISUM_SECRET and UNISUM_SECRET_FILE are both set: keep one");
+		return UNISUM_ECONFIG;
+	}
+	FILE *f = fopen(cfg->secret_file, "r");
+	if (f == NULL) {
+		snprintf(err, err_len, "UNISUM_SECRET_FILE=%s cannot be read: %s", cfg->secret_file,
+			 strerror(errno));
+		return UNISUM_ECONFIG;
+	}
+	bool ok = fgets(cfg->secret, sizeof cfg->secret, f) != NULL;
+	fclose(f);
+	cfg->secret[strcspn(cfg->secret, "\r\n")] = '\0';
+	if (!ok || cfg->secret[0] == '\0') {
+		snprintf(err, err_len, "UNISUM_SECRET_FILE=%s holds no secret on its first line",
+			 cfg->secret_file);
+		return UNISUM_ECONFIG;
+	}
+	return 0;
+}
+
 int config_load(struct config *cfg, char *err, size_t err_len)
 {
 	memset(cfg, 0, sizeof *cfg);
@@ -198,6 +226,11 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 		snprintf(err, err_len, "UNISUM_SERVER_ID=%d must be below UNISUM_NUM_SERVER=%d",
 			 cfg->server_id, cfg->num_servers);
 		return UNISUM_ECONFIG;
+	}
+	if (cfg->secret_file[0] != '\0') {
+		int rc = config_read_secret(cfg, err, err_len);
+		if (rc != 0)
+			return rc;
 	}
 	if (cfg->heartbeat_ms >= cfg->timeout_ms) {
 		snprintf(err, err_len, "UNISUM_HEARTBEAT_MS=%d must be below UNISUM_TIMEOUT_MS=%d",
@@ -255,7 +288,8 @@ void config_print(FILE *out)
 				k->alias2 ? k->alias2 : "");
 		fprintf(out, "%-28s   default: %s", "", k->defval ? k->defval : "(none)");
 		if (var != NULL)
-			fprintf(out, "; set: %s=%s", var, text);
+			fprintf(out, "; set: %s=%s", var,
+				strcmp(k->name, "UNISUM_SECRET") == 0 ? "(hidden)" : text);
 		fputc('\n', out);
 	}
 }

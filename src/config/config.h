@@ -45,6 +45,8 @@ struct config {
 	int heartbeat_ms;		/* how often nodes and scheduler say they are alive */
 	int stall_warn_ms;		/* a round waiting this long for some workers is logged */
 	int stall_abort_ms;		/* ... and this long fails the job (0: never) */
+	char secret[256];		/* the job secret ("" = no authentication) */
+	char secret_file[1024];		/* where the secret was read from, or "" */
 };
 
 /* Fills `cfg` from the environment.  On a malformed value returns

@@ -33,6 +33,8 @@ const char *unisum_strerror(int err)
 		return "a system call failed";
 	case UNISUM_ESHUTDOWN:
 		return "the job is shutting down";
+	case UNISUM_EAUTH:
+		return "a peer failed the handshake of the job secret";
 	default:
 		return "unknown error";
 	}

@@ -8,7 +8,7 @@ uint64_t placement_nparts(uint64_t count, size_t elem_size, uint64_t partition_b
 	if (count == 0 || elem_size == 0 || elem_size > partition_bytes)
 		return 0;
 	uint64_t per_part = partition_bytes / elem_size;
-	return (count + per_part - 1) / per_part;
+	return count / per_part + (count % per_part != 0);
 }
 
 void placement_partition(uint64_t count, uint64_t nparts, struct placement_part *parts)

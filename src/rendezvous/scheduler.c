@@ -447,9 +447,10 @@ static void *sched_node_main(void *arg)
 	struct rdv_scheduler *s = n->s;
 	char why[256] = "";
 	void *payload = NULL;
-	int rc;
+	/* Nobody without the job secret gets a byte read as a message. */
+	int rc = s->tp->authenticate(n->conn, why, sizeof why);
 
-	for (;;) {
+	for (; rc == 0;) {
 		struct wire_hdr h;
 		rc = s->tp->recv_header(n->conn, &h, why, sizeof why);
 		if (rc != 0)
@@ -520,14 +521,16 @@ static void *sched_node_main(void *arg)
 			break;
 	}
 	free(payload);
+	/* Hang up now (the connection is freed with the scheduler), so a
+	 * rejected stranger learns it at once. */
+	s->tp->conn_shutdown(n->conn);
 
 	pthread_mutex_lock(&s->lock);
 	n->gone = true;
 	char label[160];
 	sched_node_label(n, label, sizeof label);
-	if (rc == UNISUM_EPROTO) {
+	if (rc == UNISUM_EPROTO || rc == UNISUM_EAUTH)
 		LOG_ERROR("closing the connection of %s: %s", label, why);
-	}
 	if (n->registered && !n->said_goodbye && s->error == 0 && !s->aborted) {
 		char msg[512];
 		if (rc == UNISUM_EPROTO)

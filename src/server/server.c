@@ -248,6 +248,12 @@ static int srv_key_declare(struct server *srv, const struct wire_hdr *h, const c
 	size_t W = (size_t)srv->nworkers;
 	pthread_mutex_lock(&srv->lock);
 	struct srv_key *k = srv_key_find(srv, h->key);
+	if (h->count > WIRE_MAX_DATA_PAYLOAD / unisum_dtype_size(h->dtype)) {
+		snprintf(why, len, "key 0x%llx declared with %llu elements, more than one 1 GiB partition",
+			 (unsigned long long)h->key, (unsigned long long)h->count);
+		rc = UNISUM_EPROTO;
+		goto out_unlock;
+	}
 	if (k != NULL) {
 		if (k->dtype != h->dtype || k->count != h->count) {
 			snprintf(why, len, "key 0x%llx is %s[%llu] here but the worker declared %s[%llu]",
@@ -821,8 +827,9 @@ static void *srv_recv_main(void *arg)
 	struct srv_conn *c = arg;
 	struct server *srv = c->srv;
 	char why[512] = "";
-	int rc;
-	for (;;) {
+	/* Nobody without the job secret gets a byte read as a message. */
+	int rc = srv->tp->authenticate(c->conn, why, sizeof why);
+	for (; rc == 0;) {
 		struct wire_hdr h;
 		rc = srv->tp->recv_header(c->conn, &h, why, sizeof why);
 		if (rc != 0)

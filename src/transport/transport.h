@@ -53,6 +53,13 @@ struct transport_ops {
 	 * kernel: 0, or UNISUM_ECONN. */
 	int (*send)(struct tp_conn *c, const struct wire_hdr *hdr, const void *payload);
 
+	/* Runs the handshake of the job secret (auth.h) on a fresh connection;
+	 * a no-op when no secret is set.  The acceptor calls it, on the
+	 * connection's own thread, before receiving any message; connect()
+	 * runs the connector's side itself.  0, or UNISUM_EAUTH with the
+	 * reason in `why` (the caller closes the connection). */
+	int (*authenticate)(struct tp_conn *c, char *why, size_t why_len);
+
 	/* Receives and validates (wire_decode) the next header.  0, or
 	 * UNISUM_ECONN when the peer closed or the connection broke, or
 	 * UNISUM_EPROTO with the reason in `why`. */

@@ -31,6 +31,7 @@
 #include "placement/placement.h"
 #include "reducer/reducer.h"
 #include "rendezvous/rendezvous.h"
+#include "transport/auth.h"
 #include "transport/transport.h"
 #include "unisum.h"
 #include "wire/wire.h"
@@ -574,6 +575,8 @@ int unisum_init(void)
 		return log_fail(rc, "unisum_init: %s", err);
 	log_set_level(wk.cfg.log_level);
 	log_set_identity("worker", wk.cfg.worker_id);
+	if (auth_set_secret(wk.cfg.secret) != 0)
+		return log_fail(UNISUM_ESYS, "unisum_init: libsodium cannot start");
 
 	wk.tp = transport_tcp();
 	wk.failed = 0;

@@ -26,6 +26,10 @@
  *   check_sums stop R N       the same, but rank R stops (SIGSTOP): alive yet
  *                             silent, caught by the heartbeat timeout
  *   check_sums late MS        rank 1 pushes tensor 'late' MS ms after the others
+ *   check_sums auth PORT      with UNISUM_SECRET set: rank 0 tries the server at
+ *                             127.0.0.1:PORT without the secret, with a wrong
+ *                             tag and with a replayed handshake, and must be
+ *                             hung up on each time; then every worker finishes rounds
  *   check_sums skip           rank 1 never pushes tensor 'skipped' and waits in a
  *                             barrier; every rank exits 3 once an error names
  *                             the tensor (UNISUM_STALL_ABORT_MS), 1 otherwise
@@ -44,6 +48,7 @@
 #include <unistd.h>
 
 #include "reducer/reducer.h"
+#include "transport/auth.h"
 #include "unisum.h"
 #include "wire/wire.h"
 
@@ -393,6 +398,87 @@ static void expect_hangup(int port, const void *data, size_t len, bool half_clos
 	printf("rank %d: server hung up after %s\n", rank, what);
 }
 
+static int connect_local(int port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+		FAIL("auth: cannot connect to port %d", port);
+	struct timeval tv = {.tv_sec = 5};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	return fd;
+}
+
+/* Reads exactly n bytes or fails the test. */
+static void read_exact(int fd, void *buf, size_t n, const char *what)
+{
+	for (size_t got = 0; got < n;) {
+		ssize_t r = recv(fd, (char *)buf + got, n - got, 0);
+		if (r <= 0)
+			FAIL("auth: %s: the server hung up early", what);
+		got += (size_t)r;
+	}
+}
+
+/* After `what` was sent on fd, the server must close without a word. */
+static void expect_closed(int fd, const char *what)
+{
+	char c;
+	ssize_t r = recv(fd, &c, 1, 0);
+	if (r != 0)
+		FAIL("auth: the server %s after %s", r > 0 ? "answered" : "kept the connection open", what);
+	close(fd);
+	printf("rank %d: server hung up after %s\n", rank, what);
+}
+
+static void mode_auth(int port)
+{
+	if (rank == 0) {
+		uint8_t challenge[4 + AUTH_NONCE_BYTES], answer[AUTH_NONCE_BYTES + AUTH_TAG_BYTES];
+		uint8_t tag[AUTH_TAG_BYTES];
+
+		/* 1. No secret: a plain unisum hello instead of an answer. */
+		int fd = connect_local(port);
+		read_exact(fd, challenge, sizeof challenge, "no secret");
+		if (memcmp(challenge, AUTH_MAGIC, 4) != 0)
+			FAIL("auth: the server sent no challenge");
+		uint8_t hdr[WIRE_HDR_SIZE + 16] = {0};
+		struct wire_hdr h = {.type = WIRE_REGISTER, .sender = 1};
+		wire_encode(&h, hdr);
+		send(fd, hdr, sizeof hdr, MSG_NOSIGNAL);
+		expect_closed(fd, "a client without the secret");
+
+		/* 2. A wrong tag: the right shape, made with another key. */
+		fd = connect_local(port);
+		read_exact(fd, challenge, sizeof challenge, "wrong secret");
+		auth_nonce(answer);
+		for (size_t i = 0; i < AUTH_TAG_BYTES; i++)
+			answer[AUTH_NONCE_BYTES + i] = (uint8_t)mix(i);
+		send(fd, answer, sizeof answer, MSG_NOSIGNAL);
+		expect_closed(fd, "a client with a wrong secret");
+
+		/* 3. A replay: a valid answer captured on one connection, sent
+		 * again on the next (whose challenge differs). */
+		fd = connect_local(port);
+		read_exact(fd, challenge, sizeof challenge, "capture");
+		auth_nonce(answer);
+		auth_tag("connector", challenge + 4, answer, answer + AUTH_NONCE_BYTES);
+		send(fd, answer, sizeof answer, MSG_NOSIGNAL);
+		read_exact(fd, tag, sizeof tag, "the genuine handshake");
+		if (!auth_tag_is_valid("acceptor", answer, challenge + 4, tag))
+			FAIL("auth: the server's answer does not prove it knows the secret");
+		close(fd);
+		fd = connect_local(port);
+		read_exact(fd, challenge, sizeof challenge, "replay");
+		send(fd, answer, sizeof answer, MSG_NOSIGNAL);
+		expect_closed(fd, "a replayed handshake");
+	}
+	check(unisum_barrier(), "barrier");
+	finish_round("after the strangers");
+	printf("rank %d: rounds after the strangers ok\n", rank);
+}
+
 static void mode_garbage(int port)
 {
 	if (rank == 0) {
@@ -522,6 +608,8 @@ int main(int argc, char **argv)
 		mode_garbage(arg);
 	else if (strcmp(mode, "die") == 0 && argc > 3)
 		mode_die(arg, atoi(argv[3]), SIGKILL);
+	else if (strcmp(mode, "auth") == 0)
+		mode_auth(arg);
 	else if (strcmp(mode, "late") == 0)
 		mode_late(arg);
 	else if (strcmp(mode, "skip") == 0)

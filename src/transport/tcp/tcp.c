@@ -20,6 +20,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,14 @@
 #include <unistd.h>
 
 #include "log/log.h"
+#include "transport/auth.h"
 #include "transport/transport.h"
+
+static void tcp_conn_free(struct tp_conn *c);
+static int tcp_authenticate_side(struct tp_conn *c, bool acceptor, char *why, size_t len);
+
+/* How long a handshake may wait for the peer's next bytes. */
+#define TCP_AUTH_TIMEOUT_S 10
 
 struct tp_listener {
 	int fd;			/* listening socket */
@@ -181,6 +189,12 @@ static int tcp_connect(const char *host, int port, int timeout_ms, struct tp_con
 				close(fd);
 				return UNISUM_ENOMEM;
 			}
+			char why[256];
+			rc = tcp_authenticate_side(c, false, why, sizeof why);
+			if (rc != 0) {
+				tcp_conn_free(c);
+				return log_fail(rc, "%s", why);
+			}
 			*out = c;
 			return 0;
 		}
@@ -199,6 +213,98 @@ static int tcp_connect(const char *host, int port, int timeout_ms, struct tp_con
 		if (delay_ms < 200)
 			delay_ms *= 2;
 	}
+}
+
+static int tcp_read_full(int fd, void *dst, size_t len);
+
+static int tcp_write_full(int fd, const void *src, size_t len)
+{
+	const uint8_t *p = src;
+	while (len > 0) {
+		ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return UNISUM_ECONN;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static void tcp_recv_timeout(int fd, int seconds)
+{
+	struct timeval tv = {.tv_sec = seconds};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+/* The connector's side of the handshake (auth.h). */
+static int tcp_auth_connector(struct tp_conn *c, char *why, size_t len)
+{
+	uint8_t challenge[4 + AUTH_NONCE_BYTES], answer[AUTH_NONCE_BYTES + AUTH_TAG_BYTES],
+		tag[AUTH_TAG_BYTES];
+	if (tcp_read_full(c->fd, challenge, sizeof challenge) != 0 ||
+	    memcmp(challenge, AUTH_MAGIC, 4) != 0) {
+		snprintf(why, len, "%s sent no authentication challenge: is UNISUM_SECRET set on every "
+			 "node of the job (and only there)?", c->peer);
+		return UNISUM_EAUTH;
+	}
+	const uint8_t *nonce_a = challenge + 4;
+	uint8_t *nonce_c = answer;
+	auth_nonce(nonce_c);
+	auth_tag("connector", nonce_a, nonce_c, answer + AUTH_NONCE_BYTES);
+	if (tcp_write_full(c->fd, answer, sizeof answer) != 0 ||
+	    tcp_read_full(c->fd, tag, sizeof tag) != 0) {
+		snprintf(why, len, "%s hung up during the handshake: it holds another UNISUM_SECRET",
+			 c->peer);
+		return UNISUM_EAUTH;
+	}
+	if (!auth_tag_is_valid("acceptor", nonce_c, nonce_a, tag)) {
+		snprintf(why, len, "%s does not know the job secret (UNISUM_SECRET differs)", c->peer);
+		return UNISUM_EAUTH;
+	}
+	return 0;
+}
+
+/* The acceptor's side of the handshake (auth.h). */
+static int tcp_auth_acceptor(struct tp_conn *c, char *why, size_t len)
+{
+	uint8_t challenge[4 + AUTH_NONCE_BYTES], answer[AUTH_NONCE_BYTES + AUTH_TAG_BYTES],
+		tag[AUTH_TAG_BYTES];
+	memcpy(challenge, AUTH_MAGIC, 4);
+	uint8_t *nonce_a = challenge + 4;
+	auth_nonce(nonce_a);
+	if (tcp_write_full(c->fd, challenge, sizeof challenge) != 0 ||
+	    tcp_read_full(c->fd, answer, sizeof answer) != 0) {
+		snprintf(why, len, "no answer to the authentication challenge");
+		return UNISUM_EAUTH;
+	}
+	const uint8_t *nonce_c = answer;
+	if (!auth_tag_is_valid("connector", nonce_a, nonce_c, answer + AUTH_NONCE_BYTES)) {
+		snprintf(why, len, "wrong or missing job secret (or a replayed handshake)");
+		return UNISUM_EAUTH;
+	}
+	auth_tag("acceptor", nonce_c, nonce_a, tag);
+	if (tcp_write_full(c->fd, tag, sizeof tag) != 0) {
+		snprintf(why, len, "hung up during the handshake");
+		return UNISUM_EAUTH;
+	}
+	return 0;
+}
+
+static int tcp_authenticate_side(struct tp_conn *c, bool acceptor, char *why, size_t len)
+{
+	if (!auth_is_enabled())
+		return 0;
+	tcp_recv_timeout(c->fd, TCP_AUTH_TIMEOUT_S);
+	int rc = acceptor ? tcp_auth_acceptor(c, why, len) : tcp_auth_connector(c, why, len);
+	tcp_recv_timeout(c->fd, 0);
+	return rc;
+}
+
+static int tcp_authenticate(struct tp_conn *c, char *why, size_t len)
+{
+	return tcp_authenticate_side(c, true, why, len);
 }
 
 static int tcp_send(struct tp_conn *c, const struct wire_hdr *hdr, const void *payload)
@@ -302,6 +408,7 @@ static const struct transport_ops tcp_ops = {
 	.listener_free = tcp_listener_free,
 	.connect = tcp_connect,
 	.send = tcp_send,
+	.authenticate = tcp_authenticate,
 	.recv_header = tcp_recv_header,
 	.recv_payload = tcp_recv_payload,
 	.conn_shutdown = tcp_conn_shutdown,
