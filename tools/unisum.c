@@ -64,7 +64,8 @@ int scheduler_main(int argc, char **argv)
 		return 2;
 	struct rdv_scheduler *s;
 	int port;
-	const char *host = cfg.scheduler_host[0] ? cfg.scheduler_host : "0.0.0.0";
+	/* Nothing listens on every interface unless UNISUM_BIND asks for it. */
+	const char *host = cfg.bind[0] ? cfg.bind : cfg.scheduler_host[0] ? cfg.scheduler_host : "127.0.0.1";
 	int rc = rdv_scheduler_start(host, cfg.scheduler_port, &cfg, transport_tcp(), &s, &port);
 	if (rc != 0) {
 		fprintf(stderr, "unisum scheduler: %s\n", unisum_last_error());

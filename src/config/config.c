@@ -56,6 +56,9 @@ static const struct knob config_knobs[] = {
 	 "rank this server asks for (-1: the scheduler assigns by arrival)"},
 	{"UNISUM_NODE_HOST", "DMLC_NODE_HOST", NULL, KNOB_STRING, FIELD(node_host), "127.0.0.1", 0, 0,
 	 "address this node listens on and advertises to its peers"},
+	{"UNISUM_BIND", NULL, NULL, KNOB_STRING, FIELD(bind), NULL, 0, 0,
+	 "address a server or scheduler listens on (default: the address it advertises; "
+	 "0.0.0.0 only when asked)"},
 	{"UNISUM_PORT", "DMLC_PORT", NULL, KNOB_INT, FIELD(port), "0", 0, 65535,
 	 "listening port of a server (0: any free port)"},
 	{"UNISUM_LOCAL_RANK", "BYTEPS_LOCAL_RANK", NULL, KNOB_INT, FIELD(local_rank), "0", 0, 1023,

@@ -34,7 +34,8 @@ struct config {
 	int scheduler_port;		/* its port */
 	int worker_id;			/* requested worker rank, -1 = assigned by arrival */
 	int server_id;			/* requested server rank, -1 = assigned by arrival */
-	char node_host[256];		/* address this node advertises and binds */
+	char node_host[256];		/* address this node advertises (and binds, unless bind) */
+	char bind[256];			/* address to listen on, "" = node_host / scheduler_host */
 	int port;			/* listening port of a server, 0 = any free one */
 	int local_rank;			/* rank among the workers of this machine */
 	int local_size;			/* workers on this machine */

@@ -992,7 +992,8 @@ int server_run(const struct config *cfg)
 	if (srv->buckets == NULL || srv->by_worker == NULL || srv->engines == NULL)
 		goto out_free;
 
-	rc = srv->tp->listen(cfg->node_host, cfg->port, &srv->listener, &port);
+	const char *bind_host = cfg->bind[0] ? cfg->bind : cfg->node_host;
+	rc = srv->tp->listen(bind_host, cfg->port, &srv->listener, &port);
 	if (rc != 0)
 		goto out_free;
 	for (; started < srv->nengines; started++) {
@@ -1011,7 +1012,7 @@ int server_run(const struct config *cfg)
 	srv->id = rdv_client_id(srv->rdv);
 	srv->rank = rdv_client_rank(srv->rdv);
 	log_set_identity("server", srv->rank);
-	LOG_INFO("listening on %s:%d with %d engine threads, reducer %s", cfg->node_host, port,
+	LOG_INFO("listening on %s:%d with %d engine threads, reducer %s", bind_host, port,
 		 srv->nengines, reducer_isa_name(reducer_active_isa()));
 
 	srv_accept_loop(srv);

@@ -10,6 +10,19 @@ out=$(timeout 60 "$UNISUM" launch -w 1 -s 1 -- /nonexistent/program 2>&1)
 rc=$?
 expect "launch of a missing program exits 127" [ $rc -eq 127 ]
 
+# SIGINT to the launcher stops the whole job: it exits 130 and no server
+# or worker outlives it.
+"$UNISUM" launch -w 2 -s 2 -- "$CHECK" rounds 100000007 >/dev/null 2>&1 &
+lp=$!
+sleep 1
+kill -INT $lp
+wait $lp
+rc=$?
+sleep 0.5
+expect "SIGINT to the launcher: it exits 130" [ $rc -eq 130 ]
+expect "... and no worker outlives it" sh -c "! pgrep -f 'check_sums rounds 10000000[7]' >/dev/null"
+expect "... and no server outlives it" sh -c "! pgrep -x -f '.*unisum server' >/dev/null"
+
 # A worker killed mid-run: every survivor's error names it.  Started by
 # hand so the survivors are not stopped by the launcher first.
 pport=$(free_port)
