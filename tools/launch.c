@@ -163,6 +163,7 @@ struct launcher {
 	int num_workers;		/* -w */
 	int num_servers;		/* -s */
 	double timeout_s;		/* --timeout, 0 = none */
+	bool no_secret;			/* --no-secret: run without a job secret */
 	char **cmd;			/* CMD ARGS..., NULL-terminated (argv's) */
 
 	/* The scheduler and the thread that waits for it. */
@@ -1036,7 +1037,7 @@ static void sched_finish(struct launcher *l)
 
 static void usage(FILE *out)
 {
-	fputs("usage: unisum launch [-w N] [-s K] [--timeout SEC] [--] CMD [ARGS...]\n"
+	fputs("usage: unisum launch [-w N] [-s K] [--timeout SEC] [--no-secret] [--] CMD [ARGS...]\n"
 	      "\n"
 	      "Runs a whole job on this machine: the scheduler (inside this process),\n"
 	      "K server processes and N worker processes running CMD, with the\n"
@@ -1049,6 +1050,9 @@ static void usage(FILE *out)
 	      "  -s, --servers K     server processes (default 1)\n"
 	      "      --timeout SEC   stop everything and exit 124 after SEC seconds\n"
 	      "                      (default 0: no limit)\n"
+	      "      --no-secret     no job secret: connections are not authenticated\n"
+	      "                      (by default a fresh UNISUM_SECRET is made for the job\n"
+	      "                      unless UNISUM_SECRET or UNISUM_SECRET_FILE is set)\n"
 	      "  -h, --help          print this help\n"
 	      "\n"
 	      "Exit status: 0 when every process exited 0; else the first failing\n"
@@ -1145,6 +1149,8 @@ static int options_parse(struct launcher *l, int argc, char **argv)
 					"(0 for none), got '%s'\n", value);
 				return -1;
 			}
+		} else if (strcmp(arg, "--no-secret") == 0) {
+			l->no_secret = true;
 		} else if (strncmp(arg, "--nproc-per-node", 16) == 0) {
 			fprintf(stderr, "unisum launch: --nproc-per-node (one machine of a "
 				"multi-machine job) is not supported yet; run `unisum scheduler`, "
@@ -1167,7 +1173,7 @@ out_missing:
 	return 0;
 
 out_usage:
-	fputs("usage: unisum launch [-w N] [-s K] [--timeout SEC] [--] CMD [ARGS...]\n"
+	fputs("usage: unisum launch [-w N] [-s K] [--timeout SEC] [--no-secret] [--] CMD [ARGS...]\n"
 	      "       (unisum launch --help for more)\n", stderr);
 	return -1;
 }
@@ -1272,7 +1278,10 @@ int launch_main(int argc, char **argv)
 	 * same environment the children get; the job size from the options. */
 	struct config cfg;
 	char cfg_err[512];
-	if (!secret_ensure()) {
+	if (l->no_secret) {
+		unsetenv("UNISUM_SECRET");
+		unsetenv("UNISUM_SECRET_FILE");
+	} else if (!secret_ensure()) {
 		fprintf(stderr, "unisum launch: cannot make a job secret: %s\n", strerror(errno));
 		goto out_free_children;
 	}
