@@ -42,6 +42,18 @@ contains() {
 	printf '%s\n' "$1" | grep -E -q -- "$2"
 }
 
+# drop_logs DIR : prints every log in DIR when an assertion has failed so
+# far, then removes DIR.
+drop_logs() {
+	if [ "$FAILS" -ne 0 ]; then
+		for f in "$1"/*; do
+			echo "--- $f"
+			cat "$f"
+		done
+	fi
+	rm -rf "$1"
+}
+
 # finish : prints the closing line and exits with the verdict.
 finish() {
 	echo "$PASSES passed, $FAILS failed"

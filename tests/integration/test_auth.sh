@@ -33,12 +33,5 @@ expect "strangers rejected: no secret, wrong secret, replayed handshake (worker 
 expect "the job completed correctly meanwhile" [ $r1 -eq 0 -a $rs -eq 0 -a $rsc -eq 0 ]
 expect "the server logged each rejection" [ "$(grep -c 'job secret' "$log/server")" -ge 3 ]
 expect "the scheduler logged the wrong-secret worker" grep -q "job secret" "$log/scheduler"
-if [ "$FAILS" -ne 0 ]; then
-	echo "$out"
-	for f in "$log"/*; do
-		echo "--- $f"
-		cat "$f"
-	done
-fi
-rm -rf "$log"
+drop_logs "$log"
 finish

@@ -29,13 +29,7 @@ expect "garbage: worker 1 finished its rounds" [ $rc1 -eq 0 ]
 expect "garbage: the server kept serving and exited cleanly" [ $rcs -eq 0 ]
 expect "garbage: the scheduler exited cleanly" [ $rcp -eq 0 ]
 expect "garbage: the server logged why it closed a connection" grep -q "closing a connection from" "$log/server"
-if [ "$FAILS" -ne 0 ]; then
-	for f in "$log"/*; do
-		echo "--- $f"
-		cat "$f"
-	done
-fi
-rm -rf "$log"
+drop_logs "$log"
 unset UNISUM_NUM_WORKER UNISUM_NUM_SERVER UNISUM_SCHEDULER_HOST UNISUM_SCHEDULER_PORT
 
 # A bad environment value fails at start and names the variable.

@@ -12,16 +12,19 @@ expect "launch of a missing program exits 127" [ $rc -eq 127 ]
 
 # SIGINT to the launcher stops the whole job: it exits 130 and no server
 # or worker outlives it.
-"$UNISUM" launch -w 2 -s 2 -- "$CHECK" rounds 100000007 >/dev/null 2>&1 &
+"$UNISUM" launch -w 2 -s 2 -- "$CHECK" rounds 100000007 >/dev/null 2>"$BUILD/sigint.log" &
 lp=$!
 sleep 1
 kill -INT $lp
 wait $lp
 rc=$?
 sleep 0.5
+# The job's processes are the ones whose environment names its scheduler.
+port=$(sed -n 's/.*scheduler on 127.0.0.1:\([0-9]*\).*/\1/p' "$BUILD/sigint.log")
+left=$(grep -l -a "UNISUM_SCHEDULER_PORT=$port" /proc/[0-9]*/environ 2>/dev/null | wc -l)
+rm -f "$BUILD/sigint.log"
 expect "SIGINT to the launcher: it exits 130" [ $rc -eq 130 ]
-expect "... and no worker outlives it" sh -c "! pgrep -f 'check_sums rounds 10000000[7]' >/dev/null"
-expect "... and no server outlives it" sh -c "! pgrep -x -f '.*unisum server' >/dev/null"
+expect "... and none of its servers and workers outlives it" [ -n "$port" -a "$left" -eq 0 ]
 
 # A worker killed mid-run: every survivor's error names it.  Started by
 # hand so the survivors are not stopped by the launcher first.
@@ -53,13 +56,7 @@ expect "killed worker: both servers exited non-zero" [ $rs0 -ne 0 -a $rs1 -ne 0 
 expect "killed worker: the servers' logs name worker 2" sh -c "grep -q 'worker 2' '$log/server0' && grep -q 'worker 2' '$log/server1'"
 expect "killed worker: the scheduler exited non-zero" [ $rsc -ne 0 -a $rsc -ne 124 ]
 expect "killed worker: everything ended within 20 s" [ $elapsed -le 20 ]
-if [ "$FAILS" -ne 0 ]; then
-	for f in "$log"/*; do
-		echo "--- $f"
-		cat "$f"
-	done
-fi
-rm -rf "$log"
+drop_logs "$log"
 
 # A worker that stops (SIGSTOP) stays connected but goes silent: the
 # heartbeat timeout names it on every survivor.
@@ -92,11 +89,5 @@ expect "stopped worker: the survivors' errors say it went silent" grep -q "has s
 expect "stopped worker: the server exited non-zero" [ $rs0 -ne 0 -a $rs0 -ne 124 ]
 expect "stopped worker: the scheduler exited non-zero" [ $rsc -ne 0 -a $rsc -ne 124 ]
 expect "stopped worker: detected within the 1.5 s timeout plus a margin (10 s)" [ $elapsed -le 10 ]
-if [ "$FAILS" -ne 0 ]; then
-	for f in "$log"/*; do
-		echo "--- $f"
-		cat "$f"
-	done
-fi
-rm -rf "$log"
+drop_logs "$log"
 finish

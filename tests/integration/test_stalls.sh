@@ -32,11 +32,5 @@ wait $server
 expect "... the server exits non-zero" [ $? -ne 0 ]
 wait $sched
 expect "... the scheduler exits non-zero" [ $? -ne 0 ]
-if [ "$FAILS" -ne 0 ]; then
-	for f in "$log"/*; do
-		echo "--- $f"
-		cat "$f"
-	done
-fi
-rm -rf "$log"
+drop_logs "$log"
 finish
