@@ -55,4 +55,8 @@ void log_set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2
 /* This thread's last error, "" when none. */
 const char *log_last_error(void);
 
+/* `code` when it is one of unisum's error codes (a peer sent it as a
+ * number), else `fallback`. */
+int log_known_error(int code, int fallback);
+
 #endif /* UNISUM_LOG_H */

@@ -40,6 +40,11 @@ const char *unisum_strerror(int err)
 	}
 }
 
+int log_known_error(int code, int fallback)
+{
+	return code < 0 && code >= UNISUM_EAUTH ? code : fallback;
+}
+
 const char *unisum_last_error(void)
 {
 	return log_last_error();

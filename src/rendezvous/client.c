@@ -144,10 +144,7 @@ static void *rdv_reader_main(void *arg)
 					c->tensor_error(c->notice_arg, h.key, text);
 				break;
 			}
-			int err = -(int)h.aux;
-			if (err >= 0 || err < UNISUM_ESHUTDOWN)
-				err = UNISUM_EREMOTE;
-			rdv_fail(c, err, text);
+			rdv_fail(c, log_known_error(-(int)h.aux, UNISUM_EREMOTE), text);
 			return NULL;
 		}
 		default:
@@ -401,7 +398,7 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
 	int status = (int)(int32_t)wire_read_u32(&r);
 	if (status != 0) {
 		wire_read_str(&r, why, why_len);
-		rc = r.failed ? UNISUM_EPROTO : (status < 0 && status >= UNISUM_ESHUTDOWN ? status : UNISUM_EREMOTE);
+		rc = r.failed ? UNISUM_EPROTO : log_known_error(status, UNISUM_EREMOTE);
 	} else {
 		for (uint32_t i = 0; i < nparts; i++)
 			servers[i] = wire_read_u32(&r);

@@ -505,10 +505,9 @@ static void *sched_node_main(void *arg)
 			struct wire_reader r;
 			wire_reader_init(&r, payload, h.payload_len);
 			wire_read_str(&r, text, sizeof text);
-			int err = -(int)h.aux;
 			pthread_mutex_lock(&s->lock);
 			snprintf(msg, sizeof msg, "%s: %s", sched_node_label(n, label, sizeof label), text);
-			sched_fail(s, err < 0 && err >= UNISUM_ESHUTDOWN ? err : UNISUM_EREMOTE, msg);
+			sched_fail(s, log_known_error(-(int)h.aux, UNISUM_EREMOTE), msg);
 			pthread_mutex_unlock(&s->lock);
 			break;
 		}

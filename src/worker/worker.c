@@ -341,6 +341,29 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	}
 }
 
+/* Takes the pending job that a PULL_REPLY or per-key ERROR answers.  When
+ * this worker never asked for it (unknown key, other round, other shape),
+ * fails that job if there is one, writes why to msg and returns NULL: the
+ * connection is then broken. */
+static struct wk_job *wk_take_answered(struct wk_conn *c, const struct wire_hdr *h, char *msg,
+				       size_t len)
+{
+	pthread_mutex_lock(&c->lock);
+	struct wk_job *j = pending_take(c, h->key);
+	pthread_mutex_unlock(&c->lock);
+	bool reply = h->type == WIRE_PULL_REPLY;
+	if (j != NULL && j->round == h->round &&
+	    (!reply || (j->dtype == h->dtype && j->count == h->count)))
+		return j;
+	snprintf(msg, len, "%s sent %s for key 0x%llx round %u that this worker did not ask for",
+		 c->label, reply ? "a reply" : "an error", (unsigned long long)h->key, h->round);
+	if (j != NULL) {
+		op_part_done(j->op, UNISUM_EPROTO, msg);
+		free(j);
+	}
+	return NULL;
+}
+
 static void *wk_recv_main(void *arg)
 {
 	struct wk_conn *c = arg;
@@ -368,20 +391,10 @@ static void *wk_recv_main(void *arg)
 			}
 			/* One partition failed (its tensor was declared with another
 			 * shape elsewhere); the connection is fine. */
-			pthread_mutex_lock(&c->lock);
-			struct wk_job *j = pending_take(c, h.key);
-			pthread_mutex_unlock(&c->lock);
-			if (j == NULL || j->round != h.round) {
-				snprintf(msg, sizeof msg, "%s sent an error for key 0x%llx round %u that this "
-					 "worker did not ask for", c->label, (unsigned long long)h.key, h.round);
-				if (j != NULL) {
-					op_part_done(j->op, UNISUM_EPROTO, msg);
-					free(j);
-				}
+			struct wk_job *j = wk_take_answered(c, &h, msg, sizeof msg);
+			if (j == NULL)
 				break;
-			}
-			int err = -(int)h.aux;
-			op_part_done(j->op, err < 0 && err >= UNISUM_ESHUTDOWN ? err : UNISUM_EREMOTE, text);
+			op_part_done(j->op, log_known_error(-(int)h.aux, UNISUM_EREMOTE), text);
 			free(j);
 			continue;
 		}
@@ -389,18 +402,9 @@ static void *wk_recv_main(void *arg)
 			snprintf(msg, sizeof msg, "%s sent an unexpected %s", c->label, wire_type_name(h.type));
 			break;
 		}
-		pthread_mutex_lock(&c->lock);
-		struct wk_job *j = pending_take(c, h.key);
-		pthread_mutex_unlock(&c->lock);
-		if (j == NULL || j->round != h.round || j->dtype != h.dtype || j->count != h.count) {
-			snprintf(msg, sizeof msg, "%s sent a reply for key 0x%llx round %u that this worker "
-				 "did not ask for", c->label, (unsigned long long)h.key, h.round);
-			if (j != NULL) {
-				op_part_done(j->op, UNISUM_EPROTO, msg);
-				free(j);
-			}
+		struct wk_job *j = wk_take_answered(c, &h, msg, sizeof msg);
+		if (j == NULL)
 			break;
-		}
 		size_t bytes = j->count * unisum_dtype_size(j->dtype);
 		if (h.flags & WIRE_FLAG_ZERO) {
 			memset(j->out, 0, bytes);
