@@ -5,6 +5,7 @@
 
 #include <sodium.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "unisum.h"
@@ -62,4 +63,56 @@ bool auth_tag_is_valid(const char *label, const uint8_t *first, const uint8_t *s
 void auth_nonce(uint8_t nonce[AUTH_NONCE_BYTES])
 {
 	randombytes_buf(nonce, AUTH_NONCE_BYTES);
+}
+
+int auth_handshake_connector(const struct auth_io *io, const char *peer, char *why, size_t len)
+{
+	uint8_t challenge[4 + AUTH_NONCE_BYTES], answer[AUTH_NONCE_BYTES + AUTH_TAG_BYTES],
+		tag[AUTH_TAG_BYTES];
+	if (io->read_full(io->ctx, challenge, sizeof challenge) != 0 ||
+	    memcmp(challenge, AUTH_MAGIC, 4) != 0) {
+		snprintf(why, len, "%s sent no authentication challenge: is UNISUM_SECRET set on every "
+			 "node of the job (and only there)?", peer);
+		return UNISUM_EAUTH;
+	}
+	const uint8_t *nonce_a = challenge + 4;
+	uint8_t *nonce_c = answer;
+	auth_nonce(nonce_c);
+	auth_tag("connector", nonce_a, nonce_c, answer + AUTH_NONCE_BYTES);
+	if (io->write_full(io->ctx, answer, sizeof answer) != 0 ||
+	    io->read_full(io->ctx, tag, sizeof tag) != 0) {
+		snprintf(why, len, "%s hung up during the handshake: it holds another UNISUM_SECRET",
+			 peer);
+		return UNISUM_EAUTH;
+	}
+	if (!auth_tag_is_valid("acceptor", nonce_c, nonce_a, tag)) {
+		snprintf(why, len, "%s does not know the job secret (UNISUM_SECRET differs)", peer);
+		return UNISUM_EAUTH;
+	}
+	return 0;
+}
+
+int auth_handshake_acceptor(const struct auth_io *io, char *why, size_t len)
+{
+	uint8_t challenge[4 + AUTH_NONCE_BYTES], answer[AUTH_NONCE_BYTES + AUTH_TAG_BYTES],
+		tag[AUTH_TAG_BYTES];
+	memcpy(challenge, AUTH_MAGIC, 4);
+	uint8_t *nonce_a = challenge + 4;
+	auth_nonce(nonce_a);
+	if (io->write_full(io->ctx, challenge, sizeof challenge) != 0 ||
+	    io->read_full(io->ctx, answer, sizeof answer) != 0) {
+		snprintf(why, len, "no answer to the authentication challenge");
+		return UNISUM_EAUTH;
+	}
+	const uint8_t *nonce_c = answer;
+	if (!auth_tag_is_valid("connector", nonce_a, nonce_c, answer + AUTH_NONCE_BYTES)) {
+		snprintf(why, len, "wrong or missing job secret (or a replayed handshake)");
+		return UNISUM_EAUTH;
+	}
+	auth_tag("acceptor", nonce_c, nonce_a, tag);
+	if (io->write_full(io->ctx, tag, sizeof tag) != 0) {
+		snprintf(why, len, "hung up during the handshake");
+		return UNISUM_EAUTH;
+	}
+	return 0;
 }

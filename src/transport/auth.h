@@ -41,4 +41,22 @@ bool auth_tag_is_valid(const char *label, const uint8_t *first, const uint8_t *s
 /* Fills `nonce` with fresh random bytes. */
 void auth_nonce(uint8_t nonce[AUTH_NONCE_BYTES]);
 
+/* The bytes a handshake moves, whatever carries them: read_full() fills
+ * exactly `len` bytes and write_full() sends exactly `len`; each returns 0,
+ * or non-zero when the peer hung up, timed out or failed.  The handshake
+ * reads at most AUTH_MAX_READ bytes from the peer, whatever it sends. */
+struct auth_io {
+	void *ctx;
+	int (*read_full)(void *ctx, void *dst, size_t len);
+	int (*write_full)(void *ctx, const void *src, size_t len);
+};
+
+#define AUTH_MAX_READ (4 + AUTH_NONCE_BYTES + AUTH_TAG_BYTES)
+
+/* Runs one side of the handshake over `io`.  `peer` names the other end in
+ * messages.  Returns 0 when both sides proved they hold the secret, or
+ * UNISUM_EAUTH with the reason in `why` (never empty, always terminated). */
+int auth_handshake_connector(const struct auth_io *io, const char *peer, char *why, size_t len);
+int auth_handshake_acceptor(const struct auth_io *io, char *why, size_t len);
+
 #endif /* UNISUM_AUTH_H */

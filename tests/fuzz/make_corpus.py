@@ -1,15 +1,20 @@
 #!/usr/bin/python3
-"""make_corpus.py - writes the seed corpus of fuzz_wire (tests/fuzz/corpus/wire).
+"""make_corpus.py - writes the seed corpora of fuzz_wire and fuzz_auth
+(tests/fuzz/corpus/wire and tests/fuzz/corpus/auth).
 
 Each seed is a 48-byte header laid out as src/wire/wire.h describes, then
 an optional control payload laid out as src/rendezvous/rdv_proto.h
 describes.  Valid seeds cover every message type; malformed ones break one
 rule each, so the fuzzer starts next to every rejection path.
 
+The auth seeds follow the input layout at the top of fuzz_auth.c: each
+side, honest and raw peers, the same and another secret, a replay, a
+hang-up in each message and a flipped bit in each field.
+
     make_corpus.py [--check] [OUT_DIR]
 
-Writes OUT_DIR (default: corpus/wire beside this script), replacing the
-seeds it owns and leaving other files alone.  With --check it writes
+Writes OUT_DIR/wire and OUT_DIR/auth (OUT_DIR defaults to corpus beside
+this script), replacing the seeds it owns and leaving other files alone.  With --check it writes
 nothing and exits 1 when OUT_DIR differs from what it would write.
 """
 import os
@@ -113,31 +118,66 @@ def seeds():
     }
 
 
+def auth_seed(side, honest, replay=False, other_secret=False, why_size=200,
+              secret=b"job-secret", hang_up_after=255, nonce=bytes(range(32)), mask=b""):
+    """One fuzz_auth input (layout in fuzz_auth.c)."""
+    mode = ((side == "connector") | (honest << 1) | (replay << 2) | (other_secret << 3))
+    head = bytes([mode, why_size - 1, len(secret) - 1]) + secret + bytes([hang_up_after])
+    return head + (nonce + mask if honest else mask)
+
+
+def auth_seeds():
+    flip = lambda at: bytes(at) + b"\x01"
+    return {
+        "acceptor-honest": auth_seed("acceptor", True),
+        "acceptor-replay": auth_seed("acceptor", True, replay=True),
+        "acceptor-other-secret": auth_seed("acceptor", True, other_secret=True),
+        "acceptor-hangup-in-answer": auth_seed("acceptor", True, hang_up_after=40),
+        "acceptor-flip-nonce": auth_seed("acceptor", True, mask=flip(3)),
+        "acceptor-flip-tag": auth_seed("acceptor", True, mask=flip(40)),
+        "acceptor-raw": auth_seed("acceptor", False, mask=bytes(64)),
+        "acceptor-tiny-reason": auth_seed("acceptor", False, why_size=1, mask=b"junk"),
+        "connector-honest": auth_seed("connector", True),
+        "connector-other-secret": auth_seed("connector", True, other_secret=True),
+        "connector-no-challenge": auth_seed("connector", True, hang_up_after=0),
+        "connector-hangup-in-tag": auth_seed("connector", True, hang_up_after=50),
+        "connector-flip-magic": auth_seed("connector", True, mask=flip(1)),
+        "connector-flip-nonce": auth_seed("connector", True, mask=flip(10)),
+        "connector-flip-tag": auth_seed("connector", True, mask=flip(60)),
+        "connector-raw": auth_seed("connector", False, mask=b"USAU" + bytes(64)),
+        "connector-tiny-reason": auth_seed("connector", False, why_size=2, mask=b"USAX"),
+    }
+
+
 def main(argv):
     check = "--check" in argv
     args = [a for a in argv if a != "--check"]
     here = os.path.dirname(os.path.abspath(__file__))
-    out = args[0] if args else os.path.join(here, "corpus", "wire")
+    root = args[0] if args else os.path.join(here, "corpus")
     differ = []
-    if not check:
-        os.makedirs(out, exist_ok=True)
-    for name, blob in sorted(seeds().items()):
-        path = os.path.join(out, name)
-        if check:
-            try:
-                with open(path, "rb") as f:
-                    if f.read() != blob:
-                        differ.append(name)
-            except OSError:
-                differ.append(name)
-        else:
-            with open(path, "wb") as f:
-                f.write(blob)
+    written = 0
+    for sub, blobs in (("wire", seeds()), ("auth", auth_seeds())):
+        out = os.path.join(root, sub)
+        if not check:
+            os.makedirs(out, exist_ok=True)
+        for name, blob in sorted(blobs.items()):
+            path = os.path.join(out, name)
+            if check:
+                try:
+                    with open(path, "rb") as f:
+                        if f.read() != blob:
+                            differ.append(sub + "/" + name)
+                except OSError:
+                    differ.append(sub + "/" + name)
+            else:
+                with open(path, "wb") as f:
+                    f.write(blob)
+                written += 1
     if check and differ:
         print("make_corpus: out of date: " + ", ".join(differ), file=sys.stderr)
         return 1
     if not check:
-        print("make_corpus: wrote %d seeds to %s" % (len(seeds()), out))
+        print("make_corpus: wrote %d seeds to %s" % (written, root))
     return 0
 
 

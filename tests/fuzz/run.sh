@@ -1,12 +1,14 @@
 #!/bin/sh
-# run.sh - builds the wire-codec fuzzer and runs it for a while.
+# run.sh - builds a fuzzer and runs it for a while.
 #
-#   tests/fuzz/run.sh SECONDS [BUILD_DIR]
+#   tests/fuzz/run.sh SECONDS [BUILD_DIR] [TARGET]
 #
-# Builds tests/fuzz/fuzz_wire.c with libFuzzer, AddressSanitizer and
-# UndefinedBehaviorSanitizer into BUILD_DIR (default build/fuzz, relative to
-# the repository root), then fuzzes for SECONDS on a scratch copy of
-# tests/fuzz/corpus/wire: the committed seeds are never written to.
+# TARGET is wire (the wire codec, tests/fuzz/fuzz_wire.c; the default) or
+# auth (the connection handshake, tests/fuzz/fuzz_auth.c).  Builds the
+# harness with libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer
+# into BUILD_DIR (default build/fuzz, relative to the repository root),
+# then fuzzes for SECONDS on a scratch copy of tests/fuzz/corpus/TARGET:
+# the committed seeds are never written to.
 # Exits 0 only when the fuzzer ran the whole time without a crash, leak,
 # undefined behaviour, timeout or out-of-memory; otherwise it prints the
 # input that failed (hex) and where it was saved.  A missing clang or
@@ -14,14 +16,22 @@
 # silent skip.  Set CLANG to use another clang binary.
 set -u
 
+TARGET=${3:-wire}
+NAME=fuzz_$TARGET
+
 die() {
-	echo "fuzz_wire: $*" >&2
+	echo "$NAME: $*" >&2
 	exit 2
 }
 
-if [ $# -lt 1 ] || [ $# -gt 2 ]; then
-	die "usage: $0 SECONDS [BUILD_DIR]"
+if [ $# -lt 1 ] || [ $# -gt 3 ]; then
+	die "usage: $0 SECONDS [BUILD_DIR] [wire|auth]"
 fi
+case $TARGET in
+wire) SOURCES="src/wire/wire.c src/wire/dtype.c" LIBS= ;;
+auth) SOURCES="src/transport/auth.c" LIBS=-lsodium ;;
+*) die "TARGET must be wire or auth, got '$TARGET'" ;;
+esac
 SECONDS_TO_RUN=$1
 case $SECONDS_TO_RUN in
 '' | *[!0-9]*) die "SECONDS must be a whole number of seconds, got '$SECONDS_TO_RUN'" ;;
@@ -53,32 +63,34 @@ fi
 rm -f "$probe" "$probe.c" "$probe.log"
 
 # The harness.
-BIN="$BUILD/fuzz_wire"
-echo "fuzz_wire: building $BIN"
+BIN="$BUILD/$NAME"
+echo "$NAME: building $BIN"
 if ! "$CLANG" -std=c11 -D_GNU_SOURCE -g -O1 -Wall -Wextra \
 	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	-Iinclude -Isrc src/wire/wire.c src/wire/dtype.c tests/fuzz/fuzz_wire.c -o "$BIN"; then
+	-Iinclude -Isrc $SOURCES "tests/fuzz/$NAME.c" $LIBS -o "$BIN"; then
 	die "FAIL: the harness does not build (see the compiler output above)"
 fi
 
 # A scratch corpus, so new inputs never land in the committed seeds.
-SEEDS="$ROOT/tests/fuzz/corpus/wire"
+SEEDS="$ROOT/tests/fuzz/corpus/$TARGET"
 [ -d "$SEEDS" ] || die "FAIL: no seed corpus at $SEEDS (run tests/fuzz/make_corpus.py)"
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/fuzz_wire.XXXXXX") || die "cannot create a scratch directory"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/$NAME.XXXXXX") || die "cannot create a scratch directory"
 trap 'rm -rf "$WORK"' EXIT
 mkdir "$WORK/corpus" "$WORK/artifacts"
 cp "$SEEDS"/* "$WORK/corpus/"
-LOG="$BUILD/fuzz_wire.log"
+LOG="$BUILD/$NAME.log"
 started=$(date +%s)
+DICT=
+[ -f "$ROOT/tests/fuzz/$TARGET.dict" ] && DICT="-dict=$ROOT/tests/fuzz/$TARGET.dict"
 
-echo "fuzz_wire: fuzzing for $SECONDS_TO_RUN s on a copy of $(ls "$SEEDS" | wc -l) seeds (log: $LOG)"
+echo "$NAME: fuzzing for $SECONDS_TO_RUN s on a copy of $(ls "$SEEDS" | wc -l) seeds (log: $LOG)"
 # -timeout: one input running 10 s is a hang.  detect_leaks is on by default
 # under ASan; halt_on_error and the UBSan flags make every report fatal.
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1:abort_on_error=0} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
 	"$BIN" -max_total_time="$SECONDS_TO_RUN" -timeout=10 -rss_limit_mb=2048 \
 	-print_final_stats=1 -artifact_prefix="$WORK/artifacts/" \
-	-dict="$ROOT/tests/fuzz/wire.dict" "$WORK/corpus" >"$LOG" 2>&1
+	$DICT "$WORK/corpus" >"$LOG" 2>&1
 rc=$?
 wall=$(($(date +%s) - started))
 
@@ -98,11 +110,11 @@ if [ "$rc" -ne 0 ] || [ "$found" -ne 0 ]; then
 	for f in "$WORK"/artifacts/*; do
 		[ -f "$f" ] || continue
 		cp "$f" "$BUILD/artifacts/"
-		echo "fuzz_wire: failing input $BUILD/artifacts/$(basename "$f"):" >&2
+		echo "$NAME: failing input $BUILD/artifacts/$(basename "$f"):" >&2
 		od -An -tx1 -v "$f" | sed 's/^/    /' >&2
 	done
-	echo "fuzz_wire: ${execs:-?} executions in $took s, FAILED (libFuzzer exit $rc, $found failing input(s); full log $LOG)"
+	echo "$NAME: ${execs:-?} executions in $took s, FAILED (libFuzzer exit $rc, $found failing input(s); full log $LOG)"
 	exit 1
 fi
-echo "fuzz_wire: coverage at the end: ${cov:-unknown}"
-echo "fuzz_wire: ${execs:-?} executions in $took s, 0 crashes"
+echo "$NAME: coverage at the end: ${cov:-unknown}"
+echo "$NAME: ${execs:-?} executions in $took s, 0 crashes"

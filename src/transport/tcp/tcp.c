@@ -238,58 +238,14 @@ static void tcp_recv_timeout(int fd, int seconds)
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 }
 
-/* The connector's side of the handshake (auth.h). */
-static int tcp_auth_connector(struct tp_conn *c, char *why, size_t len)
+static int tcp_io_read(void *ctx, void *dst, size_t len)
 {
-	uint8_t challenge[4 + AUTH_NONCE_BYTES], answer[AUTH_NONCE_BYTES + AUTH_TAG_BYTES],
-		tag[AUTH_TAG_BYTES];
-	if (tcp_read_full(c->fd, challenge, sizeof challenge) != 0 ||
-	    memcmp(challenge, AUTH_MAGIC, 4) != 0) {
-		snprintf(why, len, "%s sent no authentication challenge: is UNISUM_SECRET set on every "
-			 "node of the job (and only there)?", c->peer);
-		return UNISUM_EAUTH;
-	}
-	const uint8_t *nonce_a = challenge + 4;
-	uint8_t *nonce_c = answer;
-	auth_nonce(nonce_c);
-	auth_tag("connector", nonce_a, nonce_c, answer + AUTH_NONCE_BYTES);
-	if (tcp_write_full(c->fd, answer, sizeof answer) != 0 ||
-	    tcp_read_full(c->fd, tag, sizeof tag) != 0) {
-		snprintf(why, len, "%s hung up during the handshake: it holds another UNISUM_SECRET",
-			 c->peer);
-		return UNISUM_EAUTH;
-	}
-	if (!auth_tag_is_valid("acceptor", nonce_c, nonce_a, tag)) {
-		snprintf(why, len, "%s does not know the job secret (UNISUM_SECRET differs)", c->peer);
-		return UNISUM_EAUTH;
-	}
-	return 0;
+	return tcp_read_full(((struct tp_conn *)ctx)->fd, dst, len);
 }
 
-/* The acceptor's side of the handshake (auth.h). */
-static int tcp_auth_acceptor(struct tp_conn *c, char *why, size_t len)
+static int tcp_io_write(void *ctx, const void *src, size_t len)
 {
-	uint8_t challenge[4 + AUTH_NONCE_BYTES], answer[AUTH_NONCE_BYTES + AUTH_TAG_BYTES],
-		tag[AUTH_TAG_BYTES];
-	memcpy(challenge, AUTH_MAGIC, 4);
-	uint8_t *nonce_a = challenge + 4;
-	auth_nonce(nonce_a);
-	if (tcp_write_full(c->fd, challenge, sizeof challenge) != 0 ||
-	    tcp_read_full(c->fd, answer, sizeof answer) != 0) {
-		snprintf(why, len, "no answer to the authentication challenge");
-		return UNISUM_EAUTH;
-	}
-	const uint8_t *nonce_c = answer;
-	if (!auth_tag_is_valid("connector", nonce_a, nonce_c, answer + AUTH_NONCE_BYTES)) {
-		snprintf(why, len, "wrong or missing job secret (or a replayed handshake)");
-		return UNISUM_EAUTH;
-	}
-	auth_tag("acceptor", nonce_c, nonce_a, tag);
-	if (tcp_write_full(c->fd, tag, sizeof tag) != 0) {
-		snprintf(why, len, "hung up during the handshake");
-		return UNISUM_EAUTH;
-	}
-	return 0;
+	return tcp_write_full(((struct tp_conn *)ctx)->fd, src, len);
 }
 
 static int tcp_authenticate_side(struct tp_conn *c, bool acceptor, char *why, size_t len)
@@ -297,7 +253,9 @@ static int tcp_authenticate_side(struct tp_conn *c, bool acceptor, char *why, si
 	if (!auth_is_enabled())
 		return 0;
 	tcp_recv_timeout(c->fd, TCP_AUTH_TIMEOUT_S);
-	int rc = acceptor ? tcp_auth_acceptor(c, why, len) : tcp_auth_connector(c, why, len);
+	struct auth_io io = {c, tcp_io_read, tcp_io_write};
+	int rc = acceptor ? auth_handshake_acceptor(&io, why, len)
+			  : auth_handshake_connector(&io, c->peer, why, len);
 	tcp_recv_timeout(c->fd, 0);
 	return rc;
 }
