@@ -22,7 +22,8 @@
  * bitwise reproducible from run to run and equal a reference summed in the
  * same order.  The first contribution is not copied: the sum of w0 and w1
  * goes straight into the slot's accumulator (dst = a + b), later ones are
- * added in place.  With one worker the sum *is* its push buffer.  A push
+ * added in place.  A lone contribution (one worker, or a broadcast root) is
+ * copied into the accumulator once every push is in.  A push
  * flagged ZERO (a broadcast from another root) is skipped.
  *
  * Buffer lifetimes.  A worker's push buffer of a key is rewritten only by
@@ -523,10 +524,11 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 	}
 	if (s->next < srv->nworkers)
 		return;
-	/* Every worker folded.  A borrowed sum shared by several workers is
-	 * copied out, because its owner may push its next round before the
-	 * others have received this one. */
-	if (s->result == RESULT_BORROWED && srv->nworkers > 1) {
+	/* Every worker folded.  A borrowed sum is copied out: its owner may
+	 * push its next round before the others have received this one, and
+	 * even a lone worker's next push would land in the buffer that its
+	 * reply is still being sent from if it pushed without waiting. */
+	if (s->result == RESULT_BORROWED) {
 		if (!srv_slot_acc(k, s)) {
 			atomic_store(&srv->job_error, UNISUM_ENOMEM);
 			return;
