@@ -2,11 +2,12 @@
 #   make demo   installs what is missing, builds, trains a CNN on the digits
 #               data set with PyTorch on a local cluster (scheduler + 1 server
 #               + 2 workers)
-#   make test   installs what is missing, builds, runs every test
+#   make test   installs what is missing, builds, runs every test (then the
+#               C suites again under ASan+UBSan and under TSan)
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build demo demo-c test test-sanitize fuzz bench clean
+.PHONY: all deps build demo demo-c test check test-sanitize fuzz bench clean
 
 all: build
 
@@ -25,26 +26,30 @@ demo: build
 demo-c: build
 	$(BUILD)/unisum launch -w 2 -s 1 -- $(BUILD)/train_logreg
 
-test: build
+# Everything: the suites, then the C suites again under ASan+UBSan and
+# under ThreadSanitizer.  `make check` is the first part alone.
+test: check
+	@$(MAKE) --no-print-directory test-sanitize
+
+check: build
 	cd $(BUILD) && ctest --output-on-failure -j 1
 
-# The C suites again under AddressSanitizer + UndefinedBehaviorSanitizer
-# (the Python suite loads the library into an uninstrumented interpreter,
-# and the fuzzer carries its own sanitizers).
+# The C suites again under AddressSanitizer + UndefinedBehaviorSanitizer +
+# LeakSanitizer, then under ThreadSanitizer (the Python suite loads the
+# library into an uninstrumented interpreter, and the fuzzers carry their
+# own sanitizers).  A report from any process fails the run.
 test-sanitize: deps
-	@sh scripts/install-deps.sh clang
-	@CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug \
-		-DCMAKE_C_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -O1" >/dev/null
-	@cmake --build build-asan -j $(JOBS)
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 1 -E 'python_|fuzz_'
+	sh tests/sanitize.sh asan
+	sh tests/sanitize.sh tsan
 
-# The wire-codec fuzzer for ten minutes (make test runs it for 45 s).
+# The fuzzers for ten minutes each (make test runs them for 45 s and 20 s).
 fuzz: deps
-	sh tests/fuzz/run.sh 600 $(BUILD)/fuzz
+	sh tests/fuzz/run.sh 600 $(BUILD)/fuzz wire
+	sh tests/fuzz/run.sh 600 $(BUILD)/fuzz auth
 
 bench: build
 	$(BUILD)/bench_reducer
 	sh bench/tcp.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-tsan

@@ -47,6 +47,7 @@ contains() {
 drop_logs() {
 	if [ "$FAILS" -ne 0 ]; then
 		for f in "$1"/*; do
+			[ -f "$f" ] || continue
 			echo "--- $f"
 			cat "$f"
 		done

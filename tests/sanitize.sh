@@ -1,0 +1,80 @@
+#!/bin/sh
+# sanitize.sh - the C test suites again under a sanitizer.
+#
+#   tests/sanitize.sh asan|tsan [BUILD_DIR]
+#
+# asan: AddressSanitizer + UndefinedBehaviorSanitizer + LeakSanitizer;
+# tsan: ThreadSanitizer.  Builds the whole tree with clang into BUILD_DIR
+# (default build-asan or build-tsan), then runs every ctest entry except
+# the Python suite (it loads the library into an uninstrumented
+# interpreter) and the fuzzers (they carry their own sanitizers).
+#
+# Every process of every job (scheduler, servers, workers, launchers)
+# writes its sanitizer reports to files in one directory, so a report from
+# a process whose exit status a test does not look at (a survivor that is
+# expected to fail, say) still fails the run.  Exits 0 only when every
+# test passed and no process reported anything.
+set -u
+
+KIND=${1:-}
+case $KIND in
+asan)
+	FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g"
+	;;
+tsan)
+	FLAGS="-fsanitize=thread -O1 -g"
+	;;
+*)
+	echo "usage: $0 asan|tsan [BUILD_DIR]" >&2
+	exit 2
+	;;
+esac
+ROOT=$(cd "$(dirname "$0")/.." && pwd) || exit 2
+cd "$ROOT" || exit 2
+BUILD=${2:-build-$KIND}
+CLANG=${CLANG:-clang}
+JOBS=$(nproc)
+
+if ! command -v "$CLANG" >/dev/null 2>&1; then
+	echo "sanitize: FAIL: '$CLANG' not found; install the Debian package clang (apt-get install clang)" >&2
+	exit 2
+fi
+
+echo "sanitize[$KIND]: building $BUILD"
+if ! CC=$CLANG cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS="$FLAGS" >/dev/null ||
+	! cmake --build "$BUILD" -j "$JOBS" -- --no-print-directory >"$BUILD.log" 2>&1; then
+	tail -n 40 "$BUILD.log" >&2
+	echo "sanitize[$KIND]: FAIL: the build failed (log: $BUILD.log)" >&2
+	exit 1
+fi
+
+REPORTS=$(mktemp -d "${TMPDIR:-/tmp}/sanitize-$KIND.XXXXXX") || exit 2
+trap 'rm -rf "$REPORTS"' EXIT
+# exitcode 66 makes a report fail the process that saw it; the files catch
+# the rest.  Thread leaks are real here too: every test program shuts the
+# library down, even after an expected failure.
+export ASAN_OPTIONS="detect_leaks=1:log_path=$REPORTS/report:exitcode=66"
+export UBSAN_OPTIONS="print_stacktrace=1:log_path=$REPORTS/report:exitcode=66"
+export TSAN_OPTIONS="halt_on_error=1:exitcode=66:log_path=$REPORTS/report"
+# The ThreadSanitizer run keeps every job but leaves out the biggest
+# tensors (see tests/integration/test_sums.sh).
+[ "$KIND" = tsan ] && export UNISUM_TEST_LIGHT=1
+started=$(date +%s)
+(cd "$BUILD" && ctest --output-on-failure -j 1 -E 'python_|fuzz_')
+rc=$?
+took=$(($(date +%s) - started))
+
+found=$(ls "$REPORTS" | wc -l)
+if [ "$found" -ne 0 ]; then
+	for f in "$REPORTS"/*; do
+		echo "---- $f" >&2
+		head -n 60 "$f" >&2
+	done
+	echo "sanitize[$KIND]: FAIL: $found process(es) reported errors (above)" >&2
+	exit 1
+fi
+if [ "$rc" -ne 0 ]; then
+	echo "sanitize[$KIND]: FAIL: some tests failed (above), in $took s" >&2
+	exit 1
+fi
+echo "sanitize[$KIND]: every test passed and no process reported an error, in $took s"
