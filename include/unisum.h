@@ -113,6 +113,17 @@ int unisum_broadcast(int tensor, void *buf, int root_rank);
 /* Returns when every worker has called unisum_barrier(). */
 int unisum_barrier(void);
 
+/* What the pipeline of this worker has done so far. */
+typedef struct unisum_stats {
+	uint64_t credit_bytes;		/* the PUSH stage's credit now */
+	uint64_t partition_bytes;	/* the largest partition now */
+	uint64_t max_inflight_bytes;	/* the most bytes ever in flight under the credit */
+	uint64_t partitions_sent;	/* partitions the PUSH stage let out */
+} unisum_stats;
+
+/* Fills *out.  0, or UNISUM_ENOTINIT / UNISUM_EINVAL. */
+int unisum_get_stats(unisum_stats *out);
+
 /* Text of an error code; never NULL. */
 const char *unisum_strerror(int err);
 

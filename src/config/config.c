@@ -83,6 +83,18 @@ static const struct knob config_knobs[] = {
 	 "job secret: every connection proves it (HMAC handshake); `unisum launch` makes one"},
 	{"UNISUM_SECRET_FILE", NULL, NULL, KNOB_STRING, FIELD(secret_file), NULL, 0, 0,
 	 "file whose first line is the job secret (instead of UNISUM_SECRET)"},
+	{"UNISUM_SCHEDULING_CREDIT", NULL, NULL, KNOB_U64, FIELD(credit_bytes), "0", 0, 1LL << 40,
+	 "bytes of partitions a worker keeps in flight, highest priority first (0: 4 partitions)"},
+	{"UNISUM_SCHEDULING_CREDIT_PARTS", "BYTEPS_SCHEDULING_CREDIT", NULL, KNOB_U64, FIELD(credit_parts),
+	 "0", 0, 1 << 20, "the same in partitions, BytePS's unit (when UNISUM_SCHEDULING_CREDIT is 0)"},
+	{"UNISUM_TRACE_ON", "BYTEPS_TRACE_ON", NULL, KNOB_INT, FIELD(trace_on), "0", 0, 1,
+	 "1: write a timeline (Chrome trace JSON) of every partition's stages"},
+	{"UNISUM_TRACE_DIR", "BYTEPS_TRACE_DIR", NULL, KNOB_STRING, FIELD(trace_dir), "trace", 0, 0,
+	 "where the timeline goes: DIR/<rank>/comm.json"},
+	{"UNISUM_TRACE_START_STEP", "BYTEPS_TRACE_START_STEP", NULL, KNOB_U64, FIELD(trace_start_step), "10",
+	 0, UINT32_MAX, "first training step (a tensor's round, from 0) on the timeline"},
+	{"UNISUM_TRACE_END_STEP", "BYTEPS_TRACE_END_STEP", NULL, KNOB_U64, FIELD(trace_end_step), "20",
+	 0, UINT32_MAX, "last training step on the timeline"},
 };
 
 #define KNOB_COUNT (sizeof config_knobs / sizeof config_knobs[0])
@@ -240,6 +252,14 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 			 cfg->heartbeat_ms, cfg->timeout_ms);
 		return UNISUM_ECONFIG;
 	}
+	if (cfg->trace_end_step < cfg->trace_start_step) {
+		snprintf(err, err_len, "UNISUM_TRACE_END_STEP=%llu must not be below UNISUM_TRACE_START_STEP=%llu",
+			 (unsigned long long)cfg->trace_end_step,
+			 (unsigned long long)cfg->trace_start_step);
+		return UNISUM_ECONFIG;
+	}
+	if (cfg->credit_bytes == 0)
+		cfg->credit_bytes = (cfg->credit_parts ? cfg->credit_parts : 4) * cfg->partition_bytes;
 	if (cfg->engine_threads == 0) {
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
 		cfg->engine_threads = n < 1 ? 1 : n > 4 ? 4 : (int)n;

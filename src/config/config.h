@@ -48,6 +48,12 @@ struct config {
 	int stall_abort_ms;		/* ... and this long fails the job (0: never) */
 	char secret[256];		/* the job secret ("" = no authentication) */
 	char secret_file[1024];		/* where the secret was read from, or "" */
+	uint64_t credit_bytes;		/* PUSH-stage credit in bytes (resolved at load, never 0) */
+	uint64_t credit_parts;		/* the same in partitions (BytePS's unit), 0 = unset */
+	int trace_on;			/* write the timeline */
+	char trace_dir[1024];		/* ... under this directory */
+	uint64_t trace_start_step;	/* first round traced */
+	uint64_t trace_end_step;	/* last round traced */
 };
 
 /* Fills `cfg` from the environment.  On a malformed value returns

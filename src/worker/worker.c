@@ -1,16 +1,25 @@
 /*
  * worker.c - the worker side of unisum: the public C API of unisum.h.
  *
- * DESIGN.  A worker keeps one connection to every server.  Each connection
- * has a sending thread, which takes partition jobs from a priority queue
- * (higher tensor priority first, then first come first served) and writes
- * PUSH (straight from the caller's input buffer) followed by PULL, and a
- * receiving thread, which reads PULL_REPLYs straight into the caller's
- * output buffer, divides for UNISUM_AVERAGE while the data is hot in cache,
- * and completes the operation when its last partition arrives.
+ * DESIGN.  Every partition of a push_pull goes through the stages of
+ * DESIGN.md section 2.  LOCAL_REDUCE and LOCAL_BROADCAST have work only
+ * when several workers share a machine (not yet: they pass straight
+ * through).  The PUSH stage is one thread taking partitions from a queue
+ * ordered by (priority, key) and gated by the credit
+ * (UNISUM_SCHEDULING_CREDIT bytes in flight, src/sched): a high-priority
+ * partition queued behind a long low-priority backlog is the next one out
+ * as soon as any credit comes back, and no more bytes than the credit ever
+ * wait in the sockets.  It hands each partition to its server's
+ * connection, whose sending thread writes PUSH (straight from the caller's
+ * input buffer) followed by PULL.  The PULL stage is the connection's
+ * receiving thread: it reads the PULL_REPLY straight into the caller's
+ * output buffer, divides for UNISUM_AVERAGE while the data is hot in
+ * cache, gives the credit back, and completes the operation when its last
+ * partition arrives.  With UNISUM_TRACE_ON every stage's span goes to the
+ * timeline (src/trace).
  *
- * A job lives in its connection's pending table from the moment it is
- * queued until its reply arrives or the connection dies; only the
+ * A job lives in its connection's pending table from the moment the PUSH
+ * stage hands it over until its reply arrives or the connection dies; only the
  * receiving thread completes jobs, so once an operation is reported done
  * no thread touches the caller's buffers again.  When a connection dies,
  * its receiving thread first stops the sending thread, then fails every
@@ -22,6 +31,7 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -31,12 +41,15 @@
 #include "placement/placement.h"
 #include "reducer/reducer.h"
 #include "rendezvous/rendezvous.h"
+#include "sched/sched.h"
+#include "trace/trace.h"
 #include "transport/auth.h"
 #include "transport/transport.h"
 #include "unisum.h"
 #include "wire/wire.h"
 
 struct wk_tensor {
+	int index;			/* tensor id */
 	char name[256];
 	unisum_dtype dtype;
 	uint64_t count;
@@ -58,14 +71,18 @@ struct wk_op {
 	int error;			/* first error of any partition */
 	char why[512];			/* its message */
 	bool done;
+	uint32_t round;
+	bool traced;			/* its round is on the timeline */
+	int64_t t_start;		/* when it started (trace clock) */
 };
 
 enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL };
 
 struct wk_job {
+	struct sched_entry entry;	/* PUSH_PULL: priority, key, bytes, order */
 	int type;			/* enum wk_job_type */
-	int priority;
-	uint64_t seq;			/* FIFO among equal priorities */
+	int server;			/* the connection it goes to */
+	uint32_t part;			/* partition index within its tensor */
 	uint64_t key;
 	uint32_t round;
 	unisum_dtype dtype;
@@ -76,6 +93,9 @@ struct wk_job {
 	struct wk_op *op;		/* NULL for DECLARE jobs */
 	char *name;			/* DECLARE jobs: the tensor's name (owned) */
 	struct wk_job *pending_next;	/* chain in the pending table */
+	struct wk_job *next;		/* chain in its connection's send queue */
+	int64_t t_queued, t_taken;	/* trace clock: entered, left the PUSH queue */
+	int64_t t_pushed;		/* PUSH written (set under the conn's lock) */
 };
 
 struct wk_conn {
@@ -85,8 +105,7 @@ struct wk_conn {
 	pthread_t send_thread, recv_thread;
 	pthread_mutex_t lock;		/* queue, pending, dead */
 	pthread_cond_t cond;		/* queue non-empty or dead */
-	struct wk_job **heap;		/* send queue, a binary heap */
-	size_t nheap, capheap;
+	struct wk_job *qhead, *qtail;	/* send queue, in the PUSH stage's order */
 	struct wk_job **pending;	/* key -> job, chained hash */
 	size_t npending_buckets;
 	bool dead;			/* the connection failed or closed */
@@ -111,63 +130,36 @@ static struct {
 	struct wk_op **ops;		/* operations not yet released */
 	int nops, capops;
 	unisum_handle next_handle;
-	atomic_ullong seq;
+	struct sched_queue push_q;	/* the PUSH stage: priority and credit */
+	pthread_t push_thread;
+	bool push_started;
 	int failed;			/* the job failed: every call returns it */
 	char failed_why[512];
 } wk = {.lock = PTHREAD_MUTEX_INITIALIZER, .done_cond = PTHREAD_COND_INITIALIZER,
       .failed_cond = PTHREAD_COND_INITIALIZER};
 
-/* ---- send queue (binary heap) and pending table ------------------------- */
+/* ---- send queue and pending table --------------------------------------- */
 
-static bool job_before(const struct wk_job *a, const struct wk_job *b)
+/* Appends to a connection's send queue; the caller holds its lock. */
+static void fifo_push(struct wk_conn *c, struct wk_job *j)
 {
-	if (a->priority != b->priority)
-		return a->priority > b->priority;
-	return a->seq < b->seq;
+	j->next = NULL;
+	if (c->qtail != NULL)
+		c->qtail->next = j;
+	else
+		c->qhead = j;
+	c->qtail = j;
 }
 
-static int heap_push(struct wk_conn *c, struct wk_job *j)
+static struct wk_job *fifo_pop(struct wk_conn *c)
 {
-	if (c->nheap == c->capheap) {
-		size_t cap = c->capheap ? c->capheap * 2 : 64;
-		struct wk_job **h = realloc(c->heap, cap * sizeof *h);
-		if (h == NULL)
-			return UNISUM_ENOMEM;
-		c->heap = h;
-		c->capheap = cap;
+	struct wk_job *j = c->qhead;
+	if (j != NULL) {
+		c->qhead = j->next;
+		if (c->qhead == NULL)
+			c->qtail = NULL;
 	}
-	size_t i = c->nheap++;
-	while (i > 0 && job_before(j, c->heap[(i - 1) / 2])) {
-		c->heap[i] = c->heap[(i - 1) / 2];
-		i = (i - 1) / 2;
-	}
-	c->heap[i] = j;
-	return 0;
-}
-
-static struct wk_job *heap_pop(struct wk_conn *c)
-{
-	if (c->nheap == 0)
-		return NULL;
-	struct wk_job *top = c->heap[0], *last = c->heap[--c->nheap];
-	size_t i = 0;
-	for (;;) {
-		size_t l = 2 * i + 1, r = l + 1, m = i;
-		const struct wk_job *best = last;
-		if (l < c->nheap && job_before(c->heap[l], best)) {
-			m = l;
-			best = c->heap[l];
-		}
-		if (r < c->nheap && job_before(c->heap[r], best))
-			m = r;
-		if (m == i)
-			break;
-		c->heap[i] = c->heap[m];
-		i = m;
-	}
-	if (c->nheap > 0)
-		c->heap[i] = last;
-	return top;
+	return j;
 }
 
 static size_t pending_slot(const struct wk_conn *c, uint64_t key)
@@ -210,11 +202,38 @@ static void op_part_done(struct wk_op *op, int err, const char *why)
 		snprintf(op->why, sizeof op->why, "%s", why);
 	}
 	if (--op->remaining == 0) {
+		if (op->traced)
+			trace_span(TRACE_TENSOR, op->t->index, 0, op->round, op->t->key,
+				   op->t->count * op->t->esize, 0, op->t_start, trace_now_us());
 		op->done = true;
 		op->t->busy = false;
 		pthread_cond_broadcast(&wk.done_cond);
 	}
 	pthread_mutex_unlock(&wk.lock);
+}
+
+/* Ends a PUSH_PULL job taken from the PUSH stage, however it ended: gives
+ * its credit back, puts its spans on the timeline, completes its part of
+ * the operation and frees it. */
+static void wk_job_finish(struct wk_job *j, int err, const char *why)
+{
+	size_t inflight = sched_release(&wk.push_q, j->entry.bytes);
+	struct wk_op *op = j->op;
+	if (op->traced) {
+		int64_t now = trace_now_us();
+		int ti = op->t->index;
+		trace_span(TRACE_QUEUE, ti, j->part, j->round, j->key, j->entry.bytes, j->entry.order,
+			   j->t_queued, j->t_taken);
+		if (j->t_pushed != 0) {
+			trace_span(TRACE_PUSH, ti, j->part, j->round, j->key, j->entry.bytes,
+				   j->entry.order, j->t_taken, j->t_pushed);
+			trace_span(TRACE_PULL, ti, j->part, j->round, j->key, j->entry.bytes, 0,
+				   j->t_pushed, now);
+		}
+		trace_span(TRACE_INFLIGHT, ti, 0, j->round, 0, inflight, 0, now, now);
+	}
+	op_part_done(op, err, why);
+	free(j);
 }
 
 /* ---- connection threads ------------------------------------------------- */
@@ -224,13 +243,13 @@ static void *wk_send_main(void *arg)
 	struct wk_conn *c = arg;
 	for (;;) {
 		pthread_mutex_lock(&c->lock);
-		while (c->nheap == 0 && !c->dead)
+		while (c->qhead == NULL && !c->dead)
 			pthread_cond_wait(&c->cond, &c->lock);
 		if (c->dead) {
 			pthread_mutex_unlock(&c->lock);
 			return NULL;
 		}
-		struct wk_job *j = heap_pop(c);
+		struct wk_job *j = fifo_pop(c);
 		pthread_mutex_unlock(&c->lock);
 
 		int rc;
@@ -262,7 +281,15 @@ static void *wk_send_main(void *arg)
 			pull.flags = 0;
 			pull.count = 0;
 			pull.payload_len = 0;
+			bool traced = j->op->traced;
 			rc = wk.tp->send(c->conn, &push, payload);
+			if (rc == 0 && traced) {
+				/* Under the lock: the receiving thread reads it after
+				 * taking the job from the pending table. */
+				pthread_mutex_lock(&c->lock);
+				j->t_pushed = trace_now_us();
+				pthread_mutex_unlock(&c->lock);
+			}
 			if (rc == 0)
 				rc = wk.tp->send(c->conn, &pull, NULL);
 		}
@@ -308,15 +335,14 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	pthread_join(c->send_thread, NULL);
 
 	pthread_mutex_lock(&c->lock);
-	/* Queued PUSH_PULL jobs are also pending and freed below; DECLARE
+	/* Queued PUSH_PULL jobs are also pending and finished below; DECLARE
 	 * jobs are only queued. */
-	for (size_t i = 0; i < c->nheap; i++) {
-		if (c->heap[i]->type == JOB_DECLARE) {
-			free(c->heap[i]->name);
-			free(c->heap[i]);
+	for (struct wk_job *j; (j = fifo_pop(c)) != NULL;) {
+		if (j->type == JOB_DECLARE) {
+			free(j->name);
+			free(j);
 		}
 	}
-	c->nheap = 0;
 	struct wk_job *all = NULL;
 	for (size_t i = 0; i < c->npending_buckets; i++) {
 		while (c->pending[i]) {
@@ -335,9 +361,7 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	while (all) {
 		struct wk_job *j = all;
 		all = j->pending_next;
-		if (j->op != NULL)
-			op_part_done(j->op, err, c->dead_why);
-		free(j);
+		wk_job_finish(j, err, c->dead_why);
 	}
 }
 
@@ -357,10 +381,8 @@ static struct wk_job *wk_take_answered(struct wk_conn *c, const struct wire_hdr 
 		return j;
 	snprintf(msg, len, "%s sent %s for key 0x%llx round %u that this worker did not ask for",
 		 c->label, reply ? "a reply" : "an error", (unsigned long long)h->key, h->round);
-	if (j != NULL) {
-		op_part_done(j->op, UNISUM_EPROTO, msg);
-		free(j);
-	}
+	if (j != NULL)
+		wk_job_finish(j, UNISUM_EPROTO, msg);
 	return NULL;
 }
 
@@ -394,8 +416,7 @@ static void *wk_recv_main(void *arg)
 			struct wk_job *j = wk_take_answered(c, &h, msg, sizeof msg);
 			if (j == NULL)
 				break;
-			op_part_done(j->op, log_known_error(-(int)h.aux, UNISUM_EREMOTE), text);
-			free(j);
+			wk_job_finish(j, log_known_error(-(int)h.aux, UNISUM_EREMOTE), text);
 			continue;
 		}
 		if (h.type != WIRE_PULL_REPLY) {
@@ -411,39 +432,74 @@ static void *wk_recv_main(void *arg)
 		} else if (wk.tp->recv_payload(c->conn, j->out, bytes) != 0) {
 			snprintf(msg, sizeof msg, "%s: the connection closed in the middle of a reply",
 				 c->label);
-			op_part_done(j->op, UNISUM_ECONN, msg);
-			free(j);
+			wk_job_finish(j, UNISUM_ECONN, msg);
 			break;
 		}
 		if (j->divisor > 1)
 			reducer_divide(j->out, j->count, j->dtype, j->divisor);
-		op_part_done(j->op, 0, NULL);
-		free(j);
+		wk_job_finish(j, 0, NULL);
 	}
 	wk_conn_fail(c, msg);
 	return NULL;
 }
 
-/* Queues a job on its server's connection.  Returns UNISUM_ECONN (with the
- * reason in the last error) when the connection is dead. */
+/* Queues a DECLARE job straight on its server's connection (ahead of
+ * every push the PUSH stage hands over later).  Returns UNISUM_ECONN (with
+ * the reason in the last error) when the connection is dead. */
 static int wk_enqueue(struct wk_conn *c, struct wk_job *j)
 {
-	j->seq = atomic_fetch_add(&wk.seq, 1);
 	pthread_mutex_lock(&c->lock);
 	int rc = 0;
 	if (c->dead) {
 		log_set_last_error("%s", c->dead_why);
 		rc = UNISUM_ECONN;
 	} else {
-		rc = heap_push(c, j);
-		if (rc == 0) {
-			if (j->type == JOB_PUSH_PULL)
-				pending_add(c, j);
-			pthread_cond_signal(&c->cond);
-		}
+		fifo_push(c, j);
+		pthread_cond_signal(&c->cond);
 	}
 	pthread_mutex_unlock(&c->lock);
 	return rc;
+}
+
+/* The PUSH stage: takes partitions in (priority, key) order as the credit
+ * allows and hands each to its server's connection. */
+static void *wk_push_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		struct sched_entry *e = sched_pop(&wk.push_q);
+		if (e == NULL)
+			return NULL;
+		struct wk_job *j = (struct wk_job *)((char *)e - offsetof(struct wk_job, entry));
+		struct wk_conn *c = &wk.conns[j->server];
+		/* Once handed over, the job may complete and be freed at any
+		 * moment: keep what the timeline needs. */
+		bool traced = j->op->traced;
+		uint32_t round = j->round;
+		size_t inflight = e->inflight;
+		int64_t now = traced ? trace_now_us() : 0;
+		j->t_taken = now;
+		pthread_mutex_lock(&c->lock);
+		bool dead = c->dead;
+		if (!dead) {
+			pending_add(c, j);
+			fifo_push(c, j);
+			pthread_cond_signal(&c->cond);
+		}
+		pthread_mutex_unlock(&c->lock);
+		if (dead) {
+			char why[sizeof c->dead_why];
+			pthread_mutex_lock(&c->lock);
+			snprintf(why, sizeof why, "%s", c->dead_why);
+			pthread_mutex_unlock(&c->lock);
+			pthread_mutex_lock(&wk.lock);
+			int err = wk.failed != 0 ? wk.failed : UNISUM_ECONN;
+			pthread_mutex_unlock(&wk.lock);
+			wk_job_finish(j, err, why);
+		} else if (traced) {
+			trace_span(TRACE_INFLIGHT, 0, 0, round, 0, inflight, 0, now, now);
+		}
+	}
 }
 
 static int wk_connect_servers(void)
@@ -553,7 +609,6 @@ static void wk_close_conns(void)
 			pthread_mutex_destroy(&c->lock);
 			pthread_cond_destroy(&c->cond);
 		}
-		free(c->heap);
 		free(c->pending);
 	}
 	free(wk.conns);
@@ -592,13 +647,27 @@ int unisum_init(void)
 	wk.rank = rdv_client_rank(wk.rdv);
 	wk.size = wk.cfg.num_workers;
 	log_set_identity("worker", wk.rank);
-	rc = wk_connect_servers();
+	rc = trace_open(&wk.cfg, wk.rank);
+	if (rc == 0)
+		rc = sched_init(&wk.push_q, wk.cfg.credit_bytes);
 	if (rc != 0) {
-		wk_close_conns();
+		trace_close();
 		rdv_client_free(wk.rdv);
 		wk.rdv = NULL;
 		return rc;
 	}
+	rc = wk_connect_servers();
+	if (rc == 0 && pthread_create(&wk.push_thread, NULL, wk_push_main, NULL) != 0)
+		rc = UNISUM_ESYS;
+	if (rc != 0) {
+		wk_close_conns();
+		sched_fini(&wk.push_q);
+		trace_close();
+		rdv_client_free(wk.rdv);
+		wk.rdv = NULL;
+		return rc;
+	}
+	wk.push_started = true;
 	wk.initialized = true;
 	LOG_INFO("joined as worker %d of %d with %d servers", wk.rank, wk.size, wk.nservers);
 	return 0;
@@ -616,7 +685,14 @@ int unisum_shutdown(void)
 			pthread_cond_wait(&wk.done_cond, &wk.lock);
 	int failed = wk.failed;
 	pthread_mutex_unlock(&wk.lock);
+	/* Every operation is done, so the PUSH stage's queue is empty. */
+	sched_close(&wk.push_q);
+	if (wk.push_started)
+		pthread_join(wk.push_thread, NULL);
+	wk.push_started = false;
 	wk_close_conns();
+	sched_fini(&wk.push_q);
+	trace_close();
 	rdv_client_free(wk.rdv);
 	wk.rdv = NULL;
 	wk_free_all();
@@ -710,7 +786,7 @@ int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int prior
 			rc = UNISUM_ENOMEM;
 			goto out_free;
 		}
-		*j = (struct wk_job){.type = JOB_DECLARE, .priority = 0x7fffffff, .key = t->key + i,
+		*j = (struct wk_job){.type = JOB_DECLARE, .key = t->key + i,
 				     .dtype = dtype, .count = t->parts[i].count, .name = strdup(name)};
 		rc = j->name != NULL ? wk_enqueue(&wk.conns[t->servers[i]], j) : UNISUM_ENOMEM;
 		if (rc != 0) {
@@ -743,8 +819,10 @@ int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int prior
 		wk.captensors = cap;
 	}
 	int id = wk.ntensors++;
+	t->index = id;
 	wk.tensors[id] = t;
 	pthread_mutex_unlock(&wk.lock);
+	trace_name_tensor(id, t->name, t->nparts);
 	return id;
 
 out_free:
@@ -801,6 +879,9 @@ static int wk_start(int tensor, const void *in, void *out, int flags, unisum_han
 	op->done = t->nparts == 0;
 	t->busy = !op->done;
 	uint32_t round = t->round++;
+	op->round = round;
+	op->traced = trace_wants(round);
+	op->t_start = op->traced ? trace_now_us() : 0;
 	wk.ops[wk.nops++] = op;
 	*h = op->handle;
 	pthread_mutex_unlock(&wk.lock);
@@ -810,12 +891,15 @@ static int wk_start(int tensor, const void *in, void *out, int flags, unisum_han
 		const struct placement_part *p = &t->parts[i];
 		size_t off = p->offset * t->esize;
 		if (j != NULL) {
-			*j = (struct wk_job){.type = JOB_PUSH_PULL, .priority = t->priority, .key = t->key + i,
-					     .round = round, .dtype = t->dtype, .count = p->count,
-					     .in = in ? (const uint8_t *)in + off : NULL,
+			*j = (struct wk_job){.entry = {.priority = t->priority, .key = t->key + i,
+						       .bytes = p->count * t->esize},
+					     .type = JOB_PUSH_PULL, .server = (int)t->servers[i], .part = i,
+					     .key = t->key + i, .round = round, .dtype = t->dtype,
+					     .count = p->count, .in = in ? (const uint8_t *)in + off : NULL,
 					     .out = (uint8_t *)out + off,
-					     .divisor = (flags & UNISUM_AVERAGE) ? wk.size : 1, .op = op};
-			rc = wk_enqueue(&wk.conns[t->servers[i]], j);
+					     .divisor = (flags & UNISUM_AVERAGE) ? wk.size : 1, .op = op,
+					     .t_queued = op->t_start};
+			rc = sched_push(&wk.push_q, &j->entry);
 		} else {
 			rc = UNISUM_ENOMEM;
 		}
@@ -921,6 +1005,19 @@ int unisum_broadcast(int tensor, void *buf, int root_rank)
 	unisum_handle h;
 	int rc = wk_start(tensor, wk.rank == root_rank ? buf : NULL, buf, 0, &h);
 	return rc != 0 ? rc : unisum_wait(h);
+}
+
+int unisum_get_stats(unisum_stats *out)
+{
+	if (!wk.initialized)
+		return wk_require_init();
+	if (out == NULL)
+		return log_fail(UNISUM_EINVAL, "unisum_get_stats: out must not be NULL");
+	struct sched_stats st;
+	sched_stats(&wk.push_q, &st);
+	*out = (unisum_stats){.credit_bytes = st.credit, .partition_bytes = wk.cfg.partition_bytes,
+			      .max_inflight_bytes = st.max_inflight, .partitions_sent = st.taken};
+	return 0;
 }
 
 int unisum_barrier(void)

@@ -30,6 +30,12 @@
  *                             127.0.0.1:PORT without the secret, with a wrong
  *                             tag and with a replayed handshake, and must be
  *                             hung up on each time; then every worker finishes rounds
+ *   check_sums priority       rank 0 queues a 64-partition low-priority backlog, waits
+ *                             until it has used up the credit, then queues a
+ *                             one-partition urgent tensor, while rank 1 holds
+ *                             back 500 ms so no credit comes back meanwhile (the
+ *                             send order is checked from the timeline by
+ *                             test_pipeline.sh); both sums are checked
  *   check_sums skip           rank 1 never pushes tensor 'skipped' and waits in a
  *                             barrier; every rank exits 3 once an error names
  *                             the tensor (UNISUM_STALL_ABORT_MS), 1 otherwise
@@ -61,6 +67,15 @@ static int rank, size;
 		fprintf(stderr, "\n");                                                             \
 		exit(1);                                                                           \
 	} while (0)
+
+/* Ends a run whose failure was expected: shuts the library down first (a
+ * failed job must still join every thread and close every socket), then
+ * exits with 3 when the error named what it had to, 1 otherwise. */
+static _Noreturn void expected_failure(bool named)
+{
+	unisum_shutdown();
+	exit(named ? 3 : 1);
+}
 
 static uint64_t mix(uint64_t x)
 {
@@ -168,10 +183,17 @@ static void verify(const char *what, unisum_dtype dt, uint64_t salt, const void 
 	}
 }
 
+/* A call that failed: says why, then shuts the library down as a careful
+ * program would (a failed job must still join every thread), and exits 1. */
 static void check(int rc, const char *what)
 {
-	if (rc < 0)
-		FAIL("%s: %s: %s", what, unisum_strerror(rc), unisum_last_error());
+	if (rc >= 0)
+		return;
+	fprintf(stderr, "check_sums[rank %d] FAILED: %s: %s: %s\n", rank, what, unisum_strerror(rc),
+		unisum_last_error());
+	if (strcmp(what, "unisum_init") != 0 && strcmp(what, "unisum_shutdown") != 0)
+		unisum_shutdown();
+	exit(1);
 }
 
 static size_t partition_elems(unisum_dtype dt)
@@ -547,7 +569,7 @@ static void mode_die(int victim, int rounds, int sig)
 			snprintf(want, sizeof want, "worker %d", victim);
 			const char *msg = unisum_last_error();
 			printf("rank %d: round %d failed: %s\n", rank, r, msg);
-			exit(strstr(msg, want) != NULL ? 3 : 1);
+			expected_failure(strstr(msg, want) != NULL);
 		}
 		verify("die", UNISUM_INT32, 13000 + (uint64_t)r, buf, 1000, false);
 	}
@@ -566,6 +588,50 @@ static void mode_late(int ms)
 	printf("rank %d: late round ok\n", rank);
 }
 
+static void mode_priority(void)
+{
+	size_t pe = partition_elems(UNISUM_INT32);
+	size_t nb = 64 * pe;
+	int low = unisum_declare("backlog", UNISUM_INT32, nb, 0);
+	check(low, "declare backlog");
+	int high = unisum_declare("urgent", UNISUM_INT32, pe, 100);
+	check(high, "declare urgent");
+	int32_t *a = malloc(nb * sizeof *a), *b = malloc(pe * sizeof *b);
+	if (a == NULL || b == NULL)
+		FAIL("out of memory");
+	fill(UNISUM_INT32, 17000, a, nb);
+	fill(UNISUM_INT32, 17001, b, pe);
+	if (rank == 1)
+		nanosleep(&(struct timespec){0, 500 * 1000000L}, NULL);
+	unisum_handle ha, hb;
+	check(unisum_push_pull_async(low, a, a, 0, &ha), "push_pull backlog");
+	if (rank == 0) {
+		/* Until the credit is used up: nothing can come back before rank 1
+		 * pushes, so the urgent tensor is queued behind 62 partitions with
+		 * no credit left. */
+		unisum_stats st = {0};
+		uint64_t want = 0;
+		for (int i = 0; i < 10000; i++) {
+			check(unisum_get_stats(&st), "unisum_get_stats");
+			want = st.credit_bytes / (pe * sizeof(int32_t));
+			if (st.partitions_sent >= want)
+				break;
+			nanosleep(&(struct timespec){0, 1000000L}, NULL);
+		}
+		if (st.partitions_sent < want)
+			FAIL("the PUSH stage sent %" PRIu64 " partitions in 10 s, want %" PRIu64,
+			     st.partitions_sent, want);
+	}
+	check(unisum_push_pull_async(high, b, b, 0, &hb), "push_pull urgent");
+	check(unisum_wait(hb), "wait urgent");
+	check(unisum_wait(ha), "wait backlog");
+	verify("backlog", UNISUM_INT32, 17000, a, nb, false);
+	verify("urgent", UNISUM_INT32, 17001, b, pe, false);
+	free(a);
+	free(b);
+	printf("rank %d: priority sums ok\n", rank);
+}
+
 static void mode_skip(void)
 {
 	int t = unisum_declare("skipped", UNISUM_INT32, 1000, 0);
@@ -574,7 +640,7 @@ static void mode_skip(void)
 	int rc = rank == 1 ? unisum_barrier() : unisum_push_pull(t, buf, buf, 0);
 	const char *msg = unisum_last_error();
 	printf("rank %d: %s returned %d: %s\n", rank, rank == 1 ? "barrier" : "push_pull", rc, msg);
-	exit(rc != 0 && strstr(msg, "'skipped'") != NULL ? 3 : 1);
+	expected_failure(rc != 0 && strstr(msg, "'skipped'") != NULL);
 }
 
 int main(int argc, char **argv)
@@ -614,10 +680,22 @@ int main(int argc, char **argv)
 		mode_late(arg);
 	else if (strcmp(mode, "skip") == 0)
 		mode_skip();
+	else if (strcmp(mode, "priority") == 0)
+		mode_priority();
 	else if (strcmp(mode, "stop") == 0 && argc > 3)
 		mode_die(arg, atoi(argv[3]), SIGSTOP);
 	else
 		FAIL("unknown mode %s", mode);
+	/* The PUSH stage never had more bytes in flight than its credit (or
+	 * one partition, which may exceed a small credit and then goes alone). */
+	unisum_stats st;
+	check(unisum_get_stats(&st), "unisum_get_stats");
+	uint64_t bound = st.credit_bytes > st.partition_bytes ? st.credit_bytes : st.partition_bytes;
+	if (st.max_inflight_bytes > bound)
+		FAIL("%" PRIu64 " bytes were in flight at once, above the credit of %" PRIu64,
+		     st.max_inflight_bytes, st.credit_bytes);
+	printf("rank %d: at most %" PRIu64 " bytes in flight (credit %" PRIu64 "), %" PRIu64
+	       " partitions sent\n", rank, st.max_inflight_bytes, st.credit_bytes, st.partitions_sent);
 	check(unisum_shutdown(), "unisum_shutdown");
 	return 0;
 }
