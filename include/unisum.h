@@ -116,7 +116,7 @@ int unisum_barrier(void);
 /* What the pipeline of this worker has done so far. */
 typedef struct unisum_stats {
 	uint64_t credit_bytes;		/* the PUSH stage's credit now */
-	uint64_t partition_bytes;	/* the largest partition now */
+	uint64_t partition_bytes;	/* the largest partition now (autotune may change both) */
 	uint64_t max_inflight_bytes;	/* the most bytes ever in flight under the credit */
 	uint64_t partitions_sent;	/* partitions the PUSH stage let out */
 } unisum_stats;

@@ -95,6 +95,10 @@ static const struct knob config_knobs[] = {
 	 0, UINT32_MAX, "first training step (a tensor's round, from 0) on the timeline"},
 	{"UNISUM_TRACE_END_STEP", "BYTEPS_TRACE_END_STEP", NULL, KNOB_U64, FIELD(trace_end_step), "20",
 	 0, UINT32_MAX, "last training step on the timeline"},
+	{"UNISUM_AUTOTUNE", NULL, NULL, KNOB_INT, FIELD(autotune), "0", 0, 1,
+	 "1: search partition size and credit while training, then keep the best"},
+	{"UNISUM_AUTOTUNE_STEPS", NULL, NULL, KNOB_INT, FIELD(autotune_steps), "10", 4, 100000,
+	 "training steps each autotune trial is measured over"},
 };
 
 #define KNOB_COUNT (sizeof config_knobs / sizeof config_knobs[0])

@@ -54,6 +54,8 @@ struct config {
 	char trace_dir[1024];		/* ... under this directory */
 	uint64_t trace_start_step;	/* first round traced */
 	uint64_t trace_end_step;	/* last round traced */
+	int autotune;			/* tune partition size and credit online */
+	int autotune_steps;		/* rounds per autotune epoch (trial) */
 };
 
 /* Fills `cfg` from the environment.  On a malformed value returns

@@ -32,6 +32,8 @@ struct rdv_client {
 	rdv_notice_fn notice;		/* job-over callback */
 	rdv_tensor_error_fn tensor_error; /* poisoned-tensor callback, or NULL */
 	void *notice_arg;		/* both callbacks' argument */
+	_Atomic(rdv_tune_fn) tune;	/* autotune settings (workers), or NULL */
+	void *_Atomic tune_arg;
 	pthread_t reader;		/* reads everything the scheduler sends */
 	pthread_t heartbeat;		/* says we are alive; watches the scheduler */
 	bool heartbeat_started;
@@ -127,6 +129,20 @@ static void *rdv_reader_main(void *arg)
 			pthread_cond_broadcast(&c->replied);
 			pthread_mutex_unlock(&c->lock);
 			break;
+		case WIRE_TUNE: {
+			struct rdv_tune t;
+			int bad = rdv_tune_decode(payload, h.payload_len, h.round, &t);
+			free(payload);
+			rdv_tune_fn fn = atomic_load(&c->tune);
+			if (bad) {
+				rdv_fail(c, UNISUM_EPROTO, "the scheduler sent a malformed TUNE (is every "
+					 "node the same unisum version?)");
+				return NULL;
+			}
+			if (fn != NULL)
+				fn(atomic_load(&c->tune_arg), &t);
+			break;
+		}
 		case WIRE_SHUTDOWN:
 			free(payload);
 			/* Servers take UNISUM_ESHUTDOWN as their clean stop. */
@@ -410,6 +426,46 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
 		}
 	}
 	free(payload);
+	return rc;
+}
+
+void rdv_tune_encode(const struct rdv_tune *t, struct wire_buf *b)
+{
+	wire_buf_u64(b, t->partition_bytes);
+	wire_buf_u64(b, t->credit_bytes);
+	wire_buf_u32(b, t->final ? 1 : 0);
+}
+
+int rdv_tune_decode(const void *payload, size_t len, uint32_t epoch, struct rdv_tune *t)
+{
+	struct wire_reader r;
+	wire_reader_init(&r, payload, len);
+	t->epoch = epoch;
+	t->partition_bytes = wire_read_u64(&r);
+	t->credit_bytes = wire_read_u64(&r);
+	uint32_t final = wire_read_u32(&r);
+	t->final = final == 1;
+	if (r.failed || r.left != 0 || final > 1 || t->partition_bytes < 8 ||
+	    t->partition_bytes > (1ull << 30) || t->credit_bytes == 0)
+		return UNISUM_EPROTO;
+	return 0;
+}
+
+void rdv_client_on_tune(struct rdv_client *c, rdv_tune_fn fn, void *arg)
+{
+	atomic_store(&c->tune_arg, arg);
+	atomic_store(&c->tune, fn);
+}
+
+int rdv_client_post_tune(struct rdv_client *c, const struct rdv_tune *t)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	rdv_tune_encode(t, &b);
+	struct wire_hdr h = {.type = WIRE_TUNE, .sender = c->id, .round = t->epoch,
+			     .payload_len = b.len};
+	int rc = b.failed ? UNISUM_ENOMEM : rdv_send(c, &h, b.data);
+	wire_buf_fini(&b);
 	return rc;
 }
 

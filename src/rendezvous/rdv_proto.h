@@ -13,6 +13,8 @@
  *              node -> scheduler: fail the job for this reason (a stalled round)
  *              scheduler -> server: header key = a tensor key: that tensor's workers
  *              disagree on its shape and it can never be summed; payload str why
+ *   TUNE       worker 0 -> scheduler -> every worker: header round = epoch; payload
+ *              u64 partition_bytes (8 .. 1 GiB), u64 credit_bytes (> 0), u32 final (0/1)
  */
 #ifndef UNISUM_RDV_PROTO_H
 #define UNISUM_RDV_PROTO_H

@@ -95,6 +95,30 @@ const struct rdv_node *rdv_client_nodes(const struct rdv_client *c, int *count);
 const struct rdv_node *rdv_client_server(const struct rdv_client *c, int server_rank);
 const struct rdv_node *rdv_client_node_by_id(const struct rdv_client *c, uint32_t id);
 
+/* Autotune (worker.c): the setting every worker uses from round
+ * epoch x UNISUM_AUTOTUNE_STEPS of each tensor on; `final` means it never
+ * changes again. */
+struct rdv_tune {
+	uint32_t epoch;
+	uint64_t partition_bytes, credit_bytes;
+	bool final;
+};
+
+/* Called on the reader thread (workers) for every setting worker 0
+ * posts, in the order posted. */
+typedef void (*rdv_tune_fn)(void *arg, const struct rdv_tune *t);
+
+/* Sets the callback of TUNE messages (before anyone posts one). */
+void rdv_client_on_tune(struct rdv_client *c, rdv_tune_fn fn, void *arg);
+
+/* Worker 0 only: posts a setting; the scheduler passes it to every worker
+ * (this one included).  0 or a negative error. */
+int rdv_client_post_tune(struct rdv_client *c, const struct rdv_tune *t);
+
+/* Encodes / decodes a TUNE payload.  decode: 0 or UNISUM_EPROTO. */
+void rdv_tune_encode(const struct rdv_tune *t, struct wire_buf *b);
+int rdv_tune_decode(const void *payload, size_t len, uint32_t epoch, struct rdv_tune *t);
+
 /* Waits until every node of `group` has entered the barrier. */
 int rdv_client_barrier(struct rdv_client *c, int group);
 

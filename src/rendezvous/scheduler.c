@@ -418,6 +418,31 @@ out_nomem:
 }
 
 /* A worker said goodbye; when all have, stop the servers. */
+/* Worker 0's autotune setting for an epoch: checked, then passed to every
+ * worker in the order posted (worker.c waits for it before the epoch). */
+static int sched_on_tune(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *h,
+			 const void *payload, char *why, size_t len)
+{
+	struct rdv_tune t;
+	if (n->role != CONFIG_ROLE_WORKER || n->rank != 0) {
+		snprintf(why, len, "TUNE from a node other than worker 0");
+		return UNISUM_EPROTO;
+	}
+	if (rdv_tune_decode(payload, h->payload_len, h->round, &t) != 0) {
+		snprintf(why, len, "malformed TUNE");
+		return UNISUM_EPROTO;
+	}
+	struct wire_hdr out = {.type = WIRE_TUNE, .round = h->round, .payload_len = h->payload_len};
+	pthread_mutex_lock(&s->lock);
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *m = &s->nodes[i];
+		if (m->registered && !m->gone && m->role == CONFIG_ROLE_WORKER)
+			sched_send(m, &out, payload);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
 static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 {
 	pthread_mutex_lock(&s->lock);
@@ -496,6 +521,9 @@ static void *sched_node_main(void *arg)
 		case WIRE_SHUTDOWN:
 			if (n->role == CONFIG_ROLE_WORKER)
 				sched_on_goodbye(s, n);
+			break;
+		case WIRE_TUNE:
+			rc = sched_on_tune(s, n, &h, payload, why, sizeof why);
 			break;
 		case WIRE_HEARTBEAT:
 			break;

@@ -347,6 +347,15 @@ static void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const
 }
 
 /* Queues a reply to worker w; dropped when its connection is gone. */
+/* Tells a worker its PUSH arrived (it counts the bytes against its credit
+ * until then).  Queued ahead of the sum's reply, so it always comes first. */
+static void srv_ack_push(struct server *srv, struct srv_conn *c, const struct wire_hdr *push)
+{
+	struct wire_hdr ack = {.type = WIRE_PUSH_ACK, .sender = srv->id, .round = push->round,
+			       .key = push->key};
+	srv_conn_enqueue(c, &ack, NULL, NULL);
+}
+
 static void srv_queue_reply(struct server *srv, int w, const struct wire_hdr *h, const void *payload)
 {
 	pthread_mutex_lock(&srv->lock);
@@ -788,7 +797,10 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 		if (srv_poison_of(srv, k->key) != NULL) {
 			/* Never summed; the pull that follows gets the error. */
 			k->next_round[c->worker]++;
-			return srv->tp->recv_payload(c->conn, NULL, h->payload_len) == 0 ? 0 : UNISUM_ECONN;
+			if (srv->tp->recv_payload(c->conn, NULL, h->payload_len) != 0)
+				return UNISUM_ECONN;
+			srv_ack_push(srv, c, h);
+			return 0;
 		}
 		if (!(h->flags & WIRE_FLAG_ZERO)) {
 			if (k->push_buf[c->worker] == NULL)
@@ -804,6 +816,10 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 			}
 		}
 		k->next_round[c->worker]++;
+		/* The worker's credit comes back now, whatever the other workers
+		 * do: acknowledging only summed pushes would let two workers wait
+		 * on each other's credit. */
+		srv_ack_push(srv, c, h);
 		return srv_post(srv, EVENT_PUSH, k, c->worker, h->round, h->flags & WIRE_FLAG_ZERO, NULL);
 	case WIRE_PULL: {
 		k = srv_check_data(srv, c, h, why, len);

@@ -71,7 +71,7 @@ static const char *const wire_type_names[] = {
 	[WIRE_PUSH_ACK] = "PUSH_ACK",	  [WIRE_PULL] = "PULL",
 	[WIRE_PULL_REPLY] = "PULL_REPLY", [WIRE_DECLARE_CHECK] = "DECLARE_CHECK",
 	[WIRE_ERROR] = "ERROR",		  [WIRE_SHUTDOWN] = "SHUTDOWN",
-	[WIRE_DECLARE] = "DECLARE",
+	[WIRE_DECLARE] = "DECLARE",	  [WIRE_TUNE] = "TUNE",
 };
 
 const char *wire_type_name(int type)

@@ -49,14 +49,17 @@ enum wire_type {
 	WIRE_BARRIER_DONE = 4,	/* scheduler -> node: everyone entered */
 	WIRE_HEARTBEAT = 5,	/* liveness (reserved for the failure detector) */
 	WIRE_PUSH = 6,		/* worker -> server: a partition's contribution */
-	WIRE_PUSH_ACK = 7,	/* reserved: pushes are answered by the pull reply */
+	WIRE_PUSH_ACK = 7,	/* server -> worker: the PUSH of key, round arrived (credit back) */
 	WIRE_PULL = 8,		/* worker -> server: send me the sum of this round */
 	WIRE_PULL_REPLY = 9,	/* server -> worker: the sum */
 	WIRE_DECLARE_CHECK = 10, /* worker -> server: key, dtype, count it will push; payload str name */
 	WIRE_ERROR = 11,	/* any -> any: code in aux, text in payload; to the scheduler: fail the job */
 	WIRE_SHUTDOWN = 12,	/* worker -> scheduler: done; scheduler -> server: stop */
 	WIRE_DECLARE = 13,	/* worker <-> scheduler: name -> key and servers */
-	WIRE_TYPE_MAX = 13,
+	WIRE_TUNE = 14,		/* worker 0 -> scheduler -> every worker: the setting of epoch
+				 * `round` (autotune); payload u64 partition_bytes,
+				 * u64 credit_bytes, u32 final */
+	WIRE_TYPE_MAX = 14,
 };
 
 /* PUSH: the contribution is all zeros and no payload follows (broadcast

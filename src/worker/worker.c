@@ -48,6 +48,16 @@
 #include "unisum.h"
 #include "wire/wire.h"
 
+/* One cut of a tensor into partitions, with its keys and servers. */
+struct wk_layout {
+	uint64_t pbytes;		/* the partition size it was cut for */
+	uint64_t key;			/* partition i has key + i */
+	uint32_t nparts;
+	struct placement_part *parts;
+	uint32_t *servers;		/* server rank of each partition */
+	uint32_t rounds;		/* rounds done with this cut: the wire's round */
+};
+
 struct wk_tensor {
 	int index;			/* tensor id */
 	char name[256];
@@ -55,11 +65,9 @@ struct wk_tensor {
 	uint64_t count;
 	size_t esize;
 	int priority;
-	uint64_t key;			/* partition i has key + i */
-	uint32_t nparts;
-	struct placement_part *parts;
-	uint32_t *servers;		/* server rank of each partition */
-	uint32_t round;			/* next round */
+	struct wk_layout *cuts;		/* [0]: UNISUM_PARTITION_BYTES; more for autotune */
+	int ncuts;
+	uint32_t round;			/* next round (training step) */
 	bool busy;			/* an operation is in flight */
 };
 
@@ -96,6 +104,7 @@ struct wk_job {
 	struct wk_job *next;		/* chain in its connection's send queue */
 	int64_t t_queued, t_taken;	/* trace clock: entered, left the PUSH queue */
 	int64_t t_pushed;		/* PUSH written (set under the conn's lock) */
+	bool credit_back;		/* PUSH_ACK came: its bytes left the credit */
 };
 
 struct wk_conn {
@@ -113,6 +122,38 @@ struct wk_conn {
 	bool threads_started;		/* both threads run; the receiver joins the sender */
 	char dead_why[700];		/* why, for the errors of later calls */
 };
+
+/* Autotune (UNISUM_AUTOTUNE): every UNISUM_AUTOTUNE_STEPS rounds of each
+ * tensor form an epoch, and every worker uses the same partition size and
+ * credit in an epoch.  Worker 0 measures its step time and posts the
+ * setting of epoch e + 1 when it starts epoch e; the scheduler passes it
+ * to every worker, and a worker about to start an epoch it has no setting
+ * for waits for it.  A tensor is cut anew for a partition size it has not
+ * used yet (a declaration under "name@bytes", so the keys differ and no
+ * round ever mixes two cuts); the credit changes at once. */
+struct wk_setting {
+	uint64_t pbytes, credit;
+};
+
+static struct {
+	pthread_mutex_t lock;		/* the settings */
+	pthread_cond_t cond;		/* a setting came, or the job failed */
+	struct wk_setting *epochs;	/* [nepochs]: known settings; epoch 0 the configured one */
+	uint32_t nepochs, cap;
+	bool final;			/* later epochs keep the last setting */
+	uint32_t applied;		/* the credit of this epoch is in force */
+	atomic_bool failed;		/* the job failed: stop waiting */
+	/* Worker 0's tuner, under post_lock. */
+	pthread_mutex_t post_lock;
+	int64_t *round_us;		/* when round r first started */
+	uint32_t nrounds, caprounds;
+	double *epoch_ms;		/* median step time of each epoch, < 0 unknown */
+	struct wk_setting plan[8];	/* trials of the current phase */
+	int nplan, planned;		/* how many, how many posted */
+	uint32_t phase_last;		/* the last epoch of the current phase's trials */
+	int phase;			/* 0 partition sizes, 1 credits, 2 settled */
+} tn = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER,
+	.post_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static struct {
 	pthread_mutex_t lock;		/* everything below but conns' own state */
@@ -177,6 +218,15 @@ static void pending_add(struct wk_conn *c, struct wk_job *j)
 	c->pending[s] = j;
 }
 
+/* The pending job of `key` (left in the table), or NULL. */
+static struct wk_job *pending_find(struct wk_conn *c, uint64_t key)
+{
+	for (struct wk_job *j = c->pending[pending_slot(c, key)]; j; j = j->pending_next)
+		if (j->key == key && j->type == JOB_PUSH_PULL)
+			return j;
+	return NULL;
+}
+
 /* Removes and returns the pending job of `key`, or NULL. */
 static struct wk_job *pending_take(struct wk_conn *c, uint64_t key)
 {
@@ -203,7 +253,7 @@ static void op_part_done(struct wk_op *op, int err, const char *why)
 	}
 	if (--op->remaining == 0) {
 		if (op->traced)
-			trace_span(TRACE_TENSOR, op->t->index, 0, op->round, op->t->key,
+			trace_span(TRACE_TENSOR, op->t->index, 0, op->round, op->t->cuts[0].key,
 				   op->t->count * op->t->esize, 0, op->t_start, trace_now_us());
 		op->done = true;
 		op->t->busy = false;
@@ -217,20 +267,23 @@ static void op_part_done(struct wk_op *op, int err, const char *why)
  * the operation and frees it. */
 static void wk_job_finish(struct wk_job *j, int err, const char *why)
 {
-	size_t inflight = sched_release(&wk.push_q, j->entry.bytes);
+	bool released_now = !j->credit_back;
+	size_t inflight = released_now ? sched_release(&wk.push_q, j->entry.bytes) : 0;
 	struct wk_op *op = j->op;
 	if (op->traced) {
 		int64_t now = trace_now_us();
 		int ti = op->t->index;
-		trace_span(TRACE_QUEUE, ti, j->part, j->round, j->key, j->entry.bytes, j->entry.order,
+		uint32_t step = op->round;	/* j->round counts the rounds of its cut */
+		trace_span(TRACE_QUEUE, ti, j->part, step, j->key, j->entry.bytes, j->entry.order,
 			   j->t_queued, j->t_taken);
 		if (j->t_pushed != 0) {
-			trace_span(TRACE_PUSH, ti, j->part, j->round, j->key, j->entry.bytes,
+			trace_span(TRACE_PUSH, ti, j->part, step, j->key, j->entry.bytes,
 				   j->entry.order, j->t_taken, j->t_pushed);
-			trace_span(TRACE_PULL, ti, j->part, j->round, j->key, j->entry.bytes, 0,
+			trace_span(TRACE_PULL, ti, j->part, step, j->key, j->entry.bytes, 0,
 				   j->t_pushed, now);
 		}
-		trace_span(TRACE_INFLIGHT, ti, 0, j->round, 0, inflight, 0, now, now);
+		if (released_now)
+			trace_span(TRACE_INFLIGHT, ti, 0, step, 0, inflight, 0, now, now);
 	}
 	op_part_done(op, err, why);
 	free(j);
@@ -419,6 +472,30 @@ static void *wk_recv_main(void *arg)
 			wk_job_finish(j, log_known_error(-(int)h.aux, UNISUM_EREMOTE), text);
 			continue;
 		}
+		if (h.type == WIRE_PUSH_ACK) {
+			/* The server has the push: its bytes leave the credit. */
+			pthread_mutex_lock(&c->lock);
+			struct wk_job *j = pending_find(c, h.key);
+			bool ok = j != NULL && j->round == h.round && !j->credit_back;
+			if (ok)
+				j->credit_back = true;
+			size_t bytes = ok ? j->entry.bytes : 0;
+			bool traced = ok && j->op->traced;
+			uint32_t step = ok ? j->op->round : 0;
+			pthread_mutex_unlock(&c->lock);
+			if (!ok) {
+				snprintf(msg, sizeof msg, "%s acknowledged a push of key 0x%llx round %u that "
+					 "this worker did not make", c->label, (unsigned long long)h.key,
+					 h.round);
+				break;
+			}
+			size_t inflight = sched_release(&wk.push_q, bytes);
+			if (traced) {
+				int64_t now = trace_now_us();
+				trace_span(TRACE_INFLIGHT, 0, 0, step, 0, inflight, 0, now, now);
+			}
+			continue;
+		}
 		if (h.type != WIRE_PULL_REPLY) {
 			snprintf(msg, sizeof msg, "%s sent an unexpected %s", c->label, wire_type_name(h.type));
 			break;
@@ -475,7 +552,7 @@ static void *wk_push_main(void *arg)
 		/* Once handed over, the job may complete and be freed at any
 		 * moment: keep what the timeline needs. */
 		bool traced = j->op->traced;
-		uint32_t round = j->round;
+		uint32_t round = j->op->round;
 		size_t inflight = e->inflight;
 		int64_t now = traced ? trace_now_us() : 0;
 		j->t_taken = now;
@@ -555,6 +632,10 @@ static void wk_notice(void *arg, int err, const char *why)
 		snprintf(wk.failed_why, sizeof wk.failed_why, "%s", why);
 		pthread_cond_broadcast(&wk.failed_cond);
 	}
+	pthread_mutex_lock(&tn.lock);
+	atomic_store(&tn.failed, true);
+	pthread_cond_broadcast(&tn.cond);
+	pthread_mutex_unlock(&tn.lock);
 	/* Unblock every connection (their threads fail the pending jobs),
 	 * unless they are still being set up or already being torn down. */
 	if (wk.conns_live)
@@ -563,6 +644,9 @@ static void wk_notice(void *arg, int err, const char *why)
 	pthread_mutex_unlock(&wk.lock);
 	LOG_ERROR("%s", why);
 }
+
+static void wk_on_tune(void *arg, const struct rdv_tune *t);
+static int tn_init(void);
 
 /* ---- public API --------------------------------------------------------- */
 
@@ -575,9 +659,13 @@ static int wk_require_init(void)
 static void wk_free_all(void)
 {
 	for (int i = 0; i < wk.ntensors; i++) {
-		free(wk.tensors[i]->parts);
-		free(wk.tensors[i]->servers);
-		free(wk.tensors[i]);
+		struct wk_tensor *t = wk.tensors[i];
+		for (int c = 0; c < t->ncuts; c++) {
+			free(t->cuts[c].parts);
+			free(t->cuts[c].servers);
+		}
+		free(t->cuts);
+		free(t);
 	}
 	free(wk.tensors);
 	for (int i = 0; i < wk.nops; i++)
@@ -647,7 +735,10 @@ int unisum_init(void)
 	wk.rank = rdv_client_rank(wk.rdv);
 	wk.size = wk.cfg.num_workers;
 	log_set_identity("worker", wk.rank);
-	rc = trace_open(&wk.cfg, wk.rank);
+	rdv_client_on_tune(wk.rdv, wk_on_tune, NULL);
+	rc = tn_init();
+	if (rc == 0)
+		rc = trace_open(&wk.cfg, wk.rank);
 	if (rc == 0)
 		rc = sched_init(&wk.push_q, wk.cfg.credit_bytes);
 	if (rc != 0) {
@@ -720,6 +811,66 @@ int unisum_local_size(void)
 	return wk.initialized ? wk.cfg.local_size : UNISUM_ENOTINIT;
 }
 
+/* Cuts tensor t into partitions of at most `pbytes`, declares that cut
+ * with the scheduler under `wire_name` (which places it and gives its
+ * keys), and tells each partition's server what to expect, ahead of any
+ * push of it.  Fills *L; 0 or a negative error (logged). */
+static int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
+		  struct wk_layout *L)
+{
+	uint64_t nparts = placement_nparts(t->count, t->esize, pbytes);
+	if (nparts > PLACEMENT_MAX_PARTS)
+		return log_fail(UNISUM_EINVAL, "unisum_declare('%s'): %llu elements make %llu "
+				"partitions of %llu bytes, more than %u; raise UNISUM_PARTITION_BYTES",
+				t->name, (unsigned long long)t->count, (unsigned long long)nparts,
+				(unsigned long long)pbytes, PLACEMENT_MAX_PARTS);
+	*L = (struct wk_layout){.pbytes = pbytes, .nparts = (uint32_t)nparts};
+	L->parts = calloc(nparts ? nparts : 1, sizeof *L->parts);
+	L->servers = calloc(nparts ? nparts : 1, sizeof *L->servers);
+	int rc = UNISUM_ENOMEM;
+	if (L->parts == NULL || L->servers == NULL)
+		goto out_free;
+	placement_partition(t->count, nparts, L->parts);
+
+	char why[768];
+	rc = rdv_client_declare(wk.rdv, wire_name, t->dtype, t->count, pbytes, L->nparts, &L->key,
+				L->servers, why, sizeof why);
+	if (rc != 0) {
+		rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, wk.rank, why);
+		goto out_free;
+	}
+	for (uint32_t i = 0; i < L->nparts; i++) {
+		if (L->servers[i] >= (uint32_t)wk.nservers) {
+			rc = log_fail(UNISUM_EPROTO, "the scheduler placed '%s' on server %u of %d",
+				      wire_name, L->servers[i], wk.nservers);
+			goto out_free;
+		}
+		struct wk_job *j = calloc(1, sizeof *j);
+		if (j == NULL) {
+			rc = UNISUM_ENOMEM;
+			goto out_free;
+		}
+		*j = (struct wk_job){.type = JOB_DECLARE, .key = L->key + i, .dtype = t->dtype,
+				     .count = L->parts[i].count, .name = strdup(wire_name)};
+		rc = j->name != NULL ? wk_enqueue(&wk.conns[L->servers[i]], j) : UNISUM_ENOMEM;
+		if (rc != 0) {
+			free(j->name);
+			free(j);
+			rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, wk.rank,
+				      log_last_error());
+			goto out_free;
+		}
+	}
+	return 0;
+
+out_free:
+	free(L->parts);
+	free(L->servers);
+	L->parts = NULL;
+	L->servers = NULL;
+	return rc;
+}
+
 int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int priority)
 {
 	if (!wk.initialized)
@@ -732,11 +883,6 @@ int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int prior
 	if (esize > wk.cfg.partition_bytes)
 		return log_fail(UNISUM_ECONFIG, "UNISUM_PARTITION_BYTES=%llu is smaller than one %s element",
 				(unsigned long long)wk.cfg.partition_bytes, unisum_dtype_name(dtype));
-	uint64_t nparts = placement_nparts(count, esize, wk.cfg.partition_bytes);
-	if (nparts > PLACEMENT_MAX_PARTS)
-		return log_fail(UNISUM_EINVAL, "unisum_declare('%s'): %zu elements make %llu partitions, "
-				"more than %u; raise UNISUM_PARTITION_BYTES", name, count,
-				(unsigned long long)nparts, PLACEMENT_MAX_PARTS);
 
 	pthread_mutex_lock(&wk.lock);
 	for (int i = 0; i < wk.ntensors; i++) {
@@ -760,43 +906,11 @@ int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int prior
 	t->count = count;
 	t->esize = esize;
 	t->priority = priority;
-	t->nparts = (uint32_t)nparts;
-	t->parts = calloc(nparts ? nparts : 1, sizeof *t->parts);
-	t->servers = calloc(nparts ? nparts : 1, sizeof *t->servers);
-	int rc = UNISUM_ENOMEM;
-	if (t->parts == NULL || t->servers == NULL)
+	t->cuts = calloc(1, sizeof *t->cuts);
+	int rc = t->cuts == NULL ? UNISUM_ENOMEM : wk_cut(t, name, wk.cfg.partition_bytes, &t->cuts[0]);
+	if (rc != 0)
 		goto out_free;
-	placement_partition(count, nparts, t->parts);
-
-	char why[768];
-	rc = rdv_client_declare(wk.rdv, name, dtype, count, wk.cfg.partition_bytes, t->nparts, &t->key,
-				t->servers, why, sizeof why);
-	if (rc != 0) {
-		rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", name, wk.rank, why);
-		goto out_free;
-	}
-	for (uint32_t i = 0; i < t->nparts; i++) {
-		if (t->servers[i] >= (uint32_t)wk.nservers) {
-			rc = log_fail(UNISUM_EPROTO, "the scheduler placed '%s' on server %u of %d", name,
-				      t->servers[i], wk.nservers);
-			goto out_free;
-		}
-		struct wk_job *j = calloc(1, sizeof *j);
-		if (j == NULL) {
-			rc = UNISUM_ENOMEM;
-			goto out_free;
-		}
-		*j = (struct wk_job){.type = JOB_DECLARE, .key = t->key + i,
-				     .dtype = dtype, .count = t->parts[i].count, .name = strdup(name)};
-		rc = j->name != NULL ? wk_enqueue(&wk.conns[t->servers[i]], j) : UNISUM_ENOMEM;
-		if (rc != 0) {
-			free(j->name);
-			free(j);
-			rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", name, wk.rank,
-				      log_last_error());
-			goto out_free;
-		}
-	}
+	t->ncuts = 1;
 
 	pthread_mutex_lock(&wk.lock);
 	/* Another thread may have declared the same name meanwhile. */
@@ -822,14 +936,269 @@ int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int prior
 	t->index = id;
 	wk.tensors[id] = t;
 	pthread_mutex_unlock(&wk.lock);
-	trace_name_tensor(id, t->name, t->nparts);
+	trace_name_tensor(id, t->name, t->cuts[0].nparts);
 	return id;
 
 out_free:
-	free(t->parts);
-	free(t->servers);
+	if (t->cuts != NULL) {
+		free(t->cuts[0].parts);
+		free(t->cuts[0].servers);
+	}
+	free(t->cuts);
 	free(t);
 	return rc;
+}
+
+/* ---- autotune ---------------------------------------------------------- */
+
+/* A setting worker 0 posted, passed on by the scheduler (reader thread). */
+static void wk_on_tune(void *arg, const struct rdv_tune *t)
+{
+	(void)arg;
+	pthread_mutex_lock(&tn.lock);
+	if (t->epoch == tn.nepochs && !tn.final) {
+		if (tn.nepochs == tn.cap) {
+			uint32_t cap = tn.cap * 2;
+			struct wk_setting *e = realloc(tn.epochs, cap * sizeof *e);
+			if (e == NULL) {
+				pthread_mutex_unlock(&tn.lock);
+				rdv_client_fail_job(wk.rdv, UNISUM_ENOMEM, "out of memory for autotune");
+				return;
+			}
+			tn.epochs = e;
+			tn.cap = cap;
+		}
+		tn.epochs[tn.nepochs++] = (struct wk_setting){t->partition_bytes, t->credit_bytes};
+		tn.final = t->final;
+		pthread_cond_broadcast(&tn.cond);
+	}
+	pthread_mutex_unlock(&tn.lock);
+}
+
+/* The setting of `epoch`, waiting for worker 0 to post it; puts its credit
+ * in force the first time.  0, or the job's error. */
+static int wk_setting_of(uint32_t epoch, struct wk_setting *out)
+{
+	pthread_mutex_lock(&tn.lock);
+	while (epoch >= tn.nepochs && !tn.final && !atomic_load(&tn.failed))
+		pthread_cond_wait(&tn.cond, &tn.lock);
+	if (epoch >= tn.nepochs && !tn.final) {
+		pthread_mutex_unlock(&tn.lock);
+		return UNISUM_ECONN;
+	}
+	*out = tn.epochs[epoch < tn.nepochs ? epoch : tn.nepochs - 1];
+	bool apply = epoch > tn.applied;
+	if (apply)
+		tn.applied = epoch;
+	pthread_mutex_unlock(&tn.lock);
+	if (apply)
+		sched_set_credit(&wk.push_q, out->credit);
+	return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* Median step time of epoch e (ms), from the first starts of its rounds;
+ * the first step of an epoch pays for new cuts and is left out. */
+static double tn_epoch_ms(uint32_t e)
+{
+	uint32_t n = (uint32_t)wk.cfg.autotune_steps, first = e * n + 1, last = (e + 1) * n;
+	double d[64];
+	int k = 0;
+	for (uint32_t r = first; r < last && r + 1 < tn.nrounds && k < 64; r++)
+		d[k++] = (double)(tn.round_us[r + 1] - tn.round_us[r]) / 1000.0;
+	if (k == 0)
+		return -1;
+	qsort(d, (size_t)k, sizeof d[0], cmp_double);
+	return k % 2 ? d[k / 2] : (d[k / 2 - 1] + d[k / 2]) / 2;
+}
+
+/* The best measured epoch so far (-1: none). */
+static int tn_best(uint32_t upto)
+{
+	int best = -1;
+	for (uint32_t e = 0; e < upto; e++)
+		if (tn.epoch_ms[e] >= 0 && (best < 0 || tn.epoch_ms[e] < tn.epoch_ms[best]))
+			best = (int)e;
+	return best;
+}
+
+static uint64_t clamp_pbytes(uint64_t p)
+{
+	return p < 65536 ? 65536 : p > (1ull << 30) ? 1ull << 30 : p;
+}
+
+/* Worker 0, at the first start of epoch e: records how epoch e - 1 went
+ * and decides epoch e + 1.  Called with post_lock held.  Returns whether
+ * *next is to be posted. */
+static bool tn_decide(uint32_t e, struct rdv_tune *next)
+{
+	if (e >= 1) {
+		double ms = tn_epoch_ms(e - 1);
+		tn.epoch_ms[e - 1] = ms;
+		const struct wk_setting *s = &tn.epochs[e - 1];
+		LOG_WARN("autotune: epoch %u (steps %u-%u): partition %llu B, credit %llu B: %.2f ms per "
+			 "step (median)", e - 1, (e - 1) * (uint32_t)wk.cfg.autotune_steps,
+			 e * (uint32_t)wk.cfg.autotune_steps - 1, (unsigned long long)s->pbytes,
+			 (unsigned long long)s->credit, ms);
+	}
+	if (tn.phase == 2)
+		return false;
+	*next = (struct rdv_tune){.epoch = e + 1};
+	int best = tn_best(e);
+	if (tn.planned < tn.nplan) {
+		/* The next trial of this phase. */
+		next->partition_bytes = tn.plan[tn.planned].pbytes;
+		next->credit_bytes = tn.plan[tn.planned].credit;
+		tn.planned++;
+		tn.phase_last = e + 1;
+		return true;
+	}
+	if (tn.phase_last >= e || best < 0) {
+		/* The last trial is still being measured: hold the best so far. */
+		const struct wk_setting *h = &tn.epochs[best >= 0 ? best : 0];
+		next->partition_bytes = h->pbytes;
+		next->credit_bytes = h->credit;
+		return true;
+	}
+	const struct wk_setting *b = &tn.epochs[best];
+	if (tn.phase == 0) {
+		/* Partition size found: now the credit, in partitions of it. */
+		static const int mult[] = {1, 2, 8, 16};
+		tn.nplan = tn.planned = 0;
+		for (int i = 0; i < 4; i++) {
+			uint64_t c = b->pbytes * (uint64_t)mult[i];
+			if (c != b->credit)
+				tn.plan[tn.nplan++] = (struct wk_setting){b->pbytes, c};
+		}
+		tn.phase = 1;
+		next->partition_bytes = tn.plan[0].pbytes;
+		next->credit_bytes = tn.plan[0].credit;
+		tn.planned = 1;
+		tn.phase_last = e + 1;
+		return true;
+	}
+	tn.phase = 2;
+	next->partition_bytes = b->pbytes;
+	next->credit_bytes = b->credit;
+	next->final = true;
+	LOG_WARN("autotune: settled on partition %llu B, credit %llu B after %u trials: %.2f ms per "
+		 "step (the configured setting: %.2f); no more trials",
+		 (unsigned long long)b->pbytes, (unsigned long long)b->credit, e, tn.epoch_ms[best],
+		 tn.epoch_ms[0]);
+	return true;
+}
+
+/* Worker 0: notes the first start of each round and, at the start of each
+ * epoch, posts the setting of the next. */
+static void tn_saw_round(uint32_t round)
+{
+	pthread_mutex_lock(&tn.post_lock);
+	if (round < tn.nrounds || tn.phase == 2) {
+		pthread_mutex_unlock(&tn.post_lock);
+		return;
+	}
+	if (round >= tn.caprounds) {
+		uint32_t cap = tn.caprounds ? tn.caprounds : 256;
+		while (cap <= round)
+			cap *= 2;
+		uint32_t old_ne = tn.caprounds / (uint32_t)wk.cfg.autotune_steps + 2;
+		uint32_t ne = cap / (uint32_t)wk.cfg.autotune_steps + 2;
+		int64_t *r = realloc(tn.round_us, cap * sizeof *r);
+		if (r != NULL)
+			tn.round_us = r;
+		double *m = realloc(tn.epoch_ms, ne * sizeof *m);
+		if (r == NULL || m == NULL) {
+			pthread_mutex_unlock(&tn.post_lock);
+			return;	/* no more trials; every worker keeps the current setting */
+		}
+		for (uint32_t i = tn.caprounds ? old_ne : 0; i < ne; i++)
+			m[i] = -1;
+		tn.epoch_ms = m;
+		tn.caprounds = cap;
+	}
+	int64_t now = trace_now_us();
+	while (tn.nrounds <= round)
+		tn.round_us[tn.nrounds++] = now;
+	uint32_t steps = (uint32_t)wk.cfg.autotune_steps;
+	struct rdv_tune next;
+	bool post = false;
+	if (round % steps == 0) {
+		pthread_mutex_lock(&tn.lock);
+		post = tn_decide(round / steps, &next);
+		pthread_mutex_unlock(&tn.lock);
+	}
+	if (post && rdv_client_post_tune(wk.rdv, &next) != 0)
+		LOG_WARN("autotune: cannot post the next setting: %s", log_last_error());
+	pthread_mutex_unlock(&tn.post_lock);
+}
+
+/* Resets the settings at init: epoch 0 is the configuration; worker 0
+ * plans the partition sizes to try. */
+static int tn_init(void)
+{
+	free(tn.epochs);
+	free(tn.round_us);
+	free(tn.epoch_ms);
+	tn.epochs = malloc(16 * sizeof *tn.epochs);
+	tn.round_us = NULL;
+	tn.epoch_ms = NULL;
+	tn.nrounds = tn.caprounds = 0;
+	if (tn.epochs == NULL)
+		return UNISUM_ENOMEM;
+	tn.cap = 16;
+	tn.epochs[0] = (struct wk_setting){wk.cfg.partition_bytes, wk.cfg.credit_bytes};
+	tn.nepochs = 1;
+	tn.final = !wk.cfg.autotune;
+	tn.applied = 0;
+	atomic_store(&tn.failed, false);
+	tn.phase = 0;
+	tn.nplan = tn.planned = 0;
+	tn.phase_last = 0;
+	uint64_t p = wk.cfg.partition_bytes;
+	uint64_t sizes[] = {clamp_pbytes(p / 4), clamp_pbytes(p / 2), clamp_pbytes(p * 2)};
+	for (int i = 0; i < 3; i++)
+		if (sizes[i] != p)
+			tn.plan[tn.nplan++] = (struct wk_setting){sizes[i], 4 * sizes[i]};
+	return 0;
+}
+
+/* The cut of tensor t for partition size pbytes, made now if it is new.
+ * A name too long to carry the size keeps the declared cut (every worker
+ * decides the same).  Called by the thread that owns t's current round. */
+static const struct wk_layout *wk_cut_for(struct wk_tensor *t, uint64_t pbytes, int *rc)
+{
+	*rc = 0;
+	for (int i = 0; i < t->ncuts; i++)
+		if (t->cuts[i].pbytes == pbytes)
+			return &t->cuts[i];
+	char wire_name[256];
+	if (snprintf(wire_name, sizeof wire_name, "%s@%llu", t->name, (unsigned long long)pbytes) >=
+	    (int)sizeof wire_name)
+		return &t->cuts[0];
+	struct wk_layout L;
+	*rc = wk_cut(t, wire_name, pbytes, &L);
+	if (*rc != 0)
+		return NULL;
+	struct wk_layout *cuts = realloc(t->cuts, (size_t)(t->ncuts + 1) * sizeof *cuts);
+	if (cuts == NULL) {
+		free(L.parts);
+		free(L.servers);
+		*rc = UNISUM_ENOMEM;
+		return NULL;
+	}
+	/* Only this thread reads t->cuts while the round is in flight. */
+	pthread_mutex_lock(&wk.lock);
+	t->cuts = cuts;
+	t->cuts[t->ncuts] = L;
+	const struct wk_layout *got = &t->cuts[t->ncuts++];
+	pthread_mutex_unlock(&wk.lock);
+	trace_name_tensor(t->index, t->name, L.nparts);
+	return got;
 }
 
 /* Starts an operation: `in` NULL means "contribute zeros" (broadcast from
@@ -875,9 +1244,7 @@ static int wk_start(int tensor, const void *in, void *out, int flags, unisum_han
 	op->handle = ++wk.next_handle;
 	op->t = t;
 	op->flags = flags;
-	op->remaining = t->nparts;
-	op->done = t->nparts == 0;
-	t->busy = !op->done;
+	t->busy = true;
 	uint32_t round = t->round++;
 	op->round = round;
 	op->traced = trace_wants(round);
@@ -886,15 +1253,50 @@ static int wk_start(int tensor, const void *in, void *out, int flags, unisum_han
 	*h = op->handle;
 	pthread_mutex_unlock(&wk.lock);
 
-	for (uint32_t i = 0; i < t->nparts; i++) {
+	/* The cut of this round: the declared one, or autotune's for its epoch. */
+	const struct wk_layout *L = &t->cuts[0];
+	if (wk.cfg.autotune) {
+		uint32_t epoch = round / (uint32_t)wk.cfg.autotune_steps;
+		if (wk.rank == 0)
+			tn_saw_round(round);
+		struct wk_setting set;
+		rc = wk_setting_of(epoch, &set);
+		if (rc == 0)
+			L = wk_cut_for(t, set.pbytes, &rc);
+		if (rc != 0) {
+			char why[512];
+			snprintf(why, sizeof why, "worker %d, tensor '%s': %s", wk.rank, t->name,
+				 rc == UNISUM_ECONN ? "the job failed while waiting for the autotune setting"
+						    : log_last_error());
+			pthread_mutex_lock(&wk.lock);
+			op->error = rc;
+			snprintf(op->why, sizeof op->why, "%s", why);
+			op->done = true;
+			t->busy = false;
+			pthread_cond_broadcast(&wk.done_cond);
+			pthread_mutex_unlock(&wk.lock);
+			return 0;
+		}
+	}
+	/* Servers count rounds per key, so each cut counts its own. */
+	uint32_t wire_round = ((struct wk_layout *)L)->rounds++;
+	pthread_mutex_lock(&wk.lock);
+	op->remaining = L->nparts;
+	op->done = L->nparts == 0;
+	t->busy = !op->done;
+	if (op->done)
+		pthread_cond_broadcast(&wk.done_cond);
+	pthread_mutex_unlock(&wk.lock);
+
+	for (uint32_t i = 0; i < L->nparts; i++) {
 		struct wk_job *j = malloc(sizeof *j);
-		const struct placement_part *p = &t->parts[i];
+		const struct placement_part *p = &L->parts[i];
 		size_t off = p->offset * t->esize;
 		if (j != NULL) {
-			*j = (struct wk_job){.entry = {.priority = t->priority, .key = t->key + i,
+			*j = (struct wk_job){.entry = {.priority = t->priority, .key = L->key + i,
 						       .bytes = p->count * t->esize},
-					     .type = JOB_PUSH_PULL, .server = (int)t->servers[i], .part = i,
-					     .key = t->key + i, .round = round, .dtype = t->dtype,
+					     .type = JOB_PUSH_PULL, .server = (int)L->servers[i], .part = i,
+					     .key = L->key + i, .round = wire_round, .dtype = t->dtype,
 					     .count = p->count, .in = in ? (const uint8_t *)in + off : NULL,
 					     .out = (uint8_t *)out + off,
 					     .divisor = (flags & UNISUM_AVERAGE) ? wk.size : 1, .op = op,
@@ -1015,7 +1417,10 @@ int unisum_get_stats(unisum_stats *out)
 		return log_fail(UNISUM_EINVAL, "unisum_get_stats: out must not be NULL");
 	struct sched_stats st;
 	sched_stats(&wk.push_q, &st);
-	*out = (unisum_stats){.credit_bytes = st.credit, .partition_bytes = wk.cfg.partition_bytes,
+	pthread_mutex_lock(&tn.lock);
+	uint64_t pbytes = tn.epochs[tn.applied < tn.nepochs ? tn.applied : tn.nepochs - 1].pbytes;
+	pthread_mutex_unlock(&tn.lock);
+	*out = (unisum_stats){.credit_bytes = st.credit, .partition_bytes = pbytes,
 			      .max_inflight_bytes = st.max_inflight, .partitions_sent = st.taken};
 	return 0;
 }

@@ -30,17 +30,23 @@
  *                             127.0.0.1:PORT without the secret, with a wrong
  *                             tag and with a replayed handshake, and must be
  *                             hung up on each time; then every worker finishes rounds
- *   check_sums priority       rank 0 queues a 64-partition low-priority backlog, waits
- *                             until it has used up the credit, then queues a
- *                             one-partition urgent tensor, while rank 1 holds
- *                             back 500 ms so no credit comes back meanwhile (the
- *                             send order is checked from the timeline by
+ *   check_sums priority       rank 0 stops the servers (SIGSTOP to the pids in
+ *                             UNISUM_TEST_SERVER_PIDS) so no credit comes back,
+ *                             queues a 64-partition low-priority backlog, waits
+ *                             until it has used up the credit, queues a
+ *                             one-partition urgent tensor and lets the servers go
+ *                             on (the send order is checked from the timeline by
  *                             test_pipeline.sh); both sums are checked
+ *   check_sums tune N         N rounds of a 1 MiB int32 tensor and a small one under
+ *                             UNISUM_AUTOTUNE: every sum exact, and each rank prints
+ *                             the partition size it used in every round (the test
+ *                             compares the ranks' lines)
  *   check_sums skip           rank 1 never pushes tensor 'skipped' and waits in a
  *                             barrier; every rank exits 3 once an error names
  *                             the tensor (UNISUM_STALL_ABORT_MS), 1 otherwise
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <inttypes.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -588,6 +594,34 @@ static void mode_late(int ms)
 	printf("rank %d: late round ok\n", rank);
 }
 
+/* Whether every thread of process `pid` is stopped (kill() only queues
+ * SIGSTOP; a thread on another core may run on for a moment). */
+static bool all_threads_stopped(pid_t pid)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	if (d == NULL)
+		return false;
+	bool stopped = true;
+	for (struct dirent *e; stopped && (e = readdir(d)) != NULL;) {
+		if (e->d_name[0] == '.')
+			continue;
+		char stat[128], buf[512];
+		snprintf(stat, sizeof stat, "/proc/%d/task/%s/stat", (int)pid, e->d_name);
+		FILE *f = fopen(stat, "r");
+		if (f == NULL)
+			continue;
+		size_t n = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		buf[n] = '\0';
+		const char *state = strrchr(buf, ')');	/* "pid (comm) S ..." */
+		stopped = state != NULL && (state[2] == 'T' || state[2] == 't');
+	}
+	closedir(d);
+	return stopped;
+}
+
 static void mode_priority(void)
 {
 	size_t pe = partition_elems(UNISUM_INT32);
@@ -601,14 +635,35 @@ static void mode_priority(void)
 		FAIL("out of memory");
 	fill(UNISUM_INT32, 17000, a, nb);
 	fill(UNISUM_INT32, 17001, b, pe);
-	if (rank == 1)
-		nanosleep(&(struct timespec){0, 500 * 1000000L}, NULL);
+	/* Rank 0 stops the servers: they acknowledge nothing, so no credit
+	 * comes back until they go on. */
+	pid_t servers[8];
+	int nservers = 0;
+	const char *pids = getenv("UNISUM_TEST_SERVER_PIDS");
+	if (rank == 0) {
+		if (pids == NULL)
+			FAIL("priority needs UNISUM_TEST_SERVER_PIDS");
+		for (char *p = (char *)pids, *end; *p && nservers < 8; p = end) {
+			long v = strtol(p, &end, 10);
+			if (end == p)
+				break;
+			servers[nservers++] = (pid_t)v;
+		}
+		for (int i = 0; i < nservers; i++)
+			if (kill(servers[i], SIGSTOP) != 0)
+				FAIL("cannot stop server pid %d", (int)servers[i]);
+		for (int i = 0; i < nservers; i++)
+			for (int tries = 0; !all_threads_stopped(servers[i]); tries++) {
+				if (tries == 10000)
+					FAIL("server pid %d did not stop", (int)servers[i]);
+				nanosleep(&(struct timespec){0, 1000000L}, NULL);
+			}
+	}
 	unisum_handle ha, hb;
 	check(unisum_push_pull_async(low, a, a, 0, &ha), "push_pull backlog");
 	if (rank == 0) {
-		/* Until the credit is used up: nothing can come back before rank 1
-		 * pushes, so the urgent tensor is queued behind 62 partitions with
-		 * no credit left. */
+		/* Until the credit is used up: the urgent tensor is then queued
+		 * behind 62 partitions with no credit left. */
 		unisum_stats st = {0};
 		uint64_t want = 0;
 		for (int i = 0; i < 10000; i++) {
@@ -623,6 +678,8 @@ static void mode_priority(void)
 			     st.partitions_sent, want);
 	}
 	check(unisum_push_pull_async(high, b, b, 0, &hb), "push_pull urgent");
+	for (int i = 0; i < nservers; i++)
+		kill(servers[i], SIGCONT);
 	check(unisum_wait(hb), "wait urgent");
 	check(unisum_wait(ha), "wait backlog");
 	verify("backlog", UNISUM_INT32, 17000, a, nb, false);
@@ -630,6 +687,36 @@ static void mode_priority(void)
 	free(a);
 	free(b);
 	printf("rank %d: priority sums ok\n", rank);
+}
+
+static void mode_tune(int n)
+{
+	enum { BIG = 262144, SMALL = 1000 };
+	int big = unisum_declare("tuned.big", UNISUM_INT32, BIG, 0);
+	check(big, "declare tuned.big");
+	int small = unisum_declare("tuned.small", UNISUM_INT64, SMALL, 1);
+	check(small, "declare tuned.small");
+	int32_t *a = malloc(BIG * sizeof *a);
+	int64_t b[SMALL];
+	if (a == NULL)
+		FAIL("out of memory");
+	printf("rank %d: partition bytes by round:", rank);
+	for (int r = 0; r < n; r++) {
+		fill(UNISUM_INT32, 19000 + (uint64_t)r, a, BIG);
+		fill(UNISUM_INT64, 29000 + (uint64_t)r, b, SMALL);
+		unisum_handle ha, hb;
+		check(unisum_push_pull_async(big, a, a, 0, &ha), "push_pull tuned.big");
+		check(unisum_push_pull_async(small, b, b, 0, &hb), "push_pull tuned.small");
+		check(unisum_wait(ha), "wait tuned.big");
+		check(unisum_wait(hb), "wait tuned.small");
+		verify("tuned.big", UNISUM_INT32, 19000 + (uint64_t)r, a, BIG, false);
+		verify("tuned.small", UNISUM_INT64, 29000 + (uint64_t)r, b, SMALL, false);
+		unisum_stats st;
+		check(unisum_get_stats(&st), "unisum_get_stats");
+		printf(" %" PRIu64, st.partition_bytes);
+	}
+	printf("\nrank %d: %d tuned rounds ok\n", rank, n);
+	free(a);
 }
 
 static void mode_skip(void)
@@ -682,6 +769,8 @@ int main(int argc, char **argv)
 		mode_skip();
 	else if (strcmp(mode, "priority") == 0)
 		mode_priority();
+	else if (strcmp(mode, "tune") == 0)
+		mode_tune(arg);
 	else if (strcmp(mode, "stop") == 0 && argc > 3)
 		mode_die(arg, atoi(argv[3]), SIGSTOP);
 	else
@@ -691,7 +780,8 @@ int main(int argc, char **argv)
 	unisum_stats st;
 	check(unisum_get_stats(&st), "unisum_get_stats");
 	uint64_t bound = st.credit_bytes > st.partition_bytes ? st.credit_bytes : st.partition_bytes;
-	if (st.max_inflight_bytes > bound)
+	const char *tuned = getenv("UNISUM_AUTOTUNE");	/* the credit changed meanwhile */
+	if ((tuned == NULL || strcmp(tuned, "1") != 0) && st.max_inflight_bytes > bound)
 		FAIL("%" PRIu64 " bytes were in flight at once, above the credit of %" PRIu64,
 		     st.max_inflight_bytes, st.credit_bytes);
 	printf("rank %d: at most %" PRIu64 " bytes in flight (credit %" PRIu64 "), %" PRIu64

@@ -7,18 +7,41 @@ PY=${PYTHON:-python3}
 TRACE=$(dirname "$0")/check_trace.py
 dir=$(mktemp -d)
 
-# Priority: credit for two 64 KiB partitions; rank 0 queues 64 backlog
-# partitions, waits until two are in flight (the credit is used up), then
-# queues one urgent partition, while rank 1 holds back (so the servers
-# complete nothing and no credit comes back meanwhile).  The urgent one
-# must be the third partition out; first come, first served would make it
-# the 65th.
-out=$(UNISUM_PARTITION_BYTES=65536 UNISUM_SCHEDULING_CREDIT=131072 UNISUM_TRACE_ON=1 \
-	UNISUM_TRACE_DIR="$dir/prio" UNISUM_TRACE_START_STEP=0 UNISUM_TRACE_END_STEP=0 \
-	timeout 120 "$UNISUM" launch -w 2 -s 2 -- "$CHECK" priority 2>&1)
-echo "$out" >"$dir/prio.log"
+# Priority: credit for two 64 KiB partitions.  Rank 0 stops both servers
+# (so nothing is acknowledged and no credit comes back), queues 64 backlog
+# partitions, waits until two are out (the credit is used up), queues one
+# urgent partition and lets the servers go on.  The urgent one must be the
+# third partition out; first come, first served would make it the 65th.
+# The job is started by hand, as on a cluster, so rank 0 knows the servers.
+export UNISUM_NUM_WORKER=2 UNISUM_NUM_SERVER=2 UNISUM_SCHEDULER_HOST=127.0.0.1
+export UNISUM_SCHEDULER_PORT=$(free_port)
+UNISUM_ROLE=scheduler timeout 120 "$UNISUM" scheduler >"$dir/scheduler.log" 2>&1 &
+spid=$!
+pids=
+for s in 0 1; do
+	UNISUM_ROLE=server UNISUM_SERVER_ID=$s "$UNISUM" server >"$dir/server$s.log" 2>&1 &
+	pids="$pids $!"
+done
+for w in 0 1; do
+	UNISUM_ROLE=worker UNISUM_WORKER_ID=$w UNISUM_TEST_SERVER_PIDS="$pids" \
+		UNISUM_PARTITION_BYTES=65536 UNISUM_SCHEDULING_CREDIT=131072 UNISUM_TRACE_ON=1 \
+		UNISUM_TRACE_DIR="$dir/prio" UNISUM_TRACE_START_STEP=0 UNISUM_TRACE_END_STEP=0 \
+		timeout 120 "$CHECK" priority >"$dir/prio$w.log" 2>&1 &
+	eval "wpid$w=\$!"
+done
+wait "$wpid0"
+rc0=$?
+wait "$wpid1"
+rc1=$?
+wait "$spid"
+for p in $pids; do
+	kill -CONT "$p" 2>/dev/null
+	wait "$p" 2>/dev/null
+done
+unset UNISUM_NUM_WORKER UNISUM_NUM_SERVER UNISUM_SCHEDULER_HOST UNISUM_SCHEDULER_PORT
+out=$(cat "$dir/prio0.log")
 expect "priority job: both sums exact on both ranks" \
-	sh -c "[ \$(grep -c 'priority sums ok' '$dir/prio.log') -eq 2 ]"
+	sh -c "[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] && grep -q 'priority sums ok' '$dir/prio1.log'"
 expect "credit: exactly 131072 bytes in flight at most (recorded maximum)" \
 	contains "$out" "rank 0: at most 131072 bytes in flight \(credit 131072\)"
 res=$("$PY" "$TRACE" priority "$dir/prio/0/comm.json" urgent backlog 2 2>&1)
@@ -37,6 +60,26 @@ expect "traced job passes" sh -c "[ \$(grep -c '10 rounds ok' '$dir/win.log') -e
 for r in 0 1; do
 	expect "timeline of rank $r: valid JSON, every partition's spans in rounds 3..5 only" \
 		"$PY" "$TRACE" window "$dir/win/$r/comm.json" 3 5 rounds=5
+done
+
+# Autotune: trials every 4 steps change the partition size and the credit
+# mid-run; every sum stays exact (integer tensors, every round checked),
+# every rank uses the same partition size in every round, and the tuner
+# settles.
+for ws in "2 2" "3 1"; do
+	set -- $ws
+	UNISUM_AUTOTUNE=1 UNISUM_AUTOTUNE_STEPS=4 UNISUM_PARTITION_BYTES=262144 \
+		timeout 300 "$UNISUM" launch -w "$1" -s "$2" -- "$CHECK" tune 60 >"$dir/tune.log" 2>&1
+	out=$(cat "$dir/tune.log")
+	expect "autotune w=$1 s=$2: every rank's sums exact in all 60 rounds" \
+		sh -c "[ \$(grep -c '60 tuned rounds ok' '$dir/tune.log') -eq $1 ]"
+	sizes=$(sed -n 's/.*partition bytes by round: //p' "$dir/tune.log" | sort -u)
+	expect "autotune w=$1 s=$2: every rank used the same partition size in every round" \
+		sh -c "[ \$(echo '$sizes' | grep -c .) -eq 1 ]"
+	expect "autotune w=$1 s=$2: the partition size changed mid-run" \
+		sh -c "[ \$(echo '$sizes' | tr ' ' '\n' | sort -u | grep -c .) -ge 3 ]"
+	expect "autotune w=$1 s=$2: every trial logged, then settled" \
+		sh -c "grep -q 'autotune: epoch 8 ' '$dir/tune.log' && grep -q 'autotune: settled on' '$dir/tune.log'"
 done
 
 # A bad window fails at start with the variable's name.
