@@ -607,7 +607,7 @@ static bool all_threads_stopped(pid_t pid)
 	for (struct dirent *e; stopped && (e = readdir(d)) != NULL;) {
 		if (e->d_name[0] == '.')
 			continue;
-		char stat[128], buf[512];
+		char stat[320], buf[512];
 		snprintf(stat, sizeof stat, "/proc/%d/task/%s/stat", (int)pid, e->d_name);
 		FILE *f = fopen(stat, "r");
 		if (f == NULL)
