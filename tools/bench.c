@@ -9,6 +9,7 @@
  *   - goodput per worker (tensor bytes / time),
  *   - the bytes on the wire of the whole job (every worker sends and
  *     receives the tensor once: 2 x workers x bytes / time).
+ * With --model it runs a synthetic training step instead (tools/bench_model.c).
  */
 #include <limits.h>
 #include <stdio.h>
@@ -32,7 +33,11 @@ static double now_s(void)
 static void bench_usage(FILE *out)
 {
 	fprintf(out, "usage: unisum bench [-w WORKERS] [-s SERVERS] [--sizes MiB,MiB,...] [--seconds S]\n"
-		     "  defaults: -w 2 -s 1 --sizes 1,4,16,64,256 --seconds 2\n");
+		     "       unisum bench --model NAME [-w WORKERS] [-s SERVERS] [--iters N] [--warmup N]\n"
+		     "                    [--compute-ms MS] [--modes fifo,priority] [--list]\n"
+		     "  defaults: -w 2 -s 1 --sizes 1,4,16,64,256 --seconds 2\n"
+		     "  --model: a training step replaying NAME's gradients, FIFO against priority\n"
+		     "  scheduling (resnet50, vgg16, bert-base; `unisum bench --model help`)\n");
 }
 
 static int bench_worker(const int *sizes_mib, int nsizes, double seconds)
@@ -123,6 +128,9 @@ int bench_main(int argc, char **argv)
 	int workers = 2, servers = 1;
 	int sizes[32] = {1, 4, 16, 64, 256}, nsizes = 5;
 	double seconds = 2.0;
+	for (int i = 1; i < argc; i++)
+		if (strcmp(argv[i], "--model") == 0 || strncmp(argv[i], "--model=", 8) == 0)
+			return bench_model_main(argc, argv);
 	for (int i = 1; i < argc; i++) {
 		if ((strcmp(argv[i], "-w") == 0 || strcmp(argv[i], "--workers") == 0) && i + 1 < argc) {
 			workers = atoi(argv[++i]);

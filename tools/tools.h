@@ -10,6 +10,7 @@ int launch_main(int argc, char **argv);		/* tools/launch.c */
 int scheduler_main(int argc, char **argv);	/* tools/unisum.c */
 int server_main(int argc, char **argv);		/* tools/unisum.c */
 int bench_main(int argc, char **argv);		/* tools/bench.c */
+int bench_model_main(int argc, char **argv);	/* tools/bench_model.c: bench --model */
 int info_main(int argc, char **argv);		/* tools/unisum.c */
 
 #endif /* UNISUM_TOOLS_H */
