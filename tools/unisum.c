@@ -5,6 +5,7 @@
  *   unisum scheduler                         the scheduler of a cluster job
  *   unisum server                            one summation server
  *   unisum bench [-w N -s K]                 push_pull throughput table
+ *   unisum bench --model resnet50|vgg16|bert-base   FIFO vs priority training step
  *   unisum info                              every environment knob
  */
 #include <stdio.h>
@@ -30,6 +31,9 @@ static void usage(FILE *out)
 		"                                   from UNISUM_NUM_WORKER / UNISUM_NUM_SERVER)\n"
 		"  server                           run one summation server of a job\n"
 		"  bench [-w N] [-s K] [sizes...]   push_pull throughput, 1 MiB to 256 MiB\n"
+		"  bench --model resnet50|vgg16|bert-base\n"
+		"                                   a training step replaying the model's gradients:\n"
+		"                                   iteration time, FIFO against priority\n"
 		"  info                             every environment variable, its default and value\n"
 		"\n"
 		"The BytePS / ps-lite variables (DMLC_ROLE, DMLC_PS_ROOT_URI, ...) work as aliases.\n");
