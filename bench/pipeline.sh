@@ -42,10 +42,8 @@ for ns in $S $W; do
 done
 ip -n $S link set us_s0 up && ip -n $W link set us_w0 up || exit 1
 # The same limit both ways: pushes leave through us_w0, replies through us_s0.
-for pair in "$S us_s0" "$W us_w0"; do
-	set -- $pair
-	ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$RATE" burst 1mb latency 50ms || exit 1
-done
+ip netns exec $S tc qdisc add dev us_s0 root tbf rate "$RATE" burst 1mb latency 50ms || exit 1
+ip netns exec $W tc qdisc add dev us_w0 root tbf rate "$RATE" burst 1mb latency 50ms || exit 1
 
 echo "pipeline: $MODEL, servers in $S ($SA), workers in $W ($WA), link $RATE each way"
 if command -v iperf3 >/dev/null 2>&1; then
