@@ -32,8 +32,10 @@ struct rdv_client {
 	rdv_notice_fn notice;		/* job-over callback */
 	rdv_tensor_error_fn tensor_error; /* poisoned-tensor callback, or NULL */
 	void *notice_arg;		/* both callbacks' argument */
-	_Atomic(rdv_tune_fn) tune;	/* autotune settings (workers), or NULL */
-	void *_Atomic tune_arg;
+	rdv_tune_fn tune;		/* autotune settings (workers), or NULL; under lock */
+	void *tune_arg;
+	struct rdv_tune *early;		/* TUNEs that came before the callback was set */
+	int nearly;
 	pthread_t reader;		/* reads everything the scheduler sends */
 	pthread_t heartbeat;		/* says we are alive; watches the scheduler */
 	bool heartbeat_started;
@@ -133,14 +135,26 @@ static void *rdv_reader_main(void *arg)
 			struct rdv_tune t;
 			int bad = rdv_tune_decode(payload, h.payload_len, h.round, &t);
 			free(payload);
-			rdv_tune_fn fn = atomic_load(&c->tune);
 			if (bad) {
 				rdv_fail(c, UNISUM_EPROTO, "the scheduler sent a malformed TUNE (is every "
 					 "node the same unisum version?)");
 				return NULL;
 			}
+			/* Worker 0 may post before this worker set its callback: keep
+			 * them, in order, for rdv_client_on_tune(). */
+			pthread_mutex_lock(&c->lock);
+			rdv_tune_fn fn = c->tune;
+			void *arg = c->tune_arg;
+			if (fn == NULL) {
+				struct rdv_tune *e = realloc(c->early, (size_t)(c->nearly + 1) * sizeof *e);
+				if (e != NULL) {
+					c->early = e;
+					c->early[c->nearly++] = t;
+				}
+			}
+			pthread_mutex_unlock(&c->lock);
 			if (fn != NULL)
-				fn(atomic_load(&c->tune_arg), &t);
+				fn(arg, &t);
 			break;
 		}
 		case WIRE_SHUTDOWN:
@@ -453,8 +467,17 @@ int rdv_tune_decode(const void *payload, size_t len, uint32_t epoch, struct rdv_
 
 void rdv_client_on_tune(struct rdv_client *c, rdv_tune_fn fn, void *arg)
 {
-	atomic_store(&c->tune_arg, arg);
-	atomic_store(&c->tune, fn);
+	/* Under the lock, so no TUNE slips between the replay and the switch;
+	 * the callback runs with it held only here, once per early TUNE. */
+	pthread_mutex_lock(&c->lock);
+	for (int i = 0; i < c->nearly; i++)
+		fn(arg, &c->early[i]);
+	free(c->early);
+	c->early = NULL;
+	c->nearly = 0;
+	c->tune_arg = arg;
+	c->tune = fn;
+	pthread_mutex_unlock(&c->lock);
 }
 
 int rdv_client_post_tune(struct rdv_client *c, const struct rdv_tune *t)
@@ -500,6 +523,7 @@ void rdv_client_free(struct rdv_client *c)
 	pthread_join(c->reader, NULL);
 	c->tp->conn_free(c->conn);
 	free(c->reply_payload);
+	free(c->early);
 	free(c->nodes);
 	pthread_mutex_destroy(&c->request_lock);
 	pthread_mutex_destroy(&c->send_lock);

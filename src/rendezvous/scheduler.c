@@ -417,7 +417,6 @@ out_nomem:
 	return UNISUM_ENOMEM;
 }
 
-/* A worker said goodbye; when all have, stop the servers. */
 /* Worker 0's autotune setting for an epoch: checked, then passed to every
  * worker in the order posted (worker.c waits for it before the epoch). */
 static int sched_on_tune(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *h,
@@ -443,6 +442,7 @@ static int sched_on_tune(struct rdv_scheduler *s, struct sched_node *n, const st
 	return 0;
 }
 
+/* A worker said goodbye; when all have, stop the servers. */
 static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 {
 	pthread_mutex_lock(&s->lock);

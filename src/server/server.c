@@ -346,7 +346,6 @@ static void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const
 	pthread_mutex_unlock(&c->qlock);
 }
 
-/* Queues a reply to worker w; dropped when its connection is gone. */
 /* Tells a worker its PUSH arrived (it counts the bytes against its credit
  * until then).  Queued ahead of the sum's reply, so it always comes first. */
 static void srv_ack_push(struct server *srv, struct srv_conn *c, const struct wire_hdr *push)
@@ -356,6 +355,7 @@ static void srv_ack_push(struct server *srv, struct srv_conn *c, const struct wi
 	srv_conn_enqueue(c, &ack, NULL, NULL);
 }
 
+/* Queues a reply to worker w; dropped when its connection is gone. */
 static void srv_queue_reply(struct server *srv, int w, const struct wire_hdr *h, const void *payload)
 {
 	pthread_mutex_lock(&srv->lock);

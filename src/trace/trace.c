@@ -19,7 +19,7 @@
 #include "unisum.h"
 
 #define TRACE_RING 65536	/* records; a few MB, drained ten times a second */
-#define TRACE_LANE(tensor, part) ((long long)(tensor) * 65536 + (part))
+#define TRACE_LANE(tensor, part) ((long long)(tensor) * 131072 + (part))	/* part <= 65536 */
 
 struct trace_rec {
 	uint8_t kind;
@@ -93,6 +93,14 @@ void trace_name_tensor(int tensor, const char *name, uint32_t nparts)
 		t->name = strdup(name);
 		t->nparts = nparts;
 		t->named = calloc((size_t)nparts + 1, 1);
+	} else if (nparts > t->nparts && t->named != NULL) {
+		/* Autotune cut it into more partitions: more rows. */
+		uint8_t *named = realloc(t->named, (size_t)nparts + 1);
+		if (named != NULL) {
+			memset(named + t->nparts + 1, 0, nparts - t->nparts);
+			t->named = named;
+			t->nparts = nparts;
+		}
 	}
 	if (tensor >= tr.ntensors)
 		tr.ntensors = tensor + 1;

@@ -152,6 +152,8 @@ static struct {
 	int nplan, planned;		/* how many, how many posted */
 	uint32_t phase_last;		/* the last epoch of the current phase's trials */
 	int phase;			/* 0 partition sizes, 1 credits, 2 settled */
+	uint32_t last_posted;		/* the latest epoch posted (0: none) */
+	struct wk_setting last_setting;	/* ... and its setting */
 } tn = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER,
 	.post_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -728,6 +730,9 @@ int unisum_init(void)
 	wk.tp = transport_tcp();
 	wk.failed = 0;
 	wk.nservers = wk.cfg.num_servers;
+	rc = tn_init();	/* before a TUNE can arrive */
+	if (rc != 0)
+		return log_fail(rc, "unisum_init: out of memory");
 	rc = rdv_client_new(&wk.cfg, 0, wk_notice, NULL, NULL, &wk.rdv);
 	if (rc != 0)
 		return log_fail(rc, "unisum_init: cannot join the job through the scheduler at %s:%d: %s",
@@ -736,9 +741,7 @@ int unisum_init(void)
 	wk.size = wk.cfg.num_workers;
 	log_set_identity("worker", wk.rank);
 	rdv_client_on_tune(wk.rdv, wk_on_tune, NULL);
-	rc = tn_init();
-	if (rc == 0)
-		rc = trace_open(&wk.cfg, wk.rank);
+	rc = trace_open(&wk.cfg, wk.rank);
 	if (rc == 0)
 		rc = sched_init(&wk.push_q, wk.cfg.credit_bytes);
 	if (rc != 0) {
@@ -979,20 +982,39 @@ static void wk_on_tune(void *arg, const struct rdv_tune *t)
  * in force the first time.  0, or the job's error. */
 static int wk_setting_of(uint32_t epoch, struct wk_setting *out)
 {
+	/* Worker 0 posts epoch e + 1 when it starts epoch e, a whole epoch
+	 * before anyone needs it; waiting longer than the failure timeout
+	 * means it never will (UNISUM_AUTOTUNE or _STEPS differ). */
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += wk.cfg.timeout_ms / 1000;
+	until.tv_nsec += (long)(wk.cfg.timeout_ms % 1000) * 1000000;
+	if (until.tv_nsec >= 1000000000) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000;
+	}
 	pthread_mutex_lock(&tn.lock);
-	while (epoch >= tn.nepochs && !tn.final && !atomic_load(&tn.failed))
-		pthread_cond_wait(&tn.cond, &tn.lock);
+	int timed_out = 0;
+	while (epoch >= tn.nepochs && !tn.final && !atomic_load(&tn.failed) && timed_out == 0)
+		timed_out = pthread_cond_timedwait(&tn.cond, &tn.lock, &until);
 	if (epoch >= tn.nepochs && !tn.final) {
 		pthread_mutex_unlock(&tn.lock);
-		return UNISUM_ECONN;
+		if (atomic_load(&tn.failed))
+			return UNISUM_ECONN;
+		char why[400];
+		snprintf(why, sizeof why, "worker %d waited %d ms for worker 0's autotune setting of "
+			 "steps %u on: are UNISUM_AUTOTUNE and UNISUM_AUTOTUNE_STEPS the same on every "
+			 "worker?", wk.rank, wk.cfg.timeout_ms, epoch * (uint32_t)wk.cfg.autotune_steps);
+		rdv_client_fail_job(wk.rdv, UNISUM_ECONFIG, why);
+		return log_fail(UNISUM_ECONFIG, "%s", why);
 	}
 	*out = tn.epochs[epoch < tn.nepochs ? epoch : tn.nepochs - 1];
-	bool apply = epoch > tn.applied;
-	if (apply)
+	if (epoch > tn.applied) {
+		/* Under the lock, so an older epoch's credit never lands last. */
 		tn.applied = epoch;
-	pthread_mutex_unlock(&tn.lock);
-	if (apply)
 		sched_set_credit(&wk.push_q, out->credit);
+	}
+	pthread_mutex_unlock(&tn.lock);
 	return 0;
 }
 
@@ -1093,6 +1115,23 @@ static bool tn_decide(uint32_t e, struct rdv_tune *next)
 	return true;
 }
 
+/* Worker 0, out of memory for its measurements: ends the trials with the
+ * current setting, for every worker, from the next epoch on. */
+static void tn_give_up(void)
+{
+	pthread_mutex_lock(&tn.lock);
+	tn.phase = 2;
+	pthread_mutex_unlock(&tn.lock);
+	/* The setting of the latest epoch posted holds from the next one on. */
+	struct wk_setting cur = tn.last_posted == 0 ? tn.epochs[0] : tn.last_setting;
+	struct rdv_tune t = {.epoch = tn.last_posted + 1, .partition_bytes = cur.pbytes,
+			     .credit_bytes = cur.credit, .final = true};
+	LOG_WARN("autotune: out of memory for measurements; keeping partition %llu B, credit %llu B",
+		 (unsigned long long)cur.pbytes, (unsigned long long)cur.credit);
+	if (rdv_client_post_tune(wk.rdv, &t) != 0)
+		LOG_WARN("autotune: cannot post the last setting: %s", log_last_error());
+}
+
 /* Worker 0: notes the first start of each round and, at the start of each
  * epoch, posts the setting of the next. */
 static void tn_saw_round(uint32_t round)
@@ -1112,13 +1151,16 @@ static void tn_saw_round(uint32_t round)
 		if (r != NULL)
 			tn.round_us = r;
 		double *m = realloc(tn.epoch_ms, ne * sizeof *m);
-		if (r == NULL || m == NULL) {
-			pthread_mutex_unlock(&tn.post_lock);
-			return;	/* no more trials; every worker keeps the current setting */
+		if (m != NULL) {
+			for (uint32_t i = tn.caprounds ? old_ne : 0; i < ne; i++)
+				m[i] = -1;
+			tn.epoch_ms = m;
 		}
-		for (uint32_t i = tn.caprounds ? old_ne : 0; i < ne; i++)
-			m[i] = -1;
-		tn.epoch_ms = m;
+		if (r == NULL || m == NULL) {
+			tn_give_up();
+			pthread_mutex_unlock(&tn.post_lock);
+			return;
+		}
 		tn.caprounds = cap;
 	}
 	int64_t now = trace_now_us();
@@ -1132,8 +1174,12 @@ static void tn_saw_round(uint32_t round)
 		post = tn_decide(round / steps, &next);
 		pthread_mutex_unlock(&tn.lock);
 	}
-	if (post && rdv_client_post_tune(wk.rdv, &next) != 0)
-		LOG_WARN("autotune: cannot post the next setting: %s", log_last_error());
+	if (post) {
+		tn.last_posted = next.epoch;
+		tn.last_setting = (struct wk_setting){next.partition_bytes, next.credit_bytes};
+		if (rdv_client_post_tune(wk.rdv, &next) != 0)
+			LOG_WARN("autotune: cannot post the next setting: %s", log_last_error());
+	}
 	pthread_mutex_unlock(&tn.post_lock);
 }
 
@@ -1157,6 +1203,7 @@ static int tn_init(void)
 	tn.applied = 0;
 	atomic_store(&tn.failed, false);
 	tn.phase = 0;
+	tn.last_posted = 0;
 	tn.nplan = tn.planned = 0;
 	tn.phase_last = 0;
 	uint64_t p = wk.cfg.partition_bytes;
@@ -1168,8 +1215,8 @@ static int tn_init(void)
 }
 
 /* The cut of tensor t for partition size pbytes, made now if it is new.
- * A name too long to carry the size keeps the declared cut (every worker
- * decides the same).  Called by the thread that owns t's current round. */
+ * A name too long to carry the size, or a size that would make too many
+ * partitions, keeps the declared cut (every worker decides the same).  Called by the thread that owns t's current round. */
 static const struct wk_layout *wk_cut_for(struct wk_tensor *t, uint64_t pbytes, int *rc)
 {
 	*rc = 0;
@@ -1180,6 +1227,8 @@ static const struct wk_layout *wk_cut_for(struct wk_tensor *t, uint64_t pbytes, 
 	if (snprintf(wire_name, sizeof wire_name, "%s@%llu", t->name, (unsigned long long)pbytes) >=
 	    (int)sizeof wire_name)
 		return &t->cuts[0];
+	if (placement_nparts(t->count, t->esize, pbytes) > PLACEMENT_MAX_PARTS)
+		return &t->cuts[0];	/* too many partitions at this size */
 	struct wk_layout L;
 	*rc = wk_cut(t, wire_name, pbytes, &L);
 	if (*rc != 0)
@@ -1259,7 +1308,7 @@ static int wk_start(int tensor, const void *in, void *out, int flags, unisum_han
 		uint32_t epoch = round / (uint32_t)wk.cfg.autotune_steps;
 		if (wk.rank == 0)
 			tn_saw_round(round);
-		struct wk_setting set;
+		struct wk_setting set = {0};
 		rc = wk_setting_of(epoch, &set);
 		if (rc == 0)
 			L = wk_cut_for(t, set.pbytes, &rc);
@@ -1288,7 +1337,10 @@ static int wk_start(int tensor, const void *in, void *out, int flags, unisum_han
 		pthread_cond_broadcast(&wk.done_cond);
 	pthread_mutex_unlock(&wk.lock);
 
-	for (uint32_t i = 0; i < L->nparts; i++) {
+	/* Once its last partition is queued the operation may complete and
+	 * the tensor's next round re-cut it: nothing of L is read after. */
+	uint32_t nparts = L->nparts;
+	for (uint32_t i = 0; i < nparts; i++) {
 		struct wk_job *j = malloc(sizeof *j);
 		const struct placement_part *p = &L->parts[i];
 		size_t off = p->offset * t->esize;

@@ -82,6 +82,29 @@ for ws in "2 2" "3 1"; do
 		sh -c "grep -q 'autotune: epoch 8 ' '$dir/tune.log' && grep -q 'autotune: settled on' '$dir/tune.log'"
 done
 
+# Autotune on one worker only: the other would wait for settings nobody
+# posts; it fails the job within UNISUM_TIMEOUT_MS, naming the variables.
+export UNISUM_NUM_WORKER=2 UNISUM_NUM_SERVER=1 UNISUM_SCHEDULER_HOST=127.0.0.1
+export UNISUM_SCHEDULER_PORT=$(free_port) UNISUM_TIMEOUT_MS=3000 UNISUM_HEARTBEAT_MS=500
+UNISUM_ROLE=scheduler timeout 60 "$UNISUM" scheduler >"$dir/scheduler.log" 2>&1 &
+UNISUM_ROLE=server timeout 60 "$UNISUM" server >"$dir/server.log" 2>&1 &
+UNISUM_ROLE=worker UNISUM_WORKER_ID=0 timeout 60 "$CHECK" tune 20 >"$dir/half0.log" 2>&1 &
+h0=$!
+UNISUM_ROLE=worker UNISUM_WORKER_ID=1 UNISUM_AUTOTUNE=1 UNISUM_AUTOTUNE_STEPS=4 \
+	timeout 60 "$CHECK" tune 20 >"$dir/half1.log" 2>&1 &
+h1=$!
+wait $h0
+r0=$?
+wait $h1
+r1=$?
+wait
+unset UNISUM_NUM_WORKER UNISUM_NUM_SERVER UNISUM_SCHEDULER_HOST UNISUM_SCHEDULER_PORT \
+	UNISUM_TIMEOUT_MS UNISUM_HEARTBEAT_MS
+expect "autotune on one worker only: both fail (exit $r0 and $r1), not hang" \
+	sh -c "[ $r0 -ne 0 ] && [ $r0 -ne 124 ] && [ $r1 -ne 0 ] && [ $r1 -ne 124 ]"
+expect "... and the error names UNISUM_AUTOTUNE on both" \
+	sh -c "grep -q 'UNISUM_AUTOTUNE and UNISUM_AUTOTUNE_STEPS' '$dir/half0.log' && grep -q 'UNISUM_AUTOTUNE and UNISUM_AUTOTUNE_STEPS' '$dir/half1.log'"
+
 # A bad window fails at start with the variable's name.
 out=$(UNISUM_TRACE_ON=1 UNISUM_TRACE_DIR="$dir/bad" UNISUM_TRACE_START_STEP=5 \
 	UNISUM_TRACE_END_STEP=2 timeout 60 "$UNISUM" launch -w 1 -s 1 -- "$CHECK" rounds 1 2>&1)
