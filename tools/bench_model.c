@@ -56,6 +56,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tools.h"
@@ -263,13 +264,14 @@ struct options {
 	enum mode modes[MODE_COUNT];
 	int nmodes;
 	bool list;			/* print the table and exit */
+	bool autotune;			/* then a second job with UNISUM_AUTOTUNE=1 */
 };
 
 static void usage(FILE *out)
 {
 	fprintf(out,
 		"usage: unisum bench --model NAME [-w WORKERS] [-s SERVERS] [--iters N] [--warmup N]\n"
-		"                    [--compute-ms MS] [--modes fifo,priority] [--list]\n"
+		"                    [--compute-ms MS] [--modes fifo,priority] [--autotune] [--list]\n"
 		"\n"
 		"Emulates data-parallel training of NAME: every iteration a forward pass\n"
 		"waits for each tensor's push_pull of the previous iteration, a backward\n"
@@ -293,7 +295,10 @@ static void usage(FILE *out)
 	fprintf(out,
 		"  defaults: -w 2 -s 2 --iters 20 --warmup 3 --modes fifo,priority\n"
 		"  --warmup is at least 1: the first iteration has no communication to wait for.\n"
-		"  --list prints the model's tensors (name, elements) in forward order and exits.\n");
+		"  --list prints the model's tensors (name, elements) in forward order and exits.\n"
+		"  --autotune then runs a second job, priority with UNISUM_AUTOTUNE=1: the\n"
+		"  steps while it tries settings (11 x UNISUM_AUTOTUNE_STEPS) count as warm-up,\n"
+		"  so its row shows the setting it settled on.\n");
 }
 
 /* Parses an integer in [lo, hi]; -1 after printing an error. */
@@ -360,6 +365,10 @@ static int options_parse(int argc, char **argv, struct options *o)
 		}
 		if (strcmp(a, "--list") == 0) {
 			o->list = true;
+			continue;
+		}
+		if (strcmp(a, "--autotune") == 0) {
+			o->autotune = true;
 			continue;
 		}
 		if (strncmp(a, "--model=", 8) == 0) {
@@ -687,8 +696,19 @@ static void print_rows(const struct options *o, const struct mode_result *res)
 			fifo = &res[k];
 	for (int k = 0; k < o->nmodes; k++) {
 		const struct mode_result *r = &res[k];
-		printf("%-9s %9.2f ms %11.2f ms %19.2f ms", mode_names[o->modes[k]], r->iter_mean,
-		       r->iter_median, r->ready_mean);
+		const char *tuned = getenv("UNISUM_AUTOTUNE");
+		char label[32];
+		snprintf(label, sizeof label, "%s%s", mode_names[o->modes[k]],
+			 tuned != NULL && strcmp(tuned, "1") == 0 ? "+autotune" : "");
+		printf("%-9s %9.2f ms %11.2f ms %19.2f ms", label, r->iter_mean, r->iter_median,
+		       r->ready_mean);
+		unisum_stats st;
+		if (label[strlen(mode_names[o->modes[k]])] == '+' && unisum_get_stats(&st) == 0) {
+			char pb[32], cb[32];
+			format_bytes(pb, sizeof pb, st.partition_bytes);
+			format_bytes(cb, sizeof cb, st.credit_bytes);
+			printf("   settled on partition %s, credit %s", pb, cb);
+		}
 		if (o->modes[k] == MODE_PRIORITY && fifo != NULL) {
 			bool faster = r->iter_mean <= fifo->iter_mean;
 			printf("   priority vs fifo: %.2fx %s (%+.1f%% iteration time)",
@@ -744,7 +764,28 @@ static void print_list(const struct model *m, const struct param_list *l)
 	printf("# %s: %d tensors, %zu params\n", m->name, l->n, param_total(l));
 }
 
-/* Launches a local job whose workers run this same command. */
+/* Runs launch_main in a child process (it installs signal handlers and
+ * keeps state of its own), so two jobs can run one after the other. */
+static int launch_child(int argc, char **argv)
+{
+	fflush(stdout);
+	fflush(stderr);
+	pid_t pid = fork();
+	if (pid < 0) {
+		perror("unisum bench: fork");
+		return 1;
+	}
+	if (pid == 0)
+		_exit(launch_main(argc, argv));
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return 1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Launches a local job whose workers run this same command; with
+ * --autotune a second one, priority under UNISUM_AUTOTUNE=1. */
 static int launch_self(const struct options *o)
 {
 	char self[PATH_MAX];
@@ -767,7 +808,20 @@ static int launch_self(const struct options *o)
 	char *largv[] = {"launch", "-w", wbuf, "-s", sbuf, "--", self, "bench", "--model",
 			 (char *)o->model->name, "--iters", itbuf, "--warmup", wubuf, "--compute-ms",
 			 msbuf, "--modes", modes, NULL};
-	return launch_main((int)(sizeof largv / sizeof largv[0]) - 1, largv);
+	int argc = (int)(sizeof largv / sizeof largv[0]) - 1;
+	int rc = launch_child(argc, largv);
+	if (rc != 0 || !o->autotune)
+		return rc;
+	const char *steps_env = getenv("UNISUM_AUTOTUNE_STEPS");
+	int steps = steps_env != NULL ? atoi(steps_env) : 10;
+	if (steps < 4)
+		steps = 10;
+	snprintf(wubuf, sizeof wubuf, "%d", o->warmup + 11 * steps);
+	snprintf(modes, sizeof modes, "priority");
+	setenv("UNISUM_AUTOTUNE", "1", 1);
+	fprintf(stderr, "unisum bench: now priority with UNISUM_AUTOTUNE=1 (%d warm-up iterations "
+		"while it tries settings)\n", o->warmup + 11 * steps);
+	return launch_child(argc, largv);
 }
 
 int bench_model_main(int argc, char **argv)
