@@ -92,11 +92,13 @@ struct srv_key {
 	uint8_t **push_buf;	/* [W] worker w's push buffer; written by its conn thread */
 	struct srv_slot slot[2];	/* engine-owned */
 	const char *poison;	/* engine-owned: why every pull fails, or NULL */
+	uint8_t *retired;	/* [W] worker w sent RETIRE; its conn thread's */
+	int nretired;		/* engine-owned: RETIREs seen; at W the buffers go */
 	char *name;		/* the tensor's name, for stall reports */
 	struct srv_key *next;	/* hash chain */
 };
 
-enum srv_event_type { EVENT_PUSH, EVENT_PULL, EVENT_POISON };
+enum srv_event_type { EVENT_PUSH, EVENT_PULL, EVENT_POISON, EVENT_RETIRE };
 
 struct srv_event {
 	int type;		/* enum srv_event_type */
@@ -225,6 +227,7 @@ static void srv_key_free(struct srv_key *k, int nworkers)
 	}
 	free(k->push_buf);
 	free(k->next_round);
+	free(k->retired);
 	free(k->name);
 	free(k);
 }
@@ -276,7 +279,8 @@ static int srv_key_declare(struct server *srv, const struct wire_hdr *h, const c
 	}
 	k->next_round = calloc(W, sizeof *k->next_round);
 	k->push_buf = calloc(W, sizeof *k->push_buf);
-	bool ok = k->next_round && k->push_buf;
+	k->retired = calloc(W, 1);
+	bool ok = k->next_round && k->push_buf && k->retired;
 	for (int i = 0; i < 2; i++) {
 		k->slot[i].arrived = calloc(W, 1);
 		k->slot[i].zero = calloc(W, 1);
@@ -565,6 +569,26 @@ static void srv_on_pull(struct server *srv, struct srv_key *k, const struct srv_
 		s->pull_waiting[ev->worker] = 1;
 }
 
+/* A worker is done with key k for good (an autotune cut it left).  Once
+ * every worker is, nothing will push, pull or send from its buffers
+ * again: each RETIRE came after its worker received every reply of the
+ * key, on the same connection, so its events are all processed. */
+static void srv_on_retire(struct server *srv, struct srv_key *k)
+{
+	if (++k->nretired < srv->nworkers)
+		return;
+	for (int w = 0; w < srv->nworkers; w++) {
+		free(k->push_buf[w]);
+		k->push_buf[w] = NULL;
+	}
+	for (int i = 0; i < 2; i++) {
+		free(k->slot[i].acc);
+		k->slot[i].acc = NULL;
+	}
+	LOG_INFO("every worker retired '%s' (key 0x%llx): its %zu-byte buffers are freed",
+		 k->name ? k->name : "?", (unsigned long long)k->key, k->bytes);
+}
+
 /* Reports rounds of this engine's keys that some workers pushed and others
  * have not, for longer than the stall limits (see DESIGN above). */
 static void srv_check_stalls(struct server *srv, struct srv_engine *e)
@@ -643,6 +667,8 @@ static void *srv_engine_main(void *arg)
 			srv_on_push(e->srv, ev->key, ev);
 		else if (ev->type == EVENT_PULL)
 			srv_on_pull(e->srv, ev->key, ev);
+		else if (ev->type == EVENT_RETIRE)
+			srv_on_retire(e->srv, ev->key);
 		else
 			srv_on_poison(e->srv, ev->key, ev->why);
 		free(ev);
@@ -748,6 +774,11 @@ static struct srv_key *srv_check_data(struct server *srv, struct srv_conn *c, co
 			 (unsigned long long)h->key);
 		return NULL;
 	}
+	if (k->retired[c->worker]) {
+		snprintf(why, len, "%s of key 0x%llx, which this worker retired",
+			 wire_type_name(h->type), (unsigned long long)h->key);
+		return NULL;
+	}
 	if (h->dtype != k->dtype || (h->type == WIRE_PUSH && h->count != k->count)) {
 		snprintf(why, len, "%s of key 0x%llx as %s[%llu], declared %s[%llu]",
 			 wire_type_name(h->type), (unsigned long long)h->key, unisum_dtype_name(h->dtype),
@@ -831,6 +862,19 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 			return 0;
 		}
 		return srv_post(srv, EVENT_PULL, k, c->worker, h->round, false, NULL);
+	}
+	case WIRE_RETIRE: {
+		pthread_mutex_lock(&srv->lock);
+		k = srv_key_find(srv, h->key);
+		pthread_mutex_unlock(&srv->lock);
+		if (k == NULL || k->retired[c->worker]) {
+			snprintf(why, len, "RETIRE of %s key 0x%llx", k == NULL ? "undeclared" : "retired",
+				 (unsigned long long)h->key);
+			return UNISUM_EPROTO;
+		}
+		/* From now on this connection never touches the key's buffers. */
+		k->retired[c->worker] = 1;
+		return srv_post(srv, EVENT_RETIRE, k, c->worker, h->round, false, NULL);
 	}
 	case WIRE_HEARTBEAT:
 		return 0;

@@ -72,6 +72,7 @@ static const char *const wire_type_names[] = {
 	[WIRE_PULL_REPLY] = "PULL_REPLY", [WIRE_DECLARE_CHECK] = "DECLARE_CHECK",
 	[WIRE_ERROR] = "ERROR",		  [WIRE_SHUTDOWN] = "SHUTDOWN",
 	[WIRE_DECLARE] = "DECLARE",	  [WIRE_TUNE] = "TUNE",
+	[WIRE_RETIRE] = "RETIRE",
 };
 
 const char *wire_type_name(int type)
@@ -158,6 +159,7 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 	case WIRE_BARRIER_DONE:
 	case WIRE_HEARTBEAT:
 	case WIRE_PUSH_ACK:
+	case WIRE_RETIRE:
 		if (h->payload_len != 0) {
 			snprintf(why, why_len, "%s: carries no payload, got %llu bytes",
 				 wire_type_name(h->type), (unsigned long long)h->payload_len);

@@ -59,7 +59,9 @@ enum wire_type {
 	WIRE_TUNE = 14,		/* worker 0 -> scheduler -> every worker: the setting of epoch
 				 * `round` (autotune); payload u64 partition_bytes,
 				 * u64 credit_bytes, u32 final */
-	WIRE_TYPE_MAX = 14,
+	WIRE_RETIRE = 15,	/* worker -> server: this worker is done with key for good
+				 * (an autotune cut left behind); no payload */
+	WIRE_TYPE_MAX = 15,
 };
 
 /* PUSH: the contribution is all zeros and no payload follows (broadcast

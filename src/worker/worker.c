@@ -56,6 +56,7 @@ struct wk_layout {
 	struct placement_part *parts;
 	uint32_t *servers;		/* server rank of each partition */
 	uint32_t rounds;		/* rounds done with this cut: the wire's round */
+	bool retired;			/* autotune settled elsewhere: servers freed it */
 };
 
 struct wk_tensor {
@@ -84,7 +85,7 @@ struct wk_op {
 	int64_t t_start;		/* when it started (trace clock) */
 };
 
-enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL };
+enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL, JOB_RETIRE };
 
 struct wk_job {
 	struct sched_entry entry;	/* PUSH_PULL: priority, key, bytes, order */
@@ -308,7 +309,12 @@ static void *wk_send_main(void *arg)
 		pthread_mutex_unlock(&c->lock);
 
 		int rc;
-		if (j->type == JOB_DECLARE) {
+		if (j->type == JOB_RETIRE) {
+			struct wire_hdr h = {.type = WIRE_RETIRE, .sender = rdv_client_id(wk.rdv),
+					     .key = j->key, .round = j->round};
+			rc = wk.tp->send(c->conn, &h, NULL);
+			free(j);
+		} else if (j->type == JOB_DECLARE) {
 			/* The name lets the server say which tensor stalls. */
 			struct wire_buf b;
 			wire_buf_init(&b);
@@ -393,7 +399,7 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	/* Queued PUSH_PULL jobs are also pending and finished below; DECLARE
 	 * jobs are only queued. */
 	for (struct wk_job *j; (j = fifo_pop(c)) != NULL;) {
-		if (j->type == JOB_DECLARE) {
+		if (j->type != JOB_PUSH_PULL) {
 			free(j->name);
 			free(j);
 		}
@@ -980,7 +986,7 @@ static void wk_on_tune(void *arg, const struct rdv_tune *t)
 
 /* The setting of `epoch`, waiting for worker 0 to post it; puts its credit
  * in force the first time.  0, or the job's error. */
-static int wk_setting_of(uint32_t epoch, struct wk_setting *out)
+static int wk_setting_of(uint32_t epoch, struct wk_setting *out, bool *final)
 {
 	/* Worker 0 posts epoch e + 1 when it starts epoch e, a whole epoch
 	 * before anyone needs it; waiting longer than the failure timeout
@@ -1009,6 +1015,7 @@ static int wk_setting_of(uint32_t epoch, struct wk_setting *out)
 		return log_fail(UNISUM_ECONFIG, "%s", why);
 	}
 	*out = tn.epochs[epoch < tn.nepochs ? epoch : tn.nepochs - 1];
+	*final = tn.final && epoch + 1 >= tn.nepochs;
 	if (epoch > tn.applied) {
 		/* Under the lock, so an older epoch's credit never lands last. */
 		tn.applied = epoch;
@@ -1214,6 +1221,29 @@ static int tn_init(void)
 	return 0;
 }
 
+/* Autotune has settled on cut L of tensor t: tells the servers of every
+ * other cut that this worker is done with it, so once every worker is
+ * they free its buffers.  This worker's last round on those cuts has
+ * completed (the tensor's previous operation is done), so it has every
+ * reply of theirs.  Called by the thread that owns t's current round. */
+static void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L)
+{
+	for (int c = 0; c < t->ncuts; c++) {
+		struct wk_layout *old = &t->cuts[c];
+		if (old == L || old->retired)
+			continue;
+		old->retired = true;
+		for (uint32_t i = 0; i < old->nparts; i++) {
+			struct wk_job *j = calloc(1, sizeof *j);
+			if (j == NULL)
+				return;	/* the server keeps the buffers: memory, not results */
+			*j = (struct wk_job){.type = JOB_RETIRE, .key = old->key + i, .round = old->rounds};
+			if (wk_enqueue(&wk.conns[old->servers[i]], j) != 0)
+				free(j);
+		}
+	}
+}
+
 /* The cut of tensor t for partition size pbytes, made now if it is new.
  * A name too long to carry the size, or a size that would make too many
  * partitions, keeps the declared cut (every worker decides the same).  Called by the thread that owns t's current round. */
@@ -1309,9 +1339,12 @@ static int wk_start(int tensor, const void *in, void *out, int flags, unisum_han
 		if (wk.rank == 0)
 			tn_saw_round(round);
 		struct wk_setting set = {0};
-		rc = wk_setting_of(epoch, &set);
+		bool final = false;
+		rc = wk_setting_of(epoch, &set, &final);
 		if (rc == 0)
 			L = wk_cut_for(t, set.pbytes, &rc);
+		if (rc == 0 && final)
+			wk_retire_cuts(t, L);
 		if (rc != 0) {
 			char why[512];
 			snprintf(why, sizeof why, "worker %d, tensor '%s': %s", wk.rank, t->name,

@@ -27,7 +27,7 @@ HDR = struct.Struct("<IBBHIIQQQB3xI")  # the 48-byte header, wire.h offsets
 assert HDR.size == 48
 
 (REGISTER, ADDRBOOK, BARRIER, BARRIER_DONE, HEARTBEAT, PUSH, PUSH_ACK, PULL,
- PULL_REPLY, DECLARE_CHECK, ERROR, SHUTDOWN, DECLARE, TUNE) = range(1, 15)
+ PULL_REPLY, DECLARE_CHECK, ERROR, SHUTDOWN, DECLARE, TUNE, RETIRE) = range(1, 16)
 FLAG_ZERO = 0x1
 FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32, INT64 = range(6)
 DTYPE_SIZE = {FLOAT32: 4, FLOAT64: 8, FLOAT16: 2, BFLOAT16: 2, INT32: 4, INT64: 8}
@@ -106,6 +106,7 @@ def seeds():
                                              key=0x30000),
         "14-tune": message(TUNE, u64(1 << 20) + u64(4 << 20) + u32(0), rnd=3),
         "14-tune-final": message(TUNE, u64(2 << 20) + u64(8 << 20) + u32(1), rnd=9),
+        "15-retire": header(RETIRE, key=0x70003, rnd=12),
         # malformed, one rule broken each
         "bad-magic": message(REGISTER, register, magic=0x4D555356),
         "bad-version": header(HEARTBEAT, version=2),

@@ -68,7 +68,7 @@ done
 # settles.
 for ws in "2 2" "3 1"; do
 	set -- $ws
-	UNISUM_AUTOTUNE=1 UNISUM_AUTOTUNE_STEPS=4 UNISUM_PARTITION_BYTES=262144 \
+	UNISUM_AUTOTUNE=1 UNISUM_AUTOTUNE_STEPS=4 UNISUM_PARTITION_BYTES=262144 UNISUM_LOG_LEVEL=INFO \
 		timeout 300 "$UNISUM" launch -w "$1" -s "$2" -- "$CHECK" tune 60 >"$dir/tune.log" 2>&1
 	out=$(cat "$dir/tune.log")
 	expect "autotune w=$1 s=$2: every rank's sums exact in all 60 rounds" \
@@ -80,6 +80,10 @@ for ws in "2 2" "3 1"; do
 		sh -c "[ \$(echo '$sizes' | tr ' ' '\n' | sort -u | grep -c .) -ge 3 ]"
 	expect "autotune w=$1 s=$2: every trial logged, then settled" \
 		sh -c "grep -q 'autotune: epoch 8 ' '$dir/tune.log' && grep -q 'autotune: settled on' '$dir/tune.log'"
+	for t in big small; do
+		cuts=$(sed -n "s/.*every worker retired 'tuned\.$t\(@*[0-9]*\)'.*/\1/p" "$dir/tune.log" | sort -u | wc -l)
+		expect "autotune w=$1 s=$2: the servers freed the 3 cuts of tuned.$t it left ($cuts)" [ "$cuts" -eq 3 ]
+	done
 done
 
 # Autotune on one worker only: the other would wait for settings nobody
