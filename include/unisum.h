@@ -48,7 +48,7 @@ enum {
 	UNISUM_ECONN = -6,	/* a connection to a peer failed or was closed */
 	UNISUM_EPROTO = -7,	/* a peer sent a message that breaks the protocol */
 	UNISUM_ETIMEDOUT = -8,	/* a bounded wait ran out */
-	UNISUM_EBUSY = -9,	/* the tensor already has a push_pull in flight */
+	UNISUM_EBUSY = -9,	/* a tensor's push_pull in flight, or a shared segment in use */
 	UNISUM_EREMOTE = -10,	/* a peer reported an error (see the log / last error) */
 	UNISUM_ESYS = -11,	/* a system call failed (see errno in the log) */
 	UNISUM_ESHUTDOWN = -12,	/* the job is shutting down */

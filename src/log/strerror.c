@@ -26,7 +26,7 @@ const char *unisum_strerror(int err)
 	case UNISUM_ETIMEDOUT:
 		return "timed out";
 	case UNISUM_EBUSY:
-		return "the tensor already has a push_pull in flight";
+		return "busy: the tensor already has a push_pull in flight, or a shared segment of that name is in use";
 	case UNISUM_EREMOTE:
 		return "a peer reported an error";
 	case UNISUM_ESYS:
