@@ -123,6 +123,23 @@ static int bench_worker(const int *sizes_mib, int nsizes, double seconds)
 	return rc == 0 ? 0 : 1;
 }
 
+int bench_inside_job(void)
+{
+	return getenv("UNISUM_LAUNCHED") != NULL || getenv("UNISUM_ROLE") != NULL ||
+	       getenv("DMLC_ROLE") != NULL;
+}
+
+int bench_self_exe(char *buf, size_t len)
+{
+	ssize_t n = readlink("/proc/self/exe", buf, len - 1);
+	if (n < 0) {
+		perror("unisum bench: readlink /proc/self/exe");
+		return 1;
+	}
+	buf[n] = '\0';
+	return 0;
+}
+
 int bench_main(int argc, char **argv)
 {
 	int workers = 2, servers = 1;
@@ -159,17 +176,13 @@ int bench_main(int argc, char **argv)
 		bench_usage(stderr);
 		return 2;
 	}
-	if (getenv("UNISUM_LAUNCHED") != NULL || getenv("UNISUM_ROLE") != NULL || getenv("DMLC_ROLE") != NULL)
+	if (bench_inside_job())
 		return bench_worker(sizes, nsizes, seconds);
 
 	/* Not inside a job: launch one that runs this same command. */
 	char self[PATH_MAX];
-	ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-	if (n < 0) {
-		perror("unisum bench: readlink /proc/self/exe");
+	if (bench_self_exe(self, sizeof self) != 0)
 		return 1;
-	}
-	self[n] = '\0';
 	char wbuf[16], sbuf[16], secbuf[32], sizebuf[256] = "";
 	snprintf(wbuf, sizeof wbuf, "%d", workers);
 	snprintf(sbuf, sizeof sbuf, "%d", servers);

@@ -789,12 +789,8 @@ static int launch_child(int argc, char **argv)
 static int launch_self(const struct options *o)
 {
 	char self[PATH_MAX];
-	ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-	if (n < 0) {
-		perror("unisum bench: readlink /proc/self/exe");
+	if (bench_self_exe(self, sizeof self) != 0)
 		return 1;
-	}
-	self[n] = '\0';
 	char wbuf[16], sbuf[16], itbuf[16], wubuf[16], msbuf[32], modes[64] = "";
 	snprintf(wbuf, sizeof wbuf, "%d", o->workers);
 	snprintf(sbuf, sizeof sbuf, "%d", o->servers);
@@ -835,8 +831,7 @@ int bench_model_main(int argc, char **argv)
 		return 1;
 	if (o.list)
 		print_list(o.model, &params);
-	else if (getenv("UNISUM_LAUNCHED") != NULL || getenv("UNISUM_ROLE") != NULL ||
-		 getenv("DMLC_ROLE") != NULL)
+	else if (bench_inside_job())
 		rc = bench_model_worker(&o, &params);
 	else
 		rc = launch_self(&o);

@@ -6,11 +6,19 @@
 #ifndef UNISUM_TOOLS_H
 #define UNISUM_TOOLS_H
 
+#include <stddef.h>
+
 int launch_main(int argc, char **argv);		/* tools/launch.c */
 int scheduler_main(int argc, char **argv);	/* tools/unisum.c */
 int server_main(int argc, char **argv);		/* tools/unisum.c */
 int bench_main(int argc, char **argv);		/* tools/bench.c */
 int bench_model_main(int argc, char **argv);	/* tools/bench_model.c: bench --model */
 int info_main(int argc, char **argv);		/* tools/unisum.c */
+
+/* tools/bench.c, for both benches: whether this process is a worker of a
+ * job (launched, or configured by hand), and the path of this executable
+ * (0, or 1 after printing why). */
+int bench_inside_job(void);
+int bench_self_exe(char *buf, size_t len);
 
 #endif /* UNISUM_TOOLS_H */
