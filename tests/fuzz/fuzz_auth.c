@@ -50,17 +50,7 @@
 #include "transport/auth.h"
 #include "unisum.h"
 
-static void check_failed(const char *what, const char *file, int line)
-{
-	fprintf(stderr, "%s:%d: invariant broken: %s\n", file, line, what);
-	abort();
-}
-
-#define CHECK(cond)                                              \
-	do {                                                     \
-		if (!(cond))                                     \
-			check_failed(#cond, __FILE__, __LINE__); \
-	} while (0)
+#include "fuzz_check.h"
 
 /* The peer: what it will send, what it has seen. */
 struct peer {

@@ -44,18 +44,7 @@
 #include "rendezvous/rdv_proto.h"
 #include "wire/wire.h"
 
-/* Reports a broken invariant and aborts, so libFuzzer saves the input. */
-static void check_failed(const char *what, const char *file, int line)
-{
-	fprintf(stderr, "%s:%d: invariant broken: %s\n", file, line, what);
-	abort();
-}
-
-#define CHECK(cond)                                                  \
-	do {                                                         \
-		if (!(cond))                                         \
-			check_failed(#cond, __FILE__, __LINE__);     \
-	} while (0)
+#include "fuzz_check.h"
 
 /* Little-endian reads written independently of wire.c's. */
 static uint64_t le_bytes(const uint8_t *p, int n)
