@@ -43,7 +43,7 @@ static const struct knob config_knobs[] = {
 	{"UNISUM_ROLE", "DMLC_ROLE", NULL, KNOB_ROLE, FIELD(role), NULL, 0, 0,
 	 "role of this process: scheduler, server or worker"},
 	{"UNISUM_NUM_WORKER", "DMLC_NUM_WORKER", NULL, KNOB_INT, FIELD(num_workers), NULL, 1, 65535,
-	 "number of worker processes in the job"},
+	 "number of worker machines in the job (worker processes: this x UNISUM_LOCAL_SIZE)"},
 	{"UNISUM_NUM_SERVER", "DMLC_NUM_SERVER", NULL, KNOB_INT, FIELD(num_servers), NULL, 1, 65535,
 	 "number of summation servers in the job"},
 	{"UNISUM_SCHEDULER_HOST", "DMLC_PS_ROOT_URI", NULL, KNOB_STRING, FIELD(scheduler_host), NULL, 0, 0,
@@ -51,7 +51,8 @@ static const struct knob config_knobs[] = {
 	{"UNISUM_SCHEDULER_PORT", "DMLC_PS_ROOT_PORT", NULL, KNOB_INT, FIELD(scheduler_port), NULL, 1, 65535,
 	 "port of the scheduler"},
 	{"UNISUM_WORKER_ID", "DMLC_WORKER_ID", NULL, KNOB_INT, FIELD(worker_id), "-1", -1, 65534,
-	 "rank this worker asks for (-1: the scheduler assigns by arrival)"},
+	 "index of this worker's machine, 0..NUM_WORKER-1 (-1: the scheduler assigns by arrival; "
+	 "required when UNISUM_LOCAL_SIZE > 1)"},
 	{"UNISUM_SERVER_ID", NULL, NULL, KNOB_INT, FIELD(server_id), "-1", -1, 65534,
 	 "rank this server asks for (-1: the scheduler assigns by arrival)"},
 	{"UNISUM_NODE_HOST", "DMLC_NODE_HOST", NULL, KNOB_STRING, FIELD(node_host), "127.0.0.1", 0, 0,
@@ -65,6 +66,9 @@ static const struct knob config_knobs[] = {
 	 "rank of this worker among the workers of its machine"},
 	{"UNISUM_LOCAL_SIZE", "BYTEPS_LOCAL_SIZE", NULL, KNOB_INT, FIELD(local_size), "1", 1, 1024,
 	 "number of workers on this machine"},
+	{"UNISUM_JOB_ID", NULL, NULL, KNOB_STRING, FIELD(job_id), NULL, 0, 0,
+	 "names the shared memory of a machine's workers: 1-64 of [A-Za-z0-9_-] "
+	 "(default: from the scheduler's port and host)"},
 	{"UNISUM_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES", NULL, KNOB_U64, FIELD(partition_bytes), "4096000",
 	 8, 1LL << 30, "largest partition a tensor is cut into, in bytes"},
 	{"UNISUM_SERVER_ENGINE_THREAD", "BYTEPS_SERVER_ENGINE_THREAD", NULL, KNOB_INT, FIELD(engine_threads),
@@ -190,6 +194,23 @@ static int config_parse_one(struct config *cfg, const struct knob *k, const char
 	return UNISUM_ECONFIG;
 }
 
+/* Whether `id` is a job id fit to name shared memory: 1 to 64 characters
+ * among letters, digits, '-' and '_' (src/shm's rule). */
+static bool config_job_id_is_valid(const char *id)
+{
+	size_t n = strlen(id);
+	if (n == 0 || n > 64)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char ch = id[i];
+		bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+			  ch == '-' || ch == '_';
+		if (!ok)
+			return false;
+	}
+	return true;
+}
+
 /* Reads the first line of UNISUM_SECRET_FILE into cfg->secret. */
 static int config_read_secret(struct config *cfg, char *err, size_t err_len)
 {
@@ -246,6 +267,11 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 			 cfg->server_id, cfg->num_servers);
 		return UNISUM_ECONFIG;
 	}
+	if (cfg->job_id[0] != '\0' && !config_job_id_is_valid(cfg->job_id)) {
+		snprintf(err, err_len, "UNISUM_JOB_ID='%s' must be 1 to 64 characters among letters, digits, "
+			 "'-' and '_' (it names the shared memory of a machine's workers)", cfg->job_id);
+		return UNISUM_ECONFIG;
+	}
 	if (cfg->secret_file[0] != '\0') {
 		int rc = config_read_secret(cfg, err, err_len);
 		if (rc != 0)
@@ -282,11 +308,32 @@ int config_require(const struct config *cfg, int role, char *err, size_t err_len
 		missing = "UNISUM_NUM_WORKER (or DMLC_NUM_WORKER)";
 	else if (cfg->num_servers == 0)
 		missing = "UNISUM_NUM_SERVER (or DMLC_NUM_SERVER)";
+	if (missing == NULL && role == CONFIG_ROLE_WORKER && cfg->local_size > 1 && cfg->worker_id < 0) {
+		snprintf(err, err_len,
+			 "UNISUM_LOCAL_SIZE=%d needs UNISUM_WORKER_ID (or DMLC_WORKER_ID; this machine's index, "
+			 "0..NUM_WORKER-1): the workers of one machine find each other by it",
+			 cfg->local_size);
+		return UNISUM_ECONFIG;
+	}
 	if (missing == NULL)
 		return 0;
 	snprintf(err, err_len, "%s is not set: a %s needs it (run under `unisum launch`, or set it)",
 		 missing, config_role_name(role));
 	return UNISUM_ECONFIG;
+}
+
+void config_job_id(const struct config *cfg, char *out, size_t len)
+{
+	if (len == 0)
+		return;
+	if (cfg->job_id[0] != '\0') {
+		snprintf(out, len, "%s", cfg->job_id);
+		return;
+	}
+	uint32_t hash = 2166136261u;	/* 32-bit FNV-1a */
+	for (const unsigned char *p = (const unsigned char *)cfg->scheduler_host; *p; p++)
+		hash = (hash ^ *p) * 16777619u;
+	snprintf(out, len, "p%d-%08x", cfg->scheduler_port, (unsigned)hash);
 }
 
 const char *config_role_name(int role)

@@ -28,17 +28,21 @@ enum config_role {
 /* The parsed environment. */
 struct config {
 	int role;			/* enum config_role */
-	int num_workers;		/* worker processes in the job (machines x local_size) */
+	int num_workers;		/* worker machines in the job (BytePS's DMLC_NUM_WORKER);
+					 * worker processes = num_workers x local_size */
 	int num_servers;		/* server processes */
 	char scheduler_host[256];	/* where the scheduler listens */
 	int scheduler_port;		/* its port */
-	int worker_id;			/* requested worker rank, -1 = assigned by arrival */
+	int worker_id;			/* this worker's machine index, -1 = assigned by arrival
+					 * (only with local_size 1) */
 	int server_id;			/* requested server rank, -1 = assigned by arrival */
 	char node_host[256];		/* address this node advertises (and binds, unless bind) */
 	char bind[256];			/* address to listen on, "" = node_host / scheduler_host */
 	int port;			/* listening port of a server, 0 = any free one */
 	int local_rank;			/* rank among the workers of this machine */
 	int local_size;			/* workers on this machine */
+	char job_id[65];		/* names the machine's shared memory, "" = derived
+					 * (see config_job_id) */
 	uint64_t partition_bytes;	/* largest partition of a tensor */
 	int engine_threads;		/* summation threads per server, 0 = one per core */
 	int log_level;			/* enum log_level */
@@ -63,8 +67,19 @@ struct config {
 int config_load(struct config *cfg, char *err, size_t err_len);
 
 /* Checks that everything `role` needs is present (the scheduler address,
- * the job size).  UNISUM_ECONFIG with the missing variable named in `err`. */
+ * the job size; a worker of a machine with several workers also needs
+ * UNISUM_WORKER_ID, its machine's index).  UNISUM_ECONFIG with the missing
+ * variable named in `err`. */
 int config_require(const struct config *cfg, int role, char *err, size_t err_len);
+
+/* The job id that names the shared-memory segments of this machine's
+ * workers, written NUL-terminated into out[len] (truncated to fit):
+ * cfg->job_id when UNISUM_JOB_ID is set, else "p<port>-<hash>" from the
+ * scheduler's port and an 8-hex-digit FNV-1a hash of its host, so every
+ * worker of one job computes the same id without being told.  Always a
+ * valid shm job id (letters, digits, '-', '_'; at most 64 characters)
+ * when len >= 65. */
+void config_job_id(const struct config *cfg, char *out, size_t len);
 
 /* Name of a role: "scheduler", "server", "worker" or "none". */
 const char *config_role_name(int role);

@@ -29,6 +29,8 @@ struct rdv_client {
 	int rank;			/* this node's rank within its role */
 	struct rdv_node *nodes;		/* the address book */
 	int nnodes;
+	int local_size;			/* worker processes per machine (from the book) */
+	int num_machines;		/* worker machines (workers in the book / local_size) */
 	rdv_notice_fn notice;		/* job-over callback */
 	rdv_tensor_error_fn tensor_error; /* poisoned-tensor callback, or NULL */
 	void *notice_arg;		/* both callbacks' argument */
@@ -224,6 +226,9 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 	wire_buf_u32(&b, (uint32_t)cfg->role);
 	wire_buf_u32(&b, (uint32_t)(cfg->role == CONFIG_ROLE_WORKER ? cfg->worker_id : cfg->server_id));
 	wire_buf_u32(&b, (uint32_t)listen_port);
+	bool worker = cfg->role == CONFIG_ROLE_WORKER;
+	wire_buf_u32(&b, worker ? (uint32_t)cfg->local_rank : 0);
+	wire_buf_u32(&b, worker ? (uint32_t)cfg->local_size : 1);
 	wire_buf_str(&b, cfg->node_host);
 	if (b.failed) {
 		wire_buf_fini(&b);
@@ -252,8 +257,10 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 	struct wire_reader r;
 	wire_reader_init(&r, payload, h.payload_len);
 	c->id = wire_read_u32(&r);
+	uint32_t local_size = wire_read_u32(&r);
 	uint32_t n = wire_read_u32(&r);
-	if (h.type != WIRE_ADDRBOOK || r.failed || n == 0 || n > RDV_MAX_NODES) {
+	if (h.type != WIRE_ADDRBOOK || r.failed || n == 0 || n > RDV_MAX_NODES || local_size < 1 ||
+	    local_size > RDV_MAX_LOCAL_SIZE) {
 		free(payload);
 		return log_fail(UNISUM_EPROTO, "the scheduler sent a malformed address book");
 	}
@@ -262,19 +269,33 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 		free(payload);
 		return UNISUM_ENOMEM;
 	}
+	c->local_size = (int)local_size;
+	int L = c->local_size, workers = 0;
+	bool consistent = true;
 	for (uint32_t i = 0; i < n; i++) {
 		struct rdv_node *node = &c->nodes[i];
 		node->id = wire_read_u32(&r);
 		node->role = (int)wire_read_u32(&r);
 		node->rank = (int)wire_read_u32(&r);
+		node->machine = (int)(int32_t)wire_read_u32(&r);
+		node->local_rank = (int)wire_read_u32(&r);
 		node->port = (int)wire_read_u32(&r);
 		wire_read_str(&r, node->host, sizeof node->host);
 		if (node->id == c->id)
 			c->rank = node->rank;
+		/* A worker's machine and local rank follow from its rank. */
+		if (node->role == CONFIG_ROLE_WORKER) {
+			workers++;
+			consistent &= node->rank >= 0 && node->machine == node->rank / L &&
+				      node->local_rank == node->rank % L;
+		} else {
+			consistent &= node->machine == -1 && node->local_rank == 0;
+		}
 	}
 	c->nnodes = (int)n;
+	c->num_machines = workers / L;
 	free(payload);
-	if (r.failed)
+	if (r.failed || r.left != 0 || !consistent || workers % L != 0)
 		return log_fail(UNISUM_EPROTO, "the scheduler sent a malformed address book");
 	return 0;
 }
@@ -330,6 +351,16 @@ uint32_t rdv_client_id(const struct rdv_client *c)
 int rdv_client_rank(const struct rdv_client *c)
 {
 	return c->rank;
+}
+
+int rdv_client_local_size(const struct rdv_client *c)
+{
+	return c->local_size;
+}
+
+int rdv_client_num_machines(const struct rdv_client *c)
+{
+	return c->num_machines;
 }
 
 const struct rdv_node *rdv_client_nodes(const struct rdv_client *c, int *count)

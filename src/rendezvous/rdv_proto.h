@@ -2,8 +2,10 @@
  * rdv_proto.h - payload layouts shared by the scheduler and its client.
  * (Internal to src/rendezvous.)
  *
- *   REGISTER   u32 role, u32 requested rank (int32, -1 = any), u32 port, str host
- *   ADDRBOOK   u32 your id, u32 n, n x {u32 id, u32 role, u32 rank, u32 port, str host}
+ *   REGISTER   u32 role, u32 requested rank (int32, -1 = any; a worker's machine
+ *              index), u32 port, u32 local rank, u32 local size (servers 0, 1), str host
+ *   ADDRBOOK   u32 your id, u32 local size, u32 n, n x {u32 id, u32 role, u32 rank,
+ *              u32 machine (int32, -1 for servers), u32 local rank, u32 port, str host}
  *   BARRIER    header aux = group; BARRIER_DONE the same
  *   DECLARE    request: header dtype, count; payload str name, u64 partition_bytes
  *              reply:   header key; payload u32 status (0 or -error),
@@ -20,5 +22,6 @@
 #define UNISUM_RDV_PROTO_H
 
 #define RDV_MAX_NODES 4096
+#define RDV_MAX_LOCAL_SIZE 1024	/* UNISUM_LOCAL_SIZE's upper bound */
 
 #endif /* UNISUM_RDV_PROTO_H */

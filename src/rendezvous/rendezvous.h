@@ -1,10 +1,15 @@
 /*
  * rendezvous.h - the scheduler and the client every node uses to reach it.
  *
- * One scheduler per job.  Servers and workers connect to it, REGISTER
- * (role, host, port, requested rank), and once all num_servers +
- * num_workers have registered the scheduler assigns ids and sends every
- * node the address book.  After that the scheduler serves barriers over
+ * One scheduler per job.  Servers and every worker process connect to it
+ * and REGISTER (role, host, port, requested rank or machine, local rank
+ * and local size).  A job has num_servers servers and num_workers worker
+ * *machines* of local_size worker processes each; the scheduler learns
+ * local_size from the first worker and holds every other worker to it.
+ * Once all num_servers + num_workers x local_size nodes have registered it
+ * assigns ids and sends every node the address book.  A worker's rank is
+ * machine x local_size + local_rank; with local_size 1 a worker may leave
+ * its machine to the scheduler (assigned by arrival).  After that the scheduler serves barriers over
  * role groups, tensor declarations (it is the single authority that maps a
  * tensor name to its keys and servers, so every worker agrees whatever its
  * declaration order), and shutdown: servers are told to stop only when
@@ -21,7 +26,8 @@
 #include "config/config.h"
 #include "transport/transport.h"
 
-/* Node ids: the scheduler is 0, servers 1..S, workers S+1..S+W. */
+/* Node ids: the scheduler is 0, servers 1..S, workers S+1..S+W by rank
+ * (W = worker processes = machines x local_size). */
 #define RDV_SCHEDULER_ID 0u
 
 /* Role groups for barriers. */
@@ -36,6 +42,8 @@ struct rdv_node {
 	uint32_t id;		/* node id (see above) */
 	int role;		/* CONFIG_ROLE_SERVER or CONFIG_ROLE_WORKER */
 	int rank;		/* rank within its role */
+	int machine;		/* workers: rank / local_size; servers: -1 */
+	int local_rank;		/* workers: rank % local_size; servers: 0 */
 	char host[64];		/* address peers connect to */
 	int port;		/* listening port (servers), 0 for workers */
 };
@@ -91,6 +99,12 @@ int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn noti
 /* This node's id and rank, and the address book (valid until _free). */
 uint32_t rdv_client_id(const struct rdv_client *c);
 int rdv_client_rank(const struct rdv_client *c);
+
+/* Worker processes per machine as the scheduler saw them (the first
+ * worker's UNISUM_LOCAL_SIZE, which every worker matched), and the number
+ * of worker machines in the job. */
+int rdv_client_local_size(const struct rdv_client *c);
+int rdv_client_num_machines(const struct rdv_client *c);
 const struct rdv_node *rdv_client_nodes(const struct rdv_client *c, int *count);
 const struct rdv_node *rdv_client_server(const struct rdv_client *c, int server_rank);
 const struct rdv_node *rdv_client_node_by_id(const struct rdv_client *c, uint32_t id);

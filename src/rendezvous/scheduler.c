@@ -33,6 +33,8 @@ struct sched_node {
 	bool gone;			/* connection closed (normally or not) */
 	bool said_goodbye;		/* worker sent SHUTDOWN / server was stopped */
 	int role, req_rank, rank, port;
+	int local_rank, local_size;	/* as registered (servers: 0 and 1) */
+	int machine;			/* workers: rank / local_size; servers: -1 */
 	uint32_t id;
 	char host[64];
 	bool in_barrier[4];		/* entered the barrier of group g */
@@ -53,18 +55,24 @@ struct sched_tensor {
 struct rdv_scheduler {
 	const struct transport_ops *tp;
 	struct tp_listener *listener;
-	int num_workers, num_servers;
+	int num_machines;		/* worker machines (UNISUM_NUM_WORKER) */
+	int num_servers;
 	int heartbeat_ms, timeout_ms;	/* liveness (UNISUM_HEARTBEAT_MS, UNISUM_TIMEOUT_MS) */
 	pthread_t thread;		/* accepts, then waits for the end */
 	pthread_t monitor;		/* heartbeats and silence detection */
 	bool monitor_started;
 	pthread_mutex_t lock;		/* everything below */
 	pthread_cond_t changed;		/* registration, goodbyes, failure */
-	struct sched_node *nodes;	/* accepted connections */
+	struct sched_node **nodes;	/* accepted connections (each its own allocation:
+					 * their threads keep pointers while this grows) */
 	int nnodes, cap_nodes;
+	int local_size;			/* workers per machine, from the first worker's
+					 * REGISTER; 0 before it */
+	int num_workers;		/* worker processes: num_machines x local_size
+					 * (0 before the first worker registered) */
 	int registered;			/* nodes that sent REGISTER */
 	bool book_sent;			/* address book distributed */
-	int workers_done;		/* workers that said goodbye */
+	int workers_done;		/* worker processes that said goodbye */
 	bool servers_stopped;		/* SHUTDOWN sent to servers */
 	int error;			/* first failure, 0 if none */
 	bool aborted;
@@ -91,12 +99,30 @@ static int sched_send(struct sched_node *n, const struct wire_hdr *h, const void
 
 static const char *sched_node_label(const struct sched_node *n, char *buf, size_t len)
 {
+	const char *peer = n->s->tp->peer_name(n->conn);
 	if (!n->registered)
-		snprintf(buf, len, "unregistered peer %s", n->s->tp->peer_name(n->conn));
+		snprintf(buf, len, "unregistered peer %s", peer);
+	else if (n->role == CONFIG_ROLE_WORKER && n->local_size > 1 && !n->s->book_sent)
+		snprintf(buf, len, "the worker of machine %d, local rank %d (%s)", n->req_rank,
+			 n->local_rank, peer);
+	else if (n->role == CONFIG_ROLE_WORKER && n->local_size > 1)
+		snprintf(buf, len, "worker %d (machine %d, local rank %d; %s)", n->rank, n->machine,
+			 n->local_rank, peer);
 	else
-		snprintf(buf, len, "%s %d (%s)", config_role_name(n->role), n->rank,
-			 n->s->tp->peer_name(n->conn));
+		snprintf(buf, len, "%s %d (%s)", config_role_name(n->role), n->rank, peer);
 	return buf;
+}
+
+/* Sends node n the job-level ERROR `err` with text `why`. */
+static void sched_send_error(struct sched_node *n, int err, const char *why)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	wire_buf_str(&b, why);
+	struct wire_hdr h = {.type = WIRE_ERROR, .aux = (uint32_t)-err, .payload_len = b.len};
+	if (!b.failed)
+		sched_send(n, &h, b.data);
+	wire_buf_fini(&b);
 }
 
 /* Records the first failure and tells every other live node.  Called with
@@ -107,57 +133,67 @@ static void sched_fail(struct rdv_scheduler *s, int err, const char *why)
 		return;
 	s->error = err;
 	LOG_ERROR("job failed: %s", why);
-	struct wire_hdr h = {.type = WIRE_ERROR, .aux = (uint32_t)-err};
-	struct wire_buf b;
-	wire_buf_init(&b);
-	wire_buf_str(&b, why);
-	h.payload_len = b.len;
 	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *n = &s->nodes[i];
-		if (!n->gone && n->registered && !b.failed)
-			sched_send(n, &h, b.data);
+		struct sched_node *n = s->nodes[i];
+		if (!n->gone && n->registered)
+			sched_send_error(n, err, why);
 		s->tp->conn_shutdown(n->conn);
 	}
-	wire_buf_fini(&b);
 	s->tp->listener_shutdown(s->listener);
 	pthread_cond_broadcast(&s->changed);
 }
 
 /* Gives every registered node of `role` its rank: the one it asked for
- * (UNISUM_WORKER_ID / UNISUM_SERVER_ID), else the lowest free one in
- * arrival order.  Called with s->lock held. */
+ * (UNISUM_SERVER_ID; for a worker machine x local_size + local rank, the
+ * machine being UNISUM_WORKER_ID), else the lowest free one in arrival
+ * order (only when local_size is 1: with more, every worker asked for a
+ * machine).  Then a worker's machine and local rank follow from its rank.
+ * Called with s->lock held. */
 static int sched_assign_ranks(struct rdv_scheduler *s, int role, int count)
 {
 	bool *taken = calloc((size_t)count, sizeof *taken);
 	if (taken == NULL)
 		return UNISUM_ENOMEM;
+	int L = role == CONFIG_ROLE_WORKER ? s->local_size : 1;
 	int rc = 0;
 	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *n = &s->nodes[i];
+		struct sched_node *n = s->nodes[i];
 		n->rank = n->role == role ? -1 : n->rank;
 		if (!n->registered || n->role != role || n->req_rank < 0)
 			continue;
-		if (taken[n->req_rank]) {
+		int want = n->req_rank * L + n->local_rank;
+		if (taken[want]) {
 			char why[256];
-			snprintf(why, sizeof why, "two %ss asked for rank %d (%s must be unique)",
-				 config_role_name(role), n->req_rank,
-				 role == CONFIG_ROLE_WORKER ? "UNISUM_WORKER_ID / DMLC_WORKER_ID" : "UNISUM_SERVER_ID");
+			if (L > 1)
+				snprintf(why, sizeof why,
+					 "two workers asked for machine %d, local rank %d (UNISUM_WORKER_ID / "
+					 "DMLC_WORKER_ID and UNISUM_LOCAL_RANK / BYTEPS_LOCAL_RANK pairs must be "
+					 "unique)", n->req_rank, n->local_rank);
+			else
+				snprintf(why, sizeof why, "two %ss asked for rank %d (%s must be unique)",
+					 config_role_name(role), n->req_rank,
+					 role == CONFIG_ROLE_WORKER ? "UNISUM_WORKER_ID / DMLC_WORKER_ID"
+								    : "UNISUM_SERVER_ID");
 			sched_fail(s, UNISUM_ECONFIG, why);
 			rc = UNISUM_ECONFIG;
 			goto out_free;
 		}
-		taken[n->req_rank] = true;
-		n->rank = n->req_rank;
+		taken[want] = true;
+		n->rank = want;
 	}
 	int next = 0;
 	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *n = &s->nodes[i];
-		if (!n->registered || n->role != role || n->rank >= 0)
+		struct sched_node *n = s->nodes[i];
+		if (!n->registered || n->role != role)
 			continue;
-		while (taken[next])
-			next++;
-		n->rank = next;
-		taken[next] = true;
+		if (n->rank < 0) {
+			while (taken[next])
+				next++;
+			n->rank = next;
+			taken[next] = true;
+		}
+		n->machine = role == CONFIG_ROLE_WORKER ? n->rank / L : -1;
+		n->local_rank = role == CONFIG_ROLE_WORKER ? n->rank % L : 0;
 	}
 out_free:
 	free(taken);
@@ -175,27 +211,30 @@ static int sched_send_addrbook(struct rdv_scheduler *s)
 	if (rc != 0)
 		return rc;
 	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *n = &s->nodes[i];
+		struct sched_node *n = s->nodes[i];
 		if (n->registered)
 			n->id = n->role == CONFIG_ROLE_SERVER ? 1 + (uint32_t)n->rank
 							      : 1 + (uint32_t)s->num_servers + (uint32_t)n->rank;
 	}
 
 	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *me = &s->nodes[i];
+		struct sched_node *me = s->nodes[i];
 		if (!me->registered)
 			continue;
 		struct wire_buf b;
 		wire_buf_init(&b);
 		wire_buf_u32(&b, me->id);
+		wire_buf_u32(&b, (uint32_t)s->local_size);
 		wire_buf_u32(&b, (uint32_t)s->registered);
 		for (int j = 0; j < s->nnodes; j++) {
-			struct sched_node *n = &s->nodes[j];
+			struct sched_node *n = s->nodes[j];
 			if (!n->registered)
 				continue;
 			wire_buf_u32(&b, n->id);
 			wire_buf_u32(&b, (uint32_t)n->role);
 			wire_buf_u32(&b, (uint32_t)n->rank);
+			wire_buf_u32(&b, (uint32_t)n->machine);
+			wire_buf_u32(&b, (uint32_t)n->local_rank);
 			wire_buf_u32(&b, (uint32_t)n->port);
 			wire_buf_str(&b, n->host);
 		}
@@ -208,8 +247,38 @@ static int sched_send_addrbook(struct rdv_scheduler *s)
 	}
 	s->book_sent = true;
 	s->tp->listener_shutdown(s->listener);	/* wakes the accepting thread */
-	LOG_INFO("all %d servers and %d workers registered", s->num_servers, s->num_workers);
+	LOG_INFO("all %d servers and %d workers on %d machines registered", s->num_servers,
+		 s->num_workers, s->num_machines);
 	return rc;
+}
+
+/* Checks a worker's local size against the job's (learning it from the
+ * first worker) and fails the job when they differ or the job grows past
+ * RDV_MAX_NODES.  0, or UNISUM_ECONFIG with the reason in `why` (the job
+ * has failed; the node is told too).  Called with s->lock held. */
+static int sched_check_local_size(struct rdv_scheduler *s, struct sched_node *n, int local_size,
+				  const char *host, char *why, size_t why_len)
+{
+	if (s->local_size == local_size)
+		return 0;
+	if (s->local_size != 0) {
+		snprintf(why, why_len,
+			 "a worker at %s (%s) reports UNISUM_LOCAL_SIZE=%d but the first worker reported %d: "
+			 "every machine of a job must run the same number of workers",
+			 host, s->tp->peer_name(n->conn), local_size, s->local_size);
+	} else if ((long)s->num_machines * local_size + s->num_servers > RDV_MAX_NODES) {
+		snprintf(why, why_len,
+			 "%d machines x UNISUM_LOCAL_SIZE=%d workers + %d servers is more than the %d "
+			 "nodes a job can have",
+			 s->num_machines, local_size, s->num_servers, RDV_MAX_NODES);
+	} else {
+		s->local_size = local_size;
+		s->num_workers = s->num_machines * local_size;
+		return 0;
+	}
+	sched_send_error(n, UNISUM_ECONFIG, why);
+	sched_fail(s, UNISUM_ECONFIG, why);
+	return UNISUM_ECONFIG;
 }
 
 static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, const void *payload,
@@ -220,20 +289,41 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 	int role = (int)wire_read_u32(&r);
 	int req = (int)(int32_t)wire_read_u32(&r);
 	int port = (int)wire_read_u32(&r);
+	uint32_t local_rank = wire_read_u32(&r);
+	uint32_t local_size = wire_read_u32(&r);
 	char host[64];
 	wire_read_str(&r, host, sizeof host);
-	if (r.failed || (role != CONFIG_ROLE_SERVER && role != CONFIG_ROLE_WORKER) || port < 0 ||
-	    port > 65535 || req < -1 || (role == CONFIG_ROLE_WORKER && req >= s->num_workers) ||
-	    (role == CONFIG_ROLE_SERVER && req >= s->num_servers)) {
+	bool server = role == CONFIG_ROLE_SERVER, worker = role == CONFIG_ROLE_WORKER;
+	if (r.failed || r.left != 0 || (!server && !worker) || port < 0 || port > 65535 || req < -1 ||
+	    (worker && req >= s->num_machines) || (server && req >= s->num_servers) ||
+	    (server && (local_rank != 0 || local_size != 1)) || local_size < 1 ||
+	    local_size > RDV_MAX_LOCAL_SIZE || local_rank >= local_size) {
 		snprintf(why, why_len, "malformed REGISTER");
 		return UNISUM_EPROTO;
 	}
 	pthread_mutex_lock(&s->lock);
+	int rc = 0;
+	if (worker && local_size > 1 && req < 0) {
+		/* Its machine's other workers could never find it. */
+		snprintf(why, why_len,
+			 "a worker at %s (local rank %u of UNISUM_LOCAL_SIZE=%u) did not say which machine "
+			 "it is on: with several workers per machine each must set UNISUM_WORKER_ID "
+			 "(or DMLC_WORKER_ID)", host, local_rank, local_size);
+		sched_send_error(n, UNISUM_ECONFIG, why);
+		sched_fail(s, UNISUM_ECONFIG, why);
+		rc = UNISUM_ECONFIG;
+	} else if (worker) {
+		rc = sched_check_local_size(s, n, (int)local_size, host, why, why_len);
+	}
+	if (rc != 0) {
+		pthread_mutex_unlock(&s->lock);
+		return UNISUM_EPROTO;	/* closes the connection, logging why */
+	}
 	int have = 0;
 	for (int i = 0; i < s->nnodes; i++)
-		if (s->nodes[i].registered && s->nodes[i].role == role)
+		if (s->nodes[i]->registered && s->nodes[i]->role == role)
 			have++;
-	int limit = role == CONFIG_ROLE_SERVER ? s->num_servers : s->num_workers;
+	int limit = server ? s->num_servers : s->num_workers;
 	if (n->registered || s->book_sent || have >= limit) {
 		pthread_mutex_unlock(&s->lock);
 		snprintf(why, why_len, "unexpected REGISTER of a %s: the job already has %d", config_role_name(role),
@@ -243,13 +333,15 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 	n->role = role;
 	n->req_rank = req;
 	n->port = port;
+	n->local_rank = (int)local_rank;
+	n->local_size = (int)local_size;
 	snprintf(n->host, sizeof n->host, "%s", host);
 	n->registered = true;
 	s->registered++;
-	LOG_DEBUG("registered %s from %s (%d of %d)", config_role_name(role), host, s->registered,
+	LOG_DEBUG("registered %s from %s (%d of %d so far)", config_role_name(role), host, s->registered,
 		  s->num_servers + s->num_workers);
-	int rc = 0;
-	if (s->registered == s->num_servers + s->num_workers)
+	/* num_workers is 0 until the first worker told its local size. */
+	if (s->num_workers > 0 && s->registered == s->num_servers + s->num_workers)
 		rc = sched_send_addrbook(s);
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
@@ -268,7 +360,7 @@ static void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int 
 	n->in_barrier[group] = true;
 	int need = 0, have = 0;
 	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *m = &s->nodes[i];
+		struct sched_node *m = s->nodes[i];
 		if (!m->registered || !group_has(group, m->role))
 			continue;
 		need++;
@@ -277,7 +369,7 @@ static void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int 
 	if (have == need) {
 		struct wire_hdr h = {.type = WIRE_BARRIER_DONE, .aux = (uint32_t)group};
 		for (int i = 0; i < s->nnodes; i++) {
-			struct sched_node *m = &s->nodes[i];
+			struct sched_node *m = s->nodes[i];
 			if (!m->registered || !group_has(group, m->role))
 				continue;
 			m->in_barrier[group] = false;
@@ -305,7 +397,7 @@ static void sched_poison(struct rdv_scheduler *s, uint64_t key, const char *why)
 	struct wire_hdr h = {.type = WIRE_ERROR, .key = key, .aux = (uint32_t)-UNISUM_EMISMATCH,
 			     .payload_len = b.len};
 	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *n = &s->nodes[i];
+		struct sched_node *n = s->nodes[i];
 		if (!b.failed && n->registered && !n->gone && n->role == CONFIG_ROLE_SERVER)
 			sched_send(n, &h, b.data);
 	}
@@ -434,7 +526,7 @@ static int sched_on_tune(struct rdv_scheduler *s, struct sched_node *n, const st
 	struct wire_hdr out = {.type = WIRE_TUNE, .round = h->round, .payload_len = h->payload_len};
 	pthread_mutex_lock(&s->lock);
 	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *m = &s->nodes[i];
+		struct sched_node *m = s->nodes[i];
 		if (m->registered && !m->gone && m->role == CONFIG_ROLE_WORKER)
 			sched_send(m, &out, payload);
 	}
@@ -454,7 +546,7 @@ static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 		s->servers_stopped = true;
 		struct wire_hdr h = {.type = WIRE_SHUTDOWN};
 		for (int i = 0; i < s->nnodes; i++) {
-			struct sched_node *m = &s->nodes[i];
+			struct sched_node *m = s->nodes[i];
 			if (m->registered && m->role == CONFIG_ROLE_SERVER) {
 				m->said_goodbye = true;
 				sched_send(m, &h, NULL);
@@ -582,7 +674,7 @@ static bool sched_is_finished(const struct rdv_scheduler *s)
 	if (!s->servers_stopped)
 		return false;
 	for (int i = 0; i < s->nnodes; i++)
-		if (s->nodes[i].registered && !s->nodes[i].gone)
+		if (s->nodes[i]->registered && !s->nodes[i]->gone)
 			return false;
 	return true;
 }
@@ -612,7 +704,7 @@ static void *sched_monitor_main(void *arg)
 		int64_t now = sched_now_ms();
 		struct wire_hdr hb = {.type = WIRE_HEARTBEAT};
 		for (int i = 0; i < s->nnodes && s->error == 0; i++) {
-			struct sched_node *n = &s->nodes[i];
+			struct sched_node *n = s->nodes[i];
 			if (!sched_node_is_watched(n))
 				continue;
 			int64_t silent = now - atomic_load(&n->last_seen_ms);
@@ -633,6 +725,18 @@ static void *sched_monitor_main(void *arg)
 	return NULL;
 }
 
+/* How many connections registration may take: every node plus strangers
+ * that connect and fail, at most RDV_MAX_NODES.  Before the first worker
+ * told its local size the number of worker processes is unknown, so only
+ * RDV_MAX_NODES bounds it.  Called with s->lock held. */
+static int sched_max_connections(const struct rdv_scheduler *s)
+{
+	if (s->local_size == 0)
+		return RDV_MAX_NODES;
+	int room = 2 * (s->num_workers + s->num_servers) + 64;
+	return room < RDV_MAX_NODES ? room : RDV_MAX_NODES;
+}
+
 static void *sched_main(void *arg)
 {
 	struct rdv_scheduler *s = arg;
@@ -650,22 +754,39 @@ static void *sched_main(void *arg)
 		if (rc != 0)
 			break;
 		pthread_mutex_lock(&s->lock);
-		if (s->nnodes == s->cap_nodes || s->nnodes >= RDV_MAX_NODES) {
+		if (s->nnodes >= sched_max_connections(s)) {
 			s->tp->conn_free(c);
 			pthread_mutex_unlock(&s->lock);
 			LOG_ERROR("too many connections before registration completed (%d); refusing one",
 				  s->nnodes);
 			continue;
 		}
-		struct sched_node *n = &s->nodes[s->nnodes];
-		memset(n, 0, sizeof *n);
+		struct sched_node *n = NULL;
+		if (s->nnodes == s->cap_nodes) {
+			int cap = s->cap_nodes * 2;
+			struct sched_node **grown = realloc(s->nodes, (size_t)cap * sizeof *grown);
+			if (grown != NULL) {
+				s->nodes = grown;
+				s->cap_nodes = cap;
+			}
+		}
+		if (s->nnodes < s->cap_nodes)
+			n = calloc(1, sizeof *n);
+		if (n == NULL) {
+			s->tp->conn_free(c);
+			pthread_mutex_unlock(&s->lock);
+			LOG_ERROR("out of memory accepting a connection; refusing it");
+			continue;
+		}
 		n->s = s;
 		n->conn = c;
 		pthread_mutex_init(&n->send_lock, NULL);
 		if (pthread_create(&n->thread, NULL, sched_node_main, n) == 0) {
 			n->thread_started = true;
-			s->nnodes++;
+			s->nodes[s->nnodes++] = n;
 		} else {
+			pthread_mutex_destroy(&n->send_lock);
+			free(n);
 			s->tp->conn_free(c);
 		}
 		pthread_mutex_unlock(&s->lock);
@@ -677,7 +798,7 @@ static void *sched_main(void *arg)
 		pthread_cond_wait(&s->changed, &s->lock);
 	s->result = s->error != 0 ? s->error : s->aborted ? UNISUM_ESHUTDOWN : 0;
 	for (int i = 0; i < s->nnodes; i++)
-		s->tp->conn_shutdown(s->nodes[i].conn);
+		s->tp->conn_shutdown(s->nodes[i]->conn);
 	pthread_mutex_unlock(&s->lock);
 	return NULL;
 }
@@ -685,20 +806,21 @@ static void *sched_main(void *arg)
 int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 			const struct transport_ops *tp, struct rdv_scheduler **out, int *port_out)
 {
-	int num_workers = cfg->num_workers, num_servers = cfg->num_servers;
-	if (num_workers < 1 || num_servers < 1 || num_workers + num_servers > RDV_MAX_NODES)
+	int num_machines = cfg->num_workers, num_servers = cfg->num_servers;
+	if (num_machines < 1 || num_servers < 1 || num_machines + num_servers > RDV_MAX_NODES)
 		return log_fail(UNISUM_EINVAL, "a job needs 1 to %d nodes with at least one worker and one "
-				"server (got %d workers, %d servers)", RDV_MAX_NODES, num_workers, num_servers);
+				"server (got %d worker machines, %d servers)", RDV_MAX_NODES, num_machines,
+				num_servers);
 	struct rdv_scheduler *s = calloc(1, sizeof *s);
 	if (s == NULL)
 		return UNISUM_ENOMEM;
 	s->tp = tp;
-	s->num_workers = num_workers;
+	s->num_machines = num_machines;
 	s->num_servers = num_servers;
 	s->heartbeat_ms = cfg->heartbeat_ms;
 	s->timeout_ms = cfg->timeout_ms;
-	/* Room for every node plus strangers that connect and fail. */
-	s->cap_nodes = 2 * (num_workers + num_servers) + 64;
+	/* Grows as connections come (see sched_max_connections). */
+	s->cap_nodes = 2 * (num_machines + num_servers) + 64;
 	s->nodes = calloc((size_t)s->cap_nodes, sizeof *s->nodes);
 	s->server_loads = calloc((size_t)num_servers, sizeof *s->server_loads);
 	int rc = UNISUM_ENOMEM;
@@ -716,8 +838,8 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 	s->monitor_started = pthread_create(&s->monitor, NULL, sched_monitor_main, s) == 0;
 	if (!s->monitor_started)
 		LOG_WARN("cannot start the heartbeat monitor: silent nodes will not be detected");
-	LOG_INFO("scheduler listening on %s:%d for %d servers and %d workers", host, *port_out,
-		 num_servers, num_workers);
+	LOG_INFO("scheduler listening on %s:%d for %d servers and %d worker machines", host, *port_out,
+		 num_servers, num_machines);
 	*out = s;
 	return 0;
 
@@ -745,8 +867,8 @@ int rdv_scheduler_wait(struct rdv_scheduler *s)
 	if (s->monitor_started)
 		pthread_join(s->monitor, NULL);
 	for (int i = 0; i < s->nnodes; i++)
-		if (s->nodes[i].thread_started)
-			pthread_join(s->nodes[i].thread, NULL);
+		if (s->nodes[i]->thread_started)
+			pthread_join(s->nodes[i]->thread, NULL);
 	return s->result;
 }
 
@@ -755,8 +877,9 @@ void rdv_scheduler_free(struct rdv_scheduler *s)
 	if (s == NULL)
 		return;
 	for (int i = 0; i < s->nnodes; i++) {
-		s->tp->conn_free(s->nodes[i].conn);
-		pthread_mutex_destroy(&s->nodes[i].send_lock);
+		s->tp->conn_free(s->nodes[i]->conn);
+		pthread_mutex_destroy(&s->nodes[i]->send_lock);
+		free(s->nodes[i]);
 	}
 	s->tp->listener_free(s->listener);
 	for (int i = 0; i < s->ntensors; i++) {

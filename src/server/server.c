@@ -12,12 +12,18 @@
  *     byte balance when it is declared, so one key's events are handled in
  *     order by one thread and its sums need no lock.
  *
+ * Machines.  A machine's workers reduce among themselves; only its local
+ * root (local rank 0) connects here and pushes the machine's sum.  So
+ * "worker w" below is machine w: the server sums one push per machine
+ * (UNISUM_NUM_WORKER of them) per key and round, and with one worker per
+ * machine a machine is simply a worker.
+ *
  * Rounds.  Each worker pushes round 0, 1, 2, ... of a key, each push
  * followed by a pull of the same round.  A key keeps two round slots
  * (round & 1): a worker can only push round r+1 after it received the sum
  * of round r, so at most rounds r and r+1 are alive and they never mix.
  *
- * Summation order.  Contributions are folded in worker-rank order
+ * Summation order.  Contributions are folded in machine order
  * (((w0 + w1) + w2) + ...), whatever order they arrive in: results are
  * bitwise reproducible from run to run and equal a reference summed in the
  * same order.  The first contribution is not copied: the sum of w0 and w1
@@ -134,7 +140,7 @@ struct srv_conn {
 	struct tp_conn *conn;
 	pthread_t recv_thread, send_thread;
 	bool send_started;
-	int worker;		/* worker rank after hello, -1 before */
+	int worker;		/* its machine after hello, -1 before */
 	pthread_mutex_t qlock;	/* the reply queue */
 	pthread_cond_t qcond;
 	struct srv_reply *head, *tail;
@@ -148,13 +154,14 @@ struct server {
 	const struct transport_ops *tp;
 	struct rdv_client *rdv;
 	struct tp_listener *listener;
-	int nworkers;
+	int nworkers;		/* worker machines: one push each per key and round */
+	int local_size;		/* workers per machine (names in messages) */
 	uint32_t id;		/* this server's node id */
 	int rank;
 	pthread_mutex_t lock;	/* keys, by_worker, conns, stop state */
 	struct srv_key **buckets;	/* key hash table */
 	size_t nbuckets, nkeys;
-	struct srv_conn **by_worker;	/* [W] live connection of each worker */
+	struct srv_conn **by_worker;	/* [W] live connection of each machine's local root */
 	struct srv_conn *conns;	/* every connection ever accepted */
 	struct srv_engine *engines;
 	int nengines;
@@ -170,6 +177,20 @@ struct srv_poison {
 	char *why;		/* both shapes, for the workers' errors */
 	struct srv_poison *next;
 };
+
+/* How messages name machine m so that a user can find it: "worker N" with
+ * one worker per machine, else "machine M (worker rank R)", R being the
+ * rank of its local root.  Writes and returns buf. */
+static const char *srv_worker_name(const struct server *srv, int m, char *buf, size_t len)
+{
+	if (m < 0)
+		snprintf(buf, len, "a worker before its hello");
+	else if (srv->local_size > 1)
+		snprintf(buf, len, "machine %d (worker rank %d)", m, m * srv->local_size);
+	else
+		snprintf(buf, len, "worker %d", m);
+	return buf;
+}
 
 /* ---- key table ---------------------------------------------------------- */
 
@@ -330,7 +351,9 @@ static void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const
 {
 	struct srv_reply *r = malloc(sizeof *r);
 	if (r == NULL) {
-		LOG_ERROR("out of memory queuing a reply to worker %d", c->worker);
+		char name[64];
+		LOG_ERROR("out of memory queuing a reply to %s",
+			  srv_worker_name(c->srv, c->worker, name, sizeof name));
 		free(owned);
 		return;
 	}
@@ -391,8 +414,9 @@ static void *srv_send_main(void *arg)
 		pthread_mutex_unlock(&c->qlock);
 		if (!broken && srv->tp->send(c->conn, &r->hdr, r->payload) != 0) {
 			broken = true;
-			LOG_INFO("sending to worker %d (%s) failed; closing its connection", c->worker,
-				 srv->tp->peer_name(c->conn));
+			char name[64];
+			LOG_INFO("sending to %s (%s) failed; closing its connection",
+				 srv_worker_name(srv, c->worker, name, sizeof name), srv->tp->peer_name(c->conn));
 			srv->tp->conn_shutdown(c->conn);
 		}
 		free(r->owned);
@@ -609,17 +633,27 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 			if (level <= s->stall_level)
 				continue;
 			s->stall_level = level;
+			/* "worker(s) 1, 3", or with several workers per machine
+			 * "machine(s) 1 (worker rank 4), 3 (worker rank 12)". */
 			char missing[256] = "", msg[768];
 			size_t n = 0;
-			for (int w = 0; w < srv->nworkers && n < sizeof missing - 16; w++)
-				if (!s->arrived[w])
+			int L = srv->local_size;
+			for (int w = 0; w < srv->nworkers && n < sizeof missing - 40; w++) {
+				if (s->arrived[w])
+					continue;
+				if (L > 1)
+					n += (size_t)snprintf(missing + n, sizeof missing - n,
+							      "%s%d (worker rank %d)", n ? ", " : "", w, w * L);
+				else
 					n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%d",
 							      n ? ", " : "", w);
+			}
 			snprintf(msg, sizeof msg,
-				 "stall: tensor '%s' (partition %u) round %u has waited %lld ms for worker(s) "
-				 "%s, which have not pushed it; the others have. Does every worker push "
+				 "stall: tensor '%s' (partition %u) round %u has waited %lld ms for %s %s, "
+				 "which have not pushed it; the others have. Does every worker push "
 				 "every tensor every round?",
-				 k->name, (unsigned)(k->key & 0xffff), s->round, (long long)waited, missing);
+				 k->name, (unsigned)(k->key & 0xffff), s->round, (long long)waited,
+				 L > 1 ? "machine(s)" : "worker(s)", missing);
 			if (level == 1) {
 				LOG_WARN("%s", msg);
 			} else {
@@ -710,14 +744,27 @@ static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wir
 		snprintf(why, len, "hello from node id %u, which is not a worker of this job", h->sender);
 		return UNISUM_EPROTO;
 	}
+	if (n->local_rank != 0) {
+		snprintf(why, len,
+			 "worker rank %d is local rank %d of machine %d; only a machine's local root talks "
+			 "to servers", n->rank, n->local_rank, n->machine);
+		return UNISUM_EPROTO;
+	}
+	if (n->machine < 0 || n->machine >= srv->nworkers) {
+		snprintf(why, len, "worker rank %d is on machine %d, but this job has %d machines",
+			 n->rank, n->machine, srv->nworkers);
+		return UNISUM_EPROTO;
+	}
 	pthread_mutex_lock(&srv->lock);
 	int rc = 0;
-	if (srv->by_worker[n->rank] != NULL) {
-		snprintf(why, len, "a second connection claims to be worker %d", n->rank);
+	if (srv->by_worker[n->machine] != NULL) {
+		char name[64];
+		snprintf(why, len, "a second connection claims to be %s",
+			 srv_worker_name(srv, n->machine, name, sizeof name));
 		rc = UNISUM_EPROTO;
 	} else {
-		srv->by_worker[n->rank] = c;
-		c->worker = n->rank;
+		srv->by_worker[n->machine] = c;
+		c->worker = n->machine;
 	}
 	pthread_mutex_unlock(&srv->lock);
 	return rc;
@@ -904,11 +951,13 @@ static void *srv_recv_main(void *arg)
 			break;
 	}
 	const char *peer = srv->tp->peer_name(c->conn);
+	char name[64];
+	srv_worker_name(srv, c->worker, name, sizeof name);
 	if (rc == UNISUM_ECONN && !atomic_load(&srv->stopping))
-		LOG_INFO("worker %d (%s) disconnected", c->worker, peer);
+		LOG_INFO("%s (%s) disconnected", name, peer);
 	else if (rc != UNISUM_ECONN && rc != 0) {
 		if (c->worker >= 0)
-			LOG_ERROR("closing the connection of worker %d (%s): %s", c->worker, peer, why);
+			LOG_ERROR("closing the connection of %s (%s): %s", name, peer, why);
 		else
 			LOG_ERROR("closing a connection from %s: %s", peer, why);
 		if (c->worker >= 0) {
@@ -1073,7 +1122,19 @@ int server_run(const struct config *cfg)
 		goto out_engines;
 	srv->id = rdv_client_id(srv->rdv);
 	srv->rank = rdv_client_rank(srv->rdv);
+	srv->local_size = rdv_client_local_size(srv->rdv);
 	log_set_identity("server", srv->rank);
+	if (rdv_client_num_machines(srv->rdv) != srv->nworkers) {
+		char why[256];
+		snprintf(why, sizeof why,
+			 "server %d has UNISUM_NUM_WORKER=%d but the job has %d worker machines: give "
+			 "every process the same UNISUM_NUM_WORKER (machines, not worker processes)",
+			 srv->rank, srv->nworkers, rdv_client_num_machines(srv->rdv));
+		rc = log_fail(UNISUM_ECONFIG, "%s", why);
+		rdv_client_fail_job(srv->rdv, UNISUM_ECONFIG, why);
+		rdv_client_free(srv->rdv);
+		goto out_engines;
+	}
 	LOG_INFO("listening on %s:%d with %d engine threads, reducer %s", bind_host, port,
 		 srv->nengines, reducer_isa_name(reducer_active_isa()));
 

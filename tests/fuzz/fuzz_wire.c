@@ -305,23 +305,31 @@ static void check_rebuilt(const struct wire_buf *b, const struct checked_reader 
 	CHECK(b->len == 0 || memcmp(b->data, c->start, b->len) == 0);
 }
 
-/* REGISTER (scheduler.c sched_on_register): u32 role, u32 rank, u32 port, str host. */
+/* REGISTER (scheduler.c sched_on_register, client.c rdv_register):
+ * u32 role, u32 requested rank (int32, -1 = any; a worker's machine),
+ * u32 port, u32 local rank, u32 local size, str host. */
 static void parse_register(const uint8_t *data, size_t len)
 {
 	struct checked_reader c;
 	cr_init(&c, data, len);
 	uint32_t role = cr_u32(&c);
-	uint32_t rank = cr_u32(&c);
+	int32_t req = (int32_t)cr_u32(&c);
 	uint32_t port = cr_u32(&c);
+	uint32_t local_rank = cr_u32(&c);
+	uint32_t local_size = cr_u32(&c);
 	char host[64];
 	cr_str(&c, host, sizeof host);
 	if (c.r.failed)
 		return;
+	/* Five u32, then the string's length prefix and its bytes. */
+	CHECK(cr_consumed(&c) == 5 * 4 + 4 + strlen(host));
 	struct wire_buf b;
 	wire_buf_init(&b);
 	wire_buf_u32(&b, role);
-	wire_buf_u32(&b, rank);
+	wire_buf_u32(&b, (uint32_t)req);
 	wire_buf_u32(&b, port);
+	wire_buf_u32(&b, local_rank);
+	wire_buf_u32(&b, local_size);
 	wire_buf_str(&b, host);
 	check_rebuilt(&b, &c);
 	wire_buf_fini(&b);
@@ -329,19 +337,26 @@ static void parse_register(const uint8_t *data, size_t len)
 
 /* One node of an ADDRBOOK, as rendezvous.h's rdv_node keeps it. */
 struct fuzz_node {
-	uint32_t id, role, rank, port;
+	uint32_t id, role, rank;
+	int32_t machine;	/* -1 for servers */
+	uint32_t local_rank, port;
 	char host[64];
 };
 
-/* ADDRBOOK (client.c): u32 id, u32 n, then n x {u32 id, role, rank, port;
- * str host}, n in 1..RDV_MAX_NODES. */
+/* ADDRBOOK (scheduler.c sched_send_addrbook, client.c rdv_register):
+ * u32 id, u32 local size, u32 n, then n x {u32 id, role, rank,
+ * machine (int32), local rank, port; str host}, n in 1..RDV_MAX_NODES and
+ * local size in 1..RDV_MAX_LOCAL_SIZE (the client rejects the rest before
+ * reading an entry). */
 static void parse_addrbook(const uint8_t *data, size_t len)
 {
 	struct checked_reader c;
 	cr_init(&c, data, len);
 	uint32_t me = cr_u32(&c);
+	uint32_t local_size = cr_u32(&c);
 	uint32_t n = cr_u32(&c);
-	if (c.r.failed || n == 0 || n > RDV_MAX_NODES)
+	if (c.r.failed || n == 0 || n > RDV_MAX_NODES || local_size < 1 ||
+	    local_size > RDV_MAX_LOCAL_SIZE)
 		return;
 	struct fuzz_node *nodes = calloc(n, sizeof *nodes);
 	CHECK(nodes != NULL);
@@ -349,27 +364,36 @@ static void parse_addrbook(const uint8_t *data, size_t len)
 	 * further read is a no-op, so one more entry after the failure is
 	 * enough to check that the failure sticks. */
 	uint32_t got = 0, after_failure = 0;
+	size_t host_bytes = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		struct fuzz_node *node = &nodes[i];
 		node->id = cr_u32(&c);
 		node->role = cr_u32(&c);
 		node->rank = cr_u32(&c);
+		node->machine = (int32_t)cr_u32(&c);
+		node->local_rank = cr_u32(&c);
 		node->port = cr_u32(&c);
 		cr_str(&c, node->host, sizeof node->host);
+		host_bytes += strlen(node->host);
 		got = i + 1;
 		if (c.r.failed && ++after_failure > 1)
 			break;
 	}
 	if (!c.r.failed) {
 		CHECK(got == n);
+		/* Three u32, then per entry six u32 and the host's length prefix. */
+		CHECK(cr_consumed(&c) == 3 * 4 + (size_t)n * (6 * 4 + 4) + host_bytes);
 		struct wire_buf b;
 		wire_buf_init(&b);
 		wire_buf_u32(&b, me);
+		wire_buf_u32(&b, local_size);
 		wire_buf_u32(&b, n);
 		for (uint32_t i = 0; i < n; i++) {
 			wire_buf_u32(&b, nodes[i].id);
 			wire_buf_u32(&b, nodes[i].role);
 			wire_buf_u32(&b, nodes[i].rank);
+			wire_buf_u32(&b, (uint32_t)nodes[i].machine);
+			wire_buf_u32(&b, nodes[i].local_rank);
 			wire_buf_u32(&b, nodes[i].port);
 			wire_buf_str(&b, nodes[i].host);
 		}

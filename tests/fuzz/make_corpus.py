@@ -22,7 +22,7 @@ import struct
 import sys
 
 MAGIC = 0x4D555355  # "USUM" little-endian
-VERSION = 1
+VERSION = 2
 HDR = struct.Struct("<IBBHIIQQQB3xI")  # the 48-byte header, wire.h offsets
 assert HDR.size == 48
 
@@ -68,23 +68,37 @@ def data_message(mtype, dtype, count, flags=0, **fields):
     return header(mtype, flags=flags, dtype=dtype, count=count, payload_len=n, **fields) + payload
 
 
-def addrbook(me, nodes):
-    body = u32(me) + u32(len(nodes))
+def addrbook(me, local_size, nodes):
+    body = u32(me) + u32(local_size) + u32(len(nodes))
     for node_id, role, rank, port, host in nodes:
-        body += u32(node_id) + u32(role) + u32(rank) + u32(port) + wstr(host)
+        machine = rank // local_size if role == ROLE_WORKER else -1
+        local_rank = rank % local_size if role == ROLE_WORKER else 0
+        body += (u32(node_id) + u32(role) + u32(rank) + u32(machine) + u32(local_rank) +
+                 u32(port) + wstr(host))
     return body
 
 
 def seeds():
     """name -> bytes of every seed this script owns."""
-    register = u32(ROLE_WORKER) + u32(0xFFFFFFFF) + u32(40123) + wstr("10.0.0.7")
-    book = addrbook(3, [(1, ROLE_SERVER, 0, 40000, "10.0.0.5"),
-                        (2, ROLE_SERVER, 1, 40001, "node-b.example"),
-                        (3, ROLE_WORKER, 0, 40002, "127.0.0.1")])
+    # role, requested rank (-1), port, local rank, local size, host
+    register = (u32(ROLE_WORKER) + u32(0xFFFFFFFF) + u32(40123) + u32(0) + u32(1) +
+                wstr("10.0.0.7"))
+    register_local = (u32(ROLE_WORKER) + u32(1) + u32(0) + u32(3) + u32(4) +
+                      wstr("10.0.0.8"))
+    book = addrbook(3, 1, [(1, ROLE_SERVER, 0, 40000, "10.0.0.5"),
+                           (2, ROLE_SERVER, 1, 40001, "node-b.example"),
+                           (3, ROLE_WORKER, 0, 40002, "127.0.0.1")])
+    book_local = addrbook(4, 2, [(1, ROLE_SERVER, 0, 40000, "10.0.0.5"),
+                                 (2, ROLE_WORKER, 0, 0, "10.0.0.7"),
+                                 (3, ROLE_WORKER, 1, 0, "10.0.0.7"),
+                                 (4, ROLE_WORKER, 2, 0, "10.0.0.8"),
+                                 (5, ROLE_WORKER, 3, 0, "10.0.0.8")])
     return {
         # one valid message of every type
         "01-register": message(REGISTER, register),
+        "01-register-local-rank": message(REGISTER, register_local),
         "02-addrbook": message(ADDRBOOK, book),
+        "02-addrbook-machines": message(ADDRBOOK, book_local),
         "03-barrier": header(BARRIER, sender=3, aux=2),
         "04-barrier-done": header(BARRIER_DONE, aux=2),
         "05-heartbeat": header(HEARTBEAT, sender=5),
@@ -109,13 +123,13 @@ def seeds():
         "15-retire": header(RETIRE, key=0x70003, rnd=12),
         # malformed, one rule broken each
         "bad-magic": message(REGISTER, register, magic=0x4D555356),
-        "bad-version": header(HEARTBEAT, version=2),
+        "bad-version": header(HEARTBEAT, version=VERSION - 1),
         "bad-reserved": header(HEARTBEAT)[:41] + b"\x01" + header(HEARTBEAT)[42:],
         "bad-flags-pull": header(PULL, flags=FLAG_ZERO),
         "bad-push-length": header(PUSH, dtype=FLOAT32, count=10, payload_len=41),
         "bad-push-overflow": header(PUSH, dtype=FLOAT64, count=1 << 61, payload_len=0),
-        "bad-register-host-too-long": message(REGISTER, register[:12] + wstr("h" * 64)),
-        "bad-register-host-nul": message(REGISTER, register[:12] + wstr(b"10.0\x00.0.7")),
+        "bad-register-host-too-long": message(REGISTER, register[:20] + wstr("h" * 64)),
+        "bad-register-host-nul": message(REGISTER, register[:20] + wstr(b"10.0\x00.0.7")),
         "bad-addrbook-truncated": message(ADDRBOOK, book[:-3]),
         "bad-short-header": header(BARRIER)[:20],
     }

@@ -1,6 +1,7 @@
 /*
  * test_config.c - the environment parser: defaults, BytePS aliases, native
- * names winning over aliases, and errors that name the variable.
+ * names winning over aliases, and errors that name the variable; machines
+ * with several workers (UNISUM_WORKER_ID required) and the job id.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,7 +22,7 @@ static const char *const all_vars[] = {
 	"UNISUM_PORT", "DMLC_PORT", "UNISUM_LOCAL_RANK", "BYTEPS_LOCAL_RANK", "UNISUM_LOCAL_SIZE",
 	"BYTEPS_LOCAL_SIZE", "UNISUM_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES",
 	"UNISUM_SERVER_ENGINE_THREAD", "BYTEPS_SERVER_ENGINE_THREAD", "UNISUM_LOG_LEVEL",
-	"BYTEPS_LOG_LEVEL", "UNISUM_TIMEOUT_MS",
+	"BYTEPS_LOG_LEVEL", "UNISUM_TIMEOUT_MS", "UNISUM_JOB_ID", "UNISUM_SERVER_ID",
 };
 
 static int clear_env(void **state)
@@ -120,12 +121,129 @@ static void test_malformed_values_name_the_variable(void **state)
 	assert_non_null(strstr(err, "UNISUM_LOCAL_SIZE"));
 }
 
+/* Sets what every role needs, for a job of `machines` machines. */
+static void set_job(const char *machines)
+{
+	setenv("UNISUM_NUM_WORKER", machines, 1);
+	setenv("UNISUM_NUM_SERVER", "1", 1);
+	setenv("UNISUM_SCHEDULER_HOST", "10.0.0.1", 1);
+	setenv("UNISUM_SCHEDULER_PORT", "1234", 1);
+}
+
+static void test_several_workers_per_machine_need_worker_id(void **state)
+{
+	(void)state;
+	struct config c;
+	char err[512] = "";
+	set_job("2");
+	setenv("BYTEPS_LOCAL_SIZE", "4", 1);
+	setenv("BYTEPS_LOCAL_RANK", "3", 1);
+	/* Loading works for every role: only a worker needs its machine. */
+	assert_int_equal(config_load(&c, err, sizeof err), 0);
+	assert_int_equal(c.num_workers, 2);
+	assert_int_equal(c.local_size, 4);
+	assert_int_equal(c.local_rank, 3);
+	assert_int_equal(config_require(&c, CONFIG_ROLE_SERVER, err, sizeof err), 0);
+	assert_int_equal(config_require(&c, CONFIG_ROLE_SCHEDULER, err, sizeof err), 0);
+	assert_int_equal(config_require(&c, CONFIG_ROLE_WORKER, err, sizeof err), UNISUM_ECONFIG);
+	if (strstr(err, "UNISUM_WORKER_ID") == NULL || strstr(err, "UNISUM_LOCAL_SIZE=4") == NULL)
+		fail_msg("the error does not name UNISUM_WORKER_ID and the local size: %s", err);
+
+	/* The machine index, by either name, is enough; it stays below the
+	 * number of machines. */
+	setenv("DMLC_WORKER_ID", "1", 1);
+	assert_int_equal(config_load(&c, err, sizeof err), 0);
+	assert_int_equal(c.worker_id, 1);
+	assert_int_equal(config_require(&c, CONFIG_ROLE_WORKER, err, sizeof err), 0);
+	setenv("UNISUM_WORKER_ID", "2", 1);
+	assert_int_equal(config_load(&c, err, sizeof err), UNISUM_ECONFIG);
+	assert_non_null(strstr(err, "UNISUM_WORKER_ID"));
+
+	/* Boundary: one worker per machine may still be placed by arrival. */
+	clear_env(NULL);
+	set_job("2");
+	setenv("UNISUM_LOCAL_SIZE", "1", 1);
+	assert_int_equal(config_load(&c, err, sizeof err), 0);
+	assert_int_equal(c.worker_id, -1);
+	assert_int_equal(config_require(&c, CONFIG_ROLE_WORKER, err, sizeof err), 0);
+	/* ... and two need the index. */
+	setenv("UNISUM_LOCAL_SIZE", "2", 1);
+	assert_int_equal(config_load(&c, err, sizeof err), 0);
+	assert_int_equal(config_require(&c, CONFIG_ROLE_WORKER, err, sizeof err), UNISUM_ECONFIG);
+}
+
+static void test_job_id(void **state)
+{
+	(void)state;
+	char long_id[80];
+	memset(long_id, 'j', 65);
+	long_id[65] = '\0';
+	expect_error("UNISUM_JOB_ID", "");
+	expect_error("UNISUM_JOB_ID", "job.1");
+	expect_error("UNISUM_JOB_ID", "my job");
+	expect_error("UNISUM_JOB_ID", "a/b");
+	expect_error("UNISUM_JOB_ID", long_id);	/* 65 characters: one too many */
+
+	struct config c;
+	char err[512], id[65];
+	long_id[64] = '\0';			/* 64: the longest accepted */
+	setenv("UNISUM_JOB_ID", long_id, 1);
+	assert_int_equal(config_load(&c, err, sizeof err), 0);
+	config_job_id(&c, id, sizeof id);
+	assert_string_equal(id, long_id);
+	setenv("UNISUM_JOB_ID", "run_7-B", 1);
+	assert_int_equal(config_load(&c, err, sizeof err), 0);
+	config_job_id(&c, id, sizeof id);
+	assert_string_equal(id, "run_7-B");
+}
+
+static void test_job_id_default(void **state)
+{
+	(void)state;
+	struct config c;
+	char err[512], id[65], again[65];
+	set_job("1");
+	assert_int_equal(config_load(&c, err, sizeof err), 0);
+	assert_string_equal(c.job_id, "");
+	config_job_id(&c, id, sizeof id);
+	/* "p<port>-" and the FNV-1a hash of "10.0.0.1": pinned, because the
+	 * workers of one machine must all compute this same id. */
+	assert_string_equal(id, "p1234-debebe8d");
+	for (const char *p = id; *p; p++)
+		assert_true((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-');
+
+	/* Stable: another load (another worker) computes the same id. */
+	struct config other;
+	assert_int_equal(config_load(&other, err, sizeof err), 0);
+	config_job_id(&other, again, sizeof again);
+	assert_string_equal(again, id);
+
+	/* Another scheduler is another job. */
+	setenv("UNISUM_SCHEDULER_HOST", "10.0.0.2", 1);
+	assert_int_equal(config_load(&other, err, sizeof err), 0);
+	config_job_id(&other, again, sizeof again);
+	assert_string_not_equal(again, id);
+	setenv("UNISUM_SCHEDULER_HOST", "10.0.0.1", 1);
+	setenv("UNISUM_SCHEDULER_PORT", "1235", 1);
+	assert_int_equal(config_load(&other, err, sizeof err), 0);
+	config_job_id(&other, again, sizeof again);
+	assert_string_equal(again, "p1235-debebe8d");
+
+	/* A short buffer gets a truncated, terminated id. */
+	char tiny[4];
+	config_job_id(&c, tiny, sizeof tiny);
+	assert_string_equal(tiny, "p12");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup(test_defaults, clear_env),
 		cmocka_unit_test_setup(test_byteps_aliases, clear_env),
 		cmocka_unit_test_setup(test_malformed_values_name_the_variable, clear_env),
+		cmocka_unit_test_setup(test_several_workers_per_machine_need_worker_id, clear_env),
+		cmocka_unit_test_setup(test_job_id, clear_env),
+		cmocka_unit_test_setup(test_job_id_default, clear_env),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,415 @@
+/*
+ * test_rendezvous.c - the scheduler and its clients in one process, over
+ * loopback: machines with several workers (rank = machine x local_size +
+ * local rank, node ids by rank, the address book's machine and local rank,
+ * barriers and shutdown counting every worker process), one worker per
+ * machine placed by arrival, and the registrations that must fail the job
+ * naming why (local sizes that differ, a (machine, local rank) pair taken
+ * twice, several workers per machine without UNISUM_WORKER_ID).  And a
+ * server of such a job: it takes one connection per machine, from the
+ * machine's local root, and turns away the other local ranks.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "config/config.h"
+#include "log/log.h"
+#include "rendezvous/rendezvous.h"
+#include "server/server.h"
+#include "transport/transport.h"
+#include "wire/wire.h"
+
+#define MAX_RUNS 16
+
+/* One node of a test job, registering on its own thread. */
+struct node_run {
+	struct config cfg;
+	pthread_t thread;
+	int rc;				/* rdv_client_new's result */
+	char err[512];			/* its last error when rc != 0 */
+	struct rdv_client *client;
+	atomic_int notice;		/* the notice's error, 0 before */
+};
+
+static void on_notice(void *arg, int err, const char *why)
+{
+	(void)why;
+	struct node_run *run = arg;
+	atomic_store(&run->notice, err);
+}
+
+static void *node_main(void *arg)
+{
+	struct node_run *run = arg;
+	int port = run->cfg.role == CONFIG_ROLE_SERVER ? 40000 + run->cfg.server_id + 1 : 0;
+	run->rc = rdv_client_new(&run->cfg, port, on_notice, NULL, run, &run->client);
+	if (run->rc != 0)
+		snprintf(run->err, sizeof run->err, "%s", log_last_error());
+	return NULL;
+}
+
+/* The configuration every node of a test job shares. */
+static struct config job_config(int machines, int servers)
+{
+	struct config cfg;
+	memset(&cfg, 0, sizeof cfg);
+	cfg.num_workers = machines;
+	cfg.num_servers = servers;
+	snprintf(cfg.scheduler_host, sizeof cfg.scheduler_host, "127.0.0.1");
+	snprintf(cfg.node_host, sizeof cfg.node_host, "127.0.0.1");
+	cfg.worker_id = -1;
+	cfg.server_id = -1;
+	cfg.local_size = 1;
+	cfg.timeout_ms = 10000;
+	cfg.heartbeat_ms = 100;
+	return cfg;
+}
+
+struct job {
+	struct config cfg;
+	struct rdv_scheduler *sched;
+	struct node_run runs[MAX_RUNS];
+	int nruns;
+};
+
+static void job_start(struct job *j, int machines, int servers)
+{
+	memset(j, 0, sizeof *j);
+	j->cfg = job_config(machines, servers);
+	int port = 0;
+	assert_int_equal(rdv_scheduler_start("127.0.0.1", 0, &j->cfg, transport_tcp(), &j->sched, &port), 0);
+	j->cfg.scheduler_port = port;
+}
+
+static struct node_run *job_add(struct job *j, int role, int id, int local_rank, int local_size)
+{
+	assert_true(j->nruns < MAX_RUNS);
+	struct node_run *run = &j->runs[j->nruns++];
+	run->cfg = j->cfg;
+	run->cfg.role = role;
+	if (role == CONFIG_ROLE_SERVER) {
+		run->cfg.server_id = id;
+	} else {
+		run->cfg.worker_id = id;
+		run->cfg.local_rank = local_rank;
+		run->cfg.local_size = local_size;
+	}
+	assert_int_equal(pthread_create(&run->thread, NULL, node_main, run), 0);
+	return run;
+}
+
+static void job_join(struct job *j)
+{
+	for (int i = 0; i < j->nruns; i++)
+		pthread_join(j->runs[i].thread, NULL);
+}
+
+static void *barrier_main(void *arg)
+{
+	struct node_run *run = arg;
+	run->rc = rdv_client_barrier(run->client, RDV_GROUP_WORKERS);
+	return NULL;
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+	nanosleep(&ts, NULL);
+}
+
+/* Waits up to 5 s for run's notice; returns it (0: none came). */
+static int wait_notice(struct node_run *run)
+{
+	for (int i = 0; i < 500 && atomic_load(&run->notice) == 0; i++)
+		sleep_ms(10);
+	return atomic_load(&run->notice);
+}
+
+static void test_machines_of_two_workers(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start(&j, 2, 1);
+	/* (machine, local rank), arriving out of order. */
+	static const int placement[4][2] = {{1, 0}, {1, 1}, {0, 1}, {0, 0}};
+	struct node_run *server = job_add(&j, CONFIG_ROLE_SERVER, -1, 0, 1);
+	struct node_run *workers[4];
+	for (int i = 0; i < 4; i++)
+		workers[i] = job_add(&j, CONFIG_ROLE_WORKER, placement[i][0], placement[i][1], 2);
+	job_join(&j);
+
+	assert_int_equal(server->rc, 0);
+	assert_int_equal(rdv_client_local_size(server->client), 2);
+	assert_int_equal(rdv_client_num_machines(server->client), 2);
+	assert_int_equal(rdv_client_id(server->client), 1);
+	for (int i = 0; i < 4; i++) {
+		struct rdv_client *c = workers[i]->client;
+		assert_int_equal(workers[i]->rc, 0);
+		int rank = placement[i][0] * 2 + placement[i][1];
+		assert_int_equal(rdv_client_rank(c), rank);
+		assert_int_equal(rdv_client_id(c), 2 + (uint32_t)rank);	/* after the one server */
+		assert_int_equal(rdv_client_local_size(c), 2);
+		assert_int_equal(rdv_client_num_machines(c), 2);
+	}
+	int count;
+	const struct rdv_node *book = rdv_client_nodes(workers[0]->client, &count);
+	assert_int_equal(count, 5);
+	for (int i = 0; i < count; i++) {
+		const struct rdv_node *n = &book[i];
+		if (n->role == CONFIG_ROLE_SERVER) {
+			assert_int_equal(n->machine, -1);
+			assert_int_equal(n->local_rank, 0);
+			assert_int_equal(n->port, 40000);
+		} else {
+			assert_int_equal(n->machine, n->rank / 2);
+			assert_int_equal(n->local_rank, n->rank % 2);
+			assert_int_equal(n->id, 2 + (uint32_t)n->rank);
+		}
+	}
+
+	/* A workers' barrier holds every worker process, not one per machine. */
+	pthread_t barrier[4];
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(pthread_create(&barrier[i], NULL, barrier_main, workers[i]), 0);
+	sleep_ms(200);
+	for (int i = 0; i < 3; i++)
+		assert_int_not_equal(pthread_tryjoin_np(barrier[i], NULL), 0);
+	assert_int_equal(pthread_create(&barrier[3], NULL, barrier_main, workers[3]), 0);
+	for (int i = 0; i < 4; i++) {
+		pthread_join(barrier[i], NULL);
+		assert_int_equal(workers[i]->rc, 0);
+	}
+
+	/* Servers stop when every worker process said goodbye, not when one
+	 * per machine did. */
+	rdv_client_free(workers[0]->client);
+	rdv_client_free(workers[1]->client);
+	sleep_ms(200);
+	assert_int_equal(atomic_load(&server->notice), 0);
+	rdv_client_free(workers[2]->client);
+	rdv_client_free(workers[3]->client);
+	assert_int_equal(wait_notice(server), UNISUM_ESHUTDOWN);
+	rdv_client_free(server->client);
+	assert_int_equal(rdv_scheduler_wait(j.sched), 0);
+	rdv_scheduler_free(j.sched);
+}
+
+static void test_one_worker_per_machine_by_arrival(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start(&j, 3, 2);
+	struct node_run *servers[2], *workers[3];
+	for (int i = 0; i < 2; i++)
+		servers[i] = job_add(&j, CONFIG_ROLE_SERVER, -1, 0, 1);
+	for (int i = 0; i < 3; i++)
+		workers[i] = job_add(&j, CONFIG_ROLE_WORKER, i == 0 ? 2 : -1, 0, 1);
+	job_join(&j);
+	bool seen[3] = {false};
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(workers[i]->rc, 0);
+		int rank = rdv_client_rank(workers[i]->client);
+		assert_in_range(rank, 0, 2);
+		assert_false(seen[rank]);
+		seen[rank] = true;
+		assert_int_equal(rdv_client_local_size(workers[i]->client), 1);
+		assert_int_equal(rdv_client_num_machines(workers[i]->client), 3);
+		const struct rdv_node *me = rdv_client_node_by_id(workers[i]->client,
+								  rdv_client_id(workers[i]->client));
+		assert_non_null(me);
+		assert_int_equal(me->machine, rank);
+		assert_int_equal(me->local_rank, 0);
+	}
+	assert_int_equal(rdv_client_rank(workers[0]->client), 2);	/* the one it asked for */
+	for (int i = 0; i < 3; i++)
+		rdv_client_free(workers[i]->client);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(servers[i]->rc, 0);
+		assert_int_equal(wait_notice(servers[i]), UNISUM_ESHUTDOWN);
+		rdv_client_free(servers[i]->client);
+	}
+	assert_int_equal(rdv_scheduler_wait(j.sched), 0);
+	rdv_scheduler_free(j.sched);
+}
+
+/* Every node of j failed to register, each error holding `needle`, and
+ * the scheduler failed with `err`. */
+static void expect_job_failed(struct job *j, const char *needle, int err)
+{
+	job_join(j);
+	for (int i = 0; i < j->nruns; i++) {
+		if (j->runs[i].rc == 0)
+			fail_msg("node %d registered in a job that must fail", i);
+		if (strstr(j->runs[i].err, needle) == NULL)
+			fail_msg("node %d's error does not say '%s': %s", i, needle, j->runs[i].err);
+	}
+	assert_int_equal(rdv_scheduler_wait(j->sched), err);
+	rdv_scheduler_free(j->sched);
+}
+
+static void test_local_sizes_must_agree(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start(&j, 2, 1);
+	job_add(&j, CONFIG_ROLE_WORKER, 0, 0, 2);
+	sleep_ms(100);	/* registers first, usually; the test holds either way */
+	job_add(&j, CONFIG_ROLE_WORKER, 1, 0, 3);
+	job_join(&j);
+	for (int i = 0; i < 2; i++) {
+		assert_int_not_equal(j.runs[i].rc, 0);
+		const char *e = j.runs[i].err;
+		bool named = (strstr(e, "UNISUM_LOCAL_SIZE=3") && strstr(e, "first worker reported 2")) ||
+			     (strstr(e, "UNISUM_LOCAL_SIZE=2") && strstr(e, "first worker reported 3"));
+		if (!named)
+			fail_msg("the error does not name both local sizes: %s", j.runs[i].err);
+	}
+	assert_int_equal(rdv_scheduler_wait(j.sched), UNISUM_ECONFIG);
+	rdv_scheduler_free(j.sched);
+}
+
+static void test_machine_and_local_rank_unique(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start(&j, 2, 1);
+	job_add(&j, CONFIG_ROLE_SERVER, -1, 0, 1);
+	job_add(&j, CONFIG_ROLE_WORKER, 0, 0, 2);
+	job_add(&j, CONFIG_ROLE_WORKER, 0, 1, 2);
+	job_add(&j, CONFIG_ROLE_WORKER, 0, 1, 2);
+	job_add(&j, CONFIG_ROLE_WORKER, 1, 0, 2);
+	expect_job_failed(&j, "machine 0, local rank 1", UNISUM_ECONFIG);
+}
+
+static void test_several_workers_need_a_machine(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start(&j, 1, 1);
+	/* config_require() stops this in unisum_init; the scheduler checks too. */
+	job_add(&j, CONFIG_ROLE_WORKER, -1, 0, 2);
+	expect_job_failed(&j, "UNISUM_WORKER_ID", UNISUM_ECONFIG);
+}
+
+struct server_run_arg {
+	struct config cfg;
+	int rc;
+};
+
+static void *server_main(void *arg)
+{
+	struct server_run_arg *a = arg;
+	a->rc = server_run(&a->cfg);
+	return NULL;
+}
+
+/* Connects to the server at `at` and says hello as node `id`.  Returns
+ * the connection, or NULL when the server hung up on the hello. */
+static struct tp_conn *hello(const struct rdv_node *at, uint32_t id, bool expect_hangup)
+{
+	const struct transport_ops *tp = transport_tcp();
+	struct tp_conn *conn;
+	assert_int_equal(tp->connect(at->host, at->port, 5000, &conn), 0);
+	struct wire_hdr h = {.type = WIRE_REGISTER, .sender = id};
+	assert_int_equal(tp->send(conn, &h, NULL), 0);
+	if (!expect_hangup)
+		return conn;
+	char why[256];
+	assert_int_not_equal(tp->recv_header(conn, &h, why, sizeof why), 0);
+	tp->conn_free(conn);
+	return NULL;
+}
+
+static void test_server_takes_only_local_roots(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start(&j, 2, 1);
+	struct server_run_arg srv = {.cfg = j.cfg};
+	srv.cfg.role = CONFIG_ROLE_SERVER;
+	srv.cfg.engine_threads = 1;
+	srv.cfg.stall_warn_ms = 60000;
+	pthread_t server;
+	assert_int_equal(pthread_create(&server, NULL, server_main, &srv), 0);
+	struct node_run *workers[4];
+	for (int rank = 0; rank < 4; rank++)
+		workers[rank] = job_add(&j, CONFIG_ROLE_WORKER, rank / 2, rank % 2, 2);
+	job_join(&j);
+	for (int rank = 0; rank < 4; rank++)
+		assert_int_equal(rdv_client_rank(workers[rank]->client), rank);
+	const struct rdv_node *at = rdv_client_server(workers[0]->client, 0);
+	assert_non_null(at);
+	uint32_t first_worker_id = 2;	/* after the one server */
+
+	/* The server's complaints go to stderr: catch them in a file. */
+	char path[] = "/tmp/test_rendezvous.XXXXXX";
+	int log_fd = mkstemp(path);
+	assert_true(log_fd >= 0);
+	unlink(path);
+	int saved = dup(STDERR_FILENO);
+	dup2(log_fd, STDERR_FILENO);
+
+	hello(at, first_worker_id + 1, true);			/* machine 0, local rank 1 */
+	struct tp_conn *root = hello(at, first_worker_id + 2, false);	/* machine 1's root */
+	/* The root's hello is in once a push of it is acknowledged. */
+	const struct transport_ops *tp = transport_tcp();
+	struct wire_buf b;
+	wire_buf_init(&b);
+	wire_buf_str(&b, "t");
+	struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = first_worker_id + 2, .key = 0x10000,
+			     .dtype = UNISUM_FLOAT32, .count = 1, .payload_len = b.len};
+	assert_int_equal(tp->send(root, &h, b.data), 0);
+	wire_buf_fini(&b);
+	float one = 1.0f;
+	h = (struct wire_hdr){.type = WIRE_PUSH, .sender = first_worker_id + 2, .key = 0x10000,
+			      .dtype = UNISUM_FLOAT32, .count = 1, .payload_len = sizeof one};
+	assert_int_equal(tp->send(root, &h, &one), 0);
+	char why[256];
+	assert_int_equal(tp->recv_header(root, &h, why, sizeof why), 0);
+	assert_int_equal(h.type, WIRE_PUSH_ACK);
+	hello(at, first_worker_id + 2, true);			/* ... claimed twice */
+
+	dup2(saved, STDERR_FILENO);
+	close(saved);
+	char text[4096] = "";
+	assert_true(pread(log_fd, text, sizeof text - 1, 0) >= 0);
+	close(log_fd);
+	if (strstr(text, "worker rank 1 is local rank 1 of machine 0; only a machine's local root talks "
+			 "to servers") == NULL)
+		fail_msg("the server did not say why it turned local rank 1 away: %s", text);
+	if (strstr(text, "a second connection claims to be machine 1 (worker rank 2)") == NULL)
+		fail_msg("the server did not name the machine claimed twice: %s", text);
+
+	tp->conn_free(root);
+	for (int rank = 0; rank < 4; rank++)
+		rdv_client_free(workers[rank]->client);
+	pthread_join(server, NULL);
+	assert_int_equal(srv.rc, 0);
+	assert_int_equal(rdv_scheduler_wait(j.sched), 0);
+	rdv_scheduler_free(j.sched);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_machines_of_two_workers),
+		cmocka_unit_test(test_one_worker_per_machine_by_arrival),
+		cmocka_unit_test(test_local_sizes_must_agree),
+		cmocka_unit_test(test_machine_and_local_rank_unique),
+		cmocka_unit_test(test_several_workers_need_a_machine),
+		cmocka_unit_test(test_server_takes_only_local_roots),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
