@@ -191,7 +191,8 @@ int bench_main(int argc, char **argv)
 		size_t len = strlen(sizebuf);
 		snprintf(sizebuf + len, sizeof sizebuf - len, "%s%d", i ? "," : "", sizes[i]);
 	}
-	char *largv[] = {"launch", "-w", wbuf, "-s", sbuf, "--", self, "bench", "--sizes", sizebuf,
-			 "--seconds", secbuf, NULL};
-	return launch_main(12, largv);
+	/* Every worker its own machine: this measures the servers' path. */
+	char *largv[] = {"launch", "-w", wbuf, "-s", sbuf, "--local-size", "1", "--", self, "bench",
+			 "--sizes", sizebuf, "--seconds", secbuf, NULL};
+	return launch_main((int)(sizeof largv / sizeof largv[0]) - 1, largv);
 }

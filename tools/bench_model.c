@@ -801,9 +801,10 @@ static int launch_self(const struct options *o)
 		size_t len = strlen(modes);
 		snprintf(modes + len, sizeof modes - len, "%s%s", i ? "," : "", mode_names[o->modes[i]]);
 	}
-	char *largv[] = {"launch", "-w", wbuf, "-s", sbuf, "--", self, "bench", "--model",
-			 (char *)o->model->name, "--iters", itbuf, "--warmup", wubuf, "--compute-ms",
-			 msbuf, "--modes", modes, NULL};
+	/* Every worker its own machine: the pipeline under test is the servers'. */
+	char *largv[] = {"launch", "-w", wbuf, "-s", sbuf, "--local-size", "1", "--", self, "bench",
+			 "--model", (char *)o->model->name, "--iters", itbuf, "--warmup", wubuf,
+			 "--compute-ms", msbuf, "--modes", modes, NULL};
 	int argc = (int)(sizeof largv / sizeof largv[0]) - 1;
 	int rc = launch_child(argc, largv);
 	if (rc != 0 || !o->autotune)

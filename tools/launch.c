@@ -1,13 +1,37 @@
 /*
- * launch.c - `unisum launch`: a whole job on this machine.
+ * launch.c - `unisum launch`: a whole job on this machine, or one machine of
+ * a job.
  *
- *   unisum launch -w N -s K [--timeout SEC] -- CMD ARGS...
+ *   unisum launch -w N -s K [--local-size L] [--timeout SEC] -- CMD ARGS...
+ *   unisum launch --nproc-per-node L [--timeout SEC] -- CMD ARGS...
  *
- * The launcher runs the scheduler in-process, starts K server processes
+ * The first form runs the scheduler in-process, starts K server processes
  * (this same executable, `unisum server`) and N worker processes running
  * CMD, wires their environment (UNISUM_ROLE, UNISUM_WORKER_ID, the
  * scheduler's address, ...), forwards their output with a rank prefix, and
- * turns the fate of the job into one exit status.
+ * turns the fate of the job into one exit status.  The N workers form N/L
+ * machines of L workers each (L defaults to N: one machine); the workers of
+ * a machine sum among themselves through shared memory and only the
+ * machine's sum goes through the servers.  Worker i gets
+ * UNISUM_WORKER_ID=i/L (its machine), UNISUM_LOCAL_RANK=i%L and
+ * UNISUM_LOCAL_SIZE=L; every process gets UNISUM_NUM_WORKER=N/L, which
+ * counts machines as DMLC_NUM_WORKER does in BytePS.
+ *
+ * The second form is one machine of a job whose scheduler and servers run
+ * elsewhere: no scheduler, no servers, L worker processes with
+ * UNISUM_ROLE=worker, UNISUM_LOCAL_RANK=0..L-1 and UNISUM_LOCAL_SIZE=L; the
+ * rest (the scheduler's address, the job size, the machine index in
+ * UNISUM_WORKER_ID, the secret) is inherited from the launcher's
+ * environment, which must hold it.  Worker i's rank is machine x L + i.
+ *
+ * Shared memory.  Every child gets UNISUM_JOB_ID, which names the job's
+ * segments in /dev/shm: the user's when set, else a fresh one unique on
+ * this host ("l<pid>-<random hex>").  Before starting anything the launcher
+ * removes the segments of dead jobs (shm_clean_stale()); once its children
+ * are gone, on every way out (success, failure, --timeout, signals), it
+ * removes every segment of its own job (shm_unlink_job()), so that a worker
+ * killed with SIGKILL leaves nothing behind.  Only a launcher killed with
+ * SIGKILL leaves them, to the next launcher's stale sweep.
  *
  * DESIGN
  *
@@ -84,8 +108,10 @@
 #include <unistd.h>
 
 #include "unisum.h"
+#include "config/config.h"
 #include "log/log.h"
 #include "rendezvous/rendezvous.h"
+#include "shm/shm.h"
 #include "tools.h"
 #include "transport/auth.h"
 #include "transport/transport.h"
@@ -125,6 +151,9 @@ extern char **environ;
 /* Exit status when the job ran past --timeout (timeout(1)'s). */
 #define LAUNCH_EXIT_TIMEOUT 124
 
+/* Most workers on one machine (the range of UNISUM_LOCAL_SIZE). */
+#define LAUNCH_LOCAL_MAX 1024
+
 enum child_role {
 	CHILD_SERVER,
 	CHILD_WORKER,
@@ -160,11 +189,23 @@ struct child_env {
 /* Everything the launcher knows. */
 struct launcher {
 	/* Options. */
-	int num_workers;		/* -w */
+	int num_workers;		/* -w: worker processes of the whole job */
 	int num_servers;		/* -s */
+	int local_size;			/* --local-size, or --nproc-per-node's L; 0 = not given */
+	bool one_machine;		/* --nproc-per-node: one machine of a job, no
+					 * scheduler and no servers here */
 	double timeout_s;		/* --timeout, 0 = none */
 	bool no_secret;			/* --no-secret: run without a job secret */
 	char **cmd;			/* CMD ARGS..., NULL-terminated (argv's) */
+
+	/* The shape of the job. */
+	int machines;			/* UNISUM_NUM_WORKER: num_workers / local_size, or the
+					 * environment's with --nproc-per-node */
+	int machine;			/* --nproc-per-node: this machine's index */
+	char job_id[SHM_JOB_MAX + 1];	/* UNISUM_JOB_ID of every child */
+	bool job_started;		/* children may have made segments: remove them at exit */
+	char sched_host[256];		/* the scheduler's address, for the start line */
+	int sched_port;			/* ... and its port */
 
 	/* The scheduler and the thread that waits for it. */
 	struct rdv_scheduler *sched;	/* freed last, once sched_done */
@@ -177,7 +218,8 @@ struct launcher {
 	int64_t sched_failed_ms;	/* when it failed while the job ran, 0 = it did not */
 	bool sched_abandoned;		/* the waiter never returned: it still uses this struct */
 
-	/* Children: servers first, then workers. */
+	/* Children: servers first, then workers (only workers with
+	 * --nproc-per-node). */
 	struct child *children;
 	int nchildren;
 	int devnull;			/* /dev/null, the children's stdin */
@@ -557,20 +599,28 @@ static void env_add(struct child_env *env, int *n, const char *fmt, ...)
 	(*n)++;
 }
 
+/* The variables the launcher sets (or clears) for its children: all of
+ * these for a whole job; only the first LAUNCH_MACHINE_OWN for one machine
+ * (--nproc-per-node), which inherits the job's shape and address. */
+static const char *const env_own_names[] = {
+	"UNISUM_ROLE", "DMLC_ROLE", "UNISUM_LOCAL_RANK", "BYTEPS_LOCAL_RANK",
+	"UNISUM_LOCAL_SIZE", "BYTEPS_LOCAL_SIZE", "UNISUM_LAUNCHED",
+	"UNISUM_NUM_WORKER", "UNISUM_NUM_SERVER", "UNISUM_SCHEDULER_HOST",
+	"UNISUM_SCHEDULER_PORT", "UNISUM_WORKER_ID", "DMLC_WORKER_ID",
+	"UNISUM_SERVER_ID",
+};
+#define LAUNCH_MACHINE_OWN 7
+#define LAUNCH_JOB_OWN (sizeof(env_own_names) / sizeof(env_own_names[0]))
+
 /* Whether environ entry `var` is one the launcher sets (or clears). */
-static bool env_is_ours(const char *var)
+static bool env_is_ours(const struct launcher *l, const char *var)
 {
-	static const char *const names[] = {
-		"UNISUM_NUM_WORKER", "UNISUM_NUM_SERVER", "UNISUM_SCHEDULER_HOST",
-		"UNISUM_SCHEDULER_PORT", "UNISUM_ROLE", "UNISUM_WORKER_ID",
-		"UNISUM_SERVER_ID", "UNISUM_LOCAL_RANK", "UNISUM_LOCAL_SIZE",
-		"UNISUM_LAUNCHED", "DMLC_ROLE", "DMLC_WORKER_ID",
-	};
+	size_t count = l->one_machine ? LAUNCH_MACHINE_OWN : LAUNCH_JOB_OWN;
 
-	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-		size_t len = strlen(names[i]);
+	for (size_t i = 0; i < count; i++) {
+		size_t len = strlen(env_own_names[i]);
 
-		if (strncmp(var, names[i], len) == 0 && var[len] == '=')
+		if (strncmp(var, env_own_names[i], len) == 0 && var[len] == '=')
 			return true;
 	}
 	return false;
@@ -611,23 +661,28 @@ static struct child_env *env_build(const struct launcher *l, const struct child 
 		return NULL;
 	}
 	for (char **e = environ; *e; e++)
-		if (!env_is_ours(*e))
+		if (!env_is_ours(l, *e))
 			env->envp[used++] = *e;
 	env->envp[used] = NULL;
 
-	env_add(env, &own, "UNISUM_NUM_WORKER=%d", l->num_workers);
-	env_add(env, &own, "UNISUM_NUM_SERVER=%d", l->num_servers);
-	env_add(env, &own, "UNISUM_SCHEDULER_HOST=%s", LAUNCH_HOST);
-	env_add(env, &own, "UNISUM_SCHEDULER_PORT=%d", l->port);
+	/* UNISUM_JOB_ID is in environ already (see job_id_choose()). */
 	env_add(env, &own, "UNISUM_ROLE=%s", role_name(c->role));
 	env_add(env, &own, "UNISUM_LAUNCHED=1");
 	if (c->role == CHILD_WORKER) {
-		env_add(env, &own, "UNISUM_WORKER_ID=%d", c->rank);
-		env_add(env, &own, "UNISUM_LOCAL_RANK=0");
-		env_add(env, &own, "UNISUM_LOCAL_SIZE=1");
-	} else {
-		env_add(env, &own, "UNISUM_SERVER_ID=%d", c->rank);
+		env_add(env, &own, "UNISUM_LOCAL_RANK=%d", c->rank % l->local_size);
+		env_add(env, &own, "UNISUM_LOCAL_SIZE=%d", l->local_size);
 	}
+	if (l->one_machine)
+		return env;	/* the rest is the job's, inherited */
+
+	env_add(env, &own, "UNISUM_NUM_WORKER=%d", l->machines);
+	env_add(env, &own, "UNISUM_NUM_SERVER=%d", l->num_servers);
+	env_add(env, &own, "UNISUM_SCHEDULER_HOST=%s", LAUNCH_HOST);
+	env_add(env, &own, "UNISUM_SCHEDULER_PORT=%d", l->port);
+	if (c->role == CHILD_WORKER)
+		env_add(env, &own, "UNISUM_WORKER_ID=%d", c->rank / l->local_size);
+	else
+		env_add(env, &own, "UNISUM_SERVER_ID=%d", c->rank);
 	return env;
 }
 
@@ -1035,19 +1090,39 @@ static void sched_finish(struct launcher *l)
 
 /* ---- options ------------------------------------------------------------- */
 
+#define LAUNCH_USAGE_LINES \
+	"usage: unisum launch [-w N] [-s K] [--local-size L] [--timeout SEC] [--no-secret]\n" \
+	"                     [--] CMD [ARGS...]\n" \
+	"       unisum launch --nproc-per-node L [--timeout SEC] [--] CMD [ARGS...]\n"
+
 static void usage(FILE *out)
 {
-	fputs("usage: unisum launch [-w N] [-s K] [--timeout SEC] [--no-secret] [--] CMD [ARGS...]\n"
+	fputs(LAUNCH_USAGE_LINES
 	      "\n"
 	      "Runs a whole job on this machine: the scheduler (inside this process),\n"
 	      "K server processes and N worker processes running CMD, with the\n"
-	      "environment wired (UNISUM_ROLE, UNISUM_WORKER_ID, UNISUM_SCHEDULER_HOST,\n"
-	      "UNISUM_SCHEDULER_PORT, ...).  Every line a process prints is forwarded\n"
-	      "with a \"[worker 0] \" or \"[server 0] \" prefix.  When any process fails,\n"
-	      "everything is stopped and launch exits with that process's status.\n"
+	      "environment wired (UNISUM_ROLE, UNISUM_WORKER_ID, UNISUM_LOCAL_RANK,\n"
+	      "UNISUM_SCHEDULER_HOST, UNISUM_SCHEDULER_PORT, ...).  The workers form\n"
+	      "N/L machines of L workers: the workers of a machine sum through shared\n"
+	      "memory and only the machine's sum goes through the servers.  Every line a\n"
+	      "process prints is forwarded with a \"[worker 0] \" or \"[server 0] \" prefix.\n"
+	      "When any process fails, everything is stopped and launch exits with that\n"
+	      "process's status.\n"
 	      "\n"
 	      "  -w, --workers N     worker processes (default 2)\n"
 	      "  -s, --servers K     server processes (default 1)\n"
+	      "      --local-size L  workers per machine, a divisor of N (default N: all\n"
+	      "                      workers are one machine; 1: every worker's tensors\n"
+	      "                      go through the servers)\n"
+	      "      --nproc-per-node L\n"
+	      "                      start one machine of a job whose scheduler and\n"
+	      "                      servers run elsewhere: L workers of CMD, with\n"
+	      "                      UNISUM_LOCAL_RANK 0..L-1 and UNISUM_LOCAL_SIZE=L; the\n"
+	      "                      environment must hold the rest: UNISUM_SCHEDULER_HOST,\n"
+	      "                      UNISUM_SCHEDULER_PORT, UNISUM_NUM_WORKER (machines),\n"
+	      "                      UNISUM_NUM_SERVER, UNISUM_WORKER_ID (this machine,\n"
+	      "                      from 0), the job's secret (or their DMLC_* names);\n"
+	      "                      worker ranks are UNISUM_WORKER_ID x L + local rank\n"
 	      "      --timeout SEC   stop everything and exit 124 after SEC seconds\n"
 	      "                      (default 0: no limit)\n"
 	      "      --no-secret     no job secret: connections are not authenticated\n"
@@ -1055,10 +1130,14 @@ static void usage(FILE *out)
 	      "                      unless UNISUM_SECRET or UNISUM_SECRET_FILE is set)\n"
 	      "  -h, --help          print this help\n"
 	      "\n"
+	      "Every process gets UNISUM_JOB_ID (a fresh one unless it is set), which\n"
+	      "names the job's shared-memory segments in /dev/shm; segments left by dead\n"
+	      "jobs are removed at start, and the job's own when it ends.\n"
+	      "\n"
 	      "Exit status: 0 when every process exited 0; else the first failing\n"
 	      "process's status (128 + N when killed by signal N), 1 when the\n"
 	      "scheduler failed, 124 on --timeout, 130/143 on SIGINT/SIGTERM, 2 on a\n"
-	      "usage error.\n", out);
+	      "usage error or a missing or malformed variable.\n", out);
 }
 
 /* Matches option `arg` against -x / --long, in the forms "-x V", "-xV",
@@ -1087,17 +1166,17 @@ static int option_match(int argc, char **argv, int *i, const char *shortname,
 	return 0;
 }
 
-/* Parses a count of processes (1..4096). */
-static int parse_count(const char *name, const char *value, int *out)
+/* Parses a count of processes (1..max). */
+static int parse_count(const char *name, const char *value, int max, int *out)
 {
 	char *end;
 	long v;
 
 	errno = 0;
 	v = strtol(value, &end, 10);
-	if (errno || end == value || *end != '\0' || v < 1 || v > 4096) {
-		fprintf(stderr, "unisum launch: %s needs a number of processes from 1 to 4096, "
-			"got '%s'\n", name, value);
+	if (errno || end == value || *end != '\0' || v < 1 || v > max) {
+		fprintf(stderr, "unisum launch: %s needs a number of processes from 1 to %d, "
+			"got '%s'\n", name, max, value);
 		return -1;
 	}
 	*out = (int)v;
@@ -1108,6 +1187,9 @@ static int parse_count(const char *name, const char *value, int *out)
  * or -1 after printing a usage error. */
 static int options_parse(struct launcher *l, int argc, char **argv)
 {
+	const char *job_option = NULL;	/* an option of the whole-job form, seen */
+	int nproc = 0;			/* --nproc-per-node */
+
 	l->num_workers = 2;
 	l->num_servers = 1;
 	l->timeout_s = 0;
@@ -1131,10 +1213,21 @@ static int options_parse(struct launcher *l, int argc, char **argv)
 			break;
 		}
 		if ((m = option_match(argc, argv, &i, "-w", "--workers", &value)) != 0) {
-			if (m < 0 || parse_count("--workers", value, &l->num_workers) < 0)
+			if (m < 0 || parse_count("--workers", value, 4096, &l->num_workers) < 0)
 				goto out_missing;
+			job_option = arg;
 		} else if ((m = option_match(argc, argv, &i, "-s", "--servers", &value)) != 0) {
-			if (m < 0 || parse_count("--servers", value, &l->num_servers) < 0)
+			if (m < 0 || parse_count("--servers", value, 4096, &l->num_servers) < 0)
+				goto out_missing;
+			job_option = arg;
+		} else if ((m = option_match(argc, argv, &i, NULL, "--local-size", &value)) != 0) {
+			if (m < 0 || parse_count("--local-size", value, LAUNCH_LOCAL_MAX,
+						 &l->local_size) < 0)
+				goto out_missing;
+			job_option = arg;
+		} else if ((m = option_match(argc, argv, &i, NULL, "--nproc-per-node", &value)) != 0) {
+			if (m < 0 || parse_count("--nproc-per-node", value, LAUNCH_LOCAL_MAX,
+						 &nproc) < 0)
 				goto out_missing;
 		} else if ((m = option_match(argc, argv, &i, NULL, "--timeout", &value)) != 0) {
 			char *end;
@@ -1151,11 +1244,7 @@ static int options_parse(struct launcher *l, int argc, char **argv)
 			}
 		} else if (strcmp(arg, "--no-secret") == 0) {
 			l->no_secret = true;
-		} else if (strncmp(arg, "--nproc-per-node", 16) == 0) {
-			fprintf(stderr, "unisum launch: --nproc-per-node (one machine of a "
-				"multi-machine job) is not supported yet; run `unisum scheduler`, "
-				"`unisum server` and the workers yourself\n");
-			return -1;
+			job_option = arg;
 		} else {
 			fprintf(stderr, "unisum launch: unknown option '%s'\n", arg);
 			goto out_usage;
@@ -1170,11 +1259,39 @@ out_missing:
 		fprintf(stderr, "unisum launch: no command to run\n");
 		goto out_usage;
 	}
+	if (nproc > 0) {
+		if (job_option) {
+			fprintf(stderr, "unisum launch: %s does not go with --nproc-per-node, which "
+				"starts one machine of a job described by the environment\n",
+				job_option);
+			goto out_usage;
+		}
+		l->one_machine = true;
+		l->local_size = nproc;
+		l->num_servers = 0;
+		return 0;
+	}
+	if (l->local_size == 0) {
+		/* One host, one machine: the shared-memory path by default. */
+		if (l->num_workers > LAUNCH_LOCAL_MAX) {
+			fprintf(stderr, "unisum launch: %d workers are too many for one machine "
+				"(at most %d); pass --local-size to split them\n", l->num_workers,
+				LAUNCH_LOCAL_MAX);
+			goto out_usage;
+		}
+		l->local_size = l->num_workers;
+	}
+	if (l->num_workers % l->local_size != 0) {
+		fprintf(stderr, "unisum launch: --local-size %d does not divide --workers %d: "
+			"every machine holds the same number of workers\n", l->local_size,
+			l->num_workers);
+		goto out_usage;
+	}
+	l->machines = l->num_workers / l->local_size;
 	return 0;
 
 out_usage:
-	fputs("usage: unisum launch [-w N] [-s K] [--timeout SEC] [--no-secret] [--] CMD [ARGS...]\n"
-	      "       (unisum launch --help for more)\n", stderr);
+	fputs(LAUNCH_USAGE_LINES "       (unisum launch --help for more)\n", stderr);
 	return -1;
 }
 
@@ -1191,20 +1308,191 @@ static void stdio_ensure(void)
 	}
 }
 
+/* Sets l->job_id: the UNISUM_JOB_ID of the environment when there is one
+ * (the user's choice is kept), else a fresh one unique on this host, put
+ * in environ so that every child inherits it.  Returns 0, or -1 after
+ * printing why. */
+static int job_id_choose(struct launcher *l)
+{
+	const char *given = getenv("UNISUM_JOB_ID");
+	uint8_t raw[4];
+
+	if (given) {
+		if (!shm_job_is_valid(given)) {
+			fprintf(stderr, "unisum launch: UNISUM_JOB_ID='%s' is not a job id: 1 to %d "
+				"letters, digits, '-' or '_'\n", given, SHM_JOB_MAX);
+			return -1;
+		}
+		snprintf(l->job_id, sizeof(l->job_id), "%s", given);
+		return 0;
+	}
+	if (getrandom(raw, sizeof(raw), GRND_NONBLOCK) != (ssize_t)sizeof(raw)) {
+		/* The pid alone is unique among live launchers; the noise only
+		 * keeps a later launcher with a recycled pid from the same name. */
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		memcpy(raw, &ts.tv_nsec, sizeof(raw));
+	}
+	snprintf(l->job_id, sizeof(l->job_id), "l%d-%02x%02x%02x%02x", (int)getpid(), raw[0],
+		 raw[1], raw[2], raw[3]);
+	if (setenv("UNISUM_JOB_ID", l->job_id, 1) != 0) {
+		fprintf(stderr, "unisum launch: cannot set UNISUM_JOB_ID: %s\n", strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* Reads the job a machine belongs to (--nproc-per-node) from the
+ * environment: the scheduler's address, the number of machines and
+ * servers, this machine's index.  The variables the launcher sets per
+ * child are removed first.  Returns 0, or -1 after printing which
+ * variable is missing or malformed. */
+static int machine_config(struct launcher *l)
+{
+	struct config cfg;
+	char err[512];
+
+	/* What the launcher sets per child cannot clash with the rest. */
+	for (size_t i = 0; i < LAUNCH_MACHINE_OWN; i++)
+		unsetenv(env_own_names[i]);
+	if (config_load(&cfg, err, sizeof(err)) != 0 ||
+	    config_require(&cfg, CONFIG_ROLE_WORKER, err, sizeof(err)) != 0) {
+		fprintf(stderr, "unisum launch --nproc-per-node: %s\n", err);
+		return -1;
+	}
+	if (cfg.worker_id < 0 || cfg.worker_id >= cfg.num_workers) {
+		fprintf(stderr, "unisum launch --nproc-per-node: UNISUM_WORKER_ID (or "
+			"DMLC_WORKER_ID) must be this machine's index, from 0 to %d "
+			"(UNISUM_NUM_WORKER counts machines)%s\n", cfg.num_workers - 1,
+			cfg.worker_id < 0 ? ", and it is not set" : "");
+		return -1;
+	}
+	l->machines = cfg.num_workers;
+	l->machine = cfg.worker_id;
+	l->num_servers = cfg.num_servers;
+	snprintf(l->sched_host, sizeof(l->sched_host), "%s", cfg.scheduler_host);
+	l->sched_port = cfg.scheduler_port;
+	log_set_level(cfg.log_level);
+	return 0;
+}
+
+/* Reads the knobs of the in-process scheduler (heartbeat, timeout, log
+ * level, secret) from the same environment the children get, after putting
+ * the job's shape there: UNISUM_NUM_WORKER (machines) and
+ * UNISUM_NUM_SERVER.  The variables the launcher sets per child are
+ * removed first, so that leftovers in the user's shell cannot clash.
+ * Fills *cfg; returns 0, or the exit status after printing why. */
+static int job_config(struct launcher *l, struct config *cfg)
+{
+	char err[512];
+	char num[16];
+
+	for (size_t i = 0; i < LAUNCH_JOB_OWN; i++)
+		unsetenv(env_own_names[i]);
+	snprintf(num, sizeof(num), "%d", l->machines);
+	setenv("UNISUM_NUM_WORKER", num, 1);
+	snprintf(num, sizeof(num), "%d", l->num_servers);
+	setenv("UNISUM_NUM_SERVER", num, 1);
+	if (l->no_secret) {
+		unsetenv("UNISUM_SECRET");
+		unsetenv("UNISUM_SECRET_FILE");
+	} else if (!secret_ensure()) {
+		fprintf(stderr, "unisum launch: cannot make a job secret: %s\n", strerror(errno));
+		return 1;
+	}
+	if (config_load(cfg, err, sizeof(err)) != 0 || auth_set_secret(cfg->secret) != 0) {
+		fprintf(stderr, "unisum launch: %s\n", err);
+		return LAUNCH_EXIT_USAGE;
+	}
+	log_set_level(cfg->log_level);
+	return 0;
+}
+
+/* Removes the segments that dead jobs left in /dev/shm. */
+static void shm_sweep_stale(void)
+{
+	int removed = 0;
+
+	log_set_identity("launch", -1);
+	if (shm_clean_stale(NULL, &removed) == 0 && removed > 0)
+		fprintf(stderr, "unisum launch: removed %d stale shared-memory segment(s) of dead "
+			"jobs from %s\n", removed, SHM_DIR);
+	/* A failure was logged; only jobs with several workers per machine
+	 * need /dev/shm, and they will say so. */
+}
+
+/* Removes every segment of the job, once its children are gone: what a
+ * worker that crashed or was killed left behind. */
+static void shm_finish(struct launcher *l)
+{
+	int removed = 0;
+
+	if (!l->job_started)
+		return;
+	log_set_identity("launch", -1);
+	if (shm_unlink_job(l->job_id, &removed) == 0 && removed > 0)
+		LOG_INFO("removed %d shared-memory segment(s) left by the workers of job %s",
+			 removed, l->job_id);
+}
+
 /* Prints the start line: the scheduler's address, the job, the command. */
 static void announce(const struct launcher *l)
 {
-	fprintf(stderr, "unisum launch: scheduler on %s:%d, %d server(s), %d worker(s):",
-		LAUNCH_HOST, l->port, l->num_servers, l->num_workers);
+	if (l->one_machine)
+		fprintf(stderr, "unisum launch: machine %d of %d, %d worker(s) (ranks %d to %d), "
+			"scheduler at %s:%d, job %s:", l->machine, l->machines, l->local_size,
+			l->machine * l->local_size, (l->machine + 1) * l->local_size - 1,
+			l->sched_host, l->sched_port, l->job_id);
+	else if (l->local_size > 1)
+		fprintf(stderr, "unisum launch: scheduler on %s:%d, %d server(s), %d worker(s) "
+			"on %d machine(s) of %d, job %s:", LAUNCH_HOST, l->port, l->num_servers,
+			l->num_workers, l->machines, l->local_size, l->job_id);
+	else
+		fprintf(stderr, "unisum launch: scheduler on %s:%d, %d server(s), %d worker(s):",
+			LAUNCH_HOST, l->port, l->num_servers, l->num_workers);
 	for (char **a = l->cmd; *a; a++)
 		fprintf(stderr, " %s", *a);
 	fputc('\n', stderr);
+	if (!l->one_machine && l->machines == 1 && l->local_size > 1)
+		fprintf(stderr, "unisum launch: all %d workers share one machine: the "
+			"shared-memory local reduce is the whole job and the %d server(s) stay "
+			"idle (--local-size 1 sends everything through the servers)\n",
+			l->num_workers, l->num_servers);
+}
+
+/* Starts the in-process scheduler and the thread that waits for it.
+ * Returns 0, or -1 after printing why (with nothing left running). */
+static int sched_start(struct launcher *l, const struct config *cfg)
+{
+	int rc;
+
+	log_set_identity("scheduler", -1);
+	rc = rdv_scheduler_start(LAUNCH_HOST, 0, cfg, transport_tcp(), &l->sched, &l->port);
+	if (rc < 0) {
+		fprintf(stderr, "unisum launch: cannot start the scheduler on %s: %s\n",
+			LAUNCH_HOST, unisum_strerror(rc));
+		return -1;
+	}
+	rc = pthread_create(&l->waiter, NULL, sched_waiter, l);
+	if (rc != 0) {
+		fprintf(stderr, "unisum launch: cannot start the scheduler's waiter thread: %s\n",
+			strerror(rc));
+		rdv_scheduler_abort(l->sched);
+		rdv_scheduler_wait(l->sched);
+		rdv_scheduler_free(l->sched);
+		l->sched = NULL;
+		return -1;
+	}
+	l->waiter_started = true;
+	return 0;
 }
 
 int launch_main(int argc, char **argv)
 {
 	struct sigaction ignore = { .sa_handler = SIG_IGN };
 	struct launcher *l;
+	struct config cfg;
 	sigset_t handled;
 	int status = 1;
 	int rc;
@@ -1225,6 +1513,27 @@ int launch_main(int argc, char **argv)
 	if (rc != 0) {
 		status = rc > 0 ? 0 : LAUNCH_EXIT_USAGE;
 		goto out_free_fds;
+	}
+
+	/* The job's identity and shape, from the options and the
+	 * environment, before any thread exists (they edit environ). */
+	if (job_id_choose(l) < 0) {
+		status = LAUNCH_EXIT_USAGE;
+		goto out_free_fds;
+	}
+	if (l->one_machine) {
+		if (machine_config(l) < 0) {
+			status = LAUNCH_EXIT_USAGE;
+			goto out_free_fds;
+		}
+		/* No scheduler here: nothing to wait for. */
+		l->sched_done = true;
+	} else {
+		rc = job_config(l, &cfg);
+		if (rc != 0) {
+			status = rc;
+			goto out_free_fds;
+		}
 	}
 
 	stdio_ensure();
@@ -1257,7 +1566,7 @@ int launch_main(int argc, char **argv)
 		fprintf(stderr, "unisum launch: pipe: %s\n", strerror(errno));
 		goto out_close_devnull;
 	}
-	l->nchildren = l->num_servers + l->num_workers;
+	l->nchildren = l->one_machine ? l->local_size : l->num_servers + l->num_workers;
 	l->children = calloc((size_t)l->nchildren, sizeof(*l->children));
 	if (!l->children) {
 		fprintf(stderr, "unisum launch: out of memory for %d processes\n", l->nchildren);
@@ -1266,53 +1575,26 @@ int launch_main(int argc, char **argv)
 	for (int i = 0; i < l->nchildren; i++) {
 		struct child *c = &l->children[i];
 
-		c->role = i < l->num_servers ? CHILD_SERVER : CHILD_WORKER;
-		c->rank = i < l->num_servers ? i : i - l->num_servers;
+		if (l->one_machine) {
+			c->role = CHILD_WORKER;
+			c->rank = l->machine * l->local_size + i;
+		} else {
+			c->role = i < l->num_servers ? CHILD_SERVER : CHILD_WORKER;
+			c->rank = i < l->num_servers ? i : i - l->num_servers;
+		}
 		snprintf(c->prefix, sizeof(c->prefix), "[%s %d] ", role_name(c->role), c->rank);
 		c->out.fd = c->err.fd = -1;
 		c->out.out_fd = STDOUT_FILENO;
 		c->err.out_fd = STDERR_FILENO;
 	}
 
-	/* The scheduler's knobs (heartbeat, timeout, log level) come from the
-	 * same environment the children get; the job size from the options. */
-	struct config cfg;
-	char cfg_err[512];
-	if (l->no_secret) {
-		unsetenv("UNISUM_SECRET");
-		unsetenv("UNISUM_SECRET_FILE");
-	} else if (!secret_ensure()) {
-		fprintf(stderr, "unisum launch: cannot make a job secret: %s\n", strerror(errno));
+	shm_sweep_stale();
+	if (!l->one_machine && sched_start(l, &cfg) < 0)
 		goto out_free_children;
-	}
-	if (config_load(&cfg, cfg_err, sizeof cfg_err) != 0 || auth_set_secret(cfg.secret) != 0) {
-		fprintf(stderr, "unisum launch: %s\n", cfg_err);
-		status = LAUNCH_EXIT_USAGE;
-		goto out_free_children;
-	}
-	cfg.num_workers = l->num_workers;
-	cfg.num_servers = l->num_servers;
-	log_set_level(cfg.log_level);
-	log_set_identity("scheduler", -1);
-	rc = rdv_scheduler_start(LAUNCH_HOST, 0, &cfg, transport_tcp(), &l->sched, &l->port);
-	if (rc < 0) {
-		fprintf(stderr, "unisum launch: cannot start the scheduler on %s: %s\n",
-			LAUNCH_HOST, unisum_strerror(rc));
-		goto out_free_children;
-	}
-	rc = pthread_create(&l->waiter, NULL, sched_waiter, l);
-	if (rc != 0) {
-		fprintf(stderr, "unisum launch: cannot start the scheduler's waiter thread: %s\n",
-			strerror(rc));
-		rdv_scheduler_abort(l->sched);
-		rdv_scheduler_wait(l->sched);
-		rdv_scheduler_free(l->sched);
-		goto out_free_children;
-	}
-	l->waiter_started = true;
 	announce(l);
 
 	l->start_ms = now_ms();
+	l->job_started = true;
 	for (int i = 0; i < l->nchildren; i++) {
 		struct child *c = &l->children[i];
 
@@ -1335,8 +1617,9 @@ int launch_main(int argc, char **argv)
 	}
 	output_finish(l);
 	sched_finish(l);
+	shm_finish(l);
 	status = l->stopping ? l->exit_status : 0;
-	if (l->sched_done)
+	if (l->sched && l->sched_done)
 		rdv_scheduler_free(l->sched);
 
 	if (l->sched_abandoned) {

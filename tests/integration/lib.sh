@@ -12,7 +12,7 @@ run_job() {
 	name=$1 w=$2 s=$3
 	shift 3
 	out=$(mktemp)
-	if timeout 300 "$UNISUM" launch -w "$w" -s "$s" -- "$CHECK" "$@" >"$out" 2>&1; then
+	if timeout 300 "$UNISUM" launch -w "$w" -s "$s" --local-size 1 -- "$CHECK" "$@" >"$out" 2>&1; then
 		PASSES=$((PASSES + 1))
 		echo "ok   $name (w=$w s=$s: $*)"
 	else

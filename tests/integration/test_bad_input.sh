@@ -43,7 +43,7 @@ out=$(DMLC_ROLE=worker DMLC_NUM_WORKER=1 DMLC_NUM_SERVER=1 DMLC_PS_ROOT_URI=127.
 rc=$?
 expect "an out-of-range DMLC_PS_ROOT_PORT fails unisum_init" [ $rc -ne 0 ]
 expect "... and names the variable" contains "$out" DMLC_PS_ROOT_PORT
-out=$(UNISUM_PARTITION_BYTES=4k timeout 60 "$UNISUM" launch -w 1 -s 1 -- "$CHECK" rounds 1 2>&1)
+out=$(UNISUM_PARTITION_BYTES=4k timeout 60 "$UNISUM" launch -w 1 -s 1 --local-size 1 -- "$CHECK" rounds 1 2>&1)
 expect "a malformed UNISUM_PARTITION_BYTES names the variable" contains "$out" UNISUM_PARTITION_BYTES
 out=$(env -u UNISUM_SCHEDULER_PORT -u DMLC_PS_ROOT_PORT UNISUM_NUM_WORKER=1 UNISUM_NUM_SERVER=1 \
 	UNISUM_SCHEDULER_HOST=127.0.0.1 timeout 20 "$CHECK" rounds 1 2>&1)

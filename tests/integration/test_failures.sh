@@ -2,17 +2,17 @@
 . "$(dirname "$0")/lib.sh"
 
 # The launcher: the first failure is named and sets the exit status.
-out=$(timeout 120 "$UNISUM" launch -w 3 -s 1 -- sh -c 'if [ "$UNISUM_WORKER_ID" = 1 ]; then exit 3; fi; sleep 30' 2>&1)
+out=$(timeout 120 "$UNISUM" launch -w 3 -s 1 --local-size 1 -- sh -c 'if [ "$UNISUM_WORKER_ID" = 1 ]; then exit 3; fi; sleep 30' 2>&1)
 rc=$?
 expect "launch exits with the failing worker's status" [ $rc -eq 3 ]
 expect "... and names it" contains "$out" 'worker 1 .*exited with status 3'
-out=$(timeout 60 "$UNISUM" launch -w 1 -s 1 -- /nonexistent/program 2>&1)
+out=$(timeout 60 "$UNISUM" launch -w 1 -s 1 --local-size 1 -- /nonexistent/program 2>&1)
 rc=$?
 expect "launch of a missing program exits 127" [ $rc -eq 127 ]
 
 # SIGINT to the launcher stops the whole job: it exits 130 and no server
 # or worker outlives it.
-"$UNISUM" launch -w 2 -s 2 -- "$CHECK" rounds 100000007 >/dev/null 2>"$BUILD/sigint.log" &
+"$UNISUM" launch -w 2 -s 2 --local-size 1 -- "$CHECK" rounds 100000007 >/dev/null 2>"$BUILD/sigint.log" &
 lp=$!
 sleep 1
 kill -INT $lp

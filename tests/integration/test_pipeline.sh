@@ -55,7 +55,7 @@ expect "timeline: a QUEUE, PUSH and PULL span for each of the 65 partitions" \
 # partitions (5 of them), on every rank, and nothing else.
 UNISUM_PARTITION_BYTES=64 UNISUM_TRACE_ON=1 UNISUM_TRACE_DIR="$dir/win" \
 	UNISUM_TRACE_START_STEP=3 UNISUM_TRACE_END_STEP=5 \
-	timeout 120 "$UNISUM" launch -w 2 -s 2 -- "$CHECK" rounds 10 >"$dir/win.log" 2>&1
+	timeout 120 "$UNISUM" launch -w 2 -s 2 --local-size 1 -- "$CHECK" rounds 10 >"$dir/win.log" 2>&1
 expect "traced job passes" sh -c "[ \$(grep -c '10 rounds ok' '$dir/win.log') -eq 2 ]"
 for r in 0 1; do
 	expect "timeline of rank $r: valid JSON, every partition's spans in rounds 3..5 only" \
@@ -69,7 +69,7 @@ done
 for ws in "2 2" "3 1"; do
 	set -- $ws
 	UNISUM_AUTOTUNE=1 UNISUM_AUTOTUNE_STEPS=4 UNISUM_PARTITION_BYTES=262144 UNISUM_LOG_LEVEL=INFO \
-		timeout 300 "$UNISUM" launch -w "$1" -s "$2" -- "$CHECK" tune 60 >"$dir/tune.log" 2>&1
+		timeout 300 "$UNISUM" launch -w "$1" -s "$2" --local-size 1 -- "$CHECK" tune 60 >"$dir/tune.log" 2>&1
 	out=$(cat "$dir/tune.log")
 	expect "autotune w=$1 s=$2: every rank's sums exact in all 60 rounds" \
 		sh -c "[ \$(grep -c '60 tuned rounds ok' '$dir/tune.log') -eq $1 ]"
@@ -111,7 +111,7 @@ expect "... and the error names UNISUM_AUTOTUNE on both" \
 
 # A bad window fails at start with the variable's name.
 out=$(UNISUM_TRACE_ON=1 UNISUM_TRACE_DIR="$dir/bad" UNISUM_TRACE_START_STEP=5 \
-	UNISUM_TRACE_END_STEP=2 timeout 60 "$UNISUM" launch -w 1 -s 1 -- "$CHECK" rounds 1 2>&1)
+	UNISUM_TRACE_END_STEP=2 timeout 60 "$UNISUM" launch -w 1 -s 1 --local-size 1 -- "$CHECK" rounds 1 2>&1)
 expect "END_STEP below START_STEP is refused, by name" contains "$out" "UNISUM_TRACE_END_STEP=2"
 
 drop_logs "$dir"

@@ -3,7 +3,7 @@
 # UNISUM_STALL_ABORT_MS fails the job on every rank instead of hanging.
 . "$(dirname "$0")/lib.sh"
 
-out=$(UNISUM_STALL_WARN_MS=300 timeout 60 "$UNISUM" launch -w 3 -s 1 -- "$CHECK" late 1500 2>&1)
+out=$(UNISUM_STALL_WARN_MS=300 timeout 60 "$UNISUM" launch -w 3 -s 1 --local-size 1 -- "$CHECK" late 1500 2>&1)
 rc=$?
 expect "a late worker: the round still completes" [ $rc -eq 0 ]
 expect "a late worker: the server reports the stall, naming tensor and round" \

@@ -59,11 +59,12 @@ def worker_env(extra=None):
 
 def run_launch(nworkers, nservers, script, *args, timeout=DEFAULT_TIMEOUT, env=None,
                cwd=None, python=None):
-    """Runs `unisum launch -w N -s K --timeout T -- python script args...` and
-    returns (returncode, stdout, stderr).  `script` is a path, or a file name
-    in tests/python/workers/.  The launcher's own --timeout stops the job
-    (exit 124); a second, harder timeout kills the launcher's whole process
-    group should the launcher itself hang, and returns -9."""
+    """Runs `unisum launch -w N -s K --local-size 1 --timeout T -- python script
+    args...` (every worker its own machine: all tensors go through the
+    servers) and returns (returncode, stdout, stderr).  `script` is a path,
+    or a file name in tests/python/workers/.  The launcher's own --timeout
+    stops the job (exit 124); a second, harder timeout kills the launcher's
+    whole process group should the launcher itself hang, and returns -9."""
     if not os.access(LAUNCHER, os.X_OK):
         pytest.fail("%s is missing: build first (cmake -S . -B build && cmake --build build)"
                     % LAUNCHER)
@@ -71,7 +72,7 @@ def run_launch(nworkers, nservers, script, *args, timeout=DEFAULT_TIMEOUT, env=N
     if not os.path.isabs(script):
         in_workers = os.path.join(WORKERS_DIR, script)
         script = in_workers if os.path.exists(in_workers) else os.path.join(REPO, script)
-    cmd = [LAUNCHER, "launch", "-w", str(nworkers), "-s", str(nservers),
+    cmd = [LAUNCHER, "launch", "-w", str(nworkers), "-s", str(nservers), "--local-size", "1",
            "--timeout", str(int(timeout)), "--",
            python or PYTHON, script] + [str(a) for a in args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
