@@ -182,6 +182,8 @@ static const char *kind_name(uint8_t kind)
 	case TRACE_QUEUE: return "QUEUE";
 	case TRACE_PUSH: return "PUSH";
 	case TRACE_PULL: return "PULL";
+	case TRACE_LOCAL_REDUCE: return "LOCAL_REDUCE";
+	case TRACE_LOCAL_BROADCAST: return "LOCAL_BROADCAST";
 	default: return "push_pull";
 	}
 }

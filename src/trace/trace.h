@@ -34,6 +34,8 @@ enum trace_kind {
 	TRACE_PUSH,	/* its PUSH leaving: taken from the queue to written */
 	TRACE_PULL,	/* its PULL: written to the reply received in full */
 	TRACE_INFLIGHT,	/* counter: bytes in flight under the credit */
+	TRACE_LOCAL_REDUCE,	/* its slice summed across the machine's workers */
+	TRACE_LOCAL_BROADCAST,	/* the machine's result reaching this worker */
 };
 
 /* Starts tracing for worker `rank` when the configuration asks for it

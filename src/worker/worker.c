@@ -3,8 +3,12 @@
  *
  * DESIGN.  Every partition of a push_pull goes through the stages of
  * DESIGN.md section 2.  LOCAL_REDUCE and LOCAL_BROADCAST have work only
- * when several workers share a machine (not yet: they pass straight
- * through).  The PUSH stage is one thread taking partitions from a queue
+ * when several workers share a machine (UNISUM_LOCAL_SIZE > 1): then
+ * local.c sums the machine's inputs in shared memory, only the local root
+ * pushes (wk_local_push, from its output buffer, where the machine's sum
+ * lies) and local.c completes the operation (wk_local_done) once every
+ * local rank has the result; with one machine in the job nothing goes to
+ * a server at all.  The PUSH stage is one thread taking partitions from a queue
  * ordered by (priority, key) and gated by the credit
  * (UNISUM_SCHEDULING_CREDIT bytes in flight, src/sched): a high-priority
  * partition queued behind a long low-priority backlog is the next one out
@@ -43,6 +47,8 @@
 #include "rendezvous/rendezvous.h"
 #include "sched/sched.h"
 #include "trace/trace.h"
+#include "shm/shm.h"
+#include "worker/local.h"
 #include "transport/auth.h"
 #include "transport/transport.h"
 #include "unisum.h"
@@ -83,6 +89,11 @@ struct wk_op {
 	uint32_t round;
 	bool traced;			/* its round is on the timeline */
 	int64_t t_start;		/* when it started (trace clock) */
+	/* The local path (several workers on this machine): */
+	struct local_op *local;		/* its LOCAL_REDUCE/BROADCAST state, or NULL */
+	const struct wk_layout *L;	/* its cut (stable while it is in flight) */
+	uint32_t wire_round;
+	void *out;
 };
 
 enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL, JOB_RETIRE };
@@ -167,6 +178,8 @@ static struct {
 	const struct transport_ops *tp;
 	struct rdv_client *rdv;
 	int rank, size, nservers;
+	bool local;			/* several workers on this machine: src/worker/local.c */
+	bool to_servers;		/* this worker talks to the servers (a machine's root) */
 	struct wk_conn *conns;		/* [nservers] */
 	bool conns_live;		/* every conn is set up and not yet torn down */
 	struct wk_tensor **tensors;
@@ -288,7 +301,10 @@ static void wk_job_finish(struct wk_job *j, int err, const char *why)
 		if (released_now)
 			trace_span(TRACE_INFLIGHT, ti, 0, step, 0, inflight, 0, now, now);
 	}
-	op_part_done(op, err, why);
+	if (op->local != NULL)
+		local_pulled(op->local, j->part, err, why);
+	else
+		op_part_done(op, err, why);
 	free(j);
 }
 
@@ -656,6 +672,79 @@ static void wk_notice(void *arg, int err, const char *why)
 static void wk_on_tune(void *arg, const struct rdv_tune *t);
 static int tn_init(void);
 
+/* ---- the local path's hooks (src/worker/local.c) ------------------------- */
+
+/* Local root of several machines: partition `part` of the machine's sum is
+ * in the operation's output; it goes to the PUSH stage like any other. */
+static void wk_local_push(void *ctx, uint32_t part)
+{
+	struct wk_op *op = ctx;
+	const struct wk_layout *L = op->L;
+	const struct placement_part *p = &L->parts[part];
+	struct wk_tensor *t = op->t;
+	uint8_t *at = (uint8_t *)op->out + p->offset * t->esize;
+	struct wk_job *j = malloc(sizeof *j);
+	int rc = UNISUM_ENOMEM;
+	if (j != NULL) {
+		*j = (struct wk_job){.entry = {.priority = t->priority, .key = L->key + part,
+					       .bytes = p->count * t->esize},
+				     .type = JOB_PUSH_PULL, .server = (int)L->servers[part], .part = part,
+				     .key = L->key + part, .round = op->wire_round, .dtype = t->dtype,
+				     .count = p->count, .in = at, .out = at,
+				     .divisor = (op->flags & UNISUM_AVERAGE) ? wk.size : 1, .op = op,
+				     .t_queued = op->traced ? trace_now_us() : 0};
+		rc = sched_push(&wk.push_q, &j->entry);
+	}
+	if (rc != 0) {
+		free(j);
+		char why[512];
+		snprintf(why, sizeof why, "worker %d, tensor '%s': %s", wk.rank, t->name,
+			 rc == UNISUM_ENOMEM ? "out of memory" : log_last_error());
+		local_pulled(op->local, part, rc, why);
+	}
+}
+
+/* The operation is complete on this worker. */
+static void wk_local_done(void *ctx, int err, const char *why)
+{
+	struct wk_op *op = ctx;
+	pthread_mutex_lock(&wk.lock);
+	if (err != 0 && op->error == 0) {
+		op->error = err;
+		snprintf(op->why, sizeof op->why, "%s", why);
+	}
+	if (op->traced)
+		trace_span(TRACE_TENSOR, op->t->index, 0, op->round, op->t->cuts[0].key,
+			   op->t->count * op->t->esize, 0, op->t_start, trace_now_us());
+	op->done = true;
+	op->t->busy = false;
+	pthread_cond_broadcast(&wk.done_cond);
+	pthread_mutex_unlock(&wk.lock);
+}
+
+static int wk_local_failed(char *why, size_t len)
+{
+	pthread_mutex_lock(&wk.lock);
+	int err = wk.failed;
+	if (err != 0)
+		snprintf(why, len, "the job failed: %s", wk.failed_why);
+	pthread_mutex_unlock(&wk.lock);
+	return err;
+}
+
+static int wk_local_start(void)
+{
+	char job[SHM_JOB_MAX + 1];
+	config_job_id(&wk.cfg, job, sizeof job);
+	struct local_cfg lcfg = {.job = job, .machine = wk.cfg.worker_id,
+				 .machines = wk.cfg.num_workers, .local_rank = wk.cfg.local_rank,
+				 .local_size = wk.cfg.local_size, .rank = wk.rank,
+				 .timeout_ms = wk.cfg.timeout_ms, .stall_warn_ms = wk.cfg.stall_warn_ms};
+	struct local_hooks hooks = {.push = wk_local_push, .done = wk_local_done,
+				    .failed = wk_local_failed};
+	return local_start(&lcfg, &hooks);
+}
+
 /* ---- public API --------------------------------------------------------- */
 
 /* 0 when unisum_init() has run, else UNISUM_ENOTINIT with a message. */
@@ -744,23 +833,28 @@ int unisum_init(void)
 		return log_fail(rc, "unisum_init: cannot join the job through the scheduler at %s:%d: %s",
 				wk.cfg.scheduler_host, wk.cfg.scheduler_port, log_last_error());
 	wk.rank = rdv_client_rank(wk.rdv);
-	wk.size = wk.cfg.num_workers;
+	wk.size = wk.cfg.num_workers * wk.cfg.local_size;
+	wk.local = wk.cfg.local_size > 1;
+	wk.to_servers = !wk.local || (wk.cfg.num_workers > 1 && wk.cfg.local_rank == 0);
 	log_set_identity("worker", wk.rank);
 	rdv_client_on_tune(wk.rdv, wk_on_tune, NULL);
 	rc = trace_open(&wk.cfg, wk.rank);
 	if (rc == 0)
 		rc = sched_init(&wk.push_q, wk.cfg.credit_bytes);
+	if (rc == 0 && wk.local && (rc = wk_local_start()) != 0)
+		sched_fini(&wk.push_q);
 	if (rc != 0) {
 		trace_close();
 		rdv_client_free(wk.rdv);
 		wk.rdv = NULL;
 		return rc;
 	}
-	rc = wk_connect_servers();
+	rc = wk.to_servers ? wk_connect_servers() : 0;
 	if (rc == 0 && pthread_create(&wk.push_thread, NULL, wk_push_main, NULL) != 0)
 		rc = UNISUM_ESYS;
 	if (rc != 0) {
 		wk_close_conns();
+		local_stop();
 		sched_fini(&wk.push_q);
 		trace_close();
 		rdv_client_free(wk.rdv);
@@ -769,7 +863,8 @@ int unisum_init(void)
 	}
 	wk.push_started = true;
 	wk.initialized = true;
-	LOG_INFO("joined as worker %d of %d with %d servers", wk.rank, wk.size, wk.nservers);
+	LOG_INFO("joined as worker %d of %d (local rank %d of %d) with %d servers", wk.rank, wk.size,
+		 wk.cfg.local_rank, wk.cfg.local_size, wk.nservers);
 	return 0;
 }
 
@@ -786,6 +881,7 @@ int unisum_shutdown(void)
 	int failed = wk.failed;
 	pthread_mutex_unlock(&wk.lock);
 	/* Every operation is done, so the PUSH stage's queue is empty. */
+	local_stop();
 	sched_close(&wk.push_q);
 	if (wk.push_started)
 		pthread_join(wk.push_thread, NULL);
@@ -849,6 +945,8 @@ static int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pby
 		goto out_free;
 	}
 	for (uint32_t i = 0; i < L->nparts; i++) {
+		if (!wk.to_servers)
+			break;	/* the local root tells them */
 		if (L->servers[i] >= (uint32_t)wk.nservers) {
 			rc = log_fail(UNISUM_EPROTO, "the scheduler placed '%s' on server %u of %d",
 				      wire_name, L->servers[i], wk.nservers);
@@ -1233,7 +1331,7 @@ static void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L)
 		if (old == L || old->retired)
 			continue;
 		old->retired = true;
-		for (uint32_t i = 0; i < old->nparts; i++) {
+		for (uint32_t i = 0; wk.to_servers && i < old->nparts; i++) {
 			struct wk_job *j = calloc(1, sizeof *j);
 			if (j == NULL)
 				return;	/* the server keeps the buffers: memory, not results */
@@ -1362,6 +1460,28 @@ static int wk_start(int tensor, const void *in, void *out, int flags, unisum_han
 	}
 	/* Servers count rounds per key, so each cut counts its own. */
 	uint32_t wire_round = ((struct wk_layout *)L)->rounds++;
+	if (wk.local && L->nparts > 0) {
+		op->L = L;
+		op->wire_round = wire_round;
+		op->out = out;
+		struct local_req req = {.key = L->key, .round = wire_round, .dtype = t->dtype, .in = in,
+					.out = out, .nparts = L->nparts, .parts = L->parts,
+					.divisor = (flags & UNISUM_AVERAGE) ? wk.size : 1,
+					.priority = t->priority, .ctx = op, .traced = op->traced,
+					.tensor = t->index, .step = round};
+		/* Under wk.lock: the done hook may run before local_submit returns. */
+		pthread_mutex_lock(&wk.lock);
+		rc = local_submit(&req, &op->local);
+		if (rc != 0) {
+			op->error = rc;
+			snprintf(op->why, sizeof op->why, "%s", log_last_error());
+			op->done = true;
+			t->busy = false;
+			pthread_cond_broadcast(&wk.done_cond);
+		}
+		pthread_mutex_unlock(&wk.lock);
+		return 0;
+	}
 	pthread_mutex_lock(&wk.lock);
 	op->remaining = L->nparts;
 	op->done = L->nparts == 0;

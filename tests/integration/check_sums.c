@@ -151,14 +151,22 @@ static void add(unisum_dtype dt, void *acc, const void *x)
 	}
 }
 
-/* The expected element i: the rank-ordered sum, averaged if asked. */
+/* The expected element i, averaged if asked: each machine sums its local
+ * ranks in rank order, then the server sums the machines in order. */
 static void expect(unisum_dtype dt, uint64_t salt, size_t i, bool average, void *out)
 {
-	uint8_t acc[8], x[8];
-	gen(dt, salt, 0, i, acc);
-	for (int r = 1; r < size; r++) {
-		gen(dt, salt, r, i, x);
-		add(dt, acc, x);
+	uint8_t acc[8], part[8], x[8];
+	int L = unisum_local_size();
+	for (int m = 0; m < size / L; m++) {
+		gen(dt, salt, m * L, i, part);
+		for (int l = 1; l < L; l++) {
+			gen(dt, salt, m * L + l, i, x);
+			add(dt, part, x);
+		}
+		if (m == 0)
+			memcpy(acc, part, sizeof acc);
+		else
+			add(dt, acc, part);
 	}
 	if (average)
 		reducer_divide(acc, 1, dt, size);

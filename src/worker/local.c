@@ -1,0 +1,882 @@
+/*
+ * local.c - LOCAL_REDUCE and LOCAL_BROADCAST over cross-memory attach.
+ * See local.h for what the stages do.
+ *
+ * DESIGN
+ *
+ * Segment.  One per machine, "m<machine>" of the job: a header with the
+ * shared futex flag, then per local rank its pid and a table of LC_TABLE
+ * entries, one per cut key that rank has used.  An entry holds the latest
+ * round that rank posted for the key, its buffers for that round and its
+ * progress counters, each packed as (round << 32) | count so a reader can
+ * tell this round's count from a stale or a later one.  Only the owning
+ * rank writes its entries (single writer: no locks across processes); it
+ * resets an entry's counters and buffers before it publishes the new round
+ * with a release store, and readers load the round with acquire first.
+ *
+ * Why a rank may reuse an entry without hearing from its peers: a rank
+ * completes round k only after every peer is finished with its buffers of
+ * round k (one machine: every rank has summed and written every slice; several
+ * machines: the root waits for every peer's copy of the result, and every
+ * other rank's buffers are read before the root can push).  A counter of a
+ * later round therefore means "done" to a reader of round k.
+ *
+ * Waiting.  Every state change posts the flag; a waiter checks its
+ * condition, then sleeps on the flag for at most LC_SLICE_MS, and between
+ * sleeps checks the job's failure and whether its peers are alive.  No wait
+ * is unbounded and no core spins while idle.
+ *
+ * Threads.  The reduce stage and the broadcast stage are one thread each,
+ * each taking operations in (priority, submission) order.  The root's
+ * replies arrive on the worker's connection threads (local_pulled).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log/log.h"
+#include "reducer/reducer.h"
+#include "shm/shm.h"
+#include "trace/trace.h"
+#include "worker/local.h"
+
+#define LC_MAGIC 0x4c434f4cu	/* "LOCL" */
+#define LC_TABLE 4096		/* cut keys a rank may use */
+#define LC_CHUNK (256u * 1024u)	/* bytes summed at a time: stays in L2 */
+#define LC_SLICE_MS 50		/* longest sleep between checks */
+#define LC_QUIESCE_MS 2000	/* a failing rank waits this long for peers to let go */
+
+struct lc_entry {
+	_Atomic uint64_t key;		/* cut key + 1; 0 = free */
+	_Atomic uint32_t round;		/* latest round posted */
+	_Atomic int32_t err;		/* this rank's part of that round failed */
+	_Atomic uint64_t in, out;	/* its buffers, in its own address space */
+	_Atomic uint64_t reduced;	/* partitions whose slice it summed */
+	_Atomic uint64_t pulled;	/* local root: replies in its output */
+	_Atomic uint64_t bcast;		/* 1: it copied the result / let go */
+	uint64_t pad;
+};
+
+struct lc_rank {
+	_Atomic int32_t pid;
+	_Atomic int32_t attached;
+	char pad[56];
+	struct lc_entry table[LC_TABLE];
+};
+
+struct lc_seg {
+	_Atomic uint32_t magic;
+	uint32_t local_size;
+	char pad[56];
+	struct shm_flag flag;
+	char pad2[64 - sizeof(struct shm_flag)];
+	struct lc_rank ranks[];
+};
+
+struct lc_peer {
+	pid_t pid;
+	struct lc_entry *e;		/* its entry of this op's key */
+	uint64_t in, out;		/* its buffers for this round */
+};
+
+struct local_op {
+	struct local_req req;
+	struct local_op *next;		/* in a stage queue */
+	uint64_t seq;			/* submission order */
+	struct lc_entry *mine;
+	struct lc_peer *peers;		/* [local_size] */
+	int blocker;			/* the rank an unmet wait condition waits for */
+	/* Under lc.lock: */
+	uint32_t pushed, npulled;	/* local root of several machines */
+	int err;			/* first error */
+	char why[512];
+};
+
+struct lc_queue {
+	struct local_op *head;		/* (priority desc, seq asc) */
+	bool closed;
+};
+
+static struct {
+	struct local_cfg cfg;
+	struct local_hooks hooks;
+	char job[SHM_JOB_MAX + 1];
+	struct shm_seg shm;
+	struct lc_seg *seg;
+	pthread_mutex_t lock;		/* queues, ops' counters, the table's inserts */
+	pthread_cond_t cond;		/* a queue or a pull count changed */
+	struct lc_queue reduce_q, bcast_q;
+	pthread_t reduce_thread, bcast_thread;
+	bool started;
+	uint64_t next_seq;
+	void *tmp[2], *acc;		/* LC_CHUNK each */
+} lc = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+
+static int64_t lc_now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static size_t lc_seg_bytes(int local_size)
+{
+	return sizeof(struct lc_seg) + (size_t)local_size * sizeof(struct lc_rank);
+}
+
+static uint64_t lc_pack(uint32_t round, uint32_t count)
+{
+	return (uint64_t)round << 32 | count;
+}
+
+/* A counter's value for `round`: UINT32_MAX when it is already of a later
+ * round (that rank is past this one), 0 for an earlier one. */
+static uint32_t lc_count(const _Atomic uint64_t *c, uint32_t round)
+{
+	uint64_t v = atomic_load_explicit(c, memory_order_acquire);
+	uint32_t r = (uint32_t)(v >> 32);
+	if (r == round)
+		return (uint32_t)v;
+	return (int32_t)(r - round) > 0 ? UINT32_MAX : 0;
+}
+
+static void lc_post(void)
+{
+	shm_flag_post(&lc.seg->flag);
+}
+
+/* ---- the table ----------------------------------------------------------- */
+
+static size_t lc_slot(uint64_t key)
+{
+	uint64_t h = key * 0x9e3779b97f4a7c15ull;
+	return (size_t)(h >> 40) % LC_TABLE;
+}
+
+/* Rank q's entry for `key`, or NULL when it has none (yet). */
+static struct lc_entry *lc_find(int q, uint64_t key)
+{
+	struct lc_entry *t = lc.seg->ranks[q].table;
+	for (size_t i = 0, s = lc_slot(key); i < LC_TABLE; i++, s = (s + 1) % LC_TABLE) {
+		uint64_t k = atomic_load_explicit(&t[s].key, memory_order_acquire);
+		if (k == key + 1)
+			return &t[s];
+		if (k == 0)
+			return NULL;
+	}
+	return NULL;
+}
+
+/* This rank's entry for `key`, claimed now if new (lc.lock held). */
+static struct lc_entry *lc_claim(uint64_t key, bool *fresh)
+{
+	struct lc_entry *t = lc.seg->ranks[lc.cfg.local_rank].table;
+	*fresh = false;
+	for (size_t i = 0, s = lc_slot(key); i < LC_TABLE; i++, s = (s + 1) % LC_TABLE) {
+		uint64_t k = atomic_load_explicit(&t[s].key, memory_order_relaxed);
+		if (k == key + 1)
+			return &t[s];
+		if (k == 0) {
+			*fresh = true;
+			return &t[s];
+		}
+	}
+	return NULL;
+}
+
+/* ---- errors and waiting ---------------------------------------------------- */
+
+static void lc_fail(struct local_op *op, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void lc_fail(struct local_op *op, int err, const char *fmt, ...)
+{
+	pthread_mutex_lock(&lc.lock);
+	if (op->err == 0) {
+		op->err = err;
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(op->why, sizeof op->why, fmt, ap);
+		va_end(ap);
+	}
+	pthread_mutex_unlock(&lc.lock);
+}
+
+static int lc_err(struct local_op *op)
+{
+	pthread_mutex_lock(&lc.lock);
+	int err = op->err;
+	pthread_mutex_unlock(&lc.lock);
+	return err;
+}
+
+static bool lc_alive(pid_t pid)
+{
+	return pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH;
+}
+
+static int lc_rank_of(int q)
+{
+	return lc.cfg.machine * lc.cfg.local_size + q;
+}
+
+/* A condition: 1 met, 0 not yet (op->blocker: the rank it waits for),
+ * < 0 failed (op->why says why). */
+typedef int (*lc_cond_fn)(struct local_op *op, void *arg);
+
+/* Waits until cond holds, the job fails or a peer dies.  0 or the error
+ * (recorded in op). */
+static int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *what)
+{
+	int64_t start = lc_now_ms(), next_check = start;
+	bool warned = false;
+	for (;;) {
+		uint32_t seq = shm_flag_load(&lc.seg->flag);
+		int rc = cond(op, arg);
+		if (rc > 0)
+			return 0;
+		if (rc < 0)
+			return rc;
+		int64_t now = lc_now_ms();
+		if (now >= next_check) {
+			char why[512];
+			int f = lc.hooks.failed(why, sizeof why);
+			if (f != 0) {
+				lc_fail(op, f, "%s", why);
+				return f;
+			}
+			/* Only the rank waited for matters: others may have
+			 * finished every call and exited. */
+			int q = op->blocker;
+			pid_t pid = atomic_load(&lc.seg->ranks[q].pid);
+			if (!lc_alive(pid)) {
+				lc_fail(op, UNISUM_ECONN, "worker %d (local rank %d of machine %d, pid %d) "
+					"exited or died while worker %d was waiting for %s", lc_rank_of(q),
+					q, lc.cfg.machine, (int)pid, lc.cfg.rank, what);
+				return UNISUM_ECONN;
+			}
+			if (!warned && now - start >= lc.cfg.stall_warn_ms) {
+				LOG_WARN("worker %d has waited %lld ms for %s of key 0x%llx round %u",
+					    lc.cfg.rank, (long long)(now - start), what,
+					    (unsigned long long)op->req.key, op->req.round);
+				warned = true;
+			}
+			next_check = now + LC_SLICE_MS;
+		}
+		rc = shm_flag_wait(&lc.seg->flag, seq + 1, LC_SLICE_MS);
+		if (rc != 0 && rc != UNISUM_ETIMEDOUT) {
+			lc_fail(op, rc, "worker %d cannot wait on the machine's shared memory", lc.cfg.rank);
+			return rc;
+		}
+	}
+}
+
+/* Peer q's part of this round failed: its error, else 0. */
+static int lc_peer_failed(struct local_op *op, int q)
+{
+	struct lc_entry *e = op->peers[q].e;
+	if (e == NULL || atomic_load_explicit(&e->round, memory_order_acquire) != op->req.round)
+		return 0;
+	int err = atomic_load(&e->err);
+	if (err == 0)
+		return 0;
+	/* A peer gives up when the job fails, usually a moment before the
+	 * scheduler's notice reaches this rank: name the root cause if it comes. */
+	char why[512];
+	for (int i = 0; i < 200; i++) {
+		int f = lc.hooks.failed(why, sizeof why);
+		if (f != 0) {
+			lc_fail(op, f, "%s", why);
+			return f;
+		}
+		usleep(10000);
+	}
+	lc_fail(op, err, "worker %d (local rank %d of machine %d) failed its part of key 0x%llx "
+		"round %u: %s", lc_rank_of(q), q, lc.cfg.machine, (unsigned long long)op->req.key,
+		op->req.round, unisum_strerror(err));
+	return err;
+}
+
+/* Every peer has posted this round: their buffers are known. */
+static int lc_cond_posted(struct local_op *op, void *arg)
+{
+	(void)arg;
+	for (int q = 0; q < lc.cfg.local_size; q++) {
+		struct lc_peer *p = &op->peers[q];
+		op->blocker = q;
+		if (p->e == NULL && (p->e = lc_find(q, op->req.key)) == NULL)
+			return 0;
+		uint32_t r = atomic_load_explicit(&p->e->round, memory_order_acquire);
+		if (r != op->req.round) {
+			if ((int32_t)(r - op->req.round) > 0) {
+				lc_fail(op, UNISUM_EPROTO, "worker %d is already past round %u of key 0x%llx "
+					"that worker %d is starting: the workers of machine %d disagree on "
+					"their push_pull calls", lc_rank_of(q), op->req.round,
+					(unsigned long long)op->req.key, lc.cfg.rank, lc.cfg.machine);
+				return UNISUM_EPROTO;
+			}
+			return 0;
+		}
+	}
+	for (int q = 0; q < lc.cfg.local_size; q++) {
+		struct lc_peer *p = &op->peers[q];
+		p->pid = atomic_load(&lc.seg->ranks[q].pid);
+		p->in = atomic_load(&p->e->in);
+		p->out = atomic_load(&p->e->out);
+	}
+	return 1;
+}
+
+/* Every rank has summed its slice of partitions up to *arg (exclusive). */
+static int lc_cond_reduced(struct local_op *op, void *arg)
+{
+	uint32_t want = *(const uint32_t *)arg;
+	for (int q = 0; q < lc.cfg.local_size; q++) {
+		int err = lc_peer_failed(op, q);
+		if (err != 0)
+			return err;
+		op->blocker = q;
+		if (lc_count(&op->peers[q].e->reduced, op->req.round) < want)
+			return 0;
+	}
+	return 1;
+}
+
+/* ---- cross-memory copies -------------------------------------------------- */
+
+static int lc_vm(bool write, struct local_op *op, int q, void *local, uint64_t remote, size_t n)
+{
+	pid_t pid = op->peers[q].pid;
+	while (n > 0) {
+		struct iovec l = {local, n}, r = {(void *)(uintptr_t)remote, n};
+		ssize_t got = write ? process_vm_writev(pid, &l, 1, &r, 1, 0)
+				    : process_vm_readv(pid, &l, 1, &r, 1, 0);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0) {
+			int e = got < 0 ? errno : EFAULT;
+			if (e == ESRCH)
+				lc_fail(op, UNISUM_ECONN, "worker %d (local rank %d of machine %d, pid %d) "
+					"died while worker %d was summing with it", lc_rank_of(q), q,
+					lc.cfg.machine, (int)pid, lc.cfg.rank);
+			else
+				lc_fail(op, UNISUM_ESYS, "worker %d cannot %s the memory of worker %d (pid "
+					"%d) with %s: %s; the local reduce needs cross-memory attach (a "
+					"container without CAP_SYS_PTRACE or kernel.yama.ptrace_scope >= 2 "
+					"forbids it); run with UNISUM_LOCAL_SIZE=1 (`unisum launch "
+					"--local-size 1`) to go through the servers instead", lc.cfg.rank,
+					write ? "write" : "read", lc_rank_of(q), (int)pid,
+					write ? "process_vm_writev" : "process_vm_readv", strerror(e));
+			return lc_err(op);
+		}
+		local = (char *)local + got;
+		remote += (uint64_t)got;
+		n -= (size_t)got;
+	}
+	return 0;
+}
+
+/* ---- LOCAL_REDUCE --------------------------------------------------------- */
+
+/* Elements [*s, *e) of a partition of `count` that local rank r sums:
+ * equal slices, cut on 64-byte boundaries. */
+static void lc_slice(uint64_t count, size_t esize, int r, int L, uint64_t *s, uint64_t *e)
+{
+	uint64_t align = 64 / esize;
+	uint64_t per = (count + (uint64_t)L - 1) / (uint64_t)L;
+	per = (per + align - 1) / align * align;
+	uint64_t a = per * (uint64_t)r, b = a + per;
+	*s = a < count ? a : count;
+	*e = b < count ? b : count;
+}
+
+/* Sums elements [off, off + n) of every rank's input, in rank order, into
+ * dst (n * esize <= LC_CHUNK). */
+static int lc_sum_chunk(struct local_op *op, void *dst, uint64_t off, size_t n, size_t esize)
+{
+	const int me = lc.cfg.local_rank;
+	size_t bytes = n * esize;
+	const void *first = NULL;
+	int have = 0, tmp = 0;
+	for (int q = 0; q < lc.cfg.local_size; q++) {
+		const void *src;
+		if (q == me) {
+			if (op->req.in == NULL)
+				continue;
+			src = (const char *)op->req.in + off * esize;
+		} else {
+			if (op->peers[q].in == 0)
+				continue;
+			/* A second peer needs the other buffer while the first waits. */
+			void *buf = lc.tmp[tmp];
+			int rc = lc_vm(false, op, q, buf, op->peers[q].in + off * esize, bytes);
+			if (rc != 0)
+				return rc;
+			if (have == 0)
+				tmp ^= 1;
+			src = buf;
+		}
+		if (have == 0)
+			first = src;
+		else if (have == 1)
+			reducer_sum(dst, first, src, n, op->req.dtype);
+		else
+			reducer_sum_into(dst, src, n, op->req.dtype);
+		have++;
+	}
+	if (have == 0)
+		memset(dst, 0, bytes);
+	else if (have == 1 && first != dst)
+		memcpy(dst, first, bytes);
+	return 0;
+}
+
+/* Root of several machines: pushes every partition from *next on that all
+ * ranks have summed; with `wait`, waits for them all. */
+static int lc_push_ready(struct local_op *op, uint32_t *next, bool wait)
+{
+	while (*next < op->req.nparts) {
+		uint32_t want = *next + 1;
+		int rc = lc_cond_reduced(op, &want);
+		if (rc == 0 && wait)
+			rc = lc_wait(op, lc_cond_reduced, &want, "the machine's local sum") == 0 ? 1 : -1;
+		if (rc < 0)
+			return lc_err(op);
+		if (rc == 0)
+			return 0;
+		pthread_mutex_lock(&lc.lock);
+		op->pushed++;
+		pthread_mutex_unlock(&lc.lock);
+		lc.hooks.push(op->req.ctx, (*next)++);
+	}
+	return 0;
+}
+
+static int lc_reduce(struct local_op *op)
+{
+	const int me = lc.cfg.local_rank, L = lc.cfg.local_size;
+	const bool one_machine = lc.cfg.machines == 1;
+	const size_t esize = unisum_dtype_size(op->req.dtype);
+	const size_t chunk = LC_CHUNK / esize;
+	int rc = lc_wait(op, lc_cond_posted, NULL, "the other local workers to start this push_pull");
+	if (rc != 0)
+		return rc;
+	uint32_t next_push = 0;
+	int64_t t0 = op->req.traced ? trace_now_us() : 0;
+	for (uint32_t p = 0; p < op->req.nparts; p++) {
+		const struct placement_part *part = &op->req.parts[p];
+		uint64_t s, e;
+		lc_slice(part->count, esize, me, L, &s, &e);
+		for (uint64_t at = part->offset + s; at < part->offset + e; at += chunk) {
+			size_t n = (size_t)(part->offset + e - at < chunk ? part->offset + e - at : chunk);
+			size_t bytes = n * esize;
+			void *dst = one_machine || me == 0 ? (char *)op->req.out + at * esize : lc.acc;
+			/* In place, the sum of the ranks before this one would
+			 * overwrite its own input before it is added: sum aside. */
+			bool alias = dst == (const char *)op->req.in + at * esize && me > 0;
+			rc = lc_sum_chunk(op, alias ? lc.acc : dst, at, n, esize);
+			if (rc == 0 && alias)
+				memcpy(dst, lc.acc, bytes);
+			if (rc == 0 && one_machine && op->req.divisor > 1)
+				reducer_divide(dst, n, op->req.dtype, op->req.divisor);
+			for (int q = 0; rc == 0 && q < L; q++) {
+				if (q == me || !(one_machine || q == 0))
+					continue;
+				rc = lc_vm(true, op, q, dst, op->peers[q].out + at * esize, bytes);
+			}
+			if (rc != 0)
+				return rc;
+		}
+		atomic_store_explicit(&op->mine->reduced, lc_pack(op->req.round, p + 1),
+				      memory_order_release);
+		lc_post();
+		if (op->req.traced) {
+			int64_t t1 = trace_now_us();
+			trace_span(TRACE_LOCAL_REDUCE, op->req.tensor, p, op->req.step,
+				   op->req.key + p, part->count * esize, 0, t0, t1);
+			t0 = t1;
+		}
+		if (!one_machine && me == 0 && (rc = lc_push_ready(op, &next_push, false)) != 0)
+			return rc;
+	}
+	if (!one_machine && me == 0)
+		return lc_push_ready(op, &next_push, true);
+	return 0;
+}
+
+/* ---- LOCAL_BROADCAST ------------------------------------------------------ */
+
+/* Several machines, not the root: every reply is in the root's output. */
+static int lc_cond_root_pulled(struct local_op *op, void *arg)
+{
+	(void)arg;
+	int err = lc_peer_failed(op, 0);
+	if (err != 0)
+		return err;
+	op->blocker = 0;
+	return lc_count(&op->peers[0].e->pulled, op->req.round) >= op->req.nparts;
+}
+
+/* Every other rank has let go of this round's buffers (copied the result,
+ * or gave up). */
+static int lc_cond_let_go(struct local_op *op, void *arg)
+{
+	(void)arg;
+	for (int q = 0; q < lc.cfg.local_size; q++) {
+		if (q == lc.cfg.local_rank)
+			continue;
+		struct lc_entry *e = op->peers[q].e;
+		op->blocker = q;
+		if (e != NULL && lc_count(&e->bcast, op->req.round) == 0 &&
+		    lc_alive(op->peers[q].pid))
+			return 0;
+	}
+	return 1;
+}
+
+/* The root's own replies are all in (process-local wait). */
+static void lc_await_pulls(struct local_op *op)
+{
+	pthread_mutex_lock(&lc.lock);
+	while (op->npulled < op->pushed) {
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += LC_SLICE_MS * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&lc.cond, &lc.lock, &until);
+	}
+	pthread_mutex_unlock(&lc.lock);
+}
+
+/* After a failure: marks this rank's part failed and gives the peers a
+ * moment to stop touching its buffers before the caller gets them back. */
+static void lc_quiesce(struct local_op *op)
+{
+	int err = lc_err(op);
+	atomic_store(&op->mine->err, err != 0 ? err : UNISUM_ECONN);
+	atomic_store_explicit(&op->mine->bcast, lc_pack(op->req.round, 1), memory_order_release);
+	lc_post();
+	int64_t until = lc_now_ms() + LC_QUIESCE_MS;
+	while (lc_now_ms() < until) {
+		bool busy = false;
+		for (int q = 0; q < lc.cfg.local_size && !busy; q++) {
+			struct lc_peer *p = &op->peers[q];
+			if (q == lc.cfg.local_rank || p->e == NULL || !lc_alive(p->pid))
+				continue;
+			if (atomic_load_explicit(&p->e->round, memory_order_acquire) != op->req.round)
+				continue;
+			busy = atomic_load(&p->e->err) == 0 &&
+			       (lc_count(&p->e->reduced, op->req.round) < op->req.nparts ||
+				lc_count(&p->e->bcast, op->req.round) == 0);
+		}
+		if (!busy)
+			return;
+		uint32_t seq = shm_flag_load(&lc.seg->flag);
+		shm_flag_wait(&lc.seg->flag, seq + 1, LC_SLICE_MS);
+	}
+}
+
+/* This rank's LOCAL_BROADCAST spans: one per partition, from `since`. */
+static void lc_trace_bcast(const struct local_op *op, int64_t since)
+{
+	if (!op->req.traced)
+		return;
+	int64_t now = trace_now_us();
+	size_t esize = unisum_dtype_size(op->req.dtype);
+	for (uint32_t p = 0; p < op->req.nparts; p++)
+		trace_span(TRACE_LOCAL_BROADCAST, op->req.tensor, p, op->req.step, op->req.key + p,
+			   op->req.parts[p].count * esize, 0, since, now);
+}
+
+static void lc_broadcast(struct local_op *op)
+{
+	const int me = lc.cfg.local_rank;
+	const bool one_machine = lc.cfg.machines == 1;
+	int64_t since = op->req.traced ? trace_now_us() : 0;
+	bool ok = lc_err(op) == 0;
+	if (ok && one_machine) {
+		/* Peers write into this rank's output until their sums are done. */
+		uint32_t want = op->req.nparts;
+		lc_wait(op, lc_cond_reduced, &want, "the other local workers' sums");
+	} else if (ok && me != 0) {
+		if (lc_wait(op, lc_cond_root_pulled, NULL, "the local root's pull") == 0) {
+			size_t bytes = 0;
+			for (uint32_t p = 0; p < op->req.nparts; p++)
+				bytes += op->req.parts[p].count;
+			bytes *= unisum_dtype_size(op->req.dtype);
+			lc_vm(false, op, 0, op->req.out, op->peers[0].out, bytes);
+		}
+	}
+	if (!one_machine && me == 0) {
+		/* Replies write into the output until the last one is in. */
+		lc_await_pulls(op);
+	}
+	if (lc_err(op) != 0) {
+		lc_quiesce(op);
+	} else {
+		atomic_store_explicit(&op->mine->bcast, lc_pack(op->req.round, 1), memory_order_release);
+		lc_post();
+	}
+	if (!one_machine && me == 0)
+		lc_wait(op, lc_cond_let_go, NULL, "the other local workers to copy the result");
+	lc_trace_bcast(op, since);
+}
+
+/* ---- stage threads -------------------------------------------------------- */
+
+static void q_push(struct lc_queue *q, struct local_op *op)
+{
+	struct local_op **pp = &q->head;
+	while (*pp != NULL && ((*pp)->req.priority > op->req.priority ||
+			       ((*pp)->req.priority == op->req.priority && (*pp)->seq < op->seq)))
+		pp = &(*pp)->next;
+	op->next = *pp;
+	*pp = op;
+	pthread_cond_broadcast(&lc.cond);
+}
+
+static struct local_op *q_pop(struct lc_queue *q)
+{
+	pthread_mutex_lock(&lc.lock);
+	while (q->head == NULL && !q->closed)
+		pthread_cond_wait(&lc.cond, &lc.lock);
+	struct local_op *op = q->head;
+	if (op != NULL)
+		q->head = op->next;
+	pthread_mutex_unlock(&lc.lock);
+	return op;
+}
+
+static void *lc_reduce_main(void *arg)
+{
+	(void)arg;
+	struct local_op *op;
+	while ((op = q_pop(&lc.reduce_q)) != NULL) {
+		lc_reduce(op);
+		pthread_mutex_lock(&lc.lock);
+		q_push(&lc.bcast_q, op);
+		pthread_mutex_unlock(&lc.lock);
+	}
+	return NULL;
+}
+
+static void *lc_bcast_main(void *arg)
+{
+	(void)arg;
+	struct local_op *op;
+	while ((op = q_pop(&lc.bcast_q)) != NULL) {
+		lc_broadcast(op);
+		int err = lc_err(op);	/* after the last reply: no more writers */
+		lc.hooks.done(op->req.ctx, err, op->why);
+		free(op->peers);
+		free(op);
+	}
+	return NULL;
+}
+
+/* ---- public ---------------------------------------------------------------- */
+
+/* Waits (bounded) until every local rank has mapped the segment. */
+static int lc_await_attached(void)
+{
+	int64_t until = lc_now_ms() + lc.cfg.timeout_ms;
+	for (;;) {
+		uint32_t seq = shm_flag_load(&lc.seg->flag);
+		int missing = -1;
+		for (int q = 0; q < lc.cfg.local_size && missing < 0; q++)
+			if (!atomic_load(&lc.seg->ranks[q].attached))
+				missing = q;
+		if (missing < 0)
+			return 0;
+		char why[512];
+		int f = lc.hooks.failed(why, sizeof why);
+		if (f != 0)
+			return log_fail(f, "worker %d: %s", lc.cfg.rank, why);
+		int64_t left = until - lc_now_ms();
+		if (left <= 0)
+			return log_fail(UNISUM_ETIMEDOUT, "worker %d (local rank %d of machine %d) waited "
+					"UNISUM_TIMEOUT_MS=%d ms for local rank %d (worker %d) to map the "
+					"machine's shared memory", lc.cfg.rank, lc.cfg.local_rank,
+					lc.cfg.machine, lc.cfg.timeout_ms, missing, lc_rank_of(missing));
+		shm_flag_wait(&lc.seg->flag, seq + 1, left < LC_SLICE_MS ? (int)left : LC_SLICE_MS);
+	}
+}
+
+static void lc_unmap(void)
+{
+	for (int i = 0; i < 2; i++)
+		free(lc.tmp[i]);
+	free(lc.acc);
+	lc.tmp[0] = lc.tmp[1] = lc.acc = NULL;
+	shm_seg_close(&lc.shm);
+	lc.seg = NULL;
+}
+
+int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
+{
+	lc.cfg = *cfg;
+	lc.hooks = *hooks;
+	snprintf(lc.job, sizeof lc.job, "%s", cfg->job);
+	lc.cfg.job = lc.job;
+	lc.reduce_q = (struct lc_queue){0};
+	lc.bcast_q = (struct lc_queue){0};
+	/* Peers read and write this process's buffers: under Yama's
+	 * ptrace_scope 1 that needs our leave (EINVAL without Yama). */
+	prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+
+	char what[32];
+	snprintf(what, sizeof what, "m%d", cfg->machine);
+	size_t bytes = lc_seg_bytes(cfg->local_size);
+	int rc;
+	if (cfg->local_rank == 0) {
+		rc = shm_seg_create(lc.job, what, bytes, &lc.shm);
+		if (rc == 0) {
+			lc.seg = shm_seg_data(&lc.shm);
+			lc.seg->local_size = (uint32_t)cfg->local_size;
+			atomic_store_explicit(&lc.seg->magic, LC_MAGIC, memory_order_release);
+		}
+	} else {
+		rc = shm_seg_open(lc.job, what, cfg->timeout_ms, &lc.shm);
+		if (rc == 0) {
+			lc.seg = shm_seg_data(&lc.shm);
+			/* The root writes the magic just after creating it. */
+			int64_t until = lc_now_ms() + cfg->timeout_ms;
+			while (atomic_load_explicit(&lc.seg->magic, memory_order_acquire) != LC_MAGIC &&
+			       lc_now_ms() < until)
+				usleep(1000);
+			if (atomic_load(&lc.seg->magic) != LC_MAGIC ||
+			    lc.seg->local_size != (uint32_t)cfg->local_size ||
+			    shm_seg_size(&lc.shm) != bytes)
+				rc = log_fail(UNISUM_ECONFIG, "worker %d: the shared memory of machine %d "
+					      "(job %s) is for %u local workers, this one says "
+					      "UNISUM_LOCAL_SIZE=%d", cfg->rank, cfg->machine, lc.job,
+					      lc.seg->local_size, cfg->local_size);
+		}
+	}
+	if (rc != 0) {
+		lc_unmap();
+		return log_fail(rc, "worker %d (local rank %d of machine %d) cannot set up the machine's "
+				"shared memory (job %s): %s", cfg->rank, cfg->local_rank, cfg->machine,
+				lc.job, log_last_error());
+	}
+	struct lc_rank *mine = &lc.seg->ranks[cfg->local_rank];
+	atomic_store(&mine->pid, (int32_t)getpid());
+	atomic_store(&mine->attached, 1);
+	lc_post();
+	lc.tmp[0] = aligned_alloc(64, LC_CHUNK);
+	lc.tmp[1] = aligned_alloc(64, LC_CHUNK);
+	lc.acc = aligned_alloc(64, LC_CHUNK);
+	rc = lc.tmp[0] && lc.tmp[1] && lc.acc ? lc_await_attached() : UNISUM_ENOMEM;
+	if (cfg->local_rank == 0) {
+		/* Everyone has it mapped: the name can go, so no crash leaves it. */
+		shm_seg_unlink(lc.job, what);
+	}
+	if (rc != 0) {
+		lc_unmap();
+		return rc;
+	}
+	if (pthread_create(&lc.reduce_thread, NULL, lc_reduce_main, NULL) != 0) {
+		lc_unmap();
+		return log_fail(UNISUM_ESYS, "worker %d cannot start the local reduce thread", cfg->rank);
+	}
+	if (pthread_create(&lc.bcast_thread, NULL, lc_bcast_main, NULL) != 0) {
+		pthread_mutex_lock(&lc.lock);
+		lc.reduce_q.closed = true;
+		pthread_cond_broadcast(&lc.cond);
+		pthread_mutex_unlock(&lc.lock);
+		pthread_join(lc.reduce_thread, NULL);
+		lc_unmap();
+		return log_fail(UNISUM_ESYS, "worker %d cannot start the local broadcast thread", cfg->rank);
+	}
+	lc.started = true;
+	LOG_INFO("local rank %d of %d on machine %d: shared-memory reduce ready", cfg->local_rank,
+		 cfg->local_size, cfg->machine);
+	return 0;
+}
+
+void local_stop(void)
+{
+	if (!lc.started)
+		return;
+	pthread_mutex_lock(&lc.lock);
+	lc.reduce_q.closed = true;
+	pthread_cond_broadcast(&lc.cond);
+	pthread_mutex_unlock(&lc.lock);
+	pthread_join(lc.reduce_thread, NULL);
+	pthread_mutex_lock(&lc.lock);
+	lc.bcast_q.closed = true;
+	pthread_cond_broadcast(&lc.cond);
+	pthread_mutex_unlock(&lc.lock);
+	pthread_join(lc.bcast_thread, NULL);
+	lc.started = false;
+	lc_unmap();
+}
+
+int local_submit(const struct local_req *req, struct local_op **out)
+{
+	struct local_op *op = calloc(1, sizeof *op);
+	struct lc_peer *peers = calloc((size_t)lc.cfg.local_size, sizeof *peers);
+	if (op == NULL || peers == NULL) {
+		free(op);
+		free(peers);
+		return log_fail(UNISUM_ENOMEM, "worker %d: out of memory", lc.cfg.rank);
+	}
+	op->req = *req;
+	op->peers = peers;
+	pthread_mutex_lock(&lc.lock);
+	bool fresh;
+	struct lc_entry *e = lc_claim(req->key, &fresh);
+	if (e == NULL) {
+		pthread_mutex_unlock(&lc.lock);
+		free(op);
+		free(peers);
+		return log_fail(UNISUM_ENOMEM, "worker %d: more than %d tensor cuts on the local path",
+				lc.cfg.rank, LC_TABLE);
+	}
+	/* Reset everything of the new round, then publish it. */
+	atomic_store(&e->err, 0);
+	atomic_store(&e->in, (uint64_t)(uintptr_t)req->in);
+	atomic_store(&e->out, (uint64_t)(uintptr_t)req->out);
+	atomic_store(&e->reduced, lc_pack(req->round, 0));
+	atomic_store(&e->pulled, lc_pack(req->round, 0));
+	atomic_store(&e->bcast, lc_pack(req->round, 0));
+	atomic_store_explicit(&e->round, req->round, memory_order_release);
+	if (fresh)
+		atomic_store_explicit(&e->key, req->key + 1, memory_order_release);
+	op->mine = e;
+	op->seq = lc.next_seq++;
+	*out = op;
+	q_push(&lc.reduce_q, op);
+	pthread_mutex_unlock(&lc.lock);
+	lc_post();
+	return 0;
+}
+
+void local_pulled(struct local_op *op, uint32_t part, int err, const char *why)
+{
+	(void)part;
+	pthread_mutex_lock(&lc.lock);
+	if (err != 0 && op->err == 0) {
+		op->err = err;
+		snprintf(op->why, sizeof op->why, "%s", why ? why : unisum_strerror(err));
+	}
+	uint32_t n = ++op->npulled;
+	if (err != 0)
+		atomic_store(&op->mine->err, err);
+	atomic_store_explicit(&op->mine->pulled, lc_pack(op->req.round, n), memory_order_release);
+	pthread_cond_broadcast(&lc.cond);
+	pthread_mutex_unlock(&lc.lock);
+	lc_post();
+}
