@@ -79,6 +79,13 @@ static const struct knob config_knobs[] = {
 	 "a node or scheduler silent this long (ms) is declared dead; also bounds connecting"},
 	{"UNISUM_HEARTBEAT_MS", NULL, NULL, KNOB_INT, FIELD(heartbeat_ms), "1000", 10, INT_MAX,
 	 "how often (ms) every node and the scheduler send a heartbeat"},
+	{"UNISUM_LOCAL_STAGE_BYTES", NULL, NULL, KNOB_U64, FIELD(local_stage_bytes), "0", 0,
+	 1LL << 50, "one machine: a tensor of at least this many bytes is staged through shared "
+	 "memory instead of read straight from the other workers' memory (0: never; reading "
+	 "straight was faster at every size measured, see bench/README.md)"},
+	{"UNISUM_LOCAL_ARENA_BYTES", NULL, NULL, KNOB_U64, FIELD(local_arena_bytes), "268435456", 0,
+	 1LL << 50, "shared memory each worker of a machine may fill with staged tensors (taken as "
+	 "used); a tensor that does not fit is read straight from the workers' memory"},
 	{"UNISUM_STALL_WARN_MS", NULL, NULL, KNOB_INT, FIELD(stall_warn_ms), "60000", 10, INT_MAX,
 	 "a server logs a round some workers pushed and others not for this long (ms)"},
 	{"UNISUM_STALL_ABORT_MS", NULL, NULL, KNOB_INT, FIELD(stall_abort_ms), "0", 0, INT_MAX,

@@ -60,6 +60,8 @@ struct config {
 	uint64_t trace_end_step;	/* last round traced */
 	int autotune;			/* tune partition size and credit online */
 	int autotune_steps;		/* rounds per autotune epoch (trial) */
+	uint64_t local_stage_bytes;	/* one machine: stage tensors this large (0: never) */
+	uint64_t local_arena_bytes;	/* shared memory per local worker for staging */
 };
 
 /* Fills `cfg` from the environment.  On a malformed value returns

@@ -84,7 +84,7 @@ struct rdv_client;
  * failed or the scheduler was lost, with `why` naming the culprit. */
 typedef void (*rdv_notice_fn)(void *arg, int err, const char *why);
 
-/* Called on the reader thread (servers only) when the scheduler finds that
+/* Called on the reader thread (servers and workers) when the scheduler finds that
  * the workers disagree on the shape of the tensor with key `key`: it can
  * never be summed, and `why` names both shapes. */
 typedef void (*rdv_tensor_error_fn)(void *arg, uint64_t key, const char *why);

@@ -387,8 +387,10 @@ static struct sched_tensor *sched_find_tensor(struct rdv_scheduler *s, const cha
 	return NULL;
 }
 
-/* Tells every server that tensor `key` can never be summed (its workers
- * disagree on its shape).  Called with s->lock held. */
+/* Tells every server and worker that tensor `key` can never be summed (its
+ * workers disagree on its shape): servers answer its pushes with the
+ * error, and workers summing it in shared memory stop waiting for the
+ * rank that could not declare it.  Called with s->lock held. */
 static void sched_poison(struct rdv_scheduler *s, uint64_t key, const char *why)
 {
 	struct wire_buf b;
@@ -398,7 +400,7 @@ static void sched_poison(struct rdv_scheduler *s, uint64_t key, const char *why)
 			     .payload_len = b.len};
 	for (int i = 0; i < s->nnodes; i++) {
 		struct sched_node *n = s->nodes[i];
-		if (!b.failed && n->registered && !n->gone && n->role == CONFIG_ROLE_SERVER)
+		if (!b.failed && n->registered && !n->gone)
 			sched_send(n, &h, b.data);
 	}
 	wire_buf_fini(&b);

@@ -169,6 +169,11 @@ static bool creator_is_alive(pid_t pid, uint64_t start)
 	return start == 0 || now_start == start;
 }
 
+bool shm_pid_is_alive(pid_t pid)
+{
+	return pid <= 0 || creator_is_alive(pid, 0);
+}
+
 /* Looks at the existing segment `name` and decides whether it is stale;
  * fills *st (for unlink_if_same) and writes why into why[64]. */
 static enum seg_verdict seg_judge(const char *name, struct stat *st, char *why)
@@ -241,7 +246,8 @@ static void seg_set_closed(struct shm_seg *seg)
 	seg->name[0] = '\0';
 }
 
-int shm_seg_create(const char *job, const char *what, size_t bytes, struct shm_seg *out)
+static int seg_create(const char *job, const char *what, size_t bytes, bool reserve,
+		      struct shm_seg *out)
 {
 	seg_set_closed(out);
 	if (!shm_job_is_valid(job) || !shm_what_is_valid(what))
@@ -278,7 +284,8 @@ int shm_seg_create(const char *job, const char *what, size_t bytes, struct shm_s
 		}
 	}
 
-	int rc = posix_fallocate(fd, 0, (off_t)total);
+	int rc = reserve ? posix_fallocate(fd, 0, (off_t)total)
+			 : ftruncate(fd, (off_t)total) == 0 ? 0 : errno;
 	if (rc != 0) {
 		rc = log_fail(rc == ENOSPC ? UNISUM_ENOMEM : UNISUM_ESYS,
 			      "shm: cannot reserve %zu bytes for segment %s: %s%s", total, name,
@@ -313,6 +320,16 @@ out_unlink:
 	shm_unlink(name);
 	close(fd);
 	return rc;
+}
+
+int shm_seg_create(const char *job, const char *what, size_t bytes, struct shm_seg *out)
+{
+	return seg_create(job, what, bytes, true, out);
+}
+
+int shm_seg_create_sparse(const char *job, const char *what, size_t bytes, struct shm_seg *out)
+{
+	return seg_create(job, what, bytes, false, out);
 }
 
 /* One try of shm_seg_open.  Returns 0 (mapped into *out), 1 when the

@@ -46,6 +46,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* The data area of a segment starts this many bytes into it (and is
  * aligned to it: mappings are page-aligned). */
@@ -91,6 +92,11 @@ bool shm_what_is_valid(const char *what);
  * error *out is left closed (base NULL) and no segment is left behind. */
 int shm_seg_create(const char *job, const char *what, size_t bytes, struct shm_seg *out);
 
+/* The same, but the memory is not reserved: pages are taken from SHM_DIR
+ * as they are first touched, and a touch that finds SHM_DIR full raises
+ * SIGBUS.  For large areas of which a job may use only a part. */
+int shm_seg_create_sparse(const char *job, const char *what, size_t bytes, struct shm_seg *out);
+
 /* Maps the existing segment <what> of job <job> read-write into *out,
  * after checking its header (magic, version, that its size matches the
  * file) and that its creator is alive.  The creator may not have created
@@ -128,6 +134,11 @@ int shm_clean_stale(const char *job, int *removed);
  * not NULL.  Returns 0, UNISUM_EINVAL or UNISUM_ESYS (the first failure;
  * the other segments are still removed). */
 int shm_unlink_job(const char *job, int *removed);
+
+/* Whether process `pid` of this pid namespace is alive: false once it has
+ * exited, also while it is a zombie nobody has reaped yet.  A pid <= 0
+ * counts as alive (unknown). */
+bool shm_pid_is_alive(pid_t pid);
 
 /* A wake-up flag shared between processes; place it in a segment, 4-byte
  * aligned (better: alone in its 64-byte line when it is hot). */

@@ -42,6 +42,9 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "log/log.h"
 #include "reducer/reducer.h"
@@ -63,7 +66,9 @@ struct lc_entry {
 	_Atomic uint64_t reduced;	/* partitions whose slice it summed */
 	_Atomic uint64_t pulled;	/* local root: replies in its output */
 	_Atomic uint64_t bcast;		/* 1: it copied the result / let go */
-	uint64_t pad;
+	_Atomic uint64_t region;	/* staged: offset + 1 of its region in its arena, 0 none */
+	_Atomic uint64_t staged;	/* staged: partitions of its input staged for the others */
+	uint64_t pad[6];
 };
 
 struct lc_rank {
@@ -86,14 +91,19 @@ struct lc_peer {
 	pid_t pid;
 	struct lc_entry *e;		/* its entry of this op's key */
 	uint64_t in, out;		/* its buffers for this round */
+	uint8_t *region;		/* its region of this round in its arena (mapped here), or NULL */
 };
 
 struct local_op {
 	struct local_req req;
 	struct local_op *next;		/* in a stage queue */
+	struct local_op *stage_next;	/* in the staging queue */
+	bool staged;			/* the staging thread is done with it (under lock) */
 	uint64_t seq;			/* submission order */
 	struct lc_entry *mine;
 	struct lc_peer *peers;		/* [local_size] */
+	uint64_t bytes;			/* the whole tensor */
+	uint64_t region;		/* offset + 1 of its region in this rank's arena, 0 none */
 	int blocker;			/* the rank an unmet wait condition waits for */
 	/* Under lc.lock: */
 	uint32_t pushed, npulled;	/* local root of several machines */
@@ -115,11 +125,23 @@ static struct {
 	pthread_mutex_t lock;		/* queues, ops' counters, the table's inserts */
 	pthread_cond_t cond;		/* a queue or a pull count changed */
 	struct lc_queue reduce_q, bcast_q;
-	pthread_t reduce_thread, bcast_thread;
+	struct local_op *stage_head, *stage_tail;	/* staging: submission order */
+	pthread_t reduce_thread, bcast_thread, stage_thread;
+	bool stage_started;
+	struct local_op *finish;	/* lent operations waiting for the others (under lock) */
+	pthread_t finish_thread;
 	bool started;
 	uint64_t next_seq;
 	void *tmp[2], *acc;		/* LC_CHUNK each */
+	/* Staging (one machine, large tensors): each rank's arena, mapped by all. */
+	struct shm_seg *arenas;		/* [local_size]; NULL when not staging */
+	struct lc_span {
+		uint64_t off, len;
+	} *used;			/* this rank's regions in use, by offset (under lock) */
+	int nused, capused;
 } lc = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+
+static void lc_region_give(uint64_t region);
 
 static int64_t lc_now_ms(void)
 {
@@ -221,7 +243,7 @@ static int lc_err(struct local_op *op)
 
 static bool lc_alive(pid_t pid)
 {
-	return pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH;
+	return shm_pid_is_alive(pid);
 }
 
 static int lc_rank_of(int q)
@@ -250,6 +272,8 @@ static int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *
 		if (now >= next_check) {
 			char why[512];
 			int f = lc.hooks.failed(why, sizeof why);
+			if (f == 0)
+				f = lc.hooks.poisoned(op->req.key, why, sizeof why);
 			if (f != 0) {
 				lc_fail(op, f, "%s", why);
 				return f;
@@ -332,6 +356,10 @@ static int lc_cond_posted(struct local_op *op, void *arg)
 		p->pid = atomic_load(&lc.seg->ranks[q].pid);
 		p->in = atomic_load(&p->e->in);
 		p->out = atomic_load(&p->e->out);
+		uint64_t region = atomic_load(&p->e->region);
+		p->region = region != 0 && lc.arenas != NULL
+				    ? (uint8_t *)shm_seg_data(&lc.arenas[q]) + region - 1
+				    : NULL;
 	}
 	return 1;
 }
@@ -351,7 +379,56 @@ static int lc_cond_reduced(struct local_op *op, void *arg)
 	return 1;
 }
 
-/* ---- cross-memory copies -------------------------------------------------- */
+/* Every rank that stages has staged partitions up to *arg (exclusive). */
+static int lc_cond_staged(struct local_op *op, void *arg)
+{
+	uint32_t want = *(const uint32_t *)arg;
+	for (int q = 0; q < lc.cfg.local_size; q++) {
+		if (q == lc.cfg.local_rank || op->peers[q].region == NULL || op->peers[q].in == 0)
+			continue;
+		int err = lc_peer_failed(op, q);
+		if (err != 0)
+			return err;
+		op->blocker = q;
+		if (lc_count(&op->peers[q].e->staged, op->req.round) < want)
+			return 0;
+	}
+	return 1;
+}
+
+/* ---- copies ---------------------------------------------------------------- */
+
+/* Copies to memory that another core reads next: non-temporal stores skip
+ * reading the destination into this core's cache first. */
+static void lc_copy_nt(void *dst, const void *src, size_t n)
+{
+#ifdef __SSE2__
+	char *d = dst;
+	const char *s = src;
+	size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+	if (head > n)
+		head = n;
+	memcpy(d, s, head);
+	d += head;
+	s += head;
+	n -= head;
+	size_t i = 0;
+	for (; i + 64 <= n; i += 64) {
+		__m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+		__m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+		__m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+		__m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+		_mm_stream_si128((__m128i *)(d + i), a);
+		_mm_stream_si128((__m128i *)(d + i + 16), b);
+		_mm_stream_si128((__m128i *)(d + i + 32), c);
+		_mm_stream_si128((__m128i *)(d + i + 48), e);
+	}
+	memcpy(d + i, s + i, n - i);
+	_mm_sfence();
+#else
+	memcpy(dst, src, n);
+#endif
+}
 
 static int lc_vm(bool write, struct local_op *op, int q, void *local, uint64_t remote, size_t n)
 {
@@ -413,9 +490,11 @@ static int lc_sum_chunk(struct local_op *op, void *dst, uint64_t off, size_t n, 
 			if (op->req.in == NULL)
 				continue;
 			src = (const char *)op->req.in + off * esize;
+		} else if (op->peers[q].in == 0) {
+			continue;
+		} else if (op->peers[q].region != NULL) {
+			src = op->peers[q].region + off * esize;	/* it staged our slice */
 		} else {
-			if (op->peers[q].in == 0)
-				continue;
 			/* A second peer needs the other buffer while the first waits. */
 			void *buf = lc.tmp[tmp];
 			int rc = lc_vm(false, op, q, buf, op->peers[q].in + off * esize, bytes);
@@ -461,6 +540,32 @@ static int lc_push_ready(struct local_op *op, uint32_t *next, bool wait)
 	return 0;
 }
 
+/* Staging: copies this rank's input slices of partition p that the other
+ * ranks sum into its region, at their places in the tensor. */
+static void lc_stage(struct local_op *op, uint8_t *region, uint32_t p)
+{
+	const struct placement_part *part = &op->req.parts[p];
+	const size_t esize = unisum_dtype_size(op->req.dtype);
+	if (op->req.in != NULL) {
+		for (int r = 0; r < lc.cfg.local_size; r++) {
+			if (r == lc.cfg.local_rank)
+				continue;
+			uint64_t s, e;
+			lc_slice(part->count, esize, r, lc.cfg.local_size, &s, &e);
+			size_t off = (size_t)(part->offset + s) * esize;
+			lc_copy_nt(region + off, (const uint8_t *)op->req.in + off, (size_t)(e - s) * esize);
+		}
+	}
+	atomic_store_explicit(&op->mine->staged, lc_pack(op->req.round, p + 1), memory_order_release);
+	lc_post();
+}
+
+static uint8_t *lc_my_region(const struct local_op *op)
+{
+	return op->region != 0 ? (uint8_t *)shm_seg_data(&lc.arenas[lc.cfg.local_rank]) + op->region - 1
+			       : NULL;
+}
+
 static int lc_reduce(struct local_op *op)
 {
 	const int me = lc.cfg.local_rank, L = lc.cfg.local_size;
@@ -470,10 +575,14 @@ static int lc_reduce(struct local_op *op)
 	int rc = lc_wait(op, lc_cond_posted, NULL, "the other local workers to start this push_pull");
 	if (rc != 0)
 		return rc;
+	uint8_t *region = lc_my_region(op);
 	uint32_t next_push = 0;
 	int64_t t0 = op->req.traced ? trace_now_us() : 0;
 	for (uint32_t p = 0; p < op->req.nparts; p++) {
 		const struct placement_part *part = &op->req.parts[p];
+		uint32_t want = p + 1;
+		if ((rc = lc_wait(op, lc_cond_staged, &want, "the other local workers' staging")) != 0)
+			return rc;
 		uint64_t s, e;
 		lc_slice(part->count, esize, me, L, &s, &e);
 		for (uint64_t at = part->offset + s; at < part->offset + e; at += chunk) {
@@ -482,12 +591,18 @@ static int lc_reduce(struct local_op *op)
 			void *dst = one_machine || me == 0 ? (char *)op->req.out + at * esize : lc.acc;
 			/* In place, the sum of the ranks before this one would
 			 * overwrite its own input before it is added: sum aside. */
-			bool alias = dst == (const char *)op->req.in + at * esize && me > 0;
+			bool alias = op->req.in != NULL && me > 0 &&
+				     dst == (const char *)op->req.in + at * esize;
 			rc = lc_sum_chunk(op, alias ? lc.acc : dst, at, n, esize);
 			if (rc == 0 && alias)
 				memcpy(dst, lc.acc, bytes);
 			if (rc == 0 && one_machine && op->req.divisor > 1)
 				reducer_divide(dst, n, op->req.dtype, op->req.divisor);
+			if (rc == 0 && region != NULL) {
+				/* The others copy this slice's sum from here. */
+				lc_copy_nt(region + at * esize, dst, bytes);
+				continue;
+			}
 			for (int q = 0; rc == 0 && q < L; q++) {
 				if (q == me || !(one_machine || q == 0))
 					continue;
@@ -607,9 +722,24 @@ static void lc_broadcast(struct local_op *op)
 	int64_t since = op->req.traced ? trace_now_us() : 0;
 	bool ok = lc_err(op) == 0;
 	if (ok && one_machine) {
-		/* Peers write into this rank's output until their sums are done. */
-		uint32_t want = op->req.nparts;
-		lc_wait(op, lc_cond_reduced, &want, "the other local workers' sums");
+		/* Ranks that stage leave their slice's sum in their region, the
+		 * others write it into this rank's output themselves. */
+		const size_t esize = unisum_dtype_size(op->req.dtype);
+		for (uint32_t p = 0; p < op->req.nparts; p++) {
+			uint32_t want = p + 1;
+			if (lc_wait(op, lc_cond_reduced, &want, "the other local workers' sums") != 0)
+				break;
+			const struct placement_part *part = &op->req.parts[p];
+			for (int r = 0; r < lc.cfg.local_size; r++) {
+				if (r == me || op->peers[r].region == NULL)
+					continue;
+				uint64_t s, e;
+				lc_slice(part->count, esize, r, lc.cfg.local_size, &s, &e);
+				size_t off = (size_t)(part->offset + s) * esize;
+				memcpy((uint8_t *)op->req.out + off, op->peers[r].region + off,
+				       (size_t)(e - s) * esize);
+			}
+		}
 	} else if (ok && me != 0) {
 		if (lc_wait(op, lc_cond_root_pulled, NULL, "the local root's pull") == 0) {
 			size_t bytes = 0;
@@ -629,8 +759,6 @@ static void lc_broadcast(struct local_op *op)
 		atomic_store_explicit(&op->mine->bcast, lc_pack(op->req.round, 1), memory_order_release);
 		lc_post();
 	}
-	if (!one_machine && me == 0)
-		lc_wait(op, lc_cond_let_go, NULL, "the other local workers to copy the result");
 	lc_trace_bcast(op, since);
 }
 
@@ -672,18 +800,166 @@ static void *lc_reduce_main(void *arg)
 	return NULL;
 }
 
+/* The staging thread: copies every staged operation's slices for the
+ * other ranks, partition by partition, in submission order.  It waits for
+ * nobody, so a rank summing (in its own priority order) never waits for a
+ * peer that waits for it. */
+static void *lc_stage_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		pthread_mutex_lock(&lc.lock);
+		while (lc.stage_head == NULL && !lc.reduce_q.closed)
+			pthread_cond_wait(&lc.cond, &lc.lock);
+		struct local_op *op = lc.stage_head;
+		if (op != NULL && (lc.stage_head = op->stage_next) == NULL)
+			lc.stage_tail = NULL;
+		pthread_mutex_unlock(&lc.lock);
+		if (op == NULL)
+			return NULL;
+		uint8_t *region = lc_my_region(op);
+		for (uint32_t p = 0; p < op->req.nparts; p++)
+			lc_stage(op, region, p);
+		pthread_mutex_lock(&lc.lock);
+		op->staged = true;
+		pthread_cond_broadcast(&lc.cond);
+		pthread_mutex_unlock(&lc.lock);
+	}
+}
+
+static void lc_complete(struct local_op *op)
+{
+	pthread_mutex_lock(&lc.lock);
+	while (op->region != 0 && !op->staged)
+		pthread_cond_wait(&lc.cond, &lc.lock);	/* a failed op, ended early */
+	pthread_mutex_unlock(&lc.lock);
+	int err = lc_err(op);	/* after the last reply: no more writers */
+	lc_region_give(op->region);
+	lc.hooks.done(op->req.ctx, err, op->why);
+	free(op->peers);
+	free(op);
+}
+
+/* Whether others still read this rank's memory after it has the result:
+ * the root's output (several machines) or a stager's region. */
+static bool lc_lent(const struct local_op *op)
+{
+	return (lc.cfg.machines > 1 && lc.cfg.local_rank == 0) || op->region != 0;
+}
+
 static void *lc_bcast_main(void *arg)
 {
 	(void)arg;
 	struct local_op *op;
 	while ((op = q_pop(&lc.bcast_q)) != NULL) {
 		lc_broadcast(op);
-		int err = lc_err(op);	/* after the last reply: no more writers */
-		lc.hooks.done(op->req.ctx, err, op->why);
-		free(op->peers);
-		free(op);
+		if (!lc_lent(op)) {
+			lc_complete(op);
+			continue;
+		}
+		/* Waiting here for the others to copy would let two ranks wait on
+		 * each other's next operation: the finisher waits for all at once. */
+		pthread_mutex_lock(&lc.lock);
+		op->next = lc.finish;
+		lc.finish = op;
+		pthread_cond_broadcast(&lc.cond);
+		pthread_mutex_unlock(&lc.lock);
 	}
 	return NULL;
+}
+
+/* Completes lent operations once every other rank has let go of them (a
+ * dead rank has), in whatever order that happens. */
+static void *lc_finish_main(void *arg)
+{
+	(void)arg;
+	int64_t failed_at = 0;
+	for (;;) {
+		/* Once the job has failed, a peer that is alive but stuck (stopped,
+		 * say) gets LC_QUIESCE_MS to let go, not forever.  (Asked before
+		 * taking lc.lock: the hook takes the worker's lock, which is
+		 * taken before lc.lock.) */
+		char why[512];
+		if (failed_at == 0 && lc.hooks.failed(why, sizeof why) != 0)
+			failed_at = lc_now_ms();
+		bool give_up = failed_at != 0 && lc_now_ms() - failed_at > LC_QUIESCE_MS;
+		pthread_mutex_lock(&lc.lock);
+		while (lc.finish == NULL && !lc.bcast_q.closed)
+			pthread_cond_wait(&lc.cond, &lc.lock);
+		if (lc.finish == NULL) {
+			pthread_mutex_unlock(&lc.lock);
+			return NULL;
+		}
+		uint32_t seq = shm_flag_load(&lc.seg->flag);
+		struct local_op **pp = &lc.finish, *ready = NULL;
+		while (*pp != NULL) {
+			struct local_op *op = *pp;
+			if (give_up || lc_cond_let_go(op, NULL)) {
+				*pp = op->next;
+				op->next = ready;
+				ready = op;
+			} else {
+				pp = &op->next;
+			}
+		}
+		bool waiting = lc.finish != NULL;
+		pthread_mutex_unlock(&lc.lock);
+		while (ready != NULL) {
+			struct local_op *op = ready;
+			ready = op->next;
+			lc_complete(op);
+		}
+		if (waiting)
+			shm_flag_wait(&lc.seg->flag, seq + 1, LC_SLICE_MS);
+	}
+}
+
+/* ---- staging regions --------------------------------------------------------- */
+
+/* Takes `len` bytes of this rank's arena, first fit: offset + 1, or 0 when
+ * they do not fit now (the tensor then goes by cross-memory attach).
+ * lc.lock held. */
+static uint64_t lc_region_take(uint64_t len)
+{
+	if (lc.arenas == NULL || len == 0)
+		return 0;
+	len = (len + 4095) & ~(uint64_t)4095;
+	uint64_t at = 0, size = shm_seg_size(&lc.arenas[lc.cfg.local_rank]);
+	int i = 0;
+	for (; i < lc.nused; i++) {
+		if (lc.used[i].off - at >= len)
+			break;
+		at = lc.used[i].off + lc.used[i].len;
+	}
+	if (at + len > size)
+		return 0;
+	if (lc.nused == lc.capused) {
+		int cap = lc.capused ? lc.capused * 2 : 16;
+		struct lc_span *u = realloc(lc.used, (size_t)cap * sizeof *u);
+		if (u == NULL)
+			return 0;
+		lc.used = u;
+		lc.capused = cap;
+	}
+	memmove(&lc.used[i + 1], &lc.used[i], (size_t)(lc.nused - i) * sizeof *lc.used);
+	lc.used[i] = (struct lc_span){at, len};
+	lc.nused++;
+	return at + 1;
+}
+
+static void lc_region_give(uint64_t region)
+{
+	if (region == 0)
+		return;
+	pthread_mutex_lock(&lc.lock);
+	for (int i = 0; i < lc.nused; i++) {
+		if (lc.used[i].off == region - 1) {
+			memmove(&lc.used[i], &lc.used[i + 1], (size_t)(lc.nused - i - 1) * sizeof *lc.used);
+			lc.nused--;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&lc.lock);
 }
 
 /* ---- public ---------------------------------------------------------------- */
@@ -716,6 +992,14 @@ static int lc_await_attached(void)
 
 static void lc_unmap(void)
 {
+	if (lc.arenas != NULL)
+		for (int q = 0; q < lc.cfg.local_size; q++)
+			shm_seg_close(&lc.arenas[q]);
+	free(lc.arenas);
+	lc.arenas = NULL;
+	free(lc.used);
+	lc.used = NULL;
+	lc.nused = lc.capused = 0;
 	for (int i = 0; i < 2; i++)
 		free(lc.tmp[i]);
 	free(lc.acc);
@@ -731,6 +1015,7 @@ int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
 	snprintf(lc.job, sizeof lc.job, "%s", cfg->job);
 	lc.cfg.job = lc.job;
 	lc.reduce_q = (struct lc_queue){0};
+	lc.stage_head = lc.stage_tail = NULL;
 	lc.bcast_q = (struct lc_queue){0};
 	/* Peers read and write this process's buffers: under Yama's
 	 * ptrace_scope 1 that needs our leave (EINVAL without Yama). */
@@ -771,6 +1056,31 @@ int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
 				"shared memory (job %s): %s", cfg->rank, cfg->local_rank, cfg->machine,
 				lc.job, log_last_error());
 	}
+	char arena[48];
+	if (cfg->machines == 1 && cfg->stage_bytes != 0 && cfg->arena_bytes != 0) {
+		/* Every rank's staging arena, mapped by all before anyone is
+		 * attached; the pages are taken as staging touches them. */
+		lc.arenas = calloc((size_t)cfg->local_size, sizeof *lc.arenas);
+		rc = lc.arenas == NULL ? UNISUM_ENOMEM : 0;
+		snprintf(arena, sizeof arena, "m%d.a%d", cfg->machine, cfg->local_rank);
+		if (rc == 0)
+			rc = shm_seg_create_sparse(lc.job, arena, cfg->arena_bytes,
+						   &lc.arenas[cfg->local_rank]);
+		for (int q = 0; rc == 0 && q < cfg->local_size; q++) {
+			char name[48];
+			snprintf(name, sizeof name, "m%d.a%d", cfg->machine, q);
+			if (q != cfg->local_rank)
+				rc = shm_seg_open(lc.job, name, cfg->timeout_ms, &lc.arenas[q]);
+		}
+		if (rc != 0) {
+			shm_seg_unlink(lc.job, arena);
+			if (cfg->local_rank == 0)
+				shm_seg_unlink(lc.job, what);
+			lc_unmap();
+			return log_fail(rc, "worker %d cannot map the machine's staging areas (job %s): %s",
+					cfg->rank, lc.job, log_last_error());
+		}
+	}
 	struct lc_rank *mine = &lc.seg->ranks[cfg->local_rank];
 	atomic_store(&mine->pid, (int32_t)getpid());
 	atomic_store(&mine->attached, 1);
@@ -779,10 +1089,11 @@ int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
 	lc.tmp[1] = aligned_alloc(64, LC_CHUNK);
 	lc.acc = aligned_alloc(64, LC_CHUNK);
 	rc = lc.tmp[0] && lc.tmp[1] && lc.acc ? lc_await_attached() : UNISUM_ENOMEM;
-	if (cfg->local_rank == 0) {
-		/* Everyone has it mapped: the name can go, so no crash leaves it. */
+	/* Everyone has them mapped: the names can go, so no crash leaves them. */
+	if (cfg->local_rank == 0)
 		shm_seg_unlink(lc.job, what);
-	}
+	if (lc.arenas != NULL)
+		shm_seg_unlink(lc.job, arena);
 	if (rc != 0) {
 		lc_unmap();
 		return rc;
@@ -791,14 +1102,36 @@ int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
 		lc_unmap();
 		return log_fail(UNISUM_ESYS, "worker %d cannot start the local reduce thread", cfg->rank);
 	}
-	if (pthread_create(&lc.bcast_thread, NULL, lc_bcast_main, NULL) != 0) {
+	if (pthread_create(&lc.finish_thread, NULL, lc_finish_main, NULL) != 0) {
 		pthread_mutex_lock(&lc.lock);
 		lc.reduce_q.closed = true;
 		pthread_cond_broadcast(&lc.cond);
 		pthread_mutex_unlock(&lc.lock);
 		pthread_join(lc.reduce_thread, NULL);
 		lc_unmap();
+		return log_fail(UNISUM_ESYS, "worker %d cannot start the local finishing thread", cfg->rank);
+	}
+	if (pthread_create(&lc.bcast_thread, NULL, lc_bcast_main, NULL) != 0) {
+		pthread_mutex_lock(&lc.lock);
+		lc.reduce_q.closed = true;
+		pthread_cond_broadcast(&lc.cond);
+		pthread_mutex_unlock(&lc.lock);
+		pthread_join(lc.reduce_thread, NULL);
+		pthread_mutex_lock(&lc.lock);
+		lc.bcast_q.closed = true;
+		pthread_cond_broadcast(&lc.cond);
+		pthread_mutex_unlock(&lc.lock);
+		pthread_join(lc.finish_thread, NULL);
+		lc_unmap();
 		return log_fail(UNISUM_ESYS, "worker %d cannot start the local broadcast thread", cfg->rank);
+	}
+	if (lc.arenas != NULL) {
+		if (pthread_create(&lc.stage_thread, NULL, lc_stage_main, NULL) != 0) {
+			lc.started = true;
+			local_stop();
+			return log_fail(UNISUM_ESYS, "worker %d cannot start the staging thread", cfg->rank);
+		}
+		lc.stage_started = true;
 	}
 	lc.started = true;
 	LOG_INFO("local rank %d of %d on machine %d: shared-memory reduce ready", cfg->local_rank,
@@ -815,11 +1148,15 @@ void local_stop(void)
 	pthread_cond_broadcast(&lc.cond);
 	pthread_mutex_unlock(&lc.lock);
 	pthread_join(lc.reduce_thread, NULL);
+	if (lc.stage_started)
+		pthread_join(lc.stage_thread, NULL);
+	lc.stage_started = false;
 	pthread_mutex_lock(&lc.lock);
 	lc.bcast_q.closed = true;
 	pthread_cond_broadcast(&lc.cond);
 	pthread_mutex_unlock(&lc.lock);
 	pthread_join(lc.bcast_thread, NULL);
+	pthread_join(lc.finish_thread, NULL);
 	lc.started = false;
 	lc_unmap();
 }
@@ -845,8 +1182,15 @@ int local_submit(const struct local_req *req, struct local_op **out)
 		return log_fail(UNISUM_ENOMEM, "worker %d: more than %d tensor cuts on the local path",
 				lc.cfg.rank, LC_TABLE);
 	}
+	for (uint32_t p = 0; p < req->nparts; p++)
+		op->bytes += req->parts[p].count * unisum_dtype_size(req->dtype);
+	if (lc.cfg.machines == 1 && lc.cfg.stage_bytes != 0 && op->bytes >= lc.cfg.stage_bytes &&
+	    req->in != NULL)
+		op->region = lc_region_take(op->bytes);
 	/* Reset everything of the new round, then publish it. */
 	atomic_store(&e->err, 0);
+	atomic_store(&e->region, op->region);
+	atomic_store(&e->staged, lc_pack(req->round, 0));
 	atomic_store(&e->in, (uint64_t)(uintptr_t)req->in);
 	atomic_store(&e->out, (uint64_t)(uintptr_t)req->out);
 	atomic_store(&e->reduced, lc_pack(req->round, 0));
@@ -859,6 +1203,13 @@ int local_submit(const struct local_req *req, struct local_op **out)
 	op->seq = lc.next_seq++;
 	*out = op;
 	q_push(&lc.reduce_q, op);
+	if (op->region != 0) {
+		if (lc.stage_tail != NULL)
+			lc.stage_tail->stage_next = op;
+		else
+			lc.stage_head = op;
+		lc.stage_tail = op;
+	}
 	pthread_mutex_unlock(&lc.lock);
 	lc_post();
 	return 0;

@@ -46,6 +46,8 @@ struct local_cfg {
 	int rank;			/* this worker's rank, for messages */
 	int timeout_ms;			/* bounds attaching to the segment */
 	int stall_warn_ms;		/* a wait this long is logged */
+	uint64_t stage_bytes;		/* one machine: stage tensors this large (0: never) */
+	uint64_t arena_bytes;		/* ... in a staging area this large per rank */
 };
 
 /* What the worker lends the stages. */
@@ -59,6 +61,9 @@ struct local_hooks {
 	void (*done)(void *ctx, int err, const char *why);
 	/* Whether the job failed: its error with the reason in why, or 0. */
 	int (*failed)(char *why, size_t len);
+	/* Whether the tensor of cut `key` can never be summed (the workers
+	 * declared it with different shapes): its error with why, or 0. */
+	int (*poisoned)(uint64_t key, char *why, size_t len);
 };
 
 /* One push_pull on the local path. */

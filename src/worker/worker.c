@@ -192,6 +192,11 @@ static struct {
 	bool push_started;
 	int failed;			/* the job failed: every call returns it */
 	char failed_why[512];
+	struct wk_poison {
+		uint64_t key;
+		char why[512];
+	} *poison;			/* tensors that can never be summed (scheduler) */
+	int npoison;
 } wk = {.lock = PTHREAD_MUTEX_INITIALIZER, .done_cond = PTHREAD_COND_INITIALIZER,
       .failed_cond = PTHREAD_COND_INITIALIZER};
 
@@ -732,6 +737,35 @@ static int wk_local_failed(char *why, size_t len)
 	return err;
 }
 
+/* The scheduler says tensor `key` can never be summed (reader thread). */
+static void wk_tensor_error(void *arg, uint64_t key, const char *why)
+{
+	(void)arg;
+	pthread_mutex_lock(&wk.lock);
+	struct wk_poison *p = realloc(wk.poison, (size_t)(wk.npoison + 1) * sizeof *p);
+	if (p != NULL) {
+		wk.poison = p;
+		p[wk.npoison].key = key;
+		snprintf(p[wk.npoison].why, sizeof p[wk.npoison].why, "%s", why);
+		wk.npoison++;
+	}
+	pthread_mutex_unlock(&wk.lock);
+}
+
+static int wk_local_poisoned(uint64_t key, char *why, size_t len)
+{
+	int rc = 0;
+	pthread_mutex_lock(&wk.lock);
+	for (int i = 0; i < wk.npoison && rc == 0; i++) {
+		if (wk.poison[i].key == key) {
+			snprintf(why, len, "%s", wk.poison[i].why);
+			rc = UNISUM_EMISMATCH;
+		}
+	}
+	pthread_mutex_unlock(&wk.lock);
+	return rc;
+}
+
 static int wk_local_start(void)
 {
 	char job[SHM_JOB_MAX + 1];
@@ -739,9 +773,11 @@ static int wk_local_start(void)
 	struct local_cfg lcfg = {.job = job, .machine = wk.cfg.worker_id,
 				 .machines = wk.cfg.num_workers, .local_rank = wk.cfg.local_rank,
 				 .local_size = wk.cfg.local_size, .rank = wk.rank,
-				 .timeout_ms = wk.cfg.timeout_ms, .stall_warn_ms = wk.cfg.stall_warn_ms};
+				 .timeout_ms = wk.cfg.timeout_ms, .stall_warn_ms = wk.cfg.stall_warn_ms,
+				 .stage_bytes = wk.cfg.local_stage_bytes,
+				 .arena_bytes = wk.cfg.local_arena_bytes};
 	struct local_hooks hooks = {.push = wk_local_push, .done = wk_local_done,
-				    .failed = wk_local_failed};
+				    .failed = wk_local_failed, .poisoned = wk_local_poisoned};
 	return local_start(&lcfg, &hooks);
 }
 
@@ -765,6 +801,9 @@ static void wk_free_all(void)
 		free(t);
 	}
 	free(wk.tensors);
+	free(wk.poison);
+	wk.poison = NULL;
+	wk.npoison = 0;
 	for (int i = 0; i < wk.nops; i++)
 		free(wk.ops[i]);
 	free(wk.ops);
@@ -828,7 +867,7 @@ int unisum_init(void)
 	rc = tn_init();	/* before a TUNE can arrive */
 	if (rc != 0)
 		return log_fail(rc, "unisum_init: out of memory");
-	rc = rdv_client_new(&wk.cfg, 0, wk_notice, NULL, NULL, &wk.rdv);
+	rc = rdv_client_new(&wk.cfg, 0, wk_notice, wk_tensor_error, NULL, &wk.rdv);
 	if (rc != 0)
 		return log_fail(rc, "unisum_init: cannot join the job through the scheduler at %s:%d: %s",
 				wk.cfg.scheduler_host, wk.cfg.scheduler_port, log_last_error());

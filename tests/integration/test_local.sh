@@ -59,23 +59,39 @@ run_local "200 tensors in flight, two machines" 4 2 2 many 200
 run_local "declarations in a different order on every worker" 4 2 2 shuffle
 run_local "broadcast from every root, one machine" 4 1 4 broadcast
 run_local "broadcast from every root, two machines" 4 1 2 broadcast
+# One machine, large tensors: staged through each rank's arena instead of
+# read with cross-memory attach.  Stage everything here; a tiny arena
+# mixes staged and unstaged tensors within one job.
+export UNISUM_LOCAL_STAGE_BYTES=1
+UNISUM_PARTITION_BYTES=65536 run_local "staged: every dtype, every tail" 2 1 2 sums
+UNISUM_PARTITION_BYTES=65536 run_local "staged: every dtype, every tail" 4 1 4 sums
+run_local "staged: every dtype, 4 MB partitions" 3 1 3 sums
+run_local "staged: 200 tensors in flight" 4 1 4 many 200
+UNISUM_LOCAL_ARENA_BYTES=200000 run_local "staged and not, in one job" 3 1 3 many 200
+run_local "staged: broadcast from every root" 4 1 4 broadcast
+unset UNISUM_LOCAL_STAGE_BYTES
 
-# A local rank killed (SIGKILL) mid-run: every survivor, on its machine and
-# on the other, fails with an error naming it.  Started by hand, so the
-# launcher does not stop the survivors first.
-for victim in 1 2; do
+# A local rank killed (SIGKILL) mid-run, in two machines of 2 and in one
+# staging machine of 4: every survivor, on its machine and on the other,
+# fails with an error naming it.  Started by hand, so the launcher does not
+# stop the survivors first.  Each spec: victim, machines, local size,
+# UNISUM_LOCAL_STAGE_BYTES.
+for spec in "1 2 2 0" "2 2 2 0" "2 1 4 1"; do
+	set -- $spec
+	victim=$1 machines=$2 lsize=$3 stage=$4
 	pport=$(free_port)
 	log=$(mktemp -d)
-	job="kill$$-$victim"
+	job="kill$$-$victim-$lsize"
 	start=$(date +%s)
 	(
-		export UNISUM_NUM_WORKER=2 UNISUM_NUM_SERVER=1 UNISUM_SCHEDULER_HOST=127.0.0.1
-		export UNISUM_SCHEDULER_PORT=$pport UNISUM_LOCAL_SIZE=2 UNISUM_JOB_ID=$job
+		export UNISUM_NUM_WORKER=$machines UNISUM_NUM_SERVER=1 UNISUM_SCHEDULER_HOST=127.0.0.1
+		export UNISUM_SCHEDULER_PORT=$pport UNISUM_LOCAL_SIZE=$lsize UNISUM_JOB_ID=$job
+		export UNISUM_LOCAL_STAGE_BYTES=$stage
 		UNISUM_ROLE=scheduler timeout 60 "$UNISUM" scheduler >"$log/scheduler" 2>&1 &
 		UNISUM_ROLE=server timeout 60 "$UNISUM" server >"$log/server" 2>&1 &
 		pids=
 		for r in 0 1 2 3; do
-			UNISUM_ROLE=worker UNISUM_WORKER_ID=$((r / 2)) UNISUM_LOCAL_RANK=$((r % 2)) \
+			UNISUM_ROLE=worker UNISUM_WORKER_ID=$((r / lsize)) UNISUM_LOCAL_RANK=$((r % lsize)) \
 				timeout 60 "$CHECK" die "$victim" 40 >"$log/w$r" 2>&1 &
 			pids="$pids $!"
 		done
@@ -91,13 +107,13 @@ for victim in 1 2; do
 	for r in 0 1 2 3; do
 		rc=$(cat "$log/rc$r")
 		if [ "$r" -eq "$victim" ]; then
-			expect "local rank $victim killed: it died by SIGKILL" [ "$rc" -eq 137 ]
+			expect "worker $victim of machines of $lsize killed (stage=$stage): it died by SIGKILL" [ "$rc" -eq 137 ]
 		else
-			expect "local rank $victim killed: worker $r failed naming worker $victim" [ "$rc" -eq 3 ]
+			expect "worker $victim of machines of $lsize killed (stage=$stage): worker $r failed naming worker $victim" [ "$rc" -eq 3 ]
 		fi
 	done
-	expect "local rank $victim killed: everything ended within 20 s" [ "$elapsed" -le 20 ]
-	expect "local rank $victim killed: no segment left in /dev/shm" [ "$(shm_left "$job")" -eq 0 ]
+	expect "worker $victim of machines of $lsize killed (stage=$stage): everything ended within 20 s" [ "$elapsed" -le 20 ]
+	expect "worker $victim of machines of $lsize killed (stage=$stage): no segment left in /dev/shm" [ "$(shm_left "$job")" -eq 0 ]
 	drop_logs "$log"
 done
 

@@ -44,7 +44,9 @@ def reference(kind):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """trained(nworkers, passes) -> per-rank results of workers/train.py,
-    launched once per (nworkers, passes) and shared by the tests below."""
+    launched once per (nworkers, passes) and shared by the tests below.
+    2 workers are one machine (shared memory only); 4 are two machines of 2
+    (shared memory, then the servers)."""
     cache = {}
 
     def get(nworkers, passes=1):
@@ -52,7 +54,8 @@ def trained(tmp_path_factory):
         if key not in cache:
             outdir = tmp_path_factory.mktemp("train_w%d_p%d" % key)
             nservers = 1 if nworkers == 1 else 2
-            check_launch(nworkers, nservers, "train.py", outdir, "--passes", passes, timeout=120)
+            check_launch(nworkers, nservers, "train.py", outdir, "--passes", passes, timeout=120,
+                         local_size=2 if nworkers == 4 else None)
             results = [common.load(outdir, r) for r in range(nworkers)]
             for r, res in enumerate(results):
                 assert (res["rank"], res["size"]) == (r, nworkers)
