@@ -86,6 +86,9 @@ static const struct knob config_knobs[] = {
 	{"UNISUM_LOCAL_ARENA_BYTES", NULL, NULL, KNOB_U64, FIELD(local_arena_bytes), "268435456", 0,
 	 1LL << 50, "shared memory each worker of a machine may fill with staged tensors (taken as "
 	 "used); a tensor that does not fit is read straight from the workers' memory"},
+	{"UNISUM_IPC", NULL, NULL, KNOB_INT, FIELD(ipc), "1", 0, 1,
+	 "1: a worker and a server on the same host pass the data by cross-memory attach (the "
+	 "socket carries headers only; BytePS's IPC mode); 0: through the socket"},
 	{"UNISUM_STALL_WARN_MS", NULL, NULL, KNOB_INT, FIELD(stall_warn_ms), "60000", 10, INT_MAX,
 	 "a server logs a round some workers pushed and others not for this long (ms)"},
 	{"UNISUM_STALL_ABORT_MS", NULL, NULL, KNOB_INT, FIELD(stall_abort_ms), "0", 0, INT_MAX,

@@ -62,6 +62,7 @@ struct config {
 	int autotune_steps;		/* rounds per autotune epoch (trial) */
 	uint64_t local_stage_bytes;	/* one machine: stage tensors this large (0: never) */
 	uint64_t local_arena_bytes;	/* shared memory per local worker for staging */
+	int ipc;			/* same-host servers: data by cross-memory attach */
 };
 
 /* Fills `cfg` from the environment.  On a malformed value returns

@@ -12,9 +12,12 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log/log.h"
 #include "rendezvous/rdv_proto.h"
@@ -219,6 +222,22 @@ static void *rdv_heartbeat_main(void *arg)
 	return NULL;
 }
 
+void rdv_host_identity(char *out, size_t len)
+{
+	char boot[64] = "?";
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+	if (f != NULL) {
+		if (fgets(boot, sizeof boot, f) == NULL)
+			snprintf(boot, sizeof boot, "?");
+		fclose(f);
+	}
+	boot[strcspn(boot, "\n")] = '\0';
+	struct stat net, pid;
+	unsigned long long net_ino = stat("/proc/self/ns/net", &net) == 0 ? (unsigned long long)net.st_ino : 0;
+	unsigned long long pid_ino = stat("/proc/self/ns/pid", &pid) == 0 ? (unsigned long long)pid.st_ino : 0;
+	snprintf(out, len, "%.36s/%llx/%llx", boot, net_ino, pid_ino);
+}
+
 static int rdv_register(struct rdv_client *c, const struct config *cfg, int listen_port)
 {
 	struct wire_buf b;
@@ -230,6 +249,10 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 	wire_buf_u32(&b, worker ? (uint32_t)cfg->local_rank : 0);
 	wire_buf_u32(&b, worker ? (uint32_t)cfg->local_size : 1);
 	wire_buf_str(&b, cfg->node_host);
+	char host_id[64];
+	rdv_host_identity(host_id, sizeof host_id);
+	wire_buf_u32(&b, (uint32_t)getpid());
+	wire_buf_str(&b, host_id);
 	if (b.failed) {
 		wire_buf_fini(&b);
 		return UNISUM_ENOMEM;
@@ -281,6 +304,8 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 		node->local_rank = (int)wire_read_u32(&r);
 		node->port = (int)wire_read_u32(&r);
 		wire_read_str(&r, node->host, sizeof node->host);
+		node->pid = (int)wire_read_u32(&r);
+		wire_read_str(&r, node->host_id, sizeof node->host_id);
 		if (node->id == c->id)
 			c->rank = node->rank;
 		/* A worker's machine and local rank follow from its rank. */

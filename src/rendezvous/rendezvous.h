@@ -46,7 +46,16 @@ struct rdv_node {
 	int local_rank;		/* workers: rank % local_size; servers: 0 */
 	char host[64];		/* address peers connect to */
 	int port;		/* listening port (servers), 0 for workers */
+	int pid;		/* its process id ... */
+	char host_id[64];	/* ... and rdv_host_identity(): equal ids share memory */
 };
+
+/* Names this process's machine for shared memory: boot id, network and
+ * pid namespaces.  Two processes with the same identity can read each
+ * other's memory by pid (if permitted); processes in different network
+ * namespaces count as different hosts even on one kernel (an emulated
+ * cluster). */
+void rdv_host_identity(char *out, size_t len);
 
 /* ---- scheduler ---------------------------------------------------------- */
 

@@ -37,6 +37,8 @@ struct sched_node {
 	int machine;			/* workers: rank / local_size; servers: -1 */
 	uint32_t id;
 	char host[64];
+	int pid;			/* as registered */
+	char host_id[64];
 	bool in_barrier[4];		/* entered the barrier of group g */
 	_Atomic int64_t last_seen_ms;	/* when it last sent anything */
 };
@@ -237,6 +239,8 @@ static int sched_send_addrbook(struct rdv_scheduler *s)
 			wire_buf_u32(&b, (uint32_t)n->local_rank);
 			wire_buf_u32(&b, (uint32_t)n->port);
 			wire_buf_str(&b, n->host);
+			wire_buf_u32(&b, (uint32_t)n->pid);
+			wire_buf_str(&b, n->host_id);
 		}
 		struct wire_hdr h = {.type = WIRE_ADDRBOOK, .payload_len = b.len};
 		if (b.failed)
@@ -291,8 +295,10 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 	int port = (int)wire_read_u32(&r);
 	uint32_t local_rank = wire_read_u32(&r);
 	uint32_t local_size = wire_read_u32(&r);
-	char host[64];
+	char host[64], host_id[64];
 	wire_read_str(&r, host, sizeof host);
+	int pid = (int)wire_read_u32(&r);
+	wire_read_str(&r, host_id, sizeof host_id);
 	bool server = role == CONFIG_ROLE_SERVER, worker = role == CONFIG_ROLE_WORKER;
 	if (r.failed || r.left != 0 || (!server && !worker) || port < 0 || port > 65535 || req < -1 ||
 	    (worker && req >= s->num_machines) || (server && req >= s->num_servers) ||
@@ -336,6 +342,8 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 	n->local_rank = (int)local_rank;
 	n->local_size = (int)local_size;
 	snprintf(n->host, sizeof n->host, "%s", host);
+	n->pid = pid;
+	snprintf(n->host_id, sizeof n->host_id, "%s", host_id);
 	n->registered = true;
 	s->registered++;
 	LOG_DEBUG("registered %s from %s (%d of %d so far)", config_role_name(role), host, s->registered,

@@ -52,10 +52,14 @@
  */
 #include "server/server.h"
 
+#include <endian.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #include "log/log.h"
@@ -141,6 +145,8 @@ struct srv_conn {
 	pthread_t recv_thread, send_thread;
 	bool send_started;
 	int worker;		/* its machine after hello, -1 before */
+	bool ipc;		/* same host: data by cross-memory attach (WIRE_FLAG_IPC) */
+	pid_t peer_pid;		/* ... from and to this process */
 	pthread_mutex_t qlock;	/* the reply queue */
 	pthread_cond_t qcond;
 	struct srv_reply *head, *tail;
@@ -387,9 +393,46 @@ static void srv_queue_reply(struct server *srv, int w, const struct wire_hdr *h,
 {
 	pthread_mutex_lock(&srv->lock);
 	struct srv_conn *c = srv->by_worker[w];
-	if (c != NULL)
+	if (c != NULL && c->ipc && h->type == WIRE_PULL_REPLY && h->payload_len != 0) {
+		/* IPC: the worker copies the sum from here itself; the buffer
+		 * stays as it is until that worker's next push of the key. */
+		uint64_t *addr = malloc(sizeof *addr);
+		struct wire_hdr ih = *h;
+		ih.flags |= WIRE_FLAG_IPC;
+		ih.payload_len = WIRE_IPC_PAYLOAD;
+		if (addr != NULL) {
+			*addr = htole64((uint64_t)(uintptr_t)payload);
+			srv_conn_enqueue(c, &ih, addr, addr);
+		} else {
+			LOG_ERROR("out of memory queuing a reply");
+		}
+	} else if (c != NULL) {
 		srv_conn_enqueue(c, h, payload, NULL);
+	}
 	pthread_mutex_unlock(&srv->lock);
+}
+
+/* IPC push: copies `bytes` from the worker's address `from` into dst. */
+static int srv_ipc_read(struct srv_conn *c, void *dst, uint64_t from, size_t bytes, char *why,
+			size_t len)
+{
+	while (bytes > 0) {
+		struct iovec l = {dst, bytes}, r = {(void *)(uintptr_t)from, bytes};
+		ssize_t got = process_vm_readv(c->peer_pid, &l, 1, &r, 1, 0);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0) {
+			snprintf(why, len, "cannot read a push from the memory of pid %d (same host, "
+				 "UNISUM_IPC=1) with process_vm_readv: %s; set UNISUM_IPC=0 to send the "
+				 "data through the socket", (int)c->peer_pid,
+				 got < 0 ? strerror(errno) : "nothing read");
+			return got < 0 && errno == ESRCH ? UNISUM_ECONN : UNISUM_ESYS;
+		}
+		dst = (char *)dst + got;
+		from += (uint64_t)got;
+		bytes -= (size_t)got;
+	}
+	return 0;
 }
 
 /* Writes queued replies in order; after `closing` it drains what is left
@@ -735,10 +778,18 @@ static int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint
 static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
 			size_t len)
 {
-	if (h->type != WIRE_REGISTER || h->payload_len != 0) {
+	/* The hello's payload: nothing (TCP), or u32 flags with bit 0 asking
+	 * for IPC (the worker saw from the address book that we share a host). */
+	uint32_t flags = 0;
+	if (h->type != WIRE_REGISTER || (h->payload_len != 0 && h->payload_len != sizeof flags)) {
 		snprintf(why, len, "first message is %s, expected a worker hello", wire_type_name(h->type));
 		return UNISUM_EPROTO;
 	}
+	if (h->payload_len != 0 && srv->tp->recv_payload(c->conn, &flags, sizeof flags) != 0) {
+		snprintf(why, len, "connection closed in the middle of a hello");
+		return UNISUM_ECONN;
+	}
+	flags = le32toh(flags);
 	const struct rdv_node *n = rdv_client_node_by_id(srv->rdv, h->sender);
 	if (n == NULL || n->role != CONFIG_ROLE_WORKER) {
 		snprintf(why, len, "hello from node id %u, which is not a worker of this job", h->sender);
@@ -754,6 +805,21 @@ static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wir
 		snprintf(why, len, "worker rank %d is on machine %d, but this job has %d machines",
 			 n->rank, n->machine, srv->nworkers);
 		return UNISUM_EPROTO;
+	}
+	if (flags & ~1u) {
+		snprintf(why, len, "hello with unknown flags 0x%x", flags);
+		return UNISUM_EPROTO;
+	}
+	if (flags & 1u) {
+		char mine[64];
+		rdv_host_identity(mine, sizeof mine);
+		if (strcmp(mine, n->host_id) != 0 || n->pid <= 0) {
+			snprintf(why, len, "worker rank %d asks for IPC but is not on this host (%s, here %s)",
+				 n->rank, n->host_id, mine);
+			return UNISUM_EPROTO;
+		}
+		c->ipc = true;
+		c->peer_pid = n->pid;
 	}
 	pthread_mutex_lock(&srv->lock);
 	int rc = 0;
@@ -887,8 +953,23 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 				snprintf(why, len, "out of memory for a %zu-byte push", k->bytes);
 				return UNISUM_ENOMEM;
 			}
-			/* Zero-copy receive: the payload lands in its buffer. */
-			if (srv->tp->recv_payload(c->conn, k->push_buf[c->worker], h->payload_len) != 0) {
+			if (h->flags & WIRE_FLAG_IPC) {
+				uint64_t addr;
+				if (!c->ipc) {
+					snprintf(why, len, "an IPC push from a worker that did not ask for IPC");
+					return UNISUM_EPROTO;
+				}
+				if (srv->tp->recv_payload(c->conn, &addr, sizeof addr) != 0) {
+					snprintf(why, len, "connection closed in the middle of a push");
+					return UNISUM_ECONN;
+				}
+				int rc = srv_ipc_read(c, k->push_buf[c->worker], le64toh(addr), k->bytes, why,
+						      len);
+				if (rc != 0)
+					return rc;
+			} else if (srv->tp->recv_payload(c->conn, k->push_buf[c->worker],
+							 h->payload_len) != 0) {
+				/* Zero-copy receive: the payload lands in its buffer. */
 				snprintf(why, len, "connection closed in the middle of a push");
 				return UNISUM_ECONN;
 			}

@@ -123,8 +123,10 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 		snprintf(why, why_len, "%s: reserved header bytes are not zero", wire_type_name(h->type));
 		return UNISUM_EPROTO;
 	}
-	uint16_t allowed = (h->type == WIRE_PUSH || h->type == WIRE_PULL_REPLY) ? WIRE_FLAG_ZERO : 0;
-	if ((h->flags & ~allowed) != 0) {
+	uint16_t allowed = (h->type == WIRE_PUSH || h->type == WIRE_PULL_REPLY)
+				   ? WIRE_FLAG_ZERO | WIRE_FLAG_IPC
+				   : 0;
+	if ((h->flags & ~allowed) != 0 || (h->flags & WIRE_FLAG_ZERO && h->flags & WIRE_FLAG_IPC)) {
 		snprintf(why, why_len, "%s: unknown flags 0x%x", wire_type_name(h->type), h->flags);
 		return UNISUM_EPROTO;
 	}
@@ -143,7 +145,13 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 					 wire_type_name(h->type), (unsigned long long)h->count);
 				return UNISUM_EPROTO;
 			}
-			want = h->count * dtype_bytes(h->dtype);
+			want = h->flags & WIRE_FLAG_IPC ? WIRE_IPC_PAYLOAD : h->count * dtype_bytes(h->dtype);
+		}
+		if (h->payload_len != want && (h->flags & WIRE_FLAG_IPC)) {
+			snprintf(why, why_len, "%s: an IPC payload is an %u-byte address, got %llu bytes",
+				 wire_type_name(h->type), WIRE_IPC_PAYLOAD,
+				 (unsigned long long)h->payload_len);
+			return UNISUM_EPROTO;
 		}
 		if (h->payload_len != want) {
 			snprintf(why, why_len, "%s: payload of %llu bytes, but %llu %s elements need %llu",

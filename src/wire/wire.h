@@ -68,6 +68,14 @@ enum wire_type {
  * from another root).  PULL_REPLY: the sum is all zeros, no payload. */
 #define WIRE_FLAG_ZERO 0x1u
 
+/* PUSH and PULL_REPLY between processes of one host (IPC mode, agreed in
+ * the worker's hello): the payload is not the data but the u64 address of
+ * the count elements in the sender's memory (WIRE_IPC_PAYLOAD bytes); the
+ * receiver copies them with process_vm_readv, in one copy instead of a
+ * socket's two. */
+#define WIRE_FLAG_IPC 0x2u
+#define WIRE_IPC_PAYLOAD 8u
+
 struct wire_hdr {
 	uint8_t type;
 	uint16_t flags;

@@ -1227,7 +1227,9 @@ void local_pulled(struct local_op *op, uint32_t part, int err, const char *why)
 	if (err != 0)
 		atomic_store(&op->mine->err, err);
 	atomic_store_explicit(&op->mine->pulled, lc_pack(op->req.round, n), memory_order_release);
+	/* Posted under the lock: once it is released the operation may
+	 * complete, the job shut down and the segment go. */
+	lc_post();
 	pthread_cond_broadcast(&lc.cond);
 	pthread_mutex_unlock(&lc.lock);
-	lc_post();
 }

@@ -33,11 +33,14 @@
  * a connection's `lock` guards its queue and pending table.  Order:
  * wk.lock, then a connection's lock.  No lock is held during socket I/O.
  */
+#include <endian.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #include "config/config.h"
@@ -123,6 +126,8 @@ struct wk_conn {
 	int server;			/* server rank */
 	char label[128];		/* "server 0 (127.0.0.1:4000)" */
 	struct tp_conn *conn;
+	bool ipc;			/* same host: data by cross-memory attach */
+	pid_t server_pid;		/* ... to and from this process */
 	pthread_t send_thread, recv_thread;
 	pthread_mutex_t lock;		/* queue, pending, dead */
 	pthread_cond_t cond;		/* queue non-empty or dead */
@@ -354,10 +359,17 @@ static void *wk_send_main(void *arg)
 						.round = j->round, .key = j->key, .count = j->count,
 						.dtype = (uint8_t)j->dtype};
 			const void *payload = j->in;
-			if (payload == NULL)
+			uint64_t addr = htole64((uint64_t)(uintptr_t)j->in);
+			if (payload == NULL) {
 				push.flags = WIRE_FLAG_ZERO;
-			else
+			} else if (c->ipc) {
+				/* The server copies the data from here itself. */
+				push.flags = WIRE_FLAG_IPC;
+				push.payload_len = WIRE_IPC_PAYLOAD;
+				payload = &addr;
+			} else {
 				push.payload_len = j->count * unisum_dtype_size(j->dtype);
+			}
 			struct wire_hdr pull = push;
 			pull.type = WIRE_PULL;
 			pull.flags = 0;
@@ -468,6 +480,35 @@ static struct wk_job *wk_take_answered(struct wk_conn *c, const struct wire_hdr 
 	return NULL;
 }
 
+/* IPC reply: the PULL_REPLY's payload is the address of the sum in the
+ * server's memory, valid until this worker's next push of the key. */
+static int wk_ipc_read(struct wk_conn *c, void *dst, size_t bytes, char *msg, size_t len)
+{
+	uint64_t addr;
+	if (wk.tp->recv_payload(c->conn, &addr, sizeof addr) != 0) {
+		snprintf(msg, len, "%s: the connection closed in the middle of a reply", c->label);
+		return UNISUM_ECONN;
+	}
+	addr = le64toh(addr);
+	while (bytes > 0) {
+		struct iovec l = {dst, bytes}, r = {(void *)(uintptr_t)addr, bytes};
+		ssize_t got = process_vm_readv(c->server_pid, &l, 1, &r, 1, 0);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0) {
+			snprintf(msg, len, "worker %d cannot read a reply from the memory of %s (pid %d) "
+				 "with process_vm_readv: %s; set UNISUM_IPC=0 to send the data through "
+				 "the socket", wk.rank, c->label, (int)c->server_pid,
+				 got < 0 ? strerror(errno) : "nothing read");
+			return got < 0 && errno == ESRCH ? UNISUM_ECONN : UNISUM_ESYS;
+		}
+		dst = (char *)dst + got;
+		addr += (uint64_t)got;
+		bytes -= (size_t)got;
+	}
+	return 0;
+}
+
 static void *wk_recv_main(void *arg)
 {
 	struct wk_conn *c = arg;
@@ -535,6 +576,25 @@ static void *wk_recv_main(void *arg)
 		size_t bytes = j->count * unisum_dtype_size(j->dtype);
 		if (h.flags & WIRE_FLAG_ZERO) {
 			memset(j->out, 0, bytes);
+		} else if (h.flags & WIRE_FLAG_IPC) {
+			int rc = c->ipc ? wk_ipc_read(c, j->out, bytes, msg, sizeof msg) : UNISUM_EPROTO;
+			if (rc == UNISUM_EPROTO)
+				snprintf(msg, sizeof msg, "%s sent an IPC reply on a connection without IPC",
+					 c->label);
+			if (rc == UNISUM_ECONN) {
+				/* The server is gone: its job fails with the others, named
+				 * by the root cause (wk_conn_fail). */
+				pthread_mutex_lock(&c->lock);
+				pending_add(c, j);
+				pthread_mutex_unlock(&c->lock);
+				snprintf(msg, sizeof msg, "%s: the server exited in the middle of a reply",
+					 c->label);
+				break;
+			}
+			if (rc != 0) {
+				wk_job_finish(j, rc, msg);
+				break;
+			}
 		} else if (wk.tp->recv_payload(c->conn, j->out, bytes) != 0) {
 			snprintf(msg, sizeof msg, "%s: the connection closed in the middle of a reply",
 				 c->label);
@@ -628,8 +688,18 @@ static int wk_connect_servers(void)
 		if (rc != 0)
 			return log_fail(rc, "worker %d cannot reach %s: %s", wk.rank, c->label,
 					log_last_error());
-		struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(wk.rdv)};
-		rc = wk.tp->send(c->conn, &hello, NULL);
+		/* A server on this host (same boot, network and pid namespaces)
+		 * gets our data by address: we ask for IPC in the hello. */
+		char mine[64];
+		rdv_host_identity(mine, sizeof mine);
+		c->ipc = wk.cfg.ipc && n->pid > 0 && strcmp(n->host_id, mine) == 0;
+		c->server_pid = n->pid;
+		if (c->ipc)
+			LOG_INFO("worker %d passes data to %s by address (IPC: same host)", wk.rank, c->label);
+		uint32_t flags = htole32(c->ipc ? 1u : 0u);
+		struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(wk.rdv),
+					 .payload_len = c->ipc ? sizeof flags : 0};
+		rc = wk.tp->send(c->conn, &hello, c->ipc ? &flags : NULL);
 		if (rc != 0)
 			return log_fail(rc, "worker %d lost %s while saying hello", wk.rank, c->label);
 		if (pthread_create(&c->send_thread, NULL, wk_send_main, c) != 0)

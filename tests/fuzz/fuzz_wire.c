@@ -12,11 +12,13 @@
  * wire.h allow (an independent model of those rules is checked against
  * it both ways).  For an accepted header: re-encoding it gives back the
  * same 48 bytes; every field is the little-endian value at its offset;
- * the type has a name; the flags are ones the type takes; the dtype is
- * valid where the type carries one and 0 elsewhere; PUSH and PULL_REPLY
- * carry count x dtype size bytes (0 with the ZERO flag) with no overflow
- * and at most WIRE_MAX_DATA_PAYLOAD; payload-less types carry 0 bytes;
- * control types at most WIRE_MAX_CONTROL_PAYLOAD.  A rejected header
+ * the type has a name; the flags are ones the type takes (ZERO or IPC on
+ * PUSH and PULL_REPLY, never both, none elsewhere); the dtype is valid
+ * where the type carries one and 0 elsewhere; PUSH and PULL_REPLY carry
+ * count x dtype size bytes (0 with the ZERO flag, WIRE_IPC_PAYLOAD = the
+ * u64 address with the IPC flag), count x dtype size never overflowing
+ * nor passing WIRE_MAX_DATA_PAYLOAD unless ZERO; payload-less types carry
+ * 0 bytes; control types at most WIRE_MAX_CONTROL_PAYLOAD.  A rejected header
  * yields UNISUM_EPROTO and a non-empty reason that fits the reason buffer,
  * however short that buffer is.
  *
@@ -57,6 +59,9 @@ static uint64_t le_bytes(const uint8_t *p, int n)
 
 /* ---- header ---- */
 
+/* The IPC payload is one u64 address (wire.h); the model below says 8. */
+_Static_assert(WIRE_IPC_PAYLOAD == 8, "WIRE_IPC_PAYLOAD is not a u64");
+
 /* Whether `type` carries a tensor dtype (wire.h's layout table). */
 static bool type_is_tensor(uint8_t type)
 {
@@ -72,10 +77,20 @@ static bool type_is_payloadless(uint8_t type)
 	       type == WIRE_HEARTBEAT || type == WIRE_PUSH_ACK || type == WIRE_RETIRE;
 }
 
-/* Whether `type` sends tensor data: count x dtype bytes unless ZERO. */
+/* Whether `type` sends tensor data: count x dtype bytes unless ZERO
+ * (none) or IPC (the data's u64 address in the sender). */
 static bool type_is_data(uint8_t type)
 {
 	return type == WIRE_PUSH || type == WIRE_PULL_REPLY;
+}
+
+/* Whether `flags` are ones `type` may carry: ZERO or IPC on the data
+ * types, never the two together; nothing on any other type. */
+static bool flags_allowed(uint8_t type, uint16_t flags)
+{
+	if (!type_is_data(type))
+		return flags == 0;
+	return flags == 0 || flags == WIRE_FLAG_ZERO || flags == WIRE_FLAG_IPC;
 }
 
 /* The rules of wire.h, written from the header comment rather than from
@@ -94,7 +109,7 @@ static bool model_accepts(const uint8_t in[WIRE_HDR_SIZE])
 		return false;
 	if (in[41] != 0 || in[42] != 0 || in[43] != 0)
 		return false;
-	if ((flags & ~(type_is_data(type) ? WIRE_FLAG_ZERO : 0u)) != 0)
+	if (!flags_allowed(type, flags))
 		return false;
 	if (type_is_tensor(type) ? dtype >= UNISUM_DTYPE_COUNT : dtype != 0)
 		return false;
@@ -102,9 +117,12 @@ static bool model_accepts(const uint8_t in[WIRE_HDR_SIZE])
 		if (flags & WIRE_FLAG_ZERO)
 			return payload_len == 0;
 		uint64_t bytes;
-		if (__builtin_mul_overflow(count, (uint64_t)unisum_dtype_size(dtype), &bytes))
+		if (__builtin_mul_overflow(count, (uint64_t)unisum_dtype_size(dtype), &bytes) ||
+		    bytes > WIRE_MAX_DATA_PAYLOAD)
 			return false;
-		return bytes <= WIRE_MAX_DATA_PAYLOAD && payload_len == bytes;
+		/* With IPC the count elements stay in the sender: only their
+		 * address travels, but they still must fit one partition. */
+		return payload_len == ((flags & WIRE_FLAG_IPC) ? 8 : bytes);
 	}
 	if (type_is_payloadless(type))
 		return payload_len == 0;
@@ -130,7 +148,8 @@ static void check_accepted(const uint8_t in[WIRE_HDR_SIZE], const struct wire_hd
 
 	CHECK(h->type >= 1 && h->type <= WIRE_TYPE_MAX);
 	CHECK(strcmp(wire_type_name(h->type), "unknown") != 0);
-	CHECK((h->flags & ~(type_is_data(h->type) ? WIRE_FLAG_ZERO : 0u)) == 0);
+	CHECK(flags_allowed(h->type, h->flags));
+	CHECK((h->flags & WIRE_FLAG_ZERO) == 0 || (h->flags & WIRE_FLAG_IPC) == 0);
 	if (type_is_tensor(h->type)) {
 		CHECK(h->dtype < UNISUM_DTYPE_COUNT);
 		CHECK(unisum_dtype_size((unisum_dtype)h->dtype) != 0);
@@ -148,7 +167,11 @@ static void check_accepted(const uint8_t in[WIRE_HDR_SIZE], const struct wire_hd
 			uint64_t bytes;
 			size_t size = unisum_dtype_size((unisum_dtype)h->dtype);
 			CHECK(!__builtin_mul_overflow(h->count, (uint64_t)size, &bytes));
-			CHECK(h->payload_len == bytes);
+			CHECK(bytes <= WIRE_MAX_DATA_PAYLOAD);
+			if (h->flags & WIRE_FLAG_IPC)
+				CHECK(h->payload_len == WIRE_IPC_PAYLOAD);
+			else
+				CHECK(h->payload_len == bytes);
 		}
 	} else if (type_is_payloadless(h->type)) {
 		CHECK(h->payload_len == 0);
@@ -307,7 +330,10 @@ static void check_rebuilt(const struct wire_buf *b, const struct checked_reader 
 
 /* REGISTER (scheduler.c sched_on_register, client.c rdv_register):
  * u32 role, u32 requested rank (int32, -1 = any; a worker's machine),
- * u32 port, u32 local rank, u32 local size, str host. */
+ * u32 port, u32 local rank, u32 local size, str host, u32 pid,
+ * str host_id (rdv_host_identity(), into 64 bytes like host).  A worker's
+ * hello to a server (also REGISTER, server.c srv_on_hello) is read with
+ * recv_payload, not wire_reader, and is not modelled here. */
 static void parse_register(const uint8_t *data, size_t len)
 {
 	struct checked_reader c;
@@ -317,12 +343,14 @@ static void parse_register(const uint8_t *data, size_t len)
 	uint32_t port = cr_u32(&c);
 	uint32_t local_rank = cr_u32(&c);
 	uint32_t local_size = cr_u32(&c);
-	char host[64];
+	char host[64], host_id[64];
 	cr_str(&c, host, sizeof host);
+	uint32_t pid = cr_u32(&c);
+	cr_str(&c, host_id, sizeof host_id);
 	if (c.r.failed)
 		return;
-	/* Five u32, then the string's length prefix and its bytes. */
-	CHECK(cr_consumed(&c) == 5 * 4 + 4 + strlen(host));
+	/* Five u32, host (length prefix and bytes), the pid, host_id. */
+	CHECK(cr_consumed(&c) == 5 * 4 + 4 + strlen(host) + 4 + 4 + strlen(host_id));
 	struct wire_buf b;
 	wire_buf_init(&b);
 	wire_buf_u32(&b, role);
@@ -331,6 +359,8 @@ static void parse_register(const uint8_t *data, size_t len)
 	wire_buf_u32(&b, local_rank);
 	wire_buf_u32(&b, local_size);
 	wire_buf_str(&b, host);
+	wire_buf_u32(&b, pid);
+	wire_buf_str(&b, host_id);
 	check_rebuilt(&b, &c);
 	wire_buf_fini(&b);
 }
@@ -341,11 +371,14 @@ struct fuzz_node {
 	int32_t machine;	/* -1 for servers */
 	uint32_t local_rank, port;
 	char host[64];
+	uint32_t pid;
+	char host_id[64];	/* rdv_host_identity() of the node */
 };
 
 /* ADDRBOOK (scheduler.c sched_send_addrbook, client.c rdv_register):
  * u32 id, u32 local size, u32 n, then n x {u32 id, role, rank,
- * machine (int32), local rank, port; str host}, n in 1..RDV_MAX_NODES and
+ * machine (int32), local rank, port; str host; u32 pid; str host_id},
+ * n in 1..RDV_MAX_NODES and
  * local size in 1..RDV_MAX_LOCAL_SIZE (the client rejects the rest before
  * reading an entry). */
 static void parse_addrbook(const uint8_t *data, size_t len)
@@ -364,7 +397,7 @@ static void parse_addrbook(const uint8_t *data, size_t len)
 	 * further read is a no-op, so one more entry after the failure is
 	 * enough to check that the failure sticks. */
 	uint32_t got = 0, after_failure = 0;
-	size_t host_bytes = 0;
+	size_t host_bytes = 0;	/* of host and host_id */
 	for (uint32_t i = 0; i < n; i++) {
 		struct fuzz_node *node = &nodes[i];
 		node->id = cr_u32(&c);
@@ -374,15 +407,18 @@ static void parse_addrbook(const uint8_t *data, size_t len)
 		node->local_rank = cr_u32(&c);
 		node->port = cr_u32(&c);
 		cr_str(&c, node->host, sizeof node->host);
-		host_bytes += strlen(node->host);
+		node->pid = cr_u32(&c);
+		cr_str(&c, node->host_id, sizeof node->host_id);
+		host_bytes += strlen(node->host) + strlen(node->host_id);
 		got = i + 1;
 		if (c.r.failed && ++after_failure > 1)
 			break;
 	}
 	if (!c.r.failed) {
 		CHECK(got == n);
-		/* Three u32, then per entry six u32 and the host's length prefix. */
-		CHECK(cr_consumed(&c) == 3 * 4 + (size_t)n * (6 * 4 + 4) + host_bytes);
+		/* Three u32, then per entry six u32, host's length prefix, the
+		 * pid and host_id's length prefix. */
+		CHECK(cr_consumed(&c) == 3 * 4 + (size_t)n * (6 * 4 + 4 + 4 + 4) + host_bytes);
 		struct wire_buf b;
 		wire_buf_init(&b);
 		wire_buf_u32(&b, me);
@@ -396,6 +432,8 @@ static void parse_addrbook(const uint8_t *data, size_t len)
 			wire_buf_u32(&b, nodes[i].local_rank);
 			wire_buf_u32(&b, nodes[i].port);
 			wire_buf_str(&b, nodes[i].host);
+			wire_buf_u32(&b, nodes[i].pid);
+			wire_buf_str(&b, nodes[i].host_id);
 		}
 		check_rebuilt(&b, &c);
 		wire_buf_fini(&b);

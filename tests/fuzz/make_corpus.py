@@ -28,7 +28,8 @@ assert HDR.size == 48
 
 (REGISTER, ADDRBOOK, BARRIER, BARRIER_DONE, HEARTBEAT, PUSH, PUSH_ACK, PULL,
  PULL_REPLY, DECLARE_CHECK, ERROR, SHUTDOWN, DECLARE, TUNE, RETIRE) = range(1, 16)
-FLAG_ZERO = 0x1
+FLAG_ZERO, FLAG_IPC = 0x1, 0x2
+IPC_PAYLOAD = 8  # WIRE_IPC_PAYLOAD: the u64 address of the data in the sender
 FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32, INT64 = range(6)
 DTYPE_SIZE = {FLOAT32: 4, FLOAT64: 8, FLOAT16: 2, BFLOAT16: 2, INT32: 4, INT64: 8}
 ROLE_SERVER, ROLE_WORKER = 2, 3
@@ -61,42 +62,61 @@ def message(mtype, payload=b"", **fields):
     return header(mtype, **fields) + payload
 
 
-def data_message(mtype, dtype, count, flags=0, **fields):
-    """A PUSH or PULL_REPLY carrying count elements (none with ZERO)."""
-    n = 0 if flags & FLAG_ZERO else count * DTYPE_SIZE[dtype]
-    payload = bytes((i * 37 + 11) & 0xFF for i in range(n))
-    return header(mtype, flags=flags, dtype=dtype, count=count, payload_len=n, **fields) + payload
+def data_message(mtype, dtype, count, flags=0, address=0x7F3A5C001000, **fields):
+    """A PUSH or PULL_REPLY carrying count elements (none with ZERO; with
+    IPC the u64 address of the elements in the sender)."""
+    if flags & FLAG_ZERO:
+        payload = b""
+    elif flags & FLAG_IPC:
+        payload = u64(address)
+    else:
+        payload = bytes((i * 37 + 11) & 0xFF for i in range(count * DTYPE_SIZE[dtype]))
+    return (header(mtype, flags=flags, dtype=dtype, count=count, payload_len=len(payload),
+                   **fields) + payload)
+
+
+# rdv_host_identity(): boot id (36), net and pid namespace inodes in hex.
+HOST_ID_A = "6f1c2e9a-43b7-4d0e-9a51-0c8e2b7f44d1/f0000098/effffffc"
+HOST_ID_B = "d83a1f02-7c55-4e6b-8f19-b2e4c9a0375e/f0000000/effffffc"
+HOST_ID_MAX = HOST_ID_B + "/" + "n" * (63 - len(HOST_ID_B) - 1)  # 63 chars, the most
+assert len(HOST_ID_MAX) == 63
+
+
+def register(role, req, port, local_rank, local_size, host, pid, host_id):
+    """A REGISTER payload (client.c rdv_register)."""
+    return (u32(role) + u32(req) + u32(port) + u32(local_rank) + u32(local_size) + wstr(host) +
+            u32(pid) + wstr(host_id))
 
 
 def addrbook(me, local_size, nodes):
     body = u32(me) + u32(local_size) + u32(len(nodes))
-    for node_id, role, rank, port, host in nodes:
+    for node_id, role, rank, port, host, pid, host_id in nodes:
         machine = rank // local_size if role == ROLE_WORKER else -1
         local_rank = rank % local_size if role == ROLE_WORKER else 0
         body += (u32(node_id) + u32(role) + u32(rank) + u32(machine) + u32(local_rank) +
-                 u32(port) + wstr(host))
+                 u32(port) + wstr(host) + u32(pid) + wstr(host_id))
     return body
 
 
 def seeds():
     """name -> bytes of every seed this script owns."""
-    # role, requested rank (-1), port, local rank, local size, host
-    register = (u32(ROLE_WORKER) + u32(0xFFFFFFFF) + u32(40123) + u32(0) + u32(1) +
-                wstr("10.0.0.7"))
-    register_local = (u32(ROLE_WORKER) + u32(1) + u32(0) + u32(3) + u32(4) +
-                      wstr("10.0.0.8"))
-    book = addrbook(3, 1, [(1, ROLE_SERVER, 0, 40000, "10.0.0.5"),
-                           (2, ROLE_SERVER, 1, 40001, "node-b.example"),
-                           (3, ROLE_WORKER, 0, 40002, "127.0.0.1")])
-    book_local = addrbook(4, 2, [(1, ROLE_SERVER, 0, 40000, "10.0.0.5"),
-                                 (2, ROLE_WORKER, 0, 0, "10.0.0.7"),
-                                 (3, ROLE_WORKER, 1, 0, "10.0.0.7"),
-                                 (4, ROLE_WORKER, 2, 0, "10.0.0.8"),
-                                 (5, ROLE_WORKER, 3, 0, "10.0.0.8")])
+    # role, requested rank (-1), port, local rank, local size, host, pid, host id
+    reg = register(ROLE_WORKER, -1, 40123, 0, 1, "10.0.0.7", 31337, HOST_ID_A)
+    reg_local = register(ROLE_WORKER, 1, 0, 3, 4, "10.0.0.8", 4242, HOST_ID_MAX)
+    reg_head = reg[:20]  # the five u32 before the host
+    reg_tail = u32(31337) + wstr(HOST_ID_A)  # pid and host id after it
+    book = addrbook(3, 1, [(1, ROLE_SERVER, 0, 40000, "10.0.0.5", 1201, HOST_ID_A),
+                           (2, ROLE_SERVER, 1, 40001, "node-b.example", 977, HOST_ID_B),
+                           (3, ROLE_WORKER, 0, 40002, "127.0.0.1", 1202, HOST_ID_A)])
+    book_local = addrbook(4, 2, [(1, ROLE_SERVER, 0, 40000, "10.0.0.5", 300, HOST_ID_A),
+                                 (2, ROLE_WORKER, 0, 0, "10.0.0.7", 301, HOST_ID_A),
+                                 (3, ROLE_WORKER, 1, 0, "10.0.0.7", 302, HOST_ID_A),
+                                 (4, ROLE_WORKER, 2, 0, "10.0.0.8", 88, HOST_ID_MAX),
+                                 (5, ROLE_WORKER, 3, 0, "10.0.0.8", 89, HOST_ID_MAX)])
     return {
         # one valid message of every type
-        "01-register": message(REGISTER, register),
-        "01-register-local-rank": message(REGISTER, register_local),
+        "01-register": message(REGISTER, reg),
+        "01-register-local-rank": message(REGISTER, reg_local),
         "02-addrbook": message(ADDRBOOK, book),
         "02-addrbook-machines": message(ADDRBOOK, book_local),
         "03-barrier": header(BARRIER, sender=3, aux=2),
@@ -104,9 +124,13 @@ def seeds():
         "05-heartbeat": header(HEARTBEAT, sender=5),
         "06-push-float32": data_message(PUSH, FLOAT32, 4, sender=3, rnd=1, key=0x10000),
         "06-push-zero": data_message(PUSH, INT64, 1000, flags=FLAG_ZERO, rnd=2, key=0x10001),
+        "06-push-ipc": data_message(PUSH, FLOAT32, 1 << 20, flags=FLAG_IPC, sender=3, rnd=1,
+                                    key=0x10002),
         "07-push-ack": header(PUSH_ACK, key=0x10000, rnd=1),
         "08-pull": header(PULL, dtype=FLOAT16, key=0x10000, rnd=1),
         "09-pull-reply-bfloat16": data_message(PULL_REPLY, BFLOAT16, 3, key=0x10000, rnd=1),
+        "09-pull-reply-ipc": data_message(PULL_REPLY, FLOAT64, 4096, flags=FLAG_IPC,
+                                          address=0x55D0C4A2E040, key=0x10002, rnd=1),
         "10-declare-check": message(DECLARE_CHECK, wstr("layer1.weight"), dtype=INT32,
                                     count=1 << 20, key=0x20000),
         "11-error": message(ERROR, wstr("tensor 'w' declared as float32[10] by worker 0"),
@@ -122,14 +146,26 @@ def seeds():
         "14-tune-final": message(TUNE, u64(2 << 20) + u64(8 << 20) + u32(1), rnd=9),
         "15-retire": header(RETIRE, key=0x70003, rnd=12),
         # malformed, one rule broken each
-        "bad-magic": message(REGISTER, register, magic=0x4D555356),
+        "bad-magic": message(REGISTER, reg, magic=0x4D555356),
         "bad-version": header(HEARTBEAT, version=VERSION - 1),
         "bad-reserved": header(HEARTBEAT)[:41] + b"\x01" + header(HEARTBEAT)[42:],
         "bad-flags-pull": header(PULL, flags=FLAG_ZERO),
         "bad-push-length": header(PUSH, dtype=FLOAT32, count=10, payload_len=41),
         "bad-push-overflow": header(PUSH, dtype=FLOAT64, count=1 << 61, payload_len=0),
-        "bad-register-host-too-long": message(REGISTER, register[:20] + wstr("h" * 64)),
-        "bad-register-host-nul": message(REGISTER, register[:20] + wstr(b"10.0\x00.0.7")),
+        # ZERO and IPC together; a valid IPC push but for the ZERO bit
+        "bad-flags-zero-ipc": header(PUSH, flags=FLAG_ZERO | FLAG_IPC, dtype=FLOAT32, count=256,
+                                     payload_len=IPC_PAYLOAD) + u64(0x7F3A5C001000),
+        "bad-flags-ipc-pull": header(PULL, flags=FLAG_IPC, dtype=FLOAT32, key=0x10000, rnd=1),
+        # IPC carries the 8-byte address, not 4 bytes (nor count x dtype)
+        "bad-push-ipc-length": header(PUSH, flags=FLAG_IPC, dtype=FLOAT32, count=1,
+                                      payload_len=4) + u32(0x5C001000),
+        "bad-push-ipc-overflow": header(PUSH, flags=FLAG_IPC, dtype=FLOAT32, count=(1 << 28) + 1,
+                                        payload_len=IPC_PAYLOAD) + u64(0x7F3A5C001000),
+        "bad-register-host-too-long": message(REGISTER, reg_head + wstr("h" * 64) + reg_tail),
+        "bad-register-host-nul": message(REGISTER, reg_head + wstr(b"10.0\x00.0.7") + reg_tail),
+        "bad-register-host-id-too-long": message(REGISTER, reg_head + wstr("10.0.0.7") +
+                                                 u32(31337) + wstr(HOST_ID_MAX + "x")),
+        "bad-register-no-host-id": message(REGISTER, reg_head + wstr("10.0.0.7") + u32(31337)),
         "bad-addrbook-truncated": message(ADDRBOOK, book[:-3]),
         "bad-short-header": header(BARRIER)[:20],
     }

@@ -11,7 +11,7 @@
  * every addition, as the server does).  Integer sums wrap.
  *
  *   check_sums sums [--big]   every dtype x boundary sizes (and 64 MiB with --big),
- *                             plain and averaged
+ *                             plain and averaged; prints a digest of every result
  *   check_sums rounds N       N rounds of a small tensor, inputs change every round
  *   check_sums many N         N tensors in flight at once
  *   check_sums shuffle        names declared in a different order on every worker
@@ -65,6 +65,7 @@
 #include "wire/wire.h"
 
 static int rank, size;
+static uint64_t digest = 0xcbf29ce484222325ull;	/* FNV-1a of every result of `sums` */
 
 #define FAIL(...)                                                                                  \
 	do {                                                                                       \
@@ -232,6 +233,9 @@ static void one_tensor(unisum_dtype dt, size_t count, uint64_t salt, bool averag
 	bool in_place = salt & 1;
 	check(unisum_push_pull(t, in, in_place ? in : out, average ? UNISUM_AVERAGE : 0), name);
 	verify(name, dt, salt, in_place ? in : out, count, average);
+	const uint8_t *res = in_place ? in : out;
+	for (size_t i = 0; i < count * es; i++)
+		digest = (digest ^ res[i]) * 0x100000001b3ull;
 	free(in);
 	free(out);
 }
@@ -251,7 +255,7 @@ static void mode_sums(bool big)
 				one_tensor(dt, sizes[k], salt++, true);
 		}
 	}
-	printf("rank %d: sums ok\n", rank);
+	printf("rank %d: sums ok, digest %016llx\n", rank, (unsigned long long)digest);
 }
 
 static void mode_rounds(int n)

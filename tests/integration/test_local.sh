@@ -71,6 +71,24 @@ UNISUM_LOCAL_ARENA_BYTES=200000 run_local "staged and not, in one job" 3 1 3 man
 run_local "staged: broadcast from every root" 4 1 4 broadcast
 unset UNISUM_LOCAL_STAGE_BYTES
 
+# IPC mode: a machine's root and a server on one host pass the data by
+# address (cross-memory attach), or with UNISUM_IPC=0 through the socket.
+# The same inputs and summation order give bit-identical results: one
+# digest of every result on every rank, the same in both modes.
+for ipc in 0 1; do
+	out=$(UNISUM_IPC=$ipc UNISUM_LOG_LEVEL=INFO UNISUM_JOB_ID="ipc$$-$ipc" timeout 120 \
+		"$UNISUM" launch -w 4 -s 2 --local-size 2 -- "$CHECK" sums 2>&1)
+	digests=$(printf '%s\n' "$out" | sed -n 's/.*sums ok, digest \([0-9a-f]*\).*/\1/p')
+	eval "ranks$ipc=\$(printf '%s\n' \"\$digests\" | grep -c .)"
+	eval "d$ipc=\$(printf '%s\n' \"\$digests\" | sort -u)"
+	eval "n$ipc=\$(printf '%s\n' \"\$out\" | grep -c 'by address (IPC')"
+done
+expect "IPC: each machine's root passes data to both servers by address" [ "$n1" -eq 4 ]
+expect "UNISUM_IPC=0: nobody does" [ "$n0" -eq 0 ]
+expect "IPC and TCP: every rank finished" [ "$ranks0" -eq 4 -a "$ranks1" -eq 4 ]
+expect "IPC and TCP: one digest on every rank, bit-identical in both modes" \
+	sh -c "[ -n '$d0' ] && [ '$d0' = '$d1' ] && [ \$(echo '$d0' | wc -l) -eq 1 ]"
+
 # A local rank killed (SIGKILL) mid-run, in two machines of 2 and in one
 # staging machine of 4: every survivor, on its machine and on the other,
 # fails with an error naming it.  Started by hand, so the launcher does not

@@ -112,7 +112,7 @@ static void test_rejects_each_malformed_field(void **state)
 	expect_reject(buf, "unknown message type");
 
 	good_push(buf);
-	buf[6] = 0x2;	/* a flag PUSH does not take */
+	buf[6] = 0x4;	/* a flag PUSH does not take */
 	expect_reject(buf, "flags");
 
 	for (int i = 41; i <= 43; i++) {
@@ -164,6 +164,35 @@ static void test_zero_flag(void **state)
 	expect_reject(buf, "payload");
 	/* ZERO is not a PULL flag */
 	struct wire_hdr p = {.type = WIRE_PULL, .flags = WIRE_FLAG_ZERO};
+	wire_encode(&p, buf);
+	expect_reject(buf, "flags");
+}
+
+static void test_ipc_flag(void **state)
+{
+	(void)state;
+	uint8_t buf[WIRE_HDR_SIZE];
+	struct wire_hdr out;
+	char why[256];
+	/* IPC: the payload is an 8-byte address whatever the count */
+	struct wire_hdr h = {.type = WIRE_PULL_REPLY, .flags = WIRE_FLAG_IPC, .dtype = UNISUM_FLOAT32,
+			     .count = 1000, .payload_len = WIRE_IPC_PAYLOAD};
+	wire_encode(&h, buf);
+	assert_int_equal(decode(buf, &out, why), 0);
+	assert_int_equal(out.flags, WIRE_FLAG_IPC);
+	h.type = WIRE_PUSH;
+	wire_encode(&h, buf);
+	assert_int_equal(decode(buf, &out, why), 0);
+	/* ... not the data */
+	h.payload_len = 4000;
+	wire_encode(&h, buf);
+	expect_reject(buf, "address");
+	/* never with ZERO, never on a PULL */
+	h.payload_len = WIRE_IPC_PAYLOAD;
+	h.flags = WIRE_FLAG_IPC | WIRE_FLAG_ZERO;
+	wire_encode(&h, buf);
+	expect_reject(buf, "flags");
+	struct wire_hdr p = {.type = WIRE_PULL, .flags = WIRE_FLAG_IPC};
 	wire_encode(&p, buf);
 	expect_reject(buf, "flags");
 }
@@ -221,6 +250,7 @@ int main(void)
 		cmocka_unit_test(test_layout_is_little_endian),
 		cmocka_unit_test(test_rejects_each_malformed_field),
 		cmocka_unit_test(test_zero_flag),
+		cmocka_unit_test(test_ipc_flag),
 		cmocka_unit_test(test_reader_bounds),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
