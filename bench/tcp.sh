@@ -12,6 +12,9 @@
 # measurement is bracketed by iperf3 runs just before and just after it and
 # compared with their mean; the table gives every repeat and the median.
 set -eu
+# The socket path is what is measured: a server on this host would
+# otherwise get the data by address (IPC mode).
+export UNISUM_IPC=0
 BUILD=${1:-build}
 REPEATS=${2:-3}
 UNISUM="$BUILD/unisum"

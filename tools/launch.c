@@ -825,30 +825,87 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 	}
 }
 
+/* Whether child c has been killed by a signal (not reaped yet). */
+static bool child_was_killed(const struct child *c)
+{
+	siginfo_t info = {0};
+	int w;
+	do
+		w = waitid(P_PID, (id_t)c->pid, &info, WEXITED | WNOHANG | WNOWAIT);
+	while (w < 0 && errno == EINTR);
+	return w == 0 && info.si_pid != 0 && (info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED);
+}
+
+/* Child c ended: true when it may be blamed (no failure, or nobody else was killed
+ * meanwhile).  A process killed with SIGKILL closes its sockets before it
+ * becomes a zombie, so a survivor that exits on the news can end first: a
+ * failure is judged only after the others had 300 ms to show a kill.
+ * Returns false when another child turned out killed. */
+static bool child_may_be_blamed(const struct launcher *l, const struct child *c)
+{
+	siginfo_t info = {0};
+	int w;
+	do
+		w = waitid(P_PID, (id_t)c->pid, &info, WEXITED | WNOHANG | WNOWAIT);
+	while (w < 0 && errno == EINTR);
+	if (w != 0 || info.si_pid == 0 || info.si_code != CLD_EXITED || info.si_status == 0)
+		return true;
+	for (int tries = 0; tries < 30; tries++) {
+		for (int i = 0; i < l->nchildren; i++) {
+			const struct child *o = &l->children[i];
+			if (o != c && o->running && child_was_killed(o))
+				return false;
+		}
+		usleep(10000);
+	}
+	return true;
+}
+
 /* Reaps every child that has ended, forwarding its remaining output first. */
 static void children_reap(struct launcher *l)
 {
-	for (int i = 0; i < l->nchildren; i++) {
-		struct child *c = &l->children[i];
-		int status;
-		pid_t r;
+	/* Children that ended since the last look are judged together, those
+	 * killed by a signal first: when a worker is killed and a server exits
+	 * on the news before we look, the killed worker is the root cause. */
+	for (int pass = 0; pass < 2; pass++) {
+		for (int i = 0; i < l->nchildren; i++) {
+			struct child *c = &l->children[i];
+			int status;
+			pid_t r;
 
-		if (!c->running)
-			continue;
-		do
-			r = waitpid(c->pid, &status, WNOHANG);
-		while (r < 0 && errno == EINTR);
-		if (r == 0)
-			continue;
-		c->running = false;
-		if (r < 0) {
-			/* Not our child any more (cannot happen unless someone
-			 * reaped it behind our back): count it as failed. */
-			status = 1 << 8;
+			if (!c->running)
+				continue;
+			if (pass == 1 && !l->stopping && !child_may_be_blamed(l, c)) {
+				/* Another child was killed: it goes first (pass 0 again). */
+				pass = -1;
+				break;
+			}
+			if (pass == 0) {
+				siginfo_t info = {0};
+				int w;
+				do
+					w = waitid(P_PID, (id_t)c->pid, &info, WEXITED | WNOHANG | WNOWAIT);
+				while (w < 0 && errno == EINTR);
+				if (w == 0 && info.si_pid == 0)
+					continue;	/* still running */
+				if (w == 0 && info.si_code != CLD_KILLED && info.si_code != CLD_DUMPED)
+					continue;	/* exited: the second pass */
+			}
+			do
+				r = waitpid(c->pid, &status, WNOHANG);
+			while (r < 0 && errno == EINTR);
+			if (r == 0)
+				continue;
+			c->running = false;
+			if (r < 0) {
+				/* Not our child any more (cannot happen unless someone
+				 * reaped it behind our back): count it as failed. */
+				status = 1 << 8;
+			}
+			stream_drain(c, &c->out);
+			stream_drain(c, &c->err);
+			child_ended(l, c, status);
 		}
-		stream_drain(c, &c->out);
-		stream_drain(c, &c->err);
-		child_ended(l, c, status);
 	}
 }
 

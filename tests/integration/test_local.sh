@@ -71,6 +71,31 @@ UNISUM_LOCAL_ARENA_BYTES=200000 run_local "staged and not, in one job" 3 1 3 man
 run_local "staged: broadcast from every root" 4 1 4 broadcast
 unset UNISUM_LOCAL_STAGE_BYTES
 
+# A cluster job by hand: scheduler and server started alone, each machine's
+# workers by `unisum launch --nproc-per-node 2` (its UNISUM_WORKER_ID).
+pport=$(free_port)
+log=$(mktemp -d)
+(
+	export UNISUM_NUM_WORKER=2 UNISUM_NUM_SERVER=1 UNISUM_SCHEDULER_HOST=127.0.0.1
+	export UNISUM_SCHEDULER_PORT=$pport
+	UNISUM_ROLE=scheduler timeout 120 "$UNISUM" scheduler >"$log/scheduler" 2>&1 &
+	UNISUM_ROLE=server timeout 120 "$UNISUM" server >"$log/server" 2>&1 &
+	UNISUM_WORKER_ID=0 timeout 120 "$UNISUM" launch --nproc-per-node 2 -- "$CHECK" sums \
+		>"$log/m0" 2>&1 &
+	m0=$!
+	UNISUM_WORKER_ID=1 timeout 120 "$UNISUM" launch --nproc-per-node 2 -- "$CHECK" sums \
+		>"$log/m1" 2>&1
+	echo $? >"$log/rc1"
+	wait $m0
+	echo $? >"$log/rc0"
+	wait
+)
+expect "--nproc-per-node: both machines' launchers exit 0" \
+	[ "$(cat "$log/rc0")" -eq 0 -a "$(cat "$log/rc1")" -eq 0 ]
+expect "--nproc-per-node: ranks 0-3 summed right" \
+	sh -c "cat '$log/m0' '$log/m1' | grep -c 'worker [0-3]\] rank [0-3]: sums ok' | grep -qx 4"
+drop_logs "$log"
+
 # IPC mode: a machine's root and a server on one host pass the data by
 # address (cross-memory attach), or with UNISUM_IPC=0 through the socket.
 # The same inputs and summation order give bit-identical results: one
