@@ -32,6 +32,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -729,6 +730,12 @@ static void lc_broadcast(struct local_op *op)
 			uint32_t want = p + 1;
 			if (lc_wait(op, lc_cond_reduced, &want, "the other local workers' sums") != 0)
 				break;
+			/* In place, the slices copied in below are what this rank's
+			 * staging thread read for the others; their sums imply it
+			 * finished, and this acquire says so to this process too
+			 * (ThreadSanitizer cannot see through the other ranks). */
+			while (op->region != 0 && lc_count(&op->mine->staged, op->req.round) < want)
+				sched_yield();
 			const struct placement_part *part = &op->req.parts[p];
 			for (int r = 0; r < lc.cfg.local_size; r++) {
 				if (r == me || op->peers[r].region == NULL)
