@@ -2,7 +2,7 @@
 # `unisum launch`; every worker checks every element against a reference
 # summed in the server's (rank) order.
 #
-# UNISUM_TEST_LIGHT=1 (the ThreadSanitizer run, where every access costs
+# UNISUM_TEST_LIGHT=1 (the sanitizer runs; under ThreadSanitizer every access costs
 # tens of times more) keeps every job but leaves out the 64 MiB tensors
 # and runs 200 rounds instead of 1000.
 . "$(dirname "$0")/lib.sh"
