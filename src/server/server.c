@@ -59,12 +59,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/uio.h>
 #include <time.h>
 
 #include "log/log.h"
 #include "reducer/reducer.h"
 #include "rendezvous/rendezvous.h"
+#include "shm/shm.h"
 #include "transport/transport.h"
 #include "wire/wire.h"
 
@@ -416,23 +416,13 @@ static void srv_queue_reply(struct server *srv, int w, const struct wire_hdr *h,
 static int srv_ipc_read(struct srv_conn *c, void *dst, uint64_t from, size_t bytes, char *why,
 			size_t len)
 {
-	while (bytes > 0) {
-		struct iovec l = {dst, bytes}, r = {(void *)(uintptr_t)from, bytes};
-		ssize_t got = process_vm_readv(c->peer_pid, &l, 1, &r, 1, 0);
-		if (got < 0 && errno == EINTR)
-			continue;
-		if (got <= 0) {
-			snprintf(why, len, "cannot read a push from the memory of pid %d (same host, "
-				 "UNISUM_IPC=1) with process_vm_readv: %s; set UNISUM_IPC=0 to send the "
-				 "data through the socket", (int)c->peer_pid,
-				 got < 0 ? strerror(errno) : "nothing read");
-			return got < 0 && errno == ESRCH ? UNISUM_ECONN : UNISUM_ESYS;
-		}
-		dst = (char *)dst + got;
-		from += (uint64_t)got;
-		bytes -= (size_t)got;
-	}
-	return 0;
+	int rc = shm_vm_copy(c->peer_pid, false, dst, from, bytes);
+	if (rc == 0)
+		return 0;
+	snprintf(why, len, "cannot read a push from the memory of pid %d (same host, UNISUM_IPC=1) "
+		 "with process_vm_readv: %s; set UNISUM_IPC=0 to send the data through the socket",
+		 (int)c->peer_pid, strerror(-rc));
+	return rc == -ESRCH ? UNISUM_ECONN : UNISUM_ESYS;
 }
 
 /* Writes queued replies in order; after `closing` it drains what is left

@@ -26,6 +26,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -167,6 +168,23 @@ static bool creator_is_alive(pid_t pid, uint64_t start)
 	if (state == 'Z' || state == 'X')
 		return false;
 	return start == 0 || now_start == start;
+}
+
+int shm_vm_copy(pid_t pid, bool write, void *local, uint64_t remote, size_t n)
+{
+	while (n > 0) {
+		struct iovec l = {local, n}, r = {(void *)(uintptr_t)remote, n};
+		ssize_t got = write ? process_vm_writev(pid, &l, 1, &r, 1, 0)
+				    : process_vm_readv(pid, &l, 1, &r, 1, 0);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0)
+			return got < 0 ? -errno : -EFAULT;
+		local = (char *)local + got;
+		remote += (uint64_t)got;
+		n -= (size_t)got;
+	}
+	return 0;
 }
 
 bool shm_pid_is_alive(pid_t pid)

@@ -140,6 +140,13 @@ int shm_unlink_job(const char *job, int *removed);
  * counts as alive (unknown). */
 bool shm_pid_is_alive(pid_t pid);
 
+/* Copies n bytes between this process's `local` and address `remote` of
+ * process `pid` (cross-memory attach: process_vm_readv, or
+ * process_vm_writev when `write`), resuming after partial copies and
+ * signals.  0, or -errno (-ESRCH: the process is gone; -EPERM: not allowed
+ * to; -EFAULT: a bad address or nothing copied). */
+int shm_vm_copy(pid_t pid, bool write, void *local, uint64_t remote, size_t n);
+
 /* A wake-up flag shared between processes; place it in a segment, 4-byte
  * aligned (better: alone in its 64-byte line when it is hot). */
 struct shm_flag {

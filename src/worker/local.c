@@ -40,7 +40,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 #ifdef __SSE2__
@@ -434,33 +433,21 @@ static void lc_copy_nt(void *dst, const void *src, size_t n)
 static int lc_vm(bool write, struct local_op *op, int q, void *local, uint64_t remote, size_t n)
 {
 	pid_t pid = op->peers[q].pid;
-	while (n > 0) {
-		struct iovec l = {local, n}, r = {(void *)(uintptr_t)remote, n};
-		ssize_t got = write ? process_vm_writev(pid, &l, 1, &r, 1, 0)
-				    : process_vm_readv(pid, &l, 1, &r, 1, 0);
-		if (got < 0 && errno == EINTR)
-			continue;
-		if (got <= 0) {
-			int e = got < 0 ? errno : EFAULT;
-			if (e == ESRCH)
-				lc_fail(op, UNISUM_ECONN, "worker %d (local rank %d of machine %d, pid %d) "
-					"died while worker %d was summing with it", lc_rank_of(q), q,
-					lc.cfg.machine, (int)pid, lc.cfg.rank);
-			else
-				lc_fail(op, UNISUM_ESYS, "worker %d cannot %s the memory of worker %d (pid "
-					"%d) with %s: %s; the local reduce needs cross-memory attach (a "
-					"container without CAP_SYS_PTRACE or kernel.yama.ptrace_scope >= 2 "
-					"forbids it); run with UNISUM_LOCAL_SIZE=1 (`unisum launch "
-					"--local-size 1`) to go through the servers instead", lc.cfg.rank,
-					write ? "write" : "read", lc_rank_of(q), (int)pid,
-					write ? "process_vm_writev" : "process_vm_readv", strerror(e));
-			return lc_err(op);
-		}
-		local = (char *)local + got;
-		remote += (uint64_t)got;
-		n -= (size_t)got;
-	}
-	return 0;
+	int rc = shm_vm_copy(pid, write, local, remote, n);
+	if (rc == 0)
+		return 0;
+	if (rc == -ESRCH)
+		lc_fail(op, UNISUM_ECONN, "worker %d (local rank %d of machine %d, pid %d) died while "
+			"worker %d was summing with it", lc_rank_of(q), q, lc.cfg.machine, (int)pid,
+			lc.cfg.rank);
+	else
+		lc_fail(op, UNISUM_ESYS, "worker %d cannot %s the memory of worker %d (pid %d) with %s: "
+			"%s; the local reduce needs cross-memory attach (a container without "
+			"CAP_SYS_PTRACE or kernel.yama.ptrace_scope >= 2 forbids it); run with "
+			"UNISUM_LOCAL_SIZE=1 (`unisum launch --local-size 1`) to go through the servers "
+			"instead", lc.cfg.rank, write ? "write" : "read", lc_rank_of(q), (int)pid,
+			write ? "process_vm_writev" : "process_vm_readv", strerror(-rc));
+	return lc_err(op);
 }
 
 /* ---- LOCAL_REDUCE --------------------------------------------------------- */

@@ -40,7 +40,6 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/uio.h>
 #include <time.h>
 
 #include "config/config.h"
@@ -489,24 +488,13 @@ static int wk_ipc_read(struct wk_conn *c, void *dst, size_t bytes, char *msg, si
 		snprintf(msg, len, "%s: the connection closed in the middle of a reply", c->label);
 		return UNISUM_ECONN;
 	}
-	addr = le64toh(addr);
-	while (bytes > 0) {
-		struct iovec l = {dst, bytes}, r = {(void *)(uintptr_t)addr, bytes};
-		ssize_t got = process_vm_readv(c->server_pid, &l, 1, &r, 1, 0);
-		if (got < 0 && errno == EINTR)
-			continue;
-		if (got <= 0) {
-			snprintf(msg, len, "worker %d cannot read a reply from the memory of %s (pid %d) "
-				 "with process_vm_readv: %s; set UNISUM_IPC=0 to send the data through "
-				 "the socket", wk.rank, c->label, (int)c->server_pid,
-				 got < 0 ? strerror(errno) : "nothing read");
-			return got < 0 && errno == ESRCH ? UNISUM_ECONN : UNISUM_ESYS;
-		}
-		dst = (char *)dst + got;
-		addr += (uint64_t)got;
-		bytes -= (size_t)got;
-	}
-	return 0;
+	int rc = shm_vm_copy(c->server_pid, false, dst, le64toh(addr), bytes);
+	if (rc == 0)
+		return 0;
+	snprintf(msg, len, "worker %d cannot read a reply from the memory of %s (pid %d) with "
+		 "process_vm_readv: %s; set UNISUM_IPC=0 to send the data through the socket",
+		 wk.rank, c->label, (int)c->server_pid, strerror(-rc));
+	return rc == -ESRCH ? UNISUM_ECONN : UNISUM_ESYS;
 }
 
 static void *wk_recv_main(void *arg)
@@ -783,18 +771,11 @@ static void wk_local_push(void *ctx, uint32_t part)
 static void wk_local_done(void *ctx, int err, const char *why)
 {
 	struct wk_op *op = ctx;
+	/* Its partitions never counted down here: complete it as the last. */
 	pthread_mutex_lock(&wk.lock);
-	if (err != 0 && op->error == 0) {
-		op->error = err;
-		snprintf(op->why, sizeof op->why, "%s", why);
-	}
-	if (op->traced)
-		trace_span(TRACE_TENSOR, op->t->index, 0, op->round, op->t->cuts[0].key,
-			   op->t->count * op->t->esize, 0, op->t_start, trace_now_us());
-	op->done = true;
-	op->t->busy = false;
-	pthread_cond_broadcast(&wk.done_cond);
+	op->remaining = 1;
 	pthread_mutex_unlock(&wk.lock);
+	op_part_done(op, err, why);
 }
 
 static int wk_local_failed(char *why, size_t len)
