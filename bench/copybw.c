@@ -41,6 +41,8 @@
 #include <emmintrin.h>
 #endif
 
+#include "timing.h"
+
 #define COPIES 4
 #define MAX_REPS 64
 
@@ -48,19 +50,6 @@ struct shared {
 	pthread_barrier_t barrier;
 	double t[2][MAX_REPS + 1][256];	/* [way][rep][proc] seconds */
 };
-
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
 
 /* dst = src with non-temporal stores; both 64-byte aligned. */
 static void copy_nt(void *dst, const void *src, size_t bytes)

@@ -222,7 +222,8 @@ static void *rdv_heartbeat_main(void *arg)
 	return NULL;
 }
 
-void rdv_host_identity(char *out, size_t len)
+/* Names this process's host for shared memory (see struct rdv_node). */
+static void rdv_host_identity(char *out, size_t len)
 {
 	char boot[64] = "?";
 	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
@@ -408,6 +409,12 @@ const struct rdv_node *rdv_client_node_by_id(const struct rdv_client *c, uint32_
 		if (c->nodes[i].id == id)
 			return &c->nodes[i];
 	return NULL;
+}
+
+bool rdv_client_same_host(const struct rdv_client *c, const struct rdv_node *n)
+{
+	const struct rdv_node *me = rdv_client_node_by_id(c, c->id);
+	return me != NULL && n->pid > 0 && strcmp(me->host_id, n->host_id) == 0;
 }
 
 /* Sends a request and waits for its reply (type `want`).  On success the

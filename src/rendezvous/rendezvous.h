@@ -47,15 +47,11 @@ struct rdv_node {
 	char host[64];		/* address peers connect to */
 	int port;		/* listening port (servers), 0 for workers */
 	int pid;		/* its process id ... */
-	char host_id[64];	/* ... and rdv_host_identity(): equal ids share memory */
+	char host_id[64];	/* ... and host: boot id, network and pid namespaces (an
+				 * emulated cluster's namespaces are hosts of their own);
+				 * see rdv_client_same_host() */
 };
 
-/* Names this process's machine for shared memory: boot id, network and
- * pid namespaces.  Two processes with the same identity can read each
- * other's memory by pid (if permitted); processes in different network
- * namespaces count as different hosts even on one kernel (an emulated
- * cluster). */
-void rdv_host_identity(char *out, size_t len);
 
 /* ---- scheduler ---------------------------------------------------------- */
 
@@ -117,6 +113,11 @@ int rdv_client_num_machines(const struct rdv_client *c);
 const struct rdv_node *rdv_client_nodes(const struct rdv_client *c, int *count);
 const struct rdv_node *rdv_client_server(const struct rdv_client *c, int server_rank);
 const struct rdv_node *rdv_client_node_by_id(const struct rdv_client *c, uint32_t id);
+
+/* Whether node n shares this node's host (the identities both registered
+ * with the scheduler are equal) and gave its pid: its memory can be read
+ * by address (IPC mode). */
+bool rdv_client_same_host(const struct rdv_client *c, const struct rdv_node *n);
 
 /* Autotune (worker.c): the setting every worker uses from round
  * epoch x UNISUM_AUTOTUNE_STEPS of each tensor on; `final` means it never

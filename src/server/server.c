@@ -801,11 +801,9 @@ static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wir
 		return UNISUM_EPROTO;
 	}
 	if (flags & 1u) {
-		char mine[64];
-		rdv_host_identity(mine, sizeof mine);
-		if (strcmp(mine, n->host_id) != 0 || n->pid <= 0) {
-			snprintf(why, len, "worker rank %d asks for IPC but is not on this host (%s, here %s)",
-				 n->rank, n->host_id, mine);
+		if (!rdv_client_same_host(srv->rdv, n)) {
+			snprintf(why, len, "worker rank %d asks for IPC but is not on this host (%s)",
+				 n->rank, n->host_id);
 			return UNISUM_EPROTO;
 		}
 		c->ipc = true;

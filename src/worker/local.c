@@ -127,7 +127,7 @@ static struct {
 	struct lc_queue reduce_q, bcast_q;
 	struct local_op *stage_head, *stage_tail;	/* staging: submission order */
 	pthread_t reduce_thread, bcast_thread, stage_thread;
-	bool stage_started;
+	bool reduce_started, bcast_started, finish_started, stage_started;
 	struct local_op *finish;	/* lent operations waiting for the others (under lock) */
 	pthread_t finish_thread;
 	bool started;
@@ -241,11 +241,6 @@ static int lc_err(struct local_op *op)
 	return err;
 }
 
-static bool lc_alive(pid_t pid)
-{
-	return shm_pid_is_alive(pid);
-}
-
 static int lc_rank_of(int q)
 {
 	return lc.cfg.machine * lc.cfg.local_size + q;
@@ -282,7 +277,7 @@ static int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *
 			 * finished every call and exited. */
 			int q = op->blocker;
 			pid_t pid = atomic_load(&lc.seg->ranks[q].pid);
-			if (!lc_alive(pid)) {
+			if (!shm_pid_is_alive(pid)) {
 				lc_fail(op, UNISUM_ECONN, "worker %d (local rank %d of machine %d, pid %d) "
 					"exited or died while worker %d was waiting for %s", lc_rank_of(q),
 					q, lc.cfg.machine, (int)pid, lc.cfg.rank, what);
@@ -640,7 +635,7 @@ static int lc_cond_let_go(struct local_op *op, void *arg)
 		struct lc_entry *e = op->peers[q].e;
 		op->blocker = q;
 		if (e != NULL && lc_count(&e->bcast, op->req.round) == 0 &&
-		    lc_alive(op->peers[q].pid))
+		    shm_pid_is_alive(op->peers[q].pid))
 			return 0;
 	}
 	return 1;
@@ -676,7 +671,7 @@ static void lc_quiesce(struct local_op *op)
 		bool busy = false;
 		for (int q = 0; q < lc.cfg.local_size && !busy; q++) {
 			struct lc_peer *p = &op->peers[q];
-			if (q == lc.cfg.local_rank || p->e == NULL || !lc_alive(p->pid))
+			if (q == lc.cfg.local_rank || p->e == NULL || !shm_pid_is_alive(p->pid))
 				continue;
 			if (atomic_load_explicit(&p->e->round, memory_order_acquire) != op->req.round)
 				continue;
@@ -958,6 +953,12 @@ static void lc_region_give(uint64_t region)
 
 /* ---- public ---------------------------------------------------------------- */
 
+static bool lc_spawn(pthread_t *t, void *(*fn)(void *), bool *started)
+{
+	*started = pthread_create(t, NULL, fn, NULL) == 0;
+	return *started;
+}
+
 /* Waits (bounded) until every local rank has mapped the segment. */
 static int lc_await_attached(void)
 {
@@ -1092,42 +1093,20 @@ int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
 		lc_unmap();
 		return rc;
 	}
-	if (pthread_create(&lc.reduce_thread, NULL, lc_reduce_main, NULL) != 0) {
-		lc_unmap();
-		return log_fail(UNISUM_ESYS, "worker %d cannot start the local reduce thread", cfg->rank);
-	}
-	if (pthread_create(&lc.finish_thread, NULL, lc_finish_main, NULL) != 0) {
-		pthread_mutex_lock(&lc.lock);
-		lc.reduce_q.closed = true;
-		pthread_cond_broadcast(&lc.cond);
-		pthread_mutex_unlock(&lc.lock);
-		pthread_join(lc.reduce_thread, NULL);
-		lc_unmap();
-		return log_fail(UNISUM_ESYS, "worker %d cannot start the local finishing thread", cfg->rank);
-	}
-	if (pthread_create(&lc.bcast_thread, NULL, lc_bcast_main, NULL) != 0) {
-		pthread_mutex_lock(&lc.lock);
-		lc.reduce_q.closed = true;
-		pthread_cond_broadcast(&lc.cond);
-		pthread_mutex_unlock(&lc.lock);
-		pthread_join(lc.reduce_thread, NULL);
-		pthread_mutex_lock(&lc.lock);
-		lc.bcast_q.closed = true;
-		pthread_cond_broadcast(&lc.cond);
-		pthread_mutex_unlock(&lc.lock);
-		pthread_join(lc.finish_thread, NULL);
-		lc_unmap();
-		return log_fail(UNISUM_ESYS, "worker %d cannot start the local broadcast thread", cfg->rank);
-	}
-	if (lc.arenas != NULL) {
-		if (pthread_create(&lc.stage_thread, NULL, lc_stage_main, NULL) != 0) {
-			lc.started = true;
-			local_stop();
-			return log_fail(UNISUM_ESYS, "worker %d cannot start the staging thread", cfg->rank);
-		}
-		lc.stage_started = true;
-	}
+	/* The threads; local_stop joins whichever started. */
 	lc.started = true;
+	const char *failed =
+		!lc_spawn(&lc.reduce_thread, lc_reduce_main, &lc.reduce_started)   ? "reduce"
+		: !lc_spawn(&lc.finish_thread, lc_finish_main, &lc.finish_started) ? "finishing"
+		: !lc_spawn(&lc.bcast_thread, lc_bcast_main, &lc.bcast_started)    ? "broadcast"
+		: lc.arenas != NULL && !lc_spawn(&lc.stage_thread, lc_stage_main, &lc.stage_started)
+			? "staging"
+			: NULL;
+	if (failed != NULL) {
+		local_stop();
+		return log_fail(UNISUM_ESYS, "worker %d cannot start the local %s thread", cfg->rank,
+				failed);
+	}
 	LOG_INFO("local rank %d of %d on machine %d: shared-memory reduce ready", cfg->local_rank,
 		 cfg->local_size, cfg->machine);
 	return 0;
@@ -1137,21 +1116,26 @@ void local_stop(void)
 {
 	if (!lc.started)
 		return;
+	/* The reduce and staging threads end when the reduce queue closes,
+	 * the broadcast and finishing threads when the broadcast queue does. */
 	pthread_mutex_lock(&lc.lock);
 	lc.reduce_q.closed = true;
 	pthread_cond_broadcast(&lc.cond);
 	pthread_mutex_unlock(&lc.lock);
-	pthread_join(lc.reduce_thread, NULL);
+	if (lc.reduce_started)
+		pthread_join(lc.reduce_thread, NULL);
 	if (lc.stage_started)
 		pthread_join(lc.stage_thread, NULL);
-	lc.stage_started = false;
 	pthread_mutex_lock(&lc.lock);
 	lc.bcast_q.closed = true;
 	pthread_cond_broadcast(&lc.cond);
 	pthread_mutex_unlock(&lc.lock);
-	pthread_join(lc.bcast_thread, NULL);
-	pthread_join(lc.finish_thread, NULL);
-	lc.started = false;
+	if (lc.bcast_started)
+		pthread_join(lc.bcast_thread, NULL);
+	if (lc.finish_started)
+		pthread_join(lc.finish_thread, NULL);
+	lc.started = lc.reduce_started = lc.stage_started = false;
+	lc.bcast_started = lc.finish_started = false;
 	lc_unmap();
 }
 

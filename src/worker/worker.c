@@ -678,9 +678,7 @@ static int wk_connect_servers(void)
 					log_last_error());
 		/* A server on this host (same boot, network and pid namespaces)
 		 * gets our data by address: we ask for IPC in the hello. */
-		char mine[64];
-		rdv_host_identity(mine, sizeof mine);
-		c->ipc = wk.cfg.ipc && n->pid > 0 && strcmp(n->host_id, mine) == 0;
+		c->ipc = wk.cfg.ipc && rdv_client_same_host(wk.rdv, n);
 		c->server_pid = n->pid;
 		if (c->ipc)
 			LOG_INFO("worker %d passes data to %s by address (IPC: same host)", wk.rank, c->label);
