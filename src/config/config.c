@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "log/log.h"
+#include "placement/placement.h"
 
 enum knob_type {
 	KNOB_INT,	/* decimal integer within [min, max] */
@@ -23,6 +24,7 @@ enum knob_type {
 	KNOB_STRING,	/* any non-empty text that fits the field */
 	KNOB_ROLE,	/* scheduler | server | worker */
 	KNOB_LOG_LEVEL,	/* TRACE .. FATAL */
+	KNOB_PLACEMENT,	/* optimal | even | hash */
 };
 
 struct knob {
@@ -109,6 +111,10 @@ static const struct knob config_knobs[] = {
 	 0, UINT32_MAX, "first training step (a tensor's round, from 0) on the timeline"},
 	{"UNISUM_TRACE_END_STEP", "BYTEPS_TRACE_END_STEP", NULL, KNOB_U64, FIELD(trace_end_step), "20",
 	 0, UINT32_MAX, "last training step on the timeline"},
+	{"UNISUM_PLACEMENT", NULL, NULL, KNOB_PLACEMENT, FIELD(placement), "optimal", 0, 0,
+	 "scheduler: how partitions go to servers: optimal (byte shares of the BytePS paper's "
+	 "Theorem 1 for colocated and CPU-only servers), even (equal bytes per server) or hash "
+	 "(BytePS's djb2 of the key)"},
 	{"UNISUM_AUTOTUNE", NULL, NULL, KNOB_INT, FIELD(autotune), "0", 0, 1,
 	 "1: search partition size and credit while training, then keep the best"},
 	{"UNISUM_AUTOTUNE_STEPS", NULL, NULL, KNOB_INT, FIELD(autotune_steps), "10", 4, 100000,
@@ -196,6 +202,14 @@ static int config_parse_one(struct config *cfg, const struct knob *k, const char
 		if (v < 0) {
 			snprintf(err, err_len, "%s='%s' must be TRACE, DEBUG, INFO, WARNING, ERROR or FATAL",
 				 var, text);
+			return UNISUM_ECONFIG;
+		}
+		*(int *)field = (int)v;
+		return 0;
+	case KNOB_PLACEMENT:
+		v = placement_policy_parse(text);
+		if (v < 0) {
+			snprintf(err, err_len, "%s='%s' must be optimal, even or hash", var, text);
 			return UNISUM_ECONFIG;
 		}
 		*(int *)field = (int)v;

@@ -63,6 +63,7 @@ struct config {
 	uint64_t local_stage_bytes;	/* one machine: stage tensors this large (0: never) */
 	uint64_t local_arena_bytes;	/* shared memory per local worker for staging */
 	int ipc;			/* same-host servers: data by cross-memory attach */
+	int placement;			/* scheduler: enum placement_policy */
 };
 
 /* Fills `cfg` from the environment.  On a malformed value returns

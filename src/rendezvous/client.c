@@ -22,6 +22,7 @@
 #include "log/log.h"
 #include "rendezvous/rdv_proto.h"
 #include "rendezvous/rendezvous.h"
+#include "placement/placement.h"
 #include "wire/wire.h"
 
 struct rdv_client {
@@ -466,9 +467,13 @@ int rdv_client_barrier(struct rdv_client *c, int group)
 }
 
 int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtype,
-		       uint64_t count, uint64_t partition_bytes, uint32_t nparts,
-		       uint64_t *key_base, uint32_t *servers, char *why, size_t why_len)
+		       uint64_t count, uint64_t partition_bytes, uint64_t *key_base,
+		       uint32_t *nparts, struct placement_part **parts_out, uint32_t **servers_out,
+		       char *why, size_t why_len)
 {
+	*nparts = 0;
+	*parts_out = NULL;
+	*servers_out = NULL;
 	struct wire_buf b;
 	wire_buf_init(&b);
 	wire_buf_str(&b, name);
@@ -492,18 +497,50 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
 	if (status != 0) {
 		wire_read_str(&r, why, why_len);
 		rc = r.failed ? UNISUM_EPROTO : log_known_error(status, UNISUM_EREMOTE);
-	} else {
-		for (uint32_t i = 0; i < nparts; i++)
-			servers[i] = wire_read_u32(&r);
-		*key_base = reply.key;
-		if (r.failed || r.left != 0) {
-			snprintf(why, why_len, "the scheduler's placement of '%s' has the wrong number of "
-				 "partitions (is every node the same unisum version?)", name);
-			rc = UNISUM_EPROTO;
+		free(payload);
+		return rc;
+	}
+	/* The cut must cover the tensor exactly with partitions no larger
+	 * than asked for, or a worker would read past its buffer. */
+	size_t esize = unisum_dtype_size(dtype);
+	uint64_t most = esize ? partition_bytes / esize : 0;
+	uint32_t n = wire_read_u32(&r);
+	struct placement_part *parts = NULL;
+	uint32_t *servers = NULL;
+	bool ok = !r.failed && n <= PLACEMENT_MAX_PARTS && (n == 0) == (count == 0) &&
+		  r.left == (size_t)n * 12;
+	if (ok && n > 0) {
+		parts = calloc(n, sizeof *parts);
+		servers = calloc(n, sizeof *servers);
+		if (parts == NULL || servers == NULL) {
+			free(parts);
+			free(servers);
+			free(payload);
+			return UNISUM_ENOMEM;
 		}
 	}
+	uint64_t off = 0;
+	for (uint32_t i = 0; ok && i < n; i++) {
+		parts[i].offset = off;
+		parts[i].count = wire_read_u64(&r);
+		servers[i] = wire_read_u32(&r);
+		ok = parts[i].count > 0 && parts[i].count <= most && parts[i].count <= count - off;
+		off += ok ? parts[i].count : 0;
+	}
 	free(payload);
-	return rc;
+	if (!ok || r.failed || off != count) {
+		free(parts);
+		free(servers);
+		snprintf(why, why_len, "the scheduler's placement of '%s' does not cover its %llu "
+			 "elements in partitions of at most %llu bytes (is every node the same unisum "
+			 "version?)", name, (unsigned long long)count, (unsigned long long)partition_bytes);
+		return UNISUM_EPROTO;
+	}
+	*key_base = reply.key;
+	*nparts = n;
+	*parts_out = parts;
+	*servers_out = servers;
+	return 0;
 }
 
 void rdv_tune_encode(const struct rdv_tune *t, struct wire_buf *b)

@@ -146,15 +146,18 @@ int rdv_tune_decode(const void *payload, size_t len, uint32_t epoch, struct rdv_
 /* Waits until every node of `group` has entered the barrier. */
 int rdv_client_barrier(struct rdv_client *c, int group);
 
-/* Asks the scheduler for the keys of tensor `name`.  On success *key_base
- * is the tensor's key (partition i has key key_base + i) and servers[i]
- * the server rank of partition i, for `nparts` partitions computed by
- * placement_partition() from count, dtype and partition_bytes.  On a
- * mismatch with another worker's declaration returns UNISUM_EMISMATCH with
- * both shapes in `why`. */
+/* Asks the scheduler for the cut and placement of tensor `name`.  On
+ * success *key_base is the tensor's key (partition i has key key_base + i),
+ * and *parts and *servers are malloc'd arrays of *nparts entries: where
+ * each partition lies in the tensor and its server rank (the scheduler's
+ * placement policy decides both, see placement.h).  On a mismatch with
+ * another worker's declaration returns UNISUM_EMISMATCH with both shapes
+ * in `why`. */
+struct placement_part;
 int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtype,
-		       uint64_t count, uint64_t partition_bytes, uint32_t nparts,
-		       uint64_t *key_base, uint32_t *servers, char *why, size_t why_len);
+		       uint64_t count, uint64_t partition_bytes, uint64_t *key_base,
+		       uint32_t *nparts, struct placement_part **parts, uint32_t **servers,
+		       char *why, size_t why_len);
 
 /* Asks the scheduler to fail the whole job with `why` (a server that
  * found a round stalled past UNISUM_STALL_ABORT_MS): every node is told,

@@ -50,7 +50,8 @@ struct sched_tensor {
 	uint64_t count, partition_bytes, key;
 	int first_rank;			/* who declared it first, for messages */
 	uint32_t nparts;
-	uint32_t *servers;
+	struct placement_part *parts;	/* [nparts]: the cut, not always equal */
+	uint32_t *servers;		/* [nparts] */
 	char *poison;			/* why it can never be summed (a mismatch), or NULL */
 };
 
@@ -80,7 +81,8 @@ struct rdv_scheduler {
 	bool aborted;
 	struct sched_tensor *tensors;
 	int ntensors, cap_tensors;
-	uint64_t *server_loads;		/* bytes placed on each server */
+	struct placement placement;	/* policy, weights (set once all registered), loads */
+	int64_t placed_ms;		/* when a tensor was last placed; 0 once logged */
 	int result;			/* what rdv_scheduler_wait returns */
 };
 
@@ -202,6 +204,73 @@ out_free:
 	return rc;
 }
 
+/* Gives every server its byte share from where the nodes run (see
+ * placement_weights()) and logs it.  Called with s->lock held, once every
+ * node has registered and has its rank. */
+static void sched_place_roles(struct rdv_scheduler *s)
+{
+	int ns = s->num_servers, nw = s->num_workers;
+	const char **server_hosts = calloc((size_t)ns, sizeof *server_hosts);
+	const char **worker_hosts = calloc((size_t)nw, sizeof *worker_hosts);
+	const char **server_addr = calloc((size_t)ns, sizeof *server_addr);
+	double *weights = calloc((size_t)ns, sizeof *weights);
+	int *colocated = calloc((size_t)ns, sizeof *colocated);
+	if (server_hosts == NULL || worker_hosts == NULL || server_addr == NULL || weights == NULL ||
+	    colocated == NULL) {
+		LOG_WARN("out of memory weighing the servers: every server gets an equal share");
+		goto out;
+	}
+	int w = 0;
+	for (int i = 0; i < s->nnodes; i++) {
+		const struct sched_node *n = s->nodes[i];
+		if (!n->registered)
+			continue;
+		if (n->role == CONFIG_ROLE_SERVER && n->rank >= 0 && n->rank < ns) {
+			server_hosts[n->rank] = n->host_id;
+			server_addr[n->rank] = n->host;
+		} else if (n->role == CONFIG_ROLE_WORKER && w < nw) {
+			worker_hosts[w++] = n->host_id;
+		}
+	}
+	for (int i = 0; i < ns; i++)
+		if (server_hosts[i] == NULL)
+			goto out;
+	int hn, hc, hk;
+	placement_weights(ns, server_hosts, w, worker_hosts, weights, colocated, &hn, &hc, &hk);
+	if (s->placement.policy == PLACEMENT_OPTIMAL)
+		memcpy(s->placement.weights, weights, (size_t)ns * sizeof *weights);
+	LOG_INFO("placement %s: %d worker hosts, %d of them with servers (colocated), %d CPU-only "
+		 "server hosts; Theorem 1 time %.4f M/B", placement_policy_name(s->placement.policy),
+		 hn, hc, hk, placement_theorem_time(hn, hc, hk));
+	for (int i = 0; i < ns; i++)
+		LOG_INFO("placement: server %d at %s, %s, share %.4f%s", i, server_addr[i],
+			 colocated[i] ? "colocated" : "CPU-only", weights[i],
+			 s->placement.policy == PLACEMENT_OPTIMAL ? "" : " (not used by this policy)");
+out:
+	free(server_hosts);
+	free(worker_hosts);
+	free(server_addr);
+	free(weights);
+	free(colocated);
+}
+
+/* Logs the bytes placed on every server against its share, once a second
+ * has passed since the last new tensor (now = INT64_MAX: at once, if not
+ * logged since).  Called with s->lock held. */
+static void sched_log_loads(struct rdv_scheduler *s, int64_t now)
+{
+	if (s->placed_ms == 0 || now - s->placed_ms < 1000)
+		return;
+	s->placed_ms = 0;
+	const struct placement *p = &s->placement;
+	LOG_INFO("placement %s: %d tensors, %llu bytes", placement_policy_name(p->policy), s->ntensors,
+		 (unsigned long long)p->total);
+	for (int i = 0; i < p->nservers; i++)
+		LOG_INFO("placement: server %d holds %llu bytes, %.4f of all (share %.4f)", i,
+			 (unsigned long long)p->loads[i],
+			 p->total ? (double)p->loads[i] / (double)p->total : 0.0, p->weights[i]);
+}
+
 /* Assigns ranks and ids and sends every node the address book.  Called
  * with s->lock held once all nodes have registered. */
 static int sched_send_addrbook(struct rdv_scheduler *s)
@@ -251,6 +320,7 @@ static int sched_send_addrbook(struct rdv_scheduler *s)
 	}
 	s->book_sent = true;
 	s->tp->listener_shutdown(s->listener);	/* wakes the accepting thread */
+	sched_place_roles(s);
 	LOG_INFO("all %d servers and %d workers on %d machines registered", s->num_servers,
 		 s->num_workers, s->num_machines);
 	return rc;
@@ -426,8 +496,7 @@ static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const
 	size_t esize = unisum_dtype_size(req->dtype);
 	if (r.failed || name[0] == '\0' || pbytes < esize || n->role != CONFIG_ROLE_WORKER)
 		return UNISUM_EPROTO;
-	uint64_t nparts = placement_nparts(req->count, esize, pbytes);
-	if (nparts > PLACEMENT_MAX_PARTS)
+	if (placement_nparts(req->count, esize, pbytes) > PLACEMENT_MAX_PARTS)
 		return UNISUM_EPROTO;
 
 	uint64_t key = placement_tensor_key(name);
@@ -463,21 +532,23 @@ static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const
 		}
 		t = &s->tensors[s->ntensors];
 		memset(t, 0, sizeof *t);
-		t->servers = calloc(nparts ? nparts : 1, sizeof *t->servers);
-		uint64_t *bytes = calloc(nparts ? nparts : 1, sizeof *bytes);
-		struct placement_part *parts = calloc(nparts ? nparts : 1, sizeof *parts);
-		if (t->servers == NULL || bytes == NULL || parts == NULL) {
-			free(t->servers);
-			free(bytes);
-			free(parts);
+		uint32_t nparts;
+		int prc = placement_place(&s->placement, key, req->count, esize, pbytes, &nparts,
+					  &t->parts, &t->servers);
+		if (prc == UNISUM_ENOMEM)
 			goto out_nomem;
+		if (prc != 0) {
+			pthread_mutex_unlock(&s->lock);
+			wire_buf_fini(&b);
+			return UNISUM_EPROTO;
 		}
-		placement_partition(req->count, nparts, parts);
-		for (uint64_t i = 0; i < nparts; i++)
-			bytes[i] = parts[i].count * esize;
-		placement_assign(s->server_loads, s->num_servers, bytes, nparts, t->servers);
-		free(bytes);
-		free(parts);
+		s->placed_ms = sched_now_ms();
+		if (LOG_LEVEL_DEBUG >= log_threshold) {
+			for (uint32_t i = 0; i < nparts; i++)
+				LOG_DEBUG("placed '%s' part %u (%llu elements at %llu) on server %u", name, i,
+					  (unsigned long long)t->parts[i].count,
+					  (unsigned long long)t->parts[i].offset, t->servers[i]);
+		}
 		snprintf(t->name, sizeof t->name, "%s", name);
 		t->dtype = req->dtype;
 		t->count = req->count;
@@ -499,8 +570,11 @@ static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const
 		wire_buf_str(&b, msg);
 	} else {
 		wire_buf_u32(&b, 0);
-		for (uint32_t i = 0; i < t->nparts; i++)
+		wire_buf_u32(&b, t->nparts);
+		for (uint32_t i = 0; i < t->nparts; i++) {
+			wire_buf_u64(&b, t->parts[i].count);
 			wire_buf_u32(&b, t->servers[i]);
+		}
 	}
 	pthread_mutex_unlock(&s->lock);
 	if (b.failed) {
@@ -553,6 +627,7 @@ static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 		s->workers_done++;
 	}
 	if (s->workers_done == s->num_workers && !s->servers_stopped) {
+		sched_log_loads(s, INT64_MAX);	/* if not logged yet */
 		s->servers_stopped = true;
 		struct wire_hdr h = {.type = WIRE_SHUTDOWN};
 		for (int i = 0; i < s->nnodes; i++) {
@@ -712,6 +787,7 @@ static void *sched_monitor_main(void *arg)
 		if (!s->book_sent || sched_is_finished(s))
 			continue;
 		int64_t now = sched_now_ms();
+		sched_log_loads(s, now);
 		struct wire_hdr hb = {.type = WIRE_HEARTBEAT};
 		for (int i = 0; i < s->nnodes && s->error == 0; i++) {
 			struct sched_node *n = s->nodes[i];
@@ -832,9 +908,8 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 	/* Grows as connections come (see sched_max_connections). */
 	s->cap_nodes = 2 * (num_machines + num_servers) + 64;
 	s->nodes = calloc((size_t)s->cap_nodes, sizeof *s->nodes);
-	s->server_loads = calloc((size_t)num_servers, sizeof *s->server_loads);
 	int rc = UNISUM_ENOMEM;
-	if (s->nodes == NULL || s->server_loads == NULL)
+	if (s->nodes == NULL || placement_init(&s->placement, cfg->placement, num_servers, NULL) != 0)
 		goto out_free;
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->changed, NULL);
@@ -857,7 +932,7 @@ out_listener:
 	tp->listener_free(s->listener);
 out_free:
 	free(s->nodes);
-	free(s->server_loads);
+	placement_fini(&s->placement);
 	free(s);
 	return rc;
 }
@@ -893,12 +968,13 @@ void rdv_scheduler_free(struct rdv_scheduler *s)
 	}
 	s->tp->listener_free(s->listener);
 	for (int i = 0; i < s->ntensors; i++) {
+		free(s->tensors[i].parts);
 		free(s->tensors[i].servers);
 		free(s->tensors[i].poison);
 	}
 	free(s->tensors);
 	free(s->nodes);
-	free(s->server_loads);
+	placement_fini(&s->placement);
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->changed);
 	free(s);

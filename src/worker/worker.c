@@ -1017,17 +1017,10 @@ static int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pby
 				"partitions of %llu bytes, more than %u; raise UNISUM_PARTITION_BYTES",
 				t->name, (unsigned long long)t->count, (unsigned long long)nparts,
 				(unsigned long long)pbytes, PLACEMENT_MAX_PARTS);
-	*L = (struct wk_layout){.pbytes = pbytes, .nparts = (uint32_t)nparts};
-	L->parts = calloc(nparts ? nparts : 1, sizeof *L->parts);
-	L->servers = calloc(nparts ? nparts : 1, sizeof *L->servers);
-	int rc = UNISUM_ENOMEM;
-	if (L->parts == NULL || L->servers == NULL)
-		goto out_free;
-	placement_partition(t->count, nparts, L->parts);
-
+	*L = (struct wk_layout){.pbytes = pbytes};
 	char why[768];
-	rc = rdv_client_declare(wk.rdv, wire_name, t->dtype, t->count, pbytes, L->nparts, &L->key,
-				L->servers, why, sizeof why);
+	int rc = rdv_client_declare(wk.rdv, wire_name, t->dtype, t->count, pbytes, &L->key,
+				    &L->nparts, &L->parts, &L->servers, why, sizeof why);
 	if (rc != 0) {
 		rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, wk.rank, why);
 		goto out_free;

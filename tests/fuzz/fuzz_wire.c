@@ -475,9 +475,10 @@ static void parse_declare_check(const uint8_t *data, size_t len)
 	wire_buf_fini(&b);
 }
 
-/* DECLARE reply (client.c): u32 status, then str why when it is not 0,
- * or nparts x u32 server rank. */
-static void parse_declare_reply(const uint8_t *data, size_t len, uint32_t nparts)
+/* DECLARE reply (client.c rdv_client_declare): u32 status, then str why
+ * when it is not 0, or u32 nparts and nparts x (u64 count, u32 server);
+ * the client reads the parts only when exactly that many bytes are left. */
+static void parse_declare_reply(const uint8_t *data, size_t len)
 {
 	struct checked_reader c;
 	cr_init(&c, data, len);
@@ -487,14 +488,17 @@ static void parse_declare_reply(const uint8_t *data, size_t len, uint32_t nparts
 		cr_str(&c, why, sizeof why);
 		return;
 	}
-	uint32_t after_failure = 0;
+	uint32_t nparts = cr_u32(&c);
+	if (c.r.failed || nparts > PLACEMENT_MAX_PARTS || c.r.left != (size_t)nparts * 12)
+		return;
+	uint64_t total = 0;
 	for (uint32_t i = 0; i < nparts; i++) {
+		total += cr_u64(&c);
 		cr_u32(&c);
-		if (c.r.failed && ++after_failure > 1)
-			break;
 	}
-	if (!c.r.failed)
-		CHECK(cr_consumed(&c) == 4 + 4 * (size_t)nparts);
+	CHECK(!c.r.failed);
+	CHECK(cr_consumed(&c) == 8 + 12 * (size_t)nparts);
+	(void)total;
 }
 
 /* ERROR (worker.c, client.c, scheduler.c): str text, into the sizes those
@@ -554,11 +558,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	parse_addrbook(payload, payload_len);
 	parse_declare_request(payload, payload_len);
 	parse_declare_check(payload, payload_len);
-	uint32_t nparts = payload_len >= 4 ? (uint32_t)((payload_len - 4) / 4) : 0;
-	if (nparts > PLACEMENT_MAX_PARTS)
-		nparts = PLACEMENT_MAX_PARTS;
-	parse_declare_reply(payload, payload_len, nparts);	/* can be read exactly */
-	parse_declare_reply(payload, payload_len, nparts + 1);	/* one part too many */
+	parse_declare_reply(payload, payload_len);
 	parse_error(payload, payload_len, 400);
 	parse_error(payload, payload_len, 512);
 	parse_strings(payload, payload_len);

@@ -22,7 +22,7 @@ import struct
 import sys
 
 MAGIC = 0x4D555355  # "USUM" little-endian
-VERSION = 2
+VERSION = 3
 HDR = struct.Struct("<IBBHIIQQQB3xI")  # the 48-byte header, wire.h offsets
 assert HDR.size == 48
 
@@ -138,7 +138,7 @@ def seeds():
         "12-shutdown": header(SHUTDOWN, sender=4),
         "13-declare": message(DECLARE, wstr("layer1.weight") + u64(4 << 20), dtype=FLOAT32,
                               count=1 << 20),
-        "13-declare-reply-ok": message(DECLARE, u32(0) + u32(1) + u32(0) + u32(1),
+        "13-declare-reply-ok": message(DECLARE, u32(0) + u32(2) + u64(700) + u32(0) + u64(324) + u32(1),
                                        key=0x30000),
         "13-declare-reply-mismatch": message(DECLARE, u32(-5) + wstr("shapes differ"),
                                              key=0x30000),
