@@ -5,7 +5,7 @@
 # `make` target.  Needs root (or sudo) the first time.
 set -eu
 
-pkgs="build-essential cmake pkg-config libcmocka-dev libsodium-dev iperf3 python3 python3-numpy python3-torch \
+pkgs="build-essential cmake pkg-config libcmocka-dev libsodium-dev iproute2 iperf3 python3 python3-numpy python3-torch \
 	python3-torchvision python3-sklearn python3-tqdm python3-pytest python3-pip python3-venv \
 	python3-setuptools clang libclang-rt-14-dev $*"
 missing=""

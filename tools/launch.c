@@ -4,6 +4,8 @@
  *
  *   unisum launch -w N -s K [--local-size L] [--timeout SEC] -- CMD ARGS...
  *   unisum launch --nproc-per-node L [--timeout SEC] -- CMD ARGS...
+ *   unisum launch -w N -s K --worker-netns NS,... --server-netns NS,...
+ *                 [--scheduler-netns NS] -- CMD ARGS...
  *
  * The first form runs the scheduler in-process, starts K server processes
  * (this same executable, `unisum server`) and N worker processes running
@@ -23,6 +25,19 @@
  * rest (the scheduler's address, the job size, the machine index in
  * UNISUM_WORKER_ID, the secret) is inherited from the launcher's
  * environment, which must hold it.  Worker i's rank is machine x L + i.
+ *
+ * Network namespaces (the third form: an emulated cluster, see
+ * bench/cluster/netns.sh).  Each worker machine runs in its own named
+ * network namespace (/run/netns/NS, one per machine, in order), each server
+ * in the namespace given for it (a worker machine's, to be colocated with
+ * it, or one of its own, a CPU-only server), and the scheduler in
+ * --scheduler-netns (default: the first machine's).  The launcher learns
+ * each namespace's IPv4 address from its interfaces, starts the scheduler's
+ * listener inside its namespace, gives every child UNISUM_NODE_HOST (its
+ * namespace's address) and UNISUM_SCHEDULER_HOST, and moves each child into
+ * its namespace between fork() and exec().  Everything else is the same;
+ * the host identity of every process includes its network namespace, so
+ * the machines count as different hosts.
  *
  * Shared memory.  Every child gets UNISUM_JOB_ID, which names the job's
  * segments in /dev/shm: the user's when set, else a fresh one unique on
@@ -86,9 +101,14 @@
  * launch_main() owns the process: it leaves the signals blocked and SIGPIPE
  * ignored when it returns, since its return value becomes the exit status.
  */
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sched.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
@@ -175,6 +195,7 @@ struct child {
 	bool running;			/* spawned and not yet reaped */
 	bool signalled;			/* the launcher sent it SIGTERM or SIGKILL */
 	char prefix[32];		/* "[worker 0] ", put before each line */
+	int netns;			/* index in launcher.netns, -1 = the launcher's */
 	struct stream out;		/* its stdout */
 	struct stream err;		/* its stderr */
 };
@@ -184,6 +205,13 @@ struct child {
 struct child_env {
 	char **envp;				/* NULL-terminated, for execve */
 	char vars[LAUNCH_ENV_OWN][96];		/* storage of our NAME=value strings */
+};
+
+/* A named network namespace a process runs in (an emulated host). */
+struct netns {
+	char name[64];			/* under /run/netns */
+	int fd;				/* open on it, O_CLOEXEC */
+	char addr[INET_ADDRSTRLEN];	/* its first non-loopback IPv4 address */
 };
 
 /* Everything the launcher knows. */
@@ -197,6 +225,9 @@ struct launcher {
 	double timeout_s;		/* --timeout, 0 = none */
 	bool no_secret;			/* --no-secret: run without a job secret */
 	char **cmd;			/* CMD ARGS..., NULL-terminated (argv's) */
+	const char *worker_netns_opt;	/* --worker-netns list, or NULL */
+	const char *server_netns_opt;	/* --server-netns list, or NULL */
+	const char *sched_netns_opt;	/* --scheduler-netns, or NULL */
 
 	/* The shape of the job. */
 	int machines;			/* UNISUM_NUM_WORKER: num_workers / local_size, or the
@@ -206,6 +237,15 @@ struct launcher {
 	bool job_started;		/* children may have made segments: remove them at exit */
 	char sched_host[256];		/* the scheduler's address, for the start line */
 	int sched_port;			/* ... and its port */
+
+	/* Network namespaces (--worker-netns ...): every distinct one named,
+	 * which of them each machine and server runs in, and the scheduler's. */
+	struct netns *netns;
+	int nnetns;
+	int *machine_netns;		/* [machines] */
+	int *server_netns;		/* [num_servers] */
+	int sched_netns;		/* -1 = the launcher's own */
+	char sched_addr[INET_ADDRSTRLEN];	/* where children find the scheduler */
 
 	/* The scheduler and the thread that waits for it. */
 	struct rdv_scheduler *sched;	/* freed last, once sched_done */
@@ -607,16 +647,20 @@ static const char *const env_own_names[] = {
 	"UNISUM_LOCAL_SIZE", "BYTEPS_LOCAL_SIZE", "UNISUM_LAUNCHED",
 	"UNISUM_NUM_WORKER", "UNISUM_NUM_SERVER", "UNISUM_SCHEDULER_HOST",
 	"UNISUM_SCHEDULER_PORT", "UNISUM_WORKER_ID", "DMLC_WORKER_ID",
-	"UNISUM_SERVER_ID",
+	"UNISUM_SERVER_ID", "UNISUM_NODE_HOST", "DMLC_NODE_HOST",
 };
 #define LAUNCH_MACHINE_OWN 7
 #define LAUNCH_JOB_OWN (sizeof(env_own_names) / sizeof(env_own_names[0]))
+/* The job form sets these two only when it places processes in namespaces. */
+#define LAUNCH_NETNS_OWN 2
 
 /* Whether environ entry `var` is one the launcher sets (or clears). */
 static bool env_is_ours(const struct launcher *l, const char *var)
 {
 	size_t count = l->one_machine ? LAUNCH_MACHINE_OWN : LAUNCH_JOB_OWN;
 
+	if (!l->one_machine && l->nnetns == 0)
+		count -= LAUNCH_NETNS_OWN;
 	for (size_t i = 0; i < count; i++) {
 		size_t len = strlen(env_own_names[i]);
 
@@ -677,7 +721,9 @@ static struct child_env *env_build(const struct launcher *l, const struct child 
 
 	env_add(env, &own, "UNISUM_NUM_WORKER=%d", l->machines);
 	env_add(env, &own, "UNISUM_NUM_SERVER=%d", l->num_servers);
-	env_add(env, &own, "UNISUM_SCHEDULER_HOST=%s", LAUNCH_HOST);
+	env_add(env, &own, "UNISUM_SCHEDULER_HOST=%s", l->sched_addr);
+	if (c->netns >= 0)
+		env_add(env, &own, "UNISUM_NODE_HOST=%s", l->netns[c->netns].addr);
 	env_add(env, &own, "UNISUM_SCHEDULER_PORT=%d", l->port);
 	if (c->role == CHILD_WORKER)
 		env_add(env, &own, "UNISUM_WORKER_ID=%d", c->rank / l->local_size);
@@ -722,6 +768,14 @@ static void child_exec(const struct launcher *l, const struct child *c, int out_
 		_exit(127);
 	sigaction(SIGPIPE, &dfl, NULL);
 	sigprocmask(SIG_SETMASK, &l->entry_mask, NULL);
+	if (c->netns >= 0 && setns(l->netns[c->netns].fd, CLONE_NEWNET) < 0) {
+		child_say("unisum launch: cannot enter network namespace ");
+		child_say(l->netns[c->netns].name);
+		child_say(": ");
+		child_say(strerrordesc_np(errno) ? strerrordesc_np(errno) : "unknown error");
+		child_say("\n");
+		_exit(127);
+	}
 
 	if (c->role == CHILD_SERVER)
 		execve("/proc/self/exe", argv, envp);
@@ -1180,6 +1234,15 @@ static void usage(FILE *out)
 	      "                      UNISUM_NUM_SERVER, UNISUM_WORKER_ID (this machine,\n"
 	      "                      from 0), the job's secret (or their DMLC_* names);\n"
 	      "                      worker ranks are UNISUM_WORKER_ID x L + local rank\n"
+	      "      --worker-netns NS,NS,...\n"
+	      "                      run machine i's workers in network namespace NS_i\n"
+	      "                      (/run/netns/NS_i; one per machine): an emulated\n"
+	      "                      cluster, see bench/cluster/netns.sh\n"
+	      "      --server-netns NS,NS,...\n"
+	      "                      run server j in NS_j: a worker machine's namespace\n"
+	      "                      makes it colocated, any other a CPU-only server\n"
+	      "      --scheduler-netns NS\n"
+	      "                      the scheduler's namespace (default: machine 0's)\n"
 	      "      --timeout SEC   stop everything and exit 124 after SEC seconds\n"
 	      "                      (default 0: no limit)\n"
 	      "      --no-secret     no job secret: connections are not authenticated\n"
@@ -1299,6 +1362,21 @@ static int options_parse(struct launcher *l, int argc, char **argv)
 					"(0 for none), got '%s'\n", value);
 				return -1;
 			}
+		} else if ((m = option_match(argc, argv, &i, NULL, "--worker-netns", &value)) != 0) {
+			if (m < 0)
+				goto out_missing;
+			l->worker_netns_opt = value;
+			job_option = arg;
+		} else if ((m = option_match(argc, argv, &i, NULL, "--server-netns", &value)) != 0) {
+			if (m < 0)
+				goto out_missing;
+			l->server_netns_opt = value;
+			job_option = arg;
+		} else if ((m = option_match(argc, argv, &i, NULL, "--scheduler-netns", &value)) != 0) {
+			if (m < 0)
+				goto out_missing;
+			l->sched_netns_opt = value;
+			job_option = arg;
 		} else if (strcmp(arg, "--no-secret") == 0) {
 			l->no_secret = true;
 			job_option = arg;
@@ -1345,6 +1423,13 @@ out_missing:
 		goto out_usage;
 	}
 	l->machines = l->num_workers / l->local_size;
+	if ((l->worker_netns_opt != NULL) != (l->server_netns_opt != NULL) ||
+	    (l->sched_netns_opt != NULL && l->worker_netns_opt == NULL)) {
+		fprintf(stderr, "unisum launch: --worker-netns and --server-netns go together (and "
+			"--scheduler-netns needs them): every process of an emulated cluster runs in "
+			"a namespace\n");
+		goto out_usage;
+	}
 	return 0;
 
 out_usage:
@@ -1503,11 +1588,11 @@ static void announce(const struct launcher *l)
 			l->sched_host, l->sched_port, l->job_id);
 	else if (l->local_size > 1)
 		fprintf(stderr, "unisum launch: scheduler on %s:%d, %d server(s), %d worker(s) "
-			"on %d machine(s) of %d, job %s:", LAUNCH_HOST, l->port, l->num_servers,
+			"on %d machine(s) of %d, job %s:", l->sched_addr, l->port, l->num_servers,
 			l->num_workers, l->machines, l->local_size, l->job_id);
 	else
 		fprintf(stderr, "unisum launch: scheduler on %s:%d, %d server(s), %d worker(s):",
-			LAUNCH_HOST, l->port, l->num_servers, l->num_workers);
+			l->sched_addr, l->port, l->num_servers, l->num_workers);
 	for (char **a = l->cmd; *a; a++)
 		fprintf(stderr, " %s", *a);
 	fputc('\n', stderr);
@@ -1518,17 +1603,196 @@ static void announce(const struct launcher *l)
 			l->num_workers, l->num_servers);
 }
 
+/* The first non-loopback IPv4 address of the calling thread's network
+ * namespace, into out[INET_ADDRSTRLEN]; false when there is none. */
+static bool netns_first_addr(char *out)
+{
+	struct ifaddrs *ifs;
+	bool found = false;
+
+	if (getifaddrs(&ifs) < 0)
+		return false;
+	for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+		if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET ||
+		    (i->ifa_flags & IFF_LOOPBACK) || !(i->ifa_flags & IFF_UP))
+			continue;
+		const struct sockaddr_in *sin = (const struct sockaddr_in *)i->ifa_addr;
+		found = inet_ntop(AF_INET, &sin->sin_addr, out, INET_ADDRSTRLEN) != NULL;
+	}
+	freeifaddrs(ifs);
+	return found;
+}
+
+/* What netns_run() returns when it could not enter the namespace. */
+#define NETNS_NOT_ENTERED INT_MIN
+
+/* Runs fn(arg) with the calling thread inside namespace ns (NULL: where it
+ * is), then moves it back.  Returns fn's result, or NETNS_NOT_ENTERED
+ * after printing why.  Failing to come back aborts: the launcher must not
+ * go on in a namespace it did not mean to. */
+static int netns_run(const struct netns *ns, int (*fn)(void *), void *arg)
+{
+	if (!ns)
+		return fn(arg);
+	int home = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+	if (home < 0 || setns(ns->fd, CLONE_NEWNET) < 0) {
+		fprintf(stderr, "unisum launch: cannot enter network namespace %s: %s\n", ns->name,
+			strerror(errno));
+		if (home >= 0)
+			close(home);
+		return NETNS_NOT_ENTERED;
+	}
+	int rc = fn(arg);
+	if (setns(home, CLONE_NEWNET) < 0) {
+		fprintf(stderr, "unisum launch: cannot leave network namespace %s: %s\n", ns->name,
+			strerror(errno));
+		abort();
+	}
+	close(home);
+	return rc;
+}
+
+static int netns_addr_fn(void *arg)
+{
+	return netns_first_addr(arg) ? 0 : -EADDRNOTAVAIL;
+}
+
+/* The index of namespace `name` in l->netns, opening it and reading its
+ * address the first time.  -1 after printing why. */
+static int netns_find(struct launcher *l, const char *option, const char *name, size_t len)
+{
+	for (int i = 0; i < l->nnetns; i++)
+		if (strlen(l->netns[i].name) == len && strncmp(l->netns[i].name, name, len) == 0)
+			return i;
+	if (len == 0 || len >= sizeof(l->netns[0].name) || memchr(name, '/', len)) {
+		fprintf(stderr, "unisum launch: %s: '%.*s' is not a network namespace name\n", option,
+			(int)len, name);
+		return -1;
+	}
+	struct netns *grown = realloc(l->netns, sizeof(*grown) * (size_t)(l->nnetns + 1));
+	if (!grown) {
+		fprintf(stderr, "unisum launch: out of memory\n");
+		return -1;
+	}
+	l->netns = grown;
+	struct netns *ns = &l->netns[l->nnetns];
+	char path[128];
+
+	snprintf(ns->name, sizeof(ns->name), "%.*s", (int)len, name);
+	snprintf(path, sizeof(path), "/run/netns/%s", ns->name);
+	ns->fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (ns->fd < 0) {
+		fprintf(stderr, "unisum launch: %s: no network namespace '%s' (%s: %s; make them "
+			"with bench/cluster/netns.sh or `ip netns add`)\n", option, ns->name, path,
+			strerror(errno));
+		return -1;
+	}
+	int rc = netns_run(ns, netns_addr_fn, ns->addr);
+	if (rc < 0) {
+		if (rc != NETNS_NOT_ENTERED)
+			fprintf(stderr, "unisum launch: %s: network namespace '%s' has no IPv4 "
+				"address on an interface that is up\n", option, ns->name);
+		close(ns->fd);
+		return -1;
+	}
+	return l->nnetns++;
+}
+
+/* Parses a comma-separated list of exactly `want` namespaces into out[]. */
+static int netns_list(struct launcher *l, const char *option, const char *list, int want, int *out)
+{
+	int n = 0;
+
+	for (const char *p = list;; p++) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+
+		if (n == want) {
+			n++;
+			break;
+		}
+		int idx = netns_find(l, option, p, len);
+		if (idx < 0)
+			return -1;
+		out[n++] = idx;
+		if (!end)
+			break;
+		p = end;
+	}
+	if (n != want) {
+		fprintf(stderr, "unisum launch: %s names %s namespaces than the job's %d %s\n", option,
+			n > want ? "more" : "fewer", want,
+			option[2] == 'w' ? "machines (workers / --local-size)" : "servers");
+		return -1;
+	}
+	return 0;
+}
+
+/* Resolves --worker-netns, --server-netns and --scheduler-netns, and where
+ * the children will find the scheduler.  0, or -1 after printing why. */
+static int netns_setup(struct launcher *l)
+{
+	l->sched_netns = -1;
+	snprintf(l->sched_addr, sizeof(l->sched_addr), "%s", LAUNCH_HOST);
+	if (!l->worker_netns_opt)
+		return 0;
+	l->machine_netns = calloc((size_t)l->machines, sizeof(int));
+	l->server_netns = calloc((size_t)l->num_servers, sizeof(int));
+	if (!l->machine_netns || !l->server_netns) {
+		fprintf(stderr, "unisum launch: out of memory\n");
+		return -1;
+	}
+	if (netns_list(l, "--worker-netns", l->worker_netns_opt, l->machines, l->machine_netns) < 0 ||
+	    netns_list(l, "--server-netns", l->server_netns_opt, l->num_servers, l->server_netns) < 0)
+		return -1;
+	if (l->sched_netns_opt)
+		l->sched_netns = netns_find(l, "--scheduler-netns", l->sched_netns_opt,
+					    strlen(l->sched_netns_opt));
+	else
+		l->sched_netns = l->machine_netns[0];
+	if (l->sched_netns < 0)
+		return -1;
+	snprintf(l->sched_addr, sizeof(l->sched_addr), "%s", l->netns[l->sched_netns].addr);
+	return 0;
+}
+
+static void netns_free(struct launcher *l)
+{
+	for (int i = 0; i < l->nnetns; i++)
+		close(l->netns[i].fd);
+	free(l->netns);
+	free(l->machine_netns);
+	free(l->server_netns);
+}
+
+struct sched_start_args {
+	struct launcher *l;
+	const struct config *cfg;
+};
+
+static int sched_start_fn(void *arg)
+{
+	struct sched_start_args *a = arg;
+
+	return rdv_scheduler_start(a->l->sched_addr, 0, a->cfg, transport_tcp(), &a->l->sched,
+				   &a->l->port);
+}
+
 /* Starts the in-process scheduler and the thread that waits for it.
  * Returns 0, or -1 after printing why (with nothing left running). */
 static int sched_start(struct launcher *l, const struct config *cfg)
 {
 	int rc;
 
+	struct sched_start_args args = { l, cfg };
+
 	log_set_identity("scheduler", -1);
-	rc = rdv_scheduler_start(LAUNCH_HOST, 0, cfg, transport_tcp(), &l->sched, &l->port);
+	rc = netns_run(l->sched_netns >= 0 ? &l->netns[l->sched_netns] : NULL, sched_start_fn, &args);
+	if (rc == NETNS_NOT_ENTERED)
+		return -1;
 	if (rc < 0) {
 		fprintf(stderr, "unisum launch: cannot start the scheduler on %s: %s\n",
-			LAUNCH_HOST, unisum_strerror(rc));
+			l->sched_addr, unisum_strerror(rc));
 		return -1;
 	}
 	rc = pthread_create(&l->waiter, NULL, sched_waiter, l);
@@ -1563,6 +1827,7 @@ int launch_main(int argc, char **argv)
 	}
 	l->sigfd = -1;
 	l->devnull = -1;
+	l->sched_netns = -1;
 	l->waiter_pipe[0] = l->waiter_pipe[1] = -1;
 	l->self = getpid();
 
@@ -1589,6 +1854,10 @@ int launch_main(int argc, char **argv)
 		rc = job_config(l, &cfg);
 		if (rc != 0) {
 			status = rc;
+			goto out_free_fds;
+		}
+		if (netns_setup(l) < 0) {
+			status = LAUNCH_EXIT_USAGE;
 			goto out_free_fds;
 		}
 	}
@@ -1632,12 +1901,16 @@ int launch_main(int argc, char **argv)
 	for (int i = 0; i < l->nchildren; i++) {
 		struct child *c = &l->children[i];
 
+		c->netns = -1;
 		if (l->one_machine) {
 			c->role = CHILD_WORKER;
 			c->rank = l->machine * l->local_size + i;
 		} else {
 			c->role = i < l->num_servers ? CHILD_SERVER : CHILD_WORKER;
 			c->rank = i < l->num_servers ? i : i - l->num_servers;
+			if (l->nnetns > 0)
+				c->netns = c->role == CHILD_SERVER ? l->server_netns[c->rank]
+					   : l->machine_netns[c->rank / l->local_size];
 		}
 		snprintf(c->prefix, sizeof(c->prefix), "[%s %d] ", role_name(c->role), c->rank);
 		c->out.fd = c->err.fd = -1;
@@ -1696,6 +1969,7 @@ out_close_devnull:
 out_close_sigfd:
 	close(l->sigfd);
 out_free_fds:
+	netns_free(l);
 	free(l->entry_fds);
 	free(l);
 	return status;

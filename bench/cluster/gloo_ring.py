@@ -1,0 +1,98 @@
+#!/usr/bin/python3
+"""gloo_ring.py - PyTorch gloo all_reduce across the hosts of netns.sh.
+
+    gloo_ring.py --rank R --world W --master ADDR:PORT --bytes N
+                 --iters I --warmup K [--ifname eth0] [--timeout S]
+
+One process of a W-process job; the caller starts one per emulated host,
+e.g. `netns.sh exec PREFIX R /usr/bin/python3 gloo_ring.py --rank R ...`,
+rank 0 on the host whose address is ADDR (it serves the rendezvous store
+on PORT, init_method tcp://ADDR:PORT).  gloo talks over --ifname (default
+eth0, the host's NIC; GLOO_SOCKET_IFNAME), torch.set_num_threads(1).
+
+Every rank runs float32 all_reduce(SUM) on N bytes (gloo's ring for large
+CPU tensors: reduce-scatter then all-gather, 2(W-1)/W x N bytes sent and
+received per rank).  Rank r fills element j with (j mod 251) + r, so every
+sum is exact in float32.  all_reduce is in place, so the input is copied
+back from a pristine tensor before each call, outside the timing.  Each
+call is preceded by a barrier and timed on every rank; the time of a call
+is the maximum over ranks (an all_reduce(MAX) of the times after the timed
+call).  K warm-up calls are not counted.  Rank 0 prints one line:
+
+    gloo world=W bytes=N median_s=.. min_s=.. iters=I
+
+and a few elements of the last result are checked exactly on every rank
+(exit 1 when any is wrong).  Modelled on bench/peers/gloo_allreduce.py.
+"""
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--world", type=int, required=True)
+    ap.add_argument("--master", required=True, help="ADDR:PORT of rank 0's store")
+    ap.add_argument("--bytes", type=int, required=True, help="message size (multiple of 4)")
+    ap.add_argument("--iters", type=int, required=True)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--ifname", default="eth0",
+                    help="interface gloo uses (GLOO_SOCKET_IFNAME); '' = gloo's choice")
+    ap.add_argument("--timeout", type=float, default=300,
+                    help="seconds to wait for the other ranks and for each collective")
+    a = ap.parse_args()
+    if not (0 <= a.rank < a.world) or a.bytes < 4 or a.bytes % 4 or a.iters < 1 or a.warmup < 0:
+        ap.error("need 0 <= rank < world, bytes a positive multiple of 4, iters >= 1, warmup >= 0")
+    addr, sep, port = a.master.rpartition(":")
+    if not sep or not addr or not port.isdigit():
+        ap.error("--master must be ADDR:PORT")
+
+    torch.set_num_threads(1)
+    if a.ifname:
+        os.environ["GLOO_SOCKET_IFNAME"] = a.ifname
+    dist.init_process_group("gloo", init_method="tcp://%s:%s" % (addr, port),
+                            rank=a.rank, world_size=a.world,
+                            timeout=datetime.timedelta(seconds=a.timeout))
+    rank, world = a.rank, a.world
+    n = a.bytes // 4
+    pristine = (torch.arange(n, dtype=torch.int64) % 251 + rank).to(torch.float32)
+    buf = torch.empty_like(pristine)
+    t = torch.zeros(1, dtype=torch.float64)
+    times = []
+    for i in range(a.warmup + a.iters):
+        buf.copy_(pristine)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        dt = time.perf_counter() - t0
+        t[0] = dt
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if i >= a.warmup:
+            times.append(t.item())
+    bad = 0
+    for j in sorted({0, 1, 250 % n, 251 % n, n // 2, n - 1}):
+        want = world * (j % 251) + world * (world - 1) // 2
+        if buf[j].item() != want:
+            print("gloo_ring: rank %d element %d is %g, want %d"
+                  % (rank, j, buf[j].item(), want), file=sys.stderr)
+            bad = 1
+    flag = torch.tensor([bad], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if rank == 0 and flag.item() == 0:
+        print("gloo world=%d bytes=%d median_s=%.6f min_s=%.6f iters=%d"
+              % (world, a.bytes, statistics.median(times), min(times), a.iters),
+              flush=True)
+    dist.destroy_process_group()
+    if flag.item():
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

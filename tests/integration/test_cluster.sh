@@ -1,0 +1,67 @@
+# Integration: an emulated cluster.  bench/cluster/netns.sh builds hosts as
+# network namespaces on a bridge with shaped links; `unisum launch` starts
+# the scheduler, the servers and the workers each inside its host, so every
+# byte between hosts crosses a veth link over real TCP.  Two worker hosts
+# with a colocated server each and one CPU-only host; then two machines of
+# two workers each (shared memory inside a namespace).  Every result is
+# checked exactly, the placement gives the CPU-only server the share of
+# Theorem 1, and nothing the test made (namespaces, links) is left behind.
+#
+# Needs root (network namespaces): otherwise it says so and skips.
+. "$(dirname "$0")/lib.sh"
+
+if [ "$(id -u)" != 0 ]; then
+	echo "SKIP: the emulated cluster needs root to make network namespaces (ran as $(id -un))"
+	exit 0
+fi
+NETNS="$(cd "$(dirname "$0")/../.." && pwd)/bench/cluster/netns.sh"
+P="ust$$"
+trap 'sh "$NETNS" down "$P" >/dev/null 2>&1' EXIT INT TERM HUP
+
+if ! sh "$NETNS" up "$P" 3 200mbit >/dev/null; then
+	FAILS=$((FAILS + 1))
+	echo "FAIL the emulated cluster could not be built (ip, tc and veth are needed)"
+	finish
+fi
+reaches() { ip netns exec "$P-h$1" ping -c 1 -W 2 "$(sh "$NETNS" addr "$P" "$2")" >/dev/null; }
+expect "the hosts reach each other" reaches 1 0
+
+# cluster_job NAME WORKERS LOCAL ARGS... : check_sums ARGS on hosts 0 and 1
+# (servers beside them) and a CPU-only server on host 2.
+cluster_job() {
+	name=$1 w=$2 l=$3
+	shift 3
+	out=$(mktemp)
+	if UNISUM_LOG_LEVEL=INFO timeout 300 "$UNISUM" launch -w "$w" -s 3 --local-size "$l" \
+		--worker-netns "$P-h0,$P-h1" --server-netns "$P-h0,$P-h1,$P-h2" -- \
+		"$CHECK" "$@" >"$out" 2>&1; then
+		PASSES=$((PASSES + 1))
+		echo "ok   $name"
+	else
+		FAILS=$((FAILS + 1))
+		echo "FAIL $name, output:"
+		sed 's/^/    /' "$out"
+	fi
+	LAST=$(cat "$out")
+	rm -f "$out"
+}
+
+cluster_job "2 worker hosts + 1 CPU-only host: every dtype, 0 elements to 3 partitions" 2 1 sums
+# n = 2, k = 1: the CPU-only server holds 2(n-1)/(n^2+kn-2k) = 1/2 of the
+# bytes, each colocated one (n-k)/(n^2+kn-2k) = 1/4.
+expect "the scheduler found 2 worker hosts and 1 CPU-only host" \
+	contains "$LAST" "placement optimal: 2 worker hosts, 2 of them with servers \(colocated\), 1 CPU-only"
+expect "the CPU-only server's share is 1/2" \
+	contains "$LAST" "server 2 at [0-9.]+, CPU-only, share 0\.5000"
+expect "the colocated servers' shares are 1/4" \
+	contains "$LAST" "server 0 at [0-9.]+, colocated, share 0\.2500"
+expect "the bytes placed match the shares" \
+	contains "$LAST" "server 2 holds [0-9]+ bytes, 0\.(49[5-9]|50[0-5])[0-9] of all"
+expect "workers reached the servers on other hosts over TCP" \
+	contains "$LAST" "scheduler on 10\.[0-9.]+:[0-9]+"
+cluster_job "2 machines of 2 workers in 2 namespaces" 4 2 sums
+UNISUM_PLACEMENT=hash cluster_job "the same with BytePS's hash placement" 2 1 sums
+
+sh "$NETNS" down "$P"
+expect "no namespace or link of the test is left" sh "$NETNS" check "$P"
+finish
