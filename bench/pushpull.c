@@ -16,6 +16,7 @@
  *   pushpull workers=W bytes=B tensors=T iters=I median_s=.. min_s=.. max_s=..
  *
  * and every rank checks its results exactly; any wrong element exits 1.
+ * With PUSHPULL_VERBOSE set, rank 0 first prints every iteration's time.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -117,6 +118,12 @@ int main(int argc, char **argv)
 				fprintf(stderr, "bench_pushpull: rank %d tensor %d element %zu is %g, not %g\n",
 					rank, t, j, (double)out[t][j], want);
 		}
+	}
+	if (rank == 0 && getenv("PUSHPULL_VERBOSE") != NULL) {
+		printf("pushpull iterations:");
+		for (int i = 0; i < iters; i++)
+			printf(" %.4f", iter_s[i]);
+		printf("\n");
 	}
 	if (rank == 0) {
 		qsort(iter_s, (size_t)iters, sizeof *iter_s, cmp_double);

@@ -210,6 +210,60 @@ static uint32_t placement_djb2(uint64_t key, int nservers)
 	return (uint32_t)(h % (uint64_t)nservers);
 }
 
+/* Orders a tensor's pieces so that every server's pieces are spread
+ * evenly through it: piece j of server s, ending at e bytes of the A_s
+ * bytes s gets from this tensor, goes at position e / A_s (ties to the
+ * lower server, then the earlier piece); offsets follow the new order.
+ * The deal alone hands a server its whole deficit in one run, so a
+ * pipeline that pushes partitions in order would load one server's link
+ * while the others idle; interleaved, every link carries its share at
+ * every moment. */
+struct placement_piece {
+	double at;
+	uint32_t server;
+	uint32_t index;
+	uint64_t count;
+};
+
+static int placement_piece_cmp(const void *a, const void *b)
+{
+	const struct placement_piece *x = a, *y = b;
+	if (x->at != y->at)
+		return x->at < y->at ? -1 : 1;
+	if (x->server != y->server)
+		return x->server < y->server ? -1 : 1;
+	return (x->index > y->index) - (x->index < y->index);
+}
+
+static void placement_interleave(struct placement_part *parts, uint32_t *servers, uint32_t np,
+				 int nservers)
+{
+	struct placement_piece *pc = malloc((size_t)np * sizeof *pc);
+	uint64_t *total = calloc((size_t)nservers, sizeof *total);
+	uint64_t *sofar = calloc((size_t)nservers, sizeof *sofar);
+	if (pc == NULL || total == NULL || sofar == NULL)
+		goto out;	/* keep the deal's order: correct, only less smooth */
+	for (uint32_t i = 0; i < np; i++)
+		total[servers[i]] += parts[i].count;
+	for (uint32_t i = 0; i < np; i++) {
+		uint32_t s = servers[i];
+		sofar[s] += parts[i].count;
+		pc[i] = (struct placement_piece){.at = (double)sofar[s] / (double)total[s],
+						 .server = s, .index = i, .count = parts[i].count};
+	}
+	qsort(pc, np, sizeof *pc, placement_piece_cmp);
+	uint64_t off = 0;
+	for (uint32_t i = 0; i < np; i++) {
+		parts[i] = (struct placement_part){.offset = off, .count = pc[i].count};
+		servers[i] = pc[i].server;
+		off += pc[i].count;
+	}
+out:
+	free(pc);
+	free(total);
+	free(sofar);
+}
+
 /* The optimal policy's cut: pieces to the servers furthest below their
  * share of the bytes placed so far (this tensor included). */
 static uint32_t placement_deal(const struct placement *p, uint64_t *loads, uint64_t count,
@@ -249,7 +303,10 @@ static uint32_t placement_deal(const struct placement *p, uint64_t *loads, uint6
 		off += take;
 		np++;
 	}
-	return off == count ? np : 0;
+	if (off != count)
+		return 0;
+	placement_interleave(parts, servers, np, p->nservers);
+	return np;
 }
 
 int placement_place(struct placement *p, uint64_t tensor_key, uint64_t count, size_t esize,

@@ -150,6 +150,7 @@ struct srv_conn {
 	pthread_mutex_t qlock;	/* the reply queue */
 	pthread_cond_t qcond;
 	struct srv_reply *head, *tail;
+	struct srv_reply *last_ack;	/* the last PUSH_ACK still queued, or NULL */
 	bool closing;		/* no more replies; the sender exits */
 	atomic_bool finished;	/* the receiving thread has ended */
 	struct srv_conn *next;	/* all connections, for the final join */
@@ -351,7 +352,12 @@ out_unlock:
 /* ---- sending ------------------------------------------------------------ */
 
 /* Appends a reply to a connection's queue, unless it is closing.  `owned`
- * (may be NULL) is freed once the reply is sent or dropped. */
+ * (may be NULL) is freed once the reply is sent or dropped.  A PUSH_ACK
+ * goes ahead of every queued sum (behind earlier acks): the worker's credit
+ * waits on it, and behind megabytes of replies on a slow link the pushes
+ * would stall while the replies drain, so pushing and pulling would take
+ * turns instead of sharing the full-duplex link.  The ack of a key still
+ * precedes that key's reply, which is queued only after this push. */
 static void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *payload,
 			     void *owned)
 {
@@ -368,6 +374,14 @@ static void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const
 	if (c->closing) {
 		free(r->owned);
 		free(r);
+	} else if (h->type == WIRE_PUSH_ACK) {
+		struct srv_reply **at = c->last_ack ? &c->last_ack->next : &c->head;
+		r->next = *at;
+		*at = r;
+		if (r->next == NULL)
+			c->tail = r;
+		c->last_ack = r;
+		pthread_cond_signal(&c->qcond);
 	} else {
 		if (c->tail)
 			c->tail->next = r;
@@ -444,6 +458,8 @@ static void *srv_send_main(void *arg)
 		c->head = r->next;
 		if (c->head == NULL)
 			c->tail = NULL;
+		if (c->last_ack == r)
+			c->last_ack = NULL;
 		pthread_mutex_unlock(&c->qlock);
 		if (!broken && srv->tp->send(c->conn, &r->hdr, r->payload) != 0) {
 			broken = true;
