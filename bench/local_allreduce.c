@@ -17,8 +17,11 @@
  *
  * After the timed loop, one more push_pull into an output filled with -1
  * is checked on every element (want P (j mod 251) + P (P - 1) / 2); any
- * difference fails the run (exit 1).
+ * difference fails the run (exit 1).  With BENCH_ALLOC=1 the input and
+ * output come from unisum_alloc (the workers' shared arenas) instead of
+ * malloc, and the line starts "unisum-alloc".
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,7 +55,11 @@ int main(int argc, char **argv)
 		return die("unisum_init", rc);
 	int rank = unisum_rank(), size = unisum_size();
 
-	float *in = malloc(n * sizeof *in), *out = malloc(n * sizeof *out);
+	/* BENCH_ALLOC=1: the buffers come from unisum_alloc (the allocator path). */
+	const char *alloc = getenv("BENCH_ALLOC");
+	bool shared = alloc != NULL && strcmp(alloc, "1") == 0;
+	float *in = shared ? unisum_alloc(n * sizeof *in) : malloc(n * sizeof *in);
+	float *out = shared ? unisum_alloc(n * sizeof *out) : malloc(n * sizeof *out);
 	double *times = malloc((size_t)iters * sizeof *times);
 	double *vec = malloc((size_t)size * sizeof *vec);
 	if (!in || !out || !times || !vec) {
@@ -109,14 +116,14 @@ int main(int argc, char **argv)
 	if (rank == 0 && !bad) {
 		qsort(times, (size_t)iters, sizeof *times, cmp_double);
 		double med = iters % 2 ? times[iters / 2] : (times[iters / 2 - 1] + times[iters / 2]) / 2;
-		printf("unisum procs=%d bytes=%zu median_ms=%.3f min_ms=%.3f local_size=%d\n",
-		       size, bytes, med * 1e3, times[0] * 1e3, unisum_local_size());
+		printf("%s procs=%d bytes=%zu median_ms=%.3f min_ms=%.3f local_size=%d\n",
+		       shared ? "unisum-alloc" : "unisum", size, bytes, med * 1e3, times[0] * 1e3, unisum_local_size());
 		fflush(stdout);
 	}
 	if ((rc = unisum_shutdown()) != 0)
 		return die("unisum_shutdown", rc);
-	free(in);
-	free(out);
+	unisum_free(in);	/* takes malloc's memory too */
+	unisum_free(out);
 	free(times);
 	free(vec);
 	return bad ? 1 : 0;

@@ -113,6 +113,18 @@ int unisum_broadcast(int tensor, void *buf, int root_rank);
 /* Returns when every worker has called unisum_barrier(). */
 int unisum_barrier(void);
 
+/* Memory for tensors to push_pull, like malloc (uninitialised, 64-byte
+ * aligned; NULL when out of memory).  After unisum_init() on a machine of
+ * several workers it comes from this worker's shared arena
+ * (UNISUM_LOCAL_ARENA_BYTES), which the other workers of the machine have
+ * mapped: a push_pull whose input and output lie there is summed with
+ * plain loads and stores, without the cross-memory-attach copy.  Otherwise,
+ * or when the arena is full, it is ordinary memory and everything works
+ * the same, only slower.  Give it back with unisum_free(); it stays valid
+ * after unisum_shutdown(). */
+void *unisum_alloc(size_t bytes);
+void unisum_free(void *p);
+
 /* What the pipeline of this worker has done so far. */
 typedef struct unisum_stats {
 	uint64_t credit_bytes;		/* the PUSH stage's credit now */

@@ -73,6 +73,8 @@ for _name, _args, _ret in [
     ("unisum_wait", [_c_i64], _c_int),
     ("unisum_broadcast", [_c_int, _c_ptr, _c_int], _c_int),
     ("unisum_barrier", [], _c_int),
+    ("unisum_alloc", [_c_size], _c_ptr),
+    ("unisum_free", [_c_ptr], None),
     ("unisum_strerror", [_c_int], ctypes.c_char_p),
     ("unisum_last_error", [], ctypes.c_char_p),
 ]:

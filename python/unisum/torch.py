@@ -29,11 +29,20 @@ Choices where the references differ:
 * Each gradient's priority comes from its parameter's position (the first
   layer's gradients first), unlike BytePS, which gives every PyTorch
   gradient priority 0.
+* With several workers on a machine, ``DistributedOptimizer`` puts every
+  gradient in the worker's shared arena (``unisum.torch.zeros_like``, the C
+  library's ``unisum_alloc``) before the first backward, so the other
+  workers of the machine read and write it directly: autograd accumulates
+  into an existing ``.grad`` in place.  ``shared_gradients=False`` keeps
+  PyTorch's own memory.
 """
 
 import collections
+import ctypes
+import math
 import pickle
 import threading
+import weakref
 
 import numpy
 import torch
@@ -46,6 +55,7 @@ __all__ = [
     "push_pull", "push_pull_", "push_pull_async", "push_pull_async_inplace", "poll",
     "synchronize", "broadcast_parameters", "broadcast_optimizer_state",
     "broadcast_object", "barrier", "DistributedOptimizer", "Compression", "UnisumError",
+    "empty", "zeros_like",
 ]
 
 _DTYPES = {
@@ -136,6 +146,33 @@ def barrier():
     """Returns once every worker has called barrier()."""
     _require_init()
     _capi.check(_capi.lib.unisum_barrier(), "unisum.torch.barrier")
+
+
+def empty(*size, dtype=torch.float32):
+    """An uninitialised CPU tensor in this worker's shared arena
+    (``unisum_alloc``): the other workers of the machine sum it with plain
+    loads and stores, without the cross-memory-attach copy.  Ordinary memory
+    when there is no such arena (one worker per machine, not initialised,
+    arena full); either way it works the same and stays valid after
+    shutdown()."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    numel = math.prod(size)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.empty(size, dtype=dtype)
+    ptr = _capi.lib.unisum_alloc(nbytes)
+    if not ptr:
+        raise MemoryError("unisum.torch.empty: no memory for %d bytes" % nbytes)
+    buf = (ctypes.c_char * nbytes).from_address(ptr)
+    weakref.finalize(buf, _capi.lib.unisum_free, ptr)   # when the last view dies
+    return torch.frombuffer(buf, dtype=dtype, count=numel).view(size)
+
+
+def zeros_like(tensor):
+    """A zeroed tensor of `tensor`'s shape and dtype in the shared arena
+    (see empty())."""
+    return empty(tuple(tensor.shape), dtype=tensor.dtype).zero_()
 
 
 def _c_dtype(tensor):
@@ -441,7 +478,8 @@ class Compression:
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the user's optimizer class by DistributedOptimizer()."""
 
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step,
+                 shared_gradients=True):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         self._passes = backward_passes_per_step
@@ -474,6 +512,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._delay = {}
         self._grad_accs = []
         self._register_hooks()
+        if shared_gradients and local_size() > 1:
+            self._share_gradients()
+
+    def _share_gradients(self):
+        """Gives every gradient that does not exist yet a zeroed home in the
+        shared arena; backward then accumulates into it in place."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None and p.device.type == "cpu" and \
+                        p.dtype in _DTYPES and p.numel() > 0:
+                    p.grad = zeros_like(p)
 
     def _register_hooks(self):
         for group in self.param_groups:
@@ -536,15 +585,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1):
+                         backward_passes_per_step=1, shared_gradients=True):
     """Wraps `optimizer` so that every gradient is summed over all workers
     (averaged) as soon as backward() produces it, and step() waits for the
-    sums before updating."""
+    sums before updating.  With shared_gradients (and several workers on
+    this machine) the gradients live in the shared arena (see empty())."""
     _require_init()
     if backward_passes_per_step < 1:
         raise ValueError("unisum.torch: backward_passes_per_step must be >= 1")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
-    wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
+    wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+                  shared_gradients)
     wrapped.load_state_dict(optimizer.state_dict())
     return wrapped

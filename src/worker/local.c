@@ -68,7 +68,9 @@ struct lc_entry {
 	_Atomic uint64_t bcast;		/* 1: it copied the result / let go */
 	_Atomic uint64_t region;	/* staged: offset + 1 of its region in its arena, 0 none */
 	_Atomic uint64_t staged;	/* staged: partitions of its input staged for the others */
-	uint64_t pad[6];
+	_Atomic uint64_t in_arena;	/* its input lies in its arena (unisum_alloc): offset + 1, 0 no */
+	_Atomic uint64_t out_arena;	/* the same for its output */
+	uint64_t pad[4];
 };
 
 struct lc_rank {
@@ -92,6 +94,8 @@ struct lc_peer {
 	struct lc_entry *e;		/* its entry of this op's key */
 	uint64_t in, out;		/* its buffers for this round */
 	uint8_t *region;		/* its region of this round in its arena (mapped here), or NULL */
+	const uint8_t *in_map;		/* its input, mapped here (it lies in its arena), or NULL */
+	uint8_t *out_map;		/* its output, the same */
 };
 
 struct local_op {
@@ -133,12 +137,22 @@ static struct {
 	bool started;
 	uint64_t next_seq;
 	void *tmp[2], *acc;		/* LC_CHUNK each */
-	/* Staging (one machine, large tensors): each rank's arena, mapped by all. */
-	struct shm_seg *arenas;		/* [local_size]; NULL when not staging */
+	/* Each rank's arena, mapped by all: staging regions (one machine,
+	 * large tensors) and unisum_alloc's memory, which the peers then read
+	 * and write with plain loads and stores instead of cross-memory
+	 * attach. */
+	struct shm_seg *arenas;		/* [local_size]; NULL without arenas */
+	bool staging;			/* stage tensors of cfg.stage_bytes and more */
 	struct lc_span {
 		uint64_t off, len;
 	} *used;			/* this rank's regions in use, by offset (under lock) */
 	int nused, capused;
+	int nalloc;			/* of them, unisum_alloc's (under lock) */
+	/* After local_stop: this rank's arena stays mapped while unisum_alloc
+	 * memory is still out (the caller may hold it past shutdown). */
+	struct shm_seg kept;
+	bool have_kept;
+	atomic_bool said_direct;	/* logged the first use of a peer's arena */
 } lc = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
 static void lc_region_give(uint64_t region);
@@ -355,6 +369,15 @@ static int lc_cond_posted(struct local_op *op, void *arg)
 		p->region = region != 0 && lc.arenas != NULL
 				    ? (uint8_t *)shm_seg_data(&lc.arenas[q]) + region - 1
 				    : NULL;
+		uint64_t in_arena = atomic_load(&p->e->in_arena);
+		uint64_t out_arena = atomic_load(&p->e->out_arena);
+		uint8_t *base = lc.arenas != NULL ? shm_seg_data(&lc.arenas[q]) : NULL;
+		p->in_map = in_arena != 0 && base != NULL ? base + in_arena - 1 : NULL;
+		p->out_map = out_arena != 0 && base != NULL ? base + out_arena - 1 : NULL;
+		if ((p->in_map != NULL || p->out_map != NULL) && q != lc.cfg.local_rank &&
+		    !atomic_exchange(&lc.said_direct, true))
+			LOG_INFO("worker %d: worker %d's buffers lie in its shared arena (unisum_alloc): "
+				 "summing them with plain loads and stores", lc.cfg.rank, lc_rank_of(q));
 	}
 	return 1;
 }
@@ -475,6 +498,8 @@ static int lc_sum_chunk(struct local_op *op, void *dst, uint64_t off, size_t n, 
 			src = (const char *)op->req.in + off * esize;
 		} else if (op->peers[q].in == 0) {
 			continue;
+		} else if (op->peers[q].in_map != NULL) {
+			src = op->peers[q].in_map + off * esize;	/* unisum_alloc: read in place */
 		} else if (op->peers[q].region != NULL) {
 			src = op->peers[q].region + off * esize;	/* it staged our slice */
 		} else {
@@ -589,7 +614,10 @@ static int lc_reduce(struct local_op *op)
 			for (int q = 0; rc == 0 && q < L; q++) {
 				if (q == me || !(one_machine || q == 0))
 					continue;
-				rc = lc_vm(true, op, q, dst, op->peers[q].out + at * esize, bytes);
+				if (op->peers[q].out_map != NULL)
+					lc_copy_nt(op->peers[q].out_map + at * esize, dst, bytes);
+				else
+					rc = lc_vm(true, op, q, dst, op->peers[q].out + at * esize, bytes);
 			}
 			if (rc != 0)
 				return rc;
@@ -735,7 +763,10 @@ static void lc_broadcast(struct local_op *op)
 			for (uint32_t p = 0; p < op->req.nparts; p++)
 				bytes += op->req.parts[p].count;
 			bytes *= unisum_dtype_size(op->req.dtype);
-			lc_vm(false, op, 0, op->req.out, op->peers[0].out, bytes);
+			if (op->peers[0].out_map != NULL)
+				memcpy(op->req.out, op->peers[0].out_map, bytes);
+			else
+				lc_vm(false, op, 0, op->req.out, op->peers[0].out, bytes);
 		}
 	}
 	if (!one_machine && me == 0) {
@@ -951,6 +982,54 @@ static void lc_region_give(uint64_t region)
 	pthread_mutex_unlock(&lc.lock);
 }
 
+/* Where [p, p + len) lies in this rank's arena: offset + 1, or 0 when it is
+ * not wholly inside it. */
+static uint64_t lc_arena_offset(const void *p, uint64_t len)
+{
+	if (lc.arenas == NULL || p == NULL)
+		return 0;
+	const struct shm_seg *a = &lc.arenas[lc.cfg.local_rank];
+	uintptr_t base = (uintptr_t)shm_seg_data(a), at = (uintptr_t)p;
+	if (at < base || at - base > shm_seg_size(a) || len > shm_seg_size(a) - (at - base))
+		return 0;
+	return (uint64_t)(at - base) + 1;
+}
+
+void *local_alloc(size_t bytes)
+{
+	if (bytes == 0)
+		bytes = 1;
+	pthread_mutex_lock(&lc.lock);
+	uint64_t region = lc.started ? lc_region_take(bytes) : 0;
+	void *p = NULL;
+	if (region != 0) {
+		lc.nalloc++;
+		p = (uint8_t *)shm_seg_data(&lc.arenas[lc.cfg.local_rank]) + region - 1;
+	}
+	pthread_mutex_unlock(&lc.lock);
+	return p;
+}
+
+bool local_free(void *p)
+{
+	pthread_mutex_lock(&lc.lock);
+	if (lc.have_kept) {
+		uintptr_t base = (uintptr_t)shm_seg_data(&lc.kept), at = (uintptr_t)p;
+		if (at >= base && at - base < shm_seg_size(&lc.kept)) {
+			pthread_mutex_unlock(&lc.lock);
+			return true;	/* the arena outlived local_stop: nothing to give back */
+		}
+	}
+	uint64_t region = lc_arena_offset(p, 1);
+	if (region != 0)
+		lc.nalloc--;
+	pthread_mutex_unlock(&lc.lock);
+	if (region == 0)
+		return false;
+	lc_region_give(region);
+	return true;
+}
+
 /* ---- public ---------------------------------------------------------------- */
 
 static bool lc_spawn(pthread_t *t, void *(*fn)(void *), bool *started)
@@ -987,14 +1066,23 @@ static int lc_await_attached(void)
 
 static void lc_unmap(void)
 {
-	if (lc.arenas != NULL)
-		for (int q = 0; q < lc.cfg.local_size; q++)
-			shm_seg_close(&lc.arenas[q]);
+	pthread_mutex_lock(&lc.lock);
+	if (lc.arenas != NULL) {
+		for (int q = 0; q < lc.cfg.local_size; q++) {
+			if (q == lc.cfg.local_rank && lc.nalloc > 0) {
+				lc.kept = lc.arenas[q];	/* still lent to the caller */
+				lc.have_kept = true;
+			} else {
+				shm_seg_close(&lc.arenas[q]);
+			}
+		}
+	}
 	free(lc.arenas);
 	lc.arenas = NULL;
 	free(lc.used);
 	lc.used = NULL;
-	lc.nused = lc.capused = 0;
+	lc.nused = lc.capused = lc.nalloc = 0;
+	pthread_mutex_unlock(&lc.lock);
 	for (int i = 0; i < 2; i++)
 		free(lc.tmp[i]);
 	free(lc.acc);
@@ -1052,9 +1140,10 @@ int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
 				lc.job, log_last_error());
 	}
 	char arena[48];
-	if (cfg->machines == 1 && cfg->stage_bytes != 0 && cfg->arena_bytes != 0) {
-		/* Every rank's staging arena, mapped by all before anyone is
-		 * attached; the pages are taken as staging touches them. */
+	lc.staging = cfg->machines == 1 && cfg->stage_bytes != 0 && cfg->arena_bytes != 0;
+	if (cfg->arena_bytes != 0 && !lc.have_kept) {
+		/* Every rank's arena, mapped by all before anyone is attached;
+		 * the pages are taken as staging and unisum_alloc touch them. */
 		lc.arenas = calloc((size_t)cfg->local_size, sizeof *lc.arenas);
 		rc = lc.arenas == NULL ? UNISUM_ENOMEM : 0;
 		snprintf(arena, sizeof arena, "m%d.a%d", cfg->machine, cfg->local_rank);
@@ -1099,7 +1188,7 @@ int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
 		!lc_spawn(&lc.reduce_thread, lc_reduce_main, &lc.reduce_started)   ? "reduce"
 		: !lc_spawn(&lc.finish_thread, lc_finish_main, &lc.finish_started) ? "finishing"
 		: !lc_spawn(&lc.bcast_thread, lc_bcast_main, &lc.bcast_started)    ? "broadcast"
-		: lc.arenas != NULL && !lc_spawn(&lc.stage_thread, lc_stage_main, &lc.stage_started)
+		: lc.staging && !lc_spawn(&lc.stage_thread, lc_stage_main, &lc.stage_started)
 			? "staging"
 			: NULL;
 	if (failed != NULL) {
@@ -1162,11 +1251,14 @@ int local_submit(const struct local_req *req, struct local_op **out)
 	}
 	for (uint32_t p = 0; p < req->nparts; p++)
 		op->bytes += req->parts[p].count * unisum_dtype_size(req->dtype);
-	if (lc.cfg.machines == 1 && lc.cfg.stage_bytes != 0 && op->bytes >= lc.cfg.stage_bytes &&
-	    req->in != NULL)
+	uint64_t in_arena = lc_arena_offset(req->in, op->bytes);
+	uint64_t out_arena = lc_arena_offset(req->out, op->bytes);
+	if (lc.staging && op->bytes >= lc.cfg.stage_bytes && req->in != NULL && in_arena == 0)
 		op->region = lc_region_take(op->bytes);
 	/* Reset everything of the new round, then publish it. */
 	atomic_store(&e->err, 0);
+	atomic_store(&e->in_arena, in_arena);
+	atomic_store(&e->out_arena, out_arena);
 	atomic_store(&e->region, op->region);
 	atomic_store(&e->staged, lc_pack(req->round, 0));
 	atomic_store(&e->in, (uint64_t)(uintptr_t)req->in);

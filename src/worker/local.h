@@ -102,4 +102,15 @@ int local_submit(const struct local_req *req, struct local_op **out);
  * the output buffer (err 0), or that partition failed. */
 void local_pulled(struct local_op *op, uint32_t part, int err, const char *why);
 
+/* unisum_alloc on the local path: `bytes` of this rank's arena, which every
+ * local peer has mapped, so a push_pull whose buffers lie there is summed
+ * with plain loads and stores instead of cross-memory attach; NULL when
+ * the arena is full or the path is not running (the caller falls back to
+ * ordinary memory).  The memory stays valid until local_free, even past
+ * local_stop. */
+void *local_alloc(size_t bytes);
+
+/* Gives back memory of local_alloc: true, or false when p is not from it. */
+bool local_free(void *p);
+
 #endif /* UNISUM_WORKER_LOCAL_H */

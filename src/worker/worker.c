@@ -1711,6 +1711,25 @@ int unisum_get_stats(unisum_stats *out)
 	return 0;
 }
 
+void *unisum_alloc(size_t bytes)
+{
+	pthread_mutex_lock(&wk.lock);
+	bool local = wk.initialized && wk.local;
+	pthread_mutex_unlock(&wk.lock);
+	void *p = local ? local_alloc(bytes) : NULL;
+	if (p == NULL) {
+		size_t round = bytes == 0 ? 64 : (bytes + 63) & ~(size_t)63;
+		p = round < bytes ? NULL : aligned_alloc(64, round);
+	}
+	return p;
+}
+
+void unisum_free(void *p)
+{
+	if (p != NULL && !local_free(p))
+		free(p);
+}
+
 int unisum_barrier(void)
 {
 	if (!wk.initialized)

@@ -218,6 +218,26 @@ static size_t partition_elems(unisum_dtype dt)
 	return pb / unisum_dtype_size(dt);
 }
 
+/* Where one_tensor's buffers come from (CHECK_SUMS_ALLOC): "all": both
+ * from unisum_alloc; "mixed": even ranks take the input from unisum_alloc
+ * and the output from malloc, odd ranks the other way round; unset: malloc. */
+static void *tensor_buf(size_t bytes, bool input)
+{
+	const char *how = getenv("CHECK_SUMS_ALLOC");
+	bool shared = how != NULL && (strcmp(how, "all") == 0 ||
+				      (strcmp(how, "mixed") == 0 && (rank % 2 == 0) == input));
+	return shared ? unisum_alloc(bytes) : malloc(bytes);
+}
+
+static void tensor_free(void *p)
+{
+	const char *how = getenv("CHECK_SUMS_ALLOC");
+	if (how != NULL)
+		unisum_free(p);	/* also takes malloc's memory */
+	else
+		free(p);
+}
+
 /* One push_pull of a fresh tensor, checked; in place on odd salts. */
 static void one_tensor(unisum_dtype dt, size_t count, uint64_t salt, bool average)
 {
@@ -226,7 +246,7 @@ static void one_tensor(unisum_dtype dt, size_t count, uint64_t salt, bool averag
 	int t = unisum_declare(name, dt, count, 0);
 	check(t, name);
 	size_t es = unisum_dtype_size(dt);
-	uint8_t *in = malloc(count * es + 1), *out = malloc(count * es + 1);
+	uint8_t *in = tensor_buf(count * es + 1, true), *out = tensor_buf(count * es + 1, false);
 	if (in == NULL || out == NULL)
 		FAIL("out of memory");
 	fill(dt, salt, in, count);
@@ -236,8 +256,8 @@ static void one_tensor(unisum_dtype dt, size_t count, uint64_t salt, bool averag
 	const uint8_t *res = in_place ? in : out;
 	for (size_t i = 0; i < count * es; i++)
 		digest = (digest ^ res[i]) * 0x100000001b3ull;
-	free(in);
-	free(out);
+	tensor_free(in);
+	tensor_free(out);
 }
 
 static void mode_sums(bool big)

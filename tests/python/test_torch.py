@@ -17,7 +17,7 @@ import common                      # tests/python/workers/common.py (via conftes
 import unisum
 import unisum.torch as us          # importing must not call init()
 from unisum import _capi
-from conftest import check_launch, final_accuracy, run_launch, describe, worker_lines
+from conftest import check_launch, final_accuracy, run_launch, describe, worker_env, worker_lines
 
 torch.set_num_threads(1)
 
@@ -437,3 +437,21 @@ def test_unsupported_dtypes_raise_type_error(dtype_results):
                 assert ("torch.%s" % label) in msg and "not supported" in msg, msg
         assert_same(res["after_errors"], torch.full((3,), float(sum(range(DTYPE_WORKERS)))),
                     "push_pull after the errors")
+
+
+# ---- the shared arena (unisum_alloc) ----------------------------------------
+
+@pytest.mark.parametrize("nworkers,local_size", [(2, None), (4, 2)])
+def test_shared_arena_tensors_and_gradients(nworkers, local_size):
+    """us.empty() tensors and DistributedOptimizer's gradients live in the
+    workers' shared arenas: sums stay exact (in and out of place, one
+    machine and two), backward accumulates into the shared gradients, the
+    workers read each other's arenas directly (the log says so), and the
+    memory outlives shutdown()."""
+    rc, out, err = run_launch(nworkers, 1, "shared.py", local_size=local_size,
+                              env=worker_env({"UNISUM_LOG_LEVEL": "INFO",
+                                              "UNISUM_PARTITION_BYTES": "65536"}))
+    assert rc == 0, describe(rc, out, err)
+    for r in range(nworkers):
+        assert "shared ok" in worker_lines(out, r), describe(rc, out, err)
+    assert "summing them with plain loads and stores" in err, describe(rc, out, err)
