@@ -10,7 +10,10 @@
 #           thread each, copying at the same time (BUILD/bench_copybw,
 #           measured just before the row's other columns);
 #   unisum  BUILD/unisum launch -w P -s 1 -- BUILD/bench_local_allreduce
-#           (UNISUM_LAUNCH_ARGS adds launcher options);
+#           (UNISUM_LAUNCH_ARGS adds launcher options), buffers from malloc;
+#   alloc   the same with buffers from unisum_alloc (BENCH_ALLOC=1): the
+#           workers' shared arenas, read and written with plain loads and
+#           stores instead of cross-memory attach;
 #   mpi     OpenMPI MPI_Allreduce, pml ob1 with btl self,vader (shared
 #           memory; vader's default single-copy mechanism, CMA);
 #   gloo    torch.distributed all_reduce with the gloo backend (loopback TCP).
@@ -70,8 +73,8 @@ echo
 echo "float32, out of place; ms = median over calls of the slowest process's time per call;"
 echo "bound = 2 x procs x size / copy traffic (GB/s, P processes copying at once, same run)"
 echo
-echo "| procs | size | copy GB/s | bound ms | unisum ms | mpi ms | gloo ms | mpi/unisum | gloo/unisum | unisum/bound |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| procs | size | copy GB/s | bound ms | unisum ms | alloc ms | mpi ms | gloo ms | mpi/unisum | mpi/alloc | gloo/unisum | gloo/alloc | alloc/bound |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for P in 2 4; do
 	for MIB in 16 64 128; do
 		BYTES=$((MIB * 1024 * 1024))
@@ -83,17 +86,24 @@ for P in 2 4; do
 		# shellcheck disable=SC2086
 		uni=$(measure unisum "$BUILD/unisum" launch -w "$P" -s 1 $LAUNCH_ARGS --timeout "$LIMIT" -- \
 			"$BUILD/bench_local_allreduce" "$BYTES" "$ITERS" "$WARMUP")
+		# shellcheck disable=SC2086
+		alloc=$(BENCH_ALLOC=1 measure unisum-alloc "$BUILD/unisum" launch -w "$P" -s 1 $LAUNCH_ARGS \
+			--timeout "$LIMIT" -- "$BUILD/bench_local_allreduce" "$BYTES" "$ITERS" "$WARMUP")
 		awk -v p="$P" -v mib="$MIB" -v bytes="$BYTES" \
 		    -v gbps="$(field traffic_GBps "$copy")" -v u="$(field median_ms "$uni")" \
+		    -v a="$(field median_ms "$alloc")" \
 		    -v m="$(field median_ms "$mpi")" -v g="$(field median_ms "$gloo")" 'BEGIN {
 			b = gbps != "" ? 2 * p * bytes / (gbps * 1e9) * 1e3 : ""
-			printf "| %d | %d MiB | %s | %s | %s | %s | %s | %s | %s | %s |\n", p, mib,
+			printf "| %d | %d MiB | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", p, mib,
 				gbps != "" ? sprintf("%.1f", gbps) : "fail",
 				b != "" ? sprintf("%.2f", b) : "fail",
-				u != "" ? u : "fail", m != "" ? m : "fail", g != "" ? g : "fail",
+				u != "" ? u : "fail", a != "" ? a : "fail",
+				m != "" ? m : "fail", g != "" ? g : "fail",
 				(m != "" && u != "") ? sprintf("%.2f", m / u) : "-",
+				(m != "" && a != "") ? sprintf("%.2f", m / a) : "-",
 				(g != "" && u != "") ? sprintf("%.2f", g / u) : "-",
-				(u != "" && b != "") ? sprintf("%.2f", u / b) : "-"
+				(g != "" && a != "") ? sprintf("%.2f", g / a) : "-",
+				(a != "" && b != "") ? sprintf("%.2f", a / b) : "-"
 		}'
 	done
 done

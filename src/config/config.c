@@ -86,8 +86,9 @@ static const struct knob config_knobs[] = {
 	 "memory instead of read straight from the other workers' memory (0: never; reading "
 	 "straight was faster at every size measured, see bench/README.md)"},
 	{"UNISUM_LOCAL_ARENA_BYTES", NULL, NULL, KNOB_U64, FIELD(local_arena_bytes), "268435456", 0,
-	 1LL << 50, "shared memory each worker of a machine may fill with staged tensors (taken as "
-	 "used); a tensor that does not fit is read straight from the workers' memory"},
+	 1LL << 50, "each worker's shared arena, mapped by the other workers of its machine, for "
+	 "unisum_alloc and staged tensors (pages taken as used; 0: none); what does not fit "
+	 "comes from ordinary memory and goes by cross-memory attach"},
 	{"UNISUM_IPC", NULL, NULL, KNOB_INT, FIELD(ipc), "1", 0, 1,
 	 "1: a worker and a server on the same host pass the data by cross-memory attach (the "
 	 "socket carries headers only; BytePS's IPC mode); 0: through the socket"},
