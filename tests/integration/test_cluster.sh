@@ -2,10 +2,11 @@
 # network namespaces on a bridge with shaped links; `unisum launch` starts
 # the scheduler, the servers and the workers each inside its host, so every
 # byte between hosts crosses a veth link over real TCP.  Two worker hosts
-# with a colocated server each and one CPU-only host; then two machines of
-# two workers each (shared memory inside a namespace).  Every result is
-# checked exactly, the placement gives the CPU-only server the share of
-# Theorem 1, and nothing the test made (namespaces, links) is left behind.
+# with a colocated server each and one CPU-only host, 1 Gbit/s links; then
+# two machines of two workers each (shared memory inside a namespace).
+# Every result is checked exactly, the placement gives the CPU-only server
+# the share of Theorem 1, and nothing the test made (namespaces, links) is
+# left behind.
 #
 # Needs root (network namespaces): otherwise it says so and skips.
 # UNISUM_TEST_LIGHT=1 (the sanitizer runs) keeps the first job only.
@@ -19,7 +20,7 @@ NETNS="$(cd "$(dirname "$0")/../.." && pwd)/bench/cluster/netns.sh"
 P="ust$$"
 trap 'sh "$NETNS" down "$P" >/dev/null 2>&1' EXIT INT TERM HUP
 
-if ! sh "$NETNS" up "$P" 3 200mbit >/dev/null; then
+if ! sh "$NETNS" up "$P" 3 1gbit >/dev/null; then
 	FAILS=$((FAILS + 1))
 	echo "FAIL the emulated cluster could not be built (ip, tc and veth are needed)"
 	finish
