@@ -528,7 +528,7 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
 		off += ok ? parts[i].count : 0;
 	}
 	free(payload);
-	if (!ok || r.failed || off != count) {
+	if (!ok || r.failed || off != count || reply.key != placement_tensor_key(name)) {
 		free(parts);
 		free(servers);
 		snprintf(why, why_len, "the scheduler's placement of '%s' does not cover its %llu "

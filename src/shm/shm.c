@@ -442,6 +442,26 @@ int shm_seg_open(const char *job, const char *what, int timeout_ms, struct shm_s
 	}
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23	/* Linux 5.14 */
+#endif
+
+int shm_seg_reserve(const struct shm_seg *seg, size_t off, size_t len)
+{
+	if (seg->base == NULL || off > shm_seg_size(seg) || len > shm_seg_size(seg) - off)
+		return UNISUM_EINVAL;
+	if (len == 0)
+		return 0;
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t start = (uintptr_t)shm_seg_data(seg) + off;
+	uintptr_t first = start & ~(page - 1);
+	if (madvise((void *)first, (size_t)(start + len - first), MADV_POPULATE_WRITE) == 0)
+		return 0;
+	/* EFAULT: a page would have raised SIGBUS (no room); ENOMEM likewise;
+	 * EINVAL: a kernel before 5.14. */
+	return errno == EFAULT || errno == ENOMEM ? UNISUM_ENOMEM : UNISUM_ESYS;
+}
+
 void *shm_seg_data(const struct shm_seg *seg)
 {
 	return seg->base == NULL ? NULL : (char *)seg->base + SHM_DATA_ALIGN;

@@ -109,6 +109,13 @@ int shm_seg_create_sparse(const char *job, const char *what, size_t bytes, struc
  * is left closed. */
 int shm_seg_open(const char *job, const char *what, int timeout_ms, struct shm_seg *out);
 
+/* Takes the pages of [off, off + len) of a (sparse) segment's data area
+ * from SHM_DIR now, so that touching them later can never raise SIGBUS
+ * (madvise MADV_POPULATE_WRITE).  0, UNISUM_ENOMEM when SHM_DIR has no
+ * room for them, UNISUM_ESYS when the kernel cannot (before Linux 5.14):
+ * then the caller must not hand the range out. */
+int shm_seg_reserve(const struct shm_seg *seg, size_t off, size_t len);
+
 /* The usable area: SHM_DATA_ALIGN-aligned, shm_seg_size() bytes, valid
  * until shm_seg_close(); NULL on a closed segment. */
 void *shm_seg_data(const struct shm_seg *seg);

@@ -134,7 +134,7 @@ static struct {
 	bool reduce_started, bcast_started, finish_started, stage_started;
 	struct local_op *finish;	/* lent operations waiting for the others (under lock) */
 	pthread_t finish_thread;
-	bool started;
+	atomic_bool started;
 	uint64_t next_seq;
 	void *tmp[2], *acc;		/* LC_CHUNK each */
 	/* Each rank's arena, mapped by all: staging regions (one machine,
@@ -149,13 +149,18 @@ static struct {
 	int nused, capused;
 	int nalloc;			/* of them, unisum_alloc's (under lock) */
 	/* After local_stop: this rank's arena stays mapped while unisum_alloc
-	 * memory is still out (the caller may hold it past shutdown). */
-	struct shm_seg kept;
-	bool have_kept;
+	 * memory is still out (the caller may hold it past shutdown); unmapped
+	 * when the last of it comes back (under lock). */
+	struct lc_kept {
+		struct shm_seg seg;
+		int nalloc;
+	} *kept;
+	int nkept, capkept;
+	bool said_no_room;		/* logged that the arena found /dev/shm full */
 	atomic_bool said_direct;	/* logged the first use of a peer's arena */
 } lc = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
-static void lc_region_give(uint64_t region);
+static bool lc_region_give(uint64_t region);
 
 static int64_t lc_now_ms(void)
 {
@@ -943,16 +948,33 @@ static uint64_t lc_region_take(uint64_t len)
 {
 	if (lc.arenas == NULL || len == 0)
 		return 0;
+	const struct shm_seg *arena = &lc.arenas[lc.cfg.local_rank];
+	uint64_t size = shm_seg_size(arena);
+	if (len > size)
+		return 0;
 	len = (len + 4095) & ~(uint64_t)4095;
-	uint64_t at = 0, size = shm_seg_size(&lc.arenas[lc.cfg.local_rank]);
+	uint64_t at = 0;
 	int i = 0;
 	for (; i < lc.nused; i++) {
 		if (lc.used[i].off - at >= len)
 			break;
 		at = lc.used[i].off + lc.used[i].len;
 	}
-	if (at + len > size)
+	if (at > size || len > size - at)
 		return 0;
+	/* Take the pages now: a sparse arena's first touch of a page that
+	 * /dev/shm has no room for would raise SIGBUS in whoever touches it. */
+	int rc = shm_seg_reserve(arena, at, len);
+	if (rc != 0) {
+		if (!lc.said_no_room)
+			LOG_WARN("worker %d: its shared arena cannot take %llu more bytes (%s): using "
+				 "ordinary memory and cross-memory attach instead; make /dev/shm larger "
+				 "or UNISUM_LOCAL_ARENA_BYTES smaller", lc.cfg.rank, (unsigned long long)len,
+				 rc == UNISUM_ENOMEM ? "/dev/shm is full" : "this kernel cannot reserve "
+				 "shared memory ahead (MADV_POPULATE_WRITE needs Linux 5.14)");
+		lc.said_no_room = true;
+		return 0;
+	}
 	if (lc.nused == lc.capused) {
 		int cap = lc.capused ? lc.capused * 2 : 16;
 		struct lc_span *u = realloc(lc.used, (size_t)cap * sizeof *u);
@@ -967,19 +989,25 @@ static uint64_t lc_region_take(uint64_t len)
 	return at + 1;
 }
 
-static void lc_region_give(uint64_t region)
+/* Gives back the region at offset region - 1: whether there was one. */
+static bool lc_region_give_locked(uint64_t region)
 {
-	if (region == 0)
-		return;
-	pthread_mutex_lock(&lc.lock);
-	for (int i = 0; i < lc.nused; i++) {
+	for (int i = 0; region != 0 && i < lc.nused; i++) {
 		if (lc.used[i].off == region - 1) {
 			memmove(&lc.used[i], &lc.used[i + 1], (size_t)(lc.nused - i - 1) * sizeof *lc.used);
 			lc.nused--;
-			break;
+			return true;
 		}
 	}
+	return false;
+}
+
+static bool lc_region_give(uint64_t region)
+{
+	pthread_mutex_lock(&lc.lock);
+	bool had = lc_region_give_locked(region);
 	pthread_mutex_unlock(&lc.lock);
+	return had;
 }
 
 /* Where [p, p + len) lies in this rank's arena: offset + 1, or 0 when it is
@@ -1013,21 +1041,31 @@ void *local_alloc(size_t bytes)
 bool local_free(void *p)
 {
 	pthread_mutex_lock(&lc.lock);
-	if (lc.have_kept) {
-		uintptr_t base = (uintptr_t)shm_seg_data(&lc.kept), at = (uintptr_t)p;
-		if (at >= base && at - base < shm_seg_size(&lc.kept)) {
-			pthread_mutex_unlock(&lc.lock);
-			return true;	/* the arena outlived local_stop: nothing to give back */
-		}
-	}
 	uint64_t region = lc_arena_offset(p, 1);
-	if (region != 0)
-		lc.nalloc--;
+	if (region != 0) {
+		/* A pointer into the arena that starts no region (misuse) is
+		 * still the arena's: never for free(). */
+		if (lc_region_give_locked(region))
+			lc.nalloc--;
+		pthread_mutex_unlock(&lc.lock);
+		return true;
+	}
+	for (int i = 0; i < lc.nkept; i++) {
+		struct lc_kept *k = &lc.kept[i];
+		uintptr_t base = (uintptr_t)shm_seg_data(&k->seg), at = (uintptr_t)p;
+		if (at < base || at - base >= shm_seg_size(&k->seg))
+			continue;
+		/* An arena that outlived local_stop: unmapped with its last
+		 * allocation (its name is long gone, so its memory goes too). */
+		if (--k->nalloc == 0) {
+			shm_seg_close(&k->seg);
+			*k = lc.kept[--lc.nkept];
+		}
+		pthread_mutex_unlock(&lc.lock);
+		return true;
+	}
 	pthread_mutex_unlock(&lc.lock);
-	if (region == 0)
-		return false;
-	lc_region_give(region);
-	return true;
+	return false;
 }
 
 /* ---- public ---------------------------------------------------------------- */
@@ -1069,12 +1107,21 @@ static void lc_unmap(void)
 	pthread_mutex_lock(&lc.lock);
 	if (lc.arenas != NULL) {
 		for (int q = 0; q < lc.cfg.local_size; q++) {
-			if (q == lc.cfg.local_rank && lc.nalloc > 0) {
-				lc.kept = lc.arenas[q];	/* still lent to the caller */
-				lc.have_kept = true;
-			} else {
+			if (q != lc.cfg.local_rank || lc.nalloc == 0) {
 				shm_seg_close(&lc.arenas[q]);
+				continue;
 			}
+			/* Still lent to the caller: its name is gone, so a later
+			 * run's arena never meets it. */
+			if (lc.nkept == lc.capkept) {
+				int cap = lc.capkept ? 2 * lc.capkept : 2;
+				struct lc_kept *k = realloc(lc.kept, (size_t)cap * sizeof *k);
+				if (k == NULL)
+					continue;	/* out of memory: left mapped for good */
+				lc.kept = k;
+				lc.capkept = cap;
+			}
+			lc.kept[lc.nkept++] = (struct lc_kept){lc.arenas[q], lc.nalloc};
 		}
 	}
 	free(lc.arenas);
@@ -1141,7 +1188,7 @@ int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
 	}
 	char arena[48];
 	lc.staging = cfg->machines == 1 && cfg->stage_bytes != 0 && cfg->arena_bytes != 0;
-	if (cfg->arena_bytes != 0 && !lc.have_kept) {
+	if (cfg->arena_bytes != 0) {
 		/* Every rank's arena, mapped by all before anyone is attached;
 		 * the pages are taken as staging and unisum_alloc touch them. */
 		lc.arenas = calloc((size_t)cfg->local_size, sizeof *lc.arenas);
