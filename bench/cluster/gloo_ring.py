@@ -22,17 +22,20 @@ call).  K warm-up calls are not counted.  Rank 0 prints one line:
     gloo world=W bytes=N median_s=.. min_s=.. iters=I
 
 and a few elements of the last result are checked exactly on every rank
-(exit 1 when any is wrong).  Modelled on bench/peers/gloo_allreduce.py.
+(exit 1 when any is wrong); the loop is bench/peers/gloo_allreduce.py's.
 """
 import argparse
 import datetime
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
+
+# The timed loop and its check are the local peer's (bench/peers).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers"))
+from gloo_allreduce import timed_all_reduce  # noqa: E402
 
 
 def main():
@@ -60,37 +63,13 @@ def main():
     dist.init_process_group("gloo", init_method="tcp://%s:%s" % (addr, port),
                             rank=a.rank, world_size=a.world,
                             timeout=datetime.timedelta(seconds=a.timeout))
-    rank, world = a.rank, a.world
-    n = a.bytes // 4
-    pristine = (torch.arange(n, dtype=torch.int64) % 251 + rank).to(torch.float32)
-    buf = torch.empty_like(pristine)
-    t = torch.zeros(1, dtype=torch.float64)
-    times = []
-    for i in range(a.warmup + a.iters):
-        buf.copy_(pristine)
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-        dt = time.perf_counter() - t0
-        t[0] = dt
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        if i >= a.warmup:
-            times.append(t.item())
-    bad = 0
-    for j in sorted({0, 1, 250 % n, 251 % n, n // 2, n - 1}):
-        want = world * (j % 251) + world * (world - 1) // 2
-        if buf[j].item() != want:
-            print("gloo_ring: rank %d element %d is %g, want %d"
-                  % (rank, j, buf[j].item(), want), file=sys.stderr)
-            bad = 1
-    flag = torch.tensor([bad], dtype=torch.int32)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if rank == 0 and flag.item() == 0:
+    times = timed_all_reduce(a.rank, a.world, a.bytes, a.iters, a.warmup, "gloo_ring")
+    if a.rank == 0 and times is not None:
         print("gloo world=%d bytes=%d median_s=%.6f min_s=%.6f iters=%d"
-              % (world, a.bytes, statistics.median(times), min(times), a.iters),
+              % (a.world, a.bytes, statistics.median(times), min(times), a.iters),
               flush=True)
     dist.destroy_process_group()
-    if flag.item():
+    if times is None:
         sys.exit(1)
 
 

@@ -29,11 +29,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def worker(rank, procs, nbytes, iters, warmup, port):
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=procs)
+def timed_all_reduce(rank, world, nbytes, iters, warmup, who):
+    """In an initialised gloo process group: WARMUP + ITERS float32
+    all_reduce(SUM) calls on NBYTES, each after a barrier and a copy from the
+    pristine input, timed as the slowest rank's (all_reduce(MAX) of the times).
+    Checks a few elements of the last result exactly on every rank (WHO names
+    the program in the complaint).  Returns the timed calls' seconds, or None
+    when any rank's result was wrong."""
     n = nbytes // 4
     pristine = (torch.arange(n, dtype=torch.int64) % 251 + rank).to(torch.float32)
     buf = torch.empty_like(pristine)
@@ -44,26 +46,34 @@ def worker(rank, procs, nbytes, iters, warmup, port):
         dist.barrier()
         t0 = time.perf_counter()
         dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-        dt = time.perf_counter() - t0
-        t[0] = dt
+        t[0] = time.perf_counter() - t0
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if i >= warmup:
             times.append(t.item())
     bad = 0
-    for j in sorted({0, 1, 250, 251 % n, n // 2, n - 1}):
-        want = procs * (j % 251) + procs * (procs - 1) // 2
+    for j in sorted({0, 1, 250 % n, 251 % n, n // 2, n - 1}):
+        want = world * (j % 251) + world * (world - 1) // 2
         if buf[j].item() != want:
-            print("gloo_allreduce: rank %d element %d is %g, want %d"
-                  % (rank, j, buf[j].item(), want), file=sys.stderr)
+            print("%s: rank %d element %d is %g, want %d" % (who, rank, j, buf[j].item(), want),
+                  file=sys.stderr)
             bad = 1
     flag = torch.tensor([bad], dtype=torch.int32)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if rank == 0 and flag.item() == 0:
+    return None if flag.item() else times
+
+
+def worker(rank, procs, nbytes, iters, warmup, port):
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=procs)
+    times = timed_all_reduce(rank, procs, nbytes, iters, warmup, "gloo_allreduce")
+    if rank == 0 and times is not None:
         print("gloo procs=%d bytes=%d median_ms=%.3f min_ms=%.3f"
               % (procs, nbytes, statistics.median(times) * 1e3, min(times) * 1e3),
               flush=True)
     dist.destroy_process_group()
-    if flag.item():
+    if times is None:
         sys.exit(1)
 
 

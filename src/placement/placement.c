@@ -348,12 +348,12 @@ int placement_place(struct placement *p, uint64_t tensor_key, uint64_t count, si
 		memcpy(loads, p->loads, (size_t)p->nservers * sizeof *loads);
 		for (uint64_t i = 0; i < np; i++) {
 			uint64_t b = parts[i].count * esize;
-			if (p->policy == PLACEMENT_HASH)
+			if (p->policy == PLACEMENT_HASH) {
 				servers[i] = placement_djb2(tensor_key + i, p->nservers);
-			else
-				placement_assign(loads, p->nservers, &b, 1, &servers[i]);
-			if (p->policy == PLACEMENT_HASH)
 				loads[servers[i]] += b;
+			} else {
+				placement_assign(loads, p->nservers, &b, 1, &servers[i]);
+			}
 		}
 	}
 	memcpy(p->loads, loads, (size_t)p->nservers * sizeof *loads);

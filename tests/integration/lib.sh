@@ -7,20 +7,30 @@ CHECK="$BUILD/check_sums"
 FAILS=0
 PASSES=0
 
+# check_job NAME CMD... : runs the job CMD under a hard timeout and counts
+# it; prints its output when it fails.  LAST holds its output afterwards.
+check_job() {
+	name=$1
+	shift
+	out=$(mktemp)
+	if timeout 300 "$@" >"$out" 2>&1; then
+		PASSES=$((PASSES + 1))
+		echo "ok   $name"
+	else
+		FAILS=$((FAILS + 1))
+		echo "FAIL $name, output:"
+		sed 's/^/    /' "$out"
+	fi
+	LAST=$(cat "$out")
+	rm -f "$out"
+}
+
 # run_job NAME WORKERS SERVERS ARGS... : runs check_sums ARGS as a job.
 run_job() {
 	name=$1 w=$2 s=$3
 	shift 3
-	out=$(mktemp)
-	if timeout 300 "$UNISUM" launch -w "$w" -s "$s" --local-size 1 -- "$CHECK" "$@" >"$out" 2>&1; then
-		PASSES=$((PASSES + 1))
-		echo "ok   $name (w=$w s=$s: $*)"
-	else
-		FAILS=$((FAILS + 1))
-		echo "FAIL $name (w=$w s=$s: $*), output:"
-		sed 's/^/    /' "$out"
-	fi
-	rm -f "$out"
+	check_job "$name (w=$w s=$s: $*)" "$UNISUM" launch -w "$w" -s "$s" --local-size 1 -- \
+		"$CHECK" "$@"
 }
 
 # expect NAME CONDITION-COMMAND... : counts a named assertion.

@@ -33,19 +33,8 @@ expect "the hosts reach each other" reaches 1 0
 cluster_job() {
 	name=$1 w=$2 l=$3
 	shift 3
-	out=$(mktemp)
-	if UNISUM_LOG_LEVEL=INFO timeout 300 "$UNISUM" launch -w "$w" -s 3 --local-size "$l" \
-		--worker-netns "$P-h0,$P-h1" --server-netns "$P-h0,$P-h1,$P-h2" -- \
-		"$CHECK" "$@" >"$out" 2>&1; then
-		PASSES=$((PASSES + 1))
-		echo "ok   $name"
-	else
-		FAILS=$((FAILS + 1))
-		echo "FAIL $name, output:"
-		sed 's/^/    /' "$out"
-	fi
-	LAST=$(cat "$out")
-	rm -f "$out"
+	check_job "$name" env UNISUM_LOG_LEVEL=INFO "$UNISUM" launch -w "$w" -s 3 --local-size "$l" \
+		--worker-netns "$P-h0,$P-h1" --server-netns "$P-h0,$P-h1,$P-h2" -- "$CHECK" "$@"
 }
 
 cluster_job "2 worker hosts + 1 CPU-only host: every dtype, 0 elements to 3 partitions" 2 1 sums
