@@ -7,7 +7,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build demo demo-c test check test-sanitize fuzz bench clean
+.PHONY: all deps bench-deps build demo demo-c test check test-sanitize fuzz bench clean
 
 all: build
 
@@ -47,7 +47,12 @@ fuzz: deps
 	sh tests/fuzz/run.sh 600 $(BUILD)/fuzz wire
 	sh tests/fuzz/run.sh 600 $(BUILD)/fuzz auth
 
-bench: build
+# What the benchmarks need on top of the tests' packages (every bench/
+# script also calls it itself).
+bench-deps:
+	@sh scripts/install-deps.sh bench
+
+bench: build bench-deps
 	$(BUILD)/bench_reducer
 	sh bench/tcp.sh $(BUILD)
 

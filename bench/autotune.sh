@@ -13,6 +13,7 @@
 # settled.  Prints the grid, the setting autotune chose and the ratio of its
 # iteration time to the best static one.
 set -u
+sh "$(dirname "$0")/../scripts/install-deps.sh" bench
 BUILD=$(cd "${1:-build}" && pwd) || exit 2
 MODEL=${2:-resnet50}
 W=${3:-2}

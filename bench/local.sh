@@ -22,6 +22,7 @@
 # prints "fail" and the run goes on; a failure's output is kept in
 # $TMPDIR/unisum-local.*.log.  Prints a markdown table for bench/README.md.
 set -u
+sh "$(dirname "$0")/../scripts/install-deps.sh" bench
 BUILD=${1:-build}
 PY=/usr/bin/python3
 HERE=$(cd "$(dirname "$0")" && pwd)

@@ -12,6 +12,7 @@
 # in us_srv (10.77.0.1), 2 workers in us_wrk (10.77.0.2); iperf3 measures
 # the shaped link first, in the same run.
 set -u
+sh "$(dirname "$0")/../scripts/install-deps.sh" bench
 BUILD=$(cd "${1:-build}" && pwd) || exit 2
 MODEL=${2:-vgg16}
 RATE=${3:-2gbit}

@@ -7,6 +7,7 @@
 #
 #   sh bench/soak.sh [BUILD_DIR] [SECONDS]      (defaults: build, 600)
 set -eu
+sh "$(dirname "$0")/../scripts/install-deps.sh" bench
 BUILD=${1:-build}
 SECONDS_TOTAL=${2:-600}
 out=$(mktemp)

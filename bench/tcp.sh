@@ -12,20 +12,20 @@
 # measurement is bracketed by iperf3 runs just before and just after it and
 # compared with their mean; the table gives every repeat and the median.
 set -eu
+sh "$(dirname "$0")/../scripts/install-deps.sh" bench
 # The socket path is what is measured: a server on this host would
 # otherwise get the data by address (IPC mode).
 export UNISUM_IPC=0
 BUILD=${1:-build}
 REPEATS=${2:-3}
 UNISUM="$BUILD/unisum"
-command -v iperf3 >/dev/null || { echo "bench/tcp.sh: iperf3 is missing (make deps)"; exit 1; }
 
 iperf() {
 	port=$("$BUILD/check_sums" free-port)
 	iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
 	sleep 0.3
 	iperf3 -c 127.0.0.1 -p "$port" -t 2 -J 2>/dev/null |
-		python3 -c 'import json,sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9))'
+		/usr/bin/python3 -c 'import json,sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9))'
 	wait
 }
 

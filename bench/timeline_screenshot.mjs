@@ -1,7 +1,7 @@
 // Render a unisum timeline (Chrome trace-event JSON) in Chromium's built-in
 // trace viewer (the DevTools Performance panel) and take a screenshot.
-//   node timeline_screenshot.mjs TRACE.json OUT.png [FROM_MS TO_MS]
-// Needs: apt-get install chromium; npm install puppeteer-core (PPTR_DIR, default /tmp/pptr).
+//   sh bench/timeline_screenshot.sh TRACE.json OUT.png [FROM_MS TO_MS]
+// (the script installs Chromium and puppeteer-core, in PPTR_DIR, first).
 import path from 'node:path';
 const pptrDir = process.env.PPTR_DIR || '/tmp/pptr';
 const { default: puppeteer } = await import(path.join(pptrDir, 'node_modules/puppeteer-core/lib/esm/puppeteer/puppeteer-core.js'));

@@ -1,13 +1,103 @@
 #!/bin/sh
-# Installs the Debian packages unisum needs to build, test and benchmark,
-# plus any named on the command line (`install-deps.sh clang`).  Runs
-# apt-get only when something is missing, so it is cheap to call from every
-# `make` target.  Needs root (or sudo) the first time.
+# Installs the Debian packages unisum needs.  The table below is the one
+# list of them, and of the external commands that the tests, the demo, CI
+# and the benchmarks run:
+#
+#   PACKAGE  GROUP  [COMMAND...]
+#
+# GROUP is
+#   base   part of a minimal Debian 12 (Priority: required, what
+#          `debootstrap --variant=minbase` installs): never installed here;
+#   test   what `make demo`, `make test` and .ci/run need: always installed;
+#   bench  what bench/ needs on top: installed by `install-deps.sh bench`,
+#          which `make bench` and every bench/ script call.
+# COMMANDs are the programs of that package that some script runs.
+# tests/deps/check_commands.py (in `make test`) fails, naming the command,
+# when a script runs a command that is not listed here, or when a listed
+# package does not provide it or is not what its group says.
+#
+# Runs apt-get only when something is missing, so it is cheap to call from
+# every `make` target.  Needs root (or sudo) the first time.
+#
+#   install-deps.sh [bench]          installs what is missing
+#   install-deps.sh --list [bench]   prints the packages it would want
+#   install-deps.sh --table          prints the table
 set -eu
 
-pkgs="build-essential cmake pkg-config libcmocka-dev libsodium-dev iproute2 iperf3 python3 python3-numpy python3-torch \
-	python3-torchvision python3-sklearn python3-tqdm python3-pytest python3-pip python3-venv \
-	python3-setuptools clang libclang-rt-14-dev $*"
+TABLE='
+# A minimal Debian 12.
+coreutils        base   basename cat cksum cp cut date dirname env head id ls mkdir mktemp nproc od
+coreutils        base   realpath rm seq sleep sort tail tee timeout tr uniq wc
+apt              base   apt-cache apt-get
+dash             base   sh
+dpkg             base   dpkg-query
+grep             base   grep
+mawk             base   awk
+mount            base   mount
+sed              base   sed
+util-linux       base   unshare
+
+# Build, demo and tests.
+build-essential  test
+make             test   make
+cmake            test   cmake ctest
+pkg-config       test
+libcmocka-dev    test
+libsodium-dev    test
+clang            test   clang
+libclang-rt-14-dev test
+iproute2         test   ip tc ss
+iputils-ping     test   ping
+procps           test   pgrep ps
+python3          test
+python3-minimal  test   python3
+python3-numpy    test
+python3-torch    test
+python3-torchvision test
+python3-sklearn  test
+python3-tqdm     test
+python3-pytest   test
+python3-pip      test
+python3-venv     test
+python3-setuptools test
+
+# Benchmarks only.
+iperf3           bench  iperf3
+openmpi-bin      bench  mpirun
+libopenmpi-dev   bench  mpicc
+gnuplot-nox      bench  gnuplot
+chromium         bench  chromium
+nodejs           bench  node npm
+'
+
+mode=install
+case ${1:-} in
+--list | --table)
+	mode=${1#--}
+	shift
+	;;
+esac
+if [ "$mode" = table ]; then
+	printf '%s\n' "$TABLE"
+	exit 0
+fi
+groups="test"
+for g in "$@"; do
+	case $g in
+	bench) groups="$groups bench" ;;
+	*)
+		echo "install-deps: unknown group '$g' (the groups are: bench)" >&2
+		exit 2
+		;;
+	esac
+done
+
+pkgs=$(printf '%s\n' "$TABLE" |
+	awk -v groups=" $groups " '!/^[ \t]*(#|$)/ && index(groups, " " $2 " ") && !seen[$1]++ { print $1 }')
+if [ "$mode" = list ]; then
+	echo "$pkgs"
+	exit 0
+fi
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

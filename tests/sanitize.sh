@@ -7,7 +7,8 @@
 # tsan: ThreadSanitizer.  Builds the whole tree with clang into BUILD_DIR
 # (default build-asan or build-tsan), then runs every ctest entry except
 # the Python suite (it loads the library into an uninstrumented
-# interpreter) and the fuzzers (they carry their own sanitizers).
+# interpreter), the fuzzers (they carry their own sanitizers) and the
+# check of the commands (no C in it).
 #
 # Every process of every job (scheduler, servers, workers, launchers)
 # writes its sanitizer reports to files in one directory, so a report from
@@ -63,7 +64,7 @@ export TSAN_OPTIONS="halt_on_error=1:exitcode=66:log_path=$REPORTS/report"
 # repeated at every size, and make test stays within its 15 minutes.
 export UNISUM_TEST_LIGHT=1
 started=$(date +%s)
-(cd "$BUILD" && ctest --output-on-failure -j 1 -E 'python_|fuzz_')
+(cd "$BUILD" && ctest --output-on-failure -j 1 -E 'python_|fuzz_|deps_')
 rc=$?
 took=$(($(date +%s) - started))
 

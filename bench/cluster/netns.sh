@@ -319,7 +319,7 @@ cpu_jiffies() {
 
 cmd_selftest() {
 	need_root
-	command -v iperf3 >/dev/null 2>&1 || die "iperf3 is missing: apt-get install -y iperf3"
+	sh "$(dirname "$SELF")/../../scripts/install-deps.sh" bench
 	P=nsst$$ rate=200mbit
 	trap 'cmd_down "$P" >/dev/null 2>&1 || true' EXIT
 	trap 'exit 130' INT TERM HUP
@@ -327,13 +327,9 @@ cmd_selftest() {
 	(cmd_up "$P" 3 "$rate")
 	a0=$(host_addr "$P" 0)
 	a2=$(host_addr "$P" 2)
-	if command -v ping >/dev/null 2>&1; then
-		ip netns exec "$P-h1" ping -q -c 2 -i 0.2 -W 2 "$a0" >/dev/null || die "selftest: h1 cannot ping h0"
-		ip netns exec "$P-h0" ping -q -c 2 -i 0.2 -W 2 "$a2" >/dev/null || die "selftest: h0 cannot ping h2"
-		echo "$ME: selftest: ping h1->h0, h0->h2 ok"
-	else
-		echo "$ME: selftest: ping missing (apt-get install -y iputils-ping), skipped"
-	fi
+	ip netns exec "$P-h1" ping -q -c 2 -i 0.2 -W 2 "$a0" >/dev/null || die "selftest: h1 cannot ping h0"
+	ip netns exec "$P-h0" ping -q -c 2 -i 0.2 -W 2 "$a2" >/dev/null || die "selftest: h0 cannot ping h2"
+	echo "$ME: selftest: ping h1->h0, h0->h2 ok"
 	ip netns exec "$P-h0" iperf3 -s -1 -B "$a0" >/dev/null 2>&1 &
 	srv=$!
 	n=0

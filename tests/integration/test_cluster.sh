@@ -8,13 +8,13 @@
 # the share of Theorem 1, and nothing the test made (namespaces, links) is
 # left behind.
 #
-# Needs root (network namespaces): otherwise it says so and skips.
+# Needs root (network namespaces): otherwise it is reported as skipped.
 # UNISUM_TEST_LIGHT=1 (the sanitizer runs) keeps the first job only.
 . "$(dirname "$0")/lib.sh"
 
 if [ "$(id -u)" != 0 ]; then
-	echo "SKIP: the emulated cluster needs root to make network namespaces (ran as $(id -un))"
-	exit 0
+	skip "the emulated cluster needs root to make network namespaces (ran as $(id -un))"
+	finish
 fi
 NETNS="$(cd "$(dirname "$0")/../.." && pwd)/bench/cluster/netns.sh"
 P="ust$$"

@@ -113,7 +113,7 @@ digest_of() { # ALLOC-MODE: the digests of a 4-worker one-machine job
 # reserves its pages up front, so what does not fit comes from malloc with
 # a warning instead of a SIGBUS at first touch.  Needs a private mount
 # namespace, so root.
-if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
+if [ "$(id -u)" = 0 ]; then
 	out=$(unshare -m sh -c 'mount -t tmpfs -o size=8m tmpfs /dev/shm &&
 		CHECK_SUMS_ALLOC=all timeout 120 "$0" launch -w 2 -s 1 -- "$1" sums' "$UNISUM" "$CHECK" 2>&1)
 	expect "unisum_alloc with /dev/shm of 8 MiB: exact sums on both ranks, no SIGBUS" \
@@ -121,7 +121,7 @@ if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
 	expect "... and each worker says its arena found /dev/shm full" \
 		contains "$out" "shared arena cannot take [0-9]+ more bytes \\(/dev/shm is full\\)"
 else
-	echo "SKIP the small /dev/shm case: it needs root to mount a private /dev/shm"
+	skip "the small /dev/shm case: it needs root to mount a private /dev/shm (ran as $(id -un))"
 fi
 if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	log=$(mktemp -d)
