@@ -63,8 +63,8 @@ python3-setuptools test
 
 # Benchmarks only.
 iperf3           bench  iperf3
-openmpi-bin      bench  mpirun
-libopenmpi-dev   bench  mpicc
+openmpi-bin      bench  mpirun mpicc
+libopenmpi-dev   bench
 gnuplot-nox      bench  gnuplot
 chromium         bench  chromium
 nodejs           bench  node npm
