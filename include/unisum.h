@@ -44,7 +44,7 @@ enum {
 	UNISUM_ENOMEM = -2,	/* out of memory */
 	UNISUM_ECONFIG = -3,	/* an environment variable is missing or malformed */
 	UNISUM_ENOTINIT = -4,	/* unisum_init() has not been called */
-	UNISUM_EMISMATCH = -5,	/* workers disagree on a tensor's dtype or size */
+	UNISUM_EMISMATCH = -5,	/* workers disagree on a tensor: dtype, size, or collective (root, op) */
 	UNISUM_ECONN = -6,	/* a connection to a peer failed or was closed */
 	UNISUM_EPROTO = -7,	/* a peer sent a message that breaks the protocol */
 	UNISUM_ETIMEDOUT = -8,	/* a bounded wait ran out */
@@ -107,7 +107,12 @@ int unisum_poll(unisum_handle h);
  * negative error. */
 int unisum_wait(unisum_handle h);
 
-/* Copies `buf` of rank `root_rank` into `buf` of every worker. */
+/* Copies `buf` of rank `root_rank` into `buf` of every worker.  Every
+ * worker must name the same root: when they disagree (as when they
+ * disagree on UNISUM_AVERAGE in a push_pull), every worker's call fails
+ * with UNISUM_EMISMATCH naming both sides, before any buffer is written
+ * (but for the machine's sum that a local root of several machines holds
+ * by then), and the tensor can never be summed again. */
 int unisum_broadcast(int tensor, void *buf, int root_rank);
 
 /* Returns when every worker has called unisum_barrier(). */

@@ -18,7 +18,7 @@ const char *unisum_strerror(int err)
 	case UNISUM_ENOTINIT:
 		return "unisum_init() has not been called";
 	case UNISUM_EMISMATCH:
-		return "workers disagree on a tensor's dtype or size";
+		return "workers disagree on a tensor's dtype, size or collective";
 	case UNISUM_ECONN:
 		return "a connection to a peer failed or was closed";
 	case UNISUM_EPROTO:

@@ -604,6 +604,18 @@ void rdv_client_fail_job(struct rdv_client *c, int err, const char *why)
 	wire_buf_fini(&b);
 }
 
+void rdv_client_poison_tensor(struct rdv_client *c, uint64_t key, const char *why)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	wire_buf_str(&b, why);
+	struct wire_hdr h = {.type = WIRE_ERROR, .sender = c->id, .key = key,
+			     .aux = (uint32_t)-UNISUM_EMISMATCH, .payload_len = b.len};
+	if (!b.failed)
+		rdv_send(c, &h, b.data);
+	wire_buf_fini(&b);
+}
+
 void rdv_client_free(struct rdv_client *c)
 {
 	if (c == NULL)

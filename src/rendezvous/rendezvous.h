@@ -90,8 +90,9 @@ struct rdv_client;
 typedef void (*rdv_notice_fn)(void *arg, int err, const char *why);
 
 /* Called on the reader thread (servers and workers) when the scheduler finds that
- * the workers disagree on the shape of the tensor with key `key`: it can
- * never be summed, and `why` names both shapes. */
+ * the workers disagree on the shape of the tensor with key `key`, or a
+ * worker found them disagreeing on its collective: it can never be summed,
+ * and `why` names both sides. */
 typedef void (*rdv_tensor_error_fn)(void *arg, uint64_t key, const char *why);
 
 /* Connects to the scheduler of `cfg` (retrying until cfg->timeout_ms),
@@ -163,6 +164,11 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
  * found a round stalled past UNISUM_STALL_ABORT_MS): every node is told,
  * every rank's pending and later calls fail with the message. */
 void rdv_client_fail_job(struct rdv_client *c, int err, const char *why);
+
+/* Asks the scheduler to tell every node that tensor `key` can never be
+ * summed, for `why` (the workers of a machine found that they disagree on
+ * its collective): the others stop waiting for this machine's push. */
+void rdv_client_poison_tensor(struct rdv_client *c, uint64_t key, const char *why);
 
 /* Says goodbye (workers: "done"; the scheduler stops servers when all
  * workers are done) and frees the client. */

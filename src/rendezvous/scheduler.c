@@ -705,12 +705,31 @@ static void *sched_node_main(void *arg)
 		case WIRE_HEARTBEAT:
 			break;
 		case WIRE_ERROR: {
-			/* A node found the job broken (a stalled round): fail it. */
+			/* A node found the job broken (a stalled round): fail it.
+			 * With a key, a worker found one tensor unusable (its
+			 * workers disagree on the collective): poison it. */
 			char text[512] = "", label[160], msg[768];
 			struct wire_reader r;
 			wire_reader_init(&r, payload, h.payload_len);
 			wire_read_str(&r, text, sizeof text);
 			pthread_mutex_lock(&s->lock);
+			if (h.key != 0) {
+				struct sched_tensor *t = NULL;
+				for (int i = 0; i < s->ntensors && t == NULL; i++)
+					if (s->tensors[i].key == h.key)
+						t = &s->tensors[i];
+				if (t == NULL || n->role != CONFIG_ROLE_WORKER) {
+					rc = UNISUM_EPROTO;
+					snprintf(why, sizeof why, "ERROR about undeclared tensor key 0x%llx",
+						 (unsigned long long)h.key);
+				} else if (t->poison == NULL) {
+					LOG_ERROR("%s", text);
+					t->poison = strdup(text);
+					sched_poison(s, t->key, text);
+				}
+				pthread_mutex_unlock(&s->lock);
+				break;
+			}
 			snprintf(msg, sizeof msg, "%s: %s", sched_node_label(n, label, sizeof label), text);
 			sched_fail(s, log_known_error(-(int)h.aux, UNISUM_EREMOTE), msg);
 			pthread_mutex_unlock(&s->lock);

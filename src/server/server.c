@@ -89,6 +89,8 @@ struct srv_slot {
 	uint8_t *pull_waiting;	/* [W] pulled before the round was ready */
 	uint8_t *acc;		/* accumulator, key bytes, allocated on first use */
 	int64_t started_ms;	/* when the round's first push arrived */
+	uint32_t wire_op;	/* the collective of that push (WIRE_OP()) ... */
+	int op_worker;		/* ... and who sent it: every other push must agree */
 	int stall_level;	/* 0, 1 = warned, 2 = aborted */
 };
 
@@ -102,6 +104,7 @@ struct srv_key {
 	uint8_t **push_buf;	/* [W] worker w's push buffer; written by its conn thread */
 	struct srv_slot slot[2];	/* engine-owned */
 	const char *poison;	/* engine-owned: why every pull fails, or NULL */
+	char *own_poison;	/* engine-owned: the text of a disagreement found here */
 	uint8_t *retired;	/* [W] worker w sent RETIRE; its conn thread's */
 	int nretired;		/* engine-owned: RETIREs seen; at W the buffers go */
 	char *name;		/* the tensor's name, for stall reports */
@@ -116,6 +119,7 @@ struct srv_event {
 	int worker;
 	uint32_t round;
 	bool zero;		/* PUSH flagged ZERO */
+	uint32_t wire_op;	/* PUSH: its collective (the header's aux) */
 	const char *why;	/* POISON: the reason (owned by the server) */
 	struct srv_event *next;
 };
@@ -257,6 +261,7 @@ static void srv_key_free(struct srv_key *k, int nworkers)
 	free(k->next_round);
 	free(k->retired);
 	free(k->name);
+	free(k->own_poison);
 	free(k);
 }
 
@@ -589,14 +594,41 @@ static int srv_fold(struct srv_key *k, struct srv_slot *s, int w)
 	}
 }
 
+/* Two pushes of one round ask for different collectives (a broadcast from
+ * two roots, a sum against an average): nothing of the key is ever summed
+ * again, and every pull, waiting or to come, gets this error. */
+static void srv_op_mismatch(struct server *srv, struct srv_key *k, const struct srv_slot *s,
+			    const struct srv_event *ev)
+{
+	char a[64], b[64], first[64], other[64], msg[768];
+	snprintf(msg, sizeof msg,
+		 "tensor '%s' (partition %u) round %u: %s called %s but %s %s; every worker must "
+		 "call the same collective (a broadcast: with the same root)",
+		 k->name ? k->name : "?", (unsigned)(k->key & 0xffff), s->round,
+		 srv_worker_name(srv, s->op_worker, first, sizeof first),
+		 wire_op_describe(s->wire_op, a, sizeof a),
+		 srv_worker_name(srv, ev->worker, other, sizeof other),
+		 wire_op_describe(ev->wire_op, b, sizeof b));
+	LOG_ERROR("%s", msg);
+	k->own_poison = strdup(msg);
+	srv_on_poison(srv, k, k->own_poison ? k->own_poison : "the workers disagree on the collective");
+}
+
 static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
 {
 	struct srv_slot *s = &k->slot[ev->round & 1];
+	if (k->poison != NULL)
+		return;	/* never summed: its pull gets the error */
 	if (!s->active) {
 		s->active = true;
 		s->round = ev->round;
 		s->started_ms = srv_now_ms();
 		s->stall_level = 0;
+		s->wire_op = ev->wire_op;
+		s->op_worker = ev->worker;
+	} else if (ev->wire_op != s->wire_op) {
+		srv_op_mismatch(srv, k, s, ev);
+		return;
 	}
 	s->arrived[ev->worker] = 1;
 	s->zero[ev->worker] = ev->zero;
@@ -759,13 +791,13 @@ static void *srv_engine_main(void *arg)
 }
 
 static int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
-		    const char *why)
+		    uint32_t wire_op, const char *why)
 {
 	struct srv_event *ev = malloc(sizeof *ev);
 	if (ev == NULL)
 		return UNISUM_ENOMEM;
 	*ev = (struct srv_event){.type = type, .key = k, .worker = w, .round = round, .zero = zero,
-				 .why = why};
+				 .wire_op = wire_op, .why = why};
 	struct srv_engine *e = &srv->engines[k->engine];
 	pthread_mutex_lock(&e->lock);
 	if (e->tail)
@@ -874,7 +906,7 @@ static void srv_tensor_error(void *arg, uint64_t key, const char *why)
 	for (size_t i = 0; i < srv->nbuckets; i++)
 		for (struct srv_key *k = srv->buckets[i]; k; k = k->next)
 			if (k->key >> 16 == p->tensor)
-				srv_post(srv, EVENT_POISON, k, 0, 0, false, p->why);
+				srv_post(srv, EVENT_POISON, k, 0, 0, false, 0, p->why);
 	pthread_mutex_unlock(&srv->lock);
 }
 
@@ -983,7 +1015,8 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 		 * do: acknowledging only summed pushes would let two workers wait
 		 * on each other's credit. */
 		srv_ack_push(srv, c, h);
-		return srv_post(srv, EVENT_PUSH, k, c->worker, h->round, h->flags & WIRE_FLAG_ZERO, NULL);
+		return srv_post(srv, EVENT_PUSH, k, c->worker, h->round, h->flags & WIRE_FLAG_ZERO, h->aux,
+				NULL);
 	case WIRE_PULL: {
 		k = srv_check_data(srv, c, h, why, len);
 		if (k == NULL)
@@ -993,7 +1026,7 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 			srv_reply_error(srv, c, c->worker, k->key, h->round, UNISUM_EMISMATCH, poison);
 			return 0;
 		}
-		return srv_post(srv, EVENT_PULL, k, c->worker, h->round, false, NULL);
+		return srv_post(srv, EVENT_PULL, k, c->worker, h->round, false, 0, NULL);
 	}
 	case WIRE_RETIRE: {
 		pthread_mutex_lock(&srv->lock);
@@ -1006,7 +1039,7 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 		}
 		/* From now on this connection never touches the key's buffers. */
 		k->retired[c->worker] = 1;
-		return srv_post(srv, EVENT_RETIRE, k, c->worker, h->round, false, NULL);
+		return srv_post(srv, EVENT_RETIRE, k, c->worker, h->round, false, 0, NULL);
 	}
 	case WIRE_HEARTBEAT:
 		return 0;

@@ -135,6 +135,12 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 		return UNISUM_EPROTO;
 	}
 
+	if (h->type == WIRE_PUSH && (WIRE_OP_KIND(h->aux) > WIRE_OP_BROADCAST ||
+				     (WIRE_OP_KIND(h->aux) != WIRE_OP_BROADCAST && WIRE_OP_ROOT(h->aux) != 0))) {
+		snprintf(why, why_len, "PUSH: unknown collective 0x%x", h->aux);
+		return UNISUM_EPROTO;
+	}
+
 	switch (h->type) {
 	case WIRE_PUSH:
 	case WIRE_PULL_REPLY: {
@@ -183,6 +189,24 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 		}
 		return 0;
 	}
+}
+
+const char *wire_op_describe(uint32_t op, char *buf, size_t len)
+{
+	switch (WIRE_OP_KIND(op)) {
+	case WIRE_OP_SUM:
+		snprintf(buf, len, "a sum");
+		break;
+	case WIRE_OP_AVERAGE:
+		snprintf(buf, len, "an average");
+		break;
+	case WIRE_OP_BROADCAST:
+		snprintf(buf, len, "a broadcast from root %u", WIRE_OP_ROOT(op));
+		break;
+	default:
+		snprintf(buf, len, "an unknown collective 0x%x", op);
+	}
+	return buf;
 }
 
 void wire_buf_init(struct wire_buf *b)

@@ -16,7 +16,8 @@
  *   32   8   payload_len  bytes that follow the header
  *   40   1   dtype        unisum_dtype (PUSH, PULL, PULL_REPLY, DECLARE*)
  *   41   3   reserved     zero
- *   44   4   aux          per type: barrier group, partition count, error code
+ *   44   4   aux          per type: barrier group, partition count, error code,
+ *                          the collective of a PUSH (WIRE_OP_*)
  *
  * wire_decode() rejects anything a well-behaved peer never sends: bad
  * magic or version, unknown type, flags the type does not take, non-zero
@@ -37,7 +38,7 @@
 #include "unisum.h"
 
 #define WIRE_MAGIC 0x4d555355u	/* "USUM" */
-#define WIRE_VERSION 3
+#define WIRE_VERSION 4
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
 #define WIRE_MAX_DATA_PAYLOAD (1ull << 30)	/* 1 GiB for one partition */
@@ -53,7 +54,8 @@ enum wire_type {
 	WIRE_PULL = 8,		/* worker -> server: send me the sum of this round */
 	WIRE_PULL_REPLY = 9,	/* server -> worker: the sum */
 	WIRE_DECLARE_CHECK = 10, /* worker -> server: key, dtype, count it will push; payload str name */
-	WIRE_ERROR = 11,	/* any -> any: code in aux, text in payload; to the scheduler: fail the job */
+	WIRE_ERROR = 11,	/* any -> any: code in aux, text in payload; to the scheduler: fail the
+				 * job, or with a key, that tensor can never be summed */
 	WIRE_SHUTDOWN = 12,	/* worker -> scheduler: done; scheduler -> server: stop */
 	WIRE_DECLARE = 13,	/* worker <-> scheduler: name -> key and servers */
 	WIRE_TUNE = 14,		/* worker 0 -> scheduler -> every worker: the setting of epoch
@@ -75,6 +77,25 @@ enum wire_type {
  * socket's two. */
 #define WIRE_FLAG_IPC 0x2u
 #define WIRE_IPC_PAYLOAD 8u
+
+/* A PUSH's aux names the collective its worker is in, so that whoever
+ * combines the round (a server, or the workers of a machine) refuses it
+ * before a byte is combined when the workers disagree: a broadcast from
+ * two roots, a sum against an average.  The low byte is the kind; a
+ * broadcast carries its root rank above it. */
+enum wire_op_kind {
+	WIRE_OP_SUM = 0,
+	WIRE_OP_AVERAGE = 1,
+	WIRE_OP_BROADCAST = 2,
+};
+#define WIRE_OP_MAX_ROOT 0xffffffu
+#define WIRE_OP(kind, root) ((uint32_t)(kind) | (uint32_t)(root) << 8)
+#define WIRE_OP_KIND(op) ((op) & 0xffu)
+#define WIRE_OP_ROOT(op) ((op) >> 8)
+
+/* Writes what a collective is for messages ("a sum", "an average", "a
+ * broadcast from root 3") into buf; returns buf. */
+const char *wire_op_describe(uint32_t op, char *buf, size_t len);
 
 struct wire_hdr {
 	uint8_t type;

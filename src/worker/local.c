@@ -50,6 +50,7 @@
 #include "reducer/reducer.h"
 #include "shm/shm.h"
 #include "trace/trace.h"
+#include "wire/wire.h"
 #include "worker/local.h"
 
 #define LC_MAGIC 0x4c434f4cu	/* "LOCL" */
@@ -70,7 +71,9 @@ struct lc_entry {
 	_Atomic uint64_t staged;	/* staged: partitions of its input staged for the others */
 	_Atomic uint64_t in_arena;	/* its input lies in its arena (unisum_alloc): offset + 1, 0 no */
 	_Atomic uint64_t out_arena;	/* the same for its output */
-	uint64_t pad[4];
+	_Atomic uint32_t wire_op;	/* the collective of that round (WIRE_OP()) */
+	uint32_t pad32;
+	uint64_t pad[3];
 };
 
 struct lc_rank {
@@ -303,9 +306,11 @@ static int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *
 				return UNISUM_ECONN;
 			}
 			if (!warned && now - start >= lc.cfg.stall_warn_ms) {
-				LOG_WARN("worker %d has waited %lld ms for %s of key 0x%llx round %u",
-					    lc.cfg.rank, (long long)(now - start), what,
-					    (unsigned long long)op->req.key, op->req.round);
+				LOG_WARN("stall: worker %d has waited %lld ms for %s: tensor '%s' round %u "
+					 "(held up by worker %d, local rank %d). Does every worker "
+					 "push every tensor every round?", lc.cfg.rank,
+					 (long long)(now - start), what, op->req.name, op->req.round,
+					 lc_rank_of(q), q);
 				warned = true;
 			}
 			next_check = now + LC_SLICE_MS;
@@ -332,15 +337,17 @@ static int lc_peer_failed(struct local_op *op, int q)
 	char why[512];
 	for (int i = 0; i < 200; i++) {
 		int f = lc.hooks.failed(why, sizeof why);
+		if (f == 0)
+			f = lc.hooks.poisoned(op->req.key, why, sizeof why);
 		if (f != 0) {
 			lc_fail(op, f, "%s", why);
 			return f;
 		}
 		usleep(10000);
 	}
-	lc_fail(op, err, "worker %d (local rank %d of machine %d) failed its part of key 0x%llx "
-		"round %u: %s", lc_rank_of(q), q, lc.cfg.machine, (unsigned long long)op->req.key,
-		op->req.round, unisum_strerror(err));
+	lc_fail(op, err, "worker %d (local rank %d of machine %d) failed its part of tensor '%s' "
+		"round %u: %s", lc_rank_of(q), q, lc.cfg.machine, op->req.name, op->req.round,
+		unisum_strerror(err));
 	return err;
 }
 
@@ -356,13 +363,36 @@ static int lc_cond_posted(struct local_op *op, void *arg)
 		uint32_t r = atomic_load_explicit(&p->e->round, memory_order_acquire);
 		if (r != op->req.round) {
 			if ((int32_t)(r - op->req.round) > 0) {
-				lc_fail(op, UNISUM_EPROTO, "worker %d is already past round %u of key 0x%llx "
-					"that worker %d is starting: the workers of machine %d disagree on "
-					"their push_pull calls", lc_rank_of(q), op->req.round,
-					(unsigned long long)op->req.key, lc.cfg.rank, lc.cfg.machine);
+				lc_fail(op, UNISUM_EPROTO, "worker %d is already past round %u of tensor "
+					"'%s' that worker %d is starting: the workers of machine %d disagree "
+					"on their push_pull calls", lc_rank_of(q), op->req.round,
+					op->req.name, lc.cfg.rank, lc.cfg.machine);
 				return UNISUM_EPROTO;
 			}
 			return 0;
+		}
+	}
+	/* Before a byte is combined: do all ranks run the same collective?
+	 * Each rank compares every rank with local rank 0, so all of them
+	 * fail with the same message. */
+	uint32_t first = atomic_load(&op->peers[0].e->wire_op);
+	for (int q = 1; q < lc.cfg.local_size; q++) {
+		uint32_t other = atomic_load(&op->peers[q].e->wire_op);
+		if (other != first) {
+			char a[64], b[64];
+			lc_fail(op, UNISUM_EMISMATCH, "tensor '%s' round %u: worker %d called %s but worker "
+				"%d %s; every worker must call the same collective (a broadcast: with the "
+				"same root)", op->req.name, op->req.round, lc_rank_of(0),
+				wire_op_describe(first, a, sizeof a), lc_rank_of(q),
+				wire_op_describe(other, b, sizeof b));
+			if (lc.cfg.machines > 1 && lc.cfg.local_rank == 0) {
+				pthread_mutex_lock(&lc.lock);
+				char why[512];
+				snprintf(why, sizeof why, "%s", op->why);
+				pthread_mutex_unlock(&lc.lock);
+				lc.hooks.poison(op->req.key, why);
+			}
+			return UNISUM_EMISMATCH;
 		}
 	}
 	for (int q = 0; q < lc.cfg.local_size; q++) {
@@ -1310,6 +1340,7 @@ int local_submit(const struct local_req *req, struct local_op **out)
 	atomic_store(&e->staged, lc_pack(req->round, 0));
 	atomic_store(&e->in, (uint64_t)(uintptr_t)req->in);
 	atomic_store(&e->out, (uint64_t)(uintptr_t)req->out);
+	atomic_store(&e->wire_op, req->wire_op);
 	atomic_store(&e->reduced, lc_pack(req->round, 0));
 	atomic_store(&e->pulled, lc_pack(req->round, 0));
 	atomic_store(&e->bcast, lc_pack(req->round, 0));

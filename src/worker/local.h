@@ -64,6 +64,10 @@ struct local_hooks {
 	/* Whether the tensor of cut `key` can never be summed (the workers
 	 * declared it with different shapes): its error with why, or 0. */
 	int (*poisoned)(uint64_t key, char *why, size_t len);
+	/* Several machines, local root only: this machine's workers disagree
+	 * on the collective of cut `key`, so it never pushes it; tell every
+	 * other machine, whose workers would wait for that push. */
+	void (*poison)(uint64_t key, const char *why);
 };
 
 /* One push_pull on the local path. */
@@ -81,6 +85,8 @@ struct local_req {
 	bool traced;			/* put its stages on the timeline ... */
 	int tensor;			/* ... as this tensor's */
 	uint32_t step;			/* ... round (the user's, not the cut's) */
+	uint32_t wire_op;		/* the collective (WIRE_OP()): every rank must agree */
+	const char *name;		/* the tensor's, for messages; valid until done */
 };
 
 struct local_op;

@@ -112,6 +112,7 @@ struct wk_job {
 	const void *in;			/* push from here (NULL: a ZERO push) */
 	void *out;			/* reply goes here */
 	int divisor;			/* UNISUM_AVERAGE: divide by this, else 1 */
+	uint32_t wire_op;		/* the collective, WIRE_OP(): the PUSH's aux */
 	struct wk_op *op;		/* NULL for DECLARE jobs */
 	char *name;			/* DECLARE jobs: the tensor's name (owned) */
 	struct wk_job *pending_next;	/* chain in the pending table */
@@ -356,7 +357,7 @@ static void *wk_send_main(void *arg)
 			 * complete (and free) the job before send() returns. */
 			struct wire_hdr push = {.type = WIRE_PUSH, .sender = rdv_client_id(wk.rdv),
 						.round = j->round, .key = j->key, .count = j->count,
-						.dtype = (uint8_t)j->dtype};
+						.dtype = (uint8_t)j->dtype, .aux = j->wire_op};
 			const void *payload = j->in;
 			uint64_t addr = htole64((uint64_t)(uintptr_t)j->in);
 			if (payload == NULL) {
@@ -372,6 +373,7 @@ static void *wk_send_main(void *arg)
 			struct wire_hdr pull = push;
 			pull.type = WIRE_PULL;
 			pull.flags = 0;
+			pull.aux = 0;
 			pull.count = 0;
 			pull.payload_len = 0;
 			bool traced = j->op->traced;
@@ -815,6 +817,11 @@ static int wk_local_poisoned(uint64_t key, char *why, size_t len)
 	return rc;
 }
 
+static void wk_local_poison(uint64_t key, const char *why)
+{
+	rdv_client_poison_tensor(wk.rdv, key, why);
+}
+
 static int wk_local_start(void)
 {
 	char job[SHM_JOB_MAX + 1];
@@ -826,7 +833,7 @@ static int wk_local_start(void)
 				 .stage_bytes = wk.cfg.local_stage_bytes,
 				 .arena_bytes = wk.cfg.local_arena_bytes};
 	struct local_hooks hooks = {.push = wk_local_push, .done = wk_local_done,
-				    .failed = wk_local_failed, .poisoned = wk_local_poisoned};
+				    .poison = wk_local_poison, .failed = wk_local_failed, .poisoned = wk_local_poisoned};
 	return local_start(&lcfg, &hooks);
 }
 
@@ -1460,8 +1467,10 @@ static const struct wk_layout *wk_cut_for(struct wk_tensor *t, uint64_t pbytes, 
 }
 
 /* Starts an operation: `in` NULL means "contribute zeros" (broadcast from
- * another root). */
-static int wk_start(int tensor, const void *in, void *out, int flags, unisum_handle *h)
+ * another root).  wire_op is the collective (WIRE_OP()): every worker of
+ * the round must start the same one, or the round fails on all of them. */
+static int wk_start(int tensor, const void *in, void *out, int flags, uint32_t wire_op,
+		    unisum_handle *h)
 {
 	if (!wk.initialized)
 		return wk_require_init();
@@ -1549,7 +1558,8 @@ static int wk_start(int tensor, const void *in, void *out, int flags, unisum_han
 					.out = out, .nparts = L->nparts, .parts = L->parts,
 					.divisor = (flags & UNISUM_AVERAGE) ? wk.size : 1,
 					.priority = t->priority, .ctx = op, .traced = op->traced,
-					.tensor = t->index, .step = round};
+					.tensor = t->index, .step = round, .wire_op = wire_op,
+					.name = t->name};
 		/* Under wk.lock: the done hook may run before local_submit returns. */
 		pthread_mutex_lock(&wk.lock);
 		rc = local_submit(&req, &op->local);
@@ -1585,8 +1595,8 @@ static int wk_start(int tensor, const void *in, void *out, int flags, unisum_han
 					     .key = L->key + i, .round = wire_round, .dtype = t->dtype,
 					     .count = p->count, .in = in ? (const uint8_t *)in + off : NULL,
 					     .out = (uint8_t *)out + off,
-					     .divisor = (flags & UNISUM_AVERAGE) ? wk.size : 1, .op = op,
-					     .t_queued = op->t_start};
+					     .divisor = (flags & UNISUM_AVERAGE) ? wk.size : 1,
+					     .wire_op = wire_op, .op = op, .t_queued = op->t_start};
 			rc = sched_push(&wk.push_q, &j->entry);
 		} else {
 			rc = UNISUM_ENOMEM;
@@ -1612,7 +1622,8 @@ int unisum_push_pull_async(int tensor, const void *in, void *out, int flags, uni
 {
 	if (in == NULL)
 		return log_fail(UNISUM_EINVAL, "unisum_push_pull: in must not be NULL (tensor %d)", tensor);
-	return wk_start(tensor, in, out, flags, h);
+	uint32_t wire_op = WIRE_OP((flags & UNISUM_AVERAGE) ? WIRE_OP_AVERAGE : WIRE_OP_SUM, 0);
+	return wk_start(tensor, in, out, flags, wire_op, h);
 }
 
 /* Finds an unreleased operation; call with wk.lock held. */
@@ -1691,7 +1702,8 @@ int unisum_broadcast(int tensor, void *buf, int root_rank)
 				"must be in [0, %d) (worker %d, tensor %d)", root_rank, wk.size, wk.rank,
 				tensor);
 	unisum_handle h;
-	int rc = wk_start(tensor, wk.rank == root_rank ? buf : NULL, buf, 0, &h);
+	int rc = wk_start(tensor, wk.rank == root_rank ? buf : NULL, buf, 0,
+			  WIRE_OP(WIRE_OP_BROADCAST, (uint32_t)root_rank), &h);
 	return rc != 0 ? rc : unisum_wait(h);
 }
 

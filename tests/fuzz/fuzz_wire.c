@@ -113,6 +113,13 @@ static bool model_accepts(const uint8_t in[WIRE_HDR_SIZE])
 		return false;
 	if (type_is_tensor(type) ? dtype >= UNISUM_DTYPE_COUNT : dtype != 0)
 		return false;
+	if (type == WIRE_PUSH) {
+		/* aux: the collective, a kind in the low byte, a root above it
+		 * for a broadcast only. */
+		uint32_t aux = (uint32_t)le_bytes(in + 44, 4);
+		if ((aux & 0xffu) > WIRE_OP_BROADCAST || ((aux & 0xffu) != WIRE_OP_BROADCAST && aux >> 8 != 0))
+			return false;
+	}
 	if (type_is_data(type)) {
 		if (flags & WIRE_FLAG_ZERO)
 			return payload_len == 0;

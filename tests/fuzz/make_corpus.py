@@ -22,13 +22,14 @@ import struct
 import sys
 
 MAGIC = 0x4D555355  # "USUM" little-endian
-VERSION = 3
+VERSION = 4
 HDR = struct.Struct("<IBBHIIQQQB3xI")  # the 48-byte header, wire.h offsets
 assert HDR.size == 48
 
 (REGISTER, ADDRBOOK, BARRIER, BARRIER_DONE, HEARTBEAT, PUSH, PUSH_ACK, PULL,
  PULL_REPLY, DECLARE_CHECK, ERROR, SHUTDOWN, DECLARE, TUNE, RETIRE) = range(1, 16)
 FLAG_ZERO, FLAG_IPC = 0x1, 0x2
+OP_SUM, OP_AVERAGE, OP_BROADCAST = range(3)  # a PUSH's aux: kind | root << 8
 IPC_PAYLOAD = 8  # WIRE_IPC_PAYLOAD: the u64 address of the data in the sender
 FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32, INT64 = range(6)
 DTYPE_SIZE = {FLOAT32: 4, FLOAT64: 8, FLOAT16: 2, BFLOAT16: 2, INT32: 4, INT64: 8}
@@ -123,7 +124,9 @@ def seeds():
         "04-barrier-done": header(BARRIER_DONE, aux=2),
         "05-heartbeat": header(HEARTBEAT, sender=5),
         "06-push-float32": data_message(PUSH, FLOAT32, 4, sender=3, rnd=1, key=0x10000),
-        "06-push-zero": data_message(PUSH, INT64, 1000, flags=FLAG_ZERO, rnd=2, key=0x10001),
+        "06-push-zero": data_message(PUSH, INT64, 1000, flags=FLAG_ZERO, rnd=2, key=0x10001,
+                                     aux=OP_BROADCAST | 3 << 8),
+        "06-push-average": data_message(PUSH, FLOAT64, 2, rnd=4, key=0x10003, aux=OP_AVERAGE),
         "06-push-ipc": data_message(PUSH, FLOAT32, 1 << 20, flags=FLAG_IPC, sender=3, rnd=1,
                                     key=0x10002),
         "07-push-ack": header(PUSH_ACK, key=0x10000, rnd=1),
@@ -152,6 +155,7 @@ def seeds():
         "bad-flags-pull": header(PULL, flags=FLAG_ZERO),
         "bad-push-length": header(PUSH, dtype=FLOAT32, count=10, payload_len=41),
         "bad-push-overflow": header(PUSH, dtype=FLOAT64, count=1 << 61, payload_len=0),
+        "bad-push-collective": data_message(PUSH, FLOAT32, 1, aux=OP_SUM | 1 << 8),
         # ZERO and IPC together; a valid IPC push but for the ZERO bit
         "bad-flags-zero-ipc": header(PUSH, flags=FLAG_ZERO | FLAG_IPC, dtype=FLOAT32, count=256,
                                      payload_len=IPC_PAYLOAD) + u64(0x7F3A5C001000),

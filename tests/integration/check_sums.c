@@ -18,6 +18,9 @@
  *   check_sums broadcast      broadcast from every root, including non-zero ones
  *   check_sums undeclared     a push_pull of an undeclared id fails clearly
  *   check_sums mismatch       declaring a name with another size fails clearly
+ *   check_sums disagree       the ranks disagree on a broadcast's root, then on sum
+ *                             against average: every rank fails within 2 s naming
+ *                             both, its buffers untouched; then a healthy round
  *   check_sums garbage PORT   rank 0 sends malformed streams to the server at
  *                             127.0.0.1:PORT; every worker then finishes rounds
  *   check_sums die R N        rank R is killed (SIGKILL) after N rounds; the
@@ -432,6 +435,71 @@ static void mode_mismatch(void)
 	printf("rank %d: round after mismatch ok\n", rank);
 }
 
+static double seconds_since(const struct timespec *t0)
+{
+	struct timespec t1;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/* One failed collective of the disagree mode: rc must be UNISUM_EMISMATCH
+ * within 2 s, the message must name the tensor and both sides. */
+static void expect_disagreement(int rc, const struct timespec *t0, const char *tensor, const char *a,
+				const char *b)
+{
+	double took = seconds_since(t0);
+	const char *msg = unisum_last_error();
+	char quoted[64];
+	snprintf(quoted, sizeof quoted, "'%s'", tensor);
+	if (rc != UNISUM_EMISMATCH || strstr(msg, quoted) == NULL || strstr(msg, a) == NULL ||
+	    strstr(msg, b) == NULL)
+		FAIL("a disagreement on %s returned %d (%s)", tensor, rc, msg);
+	if (took > 2.0)
+		FAIL("the disagreement on %s took %.2f s to fail", tensor, took);
+	printf("rank %d: %s refused in %.3f s: %s\n", rank, tensor, took, msg);
+}
+
+static void mode_disagree(void)
+{
+	enum { N = 1000 };
+	int32_t buf[N], orig[N];
+	float in[N], out[N], sentinel[N];
+	struct timespec t0;
+	/* With several machines of several workers, a machine's local root
+	 * holds the machine's sum in its output before the servers see the
+	 * other machines (the one place a refused round leaves bytes). */
+	bool holds_local_sum = unisum_local_size() > 1 && unisum_local_size() < size &&
+			       unisum_local_rank() == 0;
+
+	/* Rank 0 broadcasts from root 0, every other rank from root 1.  A
+	 * rank that comes late may already find the tensor refused at its
+	 * declaration: that is the same error. */
+	fill(UNISUM_INT32, 31000 + (uint64_t)rank, buf, N);
+	memcpy(orig, buf, sizeof buf);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int rc = unisum_declare("disagree.root", UNISUM_INT32, N, 0);
+	if (rc >= 0)
+		rc = unisum_broadcast(rc, buf, rank == 0 ? 0 : 1);
+	expect_disagreement(rc, &t0, "disagree.root", "a broadcast from root 0", "a broadcast from root 1");
+	if (!holds_local_sum && memcmp(buf, orig, sizeof buf) != 0)
+		FAIL("the refused broadcast wrote into the buffer");
+
+	/* Rank 0 averages, the others sum. */
+	fill(UNISUM_FLOAT32, 32000 + (uint64_t)rank, in, N);
+	for (int i = 0; i < N; i++)
+		sentinel[i] = out[i] = -12345.0f;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	rc = unisum_declare("disagree.op", UNISUM_FLOAT32, N, 0);
+	if (rc >= 0)
+		rc = unisum_push_pull(rc, in, out, rank == 0 ? UNISUM_AVERAGE : 0);
+	expect_disagreement(rc, &t0, "disagree.op", "an average", "a sum");
+	if (!holds_local_sum && memcmp(out, sentinel, sizeof out) != 0)
+		FAIL("the refused push_pull wrote into its output");
+
+	finish_round("after a disagreement");
+	printf("rank %d: round after disagreement ok\n", rank);
+}
+
 /* Sends `len` bytes on a fresh connection (then half-closes it when
  * `half_close`) and checks that the server hangs up (possibly after an
  * ERROR) within 5 s instead of waiting for more. */
@@ -789,6 +857,8 @@ int main(int argc, char **argv)
 		mode_undeclared();
 	else if (strcmp(mode, "mismatch") == 0)
 		mode_mismatch();
+	else if (strcmp(mode, "disagree") == 0)
+		mode_disagree();
 	else if (strcmp(mode, "garbage") == 0)
 		mode_garbage(arg);
 	else if (strcmp(mode, "die") == 0 && argc > 3)

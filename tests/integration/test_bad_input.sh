@@ -3,6 +3,11 @@
 
 run_job "a push_pull of an undeclared tensor id fails clearly" 2 1 undeclared
 run_job "a size mismatch between workers fails clearly at declare" 3 2 mismatch
+run_job "a broadcast from two roots, a sum against an average: refused on every rank" 3 2 disagree
+check_job "... the same among the workers of one machine (shared memory)" \
+	"$UNISUM" launch -w 3 -s 1 --local-size 3 -- "$CHECK" disagree
+check_job "... the same across machines of 2 workers each" \
+	"$UNISUM" launch -w 4 -s 2 --local-size 2 -- "$CHECK" disagree
 
 # Garbage to a server's port: start the pieces by hand, as on a cluster,
 # with a known server port.

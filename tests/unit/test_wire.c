@@ -29,6 +29,8 @@ static void test_round_trip_every_type(void **state)
 			in.dtype = UNISUM_BFLOAT16;
 			in.count = 12345;
 			in.payload_len = 12345 * 2;
+			if (type == WIRE_PUSH)
+				in.aux = WIRE_OP(WIRE_OP_BROADCAST, WIRE_OP_MAX_ROOT);
 		} else if (type == WIRE_PULL || type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE) {
 			in.dtype = UNISUM_INT64;
 			in.count = 7;
@@ -197,6 +199,36 @@ static void test_ipc_flag(void **state)
 	expect_reject(buf, "flags");
 }
 
+/* A PUSH names its collective; anything else in aux is refused. */
+static void test_push_collective(void **state)
+{
+	(void)state;
+	struct wire_hdr in = {.type = WIRE_PUSH, .dtype = UNISUM_FLOAT32, .count = 1, .payload_len = 4};
+	uint8_t buf[WIRE_HDR_SIZE];
+	struct wire_hdr out;
+	char why[256] = "", text[64];
+	const uint32_t good[] = {WIRE_OP(WIRE_OP_SUM, 0), WIRE_OP(WIRE_OP_AVERAGE, 0),
+				 WIRE_OP(WIRE_OP_BROADCAST, 0), WIRE_OP(WIRE_OP_BROADCAST, 7)};
+	for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+		in.aux = good[i];
+		wire_encode(&in, buf);
+		assert_int_equal(decode(buf, &out, why), 0);
+		assert_int_equal(out.aux, good[i]);
+	}
+	const uint32_t bad[] = {3, 0xff, WIRE_OP(WIRE_OP_SUM, 1), WIRE_OP(WIRE_OP_AVERAGE, 2)};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		in.aux = bad[i];
+		wire_encode(&in, buf);
+		assert_int_equal(decode(buf, &out, why), UNISUM_EPROTO);
+		assert_non_null(strstr(why, "unknown collective"));
+	}
+	assert_string_equal(wire_op_describe(WIRE_OP(WIRE_OP_BROADCAST, 3), text, sizeof text),
+			    "a broadcast from root 3");
+	assert_string_equal(wire_op_describe(WIRE_OP(WIRE_OP_AVERAGE, 0), text, sizeof text),
+			    "an average");
+	assert_string_equal(wire_op_describe(WIRE_OP(WIRE_OP_SUM, 0), text, sizeof text), "a sum");
+}
+
 static void test_reader_bounds(void **state)
 {
 	(void)state;
@@ -251,6 +283,7 @@ int main(void)
 		cmocka_unit_test(test_rejects_each_malformed_field),
 		cmocka_unit_test(test_zero_flag),
 		cmocka_unit_test(test_ipc_flag),
+		cmocka_unit_test(test_push_collective),
 		cmocka_unit_test(test_reader_bounds),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
