@@ -86,6 +86,17 @@ int unisum_local_size(void);
  * error (UNISUM_EMISMATCH when another worker declared it differently). */
 int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int priority);
 
+/* This worker is done with the tensor for good: its id is free (a later
+ * unisum_declare may return it for another name), and once every worker
+ * has undeclared it, the scheduler, the servers and the machine's shared
+ * memory forget it too.  For one-shot tensors (unisum.torch names each
+ * unnamed operation and each broadcast by a counter and undeclares it
+ * when done): a name must not be declared again unless every worker has
+ * undeclared it first; the scheduler refuses it (UNISUM_EINVAL) while it
+ * can tell.  UNISUM_EBUSY while an operation on it has not been waited
+ * for; UNISUM_EINVAL for an unknown id. */
+int unisum_undeclare(int tensor);
+
 /* Sums `in` over all workers into `out` (which may equal `in`); with
  * UNISUM_AVERAGE the sum is divided by unisum_size() (integers: floor).
  * Blocks until done. */

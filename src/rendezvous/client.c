@@ -616,6 +616,12 @@ void rdv_client_poison_tensor(struct rdv_client *c, uint64_t key, const char *wh
 	wire_buf_fini(&b);
 }
 
+void rdv_client_forget(struct rdv_client *c, uint64_t key)
+{
+	struct wire_hdr h = {.type = WIRE_RETIRE, .sender = c->id, .key = key};
+	rdv_send(c, &h, NULL);
+}
+
 void rdv_client_free(struct rdv_client *c)
 {
 	if (c == NULL)

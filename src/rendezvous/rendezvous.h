@@ -170,6 +170,10 @@ void rdv_client_fail_job(struct rdv_client *c, int err, const char *why);
  * its collective): the others stop waiting for this machine's push. */
 void rdv_client_poison_tensor(struct rdv_client *c, uint64_t key, const char *why);
 
+/* Tells the scheduler that this worker undeclared the tensor of `key`
+ * (unisum_undeclare); once every worker has, it forgets the tensor. */
+void rdv_client_forget(struct rdv_client *c, uint64_t key);
+
 /* Says goodbye (workers: "done"; the scheduler stops servers when all
  * workers are done) and frees the client. */
 void rdv_client_free(struct rdv_client *c);

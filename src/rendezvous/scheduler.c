@@ -53,6 +53,8 @@ struct sched_tensor {
 	struct placement_part *parts;	/* [nparts]: the cut, not always equal */
 	uint32_t *servers;		/* [nparts] */
 	char *poison;			/* why it can never be summed (a mismatch), or NULL */
+	uint8_t *forgot;		/* [num_workers] undeclared it (RETIRE), or NULL */
+	int nforgot;			/* ... how many: at num_workers the entry goes */
 };
 
 struct rdv_scheduler {
@@ -484,6 +486,40 @@ static void sched_poison(struct rdv_scheduler *s, uint64_t key, const char *why)
 	wire_buf_fini(&b);
 }
 
+/* Worker n undeclared the tensor of `key` (a RETIRE): once every worker
+ * has, its entry goes, so one-shot tensors (unisum.torch's unnamed
+ * operations and broadcasts) do not pile up.  Their bytes stay counted
+ * in the placement's loads, which only steer where the next pieces go.
+ * Returns 0 or UNISUM_EPROTO with why set.  Called with s->lock held. */
+static int sched_on_forget(struct rdv_scheduler *s, struct sched_node *n, uint64_t key, char *why,
+			   size_t len)
+{
+	int i = 0;
+	while (i < s->ntensors && s->tensors[i].key != key)
+		i++;
+	struct sched_tensor *t = i < s->ntensors ? &s->tensors[i] : NULL;
+	if (t != NULL && t->forgot == NULL)
+		t->forgot = calloc((size_t)s->num_workers, 1);
+	if (n->role != CONFIG_ROLE_WORKER || t == NULL || n->rank < 0 || n->rank >= s->num_workers ||
+	    (t->forgot != NULL && t->forgot[n->rank])) {
+		snprintf(why, len, "RETIRE of tensor key 0x%llx, which is %s", (unsigned long long)key,
+			 t == NULL ? "not declared" : "undeclared by this worker already");
+		return UNISUM_EPROTO;
+	}
+	if (t->forgot == NULL)
+		return 0;	/* out of memory: the entry stays, nothing breaks */
+	t->forgot[n->rank] = 1;
+	if (++t->nforgot < s->num_workers)
+		return 0;
+	LOG_DEBUG("every worker undeclared '%s': its entry goes", t->name);
+	free(t->parts);
+	free(t->servers);
+	free(t->poison);
+	free(t->forgot);
+	s->tensors[i] = s->tensors[--s->ntensors];
+	return 0;
+}
+
 /* Answers a DECLARE: the tensor's key and servers, or why not. */
 static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *req,
 			    const void *payload, size_t len)
@@ -505,10 +541,16 @@ static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const
 	pthread_mutex_lock(&s->lock);
 	struct sched_tensor *t = sched_find_tensor(s, name, key);
 	char msg[768] = "";
+	int code = UNISUM_EMISMATCH;	/* of msg */
 	if (t != NULL && strcmp(t->name, name) != 0) {
 		snprintf(msg, sizeof msg,
 			 "tensor names '%s' and '%s' hash to the same key 0x%llx: rename one of them",
 			 t->name, name, (unsigned long long)key);
+	} else if (t != NULL && t->forgot != NULL && t->forgot[n->rank]) {
+		snprintf(msg, sizeof msg,
+			 "worker %d declared '%s' again after undeclaring it, before every worker had "
+			 "undeclared it: give each one-shot tensor a new name", n->rank, name);
+		code = UNISUM_EINVAL;
 	} else if (t != NULL && t->poison != NULL) {
 		snprintf(msg, sizeof msg, "%s", t->poison);
 	} else if (t != NULL && (t->dtype != req->dtype || t->count != req->count ||
@@ -558,7 +600,8 @@ static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const
 		t->nparts = (uint32_t)nparts;
 		s->ntensors++;
 	}
-	if (t != NULL && msg[0] != '\0' && t->poison == NULL && strcmp(t->name, name) == 0) {
+	if (t != NULL && msg[0] != '\0' && code == UNISUM_EMISMATCH && t->poison == NULL &&
+	    strcmp(t->name, name) == 0) {
 		/* Workers that declared the first shape may already be pushing:
 		 * the servers answer every pull of this tensor with the error. */
 		t->poison = strdup(msg);
@@ -566,7 +609,7 @@ static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const
 	}
 	if (msg[0] != '\0') {
 		LOG_ERROR("%s", msg);
-		wire_buf_u32(&b, (uint32_t)UNISUM_EMISMATCH);
+		wire_buf_u32(&b, (uint32_t)code);
 		wire_buf_str(&b, msg);
 	} else {
 		wire_buf_u32(&b, 0);
@@ -703,6 +746,11 @@ static void *sched_node_main(void *arg)
 			rc = sched_on_tune(s, n, &h, payload, why, sizeof why);
 			break;
 		case WIRE_HEARTBEAT:
+			break;
+		case WIRE_RETIRE:
+			pthread_mutex_lock(&s->lock);
+			rc = sched_on_forget(s, n, h.key, why, sizeof why);
+			pthread_mutex_unlock(&s->lock);
 			break;
 		case WIRE_ERROR: {
 			/* A node found the job broken (a stalled round): fail it.
@@ -990,6 +1038,7 @@ void rdv_scheduler_free(struct rdv_scheduler *s)
 		free(s->tensors[i].parts);
 		free(s->tensors[i].servers);
 		free(s->tensors[i].poison);
+		free(s->tensors[i].forgot);
 	}
 	free(s->tensors);
 	free(s->nodes);

@@ -111,7 +111,7 @@ struct srv_key {
 	struct srv_key *next;	/* hash chain */
 };
 
-enum srv_event_type { EVENT_PUSH, EVENT_PULL, EVENT_POISON, EVENT_RETIRE };
+enum srv_event_type { EVENT_PUSH, EVENT_PULL, EVENT_POISON, EVENT_RETIRE, EVENT_FREE };
 
 struct srv_event {
 	int type;		/* enum srv_event_type */
@@ -278,8 +278,8 @@ static int srv_engine_grow(struct srv_engine *e)
 
 /* Declares key h->key of tensor `name` (idempotent when the shape
  * matches).  Returns 0, or UNISUM_EMISMATCH / UNISUM_ENOMEM with `why` set. */
-static int srv_key_declare(struct server *srv, const struct wire_hdr *h, const char *name, char *why,
-			   size_t len)
+static int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+			   const char *name, char *why, size_t len)
 {
 	int rc = 0;
 	size_t W = (size_t)srv->nworkers;
@@ -292,7 +292,11 @@ static int srv_key_declare(struct server *srv, const struct wire_hdr *h, const c
 		goto out_unlock;
 	}
 	if (k != NULL) {
-		if (k->dtype != h->dtype || k->count != h->count) {
+		if (k->retired[c->worker]) {
+			snprintf(why, len, "key 0x%llx of '%s' declared again by a worker that undeclared it, "
+				 "before every worker had", (unsigned long long)h->key, name);
+			rc = UNISUM_EPROTO;
+		} else if (k->dtype != h->dtype || k->count != h->count) {
 			snprintf(why, len, "key 0x%llx is %s[%llu] here but the worker declared %s[%llu]",
 				 (unsigned long long)h->key, unisum_dtype_name(k->dtype),
 				 (unsigned long long)k->count, unisum_dtype_name(h->dtype),
@@ -674,24 +678,44 @@ static void srv_on_pull(struct server *srv, struct srv_key *k, const struct srv_
 		s->pull_waiting[ev->worker] = 1;
 }
 
-/* A worker is done with key k for good (an autotune cut it left).  Once
- * every worker is, nothing will push, pull or send from its buffers
- * again: each RETIRE came after its worker received every reply of the
- * key, on the same connection, so its events are all processed. */
+static int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
+		    uint32_t wire_op, const char *why);
+
+/* A worker is done with key k for good (an autotune cut it left, or it
+ * undeclared the tensor).  Once every worker is, nothing will push, pull
+ * or send from its buffers again: each RETIRE came after its worker
+ * received every reply of the key, on the same connection, so its events
+ * are all processed.  The key leaves the table at once (nobody can post
+ * an event for it after that) and is freed by an event behind any that
+ * were posted before. */
 static void srv_on_retire(struct server *srv, struct srv_key *k)
 {
 	if (++k->nretired < srv->nworkers)
 		return;
-	for (int w = 0; w < srv->nworkers; w++) {
-		free(k->push_buf[w]);
-		k->push_buf[w] = NULL;
-	}
-	for (int i = 0; i < 2; i++) {
-		free(k->slot[i].acc);
-		k->slot[i].acc = NULL;
-	}
 	LOG_INFO("every worker retired '%s' (key 0x%llx): its %zu-byte buffers are freed",
 		 k->name ? k->name : "?", (unsigned long long)k->key, k->bytes);
+	pthread_mutex_lock(&srv->lock);
+	struct srv_key **at = &srv->buckets[srv_hash(k->key, srv->nbuckets)];
+	while (*at != NULL && *at != k)
+		at = &(*at)->next;
+	if (*at != NULL)
+		*at = k->next;
+	srv->nkeys--;
+	struct srv_engine *e = &srv->engines[k->engine];
+	for (size_t i = 0; i < e->nkeys; i++) {
+		if (e->keys[i] == k) {
+			e->keys[i] = e->keys[--e->nkeys];
+			break;
+		}
+	}
+	e->bytes -= k->bytes;
+	pthread_mutex_unlock(&srv->lock);
+	if (srv_post(srv, EVENT_FREE, k, 0, 0, false, 0, NULL) != 0) {
+		/* Out of memory for the event: keep the key's memory rather
+		 * than free it under a queued event. */
+		LOG_WARN("out of memory freeing key 0x%llx: it stays allocated",
+			 (unsigned long long)k->key);
+	}
 }
 
 /* Reports rounds of this engine's keys that some workers pushed and others
@@ -784,6 +808,8 @@ static void *srv_engine_main(void *arg)
 			srv_on_pull(e->srv, ev->key, ev);
 		else if (ev->type == EVENT_RETIRE)
 			srv_on_retire(e->srv, ev->key);
+		else if (ev->type == EVENT_FREE)
+			srv_key_free(ev->key, e->srv->nworkers);
 		else
 			srv_on_poison(e->srv, ev->key, ev->why);
 		free(ev);
@@ -915,15 +941,18 @@ static void srv_tensor_error(void *arg, uint64_t key, const char *why)
 static struct srv_key *srv_check_data(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
 				      char *why, size_t len)
 {
+	/* A key this worker has not retired stays in the table until it does
+	 * (on this thread): once the check below passes, k stays valid. */
 	pthread_mutex_lock(&srv->lock);
 	struct srv_key *k = srv_key_find(srv, h->key);
+	bool retired = k != NULL && k->retired[c->worker];
 	pthread_mutex_unlock(&srv->lock);
 	if (k == NULL) {
 		snprintf(why, len, "%s of undeclared key 0x%llx", wire_type_name(h->type),
 			 (unsigned long long)h->key);
 		return NULL;
 	}
-	if (k->retired[c->worker]) {
+	if (retired) {
 		snprintf(why, len, "%s of key 0x%llx, which this worker retired",
 			 wire_type_name(h->type), (unsigned long long)h->key);
 		return NULL;
@@ -968,7 +997,7 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 				 (unsigned long long)h->key);
 			return UNISUM_EPROTO;
 		}
-		return srv_key_declare(srv, h, name, why, len);
+		return srv_key_declare(srv, c, h, name, why, len);
 	}
 	case WIRE_PUSH:
 		k = srv_check_data(srv, c, h, why, len);
@@ -1031,14 +1060,16 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 	case WIRE_RETIRE: {
 		pthread_mutex_lock(&srv->lock);
 		k = srv_key_find(srv, h->key);
+		bool retired = k != NULL && k->retired[c->worker];
+		if (k != NULL)
+			k->retired[c->worker] = 1;
 		pthread_mutex_unlock(&srv->lock);
-		if (k == NULL || k->retired[c->worker]) {
+		if (k == NULL || retired) {
 			snprintf(why, len, "RETIRE of %s key 0x%llx", k == NULL ? "undeclared" : "retired",
 				 (unsigned long long)h->key);
 			return UNISUM_EPROTO;
 		}
 		/* From now on this connection never touches the key's buffers. */
-		k->retired[c->worker] = 1;
 		return srv_post(srv, EVENT_RETIRE, k, c->worker, h->round, false, 0, NULL);
 	}
 	case WIRE_HEARTBEAT:

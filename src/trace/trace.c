@@ -89,6 +89,15 @@ void trace_name_tensor(int tensor, const char *name, uint32_t nparts)
 		tr.captensors = cap;
 	}
 	struct trace_tensor *t = &tr.tensors[tensor];
+	if (t->name != NULL && strcmp(t->name, name) != 0) {
+		/* The id was undeclared and given to another tensor: its
+		 * lanes are named anew (records still queued of the old one
+		 * may show under the new name). */
+		free(t->name);
+		free(t->named);
+		t->name = NULL;
+		t->named = NULL;
+	}
 	if (t->name == NULL) {
 		t->name = strdup(name);
 		t->nparts = nparts;

@@ -62,7 +62,9 @@ enum wire_type {
 				 * `round` (autotune); payload u64 partition_bytes,
 				 * u64 credit_bytes, u32 final */
 	WIRE_RETIRE = 15,	/* worker -> server: this worker is done with key for good
-				 * (an autotune cut left behind); no payload */
+				 * (an autotune cut left behind, an undeclared tensor);
+				 * worker -> scheduler: it undeclared the tensor of key;
+				 * no payload */
 	WIRE_TYPE_MAX = 15,
 };
 

@@ -14,6 +14,12 @@
  * resets an entry's counters and buffers before it publishes the new round
  * with a release store, and readers load the round with acquire first.
  *
+ * Entries of undeclared tensors.  local_forget marks this rank's entry
+ * retired; the entry becomes a tombstone (reused by a later key) once
+ * every rank's entry of that key is retired or gone, so no peer can still
+ * be reading it: a rank undeclares only with no operation of the tensor
+ * in flight.  Lookups pass over tombstones.
+ *
  * Why a rank may reuse an entry without hearing from its peers: a rank
  * completes round k only after every peer is finished with its buffers of
  * round k (one machine: every rank has summed and written every slice; several
@@ -54,7 +60,8 @@
 #include "worker/local.h"
 
 #define LC_MAGIC 0x4c434f4cu	/* "LOCL" */
-#define LC_TABLE 4096		/* cut keys a rank may use */
+#define LC_TABLE 4096		/* cut keys a rank may use at once */
+#define LC_TOMB UINT64_MAX	/* an entry's key once every rank undeclared it: reusable */
 #define LC_CHUNK (256u * 1024u)	/* bytes summed at a time: stays in L2 */
 #define LC_SLICE_MS 50		/* longest sleep between checks */
 #define LC_QUIESCE_MS 2000	/* a failing rank waits this long for peers to let go */
@@ -72,7 +79,7 @@ struct lc_entry {
 	_Atomic uint64_t in_arena;	/* its input lies in its arena (unisum_alloc): offset + 1, 0 no */
 	_Atomic uint64_t out_arena;	/* the same for its output */
 	_Atomic uint32_t wire_op;	/* the collective of that round (WIRE_OP()) */
-	uint32_t pad32;
+	_Atomic uint32_t retired;	/* 1: its rank undeclared the tensor (local_forget) */
 	uint64_t pad[3];
 };
 
@@ -160,6 +167,8 @@ static struct {
 	} *kept;
 	int nkept, capkept;
 	bool said_no_room;		/* logged that the arena found /dev/shm full */
+	uint64_t *forgot;		/* keys this rank undeclared, entries not yet reclaimed */
+	int nforgot, capforgot;		/* (under lock) */
 	atomic_bool said_direct;	/* logged the first use of a peer's arena */
 } lc = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
@@ -220,21 +229,48 @@ static struct lc_entry *lc_find(int q, uint64_t key)
 	return NULL;
 }
 
-/* This rank's entry for `key`, claimed now if new (lc.lock held). */
+/* Turns this rank's entries of undeclared keys into tombstones once no
+ * peer can read them any more (lc.lock held). */
+static void lc_reclaim(void)
+{
+	for (int i = 0; i < lc.nforgot;) {
+		uint64_t key = lc.forgot[i];
+		bool all = true;
+		for (int q = 0; q < lc.cfg.local_size && all; q++) {
+			struct lc_entry *e = q == lc.cfg.local_rank ? NULL : lc_find(q, key);
+			all = e == NULL || atomic_load(&e->retired);
+		}
+		if (!all) {
+			i++;
+			continue;
+		}
+		struct lc_entry *mine = lc_find(lc.cfg.local_rank, key);
+		if (mine != NULL)
+			atomic_store_explicit(&mine->key, LC_TOMB, memory_order_release);
+		lc.forgot[i] = lc.forgot[--lc.nforgot];
+	}
+}
+
+/* This rank's entry for `key`, claimed now if new, in a free slot or a
+ * tombstone (lc.lock held). */
 static struct lc_entry *lc_claim(uint64_t key, bool *fresh)
 {
-	struct lc_entry *t = lc.seg->ranks[lc.cfg.local_rank].table;
+	struct lc_entry *t = lc.seg->ranks[lc.cfg.local_rank].table, *tomb = NULL;
 	*fresh = false;
+	lc_reclaim();
 	for (size_t i = 0, s = lc_slot(key); i < LC_TABLE; i++, s = (s + 1) % LC_TABLE) {
 		uint64_t k = atomic_load_explicit(&t[s].key, memory_order_relaxed);
 		if (k == key + 1)
 			return &t[s];
+		if (k == LC_TOMB && tomb == NULL)
+			tomb = &t[s];
 		if (k == 0) {
 			*fresh = true;
-			return &t[s];
+			return tomb != NULL ? tomb : &t[s];
 		}
 	}
-	return NULL;
+	*fresh = tomb != NULL;
+	return tomb;
 }
 
 /* ---- errors and waiting ---------------------------------------------------- */
@@ -1159,6 +1195,9 @@ static void lc_unmap(void)
 	free(lc.used);
 	lc.used = NULL;
 	lc.nused = lc.capused = lc.nalloc = 0;
+	free(lc.forgot);
+	lc.forgot = NULL;
+	lc.nforgot = lc.capforgot = 0;
 	pthread_mutex_unlock(&lc.lock);
 	for (int i = 0; i < 2; i++)
 		free(lc.tmp[i]);
@@ -1345,8 +1384,10 @@ int local_submit(const struct local_req *req, struct local_op **out)
 	atomic_store(&e->pulled, lc_pack(req->round, 0));
 	atomic_store(&e->bcast, lc_pack(req->round, 0));
 	atomic_store_explicit(&e->round, req->round, memory_order_release);
-	if (fresh)
+	if (fresh) {
+		atomic_store(&e->retired, 0);
 		atomic_store_explicit(&e->key, req->key + 1, memory_order_release);
+	}
 	op->mine = e;
 	op->seq = lc.next_seq++;
 	*out = op;
@@ -1361,6 +1402,28 @@ int local_submit(const struct local_req *req, struct local_op **out)
 	pthread_mutex_unlock(&lc.lock);
 	lc_post();
 	return 0;
+}
+
+void local_forget(uint64_t key)
+{
+	pthread_mutex_lock(&lc.lock);
+	struct lc_entry *e = atomic_load(&lc.started) ? lc_find(lc.cfg.local_rank, key) : NULL;
+	if (e != NULL) {
+		atomic_store(&e->retired, 1);
+		if (lc.nforgot == lc.capforgot) {
+			int cap = lc.capforgot ? 2 * lc.capforgot : 64;
+			uint64_t *f = realloc(lc.forgot, (size_t)cap * sizeof *f);
+			if (f != NULL) {
+				lc.forgot = f;
+				lc.capforgot = cap;
+			}
+		}
+		/* Out of memory: the entry stays, only its slot is lost. */
+		if (lc.nforgot < lc.capforgot)
+			lc.forgot[lc.nforgot++] = key;
+		lc_reclaim();
+	}
+	pthread_mutex_unlock(&lc.lock);
 }
 
 void local_pulled(struct local_op *op, uint32_t part, int err, const char *why)

@@ -104,6 +104,10 @@ void local_stop(void);
  * 0, or UNISUM_ENOMEM / the table is full (logged). */
 int local_submit(const struct local_req *req, struct local_op **out);
 
+/* This rank undeclared the tensor of cut `key` (no operation of it in
+ * flight): its entry is reused once every local rank has done the same. */
+void local_forget(uint64_t key);
+
 /* Several machines, local root only: the reply of partition `part` is in
  * the output buffer (err 0), or that partition failed. */
 void local_pulled(struct local_op *op, uint32_t part, int err, const char *why);

@@ -845,17 +845,22 @@ static int wk_require_init(void)
 	return wk.initialized ? 0 : log_fail(UNISUM_ENOTINIT, "call unisum_init() first");
 }
 
+static void wk_tensor_free(struct wk_tensor *t)
+{
+	if (t == NULL)
+		return;
+	for (int c = 0; c < t->ncuts; c++) {
+		free(t->cuts[c].parts);
+		free(t->cuts[c].servers);
+	}
+	free(t->cuts);
+	free(t);
+}
+
 static void wk_free_all(void)
 {
-	for (int i = 0; i < wk.ntensors; i++) {
-		struct wk_tensor *t = wk.tensors[i];
-		for (int c = 0; c < t->ncuts; c++) {
-			free(t->cuts[c].parts);
-			free(t->cuts[c].servers);
-		}
-		free(t->cuts);
-		free(t);
-	}
+	for (int i = 0; i < wk.ntensors; i++)
+		wk_tensor_free(wk.tensors[i]);
 	free(wk.tensors);
 	free(wk.poison);
 	wk.poison = NULL;
@@ -1082,7 +1087,7 @@ int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int prior
 	pthread_mutex_lock(&wk.lock);
 	for (int i = 0; i < wk.ntensors; i++) {
 		struct wk_tensor *t = wk.tensors[i];
-		if (strcmp(t->name, name) != 0)
+		if (t == NULL || strcmp(t->name, name) != 0)
 			continue;
 		pthread_mutex_unlock(&wk.lock);
 		if (t->dtype != dtype || t->count != count)
@@ -1109,14 +1114,18 @@ int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int prior
 
 	pthread_mutex_lock(&wk.lock);
 	/* Another thread may have declared the same name meanwhile. */
+	int id = -1;
 	for (int i = 0; i < wk.ntensors; i++) {
-		if (strcmp(wk.tensors[i]->name, name) == 0) {
+		if (wk.tensors[i] == NULL) {
+			if (id < 0)
+				id = i;	/* an undeclared tensor's id: reused */
+		} else if (strcmp(wk.tensors[i]->name, name) == 0) {
 			pthread_mutex_unlock(&wk.lock);
 			rc = i;
 			goto out_free;
 		}
 	}
-	if (wk.ntensors == wk.captensors) {
+	if (id < 0 && wk.ntensors == wk.captensors) {
 		int cap = wk.captensors ? wk.captensors * 2 : 64;
 		struct wk_tensor **nt = realloc(wk.tensors, (size_t)cap * sizeof *nt);
 		if (nt == NULL) {
@@ -1127,7 +1136,8 @@ int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int prior
 		wk.tensors = nt;
 		wk.captensors = cap;
 	}
-	int id = wk.ntensors++;
+	if (id < 0)
+		id = wk.ntensors++;
 	t->index = id;
 	wk.tensors[id] = t;
 	pthread_mutex_unlock(&wk.lock);
@@ -1407,11 +1417,12 @@ static int tn_init(void)
 	return 0;
 }
 
-/* Autotune has settled on cut L of tensor t: tells the servers of every
- * other cut that this worker is done with it, so once every worker is
- * they free its buffers.  This worker's last round on those cuts has
- * completed (the tensor's previous operation is done), so it has every
- * reply of theirs.  Called by the thread that owns t's current round. */
+/* Autotune has settled on cut L of tensor t (or t is undeclared: L is
+ * NULL): tells the servers of every other cut that this worker is done
+ * with it, so once every worker is they free its buffers.  This worker's
+ * last round on those cuts has completed (the tensor's previous operation
+ * is done), so it has every reply of theirs.  Called by the thread that
+ * owns t's current round. */
 static void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L)
 {
 	for (int c = 0; c < t->ncuts; c++) {
@@ -1487,9 +1498,9 @@ static int wk_start(int tensor, const void *in, void *out, int flags, uint32_t w
 		rc = log_fail(wk.failed, "worker %d: the job has failed: %s", wk.rank, wk.failed_why);
 		goto out_unlock;
 	}
-	if (tensor < 0 || tensor >= wk.ntensors) {
-		rc = log_fail(UNISUM_EINVAL, "worker %d: tensor id %d was never declared (declared ids are "
-			      "0..%d); call unisum_declare() first", wk.rank, tensor, wk.ntensors - 1);
+	if (tensor < 0 || tensor >= wk.ntensors || wk.tensors[tensor] == NULL) {
+		rc = log_fail(UNISUM_EINVAL, "worker %d: tensor id %d was never declared, or was "
+			      "undeclared; call unisum_declare() first", wk.rank, tensor);
 		goto out_unlock;
 	}
 	struct wk_tensor *t = wk.tensors[tensor];
@@ -1705,6 +1716,44 @@ int unisum_broadcast(int tensor, void *buf, int root_rank)
 	int rc = wk_start(tensor, wk.rank == root_rank ? buf : NULL, buf, 0,
 			  WIRE_OP(WIRE_OP_BROADCAST, (uint32_t)root_rank), &h);
 	return rc != 0 ? rc : unisum_wait(h);
+}
+
+int unisum_undeclare(int tensor)
+{
+	if (!wk.initialized)
+		return wk_require_init();
+	pthread_mutex_lock(&wk.lock);
+	struct wk_tensor *t = tensor >= 0 && tensor < wk.ntensors ? wk.tensors[tensor] : NULL;
+	int rc = 0;
+	if (t == NULL) {
+		rc = log_fail(UNISUM_EINVAL, "unisum_undeclare: worker %d has no tensor id %d (never "
+			      "declared, or undeclared already)", wk.rank, tensor);
+		goto out_unlock;
+	}
+	bool held = t->busy;
+	for (int i = 0; i < wk.nops && !held; i++)
+		held = wk.ops[i]->t == t;
+	if (held) {
+		rc = log_fail(UNISUM_EBUSY, "unisum_undeclare: worker %d, tensor '%s' has an operation "
+			      "not yet waited for; wait for its handle first", wk.rank, t->name);
+		goto out_unlock;
+	}
+	wk.tensors[tensor] = NULL;
+	pthread_mutex_unlock(&wk.lock);
+	/* Each cut is its own declaration: every place that holds it lets
+	 * go.  Nothing is in flight, so the servers' replies are all here. */
+	wk_retire_cuts(t, NULL);
+	for (int c = 0; c < t->ncuts; c++) {
+		if (wk.local)
+			local_forget(t->cuts[c].key);
+		rdv_client_forget(wk.rdv, t->cuts[c].key);
+	}
+	wk_tensor_free(t);
+	return 0;
+
+out_unlock:
+	pthread_mutex_unlock(&wk.lock);
+	return rc;
 }
 
 int unisum_get_stats(unisum_stats *out)

@@ -18,6 +18,10 @@
  *   check_sums broadcast      broadcast from every root, including non-zero ones
  *   check_sums undeclared     a push_pull of an undeclared id fails clearly
  *   check_sums mismatch       declaring a name with another size fails clearly
+ *   check_sums once N         N one-shot tensors, each declared, summed and undeclared
+ *                             (more than the local path's table holds at once); ids
+ *                             are reused; declaring a name again before every rank
+ *                             undeclared it is refused
  *   check_sums disagree       the ranks disagree on a broadcast's root, then on sum
  *                             against average: every rank fails within 2 s naming
  *                             both, its buffers untouched; then a healthy round
@@ -433,6 +437,52 @@ static void mode_mismatch(void)
 	}
 	finish_round("after a mismatch");
 	printf("rank %d: round after mismatch ok\n", rank);
+}
+
+static void mode_once(int n)
+{
+	int32_t buf[64];
+	int first = -1;
+	for (int i = 0; i < n; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "once.%d", i);
+		size_t count = 1 + (size_t)(i % 64);
+		int t = unisum_declare(name, UNISUM_INT32, count, 0);
+		check(t, "declare a one-shot tensor");
+		if (first < 0)
+			first = t;
+		else if (t != first)
+			FAIL("one-shot tensor %d got id %d, not the freed id %d", i, t, first);
+		fill(UNISUM_INT32, 40000 + (uint64_t)i, buf, count);
+		check(unisum_push_pull(t, buf, buf, 0), "push_pull a one-shot tensor");
+		verify(name, UNISUM_INT32, 40000 + (uint64_t)i, buf, count, false);
+		check(unisum_undeclare(t), "undeclare a one-shot tensor");
+	}
+	int rc = unisum_push_pull(first, buf, buf, 0);
+	if (rc != UNISUM_EINVAL)
+		FAIL("a push_pull of an undeclared id returned %d, not UNISUM_EINVAL", rc);
+	rc = unisum_undeclare(first);
+	if (rc != UNISUM_EINVAL)
+		FAIL("undeclaring an undeclared id returned %d, not UNISUM_EINVAL", rc);
+	printf("rank %d: %d one-shot tensors ok\n", rank, n);
+
+	/* Rank 0 declares a name again while the others still hold it. */
+	int t = unisum_declare("again", UNISUM_INT32, 8, 0);
+	check(t, "declare again");
+	fill(UNISUM_INT32, 41000, buf, 8);
+	check(unisum_push_pull(t, buf, buf, 0), "push_pull again");
+	if (rank == 0) {
+		check(unisum_undeclare(t), "undeclare again");
+		rc = unisum_declare("again", UNISUM_INT32, 8, 0);
+		if (rc != UNISUM_EINVAL || strstr(unisum_last_error(), "new name") == NULL)
+			FAIL("declaring 'again' anew before the others undeclared it returned %d (%s)", rc,
+			     unisum_last_error());
+		printf("rank %d: early re-declaration refused: %s\n", rank, unisum_last_error());
+	}
+	check(unisum_barrier(), "barrier");
+	if (rank != 0)
+		check(unisum_undeclare(t), "undeclare again");
+	finish_round("after one-shot tensors");
 }
 
 static double seconds_since(const struct timespec *t0)
@@ -859,6 +909,8 @@ int main(int argc, char **argv)
 		mode_mismatch();
 	else if (strcmp(mode, "disagree") == 0)
 		mode_disagree();
+	else if (strcmp(mode, "once") == 0)
+		mode_once(arg);
 	else if (strcmp(mode, "garbage") == 0)
 		mode_garbage(arg);
 	else if (strcmp(mode, "die") == 0 && argc > 3)

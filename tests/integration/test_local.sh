@@ -55,6 +55,10 @@ EOF2
 	UNISUM_PARTITION_BYTES=65536 run_local "every dtype, every tail" "$w" "$s" "$l" sums
 done
 run_local "every dtype, 4 MB partitions, two machines" 4 2 2 sums
+# More one-shot tensors than a rank's table holds at once: entries of
+# undeclared tensors are reused.
+run_local "5000 one-shot tensors, one machine" 2 1 2 once 5000
+run_local "5000 one-shot tensors, two machines" 4 2 2 once 5000
 if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	run_local "every dtype, 4 MB partitions, one machine" 2 1 2 sums
 	run_local "64 MiB tensors, one machine" 2 1 2 sums --big

@@ -25,6 +25,7 @@ run_job "500 tensors in flight, 4 workers" 4 2 many 500
 run_job "declarations in a different order on every worker" 4 3 shuffle
 run_job "broadcast from every root" 4 2 broadcast
 run_job "broadcast, one worker" 1 1 broadcast
+run_job "one-shot tensors: declared, summed, undeclared; ids reused" 2 2 once 300
 # Small partitions: many partitions per tensor, tails of every size.
 UNISUM_PARTITION_BYTES=1000 run_job "1000-byte partitions" 2 3 sums
 UNISUM_PARTITION_BYTES=1000 UNISUM_IPC=0 run_job "1000-byte partitions, data through the socket" 2 3 sums
