@@ -63,8 +63,10 @@ typedef int64_t unisum_handle;
 
 /* Reads the UNISUM_* / DMLC_* / BYTEPS_* environment, registers with the
  * scheduler and connects to every server.  Blocks until the whole job has
- * registered.  Returns 0 or a negative error (UNISUM_ECONFIG names the
- * variable in unisum_last_error()). */
+ * registered.  Returns 0 (also when already initialised) or a negative
+ * error (UNISUM_ECONFIG names the variable in unisum_last_error()).  A
+ * process joins its job once: after unisum_shutdown() it fails at once
+ * with UNISUM_ESHUTDOWN. */
 int unisum_init(void);
 
 /* Waits for in-flight operations, tells the scheduler this worker is done
@@ -118,6 +120,12 @@ int unisum_poll(unisum_handle h);
  * negative error. */
 int unisum_wait(unisum_handle h);
 
+/* unisum_poll that waits at most timeout_ms (>= 0) for the operation to
+ * complete: 1 done (released), 0 still pending, negative on error
+ * (released).  For callers that must come back often, such as an
+ * interpreter that runs its signal handlers between calls. */
+int unisum_poll_timeout(unisum_handle h, int timeout_ms);
+
 /* Copies `buf` of rank `root_rank` into `buf` of every worker.  Every
  * worker must name the same root: when they disagree (as when they
  * disagree on UNISUM_AVERAGE in a push_pull), every worker's call fails
@@ -126,8 +134,20 @@ int unisum_wait(unisum_handle h);
  * by then), and the tensor can never be summed again. */
 int unisum_broadcast(int tensor, void *buf, int root_rank);
 
+/* The asynchronous form: starts the broadcast and stores its handle in *h
+ * (unisum_poll / unisum_wait complete it); `buf` must stay valid until
+ * then. */
+int unisum_broadcast_async(int tensor, void *buf, int root_rank, unisum_handle *h);
+
 /* Returns when every worker has called unisum_barrier(). */
 int unisum_barrier(void);
+
+/* The same in slices: enters the barrier unless this worker is already
+ * waiting in one, then waits at most timeout_ms (>= 0).  1 when every
+ * worker has entered; 0 when the time ran out first (this worker stays in
+ * the barrier, and the next call waits for the same one); negative when
+ * the job failed. */
+int unisum_barrier_timeout(int timeout_ms);
 
 /* Memory for tensors to push_pull, like malloc (uninitialised, 64-byte
  * aligned; NULL when out of memory).  After unisum_init() on a machine of

@@ -74,8 +74,11 @@
  * exits with that process's status (128 + signal for a signal).  Later
  * deaths are the cascade and get one short line each, except those caused
  * by our own SIGTERM/SIGKILL, which are expected.  A scheduler failure is
- * usually the echo of a process dying, so it is only blamed (exit 1) when
- * no child fails within a second of it.  --timeout (exit 124) and SIGINT,
+ * usually the echo of a process dying, and so is a server that exits with
+ * UNISUM_EXIT_ELSEWHERE (it stopped because the scheduler announced a
+ * failure): either is only blamed when no child fails within a second of
+ * it, so that a worker whose Python raised is named, not the server that
+ * exited on the news first.  --timeout (exit 124) and SIGINT,
  * SIGTERM, SIGHUP to the launcher (exit 128 + signal) stop the job the same
  * way; a second signal sends SIGKILL at once.
  *
@@ -153,8 +156,12 @@ extern char **environ;
 /* How long the servers may run after every worker exited 0. */
 #define LAUNCH_SERVER_GRACE_MS 30000
 
-/* How long a scheduler failure waits for a child failure to blame instead. */
+/* How long a scheduler failure, or a child that failed on the news of
+ * another's failure, waits for a child failure to blame instead. */
 #define LAUNCH_BLAME_GRACE_MS 1000
+
+/* How many such children the summary lists. */
+#define LAUNCH_MAX_ECHOES 8
 
 /* After every child is gone, how long the scheduler may take to finish on
  * its own before it is aborted, and then how long the abort may take. */
@@ -256,6 +263,11 @@ struct launcher {
 	bool sched_done;		/* rdv_scheduler_wait() returned, sched_rc is valid */
 	int sched_rc;			/* its result */
 	int64_t sched_failed_ms;	/* when it failed while the job ran, 0 = it did not */
+	int64_t echo_ms;		/* when a child failed on the news of another's failure,
+					 * 0 = none (see child_is_echo) */
+	int echo_status;		/* ... the first one's exit status */
+	char echoes[LAUNCH_MAX_ECHOES][160]; /* ... what each was, for the summary */
+	int nechoes;
 	bool sched_abandoned;		/* the waiter never returned: it still uses this struct */
 
 	/* Children: servers first, then workers (only workers with
@@ -542,6 +554,8 @@ static void job_fail(struct launcher *l, int status, const char *fmt, ...)
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
+	for (int i = l->echo_ms != 0 ? 0 : 1; i < l->nechoes; i++)
+		fprintf(stderr, "unisum launch: then %s\n", l->echoes[i]);
 	children_signal(l, SIGTERM);
 	l->kill_at_ms = now_ms() + LAUNCH_TERM_GRACE_MS;
 }
@@ -848,6 +862,35 @@ out_free_env:
 }
 
 /* Judges a child that just exited, with its last output already forwarded. */
+/* Whether child c, which ended with `status` while the job ran, failed on
+ * the news of another process's failure rather than on its own: a server
+ * says so with UNISUM_EXIT_ELSEWHERE, and for any child the scheduler may
+ * already name another child as the node whose loss failed the job (the
+ * scheduler sees a process's connection drop before anyone hears of it,
+ * while the kernel may report the exits in either order). */
+/* Whether the scheduler names child c as the node whose loss failed the
+ * job. */
+static bool child_is_culprit(const struct launcher *l, const struct child *c)
+{
+	int role, rank;
+	if (l->sched == NULL || !rdv_scheduler_culprit(l->sched, &role, &rank))
+		return false;
+	return c->rank == rank && c->role == (role == CONFIG_ROLE_SERVER ? CHILD_SERVER : CHILD_WORKER) &&
+	       (role == CONFIG_ROLE_SERVER || role == CONFIG_ROLE_WORKER);
+}
+
+static bool child_is_echo(const struct launcher *l, const struct child *c, int status)
+{
+	if (c->role == CHILD_SERVER && WIFEXITED(status) && WEXITSTATUS(status) == UNISUM_EXIT_ELSEWHERE)
+		return true;
+	for (int i = 0; i < l->nchildren; i++) {
+		const struct child *o = &l->children[i];
+		if (o != c && o->running && child_is_culprit(l, o))
+			return true;
+	}
+	return false;
+}
+
 static void child_ended(struct launcher *l, struct child *c, int status)
 {
 	char what[96];
@@ -863,9 +906,27 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 				role_name(c->role), c->rank, (int)c->pid, what);
 		return;
 	}
+	if (code != 0 && child_is_echo(l, c, status)) {
+		/* It failed on the news of another process's failure: that one
+		 * is blamed when it ends, within a second; this one only if
+		 * none does. */
+		if (l->nechoes == 0) {
+			l->echo_ms = now_ms();
+			l->echo_status = code;
+		}
+		if (l->nechoes < LAUNCH_MAX_ECHOES)
+			snprintf(l->echoes[l->nechoes++], sizeof l->echoes[0], "%s %d (pid %d) %s, on the "
+				 "news of the failure", role_name(c->role), c->rank, (int)c->pid, what);
+		return;
+	}
 	if (code != 0) {
 		job_fail(l, code, "%s %d (pid %d) %s; stopping the job",
 			 role_name(c->role), c->rank, (int)c->pid, what);
+		return;
+	}
+	if (l->echo_ms != 0 && child_is_culprit(l, c)) {
+		job_fail(l, 1, "%s %d (pid %d) exited with status 0 but left the job without "
+			 "unisum_shutdown(); stopping the job", role_name(c->role), c->rank, (int)c->pid);
 		return;
 	}
 	if (c->role == CHILD_WORKER && l->workers_done_ms == 0) {
@@ -1012,6 +1073,11 @@ static void deadlines_check(struct launcher *l, int64_t now)
 			 "the job ran longer than --timeout %g s; stopping it", l->timeout_s);
 		return;
 	}
+	if (l->echo_ms && now - l->echo_ms >= LAUNCH_BLAME_GRACE_MS) {
+		l->echo_ms = 0;	/* the summary names the first: no "then" line for it */
+		job_fail(l, l->echo_status, "%s; stopping the job", l->echoes[0]);
+		return;
+	}
 	if (l->sched_failed_ms && now - l->sched_failed_ms >= LAUNCH_BLAME_GRACE_MS) {
 		job_fail(l, 1, "the scheduler failed: %s; stopping the job",
 			 unisum_strerror(l->sched_rc));
@@ -1045,6 +1111,8 @@ static int loop_timeout(const struct launcher *l, int64_t now)
 			next = l->start_ms + (int64_t)(l->timeout_s * 1000);
 		if (l->sched_failed_ms && l->sched_failed_ms + LAUNCH_BLAME_GRACE_MS < next)
 			next = l->sched_failed_ms + LAUNCH_BLAME_GRACE_MS;
+		if (l->echo_ms && l->echo_ms + LAUNCH_BLAME_GRACE_MS < next)
+			next = l->echo_ms + LAUNCH_BLAME_GRACE_MS;
 		if (l->workers_done_ms && l->workers_done_ms + LAUNCH_SERVER_GRACE_MS < next)
 			next = l->workers_done_ms + LAUNCH_SERVER_GRACE_MS;
 	}

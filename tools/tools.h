@@ -8,6 +8,11 @@
 
 #include <stddef.h>
 
+/* The exit status of a role (`unisum server`) that stopped because the job
+ * failed in another process (the scheduler said so): the launcher blames
+ * a process that failed on its own first. */
+#define UNISUM_EXIT_ELSEWHERE 3
+
 int launch_main(int argc, char **argv);		/* tools/launch.c */
 int scheduler_main(int argc, char **argv);	/* tools/unisum.c */
 int server_main(int argc, char **argv);		/* tools/unisum.c */

@@ -87,7 +87,13 @@ int server_main(int argc, char **argv)
 	struct config cfg;
 	if (load_role_config(&cfg, CONFIG_ROLE_SERVER) != 0)
 		return 2;
-	int rc = server_run(&cfg);
+	bool elsewhere;
+	int rc = server_run(&cfg, &elsewhere);
+	if (rc != 0 && elsewhere) {
+		fprintf(stderr, "unisum server: stopping because the job failed: %s (the log above "
+			"names the process that failed)\n", unisum_strerror(rc));
+		return UNISUM_EXIT_ELSEWHERE;
+	}
 	if (rc != 0) {
 		fprintf(stderr, "unisum server: exiting on an error: %s (the log above says why)\n",
 			unisum_strerror(rc));

@@ -19,10 +19,18 @@ raises :class:`unisum.UnisumError` carrying the C library's message.
 
 Choices where the references differ:
 
-* ``push_pull`` without a name uses ``noname.<dtype>.<shape>.<slot>``,
-  reusing a slot once its previous operation is done, so every worker must
-  issue unnamed operations in the same order (as with Horovod), and a
-  training loop never grows the set of tensors.
+* A collective the caller does not name (``push_pull`` without a name,
+  each ``broadcast_parameters``, ``broadcast_object`` and
+  ``broadcast_optimizer_state``) is named by its place in the sequence of
+  such calls, as Horovod names unnamed operations: every worker must make
+  them in the same order.  Its tensor is declared for that call and
+  undeclared after it, so a worker whose tensor differs in shape or dtype
+  fails at the declaration, together with every other worker, instead of
+  waiting for a name nobody else uses; and a training loop never grows
+  the set of tensors.
+* Every wait (``synchronize``, ``barrier``, the broadcasts) returns to the
+  interpreter every 100 ms, so Ctrl-C raises KeyboardInterrupt in a rank
+  blocked there (the operation stays in flight).
 * ``DistributedOptimizer(backward_passes_per_step=k)`` sums the gradients of
   the k passes locally (as Horovod does: scale the loss by 1/k for a mean)
   and averages over workers.
@@ -37,11 +45,12 @@ Choices where the references differ:
   PyTorch's own memory.
 """
 
-import collections
+import contextlib
 import ctypes
 import math
 import pickle
 import threading
+import warnings
 import weakref
 
 import numpy
@@ -71,10 +80,11 @@ _lock = threading.Lock()      # guards the tables below
 _initialized = False
 _tensors = {}                 # name -> (tensor id, dtype, numel)
 _ops = {}                     # handle -> _Op
-_noname_busy = collections.defaultdict(set)   # (dtype, shape) -> slots in flight
-_object_counter = 0
+_calls = 0                    # collectives named by their order so far (_by_order)
 _optimizer_counter = 0        # DistributedOptimizers made so far
 _empty_handles = 0            # handles of empty tensors count down from -1
+_WAIT_SLICE_MS = 100          # a wait returns to the interpreter this often
+_orphans = []                 # buffers of broadcasts a signal interrupted: still in flight
 
 
 class _Op:
@@ -117,8 +127,8 @@ def shutdown():
         _initialized = False
         _tensors.clear()
         _ops.clear()
-        _noname_busy.clear()
-        rc = _capi.lib.unisum_shutdown()
+        rc = _capi.lib.unisum_shutdown()   # waits for every operation in flight
+        _orphans.clear()
     _capi.check(rc, "unisum.torch.shutdown")
 
 
@@ -145,7 +155,20 @@ def local_size():
 def barrier():
     """Returns once every worker has called barrier()."""
     _require_init()
-    _capi.check(_capi.lib.unisum_barrier(), "unisum.torch.barrier")
+    # In slices, so that signal handlers run (see _wait).
+    while _capi.check(_capi.lib.unisum_barrier_timeout(_WAIT_SLICE_MS), "unisum.torch.barrier") == 0:
+        pass
+
+
+def _wait(c_handle):
+    """unisum_wait in slices of _WAIT_SLICE_MS: between them the interpreter
+    runs its signal handlers, so Ctrl-C (KeyboardInterrupt) or
+    pytest-timeout's SIGALRM reach a rank blocked here; the operation then
+    stays in flight.  Returns 0 or the negative error."""
+    while True:
+        rc = _capi.lib.unisum_poll_timeout(c_handle, _WAIT_SLICE_MS)
+        if rc != 0:
+            return 0 if rc > 0 else rc
 
 
 def empty(*size, dtype=torch.float32):
@@ -217,26 +240,31 @@ def declare(name, tensor=None, priority=0):
 
 
 def _shaped(name, tensor):
-    """An internal name that also carries dtype and size, so two models or
-    optimizers whose parameters share names but not shapes never collide."""
+    """An internal name that also carries dtype and size (see
+    _DistributedOptimizer._grad_name)."""
     return "%s.%s[%d]" % (name, str(tensor.dtype).replace("torch.", ""), tensor.numel())
 
 
-def _noname(tensor):
-    """A name for an unnamed operation (see the module docstring)."""
-    sig = (str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape))
+def _by_order(kind, label=None):
+    """A name for a collective the caller did not name: its place in this
+    process's sequence of such calls, the same on every worker that makes
+    the same calls in the same order (see the module docstring).  The
+    tensors named so are one-shot: declared for the call, undeclared
+    after it (_undeclare)."""
+    global _calls
     with _lock:
-        busy = _noname_busy[sig]
-        slot = 0
-        while slot in busy:
-            slot += 1
-        busy.add(slot)
-    name = "noname.%s.%s.%d" % (sig[0], "x".join(str(d) for d in sig[1]) or "scalar", slot)
+        _calls += 1
+        n = _calls
+    return "%s.%d" % (kind, n) if label is None else "%s.%d.%s" % (kind, n, label)
 
-    def release():
-        with _lock:
-            _noname_busy[sig].discard(slot)
-    return name, release
+
+def _undeclare(name):
+    """Forgets the one-shot tensor `name` here, and everywhere once every
+    worker has (unisum_undeclare)."""
+    with _lock:
+        known = _tensors.pop(name, None)
+    if known is not None:
+        _capi.check(_capi.lib.unisum_undeclare(known[0]), "unisum.torch: undeclare '%s'" % name)
 
 
 def _start(tensor, average, name, priority, inplace):
@@ -245,15 +273,19 @@ def _start(tensor, average, name, priority, inplace):
         raise TypeError("unisum.torch: push_pull takes a torch.Tensor, got %s" % type(tensor).__name__)
     release = None
     if name is None:
-        name, release = _noname(tensor)
+        name = _by_order("push_pull")
+
+        def release():
+            _undeclare(name)
     try:
+        # Declared even when empty: every worker's tensor is checked.
+        tid = _tensor_id(name, tensor, priority)
         if tensor.numel() == 0:
             # Nothing to sum: an operation that is already done.
             output = tensor if inplace else torch.empty_like(tensor)
             if release is not None:
                 release()
             return _register(_Op(None, None, None, output, lambda: None), done=True)
-        tid = _tensor_id(name, tensor, priority)
         src = tensor.detach()
         send = src if src.is_contiguous() else src.contiguous()
         if inplace:
@@ -275,7 +307,7 @@ def _start(tensor, average, name, priority, inplace):
                                                      _capi.ctypes.byref(h)),
                     "unisum.torch: push_pull of '%s'" % name)
     except BaseException:
-        if release is not None:
+        if release is not None and name in _tensors:
             release()
         raise
     return _register(_Op(h.value, send, recv, output, finish))
@@ -336,7 +368,7 @@ def poll(handle):
 def synchronize(handle):
     """Waits for the operation and returns its output tensor."""
     op = _take(handle)
-    rc = 0 if op.done else _capi.lib.unisum_wait(op.c_handle)
+    rc = 0 if op.done else _wait(op.c_handle)
     err = _capi.error(rc, "unisum.torch: push_pull") if rc < 0 else None
     with _lock:
         _ops.pop(handle, None)
@@ -357,9 +389,10 @@ def push_pull_(tensor, average=True, name=None, priority=0):
 
 
 def _broadcast_(tensor, root_rank, name):
-    """Overwrites `tensor` with root's tensor of the same name.  Dtypes the
-    C library does not sum (bool, uint8, int8, int16, complex) travel
-    widened to int64 / float64, which carries them exactly."""
+    """Overwrites `tensor` with root's tensor of the one-shot name `name`
+    (_by_order).  Dtypes the C library does not sum (bool, uint8, int8,
+    int16, complex) travel widened to int64 / float64, which carries them
+    exactly."""
     src = tensor.detach()
     if src.dtype in _DTYPES:
         buf = src if src.is_contiguous() else src.contiguous()
@@ -367,9 +400,24 @@ def _broadcast_(tensor, root_rank, name):
         buf = torch.view_as_real(src.contiguous()).to(torch.float64)
     else:
         buf = src.to(torch.float64 if src.dtype.is_floating_point else torch.int64)
+    # Declared even when empty: every worker's shape is checked.
     tid = _tensor_id(name, buf, 0)
-    _capi.check(_capi.lib.unisum_broadcast(tid, buf.data_ptr(), int(root_rank)),
-                "unisum.torch: broadcast of '%s'" % name)
+    if buf.numel() == 0:
+        _undeclare(name)
+        return
+    h = ctypes.c_int64(0)
+    rc = _capi.lib.unisum_broadcast_async(tid, buf.data_ptr(), int(root_rank), ctypes.byref(h))
+    if rc == 0:
+        try:
+            rc = _wait(h.value)
+        except BaseException:
+            # KeyboardInterrupt: the broadcast stays in flight (and declared),
+            # so the memory it writes into must stay too.
+            with _lock:
+                _orphans.append(buf)
+            raise
+    _undeclare(name)
+    _capi.check(rc, "unisum.torch: broadcast of '%s'" % name)
     if buf.data_ptr() != src.data_ptr():
         src.copy_(torch.view_as_complex(buf.to(torch.view_as_real(src).dtype))
                   if src.dtype.is_complex else buf.view_as(src))
@@ -380,27 +428,24 @@ def broadcast_parameters(params, root_rank):
     state_dict() or named_parameters() (or any (name, tensor) pairs)."""
     _require_init()
     items = params.items() if isinstance(params, dict) else params
+    call = _by_order("broadcast_parameters")
     for name, p in sorted(items, key=lambda kv: kv[0]):
         if not isinstance(p, torch.Tensor):
             raise TypeError("unisum.torch: broadcast_parameters: '%s' is not a tensor" % name)
-        _broadcast_(p, root_rank, _shaped("broadcast.param." + name, p))
+        _broadcast_(p, root_rank, "%s.%s" % (call, name))
 
 
 def broadcast_object(obj, root_rank=0, name=None):
     """Returns root's `obj` on every worker (pickled; any size)."""
-    global _object_counter
     _require_init()
-    if name is None:
-        with _lock:
-            _object_counter += 1
-            name = "object.%d" % _object_counter
+    name = _by_order("broadcast_object", name)
     is_root = rank() == root_rank
     if is_root:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         length = torch.tensor([len(data)], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
-    _broadcast_(length, root_rank, "broadcast_object.%s.len" % name)
+    _broadcast_(length, root_rank, name + ".len")
     n = int(length.item())
     words = (n + 3) // 4
     if is_root:
@@ -409,7 +454,7 @@ def broadcast_object(obj, root_rank=0, name=None):
     else:
         payload = torch.zeros(words, dtype=torch.int32)
     if words > 0:
-        _broadcast_(payload, root_rank, "broadcast_object.%s.%d" % (name, words))
+        _broadcast_(payload, root_rank, name + ".data")
     return obj if is_root else pickle.loads(payload.numpy().view(numpy.uint8)[:n].tobytes())
 
 
@@ -431,8 +476,9 @@ def broadcast_optimizer_state(optimizer, root_rank):
             else:
                 entry[k] = ("value", v)
         layout[pid] = entry
+    call = _by_order("broadcast_optimizer_state")
     layout = broadcast_object({"layout": layout, "param_groups": state["param_groups"]},
-                              root_rank, name="optimizer_state")
+                              root_rank, name=call)
     is_root = rank() == root_rank
     new_state = {}
     for pid, entry in layout["layout"].items():
@@ -443,7 +489,7 @@ def broadcast_optimizer_state(optimizer, root_rank):
                 continue
             _, shape, dtype, index = desc
             t = tensors[index] if is_root else torch.zeros(shape, dtype=dtype)
-            _broadcast_(t, root_rank, _shaped("broadcast.optimizer.%s.%s" % (pid, k), t))
+            _broadcast_(t, root_rank, "%s.%s.%s" % (call, pid, k))
             new_state[pid][k] = t
     if not is_root:
         optimizer.load_state_dict({"state": new_state, "param_groups": layout["param_groups"]})
@@ -509,6 +555,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # forward pass: higher priority.
         self._priority = {pid: len(order) - i for pid, i in order.items()}
         self._handles = {}
+        self._synchronized = False      # synchronize() ran since the last step()
+        self._should_synchronize = True  # False inside skip_synchronize()
         self._delay = {}
         self._grad_accs = []
         self._register_hooks()
@@ -535,10 +583,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 grad_acc.register_hook(self._make_hook(p))
                 self._grad_accs.append(grad_acc)
 
+    def _grad_name(self, p, tensor):
+        """"gradient." and the parameter's name: a worker whose parameter
+        differs in shape or dtype then fails at the declaration, with every
+        other worker, instead of waiting for a name nobody else uses.  Only
+        when this process already sums another gradient of that name with
+        another shape (a second model with a parameter of the same name)
+        does the shape join the name, the same way on every worker."""
+        name = "gradient." + self._names[id(p)]
+        with _lock:
+            known = _tensors.get(name)
+        if known is not None and (known[1], known[2]) != (tensor.dtype, tensor.numel()):
+            name = _shaped(name, tensor)
+        return name
+
     def _push_pull_grad(self, p):
-        name = _shaped("gradient." + self._names[id(p)], p.grad)
         compressed, ctx = self._compression.compress(p.grad)
-        handle = push_pull_async_inplace(compressed, average=True, name=name,
+        handle = push_pull_async_inplace(compressed, average=True,
+                                         name=self._grad_name(p, compressed),
                                          priority=self._priority[id(p)])
         return handle, ctx, compressed
 
@@ -572,9 +634,34 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p.grad.copy_(self._compression.decompress(out, ctx))
             self._delay[p] = self._passes
         self._handles.clear()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """A context in which step() does not synchronize, because the
+        caller did (Horovod's name and behaviour)::
+
+            optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        """
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
 
     def step(self, closure=None):
-        self.synchronize()
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "unisum.torch: optimizer.step() called after optimizer.synchronize() without "
+                    "the optimizer.skip_synchronize() context: every gradient is summed over the "
+                    "workers again, which costs a whole round of communication. Use "
+                    "`with optimizer.skip_synchronize(): optimizer.step()` after synchronize().")
+            self.synchronize()
+        self._synchronized = False
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none=False):

@@ -93,7 +93,8 @@ static const struct knob config_knobs[] = {
 	 "1: a worker and a server on the same host pass the data by cross-memory attach (the "
 	 "socket carries headers only; BytePS's IPC mode); 0: through the socket"},
 	{"UNISUM_STALL_WARN_MS", NULL, NULL, KNOB_INT, FIELD(stall_warn_ms), "60000", 10, INT_MAX,
-	 "a server logs a round some workers pushed and others not for this long (ms)"},
+	 "a round some workers pushed and others not (on a server or a machine's shared memory), "
+	 "or a barrier some entered and others not, this long (ms) is logged"},
 	{"UNISUM_STALL_ABORT_MS", NULL, NULL, KNOB_INT, FIELD(stall_abort_ms), "0", 0, INT_MAX,
 	 "such a stall this long (ms) fails the job on every rank (0: never)"},
 	{"UNISUM_SECRET", NULL, NULL, KNOB_STRING, FIELD(secret), NULL, 0, 0,

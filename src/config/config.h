@@ -48,7 +48,7 @@ struct config {
 	int log_level;			/* enum log_level */
 	int timeout_ms;			/* a peer silent this long is dead; also bounds connecting */
 	int heartbeat_ms;		/* how often nodes and scheduler say they are alive */
-	int stall_warn_ms;		/* a round waiting this long for some workers is logged */
+	int stall_warn_ms;		/* a round or barrier waiting this long for some workers is logged */
 	int stall_abort_ms;		/* ... and this long fails the job (0: never) */
 	char secret[256];		/* the job secret ("" = no authentication) */
 	char secret_file[1024];		/* where the secret was read from, or "" */

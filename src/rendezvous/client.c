@@ -3,8 +3,10 @@
  *
  * DESIGN.  Registration is synchronous in rdv_client_new().  Afterwards a
  * reader thread owns the receiving side of the scheduler connection: it
- * hands replies (BARRIER_DONE, DECLARE) to the one request in flight
- * (requests are serialised by `request_lock`) and turns SHUTDOWN and ERROR
+ * hands DECLARE replies to the one request in flight (requests are
+ * serialised by `request_lock`), counts BARRIER_DONEs for the barrier
+ * this node is in (a barrier is no request: a caller may stop waiting and
+ * come back, while declarations go on), and turns SHUTDOWN and ERROR
  * notices, or a lost scheduler, into a call of the notice callback.  A
  * heartbeat thread tells the scheduler this node is alive every
  * heartbeat_ms and declares the scheduler lost when it has been silent
@@ -54,6 +56,8 @@ struct rdv_client {
 	bool have_reply;		/* reply_hdr / reply_payload are set */
 	struct wire_hdr reply_hdr;
 	void *reply_payload;		/* malloc'd; taken by the requester */
+	uint32_t barrier_entered[4];	/* per group: barriers entered ... */
+	uint32_t barrier_done[4];	/* ... and completed (BARRIER_DONE) */
 	int failed;			/* 0, or why no reply will ever come */
 	char failed_why[512];
 	bool closing;			/* rdv_client_free() has started */
@@ -128,6 +132,13 @@ static void *rdv_reader_main(void *arg)
 		}
 		switch (h.type) {
 		case WIRE_BARRIER_DONE:
+			free(payload);
+			pthread_mutex_lock(&c->lock);
+			if (h.aux < 4 && c->barrier_done[h.aux] != c->barrier_entered[h.aux])
+				c->barrier_done[h.aux]++;
+			pthread_cond_broadcast(&c->replied);
+			pthread_mutex_unlock(&c->lock);
+			break;
 		case WIRE_DECLARE:
 			pthread_mutex_lock(&c->lock);
 			free(c->reply_payload);
@@ -457,13 +468,53 @@ static int rdv_request(struct rdv_client *c, const struct wire_hdr *req, const v
 	return rc;
 }
 
+int rdv_client_barrier_wait(struct rdv_client *c, int group, int timeout_ms)
+{
+	pthread_mutex_lock(&c->lock);
+	int rc = c->failed;
+	bool enter = rc == 0 && c->barrier_done[group] == c->barrier_entered[group];
+	if (enter)
+		c->barrier_entered[group]++;
+	pthread_mutex_unlock(&c->lock);
+	if (enter) {
+		struct wire_hdr h = {.type = WIRE_BARRIER, .sender = c->id, .aux = (uint32_t)group};
+		rc = rdv_send(c, &h, NULL);
+		if (rc != 0) {
+			pthread_mutex_lock(&c->lock);
+			c->barrier_entered[group]--;
+			pthread_mutex_unlock(&c->lock);
+			log_set_last_error("cannot reach the scheduler to enter a barrier");
+			return rc;
+		}
+	}
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	if (timeout_ms >= 0) {
+		until.tv_sec += timeout_ms / 1000;
+		until.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+		until.tv_sec += until.tv_nsec / 1000000000;
+		until.tv_nsec %= 1000000000;
+	}
+	pthread_mutex_lock(&c->lock);
+	int timed_out = 0;
+	while (c->barrier_done[group] != c->barrier_entered[group] && c->failed == 0 && !timed_out)
+		timed_out = timeout_ms < 0 ? pthread_cond_wait(&c->replied, &c->lock)
+					   : pthread_cond_timedwait(&c->replied, &c->lock, &until);
+	if (c->barrier_done[group] == c->barrier_entered[group])
+		rc = 1;
+	else if (c->failed != 0) {
+		rc = c->failed;
+		log_set_last_error("%s", c->failed_why);
+	} else
+		rc = 0;
+	pthread_mutex_unlock(&c->lock);
+	return rc;
+}
+
 int rdv_client_barrier(struct rdv_client *c, int group)
 {
-	struct wire_hdr h = {.type = WIRE_BARRIER, .sender = c->id, .aux = (uint32_t)group}, reply;
-	void *payload = NULL;
-	int rc = rdv_request(c, &h, NULL, WIRE_BARRIER_DONE, &reply, &payload);
-	free(payload);
-	return rc;
+	int rc = rdv_client_barrier_wait(c, group, -1);
+	return rc == 1 ? 0 : rc;
 }
 
 int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtype,
@@ -483,7 +534,7 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
 		return UNISUM_ENOMEM;
 	}
 	struct wire_hdr h = {.type = WIRE_DECLARE, .sender = c->id, .dtype = (uint8_t)dtype,
-			     .count = count, .payload_len = b.len}, reply;
+			     .count = count, .payload_len = b.len}, reply = {0};
 	void *payload = NULL;
 	int rc = rdv_request(c, &h, b.data, WIRE_DECLARE, &reply, &payload);
 	wire_buf_fini(&b);

@@ -12,9 +12,14 @@
  *                       then n x u32 server rank, or str message
  *   SHUTDOWN   worker -> scheduler: goodbye; scheduler -> server: stop now
  *   ERROR      scheduler -> node: the job failed; header key 0, aux = -error, payload str why
- *              node -> scheduler: fail the job for this reason (a stalled round)
- *              scheduler -> server: header key = a tensor key: that tensor's workers
- *              disagree on its shape and it can never be summed; payload str why
+ *              node -> scheduler: fail the job for this reason (a stalled round or
+ *              barrier); with a key (a worker): that tensor's workers disagree on
+ *              its collective, poison it
+ *              scheduler -> server and worker: header key = a tensor key: that
+ *              tensor's workers disagree on its shape or collective and it can
+ *              never be summed; payload str why
+ *   RETIRE     worker -> scheduler: header key = a tensor key it undeclared; once
+ *              every worker has, the scheduler forgets the tensor
  *   TUNE       worker 0 -> scheduler -> every worker: header round = epoch; payload
  *              u64 partition_bytes (8 .. 1 GiB), u64 credit_bytes (> 0), u32 final (0/1)
  */

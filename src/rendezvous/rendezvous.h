@@ -76,6 +76,13 @@ int rdv_scheduler_wait(struct rdv_scheduler *s);
  * thread at any time before rdv_scheduler_free(), also after wait returned. */
 void rdv_scheduler_abort(struct rdv_scheduler *s);
 
+/* Whether the job failed because of one node (it lost its connection
+ * without a goodbye, broke the protocol or went silent): true with its
+ * role (CONFIG_ROLE_*) and rank.  The scheduler sees that before anyone
+ * hears of the failure, so a launcher can tell the process that failed
+ * from those that exited on the news.  Safe until rdv_scheduler_free(). */
+bool rdv_scheduler_culprit(struct rdv_scheduler *s, int *role, int *rank);
+
 /* Frees the scheduler once rdv_scheduler_wait() has returned. */
 void rdv_scheduler_free(struct rdv_scheduler *s);
 
@@ -146,6 +153,13 @@ int rdv_tune_decode(const void *payload, size_t len, uint32_t epoch, struct rdv_
 
 /* Waits until every node of `group` has entered the barrier. */
 int rdv_client_barrier(struct rdv_client *c, int group);
+
+/* The same in slices: enters the barrier of `group` unless this node is
+ * already waiting in one, then waits at most timeout_ms (< 0: no limit).
+ * 1 when every node has entered, 0 when the time ran out first (still in
+ * the barrier: the next call waits for the same one), or a negative error
+ * when the job failed. */
+int rdv_client_barrier_wait(struct rdv_client *c, int group, int timeout_ms);
 
 /* Asks the scheduler for the cut and placement of tensor `name`.  On
  * success *key_base is the tensor's key (partition i has key key_base + i),

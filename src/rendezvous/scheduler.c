@@ -63,6 +63,7 @@ struct rdv_scheduler {
 	int num_machines;		/* worker machines (UNISUM_NUM_WORKER) */
 	int num_servers;
 	int heartbeat_ms, timeout_ms;	/* liveness (UNISUM_HEARTBEAT_MS, UNISUM_TIMEOUT_MS) */
+	int stall_warn_ms, stall_abort_ms; /* barriers (UNISUM_STALL_WARN_MS, _ABORT_MS) */
 	pthread_t thread;		/* accepts, then waits for the end */
 	pthread_t monitor;		/* heartbeats and silence detection */
 	bool monitor_started;
@@ -80,9 +81,12 @@ struct rdv_scheduler {
 	int workers_done;		/* worker processes that said goodbye */
 	bool servers_stopped;		/* SHUTDOWN sent to servers */
 	int error;			/* first failure, 0 if none */
+	int culprit_role, culprit_rank;	/* the node that caused it (role NONE: no one node) */
 	bool aborted;
 	struct sched_tensor *tensors;
 	int ntensors, cap_tensors;
+	int64_t barrier_since[4];	/* per group: when its first node entered, 0 = none in it */
+	int barrier_stall[4];		/* ... 1 warned, 2 failed the job */
 	struct placement placement;	/* policy, weights (set once all registered), loads */
 	int64_t placed_ms;		/* when a tensor was last placed; 0 once logged */
 	int result;			/* what rdv_scheduler_wait returns */
@@ -438,6 +442,10 @@ static void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int 
 {
 	pthread_mutex_lock(&s->lock);
 	n->in_barrier[group] = true;
+	if (s->barrier_since[group] == 0) {
+		s->barrier_since[group] = sched_now_ms();
+		s->barrier_stall[group] = 0;
+	}
 	int need = 0, have = 0;
 	for (int i = 0; i < s->nnodes; i++) {
 		struct sched_node *m = s->nodes[i];
@@ -447,6 +455,7 @@ static void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int 
 		have += m->in_barrier[group];
 	}
 	if (have == need) {
+		s->barrier_since[group] = 0;
 		struct wire_hdr h = {.type = WIRE_BARRIER_DONE, .aux = (uint32_t)group};
 		for (int i = 0; i < s->nnodes; i++) {
 			struct sched_node *m = s->nodes[i];
@@ -812,6 +821,8 @@ static void *sched_node_main(void *arg)
 				 "exited or crashed; see its own log for the first error",
 				 label);
 		sched_fail(s, rc == UNISUM_EPROTO ? UNISUM_EPROTO : UNISUM_ECONN, msg);
+		s->culprit_role = n->role;
+		s->culprit_rank = n->rank;
 	}
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
@@ -840,6 +851,45 @@ static bool sched_node_is_watched(const struct sched_node *n)
 /* Every heartbeat_ms: a heartbeat to every live node, and the job fails,
  * naming the node, when one has been silent for timeout_ms (hung, stopped
  * or cut off: a crash closes the connection and is caught sooner). */
+/* A barrier that some nodes entered and others not for UNISUM_STALL_WARN_MS
+ * is logged with the missing ones; with UNISUM_STALL_ABORT_MS the job
+ * fails with that message on every rank instead of waiting forever, as a
+ * stalled round of a tensor does on the servers.  Called with s->lock
+ * held. */
+static void sched_check_barriers(struct rdv_scheduler *s, int64_t now)
+{
+	for (int g = 1; g < 4 && s->error == 0; g++) {
+		if (s->barrier_since[g] == 0)
+			continue;
+		int64_t waited = now - s->barrier_since[g];
+		int level = s->stall_abort_ms > 0 && waited >= s->stall_abort_ms ? 2
+			    : waited >= s->stall_warn_ms			      ? 1
+										      : 0;
+		if (level <= s->barrier_stall[g])
+			continue;
+		s->barrier_stall[g] = level;
+		char missing[256] = "", msg[600];
+		size_t len = 0;
+		for (int i = 0; i < s->nnodes && len < sizeof missing - 40; i++) {
+			struct sched_node *m = s->nodes[i];
+			if (m->registered && group_has(g, m->role) && !m->in_barrier[g])
+				len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%s %d",
+							len ? ", " : "", config_role_name(m->role), m->rank);
+		}
+		snprintf(msg, sizeof msg,
+			 "stall: a barrier has waited %lld ms for %s, which have not entered it; the "
+			 "others have. Does every worker call barrier() (and every collective before "
+			 "it) the same number of times?",
+			 (long long)waited, missing);
+		if (level == 1) {
+			LOG_WARN("%s", msg);
+		} else {
+			LOG_ERROR("%s (UNISUM_STALL_ABORT_MS=%d: failing the job)", msg, s->stall_abort_ms);
+			sched_fail(s, UNISUM_ETIMEDOUT, msg);
+		}
+	}
+}
+
 static void *sched_monitor_main(void *arg)
 {
 	struct rdv_scheduler *s = arg;
@@ -855,6 +905,7 @@ static void *sched_monitor_main(void *arg)
 			continue;
 		int64_t now = sched_now_ms();
 		sched_log_loads(s, now);
+		sched_check_barriers(s, now);
 		struct wire_hdr hb = {.type = WIRE_HEARTBEAT};
 		for (int i = 0; i < s->nnodes && s->error == 0; i++) {
 			struct sched_node *n = s->nodes[i];
@@ -869,6 +920,8 @@ static void *sched_monitor_main(void *arg)
 					 sched_node_label(n, label, sizeof label), (long long)silent,
 					 s->timeout_ms);
 				sched_fail(s, UNISUM_ETIMEDOUT, msg);
+				s->culprit_role = n->role;
+				s->culprit_rank = n->rank;
 				break;
 			}
 			sched_send(n, &hb, NULL);
@@ -972,6 +1025,8 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 	s->num_servers = num_servers;
 	s->heartbeat_ms = cfg->heartbeat_ms;
 	s->timeout_ms = cfg->timeout_ms;
+	s->stall_warn_ms = cfg->stall_warn_ms;
+	s->stall_abort_ms = cfg->stall_abort_ms;
 	/* Grows as connections come (see sched_max_connections). */
 	s->cap_nodes = 2 * (num_machines + num_servers) + 64;
 	s->nodes = calloc((size_t)s->cap_nodes, sizeof *s->nodes);
@@ -1002,6 +1057,16 @@ out_free:
 	placement_fini(&s->placement);
 	free(s);
 	return rc;
+}
+
+bool rdv_scheduler_culprit(struct rdv_scheduler *s, int *role, int *rank)
+{
+	pthread_mutex_lock(&s->lock);
+	bool known = s->error != 0 && s->culprit_role != CONFIG_ROLE_NONE;
+	*role = s->culprit_role;
+	*rank = s->culprit_rank;
+	pthread_mutex_unlock(&s->lock);
+	return known;
 }
 
 void rdv_scheduler_abort(struct rdv_scheduler *s)

@@ -179,6 +179,7 @@ struct server {
 	struct srv_poison *poisoned;	/* tensors that can never be summed */
 	atomic_bool stopping;
 	atomic_int job_error;	/* the notice's error, 0 while running */
+	atomic_bool told;	/* job_error came from the scheduler's notice */
 };
 
 /* A tensor whose workers disagree on its shape (the scheduler says so):
@@ -1148,7 +1149,9 @@ static void srv_notice(void *arg, int err, const char *why)
 	struct server *srv = arg;
 	if (err != UNISUM_ESHUTDOWN) {
 		LOG_ERROR("stopping: %s", why);
-		atomic_store(&srv->job_error, err);
+		int none = 0;
+		if (atomic_compare_exchange_strong(&srv->job_error, &none, err))
+			atomic_store(&srv->told, true);
 	} else {
 		LOG_INFO("stopping: %s", why);
 	}
@@ -1234,8 +1237,10 @@ static void srv_accept_loop(struct server *srv)
 	}
 }
 
-int server_run(const struct config *cfg)
+int server_run(const struct config *cfg, bool *elsewhere)
 {
+	if (elsewhere != NULL)
+		*elsewhere = false;
 	struct server *srv = calloc(1, sizeof *srv);
 	if (srv == NULL)
 		return UNISUM_ENOMEM;
@@ -1314,6 +1319,8 @@ out_engines:
 		free(e->keys);
 		for (struct srv_event *ev = e->head; ev;) {
 			struct srv_event *next = ev->next;
+			if (ev->type == EVENT_FREE)
+				srv_key_free(ev->key, srv->nworkers);	/* out of the table */
 			free(ev);
 			ev = next;
 		}
@@ -1337,6 +1344,8 @@ out_free:
 	free(srv->by_worker);
 	free(srv->engines);
 	pthread_mutex_destroy(&srv->lock);
+	if (elsewhere != NULL && rc != 0)
+		*elsewhere = atomic_load(&srv->told);
 	free(srv);
 	return rc;
 }

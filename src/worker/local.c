@@ -15,10 +15,10 @@
  * with a release store, and readers load the round with acquire first.
  *
  * Entries of undeclared tensors.  local_forget marks this rank's entry
- * retired; the entry becomes a tombstone (reused by a later key) once
- * every rank's entry of that key is retired or gone, so no peer can still
- * be reading it: a rank undeclares only with no operation of the tensor
- * in flight.  Lookups pass over tombstones.
+ * retired; the entry is freed (lc_bury: empty again, or a tombstone that
+ * lookups pass over and a later key reuses) once every rank's entry of
+ * that key is retired or gone, so no peer can still be reading it: a rank
+ * undeclares only with no operation of the tensor in flight.
  *
  * Why a rank may reuse an entry without hearing from its peers: a rank
  * completes round k only after every peer is finished with its buffers of
@@ -229,6 +229,26 @@ static struct lc_entry *lc_find(int q, uint64_t key)
 	return NULL;
 }
 
+/* Frees this rank's entry e.  A slot followed by a free one is free again
+ * (no key's probe goes through it: it would stop at the next one anyway),
+ * and so, going back, is every tombstone before it; otherwise it becomes
+ * a tombstone, which lookups pass over.  Without this, one-shot keys would
+ * fill the table with tombstones and every miss would scan all of it. */
+static void lc_bury(struct lc_entry *e)
+{
+	struct lc_entry *t = lc.seg->ranks[lc.cfg.local_rank].table;
+	size_t s = (size_t)(e - t);
+	if (atomic_load_explicit(&t[(s + 1) % LC_TABLE].key, memory_order_relaxed) != 0) {
+		atomic_store_explicit(&e->key, LC_TOMB, memory_order_release);
+		return;
+	}
+	for (size_t n = 0; n < LC_TABLE; n++, s = (s + LC_TABLE - 1) % LC_TABLE) {
+		if (&t[s] != e && atomic_load_explicit(&t[s].key, memory_order_relaxed) != LC_TOMB)
+			break;
+		atomic_store_explicit(&t[s].key, 0, memory_order_release);
+	}
+}
+
 /* Turns this rank's entries of undeclared keys into tombstones once no
  * peer can read them any more (lc.lock held). */
 static void lc_reclaim(void)
@@ -246,7 +266,7 @@ static void lc_reclaim(void)
 		}
 		struct lc_entry *mine = lc_find(lc.cfg.local_rank, key);
 		if (mine != NULL)
-			atomic_store_explicit(&mine->key, LC_TOMB, memory_order_release);
+			lc_bury(mine);
 		lc.forgot[i] = lc.forgot[--lc.nforgot];
 	}
 }
@@ -348,6 +368,19 @@ static int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *
 					 (long long)(now - start), what, op->req.name, op->req.round,
 					 lc_rank_of(q), q);
 				warned = true;
+			}
+			if (lc.cfg.stall_abort_ms > 0 && now - start >= lc.cfg.stall_abort_ms) {
+				char msg[512];
+				snprintf(msg, sizeof msg, "stall: tensor '%s' round %u has waited %lld ms "
+					 "on machine %d for worker %d, which has not got there "
+					 "(UNISUM_STALL_ABORT_MS=%d: failing the job). Does every worker "
+					 "push every tensor every round?", op->req.name, op->req.round,
+					 (long long)(now - start), lc.cfg.machine, lc_rank_of(q),
+					 lc.cfg.stall_abort_ms);
+				LOG_ERROR("%s", msg);
+				lc.hooks.fail_job(UNISUM_ETIMEDOUT, msg);
+				lc_fail(op, UNISUM_ETIMEDOUT, "%s", msg);
+				return UNISUM_ETIMEDOUT;
 			}
 			next_check = now + LC_SLICE_MS;
 		}

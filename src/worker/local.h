@@ -45,7 +45,8 @@ struct local_cfg {
 	int local_rank, local_size;
 	int rank;			/* this worker's rank, for messages */
 	int timeout_ms;			/* bounds attaching to the segment */
-	int stall_warn_ms;		/* a wait this long is logged */
+	int stall_warn_ms;		/* a wait this long is logged ... */
+	int stall_abort_ms;		/* ... and this long fails the job (0: never) */
 	uint64_t stage_bytes;		/* one machine: stage tensors this large (0: never) */
 	uint64_t arena_bytes;		/* ... in a staging area this large per rank */
 };
@@ -68,6 +69,9 @@ struct local_hooks {
 	 * on the collective of cut `key`, so it never pushes it; tell every
 	 * other machine, whose workers would wait for that push. */
 	void (*poison)(uint64_t key, const char *why);
+	/* A wait stalled past cfg.stall_abort_ms: ask for the whole job to
+	 * fail with `why`, so that every rank gets it instead of waiting. */
+	void (*fail_job)(int err, const char *why);
 };
 
 /* One push_pull on the local path. */

@@ -179,6 +179,7 @@ static struct {
 	pthread_cond_t done_cond;	/* an operation completed */
 	pthread_cond_t failed_cond;	/* `failed` was set */
 	bool initialized;
+	bool left;			/* unisum_shutdown() ran: this process is done with the job */
 	struct config cfg;
 	const struct transport_ops *tp;
 	struct rdv_client *rdv;
@@ -822,6 +823,11 @@ static void wk_local_poison(uint64_t key, const char *why)
 	rdv_client_poison_tensor(wk.rdv, key, why);
 }
 
+static void wk_local_fail_job(int err, const char *why)
+{
+	rdv_client_fail_job(wk.rdv, err, why);
+}
+
 static int wk_local_start(void)
 {
 	char job[SHM_JOB_MAX + 1];
@@ -830,10 +836,12 @@ static int wk_local_start(void)
 				 .machines = wk.cfg.num_workers, .local_rank = wk.cfg.local_rank,
 				 .local_size = wk.cfg.local_size, .rank = wk.rank,
 				 .timeout_ms = wk.cfg.timeout_ms, .stall_warn_ms = wk.cfg.stall_warn_ms,
+				 .stall_abort_ms = wk.cfg.stall_abort_ms,
 				 .stage_bytes = wk.cfg.local_stage_bytes,
 				 .arena_bytes = wk.cfg.local_arena_bytes};
 	struct local_hooks hooks = {.push = wk_local_push, .done = wk_local_done,
-				    .poison = wk_local_poison, .failed = wk_local_failed, .poisoned = wk_local_poisoned};
+				    .poison = wk_local_poison, .fail_job = wk_local_fail_job,
+				    .failed = wk_local_failed, .poisoned = wk_local_poisoned};
 	return local_start(&lcfg, &hooks);
 }
 
@@ -905,6 +913,12 @@ int unisum_init(void)
 	char err[512];
 	if (wk.initialized)
 		return 0;
+	if (wk.left)
+		return log_fail(UNISUM_ESHUTDOWN, "unisum_init: this process left the job with "
+				"unisum_shutdown() already, and a job cannot be joined twice (the "
+				"scheduler counted this worker done, and the servers stop once every "
+				"worker is); call unisum_init() once per process and unisum_shutdown() "
+				"at its end");
 	int rc = config_load(&wk.cfg, err, sizeof err);
 	if (rc == 0 && wk.cfg.role == CONFIG_ROLE_NONE)
 		wk.cfg.role = CONFIG_ROLE_WORKER;
@@ -993,6 +1007,7 @@ int unisum_shutdown(void)
 	wk.rdv = NULL;
 	wk_free_all();
 	wk.initialized = false;
+	wk.left = true;
 	return failed;
 }
 
@@ -1658,24 +1673,44 @@ static int wk_release(int i)
 	return rc;
 }
 
-int unisum_poll(unisum_handle h)
+int unisum_poll_timeout(unisum_handle h, int timeout_ms)
 {
 	if (!wk.initialized)
 		return wk_require_init();
+	if (timeout_ms < 0)
+		return log_fail(UNISUM_EINVAL, "unisum_poll_timeout: timeout_ms must not be negative, "
+				"got %d", timeout_ms);
+	struct timespec until;	/* done_cond waits on the realtime clock */
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += timeout_ms / 1000;
+	until.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+	until.tv_sec += until.tv_nsec / 1000000000;
+	until.tv_nsec %= 1000000000;
 	pthread_mutex_lock(&wk.lock);
 	int i = wk_find_op(h), rc;
-	if (i < 0)
+	if (i < 0) {
 		rc = log_fail(UNISUM_EINVAL, "unisum_poll: unknown or already released handle %lld",
 			      (long long)h);
-	else if (!wk.ops[i]->done)
-		rc = 0;
-	else {
-		rc = wk_release(i);
-		if (rc == 0)
-			rc = 1;
+	} else {
+		struct wk_op *op = wk.ops[i];
+		int timed_out = 0;
+		while (!op->done && timeout_ms > 0 && !timed_out)
+			timed_out = pthread_cond_timedwait(&wk.done_cond, &wk.lock, &until);
+		if (!op->done) {
+			rc = 0;
+		} else {
+			rc = wk_release(wk_find_op(h));
+			if (rc == 0)
+				rc = 1;
+		}
 	}
 	pthread_mutex_unlock(&wk.lock);
 	return rc;
+}
+
+int unisum_poll(unisum_handle h)
+{
+	return unisum_poll_timeout(h, 0);
 }
 
 int unisum_wait(unisum_handle h)
@@ -1704,7 +1739,7 @@ int unisum_push_pull(int tensor, const void *in, void *out, int flags)
 	return rc != 0 ? rc : unisum_wait(h);
 }
 
-int unisum_broadcast(int tensor, void *buf, int root_rank)
+int unisum_broadcast_async(int tensor, void *buf, int root_rank, unisum_handle *h)
 {
 	if (!wk.initialized)
 		return wk_require_init();
@@ -1712,9 +1747,14 @@ int unisum_broadcast(int tensor, void *buf, int root_rank)
 		return log_fail(UNISUM_EINVAL, "unisum_broadcast: buf must not be NULL and root_rank %d "
 				"must be in [0, %d) (worker %d, tensor %d)", root_rank, wk.size, wk.rank,
 				tensor);
+	return wk_start(tensor, wk.rank == root_rank ? buf : NULL, buf, 0,
+			WIRE_OP(WIRE_OP_BROADCAST, (uint32_t)root_rank), h);
+}
+
+int unisum_broadcast(int tensor, void *buf, int root_rank)
+{
 	unisum_handle h;
-	int rc = wk_start(tensor, wk.rank == root_rank ? buf : NULL, buf, 0,
-			  WIRE_OP(WIRE_OP_BROADCAST, (uint32_t)root_rank), &h);
+	int rc = unisum_broadcast_async(tensor, buf, root_rank, &h);
 	return rc != 0 ? rc : unisum_wait(h);
 }
 
@@ -1789,6 +1829,19 @@ void unisum_free(void *p)
 {
 	if (p != NULL && !local_free(p))
 		free(p);
+}
+
+int unisum_barrier_timeout(int timeout_ms)
+{
+	if (!wk.initialized)
+		return wk_require_init();
+	if (timeout_ms < 0)
+		return log_fail(UNISUM_EINVAL, "unisum_barrier_timeout: timeout_ms must not be negative, "
+				"got %d", timeout_ms);
+	int rc = rdv_client_barrier_wait(wk.rdv, RDV_GROUP_WORKERS, timeout_ms);
+	if (rc < 0)
+		return log_fail(rc, "unisum_barrier on worker %d: %s", wk.rank, log_last_error());
+	return rc;
 }
 
 int unisum_barrier(void)

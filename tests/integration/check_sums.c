@@ -32,7 +32,8 @@
  *                             names "worker R", 1 otherwise
  *   check_sums stop R N       the same, but rank R stops (SIGSTOP): alive yet
  *                             silent, caught by the heartbeat timeout
- *   check_sums late MS        rank 1 pushes tensor 'late' MS ms after the others
+ *   check_sums late MS        rank 1 pushes tensor 'late' MS ms after the others,
+ *                             then enters a barrier MS ms after them
  *   check_sums auth PORT      with UNISUM_SECRET set: rank 0 tries the server at
  *                             127.0.0.1:PORT without the secret, with a wrong
  *                             tag and with a replayed handshake, and must be
@@ -48,9 +49,14 @@
  *                             UNISUM_AUTOTUNE: every sum exact, and each rank prints
  *                             the partition size it used in every round (the test
  *                             compares the ranks' lines)
- *   check_sums skip           rank 1 never pushes tensor 'skipped' and waits in a
- *                             barrier; every rank exits 3 once an error names
- *                             the tensor (UNISUM_STALL_ABORT_MS), 1 otherwise
+ *   check_sums skip           rank 1 never pushes tensor 'skipped' (it declares
+ *                             new names until the job fails); every rank exits 3
+ *                             once an error names the tensor
+ *                             (UNISUM_STALL_ABORT_MS), 1 otherwise
+ *   check_sums nobarrier      rank 1 never enters the barrier the others wait in
+ *                             (it declares new names until the job fails); every
+ *                             rank exits 3 once an error names the barrier and
+ *                             worker 1 (UNISUM_STALL_ABORT_MS), 1 otherwise
  */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -741,6 +747,9 @@ static void mode_late(int ms)
 		nanosleep(&(struct timespec){ms / 1000, (long)(ms % 1000) * 1000000}, NULL);
 	check(unisum_push_pull(t, buf, buf, 0), "push_pull late");
 	verify("late", UNISUM_INT32, 15000, buf, 1000, false);
+	if (rank == 1)
+		nanosleep(&(struct timespec){ms / 1000, (long)(ms % 1000) * 1000000}, NULL);
+	check(unisum_barrier(), "barrier after late");
 	printf("rank %d: late round ok\n", rank);
 }
 
@@ -869,15 +878,38 @@ static void mode_tune(int n)
 	free(a);
 }
 
+/* Rank 1's wait that is no collective: it asks the scheduler for fresh
+ * names until that fails (the job failed), for at most 60 s. */
+static int wait_for_failure(void)
+{
+	for (int i = 0; i < 1200; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "probe.%d", i);
+		int rc = unisum_declare(name, UNISUM_INT32, 1, 0);
+		if (rc < 0)
+			return rc;
+		nanosleep(&(struct timespec){0, 50000000L}, NULL);
+	}
+	return 0;
+}
+
 static void mode_skip(void)
 {
 	int t = unisum_declare("skipped", UNISUM_INT32, 1000, 0);
 	check(t, "declare skipped");
 	int32_t buf[1000] = {0};
-	int rc = rank == 1 ? unisum_barrier() : unisum_push_pull(t, buf, buf, 0);
+	int rc = rank == 1 ? wait_for_failure() : unisum_push_pull(t, buf, buf, 0);
 	const char *msg = unisum_last_error();
-	printf("rank %d: %s returned %d: %s\n", rank, rank == 1 ? "barrier" : "push_pull", rc, msg);
+	printf("rank %d: %s returned %d: %s\n", rank, rank == 1 ? "waiting" : "push_pull", rc, msg);
 	expected_failure(rc != 0 && strstr(msg, "'skipped'") != NULL);
+}
+
+static void mode_nobarrier(void)
+{
+	int rc = rank == 1 ? wait_for_failure() : unisum_barrier();
+	const char *msg = unisum_last_error();
+	printf("rank %d: %s returned %d: %s\n", rank, rank == 1 ? "waiting" : "barrier", rc, msg);
+	expected_failure(rc != 0 && strstr(msg, "barrier") != NULL && strstr(msg, "worker 1") != NULL);
 }
 
 int main(int argc, char **argv)
@@ -921,6 +953,8 @@ int main(int argc, char **argv)
 		mode_late(arg);
 	else if (strcmp(mode, "skip") == 0)
 		mode_skip();
+	else if (strcmp(mode, "nobarrier") == 0)
+		mode_nobarrier();
 	else if (strcmp(mode, "priority") == 0)
 		mode_priority();
 	else if (strcmp(mode, "tune") == 0)

@@ -311,7 +311,7 @@ struct server_run_arg {
 static void *server_main(void *arg)
 {
 	struct server_run_arg *a = arg;
-	a->rc = server_run(&a->cfg);
+	a->rc = server_run(&a->cfg, NULL);
 	return NULL;
 }
 
