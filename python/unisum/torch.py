@@ -225,7 +225,7 @@ def _tensor_id(name, tensor, priority):
         return tid
     tid = _capi.check(
         _capi.lib.unisum_declare(name.encode(), _c_dtype(tensor), tensor.numel(), int(priority)),
-        "unisum.torch: declare '%s'" % name)
+        "unisum.torch: declare")
     with _lock:
         _tensors[name] = (tid, tensor.dtype, tensor.numel())
     return tid
@@ -305,7 +305,7 @@ def _start(tensor, average, name, priority, inplace):
         flags = _capi.AVERAGE if average else 0
         _capi.check(_capi.lib.unisum_push_pull_async(tid, send.data_ptr(), recv.data_ptr(), flags,
                                                      _capi.ctypes.byref(h)),
-                    "unisum.torch: push_pull of '%s'" % name)
+                    "unisum.torch: push_pull")
     except BaseException:
         if release is not None and name in _tensors:
             release()
@@ -417,7 +417,7 @@ def _broadcast_(tensor, root_rank, name):
                 _orphans.append(buf)
             raise
     _undeclare(name)
-    _capi.check(rc, "unisum.torch: broadcast of '%s'" % name)
+    _capi.check(rc, "unisum.torch: broadcast")
     if buf.data_ptr() != src.data_ptr():
         src.copy_(torch.view_as_complex(buf.to(torch.view_as_real(src).dtype))
                   if src.dtype.is_complex else buf.view_as(src))

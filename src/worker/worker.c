@@ -1667,7 +1667,11 @@ static int wk_release(int i)
 	struct wk_op *op = wk.ops[i];
 	wk.ops[i] = wk.ops[--wk.nops];
 	int rc = op->error;
-	if (rc != 0)
+	char quoted[260];
+	snprintf(quoted, sizeof quoted, "'%s'", op->t->name);
+	if (rc != 0 && strstr(op->why, quoted) != NULL)
+		log_fail(rc, "worker %d: %s", wk.rank, op->why);	/* it names the tensor */
+	else if (rc != 0)
 		log_fail(rc, "worker %d, tensor '%s': %s", wk.rank, op->t->name, op->why);
 	free(op);
 	return rc;
