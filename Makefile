@@ -27,12 +27,20 @@ demo-c: build
 	$(BUILD)/unisum launch -w 2 -s 1 -- $(BUILD)/train_logreg
 
 # Everything: the suites, then the C suites again under ASan+UBSan and
-# under ThreadSanitizer.  `make check` is the first part alone.
-test: check
-	@$(MAKE) --no-print-directory test-sanitize
+# under ThreadSanitizer, and how long each part took.  `make check` is the
+# first part alone.
+test: build
+	@t0=$$(date +%s); \
+	$(MAKE) --no-print-directory check || exit 1; t1=$$(date +%s); \
+	sh tests/sanitize.sh asan || exit 1; t2=$$(date +%s); \
+	sh tests/sanitize.sh tsan || exit 1; t3=$$(date +%s); \
+	echo "make test: every suite passed: tests $$((t1 - t0)) s, ASan+UBSan $$((t2 - t1)) s," \
+		"TSan $$((t3 - t2)) s; $$((t3 - t0)) s in all"
 
+# Tests that launch jobs run one at a time (RUN_SERIAL); the rest share
+# the cores.
 check: build
-	cd $(BUILD) && ctest --output-on-failure -j 1
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # The C suites again under AddressSanitizer + UndefinedBehaviorSanitizer +
 # LeakSanitizer, then under ThreadSanitizer (the Python suite loads the
