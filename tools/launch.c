@@ -135,6 +135,7 @@
 #include "log/log.h"
 #include "rendezvous/rendezvous.h"
 #include "shm/shm.h"
+#include "timing/timing.h"
 #include "tools.h"
 #include "transport/auth.h"
 #include "transport/transport.h"
@@ -296,14 +297,6 @@ struct launcher {
 };
 
 /* ---- small helpers ------------------------------------------------------- */
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static const char *role_name(int role)
 {
@@ -508,10 +501,10 @@ static void sched_collect(struct launcher *l)
 static bool sched_await(struct launcher *l, int timeout_ms)
 {
 	struct pollfd p = { .fd = l->waiter_pipe[0], .events = POLLIN };
-	int64_t deadline = now_ms() + timeout_ms;
+	int64_t deadline = timing_now_ms() + timeout_ms;
 
 	while (!l->sched_done) {
-		int64_t left = deadline - now_ms();
+		int64_t left = deadline - timing_now_ms();
 
 		if (left <= 0)
 			break;
@@ -557,7 +550,7 @@ static void job_fail(struct launcher *l, int status, const char *fmt, ...)
 	for (int i = l->echo_ms != 0 ? 0 : 1; i < l->nechoes; i++)
 		fprintf(stderr, "unisum launch: then %s\n", l->echoes[i]);
 	children_signal(l, SIGTERM);
-	l->kill_at_ms = now_ms() + LAUNCH_TERM_GRACE_MS;
+	l->kill_at_ms = timing_now_ms() + LAUNCH_TERM_GRACE_MS;
 }
 
 /* Sends SIGKILL to every child still running, naming each. */
@@ -572,7 +565,7 @@ static void job_kill(struct launcher *l)
 	}
 	children_signal(l, SIGKILL);
 	l->killed = true;
-	l->kill_at_ms = now_ms();
+	l->kill_at_ms = timing_now_ms();
 }
 
 /* ---- children ------------------------------------------------------------ */
@@ -911,7 +904,7 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 		 * is blamed when it ends, within a second; this one only if
 		 * none does. */
 		if (l->nechoes == 0) {
-			l->echo_ms = now_ms();
+			l->echo_ms = timing_now_ms();
 			l->echo_status = code;
 		}
 		if (l->nechoes < LAUNCH_MAX_ECHOES)
@@ -936,7 +929,7 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 			all = l->children[i].role != CHILD_WORKER || l->children[i].pid == 0 ||
 			      !l->children[i].running;
 		if (all)
-			l->workers_done_ms = now_ms();
+			l->workers_done_ms = timing_now_ms();
 	}
 }
 
@@ -1162,7 +1155,7 @@ static int loop_run(struct launcher *l)
 		goto out_free;
 	}
 	while (children_running(l) > 0) {
-		int64_t now = now_ms();
+		int64_t now = timing_now_ms();
 		int n;
 
 		if (l->stopping && now >= l->kill_at_ms) {
@@ -1190,12 +1183,12 @@ static int loop_run(struct launcher *l)
 		if (fds[1].revents) {
 			sched_collect(l);
 			if (l->sched_done && l->sched_rc != 0 && !l->stopping)
-				l->sched_failed_ms = now_ms();
+				l->sched_failed_ms = timing_now_ms();
 		}
 		if (fds[0].revents)
 			signals_handle(l);
 		children_reap(l);
-		deadlines_check(l, now_ms());
+		deadlines_check(l, timing_now_ms());
 	}
 out_free:
 	free(fds);
@@ -1208,14 +1201,14 @@ out_free:
  * a grandchild still holds open is read for LAUNCH_DRAIN_MS at most. */
 static void output_finish(struct launcher *l)
 {
-	int64_t deadline = now_ms() + LAUNCH_DRAIN_MS;
+	int64_t deadline = timing_now_ms() + LAUNCH_DRAIN_MS;
 	size_t slots = 2 * (size_t)l->nchildren + 2;
 	struct pollfd *fds = calloc(slots, sizeof(*fds));
 	struct stream **streams = calloc(slots, sizeof(*streams));
 	struct child **owners = calloc(slots, sizeof(*owners));
 
 	while (fds && streams && owners) {
-		int64_t left = deadline - now_ms();
+		int64_t left = deadline - timing_now_ms();
 		int n = loop_fds(l, fds, 0, streams, owners);
 
 		if (n == 0 || left <= 0)
@@ -1991,7 +1984,7 @@ int launch_main(int argc, char **argv)
 		goto out_free_children;
 	announce(l);
 
-	l->start_ms = now_ms();
+	l->start_ms = timing_now_ms();
 	l->job_started = true;
 	for (int i = 0; i < l->nchildren; i++) {
 		struct child *c = &l->children[i];

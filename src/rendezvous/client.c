@@ -25,6 +25,7 @@
 #include "rendezvous/rdv_proto.h"
 #include "rendezvous/rendezvous.h"
 #include "placement/placement.h"
+#include "timing/timing.h"
 #include "wire/wire.h"
 
 struct rdv_client {
@@ -63,12 +64,6 @@ struct rdv_client {
 	bool closing;			/* rdv_client_free() has started */
 };
 
-static int64_t rdv_now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static int rdv_send(struct rdv_client *c, const struct wire_hdr *h, const void *payload)
 {
@@ -122,7 +117,7 @@ static void *rdv_reader_main(void *arg)
 		void *payload;
 		char why[256];
 		int rc = rdv_recv(c, &h, &payload, why, sizeof why);
-		atomic_store(&c->last_rx_ms, rdv_now_ms());
+		atomic_store(&c->last_rx_ms, timing_now_ms());
 		if (rc != 0) {
 			char msg[400];
 			snprintf(msg, sizeof msg, "lost the scheduler at %s: %s (did the scheduler or "
@@ -207,16 +202,12 @@ static void *rdv_heartbeat_main(void *arg)
 	struct wire_hdr hb = {.type = WIRE_HEARTBEAT, .sender = c->id};
 	pthread_mutex_lock(&c->lock);
 	while (!c->closing && c->failed == 0) {
-		struct timespec until;
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_nsec += (long)(c->heartbeat_ms % 1000) * 1000000;
-		until.tv_sec += c->heartbeat_ms / 1000 + until.tv_nsec / 1000000000;
-		until.tv_nsec %= 1000000000;
+		struct timespec until = timing_deadline(c->heartbeat_ms);
 		pthread_cond_timedwait(&c->replied, &c->lock, &until);
 		if (c->closing || c->failed != 0)
 			break;
 		pthread_mutex_unlock(&c->lock);
-		int64_t silent = rdv_now_ms() - atomic_load(&c->last_rx_ms);
+		int64_t silent = timing_now_ms() - atomic_load(&c->last_rx_ms);
 		if (silent >= c->timeout_ms) {
 			char msg[400];
 			snprintf(msg, sizeof msg,
@@ -352,7 +343,7 @@ int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn noti
 	pthread_mutex_init(&c->request_lock, NULL);
 	pthread_mutex_init(&c->send_lock, NULL);
 	pthread_mutex_init(&c->lock, NULL);
-	pthread_cond_init(&c->replied, NULL);
+	timing_cond_init(&c->replied);
 
 	int rc = c->tp->connect(cfg->scheduler_host, cfg->scheduler_port, cfg->timeout_ms, &c->conn);
 	if (rc != 0)
@@ -362,7 +353,7 @@ int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn noti
 		goto out_conn;
 	c->heartbeat_ms = cfg->heartbeat_ms;
 	c->timeout_ms = cfg->timeout_ms;
-	atomic_store(&c->last_rx_ms, rdv_now_ms());
+	atomic_store(&c->last_rx_ms, timing_now_ms());
 	if (pthread_create(&c->reader, NULL, rdv_reader_main, c) != 0) {
 		rc = UNISUM_ESYS;
 		goto out_conn;
@@ -487,14 +478,7 @@ int rdv_client_barrier_wait(struct rdv_client *c, int group, int timeout_ms)
 			return rc;
 		}
 	}
-	struct timespec until;
-	clock_gettime(CLOCK_REALTIME, &until);
-	if (timeout_ms >= 0) {
-		until.tv_sec += timeout_ms / 1000;
-		until.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-		until.tv_sec += until.tv_nsec / 1000000000;
-		until.tv_nsec %= 1000000000;
-	}
+	struct timespec until = timing_deadline(timeout_ms >= 0 ? timeout_ms : 0);
 	pthread_mutex_lock(&c->lock);
 	int timed_out = 0;
 	while (c->barrier_done[group] != c->barrier_entered[group] && c->failed == 0 && !timed_out)

@@ -21,6 +21,7 @@
 #include "placement/placement.h"
 #include "rendezvous/rdv_proto.h"
 #include "rendezvous/rendezvous.h"
+#include "timing/timing.h"
 #include "wire/wire.h"
 
 struct sched_node {
@@ -92,12 +93,6 @@ struct rdv_scheduler {
 	int result;			/* what rdv_scheduler_wait returns */
 };
 
-static int64_t sched_now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static int sched_send(struct sched_node *n, const struct wire_hdr *h, const void *payload)
 {
@@ -443,7 +438,7 @@ static void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int 
 	pthread_mutex_lock(&s->lock);
 	n->in_barrier[group] = true;
 	if (s->barrier_since[group] == 0) {
-		s->barrier_since[group] = sched_now_ms();
+		s->barrier_since[group] = timing_now_ms();
 		s->barrier_stall[group] = 0;
 	}
 	int need = 0, have = 0;
@@ -593,7 +588,7 @@ static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const
 			wire_buf_fini(&b);
 			return UNISUM_EPROTO;
 		}
-		s->placed_ms = sched_now_ms();
+		s->placed_ms = timing_now_ms();
 		if (LOG_LEVEL_DEBUG >= log_threshold) {
 			for (uint32_t i = 0; i < nparts; i++)
 				LOG_DEBUG("placed '%s' part %u (%llu elements at %llu) on server %u", name, i,
@@ -709,7 +704,7 @@ static void *sched_node_main(void *arg)
 		rc = s->tp->recv_header(n->conn, &h, why, sizeof why);
 		if (rc != 0)
 			break;
-		atomic_store(&n->last_seen_ms, sched_now_ms());
+		atomic_store(&n->last_seen_ms, timing_now_ms());
 		free(payload);
 		payload = NULL;
 		if (h.payload_len > 0) {
@@ -895,15 +890,11 @@ static void *sched_monitor_main(void *arg)
 	struct rdv_scheduler *s = arg;
 	pthread_mutex_lock(&s->lock);
 	while (!sched_is_finished(s)) {
-		struct timespec until;
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_nsec += (long)(s->heartbeat_ms % 1000) * 1000000;
-		until.tv_sec += s->heartbeat_ms / 1000 + until.tv_nsec / 1000000000;
-		until.tv_nsec %= 1000000000;
+		struct timespec until = timing_deadline(s->heartbeat_ms);
 		pthread_cond_timedwait(&s->changed, &s->lock, &until);
 		if (!s->book_sent || sched_is_finished(s))
 			continue;
-		int64_t now = sched_now_ms();
+		int64_t now = timing_now_ms();
 		sched_log_loads(s, now);
 		sched_check_barriers(s, now);
 		struct wire_hdr hb = {.type = WIRE_HEARTBEAT};
@@ -1034,7 +1025,7 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 	if (s->nodes == NULL || placement_init(&s->placement, cfg->placement, num_servers, NULL) != 0)
 		goto out_free;
 	pthread_mutex_init(&s->lock, NULL);
-	pthread_cond_init(&s->changed, NULL);
+	timing_cond_init(&s->changed);
 	rc = tp->listen(host, port, &s->listener, port_out);
 	if (rc != 0)
 		goto out_free;

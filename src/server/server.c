@@ -65,6 +65,7 @@
 #include "reducer/reducer.h"
 #include "rendezvous/rendezvous.h"
 #include "shm/shm.h"
+#include "timing/timing.h"
 #include "transport/transport.h"
 #include "wire/wire.h"
 
@@ -485,13 +486,6 @@ static void *srv_send_main(void *arg)
 
 /* ---- engines ------------------------------------------------------------ */
 
-static int64_t srv_now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* How often an engine looks for stalls: a quarter of the shortest limit,
  * at most once a second. */
 static int srv_stall_period_ms(const struct server *srv)
@@ -627,7 +621,7 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 	if (!s->active) {
 		s->active = true;
 		s->round = ev->round;
-		s->started_ms = srv_now_ms();
+		s->started_ms = timing_now_ms();
 		s->stall_level = 0;
 		s->wire_op = ev->wire_op;
 		s->op_worker = ev->worker;
@@ -723,8 +717,9 @@ static void srv_on_retire(struct server *srv, struct srv_key *k)
  * have not, for longer than the stall limits (see DESIGN above). */
 static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 {
-	int64_t now = srv_now_ms();
+	int64_t now = timing_now_ms();
 	const struct config *cfg = srv->cfg;
+	char abort_msg[768] = "";	/* the first stall past the abort limit */
 	pthread_mutex_lock(&srv->lock);
 	for (size_t i = 0; i < e->nkeys; i++) {
 		struct srv_key *k = e->keys[i];
@@ -765,29 +760,29 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 			} else {
 				LOG_ERROR("%s (UNISUM_STALL_ABORT_MS=%d: failing the job)", msg,
 					  cfg->stall_abort_ms);
-				rdv_client_fail_job(srv->rdv, UNISUM_ETIMEDOUT, msg);
+				if (abort_msg[0] == '\0')
+					snprintf(abort_msg, sizeof abort_msg, "%s", msg);
 			}
 		}
 	}
 	pthread_mutex_unlock(&srv->lock);
+	/* Socket I/O after the lock is let go. */
+	if (abort_msg[0] != '\0')
+		rdv_client_fail_job(srv->rdv, UNISUM_ETIMEDOUT, abort_msg);
 }
 
 static void *srv_engine_main(void *arg)
 {
 	struct srv_engine *e = arg;
-	int64_t next_check = srv_now_ms() + srv_stall_period_ms(e->srv);
+	int64_t next_check = timing_now_ms() + srv_stall_period_ms(e->srv);
 	for (;;) {
-		if (srv_now_ms() >= next_check) {
+		if (timing_now_ms() >= next_check) {
 			srv_check_stalls(e->srv, e);
-			next_check = srv_now_ms() + srv_stall_period_ms(e->srv);
+			next_check = timing_now_ms() + srv_stall_period_ms(e->srv);
 		}
 		pthread_mutex_lock(&e->lock);
-		while (e->head == NULL && !e->stop && srv_now_ms() < next_check) {
-			struct timespec until;
-			clock_gettime(CLOCK_REALTIME, &until);
-			until.tv_nsec += 200 * 1000000;
-			until.tv_sec += until.tv_nsec / 1000000000;
-			until.tv_nsec %= 1000000000;
+		while (e->head == NULL && !e->stop && timing_now_ms() < next_check) {
+			struct timespec until = timing_deadline(200);
 			pthread_cond_timedwait(&e->cond, &e->lock, &until);
 		}
 		struct srv_event *ev = e->head;
@@ -1265,7 +1260,7 @@ int server_run(const struct config *cfg, bool *elsewhere)
 		struct srv_engine *e = &srv->engines[started];
 		e->srv = srv;
 		pthread_mutex_init(&e->lock, NULL);
-		pthread_cond_init(&e->cond, NULL);
+		timing_cond_init(&e->cond);
 		if (pthread_create(&e->thread, NULL, srv_engine_main, e) != 0) {
 			rc = UNISUM_ESYS;
 			goto out_engines;

@@ -16,6 +16,7 @@
 
 #include "config/config.h"
 #include "log/log.h"
+#include "timing/timing.h"
 #include "unisum.h"
 
 #define TRACE_RING 65536	/* records; a few MB, drained ten times a second */
@@ -241,13 +242,7 @@ static void *trace_writer_main(void *arg)
 	pthread_mutex_lock(&tr.lock);
 	for (;;) {
 		if (tr.count == 0 && !tr.closing) {
-			struct timespec until;
-			clock_gettime(CLOCK_REALTIME, &until);
-			until.tv_nsec += 100 * 1000000;
-			if (until.tv_nsec >= 1000000000) {
-				until.tv_sec++;
-				until.tv_nsec -= 1000000000;
-			}
+			struct timespec until = timing_deadline(100);
 			pthread_cond_timedwait(&tr.cond, &tr.lock, &until);
 		}
 		size_t n = 0;
@@ -291,10 +286,19 @@ static int mkdir_p(const char *path)
 	return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
+/* tr.cond's timed waits run on the monotonic clock (made once). */
+static pthread_once_t tr_cond_once = PTHREAD_ONCE_INIT;
+
+static void tr_cond_init(void)
+{
+	timing_cond_init(&tr.cond);
+}
+
 int trace_open(const struct config *cfg, int rank)
 {
 	if (!cfg->trace_on)
 		return 0;
+	pthread_once(&tr_cond_once, tr_cond_init);
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	tr.origin_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;

@@ -55,6 +55,7 @@
 #include "log/log.h"
 #include "reducer/reducer.h"
 #include "shm/shm.h"
+#include "timing/timing.h"
 #include "trace/trace.h"
 #include "wire/wire.h"
 #include "worker/local.h"
@@ -174,12 +175,6 @@ static struct {
 
 static bool lc_region_give(uint64_t region);
 
-static int64_t lc_now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static size_t lc_seg_bytes(int local_size)
 {
@@ -332,7 +327,7 @@ typedef int (*lc_cond_fn)(struct local_op *op, void *arg);
  * (recorded in op). */
 static int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *what)
 {
-	int64_t start = lc_now_ms(), next_check = start;
+	int64_t start = timing_now_ms(), next_check = start;
 	bool warned = false;
 	for (;;) {
 		uint32_t seq = shm_flag_load(&lc.seg->flag);
@@ -341,7 +336,7 @@ static int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *
 			return 0;
 		if (rc < 0)
 			return rc;
-		int64_t now = lc_now_ms();
+		int64_t now = timing_now_ms();
 		if (now >= next_check) {
 			char why[512];
 			int f = lc.hooks.failed(why, sizeof why);
@@ -778,13 +773,7 @@ static void lc_await_pulls(struct local_op *op)
 {
 	pthread_mutex_lock(&lc.lock);
 	while (op->npulled < op->pushed) {
-		struct timespec until;
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_nsec += LC_SLICE_MS * 1000000L;
-		if (until.tv_nsec >= 1000000000L) {
-			until.tv_sec++;
-			until.tv_nsec -= 1000000000L;
-		}
+		struct timespec until = timing_deadline(LC_SLICE_MS);
 		pthread_cond_timedwait(&lc.cond, &lc.lock, &until);
 	}
 	pthread_mutex_unlock(&lc.lock);
@@ -798,8 +787,8 @@ static void lc_quiesce(struct local_op *op)
 	atomic_store(&op->mine->err, err != 0 ? err : UNISUM_ECONN);
 	atomic_store_explicit(&op->mine->bcast, lc_pack(op->req.round, 1), memory_order_release);
 	lc_post();
-	int64_t until = lc_now_ms() + LC_QUIESCE_MS;
-	while (lc_now_ms() < until) {
+	int64_t until = timing_now_ms() + LC_QUIESCE_MS;
+	while (timing_now_ms() < until) {
 		bool busy = false;
 		for (int q = 0; q < lc.cfg.local_size && !busy; q++) {
 			struct lc_peer *p = &op->peers[q];
@@ -1005,8 +994,8 @@ static void *lc_finish_main(void *arg)
 		 * taken before lc.lock.) */
 		char why[512];
 		if (failed_at == 0 && lc.hooks.failed(why, sizeof why) != 0)
-			failed_at = lc_now_ms();
-		bool give_up = failed_at != 0 && lc_now_ms() - failed_at > LC_QUIESCE_MS;
+			failed_at = timing_now_ms();
+		bool give_up = failed_at != 0 && timing_now_ms() - failed_at > LC_QUIESCE_MS;
 		pthread_mutex_lock(&lc.lock);
 		while (lc.finish == NULL && !lc.bcast_q.closed)
 			pthread_cond_wait(&lc.cond, &lc.lock);
@@ -1178,7 +1167,7 @@ static bool lc_spawn(pthread_t *t, void *(*fn)(void *), bool *started)
 /* Waits (bounded) until every local rank has mapped the segment. */
 static int lc_await_attached(void)
 {
-	int64_t until = lc_now_ms() + lc.cfg.timeout_ms;
+	int64_t until = timing_now_ms() + lc.cfg.timeout_ms;
 	for (;;) {
 		uint32_t seq = shm_flag_load(&lc.seg->flag);
 		int missing = -1;
@@ -1191,7 +1180,7 @@ static int lc_await_attached(void)
 		int f = lc.hooks.failed(why, sizeof why);
 		if (f != 0)
 			return log_fail(f, "worker %d: %s", lc.cfg.rank, why);
-		int64_t left = until - lc_now_ms();
+		int64_t left = until - timing_now_ms();
 		if (left <= 0)
 			return log_fail(UNISUM_ETIMEDOUT, "worker %d (local rank %d of machine %d) waited "
 					"UNISUM_TIMEOUT_MS=%d ms for local rank %d (worker %d) to map the "
@@ -1240,8 +1229,17 @@ static void lc_unmap(void)
 	lc.seg = NULL;
 }
 
+/* lc.cond's timed waits run on the monotonic clock (made once). */
+static pthread_once_t lc_cond_once = PTHREAD_ONCE_INIT;
+
+static void lc_cond_init(void)
+{
+	timing_cond_init(&lc.cond);
+}
+
 int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
 {
+	pthread_once(&lc_cond_once, lc_cond_init);
 	lc.cfg = *cfg;
 	lc.hooks = *hooks;
 	snprintf(lc.job, sizeof lc.job, "%s", cfg->job);
@@ -1269,9 +1267,9 @@ int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
 		if (rc == 0) {
 			lc.seg = shm_seg_data(&lc.shm);
 			/* The root writes the magic just after creating it. */
-			int64_t until = lc_now_ms() + cfg->timeout_ms;
+			int64_t until = timing_now_ms() + cfg->timeout_ms;
 			while (atomic_load_explicit(&lc.seg->magic, memory_order_acquire) != LC_MAGIC &&
-			       lc_now_ms() < until)
+			       timing_now_ms() < until)
 				usleep(1000);
 			if (atomic_load(&lc.seg->magic) != LC_MAGIC ||
 			    lc.seg->local_size != (uint32_t)cfg->local_size ||

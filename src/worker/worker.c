@@ -50,6 +50,7 @@
 #include "sched/sched.h"
 #include "trace/trace.h"
 #include "shm/shm.h"
+#include "timing/timing.h"
 #include "worker/local.h"
 #include "transport/auth.h"
 #include "transport/transport.h"
@@ -409,9 +410,7 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	bool closing = c->closing;
 	pthread_mutex_unlock(&c->lock);
 	if (wk.failed == 0 && !closing) {
-		struct timespec until;
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_sec += 2;
+		struct timespec until = timing_deadline(2000);
 		while (wk.failed == 0 &&
 		       pthread_cond_timedwait(&wk.failed_cond, &wk.lock, &until) == 0)
 			;
@@ -908,9 +907,21 @@ static void wk_close_conns(void)
 	wk.conns = NULL;
 }
 
+/* The condition variables with timed waits, made once to wait on the
+ * monotonic clock. */
+static pthread_once_t wk_conds_once = PTHREAD_ONCE_INIT;
+
+static void wk_conds_init(void)
+{
+	timing_cond_init(&wk.done_cond);
+	timing_cond_init(&wk.failed_cond);
+	timing_cond_init(&tn.cond);
+}
+
 int unisum_init(void)
 {
 	char err[512];
+	pthread_once(&wk_conds_once, wk_conds_init);
 	if (wk.initialized)
 		return 0;
 	if (wk.left)
@@ -1202,14 +1213,7 @@ static int wk_setting_of(uint32_t epoch, struct wk_setting *out, bool *final)
 	/* Worker 0 posts epoch e + 1 when it starts epoch e, a whole epoch
 	 * before anyone needs it; waiting longer than the failure timeout
 	 * means it never will (UNISUM_AUTOTUNE or _STEPS differ). */
-	struct timespec until;
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += wk.cfg.timeout_ms / 1000;
-	until.tv_nsec += (long)(wk.cfg.timeout_ms % 1000) * 1000000;
-	if (until.tv_nsec >= 1000000000) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000;
-	}
+	struct timespec until = timing_deadline(wk.cfg.timeout_ms);
 	pthread_mutex_lock(&tn.lock);
 	int timed_out = 0;
 	while (epoch >= tn.nepochs && !tn.final && !atomic_load(&tn.failed) && timed_out == 0)
@@ -1684,12 +1688,7 @@ int unisum_poll_timeout(unisum_handle h, int timeout_ms)
 	if (timeout_ms < 0)
 		return log_fail(UNISUM_EINVAL, "unisum_poll_timeout: timeout_ms must not be negative, "
 				"got %d", timeout_ms);
-	struct timespec until;	/* done_cond waits on the realtime clock */
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += timeout_ms / 1000;
-	until.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-	until.tv_sec += until.tv_nsec / 1000000000;
-	until.tv_nsec %= 1000000000;
+	struct timespec until = timing_deadline(timeout_ms);
 	pthread_mutex_lock(&wk.lock);
 	int i = wk_find_op(h), rc;
 	if (i < 0) {
