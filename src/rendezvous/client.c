@@ -175,10 +175,8 @@ static void *rdv_reader_main(void *arg)
 			rdv_fail(c, UNISUM_ESHUTDOWN, "the scheduler ended the job: every worker is done");
 			return NULL;
 		case WIRE_ERROR: {
-			char text[768] = "the job failed";
-			struct wire_reader r;
-			wire_reader_init(&r, payload, h.payload_len);
-			wire_read_str(&r, text, sizeof text);
+			char text[768];
+			wire_error_decode(payload, h.payload_len, text, sizeof text);
 			free(payload);
 			if (h.key != 0) {
 				/* One tensor is unusable; the job goes on. */
@@ -244,19 +242,18 @@ static void rdv_host_identity(char *out, size_t len)
 
 static int rdv_register(struct rdv_client *c, const struct config *cfg, int listen_port)
 {
+	bool worker = cfg->role == CONFIG_ROLE_WORKER;
+	struct rdv_register m = {.role = cfg->role, .req_rank = worker ? cfg->worker_id : cfg->server_id,
+				 .port = listen_port, .local_rank = worker ? cfg->local_rank : 0,
+				 .local_size = worker ? cfg->local_size : 1, .pid = (int)getpid()};
+	if (strlen(cfg->node_host) >= sizeof m.host)
+		return log_fail(UNISUM_ECONFIG, "this node's address '%s' (UNISUM_NODE_HOST) is longer "
+				"than %zu characters", cfg->node_host, sizeof m.host - 1);
+	memcpy(m.host, cfg->node_host, strlen(cfg->node_host) + 1);
+	rdv_host_identity(m.host_id, sizeof m.host_id);
 	struct wire_buf b;
 	wire_buf_init(&b);
-	wire_buf_u32(&b, (uint32_t)cfg->role);
-	wire_buf_u32(&b, (uint32_t)(cfg->role == CONFIG_ROLE_WORKER ? cfg->worker_id : cfg->server_id));
-	wire_buf_u32(&b, (uint32_t)listen_port);
-	bool worker = cfg->role == CONFIG_ROLE_WORKER;
-	wire_buf_u32(&b, worker ? (uint32_t)cfg->local_rank : 0);
-	wire_buf_u32(&b, worker ? (uint32_t)cfg->local_size : 1);
-	wire_buf_str(&b, cfg->node_host);
-	char host_id[64];
-	rdv_host_identity(host_id, sizeof host_id);
-	wire_buf_u32(&b, (uint32_t)getpid());
-	wire_buf_str(&b, host_id);
+	rdv_register_encode(&m, &b);
 	if (b.failed) {
 		wire_buf_fini(&b);
 		return UNISUM_ENOMEM;
@@ -274,42 +271,25 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 		return log_fail(rc, "no address book from the scheduler at %s: %s",
 				c->tp->peer_name(c->conn), why);
 	if (h.type == WIRE_ERROR) {
-		char text[512] = "";
-		struct wire_reader r;
-		wire_reader_init(&r, payload, h.payload_len);
-		wire_read_str(&r, text, sizeof text);
+		char text[512];
+		wire_error_decode(payload, h.payload_len, text, sizeof text);
 		free(payload);
 		return log_fail(UNISUM_EREMOTE, "the scheduler refused the job: %s", text);
 	}
-	struct wire_reader r;
-	wire_reader_init(&r, payload, h.payload_len);
-	c->id = wire_read_u32(&r);
-	uint32_t local_size = wire_read_u32(&r);
-	uint32_t n = wire_read_u32(&r);
-	if (h.type != WIRE_ADDRBOOK || r.failed || n == 0 || n > RDV_MAX_NODES || local_size < 1 ||
-	    local_size > RDV_MAX_LOCAL_SIZE) {
-		free(payload);
+	uint32_t local_size = 0, n = 0;
+	rc = h.type == WIRE_ADDRBOOK ? rdv_book_decode(payload, h.payload_len, &c->id, &local_size,
+						       &c->nodes, &n)
+				     : UNISUM_EPROTO;
+	free(payload);
+	if (rc == UNISUM_ENOMEM)
+		return rc;
+	if (rc != 0 || local_size < 1 || local_size > RDV_MAX_LOCAL_SIZE)
 		return log_fail(UNISUM_EPROTO, "the scheduler sent a malformed address book");
-	}
-	c->nodes = calloc(n, sizeof *c->nodes);
-	if (c->nodes == NULL) {
-		free(payload);
-		return UNISUM_ENOMEM;
-	}
 	c->local_size = (int)local_size;
 	int L = c->local_size, workers = 0;
 	bool consistent = true;
 	for (uint32_t i = 0; i < n; i++) {
 		struct rdv_node *node = &c->nodes[i];
-		node->id = wire_read_u32(&r);
-		node->role = (int)wire_read_u32(&r);
-		node->rank = (int)wire_read_u32(&r);
-		node->machine = (int)(int32_t)wire_read_u32(&r);
-		node->local_rank = (int)wire_read_u32(&r);
-		node->port = (int)wire_read_u32(&r);
-		wire_read_str(&r, node->host, sizeof node->host);
-		node->pid = (int)wire_read_u32(&r);
-		wire_read_str(&r, node->host_id, sizeof node->host_id);
 		if (node->id == c->id)
 			c->rank = node->rank;
 		/* A worker's machine and local rank follow from its rank. */
@@ -323,8 +303,7 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 	}
 	c->nnodes = (int)n;
 	c->num_machines = workers / L;
-	free(payload);
-	if (r.failed || r.left != 0 || !consistent || workers % L != 0)
+	if (!consistent || workers % L != 0)
 		return log_fail(UNISUM_EPROTO, "the scheduler sent a malformed address book");
 	return 0;
 }
@@ -511,8 +490,7 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
 	*servers_out = NULL;
 	struct wire_buf b;
 	wire_buf_init(&b);
-	wire_buf_str(&b, name);
-	wire_buf_u64(&b, partition_bytes);
+	rdv_declare_encode(&b, name, partition_bytes);
 	if (b.failed) {
 		wire_buf_fini(&b);
 		return UNISUM_ENOMEM;
@@ -526,44 +504,27 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
 		snprintf(why, why_len, "%s", log_last_error());
 		return rc;
 	}
-	struct wire_reader r;
-	wire_reader_init(&r, payload, reply.payload_len);
-	int status = (int)(int32_t)wire_read_u32(&r);
-	if (status != 0) {
-		wire_read_str(&r, why, why_len);
-		rc = r.failed ? UNISUM_EPROTO : log_known_error(status, UNISUM_EREMOTE);
-		free(payload);
+	int status;
+	uint32_t n;
+	struct placement_part *parts;
+	uint32_t *servers;
+	rc = rdv_declare_reply_decode(payload, reply.payload_len, &status, why, why_len, &n, &parts,
+				      &servers);
+	free(payload);
+	if (rc == UNISUM_ENOMEM)
 		return rc;
-	}
+	if (rc == 0 && status != 0)
+		return log_known_error(status, UNISUM_EREMOTE);
 	/* The cut must cover the tensor exactly with partitions no larger
 	 * than asked for, or a worker would read past its buffer. */
 	size_t esize = unisum_dtype_size(dtype);
-	uint64_t most = esize ? partition_bytes / esize : 0;
-	uint32_t n = wire_read_u32(&r);
-	struct placement_part *parts = NULL;
-	uint32_t *servers = NULL;
-	bool ok = !r.failed && n <= PLACEMENT_MAX_PARTS && (n == 0) == (count == 0) &&
-		  r.left == (size_t)n * 12;
-	if (ok && n > 0) {
-		parts = calloc(n, sizeof *parts);
-		servers = calloc(n, sizeof *servers);
-		if (parts == NULL || servers == NULL) {
-			free(parts);
-			free(servers);
-			free(payload);
-			return UNISUM_ENOMEM;
-		}
-	}
-	uint64_t off = 0;
+	uint64_t most = esize ? partition_bytes / esize : 0, off = 0;
+	bool ok = rc == 0 && (n == 0) == (count == 0);
 	for (uint32_t i = 0; ok && i < n; i++) {
-		parts[i].offset = off;
-		parts[i].count = wire_read_u64(&r);
-		servers[i] = wire_read_u32(&r);
 		ok = parts[i].count > 0 && parts[i].count <= most && parts[i].count <= count - off;
 		off += ok ? parts[i].count : 0;
 	}
-	free(payload);
-	if (!ok || r.failed || off != count || reply.key != placement_tensor_key(name)) {
+	if (!ok || off != count || reply.key != placement_tensor_key(name)) {
 		free(parts);
 		free(servers);
 		snprintf(why, why_len, "the scheduler's placement of '%s' does not cover its %llu "
@@ -575,28 +536,6 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
 	*nparts = n;
 	*parts_out = parts;
 	*servers_out = servers;
-	return 0;
-}
-
-void rdv_tune_encode(const struct rdv_tune *t, struct wire_buf *b)
-{
-	wire_buf_u64(b, t->partition_bytes);
-	wire_buf_u64(b, t->credit_bytes);
-	wire_buf_u32(b, t->final ? 1 : 0);
-}
-
-int rdv_tune_decode(const void *payload, size_t len, uint32_t epoch, struct rdv_tune *t)
-{
-	struct wire_reader r;
-	wire_reader_init(&r, payload, len);
-	t->epoch = epoch;
-	t->partition_bytes = wire_read_u64(&r);
-	t->credit_bytes = wire_read_u64(&r);
-	uint32_t final = wire_read_u32(&r);
-	t->final = final == 1;
-	if (r.failed || r.left != 0 || final > 1 || t->partition_bytes < 8 ||
-	    t->partition_bytes > (1ull << 30) || t->credit_bytes == 0)
-		return UNISUM_EPROTO;
 	return 0;
 }
 
@@ -627,28 +566,25 @@ int rdv_client_post_tune(struct rdv_client *c, const struct rdv_tune *t)
 	return rc;
 }
 
-void rdv_client_fail_job(struct rdv_client *c, int err, const char *why)
+/* Sends an ERROR about the job (key 0) or about the tensor of `key`. */
+static void rdv_send_error(struct rdv_client *c, uint64_t key, int err, const char *why)
 {
 	struct wire_buf b;
 	wire_buf_init(&b);
-	wire_buf_str(&b, why);
-	struct wire_hdr h = {.type = WIRE_ERROR, .sender = c->id, .aux = (uint32_t)-err,
-			     .payload_len = b.len};
-	if (!b.failed)
+	struct wire_hdr h = {.sender = c->id, .key = key};
+	if (wire_error_build(&h, &b, err, why) == 0)
 		rdv_send(c, &h, b.data);
 	wire_buf_fini(&b);
 }
 
+void rdv_client_fail_job(struct rdv_client *c, int err, const char *why)
+{
+	rdv_send_error(c, 0, err, why);
+}
+
 void rdv_client_poison_tensor(struct rdv_client *c, uint64_t key, const char *why)
 {
-	struct wire_buf b;
-	wire_buf_init(&b);
-	wire_buf_str(&b, why);
-	struct wire_hdr h = {.type = WIRE_ERROR, .sender = c->id, .key = key,
-			     .aux = (uint32_t)-UNISUM_EMISMATCH, .payload_len = b.len};
-	if (!b.failed)
-		rdv_send(c, &h, b.data);
-	wire_buf_fini(&b);
+	rdv_send_error(c, key, UNISUM_EMISMATCH, why);
 }
 
 void rdv_client_forget(struct rdv_client *c, uint64_t key)

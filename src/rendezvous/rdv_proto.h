@@ -3,13 +3,16 @@
  * (Internal to src/rendezvous.)
  *
  *   REGISTER   u32 role, u32 requested rank (int32, -1 = any; a worker's machine
- *              index), u32 port, u32 local rank, u32 local size (servers 0, 1), str host
+ *              index), u32 port, u32 local rank, u32 local size (servers 0, 1), str host,
+ *              u32 pid, str host identity
  *   ADDRBOOK   u32 your id, u32 local size, u32 n, n x {u32 id, u32 role, u32 rank,
- *              u32 machine (int32, -1 for servers), u32 local rank, u32 port, str host}
+ *              u32 machine (int32, -1 for servers), u32 local rank, u32 port, str host,
+ *              u32 pid, str host identity}
  *   BARRIER    header aux = group; BARRIER_DONE the same
  *   DECLARE    request: header dtype, count; payload str name, u64 partition_bytes
- *              reply:   header key; payload u32 status (0 or -error),
- *                       then n x u32 server rank, or str message
+ *              reply:   header key; payload u32 status (0 or -error), then
+ *                       u32 n, n x {u64 count, u32 server rank} (the cut, in order),
+ *                       or str message
  *   SHUTDOWN   worker -> scheduler: goodbye; scheduler -> server: stop now
  *   ERROR      scheduler -> node: the job failed; header key 0, aux = -error, payload str why
  *              node -> scheduler: fail the job for this reason (a stalled round or
@@ -26,7 +29,57 @@
 #ifndef UNISUM_RDV_PROTO_H
 #define UNISUM_RDV_PROTO_H
 
+#include <stddef.h>
+#include <stdint.h>
+
+#include "placement/placement.h"
+#include "rendezvous/rendezvous.h"
+#include "wire/wire.h"
+
 #define RDV_MAX_NODES 4096
 #define RDV_MAX_LOCAL_SIZE 1024	/* UNISUM_LOCAL_SIZE's upper bound */
+
+/* One codec per payload (proto.c).  Every decoder returns 0, or
+ * UNISUM_EPROTO when the payload is not of the message's shape (a field
+ * missing, bytes left over, a string that does not fit), or UNISUM_ENOMEM;
+ * the receiver checks what the values mean. */
+
+/* REGISTER. */
+struct rdv_register {
+	int role;			/* CONFIG_ROLE_SERVER or CONFIG_ROLE_WORKER */
+	int req_rank;			/* -1 = any; a worker's machine, a server's rank */
+	int port;			/* servers: where workers connect */
+	int local_rank, local_size;	/* servers: 0, 1 */
+	char host[64];			/* the address peers use */
+	int pid;
+	char host_id[64];		/* boot id and namespaces (rdv_client_same_host) */
+};
+void rdv_register_encode(const struct rdv_register *m, struct wire_buf *b);
+int rdv_register_decode(const void *payload, size_t len, struct rdv_register *m);
+
+/* ADDRBOOK: the head, then one entry per node. */
+void rdv_book_encode_head(struct wire_buf *b, uint32_t your_id, uint32_t local_size, uint32_t n);
+void rdv_book_encode_node(struct wire_buf *b, const struct rdv_node *node);
+/* *nodes is malloc'd, n (1 .. RDV_MAX_NODES) entries. */
+int rdv_book_decode(const void *payload, size_t len, uint32_t *your_id, uint32_t *local_size,
+		    struct rdv_node **nodes, uint32_t *n);
+
+/* DECLARE request (the dtype and count travel in the header). */
+void rdv_declare_encode(struct wire_buf *b, const char *name, uint64_t partition_bytes);
+int rdv_declare_decode(const void *payload, size_t len, char *name, size_t name_len,
+		       uint64_t *partition_bytes);
+
+/* DECLARE reply: the cut and its servers, or a refusal (-error, text).
+ * decode: *status 0 with *parts (offsets filled in, counts summed as
+ * sent) and *servers malloc'd, n (<= PLACEMENT_MAX_PARTS) entries; or
+ * *status < 0 with why filled in. */
+void rdv_placed_encode(struct wire_buf *b, uint32_t n, const struct placement_part *parts,
+		       const uint32_t *servers);
+void rdv_refused_encode(struct wire_buf *b, int err, const char *why);
+int rdv_declare_reply_decode(const void *payload, size_t len, int *status, char *why, size_t why_len,
+			     uint32_t *n, struct placement_part **parts, uint32_t **servers);
+
+/* TUNE: rdv_tune_encode / rdv_tune_decode in rendezvous.h (worker.c's
+ * tuner uses them too). */
 
 #endif /* UNISUM_RDV_PROTO_H */

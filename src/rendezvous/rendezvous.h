@@ -180,8 +180,8 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
 void rdv_client_fail_job(struct rdv_client *c, int err, const char *why);
 
 /* Asks the scheduler to tell every node that tensor `key` can never be
- * summed, for `why` (the workers of a machine found that they disagree on
- * its collective): the others stop waiting for this machine's push. */
+ * summed, for `why` (the workers of a machine, or a server, found that
+ * they disagree on its collective): the others stop waiting for it. */
 void rdv_client_poison_tensor(struct rdv_client *c, uint64_t key, const char *why);
 
 /* Tells the scheduler that this worker undeclared the tensor of `key`

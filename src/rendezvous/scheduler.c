@@ -123,9 +123,8 @@ static void sched_send_error(struct sched_node *n, int err, const char *why)
 {
 	struct wire_buf b;
 	wire_buf_init(&b);
-	wire_buf_str(&b, why);
-	struct wire_hdr h = {.type = WIRE_ERROR, .aux = (uint32_t)-err, .payload_len = b.len};
-	if (!b.failed)
+	struct wire_hdr h = {0};
+	if (wire_error_build(&h, &b, err, why) == 0)
 		sched_send(n, &h, b.data);
 	wire_buf_fini(&b);
 }
@@ -295,22 +294,17 @@ static int sched_send_addrbook(struct rdv_scheduler *s)
 			continue;
 		struct wire_buf b;
 		wire_buf_init(&b);
-		wire_buf_u32(&b, me->id);
-		wire_buf_u32(&b, (uint32_t)s->local_size);
-		wire_buf_u32(&b, (uint32_t)s->registered);
+		rdv_book_encode_head(&b, me->id, (uint32_t)s->local_size, (uint32_t)s->registered);
 		for (int j = 0; j < s->nnodes; j++) {
 			struct sched_node *n = s->nodes[j];
 			if (!n->registered)
 				continue;
-			wire_buf_u32(&b, n->id);
-			wire_buf_u32(&b, (uint32_t)n->role);
-			wire_buf_u32(&b, (uint32_t)n->rank);
-			wire_buf_u32(&b, (uint32_t)n->machine);
-			wire_buf_u32(&b, (uint32_t)n->local_rank);
-			wire_buf_u32(&b, (uint32_t)n->port);
-			wire_buf_str(&b, n->host);
-			wire_buf_u32(&b, (uint32_t)n->pid);
-			wire_buf_str(&b, n->host_id);
+			struct rdv_node entry = {.id = n->id, .role = n->role, .rank = n->rank,
+						 .machine = n->machine, .local_rank = n->local_rank,
+						 .port = n->port, .pid = n->pid};
+			snprintf(entry.host, sizeof entry.host, "%s", n->host);
+			snprintf(entry.host_id, sizeof entry.host_id, "%s", n->host_id);
+			rdv_book_encode_node(&b, &entry);
 		}
 		struct wire_hdr h = {.type = WIRE_ADDRBOOK, .payload_len = b.len};
 		if (b.failed)
@@ -359,19 +353,13 @@ static int sched_check_local_size(struct rdv_scheduler *s, struct sched_node *n,
 static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, const void *payload,
 			     size_t len, char *why, size_t why_len)
 {
-	struct wire_reader r;
-	wire_reader_init(&r, payload, len);
-	int role = (int)wire_read_u32(&r);
-	int req = (int)(int32_t)wire_read_u32(&r);
-	int port = (int)wire_read_u32(&r);
-	uint32_t local_rank = wire_read_u32(&r);
-	uint32_t local_size = wire_read_u32(&r);
-	char host[64], host_id[64];
-	wire_read_str(&r, host, sizeof host);
-	int pid = (int)wire_read_u32(&r);
-	wire_read_str(&r, host_id, sizeof host_id);
+	struct rdv_register m;
+	int bad = rdv_register_decode(payload, len, &m);
+	int role = m.role, req = m.req_rank, port = m.port, pid = m.pid;
+	uint32_t local_rank = (uint32_t)m.local_rank, local_size = (uint32_t)m.local_size;
+	const char *host = m.host, *host_id = m.host_id;
 	bool server = role == CONFIG_ROLE_SERVER, worker = role == CONFIG_ROLE_WORKER;
-	if (r.failed || r.left != 0 || (!server && !worker) || port < 0 || port > 65535 || req < -1 ||
+	if (bad || (!server && !worker) || port < 0 || port > 65535 || req < -1 ||
 	    (worker && req >= s->num_machines) || (server && req >= s->num_servers) ||
 	    (server && (local_rank != 0 || local_size != 1)) || local_size < 1 ||
 	    local_size > RDV_MAX_LOCAL_SIZE || local_rank >= local_size) {
@@ -479,12 +467,11 @@ static void sched_poison(struct rdv_scheduler *s, uint64_t key, const char *why)
 {
 	struct wire_buf b;
 	wire_buf_init(&b);
-	wire_buf_str(&b, why);
-	struct wire_hdr h = {.type = WIRE_ERROR, .key = key, .aux = (uint32_t)-UNISUM_EMISMATCH,
-			     .payload_len = b.len};
+	struct wire_hdr h = {.key = key};
+	bool built = wire_error_build(&h, &b, UNISUM_EMISMATCH, why) == 0;
 	for (int i = 0; i < s->nnodes; i++) {
 		struct sched_node *n = s->nodes[i];
-		if (!b.failed && n->registered && !n->gone)
+		if (built && n->registered && !n->gone)
 			sched_send(n, &h, b.data);
 	}
 	wire_buf_fini(&b);
@@ -528,13 +515,11 @@ static int sched_on_forget(struct rdv_scheduler *s, struct sched_node *n, uint64
 static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *req,
 			    const void *payload, size_t len)
 {
-	struct wire_reader r;
-	wire_reader_init(&r, payload, len);
 	char name[256];
-	wire_read_str(&r, name, sizeof name);
-	uint64_t pbytes = wire_read_u64(&r);
+	uint64_t pbytes;
 	size_t esize = unisum_dtype_size(req->dtype);
-	if (r.failed || name[0] == '\0' || pbytes < esize || n->role != CONFIG_ROLE_WORKER)
+	if (rdv_declare_decode(payload, len, name, sizeof name, &pbytes) != 0 || pbytes < esize ||
+	    n->role != CONFIG_ROLE_WORKER)
 		return UNISUM_EPROTO;
 	if (placement_nparts(req->count, esize, pbytes) > PLACEMENT_MAX_PARTS)
 		return UNISUM_EPROTO;
@@ -613,15 +598,9 @@ static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const
 	}
 	if (msg[0] != '\0') {
 		LOG_ERROR("%s", msg);
-		wire_buf_u32(&b, (uint32_t)code);
-		wire_buf_str(&b, msg);
+		rdv_refused_encode(&b, code, msg);
 	} else {
-		wire_buf_u32(&b, 0);
-		wire_buf_u32(&b, t->nparts);
-		for (uint32_t i = 0; i < t->nparts; i++) {
-			wire_buf_u64(&b, t->parts[i].count);
-			wire_buf_u32(&b, t->servers[i]);
-		}
+		rdv_placed_encode(&b, t->nparts, t->parts, t->servers);
 	}
 	pthread_mutex_unlock(&s->lock);
 	if (b.failed) {
@@ -758,19 +737,18 @@ static void *sched_node_main(void *arg)
 			break;
 		case WIRE_ERROR: {
 			/* A node found the job broken (a stalled round): fail it.
-			 * With a key, a worker found one tensor unusable (its
-			 * workers disagree on the collective): poison it. */
+			 * With a key, a worker or a server found one tensor
+			 * unusable (its workers disagree on the collective):
+			 * poison it. */
 			char text[512] = "", label[160], msg[768];
-			struct wire_reader r;
-			wire_reader_init(&r, payload, h.payload_len);
-			wire_read_str(&r, text, sizeof text);
+			wire_error_decode(payload, h.payload_len, text, sizeof text);
 			pthread_mutex_lock(&s->lock);
 			if (h.key != 0) {
 				struct sched_tensor *t = NULL;
 				for (int i = 0; i < s->ntensors && t == NULL; i++)
 					if (s->tensors[i].key == h.key)
 						t = &s->tensors[i];
-				if (t == NULL || n->role != CONFIG_ROLE_WORKER) {
+				if (t == NULL) {
 					rc = UNISUM_EPROTO;
 					snprintf(why, sizeof why, "ERROR about undeclared tensor key 0x%llx",
 						 (unsigned long long)h.key);

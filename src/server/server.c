@@ -526,10 +526,8 @@ static void srv_reply_error(struct server *srv, struct srv_conn *c, int w, uint6
 {
 	struct wire_buf b;
 	wire_buf_init(&b);
-	wire_buf_str(&b, why);
-	struct wire_hdr h = {.type = WIRE_ERROR, .sender = srv->id, .key = key, .round = round,
-			     .aux = (uint32_t)-err, .payload_len = b.len};
-	if (!b.failed) {
+	struct wire_hdr h = {.sender = srv->id, .key = key, .round = round};
+	if (wire_error_build(&h, &b, err, why) == 0) {
 		if (c != NULL) {
 			srv_conn_enqueue(c, &h, b.data, b.data);
 		} else {
@@ -611,6 +609,10 @@ static void srv_op_mismatch(struct server *srv, struct srv_key *k, const struct 
 	LOG_ERROR("%s", msg);
 	k->own_poison = strdup(msg);
 	srv_on_poison(srv, k, k->own_poison ? k->own_poison : "the workers disagree on the collective");
+	/* Everyone else holding the tensor learns it through the scheduler:
+	 * the workers of a machine waiting for their root, the other
+	 * partitions' servers. */
+	rdv_client_poison_tensor(srv->rdv, k->key & ~(uint64_t)0xffff, msg);
 }
 
 static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
@@ -984,11 +986,9 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 			snprintf(why, len, "connection closed in the middle of a declaration");
 			return UNISUM_ECONN;
 		}
-		struct wire_reader r;
-		wire_reader_init(&r, p, h->payload_len);
-		wire_read_str(&r, name, sizeof name);
+		int bad = wire_declare_check_decode(p, h->payload_len, name, sizeof name);
 		free(p);
-		if (r.failed || name[0] == '\0') {
+		if (bad) {
 			snprintf(why, len, "DECLARE_CHECK of key 0x%llx without a valid tensor name",
 				 (unsigned long long)h->key);
 			return UNISUM_EPROTO;
@@ -1105,19 +1105,8 @@ static void *srv_recv_main(void *arg)
 			LOG_ERROR("closing the connection of %s (%s): %s", name, peer, why);
 		else
 			LOG_ERROR("closing a connection from %s: %s", peer, why);
-		if (c->worker >= 0) {
-			/* Tell the worker why before hanging up. */
-			struct wire_buf b;
-			wire_buf_init(&b);
-			wire_buf_str(&b, why);
-			struct wire_hdr e = {.type = WIRE_ERROR, .sender = srv->id, .aux = (uint32_t)-rc,
-					     .payload_len = b.len};
-			if (!b.failed) {
-				srv_conn_enqueue(c, &e, b.data, b.data);
-				b.data = NULL;
-			}
-			wire_buf_fini(&b);
-		}
+		if (c->worker >= 0)	/* tell the worker why before hanging up */
+			srv_reply_error(srv, c, c->worker, 0, 0, rc, why);
 	}
 	pthread_mutex_lock(&srv->lock);
 	if (c->worker >= 0 && srv->by_worker[c->worker] == c)

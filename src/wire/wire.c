@@ -209,6 +209,42 @@ const char *wire_op_describe(uint32_t op, char *buf, size_t len)
 	return buf;
 }
 
+int wire_error_build(struct wire_hdr *h, struct wire_buf *b, int err, const char *why)
+{
+	wire_buf_str(b, why);
+	h->type = WIRE_ERROR;
+	h->aux = (uint32_t)-err;
+	h->payload_len = b->len;
+	return b->failed ? UNISUM_ENOMEM : 0;
+}
+
+int wire_error_decode(const void *payload, size_t len, char *why, size_t why_len)
+{
+	struct wire_reader r;
+	wire_reader_init(&r, payload, len);
+	char text[1024];
+	wire_read_str(&r, text, sizeof text);
+	if (r.failed || r.left != 0) {
+		snprintf(why, why_len, "(a malformed error message)");
+		return UNISUM_EPROTO;
+	}
+	snprintf(why, why_len, "%s", text);
+	return 0;
+}
+
+void wire_declare_check_encode(struct wire_buf *b, const char *name)
+{
+	wire_buf_str(b, name);
+}
+
+int wire_declare_check_decode(const void *payload, size_t len, char *name, size_t name_len)
+{
+	struct wire_reader r;
+	wire_reader_init(&r, payload, len);
+	wire_read_str(&r, name, name_len);
+	return r.failed || r.left != 0 || name[0] == '\0' ? UNISUM_EPROTO : 0;
+}
+
 void wire_buf_init(struct wire_buf *b)
 {
 	memset(b, 0, sizeof *b);

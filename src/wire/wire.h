@@ -134,6 +134,22 @@ void wire_buf_u32(struct wire_buf *b, uint32_t v);
 void wire_buf_u64(struct wire_buf *b, uint64_t v);
 void wire_buf_str(struct wire_buf *b, const char *s);	/* u32 length + bytes */
 
+/* The control payloads that more than one module writes or reads: one
+ * codec each (the rendezvous messages have theirs in rdv_proto.h).
+ *
+ * ERROR: str why; the code (-err) travels in the header's aux, a tensor's
+ * key in its key.  wire_error_build fills *h's type, aux and payload_len
+ * and b with the payload (b initialised by the caller, who sets sender,
+ * key and round and frees b); 0 or UNISUM_ENOMEM.  wire_error_decode
+ * copies why (cut to why_len); 0 or UNISUM_EPROTO. */
+int wire_error_build(struct wire_hdr *h, struct wire_buf *b, int err, const char *why);
+int wire_error_decode(const void *payload, size_t len, char *why, size_t why_len);
+
+/* DECLARE_CHECK: str name, the tensor's (for the server's messages).
+ * decode: 0, or UNISUM_EPROTO for a malformed or empty name. */
+void wire_declare_check_encode(struct wire_buf *b, const char *name);
+int wire_declare_check_decode(const void *payload, size_t len, char *name, size_t name_len);
+
 /* A bounds-checked reader over a received control payload. */
 struct wire_reader {
 	const uint8_t *p;

@@ -96,6 +96,7 @@ struct wk_op {
 	struct local_op *local;		/* its LOCAL_REDUCE/BROADCAST state, or NULL */
 	const struct wk_layout *L;	/* its cut (stable while it is in flight) */
 	uint32_t wire_round;
+	uint32_t wire_op;		/* its collective: the local root's pushes carry it */
 	void *out;
 };
 
@@ -346,7 +347,7 @@ static void *wk_send_main(void *arg)
 			/* The name lets the server say which tensor stalls. */
 			struct wire_buf b;
 			wire_buf_init(&b);
-			wire_buf_str(&b, j->name);
+			wire_declare_check_encode(&b, j->name);
 			struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = rdv_client_id(wk.rdv),
 					     .key = j->key, .count = j->count, .dtype = (uint8_t)j->dtype,
 					     .payload_len = b.len};
@@ -514,11 +515,8 @@ static void *wk_recv_main(void *arg)
 		if (h.type == WIRE_ERROR) {
 			char text[400] = "";
 			void *p = malloc(h.payload_len + 1);
-			if (p != NULL && wk.tp->recv_payload(c->conn, p, h.payload_len) == 0) {
-				struct wire_reader r;
-				wire_reader_init(&r, p, h.payload_len);
-				wire_read_str(&r, text, sizeof text);
-			}
+			if (p != NULL && wk.tp->recv_payload(c->conn, p, h.payload_len) == 0)
+				wire_error_decode(p, h.payload_len, text, sizeof text);
 			free(p);
 			if (h.key == 0) {
 				snprintf(msg, sizeof msg, "%s rejected this worker: %s", c->label, text);
@@ -754,7 +752,8 @@ static void wk_local_push(void *ctx, uint32_t part)
 				     .type = JOB_PUSH_PULL, .server = (int)L->servers[part], .part = part,
 				     .key = L->key + part, .round = op->wire_round, .dtype = t->dtype,
 				     .count = p->count, .in = at, .out = at,
-				     .divisor = (op->flags & UNISUM_AVERAGE) ? wk.size : 1, .op = op,
+				     .divisor = (op->flags & UNISUM_AVERAGE) ? wk.size : 1,
+				     .wire_op = op->wire_op, .op = op,
 				     .t_queued = op->traced ? trace_now_us() : 0};
 		rc = sched_push(&wk.push_q, &j->entry);
 	}
@@ -1583,6 +1582,7 @@ static int wk_start(int tensor, const void *in, void *out, int flags, uint32_t w
 	if (wk.local && L->nparts > 0) {
 		op->L = L;
 		op->wire_round = wire_round;
+		op->wire_op = wire_op;
 		op->out = out;
 		struct local_req req = {.key = L->key, .round = wire_round, .dtype = t->dtype, .in = in,
 					.out = out, .nparts = L->nparts, .parts = L->parts,

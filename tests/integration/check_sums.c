@@ -24,7 +24,9 @@
  *                             undeclared it is refused
  *   check_sums disagree       the ranks disagree on a broadcast's root, then on sum
  *                             against average: every rank fails within 2 s naming
- *                             both, its buffers untouched; then a healthy round
+ *                             both, its buffers untouched; with several machines
+ *                             the same again with every machine agreeing within;
+ *                             then a healthy round
  *   check_sums garbage PORT   rank 0 sends malformed streams to the server at
  *                             127.0.0.1:PORT; every worker then finishes rounds
  *   check_sums die R N        rank R is killed (SIGKILL) after N rounds; the
@@ -551,6 +553,25 @@ static void mode_disagree(void)
 	expect_disagreement(rc, &t0, "disagree.op", "an average", "a sum");
 	if (!holds_local_sum && memcmp(out, sentinel, sizeof out) != 0)
 		FAIL("the refused push_pull wrote into its output");
+
+	/* Machine 0 against the rest, each machine agreeing within: only the
+	 * servers can see it. */
+	int L = unisum_local_size();
+	if (L < size) {
+		int machine0 = rank / L == 0;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		rc = unisum_declare("disagree.machines.root", UNISUM_INT32, N, 0);
+		if (rc >= 0)
+			rc = unisum_broadcast(rc, buf, machine0 ? 0 : L);
+		char root_l[48];
+		snprintf(root_l, sizeof root_l, "a broadcast from root %d", L);
+		expect_disagreement(rc, &t0, "disagree.machines.root", "a broadcast from root 0", root_l);
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		rc = unisum_declare("disagree.machines.op", UNISUM_FLOAT32, N, 0);
+		if (rc >= 0)
+			rc = unisum_push_pull(rc, in, out, machine0 ? UNISUM_AVERAGE : 0);
+		expect_disagreement(rc, &t0, "disagree.machines.op", "an average", "a sum");
+	}
 
 	finish_round("after a disagreement");
 	printf("rank %d: round after disagreement ok\n", rank);

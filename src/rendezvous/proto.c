@@ -1,0 +1,189 @@
+/*
+ * proto.c - the codecs of the rendezvous messages (layouts in rdv_proto.h):
+ * one encoder and one decoder per payload, shared by the scheduler and its
+ * client.  A decoder checks the shape (every field there, nothing left
+ * over, strings that fit); what the values mean is the receiver's to check.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "rendezvous/rdv_proto.h"
+#include "unisum.h"
+
+void rdv_register_encode(const struct rdv_register *m, struct wire_buf *b)
+{
+	wire_buf_u32(b, (uint32_t)m->role);
+	wire_buf_u32(b, (uint32_t)m->req_rank);
+	wire_buf_u32(b, (uint32_t)m->port);
+	wire_buf_u32(b, (uint32_t)m->local_rank);
+	wire_buf_u32(b, (uint32_t)m->local_size);
+	wire_buf_str(b, m->host);
+	wire_buf_u32(b, (uint32_t)m->pid);
+	wire_buf_str(b, m->host_id);
+}
+
+int rdv_register_decode(const void *payload, size_t len, struct rdv_register *m)
+{
+	struct wire_reader r;
+	wire_reader_init(&r, payload, len);
+	m->role = (int)wire_read_u32(&r);
+	m->req_rank = (int)(int32_t)wire_read_u32(&r);
+	m->port = (int)wire_read_u32(&r);
+	m->local_rank = (int)wire_read_u32(&r);
+	m->local_size = (int)wire_read_u32(&r);
+	wire_read_str(&r, m->host, sizeof m->host);
+	m->pid = (int)wire_read_u32(&r);
+	wire_read_str(&r, m->host_id, sizeof m->host_id);
+	return r.failed || r.left != 0 ? UNISUM_EPROTO : 0;
+}
+
+void rdv_book_encode_head(struct wire_buf *b, uint32_t your_id, uint32_t local_size, uint32_t n)
+{
+	wire_buf_u32(b, your_id);
+	wire_buf_u32(b, local_size);
+	wire_buf_u32(b, n);
+}
+
+void rdv_book_encode_node(struct wire_buf *b, const struct rdv_node *node)
+{
+	wire_buf_u32(b, node->id);
+	wire_buf_u32(b, (uint32_t)node->role);
+	wire_buf_u32(b, (uint32_t)node->rank);
+	wire_buf_u32(b, (uint32_t)node->machine);
+	wire_buf_u32(b, (uint32_t)node->local_rank);
+	wire_buf_u32(b, (uint32_t)node->port);
+	wire_buf_str(b, node->host);
+	wire_buf_u32(b, (uint32_t)node->pid);
+	wire_buf_str(b, node->host_id);
+}
+
+int rdv_book_decode(const void *payload, size_t len, uint32_t *your_id, uint32_t *local_size,
+		    struct rdv_node **nodes_out, uint32_t *n_out)
+{
+	*nodes_out = NULL;
+	*n_out = 0;
+	struct wire_reader r;
+	wire_reader_init(&r, payload, len);
+	*your_id = wire_read_u32(&r);
+	*local_size = wire_read_u32(&r);
+	uint32_t n = wire_read_u32(&r);
+	if (r.failed || n == 0 || n > RDV_MAX_NODES)
+		return UNISUM_EPROTO;
+	struct rdv_node *nodes = calloc(n, sizeof *nodes);
+	if (nodes == NULL)
+		return UNISUM_ENOMEM;
+	for (uint32_t i = 0; i < n && !r.failed; i++) {
+		struct rdv_node *node = &nodes[i];
+		node->id = wire_read_u32(&r);
+		node->role = (int)wire_read_u32(&r);
+		node->rank = (int)wire_read_u32(&r);
+		node->machine = (int)(int32_t)wire_read_u32(&r);
+		node->local_rank = (int)wire_read_u32(&r);
+		node->port = (int)wire_read_u32(&r);
+		wire_read_str(&r, node->host, sizeof node->host);
+		node->pid = (int)wire_read_u32(&r);
+		wire_read_str(&r, node->host_id, sizeof node->host_id);
+	}
+	if (r.failed || r.left != 0) {
+		free(nodes);
+		return UNISUM_EPROTO;
+	}
+	*nodes_out = nodes;
+	*n_out = n;
+	return 0;
+}
+
+void rdv_declare_encode(struct wire_buf *b, const char *name, uint64_t partition_bytes)
+{
+	wire_buf_str(b, name);
+	wire_buf_u64(b, partition_bytes);
+}
+
+int rdv_declare_decode(const void *payload, size_t len, char *name, size_t name_len,
+		       uint64_t *partition_bytes)
+{
+	struct wire_reader r;
+	wire_reader_init(&r, payload, len);
+	wire_read_str(&r, name, name_len);
+	*partition_bytes = wire_read_u64(&r);
+	return r.failed || r.left != 0 || name[0] == '\0' ? UNISUM_EPROTO : 0;
+}
+
+void rdv_placed_encode(struct wire_buf *b, uint32_t n, const struct placement_part *parts,
+		       const uint32_t *servers)
+{
+	wire_buf_u32(b, 0);
+	wire_buf_u32(b, n);
+	for (uint32_t i = 0; i < n; i++) {
+		wire_buf_u64(b, parts[i].count);
+		wire_buf_u32(b, servers[i]);
+	}
+}
+
+void rdv_refused_encode(struct wire_buf *b, int err, const char *why)
+{
+	wire_buf_u32(b, (uint32_t)err);
+	wire_buf_str(b, why);
+}
+
+int rdv_declare_reply_decode(const void *payload, size_t len, int *status, char *why, size_t why_len,
+			     uint32_t *n_out, struct placement_part **parts_out, uint32_t **servers_out)
+{
+	*n_out = 0;
+	*parts_out = NULL;
+	*servers_out = NULL;
+	struct wire_reader r;
+	wire_reader_init(&r, payload, len);
+	*status = (int)(int32_t)wire_read_u32(&r);
+	if (r.failed)
+		return UNISUM_EPROTO;
+	if (*status != 0) {
+		wire_read_str(&r, why, why_len);
+		return r.failed || r.left != 0 || *status > 0 ? UNISUM_EPROTO : 0;
+	}
+	uint32_t n = wire_read_u32(&r);
+	if (r.failed || n > PLACEMENT_MAX_PARTS || r.left != (size_t)n * 12)
+		return UNISUM_EPROTO;
+	if (n == 0)
+		return 0;
+	struct placement_part *parts = calloc(n, sizeof *parts);
+	uint32_t *servers = calloc(n, sizeof *servers);
+	if (parts == NULL || servers == NULL) {
+		free(parts);
+		free(servers);
+		return UNISUM_ENOMEM;
+	}
+	uint64_t off = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		parts[i].offset = off;
+		parts[i].count = wire_read_u64(&r);
+		servers[i] = wire_read_u32(&r);
+		off += parts[i].count;
+	}
+	*n_out = n;
+	*parts_out = parts;
+	*servers_out = servers;
+	return 0;
+}
+
+void rdv_tune_encode(const struct rdv_tune *t, struct wire_buf *b)
+{
+	wire_buf_u64(b, t->partition_bytes);
+	wire_buf_u64(b, t->credit_bytes);
+	wire_buf_u32(b, t->final ? 1 : 0);
+}
+
+int rdv_tune_decode(const void *payload, size_t len, uint32_t epoch, struct rdv_tune *t)
+{
+	struct wire_reader r;
+	wire_reader_init(&r, payload, len);
+	t->epoch = epoch;
+	t->partition_bytes = wire_read_u64(&r);
+	t->credit_bytes = wire_read_u64(&r);
+	uint32_t final = wire_read_u32(&r);
+	t->final = final == 1;
+	if (r.failed || r.left != 0 || final > 1 || t->partition_bytes < 8 ||
+	    t->partition_bytes > (1ull << 30) || t->credit_bytes == 0)
+		return UNISUM_EPROTO;
+	return 0;
+}

@@ -1,0 +1,286 @@
+/*
+ * test_proto.c - every control payload's codec: what one side encodes the
+ * other decodes unchanged, and a payload cut short, with a byte too many
+ * or with a string that does not fit is refused (src/rendezvous/proto.c,
+ * and ERROR and DECLARE_CHECK in src/wire/wire.c).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "config/config.h"
+#include "rendezvous/rdv_proto.h"
+#include "wire/wire.h"
+
+/* Every prefix of the payload, and the payload plus one byte, must be
+ * refused by decode (a function of payload and length returning 0 or an
+ * error). */
+typedef int (*decode_fn)(const void *payload, size_t len);
+
+static void refuses_every_cut(const struct wire_buf *b, decode_fn decode)
+{
+	for (size_t n = 0; n < b->len; n++)
+		assert_int_not_equal(decode(b->data, n), 0);
+	uint8_t *more = calloc(b->len + 1, 1);
+	assert_non_null(more);
+	memcpy(more, b->data, b->len);
+	assert_int_not_equal(decode(more, b->len + 1), 0);
+	free(more);
+	assert_int_equal(decode(b->data, b->len), 0);
+}
+
+static int decode_error(const void *p, size_t len)
+{
+	char why[256];
+	return wire_error_decode(p, len, why, sizeof why);
+}
+
+static void test_error(void **state)
+{
+	(void)state;
+	struct wire_buf b;
+	wire_buf_init(&b);
+	struct wire_hdr h = {.key = 0x70000, .round = 9};
+	assert_int_equal(wire_error_build(&h, &b, UNISUM_EMISMATCH, "tensor 'w' differs"), 0);
+	assert_int_equal(h.type, WIRE_ERROR);
+	assert_int_equal((int)-h.aux, UNISUM_EMISMATCH);
+	assert_int_equal(h.payload_len, b.len);
+	assert_true(h.key == 0x70000 && h.round == 9);
+	char why[64];
+	assert_int_equal(wire_error_decode(b.data, b.len, why, sizeof why), 0);
+	assert_string_equal(why, "tensor 'w' differs");
+	/* A long text is cut to the caller's buffer, not refused. */
+	char small[8];
+	assert_int_equal(wire_error_decode(b.data, b.len, small, sizeof small), 0);
+	assert_string_equal(small, "tensor ");
+	refuses_every_cut(&b, decode_error);
+	wire_buf_fini(&b);
+}
+
+static int decode_declare_check(const void *p, size_t len)
+{
+	char name[256];
+	return wire_declare_check_decode(p, len, name, sizeof name);
+}
+
+static void test_declare_check(void **state)
+{
+	(void)state;
+	struct wire_buf b;
+	wire_buf_init(&b);
+	wire_declare_check_encode(&b, "layer1.weight@65536");
+	char name[256];
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name), 0);
+	assert_string_equal(name, "layer1.weight@65536");
+	refuses_every_cut(&b, decode_declare_check);
+	wire_buf_fini(&b);
+	wire_buf_init(&b);
+	wire_declare_check_encode(&b, "");
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name), UNISUM_EPROTO);
+	wire_buf_fini(&b);
+}
+
+static int decode_register(const void *p, size_t len)
+{
+	struct rdv_register m;
+	return rdv_register_decode(p, len, &m);
+}
+
+static void test_register(void **state)
+{
+	(void)state;
+	struct rdv_register in = {.role = CONFIG_ROLE_WORKER, .req_rank = -1, .port = 0,
+				  .local_rank = 3, .local_size = 4, .host = "10.0.0.7", .pid = 31337,
+				  .host_id = "6f1c2e9a-43b7-4d0e-9a51-0c8e2b7f44d1/f0000098/effffffc"};
+	struct wire_buf b;
+	wire_buf_init(&b);
+	rdv_register_encode(&in, &b);
+	struct rdv_register out;
+	assert_int_equal(rdv_register_decode(b.data, b.len, &out), 0);
+	assert_int_equal(out.role, in.role);
+	assert_int_equal(out.req_rank, -1);
+	assert_int_equal(out.port, in.port);
+	assert_int_equal(out.local_rank, 3);
+	assert_int_equal(out.local_size, 4);
+	assert_string_equal(out.host, in.host);
+	assert_int_equal(out.pid, 31337);
+	assert_string_equal(out.host_id, in.host_id);
+	refuses_every_cut(&b, decode_register);
+	wire_buf_fini(&b);
+}
+
+static int decode_book(const void *p, size_t len)
+{
+	uint32_t id, local_size, n;
+	struct rdv_node *nodes;
+	int rc = rdv_book_decode(p, len, &id, &local_size, &nodes, &n);
+	free(nodes);
+	return rc;
+}
+
+static void test_addrbook(void **state)
+{
+	(void)state;
+	struct rdv_node in[3] = {
+		{.id = 1, .role = CONFIG_ROLE_SERVER, .rank = 0, .machine = -1, .port = 4000,
+		 .host = "10.0.0.1", .pid = 11, .host_id = "a/1/2"},
+		{.id = 2, .role = CONFIG_ROLE_WORKER, .rank = 0, .machine = 0, .local_rank = 0,
+		 .host = "10.0.0.2", .pid = 12, .host_id = "b/1/2"},
+		{.id = 3, .role = CONFIG_ROLE_WORKER, .rank = 1, .machine = 0, .local_rank = 1,
+		 .host = "10.0.0.2", .pid = 13, .host_id = "b/1/2"},
+	};
+	struct wire_buf b;
+	wire_buf_init(&b);
+	rdv_book_encode_head(&b, 3, 2, 3);
+	for (int i = 0; i < 3; i++)
+		rdv_book_encode_node(&b, &in[i]);
+	uint32_t id, local_size, n;
+	struct rdv_node *out;
+	assert_int_equal(rdv_book_decode(b.data, b.len, &id, &local_size, &out, &n), 0);
+	assert_int_equal(id, 3);
+	assert_int_equal(local_size, 2);
+	assert_int_equal(n, 3);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(out[i].id, in[i].id);
+		assert_int_equal(out[i].role, in[i].role);
+		assert_int_equal(out[i].rank, in[i].rank);
+		assert_int_equal(out[i].machine, in[i].machine);
+		assert_int_equal(out[i].local_rank, in[i].local_rank);
+		assert_int_equal(out[i].port, in[i].port);
+		assert_string_equal(out[i].host, in[i].host);
+		assert_int_equal(out[i].pid, in[i].pid);
+		assert_string_equal(out[i].host_id, in[i].host_id);
+	}
+	free(out);
+	refuses_every_cut(&b, decode_book);
+	wire_buf_fini(&b);
+	/* No nodes at all is no address book. */
+	wire_buf_init(&b);
+	rdv_book_encode_head(&b, 1, 1, 0);
+	assert_int_equal(decode_book(b.data, b.len), UNISUM_EPROTO);
+	wire_buf_fini(&b);
+}
+
+static int decode_declare(const void *p, size_t len)
+{
+	char name[256];
+	uint64_t pbytes;
+	return rdv_declare_decode(p, len, name, sizeof name, &pbytes);
+}
+
+static void test_declare_request(void **state)
+{
+	(void)state;
+	struct wire_buf b;
+	wire_buf_init(&b);
+	rdv_declare_encode(&b, "gradient.fc1.weight", 4096000);
+	char name[256];
+	uint64_t pbytes = 0;
+	assert_int_equal(rdv_declare_decode(b.data, b.len, name, sizeof name, &pbytes), 0);
+	assert_string_equal(name, "gradient.fc1.weight");
+	assert_true(pbytes == 4096000);
+	refuses_every_cut(&b, decode_declare);
+	wire_buf_fini(&b);
+}
+
+static int decode_reply(const void *p, size_t len)
+{
+	int status;
+	char why[256];
+	uint32_t n;
+	struct placement_part *parts;
+	uint32_t *servers;
+	int rc = rdv_declare_reply_decode(p, len, &status, why, sizeof why, &n, &parts, &servers);
+	free(parts);
+	free(servers);
+	return rc;
+}
+
+static void test_declare_reply(void **state)
+{
+	(void)state;
+	struct placement_part parts[3] = {{.count = 700}, {.count = 324}, {.count = 1}};
+	uint32_t servers[3] = {0, 2, 1};
+	struct wire_buf b;
+	wire_buf_init(&b);
+	rdv_placed_encode(&b, 3, parts, servers);
+	int status = -1;
+	char why[256];
+	uint32_t n;
+	struct placement_part *got;
+	uint32_t *where;
+	assert_int_equal(rdv_declare_reply_decode(b.data, b.len, &status, why, sizeof why, &n, &got,
+						  &where), 0);
+	assert_int_equal(status, 0);
+	assert_int_equal(n, 3);
+	uint64_t off = 0;
+	for (int i = 0; i < 3; i++) {
+		assert_true(got[i].count == parts[i].count);
+		assert_true(got[i].offset == off);
+		assert_int_equal(where[i], servers[i]);
+		off += parts[i].count;
+	}
+	free(got);
+	free(where);
+	refuses_every_cut(&b, decode_reply);
+	wire_buf_fini(&b);
+
+	wire_buf_init(&b);
+	rdv_refused_encode(&b, UNISUM_EMISMATCH, "declared as float32[10] and float32[20]");
+	assert_int_equal(rdv_declare_reply_decode(b.data, b.len, &status, why, sizeof why, &n, &got,
+						  &where), 0);
+	assert_int_equal(status, UNISUM_EMISMATCH);
+	assert_string_equal(why, "declared as float32[10] and float32[20]");
+	assert_null(got);
+	refuses_every_cut(&b, decode_reply);
+	wire_buf_fini(&b);
+
+	/* An empty tensor's cut has no partition. */
+	wire_buf_init(&b);
+	rdv_placed_encode(&b, 0, NULL, NULL);
+	assert_int_equal(decode_reply(b.data, b.len), 0);
+	wire_buf_fini(&b);
+}
+
+static int decode_tune(const void *p, size_t len)
+{
+	struct rdv_tune t;
+	return rdv_tune_decode(p, len, 7, &t);
+}
+
+static void test_tune(void **state)
+{
+	(void)state;
+	struct rdv_tune in = {.epoch = 7, .partition_bytes = 1 << 20, .credit_bytes = 4 << 20,
+			      .final = true};
+	struct wire_buf b;
+	wire_buf_init(&b);
+	rdv_tune_encode(&in, &b);
+	struct rdv_tune out;
+	assert_int_equal(rdv_tune_decode(b.data, b.len, 7, &out), 0);
+	assert_int_equal(out.epoch, 7);
+	assert_true(out.partition_bytes == in.partition_bytes);
+	assert_true(out.credit_bytes == in.credit_bytes);
+	assert_true(out.final);
+	refuses_every_cut(&b, decode_tune);
+	wire_buf_fini(&b);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_error),
+		cmocka_unit_test(test_declare_check),
+		cmocka_unit_test(test_register),
+		cmocka_unit_test(test_addrbook),
+		cmocka_unit_test(test_declare_request),
+		cmocka_unit_test(test_declare_reply),
+		cmocka_unit_test(test_tune),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
