@@ -2,8 +2,11 @@
  * config.c - the table of every environment knob, and its parser.
  *
  * To add a knob: add a field to struct config, a row to config_knobs[] and,
- * if its type is new, a case to config_parse_one().  Nothing else in unisum
- * calls getenv() for a UNISUM_/DMLC_/BYTEPS_ variable.
+ * if its type is new, a case to config_parse_one(), and name it in
+ * docs/ARCHITECTURE.md (its test checks).  Nothing else in the library
+ * calls getenv() for a UNISUM_/DMLC_/BYTEPS_ variable; the tools still read
+ * a few before a job exists (bench.c, bench_model.c, launch.c: to be moved
+ * here).
  */
 #include "config/config.h"
 

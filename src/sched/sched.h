@@ -1,7 +1,7 @@
 /*
  * sched.h - a stage queue: partitions ordered by priority, gated by credit.
  *
- * Every stage of the worker pipeline (DESIGN.md section 2) takes its
+ * Every stage of the worker pipeline (docs/ARCHITECTURE.md section 2) takes its
  * partitions from one of these.  Entries come out highest priority first,
  * then lowest key (the same order on every worker, whatever order they
  * were queued in, so the servers complete the same partitions first).

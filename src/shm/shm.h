@@ -1,6 +1,6 @@
 /*
  * shm.h - named shared-memory segments and cross-process wake-up flags, the
- * building blocks of local reduce/broadcast (DESIGN.md section 5).
+ * building blocks of local reduce/broadcast (docs/ARCHITECTURE.md section 6).
  *
  * Segments.  A segment is a POSIX shared-memory object named
  * "/unisum.<job>.<what>" (the file /dev/shm/unisum.<job>.<what> on Linux).

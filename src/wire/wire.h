@@ -1,5 +1,6 @@
 /*
- * wire.h - the message header every unisum node speaks (DESIGN.md sec. 4).
+ * wire.h - the message header every unisum node speaks (docs/ARCHITECTURE.md
+ * section 4, which names every message type: keep it true).
  *
  * A message is a 48-byte little-endian header followed by payload_len
  * bytes of payload:
@@ -25,8 +26,9 @@
  * or one that disagrees with count x dtype.  Checks that need state (is the
  * key declared, is the round the expected one) belong to the receiver.
  *
- * Control payloads (REGISTER, ADDRBOOK, DECLARE, ERROR) are built with
- * wire_buf and read with wire_reader, which never read past their end.
+ * Control payloads (REGISTER, ADDRBOOK, DECLARE, DECLARE_CHECK, ERROR,
+ * TUNE) are built with wire_buf and read with wire_reader, which never
+ * read past their end, each by one codec (below, and rdv_proto.h).
  */
 #ifndef UNISUM_WIRE_H
 #define UNISUM_WIRE_H
@@ -48,7 +50,7 @@ enum wire_type {
 	WIRE_ADDRBOOK = 2,	/* scheduler -> node: ids and addresses of every node */
 	WIRE_BARRIER = 3,	/* node -> scheduler: entered barrier of group `aux` */
 	WIRE_BARRIER_DONE = 4,	/* scheduler -> node: everyone entered */
-	WIRE_HEARTBEAT = 5,	/* liveness (reserved for the failure detector) */
+	WIRE_HEARTBEAT = 5,	/* liveness: node <-> scheduler every UNISUM_HEARTBEAT_MS */
 	WIRE_PUSH = 6,		/* worker -> server: a partition's contribution */
 	WIRE_PUSH_ACK = 7,	/* server -> worker: the PUSH of key, round arrived (credit back) */
 	WIRE_PULL = 8,		/* worker -> server: send me the sum of this round */

@@ -1,7 +1,7 @@
 /*
  * local.h - the LOCAL_REDUCE and LOCAL_BROADCAST stages: the workers of one
  * machine sum in shared memory before (and instead of) the network
- * (DESIGN.md section 5).
+ * (docs/ARCHITECTURE.md section 6).
  *
  * The workers of a machine share one control segment, created by local
  * rank 0 (the local root) and named after the job and the machine.  Each

@@ -2,7 +2,7 @@
  * worker.c - the worker side of unisum: the public C API of unisum.h.
  *
  * DESIGN.  Every partition of a push_pull goes through the stages of
- * DESIGN.md section 2.  LOCAL_REDUCE and LOCAL_BROADCAST have work only
+ * docs/ARCHITECTURE.md section 2.  LOCAL_REDUCE and LOCAL_BROADCAST have work only
  * when several workers share a machine (UNISUM_LOCAL_SIZE > 1): then
  * local.c sums the machine's inputs in shared memory, only the local root
  * pushes (wk_local_push, from its output buffer, where the machine's sum
