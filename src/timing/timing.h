@@ -11,8 +11,9 @@
 #include <stdint.h>
 #include <time.h>
 
-/* Milliseconds on CLOCK_MONOTONIC (an arbitrary origin). */
+/* Milliseconds, and microseconds, on CLOCK_MONOTONIC (an arbitrary origin). */
 int64_t timing_now_ms(void);
+int64_t timing_now_us(void);
 
 /* Initialises `cond` so that pthread_cond_timedwait() takes deadlines on
  * CLOCK_MONOTONIC (from timing_deadline).  0 or a negative error. */

@@ -52,6 +52,7 @@
 #include "shm/shm.h"
 #include "timing/timing.h"
 #include "worker/local.h"
+#include "worker/tune.h"
 #include "transport/auth.h"
 #include "transport/transport.h"
 #include "unisum.h"
@@ -142,40 +143,6 @@ struct wk_conn {
 	char dead_why[700];		/* why, for the errors of later calls */
 };
 
-/* Autotune (UNISUM_AUTOTUNE): every UNISUM_AUTOTUNE_STEPS rounds of each
- * tensor form an epoch, and every worker uses the same partition size and
- * credit in an epoch.  Worker 0 measures its step time and posts the
- * setting of epoch e + 1 when it starts epoch e; the scheduler passes it
- * to every worker, and a worker about to start an epoch it has no setting
- * for waits for it.  A tensor is cut anew for a partition size it has not
- * used yet (a declaration under "name@bytes", so the keys differ and no
- * round ever mixes two cuts); the credit changes at once. */
-struct wk_setting {
-	uint64_t pbytes, credit;
-};
-
-static struct {
-	pthread_mutex_t lock;		/* the settings */
-	pthread_cond_t cond;		/* a setting came, or the job failed */
-	struct wk_setting *epochs;	/* [nepochs]: known settings; epoch 0 the configured one */
-	uint32_t nepochs, cap;
-	bool final;			/* later epochs keep the last setting */
-	uint32_t applied;		/* the credit of this epoch is in force */
-	atomic_bool failed;		/* the job failed: stop waiting */
-	/* Worker 0's tuner, under post_lock. */
-	pthread_mutex_t post_lock;
-	int64_t *round_us;		/* when round r first started */
-	uint32_t nrounds, caprounds;
-	double *epoch_ms;		/* median step time of each epoch, < 0 unknown */
-	struct wk_setting plan[8];	/* trials of the current phase */
-	int nplan, planned;		/* how many, how many posted */
-	uint32_t phase_last;		/* the last epoch of the current phase's trials */
-	int phase;			/* 0 partition sizes, 1 credits, 2 settled */
-	uint32_t last_posted;		/* the latest epoch posted (0: none) */
-	struct wk_setting last_setting;	/* ... and its setting */
-} tn = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER,
-	.post_lock = PTHREAD_MUTEX_INITIALIZER};
-
 static struct {
 	pthread_mutex_t lock;		/* everything below but conns' own state */
 	pthread_cond_t done_cond;	/* an operation completed */
@@ -196,6 +163,7 @@ static struct {
 	int nops, capops;
 	unisum_handle next_handle;
 	struct sched_queue push_q;	/* the PUSH stage: priority and credit */
+	struct tuner *tuner;		/* the settings of each epoch (src/worker/tune.c) */
 	pthread_t push_thread;
 	bool push_started;
 	int failed;			/* the job failed: every call returns it */
@@ -717,10 +685,8 @@ static void wk_notice(void *arg, int err, const char *why)
 		snprintf(wk.failed_why, sizeof wk.failed_why, "%s", why);
 		pthread_cond_broadcast(&wk.failed_cond);
 	}
-	pthread_mutex_lock(&tn.lock);
-	atomic_store(&tn.failed, true);
-	pthread_cond_broadcast(&tn.cond);
-	pthread_mutex_unlock(&tn.lock);
+	if (wk.tuner != NULL)
+		tune_stop(wk.tuner);
 	/* Unblock every connection (their threads fail the pending jobs),
 	 * unless they are still being set up or already being torn down. */
 	if (wk.conns_live)
@@ -730,8 +696,6 @@ static void wk_notice(void *arg, int err, const char *why)
 	LOG_ERROR("%s", why);
 }
 
-static void wk_on_tune(void *arg, const struct rdv_tune *t);
-static int tn_init(void);
 
 /* ---- the local path's hooks (src/worker/local.c) ------------------------- */
 
@@ -906,6 +870,45 @@ static void wk_close_conns(void)
 	wk.conns = NULL;
 }
 
+/* ---- autotune (src/worker/tune.c) ----------------------------------------- */
+
+/* A setting worker 0 posted, passed on by the scheduler (reader thread). */
+static void wk_on_tune(void *arg, const struct rdv_tune *t)
+{
+	(void)arg;
+	tune_on_setting(wk.tuner, t);
+}
+
+static int wk_tune_post(void *arg, const struct rdv_tune *t)
+{
+	(void)arg;
+	return rdv_client_post_tune(wk.rdv, t);
+}
+
+static void wk_tune_fail_job(void *arg, int err, const char *why)
+{
+	(void)arg;
+	rdv_client_fail_job(wk.rdv, err, why);
+}
+
+static void wk_tune_set_credit(void *arg, uint64_t credit)
+{
+	(void)arg;
+	sched_set_credit(&wk.push_q, credit);
+}
+
+static int wk_tuner_new(void)
+{
+	struct tune_cfg cfg = {.rank = wk.rank, .on = wk.cfg.autotune != 0,
+			       .steps = (uint32_t)wk.cfg.autotune_steps, .timeout_ms = wk.cfg.timeout_ms,
+			       .first = {wk.cfg.partition_bytes, wk.cfg.credit_bytes}};
+	struct tune_hooks hooks = {.post = wk_tune_post, .fail_job = wk_tune_fail_job,
+				   .set_credit = wk_tune_set_credit};
+	tune_free(wk.tuner);
+	wk.tuner = NULL;
+	return tune_new(&cfg, &hooks, &wk.tuner);
+}
+
 /* The condition variables with timed waits, made once to wait on the
  * monotonic clock. */
 static pthread_once_t wk_conds_once = PTHREAD_ONCE_INIT;
@@ -914,7 +917,6 @@ static void wk_conds_init(void)
 {
 	timing_cond_init(&wk.done_cond);
 	timing_cond_init(&wk.failed_cond);
-	timing_cond_init(&tn.cond);
 }
 
 int unisum_init(void)
@@ -949,9 +951,6 @@ int unisum_init(void)
 	wk.tp = transport_tcp();
 	wk.failed = 0;
 	wk.nservers = wk.cfg.num_servers;
-	rc = tn_init();	/* before a TUNE can arrive */
-	if (rc != 0)
-		return log_fail(rc, "unisum_init: out of memory");
 	rc = rdv_client_new(&wk.cfg, 0, wk_notice, wk_tensor_error, NULL, &wk.rdv);
 	if (rc != 0)
 		return log_fail(rc, "unisum_init: cannot join the job through the scheduler at %s:%d: %s",
@@ -961,6 +960,12 @@ int unisum_init(void)
 	wk.local = wk.cfg.local_size > 1;
 	wk.to_servers = !wk.local || (wk.cfg.num_workers > 1 && wk.cfg.local_rank == 0);
 	log_set_identity("worker", wk.rank);
+	rc = wk_tuner_new();	/* TUNEs that came meanwhile wait in the client */
+	if (rc != 0) {
+		rdv_client_free(wk.rdv);
+		wk.rdv = NULL;
+		return log_fail(rc, "unisum_init: out of memory");
+	}
 	rdv_client_on_tune(wk.rdv, wk_on_tune, NULL);
 	rc = trace_open(&wk.cfg, wk.rank);
 	if (rc == 0)
@@ -971,6 +976,8 @@ int unisum_init(void)
 		trace_close();
 		rdv_client_free(wk.rdv);
 		wk.rdv = NULL;
+		tune_free(wk.tuner);
+		wk.tuner = NULL;
 		return rc;
 	}
 	rc = wk.to_servers ? wk_connect_servers() : 0;
@@ -983,6 +990,8 @@ int unisum_init(void)
 		trace_close();
 		rdv_client_free(wk.rdv);
 		wk.rdv = NULL;
+		tune_free(wk.tuner);
+		wk.tuner = NULL;
 		return rc;
 	}
 	wk.push_started = true;
@@ -1015,6 +1024,8 @@ int unisum_shutdown(void)
 	trace_close();
 	rdv_client_free(wk.rdv);
 	wk.rdv = NULL;
+	tune_free(wk.tuner);
+	wk.tuner = NULL;
 	wk_free_all();
 	wk.initialized = false;
 	wk.left = true;
@@ -1182,259 +1193,6 @@ out_free:
 /* ---- autotune ---------------------------------------------------------- */
 
 /* A setting worker 0 posted, passed on by the scheduler (reader thread). */
-static void wk_on_tune(void *arg, const struct rdv_tune *t)
-{
-	(void)arg;
-	pthread_mutex_lock(&tn.lock);
-	if (t->epoch == tn.nepochs && !tn.final) {
-		if (tn.nepochs == tn.cap) {
-			uint32_t cap = tn.cap * 2;
-			struct wk_setting *e = realloc(tn.epochs, cap * sizeof *e);
-			if (e == NULL) {
-				pthread_mutex_unlock(&tn.lock);
-				rdv_client_fail_job(wk.rdv, UNISUM_ENOMEM, "out of memory for autotune");
-				return;
-			}
-			tn.epochs = e;
-			tn.cap = cap;
-		}
-		tn.epochs[tn.nepochs++] = (struct wk_setting){t->partition_bytes, t->credit_bytes};
-		tn.final = t->final;
-		pthread_cond_broadcast(&tn.cond);
-	}
-	pthread_mutex_unlock(&tn.lock);
-}
-
-/* The setting of `epoch`, waiting for worker 0 to post it; puts its credit
- * in force the first time.  0, or the job's error. */
-static int wk_setting_of(uint32_t epoch, struct wk_setting *out, bool *final)
-{
-	/* Worker 0 posts epoch e + 1 when it starts epoch e, a whole epoch
-	 * before anyone needs it; waiting longer than the failure timeout
-	 * means it never will (UNISUM_AUTOTUNE or _STEPS differ). */
-	struct timespec until = timing_deadline(wk.cfg.timeout_ms);
-	pthread_mutex_lock(&tn.lock);
-	int timed_out = 0;
-	while (epoch >= tn.nepochs && !tn.final && !atomic_load(&tn.failed) && timed_out == 0)
-		timed_out = pthread_cond_timedwait(&tn.cond, &tn.lock, &until);
-	if (epoch >= tn.nepochs && !tn.final) {
-		pthread_mutex_unlock(&tn.lock);
-		if (atomic_load(&tn.failed))
-			return UNISUM_ECONN;
-		char why[400];
-		snprintf(why, sizeof why, "worker %d waited %d ms for worker 0's autotune setting of "
-			 "steps %u on: are UNISUM_AUTOTUNE and UNISUM_AUTOTUNE_STEPS the same on every "
-			 "worker?", wk.rank, wk.cfg.timeout_ms, epoch * (uint32_t)wk.cfg.autotune_steps);
-		rdv_client_fail_job(wk.rdv, UNISUM_ECONFIG, why);
-		return log_fail(UNISUM_ECONFIG, "%s", why);
-	}
-	*out = tn.epochs[epoch < tn.nepochs ? epoch : tn.nepochs - 1];
-	*final = tn.final && epoch + 1 >= tn.nepochs;
-	if (epoch > tn.applied) {
-		/* Under the lock, so an older epoch's credit never lands last. */
-		tn.applied = epoch;
-		sched_set_credit(&wk.push_q, out->credit);
-	}
-	pthread_mutex_unlock(&tn.lock);
-	return 0;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-/* Median step time of epoch e (ms), from the first starts of its rounds;
- * the first step of an epoch pays for new cuts and is left out. */
-static double tn_epoch_ms(uint32_t e)
-{
-	uint32_t n = (uint32_t)wk.cfg.autotune_steps, first = e * n + 1, last = (e + 1) * n;
-	double d[64];
-	int k = 0;
-	for (uint32_t r = first; r < last && r + 1 < tn.nrounds && k < 64; r++)
-		d[k++] = (double)(tn.round_us[r + 1] - tn.round_us[r]) / 1000.0;
-	if (k == 0)
-		return -1;
-	qsort(d, (size_t)k, sizeof d[0], cmp_double);
-	return k % 2 ? d[k / 2] : (d[k / 2 - 1] + d[k / 2]) / 2;
-}
-
-/* The best measured epoch so far (-1: none). */
-static int tn_best(uint32_t upto)
-{
-	int best = -1;
-	for (uint32_t e = 0; e < upto; e++)
-		if (tn.epoch_ms[e] >= 0 && (best < 0 || tn.epoch_ms[e] < tn.epoch_ms[best]))
-			best = (int)e;
-	return best;
-}
-
-static uint64_t clamp_pbytes(uint64_t p)
-{
-	return p < 65536 ? 65536 : p > (1ull << 30) ? 1ull << 30 : p;
-}
-
-/* Worker 0, at the first start of epoch e: records how epoch e - 1 went
- * and decides epoch e + 1.  Called with post_lock held.  Returns whether
- * *next is to be posted. */
-static bool tn_decide(uint32_t e, struct rdv_tune *next)
-{
-	if (e >= 1) {
-		double ms = tn_epoch_ms(e - 1);
-		tn.epoch_ms[e - 1] = ms;
-		const struct wk_setting *s = &tn.epochs[e - 1];
-		LOG_WARN("autotune: epoch %u (steps %u-%u): partition %llu B, credit %llu B: %.2f ms per "
-			 "step (median)", e - 1, (e - 1) * (uint32_t)wk.cfg.autotune_steps,
-			 e * (uint32_t)wk.cfg.autotune_steps - 1, (unsigned long long)s->pbytes,
-			 (unsigned long long)s->credit, ms);
-	}
-	if (tn.phase == 2)
-		return false;
-	*next = (struct rdv_tune){.epoch = e + 1};
-	int best = tn_best(e);
-	if (tn.planned < tn.nplan) {
-		/* The next trial of this phase. */
-		next->partition_bytes = tn.plan[tn.planned].pbytes;
-		next->credit_bytes = tn.plan[tn.planned].credit;
-		tn.planned++;
-		tn.phase_last = e + 1;
-		return true;
-	}
-	if (tn.phase_last >= e || best < 0) {
-		/* The last trial is still being measured: hold the best so far. */
-		const struct wk_setting *h = &tn.epochs[best >= 0 ? best : 0];
-		next->partition_bytes = h->pbytes;
-		next->credit_bytes = h->credit;
-		return true;
-	}
-	const struct wk_setting *b = &tn.epochs[best];
-	if (tn.phase == 0) {
-		/* Partition size found: now the credit, in partitions of it. */
-		static const int mult[] = {1, 2, 8, 16};
-		tn.nplan = tn.planned = 0;
-		for (int i = 0; i < 4; i++) {
-			uint64_t c = b->pbytes * (uint64_t)mult[i];
-			if (c != b->credit)
-				tn.plan[tn.nplan++] = (struct wk_setting){b->pbytes, c};
-		}
-		tn.phase = 1;
-		next->partition_bytes = tn.plan[0].pbytes;
-		next->credit_bytes = tn.plan[0].credit;
-		tn.planned = 1;
-		tn.phase_last = e + 1;
-		return true;
-	}
-	tn.phase = 2;
-	next->partition_bytes = b->pbytes;
-	next->credit_bytes = b->credit;
-	next->final = true;
-	LOG_WARN("autotune: settled on partition %llu B, credit %llu B after %u trials: %.2f ms per "
-		 "step (the configured setting: %.2f); no more trials",
-		 (unsigned long long)b->pbytes, (unsigned long long)b->credit, e, tn.epoch_ms[best],
-		 tn.epoch_ms[0]);
-	return true;
-}
-
-/* Worker 0, out of memory for its measurements: ends the trials with the
- * current setting, for every worker, from the next epoch on. */
-static void tn_give_up(void)
-{
-	pthread_mutex_lock(&tn.lock);
-	tn.phase = 2;
-	pthread_mutex_unlock(&tn.lock);
-	/* The setting of the latest epoch posted holds from the next one on. */
-	struct wk_setting cur = tn.last_posted == 0 ? tn.epochs[0] : tn.last_setting;
-	struct rdv_tune t = {.epoch = tn.last_posted + 1, .partition_bytes = cur.pbytes,
-			     .credit_bytes = cur.credit, .final = true};
-	LOG_WARN("autotune: out of memory for measurements; keeping partition %llu B, credit %llu B",
-		 (unsigned long long)cur.pbytes, (unsigned long long)cur.credit);
-	if (rdv_client_post_tune(wk.rdv, &t) != 0)
-		LOG_WARN("autotune: cannot post the last setting: %s", log_last_error());
-}
-
-/* Worker 0: notes the first start of each round and, at the start of each
- * epoch, posts the setting of the next. */
-static void tn_saw_round(uint32_t round)
-{
-	pthread_mutex_lock(&tn.post_lock);
-	if (round < tn.nrounds || tn.phase == 2) {
-		pthread_mutex_unlock(&tn.post_lock);
-		return;
-	}
-	if (round >= tn.caprounds) {
-		uint32_t cap = tn.caprounds ? tn.caprounds : 256;
-		while (cap <= round)
-			cap *= 2;
-		uint32_t old_ne = tn.caprounds / (uint32_t)wk.cfg.autotune_steps + 2;
-		uint32_t ne = cap / (uint32_t)wk.cfg.autotune_steps + 2;
-		int64_t *r = realloc(tn.round_us, cap * sizeof *r);
-		if (r != NULL)
-			tn.round_us = r;
-		double *m = realloc(tn.epoch_ms, ne * sizeof *m);
-		if (m != NULL) {
-			for (uint32_t i = tn.caprounds ? old_ne : 0; i < ne; i++)
-				m[i] = -1;
-			tn.epoch_ms = m;
-		}
-		if (r == NULL || m == NULL) {
-			tn_give_up();
-			pthread_mutex_unlock(&tn.post_lock);
-			return;
-		}
-		tn.caprounds = cap;
-	}
-	int64_t now = trace_now_us();
-	while (tn.nrounds <= round)
-		tn.round_us[tn.nrounds++] = now;
-	uint32_t steps = (uint32_t)wk.cfg.autotune_steps;
-	struct rdv_tune next;
-	bool post = false;
-	if (round % steps == 0) {
-		pthread_mutex_lock(&tn.lock);
-		post = tn_decide(round / steps, &next);
-		pthread_mutex_unlock(&tn.lock);
-	}
-	if (post) {
-		tn.last_posted = next.epoch;
-		tn.last_setting = (struct wk_setting){next.partition_bytes, next.credit_bytes};
-		if (rdv_client_post_tune(wk.rdv, &next) != 0)
-			LOG_WARN("autotune: cannot post the next setting: %s", log_last_error());
-	}
-	pthread_mutex_unlock(&tn.post_lock);
-}
-
-/* Resets the settings at init: epoch 0 is the configuration; worker 0
- * plans the partition sizes to try. */
-static int tn_init(void)
-{
-	free(tn.epochs);
-	free(tn.round_us);
-	free(tn.epoch_ms);
-	tn.epochs = malloc(16 * sizeof *tn.epochs);
-	tn.round_us = NULL;
-	tn.epoch_ms = NULL;
-	tn.nrounds = tn.caprounds = 0;
-	if (tn.epochs == NULL)
-		return UNISUM_ENOMEM;
-	tn.cap = 16;
-	tn.epochs[0] = (struct wk_setting){wk.cfg.partition_bytes, wk.cfg.credit_bytes};
-	tn.nepochs = 1;
-	tn.final = !wk.cfg.autotune;
-	tn.applied = 0;
-	atomic_store(&tn.failed, false);
-	tn.phase = 0;
-	tn.last_posted = 0;
-	tn.nplan = tn.planned = 0;
-	tn.phase_last = 0;
-	uint64_t p = wk.cfg.partition_bytes;
-	uint64_t sizes[] = {clamp_pbytes(p / 4), clamp_pbytes(p / 2), clamp_pbytes(p * 2)};
-	for (int i = 0; i < 3; i++)
-		if (sizes[i] != p)
-			tn.plan[tn.nplan++] = (struct wk_setting){sizes[i], 4 * sizes[i]};
-	return 0;
-}
-
 /* Autotune has settled on cut L of tensor t (or t is undeclared: L is
  * NULL): tells the servers of every other cut that this worker is done
  * with it, so once every worker is they free its buffers.  This worker's
@@ -1554,10 +1312,10 @@ static int wk_start(int tensor, const void *in, void *out, int flags, uint32_t w
 	if (wk.cfg.autotune) {
 		uint32_t epoch = round / (uint32_t)wk.cfg.autotune_steps;
 		if (wk.rank == 0)
-			tn_saw_round(round);
-		struct wk_setting set = {0};
+			tune_saw_round(wk.tuner, round);
+		struct tune_setting set = {0};
 		bool final = false;
-		rc = wk_setting_of(epoch, &set, &final);
+		rc = tune_setting_of(wk.tuner, epoch, &set, &final);
 		if (rc == 0)
 			L = wk_cut_for(t, set.pbytes, &rc);
 		if (rc == 0 && final)
@@ -1807,9 +1565,7 @@ int unisum_get_stats(unisum_stats *out)
 		return log_fail(UNISUM_EINVAL, "unisum_get_stats: out must not be NULL");
 	struct sched_stats st;
 	sched_stats(&wk.push_q, &st);
-	pthread_mutex_lock(&tn.lock);
-	uint64_t pbytes = tn.epochs[tn.applied < tn.nepochs ? tn.applied : tn.nepochs - 1].pbytes;
-	pthread_mutex_unlock(&tn.lock);
+	uint64_t pbytes = tune_partition_bytes(wk.tuner);
 	*out = (unisum_stats){.credit_bytes = st.credit, .partition_bytes = pbytes,
 			      .max_inflight_bytes = st.max_inflight, .partitions_sent = st.taken};
 	return 0;

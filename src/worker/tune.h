@@ -1,0 +1,78 @@
+/*
+ * tune.h - autotune (UNISUM_AUTOTUNE): the partition size and the credit
+ * that every worker uses, epoch by epoch.
+ *
+ * Every UNISUM_AUTOTUNE_STEPS rounds of each tensor form an epoch, and
+ * every worker uses the same partition size and credit in an epoch.
+ * Worker 0 measures its step time and posts the setting of epoch e + 1
+ * when it starts epoch e; the scheduler passes it to every worker, and a
+ * worker about to start an epoch it has no setting for waits for it.  The
+ * search tries partition sizes first (1/4, 1/2 and 2x the configured
+ * one), then credits of 1, 2, 8 and 16 partitions of the best, then keeps
+ * the best setting for good.  The worker cuts a tensor anew for a
+ * partition size it has not used (worker.c); the credit changes at once.
+ *
+ * A tuner is a handle; its functions are safe from any thread.
+ */
+#ifndef UNISUM_WORKER_TUNE_H
+#define UNISUM_WORKER_TUNE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "rendezvous/rendezvous.h"
+
+struct tune_setting {
+	uint64_t pbytes;	/* partition size */
+	uint64_t credit;	/* bytes in flight */
+};
+
+struct tune_cfg {
+	int rank;			/* this worker's: 0 decides */
+	bool on;			/* UNISUM_AUTOTUNE; off: epoch 0's setting for good */
+	uint32_t steps;			/* UNISUM_AUTOTUNE_STEPS */
+	int timeout_ms;			/* how long a worker waits for a setting */
+	struct tune_setting first;	/* the configured partition size and credit */
+};
+
+/* What the tuner needs from its worker.  Each may be called on any
+ * thread, never with a lock of the tuner's held. */
+struct tune_hooks {
+	void *arg;
+	/* Worker 0: hands a setting to the scheduler, which passes it on to
+	 * every worker (including this one).  0 or an error. */
+	int (*post)(void *arg, const struct rdv_tune *t);
+	/* A setting never came, or memory ran out: fail the whole job. */
+	void (*fail_job)(void *arg, int err, const char *why);
+	/* The credit of the epoch now in force. */
+	void (*set_credit)(void *arg, uint64_t credit);
+};
+
+struct tuner;
+
+/* A tuner whose epoch 0 is cfg->first; worker 0 plans its trials.
+ * 0 or UNISUM_ENOMEM. */
+int tune_new(const struct tune_cfg *cfg, const struct tune_hooks *hooks, struct tuner **out);
+void tune_free(struct tuner *tu);
+
+/* A setting came from the scheduler (in order). */
+void tune_on_setting(struct tuner *tu, const struct rdv_tune *t);
+
+/* Worker 0: round `round` of some tensor starts now.  Notes the first
+ * start of each round and, at the first start of each epoch, posts the
+ * setting of the next. */
+void tune_saw_round(struct tuner *tu, uint32_t round);
+
+/* The setting of `epoch`, waiting (at most cfg.timeout_ms) for worker 0 to
+ * post it; puts its credit in force the first time.  *final: the setting
+ * never changes again.  0; UNISUM_ECONN when the job failed meanwhile
+ * (tune_stop); UNISUM_ECONFIG when it never came (the job is failed). */
+int tune_setting_of(struct tuner *tu, uint32_t epoch, struct tune_setting *out, bool *final);
+
+/* The job failed: waits in tune_setting_of return. */
+void tune_stop(struct tuner *tu);
+
+/* The partition size of the epoch in force. */
+uint64_t tune_partition_bytes(struct tuner *tu);
+
+#endif /* UNISUM_WORKER_TUNE_H */
