@@ -3,7 +3,9 @@
  *
  * Locks: `lock` guards the settings every worker knows (epochs, final,
  * applied, stopped); `post_lock` guards worker 0's measurements and plan.
- * Order: post_lock, then lock.  No lock is held while a hook runs.
+ * Order: post_lock, then lock.  No lock is held while a hook runs, but
+ * set_credit, which runs under `lock` so that an older epoch's credit
+ * never lands last (it only sets the PUSH queue's credit).
  */
 #include "worker/tune.h"
 
@@ -114,6 +116,29 @@ void tune_stop(struct tuner *tu)
 	pthread_mutex_unlock(&tu->lock);
 }
 
+/* The known setting of `epoch` into *out, its credit put in force the
+ * first time.  Called with lock held, once it is known. */
+static void tune_take(struct tuner *tu, uint32_t epoch, struct tune_setting *out, bool *final)
+{
+	*out = tu->epochs[epoch < tu->nepochs ? epoch : tu->nepochs - 1];
+	*final = tu->final && epoch + 1 >= tu->nepochs;
+	if (epoch > tu->applied) {
+		/* Under the lock, so an older epoch's credit never lands last. */
+		tu->applied = epoch;
+		tu->hooks.set_credit(tu->hooks.arg, out->credit);
+	}
+}
+
+int tune_setting_now(struct tuner *tu, uint32_t epoch, struct tune_setting *out, bool *final)
+{
+	pthread_mutex_lock(&tu->lock);
+	bool known = epoch < tu->nepochs || tu->final;
+	if (known)
+		tune_take(tu, epoch, out, final);
+	pthread_mutex_unlock(&tu->lock);
+	return known;
+}
+
 int tune_setting_of(struct tuner *tu, uint32_t epoch, struct tune_setting *out, bool *final)
 {
 	/* Worker 0 posts epoch e + 1 when it starts epoch e, a whole epoch
@@ -136,13 +161,7 @@ int tune_setting_of(struct tuner *tu, uint32_t epoch, struct tune_setting *out, 
 		tu->hooks.fail_job(tu->hooks.arg, UNISUM_ECONFIG, why);
 		return log_fail(UNISUM_ECONFIG, "%s", why);
 	}
-	*out = tu->epochs[epoch < tu->nepochs ? epoch : tu->nepochs - 1];
-	*final = tu->final && epoch + 1 >= tu->nepochs;
-	if (epoch > tu->applied) {
-		/* Under the lock, so an older epoch's credit never lands last. */
-		tu->applied = epoch;
-		tu->hooks.set_credit(tu->hooks.arg, out->credit);
-	}
+	tune_take(tu, epoch, out, final);
 	pthread_mutex_unlock(&tu->lock);
 	return 0;
 }

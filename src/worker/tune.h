@@ -69,6 +69,10 @@ void tune_saw_round(struct tuner *tu, uint32_t round);
  * (tune_stop); UNISUM_ECONFIG when it never came (the job is failed). */
 int tune_setting_of(struct tuner *tu, uint32_t epoch, struct tune_setting *out, bool *final);
 
+/* The same without waiting: 1 with the setting (its credit put in force),
+ * or 0 when worker 0 has not posted it yet. */
+int tune_setting_now(struct tuner *tu, uint32_t epoch, struct tune_setting *out, bool *final);
+
 /* The job failed: waits in tune_setting_of return. */
 void tune_stop(struct tuner *tu);
 

@@ -86,6 +86,9 @@ struct wk_op {
 	unisum_handle handle;
 	struct wk_tensor *t;
 	int flags;
+	const void *in;			/* the caller's buffers (in NULL: contribute zeros) */
+	void *out;
+	uint32_t wire_op;		/* its collective (WIRE_OP()), on every push */
 	uint32_t remaining;		/* partitions not yet completed */
 	int error;			/* first error of any partition */
 	char why[512];			/* its message */
@@ -93,12 +96,11 @@ struct wk_op {
 	uint32_t round;
 	bool traced;			/* its round is on the timeline */
 	int64_t t_start;		/* when it started (trace clock) */
+	struct wk_op *tune_next;	/* in the autotune thread's queue */
 	/* The local path (several workers on this machine): */
 	struct local_op *local;		/* its LOCAL_REDUCE/BROADCAST state, or NULL */
 	const struct wk_layout *L;	/* its cut (stable while it is in flight) */
 	uint32_t wire_round;
-	uint32_t wire_op;		/* its collective: the local root's pushes carry it */
-	void *out;
 };
 
 enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL, JOB_RETIRE };
@@ -164,6 +166,10 @@ static struct {
 	unisum_handle next_handle;
 	struct sched_queue push_q;	/* the PUSH stage: priority and credit */
 	struct tuner *tuner;		/* the settings of each epoch (src/worker/tune.c) */
+	pthread_t tune_thread;		/* autotune: operations waiting for their cut */
+	bool tune_started, tune_stop;
+	pthread_cond_t tune_cond;	/* its queue is not empty, or it is to stop */
+	struct wk_op *tune_head, *tune_tail;
 	pthread_t push_thread;
 	bool push_started;
 	int failed;			/* the job failed: every call returns it */
@@ -872,6 +878,8 @@ static void wk_close_conns(void)
 
 /* ---- autotune (src/worker/tune.c) ----------------------------------------- */
 
+static void *wk_tune_main(void *arg);
+
 /* A setting worker 0 posted, passed on by the scheduler (reader thread). */
 static void wk_on_tune(void *arg, const struct rdv_tune *t)
 {
@@ -917,6 +925,7 @@ static void wk_conds_init(void)
 {
 	timing_cond_init(&wk.done_cond);
 	timing_cond_init(&wk.failed_cond);
+	pthread_cond_init(&wk.tune_cond, NULL);
 }
 
 int unisum_init(void)
@@ -995,6 +1004,12 @@ int unisum_init(void)
 		return rc;
 	}
 	wk.push_started = true;
+	wk.tune_stop = false;
+	wk.tune_started = wk.cfg.autotune &&
+			  pthread_create(&wk.tune_thread, NULL, wk_tune_main, NULL) == 0;
+	if (wk.cfg.autotune && !wk.tune_started)
+		LOG_WARN("cannot start the autotune thread: operations whose cut is new start on the "
+			 "caller's thread");
 	wk.initialized = true;
 	LOG_INFO("joined as worker %d of %d (local rank %d of %d) with %d servers", wk.rank, wk.size,
 		 wk.cfg.local_rank, wk.cfg.local_size, wk.nservers);
@@ -1012,8 +1027,14 @@ int unisum_shutdown(void)
 		while (!wk.ops[i]->done)
 			pthread_cond_wait(&wk.done_cond, &wk.lock);
 	int failed = wk.failed;
+	wk.tune_stop = true;
+	pthread_cond_signal(&wk.tune_cond);
 	pthread_mutex_unlock(&wk.lock);
-	/* Every operation is done, so the PUSH stage's queue is empty. */
+	/* Every operation is done, so the autotune thread's queue and the PUSH
+	 * stage's are empty. */
+	if (wk.tune_started)
+		pthread_join(wk.tune_thread, NULL);
+	wk.tune_started = false;
 	local_stop();
 	sched_close(&wk.push_q);
 	if (wk.push_started)
@@ -1217,21 +1238,39 @@ static void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L)
 	}
 }
 
-/* The cut of tensor t for partition size pbytes, made now if it is new.
- * A name too long to carry the size, or a size that would make too many
- * partitions, keeps the declared cut (every worker decides the same).  Called by the thread that owns t's current round. */
-static const struct wk_layout *wk_cut_for(struct wk_tensor *t, uint64_t pbytes, int *rc)
+/* The cut of tensor t for partition size pbytes when it needs no
+ * declaration: one made before, or the declared cut when pbytes cannot
+ * have its own (a name too long to carry the size, or too many
+ * partitions: every worker decides the same); NULL when it is new. */
+static const struct wk_layout *wk_cut_known(const struct wk_tensor *t, uint64_t pbytes)
 {
-	*rc = 0;
 	for (int i = 0; i < t->ncuts; i++)
 		if (t->cuts[i].pbytes == pbytes)
 			return &t->cuts[i];
+	int len = snprintf(NULL, 0, "%s@%llu", t->name, (unsigned long long)pbytes);
+	if (len >= 256 || placement_nparts(t->count, t->esize, pbytes) > PLACEMENT_MAX_PARTS)
+		return &t->cuts[0];
+	return NULL;
+}
+
+static bool wk_cut_is_new(const struct wk_tensor *t, uint64_t pbytes)
+{
+	return wk_cut_known(t, pbytes) == NULL;
+}
+
+/* The cut of tensor t for partition size pbytes, declared now if it is
+ * new (a scheduler round trip).  Called by the thread that owns t's
+ * current round. */
+static const struct wk_layout *wk_cut_for(struct wk_tensor *t, uint64_t pbytes, int *rc)
+{
+	*rc = 0;
+	const struct wk_layout *known = wk_cut_known(t, pbytes);
+	if (known != NULL)
+		return known;
 	char wire_name[256];
 	if (snprintf(wire_name, sizeof wire_name, "%s@%llu", t->name, (unsigned long long)pbytes) >=
 	    (int)sizeof wire_name)
-		return &t->cuts[0];
-	if (placement_nparts(t->count, t->esize, pbytes) > PLACEMENT_MAX_PARTS)
-		return &t->cuts[0];	/* too many partitions at this size */
+		return &t->cuts[0];	/* cannot happen: wk_cut_known said it fits */
 	struct wk_layout L;
 	*rc = wk_cut(t, wire_name, pbytes, &L);
 	if (*rc != 0)
@@ -1253,9 +1292,147 @@ static const struct wk_layout *wk_cut_for(struct wk_tensor *t, uint64_t pbytes, 
 	return got;
 }
 
+/* Operation op fails before any of it started: err, with why naming the
+ * tensor.  Nothing else holds it. */
+static void wk_op_fail(struct wk_op *op, int err, const char *what)
+{
+	pthread_mutex_lock(&wk.lock);
+	op->error = err;
+	snprintf(op->why, sizeof op->why, "worker %d, tensor '%s': %s", wk.rank, op->t->name, what);
+	op->done = true;
+	op->t->busy = false;
+	pthread_cond_broadcast(&wk.done_cond);
+	pthread_mutex_unlock(&wk.lock);
+}
+
+/* Hands operation op, on cut L, to its first stage: LOCAL_REDUCE, or the
+ * PUSH queue.  Never waits. */
+static void wk_launch(struct wk_op *op, const struct wk_layout *L)
+{
+	struct wk_tensor *t = op->t;
+	int rc;
+	/* Servers count rounds per key, so each cut counts its own. */
+	uint32_t wire_round = ((struct wk_layout *)L)->rounds++;
+	int divisor = (op->flags & UNISUM_AVERAGE) ? wk.size : 1;
+	if (wk.local && L->nparts > 0) {
+		op->L = L;
+		op->wire_round = wire_round;
+		struct local_req req = {.key = L->key, .round = wire_round, .dtype = t->dtype,
+					.in = op->in, .out = op->out, .nparts = L->nparts,
+					.parts = L->parts, .divisor = divisor, .priority = t->priority,
+					.ctx = op, .traced = op->traced, .tensor = t->index,
+					.step = op->round, .wire_op = op->wire_op, .name = t->name};
+		/* Under wk.lock: the done hook may run before local_submit returns. */
+		pthread_mutex_lock(&wk.lock);
+		rc = local_submit(&req, &op->local);
+		if (rc != 0) {
+			op->error = rc;
+			snprintf(op->why, sizeof op->why, "%s", log_last_error());
+			op->done = true;
+			t->busy = false;
+			pthread_cond_broadcast(&wk.done_cond);
+		}
+		pthread_mutex_unlock(&wk.lock);
+		return;
+	}
+	pthread_mutex_lock(&wk.lock);
+	op->remaining = L->nparts;
+	op->done = L->nparts == 0;
+	t->busy = !op->done;
+	if (op->done)
+		pthread_cond_broadcast(&wk.done_cond);
+	pthread_mutex_unlock(&wk.lock);
+
+	/* Once its last partition is queued the operation may complete and
+	 * the tensor's next round re-cut it: nothing of L is read after. */
+	uint32_t nparts = L->nparts;
+	for (uint32_t i = 0; i < nparts; i++) {
+		struct wk_job *j = malloc(sizeof *j);
+		const struct placement_part *p = &L->parts[i];
+		size_t off = p->offset * t->esize;
+		if (j != NULL) {
+			*j = (struct wk_job){.entry = {.priority = t->priority, .key = L->key + i,
+						       .bytes = p->count * t->esize},
+					     .type = JOB_PUSH_PULL, .server = (int)L->servers[i], .part = i,
+					     .key = L->key + i, .round = wire_round, .dtype = t->dtype,
+					     .count = p->count,
+					     .in = op->in ? (const uint8_t *)op->in + off : NULL,
+					     .out = (uint8_t *)op->out + off, .divisor = divisor,
+					     .wire_op = op->wire_op, .op = op, .t_queued = op->t_start};
+			rc = sched_push(&wk.push_q, &j->entry);
+		} else {
+			rc = UNISUM_ENOMEM;
+		}
+		if (rc != 0) {
+			/* The operation fails; partitions already queued finish on their own. */
+			free(j);
+			char why[512];
+			snprintf(why, sizeof why, "worker %d, tensor '%s': %s", wk.rank, t->name,
+				 rc == UNISUM_ENOMEM ? "out of memory" : log_last_error());
+			op_part_done(op, rc, why);
+		}
+	}
+}
+
+/* Autotune: the cut of op's round for its epoch, declaring it with the
+ * scheduler if it is new, and waiting for worker 0's setting if need be
+ * (so only wk_tune_main calls it with wait).  NULL when it must wait but
+ * may not, or on an error (*rc). */
+static const struct wk_layout *wk_tuned_cut(struct wk_op *op, bool wait, int *rc)
+{
+	struct wk_tensor *t = op->t;
+	uint32_t epoch = op->round / (uint32_t)wk.cfg.autotune_steps;
+	struct tune_setting set = {0};
+	bool final = false;
+	*rc = 0;
+	if (!wait && !tune_setting_now(wk.tuner, epoch, &set, &final))
+		return NULL;
+	if (wait)
+		*rc = tune_setting_of(wk.tuner, epoch, &set, &final);
+	if (*rc != 0)
+		return NULL;
+	if (!wait && wk_cut_is_new(t, set.pbytes))
+		return NULL;
+	const struct wk_layout *L = wk_cut_for(t, set.pbytes, rc);
+	if (*rc == 0 && final)
+		wk_retire_cuts(t, L);
+	return *rc == 0 ? L : NULL;
+}
+
+/* The autotune thread: operations whose setting has not come yet or whose
+ * cut is new wait here for the setting and the declaration, so that
+ * starting an operation never waits on the network. */
+static void *wk_tune_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		pthread_mutex_lock(&wk.lock);
+		while (wk.tune_head == NULL && !wk.tune_stop)
+			pthread_cond_wait(&wk.tune_cond, &wk.lock);
+		struct wk_op *op = wk.tune_head;
+		if (op == NULL) {
+			pthread_mutex_unlock(&wk.lock);
+			return NULL;
+		}
+		wk.tune_head = op->tune_next;
+		if (wk.tune_head == NULL)
+			wk.tune_tail = NULL;
+		pthread_mutex_unlock(&wk.lock);
+		int rc;
+		const struct wk_layout *L = wk_tuned_cut(op, true, &rc);
+		if (L != NULL)
+			wk_launch(op, L);
+		else
+			wk_op_fail(op, rc, rc == UNISUM_ECONN ? "the job failed while waiting for the "
+					   "autotune setting" : log_last_error());
+	}
+}
+
 /* Starts an operation: `in` NULL means "contribute zeros" (broadcast from
  * another root).  wire_op is the collective (WIRE_OP()): every worker of
- * the round must start the same one, or the round fails on all of them. */
+ * the round must start the same one, or the round fails on all of them.
+ * Never waits on the network: under autotune an operation whose cut is
+ * not ready goes to wk_tune_main. */
 static int wk_start(int tensor, const void *in, void *out, int flags, uint32_t wire_op,
 		    unisum_handle *h)
 {
@@ -1295,13 +1472,10 @@ static int wk_start(int tensor, const void *in, void *out, int flags, uint32_t w
 		wk.ops = no;
 		wk.capops = cap;
 	}
-	op->handle = ++wk.next_handle;
-	op->t = t;
-	op->flags = flags;
+	*op = (struct wk_op){.handle = ++wk.next_handle, .t = t, .flags = flags, .round = t->round++,
+			     .in = in, .out = out, .wire_op = wire_op};
 	t->busy = true;
-	uint32_t round = t->round++;
-	op->round = round;
-	op->traced = trace_wants(round);
+	op->traced = trace_wants(op->round);
 	op->t_start = op->traced ? trace_now_us() : 0;
 	wk.ops[wk.nops++] = op;
 	*h = op->handle;
@@ -1310,94 +1484,28 @@ static int wk_start(int tensor, const void *in, void *out, int flags, uint32_t w
 	/* The cut of this round: the declared one, or autotune's for its epoch. */
 	const struct wk_layout *L = &t->cuts[0];
 	if (wk.cfg.autotune) {
-		uint32_t epoch = round / (uint32_t)wk.cfg.autotune_steps;
 		if (wk.rank == 0)
-			tune_saw_round(wk.tuner, round);
-		struct tune_setting set = {0};
-		bool final = false;
-		rc = tune_setting_of(wk.tuner, epoch, &set, &final);
-		if (rc == 0)
-			L = wk_cut_for(t, set.pbytes, &rc);
-		if (rc == 0 && final)
-			wk_retire_cuts(t, L);
-		if (rc != 0) {
-			char why[512];
-			snprintf(why, sizeof why, "worker %d, tensor '%s': %s", wk.rank, t->name,
-				 rc == UNISUM_ECONN ? "the job failed while waiting for the autotune setting"
-						    : log_last_error());
+			tune_saw_round(wk.tuner, op->round);
+		L = wk_tuned_cut(op, false, &rc);
+		if (L == NULL && rc == 0 && !wk.tune_started)
+			L = wk_tuned_cut(op, true, &rc);	/* no thread to wait on */
+		if (L == NULL && rc != 0) {
+			wk_op_fail(op, rc, log_last_error());
+			return 0;
+		}
+		if (L == NULL) {
 			pthread_mutex_lock(&wk.lock);
-			op->error = rc;
-			snprintf(op->why, sizeof op->why, "%s", why);
-			op->done = true;
-			t->busy = false;
-			pthread_cond_broadcast(&wk.done_cond);
+			if (wk.tune_tail != NULL)
+				wk.tune_tail->tune_next = op;
+			else
+				wk.tune_head = op;
+			wk.tune_tail = op;
+			pthread_cond_signal(&wk.tune_cond);
 			pthread_mutex_unlock(&wk.lock);
 			return 0;
 		}
 	}
-	/* Servers count rounds per key, so each cut counts its own. */
-	uint32_t wire_round = ((struct wk_layout *)L)->rounds++;
-	if (wk.local && L->nparts > 0) {
-		op->L = L;
-		op->wire_round = wire_round;
-		op->wire_op = wire_op;
-		op->out = out;
-		struct local_req req = {.key = L->key, .round = wire_round, .dtype = t->dtype, .in = in,
-					.out = out, .nparts = L->nparts, .parts = L->parts,
-					.divisor = (flags & UNISUM_AVERAGE) ? wk.size : 1,
-					.priority = t->priority, .ctx = op, .traced = op->traced,
-					.tensor = t->index, .step = round, .wire_op = wire_op,
-					.name = t->name};
-		/* Under wk.lock: the done hook may run before local_submit returns. */
-		pthread_mutex_lock(&wk.lock);
-		rc = local_submit(&req, &op->local);
-		if (rc != 0) {
-			op->error = rc;
-			snprintf(op->why, sizeof op->why, "%s", log_last_error());
-			op->done = true;
-			t->busy = false;
-			pthread_cond_broadcast(&wk.done_cond);
-		}
-		pthread_mutex_unlock(&wk.lock);
-		return 0;
-	}
-	pthread_mutex_lock(&wk.lock);
-	op->remaining = L->nparts;
-	op->done = L->nparts == 0;
-	t->busy = !op->done;
-	if (op->done)
-		pthread_cond_broadcast(&wk.done_cond);
-	pthread_mutex_unlock(&wk.lock);
-
-	/* Once its last partition is queued the operation may complete and
-	 * the tensor's next round re-cut it: nothing of L is read after. */
-	uint32_t nparts = L->nparts;
-	for (uint32_t i = 0; i < nparts; i++) {
-		struct wk_job *j = malloc(sizeof *j);
-		const struct placement_part *p = &L->parts[i];
-		size_t off = p->offset * t->esize;
-		if (j != NULL) {
-			*j = (struct wk_job){.entry = {.priority = t->priority, .key = L->key + i,
-						       .bytes = p->count * t->esize},
-					     .type = JOB_PUSH_PULL, .server = (int)L->servers[i], .part = i,
-					     .key = L->key + i, .round = wire_round, .dtype = t->dtype,
-					     .count = p->count, .in = in ? (const uint8_t *)in + off : NULL,
-					     .out = (uint8_t *)out + off,
-					     .divisor = (flags & UNISUM_AVERAGE) ? wk.size : 1,
-					     .wire_op = wire_op, .op = op, .t_queued = op->t_start};
-			rc = sched_push(&wk.push_q, &j->entry);
-		} else {
-			rc = UNISUM_ENOMEM;
-		}
-		if (rc != 0) {
-			/* The operation fails; partitions already queued finish on their own. */
-			free(j);
-			char why[512];
-			snprintf(why, sizeof why, "worker %d, tensor '%s': %s", wk.rank, t->name,
-				 rc == UNISUM_ENOMEM ? "out of memory" : log_last_error());
-			op_part_done(op, rc, why);
-		}
-	}
+	wk_launch(op, L);
 	return 0;
 
 out_unlock:
