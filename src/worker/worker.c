@@ -971,38 +971,21 @@ int unisum_init(void)
 	log_set_identity("worker", wk.rank);
 	rc = wk_tuner_new();	/* TUNEs that came meanwhile wait in the client */
 	if (rc != 0) {
-		rdv_client_free(wk.rdv);
-		wk.rdv = NULL;
-		return log_fail(rc, "unisum_init: out of memory");
+		rc = log_fail(rc, "unisum_init: out of memory");
+		goto out_free_rdv;
 	}
 	rdv_client_on_tune(wk.rdv, wk_on_tune, NULL);
-	rc = trace_open(&wk.cfg, wk.rank);
-	if (rc == 0)
-		rc = sched_init(&wk.push_q, wk.cfg.credit_bytes);
-	if (rc == 0 && wk.local && (rc = wk_local_start()) != 0)
-		sched_fini(&wk.push_q);
-	if (rc != 0) {
-		trace_close();
-		rdv_client_free(wk.rdv);
-		wk.rdv = NULL;
-		tune_free(wk.tuner);
-		wk.tuner = NULL;
-		return rc;
-	}
+	if ((rc = trace_open(&wk.cfg, wk.rank)) != 0)
+		goto out_free_rdv;
+	if ((rc = sched_init(&wk.push_q, wk.cfg.credit_bytes)) != 0)
+		goto out_close_trace;
+	if (wk.local && (rc = wk_local_start()) != 0)
+		goto out_fini_sched;
 	rc = wk.to_servers ? wk_connect_servers() : 0;
 	if (rc == 0 && pthread_create(&wk.push_thread, NULL, wk_push_main, NULL) != 0)
 		rc = UNISUM_ESYS;
-	if (rc != 0) {
-		wk_close_conns();
-		local_stop();
-		sched_fini(&wk.push_q);
-		trace_close();
-		rdv_client_free(wk.rdv);
-		wk.rdv = NULL;
-		tune_free(wk.tuner);
-		wk.tuner = NULL;
-		return rc;
-	}
+	if (rc != 0)
+		goto out_close_conns;
 	wk.push_started = true;
 	wk.tune_stop = false;
 	wk.tune_started = wk.cfg.autotune &&
@@ -1014,6 +997,21 @@ int unisum_init(void)
 	LOG_INFO("joined as worker %d of %d (local rank %d of %d) with %d servers", wk.rank, wk.size,
 		 wk.cfg.local_rank, wk.cfg.local_size, wk.nservers);
 	return 0;
+
+out_close_conns:
+	wk_close_conns();
+	local_stop();
+out_fini_sched:
+	sched_fini(&wk.push_q);
+out_close_trace:
+	trace_close();
+out_free_rdv:
+	/* The client's reader thread hands TUNEs to the tuner: it goes first. */
+	rdv_client_free(wk.rdv);
+	wk.rdv = NULL;
+	tune_free(wk.tuner);
+	wk.tuner = NULL;
+	return rc;
 }
 
 int unisum_shutdown(void)
