@@ -1,6 +1,7 @@
 /*
  * scheduler.c - the scheduler: registration, address book, barriers,
- * tensor declarations and shutdown (see rendezvous.h).
+ * liveness and shutdown (see rendezvous.h); its tensors are in
+ * sched_tensors.c, the state both share in sched_int.h.
  *
  * DESIGN.  One thread accepts connections until every node has registered;
  * each connection then has its own thread that reads requests and answers
@@ -8,7 +9,8 @@
  * has its own `send_lock` because a barrier or shutdown completed by one
  * node's thread writes to every other node.  Lock order: lock, then a
  * node's send_lock.  A monitor thread sends every node a heartbeat and
- * fails the job, naming the node, when one has been silent too long.  Traffic here is tiny (a few messages per tensor and
+ * fails the job, naming the node, when one has been silent too long, and
+ * reports barriers that some nodes entered and others not.  Traffic here is tiny (a few messages per tensor and
  * per barrier), so simplicity wins over throughput.
  */
 #include <pthread.h>
@@ -21,80 +23,11 @@
 #include "placement/placement.h"
 #include "rendezvous/rdv_proto.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/sched_int.h"
 #include "timing/timing.h"
 #include "wire/wire.h"
 
-struct sched_node {
-	struct rdv_scheduler *s;	/* back pointer for the thread */
-	struct tp_conn *conn;		/* its connection */
-	pthread_t thread;		/* reads its requests */
-	bool thread_started;
-	pthread_mutex_t send_lock;	/* serialises writes to conn */
-	bool registered;		/* REGISTER received */
-	bool gone;			/* connection closed (normally or not) */
-	bool said_goodbye;		/* worker sent SHUTDOWN / server was stopped */
-	int role, req_rank, rank, port;
-	int local_rank, local_size;	/* as registered (servers: 0 and 1) */
-	int machine;			/* workers: rank / local_size; servers: -1 */
-	uint32_t id;
-	char host[64];
-	int pid;			/* as registered */
-	char host_id[64];
-	bool in_barrier[4];		/* entered the barrier of group g */
-	_Atomic int64_t last_seen_ms;	/* when it last sent anything */
-};
-
-/* A declared tensor: the first declaration fixes its shape and placement. */
-struct sched_tensor {
-	char name[256];
-	int dtype;
-	uint64_t count, partition_bytes, key;
-	int first_rank;			/* who declared it first, for messages */
-	uint32_t nparts;
-	struct placement_part *parts;	/* [nparts]: the cut, not always equal */
-	uint32_t *servers;		/* [nparts] */
-	char *poison;			/* why it can never be summed (a mismatch), or NULL */
-	uint8_t *forgot;		/* [num_workers] undeclared it (RETIRE), or NULL */
-	int nforgot;			/* ... how many: at num_workers the entry goes */
-};
-
-struct rdv_scheduler {
-	const struct transport_ops *tp;
-	struct tp_listener *listener;
-	int num_machines;		/* worker machines (UNISUM_NUM_WORKER) */
-	int num_servers;
-	int heartbeat_ms, timeout_ms;	/* liveness (UNISUM_HEARTBEAT_MS, UNISUM_TIMEOUT_MS) */
-	int stall_warn_ms, stall_abort_ms; /* barriers (UNISUM_STALL_WARN_MS, _ABORT_MS) */
-	pthread_t thread;		/* accepts, then waits for the end */
-	pthread_t monitor;		/* heartbeats and silence detection */
-	bool monitor_started;
-	pthread_mutex_t lock;		/* everything below */
-	pthread_cond_t changed;		/* registration, goodbyes, failure */
-	struct sched_node **nodes;	/* accepted connections (each its own allocation:
-					 * their threads keep pointers while this grows) */
-	int nnodes, cap_nodes;
-	int local_size;			/* workers per machine, from the first worker's
-					 * REGISTER; 0 before it */
-	int num_workers;		/* worker processes: num_machines x local_size
-					 * (0 before the first worker registered) */
-	int registered;			/* nodes that sent REGISTER */
-	bool book_sent;			/* address book distributed */
-	int workers_done;		/* worker processes that said goodbye */
-	bool servers_stopped;		/* SHUTDOWN sent to servers */
-	int error;			/* first failure, 0 if none */
-	int culprit_role, culprit_rank;	/* the node that caused it (role NONE: no one node) */
-	bool aborted;
-	struct sched_tensor *tensors;
-	int ntensors, cap_tensors;
-	int64_t barrier_since[4];	/* per group: when its first node entered, 0 = none in it */
-	int barrier_stall[4];		/* ... 1 warned, 2 failed the job */
-	struct placement placement;	/* policy, weights (set once all registered), loads */
-	int64_t placed_ms;		/* when a tensor was last placed; 0 once logged */
-	int result;			/* what rdv_scheduler_wait returns */
-};
-
-
-static int sched_send(struct sched_node *n, const struct wire_hdr *h, const void *payload)
+int sched_send(struct sched_node *n, const struct wire_hdr *h, const void *payload)
 {
 	pthread_mutex_lock(&n->send_lock);
 	int rc = n->s->tp->send(n->conn, h, payload);
@@ -102,7 +35,7 @@ static int sched_send(struct sched_node *n, const struct wire_hdr *h, const void
 	return rc;
 }
 
-static const char *sched_node_label(const struct sched_node *n, char *buf, size_t len)
+const char *sched_node_label(const struct sched_node *n, char *buf, size_t len)
 {
 	const char *peer = n->s->tp->peer_name(n->conn);
 	if (!n->registered)
@@ -202,73 +135,6 @@ static int sched_assign_ranks(struct rdv_scheduler *s, int role, int count)
 out_free:
 	free(taken);
 	return rc;
-}
-
-/* Gives every server its byte share from where the nodes run (see
- * placement_weights()) and logs it.  Called with s->lock held, once every
- * node has registered and has its rank. */
-static void sched_place_roles(struct rdv_scheduler *s)
-{
-	int ns = s->num_servers, nw = s->num_workers;
-	const char **server_hosts = calloc((size_t)ns, sizeof *server_hosts);
-	const char **worker_hosts = calloc((size_t)nw, sizeof *worker_hosts);
-	const char **server_addr = calloc((size_t)ns, sizeof *server_addr);
-	double *weights = calloc((size_t)ns, sizeof *weights);
-	int *colocated = calloc((size_t)ns, sizeof *colocated);
-	if (server_hosts == NULL || worker_hosts == NULL || server_addr == NULL || weights == NULL ||
-	    colocated == NULL) {
-		LOG_WARN("out of memory weighing the servers: every server gets an equal share");
-		goto out;
-	}
-	int w = 0;
-	for (int i = 0; i < s->nnodes; i++) {
-		const struct sched_node *n = s->nodes[i];
-		if (!n->registered)
-			continue;
-		if (n->role == CONFIG_ROLE_SERVER && n->rank >= 0 && n->rank < ns) {
-			server_hosts[n->rank] = n->host_id;
-			server_addr[n->rank] = n->host;
-		} else if (n->role == CONFIG_ROLE_WORKER && w < nw) {
-			worker_hosts[w++] = n->host_id;
-		}
-	}
-	for (int i = 0; i < ns; i++)
-		if (server_hosts[i] == NULL)
-			goto out;
-	int hn, hc, hk;
-	placement_weights(ns, server_hosts, w, worker_hosts, weights, colocated, &hn, &hc, &hk);
-	if (s->placement.policy == PLACEMENT_OPTIMAL)
-		memcpy(s->placement.weights, weights, (size_t)ns * sizeof *weights);
-	LOG_INFO("placement %s: %d worker hosts, %d of them with servers (colocated), %d CPU-only "
-		 "server hosts; Theorem 1 time %.4f M/B", placement_policy_name(s->placement.policy),
-		 hn, hc, hk, placement_theorem_time(hn, hc, hk));
-	for (int i = 0; i < ns; i++)
-		LOG_INFO("placement: server %d at %s, %s, share %.4f%s", i, server_addr[i],
-			 colocated[i] ? "colocated" : "CPU-only", weights[i],
-			 s->placement.policy == PLACEMENT_OPTIMAL ? "" : " (not used by this policy)");
-out:
-	free(server_hosts);
-	free(worker_hosts);
-	free(server_addr);
-	free(weights);
-	free(colocated);
-}
-
-/* Logs the bytes placed on every server against its share, once a second
- * has passed since the last new tensor (now = INT64_MAX: at once, if not
- * logged since).  Called with s->lock held. */
-static void sched_log_loads(struct rdv_scheduler *s, int64_t now)
-{
-	if (s->placed_ms == 0 || now - s->placed_ms < 1000)
-		return;
-	s->placed_ms = 0;
-	const struct placement *p = &s->placement;
-	LOG_INFO("placement %s: %d tensors, %llu bytes", placement_policy_name(p->policy), s->ntensors,
-		 (unsigned long long)p->total);
-	for (int i = 0; i < p->nservers; i++)
-		LOG_INFO("placement: server %d holds %llu bytes, %.4f of all (share %.4f)", i,
-			 (unsigned long long)p->loads[i],
-			 p->total ? (double)p->loads[i] / (double)p->total : 0.0, p->weights[i]);
 }
 
 /* Assigns ranks and ids and sends every node the address book.  Called
@@ -449,174 +315,6 @@ static void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int 
 		}
 	}
 	pthread_mutex_unlock(&s->lock);
-}
-
-static struct sched_tensor *sched_find_tensor(struct rdv_scheduler *s, const char *name, uint64_t key)
-{
-	for (int i = 0; i < s->ntensors; i++)
-		if (s->tensors[i].key == key || strcmp(s->tensors[i].name, name) == 0)
-			return &s->tensors[i];
-	return NULL;
-}
-
-/* Tells every server and worker that tensor `key` can never be summed (its
- * workers disagree on its shape): servers answer its pushes with the
- * error, and workers summing it in shared memory stop waiting for the
- * rank that could not declare it.  Called with s->lock held. */
-static void sched_poison(struct rdv_scheduler *s, uint64_t key, const char *why)
-{
-	struct wire_buf b;
-	wire_buf_init(&b);
-	struct wire_hdr h = {.key = key};
-	bool built = wire_error_build(&h, &b, UNISUM_EMISMATCH, why) == 0;
-	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *n = s->nodes[i];
-		if (built && n->registered && !n->gone)
-			sched_send(n, &h, b.data);
-	}
-	wire_buf_fini(&b);
-}
-
-/* Worker n undeclared the tensor of `key` (a RETIRE): once every worker
- * has, its entry goes, so one-shot tensors (unisum.torch's unnamed
- * operations and broadcasts) do not pile up.  Their bytes stay counted
- * in the placement's loads, which only steer where the next pieces go.
- * Returns 0 or UNISUM_EPROTO with why set.  Called with s->lock held. */
-static int sched_on_forget(struct rdv_scheduler *s, struct sched_node *n, uint64_t key, char *why,
-			   size_t len)
-{
-	int i = 0;
-	while (i < s->ntensors && s->tensors[i].key != key)
-		i++;
-	struct sched_tensor *t = i < s->ntensors ? &s->tensors[i] : NULL;
-	if (t != NULL && t->forgot == NULL)
-		t->forgot = calloc((size_t)s->num_workers, 1);
-	if (n->role != CONFIG_ROLE_WORKER || t == NULL || n->rank < 0 || n->rank >= s->num_workers ||
-	    (t->forgot != NULL && t->forgot[n->rank])) {
-		snprintf(why, len, "RETIRE of tensor key 0x%llx, which is %s", (unsigned long long)key,
-			 t == NULL ? "not declared" : "undeclared by this worker already");
-		return UNISUM_EPROTO;
-	}
-	if (t->forgot == NULL)
-		return 0;	/* out of memory: the entry stays, nothing breaks */
-	t->forgot[n->rank] = 1;
-	if (++t->nforgot < s->num_workers)
-		return 0;
-	LOG_DEBUG("every worker undeclared '%s': its entry goes", t->name);
-	free(t->parts);
-	free(t->servers);
-	free(t->poison);
-	free(t->forgot);
-	s->tensors[i] = s->tensors[--s->ntensors];
-	return 0;
-}
-
-/* Answers a DECLARE: the tensor's key and servers, or why not. */
-static int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *req,
-			    const void *payload, size_t len)
-{
-	char name[256];
-	uint64_t pbytes;
-	size_t esize = unisum_dtype_size(req->dtype);
-	if (rdv_declare_decode(payload, len, name, sizeof name, &pbytes) != 0 || pbytes < esize ||
-	    n->role != CONFIG_ROLE_WORKER)
-		return UNISUM_EPROTO;
-	if (placement_nparts(req->count, esize, pbytes) > PLACEMENT_MAX_PARTS)
-		return UNISUM_EPROTO;
-
-	uint64_t key = placement_tensor_key(name);
-	struct wire_buf b;
-	wire_buf_init(&b);
-	pthread_mutex_lock(&s->lock);
-	struct sched_tensor *t = sched_find_tensor(s, name, key);
-	char msg[768] = "";
-	int code = UNISUM_EMISMATCH;	/* of msg */
-	if (t != NULL && strcmp(t->name, name) != 0) {
-		snprintf(msg, sizeof msg,
-			 "tensor names '%s' and '%s' hash to the same key 0x%llx: rename one of them",
-			 t->name, name, (unsigned long long)key);
-	} else if (t != NULL && t->forgot != NULL && t->forgot[n->rank]) {
-		snprintf(msg, sizeof msg,
-			 "worker %d declared '%s' again after undeclaring it, before every worker had "
-			 "undeclared it: give each one-shot tensor a new name", n->rank, name);
-		code = UNISUM_EINVAL;
-	} else if (t != NULL && t->poison != NULL) {
-		snprintf(msg, sizeof msg, "%s", t->poison);
-	} else if (t != NULL && (t->dtype != req->dtype || t->count != req->count ||
-				 t->partition_bytes != pbytes)) {
-		snprintf(msg, sizeof msg,
-			 "tensor '%s' declared as %s[%llu] (partition %llu bytes) by worker %d but as "
-			 "%s[%llu] (partition %llu bytes) by worker %d: every worker must declare a name "
-			 "with the same dtype, element count and UNISUM_PARTITION_BYTES",
-			 name, unisum_dtype_name(t->dtype), (unsigned long long)t->count,
-			 (unsigned long long)t->partition_bytes, t->first_rank,
-			 unisum_dtype_name(req->dtype), (unsigned long long)req->count,
-			 (unsigned long long)pbytes, n->rank);
-	} else if (t == NULL) {
-		if (s->ntensors == s->cap_tensors) {
-			int cap = s->cap_tensors ? s->cap_tensors * 2 : 64;
-			struct sched_tensor *nt = realloc(s->tensors, (size_t)cap * sizeof *nt);
-			if (nt == NULL)
-				goto out_nomem;
-			s->tensors = nt;
-			s->cap_tensors = cap;
-		}
-		t = &s->tensors[s->ntensors];
-		memset(t, 0, sizeof *t);
-		uint32_t nparts;
-		int prc = placement_place(&s->placement, key, req->count, esize, pbytes, &nparts,
-					  &t->parts, &t->servers);
-		if (prc == UNISUM_ENOMEM)
-			goto out_nomem;
-		if (prc != 0) {
-			pthread_mutex_unlock(&s->lock);
-			wire_buf_fini(&b);
-			return UNISUM_EPROTO;
-		}
-		s->placed_ms = timing_now_ms();
-		if (LOG_LEVEL_DEBUG >= log_threshold) {
-			for (uint32_t i = 0; i < nparts; i++)
-				LOG_DEBUG("placed '%s' part %u (%llu elements at %llu) on server %u", name, i,
-					  (unsigned long long)t->parts[i].count,
-					  (unsigned long long)t->parts[i].offset, t->servers[i]);
-		}
-		snprintf(t->name, sizeof t->name, "%s", name);
-		t->dtype = req->dtype;
-		t->count = req->count;
-		t->partition_bytes = pbytes;
-		t->key = key;
-		t->first_rank = n->rank;
-		t->nparts = (uint32_t)nparts;
-		s->ntensors++;
-	}
-	if (t != NULL && msg[0] != '\0' && code == UNISUM_EMISMATCH && t->poison == NULL &&
-	    strcmp(t->name, name) == 0) {
-		/* Workers that declared the first shape may already be pushing:
-		 * the servers answer every pull of this tensor with the error. */
-		t->poison = strdup(msg);
-		sched_poison(s, t->key, msg);
-	}
-	if (msg[0] != '\0') {
-		LOG_ERROR("%s", msg);
-		rdv_refused_encode(&b, code, msg);
-	} else {
-		rdv_placed_encode(&b, t->nparts, t->parts, t->servers);
-	}
-	pthread_mutex_unlock(&s->lock);
-	if (b.failed) {
-		wire_buf_fini(&b);
-		return UNISUM_ENOMEM;
-	}
-	struct wire_hdr h = {.type = WIRE_DECLARE, .key = key, .dtype = req->dtype, .count = req->count,
-			     .payload_len = b.len};
-	sched_send(n, &h, b.data);
-	wire_buf_fini(&b);
-	return 0;
-
-out_nomem:
-	pthread_mutex_unlock(&s->lock);
-	wire_buf_fini(&b);
-	return UNISUM_ENOMEM;
 }
 
 /* Worker 0's autotune setting for an epoch: checked, then passed to every

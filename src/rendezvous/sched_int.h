@@ -1,0 +1,103 @@
+/*
+ * sched_int.h - the scheduler's state and the functions its files share
+ * (internal to src/rendezvous: scheduler.c runs the connections, the
+ * barriers and the monitor; sched_tensors.c answers declarations and keeps
+ * the tensor table and the placement).
+ */
+#ifndef UNISUM_SCHED_INT_H
+#define UNISUM_SCHED_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "placement/placement.h"
+#include "rendezvous/rendezvous.h"
+#include "transport/transport.h"
+#include "wire/wire.h"
+
+struct sched_node {
+	struct rdv_scheduler *s;	/* back pointer for the thread */
+	struct tp_conn *conn;		/* its connection */
+	pthread_t thread;		/* reads its requests */
+	bool thread_started;
+	pthread_mutex_t send_lock;	/* serialises writes to conn */
+	bool registered;		/* REGISTER received */
+	bool gone;			/* connection closed (normally or not) */
+	bool said_goodbye;		/* worker sent SHUTDOWN / server was stopped */
+	int role, req_rank, rank, port;
+	int local_rank, local_size;	/* as registered (servers: 0 and 1) */
+	int machine;			/* workers: rank / local_size; servers: -1 */
+	uint32_t id;
+	char host[64];
+	int pid;			/* as registered */
+	char host_id[64];
+	bool in_barrier[4];		/* entered the barrier of group g */
+	_Atomic int64_t last_seen_ms;	/* when it last sent anything */
+};
+
+/* A declared tensor: the first declaration fixes its shape and placement. */
+struct sched_tensor {
+	char name[256];
+	int dtype;
+	uint64_t count, partition_bytes, key;
+	int first_rank;			/* who declared it first, for messages */
+	uint32_t nparts;
+	struct placement_part *parts;	/* [nparts]: the cut, not always equal */
+	uint32_t *servers;		/* [nparts] */
+	char *poison;			/* why it can never be summed (a mismatch), or NULL */
+	uint8_t *forgot;		/* [num_workers] undeclared it (RETIRE), or NULL */
+	int nforgot;			/* ... how many: at num_workers the entry goes */
+};
+
+struct rdv_scheduler {
+	const struct transport_ops *tp;
+	struct tp_listener *listener;
+	int num_machines;		/* worker machines (UNISUM_NUM_WORKER) */
+	int num_servers;
+	int heartbeat_ms, timeout_ms;	/* liveness (UNISUM_HEARTBEAT_MS, UNISUM_TIMEOUT_MS) */
+	int stall_warn_ms, stall_abort_ms; /* barriers (UNISUM_STALL_WARN_MS, _ABORT_MS) */
+	pthread_t thread;		/* accepts, then waits for the end */
+	pthread_t monitor;		/* heartbeats and silence detection */
+	bool monitor_started;
+	pthread_mutex_t lock;		/* everything below */
+	pthread_cond_t changed;		/* registration, goodbyes, failure */
+	struct sched_node **nodes;	/* accepted connections (each its own allocation:
+					 * their threads keep pointers while this grows) */
+	int nnodes, cap_nodes;
+	int local_size;			/* workers per machine, from the first worker's
+					 * REGISTER; 0 before it */
+	int num_workers;		/* worker processes: num_machines x local_size
+					 * (0 before the first worker registered) */
+	int registered;			/* nodes that sent REGISTER */
+	bool book_sent;			/* address book distributed */
+	int workers_done;		/* worker processes that said goodbye */
+	bool servers_stopped;		/* SHUTDOWN sent to servers */
+	int error;			/* first failure, 0 if none */
+	int culprit_role, culprit_rank;	/* the node that caused it (role NONE: no one node) */
+	bool aborted;
+	struct sched_tensor *tensors;
+	int ntensors, cap_tensors;
+	int64_t barrier_since[4];	/* per group: when its first node entered, 0 = none in it */
+	int barrier_stall[4];		/* ... 1 warned, 2 failed the job */
+	struct placement placement;	/* policy, weights (set once all registered), loads */
+	int64_t placed_ms;		/* when a tensor was last placed; 0 once logged */
+	int result;			/* what rdv_scheduler_wait returns */
+};
+
+/* scheduler.c */
+int sched_send(struct sched_node *n, const struct wire_hdr *h, const void *payload);
+const char *sched_node_label(const struct sched_node *n, char *buf, size_t len);
+
+/* sched_tensors.c.  Every function is called with s->lock held but
+ * sched_on_declare, which takes it. */
+void sched_place_roles(struct rdv_scheduler *s);
+void sched_log_loads(struct rdv_scheduler *s, int64_t now);
+void sched_poison(struct rdv_scheduler *s, uint64_t key, const char *why);
+int sched_on_forget(struct rdv_scheduler *s, struct sched_node *n, uint64_t key, char *why,
+		    size_t len);
+int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *req,
+		     const void *payload, size_t len);
+
+#endif /* UNISUM_SCHED_INT_H */

@@ -1,0 +1,250 @@
+/*
+ * sched_tensors.c - the scheduler's tensors: declarations (the cut and
+ * placement of each name, the same answer for every worker), poisoning,
+ * forgetting undeclared tensors, and the servers' roles and shares
+ * (Theorem 1).  See sched_int.h.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "log/log.h"
+#include "rendezvous/rdv_proto.h"
+#include "rendezvous/sched_int.h"
+#include "timing/timing.h"
+#include "unisum.h"
+
+/* Gives every server its byte share from where the nodes run (see
+ * placement_weights()) and logs it.  Called with s->lock held, once every
+ * node has registered and has its rank. */
+void sched_place_roles(struct rdv_scheduler *s)
+{
+	int ns = s->num_servers, nw = s->num_workers;
+	const char **server_hosts = calloc((size_t)ns, sizeof *server_hosts);
+	const char **worker_hosts = calloc((size_t)nw, sizeof *worker_hosts);
+	const char **server_addr = calloc((size_t)ns, sizeof *server_addr);
+	double *weights = calloc((size_t)ns, sizeof *weights);
+	int *colocated = calloc((size_t)ns, sizeof *colocated);
+	if (server_hosts == NULL || worker_hosts == NULL || server_addr == NULL || weights == NULL ||
+	    colocated == NULL) {
+		LOG_WARN("out of memory weighing the servers: every server gets an equal share");
+		goto out;
+	}
+	int w = 0;
+	for (int i = 0; i < s->nnodes; i++) {
+		const struct sched_node *n = s->nodes[i];
+		if (!n->registered)
+			continue;
+		if (n->role == CONFIG_ROLE_SERVER && n->rank >= 0 && n->rank < ns) {
+			server_hosts[n->rank] = n->host_id;
+			server_addr[n->rank] = n->host;
+		} else if (n->role == CONFIG_ROLE_WORKER && w < nw) {
+			worker_hosts[w++] = n->host_id;
+		}
+	}
+	for (int i = 0; i < ns; i++)
+		if (server_hosts[i] == NULL)
+			goto out;
+	int hn, hc, hk;
+	placement_weights(ns, server_hosts, w, worker_hosts, weights, colocated, &hn, &hc, &hk);
+	if (s->placement.policy == PLACEMENT_OPTIMAL)
+		memcpy(s->placement.weights, weights, (size_t)ns * sizeof *weights);
+	LOG_INFO("placement %s: %d worker hosts, %d of them with servers (colocated), %d CPU-only "
+		 "server hosts; Theorem 1 time %.4f M/B", placement_policy_name(s->placement.policy),
+		 hn, hc, hk, placement_theorem_time(hn, hc, hk));
+	for (int i = 0; i < ns; i++)
+		LOG_INFO("placement: server %d at %s, %s, share %.4f%s", i, server_addr[i],
+			 colocated[i] ? "colocated" : "CPU-only", weights[i],
+			 s->placement.policy == PLACEMENT_OPTIMAL ? "" : " (not used by this policy)");
+out:
+	free(server_hosts);
+	free(worker_hosts);
+	free(server_addr);
+	free(weights);
+	free(colocated);
+}
+
+/* Logs the bytes placed on every server against its share, once a second
+ * has passed since the last new tensor (now = INT64_MAX: at once, if not
+ * logged since).  Called with s->lock held. */
+void sched_log_loads(struct rdv_scheduler *s, int64_t now)
+{
+	if (s->placed_ms == 0 || now - s->placed_ms < 1000)
+		return;
+	s->placed_ms = 0;
+	const struct placement *p = &s->placement;
+	LOG_INFO("placement %s: %d tensors, %llu bytes", placement_policy_name(p->policy), s->ntensors,
+		 (unsigned long long)p->total);
+	for (int i = 0; i < p->nservers; i++)
+		LOG_INFO("placement: server %d holds %llu bytes, %.4f of all (share %.4f)", i,
+			 (unsigned long long)p->loads[i],
+			 p->total ? (double)p->loads[i] / (double)p->total : 0.0, p->weights[i]);
+}
+
+static struct sched_tensor *sched_find_tensor(struct rdv_scheduler *s, const char *name, uint64_t key)
+{
+	for (int i = 0; i < s->ntensors; i++)
+		if (s->tensors[i].key == key || strcmp(s->tensors[i].name, name) == 0)
+			return &s->tensors[i];
+	return NULL;
+}
+
+/* Tells every server and worker that tensor `key` can never be summed (its
+ * workers disagree on its shape): servers answer its pushes with the
+ * error, and workers summing it in shared memory stop waiting for the
+ * rank that could not declare it.  Called with s->lock held. */
+void sched_poison(struct rdv_scheduler *s, uint64_t key, const char *why)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	struct wire_hdr h = {.key = key};
+	bool built = wire_error_build(&h, &b, UNISUM_EMISMATCH, why) == 0;
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *n = s->nodes[i];
+		if (built && n->registered && !n->gone)
+			sched_send(n, &h, b.data);
+	}
+	wire_buf_fini(&b);
+}
+
+/* Worker n undeclared the tensor of `key` (a RETIRE): once every worker
+ * has, its entry goes, so one-shot tensors (unisum.torch's unnamed
+ * operations and broadcasts) do not pile up.  Their bytes stay counted
+ * in the placement's loads, which only steer where the next pieces go.
+ * Returns 0 or UNISUM_EPROTO with why set.  Called with s->lock held. */
+int sched_on_forget(struct rdv_scheduler *s, struct sched_node *n, uint64_t key, char *why,
+			   size_t len)
+{
+	int i = 0;
+	while (i < s->ntensors && s->tensors[i].key != key)
+		i++;
+	struct sched_tensor *t = i < s->ntensors ? &s->tensors[i] : NULL;
+	if (t != NULL && t->forgot == NULL)
+		t->forgot = calloc((size_t)s->num_workers, 1);
+	if (n->role != CONFIG_ROLE_WORKER || t == NULL || n->rank < 0 || n->rank >= s->num_workers ||
+	    (t->forgot != NULL && t->forgot[n->rank])) {
+		snprintf(why, len, "RETIRE of tensor key 0x%llx, which is %s", (unsigned long long)key,
+			 t == NULL ? "not declared" : "undeclared by this worker already");
+		return UNISUM_EPROTO;
+	}
+	if (t->forgot == NULL)
+		return 0;	/* out of memory: the entry stays, nothing breaks */
+	t->forgot[n->rank] = 1;
+	if (++t->nforgot < s->num_workers)
+		return 0;
+	LOG_DEBUG("every worker undeclared '%s': its entry goes", t->name);
+	free(t->parts);
+	free(t->servers);
+	free(t->poison);
+	free(t->forgot);
+	s->tensors[i] = s->tensors[--s->ntensors];
+	return 0;
+}
+
+/* Answers a DECLARE: the tensor's key and servers, or why not. */
+int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *req,
+			    const void *payload, size_t len)
+{
+	char name[256];
+	uint64_t pbytes;
+	size_t esize = unisum_dtype_size(req->dtype);
+	if (rdv_declare_decode(payload, len, name, sizeof name, &pbytes) != 0 || pbytes < esize ||
+	    n->role != CONFIG_ROLE_WORKER)
+		return UNISUM_EPROTO;
+	if (placement_nparts(req->count, esize, pbytes) > PLACEMENT_MAX_PARTS)
+		return UNISUM_EPROTO;
+
+	uint64_t key = placement_tensor_key(name);
+	struct wire_buf b;
+	wire_buf_init(&b);
+	pthread_mutex_lock(&s->lock);
+	struct sched_tensor *t = sched_find_tensor(s, name, key);
+	char msg[768] = "";
+	int code = UNISUM_EMISMATCH;	/* of msg */
+	if (t != NULL && strcmp(t->name, name) != 0) {
+		snprintf(msg, sizeof msg,
+			 "tensor names '%s' and '%s' hash to the same key 0x%llx: rename one of them",
+			 t->name, name, (unsigned long long)key);
+	} else if (t != NULL && t->forgot != NULL && t->forgot[n->rank]) {
+		snprintf(msg, sizeof msg,
+			 "worker %d declared '%s' again after undeclaring it, before every worker had "
+			 "undeclared it: give each one-shot tensor a new name", n->rank, name);
+		code = UNISUM_EINVAL;
+	} else if (t != NULL && t->poison != NULL) {
+		snprintf(msg, sizeof msg, "%s", t->poison);
+	} else if (t != NULL && (t->dtype != req->dtype || t->count != req->count ||
+				 t->partition_bytes != pbytes)) {
+		snprintf(msg, sizeof msg,
+			 "tensor '%s' declared as %s[%llu] (partition %llu bytes) by worker %d but as "
+			 "%s[%llu] (partition %llu bytes) by worker %d: every worker must declare a name "
+			 "with the same dtype, element count and UNISUM_PARTITION_BYTES",
+			 name, unisum_dtype_name(t->dtype), (unsigned long long)t->count,
+			 (unsigned long long)t->partition_bytes, t->first_rank,
+			 unisum_dtype_name(req->dtype), (unsigned long long)req->count,
+			 (unsigned long long)pbytes, n->rank);
+	} else if (t == NULL) {
+		if (s->ntensors == s->cap_tensors) {
+			int cap = s->cap_tensors ? s->cap_tensors * 2 : 64;
+			struct sched_tensor *nt = realloc(s->tensors, (size_t)cap * sizeof *nt);
+			if (nt == NULL)
+				goto out_nomem;
+			s->tensors = nt;
+			s->cap_tensors = cap;
+		}
+		t = &s->tensors[s->ntensors];
+		memset(t, 0, sizeof *t);
+		uint32_t nparts;
+		int prc = placement_place(&s->placement, key, req->count, esize, pbytes, &nparts,
+					  &t->parts, &t->servers);
+		if (prc == UNISUM_ENOMEM)
+			goto out_nomem;
+		if (prc != 0) {
+			pthread_mutex_unlock(&s->lock);
+			wire_buf_fini(&b);
+			return UNISUM_EPROTO;
+		}
+		s->placed_ms = timing_now_ms();
+		if (LOG_LEVEL_DEBUG >= log_threshold) {
+			for (uint32_t i = 0; i < nparts; i++)
+				LOG_DEBUG("placed '%s' part %u (%llu elements at %llu) on server %u", name, i,
+					  (unsigned long long)t->parts[i].count,
+					  (unsigned long long)t->parts[i].offset, t->servers[i]);
+		}
+		snprintf(t->name, sizeof t->name, "%s", name);
+		t->dtype = req->dtype;
+		t->count = req->count;
+		t->partition_bytes = pbytes;
+		t->key = key;
+		t->first_rank = n->rank;
+		t->nparts = (uint32_t)nparts;
+		s->ntensors++;
+	}
+	if (t != NULL && msg[0] != '\0' && code == UNISUM_EMISMATCH && t->poison == NULL &&
+	    strcmp(t->name, name) == 0) {
+		/* Workers that declared the first shape may already be pushing:
+		 * the servers answer every pull of this tensor with the error. */
+		t->poison = strdup(msg);
+		sched_poison(s, t->key, msg);
+	}
+	if (msg[0] != '\0') {
+		LOG_ERROR("%s", msg);
+		rdv_refused_encode(&b, code, msg);
+	} else {
+		rdv_placed_encode(&b, t->nparts, t->parts, t->servers);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (b.failed) {
+		wire_buf_fini(&b);
+		return UNISUM_ENOMEM;
+	}
+	struct wire_hdr h = {.type = WIRE_DECLARE, .key = key, .dtype = req->dtype, .count = req->count,
+			     .payload_len = b.len};
+	sched_send(n, &h, b.data);
+	wire_buf_fini(&b);
+	return 0;
+
+out_nomem:
+	pthread_mutex_unlock(&s->lock);
+	wire_buf_fini(&b);
+	return UNISUM_ENOMEM;
+}
+
