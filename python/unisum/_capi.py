@@ -8,9 +8,12 @@ message (rank, tensor, what to do).  ctypes releases the GIL during each
 call, so a blocking wait never stalls other Python threads.
 """
 
+from __future__ import annotations
+
 import ctypes
 import ctypes.util
 import os
+from typing import Iterator
 
 # Values of unisum_dtype (part of the wire protocol).
 FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32, INT64 = range(6)
@@ -23,14 +26,31 @@ AVERAGE = 0x1
 
 
 class UnisumError(RuntimeError):
-    """A unisum call failed; ``code`` is the negative UNISUM_E* value."""
+    """A unisum call failed; ``code`` is the negative UNISUM_E* value.
 
-    def __init__(self, message, code=0):
+    Every failure of the C library, and every misuse that
+    :mod:`unisum.torch` detects itself (a call before ``init()``, a tensor
+    name reused with another shape, an unknown handle), raises this
+    exception.  Its message is the C library's detailed message when there
+    is one (which rank, which tensor, what to do), and ``code`` is one of the
+    ``E*`` constants of :mod:`unisum._capi` (``ENOTINIT``, ``EMISMATCH``,
+    ...), or 0 when no error code applies.
+
+    Args:
+        message: The text of the error.
+        code: The negative ``UNISUM_E*`` value of the failure, or 0.
+    """
+
+    code: int
+
+    def __init__(self, message: str, code: int = 0) -> None:
         super().__init__(message)
         self.code = code
 
 
-def _candidates():
+def _candidates() -> Iterator[str]:
+    """Yields the paths (or, last, a bare library name) to try loading
+    libunisum.so from, in the order the module docstring gives."""
     env = os.environ.get("UNISUM_LIBRARY")
     if env:
         yield env
@@ -42,7 +62,9 @@ def _candidates():
         yield found
 
 
-def _load():
+def _load() -> ctypes.CDLL:
+    """Loads the first libunisum.so of _candidates() that loads; raises
+    ImportError naming every place it tried when none does."""
     tried = []
     for path in _candidates():
         if os.path.sep in path and not os.path.exists(path):
@@ -57,7 +79,7 @@ def _load():
         "or set UNISUM_LIBRARY. Tried: " + "; ".join(tried))
 
 
-lib = _load()
+lib: ctypes.CDLL = _load()
 
 _c_int, _c_size, _c_ptr, _c_i64 = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int64
 for _name, _args, _ret in [
@@ -87,16 +109,31 @@ for _name, _args, _ret in [
     _fn.restype = _ret
 
 
-def error(rc, what):
-    """The exception for a failed call: the C library's detailed message,
-    else its error text."""
+def error(rc: int, what: str) -> UnisumError:
+    """Returns (does not raise) the exception for a failed call.
+
+    Its message is `what`, a colon, and the C library's detailed message of
+    this thread's last error, or the text of `rc` when there is none.
+
+    Args:
+        rc: The negative error code the C call returned.
+        what: The operation that failed, to begin the message with.
+    """
     detail = lib.unisum_last_error().decode("utf-8", "replace")
     text = lib.unisum_strerror(rc).decode()
     return UnisumError("%s: %s" % (what, detail or text), rc)
 
 
-def check(rc, what):
-    """Returns rc when it is not an error, else raises."""
+def check(rc: int, what: str) -> int:
+    """Returns `rc` when it is not an error (zero or positive).
+
+    Args:
+        rc: The value a C call returned.
+        what: The operation, to begin the error message with.
+
+    Raises:
+        UnisumError: When `rc` is negative; see :func:`error`.
+    """
     if rc < 0:
         raise error(rc, what)
     return rc

@@ -45,6 +45,8 @@ Choices where the references differ:
   PyTorch's own memory.
 """
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import math
@@ -52,6 +54,8 @@ import pickle
 import threading
 import warnings
 import weakref
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Protocol,
+                    Sequence, Tuple, TypeVar, Union, cast)
 
 import numpy
 import torch
@@ -67,7 +71,7 @@ __all__ = [
     "empty", "zeros_like",
 ]
 
-_DTYPES = {
+_DTYPES: Dict[torch.dtype, int] = {
     torch.float32: _capi.FLOAT32,
     torch.float64: _capi.FLOAT64,
     torch.float16: _capi.FLOAT16,
@@ -78,13 +82,13 @@ _DTYPES = {
 
 _lock = threading.Lock()      # guards the tables below
 _initialized = False
-_tensors = {}                 # name -> (tensor id, dtype, numel)
-_ops = {}                     # handle -> _Op
+_tensors: Dict[str, Tuple[int, torch.dtype, int]] = {}   # name -> (tensor id, dtype, numel)
+_ops: Dict[int, _Op] = {}     # handle -> _Op
 _calls = 0                    # collectives named by their order so far (_by_order)
 _optimizer_counter = 0        # DistributedOptimizers made so far
 _empty_handles = 0            # handles of empty tensors count down from -1
 _WAIT_SLICE_MS = 100          # a wait returns to the interpreter this often
-_orphans = []                 # buffers of broadcasts a signal interrupted: still in flight
+_orphans: List[torch.Tensor] = []   # buffers of broadcasts a signal interrupted: still in flight
 
 
 class _Op:
@@ -93,7 +97,9 @@ class _Op:
 
     __slots__ = ("c_handle", "send", "recv", "output", "done", "finish")
 
-    def __init__(self, c_handle, send, recv, output, finish):
+    def __init__(self, c_handle: Optional[int], send: Optional[torch.Tensor],
+                 recv: Optional[torch.Tensor], output: torch.Tensor,
+                 finish: Callable[[], None]) -> None:
         self.c_handle = c_handle
         self.send = send        # the buffer the C library reads
         self.recv = recv        # the buffer the C library writes
@@ -102,14 +108,26 @@ class _Op:
         self.finish = finish    # called once when the operation completes
 
 
-def _require_init():
+def _require_init() -> None:
+    """Raises UnisumError (ENOTINIT) unless init() has been called."""
     if not _initialized:
         raise UnisumError("unisum.torch: call init() first", _capi.ENOTINIT)
 
 
-def init():
+def init() -> None:
     """Joins the job described by the environment (UNISUM_* or the BytePS
-    DMLC_* names); under `unisum launch` everything is already set."""
+    DMLC_* names); under `unisum launch` everything is already set.
+
+    Blocks until the whole job has registered.  A second call, before
+    shutdown(), does nothing.
+
+    Raises:
+        UnisumError: When the C library cannot join the job: a missing or
+            invalid setting (``ECONFIG`` names the variable), a scheduler or
+            server that cannot be reached, a failed authentication, a
+            timeout.  A process joins its job once, so a call after
+            shutdown() raises it too (``ESHUTDOWN``).
+    """
     global _initialized
     with _lock:
         if _initialized:
@@ -118,8 +136,16 @@ def init():
         _initialized = True
 
 
-def shutdown():
-    """Waits for operations in flight and leaves the job."""
+def shutdown() -> None:
+    """Waits for operations in flight and leaves the job.
+
+    Every handle and every declared name is forgotten.  Without init(), or
+    a second time, it does nothing.
+
+    Raises:
+        UnisumError: When the C library reports a failure while leaving
+            (the job is left all the same).
+    """
     global _initialized
     with _lock:
         if not _initialized:
@@ -132,35 +158,64 @@ def shutdown():
     _capi.check(rc, "unisum.torch.shutdown")
 
 
-def size():
+def size() -> int:
+    """The number of workers in the job.
+
+    Raises:
+        UnisumError: When init() has not been called (``ENOTINIT``).
+    """
     _require_init()
     return _capi.lib.unisum_size()
 
 
-def rank():
+def rank() -> int:
+    """This worker's rank in the job, from 0 to size() - 1.
+
+    Raises:
+        UnisumError: When init() has not been called (``ENOTINIT``).
+    """
     _require_init()
     return _capi.lib.unisum_rank()
 
 
-def local_rank():
+def local_rank() -> int:
+    """This worker's rank among the workers of its machine, from 0 to
+    local_size() - 1.
+
+    Raises:
+        UnisumError: When init() has not been called (``ENOTINIT``).
+    """
     _require_init()
     return _capi.lib.unisum_local_rank()
 
 
-def local_size():
+def local_size() -> int:
+    """The number of workers of the job on this machine.
+
+    Raises:
+        UnisumError: When init() has not been called (``ENOTINIT``).
+    """
     _require_init()
     return _capi.lib.unisum_local_size()
 
 
-def barrier():
-    """Returns once every worker has called barrier()."""
+def barrier() -> None:
+    """Returns once every worker has called barrier().
+
+    The wait returns to the interpreter every 100 ms, so a signal handler
+    (Ctrl-C's KeyboardInterrupt) can interrupt it.
+
+    Raises:
+        UnisumError: When init() has not been called, or when the job
+            failed.
+    """
     _require_init()
     # In slices, so that signal handlers run (see _wait).
     while _capi.check(_capi.lib.unisum_barrier_timeout(_WAIT_SLICE_MS), "unisum.torch.barrier") == 0:
         pass
 
 
-def _wait(c_handle):
+def _wait(c_handle: int) -> int:
     """unisum_wait in slices of _WAIT_SLICE_MS: between them the interpreter
     runs its signal handlers, so Ctrl-C (KeyboardInterrupt) or
     pytest-timeout's SIGALRM reach a rank blocked here; the operation then
@@ -171,34 +226,53 @@ def _wait(c_handle):
             return 0 if rc > 0 else rc
 
 
-def empty(*size, dtype=torch.float32):
+def empty(*size: Union[int, Sequence[int]], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialised CPU tensor in this worker's shared arena
     (``unisum_alloc``): the other workers of the machine sum it with plain
     loads and stores, without the cross-memory-attach copy.  Ordinary memory
     when there is no such arena (one worker per machine, not initialised,
     arena full); either way it works the same and stays valid after
-    shutdown()."""
+    shutdown().
+
+    Args:
+        *size: The shape, as integers (``empty(2, 3)``) or as one tuple,
+            list or torch.Size (``empty((2, 3))``), as for torch.empty().
+        dtype: The tensor's dtype.
+
+    Raises:
+        MemoryError: When neither the arena nor ordinary memory has room.
+    """
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
-    numel = math.prod(size)
+    shape = cast(Tuple[int, ...], size)
+    numel = math.prod(shape)
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if nbytes == 0:
-        return torch.empty(size, dtype=dtype)
+        return torch.empty(shape, dtype=dtype)
     ptr = _capi.lib.unisum_alloc(nbytes)
     if not ptr:
         raise MemoryError("unisum.torch.empty: no memory for %d bytes" % nbytes)
     buf = (ctypes.c_char * nbytes).from_address(ptr)
     weakref.finalize(buf, _capi.lib.unisum_free, ptr)   # when the last view dies
-    return torch.frombuffer(buf, dtype=dtype, count=numel).view(size)
+    return torch.frombuffer(buf, dtype=dtype, count=numel).view(shape)
 
 
-def zeros_like(tensor):
+def zeros_like(tensor: torch.Tensor) -> torch.Tensor:
     """A zeroed tensor of `tensor`'s shape and dtype in the shared arena
-    (see empty())."""
+    (see empty()).
+
+    Args:
+        tensor: The tensor whose shape and dtype the new one takes; its
+            values and device are not used.
+
+    Raises:
+        MemoryError: When neither the arena nor ordinary memory has room.
+    """
     return empty(tuple(tensor.shape), dtype=tensor.dtype).zero_()
 
 
-def _c_dtype(tensor):
+def _c_dtype(tensor: torch.Tensor) -> int:
+    """The unisum_dtype of `tensor`; TypeError for a dtype unisum does not sum."""
     try:
         return _DTYPES[tensor.dtype]
     except KeyError:
@@ -206,7 +280,7 @@ def _c_dtype(tensor):
             tensor.dtype, ", ".join(str(d) for d in _DTYPES))) from None
 
 
-def _tensor_id(name, tensor, priority):
+def _tensor_id(name: str, tensor: torch.Tensor, priority: int) -> int:
     """The C tensor id of `name`, declared on first use with the tensor's
     dtype and element count."""
     if tensor.device.type != "cpu":
@@ -231,21 +305,36 @@ def _tensor_id(name, tensor, priority):
     return tid
 
 
-def declare(name, tensor=None, priority=0):
+def declare(name: str, tensor: Optional[torch.Tensor] = None, priority: int = 0) -> None:
     """Declares `name`.  With a tensor, its dtype and size are fixed now;
-    without, at its first push_pull (as byteps.torch.declare)."""
+    without, at its first push_pull (as byteps.torch.declare).
+
+    Args:
+        name: The tensor's name, the same on every worker.
+        tensor: A tensor of the dtype and element count that `name` will
+            carry, or None to leave both to the first push_pull.
+        priority: The tensor's priority (higher is sent first); used only
+            with a tensor.
+
+    Raises:
+        UnisumError: When init() has not been called, when `name` was
+            already declared with another dtype or element count
+            (``EMISMATCH``), or when the C library rejects the declaration.
+        TypeError: When `tensor` is not on the CPU or has a dtype unisum
+            does not sum.
+    """
     _require_init()
     if tensor is not None:
         _tensor_id(name, tensor, priority)
 
 
-def _shaped(name, tensor):
+def _shaped(name: str, tensor: torch.Tensor) -> str:
     """An internal name that also carries dtype and size (see
     _DistributedOptimizer._grad_name)."""
     return "%s.%s[%d]" % (name, str(tensor.dtype).replace("torch.", ""), tensor.numel())
 
 
-def _by_order(kind, label=None):
+def _by_order(kind: str, label: Optional[str] = None) -> str:
     """A name for a collective the caller did not name: its place in this
     process's sequence of such calls, the same on every worker that makes
     the same calls in the same order (see the module docstring).  The
@@ -258,7 +347,7 @@ def _by_order(kind, label=None):
     return "%s.%d" % (kind, n) if label is None else "%s.%d.%s" % (kind, n, label)
 
 
-def _undeclare(name):
+def _undeclare(name: str) -> None:
     """Forgets the one-shot tensor `name` here, and everywhere once every
     worker has (unisum_undeclare)."""
     with _lock:
@@ -267,16 +356,19 @@ def _undeclare(name):
         _capi.check(_capi.lib.unisum_undeclare(known[0]), "unisum.torch: undeclare '%s'" % name)
 
 
-def _start(tensor, average, name, priority, inplace):
+def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: int,
+           inplace: bool) -> int:
+    """Starts push_pull_async (or, `inplace`, push_pull_async_inplace) and
+    returns the operation's handle; see push_pull_async."""
     _require_init()
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("unisum.torch: push_pull takes a torch.Tensor, got %s" % type(tensor).__name__)
-    release = None
+    release: Optional[Callable[[], None]] = None
     if name is None:
-        name = _by_order("push_pull")
+        name = one_shot = _by_order("push_pull")
 
-        def release():
-            _undeclare(name)
+        def release() -> None:
+            _undeclare(one_shot)
     try:
         # Declared even when empty: every worker's tensor is checked.
         tid = _tensor_id(name, tensor, priority)
@@ -295,16 +387,16 @@ def _start(tensor, average, name, priority, inplace):
             recv = torch.empty_like(send, memory_format=torch.contiguous_format)
             output = recv
 
-        def finish():
+        def finish() -> None:
             if inplace and recv.data_ptr() != src.data_ptr():
                 src.copy_(recv.view_as(src))
             if release is not None:
                 release()
 
-        h = _capi.ctypes.c_int64(0)
+        h = ctypes.c_int64(0)
         flags = _capi.AVERAGE if average else 0
         _capi.check(_capi.lib.unisum_push_pull_async(tid, send.data_ptr(), recv.data_ptr(), flags,
-                                                     _capi.ctypes.byref(h)),
+                                                     ctypes.byref(h)),
                     "unisum.torch: push_pull")
     except BaseException:
         if release is not None and name in _tensors:
@@ -313,7 +405,7 @@ def _start(tensor, average, name, priority, inplace):
     return _register(_Op(h.value, send, recv, output, finish))
 
 
-def _register(op, done=False):
+def _register(op: _Op, done: bool = False) -> int:
     """Files an operation under a handle of its own (the C handle when there
     is one) and returns the handle."""
     global _empty_handles
@@ -328,18 +420,51 @@ def _register(op, done=False):
     return handle
 
 
-def push_pull_async(tensor, average=True, name=None, priority=0):
+def push_pull_async(tensor: torch.Tensor, average: bool = True, name: Optional[str] = None,
+                    priority: int = 0) -> int:
     """Starts summing `tensor` over all workers into a new tensor (divided by
-    size() when `average`); returns a handle for poll() / synchronize()."""
+    size() when `average`); returns a handle for poll() / synchronize().
+
+    Args:
+        tensor: The CPU tensor to sum, of a dtype unisum sums (float32,
+            float64, float16, bfloat16, int32, int64).  The C library reads
+            it (and, in place, writes it) until the operation completes, so
+            leave it alone until then.
+        average: Divide the sum by size() (a mean over the workers) when
+            true; the plain sum when false.
+        name: The tensor's name, the same on every worker; it keeps one
+            dtype and element count for the whole job.  None names the call
+            by its place in this process's sequence of unnamed collectives,
+            so every worker must then make those calls in the same order.
+        priority: Higher is sent first when several operations are in
+            flight; used when `name` is declared (its first use).
+
+    Raises:
+        TypeError: When `tensor` is not a torch.Tensor, is not on the CPU,
+            or has a dtype unisum does not sum.
+        UnisumError: When init() has not been called, when `name` was
+            declared with another dtype or element count here or on another
+            worker (``EMISMATCH``), or when the C library cannot start the
+            operation (such as ``EBUSY`` while the same name has one in
+            flight).
+    """
     return _start(tensor, average, name, priority, inplace=False)
 
 
-def push_pull_async_inplace(tensor, average=True, name=None, priority=0):
-    """As push_pull_async, writing the result into `tensor` itself."""
+def push_pull_async_inplace(tensor: torch.Tensor, average: bool = True,
+                            name: Optional[str] = None, priority: int = 0) -> int:
+    """As push_pull_async, writing the result into `tensor` itself.
+
+    Returns a handle for poll() / synchronize(); synchronize() then returns
+    `tensor`.  The arguments and the exceptions are those of
+    push_pull_async().
+    """
     return _start(tensor, average, name, priority, inplace=True)
 
 
-def _take(handle):
+def _take(handle: int) -> _Op:
+    """The operation filed under `handle`; UnisumError (EINVAL) when there
+    is none."""
     with _lock:
         op = _ops.get(handle)
     if op is None:
@@ -348,8 +473,20 @@ def _take(handle):
     return op
 
 
-def poll(handle):
-    """True once the operation is done (then synchronize() returns at once)."""
+def poll(handle: int) -> bool:
+    """True once the operation is done (then synchronize() returns at once).
+
+    Does not wait: False while the operation is still in flight.
+
+    Args:
+        handle: A handle from push_pull_async() or
+            push_pull_async_inplace() that synchronize() has not taken yet.
+
+    Raises:
+        UnisumError: When `handle` is unknown or already synchronized
+            (``EINVAL``), or when the operation failed; after a failure the
+            handle is gone.
+    """
     op = _take(handle)
     if op.done:
         return True
@@ -365,10 +502,28 @@ def poll(handle):
     return True
 
 
-def synchronize(handle):
-    """Waits for the operation and returns its output tensor."""
+def synchronize(handle: int) -> torch.Tensor:
+    """Waits for the operation and returns its output tensor.
+
+    The output is the new tensor of push_pull_async(), or the tensor that
+    push_pull_async_inplace() was given.  The handle is gone afterwards.  The
+    wait returns to the interpreter every 100 ms, so Ctrl-C's
+    KeyboardInterrupt can interrupt it; the operation and its handle then
+    stay as they were.
+
+    Args:
+        handle: A handle from push_pull_async() or
+            push_pull_async_inplace() that synchronize() has not taken yet.
+
+    Raises:
+        UnisumError: When `handle` is unknown or already synchronized
+            (``EINVAL``), or when the operation failed (the C library's
+            message says why).
+    """
     op = _take(handle)
-    rc = 0 if op.done else _wait(op.c_handle)
+    # An operation that is not done has a C handle (only empty tensors have
+    # none, and they are done from the start).
+    rc = 0 if op.done else _wait(cast(int, op.c_handle))
     err = _capi.error(rc, "unisum.torch: push_pull") if rc < 0 else None
     with _lock:
         _ops.pop(handle, None)
@@ -378,17 +533,50 @@ def synchronize(handle):
     return op.output
 
 
-def push_pull(tensor, average=True, name=None, priority=0):
-    """Sums `tensor` over all workers into a new tensor and returns it."""
+def push_pull(tensor: torch.Tensor, average: bool = True, name: Optional[str] = None,
+              priority: int = 0) -> torch.Tensor:
+    """Sums `tensor` over all workers into a new tensor and returns it.
+
+    push_pull_async() followed by synchronize(); `tensor` is left as it is.
+
+    Args:
+        tensor: The CPU tensor to sum, of a dtype unisum sums (float32,
+            float64, float16, bfloat16, int32, int64).  The C library reads
+            it (and, in place, writes it) until the operation completes, so
+            leave it alone until then.
+        average: Divide the sum by size() (a mean over the workers) when
+            true; the plain sum when false.
+        name: The tensor's name, the same on every worker; it keeps one
+            dtype and element count for the whole job.  None names the call
+            by its place in this process's sequence of unnamed collectives,
+            so every worker must then make those calls in the same order.
+        priority: Higher is sent first when several operations are in
+            flight; used when `name` is declared (its first use).
+
+    Raises:
+        TypeError: When `tensor` is not a torch.Tensor, is not on the CPU,
+            or has a dtype unisum does not sum.
+        UnisumError: When init() has not been called, when `name` was
+            declared with another dtype or element count here or on another
+            worker (``EMISMATCH``), or when the C library cannot start the
+            operation (such as ``EBUSY`` while the same name has one in
+            flight), or when the
+            operation fails.
+    """
     return synchronize(push_pull_async(tensor, average, name, priority))
 
 
-def push_pull_(tensor, average=True, name=None, priority=0):
-    """Sums `tensor` over all workers in place and returns it."""
+def push_pull_(tensor: torch.Tensor, average: bool = True, name: Optional[str] = None,
+               priority: int = 0) -> torch.Tensor:
+    """Sums `tensor` over all workers in place and returns it.
+
+    push_pull_async_inplace() followed by synchronize().  The arguments are
+    those of push_pull(), and so are the exceptions.
+    """
     return synchronize(push_pull_async_inplace(tensor, average, name, priority))
 
 
-def _broadcast_(tensor, root_rank, name):
+def _broadcast_(tensor: torch.Tensor, root_rank: int, name: str) -> None:
     """Overwrites `tensor` with root's tensor of the one-shot name `name`
     (_by_order).  Dtypes the C library does not sum (bool, uint8, int8,
     int16, complex) travel widened to int64 / float64, which carries them
@@ -423,9 +611,31 @@ def _broadcast_(tensor, root_rank, name):
                   if src.dtype.is_complex else buf.view_as(src))
 
 
-def broadcast_parameters(params, root_rank):
+def broadcast_parameters(params: Union[Dict[str, torch.Tensor],
+                                       Iterable[Tuple[str, torch.Tensor]]],
+                         root_rank: int) -> None:
     """Copies root's parameters to every worker, in place.  `params` is a
-    state_dict() or named_parameters() (or any (name, tensor) pairs)."""
+    state_dict() or named_parameters() (or any (name, tensor) pairs).
+
+    The tensors travel in the order of their names, so every worker must
+    pass the same names with tensors of the same shapes.  Tensors of any
+    dtype and layout on the CPU work (dtypes unisum does not sum travel
+    widened, exactly).  Every worker must make its calls of
+    broadcast_parameters, broadcast_object and broadcast_optimizer_state,
+    and its unnamed push_pulls, in the same order.
+
+    Args:
+        params: A dict of names to tensors (a state_dict()), or an iterable
+            of (name, tensor) pairs (named_parameters()).
+        root_rank: The rank whose tensors every worker receives.
+
+    Raises:
+        TypeError: When a value is not a torch.Tensor, or a tensor is not
+            on the CPU.
+        UnisumError: When init() has not been called, when the workers'
+            tensors of a name differ in shape or dtype (``EMISMATCH``), or
+            when a broadcast fails.
+    """
     _require_init()
     items = params.items() if isinstance(params, dict) else params
     call = _by_order("broadcast_parameters")
@@ -435,8 +645,29 @@ def broadcast_parameters(params, root_rank):
         _broadcast_(p, root_rank, "%s.%s" % (call, name))
 
 
-def broadcast_object(obj, root_rank=0, name=None):
-    """Returns root's `obj` on every worker (pickled; any size)."""
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
+    """Returns root's `obj` on every worker (pickled; any size).
+
+    The root gets its own `obj` back; every other worker gets an unpickled
+    copy of it.  Every worker must make its calls of broadcast_object,
+    broadcast_parameters and broadcast_optimizer_state, and its unnamed
+    push_pulls, in the same order.
+
+    Args:
+        obj: On the root, any object that pickle can serialise; ignored on
+            the other workers (None will do).
+        root_rank: The rank whose `obj` every worker receives.
+        name: A label added to the internal name of the call (which its
+            place in the sequence of such calls fixes), the same on every
+            worker; None for none.
+
+    Raises:
+        UnisumError: When init() has not been called, or when a broadcast
+            fails (such as workers that disagree on `name`).
+        pickle.PicklingError: On the root, when `obj` cannot be pickled
+            (or whatever else pickle.dumps raises for it); the other workers
+            raise what pickle.loads raises when they cannot unpickle it.
+    """
     _require_init()
     name = _by_order("broadcast_object", name)
     is_root = rank() == root_rank
@@ -458,17 +689,38 @@ def broadcast_object(obj, root_rank=0, name=None):
     return obj if is_root else pickle.loads(payload.numpy().view(numpy.uint8)[:n].tobytes())
 
 
-def broadcast_optimizer_state(optimizer, root_rank):
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
     """Makes every worker's optimizer state equal root's: the state tensors
     (momentum buffers, Adam moments, step counts) and the scalars of every
-    parameter group (lr, momentum, ...).  Works for stateless optimizers."""
+    parameter group (lr, momentum, ...).  Works for stateless optimizers.
+
+    The other workers load root's state with optimizer.load_state_dict(); the
+    root's optimizer is left as it is.  Every worker must make its calls of
+    broadcast_optimizer_state, broadcast_parameters and broadcast_object,
+    and its unnamed push_pulls, in the same order.
+
+    Args:
+        optimizer: This worker's optimizer (a DistributedOptimizer or any
+            torch.optim.Optimizer) over the same parameters as on the other
+            workers.
+        root_rank: The rank whose state every worker receives.
+
+    Raises:
+        UnisumError: When init() has not been called, or when a broadcast
+            fails (such as a state tensor whose shape differs between the
+            workers).
+        ValueError: When root's state does not fit this worker's optimizer
+            (from optimizer.load_state_dict(), such as a different number of
+            parameter groups).
+    """
     _require_init()
     state = optimizer.state_dict()
     # Root sends the layout (with tensors replaced by their shape and dtype);
     # then every tensor travels as a tensor.
-    layout, tensors = {}, []
+    layout: Dict[Any, Dict[str, Tuple[Any, ...]]] = {}
+    tensors: List[torch.Tensor] = []
     for pid, pstate in sorted(state["state"].items()):
-        entry = {}
+        entry: Dict[str, Tuple[Any, ...]] = {}
         for k, v in sorted(pstate.items()):
             if isinstance(v, torch.Tensor):
                 entry[k] = ("tensor", tuple(v.shape), v.dtype, len(tensors))
@@ -477,11 +729,11 @@ def broadcast_optimizer_state(optimizer, root_rank):
                 entry[k] = ("value", v)
         layout[pid] = entry
     call = _by_order("broadcast_optimizer_state")
-    layout = broadcast_object({"layout": layout, "param_groups": state["param_groups"]},
-                              root_rank, name=call)
+    received = broadcast_object({"layout": layout, "param_groups": state["param_groups"]},
+                                root_rank, name=call)
     is_root = rank() == root_rank
-    new_state = {}
-    for pid, entry in layout["layout"].items():
+    new_state: Dict[Any, Dict[str, Any]] = {}
+    for pid, entry in received["layout"].items():
         new_state[pid] = {}
         for k, desc in entry.items():
             if desc[0] == "value":
@@ -492,41 +744,91 @@ def broadcast_optimizer_state(optimizer, root_rank):
             _broadcast_(t, root_rank, "%s.%s.%s" % (call, pid, k))
             new_state[pid][k] = t
     if not is_root:
-        optimizer.load_state_dict({"state": new_state, "param_groups": layout["param_groups"]})
+        optimizer.load_state_dict({"state": new_state, "param_groups": received["param_groups"]})
+
+
+class _Compressor(Protocol):
+    """What DistributedOptimizer's `compression` is: an object (such as the
+    classes in Compression) with these two functions."""
+
+    def compress(self, tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
+        """The tensor to sum instead of `tensor`, and a context for
+        decompress()."""
+
+    def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """The gradient that the sum `tensor` of compressed tensors stands
+        for, given compress()'s context `ctx`."""
 
 
 class Compression:
-    """Gradient compression for DistributedOptimizer (Horovod's names)."""
+    """Gradient compression for DistributedOptimizer (Horovod's names).
+
+    Each member is a class whose static methods compress() and decompress()
+    DistributedOptimizer calls around the sum of each gradient; pass the
+    class itself, as in ``compression=Compression.fp16``.
+    """
 
     class none:
+        """No compression: gradients are summed as they are."""
+
         @staticmethod
-        def compress(tensor):
+        def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, None]:
+            """Returns `tensor` itself and no context.
+
+            Args:
+                tensor: The gradient to sum.
+            """
             return tensor, None
 
         @staticmethod
-        def decompress(tensor, ctx):
+        def decompress(tensor: torch.Tensor, ctx: None) -> torch.Tensor:
+            """Returns `tensor` itself.
+
+            Args:
+                tensor: The summed gradient.
+                ctx: The context compress() returned (None).
+            """
             return tensor
 
     class fp16:
         """Sends float gradients as float16: half the bytes."""
 
         @staticmethod
-        def compress(tensor):
+        def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.dtype]]:
+            """Returns a float16 copy of a floating-point `tensor` of another
+            dtype, with the original dtype as context; any other tensor
+            itself, with None.
+
+            Args:
+                tensor: The gradient to sum.
+            """
             if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
                 return tensor.to(torch.float16), tensor.dtype
             return tensor, None
 
         @staticmethod
-        def decompress(tensor, ctx):
+        def decompress(tensor: torch.Tensor, ctx: Optional[torch.dtype]) -> torch.Tensor:
+            """Returns the summed `tensor` converted back to the dtype `ctx`,
+            or `tensor` itself when `ctx` is None.
+
+            Args:
+                tensor: The summed gradient, as compress() returned it.
+                ctx: The dtype compress() returned, or None.
+            """
             return tensor if ctx is None else tensor.to(ctx)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the user's optimizer class by DistributedOptimizer()."""
 
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step,
-                 shared_gradients=True):
-        super(self.__class__, self).__init__(params)
+    def __init__(self, params: Iterable[Dict[str, Any]],
+                 named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]],
+                 compression: _Compressor, backward_passes_per_step: int,
+                 shared_gradients: bool = True) -> None:
+        # self.__class__ is the class DistributedOptimizer() made, whose base
+        # is the user's optimizer class: its constructor has defaults for
+        # everything but the parameters, which torch.optim.Optimizer's has not.
+        super(self.__class__, self).__init__(params)  # type: ignore[call-arg]
         self._compression = compression
         self._passes = backward_passes_per_step
         all_params = [p for group in self.param_groups for p in group["params"]]
@@ -550,20 +852,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 prefix = "optimizer%d.param." % _optimizer_counter
             by_id = {id(p): prefix + str(i) for i, p in enumerate(all_params)}
             order = {id(p): i for i, p in enumerate(all_params)}
-        self._names = by_id
+        self._names: Dict[int, str] = by_id
         # The first parameters (first layers) are needed first in the next
         # forward pass: higher priority.
-        self._priority = {pid: len(order) - i for pid, i in order.items()}
-        self._handles = {}
+        self._priority: Dict[int, int] = {pid: len(order) - i for pid, i in order.items()}
+        # parameter -> (handle or None before the last pass, compress()'s
+        # context, the tensor being summed)
+        self._handles: Dict[torch.Tensor, Tuple[Optional[int], Any, Optional[torch.Tensor]]] = {}
         self._synchronized = False      # synchronize() ran since the last step()
         self._should_synchronize = True  # False inside skip_synchronize()
-        self._delay = {}
-        self._grad_accs = []
+        self._delay: Dict[torch.Tensor, int] = {}
+        self._grad_accs: List[Any] = []
         self._register_hooks()
         if shared_gradients and local_size() > 1:
             self._share_gradients()
 
-    def _share_gradients(self):
+    def _share_gradients(self) -> None:
         """Gives every gradient that does not exist yet a zeroed home in the
         shared arena; backward then accumulates into it in place."""
         for group in self.param_groups:
@@ -572,7 +876,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         p.dtype in _DTYPES and p.numel() > 0:
                     p.grad = zeros_like(p)
 
-    def _register_hooks(self):
+    def _register_hooks(self) -> None:
+        """Hooks every parameter that requires a gradient: its gradient is
+        pushed when backward() has produced it for the last time before the
+        next step()."""
         for group in self.param_groups:
             for p in group["params"]:
                 if not p.requires_grad:
@@ -583,7 +890,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 grad_acc.register_hook(self._make_hook(p))
                 self._grad_accs.append(grad_acc)
 
-    def _grad_name(self, p, tensor):
+    def _grad_name(self, p: torch.Tensor, tensor: torch.Tensor) -> str:
         """"gradient." and the parameter's name: a worker whose parameter
         differs in shape or dtype then fails at the declaration, with every
         other worker, instead of waiting for a name nobody else uses.  Only
@@ -597,15 +904,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             name = _shaped(name, tensor)
         return name
 
-    def _push_pull_grad(self, p):
-        compressed, ctx = self._compression.compress(p.grad)
+    def _push_pull_grad(self, p: torch.Tensor) -> Tuple[int, Any, torch.Tensor]:
+        """Starts summing p's gradient in place (compressed); returns the
+        handle, compress()'s context and the tensor being summed."""
+        compressed, ctx = self._compression.compress(cast(torch.Tensor, p.grad))
         handle = push_pull_async_inplace(compressed, average=True,
                                          name=self._grad_name(p, compressed),
                                          priority=self._priority[id(p)])
         return handle, ctx, compressed
 
-    def _make_hook(self, p):
-        def hook(*ignore):
+    def _make_hook(self, p: torch.Tensor) -> Callable[..., None]:
+        """The hook of p's gradient accumulator (see _register_hooks)."""
+        def hook(*ignore: Any) -> None:
             if self._delay[p] <= 0:
                 raise UnisumError(
                     "unisum.torch: gradients of '%s' were computed more than "
@@ -618,11 +928,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._handles[p] = (None, None, None)
         return hook
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Waits for every gradient's sum.  A parameter whose hook did not
         fire on this worker (unused in this step's graph here, perhaps used
         on others) contributes zeros, as in Horovod, so no worker waits
-        forever for it."""
+        forever for it.
+
+        Each parameter's ``.grad`` then holds the average over the workers.
+        Call it before reading or changing the gradients (to clip them, say),
+        and then step() inside skip_synchronize().
+
+        Raises:
+            UnisumError: When a gradient's sum fails, or a gradient's name,
+                dtype or size differs between the workers.
+        """
         for group in self.param_groups:
             for p in group["params"]:
                 if p.requires_grad and (p not in self._handles or self._handles[p][0] is None):
@@ -630,14 +949,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         p.grad = torch.zeros_like(p)
                     self._handles[p] = self._push_pull_grad(p)
         for p, (handle, ctx, compressed) in self._handles.items():
-            out = synchronize(handle)
-            p.grad.copy_(self._compression.decompress(out, ctx))
+            # Every handle is set now: the loop above started what was missing.
+            out = synchronize(cast(int, handle))
+            cast(torch.Tensor, p.grad).copy_(self._compression.decompress(out, ctx))
             self._delay[p] = self._passes
         self._handles.clear()
         self._synchronized = True
 
     @contextlib.contextmanager
-    def skip_synchronize(self):
+    def skip_synchronize(self) -> Iterator[None]:
         """A context in which step() does not synchronize, because the
         caller did (Horovod's name and behaviour)::
 
@@ -645,6 +965,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             with optimizer.skip_synchronize():
                 optimizer.step()
+
+        It raises nothing itself.
         """
         self._should_synchronize = False
         try:
@@ -652,7 +974,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._should_synchronize = True
 
-    def step(self, closure=None):
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        """Waits for the sums of the gradients (synchronize()), unless inside
+        skip_synchronize(), then updates the parameters as the wrapped
+        optimizer does and returns what its step() returns.
+
+        Warns (UserWarning) when synchronize() already ran since the last
+        step() outside skip_synchronize(): the gradients are then summed
+        again, which costs a whole round of communication.
+
+        Args:
+            closure: As for the wrapped optimizer's step(): a function that
+                re-evaluates the model and returns the loss, or None.
+
+        Raises:
+            UnisumError: When a gradient's sum fails (see synchronize()).
+        """
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
@@ -664,19 +1001,64 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         return super(self.__class__, self).step(closure)
 
-    def zero_grad(self, set_to_none=False):
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Zeroes the gradients as the wrapped optimizer does.
+
+        Args:
+            set_to_none: Set each ``.grad`` to None instead of zeroing it.
+
+        Raises:
+            UnisumError: When gradients are being summed (after backward(),
+                before step() or synchronize()): zeroing them then would
+                discard them.
+        """
         if self._handles:
             raise UnisumError("unisum.torch: zero_grad() between backward() and step() would "
                               "discard gradients being summed; call step() or synchronize() first")
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, shared_gradients=True):
+_OptimizerT = TypeVar("_OptimizerT", bound=torch.optim.Optimizer)
+
+
+def DistributedOptimizer(optimizer: _OptimizerT,
+                         named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+                         compression: _Compressor = Compression.none,
+                         backward_passes_per_step: int = 1,
+                         shared_gradients: bool = True) -> _OptimizerT:
     """Wraps `optimizer` so that every gradient is summed over all workers
     (averaged) as soon as backward() produces it, and step() waits for the
     sums before updating.  With shared_gradients (and several workers on
-    this machine) the gradients live in the shared arena (see empty())."""
+    this machine) the gradients live in the shared arena (see empty()).
+
+    Returns a new optimizer, of a subclass of `optimizer`'s class, over the
+    same parameter groups and with the same state; use it instead of
+    `optimizer`.  Besides the wrapped class's methods it has synchronize()
+    and skip_synchronize() (see the module docstring), and its zero_grad()
+    refuses to discard gradients being summed.
+
+    Args:
+        optimizer: The torch.optim.Optimizer to wrap.
+        named_parameters: The model's named_parameters(): each gradient is
+            summed under its parameter's name, so the workers may differ in
+            the order of their optimizer's parameters.  None names them by
+            their place in the optimizer (and the optimizer by its place
+            among the DistributedOptimizers made so far), which must then be
+            the same on every worker.
+        compression: How gradients travel: Compression.none, or
+            Compression.fp16 to send float gradients as float16.
+        backward_passes_per_step: How many backward passes each step()
+            follows; their gradients are summed locally before the last one
+            is pushed.
+        shared_gradients: Put the gradients in the shared arena when several
+            workers run on this machine; False keeps PyTorch's memory.
+
+    Raises:
+        UnisumError: When init() has not been called.
+        ValueError: When backward_passes_per_step is below 1, when
+            named_parameters holds a name twice, or when it lacks some of
+            the optimizer's parameters.
+    """
     _require_init()
     if backward_passes_per_step < 1:
         raise ValueError("unisum.torch: backward_passes_per_step must be >= 1")
