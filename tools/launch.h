@@ -1,0 +1,255 @@
+/*
+ * launch.h - the parts of `unisum launch`, private to tools/launch*.c.
+ *
+ * The launcher is one `struct launcher` that every part reads and edits on
+ * the calling thread (only the scheduler's waiter thread also writes to it:
+ * sched_rc, before it writes its byte to the waiter pipe).  Its design is
+ * the header comment of tools/launch.c; each part is one file:
+ *
+ *   launch.c           launch_main(), the event loop and the failure policy
+ *   launch_options.c   the options, the usage and help text, their checks
+ *   launch_children.c  the children's environments, fork/exec, signals
+ *   launch_output.c    forwarding the children's output with a prefix
+ *   launch_netns.c     --worker-netns, --server-netns, --scheduler-netns
+ *   launch_job.c       the job id, secret and configuration, /dev/shm
+ *                      cleanup, the in-process scheduler
+ */
+#ifndef UNISUM_TOOLS_LAUNCH_H
+#define UNISUM_TOOLS_LAUNCH_H
+
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "config/config.h"
+#include "shm/shm.h"
+
+struct rdv_scheduler;
+
+/* Bytes buffered per child stream; a longer line is forwarded in pieces. */
+#define LAUNCH_LINE_MAX (64 * 1024)
+
+/* How many children that failed on the news of another's failure the
+ * summary lists. */
+#define LAUNCH_MAX_ECHOES 8
+
+/* Exit status of a usage error. */
+#define LAUNCH_EXIT_USAGE 2
+
+enum child_role {
+	CHILD_SERVER,
+	CHILD_WORKER,
+};
+
+/* One of a child's output pipes, and the partial line read from it. */
+struct stream {
+	int fd;				/* read end, non-blocking; -1 once at EOF */
+	int out_fd;			/* where its lines go: 1 or 2 */
+	size_t len;			/* bytes in buf not yet forwarded */
+	char buf[LAUNCH_LINE_MAX];	/* the start of the current line */
+};
+
+/* A server or worker process. */
+struct child {
+	int role;			/* enum child_role */
+	int rank;			/* server or worker index */
+	pid_t pid;			/* process id, also its process group; 0 until spawned */
+	bool running;			/* spawned and not yet reaped */
+	bool signalled;			/* the launcher sent it SIGTERM or SIGKILL */
+	char prefix[32];		/* "[worker 0] ", put before each line */
+	int netns;			/* index in launcher.netns, -1 = the launcher's */
+	struct stream out;		/* its stdout */
+	struct stream err;		/* its stderr */
+};
+
+/* A named network namespace a process runs in (an emulated host). */
+struct netns {
+	char name[64];			/* under /run/netns */
+	int fd;				/* open on it, O_CLOEXEC */
+	char addr[INET_ADDRSTRLEN];	/* its first non-loopback IPv4 address */
+};
+
+/* Everything the launcher knows. */
+struct launcher {
+	/* Options. */
+	int num_workers;		/* -w: worker processes of the whole job */
+	int num_servers;		/* -s */
+	int local_size;			/* --local-size, or --nproc-per-node's L; 0 = not given */
+	bool one_machine;		/* --nproc-per-node: one machine of a job, no
+					 * scheduler and no servers here */
+	double timeout_s;		/* --timeout, 0 = none */
+	bool no_secret;			/* --no-secret: run without a job secret */
+	char **cmd;			/* CMD ARGS..., NULL-terminated (argv's) */
+	const char *worker_netns_opt;	/* --worker-netns list, or NULL */
+	const char *server_netns_opt;	/* --server-netns list, or NULL */
+	const char *sched_netns_opt;	/* --scheduler-netns, or NULL */
+
+	/* The shape of the job. */
+	int machines;			/* UNISUM_NUM_WORKER: num_workers / local_size, or the
+					 * environment's with --nproc-per-node */
+	int machine;			/* --nproc-per-node: this machine's index */
+	char job_id[SHM_JOB_MAX + 1];	/* UNISUM_JOB_ID of every child */
+	bool job_started;		/* children may have made segments: remove them at exit */
+	char sched_host[256];		/* the scheduler's address, for the start line */
+	int sched_port;			/* ... and its port */
+
+	/* Network namespaces (--worker-netns ...): every distinct one named,
+	 * which of them each machine and server runs in, and the scheduler's. */
+	struct netns *netns;
+	int nnetns;
+	int *machine_netns;		/* [machines] */
+	int *server_netns;		/* [num_servers] */
+	int sched_netns;		/* -1 = the launcher's own */
+	char sched_addr[INET_ADDRSTRLEN];	/* where children find the scheduler */
+
+	/* The scheduler and the thread that waits for it. */
+	struct rdv_scheduler *sched;	/* freed last, once sched_done */
+	int port;			/* its port */
+	pthread_t waiter;		/* runs sched_waiter() (launch_job.c) */
+	bool waiter_started;		/* the thread exists */
+	int waiter_pipe[2];		/* the thread writes one byte when done */
+	bool sched_done;		/* rdv_scheduler_wait() returned, sched_rc is valid */
+	int sched_rc;			/* its result */
+	int64_t sched_failed_ms;	/* when it failed while the job ran, 0 = it did not */
+	int64_t echo_ms;		/* when a child failed on the news of another's failure,
+					 * 0 = none (see child_is_echo() in launch.c) */
+	int echo_status;		/* ... the first one's exit status */
+	char echoes[LAUNCH_MAX_ECHOES][160]; /* ... what each was, for the summary */
+	int nechoes;
+	bool sched_abandoned;		/* the waiter never returned: it still uses this struct */
+
+	/* Children: servers first, then workers (only workers with
+	 * --nproc-per-node). */
+	struct child *children;
+	int nchildren;
+	int devnull;			/* /dev/null, the children's stdin */
+	pid_t self;			/* our pid, for the PDEATHSIG check */
+
+	/* Descriptors open when launch_main() began; all others are kept from
+	 * the children. */
+	int *entry_fds;
+	int nentry_fds;
+
+	/* Signals. */
+	int sigfd;			/* signalfd of SIGCHLD, SIGINT, SIGTERM, SIGHUP */
+	sigset_t entry_mask;		/* the mask to give back to children */
+
+	/* The job's fate. */
+	int64_t start_ms;		/* when the children were started */
+	int64_t workers_done_ms;	/* when the last worker exited 0, 0 = not yet */
+	bool stopping;			/* a failure was declared; exit_status is set */
+	int exit_status;		/* the root cause's status */
+	int64_t kill_at_ms;		/* when stopping: when SIGKILL follows SIGTERM */
+	bool killed;			/* SIGKILL was sent */
+};
+
+/* ---- launch_options.c ---------------------------------------------------- */
+
+/* Fills the options of `l` from argv.  Returns 0, 1 when help was printed,
+ * or -1 after printing a usage error. */
+int launch_options_parse(struct launcher *l, int argc, char **argv);
+
+/* ---- launch_children.c --------------------------------------------------- */
+
+/* "server" or "worker". */
+const char *launch_role_name(int role);
+
+/* Allocates l->children and describes every child, none spawned yet:
+ * servers first, then workers (only workers with --nproc-per-node), with
+ * their rank, output prefix and namespace.  Returns 0, or -1 after
+ * printing why. */
+int launch_children_init(struct launcher *l);
+
+/* Removes from environ the variables the launcher sets per child, so that
+ * leftovers in the user's shell cannot clash with the rest: with
+ * --nproc-per-node those that one machine sets, else every variable of the
+ * job form, those of namespaces too (the namespaces are not known yet). */
+void launch_env_clear(const struct launcher *l);
+
+/* Remembers which descriptors are open now (l->entry_fds), so that no
+ * child inherits one opened later.  Returns 0, or -1 when out of memory. */
+int launch_fds_snapshot(struct launcher *l);
+
+/* Starts child `c` with its output on two new pipes.  Returns 0, or -errno
+ * with nothing left behind. */
+int launch_child_spawn(struct launcher *l, struct child *c);
+
+/* Sends `sig` to the process group of every running child. */
+void launch_children_signal(struct launcher *l, int sig);
+
+/* ---- launch_output.c ----------------------------------------------------- */
+
+/* Reads what the pipe has once and forwards every complete line.  Returns
+ * true when more may be waiting (the read filled the buffer's free space). */
+bool launch_stream_read(const struct child *c, struct stream *s);
+
+/* Reads a stream until it is empty, within a bound in case something keeps
+ * writing into it as fast as we read. */
+void launch_stream_drain(const struct child *c, struct stream *s);
+
+/* Fills `fds` with every open child stream (and `streams`/`owners` with
+ * what each entry is), after `first` fixed entries.  Returns the count. */
+int launch_output_fds(struct launcher *l, struct pollfd *fds, int first,
+		      struct stream **streams, struct child **owners);
+
+/* Forwards what is left in the pipes once every child is gone; a pipe that
+ * a grandchild still holds open is read for LAUNCH_DRAIN_MS at most.  Then
+ * closes every pipe. */
+void launch_output_finish(struct launcher *l);
+
+/* ---- launch_netns.c ------------------------------------------------------ */
+
+/* What launch_netns_run() returns when it could not enter the namespace. */
+#define LAUNCH_NETNS_NOT_ENTERED INT_MIN
+
+/* Runs fn(arg) with the calling thread inside namespace ns (NULL: where it
+ * is), then moves it back.  Returns fn's result, or LAUNCH_NETNS_NOT_ENTERED
+ * after printing why.  Failing to come back aborts: the launcher must not
+ * go on in a namespace it did not mean to. */
+int launch_netns_run(const struct netns *ns, int (*fn)(void *), void *arg);
+
+/* Resolves --worker-netns, --server-netns and --scheduler-netns, and where
+ * the children will find the scheduler.  0, or -1 after printing why. */
+int launch_netns_setup(struct launcher *l);
+
+/* Closes and frees what launch_netns_setup() made, also after it failed. */
+void launch_netns_free(struct launcher *l);
+
+/* ---- launch_job.c -------------------------------------------------------- */
+
+/* Fixes the job's identity and shape from the options and the environment,
+ * before any thread exists (it edits environ): the job id, then either the
+ * job this machine belongs to (--nproc-per-node; *cfg is not touched) or
+ * the in-process scheduler's configuration into *cfg, the job's secret and
+ * its namespaces.  Returns 0, or the exit status after printing why. */
+int launch_job_configure(struct launcher *l, struct config *cfg);
+
+/* Prints the start line: the scheduler's address, the job, the command. */
+void launch_announce(const struct launcher *l);
+
+/* Removes the segments that dead jobs left in /dev/shm. */
+void launch_shm_sweep_stale(void);
+
+/* Removes every segment of the job, once its children are gone: what a
+ * worker that crashed or was killed left behind. */
+void launch_shm_finish(struct launcher *l);
+
+/* Starts the in-process scheduler and the thread that waits for it.
+ * Returns 0, or -1 after printing why (with nothing left running). */
+int launch_sched_start(struct launcher *l, const struct config *cfg);
+
+/* Takes the waiter's report once its byte arrived. */
+void launch_sched_collect(struct launcher *l);
+
+/* Lets the scheduler finish once every child is gone, aborting it if it
+ * does not (see "Stopping the scheduler" in launch_job.c), and folds its
+ * result into the exit status. */
+void launch_sched_finish(struct launcher *l);
+
+#endif /* UNISUM_TOOLS_LAUNCH_H */

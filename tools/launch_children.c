@@ -1,0 +1,397 @@
+/*
+ * launch_children.c - the server and worker processes of `unisum launch`:
+ * who they are, the environment each gets, how each is started, and how
+ * they are signalled.
+ *
+ * Each child gets its own process group (so that SIGTERM reaches whatever
+ * it spawned, and Ctrl-C on the terminal reaches only the launcher, which
+ * then stops the job in order), PR_SET_PDEATHSIG(SIGKILL) so that it does
+ * not outlive a launcher killed with SIGKILL, stdin from /dev/null (a
+ * background process group reading the terminal would be stopped), the
+ * signal mask and SIGPIPE disposition the launcher started with, and no
+ * file descriptor opened since launch_main() began (the scheduler's
+ * sockets).  The child environment is built before fork(): the scheduler's
+ * threads are running, so the child calls only async-signal-safe functions
+ * until exec.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "launch.h"
+
+extern char **environ;
+
+/* The child environment: environ minus the names we set, plus ours. */
+#define LAUNCH_ENV_OWN 12
+struct child_env {
+	char **envp;				/* NULL-terminated, for execve */
+	char vars[LAUNCH_ENV_OWN][96];		/* storage of our NAME=value strings */
+};
+
+/* Which form of the launcher sets (or clears) a variable for its children. */
+enum env_scope {
+	ENV_MACHINE,	/* both forms: the job form and one machine (--nproc-per-node),
+			 * which inherits the job's shape and address */
+	ENV_JOB,	/* the job form only */
+	ENV_NETNS,	/* the job form when it places processes in namespaces */
+};
+
+/* The variables the launcher sets (or clears) for its children. */
+static const struct {
+	const char *name;
+	enum env_scope scope;
+} env_own[] = {
+	{ "UNISUM_ROLE", ENV_MACHINE },
+	{ "DMLC_ROLE", ENV_MACHINE },
+	{ "UNISUM_LOCAL_RANK", ENV_MACHINE },
+	{ "BYTEPS_LOCAL_RANK", ENV_MACHINE },
+	{ "UNISUM_LOCAL_SIZE", ENV_MACHINE },
+	{ "BYTEPS_LOCAL_SIZE", ENV_MACHINE },
+	{ "UNISUM_LAUNCHED", ENV_MACHINE },
+	{ "UNISUM_NUM_WORKER", ENV_JOB },
+	{ "UNISUM_NUM_SERVER", ENV_JOB },
+	{ "UNISUM_SCHEDULER_HOST", ENV_JOB },
+	{ "UNISUM_SCHEDULER_PORT", ENV_JOB },
+	{ "UNISUM_WORKER_ID", ENV_JOB },
+	{ "DMLC_WORKER_ID", ENV_JOB },
+	{ "UNISUM_SERVER_ID", ENV_JOB },
+	{ "UNISUM_NODE_HOST", ENV_NETNS },
+	{ "DMLC_NODE_HOST", ENV_NETNS },
+};
+#define LAUNCH_ENV_OWN_COUNT (sizeof(env_own) / sizeof(env_own[0]))
+
+const char *launch_role_name(int role)
+{
+	return role == CHILD_SERVER ? "server" : "worker";
+}
+
+int launch_children_init(struct launcher *l)
+{
+	l->nchildren = l->one_machine ? l->local_size : l->num_servers + l->num_workers;
+	l->children = calloc((size_t)l->nchildren, sizeof(*l->children));
+	if (!l->children) {
+		fprintf(stderr, "unisum launch: out of memory for %d processes\n", l->nchildren);
+		return -1;
+	}
+	for (int i = 0; i < l->nchildren; i++) {
+		struct child *c = &l->children[i];
+
+		c->netns = -1;
+		if (l->one_machine) {
+			c->role = CHILD_WORKER;
+			c->rank = l->machine * l->local_size + i;
+		} else {
+			c->role = i < l->num_servers ? CHILD_SERVER : CHILD_WORKER;
+			c->rank = i < l->num_servers ? i : i - l->num_servers;
+			if (l->nnetns > 0)
+				c->netns = c->role == CHILD_SERVER ? l->server_netns[c->rank]
+					   : l->machine_netns[c->rank / l->local_size];
+		}
+		snprintf(c->prefix, sizeof(c->prefix), "[%s %d] ", launch_role_name(c->role),
+			 c->rank);
+		c->out.fd = c->err.fd = -1;
+		c->out.out_fd = STDOUT_FILENO;
+		c->err.out_fd = STDERR_FILENO;
+	}
+	return 0;
+}
+
+/* ---- descriptors --------------------------------------------------------- */
+
+int launch_fds_snapshot(struct launcher *l)
+{
+	DIR *dir = opendir("/proc/self/fd");
+	struct dirent *e;
+	int cap = 0;
+
+	if (!dir)
+		return 0;	/* without /proc, rely on O_CLOEXEC alone */
+	while ((e = readdir(dir)) != NULL) {
+		int fd = atoi(e->d_name);
+
+		if (e->d_name[0] == '.' || fd == dirfd(dir))
+			continue;
+		if (l->nentry_fds == cap) {
+			int *grown = realloc(l->entry_fds, sizeof(int) * (size_t)(cap ? 2 * cap : 16));
+
+			if (!grown) {
+				closedir(dir);
+				return -1;
+			}
+			l->entry_fds = grown;
+			cap = cap ? 2 * cap : 16;
+		}
+		l->entry_fds[l->nentry_fds++] = fd;
+	}
+	closedir(dir);
+	return 0;
+}
+
+/* Marks close-on-exec every descriptor opened since launch_main() began, so
+ * that no child inherits a scheduler socket (which would keep a connection
+ * alive after the scheduler closed it). */
+static void fds_protect(struct launcher *l)
+{
+	DIR *dir = opendir("/proc/self/fd");
+	struct dirent *e;
+
+	if (!dir)
+		return;
+	while ((e = readdir(dir)) != NULL) {
+		int fd = atoi(e->d_name);
+		bool old = false;
+		int flags;
+
+		if (e->d_name[0] == '.' || fd == dirfd(dir))
+			continue;
+		for (int i = 0; i < l->nentry_fds && !old; i++)
+			old = l->entry_fds[i] == fd;
+		if (old)
+			continue;
+		flags = fcntl(fd, F_GETFD);
+		if (flags >= 0 && !(flags & FD_CLOEXEC))
+			fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+	}
+	closedir(dir);
+}
+
+/* ---- environments -------------------------------------------------------- */
+
+/* Whether this launcher sets (or clears) the variables of `scope` for its
+ * children. */
+static bool env_scope_is_ours(const struct launcher *l, enum env_scope scope)
+{
+	switch (scope) {
+	case ENV_MACHINE:
+		return true;
+	case ENV_JOB:
+		return !l->one_machine;
+	case ENV_NETNS:
+		return !l->one_machine && l->nnetns > 0;
+	}
+	return false;
+}
+
+/* Whether environ entry `var` is one the launcher sets (or clears). */
+static bool env_is_ours(const struct launcher *l, const char *var)
+{
+	for (size_t i = 0; i < LAUNCH_ENV_OWN_COUNT; i++) {
+		size_t len = strlen(env_own[i].name);
+
+		if (env_scope_is_ours(l, env_own[i].scope) &&
+		    strncmp(var, env_own[i].name, len) == 0 && var[len] == '=')
+			return true;
+	}
+	return false;
+}
+
+void launch_env_clear(const struct launcher *l)
+{
+	for (size_t i = 0; i < LAUNCH_ENV_OWN_COUNT; i++)
+		if (!l->one_machine || env_own[i].scope == ENV_MACHINE)
+			unsetenv(env_own[i].name);
+}
+
+/* Adds "NAME=value" to a child environment. */
+__attribute__((format(printf, 3, 4)))
+static void env_add(struct child_env *env, int *n, const char *fmt, ...)
+{
+	char *var = env->vars[*n];
+	va_list ap;
+	int used;
+
+	for (used = 0; env->envp[used] != NULL; used++)
+		;
+	va_start(ap, fmt);
+	vsnprintf(var, sizeof(env->vars[0]), fmt, ap);
+	va_end(ap);
+	env->envp[used] = var;
+	env->envp[used + 1] = NULL;
+	(*n)++;
+}
+
+/* Builds the environment of child `c`.  Returns NULL when out of memory;
+ * free with free(env->envp) then free(env). */
+static struct child_env *env_build(const struct launcher *l, const struct child *c)
+{
+	struct child_env *env;
+	size_t count = 0, used = 0;
+	int own = 0;
+
+	for (char **e = environ; *e; e++)
+		count++;
+	env = calloc(1, sizeof(*env));
+	if (!env)
+		return NULL;
+	env->envp = calloc(count + LAUNCH_ENV_OWN + 1, sizeof(char *));
+	if (!env->envp) {
+		free(env);
+		return NULL;
+	}
+	for (char **e = environ; *e; e++)
+		if (!env_is_ours(l, *e))
+			env->envp[used++] = *e;
+	env->envp[used] = NULL;
+
+	/* UNISUM_JOB_ID is in environ already (see job_id_choose() in
+	 * launch_job.c). */
+	env_add(env, &own, "UNISUM_ROLE=%s", launch_role_name(c->role));
+	env_add(env, &own, "UNISUM_LAUNCHED=1");
+	if (c->role == CHILD_WORKER) {
+		env_add(env, &own, "UNISUM_LOCAL_RANK=%d", c->rank % l->local_size);
+		env_add(env, &own, "UNISUM_LOCAL_SIZE=%d", l->local_size);
+	}
+	if (l->one_machine)
+		return env;	/* the rest is the job's, inherited */
+
+	env_add(env, &own, "UNISUM_NUM_WORKER=%d", l->machines);
+	env_add(env, &own, "UNISUM_NUM_SERVER=%d", l->num_servers);
+	env_add(env, &own, "UNISUM_SCHEDULER_HOST=%s", l->sched_addr);
+	if (c->netns >= 0)
+		env_add(env, &own, "UNISUM_NODE_HOST=%s", l->netns[c->netns].addr);
+	env_add(env, &own, "UNISUM_SCHEDULER_PORT=%d", l->port);
+	if (c->role == CHILD_WORKER)
+		env_add(env, &own, "UNISUM_WORKER_ID=%d", c->rank / l->local_size);
+	else
+		env_add(env, &own, "UNISUM_SERVER_ID=%d", c->rank);
+	return env;
+}
+
+static void env_free(struct child_env *env)
+{
+	if (!env)
+		return;
+	free(env->envp);
+	free(env);
+}
+
+/* ---- starting and signalling --------------------------------------------- */
+
+/* Writes a string to fd 2 with async-signal-safe calls only. */
+static void child_say(const char *s)
+{
+	ssize_t n = write(STDERR_FILENO, s, strlen(s));
+
+	(void)n;
+}
+
+/* The child's side of fork(): async-signal-safe calls only, because the
+ * scheduler's threads were running at fork() time.  Never returns. */
+__attribute__((noreturn))
+static void child_exec(const struct launcher *l, const struct child *c, int out_w, int err_w,
+		       char *const argv[], char *const envp[])
+{
+	struct sigaction dfl = { .sa_handler = SIG_DFL };
+	const char *why;
+	int err;
+
+	setpgid(0, 0);
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != l->self)
+		_exit(1);	/* the launcher died before PDEATHSIG was armed */
+
+	if (dup2(l->devnull, STDIN_FILENO) < 0 || dup2(out_w, STDOUT_FILENO) < 0 ||
+	    dup2(err_w, STDERR_FILENO) < 0)
+		_exit(127);
+	sigaction(SIGPIPE, &dfl, NULL);
+	sigprocmask(SIG_SETMASK, &l->entry_mask, NULL);
+	if (c->netns >= 0 && setns(l->netns[c->netns].fd, CLONE_NEWNET) < 0) {
+		child_say("unisum launch: cannot enter network namespace ");
+		child_say(l->netns[c->netns].name);
+		child_say(": ");
+		child_say(strerrordesc_np(errno) ? strerrordesc_np(errno) : "unknown error");
+		child_say("\n");
+		_exit(127);
+	}
+
+	if (c->role == CHILD_SERVER)
+		execve("/proc/self/exe", argv, envp);
+	else
+		execvpe(argv[0], argv, envp);
+
+	err = errno;
+	why = strerrordesc_np(err);
+	child_say("unisum launch: cannot run '");
+	child_say(c->role == CHILD_SERVER ? "/proc/self/exe" : argv[0]);
+	child_say("': ");
+	child_say(why ? why : "unknown error");
+	child_say("\n");
+	_exit(127);
+}
+
+int launch_child_spawn(struct launcher *l, struct child *c)
+{
+	static char *server_argv[] = { "unisum", "server", NULL };
+	char *const *argv = c->role == CHILD_SERVER ? server_argv : l->cmd;
+	struct child_env *env;
+	int out_pipe[2], err_pipe[2];
+	int rc = 0;
+	pid_t pid;
+
+	env = env_build(l, c);
+	if (!env)
+		return -ENOMEM;
+	if (pipe2(out_pipe, O_CLOEXEC) < 0) {
+		rc = -errno;
+		goto out_free_env;
+	}
+	if (pipe2(err_pipe, O_CLOEXEC) < 0) {
+		rc = -errno;
+		goto out_close_out_pipe;
+	}
+	fds_protect(l);
+
+	pid = fork();
+	if (pid < 0) {
+		rc = -errno;
+		close(err_pipe[0]);
+		close(err_pipe[1]);
+		goto out_close_out_pipe;
+	}
+	if (pid == 0)
+		child_exec(l, c, out_pipe[1], err_pipe[1], argv, env->envp);
+
+	/* Also set the group here, so that a signal sent before the child ran
+	 * setpgid() still finds it. */
+	setpgid(pid, pid);
+	c->pid = pid;
+	c->running = true;
+	close(out_pipe[1]);
+	close(err_pipe[1]);
+	fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
+	fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
+	c->out.fd = out_pipe[0];
+	c->err.fd = err_pipe[0];
+	goto out_free_env;
+
+out_close_out_pipe:
+	close(out_pipe[0]);
+	close(out_pipe[1]);
+out_free_env:
+	env_free(env);
+	return rc;
+}
+
+void launch_children_signal(struct launcher *l, int sig)
+{
+	for (int i = 0; i < l->nchildren; i++) {
+		struct child *c = &l->children[i];
+
+		if (!c->running)
+			continue;
+		c->signalled = true;
+		if (kill(-c->pid, sig) < 0)
+			kill(c->pid, sig);
+	}
+}

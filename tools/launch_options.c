@@ -1,0 +1,293 @@
+/*
+ * launch_options.c - the command line of `unisum launch`: its options, the
+ * usage and help text, and the checks that the options go together.
+ *
+ * Options come before the command; the first argument that is not an
+ * option, or the one after "--", starts it.  An option's value may follow
+ * it ("-w 4", "--workers 4") or be attached ("-w4", "--workers=4").  A
+ * usage error is reported on stderr, and launch exits 2.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "launch.h"
+
+/* Most workers on one machine (the range of UNISUM_LOCAL_SIZE). */
+#define LAUNCH_LOCAL_MAX 1024
+
+/* Most servers, and most workers of a job. */
+#define LAUNCH_PROCESSES_MAX 4096
+
+#define LAUNCH_USAGE_LINES \
+	"usage: unisum launch [-w N] [-s K] [--local-size L] [--timeout SEC] [--no-secret]\n" \
+	"                     [--] CMD [ARGS...]\n" \
+	"       unisum launch --nproc-per-node L [--timeout SEC] [--] CMD [ARGS...]\n"
+
+static void usage(FILE *out)
+{
+	fputs(LAUNCH_USAGE_LINES
+	      "\n"
+	      "Runs a whole job on this machine: the scheduler (inside this process),\n"
+	      "K server processes and N worker processes running CMD, with the\n"
+	      "environment wired (UNISUM_ROLE, UNISUM_WORKER_ID, UNISUM_LOCAL_RANK,\n"
+	      "UNISUM_SCHEDULER_HOST, UNISUM_SCHEDULER_PORT, ...).  The workers form\n"
+	      "N/L machines of L workers: the workers of a machine sum through shared\n"
+	      "memory and only the machine's sum goes through the servers.  Every line a\n"
+	      "process prints is forwarded with a \"[worker 0] \" or \"[server 0] \" prefix.\n"
+	      "When any process fails, everything is stopped and launch exits with that\n"
+	      "process's status.\n"
+	      "\n"
+	      "  -w, --workers N     worker processes (default 2)\n"
+	      "  -s, --servers K     server processes (default 1)\n"
+	      "      --local-size L  workers per machine, a divisor of N (default N: all\n"
+	      "                      workers are one machine; 1: every worker's tensors\n"
+	      "                      go through the servers)\n"
+	      "      --nproc-per-node L\n"
+	      "                      start one machine of a job whose scheduler and\n"
+	      "                      servers run elsewhere: L workers of CMD, with\n"
+	      "                      UNISUM_LOCAL_RANK 0..L-1 and UNISUM_LOCAL_SIZE=L; the\n"
+	      "                      environment must hold the rest: UNISUM_SCHEDULER_HOST,\n"
+	      "                      UNISUM_SCHEDULER_PORT, UNISUM_NUM_WORKER (machines),\n"
+	      "                      UNISUM_NUM_SERVER, UNISUM_WORKER_ID (this machine,\n"
+	      "                      from 0), the job's secret (or their DMLC_* names);\n"
+	      "                      worker ranks are UNISUM_WORKER_ID x L + local rank\n"
+	      "      --worker-netns NS,NS,...\n"
+	      "                      run machine i's workers in network namespace NS_i\n"
+	      "                      (/run/netns/NS_i; one per machine): an emulated\n"
+	      "                      cluster, see bench/cluster/netns.sh\n"
+	      "      --server-netns NS,NS,...\n"
+	      "                      run server j in NS_j: a worker machine's namespace\n"
+	      "                      makes it colocated, any other a CPU-only server\n"
+	      "      --scheduler-netns NS\n"
+	      "                      the scheduler's namespace (default: machine 0's)\n"
+	      "      --timeout SEC   stop everything and exit 124 after SEC seconds\n"
+	      "                      (default 0: no limit)\n"
+	      "      --no-secret     no job secret: connections are not authenticated\n"
+	      "                      (by default a fresh UNISUM_SECRET is made for the job\n"
+	      "                      unless UNISUM_SECRET or UNISUM_SECRET_FILE is set)\n"
+	      "  -h, --help          print this help\n"
+	      "\n"
+	      "Every process gets UNISUM_JOB_ID (a fresh one unless it is set), which\n"
+	      "names the job's shared-memory segments in /dev/shm; segments left by dead\n"
+	      "jobs are removed at start, and the job's own when it ends.\n"
+	      "\n"
+	      "Exit status: 0 when every process exited 0; else the first failing\n"
+	      "process's status (128 + N when killed by signal N), 1 when the\n"
+	      "scheduler failed, 124 on --timeout, 130/143 on SIGINT/SIGTERM, 2 on a\n"
+	      "usage error or a missing or malformed variable.\n", out);
+}
+
+/* Matches option `arg` against -x / --long, in the forms "-x V", "-xV",
+ * "--long V" and "--long=V".  Returns 1 with *value set, 0 when it is
+ * another option, -1 when the value is missing. */
+static int option_match(int argc, char **argv, int *i, const char *shortname,
+			const char *longname, const char **value)
+{
+	const char *arg = argv[*i];
+	size_t longlen = strlen(longname);
+
+	if ((shortname && strcmp(arg, shortname) == 0) || strcmp(arg, longname) == 0) {
+		if (*i + 1 >= argc)
+			return -1;
+		*value = argv[++*i];
+		return 1;
+	}
+	if (strncmp(arg, longname, longlen) == 0 && arg[longlen] == '=') {
+		*value = arg + longlen + 1;
+		return 1;
+	}
+	if (shortname && strncmp(arg, shortname, 2) == 0 && arg[2] != '\0') {
+		*value = arg + 2;
+		return 1;
+	}
+	return 0;
+}
+
+/* Parses a count of processes (1..max). */
+static int parse_count(const char *name, const char *value, int max, int *out)
+{
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(value, &end, 10);
+	if (errno || end == value || *end != '\0' || v < 1 || v > max) {
+		fprintf(stderr, "unisum launch: %s needs a number of processes from 1 to %d, "
+			"got '%s'\n", name, max, value);
+		return -1;
+	}
+	*out = (int)v;
+	return 0;
+}
+
+/* Parses --timeout's number of seconds (0 for none). */
+static int parse_seconds(const char *value, double *out)
+{
+	char *end;
+
+	errno = 0;
+	*out = strtod(value, &end);
+	if (errno || end == value || *end != '\0' || !(*out >= 0) || *out > 1e9) {
+		fprintf(stderr, "unisum launch: --timeout needs a number of seconds "
+			"(0 for none), got '%s'\n", value);
+		return -1;
+	}
+	return 0;
+}
+
+/* Takes the option at argv[*i] and its value, moving *i past them; notes
+ * in *job_option the last option seen that belongs to the whole-job form,
+ * and in *nproc the value of --nproc-per-node.  Returns 0, 1 when it is no
+ * option of launch's (nothing printed), or -1 after printing why. */
+static int options_take(struct launcher *l, int argc, char **argv, int *i,
+			const char **job_option, int *nproc)
+{
+	const char *arg = argv[*i];
+	const char *value = NULL;
+	int m;
+
+	if ((m = option_match(argc, argv, i, "-w", "--workers", &value)) != 0) {
+		if (m < 0 || parse_count("--workers", value, LAUNCH_PROCESSES_MAX,
+					 &l->num_workers) < 0)
+			goto out_bad_value;
+		*job_option = arg;
+	} else if ((m = option_match(argc, argv, i, "-s", "--servers", &value)) != 0) {
+		if (m < 0 || parse_count("--servers", value, LAUNCH_PROCESSES_MAX,
+					 &l->num_servers) < 0)
+			goto out_bad_value;
+		*job_option = arg;
+	} else if ((m = option_match(argc, argv, i, NULL, "--local-size", &value)) != 0) {
+		if (m < 0 || parse_count("--local-size", value, LAUNCH_LOCAL_MAX,
+					 &l->local_size) < 0)
+			goto out_bad_value;
+		*job_option = arg;
+	} else if ((m = option_match(argc, argv, i, NULL, "--nproc-per-node", &value)) != 0) {
+		if (m < 0 || parse_count("--nproc-per-node", value, LAUNCH_LOCAL_MAX, nproc) < 0)
+			goto out_bad_value;
+	} else if ((m = option_match(argc, argv, i, NULL, "--timeout", &value)) != 0) {
+		if (m < 0 || parse_seconds(value, &l->timeout_s) < 0)
+			goto out_bad_value;
+	} else if ((m = option_match(argc, argv, i, NULL, "--worker-netns", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->worker_netns_opt = value;
+		*job_option = arg;
+	} else if ((m = option_match(argc, argv, i, NULL, "--server-netns", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->server_netns_opt = value;
+		*job_option = arg;
+	} else if ((m = option_match(argc, argv, i, NULL, "--scheduler-netns", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->sched_netns_opt = value;
+		*job_option = arg;
+	} else if (strcmp(arg, "--no-secret") == 0) {
+		l->no_secret = true;
+		*job_option = arg;
+	} else {
+		return 1;
+	}
+	return 0;
+
+out_bad_value:
+	/* A malformed value was reported already; a missing one is here. */
+	if (m < 0)
+		fprintf(stderr, "unisum launch: %s needs a value\n", arg);
+	return -1;
+}
+
+/* Checks that the options go together, and derives the job's shape from
+ * them: one machine of a job (--nproc-per-node), or a whole job of
+ * l->machines machines.  Returns 0, or -1 after printing why (the caller
+ * prints the usage lines). */
+static int options_check(struct launcher *l, const char *job_option, int nproc)
+{
+	if (!l->cmd || !l->cmd[0]) {
+		fprintf(stderr, "unisum launch: no command to run\n");
+		return -1;
+	}
+	if (nproc > 0) {
+		if (job_option) {
+			fprintf(stderr, "unisum launch: %s does not go with --nproc-per-node, which "
+				"starts one machine of a job described by the environment\n",
+				job_option);
+			return -1;
+		}
+		l->one_machine = true;
+		l->local_size = nproc;
+		l->num_servers = 0;
+		return 0;
+	}
+	if (l->local_size == 0) {
+		/* One host, one machine: the shared-memory path by default. */
+		if (l->num_workers > LAUNCH_LOCAL_MAX) {
+			fprintf(stderr, "unisum launch: %d workers are too many for one machine "
+				"(at most %d); pass --local-size to split them\n", l->num_workers,
+				LAUNCH_LOCAL_MAX);
+			return -1;
+		}
+		l->local_size = l->num_workers;
+	}
+	if (l->num_workers % l->local_size != 0) {
+		fprintf(stderr, "unisum launch: --local-size %d does not divide --workers %d: "
+			"every machine holds the same number of workers\n", l->local_size,
+			l->num_workers);
+		return -1;
+	}
+	l->machines = l->num_workers / l->local_size;
+	if ((l->worker_netns_opt != NULL) != (l->server_netns_opt != NULL) ||
+	    (l->sched_netns_opt != NULL && l->worker_netns_opt == NULL)) {
+		fprintf(stderr, "unisum launch: --worker-netns and --server-netns go together (and "
+			"--scheduler-netns needs them): every process of an emulated cluster runs in "
+			"a namespace\n");
+		return -1;
+	}
+	return 0;
+}
+
+int launch_options_parse(struct launcher *l, int argc, char **argv)
+{
+	const char *job_option = NULL;	/* an option of the whole-job form, seen */
+	int nproc = 0;			/* --nproc-per-node */
+	int rc;
+
+	l->num_workers = 2;
+	l->num_servers = 1;
+	l->timeout_s = 0;
+	l->cmd = NULL;
+
+	for (int i = 1; i < argc; i++) {
+		const char *arg = argv[i];
+
+		if (strcmp(arg, "--") == 0) {
+			l->cmd = &argv[i + 1];
+			break;
+		}
+		if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+			usage(stdout);
+			return 1;
+		}
+		if (arg[0] != '-' || arg[1] == '\0') {
+			l->cmd = &argv[i];
+			break;
+		}
+		rc = options_take(l, argc, argv, &i, &job_option, &nproc);
+		if (rc < 0)
+			return -1;
+		if (rc > 0) {
+			fprintf(stderr, "unisum launch: unknown option '%s'\n", arg);
+			goto out_usage;
+		}
+	}
+	if (options_check(l, job_option, nproc) < 0)
+		goto out_usage;
+	return 0;
+
+out_usage:
+	fputs(LAUNCH_USAGE_LINES "       (unisum launch --help for more)\n", stderr);
+	return -1;
+}
