@@ -5,7 +5,7 @@
  * if its type is new, a case to config_parse_one(), and name it in
  * docs/ARCHITECTURE.md (its test checks).  Nothing else in the library
  * calls getenv() for a UNISUM_/DMLC_/BYTEPS_ variable; the tools still read
- * a few before a job exists (bench.c, bench_model.c, launch.c: to be moved
+ * a few before a job exists (bench.c, bench_model.c, launch_job.c: to be moved
  * here).
  */
 #include "config/config.h"
