@@ -88,6 +88,7 @@ struct rdv_scheduler {
 
 /* scheduler.c */
 int sched_send(struct sched_node *n, const struct wire_hdr *h, const void *payload);
+void sched_fail(struct rdv_scheduler *s, int err, const char *why);
 const char *sched_node_label(const struct sched_node *n, char *buf, size_t len);
 
 /* sched_tensors.c.  Every function is called with s->lock held but
@@ -95,6 +96,11 @@ const char *sched_node_label(const struct sched_node *n, char *buf, size_t len);
 void sched_place_roles(struct rdv_scheduler *s);
 void sched_log_loads(struct rdv_scheduler *s, int64_t now);
 void sched_poison(struct rdv_scheduler *s, uint64_t key, const char *why);
+/* A worker or a server reported that the workers of tensor `key` disagree
+ * on its collective (text): poison it, once.  0, or UNISUM_EPROTO with why
+ * set when no such tensor is declared. */
+int sched_poison_reported(struct rdv_scheduler *s, uint64_t key, const char *text, char *why,
+			  size_t len);
 int sched_on_forget(struct rdv_scheduler *s, struct sched_node *n, uint64_t key, char *why,
 		    size_t len);
 int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *req,

@@ -106,6 +106,25 @@ void sched_poison(struct rdv_scheduler *s, uint64_t key, const char *why)
 	wire_buf_fini(&b);
 }
 
+int sched_poison_reported(struct rdv_scheduler *s, uint64_t key, const char *text, char *why,
+			  size_t len)
+{
+	struct sched_tensor *t = NULL;
+	for (int i = 0; i < s->ntensors && t == NULL; i++)
+		if (s->tensors[i].key == key)
+			t = &s->tensors[i];
+	if (t == NULL) {
+		snprintf(why, len, "ERROR about undeclared tensor key 0x%llx", (unsigned long long)key);
+		return UNISUM_EPROTO;
+	}
+	if (t->poison == NULL) {
+		LOG_ERROR("%s", text);
+		t->poison = strdup(text);
+		sched_poison(s, t->key, text);
+	}
+	return 0;
+}
+
 /* Worker n undeclared the tensor of `key` (a RETIRE): once every worker
  * has, its entry goes, so one-shot tensors (unisum.torch's unnamed
  * operations and broadcasts) do not pile up.  Their bytes stay counted

@@ -64,7 +64,7 @@ static void sched_send_error(struct sched_node *n, int err, const char *why)
 
 /* Records the first failure and tells every other live node.  Called with
  * s->lock held. */
-static void sched_fail(struct rdv_scheduler *s, int err, const char *why)
+void sched_fail(struct rdv_scheduler *s, int err, const char *why)
 {
 	if (s->error != 0)
 		return;
@@ -367,115 +367,101 @@ static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 	pthread_mutex_unlock(&s->lock);
 }
 
-static void *sched_node_main(void *arg)
+/* Reads node n's next message: its header into *h and its payload into
+ * *payload (malloc'd, NULL when empty; the caller frees it).  0 or an
+ * error with why set. */
+static int sched_recv(struct sched_node *n, struct wire_hdr *h, void **payload, char *why,
+		      size_t len)
 {
-	struct sched_node *n = arg;
 	struct rdv_scheduler *s = n->s;
-	char why[256] = "";
-	void *payload = NULL;
-	/* Nobody without the job secret gets a byte read as a message. */
-	int rc = s->tp->authenticate(n->conn, why, sizeof why);
-
-	for (; rc == 0;) {
-		struct wire_hdr h;
-		rc = s->tp->recv_header(n->conn, &h, why, sizeof why);
-		if (rc != 0)
-			break;
-		atomic_store(&n->last_seen_ms, timing_now_ms());
-		free(payload);
-		payload = NULL;
-		if (h.payload_len > 0) {
-			payload = malloc(h.payload_len);
-			if (payload == NULL) {
-				rc = UNISUM_ENOMEM;
-				snprintf(why, sizeof why, "out of memory");
-				break;
-			}
-			rc = s->tp->recv_payload(n->conn, payload, h.payload_len);
-			if (rc != 0) {
-				snprintf(why, sizeof why, "connection closed");
-				break;
-			}
-		}
-		if (!n->registered && h.type != WIRE_REGISTER) {
-			rc = UNISUM_EPROTO;
-			snprintf(why, sizeof why, "%s before REGISTER", wire_type_name(h.type));
-			break;
-		}
-		switch (h.type) {
-		case WIRE_REGISTER:
-			rc = sched_on_register(s, n, payload, h.payload_len, why, sizeof why);
-			break;
-		case WIRE_BARRIER:
-			if (h.aux != RDV_GROUP_WORKERS && h.aux != RDV_GROUP_SERVERS && h.aux != RDV_GROUP_ALL) {
-				rc = UNISUM_EPROTO;
-				snprintf(why, sizeof why, "barrier of unknown group %u", h.aux);
-				break;
-			}
-			sched_on_barrier(s, n, (int)h.aux);
-			break;
-		case WIRE_DECLARE:
-			rc = sched_on_declare(s, n, &h, payload, h.payload_len);
-			if (rc == UNISUM_EPROTO)
-				snprintf(why, sizeof why, "malformed DECLARE");
-			break;
-		case WIRE_SHUTDOWN:
-			if (n->role == CONFIG_ROLE_WORKER)
-				sched_on_goodbye(s, n);
-			break;
-		case WIRE_TUNE:
-			rc = sched_on_tune(s, n, &h, payload, why, sizeof why);
-			break;
-		case WIRE_HEARTBEAT:
-			break;
-		case WIRE_RETIRE:
-			pthread_mutex_lock(&s->lock);
-			rc = sched_on_forget(s, n, h.key, why, sizeof why);
-			pthread_mutex_unlock(&s->lock);
-			break;
-		case WIRE_ERROR: {
-			/* A node found the job broken (a stalled round): fail it.
-			 * With a key, a worker or a server found one tensor
-			 * unusable (its workers disagree on the collective):
-			 * poison it. */
-			char text[512] = "", label[160], msg[768];
-			wire_error_decode(payload, h.payload_len, text, sizeof text);
-			pthread_mutex_lock(&s->lock);
-			if (h.key != 0) {
-				struct sched_tensor *t = NULL;
-				for (int i = 0; i < s->ntensors && t == NULL; i++)
-					if (s->tensors[i].key == h.key)
-						t = &s->tensors[i];
-				if (t == NULL) {
-					rc = UNISUM_EPROTO;
-					snprintf(why, sizeof why, "ERROR about undeclared tensor key 0x%llx",
-						 (unsigned long long)h.key);
-				} else if (t->poison == NULL) {
-					LOG_ERROR("%s", text);
-					t->poison = strdup(text);
-					sched_poison(s, t->key, text);
-				}
-				pthread_mutex_unlock(&s->lock);
-				break;
-			}
-			snprintf(msg, sizeof msg, "%s: %s", sched_node_label(n, label, sizeof label), text);
-			sched_fail(s, log_known_error(-(int)h.aux, UNISUM_EREMOTE), msg);
-			pthread_mutex_unlock(&s->lock);
-			break;
-		}
-		default:
-			rc = UNISUM_EPROTO;
-			snprintf(why, sizeof why, "unexpected %s", wire_type_name(h.type));
-			break;
-		}
-		if (rc != 0)
-			break;
+	*payload = NULL;
+	int rc = s->tp->recv_header(n->conn, h, why, len);
+	if (rc != 0)
+		return rc;
+	atomic_store(&n->last_seen_ms, timing_now_ms());
+	if (h->payload_len == 0)
+		return 0;
+	*payload = malloc(h->payload_len);
+	if (*payload == NULL) {
+		snprintf(why, len, "out of memory");
+		return UNISUM_ENOMEM;
 	}
-	free(payload);
-	/* Hang up now (the connection is freed with the scheduler), so a
-	 * rejected stranger learns it at once. */
-	s->tp->conn_shutdown(n->conn);
+	rc = s->tp->recv_payload(n->conn, *payload, h->payload_len);
+	if (rc != 0)
+		snprintf(why, len, "connection closed");
+	return rc;
+}
 
+/* An ERROR from node n: fail the job for its reason (a stalled round or
+ * barrier), or with a key, poison that tensor (its workers disagree on the
+ * collective).  0 or UNISUM_EPROTO with why set. */
+static int sched_on_error(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *h,
+			  const void *payload, char *why, size_t len)
+{
+	char text[512], label[160], msg[768];
+	wire_error_decode(payload, h->payload_len, text, sizeof text);
+	pthread_mutex_lock(&s->lock);
+	int rc = 0;
+	if (h->key != 0) {
+		rc = sched_poison_reported(s, h->key, text, why, len);
+	} else {
+		snprintf(msg, sizeof msg, "%s: %s", sched_node_label(n, label, sizeof label), text);
+		sched_fail(s, log_known_error(-(int)h->aux, UNISUM_EREMOTE), msg);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
+/* Handles one message of node n.  0, or an error with why set: the
+ * connection closes. */
+static int sched_dispatch(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *h,
+			  const void *payload, char *why, size_t len)
+{
+	int rc = 0;
+	if (!n->registered && h->type != WIRE_REGISTER) {
+		snprintf(why, len, "%s before REGISTER", wire_type_name(h->type));
+		return UNISUM_EPROTO;
+	}
+	switch (h->type) {
+	case WIRE_REGISTER:
+		return sched_on_register(s, n, payload, h->payload_len, why, len);
+	case WIRE_BARRIER:
+		if (h->aux != RDV_GROUP_WORKERS && h->aux != RDV_GROUP_SERVERS && h->aux != RDV_GROUP_ALL) {
+			snprintf(why, len, "barrier of unknown group %u", h->aux);
+			return UNISUM_EPROTO;
+		}
+		sched_on_barrier(s, n, (int)h->aux);
+		return 0;
+	case WIRE_DECLARE:
+		rc = sched_on_declare(s, n, h, payload, h->payload_len);
+		if (rc == UNISUM_EPROTO)
+			snprintf(why, len, "malformed DECLARE");
+		return rc;
+	case WIRE_SHUTDOWN:
+		if (n->role == CONFIG_ROLE_WORKER)
+			sched_on_goodbye(s, n);
+		return 0;
+	case WIRE_TUNE:
+		return sched_on_tune(s, n, h, payload, why, len);
+	case WIRE_HEARTBEAT:
+		return 0;
+	case WIRE_RETIRE:
+		pthread_mutex_lock(&s->lock);
+		rc = sched_on_forget(s, n, h->key, why, len);
+		pthread_mutex_unlock(&s->lock);
+		return rc;
+	case WIRE_ERROR:
+		return sched_on_error(s, n, h, payload, why, len);
+	default:
+		snprintf(why, len, "unexpected %s", wire_type_name(h->type));
+		return UNISUM_EPROTO;
+	}
+}
+
+/* Node n's connection ended with rc (why): unless it said goodbye, the
+ * job fails naming it, and it is the culprit the launcher blames. */
+static void sched_node_gone(struct rdv_scheduler *s, struct sched_node *n, int rc, const char *why)
+{
 	pthread_mutex_lock(&s->lock);
 	n->gone = true;
 	char label[160];
@@ -497,6 +483,29 @@ static void *sched_node_main(void *arg)
 	}
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
+}
+
+/* A node's thread: reads and handles its messages until its connection
+ * ends. */
+static void *sched_node_main(void *arg)
+{
+	struct sched_node *n = arg;
+	struct rdv_scheduler *s = n->s;
+	char why[256] = "";
+	/* Nobody without the job secret gets a byte read as a message. */
+	int rc = s->tp->authenticate(n->conn, why, sizeof why);
+	while (rc == 0) {
+		struct wire_hdr h;
+		void *payload;
+		rc = sched_recv(n, &h, &payload, why, sizeof why);
+		if (rc == 0)
+			rc = sched_dispatch(s, n, &h, payload, why, sizeof why);
+		free(payload);
+	}
+	/* Hang up now (the connection is freed with the scheduler), so a
+	 * rejected stranger learns it at once. */
+	s->tp->conn_shutdown(n->conn);
+	sched_node_gone(s, n, rc, why);
 	return NULL;
 }
 

@@ -131,7 +131,8 @@ struct srv_engine {
 	pthread_mutex_t lock;	/* the queue */
 	pthread_cond_t cond;
 	struct srv_event *head, *tail;
-	bool stop;
+	bool stop;		/* finish the queue, then exit */
+	bool joined;		/* exited: posts are dropped */
 	uint64_t bytes;		/* bytes of keys pinned here (under srv->lock) */
 	struct srv_key **keys;	/* keys pinned here (under srv->lock) */
 	size_t nkeys, capkeys;
@@ -824,6 +825,13 @@ static int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint
 				 .wire_op = wire_op, .why = why};
 	struct srv_engine *e = &srv->engines[k->engine];
 	pthread_mutex_lock(&e->lock);
+	if (e->joined) {
+		/* Shutting down (a late poison from the scheduler): nobody
+		 * would take it. */
+		pthread_mutex_unlock(&e->lock);
+		free(ev);
+		return 0;
+	}
 	if (e->tail)
 		e->tail->next = ev;
 	else
@@ -971,103 +979,130 @@ static struct srv_key *srv_check_data(struct server *srv, struct srv_conn *c, co
 	return k;
 }
 
+/* A DECLARE_CHECK: the piece's key, dtype, count and its tensor's name. */
+static int srv_on_declare_check(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+				char *why, size_t len)
+{
+	char name[256] = "";
+	void *p = h->payload_len ? malloc(h->payload_len) : NULL;
+	if (h->payload_len && p == NULL)
+		return UNISUM_ENOMEM;
+	if (h->payload_len && srv->tp->recv_payload(c->conn, p, h->payload_len) != 0) {
+		free(p);
+		snprintf(why, len, "connection closed in the middle of a declaration");
+		return UNISUM_ECONN;
+	}
+	int bad = wire_declare_check_decode(p, h->payload_len, name, sizeof name);
+	free(p);
+	if (bad) {
+		snprintf(why, len, "DECLARE_CHECK of key 0x%llx without a valid tensor name",
+			 (unsigned long long)h->key);
+		return UNISUM_EPROTO;
+	}
+	return srv_key_declare(srv, c, h, name, why, len);
+}
+
+/* Receives a push's data into worker c's buffer of key k: straight off
+ * the socket (zero-copy receive), or read from the worker's memory at
+ * the address the payload gives (IPC). */
+static int srv_receive_push(struct server *srv, struct srv_conn *c, struct srv_key *k,
+			    const struct wire_hdr *h, char *why, size_t len)
+{
+	if (k->push_buf[c->worker] == NULL)
+		k->push_buf[c->worker] = malloc(k->bytes ? k->bytes : 1);
+	if (k->push_buf[c->worker] == NULL) {
+		snprintf(why, len, "out of memory for a %zu-byte push", k->bytes);
+		return UNISUM_ENOMEM;
+	}
+	if (!(h->flags & WIRE_FLAG_IPC)) {
+		if (srv->tp->recv_payload(c->conn, k->push_buf[c->worker], h->payload_len) == 0)
+			return 0;
+		snprintf(why, len, "connection closed in the middle of a push");
+		return UNISUM_ECONN;
+	}
+	uint64_t addr;
+	if (!c->ipc) {
+		snprintf(why, len, "an IPC push from a worker that did not ask for IPC");
+		return UNISUM_EPROTO;
+	}
+	if (srv->tp->recv_payload(c->conn, &addr, sizeof addr) != 0) {
+		snprintf(why, len, "connection closed in the middle of a push");
+		return UNISUM_ECONN;
+	}
+	return srv_ipc_read(c, k->push_buf[c->worker], le64toh(addr), k->bytes, why, len);
+}
+
+static int srv_on_push_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+			   char *why, size_t len)
+{
+	struct srv_key *k = srv_check_data(srv, c, h, why, len);
+	if (k == NULL)
+		return UNISUM_EPROTO;
+	if (srv_poison_of(srv, k->key) != NULL) {
+		/* Never summed; the pull that follows gets the error. */
+		k->next_round[c->worker]++;
+		if (srv->tp->recv_payload(c->conn, NULL, h->payload_len) != 0)
+			return UNISUM_ECONN;
+		srv_ack_push(srv, c, h);
+		return 0;
+	}
+	if (!(h->flags & WIRE_FLAG_ZERO)) {
+		int rc = srv_receive_push(srv, c, k, h, why, len);
+		if (rc != 0)
+			return rc;
+	}
+	k->next_round[c->worker]++;
+	/* The worker's credit comes back now, whatever the other workers
+	 * do: acknowledging only summed pushes would let two workers wait
+	 * on each other's credit. */
+	srv_ack_push(srv, c, h);
+	return srv_post(srv, EVENT_PUSH, k, c->worker, h->round, h->flags & WIRE_FLAG_ZERO, h->aux, NULL);
+}
+
+static int srv_on_pull_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+			   char *why, size_t len)
+{
+	struct srv_key *k = srv_check_data(srv, c, h, why, len);
+	if (k == NULL)
+		return UNISUM_EPROTO;
+	const char *poison = srv_poison_of(srv, k->key);
+	if (poison != NULL) {
+		srv_reply_error(srv, c, c->worker, k->key, h->round, UNISUM_EMISMATCH, poison);
+		return 0;
+	}
+	return srv_post(srv, EVENT_PULL, k, c->worker, h->round, false, 0, NULL);
+}
+
+static int srv_on_retire_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+			     char *why, size_t len)
+{
+	pthread_mutex_lock(&srv->lock);
+	struct srv_key *k = srv_key_find(srv, h->key);
+	bool retired = k != NULL && k->retired[c->worker];
+	if (k != NULL)
+		k->retired[c->worker] = 1;
+	pthread_mutex_unlock(&srv->lock);
+	if (k == NULL || retired) {
+		snprintf(why, len, "RETIRE of %s key 0x%llx", k == NULL ? "undeclared" : "retired",
+			 (unsigned long long)h->key);
+		return UNISUM_EPROTO;
+	}
+	/* From now on this connection never touches the key's buffers. */
+	return srv_post(srv, EVENT_RETIRE, k, c->worker, h->round, false, 0, NULL);
+}
+
 static int srv_on_message(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
 			  size_t len)
 {
-	struct srv_key *k;
 	switch (h->type) {
-	case WIRE_DECLARE_CHECK: {
-		char name[256] = "";
-		void *p = h->payload_len ? malloc(h->payload_len) : NULL;
-		if (h->payload_len && p == NULL)
-			return UNISUM_ENOMEM;
-		if (h->payload_len && srv->tp->recv_payload(c->conn, p, h->payload_len) != 0) {
-			free(p);
-			snprintf(why, len, "connection closed in the middle of a declaration");
-			return UNISUM_ECONN;
-		}
-		int bad = wire_declare_check_decode(p, h->payload_len, name, sizeof name);
-		free(p);
-		if (bad) {
-			snprintf(why, len, "DECLARE_CHECK of key 0x%llx without a valid tensor name",
-				 (unsigned long long)h->key);
-			return UNISUM_EPROTO;
-		}
-		return srv_key_declare(srv, c, h, name, why, len);
-	}
+	case WIRE_DECLARE_CHECK:
+		return srv_on_declare_check(srv, c, h, why, len);
 	case WIRE_PUSH:
-		k = srv_check_data(srv, c, h, why, len);
-		if (k == NULL)
-			return UNISUM_EPROTO;
-		if (srv_poison_of(srv, k->key) != NULL) {
-			/* Never summed; the pull that follows gets the error. */
-			k->next_round[c->worker]++;
-			if (srv->tp->recv_payload(c->conn, NULL, h->payload_len) != 0)
-				return UNISUM_ECONN;
-			srv_ack_push(srv, c, h);
-			return 0;
-		}
-		if (!(h->flags & WIRE_FLAG_ZERO)) {
-			if (k->push_buf[c->worker] == NULL)
-				k->push_buf[c->worker] = malloc(k->bytes ? k->bytes : 1);
-			if (k->push_buf[c->worker] == NULL) {
-				snprintf(why, len, "out of memory for a %zu-byte push", k->bytes);
-				return UNISUM_ENOMEM;
-			}
-			if (h->flags & WIRE_FLAG_IPC) {
-				uint64_t addr;
-				if (!c->ipc) {
-					snprintf(why, len, "an IPC push from a worker that did not ask for IPC");
-					return UNISUM_EPROTO;
-				}
-				if (srv->tp->recv_payload(c->conn, &addr, sizeof addr) != 0) {
-					snprintf(why, len, "connection closed in the middle of a push");
-					return UNISUM_ECONN;
-				}
-				int rc = srv_ipc_read(c, k->push_buf[c->worker], le64toh(addr), k->bytes, why,
-						      len);
-				if (rc != 0)
-					return rc;
-			} else if (srv->tp->recv_payload(c->conn, k->push_buf[c->worker],
-							 h->payload_len) != 0) {
-				/* Zero-copy receive: the payload lands in its buffer. */
-				snprintf(why, len, "connection closed in the middle of a push");
-				return UNISUM_ECONN;
-			}
-		}
-		k->next_round[c->worker]++;
-		/* The worker's credit comes back now, whatever the other workers
-		 * do: acknowledging only summed pushes would let two workers wait
-		 * on each other's credit. */
-		srv_ack_push(srv, c, h);
-		return srv_post(srv, EVENT_PUSH, k, c->worker, h->round, h->flags & WIRE_FLAG_ZERO, h->aux,
-				NULL);
-	case WIRE_PULL: {
-		k = srv_check_data(srv, c, h, why, len);
-		if (k == NULL)
-			return UNISUM_EPROTO;
-		const char *poison = srv_poison_of(srv, k->key);
-		if (poison != NULL) {
-			srv_reply_error(srv, c, c->worker, k->key, h->round, UNISUM_EMISMATCH, poison);
-			return 0;
-		}
-		return srv_post(srv, EVENT_PULL, k, c->worker, h->round, false, 0, NULL);
-	}
-	case WIRE_RETIRE: {
-		pthread_mutex_lock(&srv->lock);
-		k = srv_key_find(srv, h->key);
-		bool retired = k != NULL && k->retired[c->worker];
-		if (k != NULL)
-			k->retired[c->worker] = 1;
-		pthread_mutex_unlock(&srv->lock);
-		if (k == NULL || retired) {
-			snprintf(why, len, "RETIRE of %s key 0x%llx", k == NULL ? "undeclared" : "retired",
-				 (unsigned long long)h->key);
-			return UNISUM_EPROTO;
-		}
-		/* From now on this connection never touches the key's buffers. */
-		return srv_post(srv, EVENT_RETIRE, k, c->worker, h->round, false, 0, NULL);
-	}
+		return srv_on_push_msg(srv, c, h, why, len);
+	case WIRE_PULL:
+		return srv_on_pull_msg(srv, c, h, why, len);
+	case WIRE_RETIRE:
+		return srv_on_retire_msg(srv, c, h, why, len);
 	case WIRE_HEARTBEAT:
 		return 0;
 	default:
@@ -1221,13 +1256,13 @@ static void srv_accept_loop(struct server *srv)
 	}
 }
 
-int server_run(const struct config *cfg, bool *elsewhere)
+/* A server for cfg, with its tables and no thread yet; NULL when out of
+ * memory. */
+static struct server *srv_new(const struct config *cfg)
 {
-	if (elsewhere != NULL)
-		*elsewhere = false;
 	struct server *srv = calloc(1, sizeof *srv);
 	if (srv == NULL)
-		return UNISUM_ENOMEM;
+		return NULL;
 	srv->cfg = cfg;
 	srv->tp = transport_tcp();
 	srv->nworkers = cfg->num_workers;
@@ -1237,27 +1272,88 @@ int server_run(const struct config *cfg, bool *elsewhere)
 	srv->buckets = calloc(srv->nbuckets, sizeof *srv->buckets);
 	srv->by_worker = calloc((size_t)srv->nworkers, sizeof *srv->by_worker);
 	srv->engines = calloc((size_t)srv->nengines, sizeof *srv->engines);
-	int rc = UNISUM_ENOMEM, started = 0, port = 0;
-	if (srv->buckets == NULL || srv->by_worker == NULL || srv->engines == NULL)
-		goto out_free;
+	if (srv->buckets == NULL || srv->by_worker == NULL || srv->engines == NULL) {
+		free(srv->buckets);
+		free(srv->by_worker);
+		free(srv->engines);
+		pthread_mutex_destroy(&srv->lock);
+		free(srv);
+		return NULL;
+	}
+	return srv;
+}
 
-	const char *bind_host = cfg->bind[0] ? cfg->bind : cfg->node_host;
-	rc = srv->tp->listen(bind_host, cfg->port, &srv->listener, &port);
-	if (rc != 0)
-		goto out_free;
-	for (; started < srv->nengines; started++) {
-		struct srv_engine *e = &srv->engines[started];
+/* Frees what srv_new made and every key left. */
+static void srv_free(struct server *srv)
+{
+	for (size_t i = 0; i < srv->nbuckets; i++)
+		for (struct srv_key *k = srv->buckets[i]; k;) {
+			struct srv_key *next = k->next;
+			srv_key_free(k, srv->nworkers);
+			k = next;
+		}
+	free(srv->buckets);
+	while (srv->poisoned) {
+		struct srv_poison *p = srv->poisoned;
+		srv->poisoned = p->next;
+		free(p->why);
+		free(p);
+	}
+	free(srv->by_worker);
+	free(srv->engines);
+	pthread_mutex_destroy(&srv->lock);
+	free(srv);
+}
+
+/* Starts the engine threads; *started counts those running.  0 or
+ * UNISUM_ESYS. */
+static int srv_start_engines(struct server *srv, int *started)
+{
+	for (*started = 0; *started < srv->nengines; (*started)++) {
+		struct srv_engine *e = &srv->engines[*started];
 		e->srv = srv;
 		pthread_mutex_init(&e->lock, NULL);
 		timing_cond_init(&e->cond);
-		if (pthread_create(&e->thread, NULL, srv_engine_main, e) != 0) {
-			rc = UNISUM_ESYS;
-			goto out_engines;
+		if (pthread_create(&e->thread, NULL, srv_engine_main, e) != 0)
+			return UNISUM_ESYS;
+	}
+	return 0;
+}
+
+/* Stops and joins the first `started` engines once their queues are
+ * empty; later posts are dropped.  (A queued EVENT_FREE's key is out of
+ * the table: freed here.) */
+static void srv_stop_engines(struct server *srv, int started)
+{
+	for (int i = 0; i < started; i++) {
+		struct srv_engine *e = &srv->engines[i];
+		pthread_mutex_lock(&e->lock);
+		e->stop = true;
+		pthread_cond_signal(&e->cond);
+		pthread_mutex_unlock(&e->lock);
+		pthread_join(e->thread, NULL);
+		pthread_mutex_lock(&e->lock);
+		e->joined = true;
+		pthread_mutex_unlock(&e->lock);
+		free(e->keys);
+		for (struct srv_event *ev = e->head; ev;) {
+			struct srv_event *next = ev->next;
+			if (ev->type == EVENT_FREE)
+				srv_key_free(ev->key, srv->nworkers);
+			free(ev);
+			ev = next;
 		}
 	}
-	rc = rdv_client_new(cfg, port, srv_notice, srv_tensor_error, srv, &srv->rdv);
+}
+
+/* Registers with the scheduler as listening on bind_host:port and checks
+ * that the job has the machines this server expects.  0 or an error
+ * (logged; the client is freed). */
+static int srv_join(struct server *srv, const char *bind_host, int port)
+{
+	int rc = rdv_client_new(srv->cfg, port, srv_notice, srv_tensor_error, srv, &srv->rdv);
 	if (rc != 0)
-		goto out_engines;
+		return rc;
 	srv->id = rdv_client_id(srv->rdv);
 	srv->rank = rdv_client_rank(srv->rdv);
 	srv->local_size = rdv_client_local_size(srv->rdv);
@@ -1271,14 +1367,17 @@ int server_run(const struct config *cfg, bool *elsewhere)
 		rc = log_fail(UNISUM_ECONFIG, "%s", why);
 		rdv_client_fail_job(srv->rdv, UNISUM_ECONFIG, why);
 		rdv_client_free(srv->rdv);
-		goto out_engines;
+		srv->rdv = NULL;
+		return rc;
 	}
 	LOG_INFO("listening on %s:%d with %d engine threads, reducer %s", bind_host, port,
 		 srv->nengines, reducer_isa_name(reducer_active_isa()));
+	return 0;
+}
 
-	srv_accept_loop(srv);
-
-	/* Stop: hang up on everyone, then join every thread. */
+/* The job ended: hangs up on every worker and joins its threads. */
+static void srv_hang_up(struct server *srv)
+{
 	atomic_store(&srv->stopping, true);
 	pthread_mutex_lock(&srv->lock);
 	for (struct srv_conn *c = srv->conns; c; c = c->next)
@@ -1289,47 +1388,41 @@ int server_run(const struct config *cfg, bool *elsewhere)
 		srv->conns = c->next;
 		srv_conn_free(srv, c);
 	}
+}
+
+int server_run(const struct config *cfg, bool *elsewhere)
+{
+	if (elsewhere != NULL)
+		*elsewhere = false;
+	struct server *srv = srv_new(cfg);
+	if (srv == NULL)
+		return UNISUM_ENOMEM;
+	int started = 0, port = 0;
+	const char *bind_host = cfg->bind[0] ? cfg->bind : cfg->node_host;
+	int rc = srv->tp->listen(bind_host, cfg->port, &srv->listener, &port);
+	if (rc != 0)
+		goto out_free;
+	rc = srv_start_engines(srv, &started);
+	if (rc == 0)
+		rc = srv_join(srv, bind_host, port);
+	if (rc != 0)
+		goto out_stop_engines;
+
+	srv_accept_loop(srv);
+
+	/* Engines tell the scheduler of stalls and disagreements: they stop
+	 * before its client goes. */
+	srv_hang_up(srv);
+	srv_stop_engines(srv, started);
 	rdv_client_free(srv->rdv);
 	rc = atomic_load(&srv->job_error);
-
-out_engines:
-	for (int i = 0; i < started; i++) {
-		struct srv_engine *e = &srv->engines[i];
-		pthread_mutex_lock(&e->lock);
-		e->stop = true;
-		pthread_cond_signal(&e->cond);
-		pthread_mutex_unlock(&e->lock);
-		pthread_join(e->thread, NULL);
-		free(e->keys);
-		for (struct srv_event *ev = e->head; ev;) {
-			struct srv_event *next = ev->next;
-			if (ev->type == EVENT_FREE)
-				srv_key_free(ev->key, srv->nworkers);	/* out of the table */
-			free(ev);
-			ev = next;
-		}
-	}
+	started = 0;
+out_stop_engines:
+	srv_stop_engines(srv, started);
 	srv->tp->listener_free(srv->listener);
 out_free:
-	if (srv->buckets)
-		for (size_t i = 0; i < srv->nbuckets; i++)
-			for (struct srv_key *k = srv->buckets[i]; k;) {
-				struct srv_key *next = k->next;
-				srv_key_free(k, srv->nworkers);
-				k = next;
-			}
-	free(srv->buckets);
-	while (srv->poisoned) {
-		struct srv_poison *p = srv->poisoned;
-		srv->poisoned = p->next;
-		free(p->why);
-		free(p);
-	}
-	free(srv->by_worker);
-	free(srv->engines);
-	pthread_mutex_destroy(&srv->lock);
 	if (elsewhere != NULL && rc != 0)
 		*elsewhere = atomic_load(&srv->told);
-	free(srv);
+	srv_free(srv);
 	return rc;
 }

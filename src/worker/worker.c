@@ -474,11 +474,98 @@ static int wk_ipc_read(struct wk_conn *c, void *dst, size_t bytes, char *msg, si
 	return rc == -ESRCH ? UNISUM_ECONN : UNISUM_ESYS;
 }
 
+/* An ERROR from the server of c: with key 0 it refused this worker (1,
+ * msg set: the connection ends); with a key one partition failed (its
+ * tensor is poisoned) and the connection goes on (0). */
+static int wk_on_error(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
+{
+	char text[400] = "";
+	void *p = malloc(h->payload_len + 1);
+	if (p != NULL && wk.tp->recv_payload(c->conn, p, h->payload_len) == 0)
+		wire_error_decode(p, h->payload_len, text, sizeof text);
+	free(p);
+	if (h->key == 0) {
+		snprintf(msg, len, "%s rejected this worker: %s", c->label, text);
+		return 1;
+	}
+	struct wk_job *j = wk_take_answered(c, h, msg, len);
+	if (j == NULL)
+		return 1;
+	wk_job_finish(j, log_known_error(-(int)h->aux, UNISUM_EREMOTE), text);
+	return 0;
+}
+
+/* A PUSH_ACK: the server has the push, its bytes leave the credit.  0, or
+ * 1 with msg set for an ack of nothing this worker pushed. */
+static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
+{
+	pthread_mutex_lock(&c->lock);
+	struct wk_job *j = pending_find(c, h->key);
+	bool ok = j != NULL && j->round == h->round && !j->credit_back;
+	if (ok)
+		j->credit_back = true;
+	size_t bytes = ok ? j->entry.bytes : 0;
+	bool traced = ok && j->op->traced;
+	uint32_t step = ok ? j->op->round : 0;
+	pthread_mutex_unlock(&c->lock);
+	if (!ok) {
+		snprintf(msg, len, "%s acknowledged a push of key 0x%llx round %u that this worker did "
+			 "not make", c->label, (unsigned long long)h->key, h->round);
+		return 1;
+	}
+	size_t inflight = sched_release(&wk.push_q, bytes);
+	if (traced) {
+		int64_t now = trace_now_us();
+		trace_span(TRACE_INFLIGHT, 0, 0, step, 0, inflight, 0, now, now);
+	}
+	return 0;
+}
+
+/* A PULL_REPLY: the sum goes straight into the caller's output (read from
+ * the server's memory in IPC mode), divided there for an average.  0, or
+ * 1 with msg set when the connection cannot go on. */
+static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
+{
+	struct wk_job *j = wk_take_answered(c, h, msg, len);
+	if (j == NULL)
+		return 1;
+	size_t bytes = j->count * unisum_dtype_size(j->dtype);
+	if (h->flags & WIRE_FLAG_ZERO) {
+		memset(j->out, 0, bytes);
+	} else if (h->flags & WIRE_FLAG_IPC) {
+		int rc = c->ipc ? wk_ipc_read(c, j->out, bytes, msg, len) : UNISUM_EPROTO;
+		if (rc == UNISUM_EPROTO)
+			snprintf(msg, len, "%s sent an IPC reply on a connection without IPC", c->label);
+		if (rc == UNISUM_ECONN) {
+			/* The server is gone: its job fails with the others, named
+			 * by the root cause (wk_conn_fail). */
+			pthread_mutex_lock(&c->lock);
+			pending_add(c, j);
+			pthread_mutex_unlock(&c->lock);
+			snprintf(msg, len, "%s: the server exited in the middle of a reply", c->label);
+			return 1;
+		}
+		if (rc != 0) {
+			wk_job_finish(j, rc, msg);
+			return 1;
+		}
+	} else if (wk.tp->recv_payload(c->conn, j->out, bytes) != 0) {
+		snprintf(msg, len, "%s: the connection closed in the middle of a reply", c->label);
+		wk_job_finish(j, UNISUM_ECONN, msg);
+		return 1;
+	}
+	if (j->divisor > 1)
+		reducer_divide(j->out, j->count, j->dtype, j->divisor);
+	wk_job_finish(j, 0, NULL);
+	return 0;
+}
+
+/* The PULL stage of one server connection (see the DESIGN above). */
 static void *wk_recv_main(void *arg)
 {
 	struct wk_conn *c = arg;
 	char why[400] = "", msg[512];
-	for (;;) {
+	for (int stop = 0; !stop;) {
 		struct wire_hdr h;
 		int rc = wk.tp->recv_header(c->conn, &h, why, sizeof why);
 		if (rc != 0) {
@@ -486,86 +573,16 @@ static void *wk_recv_main(void *arg)
 				 rc == UNISUM_EPROTO ? why : "the connection closed (did the server exit?)");
 			break;
 		}
-		if (h.type == WIRE_ERROR) {
-			char text[400] = "";
-			void *p = malloc(h.payload_len + 1);
-			if (p != NULL && wk.tp->recv_payload(c->conn, p, h.payload_len) == 0)
-				wire_error_decode(p, h.payload_len, text, sizeof text);
-			free(p);
-			if (h.key == 0) {
-				snprintf(msg, sizeof msg, "%s rejected this worker: %s", c->label, text);
-				break;
-			}
-			/* One partition failed (its tensor was declared with another
-			 * shape elsewhere); the connection is fine. */
-			struct wk_job *j = wk_take_answered(c, &h, msg, sizeof msg);
-			if (j == NULL)
-				break;
-			wk_job_finish(j, log_known_error(-(int)h.aux, UNISUM_EREMOTE), text);
-			continue;
-		}
-		if (h.type == WIRE_PUSH_ACK) {
-			/* The server has the push: its bytes leave the credit. */
-			pthread_mutex_lock(&c->lock);
-			struct wk_job *j = pending_find(c, h.key);
-			bool ok = j != NULL && j->round == h.round && !j->credit_back;
-			if (ok)
-				j->credit_back = true;
-			size_t bytes = ok ? j->entry.bytes : 0;
-			bool traced = ok && j->op->traced;
-			uint32_t step = ok ? j->op->round : 0;
-			pthread_mutex_unlock(&c->lock);
-			if (!ok) {
-				snprintf(msg, sizeof msg, "%s acknowledged a push of key 0x%llx round %u that "
-					 "this worker did not make", c->label, (unsigned long long)h.key,
-					 h.round);
-				break;
-			}
-			size_t inflight = sched_release(&wk.push_q, bytes);
-			if (traced) {
-				int64_t now = trace_now_us();
-				trace_span(TRACE_INFLIGHT, 0, 0, step, 0, inflight, 0, now, now);
-			}
-			continue;
-		}
-		if (h.type != WIRE_PULL_REPLY) {
+		if (h.type == WIRE_ERROR)
+			stop = wk_on_error(c, &h, msg, sizeof msg);
+		else if (h.type == WIRE_PUSH_ACK)
+			stop = wk_on_push_ack(c, &h, msg, sizeof msg);
+		else if (h.type == WIRE_PULL_REPLY)
+			stop = wk_on_pull_reply(c, &h, msg, sizeof msg);
+		else {
 			snprintf(msg, sizeof msg, "%s sent an unexpected %s", c->label, wire_type_name(h.type));
-			break;
+			stop = 1;
 		}
-		struct wk_job *j = wk_take_answered(c, &h, msg, sizeof msg);
-		if (j == NULL)
-			break;
-		size_t bytes = j->count * unisum_dtype_size(j->dtype);
-		if (h.flags & WIRE_FLAG_ZERO) {
-			memset(j->out, 0, bytes);
-		} else if (h.flags & WIRE_FLAG_IPC) {
-			int rc = c->ipc ? wk_ipc_read(c, j->out, bytes, msg, sizeof msg) : UNISUM_EPROTO;
-			if (rc == UNISUM_EPROTO)
-				snprintf(msg, sizeof msg, "%s sent an IPC reply on a connection without IPC",
-					 c->label);
-			if (rc == UNISUM_ECONN) {
-				/* The server is gone: its job fails with the others, named
-				 * by the root cause (wk_conn_fail). */
-				pthread_mutex_lock(&c->lock);
-				pending_add(c, j);
-				pthread_mutex_unlock(&c->lock);
-				snprintf(msg, sizeof msg, "%s: the server exited in the middle of a reply",
-					 c->label);
-				break;
-			}
-			if (rc != 0) {
-				wk_job_finish(j, rc, msg);
-				break;
-			}
-		} else if (wk.tp->recv_payload(c->conn, j->out, bytes) != 0) {
-			snprintf(msg, sizeof msg, "%s: the connection closed in the middle of a reply",
-				 c->label);
-			wk_job_finish(j, UNISUM_ECONN, msg);
-			break;
-		}
-		if (j->divisor > 1)
-			reducer_divide(j->out, j->count, j->dtype, j->divisor);
-		wk_job_finish(j, 0, NULL);
 	}
 	wk_conn_fail(c, msg);
 	return NULL;
@@ -1126,6 +1143,43 @@ out_free:
 	return rc;
 }
 
+/* Files tensor t under an id: the first free one (an undeclared tensor's)
+ * or a new one.  Returns its id (*filed), or the id of a tensor of the
+ * same name another thread declared meanwhile (t is not filed), or
+ * UNISUM_ENOMEM. */
+static int wk_tensor_insert(struct wk_tensor *t, bool *filed)
+{
+	*filed = false;
+	pthread_mutex_lock(&wk.lock);
+	int id = -1;
+	for (int i = 0; i < wk.ntensors; i++) {
+		if (wk.tensors[i] == NULL) {
+			if (id < 0)
+				id = i;
+		} else if (strcmp(wk.tensors[i]->name, t->name) == 0) {
+			pthread_mutex_unlock(&wk.lock);
+			return i;
+		}
+	}
+	if (id < 0 && wk.ntensors == wk.captensors) {
+		int cap = wk.captensors ? wk.captensors * 2 : 64;
+		struct wk_tensor **nt = realloc(wk.tensors, (size_t)cap * sizeof *nt);
+		if (nt == NULL) {
+			pthread_mutex_unlock(&wk.lock);
+			return UNISUM_ENOMEM;
+		}
+		wk.tensors = nt;
+		wk.captensors = cap;
+	}
+	if (id < 0)
+		id = wk.ntensors++;
+	t->index = id;
+	wk.tensors[id] = t;
+	*filed = true;
+	pthread_mutex_unlock(&wk.lock);
+	return id;
+}
+
 int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int priority)
 {
 	if (!wk.initialized)
@@ -1166,38 +1220,12 @@ int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int prior
 	if (rc != 0)
 		goto out_free;
 	t->ncuts = 1;
-
-	pthread_mutex_lock(&wk.lock);
-	/* Another thread may have declared the same name meanwhile. */
-	int id = -1;
-	for (int i = 0; i < wk.ntensors; i++) {
-		if (wk.tensors[i] == NULL) {
-			if (id < 0)
-				id = i;	/* an undeclared tensor's id: reused */
-		} else if (strcmp(wk.tensors[i]->name, name) == 0) {
-			pthread_mutex_unlock(&wk.lock);
-			rc = i;
-			goto out_free;
-		}
-	}
-	if (id < 0 && wk.ntensors == wk.captensors) {
-		int cap = wk.captensors ? wk.captensors * 2 : 64;
-		struct wk_tensor **nt = realloc(wk.tensors, (size_t)cap * sizeof *nt);
-		if (nt == NULL) {
-			pthread_mutex_unlock(&wk.lock);
-			rc = UNISUM_ENOMEM;
-			goto out_free;
-		}
-		wk.tensors = nt;
-		wk.captensors = cap;
-	}
-	if (id < 0)
-		id = wk.ntensors++;
-	t->index = id;
-	wk.tensors[id] = t;
-	pthread_mutex_unlock(&wk.lock);
-	trace_name_tensor(id, t->name, t->cuts[0].nparts);
-	return id;
+	bool filed;
+	rc = wk_tensor_insert(t, &filed);
+	if (!filed)
+		goto out_free;	/* failed, or another thread declared it meanwhile */
+	trace_name_tensor(rc, t->name, t->cuts[0].nparts);
+	return rc;
 
 out_free:
 	if (t->cuts != NULL) {
