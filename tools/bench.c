@@ -40,6 +40,77 @@ static void bench_usage(FILE *out)
 		     "  scheduling (resnet50, vgg16, bert-base; `unisum bench --model help`)\n");
 }
 
+/* One size of the table: warm up, let rank 0 pick how many rounds fit in
+ * `seconds` (broadcast, so every worker runs the same), time them, print
+ * the row (rank 0) and check the sum.  0, or 1 after printing why. */
+static int bench_one_size(int rank, int size, int mib, double seconds)
+{
+	size_t bytes = (size_t)mib * 1024 * 1024;
+	size_t count = bytes / sizeof(float);
+	float *in = malloc(bytes), *out = malloc(bytes);
+	if (in == NULL || out == NULL) {
+		fprintf(stderr, "unisum bench: out of memory for %d MiB\n", mib);
+		return 1;
+	}
+	for (size_t k = 0; k < count; k++)
+		in[k] = (float)(k % 1024) * 0.5f + (float)rank;
+	memset(out, 0, bytes);
+	char name[64];
+	snprintf(name, sizeof name, "bench.%dMiB", mib);
+	int t = unisum_declare(name, UNISUM_FLOAT32, count, 0);
+	if (t < 0 || unisum_push_pull(t, in, out, 0) != 0) {	/* warm-up */
+		fprintf(stderr, "unisum bench: %s\n", unisum_last_error());
+		return 1;
+	}
+	/* Rank 0 decides how many rounds fit in the time budget and
+	 * broadcasts the count, so every worker runs the same rounds. */
+	int32_t rounds = 0;
+	int tr = unisum_declare("bench.rounds", UNISUM_INT32, 1, 0);
+	if (rank == 0) {
+		double t0 = now_s();
+		unisum_push_pull(t, in, out, 0);
+		double one = now_s() - t0;
+		rounds = (int32_t)(seconds / (one > 1e-6 ? one : 1e-6));
+		rounds = rounds < 3 ? 3 : rounds > 100000 ? 100000 : rounds;
+	} else {
+		unisum_push_pull(t, in, out, 0);
+	}
+	if (tr < 0 || unisum_broadcast(tr, &rounds, 0) != 0) {
+		fprintf(stderr, "unisum bench: %s\n", unisum_last_error());
+		return 1;
+	}
+	unisum_barrier();
+	double t0 = now_s(), shown = t0;
+	for (int r = 0; r < rounds; r++) {
+		if (unisum_push_pull(t, in, out, 0) != 0) {
+			fprintf(stderr, "unisum bench: %s\n", unisum_last_error());
+			return 1;
+		}
+		/* A progress line a second: whole lines, so they pass through
+		 * the launcher's line-by-line forwarding. */
+		if (rank == 0 && now_s() - shown >= 1.0) {
+			shown = now_s();
+			fprintf(stderr, "  ... %d MiB: round %d of %d\n", mib, r + 1, rounds);
+		}
+	}
+	double el = now_s() - t0;
+	if (rank == 0) {
+		double per = el / rounds;
+		printf("%7d MiB %8d %9.3f ms %13.2f GB/s %15.2f GB/s\n", mib, rounds, per * 1e3,
+		       (double)bytes / per / 1e9, 2.0 * size * (double)bytes / per / 1e9);
+		fflush(stdout);
+	}
+	/* Check the sum once: sum over ranks of (k%1024)*0.5 + rank. */
+	double want = (double)((count - 1) % 1024) * 0.5 * size + (double)size * (size - 1) / 2.0;
+	if ((double)out[count - 1] != want) {
+		fprintf(stderr, "unisum bench: wrong sum %g, expected %g\n", out[count - 1], want);
+		return 1;
+	}
+	free(in);
+	free(out);
+	return 0;
+}
+
 static int bench_worker(const int *sizes_mib, int nsizes, double seconds)
 {
 	int rc = unisum_init();
@@ -54,71 +125,9 @@ static int bench_worker(const int *sizes_mib, int nsizes, double seconds)
 		       "job bytes on wire");
 		fflush(stdout);
 	}
-	for (int i = 0; i < nsizes; i++) {
-		size_t bytes = (size_t)sizes_mib[i] * 1024 * 1024;
-		size_t count = bytes / sizeof(float);
-		float *in = malloc(bytes), *out = malloc(bytes);
-		if (in == NULL || out == NULL) {
-			fprintf(stderr, "unisum bench: out of memory for %d MiB\n", sizes_mib[i]);
+	for (int i = 0; i < nsizes; i++)
+		if (bench_one_size(rank, size, sizes_mib[i], seconds) != 0)
 			return 1;
-		}
-		for (size_t k = 0; k < count; k++)
-			in[k] = (float)(k % 1024) * 0.5f + (float)rank;
-		memset(out, 0, bytes);
-		char name[64];
-		snprintf(name, sizeof name, "bench.%dMiB", sizes_mib[i]);
-		int t = unisum_declare(name, UNISUM_FLOAT32, count, 0);
-		if (t < 0 || unisum_push_pull(t, in, out, 0) != 0) {	/* warm-up */
-			fprintf(stderr, "unisum bench: %s\n", unisum_last_error());
-			return 1;
-		}
-		/* Rank 0 decides how many rounds fit in the time budget and
-		 * broadcasts the count, so every worker runs the same rounds. */
-		int32_t rounds = 0;
-		int tr = unisum_declare("bench.rounds", UNISUM_INT32, 1, 0);
-		if (rank == 0) {
-			double t0 = now_s();
-			unisum_push_pull(t, in, out, 0);
-			double one = now_s() - t0;
-			rounds = (int32_t)(seconds / (one > 1e-6 ? one : 1e-6));
-			rounds = rounds < 3 ? 3 : rounds > 100000 ? 100000 : rounds;
-		} else {
-			unisum_push_pull(t, in, out, 0);
-		}
-		if (tr < 0 || unisum_broadcast(tr, &rounds, 0) != 0) {
-			fprintf(stderr, "unisum bench: %s\n", unisum_last_error());
-			return 1;
-		}
-		unisum_barrier();
-		double t0 = now_s(), shown = t0;
-		for (int r = 0; r < rounds; r++) {
-			if (unisum_push_pull(t, in, out, 0) != 0) {
-				fprintf(stderr, "unisum bench: %s\n", unisum_last_error());
-				return 1;
-			}
-			/* A progress line a second: whole lines, so they pass through
-			 * the launcher's line-by-line forwarding. */
-			if (rank == 0 && now_s() - shown >= 1.0) {
-				shown = now_s();
-				fprintf(stderr, "  ... %d MiB: round %d of %d\n", sizes_mib[i], r + 1, rounds);
-			}
-		}
-		double el = now_s() - t0;
-		if (rank == 0) {
-			double per = el / rounds;
-			printf("%7d MiB %8d %9.3f ms %13.2f GB/s %15.2f GB/s\n", sizes_mib[i], rounds, per * 1e3,
-			       (double)bytes / per / 1e9, 2.0 * size * (double)bytes / per / 1e9);
-			fflush(stdout);
-		}
-		/* Check the sum once: sum over ranks of (k%1024)*0.5 + rank. */
-		double want = (double)((count - 1) % 1024) * 0.5 * size + (double)size * (size - 1) / 2.0;
-		if ((double)out[count - 1] != want) {
-			fprintf(stderr, "unisum bench: wrong sum %g, expected %g\n", out[count - 1], want);
-			return 1;
-		}
-		free(in);
-		free(out);
-	}
 	rc = unisum_shutdown();
 	return rc == 0 ? 0 : 1;
 }

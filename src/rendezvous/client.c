@@ -109,6 +109,30 @@ static void rdv_fail(struct rdv_client *c, int err, const char *why)
 		c->notice(c->notice_arg, err, why);
 }
 
+/* A TUNE: handed to the callback, or kept for it (in order) when worker 0
+ * posted before this worker set it (rdv_client_on_tune).  0 or
+ * UNISUM_EPROTO for a malformed one. */
+static int rdv_on_tune(struct rdv_client *c, const struct wire_hdr *h, const void *payload)
+{
+	struct rdv_tune t;
+	if (rdv_tune_decode(payload, h->payload_len, h->round, &t) != 0)
+		return UNISUM_EPROTO;
+	pthread_mutex_lock(&c->lock);
+	rdv_tune_fn fn = c->tune;
+	void *arg = c->tune_arg;
+	if (fn == NULL) {
+		struct rdv_tune *e = realloc(c->early, (size_t)(c->nearly + 1) * sizeof *e);
+		if (e != NULL) {
+			c->early = e;
+			c->early[c->nearly++] = t;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (fn != NULL)
+		fn(arg, &t);
+	return 0;
+}
+
 static void *rdv_reader_main(void *arg)
 {
 	struct rdv_client *c = arg;
@@ -144,29 +168,13 @@ static void *rdv_reader_main(void *arg)
 			pthread_mutex_unlock(&c->lock);
 			break;
 		case WIRE_TUNE: {
-			struct rdv_tune t;
-			int bad = rdv_tune_decode(payload, h.payload_len, h.round, &t);
+			int bad = rdv_on_tune(c, &h, payload);
 			free(payload);
 			if (bad) {
 				rdv_fail(c, UNISUM_EPROTO, "the scheduler sent a malformed TUNE (is every "
 					 "node the same unisum version?)");
 				return NULL;
 			}
-			/* Worker 0 may post before this worker set its callback: keep
-			 * them, in order, for rdv_client_on_tune(). */
-			pthread_mutex_lock(&c->lock);
-			rdv_tune_fn fn = c->tune;
-			void *arg = c->tune_arg;
-			if (fn == NULL) {
-				struct rdv_tune *e = realloc(c->early, (size_t)(c->nearly + 1) * sizeof *e);
-				if (e != NULL) {
-					c->early = e;
-					c->early[c->nearly++] = t;
-				}
-			}
-			pthread_mutex_unlock(&c->lock);
-			if (fn != NULL)
-				fn(arg, &t);
 			break;
 		}
 		case WIRE_SHUTDOWN:

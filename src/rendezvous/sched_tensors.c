@@ -160,8 +160,76 @@ int sched_on_forget(struct rdv_scheduler *s, struct sched_node *n, uint64_t key,
 }
 
 /* Answers a DECLARE: the tensor's key and servers, or why not. */
+/* Why worker n's declaration of `name` (dtype, count, pbytes) cannot be
+ * answered with tensor t's cut: written into msg with its code, or msg
+ * left empty when it can. */
+static int sched_refusal(const struct sched_tensor *t, const struct sched_node *n, const char *name,
+			 const struct wire_hdr *req, uint64_t pbytes, char *msg, size_t len)
+{
+	if (strcmp(t->name, name) != 0) {
+		snprintf(msg, len, "tensor names '%s' and '%s' hash to the same key 0x%llx: rename one "
+			 "of them", t->name, name, (unsigned long long)t->key);
+	} else if (t->forgot != NULL && t->forgot[n->rank]) {
+		snprintf(msg, len, "worker %d declared '%s' again after undeclaring it, before every "
+			 "worker had undeclared it: give each one-shot tensor a new name", n->rank, name);
+		return UNISUM_EINVAL;
+	} else if (t->poison != NULL) {
+		snprintf(msg, len, "%s", t->poison);
+	} else if (t->dtype != req->dtype || t->count != req->count || t->partition_bytes != pbytes) {
+		snprintf(msg, len,
+			 "tensor '%s' declared as %s[%llu] (partition %llu bytes) by worker %d but as "
+			 "%s[%llu] (partition %llu bytes) by worker %d: every worker must declare a name "
+			 "with the same dtype, element count and UNISUM_PARTITION_BYTES",
+			 name, unisum_dtype_name(t->dtype), (unsigned long long)t->count,
+			 (unsigned long long)t->partition_bytes, t->first_rank,
+			 unisum_dtype_name(req->dtype), (unsigned long long)req->count,
+			 (unsigned long long)pbytes, n->rank);
+	}
+	return UNISUM_EMISMATCH;
+}
+
+/* A new tensor: its cut and placement, filed in the table (*out).  0,
+ * UNISUM_ENOMEM, or UNISUM_EPROTO when it cannot be placed. */
+static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *n, const char *name,
+			      uint64_t key, const struct wire_hdr *req, uint64_t pbytes,
+			      struct sched_tensor **out)
+{
+	if (s->ntensors == s->cap_tensors) {
+		int cap = s->cap_tensors ? s->cap_tensors * 2 : 64;
+		struct sched_tensor *nt = realloc(s->tensors, (size_t)cap * sizeof *nt);
+		if (nt == NULL)
+			return UNISUM_ENOMEM;
+		s->tensors = nt;
+		s->cap_tensors = cap;
+	}
+	struct sched_tensor *t = &s->tensors[s->ntensors];
+	memset(t, 0, sizeof *t);
+	uint32_t nparts;
+	int rc = placement_place(&s->placement, key, req->count, unisum_dtype_size(req->dtype), pbytes,
+				 &nparts, &t->parts, &t->servers);
+	if (rc != 0)
+		return rc == UNISUM_ENOMEM ? rc : UNISUM_EPROTO;
+	s->placed_ms = timing_now_ms();
+	if (LOG_LEVEL_DEBUG >= log_threshold) {
+		for (uint32_t i = 0; i < nparts; i++)
+			LOG_DEBUG("placed '%s' part %u (%llu elements at %llu) on server %u", name, i,
+				  (unsigned long long)t->parts[i].count,
+				  (unsigned long long)t->parts[i].offset, t->servers[i]);
+	}
+	snprintf(t->name, sizeof t->name, "%s", name);
+	t->dtype = req->dtype;
+	t->count = req->count;
+	t->partition_bytes = pbytes;
+	t->key = key;
+	t->first_rank = n->rank;
+	t->nparts = nparts;
+	s->ntensors++;
+	*out = t;
+	return 0;
+}
+
 int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *req,
-			    const void *payload, size_t len)
+		     const void *payload, size_t len)
 {
 	char name[256];
 	uint64_t pbytes;
@@ -178,66 +246,13 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 	pthread_mutex_lock(&s->lock);
 	struct sched_tensor *t = sched_find_tensor(s, name, key);
 	char msg[768] = "";
-	int code = UNISUM_EMISMATCH;	/* of msg */
-	if (t != NULL && strcmp(t->name, name) != 0) {
-		snprintf(msg, sizeof msg,
-			 "tensor names '%s' and '%s' hash to the same key 0x%llx: rename one of them",
-			 t->name, name, (unsigned long long)key);
-	} else if (t != NULL && t->forgot != NULL && t->forgot[n->rank]) {
-		snprintf(msg, sizeof msg,
-			 "worker %d declared '%s' again after undeclaring it, before every worker had "
-			 "undeclared it: give each one-shot tensor a new name", n->rank, name);
-		code = UNISUM_EINVAL;
-	} else if (t != NULL && t->poison != NULL) {
-		snprintf(msg, sizeof msg, "%s", t->poison);
-	} else if (t != NULL && (t->dtype != req->dtype || t->count != req->count ||
-				 t->partition_bytes != pbytes)) {
-		snprintf(msg, sizeof msg,
-			 "tensor '%s' declared as %s[%llu] (partition %llu bytes) by worker %d but as "
-			 "%s[%llu] (partition %llu bytes) by worker %d: every worker must declare a name "
-			 "with the same dtype, element count and UNISUM_PARTITION_BYTES",
-			 name, unisum_dtype_name(t->dtype), (unsigned long long)t->count,
-			 (unsigned long long)t->partition_bytes, t->first_rank,
-			 unisum_dtype_name(req->dtype), (unsigned long long)req->count,
-			 (unsigned long long)pbytes, n->rank);
-	} else if (t == NULL) {
-		if (s->ntensors == s->cap_tensors) {
-			int cap = s->cap_tensors ? s->cap_tensors * 2 : 64;
-			struct sched_tensor *nt = realloc(s->tensors, (size_t)cap * sizeof *nt);
-			if (nt == NULL)
-				goto out_nomem;
-			s->tensors = nt;
-			s->cap_tensors = cap;
-		}
-		t = &s->tensors[s->ntensors];
-		memset(t, 0, sizeof *t);
-		uint32_t nparts;
-		int prc = placement_place(&s->placement, key, req->count, esize, pbytes, &nparts,
-					  &t->parts, &t->servers);
-		if (prc == UNISUM_ENOMEM)
-			goto out_nomem;
-		if (prc != 0) {
-			pthread_mutex_unlock(&s->lock);
-			wire_buf_fini(&b);
-			return UNISUM_EPROTO;
-		}
-		s->placed_ms = timing_now_ms();
-		if (LOG_LEVEL_DEBUG >= log_threshold) {
-			for (uint32_t i = 0; i < nparts; i++)
-				LOG_DEBUG("placed '%s' part %u (%llu elements at %llu) on server %u", name, i,
-					  (unsigned long long)t->parts[i].count,
-					  (unsigned long long)t->parts[i].offset, t->servers[i]);
-		}
-		snprintf(t->name, sizeof t->name, "%s", name);
-		t->dtype = req->dtype;
-		t->count = req->count;
-		t->partition_bytes = pbytes;
-		t->key = key;
-		t->first_rank = n->rank;
-		t->nparts = (uint32_t)nparts;
-		s->ntensors++;
+	int rc = 0, code = t != NULL ? sched_refusal(t, n, name, req, pbytes, msg, sizeof msg) : 0;
+	if (t == NULL && (rc = sched_place_tensor(s, n, name, key, req, pbytes, &t)) != 0) {
+		pthread_mutex_unlock(&s->lock);
+		wire_buf_fini(&b);
+		return rc;
 	}
-	if (t != NULL && msg[0] != '\0' && code == UNISUM_EMISMATCH && t->poison == NULL &&
+	if (msg[0] != '\0' && code == UNISUM_EMISMATCH && t->poison == NULL &&
 	    strcmp(t->name, name) == 0) {
 		/* Workers that declared the first shape may already be pushing:
 		 * the servers answer every pull of this tensor with the error. */
@@ -260,10 +275,5 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 	sched_send(n, &h, b.data);
 	wire_buf_fini(&b);
 	return 0;
-
-out_nomem:
-	pthread_mutex_unlock(&s->lock);
-	wire_buf_fini(&b);
-	return UNISUM_ENOMEM;
 }
 

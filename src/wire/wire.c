@@ -94,6 +94,63 @@ static bool type_has_dtype(uint8_t type)
 	       type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE;
 }
 
+/* A data message's payload (PUSH, PULL_REPLY): count x dtype bytes, the
+ * 8-byte address with IPC, nothing with ZERO; never over 1 GiB. */
+static int wire_check_data(const struct wire_hdr *h, char *why, size_t why_len)
+{
+	uint64_t want = 0;
+	if (!(h->flags & WIRE_FLAG_ZERO)) {
+		if (h->count > WIRE_MAX_DATA_PAYLOAD / dtype_bytes(h->dtype)) {
+			snprintf(why, why_len, "%s: %llu elements exceed the 1 GiB limit",
+				 wire_type_name(h->type), (unsigned long long)h->count);
+			return UNISUM_EPROTO;
+		}
+		want = h->flags & WIRE_FLAG_IPC ? WIRE_IPC_PAYLOAD : h->count * dtype_bytes(h->dtype);
+	}
+	if (h->payload_len != want && (h->flags & WIRE_FLAG_IPC)) {
+		snprintf(why, why_len, "%s: an IPC payload is an %u-byte address, got %llu bytes",
+			 wire_type_name(h->type), WIRE_IPC_PAYLOAD, (unsigned long long)h->payload_len);
+		return UNISUM_EPROTO;
+	}
+	if (h->payload_len != want) {
+		snprintf(why, why_len, "%s: payload of %llu bytes, but %llu %s elements need %llu",
+			 wire_type_name(h->type), (unsigned long long)h->payload_len,
+			 (unsigned long long)h->count, unisum_dtype_name(h->dtype), (unsigned long long)want);
+		return UNISUM_EPROTO;
+	}
+	return 0;
+}
+
+/* The payload's length for the message's type. */
+static int wire_check_payload(const struct wire_hdr *h, char *why, size_t why_len)
+{
+	switch (h->type) {
+	case WIRE_PUSH:
+	case WIRE_PULL_REPLY:
+		return wire_check_data(h, why, why_len);
+	case WIRE_PULL:
+	case WIRE_BARRIER:
+	case WIRE_BARRIER_DONE:
+	case WIRE_HEARTBEAT:
+	case WIRE_PUSH_ACK:
+	case WIRE_RETIRE:
+		if (h->payload_len != 0) {
+			snprintf(why, why_len, "%s: carries no payload, got %llu bytes",
+				 wire_type_name(h->type), (unsigned long long)h->payload_len);
+			return UNISUM_EPROTO;
+		}
+		return 0;
+	default:
+		if (h->payload_len > WIRE_MAX_CONTROL_PAYLOAD) {
+			snprintf(why, why_len, "%s: payload of %llu bytes exceeds the %u-byte control limit",
+				 wire_type_name(h->type), (unsigned long long)h->payload_len,
+				 WIRE_MAX_CONTROL_PAYLOAD);
+			return UNISUM_EPROTO;
+		}
+		return 0;
+	}
+}
+
 int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, size_t why_len)
 {
 	uint32_t magic = get32(in);
@@ -141,54 +198,7 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 		return UNISUM_EPROTO;
 	}
 
-	switch (h->type) {
-	case WIRE_PUSH:
-	case WIRE_PULL_REPLY: {
-		uint64_t want = 0;
-		if (!(h->flags & WIRE_FLAG_ZERO)) {
-			if (h->count > WIRE_MAX_DATA_PAYLOAD / dtype_bytes(h->dtype)) {
-				snprintf(why, why_len, "%s: %llu elements exceed the 1 GiB limit",
-					 wire_type_name(h->type), (unsigned long long)h->count);
-				return UNISUM_EPROTO;
-			}
-			want = h->flags & WIRE_FLAG_IPC ? WIRE_IPC_PAYLOAD : h->count * dtype_bytes(h->dtype);
-		}
-		if (h->payload_len != want && (h->flags & WIRE_FLAG_IPC)) {
-			snprintf(why, why_len, "%s: an IPC payload is an %u-byte address, got %llu bytes",
-				 wire_type_name(h->type), WIRE_IPC_PAYLOAD,
-				 (unsigned long long)h->payload_len);
-			return UNISUM_EPROTO;
-		}
-		if (h->payload_len != want) {
-			snprintf(why, why_len, "%s: payload of %llu bytes, but %llu %s elements need %llu",
-				 wire_type_name(h->type), (unsigned long long)h->payload_len,
-				 (unsigned long long)h->count, unisum_dtype_name(h->dtype),
-				 (unsigned long long)want);
-			return UNISUM_EPROTO;
-		}
-		return 0;
-	}
-	case WIRE_PULL:
-	case WIRE_BARRIER:
-	case WIRE_BARRIER_DONE:
-	case WIRE_HEARTBEAT:
-	case WIRE_PUSH_ACK:
-	case WIRE_RETIRE:
-		if (h->payload_len != 0) {
-			snprintf(why, why_len, "%s: carries no payload, got %llu bytes",
-				 wire_type_name(h->type), (unsigned long long)h->payload_len);
-			return UNISUM_EPROTO;
-		}
-		return 0;
-	default:
-		if (h->payload_len > WIRE_MAX_CONTROL_PAYLOAD) {
-			snprintf(why, why_len, "%s: payload of %llu bytes exceeds the %u-byte control limit",
-				 wire_type_name(h->type), (unsigned long long)h->payload_len,
-				 WIRE_MAX_CONTROL_PAYLOAD);
-			return UNISUM_EPROTO;
-		}
-		return 0;
-	}
+	return wire_check_payload(h, why, why_len);
 }
 
 const char *wire_op_describe(uint32_t op, char *buf, size_t len)

@@ -1237,6 +1237,74 @@ static void lc_cond_init(void)
 	timing_cond_init(&lc.cond);
 }
 
+/* Maps the machine's control segment "m<machine>" (local rank 0 creates
+ * it; the others open it and wait for its magic).  0 or an error. */
+static int lc_map_segment(const struct local_cfg *cfg, const char *what)
+{
+	size_t bytes = lc_seg_bytes(cfg->local_size);
+	if (cfg->local_rank == 0) {
+		int rc = shm_seg_create(lc.job, what, bytes, &lc.shm);
+		if (rc == 0) {
+			lc.seg = shm_seg_data(&lc.shm);
+			lc.seg->local_size = (uint32_t)cfg->local_size;
+			atomic_store_explicit(&lc.seg->magic, LC_MAGIC, memory_order_release);
+		}
+		return rc;
+	}
+	int rc = shm_seg_open(lc.job, what, cfg->timeout_ms, &lc.shm);
+	if (rc != 0)
+		return rc;
+	lc.seg = shm_seg_data(&lc.shm);
+	/* The root writes the magic just after creating it. */
+	int64_t until = timing_now_ms() + cfg->timeout_ms;
+	while (atomic_load_explicit(&lc.seg->magic, memory_order_acquire) != LC_MAGIC &&
+	       timing_now_ms() < until)
+		usleep(1000);
+	if (atomic_load(&lc.seg->magic) != LC_MAGIC || lc.seg->local_size != (uint32_t)cfg->local_size ||
+	    shm_seg_size(&lc.shm) != bytes)
+		return log_fail(UNISUM_ECONFIG, "worker %d: the shared memory of machine %d (job %s) is "
+				"for %u local workers, this one says UNISUM_LOCAL_SIZE=%d", cfg->rank,
+				cfg->machine, lc.job, lc.seg->local_size, cfg->local_size);
+	return 0;
+}
+
+/* Creates this rank's arena "m<machine>.a<rank>" (named in `arena`) and
+ * maps every peer's.  0 or an error. */
+static int lc_map_arenas(const struct local_cfg *cfg, const char *arena)
+{
+	/* Every rank's arena, mapped by all before anyone is attached; the
+	 * pages are taken as staging and unisum_alloc touch them. */
+	lc.arenas = calloc((size_t)cfg->local_size, sizeof *lc.arenas);
+	int rc = lc.arenas == NULL ? UNISUM_ENOMEM : 0;
+	if (rc == 0)
+		rc = shm_seg_create_sparse(lc.job, arena, cfg->arena_bytes, &lc.arenas[cfg->local_rank]);
+	for (int q = 0; rc == 0 && q < cfg->local_size; q++) {
+		char name[48];
+		snprintf(name, sizeof name, "m%d.a%d", cfg->machine, q);
+		if (q != cfg->local_rank)
+			rc = shm_seg_open(lc.job, name, cfg->timeout_ms, &lc.arenas[q]);
+	}
+	return rc;
+}
+
+/* Starts the stage threads; local_stop joins whichever started.  0, or
+ * UNISUM_ESYS naming the one that did not. */
+static int lc_spawn_all(const struct local_cfg *cfg)
+{
+	lc.started = true;
+	const char *failed =
+		!lc_spawn(&lc.reduce_thread, lc_reduce_main, &lc.reduce_started)   ? "reduce"
+		: !lc_spawn(&lc.finish_thread, lc_finish_main, &lc.finish_started) ? "finishing"
+		: !lc_spawn(&lc.bcast_thread, lc_bcast_main, &lc.bcast_started)    ? "broadcast"
+		: lc.staging && !lc_spawn(&lc.stage_thread, lc_stage_main, &lc.stage_started)
+			? "staging"
+			: NULL;
+	if (failed == NULL)
+		return 0;
+	local_stop();
+	return log_fail(UNISUM_ESYS, "worker %d cannot start the local %s thread", cfg->rank, failed);
+}
+
 int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
 {
 	pthread_once(&lc_cond_once, lc_cond_init);
@@ -1251,66 +1319,24 @@ int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
 	 * ptrace_scope 1 that needs our leave (EINVAL without Yama). */
 	prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
 
-	char what[32];
+	char what[32], arena[48];
 	snprintf(what, sizeof what, "m%d", cfg->machine);
-	size_t bytes = lc_seg_bytes(cfg->local_size);
-	int rc;
-	if (cfg->local_rank == 0) {
-		rc = shm_seg_create(lc.job, what, bytes, &lc.shm);
-		if (rc == 0) {
-			lc.seg = shm_seg_data(&lc.shm);
-			lc.seg->local_size = (uint32_t)cfg->local_size;
-			atomic_store_explicit(&lc.seg->magic, LC_MAGIC, memory_order_release);
-		}
-	} else {
-		rc = shm_seg_open(lc.job, what, cfg->timeout_ms, &lc.shm);
-		if (rc == 0) {
-			lc.seg = shm_seg_data(&lc.shm);
-			/* The root writes the magic just after creating it. */
-			int64_t until = timing_now_ms() + cfg->timeout_ms;
-			while (atomic_load_explicit(&lc.seg->magic, memory_order_acquire) != LC_MAGIC &&
-			       timing_now_ms() < until)
-				usleep(1000);
-			if (atomic_load(&lc.seg->magic) != LC_MAGIC ||
-			    lc.seg->local_size != (uint32_t)cfg->local_size ||
-			    shm_seg_size(&lc.shm) != bytes)
-				rc = log_fail(UNISUM_ECONFIG, "worker %d: the shared memory of machine %d "
-					      "(job %s) is for %u local workers, this one says "
-					      "UNISUM_LOCAL_SIZE=%d", cfg->rank, cfg->machine, lc.job,
-					      lc.seg->local_size, cfg->local_size);
-		}
-	}
+	snprintf(arena, sizeof arena, "m%d.a%d", cfg->machine, cfg->local_rank);
+	int rc = lc_map_segment(cfg, what);
 	if (rc != 0) {
 		lc_unmap();
 		return log_fail(rc, "worker %d (local rank %d of machine %d) cannot set up the machine's "
 				"shared memory (job %s): %s", cfg->rank, cfg->local_rank, cfg->machine,
 				lc.job, log_last_error());
 	}
-	char arena[48];
 	lc.staging = cfg->machines == 1 && cfg->stage_bytes != 0 && cfg->arena_bytes != 0;
-	if (cfg->arena_bytes != 0) {
-		/* Every rank's arena, mapped by all before anyone is attached;
-		 * the pages are taken as staging and unisum_alloc touch them. */
-		lc.arenas = calloc((size_t)cfg->local_size, sizeof *lc.arenas);
-		rc = lc.arenas == NULL ? UNISUM_ENOMEM : 0;
-		snprintf(arena, sizeof arena, "m%d.a%d", cfg->machine, cfg->local_rank);
-		if (rc == 0)
-			rc = shm_seg_create_sparse(lc.job, arena, cfg->arena_bytes,
-						   &lc.arenas[cfg->local_rank]);
-		for (int q = 0; rc == 0 && q < cfg->local_size; q++) {
-			char name[48];
-			snprintf(name, sizeof name, "m%d.a%d", cfg->machine, q);
-			if (q != cfg->local_rank)
-				rc = shm_seg_open(lc.job, name, cfg->timeout_ms, &lc.arenas[q]);
-		}
-		if (rc != 0) {
-			shm_seg_unlink(lc.job, arena);
-			if (cfg->local_rank == 0)
-				shm_seg_unlink(lc.job, what);
-			lc_unmap();
-			return log_fail(rc, "worker %d cannot map the machine's staging areas (job %s): %s",
-					cfg->rank, lc.job, log_last_error());
-		}
+	if (cfg->arena_bytes != 0 && (rc = lc_map_arenas(cfg, arena)) != 0) {
+		shm_seg_unlink(lc.job, arena);
+		if (cfg->local_rank == 0)
+			shm_seg_unlink(lc.job, what);
+		lc_unmap();
+		return log_fail(rc, "worker %d cannot map the machine's staging areas (job %s): %s",
+				cfg->rank, lc.job, log_last_error());
 	}
 	struct lc_rank *mine = &lc.seg->ranks[cfg->local_rank];
 	atomic_store(&mine->pid, (int32_t)getpid());
@@ -1329,20 +1355,8 @@ int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
 		lc_unmap();
 		return rc;
 	}
-	/* The threads; local_stop joins whichever started. */
-	lc.started = true;
-	const char *failed =
-		!lc_spawn(&lc.reduce_thread, lc_reduce_main, &lc.reduce_started)   ? "reduce"
-		: !lc_spawn(&lc.finish_thread, lc_finish_main, &lc.finish_started) ? "finishing"
-		: !lc_spawn(&lc.bcast_thread, lc_bcast_main, &lc.bcast_started)    ? "broadcast"
-		: lc.staging && !lc_spawn(&lc.stage_thread, lc_stage_main, &lc.stage_started)
-			? "staging"
-			: NULL;
-	if (failed != NULL) {
-		local_stop();
-		return log_fail(UNISUM_ESYS, "worker %d cannot start the local %s thread", cfg->rank,
-				failed);
-	}
+	if ((rc = lc_spawn_all(cfg)) != 0)
+		return rc;
 	LOG_INFO("local rank %d of %d on machine %d: shared-memory reduce ready", cfg->local_rank,
 		 cfg->local_size, cfg->machine);
 	return 0;

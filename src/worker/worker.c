@@ -945,6 +945,23 @@ static void wk_conds_init(void)
 	pthread_cond_init(&wk.tune_cond, NULL);
 }
 
+/* Reads the worker's configuration from the environment.  0, or an error
+ * with err naming the variable. */
+static int wk_configure(char *err, size_t len)
+{
+	int rc = config_load(&wk.cfg, err, len);
+	if (rc == 0 && wk.cfg.role == CONFIG_ROLE_NONE)
+		wk.cfg.role = CONFIG_ROLE_WORKER;
+	if (rc == 0 && wk.cfg.role != CONFIG_ROLE_WORKER) {
+		snprintf(err, len, "UNISUM_ROLE=%s: unisum_init() is for workers; run `unisum %s` for "
+			 "that role", config_role_name(wk.cfg.role), config_role_name(wk.cfg.role));
+		rc = UNISUM_ECONFIG;
+	}
+	if (rc == 0)
+		rc = config_require(&wk.cfg, CONFIG_ROLE_WORKER, err, len);
+	return rc;
+}
+
 int unisum_init(void)
 {
 	char err[512];
@@ -957,16 +974,7 @@ int unisum_init(void)
 				"scheduler counted this worker done, and the servers stop once every "
 				"worker is); call unisum_init() once per process and unisum_shutdown() "
 				"at its end");
-	int rc = config_load(&wk.cfg, err, sizeof err);
-	if (rc == 0 && wk.cfg.role == CONFIG_ROLE_NONE)
-		wk.cfg.role = CONFIG_ROLE_WORKER;
-	if (rc == 0 && wk.cfg.role != CONFIG_ROLE_WORKER) {
-		snprintf(err, sizeof err, "UNISUM_ROLE=%s: unisum_init() is for workers; run `unisum %s` "
-			 "for that role", config_role_name(wk.cfg.role), config_role_name(wk.cfg.role));
-		rc = UNISUM_ECONFIG;
-	}
-	if (rc == 0)
-		rc = config_require(&wk.cfg, CONFIG_ROLE_WORKER, err, sizeof err);
+	int rc = wk_configure(err, sizeof err);
 	if (rc != 0)
 		return log_fail(rc, "unisum_init: %s", err);
 	log_set_level(wk.cfg.log_level);
