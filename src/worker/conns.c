@@ -1,0 +1,567 @@
+/*
+ * conns.c - the worker's server connections: the PUSH stage (one thread
+ * taking partitions in priority order under the credit), each
+ * connection's sending thread (PUSH, then PULL) and receiving thread (the
+ * PULL stage: replies straight into the caller's output), the pending
+ * table, and how an operation completes when its last partition does.
+ * See worker.c's DESIGN.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log/log.h"
+#include "reducer/reducer.h"
+#include "shm/shm.h"
+#include "timing/timing.h"
+#include "trace/trace.h"
+#include "wire/wire.h"
+#include "worker/worker_int.h"
+
+/* ---- send queue and pending table --------------------------------------- */
+
+/* Appends to a connection's send queue; the caller holds its lock. */
+static void fifo_push(struct wk_conn *c, struct wk_job *j)
+{
+	j->next = NULL;
+	if (c->qtail != NULL)
+		c->qtail->next = j;
+	else
+		c->qhead = j;
+	c->qtail = j;
+}
+
+static struct wk_job *fifo_pop(struct wk_conn *c)
+{
+	struct wk_job *j = c->qhead;
+	if (j != NULL) {
+		c->qhead = j->next;
+		if (c->qhead == NULL)
+			c->qtail = NULL;
+	}
+	return j;
+}
+
+static size_t pending_slot(const struct wk_conn *c, uint64_t key)
+{
+	key ^= key >> 29;
+	key *= 0xbf58476d1ce4e5b9ull;
+	key ^= key >> 32;
+	return (size_t)(key & (c->npending_buckets - 1));
+}
+
+static void pending_add(struct wk_conn *c, struct wk_job *j)
+{
+	size_t s = pending_slot(c, j->key);
+	j->pending_next = c->pending[s];
+	c->pending[s] = j;
+}
+
+/* The pending job of `key` (left in the table), or NULL. */
+static struct wk_job *pending_find(struct wk_conn *c, uint64_t key)
+{
+	for (struct wk_job *j = c->pending[pending_slot(c, key)]; j; j = j->pending_next)
+		if (j->key == key && j->type == JOB_PUSH_PULL)
+			return j;
+	return NULL;
+}
+
+/* Removes and returns the pending job of `key`, or NULL. */
+static struct wk_job *pending_take(struct wk_conn *c, uint64_t key)
+{
+	struct wk_job **pp = &c->pending[pending_slot(c, key)];
+	for (; *pp; pp = &(*pp)->pending_next) {
+		struct wk_job *j = *pp;
+		if (j->key == key && j->type == JOB_PUSH_PULL) {
+			*pp = j->pending_next;
+			return j;
+		}
+	}
+	return NULL;
+}
+
+/* ---- completion --------------------------------------------------------- */
+
+/* Completes one partition of an operation (err 0 or negative). */
+void wk_op_part_done(struct wk_op *op, int err, const char *why)
+{
+	pthread_mutex_lock(&wk.lock);
+	if (err != 0 && op->error == 0) {
+		op->error = err;
+		snprintf(op->why, sizeof op->why, "%s", why);
+	}
+	if (--op->remaining == 0) {
+		if (op->traced)
+			trace_span(TRACE_TENSOR, op->t->index, 0, op->round, op->t->cuts[0].key,
+				   op->t->count * op->t->esize, 0, op->t_start, trace_now_us());
+		op->done = true;
+		op->t->busy = false;
+		pthread_cond_broadcast(&wk.done_cond);
+	}
+	pthread_mutex_unlock(&wk.lock);
+}
+
+/* Ends a PUSH_PULL job taken from the PUSH stage, however it ended: gives
+ * its credit back, puts its spans on the timeline, completes its part of
+ * the operation and frees it. */
+static void wk_job_finish(struct wk_job *j, int err, const char *why)
+{
+	bool released_now = !j->credit_back;
+	size_t inflight = released_now ? sched_release(&wk.push_q, j->entry.bytes) : 0;
+	struct wk_op *op = j->op;
+	if (op->traced) {
+		int64_t now = trace_now_us();
+		int ti = op->t->index;
+		uint32_t step = op->round;	/* j->round counts the rounds of its cut */
+		trace_span(TRACE_QUEUE, ti, j->part, step, j->key, j->entry.bytes, j->entry.order,
+			   j->t_queued, j->t_taken);
+		if (j->t_pushed != 0) {
+			trace_span(TRACE_PUSH, ti, j->part, step, j->key, j->entry.bytes,
+				   j->entry.order, j->t_taken, j->t_pushed);
+			trace_span(TRACE_PULL, ti, j->part, step, j->key, j->entry.bytes, 0,
+				   j->t_pushed, now);
+		}
+		if (released_now)
+			trace_span(TRACE_INFLIGHT, ti, 0, step, 0, inflight, 0, now, now);
+	}
+	if (op->local != NULL)
+		local_pulled(op->local, j->part, err, why);
+	else
+		wk_op_part_done(op, err, why);
+	free(j);
+}
+
+/* ---- connection threads ------------------------------------------------- */
+
+static void *wk_send_main(void *arg)
+{
+	struct wk_conn *c = arg;
+	for (;;) {
+		pthread_mutex_lock(&c->lock);
+		while (c->qhead == NULL && !c->dead)
+			pthread_cond_wait(&c->cond, &c->lock);
+		if (c->dead) {
+			pthread_mutex_unlock(&c->lock);
+			return NULL;
+		}
+		struct wk_job *j = fifo_pop(c);
+		pthread_mutex_unlock(&c->lock);
+
+		int rc;
+		if (j->type == JOB_RETIRE) {
+			struct wire_hdr h = {.type = WIRE_RETIRE, .sender = rdv_client_id(wk.rdv),
+					     .key = j->key, .round = j->round};
+			rc = wk.tp->send(c->conn, &h, NULL);
+			free(j);
+		} else if (j->type == JOB_DECLARE) {
+			/* The name lets the server say which tensor stalls. */
+			struct wire_buf b;
+			wire_buf_init(&b);
+			wire_declare_check_encode(&b, j->name);
+			struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = rdv_client_id(wk.rdv),
+					     .key = j->key, .count = j->count, .dtype = (uint8_t)j->dtype,
+					     .payload_len = b.len};
+			rc = b.failed ? UNISUM_ENOMEM : wk.tp->send(c->conn, &h, b.data);
+			wire_buf_fini(&b);
+			free(j->name);
+			free(j);
+		} else {
+			/* Build both headers first: once PULL is on its way the reply may
+			 * complete (and free) the job before send() returns. */
+			struct wire_hdr push = {.type = WIRE_PUSH, .sender = rdv_client_id(wk.rdv),
+						.round = j->round, .key = j->key, .count = j->count,
+						.dtype = (uint8_t)j->dtype, .aux = j->wire_op};
+			const void *payload = j->in;
+			uint64_t addr = htole64((uint64_t)(uintptr_t)j->in);
+			if (payload == NULL) {
+				push.flags = WIRE_FLAG_ZERO;
+			} else if (c->ipc) {
+				/* The server copies the data from here itself. */
+				push.flags = WIRE_FLAG_IPC;
+				push.payload_len = WIRE_IPC_PAYLOAD;
+				payload = &addr;
+			} else {
+				push.payload_len = j->count * unisum_dtype_size(j->dtype);
+			}
+			struct wire_hdr pull = push;
+			pull.type = WIRE_PULL;
+			pull.flags = 0;
+			pull.aux = 0;
+			pull.count = 0;
+			pull.payload_len = 0;
+			bool traced = j->op->traced;
+			rc = wk.tp->send(c->conn, &push, payload);
+			if (rc == 0 && traced) {
+				/* Under the lock: the receiving thread reads it after
+				 * taking the job from the pending table. */
+				pthread_mutex_lock(&c->lock);
+				j->t_pushed = trace_now_us();
+				pthread_mutex_unlock(&c->lock);
+			}
+			if (rc == 0)
+				rc = wk.tp->send(c->conn, &pull, NULL);
+		}
+		if (rc != 0) {
+			/* The receiving thread notices the broken socket and cleans up. */
+			wk.tp->conn_shutdown(c->conn);
+			return NULL;
+		}
+	}
+}
+
+/* Marks the connection dead, stops its sender, fails every pending job. */
+static void wk_conn_fail(struct wk_conn *c, const char *why)
+{
+	/* A server hanging up mid-job is usually the echo of another node's
+	 * death, which the scheduler is about to announce: give its notice a
+	 * moment, so the error names the root cause rather than the echo. */
+	char root[640];
+	pthread_mutex_lock(&wk.lock);
+	pthread_mutex_lock(&c->lock);
+	bool closing = c->closing;
+	pthread_mutex_unlock(&c->lock);
+	if (wk.failed == 0 && !closing) {
+		struct timespec until = timing_deadline(2000);
+		while (wk.failed == 0 &&
+		       pthread_cond_timedwait(&wk.failed_cond, &wk.lock, &until) == 0)
+			;
+	}
+	if (wk.failed != 0) {
+		snprintf(root, sizeof root, "the job failed: %s", wk.failed_why);
+		why = root;
+	}
+	pthread_mutex_unlock(&wk.lock);
+	pthread_mutex_lock(&c->lock);
+	c->dead = true;
+	if (c->dead_why[0] == '\0')
+		snprintf(c->dead_why, sizeof c->dead_why, "%s", why);
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+	wk.tp->conn_shutdown(c->conn);
+	pthread_join(c->send_thread, NULL);
+
+	pthread_mutex_lock(&c->lock);
+	/* Queued PUSH_PULL jobs are also pending and finished below; DECLARE
+	 * jobs are only queued. */
+	for (struct wk_job *j; (j = fifo_pop(c)) != NULL;) {
+		if (j->type != JOB_PUSH_PULL) {
+			free(j->name);
+			free(j);
+		}
+	}
+	struct wk_job *all = NULL;
+	for (size_t i = 0; i < c->npending_buckets; i++) {
+		while (c->pending[i]) {
+			struct wk_job *j = c->pending[i];
+			c->pending[i] = j->pending_next;
+			j->pending_next = all;
+			all = j;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (!closing && all != NULL)
+		LOG_ERROR("%s", c->dead_why);
+	pthread_mutex_lock(&wk.lock);
+	int err = wk.failed != 0 ? wk.failed : UNISUM_ECONN;	/* the root cause's code */
+	pthread_mutex_unlock(&wk.lock);
+	while (all) {
+		struct wk_job *j = all;
+		all = j->pending_next;
+		wk_job_finish(j, err, c->dead_why);
+	}
+}
+
+/* Takes the pending job that a PULL_REPLY or per-key ERROR answers.  When
+ * this worker never asked for it (unknown key, other round, other shape),
+ * fails that job if there is one, writes why to msg and returns NULL: the
+ * connection is then broken. */
+static struct wk_job *wk_take_answered(struct wk_conn *c, const struct wire_hdr *h, char *msg,
+				       size_t len)
+{
+	pthread_mutex_lock(&c->lock);
+	struct wk_job *j = pending_take(c, h->key);
+	pthread_mutex_unlock(&c->lock);
+	bool reply = h->type == WIRE_PULL_REPLY;
+	if (j != NULL && j->round == h->round &&
+	    (!reply || (j->dtype == h->dtype && j->count == h->count)))
+		return j;
+	snprintf(msg, len, "%s sent %s for key 0x%llx round %u that this worker did not ask for",
+		 c->label, reply ? "a reply" : "an error", (unsigned long long)h->key, h->round);
+	if (j != NULL)
+		wk_job_finish(j, UNISUM_EPROTO, msg);
+	return NULL;
+}
+
+/* IPC reply: the PULL_REPLY's payload is the address of the sum in the
+ * server's memory, valid until this worker's next push of the key. */
+static int wk_ipc_read(struct wk_conn *c, void *dst, size_t bytes, char *msg, size_t len)
+{
+	uint64_t addr;
+	if (wk.tp->recv_payload(c->conn, &addr, sizeof addr) != 0) {
+		snprintf(msg, len, "%s: the connection closed in the middle of a reply", c->label);
+		return UNISUM_ECONN;
+	}
+	int rc = shm_vm_copy(c->server_pid, false, dst, le64toh(addr), bytes);
+	if (rc == 0)
+		return 0;
+	snprintf(msg, len, "worker %d cannot read a reply from the memory of %s (pid %d) with "
+		 "process_vm_readv: %s; set UNISUM_IPC=0 to send the data through the socket",
+		 wk.rank, c->label, (int)c->server_pid, strerror(-rc));
+	return rc == -ESRCH ? UNISUM_ECONN : UNISUM_ESYS;
+}
+
+/* An ERROR from the server of c: with key 0 it refused this worker (1,
+ * msg set: the connection ends); with a key one partition failed (its
+ * tensor is poisoned) and the connection goes on (0). */
+static int wk_on_error(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
+{
+	char text[400] = "";
+	void *p = malloc(h->payload_len + 1);
+	if (p != NULL && wk.tp->recv_payload(c->conn, p, h->payload_len) == 0)
+		wire_error_decode(p, h->payload_len, text, sizeof text);
+	free(p);
+	if (h->key == 0) {
+		snprintf(msg, len, "%s rejected this worker: %s", c->label, text);
+		return 1;
+	}
+	struct wk_job *j = wk_take_answered(c, h, msg, len);
+	if (j == NULL)
+		return 1;
+	wk_job_finish(j, log_known_error(-(int)h->aux, UNISUM_EREMOTE), text);
+	return 0;
+}
+
+/* A PUSH_ACK: the server has the push, its bytes leave the credit.  0, or
+ * 1 with msg set for an ack of nothing this worker pushed. */
+static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
+{
+	pthread_mutex_lock(&c->lock);
+	struct wk_job *j = pending_find(c, h->key);
+	bool ok = j != NULL && j->round == h->round && !j->credit_back;
+	if (ok)
+		j->credit_back = true;
+	size_t bytes = ok ? j->entry.bytes : 0;
+	bool traced = ok && j->op->traced;
+	uint32_t step = ok ? j->op->round : 0;
+	pthread_mutex_unlock(&c->lock);
+	if (!ok) {
+		snprintf(msg, len, "%s acknowledged a push of key 0x%llx round %u that this worker did "
+			 "not make", c->label, (unsigned long long)h->key, h->round);
+		return 1;
+	}
+	size_t inflight = sched_release(&wk.push_q, bytes);
+	if (traced) {
+		int64_t now = trace_now_us();
+		trace_span(TRACE_INFLIGHT, 0, 0, step, 0, inflight, 0, now, now);
+	}
+	return 0;
+}
+
+/* A PULL_REPLY: the sum goes straight into the caller's output (read from
+ * the server's memory in IPC mode), divided there for an average.  0, or
+ * 1 with msg set when the connection cannot go on. */
+static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
+{
+	struct wk_job *j = wk_take_answered(c, h, msg, len);
+	if (j == NULL)
+		return 1;
+	size_t bytes = j->count * unisum_dtype_size(j->dtype);
+	if (h->flags & WIRE_FLAG_ZERO) {
+		memset(j->out, 0, bytes);
+	} else if (h->flags & WIRE_FLAG_IPC) {
+		int rc = c->ipc ? wk_ipc_read(c, j->out, bytes, msg, len) : UNISUM_EPROTO;
+		if (rc == UNISUM_EPROTO)
+			snprintf(msg, len, "%s sent an IPC reply on a connection without IPC", c->label);
+		if (rc == UNISUM_ECONN) {
+			/* The server is gone: its job fails with the others, named
+			 * by the root cause (wk_conn_fail). */
+			pthread_mutex_lock(&c->lock);
+			pending_add(c, j);
+			pthread_mutex_unlock(&c->lock);
+			snprintf(msg, len, "%s: the server exited in the middle of a reply", c->label);
+			return 1;
+		}
+		if (rc != 0) {
+			wk_job_finish(j, rc, msg);
+			return 1;
+		}
+	} else if (wk.tp->recv_payload(c->conn, j->out, bytes) != 0) {
+		snprintf(msg, len, "%s: the connection closed in the middle of a reply", c->label);
+		wk_job_finish(j, UNISUM_ECONN, msg);
+		return 1;
+	}
+	if (j->divisor > 1)
+		reducer_divide(j->out, j->count, j->dtype, j->divisor);
+	wk_job_finish(j, 0, NULL);
+	return 0;
+}
+
+/* The PULL stage of one server connection (see the DESIGN above). */
+static void *wk_recv_main(void *arg)
+{
+	struct wk_conn *c = arg;
+	char why[400] = "", msg[512];
+	for (int stop = 0; !stop;) {
+		struct wire_hdr h;
+		int rc = wk.tp->recv_header(c->conn, &h, why, sizeof why);
+		if (rc != 0) {
+			snprintf(msg, sizeof msg, "%s: %s", c->label,
+				 rc == UNISUM_EPROTO ? why : "the connection closed (did the server exit?)");
+			break;
+		}
+		if (h.type == WIRE_ERROR)
+			stop = wk_on_error(c, &h, msg, sizeof msg);
+		else if (h.type == WIRE_PUSH_ACK)
+			stop = wk_on_push_ack(c, &h, msg, sizeof msg);
+		else if (h.type == WIRE_PULL_REPLY)
+			stop = wk_on_pull_reply(c, &h, msg, sizeof msg);
+		else {
+			snprintf(msg, sizeof msg, "%s sent an unexpected %s", c->label, wire_type_name(h.type));
+			stop = 1;
+		}
+	}
+	wk_conn_fail(c, msg);
+	return NULL;
+}
+
+/* Queues a DECLARE job straight on its server's connection (ahead of
+ * every push the PUSH stage hands over later).  Returns UNISUM_ECONN (with
+ * the reason in the last error) when the connection is dead. */
+int wk_enqueue(struct wk_conn *c, struct wk_job *j)
+{
+	pthread_mutex_lock(&c->lock);
+	int rc = 0;
+	if (c->dead) {
+		log_set_last_error("%s", c->dead_why);
+		rc = UNISUM_ECONN;
+	} else {
+		fifo_push(c, j);
+		pthread_cond_signal(&c->cond);
+	}
+	pthread_mutex_unlock(&c->lock);
+	return rc;
+}
+
+/* The PUSH stage: takes partitions in (priority, key) order as the credit
+ * allows and hands each to its server's connection. */
+void *wk_push_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		struct sched_entry *e = sched_pop(&wk.push_q);
+		if (e == NULL)
+			return NULL;
+		struct wk_job *j = (struct wk_job *)((char *)e - offsetof(struct wk_job, entry));
+		struct wk_conn *c = &wk.conns[j->server];
+		/* Once handed over, the job may complete and be freed at any
+		 * moment: keep what the timeline needs. */
+		bool traced = j->op->traced;
+		uint32_t round = j->op->round;
+		size_t inflight = e->inflight;
+		int64_t now = traced ? trace_now_us() : 0;
+		j->t_taken = now;
+		pthread_mutex_lock(&c->lock);
+		bool dead = c->dead;
+		if (!dead) {
+			pending_add(c, j);
+			fifo_push(c, j);
+			pthread_cond_signal(&c->cond);
+		}
+		pthread_mutex_unlock(&c->lock);
+		if (dead) {
+			char why[sizeof c->dead_why];
+			pthread_mutex_lock(&c->lock);
+			snprintf(why, sizeof why, "%s", c->dead_why);
+			pthread_mutex_unlock(&c->lock);
+			pthread_mutex_lock(&wk.lock);
+			int err = wk.failed != 0 ? wk.failed : UNISUM_ECONN;
+			pthread_mutex_unlock(&wk.lock);
+			wk_job_finish(j, err, why);
+		} else if (traced) {
+			trace_span(TRACE_INFLIGHT, 0, 0, round, 0, inflight, 0, now, now);
+		}
+	}
+}
+
+int wk_connect_servers(void)
+{
+	wk.conns = calloc((size_t)wk.nservers, sizeof *wk.conns);
+	if (wk.conns == NULL)
+		return UNISUM_ENOMEM;
+	for (int s = 0; s < wk.nservers; s++) {
+		struct wk_conn *c = &wk.conns[s];
+		const struct rdv_node *n = rdv_client_server(wk.rdv, s);
+		c->server = s;
+		c->npending_buckets = 1024;
+		c->pending = calloc(c->npending_buckets, sizeof *c->pending);
+		if (n == NULL || c->pending == NULL)
+			return UNISUM_ENOMEM;
+		snprintf(c->label, sizeof c->label, "server %d (%s:%d)", s, n->host, n->port);
+		pthread_mutex_init(&c->lock, NULL);
+		pthread_cond_init(&c->cond, NULL);
+		int rc = wk.tp->connect(n->host, n->port, wk.cfg.timeout_ms, &c->conn);
+		if (rc != 0)
+			return log_fail(rc, "worker %d cannot reach %s: %s", wk.rank, c->label,
+					log_last_error());
+		/* A server on this host (same boot, network and pid namespaces)
+		 * gets our data by address: we ask for IPC in the hello. */
+		c->ipc = wk.cfg.ipc && rdv_client_same_host(wk.rdv, n);
+		c->server_pid = n->pid;
+		if (c->ipc)
+			LOG_INFO("worker %d passes data to %s by address (IPC: same host)", wk.rank, c->label);
+		uint32_t flags = htole32(c->ipc ? 1u : 0u);
+		struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(wk.rdv),
+					 .payload_len = c->ipc ? sizeof flags : 0};
+		rc = wk.tp->send(c->conn, &hello, c->ipc ? &flags : NULL);
+		if (rc != 0)
+			return log_fail(rc, "worker %d lost %s while saying hello", wk.rank, c->label);
+		if (pthread_create(&c->send_thread, NULL, wk_send_main, c) != 0)
+			return UNISUM_ESYS;
+		if (pthread_create(&c->recv_thread, NULL, wk_recv_main, c) != 0) {
+			/* Stop the sender we just started. */
+			pthread_mutex_lock(&c->lock);
+			c->dead = true;
+			pthread_cond_broadcast(&c->cond);
+			pthread_mutex_unlock(&c->lock);
+			pthread_join(c->send_thread, NULL);
+			return UNISUM_ESYS;
+		}
+		c->threads_started = true;
+	}
+	pthread_mutex_lock(&wk.lock);
+	wk.conns_live = true;
+	pthread_mutex_unlock(&wk.lock);
+	return 0;
+}
+
+/* Stops and frees every server connection (after their threads ran). */
+void wk_close_conns(void)
+{
+	pthread_mutex_lock(&wk.lock);
+	wk.conns_live = false;	/* the scheduler's notice keeps off from now on */
+	pthread_mutex_unlock(&wk.lock);
+	if (wk.conns == NULL)
+		return;
+	for (int s = 0; s < wk.nservers; s++) {
+		struct wk_conn *c = &wk.conns[s];
+		if (c->conn != NULL) {
+			pthread_mutex_lock(&c->lock);
+			c->closing = true;
+			pthread_mutex_unlock(&c->lock);
+			wk.tp->conn_shutdown(c->conn);
+			if (c->threads_started)
+				pthread_join(c->recv_thread, NULL);
+			wk.tp->conn_free(c->conn);
+			pthread_mutex_destroy(&c->lock);
+			pthread_cond_destroy(&c->cond);
+		}
+		free(c->pending);
+	}
+	free(wk.conns);
+	wk.conns = NULL;
+}

@@ -1,0 +1,335 @@
+/*
+ * cuts.c - which partitions a round uses and where it starts: a tensor's
+ * cuts (each a declaration with the scheduler, "name@bytes" for
+ * autotune's), autotune's settings and thread (an operation whose cut is
+ * not ready waits there, never in the caller's thread), and the hand-off
+ * of an operation to LOCAL_REDUCE or the PUSH queue.  See worker.c's
+ * DESIGN.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log/log.h"
+#include "reducer/reducer.h"
+#include "shm/shm.h"
+#include "timing/timing.h"
+#include "trace/trace.h"
+#include "wire/wire.h"
+#include "worker/worker_int.h"
+
+/* ---- autotune (src/worker/tune.c) ----------------------------------------- */
+
+/* A setting worker 0 posted, passed on by the scheduler (reader thread). */
+void wk_on_tune(void *arg, const struct rdv_tune *t)
+{
+	(void)arg;
+	tune_on_setting(wk.tuner, t);
+}
+
+static int wk_tune_post(void *arg, const struct rdv_tune *t)
+{
+	(void)arg;
+	return rdv_client_post_tune(wk.rdv, t);
+}
+
+static void wk_tune_fail_job(void *arg, int err, const char *why)
+{
+	(void)arg;
+	rdv_client_fail_job(wk.rdv, err, why);
+}
+
+static void wk_tune_set_credit(void *arg, uint64_t credit)
+{
+	(void)arg;
+	sched_set_credit(&wk.push_q, credit);
+}
+
+int wk_tuner_new(void)
+{
+	struct tune_cfg cfg = {.rank = wk.rank, .on = wk.cfg.autotune != 0,
+			       .steps = (uint32_t)wk.cfg.autotune_steps, .timeout_ms = wk.cfg.timeout_ms,
+			       .first = {wk.cfg.partition_bytes, wk.cfg.credit_bytes}};
+	struct tune_hooks hooks = {.post = wk_tune_post, .fail_job = wk_tune_fail_job,
+				   .set_credit = wk_tune_set_credit};
+	tune_free(wk.tuner);
+	wk.tuner = NULL;
+	return tune_new(&cfg, &hooks, &wk.tuner);
+}
+
+/* Cuts tensor t into partitions of at most `pbytes`, declares that cut
+ * with the scheduler under `wire_name` (which places it and gives its
+ * keys), and tells each partition's server what to expect, ahead of any
+ * push of it.  Fills *L; 0 or a negative error (logged). */
+int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
+		  struct wk_layout *L)
+{
+	uint64_t nparts = placement_nparts(t->count, t->esize, pbytes);
+	if (nparts > PLACEMENT_MAX_PARTS)
+		return log_fail(UNISUM_EINVAL, "unisum_declare('%s'): %llu elements make %llu "
+				"partitions of %llu bytes, more than %u; raise UNISUM_PARTITION_BYTES",
+				t->name, (unsigned long long)t->count, (unsigned long long)nparts,
+				(unsigned long long)pbytes, PLACEMENT_MAX_PARTS);
+	*L = (struct wk_layout){.pbytes = pbytes};
+	char why[768];
+	int rc = rdv_client_declare(wk.rdv, wire_name, t->dtype, t->count, pbytes, &L->key,
+				    &L->nparts, &L->parts, &L->servers, why, sizeof why);
+	if (rc != 0) {
+		rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, wk.rank, why);
+		goto out_free;
+	}
+	for (uint32_t i = 0; i < L->nparts; i++) {
+		if (!wk.to_servers)
+			break;	/* the local root tells them */
+		if (L->servers[i] >= (uint32_t)wk.nservers) {
+			rc = log_fail(UNISUM_EPROTO, "the scheduler placed '%s' on server %u of %d",
+				      wire_name, L->servers[i], wk.nservers);
+			goto out_free;
+		}
+		struct wk_job *j = calloc(1, sizeof *j);
+		if (j == NULL) {
+			rc = UNISUM_ENOMEM;
+			goto out_free;
+		}
+		*j = (struct wk_job){.type = JOB_DECLARE, .key = L->key + i, .dtype = t->dtype,
+				     .count = L->parts[i].count, .name = strdup(wire_name)};
+		rc = j->name != NULL ? wk_enqueue(&wk.conns[L->servers[i]], j) : UNISUM_ENOMEM;
+		if (rc != 0) {
+			free(j->name);
+			free(j);
+			rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, wk.rank,
+				      log_last_error());
+			goto out_free;
+		}
+	}
+	return 0;
+
+out_free:
+	free(L->parts);
+	free(L->servers);
+	L->parts = NULL;
+	L->servers = NULL;
+	return rc;
+}
+
+/* ---- autotune ---------------------------------------------------------- */
+
+/* A setting worker 0 posted, passed on by the scheduler (reader thread). */
+/* Autotune has settled on cut L of tensor t (or t is undeclared: L is
+ * NULL): tells the servers of every other cut that this worker is done
+ * with it, so once every worker is they free its buffers.  This worker's
+ * last round on those cuts has completed (the tensor's previous operation
+ * is done), so it has every reply of theirs.  Called by the thread that
+ * owns t's current round. */
+void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L)
+{
+	for (int c = 0; c < t->ncuts; c++) {
+		struct wk_layout *old = &t->cuts[c];
+		if (old == L || old->retired)
+			continue;
+		old->retired = true;
+		for (uint32_t i = 0; wk.to_servers && i < old->nparts; i++) {
+			struct wk_job *j = calloc(1, sizeof *j);
+			if (j == NULL)
+				return;	/* the server keeps the buffers: memory, not results */
+			*j = (struct wk_job){.type = JOB_RETIRE, .key = old->key + i, .round = old->rounds};
+			if (wk_enqueue(&wk.conns[old->servers[i]], j) != 0)
+				free(j);
+		}
+	}
+}
+
+/* The cut of tensor t for partition size pbytes when it needs no
+ * declaration: one made before, or the declared cut when pbytes cannot
+ * have its own (a name too long to carry the size, or too many
+ * partitions: every worker decides the same); NULL when it is new. */
+static const struct wk_layout *wk_cut_known(const struct wk_tensor *t, uint64_t pbytes)
+{
+	for (int i = 0; i < t->ncuts; i++)
+		if (t->cuts[i].pbytes == pbytes)
+			return &t->cuts[i];
+	int len = snprintf(NULL, 0, "%s@%llu", t->name, (unsigned long long)pbytes);
+	if (len >= 256 || placement_nparts(t->count, t->esize, pbytes) > PLACEMENT_MAX_PARTS)
+		return &t->cuts[0];
+	return NULL;
+}
+
+static bool wk_cut_is_new(const struct wk_tensor *t, uint64_t pbytes)
+{
+	return wk_cut_known(t, pbytes) == NULL;
+}
+
+/* The cut of tensor t for partition size pbytes, declared now if it is
+ * new (a scheduler round trip).  Called by the thread that owns t's
+ * current round. */
+static const struct wk_layout *wk_cut_for(struct wk_tensor *t, uint64_t pbytes, int *rc)
+{
+	*rc = 0;
+	const struct wk_layout *known = wk_cut_known(t, pbytes);
+	if (known != NULL)
+		return known;
+	char wire_name[256];
+	if (snprintf(wire_name, sizeof wire_name, "%s@%llu", t->name, (unsigned long long)pbytes) >=
+	    (int)sizeof wire_name)
+		return &t->cuts[0];	/* cannot happen: wk_cut_known said it fits */
+	struct wk_layout L;
+	*rc = wk_cut(t, wire_name, pbytes, &L);
+	if (*rc != 0)
+		return NULL;
+	struct wk_layout *cuts = realloc(t->cuts, (size_t)(t->ncuts + 1) * sizeof *cuts);
+	if (cuts == NULL) {
+		free(L.parts);
+		free(L.servers);
+		*rc = UNISUM_ENOMEM;
+		return NULL;
+	}
+	/* Only this thread reads t->cuts while the round is in flight. */
+	pthread_mutex_lock(&wk.lock);
+	t->cuts = cuts;
+	t->cuts[t->ncuts] = L;
+	const struct wk_layout *got = &t->cuts[t->ncuts++];
+	pthread_mutex_unlock(&wk.lock);
+	trace_name_tensor(t->index, t->name, L.nparts);
+	return got;
+}
+
+/* Operation op fails before any of it started: err, with why naming the
+ * tensor.  Nothing else holds it. */
+void wk_op_fail(struct wk_op *op, int err, const char *what)
+{
+	pthread_mutex_lock(&wk.lock);
+	op->error = err;
+	snprintf(op->why, sizeof op->why, "worker %d, tensor '%s': %s", wk.rank, op->t->name, what);
+	op->done = true;
+	op->t->busy = false;
+	pthread_cond_broadcast(&wk.done_cond);
+	pthread_mutex_unlock(&wk.lock);
+}
+
+/* Hands operation op, on cut L, to its first stage: LOCAL_REDUCE, or the
+ * PUSH queue.  Never waits. */
+void wk_launch(struct wk_op *op, const struct wk_layout *L)
+{
+	struct wk_tensor *t = op->t;
+	int rc;
+	/* Servers count rounds per key, so each cut counts its own. */
+	uint32_t wire_round = ((struct wk_layout *)L)->rounds++;
+	int divisor = (op->flags & UNISUM_AVERAGE) ? wk.size : 1;
+	if (wk.local && L->nparts > 0) {
+		op->L = L;
+		op->wire_round = wire_round;
+		struct local_req req = {.key = L->key, .round = wire_round, .dtype = t->dtype,
+					.in = op->in, .out = op->out, .nparts = L->nparts,
+					.parts = L->parts, .divisor = divisor, .priority = t->priority,
+					.ctx = op, .traced = op->traced, .tensor = t->index,
+					.step = op->round, .wire_op = op->wire_op, .name = t->name};
+		/* Under wk.lock: the done hook may run before local_submit returns. */
+		pthread_mutex_lock(&wk.lock);
+		rc = local_submit(&req, &op->local);
+		if (rc != 0) {
+			op->error = rc;
+			snprintf(op->why, sizeof op->why, "%s", log_last_error());
+			op->done = true;
+			t->busy = false;
+			pthread_cond_broadcast(&wk.done_cond);
+		}
+		pthread_mutex_unlock(&wk.lock);
+		return;
+	}
+	pthread_mutex_lock(&wk.lock);
+	op->remaining = L->nparts;
+	op->done = L->nparts == 0;
+	t->busy = !op->done;
+	if (op->done)
+		pthread_cond_broadcast(&wk.done_cond);
+	pthread_mutex_unlock(&wk.lock);
+
+	/* Once its last partition is queued the operation may complete and
+	 * the tensor's next round re-cut it: nothing of L is read after. */
+	uint32_t nparts = L->nparts;
+	for (uint32_t i = 0; i < nparts; i++) {
+		struct wk_job *j = malloc(sizeof *j);
+		const struct placement_part *p = &L->parts[i];
+		size_t off = p->offset * t->esize;
+		if (j != NULL) {
+			*j = (struct wk_job){.entry = {.priority = t->priority, .key = L->key + i,
+						       .bytes = p->count * t->esize},
+					     .type = JOB_PUSH_PULL, .server = (int)L->servers[i], .part = i,
+					     .key = L->key + i, .round = wire_round, .dtype = t->dtype,
+					     .count = p->count,
+					     .in = op->in ? (const uint8_t *)op->in + off : NULL,
+					     .out = (uint8_t *)op->out + off, .divisor = divisor,
+					     .wire_op = op->wire_op, .op = op, .t_queued = op->t_start};
+			rc = sched_push(&wk.push_q, &j->entry);
+		} else {
+			rc = UNISUM_ENOMEM;
+		}
+		if (rc != 0) {
+			/* The operation fails; partitions already queued finish on their own. */
+			free(j);
+			char why[512];
+			snprintf(why, sizeof why, "worker %d, tensor '%s': %s", wk.rank, t->name,
+				 rc == UNISUM_ENOMEM ? "out of memory" : log_last_error());
+			wk_op_part_done(op, rc, why);
+		}
+	}
+}
+
+/* Autotune: the cut of op's round for its epoch, declaring it with the
+ * scheduler if it is new, and waiting for worker 0's setting if need be
+ * (so only wk_tune_main calls it with wait).  NULL when it must wait but
+ * may not, or on an error (*rc). */
+const struct wk_layout *wk_tuned_cut(struct wk_op *op, bool wait, int *rc)
+{
+	struct wk_tensor *t = op->t;
+	uint32_t epoch = op->round / (uint32_t)wk.cfg.autotune_steps;
+	struct tune_setting set = {0};
+	bool final = false;
+	*rc = 0;
+	if (!wait && !tune_setting_now(wk.tuner, epoch, &set, &final))
+		return NULL;
+	if (wait)
+		*rc = tune_setting_of(wk.tuner, epoch, &set, &final);
+	if (*rc != 0)
+		return NULL;
+	if (!wait && wk_cut_is_new(t, set.pbytes))
+		return NULL;
+	const struct wk_layout *L = wk_cut_for(t, set.pbytes, rc);
+	if (*rc == 0 && final)
+		wk_retire_cuts(t, L);
+	return *rc == 0 ? L : NULL;
+}
+
+/* The autotune thread: operations whose setting has not come yet or whose
+ * cut is new wait here for the setting and the declaration, so that
+ * starting an operation never waits on the network. */
+void *wk_tune_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		pthread_mutex_lock(&wk.lock);
+		while (wk.tune_head == NULL && !wk.tune_stop)
+			pthread_cond_wait(&wk.tune_cond, &wk.lock);
+		struct wk_op *op = wk.tune_head;
+		if (op == NULL) {
+			pthread_mutex_unlock(&wk.lock);
+			return NULL;
+		}
+		wk.tune_head = op->tune_next;
+		if (wk.tune_head == NULL)
+			wk.tune_tail = NULL;
+		pthread_mutex_unlock(&wk.lock);
+		int rc;
+		const struct wk_layout *L = wk_tuned_cut(op, true, &rc);
+		if (L != NULL)
+			wk_launch(op, L);
+		else
+			wk_op_fail(op, rc, rc == UNISUM_ECONN ? "the job failed while waiting for the "
+					   "autotune setting" : log_last_error());
+	}
+}

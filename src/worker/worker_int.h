@@ -1,0 +1,172 @@
+/*
+ * worker_int.h - the worker's state and the functions its files share
+ * (internal to src/worker).  worker.c is the C API: init and shutdown,
+ * the tensor table, starting and completing operations, the local path's
+ * hooks; conns.c the server connections, the PUSH stage and the PULL
+ * stage; cuts.c the cuts of a tensor (its declaration with the scheduler),
+ * autotune's thread and the hand-off of an operation to its first stage.
+ * See worker.c's DESIGN for the data flow and the locks.
+ */
+#ifndef UNISUM_WORKER_INT_H
+#define UNISUM_WORKER_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config/config.h"
+#include "placement/placement.h"
+#include "rendezvous/rendezvous.h"
+#include "sched/sched.h"
+#include "transport/transport.h"
+#include "unisum.h"
+#include "worker/local.h"
+#include "worker/tune.h"
+
+/* One cut of a tensor into partitions, with its keys and servers. */
+struct wk_layout {
+	uint64_t pbytes;		/* the partition size it was cut for */
+	uint64_t key;			/* partition i has key + i */
+	uint32_t nparts;
+	struct placement_part *parts;
+	uint32_t *servers;		/* server rank of each partition */
+	uint32_t rounds;		/* rounds done with this cut: the wire's round */
+	bool retired;			/* autotune settled elsewhere: servers freed it */
+};
+
+struct wk_tensor {
+	int index;			/* tensor id */
+	char name[256];
+	unisum_dtype dtype;
+	uint64_t count;
+	size_t esize;
+	int priority;
+	struct wk_layout *cuts;		/* [0]: UNISUM_PARTITION_BYTES; more for autotune */
+	int ncuts;
+	uint32_t round;			/* next round (training step) */
+	bool busy;			/* an operation is in flight */
+};
+
+struct wk_op {
+	unisum_handle handle;
+	struct wk_tensor *t;
+	int flags;
+	const void *in;			/* the caller's buffers (in NULL: contribute zeros) */
+	void *out;
+	uint32_t wire_op;		/* its collective (WIRE_OP()), on every push */
+	uint32_t remaining;		/* partitions not yet completed */
+	int error;			/* first error of any partition */
+	char why[512];			/* its message */
+	bool done;
+	uint32_t round;
+	bool traced;			/* its round is on the timeline */
+	int64_t t_start;		/* when it started (trace clock) */
+	struct wk_op *tune_next;	/* in the autotune thread's queue */
+	/* The local path (several workers on this machine): */
+	struct local_op *local;		/* its LOCAL_REDUCE/BROADCAST state, or NULL */
+	const struct wk_layout *L;	/* its cut (stable while it is in flight) */
+	uint32_t wire_round;
+};
+
+enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL, JOB_RETIRE };
+
+struct wk_job {
+	struct sched_entry entry;	/* PUSH_PULL: priority, key, bytes, order */
+	int type;			/* enum wk_job_type */
+	int server;			/* the connection it goes to */
+	uint32_t part;			/* partition index within its tensor */
+	uint64_t key;
+	uint32_t round;
+	unisum_dtype dtype;
+	uint64_t count;
+	const void *in;			/* push from here (NULL: a ZERO push) */
+	void *out;			/* reply goes here */
+	int divisor;			/* UNISUM_AVERAGE: divide by this, else 1 */
+	uint32_t wire_op;		/* the collective, WIRE_OP(): the PUSH's aux */
+	struct wk_op *op;		/* NULL for DECLARE jobs */
+	char *name;			/* DECLARE jobs: the tensor's name (owned) */
+	struct wk_job *pending_next;	/* chain in the pending table */
+	struct wk_job *next;		/* chain in its connection's send queue */
+	int64_t t_queued, t_taken;	/* trace clock: entered, left the PUSH queue */
+	int64_t t_pushed;		/* PUSH written (set under the conn's lock) */
+	bool credit_back;		/* PUSH_ACK came: its bytes left the credit */
+};
+
+struct wk_conn {
+	int server;			/* server rank */
+	char label[128];		/* "server 0 (127.0.0.1:4000)" */
+	struct tp_conn *conn;
+	bool ipc;			/* same host: data by cross-memory attach */
+	pid_t server_pid;		/* ... to and from this process */
+	pthread_t send_thread, recv_thread;
+	pthread_mutex_t lock;		/* queue, pending, dead */
+	pthread_cond_t cond;		/* queue non-empty or dead */
+	struct wk_job *qhead, *qtail;	/* send queue, in the PUSH stage's order */
+	struct wk_job **pending;	/* key -> job, chained hash */
+	size_t npending_buckets;
+	bool dead;			/* the connection failed or closed */
+	bool closing;			/* unisum_shutdown() closed it */
+	bool threads_started;		/* both threads run; the receiver joins the sender */
+	char dead_why[700];		/* why, for the errors of later calls */
+};
+
+/* The worker of this process (one per process: the C API is). */
+struct wk_state {
+	pthread_mutex_t lock;		/* everything below but conns' own state */
+	pthread_cond_t done_cond;	/* an operation completed */
+	pthread_cond_t failed_cond;	/* `failed` was set */
+	bool initialized;
+	bool left;			/* unisum_shutdown() ran: this process is done with the job */
+	struct config cfg;
+	const struct transport_ops *tp;
+	struct rdv_client *rdv;
+	int rank, size, nservers;
+	bool local;			/* several workers on this machine: src/worker/local.c */
+	bool to_servers;		/* this worker talks to the servers (a machine's root) */
+	struct wk_conn *conns;		/* [nservers] */
+	bool conns_live;		/* every conn is set up and not yet torn down */
+	struct wk_tensor **tensors;
+	int ntensors, captensors;
+	struct wk_op **ops;		/* operations not yet released */
+	int nops, capops;
+	unisum_handle next_handle;
+	struct sched_queue push_q;	/* the PUSH stage: priority and credit */
+	struct tuner *tuner;		/* the settings of each epoch (src/worker/tune.c) */
+	pthread_t tune_thread;		/* autotune: operations waiting for their cut */
+	bool tune_started, tune_stop;
+	pthread_cond_t tune_cond;	/* its queue is not empty, or it is to stop */
+	struct wk_op *tune_head, *tune_tail;
+	pthread_t push_thread;
+	bool push_started;
+	int failed;			/* the job failed: every call returns it */
+	char failed_why[512];
+	struct wk_poison {
+		uint64_t key;
+		char why[512];
+	} *poison;			/* tensors that can never be summed (scheduler) */
+	int npoison;
+};
+
+extern struct wk_state wk;
+
+/* conns.c: completing a partition of an operation; the connections to the
+ * servers, their threads and the PUSH stage's thread; queueing a job on a
+ * connection. */
+void wk_op_part_done(struct wk_op *op, int err, const char *why);
+void wk_close_conns(void);
+int wk_connect_servers(void);
+int wk_enqueue(struct wk_conn *c, struct wk_job *j);
+void *wk_push_main(void *arg);
+
+/* cuts.c: declaring a cut, retiring cuts, the autotune thread and its
+ * hooks, handing an operation to its first stage or failing it before. */
+int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes, struct wk_layout *L);
+void wk_launch(struct wk_op *op, const struct wk_layout *L);
+void wk_on_tune(void *arg, const struct rdv_tune *t);
+void wk_op_fail(struct wk_op *op, int err, const char *what);
+void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L);
+void *wk_tune_main(void *arg);
+const struct wk_layout *wk_tuned_cut(struct wk_op *op, bool wait, int *rc);
+int wk_tuner_new(void);
+
+#endif /* UNISUM_WORKER_INT_H */
