@@ -1,0 +1,467 @@
+/*
+ * conn.c - a worker's connection to the server: the receiving thread
+ * (authenticates, validates every message against the key's state,
+ * receives pushes straight into the key's buffers or reads them by
+ * address, hands events to the engines) and the sending thread (acks
+ * first, then replies straight from the sums).  See server.c's DESIGN.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log/log.h"
+#include "reducer/reducer.h"
+#include "rendezvous/rendezvous.h"
+#include "server/srv_int.h"
+#include "shm/shm.h"
+#include "timing/timing.h"
+#include "transport/transport.h"
+#include "wire/wire.h"
+
+/* ---- sending ------------------------------------------------------------ */
+
+/* Appends a reply to a connection's queue, unless it is closing.  `owned`
+ * (may be NULL) is freed once the reply is sent or dropped.  A PUSH_ACK
+ * goes ahead of every queued sum (behind earlier acks): the worker's credit
+ * waits on it, and behind megabytes of replies on a slow link the pushes
+ * would stall while the replies drain, so pushing and pulling would take
+ * turns instead of sharing the full-duplex link.  The ack of a key still
+ * precedes that key's reply, which is queued only after this push. */
+void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *payload,
+			     void *owned)
+{
+	struct srv_reply *r = malloc(sizeof *r);
+	if (r == NULL) {
+		char name[64];
+		LOG_ERROR("out of memory queuing a reply to %s",
+			  srv_worker_name(c->srv, c->worker, name, sizeof name));
+		free(owned);
+		return;
+	}
+	*r = (struct srv_reply){.hdr = *h, .payload = payload, .owned = owned};
+	pthread_mutex_lock(&c->qlock);
+	if (c->closing) {
+		free(r->owned);
+		free(r);
+	} else if (h->type == WIRE_PUSH_ACK) {
+		struct srv_reply **at = c->last_ack ? &c->last_ack->next : &c->head;
+		r->next = *at;
+		*at = r;
+		if (r->next == NULL)
+			c->tail = r;
+		c->last_ack = r;
+		pthread_cond_signal(&c->qcond);
+	} else {
+		if (c->tail)
+			c->tail->next = r;
+		else
+			c->head = r;
+		c->tail = r;
+		pthread_cond_signal(&c->qcond);
+	}
+	pthread_mutex_unlock(&c->qlock);
+}
+
+/* Tells a worker its PUSH arrived (it counts the bytes against its credit
+ * until then).  Queued ahead of the sum's reply, so it always comes first. */
+static void srv_ack_push(struct server *srv, struct srv_conn *c, const struct wire_hdr *push)
+{
+	struct wire_hdr ack = {.type = WIRE_PUSH_ACK, .sender = srv->id, .round = push->round,
+			       .key = push->key};
+	srv_conn_enqueue(c, &ack, NULL, NULL);
+}
+
+/* Queues a reply to worker w; dropped when its connection is gone. */
+void srv_queue_reply(struct server *srv, int w, const struct wire_hdr *h, const void *payload)
+{
+	pthread_mutex_lock(&srv->lock);
+	struct srv_conn *c = srv->by_worker[w];
+	if (c != NULL && c->ipc && h->type == WIRE_PULL_REPLY && h->payload_len != 0) {
+		/* IPC: the worker copies the sum from here itself; the buffer
+		 * stays as it is until that worker's next push of the key. */
+		uint64_t *addr = malloc(sizeof *addr);
+		struct wire_hdr ih = *h;
+		ih.flags |= WIRE_FLAG_IPC;
+		ih.payload_len = WIRE_IPC_PAYLOAD;
+		if (addr != NULL) {
+			*addr = htole64((uint64_t)(uintptr_t)payload);
+			srv_conn_enqueue(c, &ih, addr, addr);
+		} else {
+			LOG_ERROR("out of memory queuing a reply");
+		}
+	} else if (c != NULL) {
+		srv_conn_enqueue(c, h, payload, NULL);
+	}
+	pthread_mutex_unlock(&srv->lock);
+}
+
+/* IPC push: copies `bytes` from the worker's address `from` into dst. */
+static int srv_ipc_read(struct srv_conn *c, void *dst, uint64_t from, size_t bytes, char *why,
+			size_t len)
+{
+	int rc = shm_vm_copy(c->peer_pid, false, dst, from, bytes);
+	if (rc == 0)
+		return 0;
+	snprintf(why, len, "cannot read a push from the memory of pid %d (same host, UNISUM_IPC=1) "
+		 "with process_vm_readv: %s; set UNISUM_IPC=0 to send the data through the socket",
+		 (int)c->peer_pid, strerror(-rc));
+	return rc == -ESRCH ? UNISUM_ECONN : UNISUM_ESYS;
+}
+
+/* Writes queued replies in order; after `closing` it drains what is left
+ * (an ERROR explaining the close goes out last) and exits. */
+void *srv_send_main(void *arg)
+{
+	struct srv_conn *c = arg;
+	struct server *srv = c->srv;
+	bool broken = false;
+	for (;;) {
+		pthread_mutex_lock(&c->qlock);
+		while (c->head == NULL && !c->closing)
+			pthread_cond_wait(&c->qcond, &c->qlock);
+		struct srv_reply *r = c->head;
+		if (r == NULL) {
+			pthread_mutex_unlock(&c->qlock);
+			return NULL;
+		}
+		c->head = r->next;
+		if (c->head == NULL)
+			c->tail = NULL;
+		if (c->last_ack == r)
+			c->last_ack = NULL;
+		pthread_mutex_unlock(&c->qlock);
+		if (!broken && srv->tp->send(c->conn, &r->hdr, r->payload) != 0) {
+			broken = true;
+			char name[64];
+			LOG_INFO("sending to %s (%s) failed; closing its connection",
+				 srv_worker_name(srv, c->worker, name, sizeof name), srv->tp->peer_name(c->conn));
+			srv->tp->conn_shutdown(c->conn);
+		}
+		free(r->owned);
+		free(r);
+	}
+}
+
+/* ---- receiving ---------------------------------------------------------- */
+
+/* Handles the hello; returns 0 and sets c->worker, or UNISUM_EPROTO. */
+static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
+			size_t len)
+{
+	/* The hello's payload: nothing (TCP), or u32 flags with bit 0 asking
+	 * for IPC (the worker saw from the address book that we share a host). */
+	uint32_t flags = 0;
+	if (h->type != WIRE_REGISTER || (h->payload_len != 0 && h->payload_len != sizeof flags)) {
+		snprintf(why, len, "first message is %s, expected a worker hello", wire_type_name(h->type));
+		return UNISUM_EPROTO;
+	}
+	if (h->payload_len != 0 && srv->tp->recv_payload(c->conn, &flags, sizeof flags) != 0) {
+		snprintf(why, len, "connection closed in the middle of a hello");
+		return UNISUM_ECONN;
+	}
+	flags = le32toh(flags);
+	const struct rdv_node *n = rdv_client_node_by_id(srv->rdv, h->sender);
+	if (n == NULL || n->role != CONFIG_ROLE_WORKER) {
+		snprintf(why, len, "hello from node id %u, which is not a worker of this job", h->sender);
+		return UNISUM_EPROTO;
+	}
+	if (n->local_rank != 0) {
+		snprintf(why, len,
+			 "worker rank %d is local rank %d of machine %d; only a machine's local root talks "
+			 "to servers", n->rank, n->local_rank, n->machine);
+		return UNISUM_EPROTO;
+	}
+	if (n->machine < 0 || n->machine >= srv->nworkers) {
+		snprintf(why, len, "worker rank %d is on machine %d, but this job has %d machines",
+			 n->rank, n->machine, srv->nworkers);
+		return UNISUM_EPROTO;
+	}
+	if (flags & ~1u) {
+		snprintf(why, len, "hello with unknown flags 0x%x", flags);
+		return UNISUM_EPROTO;
+	}
+	if (flags & 1u) {
+		if (!rdv_client_same_host(srv->rdv, n)) {
+			snprintf(why, len, "worker rank %d asks for IPC but is not on this host (%s)",
+				 n->rank, n->host_id);
+			return UNISUM_EPROTO;
+		}
+		c->ipc = true;
+		c->peer_pid = n->pid;
+	}
+	pthread_mutex_lock(&srv->lock);
+	int rc = 0;
+	if (srv->by_worker[n->machine] != NULL) {
+		char name[64];
+		snprintf(why, len, "a second connection claims to be %s",
+			 srv_worker_name(srv, n->machine, name, sizeof name));
+		rc = UNISUM_EPROTO;
+	} else {
+		srv->by_worker[n->machine] = c;
+		c->worker = n->machine;
+	}
+	pthread_mutex_unlock(&srv->lock);
+	return rc;
+}
+
+/* Why the tensor of `key` was poisoned by the scheduler, or NULL.  The
+ * text lives as long as the server. */
+static const char *srv_poison_of(struct server *srv, uint64_t key)
+{
+	pthread_mutex_lock(&srv->lock);
+	struct srv_poison *p = srv->poisoned;
+	while (p != NULL && p->tensor != key >> 16)
+		p = p->next;
+	pthread_mutex_unlock(&srv->lock);
+	return p != NULL ? p->why : NULL;
+}
+
+/* The scheduler says tensor `key`'s workers disagree on its shape: fail
+ * every pull of it, now and later. */
+void srv_tensor_error(void *arg, uint64_t key, const char *why)
+{
+	struct server *srv = arg;
+	struct srv_poison *p = calloc(1, sizeof *p);
+	char *text = strdup(why);
+	if (p == NULL || text == NULL) {
+		free(p);
+		free(text);
+		LOG_ERROR("out of memory recording a bad tensor: %s", why);
+		return;
+	}
+	p->tensor = key >> 16;
+	p->why = text;
+	LOG_WARN("%s", why);
+	pthread_mutex_lock(&srv->lock);
+	p->next = srv->poisoned;
+	srv->poisoned = p;
+	for (size_t i = 0; i < srv->nbuckets; i++)
+		for (struct srv_key *k = srv->buckets[i]; k; k = k->next)
+			if (k->key >> 16 == p->tensor)
+				srv_post(srv, EVENT_POISON, k, 0, 0, false, 0, p->why);
+	pthread_mutex_unlock(&srv->lock);
+}
+
+/* Validates a PUSH or PULL against the key's state; returns the key or
+ * NULL with `why` set. */
+static struct srv_key *srv_check_data(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+				      char *why, size_t len)
+{
+	/* A key this worker has not retired stays in the table until it does
+	 * (on this thread): once the check below passes, k stays valid. */
+	pthread_mutex_lock(&srv->lock);
+	struct srv_key *k = srv_key_find(srv, h->key);
+	bool retired = k != NULL && k->retired[c->worker];
+	pthread_mutex_unlock(&srv->lock);
+	if (k == NULL) {
+		snprintf(why, len, "%s of undeclared key 0x%llx", wire_type_name(h->type),
+			 (unsigned long long)h->key);
+		return NULL;
+	}
+	if (retired) {
+		snprintf(why, len, "%s of key 0x%llx, which this worker retired",
+			 wire_type_name(h->type), (unsigned long long)h->key);
+		return NULL;
+	}
+	if (h->dtype != k->dtype || (h->type == WIRE_PUSH && h->count != k->count)) {
+		snprintf(why, len, "%s of key 0x%llx as %s[%llu], declared %s[%llu]",
+			 wire_type_name(h->type), (unsigned long long)h->key, unisum_dtype_name(h->dtype),
+			 (unsigned long long)h->count, unisum_dtype_name(k->dtype),
+			 (unsigned long long)k->count);
+		return NULL;
+	}
+	uint32_t expect = k->next_round[c->worker] - (h->type == WIRE_PULL ? 1 : 0);
+	if (h->round != expect || (h->type == WIRE_PULL && k->next_round[c->worker] == 0)) {
+		snprintf(why, len, "%s of key 0x%llx for round %u, expected round %u",
+			 wire_type_name(h->type), (unsigned long long)h->key, h->round, expect);
+		return NULL;
+	}
+	return k;
+}
+
+/* A DECLARE_CHECK: the piece's key, dtype, count and its tensor's name. */
+static int srv_on_declare_check(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+				char *why, size_t len)
+{
+	char name[256] = "";
+	void *p = h->payload_len ? malloc(h->payload_len) : NULL;
+	if (h->payload_len && p == NULL)
+		return UNISUM_ENOMEM;
+	if (h->payload_len && srv->tp->recv_payload(c->conn, p, h->payload_len) != 0) {
+		free(p);
+		snprintf(why, len, "connection closed in the middle of a declaration");
+		return UNISUM_ECONN;
+	}
+	int bad = wire_declare_check_decode(p, h->payload_len, name, sizeof name);
+	free(p);
+	if (bad) {
+		snprintf(why, len, "DECLARE_CHECK of key 0x%llx without a valid tensor name",
+			 (unsigned long long)h->key);
+		return UNISUM_EPROTO;
+	}
+	return srv_key_declare(srv, c, h, name, why, len);
+}
+
+/* Receives a push's data into worker c's buffer of key k: straight off
+ * the socket (zero-copy receive), or read from the worker's memory at
+ * the address the payload gives (IPC). */
+static int srv_receive_push(struct server *srv, struct srv_conn *c, struct srv_key *k,
+			    const struct wire_hdr *h, char *why, size_t len)
+{
+	if (k->push_buf[c->worker] == NULL)
+		k->push_buf[c->worker] = malloc(k->bytes ? k->bytes : 1);
+	if (k->push_buf[c->worker] == NULL) {
+		snprintf(why, len, "out of memory for a %zu-byte push", k->bytes);
+		return UNISUM_ENOMEM;
+	}
+	if (!(h->flags & WIRE_FLAG_IPC)) {
+		if (srv->tp->recv_payload(c->conn, k->push_buf[c->worker], h->payload_len) == 0)
+			return 0;
+		snprintf(why, len, "connection closed in the middle of a push");
+		return UNISUM_ECONN;
+	}
+	uint64_t addr;
+	if (!c->ipc) {
+		snprintf(why, len, "an IPC push from a worker that did not ask for IPC");
+		return UNISUM_EPROTO;
+	}
+	if (srv->tp->recv_payload(c->conn, &addr, sizeof addr) != 0) {
+		snprintf(why, len, "connection closed in the middle of a push");
+		return UNISUM_ECONN;
+	}
+	return srv_ipc_read(c, k->push_buf[c->worker], le64toh(addr), k->bytes, why, len);
+}
+
+static int srv_on_push_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+			   char *why, size_t len)
+{
+	struct srv_key *k = srv_check_data(srv, c, h, why, len);
+	if (k == NULL)
+		return UNISUM_EPROTO;
+	if (srv_poison_of(srv, k->key) != NULL) {
+		/* Never summed; the pull that follows gets the error. */
+		k->next_round[c->worker]++;
+		if (srv->tp->recv_payload(c->conn, NULL, h->payload_len) != 0)
+			return UNISUM_ECONN;
+		srv_ack_push(srv, c, h);
+		return 0;
+	}
+	if (!(h->flags & WIRE_FLAG_ZERO)) {
+		int rc = srv_receive_push(srv, c, k, h, why, len);
+		if (rc != 0)
+			return rc;
+	}
+	k->next_round[c->worker]++;
+	/* The worker's credit comes back now, whatever the other workers
+	 * do: acknowledging only summed pushes would let two workers wait
+	 * on each other's credit. */
+	srv_ack_push(srv, c, h);
+	return srv_post(srv, EVENT_PUSH, k, c->worker, h->round, h->flags & WIRE_FLAG_ZERO, h->aux, NULL);
+}
+
+static int srv_on_pull_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+			   char *why, size_t len)
+{
+	struct srv_key *k = srv_check_data(srv, c, h, why, len);
+	if (k == NULL)
+		return UNISUM_EPROTO;
+	const char *poison = srv_poison_of(srv, k->key);
+	if (poison != NULL) {
+		srv_reply_error(srv, c, c->worker, k->key, h->round, UNISUM_EMISMATCH, poison);
+		return 0;
+	}
+	return srv_post(srv, EVENT_PULL, k, c->worker, h->round, false, 0, NULL);
+}
+
+static int srv_on_retire_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+			     char *why, size_t len)
+{
+	pthread_mutex_lock(&srv->lock);
+	struct srv_key *k = srv_key_find(srv, h->key);
+	bool retired = k != NULL && k->retired[c->worker];
+	if (k != NULL)
+		k->retired[c->worker] = 1;
+	pthread_mutex_unlock(&srv->lock);
+	if (k == NULL || retired) {
+		snprintf(why, len, "RETIRE of %s key 0x%llx", k == NULL ? "undeclared" : "retired",
+			 (unsigned long long)h->key);
+		return UNISUM_EPROTO;
+	}
+	/* From now on this connection never touches the key's buffers. */
+	return srv_post(srv, EVENT_RETIRE, k, c->worker, h->round, false, 0, NULL);
+}
+
+static int srv_on_message(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
+			  size_t len)
+{
+	switch (h->type) {
+	case WIRE_DECLARE_CHECK:
+		return srv_on_declare_check(srv, c, h, why, len);
+	case WIRE_PUSH:
+		return srv_on_push_msg(srv, c, h, why, len);
+	case WIRE_PULL:
+		return srv_on_pull_msg(srv, c, h, why, len);
+	case WIRE_RETIRE:
+		return srv_on_retire_msg(srv, c, h, why, len);
+	case WIRE_HEARTBEAT:
+		return 0;
+	default:
+		snprintf(why, len, "unexpected %s from a worker", wire_type_name(h->type));
+		return UNISUM_EPROTO;
+	}
+}
+
+void *srv_recv_main(void *arg)
+{
+	struct srv_conn *c = arg;
+	struct server *srv = c->srv;
+	char why[512] = "";
+	/* Nobody without the job secret gets a byte read as a message. */
+	int rc = srv->tp->authenticate(c->conn, why, sizeof why);
+	for (; rc == 0;) {
+		struct wire_hdr h;
+		rc = srv->tp->recv_header(c->conn, &h, why, sizeof why);
+		if (rc != 0)
+			break;
+		if (c->worker < 0)
+			rc = srv_on_hello(srv, c, &h, why, sizeof why);
+		else
+			rc = srv_on_message(srv, c, &h, why, sizeof why);
+		if (rc != 0)
+			break;
+	}
+	const char *peer = srv->tp->peer_name(c->conn);
+	char name[64];
+	srv_worker_name(srv, c->worker, name, sizeof name);
+	if (rc == UNISUM_ECONN && !atomic_load(&srv->stopping))
+		LOG_INFO("%s (%s) disconnected", name, peer);
+	else if (rc != UNISUM_ECONN && rc != 0) {
+		if (c->worker >= 0)
+			LOG_ERROR("closing the connection of %s (%s): %s", name, peer, why);
+		else
+			LOG_ERROR("closing a connection from %s: %s", peer, why);
+		if (c->worker >= 0)	/* tell the worker why before hanging up */
+			srv_reply_error(srv, c, c->worker, 0, 0, rc, why);
+	}
+	pthread_mutex_lock(&srv->lock);
+	if (c->worker >= 0 && srv->by_worker[c->worker] == c)
+		srv->by_worker[c->worker] = NULL;
+	pthread_mutex_unlock(&srv->lock);
+	/* Let the sender drain (the ERROR above goes out last), then hang up. */
+	pthread_mutex_lock(&c->qlock);
+	c->closing = true;
+	pthread_cond_signal(&c->qcond);
+	pthread_mutex_unlock(&c->qlock);
+	if (rc == UNISUM_ECONN)
+		srv->tp->conn_shutdown(c->conn);
+	pthread_join(c->send_thread, NULL);
+	c->send_started = false;
+	srv->tp->conn_shutdown(c->conn);
+	atomic_store(&c->finished, true);
+	return NULL;
+}

@@ -1,0 +1,533 @@
+/*
+ * engine.c - the server's key table and its engines: every key is pinned
+ * to one engine thread, which handles the key's events in order (pushes
+ * folded in machine order, pulls answered, poison, retirement) and looks
+ * for stalled rounds.  See server.c's DESIGN.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log/log.h"
+#include "reducer/reducer.h"
+#include "rendezvous/rendezvous.h"
+#include "server/srv_int.h"
+#include "shm/shm.h"
+#include "timing/timing.h"
+#include "transport/transport.h"
+#include "wire/wire.h"
+
+/* ---- key table ---------------------------------------------------------- */
+
+static size_t srv_hash(uint64_t key, size_t n)
+{
+	key ^= key >> 33;
+	key *= 0xff51afd7ed558ccdull;
+	key ^= key >> 33;
+	return (size_t)(key & (n - 1));
+}
+
+/* Looks a key up; call with srv->lock held. */
+struct srv_key *srv_key_find(struct server *srv, uint64_t key)
+{
+	for (struct srv_key *k = srv->buckets[srv_hash(key, srv->nbuckets)]; k; k = k->next)
+		if (k->key == key)
+			return k;
+	return NULL;
+}
+
+static int srv_key_grow(struct server *srv)
+{
+	size_t n = srv->nbuckets * 2;
+	struct srv_key **b = calloc(n, sizeof *b);
+	if (b == NULL)
+		return UNISUM_ENOMEM;
+	for (size_t i = 0; i < srv->nbuckets; i++) {
+		struct srv_key *k = srv->buckets[i];
+		while (k) {
+			struct srv_key *next = k->next;
+			size_t h = srv_hash(k->key, n);
+			k->next = b[h];
+			b[h] = k;
+			k = next;
+		}
+	}
+	free(srv->buckets);
+	srv->buckets = b;
+	srv->nbuckets = n;
+	return 0;
+}
+
+void srv_key_free(struct srv_key *k, int nworkers)
+{
+	if (k == NULL)
+		return;
+	if (k->push_buf)
+		for (int w = 0; w < nworkers; w++)
+			free(k->push_buf[w]);
+	for (int i = 0; i < 2; i++) {
+		free(k->slot[i].arrived);
+		free(k->slot[i].zero);
+		free(k->slot[i].pull_waiting);
+		free(k->slot[i].acc);
+	}
+	free(k->push_buf);
+	free(k->next_round);
+	free(k->retired);
+	free(k->name);
+	free(k->own_poison);
+	free(k);
+}
+
+static int srv_engine_grow(struct srv_engine *e)
+{
+	size_t cap = e->capkeys ? 2 * e->capkeys : 64;
+	struct srv_key **keys = realloc(e->keys, cap * sizeof *keys);
+	if (keys == NULL)
+		return UNISUM_ENOMEM;
+	e->keys = keys;
+	e->capkeys = cap;
+	return 0;
+}
+
+/* Declares key h->key of tensor `name` (idempotent when the shape
+ * matches).  Returns 0, or UNISUM_EMISMATCH / UNISUM_ENOMEM with `why` set. */
+int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+			   const char *name, char *why, size_t len)
+{
+	int rc = 0;
+	size_t W = (size_t)srv->nworkers;
+	pthread_mutex_lock(&srv->lock);
+	struct srv_key *k = srv_key_find(srv, h->key);
+	if (h->count > WIRE_MAX_DATA_PAYLOAD / unisum_dtype_size(h->dtype)) {
+		snprintf(why, len, "key 0x%llx declared with %llu elements, more than one 1 GiB partition",
+			 (unsigned long long)h->key, (unsigned long long)h->count);
+		rc = UNISUM_EPROTO;
+		goto out_unlock;
+	}
+	if (k != NULL) {
+		if (k->retired[c->worker]) {
+			snprintf(why, len, "key 0x%llx of '%s' declared again by a worker that undeclared it, "
+				 "before every worker had", (unsigned long long)h->key, name);
+			rc = UNISUM_EPROTO;
+		} else if (k->dtype != h->dtype || k->count != h->count) {
+			snprintf(why, len, "key 0x%llx is %s[%llu] here but the worker declared %s[%llu]",
+				 (unsigned long long)h->key, unisum_dtype_name(k->dtype),
+				 (unsigned long long)k->count, unisum_dtype_name(h->dtype),
+				 (unsigned long long)h->count);
+			rc = UNISUM_EMISMATCH;
+		}
+		goto out_unlock;
+	}
+	if (srv->nkeys + 1 > srv->nbuckets && srv_key_grow(srv) != 0) {
+		rc = UNISUM_ENOMEM;
+		goto out_unlock;
+	}
+	k = calloc(1, sizeof *k);
+	if (k == NULL) {
+		rc = UNISUM_ENOMEM;
+		goto out_unlock;
+	}
+	k->next_round = calloc(W, sizeof *k->next_round);
+	k->push_buf = calloc(W, sizeof *k->push_buf);
+	k->retired = calloc(W, 1);
+	bool ok = k->next_round && k->push_buf && k->retired;
+	for (int i = 0; i < 2; i++) {
+		k->slot[i].arrived = calloc(W, 1);
+		k->slot[i].zero = calloc(W, 1);
+		k->slot[i].pull_waiting = calloc(W, 1);
+		ok = ok && k->slot[i].arrived && k->slot[i].zero && k->slot[i].pull_waiting;
+	}
+	if (!ok) {
+		srv_key_free(k, srv->nworkers);
+		rc = UNISUM_ENOMEM;
+		goto out_unlock;
+	}
+	k->key = h->key;
+	k->dtype = h->dtype;
+	k->count = h->count;
+	k->bytes = h->count * unisum_dtype_size(h->dtype);
+	int best = 0;
+	for (int e = 1; e < srv->nengines; e++)
+		if (srv->engines[e].bytes < srv->engines[best].bytes)
+			best = e;
+	struct srv_engine *e = &srv->engines[best];
+	k->name = strdup(name);
+	if (k->name == NULL || (e->nkeys == e->capkeys && srv_engine_grow(e) != 0)) {
+		srv_key_free(k, srv->nworkers);
+		rc = UNISUM_ENOMEM;
+		goto out_unlock;
+	}
+	e->keys[e->nkeys++] = k;
+	k->engine = best;
+	e->bytes += k->bytes;
+	size_t b = srv_hash(k->key, srv->nbuckets);
+	k->next = srv->buckets[b];
+	srv->buckets[b] = k;
+	srv->nkeys++;
+out_unlock:
+	if (rc == UNISUM_ENOMEM)
+		snprintf(why, len, "out of memory declaring key 0x%llx", (unsigned long long)h->key);
+	pthread_mutex_unlock(&srv->lock);
+	return rc;
+}
+
+/* ---- engines ------------------------------------------------------------ */
+
+/* How often an engine looks for stalls: a quarter of the shortest limit,
+ * at most once a second. */
+static int srv_stall_period_ms(const struct server *srv)
+{
+	int limit = srv->cfg->stall_warn_ms;
+	if (srv->cfg->stall_abort_ms > 0 && srv->cfg->stall_abort_ms < limit)
+		limit = srv->cfg->stall_abort_ms;
+	return limit / 4 < 1000 ? (limit / 4 > 5 ? limit / 4 : 5) : 1000;
+}
+
+static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slot *s, int w)
+{
+	struct wire_hdr h = {.type = WIRE_PULL_REPLY, .sender = srv->id, .round = s->round,
+			     .key = k->key, .count = k->count, .dtype = (uint8_t)k->dtype};
+	const void *payload = NULL;
+	if (s->result == RESULT_ZERO) {
+		h.flags = WIRE_FLAG_ZERO;
+	} else {
+		h.payload_len = k->bytes;
+		payload = s->result == RESULT_OWNED ? s->acc : k->push_buf[s->borrowed];
+	}
+	srv_queue_reply(srv, w, &h, payload);
+	if (++s->replies == srv->nworkers) {
+		/* Everyone has its reply queued: the slot is free for round + 2. */
+		s->active = false;
+		s->ready = false;
+		s->replies = 0;
+		s->next = 0;
+		s->result = RESULT_NONE;
+		memset(s->arrived, 0, (size_t)srv->nworkers);
+		memset(s->zero, 0, (size_t)srv->nworkers);
+	}
+}
+
+/* Answers worker w's pull of key k with an error instead of a sum. */
+void srv_reply_error(struct server *srv, struct srv_conn *c, int w, uint64_t key, uint32_t round,
+			    int err, const char *why)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	struct wire_hdr h = {.sender = srv->id, .key = key, .round = round};
+	if (wire_error_build(&h, &b, err, why) == 0) {
+		if (c != NULL) {
+			srv_conn_enqueue(c, &h, b.data, b.data);
+		} else {
+			pthread_mutex_lock(&srv->lock);
+			struct srv_conn *to = srv->by_worker[w];
+			if (to != NULL)
+				srv_conn_enqueue(to, &h, b.data, b.data);
+			else
+				free(b.data);
+			pthread_mutex_unlock(&srv->lock);
+		}
+		b.data = NULL;
+	}
+	wire_buf_fini(&b);
+}
+
+static void srv_on_poison(struct server *srv, struct srv_key *k, const char *why)
+{
+	k->poison = why;
+	for (int i = 0; i < 2; i++) {
+		struct srv_slot *s = &k->slot[i];
+		for (int w = 0; w < srv->nworkers; w++) {
+			if (s->pull_waiting[w]) {
+				s->pull_waiting[w] = 0;
+				srv_reply_error(srv, NULL, w, k->key, s->round, UNISUM_EMISMATCH, why);
+			}
+		}
+	}
+}
+
+static bool srv_slot_acc(struct srv_key *k, struct srv_slot *s)
+{
+	if (s->acc == NULL)
+		s->acc = malloc(k->bytes ? k->bytes : 1);
+	return s->acc != NULL;
+}
+
+/* Folds worker w's contribution into the slot's sum. */
+static int srv_fold(struct srv_key *k, struct srv_slot *s, int w)
+{
+	if (s->zero[w]) {
+		if (s->result == RESULT_NONE)
+			s->result = RESULT_ZERO;
+		return 0;
+	}
+	switch (s->result) {
+	case RESULT_NONE:
+	case RESULT_ZERO:
+		s->result = RESULT_BORROWED;
+		s->borrowed = w;
+		return 0;
+	case RESULT_BORROWED:
+		if (!srv_slot_acc(k, s))
+			return UNISUM_ENOMEM;
+		reducer_sum(s->acc, k->push_buf[s->borrowed], k->push_buf[w], k->count, k->dtype);
+		s->result = RESULT_OWNED;
+		return 0;
+	default:
+		reducer_sum_into(s->acc, k->push_buf[w], k->count, k->dtype);
+		return 0;
+	}
+}
+
+/* Two pushes of one round ask for different collectives (a broadcast from
+ * two roots, a sum against an average): nothing of the key is ever summed
+ * again, and every pull, waiting or to come, gets this error. */
+static void srv_op_mismatch(struct server *srv, struct srv_key *k, const struct srv_slot *s,
+			    const struct srv_event *ev)
+{
+	char a[64], b[64], first[64], other[64], msg[768];
+	snprintf(msg, sizeof msg,
+		 "tensor '%s' (partition %u) round %u: %s called %s but %s %s; every worker must "
+		 "call the same collective (a broadcast: with the same root)",
+		 k->name ? k->name : "?", (unsigned)(k->key & 0xffff), s->round,
+		 srv_worker_name(srv, s->op_worker, first, sizeof first),
+		 wire_op_describe(s->wire_op, a, sizeof a),
+		 srv_worker_name(srv, ev->worker, other, sizeof other),
+		 wire_op_describe(ev->wire_op, b, sizeof b));
+	LOG_ERROR("%s", msg);
+	k->own_poison = strdup(msg);
+	srv_on_poison(srv, k, k->own_poison ? k->own_poison : "the workers disagree on the collective");
+	/* Everyone else holding the tensor learns it through the scheduler:
+	 * the workers of a machine waiting for their root, the other
+	 * partitions' servers. */
+	rdv_client_poison_tensor(srv->rdv, k->key & ~(uint64_t)0xffff, msg);
+}
+
+static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
+{
+	struct srv_slot *s = &k->slot[ev->round & 1];
+	if (k->poison != NULL)
+		return;	/* never summed: its pull gets the error */
+	if (!s->active) {
+		s->active = true;
+		s->round = ev->round;
+		s->started_ms = timing_now_ms();
+		s->stall_level = 0;
+		s->wire_op = ev->wire_op;
+		s->op_worker = ev->worker;
+	} else if (ev->wire_op != s->wire_op) {
+		srv_op_mismatch(srv, k, s, ev);
+		return;
+	}
+	s->arrived[ev->worker] = 1;
+	s->zero[ev->worker] = ev->zero;
+	while (s->next < srv->nworkers && s->arrived[s->next]) {
+		if (srv_fold(k, s, s->next) != 0) {
+			LOG_ERROR("out of memory summing key 0x%llx", (unsigned long long)k->key);
+			atomic_store(&srv->job_error, UNISUM_ENOMEM);
+			return;
+		}
+		s->next++;
+	}
+	if (s->next < srv->nworkers)
+		return;
+	/* Every worker folded.  A borrowed sum is copied out: its owner may
+	 * push its next round before the others have received this one, and
+	 * even a lone worker's next push would land in the buffer that its
+	 * reply is still being sent from if it pushed without waiting. */
+	if (s->result == RESULT_BORROWED) {
+		if (!srv_slot_acc(k, s)) {
+			atomic_store(&srv->job_error, UNISUM_ENOMEM);
+			return;
+		}
+		memcpy(s->acc, k->push_buf[s->borrowed], k->bytes);
+		s->result = RESULT_OWNED;
+	}
+	s->ready = true;
+	for (int w = 0; w < srv->nworkers; w++) {
+		if (s->pull_waiting[w]) {
+			s->pull_waiting[w] = 0;
+			srv_reply_pull(srv, k, s, w);
+		}
+	}
+}
+
+static void srv_on_pull(struct server *srv, struct srv_key *k, const struct srv_event *ev)
+{
+	struct srv_slot *s = &k->slot[ev->round & 1];
+	if (k->poison != NULL)
+		srv_reply_error(srv, NULL, ev->worker, k->key, ev->round, UNISUM_EMISMATCH, k->poison);
+	else if (s->active && s->round == ev->round && s->ready)
+		srv_reply_pull(srv, k, s, ev->worker);
+	else
+		s->pull_waiting[ev->worker] = 1;
+}
+
+
+/* A worker is done with key k for good (an autotune cut it left, or it
+ * undeclared the tensor).  Once every worker is, nothing will push, pull
+ * or send from its buffers again: each RETIRE came after its worker
+ * received every reply of the key, on the same connection, so its events
+ * are all processed.  The key leaves the table at once (nobody can post
+ * an event for it after that) and is freed by an event behind any that
+ * were posted before. */
+static void srv_on_retire(struct server *srv, struct srv_key *k)
+{
+	if (++k->nretired < srv->nworkers)
+		return;
+	LOG_INFO("every worker retired '%s' (key 0x%llx): its %zu-byte buffers are freed",
+		 k->name ? k->name : "?", (unsigned long long)k->key, k->bytes);
+	pthread_mutex_lock(&srv->lock);
+	struct srv_key **at = &srv->buckets[srv_hash(k->key, srv->nbuckets)];
+	while (*at != NULL && *at != k)
+		at = &(*at)->next;
+	if (*at != NULL)
+		*at = k->next;
+	srv->nkeys--;
+	struct srv_engine *e = &srv->engines[k->engine];
+	for (size_t i = 0; i < e->nkeys; i++) {
+		if (e->keys[i] == k) {
+			e->keys[i] = e->keys[--e->nkeys];
+			break;
+		}
+	}
+	e->bytes -= k->bytes;
+	pthread_mutex_unlock(&srv->lock);
+	if (srv_post(srv, EVENT_FREE, k, 0, 0, false, 0, NULL) != 0) {
+		/* Out of memory for the event: keep the key's memory rather
+		 * than free it under a queued event. */
+		LOG_WARN("out of memory freeing key 0x%llx: it stays allocated",
+			 (unsigned long long)k->key);
+	}
+}
+
+/* Reports rounds of this engine's keys that some workers pushed and others
+ * have not, for longer than the stall limits (see DESIGN above). */
+static void srv_check_stalls(struct server *srv, struct srv_engine *e)
+{
+	int64_t now = timing_now_ms();
+	const struct config *cfg = srv->cfg;
+	char abort_msg[768] = "";	/* the first stall past the abort limit */
+	pthread_mutex_lock(&srv->lock);
+	for (size_t i = 0; i < e->nkeys; i++) {
+		struct srv_key *k = e->keys[i];
+		for (int j = 0; j < 2; j++) {
+			struct srv_slot *s = &k->slot[j];
+			if (!s->active || s->ready || k->poison != NULL)
+				continue;
+			int64_t waited = now - s->started_ms;
+			int level = cfg->stall_abort_ms > 0 && waited >= cfg->stall_abort_ms ? 2
+				    : waited >= cfg->stall_warn_ms			  ? 1
+											  : 0;
+			if (level <= s->stall_level)
+				continue;
+			s->stall_level = level;
+			/* "worker(s) 1, 3", or with several workers per machine
+			 * "machine(s) 1 (worker rank 4), 3 (worker rank 12)". */
+			char missing[256] = "", msg[768];
+			size_t n = 0;
+			int L = srv->local_size;
+			for (int w = 0; w < srv->nworkers && n < sizeof missing - 40; w++) {
+				if (s->arrived[w])
+					continue;
+				if (L > 1)
+					n += (size_t)snprintf(missing + n, sizeof missing - n,
+							      "%s%d (worker rank %d)", n ? ", " : "", w, w * L);
+				else
+					n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%d",
+							      n ? ", " : "", w);
+			}
+			snprintf(msg, sizeof msg,
+				 "stall: tensor '%s' (partition %u) round %u has waited %lld ms for %s %s, "
+				 "which have not pushed it; the others have. Does every worker push "
+				 "every tensor every round?",
+				 k->name, (unsigned)(k->key & 0xffff), s->round, (long long)waited,
+				 L > 1 ? "machine(s)" : "worker(s)", missing);
+			if (level == 1) {
+				LOG_WARN("%s", msg);
+			} else {
+				LOG_ERROR("%s (UNISUM_STALL_ABORT_MS=%d: failing the job)", msg,
+					  cfg->stall_abort_ms);
+				if (abort_msg[0] == '\0')
+					snprintf(abort_msg, sizeof abort_msg, "%s", msg);
+			}
+		}
+	}
+	pthread_mutex_unlock(&srv->lock);
+	/* Socket I/O after the lock is let go. */
+	if (abort_msg[0] != '\0')
+		rdv_client_fail_job(srv->rdv, UNISUM_ETIMEDOUT, abort_msg);
+}
+
+void *srv_engine_main(void *arg)
+{
+	struct srv_engine *e = arg;
+	int64_t next_check = timing_now_ms() + srv_stall_period_ms(e->srv);
+	for (;;) {
+		if (timing_now_ms() >= next_check) {
+			srv_check_stalls(e->srv, e);
+			next_check = timing_now_ms() + srv_stall_period_ms(e->srv);
+		}
+		pthread_mutex_lock(&e->lock);
+		while (e->head == NULL && !e->stop && timing_now_ms() < next_check) {
+			struct timespec until = timing_deadline(200);
+			pthread_cond_timedwait(&e->cond, &e->lock, &until);
+		}
+		struct srv_event *ev = e->head;
+		if (ev == NULL && e->stop) {
+			pthread_mutex_unlock(&e->lock);
+			return NULL;
+		}
+		if (ev == NULL) {
+			pthread_mutex_unlock(&e->lock);
+			continue;
+		}
+		e->head = ev->next;
+		if (e->head == NULL)
+			e->tail = NULL;
+		pthread_mutex_unlock(&e->lock);
+		if (ev->type == EVENT_PUSH)
+			srv_on_push(e->srv, ev->key, ev);
+		else if (ev->type == EVENT_PULL)
+			srv_on_pull(e->srv, ev->key, ev);
+		else if (ev->type == EVENT_RETIRE)
+			srv_on_retire(e->srv, ev->key);
+		else if (ev->type == EVENT_FREE)
+			srv_key_free(ev->key, e->srv->nworkers);
+		else
+			srv_on_poison(e->srv, ev->key, ev->why);
+		free(ev);
+	}
+}
+
+int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
+		    uint32_t wire_op, const char *why)
+{
+	struct srv_event *ev = malloc(sizeof *ev);
+	if (ev == NULL)
+		return UNISUM_ENOMEM;
+	*ev = (struct srv_event){.type = type, .key = k, .worker = w, .round = round, .zero = zero,
+				 .wire_op = wire_op, .why = why};
+	struct srv_engine *e = &srv->engines[k->engine];
+	pthread_mutex_lock(&e->lock);
+	if (e->joined) {
+		/* Shutting down (a late poison from the scheduler): nobody
+		 * would take it. */
+		pthread_mutex_unlock(&e->lock);
+		free(ev);
+		return 0;
+	}
+	if (e->tail)
+		e->tail->next = ev;
+	else
+		e->head = ev;
+	e->tail = ev;
+	pthread_cond_signal(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+	return 0;
+}

@@ -1,0 +1,168 @@
+/*
+ * srv_int.h - the server's state and the functions its files share
+ * (internal to src/server): server.c runs a server (start, accept, stop);
+ * engine.c keeps the key table and the engines that sum; conn.c a
+ * worker's connection (receiving and validating every message, sending
+ * replies).  See server.c's DESIGN.
+ */
+#ifndef UNISUM_SRV_INT_H
+#define UNISUM_SRV_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config/config.h"
+#include "rendezvous/rendezvous.h"
+#include "transport/transport.h"
+#include "wire/wire.h"
+
+enum srv_result {
+	RESULT_NONE,		/* nothing folded yet */
+	RESULT_ZERO,		/* only ZERO contributions so far */
+	RESULT_BORROWED,	/* the sum is worker `borrowed`'s push buffer */
+	RESULT_OWNED,		/* the sum is in `acc` */
+};
+
+/* One round of a key, owned by the key's engine thread. */
+struct srv_slot {
+	bool active;		/* holds a round in progress */
+	uint32_t round;		/* which one */
+	int next;		/* next worker rank to fold */
+	int result;		/* enum srv_result */
+	int borrowed;		/* worker whose buffer is the sum (RESULT_BORROWED) */
+	bool ready;		/* every worker folded */
+	int replies;		/* pull replies queued */
+	uint8_t *arrived;	/* [W] pushed this round */
+	uint8_t *zero;		/* [W] pushed a ZERO contribution */
+	uint8_t *pull_waiting;	/* [W] pulled before the round was ready */
+	uint8_t *acc;		/* accumulator, key bytes, allocated on first use */
+	int64_t started_ms;	/* when the round's first push arrived */
+	uint32_t wire_op;	/* the collective of that push (WIRE_OP()) ... */
+	int op_worker;		/* ... and who sent it: every other push must agree */
+	int stall_level;	/* 0, 1 = warned, 2 = aborted */
+};
+
+struct srv_key {
+	uint64_t key;
+	int dtype;
+	uint64_t count;
+	size_t bytes;		/* count x element size */
+	int engine;		/* engine thread that owns the key */
+	uint32_t *next_round;	/* [W] next round worker w may push; its conn thread's */
+	uint8_t **push_buf;	/* [W] worker w's push buffer; written by its conn thread */
+	struct srv_slot slot[2];	/* engine-owned */
+	const char *poison;	/* engine-owned: why every pull fails, or NULL */
+	char *own_poison;	/* engine-owned: the text of a disagreement found here */
+	uint8_t *retired;	/* [W] worker w sent RETIRE; its conn thread's */
+	int nretired;		/* engine-owned: RETIREs seen; at W the buffers go */
+	char *name;		/* the tensor's name, for stall reports */
+	struct srv_key *next;	/* hash chain */
+};
+
+enum srv_event_type { EVENT_PUSH, EVENT_PULL, EVENT_POISON, EVENT_RETIRE, EVENT_FREE };
+
+struct srv_event {
+	int type;		/* enum srv_event_type */
+	struct srv_key *key;
+	int worker;
+	uint32_t round;
+	bool zero;		/* PUSH flagged ZERO */
+	uint32_t wire_op;	/* PUSH: its collective (the header's aux) */
+	const char *why;	/* POISON: the reason (owned by the server) */
+	struct srv_event *next;
+};
+
+struct srv_engine {
+	struct server *srv;
+	pthread_t thread;
+	pthread_mutex_t lock;	/* the queue */
+	pthread_cond_t cond;
+	struct srv_event *head, *tail;
+	bool stop;		/* finish the queue, then exit */
+	bool joined;		/* exited: posts are dropped */
+	uint64_t bytes;		/* bytes of keys pinned here (under srv->lock) */
+	struct srv_key **keys;	/* keys pinned here (under srv->lock) */
+	size_t nkeys, capkeys;
+};
+
+struct srv_reply {
+	struct wire_hdr hdr;
+	const void *payload;	/* what follows the header */
+	void *owned;		/* freed after sending (error texts), or NULL */
+	struct srv_reply *next;
+};
+
+struct srv_conn {
+	struct server *srv;
+	struct tp_conn *conn;
+	pthread_t recv_thread, send_thread;
+	bool send_started;
+	int worker;		/* its machine after hello, -1 before */
+	bool ipc;		/* same host: data by cross-memory attach (WIRE_FLAG_IPC) */
+	pid_t peer_pid;		/* ... from and to this process */
+	pthread_mutex_t qlock;	/* the reply queue */
+	pthread_cond_t qcond;
+	struct srv_reply *head, *tail;
+	struct srv_reply *last_ack;	/* the last PUSH_ACK still queued, or NULL */
+	bool closing;		/* no more replies; the sender exits */
+	atomic_bool finished;	/* the receiving thread has ended */
+	struct srv_conn *next;	/* all connections, for the final join */
+};
+
+struct server {
+	const struct config *cfg;
+	const struct transport_ops *tp;
+	struct rdv_client *rdv;
+	struct tp_listener *listener;
+	int nworkers;		/* worker machines: one push each per key and round */
+	int local_size;		/* workers per machine (names in messages) */
+	uint32_t id;		/* this server's node id */
+	int rank;
+	pthread_mutex_t lock;	/* keys, by_worker, conns, stop state */
+	struct srv_key **buckets;	/* key hash table */
+	size_t nbuckets, nkeys;
+	struct srv_conn **by_worker;	/* [W] live connection of each machine's local root */
+	struct srv_conn *conns;	/* every connection ever accepted */
+	struct srv_engine *engines;
+	int nengines;
+	struct srv_poison *poisoned;	/* tensors that can never be summed */
+	atomic_bool stopping;
+	atomic_int job_error;	/* the notice's error, 0 while running */
+	atomic_bool told;	/* job_error came from the scheduler's notice */
+};
+
+/* A tensor whose workers disagree on its shape (the scheduler says so):
+ * every pull of its keys is answered with an error instead of a sum. */
+struct srv_poison {
+	uint64_t tensor;	/* key >> 16 */
+	char *why;		/* both shapes, for the workers' errors */
+	struct srv_poison *next;
+};
+
+/* server.c */
+const char *srv_worker_name(const struct server *srv, int m, char *buf, size_t len);
+
+/* engine.c: the key table (call srv_key_find with srv->lock held) and the
+ * engines' event queues */
+void *srv_engine_main(void *arg);
+int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+		    const char *name, char *why, size_t len);
+struct srv_key *srv_key_find(struct server *srv, uint64_t key);
+void srv_key_free(struct srv_key *k, int nworkers);
+int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
+	     uint32_t wire_op, const char *why);
+void srv_reply_error(struct server *srv, struct srv_conn *c, int w, uint64_t key, uint32_t round,
+		     int err, const char *why);
+
+/* conn.c: a worker's connection threads and its send queue */
+void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *payload,
+		      void *owned);
+void srv_queue_reply(struct server *srv, int w, const struct wire_hdr *h, const void *payload);
+void *srv_recv_main(void *arg);
+void *srv_send_main(void *arg);
+void srv_tensor_error(void *arg, uint64_t key, const char *why);
+
+#endif /* UNISUM_SRV_INT_H */
