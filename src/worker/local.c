@@ -1,6 +1,9 @@
 /*
  * local.c - LOCAL_REDUCE and LOCAL_BROADCAST over cross-memory attach.
- * See local.h for what the stages do.
+ * See local.h for what the stages do.  This file holds the segment's
+ * table, the waits, the stage threads and local.h's functions; the sums
+ * and copies are in local_reduce.c, the arenas in local_arena.c, the state
+ * they share in lc_int.h.
  *
  * DESIGN
  *
@@ -58,122 +61,11 @@
 #include "timing/timing.h"
 #include "trace/trace.h"
 #include "wire/wire.h"
+#include "worker/lc_int.h"
 #include "worker/local.h"
 
-#define LC_MAGIC 0x4c434f4cu	/* "LOCL" */
-#define LC_TABLE 4096		/* cut keys a rank may use at once */
-#define LC_TOMB UINT64_MAX	/* an entry's key once every rank undeclared it: reusable */
-#define LC_CHUNK (256u * 1024u)	/* bytes summed at a time: stays in L2 */
-#define LC_SLICE_MS 50		/* longest sleep between checks */
-#define LC_QUIESCE_MS 2000	/* a failing rank waits this long for peers to let go */
+struct lc_state lc = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
-struct lc_entry {
-	_Atomic uint64_t key;		/* cut key + 1; 0 = free */
-	_Atomic uint32_t round;		/* latest round posted */
-	_Atomic int32_t err;		/* this rank's part of that round failed */
-	_Atomic uint64_t in, out;	/* its buffers, in its own address space */
-	_Atomic uint64_t reduced;	/* partitions whose slice it summed */
-	_Atomic uint64_t pulled;	/* local root: replies in its output */
-	_Atomic uint64_t bcast;		/* 1: it copied the result / let go */
-	_Atomic uint64_t region;	/* staged: offset + 1 of its region in its arena, 0 none */
-	_Atomic uint64_t staged;	/* staged: partitions of its input staged for the others */
-	_Atomic uint64_t in_arena;	/* its input lies in its arena (unisum_alloc): offset + 1, 0 no */
-	_Atomic uint64_t out_arena;	/* the same for its output */
-	_Atomic uint32_t wire_op;	/* the collective of that round (WIRE_OP()) */
-	_Atomic uint32_t retired;	/* 1: its rank undeclared the tensor (local_forget) */
-	uint64_t pad[3];
-};
-
-struct lc_rank {
-	_Atomic int32_t pid;
-	_Atomic int32_t attached;
-	char pad[56];
-	struct lc_entry table[LC_TABLE];
-};
-
-struct lc_seg {
-	_Atomic uint32_t magic;
-	uint32_t local_size;
-	char pad[56];
-	struct shm_flag flag;
-	char pad2[64 - sizeof(struct shm_flag)];
-	struct lc_rank ranks[];
-};
-
-struct lc_peer {
-	pid_t pid;
-	struct lc_entry *e;		/* its entry of this op's key */
-	uint64_t in, out;		/* its buffers for this round */
-	uint8_t *region;		/* its region of this round in its arena (mapped here), or NULL */
-	const uint8_t *in_map;		/* its input, mapped here (it lies in its arena), or NULL */
-	uint8_t *out_map;		/* its output, the same */
-};
-
-struct local_op {
-	struct local_req req;
-	struct local_op *next;		/* in a stage queue */
-	struct local_op *stage_next;	/* in the staging queue */
-	bool staged;			/* the staging thread is done with it (under lock) */
-	uint64_t seq;			/* submission order */
-	struct lc_entry *mine;
-	struct lc_peer *peers;		/* [local_size] */
-	uint64_t bytes;			/* the whole tensor */
-	uint64_t region;		/* offset + 1 of its region in this rank's arena, 0 none */
-	int blocker;			/* the rank an unmet wait condition waits for */
-	/* Under lc.lock: */
-	uint32_t pushed, npulled;	/* local root of several machines */
-	int err;			/* first error */
-	char why[512];
-};
-
-struct lc_queue {
-	struct local_op *head;		/* (priority desc, seq asc) */
-	bool closed;
-};
-
-static struct {
-	struct local_cfg cfg;
-	struct local_hooks hooks;
-	char job[SHM_JOB_MAX + 1];
-	struct shm_seg shm;
-	struct lc_seg *seg;
-	pthread_mutex_t lock;		/* queues, ops' counters, the table's inserts */
-	pthread_cond_t cond;		/* a queue or a pull count changed */
-	struct lc_queue reduce_q, bcast_q;
-	struct local_op *stage_head, *stage_tail;	/* staging: submission order */
-	pthread_t reduce_thread, bcast_thread, stage_thread;
-	bool reduce_started, bcast_started, finish_started, stage_started;
-	struct local_op *finish;	/* lent operations waiting for the others (under lock) */
-	pthread_t finish_thread;
-	atomic_bool started;
-	uint64_t next_seq;
-	void *tmp[2], *acc;		/* LC_CHUNK each */
-	/* Each rank's arena, mapped by all: staging regions (one machine,
-	 * large tensors) and unisum_alloc's memory, which the peers then read
-	 * and write with plain loads and stores instead of cross-memory
-	 * attach. */
-	struct shm_seg *arenas;		/* [local_size]; NULL without arenas */
-	bool staging;			/* stage tensors of cfg.stage_bytes and more */
-	struct lc_span {
-		uint64_t off, len;
-	} *used;			/* this rank's regions in use, by offset (under lock) */
-	int nused, capused;
-	int nalloc;			/* of them, unisum_alloc's (under lock) */
-	/* After local_stop: this rank's arena stays mapped while unisum_alloc
-	 * memory is still out (the caller may hold it past shutdown); unmapped
-	 * when the last of it comes back (under lock). */
-	struct lc_kept {
-		struct shm_seg seg;
-		int nalloc;
-	} *kept;
-	int nkept, capkept;
-	bool said_no_room;		/* logged that the arena found /dev/shm full */
-	uint64_t *forgot;		/* keys this rank undeclared, entries not yet reclaimed */
-	int nforgot, capforgot;		/* (under lock) */
-	atomic_bool said_direct;	/* logged the first use of a peer's arena */
-} lc = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
-
-static bool lc_region_give(uint64_t region);
 
 
 static size_t lc_seg_bytes(int local_size)
@@ -181,26 +73,8 @@ static size_t lc_seg_bytes(int local_size)
 	return sizeof(struct lc_seg) + (size_t)local_size * sizeof(struct lc_rank);
 }
 
-static uint64_t lc_pack(uint32_t round, uint32_t count)
-{
-	return (uint64_t)round << 32 | count;
-}
 
-/* A counter's value for `round`: UINT32_MAX when it is already of a later
- * round (that rank is past this one), 0 for an earlier one. */
-static uint32_t lc_count(const _Atomic uint64_t *c, uint32_t round)
-{
-	uint64_t v = atomic_load_explicit(c, memory_order_acquire);
-	uint32_t r = (uint32_t)(v >> 32);
-	if (r == round)
-		return (uint32_t)v;
-	return (int32_t)(r - round) > 0 ? UINT32_MAX : 0;
-}
 
-static void lc_post(void)
-{
-	shm_flag_post(&lc.seg->flag);
-}
 
 /* ---- the table ----------------------------------------------------------- */
 
@@ -290,10 +164,7 @@ static struct lc_entry *lc_claim(uint64_t key, bool *fresh)
 
 /* ---- errors and waiting ---------------------------------------------------- */
 
-static void lc_fail(struct local_op *op, int err, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void lc_fail(struct local_op *op, int err, const char *fmt, ...)
+void lc_fail(struct local_op *op, int err, const char *fmt, ...)
 {
 	pthread_mutex_lock(&lc.lock);
 	if (op->err == 0) {
@@ -306,7 +177,7 @@ static void lc_fail(struct local_op *op, int err, const char *fmt, ...)
 	pthread_mutex_unlock(&lc.lock);
 }
 
-static int lc_err(struct local_op *op)
+int lc_err(struct local_op *op)
 {
 	pthread_mutex_lock(&lc.lock);
 	int err = op->err;
@@ -314,18 +185,11 @@ static int lc_err(struct local_op *op)
 	return err;
 }
 
-static int lc_rank_of(int q)
-{
-	return lc.cfg.machine * lc.cfg.local_size + q;
-}
 
-/* A condition: 1 met, 0 not yet (op->blocker: the rank it waits for),
- * < 0 failed (op->why says why). */
-typedef int (*lc_cond_fn)(struct local_op *op, void *arg);
 
 /* Waits until cond holds, the job fails or a peer dies.  0 or the error
  * (recorded in op). */
-static int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *what)
+int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *what)
 {
 	int64_t start = timing_now_ms(), next_check = start;
 	bool warned = false;
@@ -388,7 +252,7 @@ static int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *
 }
 
 /* Peer q's part of this round failed: its error, else 0. */
-static int lc_peer_failed(struct local_op *op, int q)
+int lc_peer_failed(struct local_op *op, int q)
 {
 	struct lc_entry *e = op->peers[q].e;
 	if (e == NULL || atomic_load_explicit(&e->round, memory_order_acquire) != op->req.round)
@@ -416,7 +280,7 @@ static int lc_peer_failed(struct local_op *op, int q)
 }
 
 /* Every peer has posted this round: their buffers are known. */
-static int lc_cond_posted(struct local_op *op, void *arg)
+int lc_cond_posted(struct local_op *op, void *arg)
 {
 	(void)arg;
 	for (int q = 0; q < lc.cfg.local_size; q++) {
@@ -482,7 +346,7 @@ static int lc_cond_posted(struct local_op *op, void *arg)
 }
 
 /* Every rank has summed its slice of partitions up to *arg (exclusive). */
-static int lc_cond_reduced(struct local_op *op, void *arg)
+int lc_cond_reduced(struct local_op *op, void *arg)
 {
 	uint32_t want = *(const uint32_t *)arg;
 	for (int q = 0; q < lc.cfg.local_size; q++) {
@@ -497,7 +361,7 @@ static int lc_cond_reduced(struct local_op *op, void *arg)
 }
 
 /* Every rank that stages has staged partitions up to *arg (exclusive). */
-static int lc_cond_staged(struct local_op *op, void *arg)
+int lc_cond_staged(struct local_op *op, void *arg)
 {
 	uint32_t want = *(const uint32_t *)arg;
 	for (int q = 0; q < lc.cfg.local_size; q++) {
@@ -511,368 +375,6 @@ static int lc_cond_staged(struct local_op *op, void *arg)
 			return 0;
 	}
 	return 1;
-}
-
-/* ---- copies ---------------------------------------------------------------- */
-
-/* Copies to memory that another core reads next: non-temporal stores skip
- * reading the destination into this core's cache first. */
-static void lc_copy_nt(void *dst, const void *src, size_t n)
-{
-#ifdef __SSE2__
-	char *d = dst;
-	const char *s = src;
-	size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-	if (head > n)
-		head = n;
-	memcpy(d, s, head);
-	d += head;
-	s += head;
-	n -= head;
-	size_t i = 0;
-	for (; i + 64 <= n; i += 64) {
-		__m128i a = _mm_loadu_si128((const __m128i *)(s + i));
-		__m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
-		__m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
-		__m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
-		_mm_stream_si128((__m128i *)(d + i), a);
-		_mm_stream_si128((__m128i *)(d + i + 16), b);
-		_mm_stream_si128((__m128i *)(d + i + 32), c);
-		_mm_stream_si128((__m128i *)(d + i + 48), e);
-	}
-	memcpy(d + i, s + i, n - i);
-	_mm_sfence();
-#else
-	memcpy(dst, src, n);
-#endif
-}
-
-static int lc_vm(bool write, struct local_op *op, int q, void *local, uint64_t remote, size_t n)
-{
-	pid_t pid = op->peers[q].pid;
-	int rc = shm_vm_copy(pid, write, local, remote, n);
-	if (rc == 0)
-		return 0;
-	if (rc == -ESRCH)
-		lc_fail(op, UNISUM_ECONN, "worker %d (local rank %d of machine %d, pid %d) died while "
-			"worker %d was summing with it", lc_rank_of(q), q, lc.cfg.machine, (int)pid,
-			lc.cfg.rank);
-	else
-		lc_fail(op, UNISUM_ESYS, "worker %d cannot %s the memory of worker %d (pid %d) with %s: "
-			"%s; the local reduce needs cross-memory attach (a container without "
-			"CAP_SYS_PTRACE or kernel.yama.ptrace_scope >= 2 forbids it); run with "
-			"UNISUM_LOCAL_SIZE=1 (`unisum launch --local-size 1`) to go through the servers "
-			"instead", lc.cfg.rank, write ? "write" : "read", lc_rank_of(q), (int)pid,
-			write ? "process_vm_writev" : "process_vm_readv", strerror(-rc));
-	return lc_err(op);
-}
-
-/* ---- LOCAL_REDUCE --------------------------------------------------------- */
-
-/* Elements [*s, *e) of a partition of `count` that local rank r sums:
- * equal slices, cut on 64-byte boundaries. */
-static void lc_slice(uint64_t count, size_t esize, int r, int L, uint64_t *s, uint64_t *e)
-{
-	uint64_t align = 64 / esize;
-	uint64_t per = (count + (uint64_t)L - 1) / (uint64_t)L;
-	per = (per + align - 1) / align * align;
-	uint64_t a = per * (uint64_t)r, b = a + per;
-	*s = a < count ? a : count;
-	*e = b < count ? b : count;
-}
-
-/* Sums elements [off, off + n) of every rank's input, in rank order, into
- * dst (n * esize <= LC_CHUNK). */
-static int lc_sum_chunk(struct local_op *op, void *dst, uint64_t off, size_t n, size_t esize)
-{
-	const int me = lc.cfg.local_rank;
-	size_t bytes = n * esize;
-	const void *first = NULL;
-	int have = 0, tmp = 0;
-	for (int q = 0; q < lc.cfg.local_size; q++) {
-		const void *src;
-		if (q == me) {
-			if (op->req.in == NULL)
-				continue;
-			src = (const char *)op->req.in + off * esize;
-		} else if (op->peers[q].in == 0) {
-			continue;
-		} else if (op->peers[q].in_map != NULL) {
-			src = op->peers[q].in_map + off * esize;	/* unisum_alloc: read in place */
-		} else if (op->peers[q].region != NULL) {
-			src = op->peers[q].region + off * esize;	/* it staged our slice */
-		} else {
-			/* A second peer needs the other buffer while the first waits. */
-			void *buf = lc.tmp[tmp];
-			int rc = lc_vm(false, op, q, buf, op->peers[q].in + off * esize, bytes);
-			if (rc != 0)
-				return rc;
-			if (have == 0)
-				tmp ^= 1;
-			src = buf;
-		}
-		if (have == 0)
-			first = src;
-		else if (have == 1)
-			reducer_sum(dst, first, src, n, op->req.dtype);
-		else
-			reducer_sum_into(dst, src, n, op->req.dtype);
-		have++;
-	}
-	if (have == 0)
-		memset(dst, 0, bytes);
-	else if (have == 1 && first != dst)
-		memcpy(dst, first, bytes);
-	return 0;
-}
-
-/* Root of several machines: pushes every partition from *next on that all
- * ranks have summed; with `wait`, waits for them all. */
-static int lc_push_ready(struct local_op *op, uint32_t *next, bool wait)
-{
-	while (*next < op->req.nparts) {
-		uint32_t want = *next + 1;
-		int rc = lc_cond_reduced(op, &want);
-		if (rc == 0 && wait)
-			rc = lc_wait(op, lc_cond_reduced, &want, "the machine's local sum") == 0 ? 1 : -1;
-		if (rc < 0)
-			return lc_err(op);
-		if (rc == 0)
-			return 0;
-		pthread_mutex_lock(&lc.lock);
-		op->pushed++;
-		pthread_mutex_unlock(&lc.lock);
-		lc.hooks.push(op->req.ctx, (*next)++);
-	}
-	return 0;
-}
-
-/* Staging: copies this rank's input slices of partition p that the other
- * ranks sum into its region, at their places in the tensor. */
-static void lc_stage(struct local_op *op, uint8_t *region, uint32_t p)
-{
-	const struct placement_part *part = &op->req.parts[p];
-	const size_t esize = unisum_dtype_size(op->req.dtype);
-	if (op->req.in != NULL) {
-		for (int r = 0; r < lc.cfg.local_size; r++) {
-			if (r == lc.cfg.local_rank)
-				continue;
-			uint64_t s, e;
-			lc_slice(part->count, esize, r, lc.cfg.local_size, &s, &e);
-			size_t off = (size_t)(part->offset + s) * esize;
-			lc_copy_nt(region + off, (const uint8_t *)op->req.in + off, (size_t)(e - s) * esize);
-		}
-	}
-	atomic_store_explicit(&op->mine->staged, lc_pack(op->req.round, p + 1), memory_order_release);
-	lc_post();
-}
-
-static uint8_t *lc_my_region(const struct local_op *op)
-{
-	return op->region != 0 ? (uint8_t *)shm_seg_data(&lc.arenas[lc.cfg.local_rank]) + op->region - 1
-			       : NULL;
-}
-
-static int lc_reduce(struct local_op *op)
-{
-	const int me = lc.cfg.local_rank, L = lc.cfg.local_size;
-	const bool one_machine = lc.cfg.machines == 1;
-	const size_t esize = unisum_dtype_size(op->req.dtype);
-	const size_t chunk = LC_CHUNK / esize;
-	int rc = lc_wait(op, lc_cond_posted, NULL, "the other local workers to start this push_pull");
-	if (rc != 0)
-		return rc;
-	uint8_t *region = lc_my_region(op);
-	uint32_t next_push = 0;
-	int64_t t0 = op->req.traced ? trace_now_us() : 0;
-	for (uint32_t p = 0; p < op->req.nparts; p++) {
-		const struct placement_part *part = &op->req.parts[p];
-		uint32_t want = p + 1;
-		if ((rc = lc_wait(op, lc_cond_staged, &want, "the other local workers' staging")) != 0)
-			return rc;
-		uint64_t s, e;
-		lc_slice(part->count, esize, me, L, &s, &e);
-		for (uint64_t at = part->offset + s; at < part->offset + e; at += chunk) {
-			size_t n = (size_t)(part->offset + e - at < chunk ? part->offset + e - at : chunk);
-			size_t bytes = n * esize;
-			void *dst = one_machine || me == 0 ? (char *)op->req.out + at * esize : lc.acc;
-			/* In place, the sum of the ranks before this one would
-			 * overwrite its own input before it is added: sum aside. */
-			bool alias = op->req.in != NULL && me > 0 &&
-				     dst == (const char *)op->req.in + at * esize;
-			rc = lc_sum_chunk(op, alias ? lc.acc : dst, at, n, esize);
-			if (rc == 0 && alias)
-				memcpy(dst, lc.acc, bytes);
-			if (rc == 0 && one_machine && op->req.divisor > 1)
-				reducer_divide(dst, n, op->req.dtype, op->req.divisor);
-			if (rc == 0 && region != NULL) {
-				/* The others copy this slice's sum from here. */
-				lc_copy_nt(region + at * esize, dst, bytes);
-				continue;
-			}
-			for (int q = 0; rc == 0 && q < L; q++) {
-				if (q == me || !(one_machine || q == 0))
-					continue;
-				if (op->peers[q].out_map != NULL)
-					lc_copy_nt(op->peers[q].out_map + at * esize, dst, bytes);
-				else
-					rc = lc_vm(true, op, q, dst, op->peers[q].out + at * esize, bytes);
-			}
-			if (rc != 0)
-				return rc;
-		}
-		atomic_store_explicit(&op->mine->reduced, lc_pack(op->req.round, p + 1),
-				      memory_order_release);
-		lc_post();
-		if (op->req.traced) {
-			int64_t t1 = trace_now_us();
-			trace_span(TRACE_LOCAL_REDUCE, op->req.tensor, p, op->req.step,
-				   op->req.key + p, part->count * esize, 0, t0, t1);
-			t0 = t1;
-		}
-		if (!one_machine && me == 0 && (rc = lc_push_ready(op, &next_push, false)) != 0)
-			return rc;
-	}
-	if (!one_machine && me == 0)
-		return lc_push_ready(op, &next_push, true);
-	return 0;
-}
-
-/* ---- LOCAL_BROADCAST ------------------------------------------------------ */
-
-/* Several machines, not the root: every reply is in the root's output. */
-static int lc_cond_root_pulled(struct local_op *op, void *arg)
-{
-	(void)arg;
-	int err = lc_peer_failed(op, 0);
-	if (err != 0)
-		return err;
-	op->blocker = 0;
-	return lc_count(&op->peers[0].e->pulled, op->req.round) >= op->req.nparts;
-}
-
-/* Every other rank has let go of this round's buffers (copied the result,
- * or gave up). */
-static int lc_cond_let_go(struct local_op *op, void *arg)
-{
-	(void)arg;
-	for (int q = 0; q < lc.cfg.local_size; q++) {
-		if (q == lc.cfg.local_rank)
-			continue;
-		struct lc_entry *e = op->peers[q].e;
-		op->blocker = q;
-		if (e != NULL && lc_count(&e->bcast, op->req.round) == 0 &&
-		    shm_pid_is_alive(op->peers[q].pid))
-			return 0;
-	}
-	return 1;
-}
-
-/* The root's own replies are all in (process-local wait). */
-static void lc_await_pulls(struct local_op *op)
-{
-	pthread_mutex_lock(&lc.lock);
-	while (op->npulled < op->pushed) {
-		struct timespec until = timing_deadline(LC_SLICE_MS);
-		pthread_cond_timedwait(&lc.cond, &lc.lock, &until);
-	}
-	pthread_mutex_unlock(&lc.lock);
-}
-
-/* After a failure: marks this rank's part failed and gives the peers a
- * moment to stop touching its buffers before the caller gets them back. */
-static void lc_quiesce(struct local_op *op)
-{
-	int err = lc_err(op);
-	atomic_store(&op->mine->err, err != 0 ? err : UNISUM_ECONN);
-	atomic_store_explicit(&op->mine->bcast, lc_pack(op->req.round, 1), memory_order_release);
-	lc_post();
-	int64_t until = timing_now_ms() + LC_QUIESCE_MS;
-	while (timing_now_ms() < until) {
-		bool busy = false;
-		for (int q = 0; q < lc.cfg.local_size && !busy; q++) {
-			struct lc_peer *p = &op->peers[q];
-			if (q == lc.cfg.local_rank || p->e == NULL || !shm_pid_is_alive(p->pid))
-				continue;
-			if (atomic_load_explicit(&p->e->round, memory_order_acquire) != op->req.round)
-				continue;
-			busy = atomic_load(&p->e->err) == 0 &&
-			       (lc_count(&p->e->reduced, op->req.round) < op->req.nparts ||
-				lc_count(&p->e->bcast, op->req.round) == 0);
-		}
-		if (!busy)
-			return;
-		uint32_t seq = shm_flag_load(&lc.seg->flag);
-		shm_flag_wait(&lc.seg->flag, seq + 1, LC_SLICE_MS);
-	}
-}
-
-/* This rank's LOCAL_BROADCAST spans: one per partition, from `since`. */
-static void lc_trace_bcast(const struct local_op *op, int64_t since)
-{
-	if (!op->req.traced)
-		return;
-	int64_t now = trace_now_us();
-	size_t esize = unisum_dtype_size(op->req.dtype);
-	for (uint32_t p = 0; p < op->req.nparts; p++)
-		trace_span(TRACE_LOCAL_BROADCAST, op->req.tensor, p, op->req.step, op->req.key + p,
-			   op->req.parts[p].count * esize, 0, since, now);
-}
-
-static void lc_broadcast(struct local_op *op)
-{
-	const int me = lc.cfg.local_rank;
-	const bool one_machine = lc.cfg.machines == 1;
-	int64_t since = op->req.traced ? trace_now_us() : 0;
-	bool ok = lc_err(op) == 0;
-	if (ok && one_machine) {
-		/* Ranks that stage leave their slice's sum in their region, the
-		 * others write it into this rank's output themselves. */
-		const size_t esize = unisum_dtype_size(op->req.dtype);
-		for (uint32_t p = 0; p < op->req.nparts; p++) {
-			uint32_t want = p + 1;
-			if (lc_wait(op, lc_cond_reduced, &want, "the other local workers' sums") != 0)
-				break;
-			/* In place, the slices copied in below are what this rank's
-			 * staging thread read for the others; their sums imply it
-			 * finished, and this acquire says so to this process too
-			 * (ThreadSanitizer cannot see through the other ranks). */
-			while (op->region != 0 && lc_count(&op->mine->staged, op->req.round) < want)
-				sched_yield();
-			const struct placement_part *part = &op->req.parts[p];
-			for (int r = 0; r < lc.cfg.local_size; r++) {
-				if (r == me || op->peers[r].region == NULL)
-					continue;
-				uint64_t s, e;
-				lc_slice(part->count, esize, r, lc.cfg.local_size, &s, &e);
-				size_t off = (size_t)(part->offset + s) * esize;
-				memcpy((uint8_t *)op->req.out + off, op->peers[r].region + off,
-				       (size_t)(e - s) * esize);
-			}
-		}
-	} else if (ok && me != 0) {
-		if (lc_wait(op, lc_cond_root_pulled, NULL, "the local root's pull") == 0) {
-			size_t bytes = 0;
-			for (uint32_t p = 0; p < op->req.nparts; p++)
-				bytes += op->req.parts[p].count;
-			bytes *= unisum_dtype_size(op->req.dtype);
-			if (op->peers[0].out_map != NULL)
-				memcpy(op->req.out, op->peers[0].out_map, bytes);
-			else
-				lc_vm(false, op, 0, op->req.out, op->peers[0].out, bytes);
-		}
-	}
-	if (!one_machine && me == 0) {
-		/* Replies write into the output until the last one is in. */
-		lc_await_pulls(op);
-	}
-	if (lc_err(op) != 0) {
-		lc_quiesce(op);
-	} else {
-		atomic_store_explicit(&op->mine->bcast, lc_pack(op->req.round, 1), memory_order_release);
-		lc_post();
-	}
-	lc_trace_bcast(op, since);
 }
 
 /* ---- stage threads -------------------------------------------------------- */
@@ -1025,135 +527,6 @@ static void *lc_finish_main(void *arg)
 		if (waiting)
 			shm_flag_wait(&lc.seg->flag, seq + 1, LC_SLICE_MS);
 	}
-}
-
-/* ---- staging regions --------------------------------------------------------- */
-
-/* Takes `len` bytes of this rank's arena, first fit: offset + 1, or 0 when
- * they do not fit now (the tensor then goes by cross-memory attach).
- * lc.lock held. */
-static uint64_t lc_region_take(uint64_t len)
-{
-	if (lc.arenas == NULL || len == 0)
-		return 0;
-	const struct shm_seg *arena = &lc.arenas[lc.cfg.local_rank];
-	uint64_t size = shm_seg_size(arena);
-	if (len > size)
-		return 0;
-	len = (len + 4095) & ~(uint64_t)4095;
-	uint64_t at = 0;
-	int i = 0;
-	for (; i < lc.nused; i++) {
-		if (lc.used[i].off - at >= len)
-			break;
-		at = lc.used[i].off + lc.used[i].len;
-	}
-	if (at > size || len > size - at)
-		return 0;
-	/* Take the pages now: a sparse arena's first touch of a page that
-	 * /dev/shm has no room for would raise SIGBUS in whoever touches it. */
-	int rc = shm_seg_reserve(arena, at, len);
-	if (rc != 0) {
-		if (!lc.said_no_room)
-			LOG_WARN("worker %d: its shared arena cannot take %llu more bytes (%s): using "
-				 "ordinary memory and cross-memory attach instead; make /dev/shm larger "
-				 "or UNISUM_LOCAL_ARENA_BYTES smaller", lc.cfg.rank, (unsigned long long)len,
-				 rc == UNISUM_ENOMEM ? "/dev/shm is full" : "this kernel cannot reserve "
-				 "shared memory ahead (MADV_POPULATE_WRITE needs Linux 5.14)");
-		lc.said_no_room = true;
-		return 0;
-	}
-	if (lc.nused == lc.capused) {
-		int cap = lc.capused ? lc.capused * 2 : 16;
-		struct lc_span *u = realloc(lc.used, (size_t)cap * sizeof *u);
-		if (u == NULL)
-			return 0;
-		lc.used = u;
-		lc.capused = cap;
-	}
-	memmove(&lc.used[i + 1], &lc.used[i], (size_t)(lc.nused - i) * sizeof *lc.used);
-	lc.used[i] = (struct lc_span){at, len};
-	lc.nused++;
-	return at + 1;
-}
-
-/* Gives back the region at offset region - 1: whether there was one. */
-static bool lc_region_give_locked(uint64_t region)
-{
-	for (int i = 0; region != 0 && i < lc.nused; i++) {
-		if (lc.used[i].off == region - 1) {
-			memmove(&lc.used[i], &lc.used[i + 1], (size_t)(lc.nused - i - 1) * sizeof *lc.used);
-			lc.nused--;
-			return true;
-		}
-	}
-	return false;
-}
-
-static bool lc_region_give(uint64_t region)
-{
-	pthread_mutex_lock(&lc.lock);
-	bool had = lc_region_give_locked(region);
-	pthread_mutex_unlock(&lc.lock);
-	return had;
-}
-
-/* Where [p, p + len) lies in this rank's arena: offset + 1, or 0 when it is
- * not wholly inside it. */
-static uint64_t lc_arena_offset(const void *p, uint64_t len)
-{
-	if (lc.arenas == NULL || p == NULL)
-		return 0;
-	const struct shm_seg *a = &lc.arenas[lc.cfg.local_rank];
-	uintptr_t base = (uintptr_t)shm_seg_data(a), at = (uintptr_t)p;
-	if (at < base || at - base > shm_seg_size(a) || len > shm_seg_size(a) - (at - base))
-		return 0;
-	return (uint64_t)(at - base) + 1;
-}
-
-void *local_alloc(size_t bytes)
-{
-	if (bytes == 0)
-		bytes = 1;
-	pthread_mutex_lock(&lc.lock);
-	uint64_t region = lc.started ? lc_region_take(bytes) : 0;
-	void *p = NULL;
-	if (region != 0) {
-		lc.nalloc++;
-		p = (uint8_t *)shm_seg_data(&lc.arenas[lc.cfg.local_rank]) + region - 1;
-	}
-	pthread_mutex_unlock(&lc.lock);
-	return p;
-}
-
-bool local_free(void *p)
-{
-	pthread_mutex_lock(&lc.lock);
-	uint64_t region = lc_arena_offset(p, 1);
-	if (region != 0) {
-		/* A pointer into the arena that starts no region (misuse) is
-		 * still the arena's: never for free(). */
-		if (lc_region_give_locked(region))
-			lc.nalloc--;
-		pthread_mutex_unlock(&lc.lock);
-		return true;
-	}
-	for (int i = 0; i < lc.nkept; i++) {
-		struct lc_kept *k = &lc.kept[i];
-		uintptr_t base = (uintptr_t)shm_seg_data(&k->seg), at = (uintptr_t)p;
-		if (at < base || at - base >= shm_seg_size(&k->seg))
-			continue;
-		/* An arena that outlived local_stop: unmapped with its last
-		 * allocation (its name is long gone, so its memory goes too). */
-		if (--k->nalloc == 0) {
-			shm_seg_close(&k->seg);
-			*k = lc.kept[--lc.nkept];
-		}
-		pthread_mutex_unlock(&lc.lock);
-		return true;
-	}
-	pthread_mutex_unlock(&lc.lock);
-	return false;
 }
 
 /* ---- public ---------------------------------------------------------------- */
