@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config/config.h"
 #include "tools.h"
 #include "unisum.h"
 
@@ -134,8 +135,10 @@ static int bench_worker(const int *sizes_mib, int nsizes, double seconds)
 
 int bench_inside_job(void)
 {
-	return getenv("UNISUM_LAUNCHED") != NULL || getenv("UNISUM_ROLE") != NULL ||
-	       getenv("DMLC_ROLE") != NULL;
+	struct config cfg;
+	char err[256];
+	return config_load(&cfg, err, sizeof err) != 0 || cfg.launched ||
+	       cfg.role != CONFIG_ROLE_NONE;
 }
 
 int bench_self_exe(char *buf, size_t len)
@@ -192,16 +195,15 @@ int bench_main(int argc, char **argv)
 	char self[PATH_MAX];
 	if (bench_self_exe(self, sizeof self) != 0)
 		return 1;
-	char wbuf[16], sbuf[16], secbuf[32], sizebuf[256] = "";
-	snprintf(wbuf, sizeof wbuf, "%d", workers);
-	snprintf(sbuf, sizeof sbuf, "%d", servers);
+	char secbuf[32], sizebuf[256] = "";
 	snprintf(secbuf, sizeof secbuf, "%g", seconds);
 	for (int i = 0; i < nsizes; i++) {
 		size_t len = strlen(sizebuf);
 		snprintf(sizebuf + len, sizeof sizebuf - len, "%s%d", i ? "," : "", sizes[i]);
 	}
 	/* Every worker its own machine: this measures the servers' path. */
-	char *largv[] = {"launch", "-w", wbuf, "-s", sbuf, "--local-size", "1", "--", self, "bench",
-			 "--sizes", sizebuf, "--seconds", secbuf, NULL};
-	return launch_main((int)(sizeof largv / sizeof largv[0]) - 1, largv);
+	char *cmd[] = {self, "bench", "--sizes", sizebuf, "--seconds", secbuf, NULL};
+	struct launch_opts job = {.num_workers = workers, .num_servers = servers, .local_size = 1,
+				  .cmd = cmd};
+	return launch_run(&job);
 }

@@ -59,6 +59,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "config/config.h"
 #include "tools.h"
 #include "unisum.h"
 
@@ -652,22 +653,33 @@ static void format_bytes(char *buf, size_t size, uint64_t bytes)
 		snprintf(buf, size, "%.2f MiB", (double)bytes / MIB);
 }
 
+/* The knobs of this process (config.c's table; a malformed one was
+ * refused at unisum_init, or is by the job this launches). */
+static const struct config *bench_config(void)
+{
+	static struct config cfg;
+	static bool loaded;
+	char err[256];
+	if (!loaded && config_load(&cfg, err, sizeof err) != 0)
+		cfg.autotune_steps = 10;
+	loaded = true;
+	return &cfg;
+}
+
 /* Prints the header of the table (rank 0). */
 static void print_header(const struct trainer *t)
 {
 	unisum_stats st = {0};
-	const char *servers = getenv("UNISUM_NUM_SERVER");
-	if (servers == NULL)
-		servers = getenv("DMLC_NUM_SERVER");
 	unisum_get_stats(&st);
 	char credit[32] = "none", partition[32];
 	if (st.credit_bytes != 0)
 		format_bytes(credit, sizeof credit, st.credit_bytes);
 	format_bytes(partition, sizeof partition, st.partition_bytes);
-	printf("unisum bench --model %s: %d tensors, %.1f MiB float32, %d workers, %s servers, "
+	printf("unisum bench --model %s: %d tensors, %.1f MiB float32, %d workers, %d servers, "
 	       "compute %g ms/iteration, credit %s, partition %s, %d iterations after %d warm-up\n",
 	       t->o->model->name, t->params->n, (double)param_total(t->params) * 4 / MIB, t->size,
-	       servers ? servers : "?", t->o->compute_ms, credit, partition, t->o->iters, t->o->warmup);
+	       bench_config()->num_servers, t->o->compute_ms, credit, partition, t->o->iters,
+	       t->o->warmup);
 	printf("%-9s %12s %14s %22s\n", "mode", "iter mean", "iter median", "first-layer-ready mean");
 	fflush(stdout);
 }
@@ -696,10 +708,9 @@ static void print_rows(const struct options *o, const struct mode_result *res)
 			fifo = &res[k];
 	for (int k = 0; k < o->nmodes; k++) {
 		const struct mode_result *r = &res[k];
-		const char *tuned = getenv("UNISUM_AUTOTUNE");
 		char label[32];
 		snprintf(label, sizeof label, "%s%s", mode_names[o->modes[k]],
-			 tuned != NULL && strcmp(tuned, "1") == 0 ? "+autotune" : "");
+			 bench_config()->autotune ? "+autotune" : "");
 		printf("%-9s %9.2f ms %11.2f ms %19.2f ms", label, r->iter_mean, r->iter_median,
 		       r->ready_mean);
 		unisum_stats st;
@@ -764,9 +775,9 @@ static void print_list(const struct model *m, const struct param_list *l)
 	printf("# %s: %d tensors, %zu params\n", m->name, l->n, param_total(l));
 }
 
-/* Runs launch_main in a child process (it installs signal handlers and
- * keeps state of its own), so two jobs can run one after the other. */
-static int launch_child(int argc, char **argv)
+/* Runs the job in a child process (the launcher installs signal handlers
+ * and keeps state of its own), so two jobs can run one after the other. */
+static int launch_child(const struct launch_opts *job)
 {
 	fflush(stdout);
 	fflush(stderr);
@@ -776,7 +787,7 @@ static int launch_child(int argc, char **argv)
 		return 1;
 	}
 	if (pid == 0)
-		_exit(launch_main(argc, argv));
+		_exit(launch_run(job));
 	int st;
 	while (waitpid(pid, &st, 0) < 0)
 		if (errno != EINTR)
@@ -791,9 +802,7 @@ static int launch_self(const struct options *o)
 	char self[PATH_MAX];
 	if (bench_self_exe(self, sizeof self) != 0)
 		return 1;
-	char wbuf[16], sbuf[16], itbuf[16], wubuf[16], msbuf[32], modes[64] = "";
-	snprintf(wbuf, sizeof wbuf, "%d", o->workers);
-	snprintf(sbuf, sizeof sbuf, "%d", o->servers);
+	char itbuf[16], wubuf[16], msbuf[32], modes[64] = "";
 	snprintf(itbuf, sizeof itbuf, "%d", o->iters);
 	snprintf(wubuf, sizeof wubuf, "%d", o->warmup);
 	snprintf(msbuf, sizeof msbuf, "%.17g", o->compute_ms);
@@ -802,23 +811,20 @@ static int launch_self(const struct options *o)
 		snprintf(modes + len, sizeof modes - len, "%s%s", i ? "," : "", mode_names[o->modes[i]]);
 	}
 	/* Every worker its own machine: the pipeline under test is the servers'. */
-	char *largv[] = {"launch", "-w", wbuf, "-s", sbuf, "--local-size", "1", "--", self, "bench",
-			 "--model", (char *)o->model->name, "--iters", itbuf, "--warmup", wubuf,
-			 "--compute-ms", msbuf, "--modes", modes, NULL};
-	int argc = (int)(sizeof largv / sizeof largv[0]) - 1;
-	int rc = launch_child(argc, largv);
+	char *cmd[] = {self, "bench", "--model", (char *)o->model->name, "--iters", itbuf, "--warmup",
+		       wubuf, "--compute-ms", msbuf, "--modes", modes, NULL};
+	struct launch_opts job = {.num_workers = o->workers, .num_servers = o->servers,
+				  .local_size = 1, .cmd = cmd};
+	int rc = launch_child(&job);
 	if (rc != 0 || !o->autotune)
 		return rc;
-	const char *steps_env = getenv("UNISUM_AUTOTUNE_STEPS");
-	int steps = steps_env != NULL ? atoi(steps_env) : 10;
-	if (steps < 4)
-		steps = 10;
+	int steps = bench_config()->autotune_steps;
 	snprintf(wubuf, sizeof wubuf, "%d", o->warmup + 11 * steps);
 	snprintf(modes, sizeof modes, "priority");
 	setenv("UNISUM_AUTOTUNE", "1", 1);
 	fprintf(stderr, "unisum bench: now priority with UNISUM_AUTOTUNE=1 (%d warm-up iterations "
 		"while it tries settings)\n", o->warmup + 11 * steps);
-	return launch_child(argc, largv);
+	return launch_child(&job);
 }
 
 int bench_model_main(int argc, char **argv)

@@ -603,34 +603,34 @@ static int job_run(struct launcher *l, const struct config *cfg)
 	return status;
 }
 
-int launch_main(int argc, char **argv)
+/* A launcher with nothing open yet; NULL when out of memory.  On the heap,
+ * because a waiter thread that never returns keeps using it after the
+ * launcher returned (see launch_sched_finish()). */
+static struct launcher *launcher_new(void)
 {
-	struct launcher *l;
-	struct config cfg;
-	int status = 1;
-	int rc;
-
-	/* On the heap, because a waiter thread that never returns keeps using
-	 * it after launch_main() did (see launch_sched_finish()). */
-	l = calloc(1, sizeof(*l));
+	struct launcher *l = calloc(1, sizeof(*l));
 	if (!l) {
 		fprintf(stderr, "unisum launch: out of memory\n");
-		return 1;
+		return NULL;
 	}
 	l->sigfd = -1;
 	l->devnull = -1;
 	l->sched_netns = -1;
 	l->waiter_pipe[0] = l->waiter_pipe[1] = -1;
 	l->self = getpid();
+	return l;
+}
 
-	rc = launch_options_parse(l, argc, argv);
-	if (rc != 0) {
-		status = rc > 0 ? 0 : LAUNCH_EXIT_USAGE;
-		goto out_free_launcher;
-	}
+/* Runs the job of launcher l, whose options are set and checked, and
+ * frees l (but for a waiter thread's share of it).  The exit status. */
+static int launcher_run(struct launcher *l)
+{
+	struct config cfg;
+	int status = 1;
+
 	/* The job's identity and shape, from the options and the
 	 * environment, before any thread exists (they edit environ). */
-	rc = launch_job_configure(l, &cfg);
+	int rc = launch_job_configure(l, &cfg);
 	if (rc != 0) {
 		status = rc;
 		goto out_free_launcher;
@@ -677,4 +677,35 @@ out_free_launcher:
 	free(l->entry_fds);
 	free(l);
 	return status;
+}
+
+int launch_main(int argc, char **argv)
+{
+	struct launcher *l = launcher_new();
+	if (!l)
+		return 1;
+	int rc = launch_options_parse(l, argc, argv);
+	if (rc != 0) {
+		free(l);
+		return rc > 0 ? 0 : LAUNCH_EXIT_USAGE;
+	}
+	return launcher_run(l);
+}
+
+int launch_run(const struct launch_opts *o)
+{
+	struct launcher *l = launcher_new();
+	if (!l)
+		return 1;
+	l->num_workers = o->num_workers;
+	l->num_servers = o->num_servers;
+	l->local_size = o->local_size;
+	l->timeout_s = o->timeout_s;
+	l->no_secret = o->no_secret;
+	l->cmd = o->cmd;
+	if (launch_options_check(l, NULL, 0) < 0) {
+		free(l);
+		return LAUNCH_EXIT_USAGE;
+	}
+	return launcher_run(l);
 }

@@ -155,6 +155,11 @@ struct launcher {
  * or -1 after printing a usage error. */
 int launch_options_parse(struct launcher *l, int argc, char **argv);
 
+/* Checks the options of `l` together (job_option: an option of the
+ * whole-job form seen with --nproc-per-node's nproc, or NULL) and derives
+ * the job's shape (local_size, machines).  0, or -1 after printing why. */
+int launch_options_check(struct launcher *l, const char *job_option, int nproc);
+
 /* ---- launch_children.c --------------------------------------------------- */
 
 /* "server" or "worker". */

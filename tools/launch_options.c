@@ -204,7 +204,7 @@ out_bad_value:
  * them: one machine of a job (--nproc-per-node), or a whole job of
  * l->machines machines.  Returns 0, or -1 after printing why (the caller
  * prints the usage lines). */
-static int options_check(struct launcher *l, const char *job_option, int nproc)
+int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 {
 	if (!l->cmd || !l->cmd[0]) {
 		fprintf(stderr, "unisum launch: no command to run\n");
@@ -283,7 +283,7 @@ int launch_options_parse(struct launcher *l, int argc, char **argv)
 			goto out_usage;
 		}
 	}
-	if (options_check(l, job_option, nproc) < 0)
+	if (launch_options_check(l, job_option, nproc) < 0)
 		goto out_usage;
 	return 0;
 

@@ -6,6 +6,7 @@
 #ifndef UNISUM_TOOLS_H
 #define UNISUM_TOOLS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* The exit status of a role (`unisum server`) that stopped because the job
@@ -14,6 +15,21 @@
 #define UNISUM_EXIT_ELSEWHERE 3
 
 int launch_main(int argc, char **argv);		/* tools/launch.c */
+
+/* A job of `unisum launch` for a tool that launches one of its own (bench):
+ * -w num_workers -s num_servers --local-size local_size (0: one machine)
+ * [--timeout timeout_s] [--no-secret] -- cmd... */
+struct launch_opts {
+	int num_workers, num_servers, local_size;
+	double timeout_s;		/* 0: none */
+	bool no_secret;
+	char **cmd;			/* NULL-terminated */
+};
+
+/* Runs that job as `unisum launch` would and returns its exit status.  It
+ * installs signal handlers: one job per process (bench forks for the
+ * next). */
+int launch_run(const struct launch_opts *o);
 int scheduler_main(int argc, char **argv);	/* tools/unisum.c */
 int server_main(int argc, char **argv);		/* tools/unisum.c */
 int bench_main(int argc, char **argv);		/* tools/bench.c */

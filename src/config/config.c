@@ -3,10 +3,10 @@
  *
  * To add a knob: add a field to struct config, a row to config_knobs[] and,
  * if its type is new, a case to config_parse_one(), and name it in
- * docs/ARCHITECTURE.md (its test checks).  Nothing else in the library
- * calls getenv() for a UNISUM_/DMLC_/BYTEPS_ variable; the tools still read
- * a few before a job exists (bench.c, bench_model.c, launch_job.c: to be moved
- * here).
+ * docs/ARCHITECTURE.md (its test checks).  Nothing else in unisum calls
+ * getenv() for a UNISUM_/DMLC_/BYTEPS_ variable but the launcher, which
+ * looks whether the user set a job id or secret before it makes one
+ * (launch_job.c).
  */
 #include "config/config.h"
 
@@ -116,6 +116,8 @@ static const struct knob config_knobs[] = {
 	 0, UINT32_MAX, "first training step (a tensor's round, from 0) on the timeline"},
 	{"UNISUM_TRACE_END_STEP", "BYTEPS_TRACE_END_STEP", NULL, KNOB_U64, FIELD(trace_end_step), "20",
 	 0, UINT32_MAX, "last training step on the timeline"},
+	{"UNISUM_LAUNCHED", NULL, NULL, KNOB_INT, FIELD(launched), "0", 0, 1,
+	 "set to 1 by `unisum launch` for its children (a tool then knows it runs inside a job)"},
 	{"UNISUM_PLACEMENT", NULL, NULL, KNOB_PLACEMENT, FIELD(placement), "optimal", 0, 0,
 	 "scheduler: how partitions go to servers: optimal (byte shares of the BytePS paper's "
 	 "Theorem 1 for colocated and CPU-only servers), even (equal bytes per server) or hash "

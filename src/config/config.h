@@ -58,6 +58,7 @@ struct config {
 	char trace_dir[1024];		/* ... under this directory */
 	uint64_t trace_start_step;	/* first round traced */
 	uint64_t trace_end_step;	/* last round traced */
+	int launched;			/* a child of `unisum launch` (UNISUM_LAUNCHED) */
 	int autotune;			/* tune partition size and credit online */
 	int autotune_steps;		/* rounds per autotune epoch (trial) */
 	uint64_t local_stage_bytes;	/* one machine: stage tensors this large (0: never) */
