@@ -90,7 +90,8 @@ static struct wk_job *pending_take(struct wk_conn *c, uint64_t key)
 /* Completes one partition of an operation (err 0 or negative). */
 void wk_op_part_done(struct wk_op *op, int err, const char *why)
 {
-	pthread_mutex_lock(&wk.lock);
+	struct worker *w = op->w;
+	pthread_mutex_lock(&w->lock);
 	if (err != 0 && op->error == 0) {
 		op->error = err;
 		snprintf(op->why, sizeof op->why, "%s", why);
@@ -101,9 +102,9 @@ void wk_op_part_done(struct wk_op *op, int err, const char *why)
 				   op->t->count * op->t->esize, 0, op->t_start, trace_now_us());
 		op->done = true;
 		op->t->busy = false;
-		pthread_cond_broadcast(&wk.done_cond);
+		pthread_cond_broadcast(&w->done_cond);
 	}
-	pthread_mutex_unlock(&wk.lock);
+	pthread_mutex_unlock(&w->lock);
 }
 
 /* Ends a PUSH_PULL job taken from the PUSH stage, however it ended: gives
@@ -111,8 +112,9 @@ void wk_op_part_done(struct wk_op *op, int err, const char *why)
  * the operation and frees it. */
 static void wk_job_finish(struct wk_job *j, int err, const char *why)
 {
+	struct worker *w = j->op->w;
 	bool released_now = !j->credit_back;
-	size_t inflight = released_now ? sched_release(&wk.push_q, j->entry.bytes) : 0;
+	size_t inflight = released_now ? sched_release(&w->push_q, j->entry.bytes) : 0;
 	struct wk_op *op = j->op;
 	if (op->traced) {
 		int64_t now = trace_now_us();
@@ -141,6 +143,7 @@ static void wk_job_finish(struct wk_job *j, int err, const char *why)
 static void *wk_send_main(void *arg)
 {
 	struct wk_conn *c = arg;
+	struct worker *w = c->w;
 	for (;;) {
 		pthread_mutex_lock(&c->lock);
 		while (c->qhead == NULL && !c->dead)
@@ -154,26 +157,26 @@ static void *wk_send_main(void *arg)
 
 		int rc;
 		if (j->type == JOB_RETIRE) {
-			struct wire_hdr h = {.type = WIRE_RETIRE, .sender = rdv_client_id(wk.rdv),
+			struct wire_hdr h = {.type = WIRE_RETIRE, .sender = rdv_client_id(w->rdv),
 					     .key = j->key, .round = j->round};
-			rc = wk.tp->send(c->conn, &h, NULL);
+			rc = w->tp->send(c->conn, &h, NULL);
 			free(j);
 		} else if (j->type == JOB_DECLARE) {
 			/* The name lets the server say which tensor stalls. */
 			struct wire_buf b;
 			wire_buf_init(&b);
 			wire_declare_check_encode(&b, j->name);
-			struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = rdv_client_id(wk.rdv),
+			struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = rdv_client_id(w->rdv),
 					     .key = j->key, .count = j->count, .dtype = (uint8_t)j->dtype,
 					     .payload_len = b.len};
-			rc = b.failed ? UNISUM_ENOMEM : wk.tp->send(c->conn, &h, b.data);
+			rc = b.failed ? UNISUM_ENOMEM : w->tp->send(c->conn, &h, b.data);
 			wire_buf_fini(&b);
 			free(j->name);
 			free(j);
 		} else {
 			/* Build both headers first: once PULL is on its way the reply may
 			 * complete (and free) the job before send() returns. */
-			struct wire_hdr push = {.type = WIRE_PUSH, .sender = rdv_client_id(wk.rdv),
+			struct wire_hdr push = {.type = WIRE_PUSH, .sender = rdv_client_id(w->rdv),
 						.round = j->round, .key = j->key, .count = j->count,
 						.dtype = (uint8_t)j->dtype, .aux = j->wire_op};
 			const void *payload = j->in;
@@ -195,7 +198,7 @@ static void *wk_send_main(void *arg)
 			pull.count = 0;
 			pull.payload_len = 0;
 			bool traced = j->op->traced;
-			rc = wk.tp->send(c->conn, &push, payload);
+			rc = w->tp->send(c->conn, &push, payload);
 			if (rc == 0 && traced) {
 				/* Under the lock: the receiving thread reads it after
 				 * taking the job from the pending table. */
@@ -204,11 +207,11 @@ static void *wk_send_main(void *arg)
 				pthread_mutex_unlock(&c->lock);
 			}
 			if (rc == 0)
-				rc = wk.tp->send(c->conn, &pull, NULL);
+				rc = w->tp->send(c->conn, &pull, NULL);
 		}
 		if (rc != 0) {
 			/* The receiving thread notices the broken socket and cleans up. */
-			wk.tp->conn_shutdown(c->conn);
+			w->tp->conn_shutdown(c->conn);
 			return NULL;
 		}
 	}
@@ -217,32 +220,33 @@ static void *wk_send_main(void *arg)
 /* Marks the connection dead, stops its sender, fails every pending job. */
 static void wk_conn_fail(struct wk_conn *c, const char *why)
 {
+	struct worker *w = c->w;
 	/* A server hanging up mid-job is usually the echo of another node's
 	 * death, which the scheduler is about to announce: give its notice a
 	 * moment, so the error names the root cause rather than the echo. */
 	char root[640];
-	pthread_mutex_lock(&wk.lock);
+	pthread_mutex_lock(&w->lock);
 	pthread_mutex_lock(&c->lock);
 	bool closing = c->closing;
 	pthread_mutex_unlock(&c->lock);
-	if (wk.failed == 0 && !closing) {
+	if (w->failed == 0 && !closing) {
 		struct timespec until = timing_deadline(2000);
-		while (wk.failed == 0 &&
-		       pthread_cond_timedwait(&wk.failed_cond, &wk.lock, &until) == 0)
+		while (w->failed == 0 &&
+		       pthread_cond_timedwait(&w->failed_cond, &w->lock, &until) == 0)
 			;
 	}
-	if (wk.failed != 0) {
-		snprintf(root, sizeof root, "the job failed: %s", wk.failed_why);
+	if (w->failed != 0) {
+		snprintf(root, sizeof root, "the job failed: %s", w->failed_why);
 		why = root;
 	}
-	pthread_mutex_unlock(&wk.lock);
+	pthread_mutex_unlock(&w->lock);
 	pthread_mutex_lock(&c->lock);
 	c->dead = true;
 	if (c->dead_why[0] == '\0')
 		snprintf(c->dead_why, sizeof c->dead_why, "%s", why);
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->lock);
-	wk.tp->conn_shutdown(c->conn);
+	w->tp->conn_shutdown(c->conn);
 	pthread_join(c->send_thread, NULL);
 
 	pthread_mutex_lock(&c->lock);
@@ -266,9 +270,9 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	pthread_mutex_unlock(&c->lock);
 	if (!closing && all != NULL)
 		LOG_ERROR("%s", c->dead_why);
-	pthread_mutex_lock(&wk.lock);
-	int err = wk.failed != 0 ? wk.failed : UNISUM_ECONN;	/* the root cause's code */
-	pthread_mutex_unlock(&wk.lock);
+	pthread_mutex_lock(&w->lock);
+	int err = w->failed != 0 ? w->failed : UNISUM_ECONN;	/* the root cause's code */
+	pthread_mutex_unlock(&w->lock);
 	while (all) {
 		struct wk_job *j = all;
 		all = j->pending_next;
@@ -301,8 +305,9 @@ static struct wk_job *wk_take_answered(struct wk_conn *c, const struct wire_hdr 
  * server's memory, valid until this worker's next push of the key. */
 static int wk_ipc_read(struct wk_conn *c, void *dst, size_t bytes, char *msg, size_t len)
 {
+	struct worker *w = c->w;
 	uint64_t addr;
-	if (wk.tp->recv_payload(c->conn, &addr, sizeof addr) != 0) {
+	if (w->tp->recv_payload(c->conn, &addr, sizeof addr) != 0) {
 		snprintf(msg, len, "%s: the connection closed in the middle of a reply", c->label);
 		return UNISUM_ECONN;
 	}
@@ -311,7 +316,7 @@ static int wk_ipc_read(struct wk_conn *c, void *dst, size_t bytes, char *msg, si
 		return 0;
 	snprintf(msg, len, "worker %d cannot read a reply from the memory of %s (pid %d) with "
 		 "process_vm_readv: %s; set UNISUM_IPC=0 to send the data through the socket",
-		 wk.rank, c->label, (int)c->server_pid, strerror(-rc));
+		 w->rank, c->label, (int)c->server_pid, strerror(-rc));
 	return rc == -ESRCH ? UNISUM_ECONN : UNISUM_ESYS;
 }
 
@@ -320,9 +325,10 @@ static int wk_ipc_read(struct wk_conn *c, void *dst, size_t bytes, char *msg, si
  * tensor is poisoned) and the connection goes on (0). */
 static int wk_on_error(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
 {
+	struct worker *w = c->w;
 	char text[400] = "";
 	void *p = malloc(h->payload_len + 1);
-	if (p != NULL && wk.tp->recv_payload(c->conn, p, h->payload_len) == 0)
+	if (p != NULL && w->tp->recv_payload(c->conn, p, h->payload_len) == 0)
 		wire_error_decode(p, h->payload_len, text, sizeof text);
 	free(p);
 	if (h->key == 0) {
@@ -340,6 +346,7 @@ static int wk_on_error(struct wk_conn *c, const struct wire_hdr *h, char *msg, s
  * 1 with msg set for an ack of nothing this worker pushed. */
 static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
 {
+	struct worker *w = c->w;
 	pthread_mutex_lock(&c->lock);
 	struct wk_job *j = pending_find(c, h->key);
 	bool ok = j != NULL && j->round == h->round && !j->credit_back;
@@ -354,7 +361,7 @@ static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg
 			 "not make", c->label, (unsigned long long)h->key, h->round);
 		return 1;
 	}
-	size_t inflight = sched_release(&wk.push_q, bytes);
+	size_t inflight = sched_release(&w->push_q, bytes);
 	if (traced) {
 		int64_t now = trace_now_us();
 		trace_span(TRACE_INFLIGHT, 0, 0, step, 0, inflight, 0, now, now);
@@ -367,6 +374,7 @@ static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg
  * 1 with msg set when the connection cannot go on. */
 static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
 {
+	struct worker *w = c->w;
 	struct wk_job *j = wk_take_answered(c, h, msg, len);
 	if (j == NULL)
 		return 1;
@@ -390,7 +398,7 @@ static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *m
 			wk_job_finish(j, rc, msg);
 			return 1;
 		}
-	} else if (wk.tp->recv_payload(c->conn, j->out, bytes) != 0) {
+	} else if (w->tp->recv_payload(c->conn, j->out, bytes) != 0) {
 		snprintf(msg, len, "%s: the connection closed in the middle of a reply", c->label);
 		wk_job_finish(j, UNISUM_ECONN, msg);
 		return 1;
@@ -405,10 +413,11 @@ static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *m
 static void *wk_recv_main(void *arg)
 {
 	struct wk_conn *c = arg;
+	struct worker *w = c->w;
 	char why[400] = "", msg[512];
 	for (int stop = 0; !stop;) {
 		struct wire_hdr h;
-		int rc = wk.tp->recv_header(c->conn, &h, why, sizeof why);
+		int rc = w->tp->recv_header(c->conn, &h, why, sizeof why);
 		if (rc != 0) {
 			snprintf(msg, sizeof msg, "%s: %s", c->label,
 				 rc == UNISUM_EPROTO ? why : "the connection closed (did the server exit?)");
@@ -451,13 +460,13 @@ int wk_enqueue(struct wk_conn *c, struct wk_job *j)
  * allows and hands each to its server's connection. */
 void *wk_push_main(void *arg)
 {
-	(void)arg;
+	struct worker *w = arg;
 	for (;;) {
-		struct sched_entry *e = sched_pop(&wk.push_q);
+		struct sched_entry *e = sched_pop(&w->push_q);
 		if (e == NULL)
 			return NULL;
 		struct wk_job *j = (struct wk_job *)((char *)e - offsetof(struct wk_job, entry));
-		struct wk_conn *c = &wk.conns[j->server];
+		struct wk_conn *c = &w->conns[j->server];
 		/* Once handed over, the job may complete and be freed at any
 		 * moment: keep what the timeline needs. */
 		bool traced = j->op->traced;
@@ -478,9 +487,9 @@ void *wk_push_main(void *arg)
 			pthread_mutex_lock(&c->lock);
 			snprintf(why, sizeof why, "%s", c->dead_why);
 			pthread_mutex_unlock(&c->lock);
-			pthread_mutex_lock(&wk.lock);
-			int err = wk.failed != 0 ? wk.failed : UNISUM_ECONN;
-			pthread_mutex_unlock(&wk.lock);
+			pthread_mutex_lock(&w->lock);
+			int err = w->failed != 0 ? w->failed : UNISUM_ECONN;
+			pthread_mutex_unlock(&w->lock);
 			wk_job_finish(j, err, why);
 		} else if (traced) {
 			trace_span(TRACE_INFLIGHT, 0, 0, round, 0, inflight, 0, now, now);
@@ -488,14 +497,15 @@ void *wk_push_main(void *arg)
 	}
 }
 
-int wk_connect_servers(void)
+int wk_connect_servers(struct worker *w)
 {
-	wk.conns = calloc((size_t)wk.nservers, sizeof *wk.conns);
-	if (wk.conns == NULL)
+	w->conns = calloc((size_t)w->nservers, sizeof *w->conns);
+	if (w->conns == NULL)
 		return UNISUM_ENOMEM;
-	for (int s = 0; s < wk.nservers; s++) {
-		struct wk_conn *c = &wk.conns[s];
-		const struct rdv_node *n = rdv_client_server(wk.rdv, s);
+	for (int s = 0; s < w->nservers; s++) {
+		struct wk_conn *c = &w->conns[s];
+		const struct rdv_node *n = rdv_client_server(w->rdv, s);
+		c->w = w;
 		c->server = s;
 		c->npending_buckets = 1024;
 		c->pending = calloc(c->npending_buckets, sizeof *c->pending);
@@ -504,22 +514,22 @@ int wk_connect_servers(void)
 		snprintf(c->label, sizeof c->label, "server %d (%s:%d)", s, n->host, n->port);
 		pthread_mutex_init(&c->lock, NULL);
 		pthread_cond_init(&c->cond, NULL);
-		int rc = wk.tp->connect(n->host, n->port, wk.cfg.timeout_ms, &c->conn);
+		int rc = w->tp->connect(n->host, n->port, w->cfg.timeout_ms, &c->conn);
 		if (rc != 0)
-			return log_fail(rc, "worker %d cannot reach %s: %s", wk.rank, c->label,
+			return log_fail(rc, "worker %d cannot reach %s: %s", w->rank, c->label,
 					log_last_error());
 		/* A server on this host (same boot, network and pid namespaces)
 		 * gets our data by address: we ask for IPC in the hello. */
-		c->ipc = wk.cfg.ipc && rdv_client_same_host(wk.rdv, n);
+		c->ipc = w->cfg.ipc && rdv_client_same_host(w->rdv, n);
 		c->server_pid = n->pid;
 		if (c->ipc)
-			LOG_INFO("worker %d passes data to %s by address (IPC: same host)", wk.rank, c->label);
+			LOG_INFO("worker %d passes data to %s by address (IPC: same host)", w->rank, c->label);
 		uint32_t flags = htole32(c->ipc ? 1u : 0u);
-		struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(wk.rdv),
+		struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(w->rdv),
 					 .payload_len = c->ipc ? sizeof flags : 0};
-		rc = wk.tp->send(c->conn, &hello, c->ipc ? &flags : NULL);
+		rc = w->tp->send(c->conn, &hello, c->ipc ? &flags : NULL);
 		if (rc != 0)
-			return log_fail(rc, "worker %d lost %s while saying hello", wk.rank, c->label);
+			return log_fail(rc, "worker %d lost %s while saying hello", w->rank, c->label);
 		if (pthread_create(&c->send_thread, NULL, wk_send_main, c) != 0)
 			return UNISUM_ESYS;
 		if (pthread_create(&c->recv_thread, NULL, wk_recv_main, c) != 0) {
@@ -533,35 +543,35 @@ int wk_connect_servers(void)
 		}
 		c->threads_started = true;
 	}
-	pthread_mutex_lock(&wk.lock);
-	wk.conns_live = true;
-	pthread_mutex_unlock(&wk.lock);
+	pthread_mutex_lock(&w->lock);
+	w->conns_live = true;
+	pthread_mutex_unlock(&w->lock);
 	return 0;
 }
 
 /* Stops and frees every server connection (after their threads ran). */
-void wk_close_conns(void)
+void wk_close_conns(struct worker *w)
 {
-	pthread_mutex_lock(&wk.lock);
-	wk.conns_live = false;	/* the scheduler's notice keeps off from now on */
-	pthread_mutex_unlock(&wk.lock);
-	if (wk.conns == NULL)
+	pthread_mutex_lock(&w->lock);
+	w->conns_live = false;	/* the scheduler's notice keeps off from now on */
+	pthread_mutex_unlock(&w->lock);
+	if (w->conns == NULL)
 		return;
-	for (int s = 0; s < wk.nservers; s++) {
-		struct wk_conn *c = &wk.conns[s];
+	for (int s = 0; s < w->nservers; s++) {
+		struct wk_conn *c = &w->conns[s];
 		if (c->conn != NULL) {
 			pthread_mutex_lock(&c->lock);
 			c->closing = true;
 			pthread_mutex_unlock(&c->lock);
-			wk.tp->conn_shutdown(c->conn);
+			w->tp->conn_shutdown(c->conn);
 			if (c->threads_started)
 				pthread_join(c->recv_thread, NULL);
-			wk.tp->conn_free(c->conn);
+			w->tp->conn_free(c->conn);
 			pthread_mutex_destroy(&c->lock);
 			pthread_cond_destroy(&c->cond);
 		}
 		free(c->pending);
 	}
-	free(wk.conns);
-	wk.conns = NULL;
+	free(w->conns);
+	w->conns = NULL;
 }

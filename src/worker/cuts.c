@@ -28,38 +28,38 @@
 /* A setting worker 0 posted, passed on by the scheduler (reader thread). */
 void wk_on_tune(void *arg, const struct rdv_tune *t)
 {
-	(void)arg;
-	tune_on_setting(wk.tuner, t);
+	struct worker *w = arg;
+	tune_on_setting(w->tuner, t);
 }
 
 static int wk_tune_post(void *arg, const struct rdv_tune *t)
 {
-	(void)arg;
-	return rdv_client_post_tune(wk.rdv, t);
+	struct worker *w = arg;
+	return rdv_client_post_tune(w->rdv, t);
 }
 
 static void wk_tune_fail_job(void *arg, int err, const char *why)
 {
-	(void)arg;
-	rdv_client_fail_job(wk.rdv, err, why);
+	struct worker *w = arg;
+	rdv_client_fail_job(w->rdv, err, why);
 }
 
 static void wk_tune_set_credit(void *arg, uint64_t credit)
 {
-	(void)arg;
-	sched_set_credit(&wk.push_q, credit);
+	struct worker *w = arg;
+	sched_set_credit(&w->push_q, credit);
 }
 
-int wk_tuner_new(void)
+int wk_tuner_new(struct worker *w)
 {
-	struct tune_cfg cfg = {.rank = wk.rank, .on = wk.cfg.autotune != 0,
-			       .steps = (uint32_t)wk.cfg.autotune_steps, .timeout_ms = wk.cfg.timeout_ms,
-			       .first = {wk.cfg.partition_bytes, wk.cfg.credit_bytes}};
-	struct tune_hooks hooks = {.post = wk_tune_post, .fail_job = wk_tune_fail_job,
+	struct tune_cfg cfg = {.rank = w->rank, .on = w->cfg.autotune != 0,
+			       .steps = (uint32_t)w->cfg.autotune_steps, .timeout_ms = w->cfg.timeout_ms,
+			       .first = {w->cfg.partition_bytes, w->cfg.credit_bytes}};
+	struct tune_hooks hooks = {.arg = w, .post = wk_tune_post, .fail_job = wk_tune_fail_job,
 				   .set_credit = wk_tune_set_credit};
-	tune_free(wk.tuner);
-	wk.tuner = NULL;
-	return tune_new(&cfg, &hooks, &wk.tuner);
+	tune_free(w->tuner);
+	w->tuner = NULL;
+	return tune_new(&cfg, &hooks, &w->tuner);
 }
 
 /* Cuts tensor t into partitions of at most `pbytes`, declares that cut
@@ -69,6 +69,7 @@ int wk_tuner_new(void)
 int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 		  struct wk_layout *L)
 {
+	struct worker *w = t->w;
 	uint64_t nparts = placement_nparts(t->count, t->esize, pbytes);
 	if (nparts > PLACEMENT_MAX_PARTS)
 		return log_fail(UNISUM_EINVAL, "unisum_declare('%s'): %llu elements make %llu "
@@ -77,18 +78,18 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 				(unsigned long long)pbytes, PLACEMENT_MAX_PARTS);
 	*L = (struct wk_layout){.pbytes = pbytes};
 	char why[768];
-	int rc = rdv_client_declare(wk.rdv, wire_name, t->dtype, t->count, pbytes, &L->key,
+	int rc = rdv_client_declare(w->rdv, wire_name, t->dtype, t->count, pbytes, &L->key,
 				    &L->nparts, &L->parts, &L->servers, why, sizeof why);
 	if (rc != 0) {
-		rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, wk.rank, why);
+		rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, w->rank, why);
 		goto out_free;
 	}
 	for (uint32_t i = 0; i < L->nparts; i++) {
-		if (!wk.to_servers)
+		if (!w->to_servers)
 			break;	/* the local root tells them */
-		if (L->servers[i] >= (uint32_t)wk.nservers) {
+		if (L->servers[i] >= (uint32_t)w->nservers) {
 			rc = log_fail(UNISUM_EPROTO, "the scheduler placed '%s' on server %u of %d",
-				      wire_name, L->servers[i], wk.nservers);
+				      wire_name, L->servers[i], w->nservers);
 			goto out_free;
 		}
 		struct wk_job *j = calloc(1, sizeof *j);
@@ -98,11 +99,11 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 		}
 		*j = (struct wk_job){.type = JOB_DECLARE, .key = L->key + i, .dtype = t->dtype,
 				     .count = L->parts[i].count, .name = strdup(wire_name)};
-		rc = j->name != NULL ? wk_enqueue(&wk.conns[L->servers[i]], j) : UNISUM_ENOMEM;
+		rc = j->name != NULL ? wk_enqueue(&w->conns[L->servers[i]], j) : UNISUM_ENOMEM;
 		if (rc != 0) {
 			free(j->name);
 			free(j);
-			rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, wk.rank,
+			rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, w->rank,
 				      log_last_error());
 			goto out_free;
 		}
@@ -128,17 +129,18 @@ out_free:
  * owns t's current round. */
 void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L)
 {
+	struct worker *w = t->w;
 	for (int c = 0; c < t->ncuts; c++) {
 		struct wk_layout *old = &t->cuts[c];
 		if (old == L || old->retired)
 			continue;
 		old->retired = true;
-		for (uint32_t i = 0; wk.to_servers && i < old->nparts; i++) {
+		for (uint32_t i = 0; w->to_servers && i < old->nparts; i++) {
 			struct wk_job *j = calloc(1, sizeof *j);
 			if (j == NULL)
 				return;	/* the server keeps the buffers: memory, not results */
 			*j = (struct wk_job){.type = JOB_RETIRE, .key = old->key + i, .round = old->rounds};
-			if (wk_enqueue(&wk.conns[old->servers[i]], j) != 0)
+			if (wk_enqueue(&w->conns[old->servers[i]], j) != 0)
 				free(j);
 		}
 	}
@@ -169,6 +171,7 @@ static bool wk_cut_is_new(const struct wk_tensor *t, uint64_t pbytes)
  * current round. */
 static const struct wk_layout *wk_cut_for(struct wk_tensor *t, uint64_t pbytes, int *rc)
 {
+	struct worker *w = t->w;
 	*rc = 0;
 	const struct wk_layout *known = wk_cut_known(t, pbytes);
 	if (known != NULL)
@@ -189,11 +192,11 @@ static const struct wk_layout *wk_cut_for(struct wk_tensor *t, uint64_t pbytes, 
 		return NULL;
 	}
 	/* Only this thread reads t->cuts while the round is in flight. */
-	pthread_mutex_lock(&wk.lock);
+	pthread_mutex_lock(&w->lock);
 	t->cuts = cuts;
 	t->cuts[t->ncuts] = L;
 	const struct wk_layout *got = &t->cuts[t->ncuts++];
-	pthread_mutex_unlock(&wk.lock);
+	pthread_mutex_unlock(&w->lock);
 	trace_name_tensor(t->index, t->name, L.nparts);
 	return got;
 }
@@ -202,25 +205,27 @@ static const struct wk_layout *wk_cut_for(struct wk_tensor *t, uint64_t pbytes, 
  * tensor.  Nothing else holds it. */
 void wk_op_fail(struct wk_op *op, int err, const char *what)
 {
-	pthread_mutex_lock(&wk.lock);
+	struct worker *w = op->w;
+	pthread_mutex_lock(&w->lock);
 	op->error = err;
-	snprintf(op->why, sizeof op->why, "worker %d, tensor '%s': %s", wk.rank, op->t->name, what);
+	snprintf(op->why, sizeof op->why, "worker %d, tensor '%s': %s", w->rank, op->t->name, what);
 	op->done = true;
 	op->t->busy = false;
-	pthread_cond_broadcast(&wk.done_cond);
-	pthread_mutex_unlock(&wk.lock);
+	pthread_cond_broadcast(&w->done_cond);
+	pthread_mutex_unlock(&w->lock);
 }
 
 /* Hands operation op, on cut L, to its first stage: LOCAL_REDUCE, or the
  * PUSH queue.  Never waits. */
 void wk_launch(struct wk_op *op, const struct wk_layout *L)
 {
+	struct worker *w = op->w;
 	struct wk_tensor *t = op->t;
 	int rc;
 	/* Servers count rounds per key, so each cut counts its own. */
 	uint32_t wire_round = ((struct wk_layout *)L)->rounds++;
-	int divisor = (op->flags & UNISUM_AVERAGE) ? wk.size : 1;
-	if (wk.local && L->nparts > 0) {
+	int divisor = (op->flags & UNISUM_AVERAGE) ? w->size : 1;
+	if (w->local && L->nparts > 0) {
 		op->L = L;
 		op->wire_round = wire_round;
 		struct local_req req = {.key = L->key, .round = wire_round, .dtype = t->dtype,
@@ -228,26 +233,26 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 					.parts = L->parts, .divisor = divisor, .priority = t->priority,
 					.ctx = op, .traced = op->traced, .tensor = t->index,
 					.step = op->round, .wire_op = op->wire_op, .name = t->name};
-		/* Under wk.lock: the done hook may run before local_submit returns. */
-		pthread_mutex_lock(&wk.lock);
-		rc = local_submit(&req, &op->local);
+		/* Under w->lock: the done hook may run before local_submit returns. */
+		pthread_mutex_lock(&w->lock);
+		rc = local_submit(w->lc, &req, &op->local);
 		if (rc != 0) {
 			op->error = rc;
 			snprintf(op->why, sizeof op->why, "%s", log_last_error());
 			op->done = true;
 			t->busy = false;
-			pthread_cond_broadcast(&wk.done_cond);
+			pthread_cond_broadcast(&w->done_cond);
 		}
-		pthread_mutex_unlock(&wk.lock);
+		pthread_mutex_unlock(&w->lock);
 		return;
 	}
-	pthread_mutex_lock(&wk.lock);
+	pthread_mutex_lock(&w->lock);
 	op->remaining = L->nparts;
 	op->done = L->nparts == 0;
 	t->busy = !op->done;
 	if (op->done)
-		pthread_cond_broadcast(&wk.done_cond);
-	pthread_mutex_unlock(&wk.lock);
+		pthread_cond_broadcast(&w->done_cond);
+	pthread_mutex_unlock(&w->lock);
 
 	/* Once its last partition is queued the operation may complete and
 	 * the tensor's next round re-cut it: nothing of L is read after. */
@@ -265,7 +270,7 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 					     .in = op->in ? (const uint8_t *)op->in + off : NULL,
 					     .out = (uint8_t *)op->out + off, .divisor = divisor,
 					     .wire_op = op->wire_op, .op = op, .t_queued = op->t_start};
-			rc = sched_push(&wk.push_q, &j->entry);
+			rc = sched_push(&w->push_q, &j->entry);
 		} else {
 			rc = UNISUM_ENOMEM;
 		}
@@ -273,7 +278,7 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 			/* The operation fails; partitions already queued finish on their own. */
 			free(j);
 			char why[512];
-			snprintf(why, sizeof why, "worker %d, tensor '%s': %s", wk.rank, t->name,
+			snprintf(why, sizeof why, "worker %d, tensor '%s': %s", w->rank, t->name,
 				 rc == UNISUM_ENOMEM ? "out of memory" : log_last_error());
 			wk_op_part_done(op, rc, why);
 		}
@@ -286,15 +291,16 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
  * may not, or on an error (*rc). */
 const struct wk_layout *wk_tuned_cut(struct wk_op *op, bool wait, int *rc)
 {
+	struct worker *w = op->w;
 	struct wk_tensor *t = op->t;
-	uint32_t epoch = op->round / (uint32_t)wk.cfg.autotune_steps;
+	uint32_t epoch = op->round / (uint32_t)w->cfg.autotune_steps;
 	struct tune_setting set = {0};
 	bool final = false;
 	*rc = 0;
-	if (!wait && !tune_setting_now(wk.tuner, epoch, &set, &final))
+	if (!wait && !tune_setting_now(w->tuner, epoch, &set, &final))
 		return NULL;
 	if (wait)
-		*rc = tune_setting_of(wk.tuner, epoch, &set, &final);
+		*rc = tune_setting_of(w->tuner, epoch, &set, &final);
 	if (*rc != 0)
 		return NULL;
 	if (!wait && wk_cut_is_new(t, set.pbytes))
@@ -310,20 +316,20 @@ const struct wk_layout *wk_tuned_cut(struct wk_op *op, bool wait, int *rc)
  * starting an operation never waits on the network. */
 void *wk_tune_main(void *arg)
 {
-	(void)arg;
+	struct worker *w = arg;
 	for (;;) {
-		pthread_mutex_lock(&wk.lock);
-		while (wk.tune_head == NULL && !wk.tune_stop)
-			pthread_cond_wait(&wk.tune_cond, &wk.lock);
-		struct wk_op *op = wk.tune_head;
+		pthread_mutex_lock(&w->lock);
+		while (w->tune_head == NULL && !w->tune_stop)
+			pthread_cond_wait(&w->tune_cond, &w->lock);
+		struct wk_op *op = w->tune_head;
 		if (op == NULL) {
-			pthread_mutex_unlock(&wk.lock);
+			pthread_mutex_unlock(&w->lock);
 			return NULL;
 		}
-		wk.tune_head = op->tune_next;
-		if (wk.tune_head == NULL)
-			wk.tune_tail = NULL;
-		pthread_mutex_unlock(&wk.lock);
+		w->tune_head = op->tune_next;
+		if (w->tune_head == NULL)
+			w->tune_tail = NULL;
+		pthread_mutex_unlock(&w->lock);
 		int rc;
 		const struct wk_layout *L = wk_tuned_cut(op, true, &rc);
 		if (L != NULL)

@@ -68,6 +68,7 @@ struct lc_peer {
 };
 
 struct local_op {
+	struct local *lc;		/* the rank it belongs to */
 	struct local_req req;
 	struct local_op *next;		/* in a stage queue */
 	struct local_op *stage_next;	/* in the staging queue */
@@ -78,7 +79,7 @@ struct local_op {
 	uint64_t bytes;			/* the whole tensor */
 	uint64_t region;		/* offset + 1 of its region in this rank's arena, 0 none */
 	int blocker;			/* the rank an unmet wait condition waits for */
-	/* Under lc.lock: */
+	/* Under lc->lock: */
 	uint32_t pushed, npulled;	/* local root of several machines */
 	int err;			/* first error */
 	char why[512];
@@ -89,7 +90,8 @@ struct lc_queue {
 	bool closed;
 };
 
-struct lc_state {
+/* One rank's local path (a handle: several may live in one process). */
+struct local {
 	struct local_cfg cfg;
 	struct local_hooks hooks;
 	char job[SHM_JOB_MAX + 1];
@@ -117,21 +119,11 @@ struct lc_state {
 	} *used;			/* this rank's regions in use, by offset (under lock) */
 	int nused, capused;
 	int nalloc;			/* of them, unisum_alloc's (under lock) */
-	/* After local_stop: this rank's arena stays mapped while unisum_alloc
-	 * memory is still out (the caller may hold it past shutdown); unmapped
-	 * when the last of it comes back (under lock). */
-	struct lc_kept {
-		struct shm_seg seg;
-		int nalloc;
-	} *kept;
-	int nkept, capkept;
 	bool said_no_room;		/* logged that the arena found /dev/shm full */
 	uint64_t *forgot;		/* keys this rank undeclared, entries not yet reclaimed */
 	int nforgot, capforgot;		/* (under lock) */
 	atomic_bool said_direct;	/* logged the first use of a peer's arena */
 };
-
-extern struct lc_state lc;
 
 static inline uint64_t lc_pack(uint32_t round, uint32_t count)
 {
@@ -149,14 +141,14 @@ static inline uint32_t lc_count(const _Atomic uint64_t *c, uint32_t round)
 	return (int32_t)(r - round) > 0 ? UINT32_MAX : 0;
 }
 
-static inline void lc_post(void)
+static inline void lc_post(struct local *lc)
 {
-	shm_flag_post(&lc.seg->flag);
+	shm_flag_post(&lc->seg->flag);
 }
 
-static inline int lc_rank_of(int q)
+static inline int lc_rank_of(const struct local *lc, int q)
 {
-	return lc.cfg.machine * lc.cfg.local_size + q;
+	return lc->cfg.machine * lc->cfg.local_size + q;
 }
 
 /* A condition: 1 met, 0 not yet (op->blocker: the rank it waits for),
@@ -180,9 +172,12 @@ uint8_t *lc_my_region(const struct local_op *op);
 int lc_reduce(struct local_op *op);
 void lc_stage(struct local_op *op, uint8_t *region, uint32_t p);
 
-/* local_arena.c (lc.lock held, but lc_region_give takes it) */
-uint64_t lc_arena_offset(const void *p, uint64_t len);
-bool lc_region_give(uint64_t region);
-uint64_t lc_region_take(uint64_t len);
+/* local_arena.c (lc->lock held, but lc_region_give and the registry's
+ * functions take it) */
+uint64_t lc_arena_offset(const struct local *lc, const void *p, uint64_t len);
+bool lc_region_give(struct local *lc, uint64_t region);
+uint64_t lc_region_take(struct local *lc, uint64_t len);
+int lc_arena_register(struct local *lc);
+void lc_arena_unregister(struct local *lc);
 
 #endif /* UNISUM_WORKER_LC_INT_H */

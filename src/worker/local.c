@@ -64,7 +64,6 @@
 #include "worker/lc_int.h"
 #include "worker/local.h"
 
-struct lc_state lc = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 
 
 
@@ -85,9 +84,9 @@ static size_t lc_slot(uint64_t key)
 }
 
 /* Rank q's entry for `key`, or NULL when it has none (yet). */
-static struct lc_entry *lc_find(int q, uint64_t key)
+static struct lc_entry *lc_find(struct local *lc, int q, uint64_t key)
 {
-	struct lc_entry *t = lc.seg->ranks[q].table;
+	struct lc_entry *t = lc->seg->ranks[q].table;
 	for (size_t i = 0, s = lc_slot(key); i < LC_TABLE; i++, s = (s + 1) % LC_TABLE) {
 		uint64_t k = atomic_load_explicit(&t[s].key, memory_order_acquire);
 		if (k == key + 1)
@@ -103,9 +102,9 @@ static struct lc_entry *lc_find(int q, uint64_t key)
  * and so, going back, is every tombstone before it; otherwise it becomes
  * a tombstone, which lookups pass over.  Without this, one-shot keys would
  * fill the table with tombstones and every miss would scan all of it. */
-static void lc_bury(struct lc_entry *e)
+static void lc_bury(struct local *lc, struct lc_entry *e)
 {
-	struct lc_entry *t = lc.seg->ranks[lc.cfg.local_rank].table;
+	struct lc_entry *t = lc->seg->ranks[lc->cfg.local_rank].table;
 	size_t s = (size_t)(e - t);
 	if (atomic_load_explicit(&t[(s + 1) % LC_TABLE].key, memory_order_relaxed) != 0) {
 		atomic_store_explicit(&e->key, LC_TOMB, memory_order_release);
@@ -119,34 +118,34 @@ static void lc_bury(struct lc_entry *e)
 }
 
 /* Turns this rank's entries of undeclared keys into tombstones once no
- * peer can read them any more (lc.lock held). */
-static void lc_reclaim(void)
+ * peer can read them any more (lc->lock held). */
+static void lc_reclaim(struct local *lc)
 {
-	for (int i = 0; i < lc.nforgot;) {
-		uint64_t key = lc.forgot[i];
+	for (int i = 0; i < lc->nforgot;) {
+		uint64_t key = lc->forgot[i];
 		bool all = true;
-		for (int q = 0; q < lc.cfg.local_size && all; q++) {
-			struct lc_entry *e = q == lc.cfg.local_rank ? NULL : lc_find(q, key);
+		for (int q = 0; q < lc->cfg.local_size && all; q++) {
+			struct lc_entry *e = q == lc->cfg.local_rank ? NULL : lc_find(lc, q, key);
 			all = e == NULL || atomic_load(&e->retired);
 		}
 		if (!all) {
 			i++;
 			continue;
 		}
-		struct lc_entry *mine = lc_find(lc.cfg.local_rank, key);
+		struct lc_entry *mine = lc_find(lc, lc->cfg.local_rank, key);
 		if (mine != NULL)
-			lc_bury(mine);
-		lc.forgot[i] = lc.forgot[--lc.nforgot];
+			lc_bury(lc, mine);
+		lc->forgot[i] = lc->forgot[--lc->nforgot];
 	}
 }
 
 /* This rank's entry for `key`, claimed now if new, in a free slot or a
- * tombstone (lc.lock held). */
-static struct lc_entry *lc_claim(uint64_t key, bool *fresh)
+ * tombstone (lc->lock held). */
+static struct lc_entry *lc_claim(struct local *lc, uint64_t key, bool *fresh)
 {
-	struct lc_entry *t = lc.seg->ranks[lc.cfg.local_rank].table, *tomb = NULL;
+	struct lc_entry *t = lc->seg->ranks[lc->cfg.local_rank].table, *tomb = NULL;
 	*fresh = false;
-	lc_reclaim();
+	lc_reclaim(lc);
 	for (size_t i = 0, s = lc_slot(key); i < LC_TABLE; i++, s = (s + 1) % LC_TABLE) {
 		uint64_t k = atomic_load_explicit(&t[s].key, memory_order_relaxed);
 		if (k == key + 1)
@@ -166,7 +165,8 @@ static struct lc_entry *lc_claim(uint64_t key, bool *fresh)
 
 void lc_fail(struct local_op *op, int err, const char *fmt, ...)
 {
-	pthread_mutex_lock(&lc.lock);
+	struct local *lc = op->lc;
+	pthread_mutex_lock(&lc->lock);
 	if (op->err == 0) {
 		op->err = err;
 		va_list ap;
@@ -174,14 +174,15 @@ void lc_fail(struct local_op *op, int err, const char *fmt, ...)
 		vsnprintf(op->why, sizeof op->why, fmt, ap);
 		va_end(ap);
 	}
-	pthread_mutex_unlock(&lc.lock);
+	pthread_mutex_unlock(&lc->lock);
 }
 
 int lc_err(struct local_op *op)
 {
-	pthread_mutex_lock(&lc.lock);
+	struct local *lc = op->lc;
+	pthread_mutex_lock(&lc->lock);
 	int err = op->err;
-	pthread_mutex_unlock(&lc.lock);
+	pthread_mutex_unlock(&lc->lock);
 	return err;
 }
 
@@ -191,10 +192,11 @@ int lc_err(struct local_op *op)
  * (recorded in op). */
 int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *what)
 {
+	struct local *lc = op->lc;
 	int64_t start = timing_now_ms(), next_check = start;
 	bool warned = false;
 	for (;;) {
-		uint32_t seq = shm_flag_load(&lc.seg->flag);
+		uint32_t seq = shm_flag_load(&lc->seg->flag);
 		int rc = cond(op, arg);
 		if (rc > 0)
 			return 0;
@@ -203,9 +205,9 @@ int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *what)
 		int64_t now = timing_now_ms();
 		if (now >= next_check) {
 			char why[512];
-			int f = lc.hooks.failed(why, sizeof why);
+			int f = lc->hooks.failed(lc->hooks.arg, why, sizeof why);
 			if (f == 0)
-				f = lc.hooks.poisoned(op->req.key, why, sizeof why);
+				f = lc->hooks.poisoned(lc->hooks.arg, op->req.key, why, sizeof why);
 			if (f != 0) {
 				lc_fail(op, f, "%s", why);
 				return f;
@@ -213,39 +215,39 @@ int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *what)
 			/* Only the rank waited for matters: others may have
 			 * finished every call and exited. */
 			int q = op->blocker;
-			pid_t pid = atomic_load(&lc.seg->ranks[q].pid);
+			pid_t pid = atomic_load(&lc->seg->ranks[q].pid);
 			if (!shm_pid_is_alive(pid)) {
 				lc_fail(op, UNISUM_ECONN, "worker %d (local rank %d of machine %d, pid %d) "
-					"exited or died while worker %d was waiting for %s", lc_rank_of(q),
-					q, lc.cfg.machine, (int)pid, lc.cfg.rank, what);
+					"exited or died while worker %d was waiting for %s", lc_rank_of(lc, q),
+					q, lc->cfg.machine, (int)pid, lc->cfg.rank, what);
 				return UNISUM_ECONN;
 			}
-			if (!warned && now - start >= lc.cfg.stall_warn_ms) {
+			if (!warned && now - start >= lc->cfg.stall_warn_ms) {
 				LOG_WARN("stall: worker %d has waited %lld ms for %s: tensor '%s' round %u "
 					 "(held up by worker %d, local rank %d). Does every worker "
-					 "push every tensor every round?", lc.cfg.rank,
+					 "push every tensor every round?", lc->cfg.rank,
 					 (long long)(now - start), what, op->req.name, op->req.round,
-					 lc_rank_of(q), q);
+					 lc_rank_of(lc, q), q);
 				warned = true;
 			}
-			if (lc.cfg.stall_abort_ms > 0 && now - start >= lc.cfg.stall_abort_ms) {
+			if (lc->cfg.stall_abort_ms > 0 && now - start >= lc->cfg.stall_abort_ms) {
 				char msg[512];
 				snprintf(msg, sizeof msg, "stall: tensor '%s' round %u has waited %lld ms "
 					 "on machine %d for worker %d, which has not got there "
 					 "(UNISUM_STALL_ABORT_MS=%d: failing the job). Does every worker "
 					 "push every tensor every round?", op->req.name, op->req.round,
-					 (long long)(now - start), lc.cfg.machine, lc_rank_of(q),
-					 lc.cfg.stall_abort_ms);
+					 (long long)(now - start), lc->cfg.machine, lc_rank_of(lc, q),
+					 lc->cfg.stall_abort_ms);
 				LOG_ERROR("%s", msg);
-				lc.hooks.fail_job(UNISUM_ETIMEDOUT, msg);
+				lc->hooks.fail_job(lc->hooks.arg, UNISUM_ETIMEDOUT, msg);
 				lc_fail(op, UNISUM_ETIMEDOUT, "%s", msg);
 				return UNISUM_ETIMEDOUT;
 			}
 			next_check = now + LC_SLICE_MS;
 		}
-		rc = shm_flag_wait(&lc.seg->flag, seq + 1, LC_SLICE_MS);
+		rc = shm_flag_wait(&lc->seg->flag, seq + 1, LC_SLICE_MS);
 		if (rc != 0 && rc != UNISUM_ETIMEDOUT) {
-			lc_fail(op, rc, "worker %d cannot wait on the machine's shared memory", lc.cfg.rank);
+			lc_fail(op, rc, "worker %d cannot wait on the machine's shared memory", lc->cfg.rank);
 			return rc;
 		}
 	}
@@ -254,6 +256,7 @@ int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *what)
 /* Peer q's part of this round failed: its error, else 0. */
 int lc_peer_failed(struct local_op *op, int q)
 {
+	struct local *lc = op->lc;
 	struct lc_entry *e = op->peers[q].e;
 	if (e == NULL || atomic_load_explicit(&e->round, memory_order_acquire) != op->req.round)
 		return 0;
@@ -264,9 +267,9 @@ int lc_peer_failed(struct local_op *op, int q)
 	 * scheduler's notice reaches this rank: name the root cause if it comes. */
 	char why[512];
 	for (int i = 0; i < 200; i++) {
-		int f = lc.hooks.failed(why, sizeof why);
+		int f = lc->hooks.failed(lc->hooks.arg, why, sizeof why);
 		if (f == 0)
-			f = lc.hooks.poisoned(op->req.key, why, sizeof why);
+			f = lc->hooks.poisoned(lc->hooks.arg, op->req.key, why, sizeof why);
 		if (f != 0) {
 			lc_fail(op, f, "%s", why);
 			return f;
@@ -274,7 +277,7 @@ int lc_peer_failed(struct local_op *op, int q)
 		usleep(10000);
 	}
 	lc_fail(op, err, "worker %d (local rank %d of machine %d) failed its part of tensor '%s' "
-		"round %u: %s", lc_rank_of(q), q, lc.cfg.machine, op->req.name, op->req.round,
+		"round %u: %s", lc_rank_of(lc, q), q, lc->cfg.machine, op->req.name, op->req.round,
 		unisum_strerror(err));
 	return err;
 }
@@ -282,19 +285,20 @@ int lc_peer_failed(struct local_op *op, int q)
 /* Every peer has posted this round: their buffers are known. */
 int lc_cond_posted(struct local_op *op, void *arg)
 {
+	struct local *lc = op->lc;
 	(void)arg;
-	for (int q = 0; q < lc.cfg.local_size; q++) {
+	for (int q = 0; q < lc->cfg.local_size; q++) {
 		struct lc_peer *p = &op->peers[q];
 		op->blocker = q;
-		if (p->e == NULL && (p->e = lc_find(q, op->req.key)) == NULL)
+		if (p->e == NULL && (p->e = lc_find(lc, q, op->req.key)) == NULL)
 			return 0;
 		uint32_t r = atomic_load_explicit(&p->e->round, memory_order_acquire);
 		if (r != op->req.round) {
 			if ((int32_t)(r - op->req.round) > 0) {
 				lc_fail(op, UNISUM_EPROTO, "worker %d is already past round %u of tensor "
 					"'%s' that worker %d is starting: the workers of machine %d disagree "
-					"on their push_pull calls", lc_rank_of(q), op->req.round,
-					op->req.name, lc.cfg.rank, lc.cfg.machine);
+					"on their push_pull calls", lc_rank_of(lc, q), op->req.round,
+					op->req.name, lc->cfg.rank, lc->cfg.machine);
 				return UNISUM_EPROTO;
 			}
 			return 0;
@@ -304,43 +308,43 @@ int lc_cond_posted(struct local_op *op, void *arg)
 	 * Each rank compares every rank with local rank 0, so all of them
 	 * fail with the same message. */
 	uint32_t first = atomic_load(&op->peers[0].e->wire_op);
-	for (int q = 1; q < lc.cfg.local_size; q++) {
+	for (int q = 1; q < lc->cfg.local_size; q++) {
 		uint32_t other = atomic_load(&op->peers[q].e->wire_op);
 		if (other != first) {
 			char a[64], b[64];
 			lc_fail(op, UNISUM_EMISMATCH, "tensor '%s' round %u: worker %d called %s but worker "
 				"%d %s; every worker must call the same collective (a broadcast: with the "
-				"same root)", op->req.name, op->req.round, lc_rank_of(0),
-				wire_op_describe(first, a, sizeof a), lc_rank_of(q),
+				"same root)", op->req.name, op->req.round, lc_rank_of(lc, 0),
+				wire_op_describe(first, a, sizeof a), lc_rank_of(lc, q),
 				wire_op_describe(other, b, sizeof b));
-			if (lc.cfg.machines > 1 && lc.cfg.local_rank == 0) {
-				pthread_mutex_lock(&lc.lock);
+			if (lc->cfg.machines > 1 && lc->cfg.local_rank == 0) {
+				pthread_mutex_lock(&lc->lock);
 				char why[512];
 				snprintf(why, sizeof why, "%s", op->why);
-				pthread_mutex_unlock(&lc.lock);
-				lc.hooks.poison(op->req.key, why);
+				pthread_mutex_unlock(&lc->lock);
+				lc->hooks.poison(lc->hooks.arg, op->req.key, why);
 			}
 			return UNISUM_EMISMATCH;
 		}
 	}
-	for (int q = 0; q < lc.cfg.local_size; q++) {
+	for (int q = 0; q < lc->cfg.local_size; q++) {
 		struct lc_peer *p = &op->peers[q];
-		p->pid = atomic_load(&lc.seg->ranks[q].pid);
+		p->pid = atomic_load(&lc->seg->ranks[q].pid);
 		p->in = atomic_load(&p->e->in);
 		p->out = atomic_load(&p->e->out);
 		uint64_t region = atomic_load(&p->e->region);
-		p->region = region != 0 && lc.arenas != NULL
-				    ? (uint8_t *)shm_seg_data(&lc.arenas[q]) + region - 1
+		p->region = region != 0 && lc->arenas != NULL
+				    ? (uint8_t *)shm_seg_data(&lc->arenas[q]) + region - 1
 				    : NULL;
 		uint64_t in_arena = atomic_load(&p->e->in_arena);
 		uint64_t out_arena = atomic_load(&p->e->out_arena);
-		uint8_t *base = lc.arenas != NULL ? shm_seg_data(&lc.arenas[q]) : NULL;
+		uint8_t *base = lc->arenas != NULL ? shm_seg_data(&lc->arenas[q]) : NULL;
 		p->in_map = in_arena != 0 && base != NULL ? base + in_arena - 1 : NULL;
 		p->out_map = out_arena != 0 && base != NULL ? base + out_arena - 1 : NULL;
-		if ((p->in_map != NULL || p->out_map != NULL) && q != lc.cfg.local_rank &&
-		    !atomic_exchange(&lc.said_direct, true))
+		if ((p->in_map != NULL || p->out_map != NULL) && q != lc->cfg.local_rank &&
+		    !atomic_exchange(&lc->said_direct, true))
 			LOG_INFO("worker %d: worker %d's buffers lie in its shared arena (unisum_alloc): "
-				 "summing them with plain loads and stores", lc.cfg.rank, lc_rank_of(q));
+				 "summing them with plain loads and stores", lc->cfg.rank, lc_rank_of(lc, q));
 	}
 	return 1;
 }
@@ -348,8 +352,9 @@ int lc_cond_posted(struct local_op *op, void *arg)
 /* Every rank has summed its slice of partitions up to *arg (exclusive). */
 int lc_cond_reduced(struct local_op *op, void *arg)
 {
+	struct local *lc = op->lc;
 	uint32_t want = *(const uint32_t *)arg;
-	for (int q = 0; q < lc.cfg.local_size; q++) {
+	for (int q = 0; q < lc->cfg.local_size; q++) {
 		int err = lc_peer_failed(op, q);
 		if (err != 0)
 			return err;
@@ -363,9 +368,10 @@ int lc_cond_reduced(struct local_op *op, void *arg)
 /* Every rank that stages has staged partitions up to *arg (exclusive). */
 int lc_cond_staged(struct local_op *op, void *arg)
 {
+	struct local *lc = op->lc;
 	uint32_t want = *(const uint32_t *)arg;
-	for (int q = 0; q < lc.cfg.local_size; q++) {
-		if (q == lc.cfg.local_rank || op->peers[q].region == NULL || op->peers[q].in == 0)
+	for (int q = 0; q < lc->cfg.local_size; q++) {
+		if (q == lc->cfg.local_rank || op->peers[q].region == NULL || op->peers[q].in == 0)
 			continue;
 		int err = lc_peer_failed(op, q);
 		if (err != 0)
@@ -381,36 +387,37 @@ int lc_cond_staged(struct local_op *op, void *arg)
 
 static void q_push(struct lc_queue *q, struct local_op *op)
 {
+	struct local *lc = op->lc;
 	struct local_op **pp = &q->head;
 	while (*pp != NULL && ((*pp)->req.priority > op->req.priority ||
 			       ((*pp)->req.priority == op->req.priority && (*pp)->seq < op->seq)))
 		pp = &(*pp)->next;
 	op->next = *pp;
 	*pp = op;
-	pthread_cond_broadcast(&lc.cond);
+	pthread_cond_broadcast(&lc->cond);
 }
 
-static struct local_op *q_pop(struct lc_queue *q)
+static struct local_op *q_pop(struct local *lc, struct lc_queue *q)
 {
-	pthread_mutex_lock(&lc.lock);
+	pthread_mutex_lock(&lc->lock);
 	while (q->head == NULL && !q->closed)
-		pthread_cond_wait(&lc.cond, &lc.lock);
+		pthread_cond_wait(&lc->cond, &lc->lock);
 	struct local_op *op = q->head;
 	if (op != NULL)
 		q->head = op->next;
-	pthread_mutex_unlock(&lc.lock);
+	pthread_mutex_unlock(&lc->lock);
 	return op;
 }
 
 static void *lc_reduce_main(void *arg)
 {
-	(void)arg;
+	struct local *lc = arg;
 	struct local_op *op;
-	while ((op = q_pop(&lc.reduce_q)) != NULL) {
+	while ((op = q_pop(lc, &lc->reduce_q)) != NULL) {
 		lc_reduce(op);
-		pthread_mutex_lock(&lc.lock);
-		q_push(&lc.bcast_q, op);
-		pthread_mutex_unlock(&lc.lock);
+		pthread_mutex_lock(&lc->lock);
+		q_push(&lc->bcast_q, op);
+		pthread_mutex_unlock(&lc->lock);
 	}
 	return NULL;
 }
@@ -421,36 +428,37 @@ static void *lc_reduce_main(void *arg)
  * peer that waits for it. */
 static void *lc_stage_main(void *arg)
 {
-	(void)arg;
+	struct local *lc = arg;
 	for (;;) {
-		pthread_mutex_lock(&lc.lock);
-		while (lc.stage_head == NULL && !lc.reduce_q.closed)
-			pthread_cond_wait(&lc.cond, &lc.lock);
-		struct local_op *op = lc.stage_head;
-		if (op != NULL && (lc.stage_head = op->stage_next) == NULL)
-			lc.stage_tail = NULL;
-		pthread_mutex_unlock(&lc.lock);
+		pthread_mutex_lock(&lc->lock);
+		while (lc->stage_head == NULL && !lc->reduce_q.closed)
+			pthread_cond_wait(&lc->cond, &lc->lock);
+		struct local_op *op = lc->stage_head;
+		if (op != NULL && (lc->stage_head = op->stage_next) == NULL)
+			lc->stage_tail = NULL;
+		pthread_mutex_unlock(&lc->lock);
 		if (op == NULL)
 			return NULL;
 		uint8_t *region = lc_my_region(op);
 		for (uint32_t p = 0; p < op->req.nparts; p++)
 			lc_stage(op, region, p);
-		pthread_mutex_lock(&lc.lock);
+		pthread_mutex_lock(&lc->lock);
 		op->staged = true;
-		pthread_cond_broadcast(&lc.cond);
-		pthread_mutex_unlock(&lc.lock);
+		pthread_cond_broadcast(&lc->cond);
+		pthread_mutex_unlock(&lc->lock);
 	}
 }
 
 static void lc_complete(struct local_op *op)
 {
-	pthread_mutex_lock(&lc.lock);
+	struct local *lc = op->lc;
+	pthread_mutex_lock(&lc->lock);
 	while (op->region != 0 && !op->staged)
-		pthread_cond_wait(&lc.cond, &lc.lock);	/* a failed op, ended early */
-	pthread_mutex_unlock(&lc.lock);
+		pthread_cond_wait(&lc->cond, &lc->lock);	/* a failed op, ended early */
+	pthread_mutex_unlock(&lc->lock);
 	int err = lc_err(op);	/* after the last reply: no more writers */
-	lc_region_give(op->region);
-	lc.hooks.done(op->req.ctx, err, op->why);
+	lc_region_give(lc, op->region);
+	lc->hooks.done(op->req.ctx, err, op->why);
 	free(op->peers);
 	free(op);
 }
@@ -459,14 +467,15 @@ static void lc_complete(struct local_op *op)
  * the root's output (several machines) or a stager's region. */
 static bool lc_lent(const struct local_op *op)
 {
-	return (lc.cfg.machines > 1 && lc.cfg.local_rank == 0) || op->region != 0;
+	const struct local *lc = op->lc;
+	return (lc->cfg.machines > 1 && lc->cfg.local_rank == 0) || op->region != 0;
 }
 
 static void *lc_bcast_main(void *arg)
 {
-	(void)arg;
+	struct local *lc = arg;
 	struct local_op *op;
-	while ((op = q_pop(&lc.bcast_q)) != NULL) {
+	while ((op = q_pop(lc, &lc->bcast_q)) != NULL) {
 		lc_broadcast(op);
 		if (!lc_lent(op)) {
 			lc_complete(op);
@@ -474,11 +483,11 @@ static void *lc_bcast_main(void *arg)
 		}
 		/* Waiting here for the others to copy would let two ranks wait on
 		 * each other's next operation: the finisher waits for all at once. */
-		pthread_mutex_lock(&lc.lock);
-		op->next = lc.finish;
-		lc.finish = op;
-		pthread_cond_broadcast(&lc.cond);
-		pthread_mutex_unlock(&lc.lock);
+		pthread_mutex_lock(&lc->lock);
+		op->next = lc->finish;
+		lc->finish = op;
+		pthread_cond_broadcast(&lc->cond);
+		pthread_mutex_unlock(&lc->lock);
 	}
 	return NULL;
 }
@@ -487,26 +496,26 @@ static void *lc_bcast_main(void *arg)
  * dead rank has), in whatever order that happens. */
 static void *lc_finish_main(void *arg)
 {
-	(void)arg;
+	struct local *lc = arg;
 	int64_t failed_at = 0;
 	for (;;) {
 		/* Once the job has failed, a peer that is alive but stuck (stopped,
 		 * say) gets LC_QUIESCE_MS to let go, not forever.  (Asked before
-		 * taking lc.lock: the hook takes the worker's lock, which is
-		 * taken before lc.lock.) */
+		 * taking lc->lock: the hook takes the worker's lock, which is
+		 * taken before lc->lock.) */
 		char why[512];
-		if (failed_at == 0 && lc.hooks.failed(why, sizeof why) != 0)
+		if (failed_at == 0 && lc->hooks.failed(lc->hooks.arg, why, sizeof why) != 0)
 			failed_at = timing_now_ms();
 		bool give_up = failed_at != 0 && timing_now_ms() - failed_at > LC_QUIESCE_MS;
-		pthread_mutex_lock(&lc.lock);
-		while (lc.finish == NULL && !lc.bcast_q.closed)
-			pthread_cond_wait(&lc.cond, &lc.lock);
-		if (lc.finish == NULL) {
-			pthread_mutex_unlock(&lc.lock);
+		pthread_mutex_lock(&lc->lock);
+		while (lc->finish == NULL && !lc->bcast_q.closed)
+			pthread_cond_wait(&lc->cond, &lc->lock);
+		if (lc->finish == NULL) {
+			pthread_mutex_unlock(&lc->lock);
 			return NULL;
 		}
-		uint32_t seq = shm_flag_load(&lc.seg->flag);
-		struct local_op **pp = &lc.finish, *ready = NULL;
+		uint32_t seq = shm_flag_load(&lc->seg->flag);
+		struct local_op **pp = &lc->finish, *ready = NULL;
 		while (*pp != NULL) {
 			struct local_op *op = *pp;
 			if (give_up || lc_cond_let_go(op, NULL)) {
@@ -517,278 +526,275 @@ static void *lc_finish_main(void *arg)
 				pp = &op->next;
 			}
 		}
-		bool waiting = lc.finish != NULL;
-		pthread_mutex_unlock(&lc.lock);
+		bool waiting = lc->finish != NULL;
+		pthread_mutex_unlock(&lc->lock);
 		while (ready != NULL) {
 			struct local_op *op = ready;
 			ready = op->next;
 			lc_complete(op);
 		}
 		if (waiting)
-			shm_flag_wait(&lc.seg->flag, seq + 1, LC_SLICE_MS);
+			shm_flag_wait(&lc->seg->flag, seq + 1, LC_SLICE_MS);
 	}
 }
 
 /* ---- public ---------------------------------------------------------------- */
 
-static bool lc_spawn(pthread_t *t, void *(*fn)(void *), bool *started)
+static bool lc_spawn(struct local *lc, pthread_t *t, void *(*fn)(void *), bool *started)
 {
-	*started = pthread_create(t, NULL, fn, NULL) == 0;
+	*started = pthread_create(t, NULL, fn, lc) == 0;
 	return *started;
 }
 
 /* Waits (bounded) until every local rank has mapped the segment. */
-static int lc_await_attached(void)
+static int lc_await_attached(struct local *lc)
 {
-	int64_t until = timing_now_ms() + lc.cfg.timeout_ms;
+	int64_t until = timing_now_ms() + lc->cfg.timeout_ms;
 	for (;;) {
-		uint32_t seq = shm_flag_load(&lc.seg->flag);
+		uint32_t seq = shm_flag_load(&lc->seg->flag);
 		int missing = -1;
-		for (int q = 0; q < lc.cfg.local_size && missing < 0; q++)
-			if (!atomic_load(&lc.seg->ranks[q].attached))
+		for (int q = 0; q < lc->cfg.local_size && missing < 0; q++)
+			if (!atomic_load(&lc->seg->ranks[q].attached))
 				missing = q;
 		if (missing < 0)
 			return 0;
 		char why[512];
-		int f = lc.hooks.failed(why, sizeof why);
+		int f = lc->hooks.failed(lc->hooks.arg, why, sizeof why);
 		if (f != 0)
-			return log_fail(f, "worker %d: %s", lc.cfg.rank, why);
+			return log_fail(f, "worker %d: %s", lc->cfg.rank, why);
 		int64_t left = until - timing_now_ms();
 		if (left <= 0)
 			return log_fail(UNISUM_ETIMEDOUT, "worker %d (local rank %d of machine %d) waited "
 					"UNISUM_TIMEOUT_MS=%d ms for local rank %d (worker %d) to map the "
-					"machine's shared memory", lc.cfg.rank, lc.cfg.local_rank,
-					lc.cfg.machine, lc.cfg.timeout_ms, missing, lc_rank_of(missing));
-		shm_flag_wait(&lc.seg->flag, seq + 1, left < LC_SLICE_MS ? (int)left : LC_SLICE_MS);
+					"machine's shared memory", lc->cfg.rank, lc->cfg.local_rank,
+					lc->cfg.machine, lc->cfg.timeout_ms, missing, lc_rank_of(lc, missing));
+		shm_flag_wait(&lc->seg->flag, seq + 1, left < LC_SLICE_MS ? (int)left : LC_SLICE_MS);
 	}
 }
 
-static void lc_unmap(void)
+/* Unmaps everything (but its own arena while local_alloc memory of it is
+ * out: the process's list keeps it) and frees lc. */
+static void lc_unmap(struct local *lc)
 {
-	pthread_mutex_lock(&lc.lock);
-	if (lc.arenas != NULL) {
-		for (int q = 0; q < lc.cfg.local_size; q++) {
-			if (q != lc.cfg.local_rank || lc.nalloc == 0) {
-				shm_seg_close(&lc.arenas[q]);
-				continue;
-			}
-			/* Still lent to the caller: its name is gone, so a later
-			 * run's arena never meets it. */
-			if (lc.nkept == lc.capkept) {
-				int cap = lc.capkept ? 2 * lc.capkept : 2;
-				struct lc_kept *k = realloc(lc.kept, (size_t)cap * sizeof *k);
-				if (k == NULL)
-					continue;	/* out of memory: left mapped for good */
-				lc.kept = k;
-				lc.capkept = cap;
-			}
-			lc.kept[lc.nkept++] = (struct lc_kept){lc.arenas[q], lc.nalloc};
-		}
+	if (lc->arenas != NULL) {
+		lc_arena_unregister(lc);
+		for (int q = 0; q < lc->cfg.local_size; q++)
+			shm_seg_close(&lc->arenas[q]);
 	}
-	free(lc.arenas);
-	lc.arenas = NULL;
-	free(lc.used);
-	lc.used = NULL;
-	lc.nused = lc.capused = lc.nalloc = 0;
-	free(lc.forgot);
-	lc.forgot = NULL;
-	lc.nforgot = lc.capforgot = 0;
-	pthread_mutex_unlock(&lc.lock);
+	free(lc->arenas);
+	free(lc->used);
+	free(lc->forgot);
 	for (int i = 0; i < 2; i++)
-		free(lc.tmp[i]);
-	free(lc.acc);
-	lc.tmp[0] = lc.tmp[1] = lc.acc = NULL;
-	shm_seg_close(&lc.shm);
-	lc.seg = NULL;
-}
-
-/* lc.cond's timed waits run on the monotonic clock (made once). */
-static pthread_once_t lc_cond_once = PTHREAD_ONCE_INIT;
-
-static void lc_cond_init(void)
-{
-	timing_cond_init(&lc.cond);
+		free(lc->tmp[i]);
+	free(lc->acc);
+	shm_seg_close(&lc->shm);
+	pthread_cond_destroy(&lc->cond);
+	pthread_mutex_destroy(&lc->lock);
+	free(lc);
 }
 
 /* Maps the machine's control segment "m<machine>" (local rank 0 creates
  * it; the others open it and wait for its magic).  0 or an error. */
-static int lc_map_segment(const struct local_cfg *cfg, const char *what)
+static int lc_map_segment(struct local *lc, const struct local_cfg *cfg, const char *what)
 {
 	size_t bytes = lc_seg_bytes(cfg->local_size);
 	if (cfg->local_rank == 0) {
-		int rc = shm_seg_create(lc.job, what, bytes, &lc.shm);
+		int rc = shm_seg_create(lc->job, what, bytes, &lc->shm);
 		if (rc == 0) {
-			lc.seg = shm_seg_data(&lc.shm);
-			lc.seg->local_size = (uint32_t)cfg->local_size;
-			atomic_store_explicit(&lc.seg->magic, LC_MAGIC, memory_order_release);
+			lc->seg = shm_seg_data(&lc->shm);
+			lc->seg->local_size = (uint32_t)cfg->local_size;
+			atomic_store_explicit(&lc->seg->magic, LC_MAGIC, memory_order_release);
 		}
 		return rc;
 	}
-	int rc = shm_seg_open(lc.job, what, cfg->timeout_ms, &lc.shm);
+	int rc = shm_seg_open(lc->job, what, cfg->timeout_ms, &lc->shm);
 	if (rc != 0)
 		return rc;
-	lc.seg = shm_seg_data(&lc.shm);
+	lc->seg = shm_seg_data(&lc->shm);
 	/* The root writes the magic just after creating it. */
 	int64_t until = timing_now_ms() + cfg->timeout_ms;
-	while (atomic_load_explicit(&lc.seg->magic, memory_order_acquire) != LC_MAGIC &&
+	while (atomic_load_explicit(&lc->seg->magic, memory_order_acquire) != LC_MAGIC &&
 	       timing_now_ms() < until)
 		usleep(1000);
-	if (atomic_load(&lc.seg->magic) != LC_MAGIC || lc.seg->local_size != (uint32_t)cfg->local_size ||
-	    shm_seg_size(&lc.shm) != bytes)
+	if (atomic_load(&lc->seg->magic) != LC_MAGIC || lc->seg->local_size != (uint32_t)cfg->local_size ||
+	    shm_seg_size(&lc->shm) != bytes)
 		return log_fail(UNISUM_ECONFIG, "worker %d: the shared memory of machine %d (job %s) is "
 				"for %u local workers, this one says UNISUM_LOCAL_SIZE=%d", cfg->rank,
-				cfg->machine, lc.job, lc.seg->local_size, cfg->local_size);
+				cfg->machine, lc->job, lc->seg->local_size, cfg->local_size);
 	return 0;
 }
 
 /* Creates this rank's arena "m<machine>.a<rank>" (named in `arena`) and
  * maps every peer's.  0 or an error. */
-static int lc_map_arenas(const struct local_cfg *cfg, const char *arena)
+static int lc_map_arenas(struct local *lc, const struct local_cfg *cfg, const char *arena)
 {
 	/* Every rank's arena, mapped by all before anyone is attached; the
 	 * pages are taken as staging and unisum_alloc touch them. */
-	lc.arenas = calloc((size_t)cfg->local_size, sizeof *lc.arenas);
-	int rc = lc.arenas == NULL ? UNISUM_ENOMEM : 0;
+	lc->arenas = calloc((size_t)cfg->local_size, sizeof *lc->arenas);
+	int rc = lc->arenas == NULL ? UNISUM_ENOMEM : 0;
 	if (rc == 0)
-		rc = shm_seg_create_sparse(lc.job, arena, cfg->arena_bytes, &lc.arenas[cfg->local_rank]);
+		rc = shm_seg_create_sparse(lc->job, arena, cfg->arena_bytes, &lc->arenas[cfg->local_rank]);
 	for (int q = 0; rc == 0 && q < cfg->local_size; q++) {
 		char name[48];
 		snprintf(name, sizeof name, "m%d.a%d", cfg->machine, q);
 		if (q != cfg->local_rank)
-			rc = shm_seg_open(lc.job, name, cfg->timeout_ms, &lc.arenas[q]);
+			rc = shm_seg_open(lc->job, name, cfg->timeout_ms, &lc->arenas[q]);
 	}
 	return rc;
 }
 
-/* Starts the stage threads; local_stop joins whichever started.  0, or
- * UNISUM_ESYS naming the one that did not. */
-static int lc_spawn_all(const struct local_cfg *cfg)
+/* Starts the stage threads; lc_stop_threads joins whichever started.  0,
+ * or UNISUM_ESYS naming the one that did not. */
+static int lc_spawn_all(struct local *lc, const struct local_cfg *cfg)
 {
-	lc.started = true;
+	lc->started = true;
 	const char *failed =
-		!lc_spawn(&lc.reduce_thread, lc_reduce_main, &lc.reduce_started)   ? "reduce"
-		: !lc_spawn(&lc.finish_thread, lc_finish_main, &lc.finish_started) ? "finishing"
-		: !lc_spawn(&lc.bcast_thread, lc_bcast_main, &lc.bcast_started)    ? "broadcast"
-		: lc.staging && !lc_spawn(&lc.stage_thread, lc_stage_main, &lc.stage_started)
+		!lc_spawn(lc, &lc->reduce_thread, lc_reduce_main, &lc->reduce_started)   ? "reduce"
+		: !lc_spawn(lc, &lc->finish_thread, lc_finish_main, &lc->finish_started) ? "finishing"
+		: !lc_spawn(lc, &lc->bcast_thread, lc_bcast_main, &lc->bcast_started)    ? "broadcast"
+		: lc->staging && !lc_spawn(lc, &lc->stage_thread, lc_stage_main, &lc->stage_started)
 			? "staging"
 			: NULL;
 	if (failed == NULL)
 		return 0;
-	local_stop();
 	return log_fail(UNISUM_ESYS, "worker %d cannot start the local %s thread", cfg->rank, failed);
 }
 
-int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks)
+/* A handle with its lock, its condition (timed waits on the monotonic
+ * clock) and its configuration, or NULL. */
+static struct local *lc_new(const struct local_cfg *cfg, const struct local_hooks *hooks)
 {
-	pthread_once(&lc_cond_once, lc_cond_init);
-	lc.cfg = *cfg;
-	lc.hooks = *hooks;
-	snprintf(lc.job, sizeof lc.job, "%s", cfg->job);
-	lc.cfg.job = lc.job;
-	lc.reduce_q = (struct lc_queue){0};
-	lc.stage_head = lc.stage_tail = NULL;
-	lc.bcast_q = (struct lc_queue){0};
-	/* Peers read and write this process's buffers: under Yama's
-	 * ptrace_scope 1 that needs our leave (EINVAL without Yama). */
-	prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+	struct local *lc = calloc(1, sizeof *lc);
+	if (lc == NULL)
+		return NULL;
+	pthread_mutex_init(&lc->lock, NULL);
+	timing_cond_init(&lc->cond);
+	lc->cfg = *cfg;
+	lc->hooks = *hooks;
+	snprintf(lc->job, sizeof lc->job, "%s", cfg->job);
+	lc->cfg.job = lc->job;
+	return lc;
+}
 
+/* Maps the segment and the arenas, waits for every rank to have them and
+ * removes their names.  0 or an error (logged); lc_unmap undoes it. */
+static int lc_attach(struct local *lc, const struct local_cfg *cfg)
+{
 	char what[32], arena[48];
 	snprintf(what, sizeof what, "m%d", cfg->machine);
 	snprintf(arena, sizeof arena, "m%d.a%d", cfg->machine, cfg->local_rank);
-	int rc = lc_map_segment(cfg, what);
-	if (rc != 0) {
-		lc_unmap();
+	int rc = lc_map_segment(lc, cfg, what);
+	if (rc != 0)
 		return log_fail(rc, "worker %d (local rank %d of machine %d) cannot set up the machine's "
 				"shared memory (job %s): %s", cfg->rank, cfg->local_rank, cfg->machine,
-				lc.job, log_last_error());
-	}
-	lc.staging = cfg->machines == 1 && cfg->stage_bytes != 0 && cfg->arena_bytes != 0;
-	if (cfg->arena_bytes != 0 && (rc = lc_map_arenas(cfg, arena)) != 0) {
-		shm_seg_unlink(lc.job, arena);
+				lc->job, log_last_error());
+	lc->staging = cfg->machines == 1 && cfg->stage_bytes != 0 && cfg->arena_bytes != 0;
+	if (cfg->arena_bytes != 0 && (rc = lc_map_arenas(lc, cfg, arena)) == 0)
+		rc = lc_arena_register(lc);
+	if (rc != 0) {
+		shm_seg_unlink(lc->job, arena);
 		if (cfg->local_rank == 0)
-			shm_seg_unlink(lc.job, what);
-		lc_unmap();
+			shm_seg_unlink(lc->job, what);
 		return log_fail(rc, "worker %d cannot map the machine's staging areas (job %s): %s",
-				cfg->rank, lc.job, log_last_error());
+				cfg->rank, lc->job, log_last_error());
 	}
-	struct lc_rank *mine = &lc.seg->ranks[cfg->local_rank];
+	struct lc_rank *mine = &lc->seg->ranks[cfg->local_rank];
 	atomic_store(&mine->pid, (int32_t)getpid());
 	atomic_store(&mine->attached, 1);
-	lc_post();
-	lc.tmp[0] = aligned_alloc(64, LC_CHUNK);
-	lc.tmp[1] = aligned_alloc(64, LC_CHUNK);
-	lc.acc = aligned_alloc(64, LC_CHUNK);
-	rc = lc.tmp[0] && lc.tmp[1] && lc.acc ? lc_await_attached() : UNISUM_ENOMEM;
+	lc_post(lc);
+	lc->tmp[0] = aligned_alloc(64, LC_CHUNK);
+	lc->tmp[1] = aligned_alloc(64, LC_CHUNK);
+	lc->acc = aligned_alloc(64, LC_CHUNK);
+	rc = lc->tmp[0] && lc->tmp[1] && lc->acc ? lc_await_attached(lc) : UNISUM_ENOMEM;
 	/* Everyone has them mapped: the names can go, so no crash leaves them. */
 	if (cfg->local_rank == 0)
-		shm_seg_unlink(lc.job, what);
-	if (lc.arenas != NULL)
-		shm_seg_unlink(lc.job, arena);
+		shm_seg_unlink(lc->job, what);
+	if (lc->arenas != NULL)
+		shm_seg_unlink(lc->job, arena);
+	return rc;
+}
+
+/* Joins the stage threads: the reduce and staging threads end when the
+ * reduce queue closes, the broadcast and finishing threads when the
+ * broadcast queue does. */
+static void lc_stop_threads(struct local *lc)
+{
+	pthread_mutex_lock(&lc->lock);
+	lc->reduce_q.closed = true;
+	pthread_cond_broadcast(&lc->cond);
+	pthread_mutex_unlock(&lc->lock);
+	if (lc->reduce_started)
+		pthread_join(lc->reduce_thread, NULL);
+	if (lc->stage_started)
+		pthread_join(lc->stage_thread, NULL);
+	pthread_mutex_lock(&lc->lock);
+	lc->bcast_q.closed = true;
+	pthread_cond_broadcast(&lc->cond);
+	pthread_mutex_unlock(&lc->lock);
+	if (lc->bcast_started)
+		pthread_join(lc->bcast_thread, NULL);
+	if (lc->finish_started)
+		pthread_join(lc->finish_thread, NULL);
+	lc->started = false;
+}
+
+int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks, struct local **out)
+{
+	struct local *lc = lc_new(cfg, hooks);
+	if (lc == NULL)
+		return log_fail(UNISUM_ENOMEM, "worker %d: out of memory", cfg->rank);
+	/* Peers read and write this process's buffers: under Yama's
+	 * ptrace_scope 1 that needs our leave (EINVAL without Yama). */
+	prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+	int rc = lc_attach(lc, cfg);
+	if (rc == 0 && (rc = lc_spawn_all(lc, cfg)) != 0)
+		lc_stop_threads(lc);
 	if (rc != 0) {
-		lc_unmap();
+		lc_unmap(lc);
 		return rc;
 	}
-	if ((rc = lc_spawn_all(cfg)) != 0)
-		return rc;
 	LOG_INFO("local rank %d of %d on machine %d: shared-memory reduce ready", cfg->local_rank,
 		 cfg->local_size, cfg->machine);
+	*out = lc;
 	return 0;
 }
 
-void local_stop(void)
+void local_stop(struct local *lc)
 {
-	if (!lc.started)
+	if (lc == NULL)
 		return;
-	/* The reduce and staging threads end when the reduce queue closes,
-	 * the broadcast and finishing threads when the broadcast queue does. */
-	pthread_mutex_lock(&lc.lock);
-	lc.reduce_q.closed = true;
-	pthread_cond_broadcast(&lc.cond);
-	pthread_mutex_unlock(&lc.lock);
-	if (lc.reduce_started)
-		pthread_join(lc.reduce_thread, NULL);
-	if (lc.stage_started)
-		pthread_join(lc.stage_thread, NULL);
-	pthread_mutex_lock(&lc.lock);
-	lc.bcast_q.closed = true;
-	pthread_cond_broadcast(&lc.cond);
-	pthread_mutex_unlock(&lc.lock);
-	if (lc.bcast_started)
-		pthread_join(lc.bcast_thread, NULL);
-	if (lc.finish_started)
-		pthread_join(lc.finish_thread, NULL);
-	lc.started = lc.reduce_started = lc.stage_started = false;
-	lc.bcast_started = lc.finish_started = false;
-	lc_unmap();
+	lc_stop_threads(lc);
+	lc_unmap(lc);
 }
 
-int local_submit(const struct local_req *req, struct local_op **out)
+int local_submit(struct local *lc, const struct local_req *req, struct local_op **out)
 {
 	struct local_op *op = calloc(1, sizeof *op);
-	struct lc_peer *peers = calloc((size_t)lc.cfg.local_size, sizeof *peers);
+	struct lc_peer *peers = calloc((size_t)lc->cfg.local_size, sizeof *peers);
 	if (op == NULL || peers == NULL) {
 		free(op);
 		free(peers);
-		return log_fail(UNISUM_ENOMEM, "worker %d: out of memory", lc.cfg.rank);
+		return log_fail(UNISUM_ENOMEM, "worker %d: out of memory", lc->cfg.rank);
 	}
+	op->lc = lc;
 	op->req = *req;
 	op->peers = peers;
-	pthread_mutex_lock(&lc.lock);
+	pthread_mutex_lock(&lc->lock);
 	bool fresh;
-	struct lc_entry *e = lc_claim(req->key, &fresh);
+	struct lc_entry *e = lc_claim(lc, req->key, &fresh);
 	if (e == NULL) {
-		pthread_mutex_unlock(&lc.lock);
+		pthread_mutex_unlock(&lc->lock);
 		free(op);
 		free(peers);
 		return log_fail(UNISUM_ENOMEM, "worker %d: more than %d tensor cuts on the local path",
-				lc.cfg.rank, LC_TABLE);
+				lc->cfg.rank, LC_TABLE);
 	}
 	for (uint32_t p = 0; p < req->nparts; p++)
 		op->bytes += req->parts[p].count * unisum_dtype_size(req->dtype);
-	uint64_t in_arena = lc_arena_offset(req->in, op->bytes);
-	uint64_t out_arena = lc_arena_offset(req->out, op->bytes);
-	if (lc.staging && op->bytes >= lc.cfg.stage_bytes && req->in != NULL && in_arena == 0)
-		op->region = lc_region_take(op->bytes);
+	uint64_t in_arena = lc_arena_offset(lc, req->in, op->bytes);
+	uint64_t out_arena = lc_arena_offset(lc, req->out, op->bytes);
+	if (lc->staging && op->bytes >= lc->cfg.stage_bytes && req->in != NULL && in_arena == 0)
+		op->region = lc_region_take(lc, op->bytes);
 	/* Reset everything of the new round, then publish it. */
 	atomic_store(&e->err, 0);
 	atomic_store(&e->in_arena, in_arena);
@@ -807,47 +813,48 @@ int local_submit(const struct local_req *req, struct local_op **out)
 		atomic_store_explicit(&e->key, req->key + 1, memory_order_release);
 	}
 	op->mine = e;
-	op->seq = lc.next_seq++;
+	op->seq = lc->next_seq++;
 	*out = op;
-	q_push(&lc.reduce_q, op);
+	q_push(&lc->reduce_q, op);
 	if (op->region != 0) {
-		if (lc.stage_tail != NULL)
-			lc.stage_tail->stage_next = op;
+		if (lc->stage_tail != NULL)
+			lc->stage_tail->stage_next = op;
 		else
-			lc.stage_head = op;
-		lc.stage_tail = op;
+			lc->stage_head = op;
+		lc->stage_tail = op;
 	}
-	pthread_mutex_unlock(&lc.lock);
-	lc_post();
+	pthread_mutex_unlock(&lc->lock);
+	lc_post(lc);
 	return 0;
 }
 
-void local_forget(uint64_t key)
+void local_forget(struct local *lc, uint64_t key)
 {
-	pthread_mutex_lock(&lc.lock);
-	struct lc_entry *e = atomic_load(&lc.started) ? lc_find(lc.cfg.local_rank, key) : NULL;
+	pthread_mutex_lock(&lc->lock);
+	struct lc_entry *e = lc->started ? lc_find(lc, lc->cfg.local_rank, key) : NULL;
 	if (e != NULL) {
 		atomic_store(&e->retired, 1);
-		if (lc.nforgot == lc.capforgot) {
-			int cap = lc.capforgot ? 2 * lc.capforgot : 64;
-			uint64_t *f = realloc(lc.forgot, (size_t)cap * sizeof *f);
+		if (lc->nforgot == lc->capforgot) {
+			int cap = lc->capforgot ? 2 * lc->capforgot : 64;
+			uint64_t *f = realloc(lc->forgot, (size_t)cap * sizeof *f);
 			if (f != NULL) {
-				lc.forgot = f;
-				lc.capforgot = cap;
+				lc->forgot = f;
+				lc->capforgot = cap;
 			}
 		}
 		/* Out of memory: the entry stays, only its slot is lost. */
-		if (lc.nforgot < lc.capforgot)
-			lc.forgot[lc.nforgot++] = key;
-		lc_reclaim();
+		if (lc->nforgot < lc->capforgot)
+			lc->forgot[lc->nforgot++] = key;
+		lc_reclaim(lc);
 	}
-	pthread_mutex_unlock(&lc.lock);
+	pthread_mutex_unlock(&lc->lock);
 }
 
 void local_pulled(struct local_op *op, uint32_t part, int err, const char *why)
 {
+	struct local *lc = op->lc;
 	(void)part;
-	pthread_mutex_lock(&lc.lock);
+	pthread_mutex_lock(&lc->lock);
 	if (err != 0 && op->err == 0) {
 		op->err = err;
 		snprintf(op->why, sizeof op->why, "%s", why ? why : unisum_strerror(err));
@@ -858,7 +865,7 @@ void local_pulled(struct local_op *op, uint32_t part, int err, const char *why)
 	atomic_store_explicit(&op->mine->pulled, lc_pack(op->req.round, n), memory_order_release);
 	/* Posted under the lock: once it is released the operation may
 	 * complete, the job shut down and the segment go. */
-	lc_post();
-	pthread_cond_broadcast(&lc.cond);
-	pthread_mutex_unlock(&lc.lock);
+	lc_post(lc);
+	pthread_cond_broadcast(&lc->cond);
+	pthread_mutex_unlock(&lc->lock);
 }

@@ -51,8 +51,10 @@ struct local_cfg {
 	uint64_t arena_bytes;		/* ... in a staging area this large per rank */
 };
 
-/* What the worker lends the stages. */
+/* What the worker lends the stages.  `arg` is passed to those that take
+ * no operation. */
 struct local_hooks {
+	void *arg;
 	/* Several machines, local root only: partition `part` of the operation
 	 * `ctx` is summed in its output buffer; push it (and pull into the same
 	 * place).  Called on the LOCAL_REDUCE thread. */
@@ -61,17 +63,17 @@ struct local_hooks {
 	 * why).  Called once per operation, on the LOCAL_BROADCAST thread. */
 	void (*done)(void *ctx, int err, const char *why);
 	/* Whether the job failed: its error with the reason in why, or 0. */
-	int (*failed)(char *why, size_t len);
+	int (*failed)(void *arg, char *why, size_t len);
 	/* Whether the tensor of cut `key` can never be summed (the workers
 	 * declared it with different shapes): its error with why, or 0. */
-	int (*poisoned)(uint64_t key, char *why, size_t len);
+	int (*poisoned)(void *arg, uint64_t key, char *why, size_t len);
 	/* Several machines, local root only: this machine's workers disagree
 	 * on the collective of cut `key`, so it never pushes it; tell every
 	 * other machine, whose workers would wait for that push. */
-	void (*poison)(uint64_t key, const char *why);
+	void (*poison)(void *arg, uint64_t key, const char *why);
 	/* A wait stalled past cfg.stall_abort_ms: ask for the whole job to
 	 * fail with `why`, so that every rank gets it instead of waiting. */
-	void (*fail_job)(int err, const char *why);
+	void (*fail_job)(void *arg, int err, const char *why);
 };
 
 /* One push_pull on the local path. */
@@ -93,24 +95,28 @@ struct local_req {
 	const char *name;		/* the tensor's, for messages; valid until done */
 };
 
+/* One local rank's path (a handle: tests run several in one process). */
+struct local;
 struct local_op;
 
 /* Maps (local root: creates) the machine's segment, waits until every local
  * rank has it (bounded by cfg->timeout_ms), removes its name and starts the
- * two stage threads.  0 or a negative error, logged. */
-int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks);
+ * stage threads.  0 and *out, or a negative error, logged. */
+int local_start(const struct local_cfg *cfg, const struct local_hooks *hooks, struct local **out);
 
-/* Stops the threads (every operation must be done) and unmaps. */
-void local_stop(void);
+/* Stops the threads (every operation must be done), unmaps and frees lc
+ * (NULL: nothing).  Its arena stays mapped while local_alloc memory of it
+ * is out. */
+void local_stop(struct local *lc);
 
 /* Starts an operation: publishes its buffers to the peers and queues it.
  * *out (for local_pulled) stays valid until the done hook has run.
  * 0, or UNISUM_ENOMEM / the table is full (logged). */
-int local_submit(const struct local_req *req, struct local_op **out);
+int local_submit(struct local *lc, const struct local_req *req, struct local_op **out);
 
 /* This rank undeclared the tensor of cut `key` (no operation of it in
  * flight): its entry is reused once every local rank has done the same. */
-void local_forget(uint64_t key);
+void local_forget(struct local *lc, uint64_t key);
 
 /* Several machines, local root only: the reply of partition `part` is in
  * the output buffer (err 0), or that partition failed. */
@@ -122,9 +128,10 @@ void local_pulled(struct local_op *op, uint32_t part, int err, const char *why);
  * the arena is full or the path is not running (the caller falls back to
  * ordinary memory).  The memory stays valid until local_free, even past
  * local_stop. */
-void *local_alloc(size_t bytes);
+void *local_alloc(struct local *lc, size_t bytes);
 
-/* Gives back memory of local_alloc: true, or false when p is not from it. */
+/* Gives back memory of local_alloc of any rank of this process: true, or
+ * false when p is not from it. */
 bool local_free(void *p);
 
 #endif /* UNISUM_WORKER_LOCAL_H */

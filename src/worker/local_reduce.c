@@ -64,20 +64,21 @@ static void lc_copy_nt(void *dst, const void *src, size_t n)
 
 static int lc_vm(bool write, struct local_op *op, int q, void *local, uint64_t remote, size_t n)
 {
+	struct local *lc = op->lc;
 	pid_t pid = op->peers[q].pid;
 	int rc = shm_vm_copy(pid, write, local, remote, n);
 	if (rc == 0)
 		return 0;
 	if (rc == -ESRCH)
 		lc_fail(op, UNISUM_ECONN, "worker %d (local rank %d of machine %d, pid %d) died while "
-			"worker %d was summing with it", lc_rank_of(q), q, lc.cfg.machine, (int)pid,
-			lc.cfg.rank);
+			"worker %d was summing with it", lc_rank_of(lc, q), q, lc->cfg.machine, (int)pid,
+			lc->cfg.rank);
 	else
 		lc_fail(op, UNISUM_ESYS, "worker %d cannot %s the memory of worker %d (pid %d) with %s: "
 			"%s; the local reduce needs cross-memory attach (a container without "
 			"CAP_SYS_PTRACE or kernel.yama.ptrace_scope >= 2 forbids it); run with "
 			"UNISUM_LOCAL_SIZE=1 (`unisum launch --local-size 1`) to go through the servers "
-			"instead", lc.cfg.rank, write ? "write" : "read", lc_rank_of(q), (int)pid,
+			"instead", lc->cfg.rank, write ? "write" : "read", lc_rank_of(lc, q), (int)pid,
 			write ? "process_vm_writev" : "process_vm_readv", strerror(-rc));
 	return lc_err(op);
 }
@@ -100,11 +101,12 @@ static void lc_slice(uint64_t count, size_t esize, int r, int L, uint64_t *s, ui
  * dst (n * esize <= LC_CHUNK). */
 static int lc_sum_chunk(struct local_op *op, void *dst, uint64_t off, size_t n, size_t esize)
 {
-	const int me = lc.cfg.local_rank;
+	struct local *lc = op->lc;
+	const int me = lc->cfg.local_rank;
 	size_t bytes = n * esize;
 	const void *first = NULL;
 	int have = 0, tmp = 0;
-	for (int q = 0; q < lc.cfg.local_size; q++) {
+	for (int q = 0; q < lc->cfg.local_size; q++) {
 		const void *src;
 		if (q == me) {
 			if (op->req.in == NULL)
@@ -118,7 +120,7 @@ static int lc_sum_chunk(struct local_op *op, void *dst, uint64_t off, size_t n, 
 			src = op->peers[q].region + off * esize;	/* it staged our slice */
 		} else {
 			/* A second peer needs the other buffer while the first waits. */
-			void *buf = lc.tmp[tmp];
+			void *buf = lc->tmp[tmp];
 			int rc = lc_vm(false, op, q, buf, op->peers[q].in + off * esize, bytes);
 			if (rc != 0)
 				return rc;
@@ -145,6 +147,7 @@ static int lc_sum_chunk(struct local_op *op, void *dst, uint64_t off, size_t n, 
  * ranks have summed; with `wait`, waits for them all. */
 static int lc_push_ready(struct local_op *op, uint32_t *next, bool wait)
 {
+	struct local *lc = op->lc;
 	while (*next < op->req.nparts) {
 		uint32_t want = *next + 1;
 		int rc = lc_cond_reduced(op, &want);
@@ -154,10 +157,10 @@ static int lc_push_ready(struct local_op *op, uint32_t *next, bool wait)
 			return lc_err(op);
 		if (rc == 0)
 			return 0;
-		pthread_mutex_lock(&lc.lock);
+		pthread_mutex_lock(&lc->lock);
 		op->pushed++;
-		pthread_mutex_unlock(&lc.lock);
-		lc.hooks.push(op->req.ctx, (*next)++);
+		pthread_mutex_unlock(&lc->lock);
+		lc->hooks.push(op->req.ctx, (*next)++);
 	}
 	return 0;
 }
@@ -166,32 +169,35 @@ static int lc_push_ready(struct local_op *op, uint32_t *next, bool wait)
  * ranks sum into its region, at their places in the tensor. */
 void lc_stage(struct local_op *op, uint8_t *region, uint32_t p)
 {
+	struct local *lc = op->lc;
 	const struct placement_part *part = &op->req.parts[p];
 	const size_t esize = unisum_dtype_size(op->req.dtype);
 	if (op->req.in != NULL) {
-		for (int r = 0; r < lc.cfg.local_size; r++) {
-			if (r == lc.cfg.local_rank)
+		for (int r = 0; r < lc->cfg.local_size; r++) {
+			if (r == lc->cfg.local_rank)
 				continue;
 			uint64_t s, e;
-			lc_slice(part->count, esize, r, lc.cfg.local_size, &s, &e);
+			lc_slice(part->count, esize, r, lc->cfg.local_size, &s, &e);
 			size_t off = (size_t)(part->offset + s) * esize;
 			lc_copy_nt(region + off, (const uint8_t *)op->req.in + off, (size_t)(e - s) * esize);
 		}
 	}
 	atomic_store_explicit(&op->mine->staged, lc_pack(op->req.round, p + 1), memory_order_release);
-	lc_post();
+	lc_post(lc);
 }
 
 uint8_t *lc_my_region(const struct local_op *op)
 {
-	return op->region != 0 ? (uint8_t *)shm_seg_data(&lc.arenas[lc.cfg.local_rank]) + op->region - 1
+	const struct local *lc = op->lc;
+	return op->region != 0 ? (uint8_t *)shm_seg_data(&lc->arenas[lc->cfg.local_rank]) + op->region - 1
 			       : NULL;
 }
 
 int lc_reduce(struct local_op *op)
 {
-	const int me = lc.cfg.local_rank, L = lc.cfg.local_size;
-	const bool one_machine = lc.cfg.machines == 1;
+	struct local *lc = op->lc;
+	const int me = lc->cfg.local_rank, L = lc->cfg.local_size;
+	const bool one_machine = lc->cfg.machines == 1;
 	const size_t esize = unisum_dtype_size(op->req.dtype);
 	const size_t chunk = LC_CHUNK / esize;
 	int rc = lc_wait(op, lc_cond_posted, NULL, "the other local workers to start this push_pull");
@@ -210,14 +216,14 @@ int lc_reduce(struct local_op *op)
 		for (uint64_t at = part->offset + s; at < part->offset + e; at += chunk) {
 			size_t n = (size_t)(part->offset + e - at < chunk ? part->offset + e - at : chunk);
 			size_t bytes = n * esize;
-			void *dst = one_machine || me == 0 ? (char *)op->req.out + at * esize : lc.acc;
+			void *dst = one_machine || me == 0 ? (char *)op->req.out + at * esize : lc->acc;
 			/* In place, the sum of the ranks before this one would
 			 * overwrite its own input before it is added: sum aside. */
 			bool alias = op->req.in != NULL && me > 0 &&
 				     dst == (const char *)op->req.in + at * esize;
-			rc = lc_sum_chunk(op, alias ? lc.acc : dst, at, n, esize);
+			rc = lc_sum_chunk(op, alias ? lc->acc : dst, at, n, esize);
 			if (rc == 0 && alias)
-				memcpy(dst, lc.acc, bytes);
+				memcpy(dst, lc->acc, bytes);
 			if (rc == 0 && one_machine && op->req.divisor > 1)
 				reducer_divide(dst, n, op->req.dtype, op->req.divisor);
 			if (rc == 0 && region != NULL) {
@@ -238,7 +244,7 @@ int lc_reduce(struct local_op *op)
 		}
 		atomic_store_explicit(&op->mine->reduced, lc_pack(op->req.round, p + 1),
 				      memory_order_release);
-		lc_post();
+		lc_post(lc);
 		if (op->req.traced) {
 			int64_t t1 = trace_now_us();
 			trace_span(TRACE_LOCAL_REDUCE, op->req.tensor, p, op->req.step,
@@ -270,9 +276,10 @@ static int lc_cond_root_pulled(struct local_op *op, void *arg)
  * or gave up). */
 int lc_cond_let_go(struct local_op *op, void *arg)
 {
+	struct local *lc = op->lc;
 	(void)arg;
-	for (int q = 0; q < lc.cfg.local_size; q++) {
-		if (q == lc.cfg.local_rank)
+	for (int q = 0; q < lc->cfg.local_size; q++) {
+		if (q == lc->cfg.local_rank)
 			continue;
 		struct lc_entry *e = op->peers[q].e;
 		op->blocker = q;
@@ -286,28 +293,30 @@ int lc_cond_let_go(struct local_op *op, void *arg)
 /* The root's own replies are all in (process-local wait). */
 static void lc_await_pulls(struct local_op *op)
 {
-	pthread_mutex_lock(&lc.lock);
+	struct local *lc = op->lc;
+	pthread_mutex_lock(&lc->lock);
 	while (op->npulled < op->pushed) {
 		struct timespec until = timing_deadline(LC_SLICE_MS);
-		pthread_cond_timedwait(&lc.cond, &lc.lock, &until);
+		pthread_cond_timedwait(&lc->cond, &lc->lock, &until);
 	}
-	pthread_mutex_unlock(&lc.lock);
+	pthread_mutex_unlock(&lc->lock);
 }
 
 /* After a failure: marks this rank's part failed and gives the peers a
  * moment to stop touching its buffers before the caller gets them back. */
 static void lc_quiesce(struct local_op *op)
 {
+	struct local *lc = op->lc;
 	int err = lc_err(op);
 	atomic_store(&op->mine->err, err != 0 ? err : UNISUM_ECONN);
 	atomic_store_explicit(&op->mine->bcast, lc_pack(op->req.round, 1), memory_order_release);
-	lc_post();
+	lc_post(lc);
 	int64_t until = timing_now_ms() + LC_QUIESCE_MS;
 	while (timing_now_ms() < until) {
 		bool busy = false;
-		for (int q = 0; q < lc.cfg.local_size && !busy; q++) {
+		for (int q = 0; q < lc->cfg.local_size && !busy; q++) {
 			struct lc_peer *p = &op->peers[q];
-			if (q == lc.cfg.local_rank || p->e == NULL || !shm_pid_is_alive(p->pid))
+			if (q == lc->cfg.local_rank || p->e == NULL || !shm_pid_is_alive(p->pid))
 				continue;
 			if (atomic_load_explicit(&p->e->round, memory_order_acquire) != op->req.round)
 				continue;
@@ -317,8 +326,8 @@ static void lc_quiesce(struct local_op *op)
 		}
 		if (!busy)
 			return;
-		uint32_t seq = shm_flag_load(&lc.seg->flag);
-		shm_flag_wait(&lc.seg->flag, seq + 1, LC_SLICE_MS);
+		uint32_t seq = shm_flag_load(&lc->seg->flag);
+		shm_flag_wait(&lc->seg->flag, seq + 1, LC_SLICE_MS);
 	}
 }
 
@@ -336,8 +345,9 @@ static void lc_trace_bcast(const struct local_op *op, int64_t since)
 
 void lc_broadcast(struct local_op *op)
 {
-	const int me = lc.cfg.local_rank;
-	const bool one_machine = lc.cfg.machines == 1;
+	struct local *lc = op->lc;
+	const int me = lc->cfg.local_rank;
+	const bool one_machine = lc->cfg.machines == 1;
 	int64_t since = op->req.traced ? trace_now_us() : 0;
 	bool ok = lc_err(op) == 0;
 	if (ok && one_machine) {
@@ -355,11 +365,11 @@ void lc_broadcast(struct local_op *op)
 			while (op->region != 0 && lc_count(&op->mine->staged, op->req.round) < want)
 				sched_yield();
 			const struct placement_part *part = &op->req.parts[p];
-			for (int r = 0; r < lc.cfg.local_size; r++) {
+			for (int r = 0; r < lc->cfg.local_size; r++) {
 				if (r == me || op->peers[r].region == NULL)
 					continue;
 				uint64_t s, e;
-				lc_slice(part->count, esize, r, lc.cfg.local_size, &s, &e);
+				lc_slice(part->count, esize, r, lc->cfg.local_size, &s, &e);
 				size_t off = (size_t)(part->offset + s) * esize;
 				memcpy((uint8_t *)op->req.out + off, op->peers[r].region + off,
 				       (size_t)(e - s) * esize);
@@ -385,7 +395,7 @@ void lc_broadcast(struct local_op *op)
 		lc_quiesce(op);
 	} else {
 		atomic_store_explicit(&op->mine->bcast, lc_pack(op->req.round, 1), memory_order_release);
-		lc_post();
+		lc_post(lc);
 	}
 	lc_trace_bcast(op, since);
 }

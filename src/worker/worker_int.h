@@ -22,6 +22,7 @@
 #include "unisum.h"
 #include "worker/local.h"
 #include "worker/tune.h"
+#include "worker/worker.h"
 
 /* One cut of a tensor into partitions, with its keys and servers. */
 struct wk_layout {
@@ -35,6 +36,7 @@ struct wk_layout {
 };
 
 struct wk_tensor {
+	struct worker *w;		/* its worker */
 	int index;			/* tensor id */
 	char name[256];
 	unisum_dtype dtype;
@@ -48,6 +50,7 @@ struct wk_tensor {
 };
 
 struct wk_op {
+	struct worker *w;		/* its worker */
 	unisum_handle handle;
 	struct wk_tensor *t;
 	int flags;
@@ -93,6 +96,7 @@ struct wk_job {
 };
 
 struct wk_conn {
+	struct worker *w;		/* its worker */
 	int server;			/* server rank */
 	char label[128];		/* "server 0 (127.0.0.1:4000)" */
 	struct tp_conn *conn;
@@ -110,18 +114,19 @@ struct wk_conn {
 	char dead_why[700];		/* why, for the errors of later calls */
 };
 
-/* The worker of this process (one per process: the C API is). */
-struct wk_state {
+/* One worker: a rank of the job.  The C API of unisum.h drives the
+ * process's one; tests may run several in a process (worker.h). */
+struct worker {
 	pthread_mutex_t lock;		/* everything below but conns' own state */
 	pthread_cond_t done_cond;	/* an operation completed */
 	pthread_cond_t failed_cond;	/* `failed` was set */
-	bool initialized;
-	bool left;			/* unisum_shutdown() ran: this process is done with the job */
+	bool initialized;		/* in its job: between worker_join and worker_leave */
 	struct config cfg;
 	const struct transport_ops *tp;
 	struct rdv_client *rdv;
 	int rank, size, nservers;
 	bool local;			/* several workers on this machine: src/worker/local.c */
+	struct local *lc;		/* ... its local path (NULL once it left) */
 	bool to_servers;		/* this worker talks to the servers (a machine's root) */
 	struct wk_conn *conns;		/* [nservers] */
 	bool conns_live;		/* every conn is set up and not yet torn down */
@@ -147,14 +152,12 @@ struct wk_state {
 	int npoison;
 };
 
-extern struct wk_state wk;
-
 /* conns.c: completing a partition of an operation; the connections to the
  * servers, their threads and the PUSH stage's thread; queueing a job on a
  * connection. */
 void wk_op_part_done(struct wk_op *op, int err, const char *why);
-void wk_close_conns(void);
-int wk_connect_servers(void);
+void wk_close_conns(struct worker *w);
+int wk_connect_servers(struct worker *w);
 int wk_enqueue(struct wk_conn *c, struct wk_job *j);
 void *wk_push_main(void *arg);
 
@@ -167,6 +170,6 @@ void wk_op_fail(struct wk_op *op, int err, const char *what);
 void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L);
 void *wk_tune_main(void *arg);
 const struct wk_layout *wk_tuned_cut(struct wk_op *op, bool wait, int *rc);
-int wk_tuner_new(void);
+int wk_tuner_new(struct worker *w);
 
 #endif /* UNISUM_WORKER_INT_H */

@@ -1,0 +1,210 @@
+/*
+ * api.c - the C API of unisum.h: the process's one worker (worker.h), read
+ * from the environment, with the process's log identity and timeline.
+ *
+ * A process joins its job once: after unisum_shutdown its worker stays
+ * (left, so every call answers UNISUM_ENOTINIT) and unisum_init fails with
+ * UNISUM_ESHUTDOWN.  No call may run concurrently with unisum_init or
+ * unisum_shutdown but unisum_alloc and unisum_free, which take the
+ * process's lock.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "config/config.h"
+#include "log/log.h"
+#include "trace/trace.h"
+#include "worker/local.h"
+#include "worker/worker.h"
+#include "unisum.h"
+
+static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;	/* api_worker's changes */
+static struct worker *_Atomic api_worker;	/* this process's, once it joined */
+static bool api_left;				/* unisum_shutdown ran */
+
+static struct worker *api(void)
+{
+	return atomic_load(&api_worker);
+}
+
+/* Reads the worker's configuration from the environment.  0, or an error
+ * with err naming the variable. */
+static int api_configure(struct config *cfg, char *err, size_t len)
+{
+	int rc = config_load(cfg, err, len);
+	if (rc == 0 && cfg->role == CONFIG_ROLE_NONE)
+		cfg->role = CONFIG_ROLE_WORKER;
+	if (rc == 0 && cfg->role != CONFIG_ROLE_WORKER) {
+		snprintf(err, len, "UNISUM_ROLE=%s: unisum_init() is for workers; run `unisum %s` for "
+			 "that role", config_role_name(cfg->role), config_role_name(cfg->role));
+		rc = UNISUM_ECONFIG;
+	}
+	if (rc == 0)
+		rc = config_require(cfg, CONFIG_ROLE_WORKER, err, len);
+	return rc;
+}
+
+/* Joins with cfg and opens the timeline (api_lock held). */
+static int api_join(const struct config *cfg)
+{
+	log_set_level(cfg->log_level);
+	log_set_identity("worker", cfg->worker_id);
+	struct worker *w;
+	int rc = worker_join(cfg, &w);
+	if (rc != 0)
+		return rc;
+	log_set_identity("worker", worker_rank(w));
+	if ((rc = trace_open(cfg, worker_rank(w))) != 0) {
+		worker_leave(w);
+		worker_free(w);
+		return rc;
+	}
+	atomic_store(&api_worker, w);
+	return 0;
+}
+
+int unisum_init(void)
+{
+	pthread_mutex_lock(&api_lock);
+	int rc = 0;
+	if (api() != NULL && !api_left)
+		goto out;
+	if (api_left) {
+		rc = log_fail(UNISUM_ESHUTDOWN, "unisum_init: this process left the job with "
+			      "unisum_shutdown() already, and a job cannot be joined twice (the "
+			      "scheduler counted this worker done, and the servers stop once every "
+			      "worker is); call unisum_init() once per process and unisum_shutdown() "
+			      "at its end");
+		goto out;
+	}
+	struct config cfg;
+	char err[512];
+	rc = api_configure(&cfg, err, sizeof err);
+	if (rc != 0)
+		rc = log_fail(rc, "unisum_init: %s", err);
+	else
+		rc = api_join(&cfg);
+out:
+	pthread_mutex_unlock(&api_lock);
+	return rc;
+}
+
+int unisum_shutdown(void)
+{
+	pthread_mutex_lock(&api_lock);
+	struct worker *w = api_left ? NULL : api();
+	if (w != NULL)
+		api_left = true;
+	pthread_mutex_unlock(&api_lock);
+	if (w == NULL)
+		return log_fail(UNISUM_ENOTINIT, "call unisum_init() first");
+	/* The worker stays allocated: later calls answer UNISUM_ENOTINIT. */
+	int rc = worker_leave(w);
+	trace_close();
+	return rc;
+}
+
+int unisum_rank(void)
+{
+	return worker_rank(api());
+}
+
+int unisum_size(void)
+{
+	return worker_size(api());
+}
+
+int unisum_local_rank(void)
+{
+	return worker_local_rank(api());
+}
+
+int unisum_local_size(void)
+{
+	return worker_local_size(api());
+}
+
+int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int priority)
+{
+	return worker_declare(api(), name, dtype, count, priority);
+}
+
+int unisum_undeclare(int tensor)
+{
+	return worker_undeclare(api(), tensor);
+}
+
+int unisum_push_pull_async(int tensor, const void *in, void *out, int flags, unisum_handle *h)
+{
+	return worker_push_pull_async(api(), tensor, in, out, flags, h);
+}
+
+int unisum_push_pull(int tensor, const void *in, void *out, int flags)
+{
+	unisum_handle h;
+	int rc = unisum_push_pull_async(tensor, in, out, flags, &h);
+	return rc != 0 ? rc : unisum_wait(h);
+}
+
+int unisum_broadcast_async(int tensor, void *buf, int root_rank, unisum_handle *h)
+{
+	return worker_broadcast_async(api(), tensor, buf, root_rank, h);
+}
+
+int unisum_broadcast(int tensor, void *buf, int root_rank)
+{
+	unisum_handle h;
+	int rc = unisum_broadcast_async(tensor, buf, root_rank, &h);
+	return rc != 0 ? rc : unisum_wait(h);
+}
+
+int unisum_poll_timeout(unisum_handle h, int timeout_ms)
+{
+	return worker_poll_timeout(api(), h, timeout_ms);
+}
+
+int unisum_poll(unisum_handle h)
+{
+	return unisum_poll_timeout(h, 0);
+}
+
+int unisum_wait(unisum_handle h)
+{
+	return worker_wait(api(), h);
+}
+
+int unisum_barrier(void)
+{
+	return worker_barrier(api());
+}
+
+int unisum_barrier_timeout(int timeout_ms)
+{
+	return worker_barrier_timeout(api(), timeout_ms);
+}
+
+int unisum_get_stats(unisum_stats *out)
+{
+	return worker_get_stats(api(), out);
+}
+
+void *unisum_alloc(size_t bytes)
+{
+	pthread_mutex_lock(&api_lock);
+	void *p = worker_alloc(api(), bytes);
+	pthread_mutex_unlock(&api_lock);
+	if (p == NULL) {
+		size_t round = bytes == 0 ? 64 : (bytes + 63) & ~(size_t)63;
+		p = round < bytes ? NULL : aligned_alloc(64, round);
+	}
+	return p;
+}
+
+void unisum_free(void *p)
+{
+	if (p != NULL && !local_free(p))
+		free(p);
+}

@@ -1,0 +1,55 @@
+/*
+ * worker.h - a worker as a handle.  The C API of unisum.h drives the one
+ * worker of its process (api.c); tests run several ranks in one process
+ * with these, as Gloo's tests do.  Each function is its unisum_* twin of
+ * unisum.h on worker w, and returns what it returns; a worker that left
+ * (or NULL) answers UNISUM_ENOTINIT.
+ *
+ * Per process, not per worker: the log's level and identity, the job
+ * secret (auth_set_secret: every worker of a process has the same), the
+ * timeline (src/trace: api.c opens it for the process's worker only) and
+ * unisum_free (local_free finds any worker's arena).
+ */
+#ifndef UNISUM_WORKER_WORKER_H
+#define UNISUM_WORKER_WORKER_H
+
+#include <stddef.h>
+
+#include "config/config.h"
+#include "unisum.h"
+
+struct worker;
+
+/* unisum_init with the configuration cfg (copied): joins the job, blocks
+ * until the whole job has registered.  0 and *out, or an error. */
+int worker_join(const struct config *cfg, struct worker **out);
+
+/* unisum_shutdown: waits for w's operations, leaves the job and closes w's
+ * connections.  w stays allocated (its calls answer UNISUM_ENOTINIT) until
+ * worker_free. */
+int worker_leave(struct worker *w);
+void worker_free(struct worker *w);
+
+int worker_rank(const struct worker *w);
+int worker_size(const struct worker *w);
+int worker_local_rank(const struct worker *w);
+int worker_local_size(const struct worker *w);
+
+int worker_declare(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
+		   int priority);
+int worker_undeclare(struct worker *w, int tensor);
+int worker_push_pull_async(struct worker *w, int tensor, const void *in, void *out, int flags,
+			   unisum_handle *h);
+int worker_broadcast_async(struct worker *w, int tensor, void *buf, int root_rank,
+			   unisum_handle *h);
+int worker_poll_timeout(struct worker *w, unisum_handle h, int timeout_ms);
+int worker_wait(struct worker *w, unisum_handle h);
+int worker_barrier(struct worker *w);
+int worker_barrier_timeout(struct worker *w, int timeout_ms);
+int worker_get_stats(struct worker *w, unisum_stats *out);
+
+/* unisum_alloc's memory of w's arena (several workers on its machine), or
+ * NULL: the caller falls back to ordinary memory. */
+void *worker_alloc(struct worker *w, size_t bytes);
+
+#endif /* UNISUM_WORKER_WORKER_H */
