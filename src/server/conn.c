@@ -81,36 +81,11 @@ void srv_queue_reply(struct server *srv, int w, const struct wire_hdr *h, const 
 {
 	pthread_mutex_lock(&srv->lock);
 	struct srv_conn *c = srv->by_worker[w];
-	if (c != NULL && c->ipc && h->type == WIRE_PULL_REPLY && h->payload_len != 0) {
-		/* IPC: the worker copies the sum from here itself; the buffer
-		 * stays as it is until that worker's next push of the key. */
-		uint64_t *addr = malloc(sizeof *addr);
-		struct wire_hdr ih = *h;
-		ih.flags |= WIRE_FLAG_IPC;
-		ih.payload_len = WIRE_IPC_PAYLOAD;
-		if (addr != NULL) {
-			*addr = htole64((uint64_t)(uintptr_t)payload);
-			srv_conn_enqueue(c, &ih, addr, addr);
-		} else {
-			LOG_ERROR("out of memory queuing a reply");
-		}
-	} else if (c != NULL) {
+	/* Over IPC the worker copies the sum from the payload itself: the
+	 * buffer stays as it is until that worker's next push of the key. */
+	if (c != NULL)
 		srv_conn_enqueue(c, h, payload, NULL);
-	}
 	pthread_mutex_unlock(&srv->lock);
-}
-
-/* IPC push: copies `bytes` from the worker's address `from` into dst. */
-static int srv_ipc_read(struct srv_conn *c, void *dst, uint64_t from, size_t bytes, char *why,
-			size_t len)
-{
-	int rc = shm_vm_copy(c->peer_pid, false, dst, from, bytes);
-	if (rc == 0)
-		return 0;
-	snprintf(why, len, "cannot read a push from the memory of pid %d (same host, UNISUM_IPC=1) "
-		 "with process_vm_readv: %s; set UNISUM_IPC=0 to send the data through the socket",
-		 (int)c->peer_pid, strerror(-rc));
-	return rc == -ESRCH ? UNISUM_ECONN : UNISUM_ESYS;
 }
 
 /* Writes queued replies in order; after `closing` it drains what is left
@@ -135,12 +110,12 @@ void *srv_send_main(void *arg)
 		if (c->last_ack == r)
 			c->last_ack = NULL;
 		pthread_mutex_unlock(&c->qlock);
-		if (!broken && srv->tp->send(c->conn, &r->hdr, r->payload) != 0) {
+		if (!broken && c->tp->send(c->conn, &r->hdr, r->payload) != 0) {
 			broken = true;
 			char name[64];
 			LOG_INFO("sending to %s (%s) failed; closing its connection",
-				 srv_worker_name(srv, c->worker, name, sizeof name), srv->tp->peer_name(c->conn));
-			srv->tp->conn_shutdown(c->conn);
+				 srv_worker_name(srv, c->worker, name, sizeof name), c->tp->peer_name(c->conn));
+			c->tp->conn_shutdown(c->conn);
 		}
 		free(r->owned);
 		free(r);
@@ -153,18 +128,12 @@ void *srv_send_main(void *arg)
 static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
 			size_t len)
 {
-	/* The hello's payload: nothing (TCP), or u32 flags with bit 0 asking
-	 * for IPC (the worker saw from the address book that we share a host). */
-	uint32_t flags = 0;
-	if (h->type != WIRE_REGISTER || (h->payload_len != 0 && h->payload_len != sizeof flags)) {
-		snprintf(why, len, "first message is %s, expected a worker hello", wire_type_name(h->type));
+	if (h->type != WIRE_REGISTER || h->payload_len != 0) {
+		snprintf(why, len, "first message is %s with %llu payload bytes, expected a worker "
+			 "hello (REGISTER, no payload)", wire_type_name(h->type),
+			 (unsigned long long)h->payload_len);
 		return UNISUM_EPROTO;
 	}
-	if (h->payload_len != 0 && srv->tp->recv_payload(c->conn, &flags, sizeof flags) != 0) {
-		snprintf(why, len, "connection closed in the middle of a hello");
-		return UNISUM_ECONN;
-	}
-	flags = le32toh(flags);
 	const struct rdv_node *n = rdv_client_node_by_id(srv->rdv, h->sender);
 	if (n == NULL || n->role != CONFIG_ROLE_WORKER) {
 		snprintf(why, len, "hello from node id %u, which is not a worker of this job", h->sender);
@@ -180,19 +149,6 @@ static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wir
 		snprintf(why, len, "worker rank %d is on machine %d, but this job has %d machines",
 			 n->rank, n->machine, srv->nworkers);
 		return UNISUM_EPROTO;
-	}
-	if (flags & ~1u) {
-		snprintf(why, len, "hello with unknown flags 0x%x", flags);
-		return UNISUM_EPROTO;
-	}
-	if (flags & 1u) {
-		if (!rdv_client_same_host(srv->rdv, n)) {
-			snprintf(why, len, "worker rank %d asks for IPC but is not on this host (%s)",
-				 n->rank, n->host_id);
-			return UNISUM_EPROTO;
-		}
-		c->ipc = true;
-		c->peer_pid = n->pid;
 	}
 	pthread_mutex_lock(&srv->lock);
 	int rc = 0;
@@ -292,7 +248,7 @@ static int srv_on_declare_check(struct server *srv, struct srv_conn *c, const st
 	void *p = h->payload_len ? malloc(h->payload_len) : NULL;
 	if (h->payload_len && p == NULL)
 		return UNISUM_ENOMEM;
-	if (h->payload_len && srv->tp->recv_payload(c->conn, p, h->payload_len) != 0) {
+	if (h->payload_len && c->tp->recv_payload(c->conn, p, h->payload_len) != 0) {
 		free(p);
 		snprintf(why, len, "connection closed in the middle of a declaration");
 		return UNISUM_ECONN;
@@ -308,9 +264,9 @@ static int srv_on_declare_check(struct server *srv, struct srv_conn *c, const st
 }
 
 /* Receives a push's data into worker c's buffer of key k: straight off
- * the socket (zero-copy receive), or read from the worker's memory at
- * the address the payload gives (IPC). */
-static int srv_receive_push(struct server *srv, struct srv_conn *c, struct srv_key *k,
+ * the socket (zero-copy receive), or, over IPC, read from the worker's
+ * memory by the transport. */
+static int srv_receive_push(struct srv_conn *c, struct srv_key *k,
 			    const struct wire_hdr *h, char *why, size_t len)
 {
 	if (k->push_buf[c->worker] == NULL)
@@ -319,22 +275,12 @@ static int srv_receive_push(struct server *srv, struct srv_conn *c, struct srv_k
 		snprintf(why, len, "out of memory for a %zu-byte push", k->bytes);
 		return UNISUM_ENOMEM;
 	}
-	if (!(h->flags & WIRE_FLAG_IPC)) {
-		if (srv->tp->recv_payload(c->conn, k->push_buf[c->worker], h->payload_len) == 0)
-			return 0;
+	int rc = c->tp->recv_payload(c->conn, k->push_buf[c->worker], h->payload_len);
+	if (rc == UNISUM_ECONN)
 		snprintf(why, len, "connection closed in the middle of a push");
-		return UNISUM_ECONN;
-	}
-	uint64_t addr;
-	if (!c->ipc) {
-		snprintf(why, len, "an IPC push from a worker that did not ask for IPC");
-		return UNISUM_EPROTO;
-	}
-	if (srv->tp->recv_payload(c->conn, &addr, sizeof addr) != 0) {
-		snprintf(why, len, "connection closed in the middle of a push");
-		return UNISUM_ECONN;
-	}
-	return srv_ipc_read(c, k->push_buf[c->worker], le64toh(addr), k->bytes, why, len);
+	else if (rc != 0)
+		snprintf(why, len, "%s", log_last_error());
+	return rc;
 }
 
 static int srv_on_push_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
@@ -346,13 +292,13 @@ static int srv_on_push_msg(struct server *srv, struct srv_conn *c, const struct 
 	if (srv_poison_of(srv, k->key) != NULL) {
 		/* Never summed; the pull that follows gets the error. */
 		k->next_round[c->worker]++;
-		if (srv->tp->recv_payload(c->conn, NULL, h->payload_len) != 0)
+		if (c->tp->recv_payload(c->conn, NULL, h->payload_len) != 0)
 			return UNISUM_ECONN;
 		srv_ack_push(srv, c, h);
 		return 0;
 	}
 	if (!(h->flags & WIRE_FLAG_ZERO)) {
-		int rc = srv_receive_push(srv, c, k, h, why, len);
+		int rc = srv_receive_push(c, k, h, why, len);
 		if (rc != 0)
 			return rc;
 	}
@@ -422,10 +368,10 @@ void *srv_recv_main(void *arg)
 	struct server *srv = c->srv;
 	char why[512] = "";
 	/* Nobody without the job secret gets a byte read as a message. */
-	int rc = srv->tp->authenticate(c->conn, why, sizeof why);
+	int rc = c->tp->authenticate(c->conn, why, sizeof why);
 	for (; rc == 0;) {
 		struct wire_hdr h;
-		rc = srv->tp->recv_header(c->conn, &h, why, sizeof why);
+		rc = c->tp->recv_header(c->conn, &h, why, sizeof why);
 		if (rc != 0)
 			break;
 		if (c->worker < 0)
@@ -435,7 +381,7 @@ void *srv_recv_main(void *arg)
 		if (rc != 0)
 			break;
 	}
-	const char *peer = srv->tp->peer_name(c->conn);
+	const char *peer = c->tp->peer_name(c->conn);
 	char name[64];
 	srv_worker_name(srv, c->worker, name, sizeof name);
 	if (rc == UNISUM_ECONN && !atomic_load(&srv->stopping))
@@ -458,10 +404,10 @@ void *srv_recv_main(void *arg)
 	pthread_cond_signal(&c->qcond);
 	pthread_mutex_unlock(&c->qlock);
 	if (rc == UNISUM_ECONN)
-		srv->tp->conn_shutdown(c->conn);
+		c->tp->conn_shutdown(c->conn);
 	pthread_join(c->send_thread, NULL);
 	c->send_started = false;
-	srv->tp->conn_shutdown(c->conn);
+	c->tp->conn_shutdown(c->conn);
 	atomic_store(&c->finished, true);
 	return NULL;
 }

@@ -100,10 +100,12 @@ static void srv_notice(void *arg, int err, const char *why)
 		LOG_INFO("stopping: %s", why);
 	}
 	atomic_store(&srv->stopping, true);
-	srv->tp->listener_shutdown(srv->listener);
+	transport_tcp()->listener_shutdown(srv->listener);
+	if (srv->ipc_listener != NULL)
+		transport_ipc()->listener_shutdown(srv->ipc_listener);
 }
 
-static void srv_conn_free(struct server *srv, struct srv_conn *c)
+static void srv_conn_free(struct srv_conn *c)
 {
 	pthread_join(c->recv_thread, NULL);
 	if (c->send_started)
@@ -114,7 +116,7 @@ static void srv_conn_free(struct server *srv, struct srv_conn *c)
 		free(r);
 		r = next;
 	}
-	srv->tp->conn_free(c->conn);
+	c->tp->conn_free(c->conn);
 	pthread_mutex_destroy(&c->qlock);
 	pthread_cond_destroy(&c->qcond);
 	free(c);
@@ -131,7 +133,7 @@ static void srv_reap(struct server *srv)
 		if (atomic_load(&c->finished)) {
 			*pp = c->next;
 			pthread_mutex_unlock(&srv->lock);
-			srv_conn_free(srv, c);
+			srv_conn_free(c);
 			pthread_mutex_lock(&srv->lock);
 			pp = &srv->conns;
 			continue;
@@ -141,20 +143,24 @@ static void srv_reap(struct server *srv)
 	pthread_mutex_unlock(&srv->lock);
 }
 
-static void srv_accept_loop(struct server *srv)
+/* Accepts connections on listener l of transport tp until it shuts down,
+ * each served by a receiving and a sending thread. */
+static void srv_accept_loop(struct server *srv, const struct transport_ops *tp,
+			    struct tp_listener *l)
 {
 	for (;;) {
 		struct tp_conn *tc;
-		int rc = srv->tp->accept(srv->listener, &tc);
+		int rc = tp->accept(l, &tc);
 		if (rc != 0)
 			return;
 		srv_reap(srv);
 		struct srv_conn *c = calloc(1, sizeof *c);
 		if (c == NULL) {
-			srv->tp->conn_free(tc);
+			tp->conn_free(tc);
 			continue;
 		}
 		c->srv = srv;
+		c->tp = tp;
 		c->conn = tc;
 		c->worker = -1;
 		pthread_mutex_init(&c->qlock, NULL);
@@ -163,14 +169,14 @@ static void srv_accept_loop(struct server *srv)
 		if (pthread_create(&c->send_thread, NULL, srv_send_main, c) == 0)
 			c->send_started = true;
 		if (!c->send_started || pthread_create(&c->recv_thread, NULL, srv_recv_main, c) != 0) {
-			LOG_ERROR("cannot start threads for a connection from %s", srv->tp->peer_name(tc));
+			LOG_ERROR("cannot start threads for a connection from %s", tp->peer_name(tc));
 			pthread_mutex_lock(&c->qlock);
 			c->closing = true;
 			pthread_cond_signal(&c->qcond);
 			pthread_mutex_unlock(&c->qlock);
 			if (c->send_started)
 				pthread_join(c->send_thread, NULL);
-			srv->tp->conn_free(tc);
+			tp->conn_free(tc);
 			free(c);
 			continue;
 		}
@@ -189,7 +195,6 @@ static struct server *srv_new(const struct config *cfg)
 	if (srv == NULL)
 		return NULL;
 	srv->cfg = cfg;
-	srv->tp = transport_tcp();
 	srv->nworkers = cfg->num_workers;
 	srv->nengines = cfg->engine_threads;
 	pthread_mutex_init(&srv->lock, NULL);
@@ -300,18 +305,38 @@ static int srv_join(struct server *srv, const char *bind_host, int port)
 	return 0;
 }
 
+/* Workers of this host (UNISUM_IPC) connect over the IPC transport,
+ * named after our TCP address; without it they use TCP, so a failure here
+ * only costs speed. */
+static void srv_listen_ipc(struct server *srv, int port)
+{
+	int ignored;
+	if (srv->cfg->ipc &&
+	    transport_ipc()->listen(srv->cfg->node_host, port, &srv->ipc_listener, &ignored) != 0) {
+		LOG_WARN("workers of this host will send over TCP: %s", log_last_error());
+		srv->ipc_listener = NULL;
+	}
+}
+
+static void *srv_ipc_accept_main(void *arg)
+{
+	struct server *srv = arg;
+	srv_accept_loop(srv, transport_ipc(), srv->ipc_listener);
+	return NULL;
+}
+
 /* The job ended: hangs up on every worker and joins its threads. */
 static void srv_hang_up(struct server *srv)
 {
 	atomic_store(&srv->stopping, true);
 	pthread_mutex_lock(&srv->lock);
 	for (struct srv_conn *c = srv->conns; c; c = c->next)
-		srv->tp->conn_shutdown(c->conn);
+		c->tp->conn_shutdown(c->conn);
 	pthread_mutex_unlock(&srv->lock);
 	while (srv->conns) {
 		struct srv_conn *c = srv->conns;
 		srv->conns = c->next;
-		srv_conn_free(srv, c);
+		srv_conn_free(c);
 	}
 }
 
@@ -324,16 +349,24 @@ int server_run(const struct config *cfg, bool *elsewhere)
 		return UNISUM_ENOMEM;
 	int started = 0, port = 0;
 	const char *bind_host = cfg->bind[0] ? cfg->bind : cfg->node_host;
-	int rc = srv->tp->listen(bind_host, cfg->port, &srv->listener, &port);
+	int rc = transport_tcp()->listen(bind_host, cfg->port, &srv->listener, &port);
 	if (rc != 0)
 		goto out_free;
+	srv_listen_ipc(srv, port);
 	rc = srv_start_engines(srv, &started);
 	if (rc == 0)
 		rc = srv_join(srv, bind_host, port);
 	if (rc != 0)
 		goto out_stop_engines;
 
-	srv_accept_loop(srv);
+	if (srv->ipc_listener != NULL &&
+	    pthread_create(&srv->ipc_thread, NULL, srv_ipc_accept_main, srv) == 0)
+		srv->ipc_started = true;
+	srv_accept_loop(srv, transport_tcp(), srv->listener);
+	if (srv->ipc_started) {
+		transport_ipc()->listener_shutdown(srv->ipc_listener);
+		pthread_join(srv->ipc_thread, NULL);
+	}
 
 	/* Engines tell the scheduler of stalls and disagreements: they stop
 	 * before its client goes. */
@@ -344,7 +377,8 @@ int server_run(const struct config *cfg, bool *elsewhere)
 	started = 0;
 out_stop_engines:
 	srv_stop_engines(srv, started);
-	srv->tp->listener_free(srv->listener);
+	transport_ipc()->listener_free(srv->ipc_listener);
+	transport_tcp()->listener_free(srv->listener);
 out_free:
 	if (elsewhere != NULL && rc != 0)
 		*elsewhere = atomic_load(&srv->told);

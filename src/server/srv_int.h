@@ -101,8 +101,7 @@ struct srv_conn {
 	pthread_t recv_thread, send_thread;
 	bool send_started;
 	int worker;		/* its machine after hello, -1 before */
-	bool ipc;		/* same host: data by cross-memory attach (WIRE_FLAG_IPC) */
-	pid_t peer_pid;		/* ... from and to this process */
+	const struct transport_ops *tp;	/* the listener's that accepted it: TCP or IPC */
 	pthread_mutex_t qlock;	/* the reply queue */
 	pthread_cond_t qcond;
 	struct srv_reply *head, *tail;
@@ -114,9 +113,11 @@ struct srv_conn {
 
 struct server {
 	const struct config *cfg;
-	const struct transport_ops *tp;
 	struct rdv_client *rdv;
-	struct tp_listener *listener;
+	struct tp_listener *listener;	/* TCP, on the main thread */
+	struct tp_listener *ipc_listener;	/* IPC for workers of this host, or NULL */
+	pthread_t ipc_thread;		/* accepting IPC connections */
+	bool ipc_started;
 	int nworkers;		/* worker machines: one push each per key and round */
 	int local_size;		/* workers per machine (names in messages) */
 	uint32_t id;		/* this server's node id */

@@ -2,8 +2,11 @@
  * transport.h - the interface every transport implements.
  *
  * A transport moves wire messages (a fixed header and an optional payload)
- * between two nodes.  It is a table of function pointers so that a UCX
- * transport can be added beside TCP without touching any caller.
+ * between two nodes.  It is a table of function pointers, chosen per
+ * connection: TCP (tcp/) between any two nodes, IPC (ipc/) between a
+ * worker and a server of one host; a UCX transport would go beside them
+ * without touching any caller.  What the transports share (stream-socket
+ * I/O, the handshake) is in stream.c.
  *
  * Threading contract: a connection has two independent directions.  At most
  * one thread sends on a connection at a time and at most one thread
@@ -66,7 +69,9 @@ struct transport_ops {
 	int (*recv_header)(struct tp_conn *c, struct wire_hdr *hdr, char *why, size_t why_len);
 
 	/* Receives exactly `len` payload bytes into `dst` (dst == NULL
-	 * discards them).  0 or UNISUM_ECONN. */
+	 * discards them).  0 or UNISUM_ECONN; the IPC transport also
+	 * UNISUM_ESYS when it may not read the peer's memory (the reason in
+	 * log_last_error()). */
 	int (*recv_payload)(struct tp_conn *c, void *dst, size_t len);
 
 	/* Wakes every thread blocked on the connection with UNISUM_ECONN and
@@ -83,5 +88,15 @@ struct transport_ops {
 /* The TCP transport (blocking sockets, one thread per
  * direction; see transport/tcp/tcp.c). */
 const struct transport_ops *transport_tcp(void);
+
+/* The IPC transport, between processes of one host (one network
+ * namespace): a Unix socket named after the listener's TCP address, with
+ * the data of PUSH and PULL_REPLY passed by address and copied by the
+ * receiver from the sender's memory (transport/ipc/ipc.c).  listen() and
+ * connect() take the TCP host and port the listener's owner advertises.
+ * Its send() of tensor data returns before the peer read it: the buffer
+ * must stay unchanged until the protocol says the peer is done with it.
+ * Its connect() fails without logging (the caller falls back to TCP). */
+const struct transport_ops *transport_ipc(void);
 
 #endif /* UNISUM_TRANSPORT_H */

@@ -40,7 +40,7 @@
 #include "unisum.h"
 
 #define WIRE_MAGIC 0x4d555355u	/* "USUM" */
-#define WIRE_VERSION 4
+#define WIRE_VERSION 5
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
 #define WIRE_MAX_DATA_PAYLOAD (1ull << 30)	/* 1 GiB for one partition */
@@ -74,11 +74,12 @@ enum wire_type {
  * from another root).  PULL_REPLY: the sum is all zeros, no payload. */
 #define WIRE_FLAG_ZERO 0x1u
 
-/* PUSH and PULL_REPLY between processes of one host (IPC mode, agreed in
- * the worker's hello): the payload is not the data but the u64 address of
- * the count elements in the sender's memory (WIRE_IPC_PAYLOAD bytes); the
- * receiver copies them with process_vm_readv, in one copy instead of a
- * socket's two. */
+/* PUSH and PULL_REPLY over the IPC transport (src/transport/ipc; a Unix
+ * socket between processes of one host): the payload is not the data but
+ * the u64 address of the count elements in the sender's memory
+ * (WIRE_IPC_PAYLOAD bytes); the receiver copies them with process_vm_readv,
+ * in one copy instead of a socket's two.  Set and consumed by that
+ * transport only: callers never see it, and TCP refuses it. */
 #define WIRE_FLAG_IPC 0x2u
 #define WIRE_IPC_PAYLOAD 8u
 

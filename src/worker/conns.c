@@ -159,7 +159,7 @@ static void *wk_send_main(void *arg)
 		if (j->type == JOB_RETIRE) {
 			struct wire_hdr h = {.type = WIRE_RETIRE, .sender = rdv_client_id(w->rdv),
 					     .key = j->key, .round = j->round};
-			rc = w->tp->send(c->conn, &h, NULL);
+			rc = c->tp->send(c->conn, &h, NULL);
 			free(j);
 		} else if (j->type == JOB_DECLARE) {
 			/* The name lets the server say which tensor stalls. */
@@ -169,7 +169,7 @@ static void *wk_send_main(void *arg)
 			struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = rdv_client_id(w->rdv),
 					     .key = j->key, .count = j->count, .dtype = (uint8_t)j->dtype,
 					     .payload_len = b.len};
-			rc = b.failed ? UNISUM_ENOMEM : w->tp->send(c->conn, &h, b.data);
+			rc = b.failed ? UNISUM_ENOMEM : c->tp->send(c->conn, &h, b.data);
 			wire_buf_fini(&b);
 			free(j->name);
 			free(j);
@@ -179,18 +179,13 @@ static void *wk_send_main(void *arg)
 			struct wire_hdr push = {.type = WIRE_PUSH, .sender = rdv_client_id(w->rdv),
 						.round = j->round, .key = j->key, .count = j->count,
 						.dtype = (uint8_t)j->dtype, .aux = j->wire_op};
+			/* Over IPC the transport passes j->in by address: it stays
+			 * as it is until the reply arrives. */
 			const void *payload = j->in;
-			uint64_t addr = htole64((uint64_t)(uintptr_t)j->in);
-			if (payload == NULL) {
+			if (payload == NULL)
 				push.flags = WIRE_FLAG_ZERO;
-			} else if (c->ipc) {
-				/* The server copies the data from here itself. */
-				push.flags = WIRE_FLAG_IPC;
-				push.payload_len = WIRE_IPC_PAYLOAD;
-				payload = &addr;
-			} else {
+			else
 				push.payload_len = j->count * unisum_dtype_size(j->dtype);
-			}
 			struct wire_hdr pull = push;
 			pull.type = WIRE_PULL;
 			pull.flags = 0;
@@ -198,7 +193,7 @@ static void *wk_send_main(void *arg)
 			pull.count = 0;
 			pull.payload_len = 0;
 			bool traced = j->op->traced;
-			rc = w->tp->send(c->conn, &push, payload);
+			rc = c->tp->send(c->conn, &push, payload);
 			if (rc == 0 && traced) {
 				/* Under the lock: the receiving thread reads it after
 				 * taking the job from the pending table. */
@@ -207,11 +202,11 @@ static void *wk_send_main(void *arg)
 				pthread_mutex_unlock(&c->lock);
 			}
 			if (rc == 0)
-				rc = w->tp->send(c->conn, &pull, NULL);
+				rc = c->tp->send(c->conn, &pull, NULL);
 		}
 		if (rc != 0) {
 			/* The receiving thread notices the broken socket and cleans up. */
-			w->tp->conn_shutdown(c->conn);
+			c->tp->conn_shutdown(c->conn);
 			return NULL;
 		}
 	}
@@ -246,7 +241,7 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 		snprintf(c->dead_why, sizeof c->dead_why, "%s", why);
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->lock);
-	w->tp->conn_shutdown(c->conn);
+	c->tp->conn_shutdown(c->conn);
 	pthread_join(c->send_thread, NULL);
 
 	pthread_mutex_lock(&c->lock);
@@ -301,34 +296,14 @@ static struct wk_job *wk_take_answered(struct wk_conn *c, const struct wire_hdr 
 	return NULL;
 }
 
-/* IPC reply: the PULL_REPLY's payload is the address of the sum in the
- * server's memory, valid until this worker's next push of the key. */
-static int wk_ipc_read(struct wk_conn *c, void *dst, size_t bytes, char *msg, size_t len)
-{
-	struct worker *w = c->w;
-	uint64_t addr;
-	if (w->tp->recv_payload(c->conn, &addr, sizeof addr) != 0) {
-		snprintf(msg, len, "%s: the connection closed in the middle of a reply", c->label);
-		return UNISUM_ECONN;
-	}
-	int rc = shm_vm_copy(c->server_pid, false, dst, le64toh(addr), bytes);
-	if (rc == 0)
-		return 0;
-	snprintf(msg, len, "worker %d cannot read a reply from the memory of %s (pid %d) with "
-		 "process_vm_readv: %s; set UNISUM_IPC=0 to send the data through the socket",
-		 w->rank, c->label, (int)c->server_pid, strerror(-rc));
-	return rc == -ESRCH ? UNISUM_ECONN : UNISUM_ESYS;
-}
-
 /* An ERROR from the server of c: with key 0 it refused this worker (1,
  * msg set: the connection ends); with a key one partition failed (its
  * tensor is poisoned) and the connection goes on (0). */
 static int wk_on_error(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
 {
-	struct worker *w = c->w;
 	char text[400] = "";
 	void *p = malloc(h->payload_len + 1);
-	if (p != NULL && w->tp->recv_payload(c->conn, p, h->payload_len) == 0)
+	if (p != NULL && c->tp->recv_payload(c->conn, p, h->payload_len) == 0)
 		wire_error_decode(p, h->payload_len, text, sizeof text);
 	free(p);
 	if (h->key == 0) {
@@ -370,7 +345,7 @@ static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg
 }
 
 /* A PULL_REPLY: the sum goes straight into the caller's output (read from
- * the server's memory in IPC mode), divided there for an average.  0, or
+ * the server's memory over IPC), divided there for an average.  0, or
  * 1 with msg set when the connection cannot go on. */
 static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
 {
@@ -381,27 +356,23 @@ static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *m
 	size_t bytes = j->count * unisum_dtype_size(j->dtype);
 	if (h->flags & WIRE_FLAG_ZERO) {
 		memset(j->out, 0, bytes);
-	} else if (h->flags & WIRE_FLAG_IPC) {
-		int rc = c->ipc ? wk_ipc_read(c, j->out, bytes, msg, len) : UNISUM_EPROTO;
-		if (rc == UNISUM_EPROTO)
-			snprintf(msg, len, "%s sent an IPC reply on a connection without IPC", c->label);
+	} else {
+		int rc = c->tp->recv_payload(c->conn, j->out, bytes);
 		if (rc == UNISUM_ECONN) {
 			/* The server is gone: its job fails with the others, named
 			 * by the root cause (wk_conn_fail). */
 			pthread_mutex_lock(&c->lock);
 			pending_add(c, j);
 			pthread_mutex_unlock(&c->lock);
-			snprintf(msg, len, "%s: the server exited in the middle of a reply", c->label);
+			snprintf(msg, len, "%s: the connection closed in the middle of a reply", c->label);
 			return 1;
 		}
 		if (rc != 0) {
+			snprintf(msg, len, "worker %d cannot take a reply of %s: %s", w->rank, c->label,
+				 log_last_error());
 			wk_job_finish(j, rc, msg);
 			return 1;
 		}
-	} else if (w->tp->recv_payload(c->conn, j->out, bytes) != 0) {
-		snprintf(msg, len, "%s: the connection closed in the middle of a reply", c->label);
-		wk_job_finish(j, UNISUM_ECONN, msg);
-		return 1;
 	}
 	if (j->divisor > 1)
 		reducer_divide(j->out, j->count, j->dtype, j->divisor);
@@ -413,11 +384,10 @@ static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *m
 static void *wk_recv_main(void *arg)
 {
 	struct wk_conn *c = arg;
-	struct worker *w = c->w;
 	char why[400] = "", msg[512];
 	for (int stop = 0; !stop;) {
 		struct wire_hdr h;
-		int rc = w->tp->recv_header(c->conn, &h, why, sizeof why);
+		int rc = c->tp->recv_header(c->conn, &h, why, sizeof why);
 		if (rc != 0) {
 			snprintf(msg, sizeof msg, "%s: %s", c->label,
 				 rc == UNISUM_EPROTO ? why : "the connection closed (did the server exit?)");
@@ -497,6 +467,34 @@ void *wk_push_main(void *arg)
 	}
 }
 
+/* Connects c to server n and says hello: over IPC when n shares this
+ * host (same boot, network and pid namespaces) and UNISUM_IPC allows,
+ * else (or when n does not listen for IPC) over TCP. */
+static int wk_connect_one(struct worker *w, struct wk_conn *c, const struct rdv_node *n)
+{
+	int rc = UNISUM_ECONN;
+	if (w->cfg.ipc && rdv_client_same_host(w->rdv, n)) {
+		c->tp = transport_ipc();
+		rc = c->tp->connect(n->host, n->port, 0, &c->conn);
+		if (rc == 0)
+			LOG_INFO("worker %d passes data to %s by address (IPC: same host)", w->rank,
+				 c->label);
+		else
+			LOG_INFO("worker %d reaches %s over TCP: %s", w->rank, c->label, log_last_error());
+	}
+	if (rc != 0) {
+		c->tp = transport_tcp();
+		rc = c->tp->connect(n->host, n->port, w->cfg.timeout_ms, &c->conn);
+	}
+	if (rc != 0)
+		return log_fail(rc, "worker %d cannot reach %s: %s", w->rank, c->label, log_last_error());
+	struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(w->rdv)};
+	rc = c->tp->send(c->conn, &hello, NULL);
+	if (rc != 0)
+		return log_fail(rc, "worker %d lost %s while saying hello", w->rank, c->label);
+	return 0;
+}
+
 int wk_connect_servers(struct worker *w)
 {
 	w->conns = calloc((size_t)w->nservers, sizeof *w->conns);
@@ -514,22 +512,9 @@ int wk_connect_servers(struct worker *w)
 		snprintf(c->label, sizeof c->label, "server %d (%s:%d)", s, n->host, n->port);
 		pthread_mutex_init(&c->lock, NULL);
 		pthread_cond_init(&c->cond, NULL);
-		int rc = w->tp->connect(n->host, n->port, w->cfg.timeout_ms, &c->conn);
+		int rc = wk_connect_one(w, c, n);
 		if (rc != 0)
-			return log_fail(rc, "worker %d cannot reach %s: %s", w->rank, c->label,
-					log_last_error());
-		/* A server on this host (same boot, network and pid namespaces)
-		 * gets our data by address: we ask for IPC in the hello. */
-		c->ipc = w->cfg.ipc && rdv_client_same_host(w->rdv, n);
-		c->server_pid = n->pid;
-		if (c->ipc)
-			LOG_INFO("worker %d passes data to %s by address (IPC: same host)", w->rank, c->label);
-		uint32_t flags = htole32(c->ipc ? 1u : 0u);
-		struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(w->rdv),
-					 .payload_len = c->ipc ? sizeof flags : 0};
-		rc = w->tp->send(c->conn, &hello, c->ipc ? &flags : NULL);
-		if (rc != 0)
-			return log_fail(rc, "worker %d lost %s while saying hello", w->rank, c->label);
+			return rc;
 		if (pthread_create(&c->send_thread, NULL, wk_send_main, c) != 0)
 			return UNISUM_ESYS;
 		if (pthread_create(&c->recv_thread, NULL, wk_recv_main, c) != 0) {
@@ -563,10 +548,10 @@ void wk_close_conns(struct worker *w)
 			pthread_mutex_lock(&c->lock);
 			c->closing = true;
 			pthread_mutex_unlock(&c->lock);
-			w->tp->conn_shutdown(c->conn);
+			c->tp->conn_shutdown(c->conn);
 			if (c->threads_started)
 				pthread_join(c->recv_thread, NULL);
-			w->tp->conn_free(c->conn);
+			c->tp->conn_free(c->conn);
 			pthread_mutex_destroy(&c->lock);
 			pthread_cond_destroy(&c->cond);
 		}

@@ -80,7 +80,7 @@ static void wk_notice(void *arg, int err, const char *why)
 	 * unless they are still being set up or already being torn down. */
 	if (w->conns_live)
 		for (int s = 0; s < w->nservers; s++)
-			w->tp->conn_shutdown(w->conns[s].conn);
+			w->conns[s].tp->conn_shutdown(w->conns[s].conn);
 	pthread_mutex_unlock(&w->lock);
 	LOG_ERROR("%s", why);
 }
@@ -286,7 +286,6 @@ static int wk_join_job(struct worker *w)
 {
 	if (auth_set_secret(w->cfg.secret) != 0)
 		return log_fail(UNISUM_ESYS, "unisum_init: libsodium cannot start");
-	w->tp = transport_tcp();
 	w->nservers = w->cfg.num_servers;
 	int rc = rdv_client_new(&w->cfg, 0, wk_notice, wk_tensor_error, w, &w->rdv);
 	if (rc != 0)

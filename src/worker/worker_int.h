@@ -100,8 +100,7 @@ struct wk_conn {
 	int server;			/* server rank */
 	char label[128];		/* "server 0 (127.0.0.1:4000)" */
 	struct tp_conn *conn;
-	bool ipc;			/* same host: data by cross-memory attach */
-	pid_t server_pid;		/* ... to and from this process */
+	const struct transport_ops *tp;	/* IPC (a server of this host) or TCP */
 	pthread_t send_thread, recv_thread;
 	pthread_mutex_t lock;		/* queue, pending, dead */
 	pthread_cond_t cond;		/* queue non-empty or dead */
@@ -122,7 +121,6 @@ struct worker {
 	pthread_cond_t failed_cond;	/* `failed` was set */
 	bool initialized;		/* in its job: between worker_join and worker_leave */
 	struct config cfg;
-	const struct transport_ops *tp;
 	struct rdv_client *rdv;
 	int rank, size, nservers;
 	bool local;			/* several workers on this machine: src/worker/local.c */

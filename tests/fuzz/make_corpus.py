@@ -22,7 +22,7 @@ import struct
 import sys
 
 MAGIC = 0x4D555355  # "USUM" little-endian
-VERSION = 4
+VERSION = 5
 HDR = struct.Struct("<IBBHIIQQQB3xI")  # the 48-byte header, wire.h offsets
 assert HDR.size == 48
 

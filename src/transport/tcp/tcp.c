@@ -10,9 +10,9 @@
  * spreads them over the cores.  MSG_ZEROCOPY made loopback slower and is
  * not used.
  *
- * Sends go out with one sendmsg() of header + payload (no copy into a
- * staging buffer).  Receives read the header into a small buffer, then the
- * payload with MSG_WAITALL straight into the destination the caller chose.
+ * The socket I/O (one sendmsg() of header + payload; payloads received
+ * straight into the caller's destination) is stream.c's, shared with the
+ * IPC transport.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -30,18 +30,13 @@
 #include <unistd.h>
 
 #include "log/log.h"
-#include "transport/auth.h"
+#include "transport/stream.h"
 #include "transport/transport.h"
 
 static void tcp_conn_free(struct tp_conn *c);
-static int tcp_authenticate_side(struct tp_conn *c, bool acceptor, char *why, size_t len);
-
-/* How long a handshake may wait for the peer's next bytes. */
-#define TCP_AUTH_TIMEOUT_S 10
 
 struct tp_listener {
-	int fd;			/* listening socket */
-	atomic_bool closing;	/* listener_shutdown() was called */
+	struct stream_listener s;
 };
 
 struct tp_conn {
@@ -114,8 +109,8 @@ static int tcp_listen(const char *host, int port, struct tp_listener **out, int 
 		rc = UNISUM_ENOMEM;
 		goto out_close_fd;
 	}
-	l->fd = fd;
-	atomic_init(&l->closing, false);
+	l->s.fd = fd;
+	atomic_init(&l->s.closing, false);
 	*out = l;
 	*port_out = ntohs(sa.sin_port);
 	return 0;
@@ -127,46 +122,31 @@ out_close_fd:
 
 static int tcp_accept(struct tp_listener *l, struct tp_conn **out)
 {
-	for (;;) {
-		struct sockaddr_in sa;
-		socklen_t len = sizeof sa;
-		int fd = accept4(l->fd, (struct sockaddr *)&sa, &len, SOCK_CLOEXEC);
-		if (atomic_load(&l->closing)) {
-			if (fd >= 0)
-				close(fd);
-			return UNISUM_ESHUTDOWN;
-		}
-		if (fd < 0) {
-			if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
-				continue;
-			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-				LOG_ERROR("accept(): %s; retrying in 100 ms", strerror(errno));
-				nanosleep(&(struct timespec){0, 100000000}, NULL);
-				continue;
-			}
-			return log_fail(UNISUM_ESYS, "accept(): %s", strerror(errno));
-		}
-		struct tp_conn *c = tcp_conn_new(fd, &sa);
-		if (c == NULL) {
-			close(fd);
-			return UNISUM_ENOMEM;
-		}
-		*out = c;
-		return 0;
+	struct sockaddr_in sa;
+	socklen_t len = sizeof sa;
+	int fd;
+	int rc = stream_accept(&l->s, (struct sockaddr *)&sa, &len, &fd);
+	if (rc != 0)
+		return rc;
+	struct tp_conn *c = tcp_conn_new(fd, &sa);
+	if (c == NULL) {
+		close(fd);
+		return UNISUM_ENOMEM;
 	}
+	*out = c;
+	return 0;
 }
 
 static void tcp_listener_shutdown(struct tp_listener *l)
 {
-	atomic_store(&l->closing, true);
-	shutdown(l->fd, SHUT_RDWR);
+	stream_listener_shutdown(&l->s);
 }
 
 static void tcp_listener_free(struct tp_listener *l)
 {
 	if (l == NULL)
 		return;
-	close(l->fd);
+	stream_listener_close(&l->s);
 	free(l);
 }
 
@@ -176,168 +156,57 @@ static int tcp_connect(const char *host, int port, int timeout_ms, struct tp_con
 	int rc = tcp_resolve(host, port, &sa);
 	if (rc != 0)
 		return rc;
-	struct timespec start, now;
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	int delay_ms = 10;
-	for (;;) {
-		int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (fd < 0)
-			return log_fail(UNISUM_ESYS, "socket(): %s", strerror(errno));
-		if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
-			struct tp_conn *c = tcp_conn_new(fd, &sa);
-			if (c == NULL) {
-				close(fd);
-				return UNISUM_ENOMEM;
-			}
-			char why[256];
-			rc = tcp_authenticate_side(c, false, why, sizeof why);
-			if (rc != 0) {
-				tcp_conn_free(c);
-				return log_fail(rc, "%s", why);
-			}
-			*out = c;
-			return 0;
-		}
-		int e = errno;
+	char peer[300];
+	snprintf(peer, sizeof peer, "%s:%d", host, port);
+	int fd;
+	rc = stream_connect(AF_INET, (struct sockaddr *)&sa, sizeof sa, timeout_ms, peer, &fd);
+	if (rc == UNISUM_ECONN) {
+		char why[512];
+		snprintf(why, sizeof why, "%s", log_last_error());
+		return log_fail(rc, "%s", why);
+	}
+	if (rc != 0)
+		return rc;
+	struct tp_conn *c = tcp_conn_new(fd, &sa);
+	if (c == NULL) {
 		close(fd);
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		long elapsed = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
-		bool retry = e == ECONNREFUSED || e == EINTR || e == ETIMEDOUT || e == EAGAIN ||
-			     e == ENETUNREACH || e == EHOSTUNREACH;
-		if (!retry || elapsed >= timeout_ms)
-			return log_fail(UNISUM_ECONN,
-					"cannot connect to %s:%d after %ld ms: %s (is the peer running "
-					"and the address right? UNISUM_TIMEOUT_MS bounds the wait)",
-					host, port, elapsed, strerror(e));
-		nanosleep(&(struct timespec){0, (long)delay_ms * 1000000}, NULL);
-		if (delay_ms < 200)
-			delay_ms *= 2;
+		return UNISUM_ENOMEM;
 	}
-}
-
-static int tcp_read_full(int fd, void *dst, size_t len);
-
-static int tcp_write_full(int fd, const void *src, size_t len)
-{
-	const uint8_t *p = src;
-	while (len > 0) {
-		ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return UNISUM_ECONN;
-		p += n;
-		len -= (size_t)n;
+	char why[256];
+	rc = stream_authenticate(c->fd, false, c->peer, why, sizeof why);
+	if (rc != 0) {
+		tcp_conn_free(c);
+		return log_fail(rc, "%s", why);
 	}
+	*out = c;
 	return 0;
-}
-
-static void tcp_recv_timeout(int fd, int seconds)
-{
-	struct timeval tv = {.tv_sec = seconds};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-}
-
-static int tcp_io_read(void *ctx, void *dst, size_t len)
-{
-	return tcp_read_full(((struct tp_conn *)ctx)->fd, dst, len);
-}
-
-static int tcp_io_write(void *ctx, const void *src, size_t len)
-{
-	return tcp_write_full(((struct tp_conn *)ctx)->fd, src, len);
-}
-
-static int tcp_authenticate_side(struct tp_conn *c, bool acceptor, char *why, size_t len)
-{
-	if (!auth_is_enabled())
-		return 0;
-	tcp_recv_timeout(c->fd, TCP_AUTH_TIMEOUT_S);
-	struct auth_io io = {c, tcp_io_read, tcp_io_write};
-	int rc = acceptor ? auth_handshake_acceptor(&io, why, len)
-			  : auth_handshake_connector(&io, c->peer, why, len);
-	tcp_recv_timeout(c->fd, 0);
-	return rc;
 }
 
 static int tcp_authenticate(struct tp_conn *c, char *why, size_t len)
 {
-	return tcp_authenticate_side(c, true, why, len);
+	return stream_authenticate(c->fd, true, c->peer, why, len);
 }
 
 static int tcp_send(struct tp_conn *c, const struct wire_hdr *hdr, const void *payload)
 {
-	uint8_t head[WIRE_HDR_SIZE];
-	wire_encode(hdr, head);
-	struct iovec iov[2] = {
-		{.iov_base = head, .iov_len = WIRE_HDR_SIZE},
-		{.iov_base = (void *)payload, .iov_len = payload ? hdr->payload_len : 0},
-	};
-	struct msghdr msg = {.msg_iov = iov, .msg_iovlen = payload ? 2 : 1};
-	while (msg.msg_iovlen > 0) {
-		ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return UNISUM_ECONN;
-		}
-		size_t left = (size_t)n;
-		while (msg.msg_iovlen > 0 && left >= msg.msg_iov[0].iov_len) {
-			left -= msg.msg_iov[0].iov_len;
-			msg.msg_iov++;
-			msg.msg_iovlen--;
-		}
-		if (msg.msg_iovlen > 0) {
-			msg.msg_iov[0].iov_base = (uint8_t *)msg.msg_iov[0].iov_base + left;
-			msg.msg_iov[0].iov_len -= left;
-		}
-	}
-	return 0;
-}
-
-/* Reads exactly len bytes; 0, or UNISUM_ECONN on EOF or error. */
-static int tcp_read_full(int fd, void *dst, size_t len)
-{
-	uint8_t *p = dst;
-	while (len > 0) {
-		ssize_t n = recv(fd, p, len, MSG_WAITALL);
-		if (n == 0)
-			return UNISUM_ECONN;
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return UNISUM_ECONN;
-		}
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
+	return stream_send(c->fd, hdr, payload);
 }
 
 static int tcp_recv_header(struct tp_conn *c, struct wire_hdr *hdr, char *why, size_t why_len)
 {
-	uint8_t head[WIRE_HDR_SIZE];
-	int rc = tcp_read_full(c->fd, head, sizeof head);
-	if (rc != 0) {
-		snprintf(why, why_len, "connection closed");
-		return rc;
+	int rc = stream_recv_header(c->fd, hdr, why, why_len);
+	if (rc == 0 && (hdr->flags & WIRE_FLAG_IPC)) {
+		/* By address is the IPC transport's alone (ipc/ipc.c). */
+		snprintf(why, why_len, "%s: data by address (the IPC flag) on a TCP connection",
+			 wire_type_name(hdr->type));
+		return UNISUM_EPROTO;
 	}
-	return wire_decode(head, hdr, why, why_len);
+	return rc;
 }
 
 static int tcp_recv_payload(struct tp_conn *c, void *dst, size_t len)
 {
-	if (dst != NULL)
-		return tcp_read_full(c->fd, dst, len);
-	uint8_t sink[4096];
-	while (len > 0) {
-		size_t n = len < sizeof sink ? len : sizeof sink;
-		int rc = tcp_read_full(c->fd, sink, n);
-		if (rc != 0)
-			return rc;
-		len -= n;
-	}
-	return 0;
+	return stream_recv_payload(c->fd, dst, len);
 }
 
 static void tcp_conn_shutdown(struct tp_conn *c)

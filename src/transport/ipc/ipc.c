@@ -1,0 +1,281 @@
+/*
+ * ipc.c - the IPC transport: processes of one host, data by address.
+ *
+ * DESIGN.  A worker and a server on the same host need not push tensors
+ * through the kernel's socket buffers twice: the receiver can copy them
+ * once, straight out of the sender's memory (cross-memory attach,
+ * process_vm_readv).  This transport carries the messages over a Unix
+ * stream socket and, for the two messages that carry tensor data (PUSH and
+ * PULL_REPLY), sends the data's address instead of the data (WIRE_FLAG_IPC,
+ * an 8-byte payload).  recv_header() hides that: the caller sees the
+ * message as TCP would deliver it (no IPC flag, payload_len the data's
+ * size) and recv_payload() copies the data from the sender.  Everything
+ * else (control messages, zero-filled pushes) goes over the socket as is.
+ *
+ * Naming and trust.  The socket lives in the abstract namespace, named
+ * after the TCP address the listener's owner advertises ("unisum/HOST:PORT"):
+ * a process reaches it only from the same network namespace, which is what
+ * the address book's host identity already requires of "same host".  The
+ * peer's pid (whose memory we read) comes from the kernel (SO_PEERCRED),
+ * not from anything the peer says, and the job-secret handshake runs as on
+ * TCP.
+ *
+ * By-address contract.  send() of a PUSH or PULL_REPLY returns before the
+ * peer has read the data: the sender keeps the buffer unchanged until the
+ * protocol says the peer is done with it.  unisum's protocol already does:
+ * a worker's input stays until the reply of its push has arrived, and a
+ * server's sum stays until that worker's next push of the key.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "log/log.h"
+#include "shm/shm.h"
+#include "transport/stream.h"
+#include "transport/transport.h"
+#include "unisum.h"
+
+struct tp_listener {
+	struct stream_listener s;
+};
+
+struct tp_conn {
+	int fd;
+	pid_t peer_pid;		/* whose memory the data is read from */
+	char peer[80];		/* "pid N", for log lines */
+	uint64_t ref;		/* the received message's data, in the peer ... */
+	size_t ref_left;	/* ... and how much of it recv_payload() has not read */
+	bool by_ref;		/* the received message's data is by address */
+};
+
+static void ipc_conn_free(struct tp_conn *c);
+
+/* The socket's address for the TCP address host:port. */
+static int ipc_address(const char *host, int port, struct sockaddr_un *sa, socklen_t *len)
+{
+	memset(sa, 0, sizeof *sa);
+	sa->sun_family = AF_UNIX;
+	int n = snprintf(sa->sun_path + 1, sizeof sa->sun_path - 1, "unisum/%s:%d", host, port);
+	if (n < 0 || (size_t)n >= sizeof sa->sun_path - 1)
+		return log_fail(UNISUM_EINVAL, "IPC address for '%s:%d' is too long", host, port);
+	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+	return 0;
+}
+
+/* A connection on fd, its peer's pid from the kernel. */
+static struct tp_conn *ipc_conn_new(int fd)
+{
+	struct ucred cred;
+	socklen_t len = sizeof cred;
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.pid <= 0) {
+		LOG_ERROR("IPC connection without the peer's credentials: %s", strerror(errno));
+		return NULL;
+	}
+	struct tp_conn *c = calloc(1, sizeof *c);
+	if (c == NULL)
+		return NULL;
+	c->fd = fd;
+	c->peer_pid = cred.pid;
+	snprintf(c->peer, sizeof c->peer, "pid %d (IPC)", (int)cred.pid);
+	return c;
+}
+
+static int ipc_listen(const char *host, int port, struct tp_listener **out, int *port_out)
+{
+	if (port <= 0)
+		return log_fail(UNISUM_EINVAL, "an IPC listener is named after a TCP port, got %d", port);
+	struct sockaddr_un sa;
+	socklen_t sa_len;
+	int rc = ipc_address(host, port, &sa, &sa_len);
+	if (rc != 0)
+		return rc;
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return log_fail(UNISUM_ESYS, "socket(AF_UNIX): %s", strerror(errno));
+	if (bind(fd, (struct sockaddr *)&sa, sa_len) != 0 || listen(fd, 1024) != 0) {
+		rc = log_fail(UNISUM_ESYS, "cannot listen on the IPC socket @%s: %s", sa.sun_path + 1,
+			      strerror(errno));
+		close(fd);
+		return rc;
+	}
+	struct tp_listener *l = calloc(1, sizeof *l);
+	if (l == NULL) {
+		close(fd);
+		return UNISUM_ENOMEM;
+	}
+	l->s.fd = fd;
+	atomic_init(&l->s.closing, false);
+	*out = l;
+	*port_out = port;
+	return 0;
+}
+
+static int ipc_accept(struct tp_listener *l, struct tp_conn **out)
+{
+	for (;;) {
+		struct sockaddr_un sa;
+		socklen_t len = sizeof sa;
+		int fd;
+		int rc = stream_accept(&l->s, (struct sockaddr *)&sa, &len, &fd);
+		if (rc != 0)
+			return rc;
+		struct tp_conn *c = ipc_conn_new(fd);
+		if (c != NULL) {
+			*out = c;
+			return 0;
+		}
+		close(fd);
+	}
+}
+
+static void ipc_listener_shutdown(struct tp_listener *l)
+{
+	stream_listener_shutdown(&l->s);
+}
+
+static void ipc_listener_free(struct tp_listener *l)
+{
+	if (l == NULL)
+		return;
+	stream_listener_close(&l->s);
+	free(l);
+}
+
+static int ipc_connect(const char *host, int port, int timeout_ms, struct tp_conn **out)
+{
+	struct sockaddr_un sa;
+	socklen_t sa_len;
+	int rc = ipc_address(host, port, &sa, &sa_len);
+	if (rc != 0)
+		return rc;
+	char peer[sizeof sa.sun_path + 1];
+	snprintf(peer, sizeof peer, "@%s", sa.sun_path + 1);
+	int fd;
+	rc = stream_connect(AF_UNIX, (struct sockaddr *)&sa, sa_len, timeout_ms, peer, &fd);
+	if (rc != 0)
+		return rc;
+	struct tp_conn *c = ipc_conn_new(fd);
+	if (c == NULL) {
+		close(fd);
+		log_set_last_error("cannot set up the IPC connection to %s", peer);
+		return UNISUM_ECONN;
+	}
+	char why[256];
+	rc = stream_authenticate(c->fd, false, c->peer, why, sizeof why);
+	if (rc != 0) {
+		ipc_conn_free(c);
+		return log_fail(rc, "%s", why);
+	}
+	*out = c;
+	return 0;
+}
+
+static int ipc_authenticate(struct tp_conn *c, char *why, size_t len)
+{
+	return stream_authenticate(c->fd, true, c->peer, why, len);
+}
+
+/* Whether a message's payload goes by address: tensor data, not zeros. */
+static bool ipc_by_ref(const struct wire_hdr *h, const void *payload)
+{
+	return (h->type == WIRE_PUSH || h->type == WIRE_PULL_REPLY) && payload != NULL &&
+	       h->payload_len > 0 && !(h->flags & WIRE_FLAG_ZERO);
+}
+
+static int ipc_send(struct tp_conn *c, const struct wire_hdr *hdr, const void *payload)
+{
+	if (!ipc_by_ref(hdr, payload))
+		return stream_send(c->fd, hdr, payload);
+	struct wire_hdr h = *hdr;
+	h.flags |= WIRE_FLAG_IPC;
+	h.payload_len = WIRE_IPC_PAYLOAD;
+	uint64_t addr = htole64((uint64_t)(uintptr_t)payload);
+	return stream_send(c->fd, &h, &addr);
+}
+
+static int ipc_recv_header(struct tp_conn *c, struct wire_hdr *hdr, char *why, size_t why_len)
+{
+	c->by_ref = false;
+	c->ref_left = 0;
+	int rc = stream_recv_header(c->fd, hdr, why, why_len);
+	if (rc != 0 || !(hdr->flags & WIRE_FLAG_IPC))
+		return rc;
+	/* wire_decode allowed the flag only on PUSH and PULL_REPLY, with an
+	 * address for payload. */
+	uint64_t addr;
+	if (stream_read_full(c->fd, &addr, sizeof addr) != 0) {
+		snprintf(why, why_len, "connection closed");
+		return UNISUM_ECONN;
+	}
+	c->by_ref = true;
+	c->ref = le64toh(addr);
+	c->ref_left = (size_t)hdr->count * unisum_dtype_size((unisum_dtype)hdr->dtype);
+	hdr->flags &= ~WIRE_FLAG_IPC;
+	hdr->payload_len = c->ref_left;
+	return 0;
+}
+
+static int ipc_recv_payload(struct tp_conn *c, void *dst, size_t len)
+{
+	if (!c->by_ref)
+		return stream_recv_payload(c->fd, dst, len);
+	if (len > c->ref_left)
+		return UNISUM_ECONN;
+	int rc = dst != NULL ? shm_vm_copy(c->peer_pid, false, dst, c->ref, len) : 0;
+	c->ref += len;
+	c->ref_left -= len;
+	if (rc == 0)
+		return 0;
+	log_set_last_error("cannot read %zu bytes from the memory of pid %d (same host, "
+			   "UNISUM_IPC=1) with process_vm_readv: %s; set UNISUM_IPC=0 to send the "
+			   "data through the socket",
+			   len, (int)c->peer_pid, strerror(-rc));
+	return rc == -ESRCH ? UNISUM_ECONN : UNISUM_ESYS;
+}
+
+static void ipc_conn_shutdown(struct tp_conn *c)
+{
+	shutdown(c->fd, SHUT_RDWR);
+}
+
+static void ipc_conn_free(struct tp_conn *c)
+{
+	if (c == NULL)
+		return;
+	close(c->fd);
+	free(c);
+}
+
+static const char *ipc_peer_name(const struct tp_conn *c)
+{
+	return c->peer;
+}
+
+static const struct transport_ops ipc_ops = {
+	.name = "ipc",
+	.listen = ipc_listen,
+	.accept = ipc_accept,
+	.listener_shutdown = ipc_listener_shutdown,
+	.listener_free = ipc_listener_free,
+	.connect = ipc_connect,
+	.send = ipc_send,
+	.authenticate = ipc_authenticate,
+	.recv_header = ipc_recv_header,
+	.recv_payload = ipc_recv_payload,
+	.conn_shutdown = ipc_conn_shutdown,
+	.conn_free = ipc_conn_free,
+	.peer_name = ipc_peer_name,
+};
+
+const struct transport_ops *transport_ipc(void)
+{
+	return &ipc_ops;
+}

@@ -1,0 +1,210 @@
+/*
+ * stream.c - wire messages over blocking stream sockets, shared by the TCP
+ * and the IPC transports (see stream.h).
+ *
+ * Sends go out with one sendmsg() of header + payload (no copy into a
+ * staging buffer).  Receives read the header into a small buffer, then the
+ * payload with MSG_WAITALL straight into the destination the caller chose.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log/log.h"
+#include "timing/timing.h"
+#include "transport/auth.h"
+#include "transport/stream.h"
+
+/* How long a handshake may wait for the peer's next bytes. */
+#define STREAM_AUTH_TIMEOUT_S 10
+
+int stream_accept(struct stream_listener *l, struct sockaddr *sa, socklen_t *sa_len, int *fd_out)
+{
+	socklen_t cap = *sa_len;
+	for (;;) {
+		*sa_len = cap;
+		int fd = accept4(l->fd, sa, sa_len, SOCK_CLOEXEC);
+		if (atomic_load(&l->closing)) {
+			if (fd >= 0)
+				close(fd);
+			return UNISUM_ESHUTDOWN;
+		}
+		if (fd >= 0) {
+			*fd_out = fd;
+			return 0;
+		}
+		if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
+			continue;
+		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+			LOG_ERROR("accept(): %s; retrying in 100 ms", strerror(errno));
+			nanosleep(&(struct timespec){0, 100000000}, NULL);
+			continue;
+		}
+		return log_fail(UNISUM_ESYS, "accept(): %s", strerror(errno));
+	}
+}
+
+void stream_listener_shutdown(struct stream_listener *l)
+{
+	atomic_store(&l->closing, true);
+	shutdown(l->fd, SHUT_RDWR);
+}
+
+void stream_listener_close(struct stream_listener *l)
+{
+	close(l->fd);
+}
+
+int stream_connect(int family, const struct sockaddr *sa, socklen_t sa_len, int timeout_ms,
+		   const char *peer, int *fd_out)
+{
+	int64_t start = timing_now_ms();
+	int delay_ms = 10;
+	for (;;) {
+		int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return log_fail(UNISUM_ESYS, "socket(): %s", strerror(errno));
+		if (connect(fd, sa, sa_len) == 0) {
+			*fd_out = fd;
+			return 0;
+		}
+		int e = errno;
+		close(fd);
+		long elapsed = (long)(timing_now_ms() - start);
+		bool retry = e == ECONNREFUSED || e == EINTR || e == ETIMEDOUT || e == EAGAIN ||
+			     e == ENETUNREACH || e == EHOSTUNREACH;
+		if (!retry || elapsed >= timeout_ms) {
+			log_set_last_error("cannot connect to %s after %ld ms: %s (is the peer "
+					   "running and the address right? UNISUM_TIMEOUT_MS bounds "
+					   "the wait)",
+					   peer, elapsed, strerror(e));
+			return UNISUM_ECONN;
+		}
+		nanosleep(&(struct timespec){0, (long)delay_ms * 1000000}, NULL);
+		if (delay_ms < 200)
+			delay_ms *= 2;
+	}
+}
+
+static int stream_write_full(int fd, const void *src, size_t len)
+{
+	const uint8_t *p = src;
+	while (len > 0) {
+		ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return UNISUM_ECONN;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+int stream_send(int fd, const struct wire_hdr *hdr, const void *payload)
+{
+	uint8_t head[WIRE_HDR_SIZE];
+	wire_encode(hdr, head);
+	struct iovec iov[2] = {
+		{.iov_base = head, .iov_len = WIRE_HDR_SIZE},
+		{.iov_base = (void *)payload, .iov_len = payload ? hdr->payload_len : 0},
+	};
+	struct msghdr msg = {.msg_iov = iov, .msg_iovlen = payload ? 2 : 1};
+	while (msg.msg_iovlen > 0) {
+		ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return UNISUM_ECONN;
+		}
+		size_t left = (size_t)n;
+		while (msg.msg_iovlen > 0 && left >= msg.msg_iov[0].iov_len) {
+			left -= msg.msg_iov[0].iov_len;
+			msg.msg_iov++;
+			msg.msg_iovlen--;
+		}
+		if (msg.msg_iovlen > 0) {
+			msg.msg_iov[0].iov_base = (uint8_t *)msg.msg_iov[0].iov_base + left;
+			msg.msg_iov[0].iov_len -= left;
+		}
+	}
+	return 0;
+}
+
+int stream_read_full(int fd, void *dst, size_t len)
+{
+	uint8_t *p = dst;
+	while (len > 0) {
+		ssize_t n = recv(fd, p, len, MSG_WAITALL);
+		if (n == 0)
+			return UNISUM_ECONN;
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return UNISUM_ECONN;
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+int stream_recv_header(int fd, struct wire_hdr *hdr, char *why, size_t why_len)
+{
+	uint8_t head[WIRE_HDR_SIZE];
+	int rc = stream_read_full(fd, head, sizeof head);
+	if (rc != 0) {
+		snprintf(why, why_len, "connection closed");
+		return rc;
+	}
+	return wire_decode(head, hdr, why, why_len);
+}
+
+int stream_recv_payload(int fd, void *dst, size_t len)
+{
+	if (dst != NULL)
+		return stream_read_full(fd, dst, len);
+	uint8_t sink[4096];
+	while (len > 0) {
+		size_t n = len < sizeof sink ? len : sizeof sink;
+		int rc = stream_read_full(fd, sink, n);
+		if (rc != 0)
+			return rc;
+		len -= n;
+	}
+	return 0;
+}
+
+static void stream_recv_timeout(int fd, int seconds)
+{
+	struct timeval tv = {.tv_sec = seconds};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+static int stream_io_read(void *ctx, void *dst, size_t len)
+{
+	return stream_read_full(*(int *)ctx, dst, len);
+}
+
+static int stream_io_write(void *ctx, const void *src, size_t len)
+{
+	return stream_write_full(*(int *)ctx, src, len);
+}
+
+int stream_authenticate(int fd, bool acceptor, const char *peer, char *why, size_t len)
+{
+	if (!auth_is_enabled())
+		return 0;
+	stream_recv_timeout(fd, STREAM_AUTH_TIMEOUT_S);
+	struct auth_io io = {&fd, stream_io_read, stream_io_write};
+	int rc = acceptor ? auth_handshake_acceptor(&io, why, len)
+			  : auth_handshake_connector(&io, peer, why, len);
+	stream_recv_timeout(fd, 0);
+	return rc;
+}

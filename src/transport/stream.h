@@ -1,0 +1,57 @@
+/*
+ * stream.h - what the stream-socket transports (tcp/, ipc/) share: wire
+ * messages over a connected, blocking stream socket, the accepting loop,
+ * connecting with retries, and the job-secret handshake.  Internal to
+ * src/transport; callers see only transport.h.
+ */
+#ifndef UNISUM_TRANSPORT_STREAM_H
+#define UNISUM_TRANSPORT_STREAM_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/socket.h>
+
+#include "wire/wire.h"
+
+/* A listening socket and whether listener_shutdown() was called. */
+struct stream_listener {
+	int fd;
+	atomic_bool closing;
+};
+
+/* Blocks in accept() until a peer connects: 0 and *fd_out, UNISUM_ESHUTDOWN
+ * once closing, or UNISUM_ESYS.  Retries interruptions and (after 100 ms)
+ * running out of descriptors or memory.  sa/sa_len as for accept(). */
+int stream_accept(struct stream_listener *l, struct sockaddr *sa, socklen_t *sa_len, int *fd_out);
+
+/* listener_shutdown() and listener_free() of a stream transport. */
+void stream_listener_shutdown(struct stream_listener *l);
+void stream_listener_close(struct stream_listener *l);
+
+/* Connects a new socket of `family` to sa, retrying refused attempts (the
+ * peer not listening yet) until timeout_ms has passed (0: one attempt).
+ * 0 and *fd_out, or UNISUM_ECONN (the reason, naming `peer`, in
+ * log_last_error(); not logged) / UNISUM_ESYS (logged). */
+int stream_connect(int family, const struct sockaddr *sa, socklen_t sa_len, int timeout_ms,
+		   const char *peer, int *fd_out);
+
+/* Sends hdr and hdr->payload_len bytes of payload (NULL: none) with one
+ * sendmsg() and no copy.  0 or UNISUM_ECONN. */
+int stream_send(int fd, const struct wire_hdr *hdr, const void *payload);
+
+/* Reads exactly len bytes; 0, or UNISUM_ECONN on EOF or error. */
+int stream_read_full(int fd, void *dst, size_t len);
+
+/* Reads and decodes (wire_decode) the next header: 0, UNISUM_ECONN, or
+ * UNISUM_EPROTO with why. */
+int stream_recv_header(int fd, struct wire_hdr *hdr, char *why, size_t why_len);
+
+/* Reads len payload bytes into dst, or discards them (dst NULL). */
+int stream_recv_payload(int fd, void *dst, size_t len);
+
+/* Runs one side of the job-secret handshake (auth.h) on fd, the peer
+ * given at most a few seconds for each answer; 0 when no secret is set. */
+int stream_authenticate(int fd, bool acceptor, const char *peer, char *why, size_t len);
+
+#endif /* UNISUM_TRANSPORT_STREAM_H */

@@ -1,0 +1,255 @@
+/*
+ * test_transport.c - the two transports against one contract, over real
+ * sockets in one process: TCP and IPC deliver the same messages (control
+ * payloads, tensor data, zero-filled pushes) and the receiver sees no
+ * difference; IPC passes tensor data by address (changing the sender's
+ * buffer before the receiver reads it shows in what it reads), names its
+ * peer by the pid the kernel gives, refuses nothing TCP accepts, and fails
+ * a read whose sender exited with UNISUM_ECONN; TCP refuses the IPC flag;
+ * connecting where nobody listens fails at once for IPC.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "transport/transport.h"
+#include "wire/wire.h"
+
+/* A connected pair of transport tp: *a connected, *b accepted. */
+struct pair {
+	const struct transport_ops *tp;
+	struct tp_listener *tcp_l, *l;
+	struct tp_conn *a, *b;
+};
+
+static void pair_open(struct pair *p, const struct transport_ops *tp)
+{
+	memset(p, 0, sizeof *p);
+	p->tp = tp;
+	int port = 0, got = 0;
+	/* The IPC listener is named after a TCP address: take a real one. */
+	assert_int_equal(transport_tcp()->listen("127.0.0.1", 0, &p->tcp_l, &port), 0);
+	if (tp == transport_ipc())
+		assert_int_equal(tp->listen("127.0.0.1", port, &p->l, &got), 0);
+	else
+		p->l = p->tcp_l, p->tcp_l = NULL, got = port;
+	assert_int_equal(got, port);
+	assert_int_equal(tp->connect("127.0.0.1", port, 1000, &p->a), 0);
+	assert_int_equal(tp->accept(p->l, &p->b), 0);
+	char why[256];
+	assert_int_equal(tp->authenticate(p->b, why, sizeof why), 0);
+}
+
+static void pair_close(struct pair *p)
+{
+	p->tp->conn_free(p->a);
+	p->tp->conn_free(p->b);
+	p->tp->listener_free(p->l);
+	if (p->tcp_l != NULL)
+		transport_tcp()->listener_free(p->tcp_l);
+}
+
+static struct wire_hdr data_hdr(uint8_t type, uint64_t count)
+{
+	struct wire_hdr h = {.type = type, .sender = 3, .round = 7, .key = 0x1234, .count = count,
+			     .dtype = UNISUM_FLOAT32, .payload_len = count * 4};
+	return h;
+}
+
+/* Every kind of message, through tp, arrives as sent. */
+static void check_messages(const struct transport_ops *tp)
+{
+	struct pair p;
+	pair_open(&p, tp);
+	char why[256];
+	struct wire_hdr h;
+
+	/* A control payload. */
+	const char name[] = "layer1.weight";
+	struct wire_hdr ctl = {.type = WIRE_DECLARE_CHECK, .sender = 3, .key = 9, .count = 5,
+			       .dtype = UNISUM_INT32, .payload_len = sizeof name};
+	assert_int_equal(tp->send(p.a, &ctl, name), 0);
+	assert_int_equal(tp->recv_header(p.b, &h, why, sizeof why), 0);
+	assert_int_equal(h.type, WIRE_DECLARE_CHECK);
+	assert_int_equal(h.payload_len, sizeof name);
+	char got_name[sizeof name];
+	assert_int_equal(tp->recv_payload(p.b, got_name, sizeof got_name), 0);
+	assert_string_equal(got_name, name);
+
+	/* Tensor data both ways, in two reads on one side (small enough that
+	 * the sockets hold it before anyone reads: one thread here). */
+	enum { N = 4096 };
+	float *in = malloc(N * sizeof *in), *out = calloc(N, sizeof *out);
+	assert_non_null(in);
+	assert_non_null(out);
+	for (int i = 0; i < N; i++)
+		in[i] = (float)i * 0.5f;
+	struct wire_hdr push = data_hdr(WIRE_PUSH, N);
+	assert_int_equal(tp->send(p.a, &push, in), 0);
+	assert_int_equal(tp->recv_header(p.b, &h, why, sizeof why), 0);
+	assert_int_equal(h.type, WIRE_PUSH);
+	assert_int_equal(h.flags, 0);
+	assert_int_equal(h.payload_len, (uint64_t)N * 4);
+	assert_int_equal(tp->recv_payload(p.b, out, 4000), 0);
+	assert_int_equal(tp->recv_payload(p.b, out + 1000, (N - 1000) * 4), 0);
+	assert_memory_equal(in, out, N * sizeof *in);
+	memset(out, 0, N * sizeof *out);
+	struct wire_hdr reply = data_hdr(WIRE_PULL_REPLY, N);
+	assert_int_equal(tp->send(p.b, &reply, in), 0);
+	assert_int_equal(tp->recv_header(p.a, &h, why, sizeof why), 0);
+	assert_int_equal(h.type, WIRE_PULL_REPLY);
+	assert_int_equal(h.payload_len, (uint64_t)N * 4);
+	assert_int_equal(tp->recv_payload(p.a, out, (size_t)h.payload_len), 0);
+	assert_memory_equal(in, out, N * sizeof *in);
+
+	/* Data the receiver throws away, then a zero-filled push: nothing
+	 * follows its header. */
+	assert_int_equal(tp->send(p.a, &push, in), 0);
+	assert_int_equal(tp->recv_header(p.b, &h, why, sizeof why), 0);
+	assert_int_equal(tp->recv_payload(p.b, NULL, (size_t)h.payload_len), 0);
+	struct wire_hdr zero = data_hdr(WIRE_PUSH, N);
+	zero.flags = WIRE_FLAG_ZERO;
+	zero.payload_len = 0;
+	assert_int_equal(tp->send(p.a, &zero, NULL), 0);
+	struct wire_hdr beat = {.type = WIRE_HEARTBEAT, .sender = 3};
+	assert_int_equal(tp->send(p.a, &beat, NULL), 0);
+	assert_int_equal(tp->recv_header(p.b, &h, why, sizeof why), 0);
+	assert_int_equal(h.flags, WIRE_FLAG_ZERO);
+	assert_int_equal(h.payload_len, 0);
+	assert_int_equal(tp->recv_header(p.b, &h, why, sizeof why), 0);
+	assert_int_equal(h.type, WIRE_HEARTBEAT);
+
+	/* A shut-down connection fails the peer's receive. */
+	tp->conn_shutdown(p.a);
+	assert_int_equal(tp->recv_header(p.b, &h, why, sizeof why), UNISUM_ECONN);
+	free(in);
+	free(out);
+	pair_close(&p);
+}
+
+static void test_tcp_messages(void **state)
+{
+	(void)state;
+	check_messages(transport_tcp());
+}
+
+static void test_ipc_messages(void **state)
+{
+	(void)state;
+	check_messages(transport_ipc());
+}
+
+/* IPC sends the address: the receiver reads the sender's buffer as it is
+ * when it reads, and knows the sender's pid from the kernel. */
+static void test_ipc_is_by_address(void **state)
+{
+	(void)state;
+	struct pair p;
+	pair_open(&p, transport_ipc());
+	char expect[64];
+	snprintf(expect, sizeof expect, "pid %d", (int)getpid());
+	assert_non_null(strstr(transport_ipc()->peer_name(p.a), expect));
+	assert_non_null(strstr(transport_ipc()->peer_name(p.b), expect));
+	int32_t buf[4] = {1, 2, 3, 4}, out[4];
+	struct wire_hdr push = data_hdr(WIRE_PUSH, 4);
+	push.dtype = UNISUM_INT32;
+	assert_int_equal(transport_ipc()->send(p.a, &push, buf), 0);
+	buf[2] = 33;
+	struct wire_hdr h;
+	char why[256];
+	assert_int_equal(transport_ipc()->recv_header(p.b, &h, why, sizeof why), 0);
+	assert_int_equal(transport_ipc()->recv_payload(p.b, out, sizeof out), 0);
+	assert_int_equal(out[2], 33);
+	pair_close(&p);
+}
+
+/* A sender that exits before its data was read: the read fails as a lost
+ * connection, not with garbage. */
+static void test_ipc_sender_gone(void **state)
+{
+	(void)state;
+	int port = 0, got = 0;
+	struct tp_listener *tcp_l, *l;
+	assert_int_equal(transport_tcp()->listen("127.0.0.1", 0, &tcp_l, &port), 0);
+	assert_int_equal(transport_ipc()->listen("127.0.0.1", port, &l, &got), 0);
+	pid_t child = fork();
+	assert_true(child >= 0);
+	if (child == 0) {
+		struct tp_conn *c;
+		static float data[1024];
+		struct wire_hdr push = data_hdr(WIRE_PUSH, 1024);
+		if (transport_ipc()->connect("127.0.0.1", port, 1000, &c) != 0 ||
+		    transport_ipc()->send(c, &push, data) != 0)
+			_exit(1);
+		_exit(0);
+	}
+	struct tp_conn *b;
+	assert_int_equal(transport_ipc()->accept(l, &b), 0);
+	struct wire_hdr h;
+	char why[256];
+	assert_int_equal(transport_ipc()->recv_header(b, &h, why, sizeof why), 0);
+	int status;
+	assert_int_equal(waitpid(child, &status, 0), child);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	static float out[1024];
+	assert_int_equal(transport_ipc()->recv_payload(b, out, sizeof out), UNISUM_ECONN);
+	transport_ipc()->conn_free(b);
+	transport_ipc()->listener_free(l);
+	transport_tcp()->listener_free(tcp_l);
+}
+
+/* By address is IPC's alone: a TCP receiver refuses the flag. */
+static void test_tcp_refuses_ipc_flag(void **state)
+{
+	(void)state;
+	struct pair p;
+	pair_open(&p, transport_tcp());
+	struct wire_hdr push = data_hdr(WIRE_PUSH, 4);
+	push.flags = WIRE_FLAG_IPC;
+	push.payload_len = WIRE_IPC_PAYLOAD;
+	uint64_t addr = 0x1000;
+	assert_int_equal(transport_tcp()->send(p.a, &push, &addr), 0);
+	struct wire_hdr h;
+	char why[256];
+	assert_int_equal(transport_tcp()->recv_header(p.b, &h, why, sizeof why), UNISUM_EPROTO);
+	assert_non_null(strstr(why, "TCP"));
+	pair_close(&p);
+}
+
+/* Nobody listening for IPC: connect fails at once (the worker falls back
+ * to TCP), even with a long timeout for a refused TCP connection. */
+static void test_ipc_nobody_listening(void **state)
+{
+	(void)state;
+	int port = 0;
+	struct tp_listener *tcp_l;
+	assert_int_equal(transport_tcp()->listen("127.0.0.1", 0, &tcp_l, &port), 0);
+	struct tp_conn *c = NULL;
+	assert_int_equal(transport_ipc()->connect("127.0.0.1", port, 0, &c), UNISUM_ECONN);
+	assert_null(c);
+	struct tp_listener *l;
+	int got;
+	assert_int_not_equal(transport_ipc()->listen("127.0.0.1", 0, &l, &got), 0);
+	transport_tcp()->listener_free(tcp_l);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_tcp_messages),
+		cmocka_unit_test(test_ipc_messages),
+		cmocka_unit_test(test_ipc_is_by_address),
+		cmocka_unit_test(test_ipc_sender_gone),
+		cmocka_unit_test(test_tcp_refuses_ipc_flag),
+		cmocka_unit_test(test_ipc_nobody_listening),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
