@@ -25,15 +25,25 @@
 
 /* ---- sending ------------------------------------------------------------ */
 
+/* A reply sent or dropped: what it owned goes, its key is unpinned. */
+void srv_reply_free(struct server *srv, struct srv_reply *r)
+{
+	free(r->owned);
+	if (r->pin != NULL)
+		srv_key_unpin(r->pin, srv->nworkers);
+	free(r);
+}
+
 /* Appends a reply to a connection's queue, unless it is closing.  `owned`
- * (may be NULL) is freed once the reply is sent or dropped.  A PUSH_ACK
+ * (may be NULL) is freed once the reply is sent or dropped; `pin` (may be
+ * NULL), the key whose memory the payload is, stays allocated until then.  A PUSH_ACK
  * goes ahead of every queued sum (behind earlier acks): the worker's credit
  * waits on it, and behind megabytes of replies on a slow link the pushes
  * would stall while the replies drain, so pushing and pulling would take
  * turns instead of sharing the full-duplex link.  The ack of a key still
  * precedes that key's reply, which is queued only after this push. */
 void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *payload,
-			     void *owned)
+			     void *owned, struct srv_key *pin)
 {
 	struct srv_reply *r = malloc(sizeof *r);
 	if (r == NULL) {
@@ -43,11 +53,12 @@ void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *
 		free(owned);
 		return;
 	}
-	*r = (struct srv_reply){.hdr = *h, .payload = payload, .owned = owned};
+	if (pin != NULL)
+		atomic_fetch_add(&pin->pins, 1);
+	*r = (struct srv_reply){.hdr = *h, .payload = payload, .owned = owned, .pin = pin};
 	pthread_mutex_lock(&c->qlock);
 	if (c->closing) {
-		free(r->owned);
-		free(r);
+		srv_reply_free(c->srv, r);
 	} else if (h->type == WIRE_PUSH_ACK) {
 		struct srv_reply **at = c->last_ack ? &c->last_ack->next : &c->head;
 		r->next = *at;
@@ -73,18 +84,19 @@ static void srv_ack_push(struct server *srv, struct srv_conn *c, const struct wi
 {
 	struct wire_hdr ack = {.type = WIRE_PUSH_ACK, .sender = srv->id, .round = push->round,
 			       .key = push->key};
-	srv_conn_enqueue(c, &ack, NULL, NULL);
+	srv_conn_enqueue(c, &ack, NULL, NULL, NULL);
 }
 
 /* Queues a reply to worker w; dropped when its connection is gone. */
-void srv_queue_reply(struct server *srv, int w, const struct wire_hdr *h, const void *payload)
+void srv_queue_reply(struct server *srv, int w, const struct wire_hdr *h, struct srv_key *k,
+		     const void *payload)
 {
 	pthread_mutex_lock(&srv->lock);
 	struct srv_conn *c = srv->by_worker[w];
 	/* Over IPC the worker copies the sum from the payload itself: the
 	 * buffer stays as it is until that worker's next push of the key. */
 	if (c != NULL)
-		srv_conn_enqueue(c, h, payload, NULL);
+		srv_conn_enqueue(c, h, payload, NULL, payload != NULL ? k : NULL);
 	pthread_mutex_unlock(&srv->lock);
 }
 
@@ -117,8 +129,7 @@ void *srv_send_main(void *arg)
 				 srv_worker_name(srv, c->worker, name, sizeof name), c->tp->peer_name(c->conn));
 			c->tp->conn_shutdown(c->conn);
 		}
-		free(r->owned);
-		free(r);
+		srv_reply_free(srv, r);
 	}
 }
 

@@ -112,8 +112,7 @@ static void srv_conn_free(struct srv_conn *c)
 		pthread_join(c->send_thread, NULL);
 	for (struct srv_reply *r = c->head; r;) {
 		struct srv_reply *next = r->next;
-		free(r->owned);
-		free(r);
+		srv_reply_free(c->srv, r);
 		r = next;
 	}
 	c->tp->conn_free(c->conn);
@@ -269,7 +268,7 @@ static void srv_stop_engines(struct server *srv, int started)
 		for (struct srv_event *ev = e->head; ev;) {
 			struct srv_event *next = ev->next;
 			if (ev->type == EVENT_FREE)
-				srv_key_free(ev->key, srv->nworkers);
+				srv_key_unpin(ev->key, srv->nworkers);
 			free(ev);
 			ev = next;
 		}

@@ -59,6 +59,8 @@ struct srv_key {
 	uint8_t *retired;	/* [W] worker w sent RETIRE; its conn thread's */
 	int nretired;		/* engine-owned: RETIREs seen; at W the buffers go */
 	char *name;		/* the tensor's name, for stall reports */
+	atomic_int pins;	/* the key table's 1, and 1 per queued reply pointing into
+				 * the key's memory: the last unpin frees it */
 	struct srv_key *next;	/* hash chain */
 };
 
@@ -92,6 +94,7 @@ struct srv_reply {
 	struct wire_hdr hdr;
 	const void *payload;	/* what follows the header */
 	void *owned;		/* freed after sending (error texts), or NULL */
+	struct srv_key *pin;	/* the key payload points into, pinned until sent, or NULL */
 	struct srv_reply *next;
 };
 
@@ -153,6 +156,7 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 		    const char *name, char *why, size_t len);
 struct srv_key *srv_key_find(struct server *srv, uint64_t key);
 void srv_key_free(struct srv_key *k, int nworkers);
+void srv_key_unpin(struct srv_key *k, int nworkers);
 int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
 	     uint32_t wire_op, const char *why);
 void srv_reply_error(struct server *srv, struct srv_conn *c, int w, uint64_t key, uint32_t round,
@@ -160,10 +164,12 @@ void srv_reply_error(struct server *srv, struct srv_conn *c, int w, uint64_t key
 
 /* conn.c: a worker's connection threads and its send queue */
 void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *payload,
-		      void *owned);
-void srv_queue_reply(struct server *srv, int w, const struct wire_hdr *h, const void *payload);
+		      void *owned, struct srv_key *pin);
+void srv_queue_reply(struct server *srv, int w, const struct wire_hdr *h, struct srv_key *k,
+		     const void *payload);
 void *srv_recv_main(void *arg);
 void *srv_send_main(void *arg);
+void srv_reply_free(struct server *srv, struct srv_reply *r);
 void srv_tensor_error(void *arg, uint64_t key, const char *why);
 
 #endif /* UNISUM_SRV_INT_H */

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/socket.h>
 
 #include "wire/wire.h"
@@ -53,5 +54,18 @@ int stream_recv_payload(int fd, void *dst, size_t len);
 /* Runs one side of the job-secret handshake (auth.h) on fd, the peer
  * given at most a few seconds for each answer; 0 when no secret is set. */
 int stream_authenticate(int fd, bool acceptor, const char *peer, char *why, size_t len);
+
+/* ThreadSanitizer does not see that a message sent on one socket is what
+ * another thread receives on its peer, so a job run in one process (the
+ * in-process tests) would look like threads touching each other's memory
+ * with nothing between them.  Each direction of a connection gets a
+ * token, the same at both ends; a send releases the sender's and a
+ * receive acquires the receiver's.  Nothing outside ThreadSanitizer
+ * builds.  The token of a TCP connection's direction comes from its
+ * addresses (stream_tcp_tokens); the IPC transport derives its own. */
+void stream_sync_release(uint64_t token);
+void stream_sync_acquire(uint64_t token);
+uint64_t stream_sync_token(const void *bytes, size_t len);
+void stream_tcp_tokens(int fd, uint64_t *tx, uint64_t *rx);
 
 #endif /* UNISUM_TRANSPORT_STREAM_H */

@@ -45,6 +45,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -349,38 +350,37 @@ int lc_cond_posted(struct local_op *op, void *arg)
 	return 1;
 }
 
-/* Every rank has summed its slice of partitions up to *arg (exclusive). */
-int lc_cond_reduced(struct local_op *op, void *arg)
+/* Every rank (stagers_only: every other rank that stages its input) has
+ * counted up to `want` partitions this round in the counter at offset
+ * `counter` of its entry. */
+static int lc_cond_counted(struct local_op *op, uint32_t want, size_t counter, bool stagers_only)
 {
 	struct local *lc = op->lc;
-	uint32_t want = *(const uint32_t *)arg;
 	for (int q = 0; q < lc->cfg.local_size; q++) {
-		int err = lc_peer_failed(op, q);
-		if (err != 0)
-			return err;
-		op->blocker = q;
-		if (lc_count(&op->peers[q].e->reduced, op->req.round) < want)
-			return 0;
-	}
-	return 1;
-}
-
-/* Every rank that stages has staged partitions up to *arg (exclusive). */
-int lc_cond_staged(struct local_op *op, void *arg)
-{
-	struct local *lc = op->lc;
-	uint32_t want = *(const uint32_t *)arg;
-	for (int q = 0; q < lc->cfg.local_size; q++) {
-		if (q == lc->cfg.local_rank || op->peers[q].region == NULL || op->peers[q].in == 0)
+		const struct lc_peer *p = &op->peers[q];
+		if (stagers_only && (q == lc->cfg.local_rank || p->region == NULL || p->in == 0))
 			continue;
 		int err = lc_peer_failed(op, q);
 		if (err != 0)
 			return err;
 		op->blocker = q;
-		if (lc_count(&op->peers[q].e->staged, op->req.round) < want)
+		const _Atomic uint64_t *c = (const _Atomic uint64_t *)((const char *)p->e + counter);
+		if (lc_count(c, op->req.round) < want)
 			return 0;
 	}
 	return 1;
+}
+
+/* Every rank has summed its slice of partitions up to *arg (exclusive). */
+int lc_cond_reduced(struct local_op *op, void *arg)
+{
+	return lc_cond_counted(op, *(const uint32_t *)arg, offsetof(struct lc_entry, reduced), false);
+}
+
+/* Every rank that stages has staged partitions up to *arg (exclusive). */
+int lc_cond_staged(struct local_op *op, void *arg)
+{
+	return lc_cond_counted(op, *(const uint32_t *)arg, offsetof(struct lc_entry, staged), true);
 }
 
 /* ---- stage threads -------------------------------------------------------- */

@@ -54,6 +54,7 @@ struct tp_conn {
 	uint64_t ref;		/* the received message's data, in the peer ... */
 	size_t ref_left;	/* ... and how much of it recv_payload() has not read */
 	bool by_ref;		/* the received message's data is by address */
+	uint64_t tx, rx;	/* each direction's token (stream_sync_release) */
 };
 
 static void ipc_conn_free(struct tp_conn *c);
@@ -70,8 +71,34 @@ static int ipc_address(const char *host, int port, struct sockaddr_un *sa, sockl
 	return 0;
 }
 
+/* Each direction's token: the listener's name, the connecting pid and
+ * the direction, the same at both ends. */
+static void ipc_tokens(struct tp_conn *c, bool acceptor)
+{
+	struct sockaddr_un sa;
+	socklen_t len = sizeof sa;
+	memset(&sa, 0, sizeof sa);
+	if (acceptor)
+		getsockname(c->fd, (struct sockaddr *)&sa, &len);
+	else
+		getpeername(c->fd, (struct sockaddr *)&sa, &len);
+	struct {
+		char name[sizeof sa.sun_path];
+		int32_t connector, to_acceptor;
+	} k;
+	memset(&k, 0, sizeof k);
+	memcpy(k.name, sa.sun_path, sizeof k.name);
+	k.connector = acceptor ? (int32_t)c->peer_pid : (int32_t)getpid();
+	k.to_acceptor = 1;
+	uint64_t up = stream_sync_token(&k, sizeof k);
+	k.to_acceptor = 0;
+	uint64_t down = stream_sync_token(&k, sizeof k);
+	c->tx = acceptor ? down : up;
+	c->rx = acceptor ? up : down;
+}
+
 /* A connection on fd, its peer's pid from the kernel. */
-static struct tp_conn *ipc_conn_new(int fd)
+static struct tp_conn *ipc_conn_new(int fd, bool acceptor)
 {
 	struct ucred cred;
 	socklen_t len = sizeof cred;
@@ -85,6 +112,7 @@ static struct tp_conn *ipc_conn_new(int fd)
 	c->fd = fd;
 	c->peer_pid = cred.pid;
 	snprintf(c->peer, sizeof c->peer, "pid %d (IPC)", (int)cred.pid);
+	ipc_tokens(c, acceptor);
 	return c;
 }
 
@@ -127,7 +155,7 @@ static int ipc_accept(struct tp_listener *l, struct tp_conn **out)
 		int rc = stream_accept(&l->s, (struct sockaddr *)&sa, &len, &fd);
 		if (rc != 0)
 			return rc;
-		struct tp_conn *c = ipc_conn_new(fd);
+		struct tp_conn *c = ipc_conn_new(fd, true);
 		if (c != NULL) {
 			*out = c;
 			return 0;
@@ -162,7 +190,7 @@ static int ipc_connect(const char *host, int port, int timeout_ms, struct tp_con
 	rc = stream_connect(AF_UNIX, (struct sockaddr *)&sa, sa_len, timeout_ms, peer, &fd);
 	if (rc != 0)
 		return rc;
-	struct tp_conn *c = ipc_conn_new(fd);
+	struct tp_conn *c = ipc_conn_new(fd, false);
 	if (c == NULL) {
 		close(fd);
 		log_set_last_error("cannot set up the IPC connection to %s", peer);
@@ -192,6 +220,7 @@ static bool ipc_by_ref(const struct wire_hdr *h, const void *payload)
 
 static int ipc_send(struct tp_conn *c, const struct wire_hdr *hdr, const void *payload)
 {
+	stream_sync_release(c->tx);
 	if (!ipc_by_ref(hdr, payload))
 		return stream_send(c->fd, hdr, payload);
 	struct wire_hdr h = *hdr;
@@ -206,6 +235,8 @@ static int ipc_recv_header(struct tp_conn *c, struct wire_hdr *hdr, char *why, s
 	c->by_ref = false;
 	c->ref_left = 0;
 	int rc = stream_recv_header(c->fd, hdr, why, why_len);
+	if (rc == 0)
+		stream_sync_acquire(c->rx);
 	if (rc != 0 || !(hdr->flags & WIRE_FLAG_IPC))
 		return rc;
 	/* wire_decode allowed the flag only on PUSH and PULL_REPLY, with an

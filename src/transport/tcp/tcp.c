@@ -42,6 +42,7 @@ struct tp_listener {
 struct tp_conn {
 	int fd;			/* connected socket */
 	char peer[80];		/* "host:port" of the peer */
+	uint64_t tx, rx;	/* each direction's token (stream_sync_release) */
 };
 
 static void tcp_tune(int fd)
@@ -76,8 +77,19 @@ static struct tp_conn *tcp_conn_new(int fd, const struct sockaddr_in *sa)
 	char ip[INET_ADDRSTRLEN] = "?";
 	inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof ip);
 	snprintf(c->peer, sizeof c->peer, "%s:%u", ip, ntohs(sa->sin_port));
+	stream_tcp_tokens(fd, &c->tx, &c->rx);
 	tcp_tune(fd);
 	return c;
+}
+
+/* A connection of fd, or UNISUM_ENOMEM with fd closed. */
+static int tcp_adopt(int fd, const struct sockaddr_in *sa, struct tp_conn **out)
+{
+	*out = tcp_conn_new(fd, sa);
+	if (*out != NULL)
+		return 0;
+	close(fd);
+	return UNISUM_ENOMEM;
 }
 
 static int tcp_listen(const char *host, int port, struct tp_listener **out, int *port_out)
@@ -126,15 +138,7 @@ static int tcp_accept(struct tp_listener *l, struct tp_conn **out)
 	socklen_t len = sizeof sa;
 	int fd;
 	int rc = stream_accept(&l->s, (struct sockaddr *)&sa, &len, &fd);
-	if (rc != 0)
-		return rc;
-	struct tp_conn *c = tcp_conn_new(fd, &sa);
-	if (c == NULL) {
-		close(fd);
-		return UNISUM_ENOMEM;
-	}
-	*out = c;
-	return 0;
+	return rc != 0 ? rc : tcp_adopt(fd, &sa, out);
 }
 
 static void tcp_listener_shutdown(struct tp_listener *l)
@@ -165,13 +169,9 @@ static int tcp_connect(const char *host, int port, int timeout_ms, struct tp_con
 		snprintf(why, sizeof why, "%s", log_last_error());
 		return log_fail(rc, "%s", why);
 	}
-	if (rc != 0)
+	struct tp_conn *c;
+	if (rc != 0 || (rc = tcp_adopt(fd, &sa, &c)) != 0)
 		return rc;
-	struct tp_conn *c = tcp_conn_new(fd, &sa);
-	if (c == NULL) {
-		close(fd);
-		return UNISUM_ENOMEM;
-	}
 	char why[256];
 	rc = stream_authenticate(c->fd, false, c->peer, why, sizeof why);
 	if (rc != 0) {
@@ -189,12 +189,15 @@ static int tcp_authenticate(struct tp_conn *c, char *why, size_t len)
 
 static int tcp_send(struct tp_conn *c, const struct wire_hdr *hdr, const void *payload)
 {
+	stream_sync_release(c->tx);
 	return stream_send(c->fd, hdr, payload);
 }
 
 static int tcp_recv_header(struct tp_conn *c, struct wire_hdr *hdr, char *why, size_t why_len)
 {
 	int rc = stream_recv_header(c->fd, hdr, why, why_len);
+	if (rc == 0)
+		stream_sync_acquire(c->rx);
 	if (rc == 0 && (hdr->flags & WIRE_FLAG_IPC)) {
 		/* By address is the IPC transport's alone (ipc/ipc.c). */
 		snprintf(why, why_len, "%s: data by address (the IPC flag) on a TCP connection",

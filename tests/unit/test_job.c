@@ -1,0 +1,610 @@
+/*
+ * test_job.c - whole jobs in one process, as Gloo tests its collectives:
+ * a scheduler, servers on threads (server_run) and every worker a handle
+ * (worker.h) on its own thread, over real loopback sockets, the IPC
+ * transport and the machines' shared memory.  Cheap enough to run the
+ * corners the integration tests reach only slowly, and under the
+ * sanitizers:
+ *
+ *   - every dtype, at sizes on each side of the partition boundaries
+ *     (0, 1, P - 1, P, P + 1 and 3P + 5 elements of P per partition),
+ *     summed and averaged, out of place and in place, on one machine
+ *     (the local reduce only), on machines of several workers (the local
+ *     reduce, then the servers over IPC) and one worker per machine over
+ *     TCP and over IPC;
+ *     the same staged through the ranks' arenas, and with buffers from
+ *     the machine's arenas (worker_alloc);
+ *   - 48 tensors in flight at once under a credit of one partition, so
+ *     every push waits for credit to come back;
+ *   - a broadcast from every root;
+ *   - one-shot tensors (a new name each), declared, summed and
+ *     undeclared, ids reused;
+ *   - ranks that disagree on a collective mid-job (within a machine, on a
+ *     job of two machines): every rank fails with UNISUM_EMISMATCH, its
+ *     output untouched (as unisum.h says: but for a local root's machine
+ *     sum), and the next tensor sums;
+ *   - leaving with operations in flight: worker_leave waits for them, and
+ *     their sums are right.
+ *
+ * Values are small integers, exact in every dtype and any order of
+ * summation, so the reference is the plain sum; averages go through the
+ * same reducer_divide the worker uses.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "config/config.h"
+#include "log/log.h"
+#include "reducer/reducer.h"
+#include "rendezvous/rendezvous.h"
+#include "server/server.h"
+#include "transport/transport.h"
+#include "worker/worker.h"
+
+#define MAX_WORKERS 8
+#define MAX_SERVERS 3
+#define PART_BYTES 4096		/* small partitions: many per tensor, cheaply */
+
+struct job {
+	int machines, local, servers, nworkers;
+	struct config cfg;			/* the scheduler's; the others start from it */
+	struct config scfg[MAX_SERVERS], wcfg[MAX_WORKERS];
+	struct rdv_scheduler *sched;
+	pthread_t srv_thread[MAX_SERVERS];
+	int srv_rc[MAX_SERVERS];
+	struct worker *w[MAX_WORKERS];
+	bool alloc;			/* work_sums takes its buffers from worker_alloc */
+};
+
+/* What a rank's thread runs; 0, or an error with msg set. */
+typedef int (*work_fn)(struct job *j, int rank, char *msg, size_t len);
+
+struct rank_run {
+	struct job *job;
+	int rank;
+	work_fn fn;
+	int rc;
+	char msg[512];
+};
+
+static void *server_main(void *arg)
+{
+	struct config *cfg = arg;
+	int rc = server_run(cfg, NULL);
+	return (void *)(intptr_t)rc;
+}
+
+static void *join_main(void *arg)
+{
+	struct rank_run *r = arg;
+	r->rc = worker_join(&r->job->wcfg[r->rank], &r->job->w[r->rank]);
+	if (r->rc != 0)
+		snprintf(r->msg, sizeof r->msg, "worker_join: %s", unisum_last_error());
+	return NULL;
+}
+
+static void *work_main(void *arg)
+{
+	struct rank_run *r = arg;
+	r->rc = r->fn(r->job, r->rank, r->msg, sizeof r->msg);
+	return NULL;
+}
+
+static void *leave_main(void *arg)
+{
+	struct rank_run *r = arg;
+	r->rc = worker_leave(r->job->w[r->rank]);
+	if (r->rc != 0)
+		snprintf(r->msg, sizeof r->msg, "worker_leave: %s", unisum_last_error());
+	return NULL;
+}
+
+/* Runs fn (or start) on one thread per rank and fails the test, with
+ * every rank's message, unless each returned 0. */
+static void each_rank(struct job *j, void *(*start)(void *), work_fn fn)
+{
+	struct rank_run runs[MAX_WORKERS];
+	pthread_t threads[MAX_WORKERS];
+	for (int r = 0; r < j->nworkers; r++) {
+		runs[r] = (struct rank_run){.job = j, .rank = r, .fn = fn};
+		assert_int_equal(pthread_create(&threads[r], NULL, start, &runs[r]), 0);
+	}
+	bool ok = true;
+	for (int r = 0; r < j->nworkers; r++) {
+		pthread_join(threads[r], NULL);
+		if (runs[r].rc != 0) {
+			print_error("rank %d: %s (%s)\n", r, runs[r].msg, unisum_strerror(runs[r].rc));
+			ok = false;
+		}
+	}
+	assert_true(ok);
+}
+
+/* Starts a job of machines x local workers and `servers` servers; cfg_fn
+ * (may be NULL) changes the configuration every node starts from. */
+static void job_start_with(struct job *j, int machines, int local, int servers, uint64_t credit,
+			   int ipc, void (*cfg_fn)(struct config *cfg))
+{
+	static int serial;
+	memset(j, 0, sizeof *j);
+	j->machines = machines;
+	j->local = local;
+	j->servers = servers;
+	j->nworkers = machines * local;
+	char err[256];
+	assert_int_equal(config_load(&j->cfg, err, sizeof err), 0);
+	j->cfg.role = CONFIG_ROLE_SCHEDULER;
+	j->cfg.num_workers = machines;
+	j->cfg.num_servers = servers;
+	j->cfg.local_size = local;
+	snprintf(j->cfg.scheduler_host, sizeof j->cfg.scheduler_host, "127.0.0.1");
+	snprintf(j->cfg.node_host, sizeof j->cfg.node_host, "127.0.0.1");
+	snprintf(j->cfg.job_id, sizeof j->cfg.job_id, "tj%d-%d", (int)getpid(), serial++);
+	j->cfg.timeout_ms = 20000;
+	j->cfg.heartbeat_ms = 200;
+	j->cfg.stall_abort_ms = 15000;	/* a broken case fails, never hangs */
+	j->cfg.partition_bytes = PART_BYTES;
+	j->cfg.credit_bytes = credit;
+	j->cfg.ipc = ipc;
+	j->cfg.engine_threads = 2;
+	if (getenv("TEST_JOB_DEBUG") != NULL)
+		j->cfg.log_level = LOG_LEVEL_DEBUG;
+	if (cfg_fn != NULL)
+		cfg_fn(&j->cfg);
+	int port = 0;
+	assert_int_equal(rdv_scheduler_start("127.0.0.1", 0, &j->cfg, transport_tcp(), &j->sched,
+					     &port), 0);
+	j->cfg.scheduler_port = port;
+	for (int s = 0; s < servers; s++) {
+		j->scfg[s] = j->cfg;
+		j->scfg[s].role = CONFIG_ROLE_SERVER;
+		j->scfg[s].server_id = s;
+		j->scfg[s].port = 0;
+		assert_int_equal(pthread_create(&j->srv_thread[s], NULL, server_main, &j->scfg[s]), 0);
+	}
+	for (int r = 0; r < j->nworkers; r++) {
+		j->wcfg[r] = j->cfg;
+		j->wcfg[r].role = CONFIG_ROLE_WORKER;
+		j->wcfg[r].worker_id = r / local;
+		j->wcfg[r].local_rank = r % local;
+	}
+	each_rank(j, join_main, NULL);
+	for (int r = 0; r < j->nworkers; r++)
+		assert_int_equal(worker_rank(j->w[r]), r);
+}
+
+static void job_start(struct job *j, int machines, int local, int servers, uint64_t credit,
+		      int ipc)
+{
+	job_start_with(j, machines, local, servers, credit, ipc, NULL);
+}
+
+static void job_stop(struct job *j)
+{
+	each_rank(j, leave_main, NULL);
+	for (int r = 0; r < j->nworkers; r++)
+		worker_free(j->w[r]);
+	for (int s = 0; s < j->servers; s++) {
+		void *rc;
+		pthread_join(j->srv_thread[s], &rc);
+		assert_int_equal((int)(intptr_t)rc, 0);
+	}
+	assert_int_equal(rdv_scheduler_wait(j->sched), 0);
+	rdv_scheduler_free(j->sched);
+}
+
+/* ---- values and references ------------------------------------------------ */
+
+/* Rank r's element i of tensor t: a small integer, exact everywhere. */
+static int value(int r, int t, size_t i)
+{
+	return (int)((r * 7 + i * 3 + (size_t)t * 5) % 13) - 6;
+}
+
+static void put(void *buf, unisum_dtype d, size_t i, int v)
+{
+	switch (d) {
+	case UNISUM_FLOAT32: ((float *)buf)[i] = (float)v; break;
+	case UNISUM_FLOAT64: ((double *)buf)[i] = v; break;
+	case UNISUM_FLOAT16: ((uint16_t *)buf)[i] = reducer_f32_to_f16((float)v); break;
+	case UNISUM_BFLOAT16: ((uint16_t *)buf)[i] = reducer_f32_to_bf16((float)v); break;
+	case UNISUM_INT32: ((int32_t *)buf)[i] = v; break;
+	case UNISUM_INT64: ((int64_t *)buf)[i] = v; break;
+	default: break;
+	}
+}
+
+static void fill(void *buf, unisum_dtype d, size_t n, int r, int t)
+{
+	for (size_t i = 0; i < n; i++)
+		put(buf, d, i, value(r, t, i));
+}
+
+/* The job's sum of tensor t (divided by the size for an average). */
+static void *reference(const struct job *j, unisum_dtype d, size_t n, int t, bool average)
+{
+	void *ref = malloc(n * unisum_dtype_size(d) + 1);
+	for (size_t i = 0; i < n; i++) {
+		int sum = 0;
+		for (int r = 0; r < j->nworkers; r++)
+			sum += value(r, t, i);
+		put(ref, d, i, sum);
+	}
+	if (average)
+		reducer_divide(ref, n, d, j->nworkers);
+	return ref;
+}
+
+/* 0 when out holds the reference, else an error naming the first
+ * difference. */
+static int check(const struct job *j, const void *out, unisum_dtype d, size_t n, int t,
+		 bool average, const char *what, char *msg, size_t len)
+{
+	void *ref = reference(j, d, n, t, average);
+	size_t es = unisum_dtype_size(d);
+	int rc = 0;
+	for (size_t i = 0; i < n; i++)
+		if (memcmp((const char *)out + i * es, (char *)ref + i * es, es) != 0) {
+			snprintf(msg, len, "%s: %s x %zu, element %zu differs from the reference", what,
+				 unisum_dtype_name(d), n, i);
+			rc = UNISUM_EINVAL;
+			break;
+		}
+	free(ref);
+	return rc;
+}
+
+/* ---- what the ranks do ------------------------------------------------------ */
+
+/* A buffer of w's: from its machine's arena when the job says so and the
+ * arena has room (freed with unisum_free, which tells them apart). */
+static void *buffer(struct job *j, struct worker *w, size_t bytes)
+{
+	void *p = j->alloc ? worker_alloc(w, bytes + 1) : NULL;
+	return p != NULL ? p : malloc(bytes + 1);
+}
+
+/* A push_pull of w, waited for. */
+static int push_pull(struct worker *w, int tensor, const void *in, void *out, int flags)
+{
+	unisum_handle h;
+	int rc = worker_push_pull_async(w, tensor, in, out, flags, &h);
+	return rc != 0 ? rc : worker_wait(w, h);
+}
+
+#define FAIL(rc_, ...) do { snprintf(msg, len, __VA_ARGS__); return (rc_) ? (rc_) : UNISUM_EINVAL; } while (0)
+
+/* Every dtype x sizes around the partition boundaries, summed out of
+ * place, then averaged in place. */
+static int work_sums(struct job *j, int rank, char *msg, size_t len)
+{
+	struct worker *w = j->w[rank];
+	int t = 0;
+	for (int d = 0; d < UNISUM_DTYPE_COUNT; d++) {
+		size_t p = PART_BYTES / unisum_dtype_size((unisum_dtype)d);
+		size_t counts[] = {0, 1, p - 1, p, p + 1, 3 * p + 5};
+		for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++, t++) {
+			size_t n = counts[c], bytes = n * unisum_dtype_size((unisum_dtype)d);
+			char name[64];
+			snprintf(name, sizeof name, "sums.%d.%zu", d, n);
+			int id = worker_declare(w, name, (unisum_dtype)d, n, 0);
+			if (id < 0)
+				FAIL(id, "declare %s: %s", name, unisum_last_error());
+			void *in = buffer(j, w, bytes), *out = buffer(j, w, bytes);
+			fill(in, (unisum_dtype)d, n, rank, t);
+			int rc = push_pull(w, id, in, out, 0);
+			if (rc == 0)
+				rc = check(j, out, (unisum_dtype)d, n, t, false, "sum", msg, len);
+			else
+				snprintf(msg, len, "push_pull %s: %s", name, unisum_last_error());
+			if (rc == 0) {
+				fill(in, (unisum_dtype)d, n, rank, t);
+				rc = push_pull(w, id, in, in, UNISUM_AVERAGE);
+				if (rc == 0)
+					rc = check(j, in, (unisum_dtype)d, n, t, true, "average", msg, len);
+				else
+					snprintf(msg, len, "average %s: %s", name, unisum_last_error());
+			}
+			unisum_free(in);
+			unisum_free(out);
+			if (rc != 0)
+				return rc;
+		}
+	}
+	return 0;
+}
+
+/* 48 tensors in flight at once, each several partitions, in a different
+ * order of priority on every rank's queue. */
+static int work_many(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { TENSORS = 48, N = 3000 };
+	struct worker *w = j->w[rank];
+	int ids[TENSORS];
+	float *in[TENSORS], *out[TENSORS];
+	unisum_handle h[TENSORS];
+	for (int t = 0; t < TENSORS; t++) {
+		char name[32];
+		snprintf(name, sizeof name, "many.%d", t);
+		ids[t] = worker_declare(w, name, UNISUM_FLOAT32, N, t % 5);
+		if (ids[t] < 0)
+			FAIL(ids[t], "declare %s: %s", name, unisum_last_error());
+		in[t] = malloc(N * sizeof(float));
+		out[t] = calloc(N, sizeof(float));
+		fill(in[t], UNISUM_FLOAT32, N, rank, 100 + t);
+	}
+	int rc = 0;
+	for (int t = 0; t < TENSORS && rc == 0; t++)
+		if ((rc = worker_push_pull_async(w, ids[t], in[t], out[t], 0, &h[t])) != 0)
+			snprintf(msg, len, "push_pull many.%d: %s", t, unisum_last_error());
+	for (int t = 0; t < TENSORS && rc == 0; t++) {
+		rc = worker_wait(w, h[t]);
+		if (rc != 0)
+			snprintf(msg, len, "wait many.%d: %s", t, unisum_last_error());
+		else
+			rc = check(j, out[t], UNISUM_FLOAT32, N, 100 + t, false, "many", msg, len);
+	}
+	for (int t = 0; t < TENSORS; t++) {
+		free(in[t]);
+		free(out[t]);
+	}
+	return rc;
+}
+
+/* A broadcast from every root: every rank ends with the root's values. */
+static int work_broadcast(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { N = 5000 };
+	struct worker *w = j->w[rank];
+	int id = worker_declare(w, "bcast", UNISUM_INT32, N, 0);
+	if (id < 0)
+		FAIL(id, "declare bcast: %s", unisum_last_error());
+	int32_t buf[N], want[N];
+	for (int root = 0; root < j->nworkers; root++) {
+		fill(buf, UNISUM_INT32, N, rank, 200 + root);
+		fill(want, UNISUM_INT32, N, root, 200 + root);
+		unisum_handle h;
+		int rc = worker_broadcast_async(w, id, buf, root, &h);
+		if (rc == 0)
+			rc = worker_wait(w, h);
+		if (rc != 0)
+			FAIL(rc, "broadcast from %d: %s", root, unisum_last_error());
+		if (memcmp(buf, want, sizeof buf) != 0)
+			FAIL(0, "broadcast from %d: not the root's values", root);
+	}
+	return 0;
+}
+
+/* One-shot tensors: declared, summed, undeclared, 60 names. */
+static int work_once(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { N = 1500 };
+	struct worker *w = j->w[rank];
+	int64_t in[N], out[N];
+	for (int t = 0; t < 60; t++) {
+		char name[32];
+		snprintf(name, sizeof name, "once.%d", t);
+		int id = worker_declare(w, name, UNISUM_INT64, N, 0);
+		if (id < 0)
+			FAIL(id, "declare once (%d): %s", t, unisum_last_error());
+		fill(in, UNISUM_INT64, N, rank, 300 + t);
+		int rc = push_pull(w, id, in, out, 0);
+		if (rc != 0)
+			FAIL(rc, "push_pull once (%d): %s", t, unisum_last_error());
+		rc = check(j, out, UNISUM_INT64, N, 300 + t, false, "once", msg, len);
+		if (rc != 0)
+			return rc;
+		if ((rc = worker_undeclare(w, id)) != 0)
+			FAIL(rc, "undeclare once (%d): %s", t, unisum_last_error());
+	}
+	return 0;
+}
+
+/* Rank 0 averages what the others sum: every rank fails naming the
+ * disagreement, its output untouched; then a healthy tensor sums. */
+static int work_disagree(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { N = 2000 };
+	struct worker *w = j->w[rank];
+	float in[N], out[N];
+	fill(in, UNISUM_FLOAT32, N, rank, 400);
+	for (int i = 0; i < N; i++)
+		out[i] = -1.0f;
+	/* A rank that comes late finds the tensor poisoned already: its
+	 * declaration fails the same way. */
+	int id = worker_declare(w, "disagree", UNISUM_FLOAT32, N, 0);
+	int rc = id < 0 ? id : push_pull(w, id, in, out, rank == 0 ? UNISUM_AVERAGE : 0);
+	if (rc != UNISUM_EMISMATCH)
+		FAIL(0, "a disagreeing declare or push_pull returned %s, not UNISUM_EMISMATCH: %s",
+		     unisum_strerror(rc), unisum_last_error());
+	/* unisum.h: untouched, but for the machine's sum that the local root
+	 * of a machine that agreed within holds by then. */
+	bool root_of_several = j->machines > 1 && j->local > 1 && rank % j->local == 0;
+	for (int i = 0; i < N && !root_of_several; i++)
+		if (out[i] != -1.0f)
+			FAIL(0, "a failed push_pull wrote element %d of its output", i);
+	int ok = worker_declare(w, "healthy", UNISUM_FLOAT32, N, 0);
+	if (ok < 0)
+		FAIL(ok, "declare healthy: %s", unisum_last_error());
+	fill(in, UNISUM_FLOAT32, N, rank, 401);
+	if ((rc = push_pull(w, ok, in, out, 0)) != 0)
+		FAIL(rc, "healthy push_pull after a disagreement: %s", unisum_last_error());
+	return check(j, out, UNISUM_FLOAT32, N, 401, false, "healthy", msg, len);
+}
+
+/* ---- the tests ----------------------------------------------------------- */
+
+/* Sums, many, broadcast and one-shot tensors on one job. */
+static void run_all(int machines, int local, int servers, uint64_t credit, int ipc)
+{
+	struct job j;
+	job_start(&j, machines, local, servers, credit, ipc);
+	each_rank(&j, work_main, work_sums);
+	each_rank(&j, work_main, work_many);
+	each_rank(&j, work_main, work_broadcast);
+	each_rank(&j, work_main, work_once);
+	job_stop(&j);
+}
+
+static void test_one_machine(void **state)
+{
+	(void)state;
+	run_all(1, 3, 1, 4 * PART_BYTES, 1);
+}
+
+static void test_machines_of_two_ipc(void **state)
+{
+	(void)state;
+	run_all(2, 2, 2, 4 * PART_BYTES, 1);
+}
+
+static void test_one_per_machine_tcp(void **state)
+{
+	(void)state;
+	run_all(3, 1, 3, 4 * PART_BYTES, 0);
+}
+
+static void test_one_per_machine_ipc(void **state)
+{
+	(void)state;
+	run_all(2, 1, 1, 4 * PART_BYTES, 1);
+}
+
+/* One machine, every tensor staged through the ranks' arenas instead of
+ * read by cross-memory attach. */
+static void stage_everything(struct config *cfg)
+{
+	cfg->local_stage_bytes = 1;
+}
+
+static void test_one_machine_staged(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start_with(&j, 1, 4, 1, 4 * PART_BYTES, 1, stage_everything);
+	each_rank(&j, work_main, work_sums);
+	each_rank(&j, work_main, work_many);
+	each_rank(&j, work_main, work_broadcast);
+	job_stop(&j);
+}
+
+/* Buffers from worker_alloc (unisum_alloc): the machine's ranks sum each
+ * other's arenas with plain loads and stores. */
+static void test_arena_buffers(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start(&j, 1, 3, 1, 4 * PART_BYTES, 1);
+	void *p = worker_alloc(j.w[0], 64);
+	assert_non_null(p);	/* the arena is there: the path below is taken */
+	unisum_free(p);
+	j.alloc = true;
+	each_rank(&j, work_main, work_sums);
+	job_stop(&j);
+	job_start(&j, 2, 2, 2, 4 * PART_BYTES, 1);
+	j.alloc = true;
+	each_rank(&j, work_main, work_sums);
+	job_stop(&j);
+}
+
+/* A credit of one partition: one push in flight per worker at a time. */
+static void test_credit_of_one_partition(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start(&j, 2, 1, 2, PART_BYTES, 0);
+	each_rank(&j, work_main, work_many);
+	job_stop(&j);
+}
+
+static void test_disagreement(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start(&j, 2, 2, 1, 4 * PART_BYTES, 1);
+	each_rank(&j, work_main, work_disagree);
+	job_stop(&j);
+}
+
+/* Leaving with pushes in flight: leave waits for them. */
+struct in_flight {
+	float *in, *out;
+};
+
+static struct in_flight flights[MAX_WORKERS];
+
+static int work_start_only(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { N = 1 << 18 };
+	struct worker *w = j->w[rank];
+	int id = worker_declare(w, "flight", UNISUM_FLOAT32, N, 0);
+	if (id < 0)
+		FAIL(id, "declare flight: %s", unisum_last_error());
+	flights[rank].in = malloc(N * sizeof(float));
+	flights[rank].out = calloc(N, sizeof(float));
+	fill(flights[rank].in, UNISUM_FLOAT32, N, rank, 500);
+	unisum_handle h;
+	int rc = worker_push_pull_async(w, id, flights[rank].in, flights[rank].out, 0, &h);
+	if (rc != 0)
+		FAIL(rc, "push_pull flight: %s", unisum_last_error());
+	return 0;
+}
+
+static void test_leave_in_flight(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start(&j, 2, 2, 2, 4 * PART_BYTES, 1);
+	each_rank(&j, work_main, work_start_only);
+	job_stop(&j);
+	char msg[256] = "";
+	for (int r = 0; r < j.nworkers; r++) {
+		int rc = check(&j, flights[r].out, UNISUM_FLOAT32, 1 << 18, 500, false, "flight", msg,
+			       sizeof msg);
+		if (rc != 0)
+			print_error("rank %d: %s\n", r, msg);
+		assert_int_equal(rc, 0);
+		free(flights[r].in);
+		free(flights[r].out);
+	}
+}
+
+int main(void)
+{
+	/* The configuration comes from the tests, not from the environment. */
+	extern char **environ;
+	for (char **e = environ; *e;)
+		if (strncmp(*e, "UNISUM_", 7) == 0 || strncmp(*e, "DMLC_", 5) == 0 ||
+		    strncmp(*e, "BYTEPS_", 7) == 0) {
+			char name[256];
+			snprintf(name, sizeof name, "%.*s", (int)(strcspn(*e, "=")), *e);
+			unsetenv(name);
+		} else {
+			e++;
+		}
+	/* TEST_JOB_FILTER=PATTERN runs the matching tests only. */
+	if (getenv("TEST_JOB_FILTER") != NULL)
+		cmocka_set_test_filter(getenv("TEST_JOB_FILTER"));
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_one_machine),
+		cmocka_unit_test(test_machines_of_two_ipc),
+		cmocka_unit_test(test_one_per_machine_tcp),
+		cmocka_unit_test(test_one_per_machine_ipc),
+		cmocka_unit_test(test_one_machine_staged),
+		cmocka_unit_test(test_arena_buffers),
+		cmocka_unit_test(test_credit_of_one_partition),
+		cmocka_unit_test(test_disagreement),
+		cmocka_unit_test(test_leave_in_flight),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
