@@ -8,15 +8,22 @@ FAILS=0
 PASSES=0
 SKIPS=0
 
+# ms_since T0 : milliseconds since T0 (a `date +%s%N`), to show what a
+# job cost beside its name.
+ms_since() {
+	echo $((($(date +%s%N) - $1) / 1000000))
+}
+
 # check_job NAME CMD... : runs the job CMD under a hard timeout and counts
 # it; prints its output when it fails.  LAST holds its output afterwards.
 check_job() {
 	name=$1
 	shift
 	out=$(mktemp)
+	t0=$(date +%s%N)
 	if timeout 300 "$@" >"$out" 2>&1; then
 		PASSES=$((PASSES + 1))
-		echo "ok   $name"
+		echo "ok   $name [$(ms_since "$t0") ms]"
 	else
 		FAILS=$((FAILS + 1))
 		echo "FAIL $name, output:"

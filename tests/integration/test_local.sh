@@ -22,10 +22,11 @@ run_local() {
 	shift 4
 	job="t$$-$w-$s-$l"
 	out=$(mktemp)
+	t0=$(date +%s%N)
 	if UNISUM_JOB_ID=$job timeout 300 "$UNISUM" launch -w "$w" -s "$s" --local-size "$l" -- \
 		"$CHECK" "$@" >"$out" 2>&1 && [ "$(shm_left "$job")" -eq 0 ]; then
 		PASSES=$((PASSES + 1))
-		echo "ok   $name (w=$w s=$s local=$l: $*)"
+		echo "ok   $name (w=$w s=$s local=$l: $*) [$(ms_since "$t0") ms]"
 	else
 		FAILS=$((FAILS + 1))
 		echo "FAIL $name (w=$w s=$s local=$l: $*; segments left: $(shm_left "$job")), output:"
@@ -41,10 +42,15 @@ run_local() {
 # 4 MB ones (slices of many cross-memory chunks) follow.
 #
 # UNISUM_TEST_LIGHT=1 (the sanitizer runs, which look for memory and thread
-# errors rather than arithmetic) keeps one machine of 4 and two machines of
-# 2, leaves out the 8-process and the largest jobs.
+# errors rather than arithmetic, and run tests/unit/test_job.c's in-process
+# jobs of the same paths too) keeps one machine of 4 and two machines of 2,
+# leaves out the 8-process and the largest jobs, and cuts every tensor in
+# 64 KiB partitions.
 if [ "${UNISUM_TEST_LIGHT:-0}" = 1 ]; then
 	matrix="4:1:4 4:2:2"
+	# Every job's tensors in 64 KiB partitions: the default 4 MB ones
+	# cost half a minute per job under ThreadSanitizer.
+	export UNISUM_PARTITION_BYTES=65536
 else
 	matrix="2:1:2 2:2:2 4:1:2 4:2:2 4:1:4 4:2:4 8:1:4 8:2:4"
 fi
@@ -54,7 +60,8 @@ $spec
 EOF2
 	UNISUM_PARTITION_BYTES=65536 run_local "every dtype, every tail" "$w" "$s" "$l" sums
 done
-run_local "every dtype, 4 MB partitions, two machines" 4 2 2 sums
+# (Every dtype in 4 MB partitions on two machines of 2: the IPC pair of
+# jobs below, which also compares them bit for bit with TCP.)
 # More one-shot tensors than a rank's table holds at once: entries of
 # undeclared tensors are reused.  (The sanitizer runs keep a few hundred.)
 once=5000
@@ -120,7 +127,7 @@ digest_of() { # ALLOC-MODE: the digests of a 4-worker one-machine job
 # a warning instead of a SIGBUS at first touch.  Needs a private mount
 # namespace, so root.
 if [ "$(id -u)" = 0 ]; then
-	out=$(unshare -m sh -c 'mount -t tmpfs -o size=8m tmpfs /dev/shm &&
+	out=$(unshare -m sh -c 'unset UNISUM_PARTITION_BYTES; mount -t tmpfs -o size=8m tmpfs /dev/shm &&
 		CHECK_SUMS_ALLOC=all timeout 120 "$0" launch -w 2 -s 1 -- "$1" sums' "$UNISUM" "$CHECK" 2>&1)
 	expect "unisum_alloc with /dev/shm of 8 MiB: exact sums on both ranks, no SIGBUS" \
 		sh -c "[ \"\$(printf '%s\n' \"\$1\" | grep -c 'sums ok')\" -eq 2 ]" - "$out"
@@ -166,8 +173,9 @@ expect "--nproc-per-node: ranks 0-3 summed right" \
 	sh -c "cat '$log/m0' '$log/m1' | grep -c 'worker [0-3]\] rank [0-3]: sums ok' | grep -qx 4"
 drop_logs "$log"
 
-# IPC mode: a machine's root and a server on one host pass the data by
-# address (cross-memory attach), or with UNISUM_IPC=0 through the socket.
+# IPC: a machine's root and a server on one host talk over the IPC
+# transport, which passes the data by address (cross-memory attach), or
+# with UNISUM_IPC=0 over TCP, the data through the socket.
 # The same inputs and summation order give bit-identical results: one
 # digest of every result on every rank, the same in both modes.
 for ipc in 0 1; do
