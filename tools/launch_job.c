@@ -51,11 +51,12 @@
 /* ---- identity and configuration ------------------------------------------ */
 
 /* Gives the job a fresh secret (UNISUM_SECRET, inherited by every child)
- * unless the user chose one: then nobody who merely reaches a port can join
- * the job or inject gradients.  False when no random bytes could be had. */
-static bool secret_ensure(void)
+ * unless the user chose one (in `given`, the environment as the launcher
+ * found it): then nobody who merely reaches a port can join the job or
+ * inject gradients.  False when no random bytes could be had. */
+static bool secret_ensure(const struct config *given)
 {
-	if (getenv("UNISUM_SECRET") != NULL || getenv("UNISUM_SECRET_FILE") != NULL)
+	if (given->secret[0] != '\0' || given->secret_file[0] != '\0')
 		return true;
 	uint8_t raw[32];
 	char hex[2 * sizeof raw + 1];
@@ -66,13 +67,13 @@ static bool secret_ensure(void)
 	return setenv("UNISUM_SECRET", hex, 1) == 0;
 }
 
-/* Sets l->job_id: the UNISUM_JOB_ID of the environment when there is one
- * (the user's choice is kept), else a fresh one unique on this host, put
- * in environ so that every child inherits it.  Returns 0, or -1 after
+/* Sets l->job_id: the UNISUM_JOB_ID of the environment (env) when there is
+ * one (the user's choice is kept), else a fresh one unique on this host,
+ * put in environ so that every child inherits it.  Returns 0, or -1 after
  * printing why. */
-static int job_id_choose(struct launcher *l)
+static int job_id_choose(struct launcher *l, const struct config *env)
 {
-	const char *given = getenv("UNISUM_JOB_ID");
+	const char *given = env->job_id[0] != '\0' ? env->job_id : NULL;
 	uint8_t raw[4];
 
 	if (given) {
@@ -140,7 +141,7 @@ static int machine_config(struct launcher *l)
  * UNISUM_NUM_SERVER.  The variables the launcher sets per child are
  * removed first, so that leftovers in the user's shell cannot clash.
  * Fills *cfg; returns 0, or the exit status after printing why. */
-static int job_config(struct launcher *l, struct config *cfg)
+static int job_config(struct launcher *l, const struct config *env, struct config *cfg)
 {
 	char err[512];
 	char num[16];
@@ -153,7 +154,7 @@ static int job_config(struct launcher *l, struct config *cfg)
 	if (l->no_secret) {
 		unsetenv("UNISUM_SECRET");
 		unsetenv("UNISUM_SECRET_FILE");
-	} else if (!secret_ensure()) {
+	} else if (!secret_ensure(env)) {
 		fprintf(stderr, "unisum launch: cannot make a job secret: %s\n", strerror(errno));
 		return 1;
 	}
@@ -168,8 +169,15 @@ static int job_config(struct launcher *l, struct config *cfg)
 int launch_job_configure(struct launcher *l, struct config *cfg)
 {
 	int rc;
+	struct config env;	/* what the user set, before the launcher adds anything */
+	char err[512];
 
-	if (job_id_choose(l) < 0)
+	launch_env_clear(l);	/* leftovers of what the launcher sets per child */
+	if (config_load(&env, err, sizeof(err)) != 0) {
+		fprintf(stderr, "unisum launch: %s\n", err);
+		return LAUNCH_EXIT_USAGE;
+	}
+	if (job_id_choose(l, &env) < 0)
 		return LAUNCH_EXIT_USAGE;
 	if (l->one_machine) {
 		if (machine_config(l) < 0)
@@ -178,7 +186,7 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 		l->sched_done = true;
 		return 0;
 	}
-	rc = job_config(l, cfg);
+	rc = job_config(l, &env, cfg);
 	if (rc != 0)
 		return rc;
 	if (launch_netns_setup(l) < 0)

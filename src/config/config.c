@@ -4,9 +4,8 @@
  * To add a knob: add a field to struct config, a row to config_knobs[] and,
  * if its type is new, a case to config_parse_one(), and name it in
  * docs/ARCHITECTURE.md (its test checks).  Nothing else in unisum calls
- * getenv() for a UNISUM_/DMLC_/BYTEPS_ variable but the launcher, which
- * looks whether the user set a job id or secret before it makes one
- * (launch_job.c).
+ * getenv() for a UNISUM_/DMLC_/BYTEPS_ variable: everyone reads the
+ * environment through config_load().
  */
 #include "config/config.h"
 
