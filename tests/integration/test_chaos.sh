@@ -32,8 +32,16 @@ for run in $(seq "$RUNS"); do
 	esac
 	delay_ms=$((100 + run * 137 % 700))
 	sleep "$(awk -v ms=$delay_ms 'BEGIN { printf "%.3f", ms / 1000 }')"
-	# `timeout` runs the process as its child: kill the real process.
-	vpid=$(pgrep -P "$(cat "$log/pid.$victim")" | head -n 1)
+	# `timeout` runs the process as its child: kill the real process.  On
+	# a loaded machine (the sanitizer runs) `timeout` may not have forked
+	# it yet: killing `timeout` then would leave the victim alive, and the
+	# job would run on until every survivor's timeout.  Wait for it.
+	vpid=
+	for _ in $(seq 100); do
+		vpid=$(pgrep -P "$(cat "$log/pid.$victim")" | head -n 1)
+		[ -n "$vpid" ] && break
+		sleep 0.05
+	done
 	kill -KILL "${vpid:-$(cat "$log/pid.$victim")}" 2>/dev/null
 	start=$(date +%s%3N)
 	ok=true
