@@ -121,8 +121,10 @@ static const struct knob config_knobs[] = {
 	 "scheduler: how partitions go to servers: optimal (byte shares of the BytePS paper's "
 	 "Theorem 1 for colocated and CPU-only servers), even (equal bytes per server) or hash "
 	 "(BytePS's djb2 of the key)"},
-	{"UNISUM_AUTOTUNE", NULL, NULL, KNOB_INT, FIELD(autotune), "0", 0, 1,
-	 "1: search partition size and credit while training, then keep the best"},
+	{"UNISUM_AUTOTUNE", NULL, NULL, KNOB_INT, FIELD(autotune), "0", 0, 2,
+	 "1: search partition size and credit while training, then keep the best; 2: fit them to "
+	 "the network measured in the first round (partitions of about 1 ms of the measured "
+	 "bandwidth, a credit of 8 of them or twice the bandwidth-delay product)"},
 	{"UNISUM_AUTOTUNE_STEPS", NULL, NULL, KNOB_INT, FIELD(autotune_steps), "10", 4, 100000,
 	 "training steps each autotune trial is measured over"},
 };

@@ -17,7 +17,6 @@
 
 #include "log/log.h"
 #include "reducer/reducer.h"
-#include "shm/shm.h"
 #include "timing/timing.h"
 #include "trace/trace.h"
 #include "wire/wire.h"
@@ -138,6 +137,47 @@ static void wk_job_finish(struct wk_job *j, int err, const char *why)
 	free(j);
 }
 
+/* ---- the meter of fit mode (UNISUM_AUTOTUNE=2) ---------------------------- */
+
+/* Job j's data push is about to go out on metered connection c. */
+static void wk_meter_sent(struct wk_conn *c, struct wk_job *j)
+{
+	struct wk_meter *m = &c->w->meter;
+	int64_t now = timing_now_us();
+	pthread_mutex_lock(&c->lock);	/* the receiving thread reads it at the ack */
+	j->t_sent_us = now;
+	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_lock(&m->lock);
+	if (m->inflight++ == 0)
+		m->busy_since = now;
+	pthread_mutex_unlock(&m->lock);
+}
+
+/* A metered push of `bytes`, sent at `sent`, was acknowledged. */
+static void wk_meter_acked(struct worker *w, size_t bytes, int64_t sent)
+{
+	struct wk_meter *m = &w->meter;
+	int64_t now = timing_now_us();
+	pthread_mutex_lock(&m->lock);
+	m->bytes += bytes;
+	if (m->inflight > 0 && --m->inflight == 0)
+		m->busy_us += now - m->busy_since;
+	if (m->min_ack_us == 0 || now - sent < m->min_ack_us)
+		m->min_ack_us = now - sent > 0 ? now - sent : 1;
+	pthread_mutex_unlock(&m->lock);
+}
+
+void wk_meter_read(struct worker *w, double *bw, double *rtt, uint64_t *bytes)
+{
+	struct wk_meter *m = &w->meter;
+	pthread_mutex_lock(&m->lock);
+	int64_t busy = m->busy_us + (m->inflight > 0 ? timing_now_us() - m->busy_since : 0);
+	*bytes = m->bytes;
+	*bw = busy > 0 ? (double)m->bytes / ((double)busy / 1e6) : 0;
+	*rtt = (double)m->min_ack_us / 1e6;
+	pthread_mutex_unlock(&m->lock);
+}
+
 /* ---- connection threads ------------------------------------------------- */
 
 static void *wk_send_main(void *arg)
@@ -193,6 +233,8 @@ static void *wk_send_main(void *arg)
 			pull.count = 0;
 			pull.payload_len = 0;
 			bool traced = j->op->traced;
+			if (c->metered && payload != NULL)
+				wk_meter_sent(c, j);
 			rc = c->tp->send(c->conn, &push, payload);
 			if (rc == 0 && traced) {
 				/* Under the lock: the receiving thread reads it after
@@ -330,12 +372,15 @@ static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg
 	size_t bytes = ok ? j->entry.bytes : 0;
 	bool traced = ok && j->op->traced;
 	uint32_t step = ok ? j->op->round : 0;
+	int64_t sent = ok ? j->t_sent_us : 0;
 	pthread_mutex_unlock(&c->lock);
 	if (!ok) {
 		snprintf(msg, len, "%s acknowledged a push of key 0x%llx round %u that this worker did "
 			 "not make", c->label, (unsigned long long)h->key, h->round);
 		return 1;
 	}
+	if (sent != 0)
+		wk_meter_acked(w, bytes, sent);
 	size_t inflight = sched_release(&w->push_q, bytes);
 	if (traced) {
 		int64_t now = trace_now_us();
@@ -488,6 +533,8 @@ static int wk_connect_one(struct worker *w, struct wk_conn *c, const struct rdv_
 	}
 	if (rc != 0)
 		return log_fail(rc, "worker %d cannot reach %s: %s", w->rank, c->label, log_last_error());
+	/* Fit mode: worker 0 measures what crosses a network. */
+	c->metered = w->cfg.autotune == 2 && w->rank == 0 && c->tp == transport_tcp();
 	struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(w->rdv)};
 	rc = c->tp->send(c->conn, &hello, NULL);
 	if (rc != 0)

@@ -50,13 +50,23 @@ static void wk_tune_set_credit(void *arg, uint64_t credit)
 	sched_set_credit(&w->push_q, credit);
 }
 
+static void wk_tune_measure(void *arg, double *bw, double *rtt, uint64_t *bytes)
+{
+	wk_meter_read(arg, bw, rtt, bytes);
+}
+
 int wk_tuner_new(struct worker *w)
 {
+	/* Fit mode measures the first round and fits from the third: its
+	 * epochs are one round long (every worker's copy of the knob). */
+	if (w->cfg.autotune == 2)
+		w->cfg.autotune_steps = 1;
 	struct tune_cfg cfg = {.rank = w->rank, .on = w->cfg.autotune != 0,
+			       .fit = w->cfg.autotune == 2,
 			       .steps = (uint32_t)w->cfg.autotune_steps, .timeout_ms = w->cfg.timeout_ms,
 			       .first = {w->cfg.partition_bytes, w->cfg.credit_bytes}};
 	struct tune_hooks hooks = {.arg = w, .post = wk_tune_post, .fail_job = wk_tune_fail_job,
-				   .set_credit = wk_tune_set_credit};
+				   .set_credit = wk_tune_set_credit, .measure = wk_tune_measure};
 	tune_free(w->tuner);
 	w->tuner = NULL;
 	return tune_new(&cfg, &hooks, &w->tuner);

@@ -9,6 +9,7 @@
  */
 #include "worker/tune.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,26 @@ struct tuner {
 static uint64_t clamp_pbytes(uint64_t p)
 {
 	return p < 65536 ? 65536 : p > (1ull << 30) ? 1ull << 30 : p;
+}
+
+struct tune_setting tune_fit(double bw, double rtt, struct tune_setting first)
+{
+	if (!(bw > 0) || isinf(bw) || isnan(bw))
+		return first;
+	double want = bw * TUNE_FIT_PART_S;
+	uint64_t p = first.pbytes < 65536 ? first.pbytes : 65536;
+	if (want >= (double)first.pbytes) {
+		p = first.pbytes;
+	} else {
+		/* The power of two nearest to want (geometrically), in range. */
+		while (p * 2 <= first.pbytes && (double)p * 1.4142135623730951 < want)
+			p *= 2;
+	}
+	uint64_t credit = TUNE_FIT_CREDIT_PARTS * p;
+	double bdp2 = 2 * bw * (rtt > 0 && !isnan(rtt) ? rtt : 0);
+	if (bdp2 > (double)credit && bdp2 < (double)(1ull << 40))
+		credit = ((uint64_t)bdp2 + p - 1) / p * p;
+	return (struct tune_setting){p, credit};
 }
 
 int tune_new(const struct tune_cfg *cfg, const struct tune_hooks *hooks, struct tuner **out)
@@ -221,11 +242,47 @@ static struct tune_setting tune_plan_credits(struct tuner *tu, const struct tune
 	return tu->plan[0];
 }
 
+/* Fit mode, worker 0, at the first start of epoch e: epoch 1 keeps the
+ * configured setting (nothing is measured yet when it must be posted);
+ * from epoch 2 on, the fit of what epoch 0 (and what of 1 has passed)
+ * measured, for good.  Too little measured (under TUNE_FIT_MIN_BYTES over
+ * TCP): the next epoch keeps the configured setting and worker 0 looks
+ * again, up to epoch 4; then the configured setting for good. */
+#define TUNE_FIT_MIN_BYTES (2u << 20)
+static bool tune_decide_fit(struct tuner *tu, uint32_t e, struct rdv_tune *next)
+{
+	*next = (struct rdv_tune){.epoch = e + 1, .partition_bytes = tu->cfg.first.pbytes,
+				  .credit_bytes = tu->cfg.first.credit};
+	if (e == 0)
+		return true;
+	double bw = 0, rtt = 0;
+	uint64_t bytes = 0;
+	tu->hooks.measure(tu->hooks.arg, &bw, &rtt, &bytes);
+	if (bytes < TUNE_FIT_MIN_BYTES && e < 4)
+		return true;
+	struct tune_setting fit = bytes < TUNE_FIT_MIN_BYTES ? tu->cfg.first
+							     : tune_fit(bw, rtt, tu->cfg.first);
+	next->partition_bytes = fit.pbytes;
+	next->credit_bytes = fit.credit;
+	next->final = true;
+	tu->phase = 2;
+	LOG_INFO("autotune fit: %llu bytes pushed over TCP at %.1f MB/s while in flight, shortest "
+		 "push to acknowledgement %.3f ms: partition %llu B, credit %llu B from step %u "
+		 "(configured: %llu B, %llu B)%s",
+		 (unsigned long long)bytes, bw / 1e6, rtt * 1e3, (unsigned long long)fit.pbytes,
+		 (unsigned long long)fit.credit, (e + 1) * tu->cfg.steps,
+		 (unsigned long long)tu->cfg.first.pbytes, (unsigned long long)tu->cfg.first.credit,
+		 bytes < TUNE_FIT_MIN_BYTES ? " (too little crossed a network to measure: kept)" : "");
+	return true;
+}
+
 /* Worker 0, at the first start of epoch e: records how epoch e - 1 went
  * and decides epoch e + 1.  Called with both locks held.  Returns whether
  * *next is to be posted. */
 static bool tune_decide(struct tuner *tu, uint32_t e, struct rdv_tune *next)
 {
+	if (tu->cfg.fit)
+		return tu->phase == 2 ? false : tune_decide_fit(tu, e, next);
 	uint32_t steps = tu->cfg.steps;
 	if (e >= 1) {
 		double ms = tune_epoch_ms(tu, e - 1);

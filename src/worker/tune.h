@@ -30,6 +30,8 @@ struct tune_setting {
 struct tune_cfg {
 	int rank;			/* this worker's: 0 decides */
 	bool on;			/* UNISUM_AUTOTUNE; off: epoch 0's setting for good */
+	bool fit;			/* UNISUM_AUTOTUNE=2: no search, tune_fit() of what
+					 * hooks.measure saw in epoch 0, from epoch 2 on */
 	uint32_t steps;			/* UNISUM_AUTOTUNE_STEPS */
 	int timeout_ms;			/* how long a worker waits for a setting */
 	struct tune_setting first;	/* the configured partition size and credit */
@@ -46,7 +48,22 @@ struct tune_hooks {
 	void (*fail_job)(void *arg, int err, const char *why);
 	/* The credit of the epoch now in force. */
 	void (*set_credit)(void *arg, uint64_t credit);
+	/* Fit mode, worker 0: what the network did so far: bytes pushed over
+	 * TCP and acknowledged, per second of time with such a push in
+	 * flight (*bw), and the shortest push-to-acknowledgement time (*rtt,
+	 * seconds); *bytes how much was measured. */
+	void (*measure)(void *arg, double *bw, double *rtt, uint64_t *bytes);
 };
+
+/* Fit mode: the setting for a network of bandwidth bw (bytes/s) and round
+ * trip rtt (s).  Partitions of about TUNE_FIT_PART_S of the bandwidth, a
+ * power of two from 64 KiB up to first.pbytes (first.pbytes itself when
+ * the link is faster than that); a credit of TUNE_FIT_CREDIT_PARTS of them,
+ * or twice the bandwidth-delay product when that is more.  bw <= 0 or not
+ * finite (nothing crossed a network): first. */
+#define TUNE_FIT_PART_S 0.001
+#define TUNE_FIT_CREDIT_PARTS 8
+struct tune_setting tune_fit(double bw, double rtt, struct tune_setting first);
 
 struct tuner;
 

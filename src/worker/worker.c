@@ -246,6 +246,7 @@ static struct worker *wk_new(const struct config *cfg)
 	if (w == NULL)
 		return NULL;
 	pthread_mutex_init(&w->lock, NULL);
+	pthread_mutex_init(&w->meter.lock, NULL);
 	timing_cond_init(&w->done_cond);
 	timing_cond_init(&w->failed_cond);
 	pthread_cond_init(&w->tune_cond, NULL);
@@ -258,6 +259,7 @@ void worker_free(struct worker *w)
 	if (w == NULL)
 		return;
 	pthread_mutex_destroy(&w->lock);
+	pthread_mutex_destroy(&w->meter.lock);
 	pthread_cond_destroy(&w->done_cond);
 	pthread_cond_destroy(&w->failed_cond);
 	pthread_cond_destroy(&w->tune_cond);

@@ -92,7 +92,20 @@ struct wk_job {
 	struct wk_job *next;		/* chain in its connection's send queue */
 	int64_t t_queued, t_taken;	/* trace clock: entered, left the PUSH queue */
 	int64_t t_pushed;		/* PUSH written (set under the conn's lock) */
+	int64_t t_sent_us;		/* metered conn: its PUSH went out (timing clock;
+					 * under the conn's lock), 0: not metered */
 	bool credit_back;		/* PUSH_ACK came: its bytes left the credit */
+};
+
+/* Fit mode (UNISUM_AUTOTUNE=2), worker 0: its data pushes over TCP, for
+ * tune_fit (conns.c).  Times on the timing clock, in microseconds. */
+struct wk_meter {
+	pthread_mutex_t lock;
+	int inflight;			/* pushes sent, not acknowledged */
+	int64_t busy_since;		/* when inflight last went from 0 to 1 */
+	int64_t busy_us;		/* time with inflight > 0, before busy_since */
+	uint64_t bytes;			/* acknowledged push bytes */
+	int64_t min_ack_us;		/* shortest push-to-acknowledgement, 0: none */
 };
 
 struct wk_conn {
@@ -110,6 +123,7 @@ struct wk_conn {
 	bool dead;			/* the connection failed or closed */
 	bool closing;			/* unisum_shutdown() closed it */
 	bool threads_started;		/* both threads run; the receiver joins the sender */
+	bool metered;			/* worker 0 in fit mode, over TCP: w->meter counts it */
 	char dead_why[700];		/* why, for the errors of later calls */
 };
 
@@ -135,6 +149,7 @@ struct worker {
 	unisum_handle next_handle;
 	struct sched_queue push_q;	/* the PUSH stage: priority and credit */
 	struct tuner *tuner;		/* the settings of each epoch (src/worker/tune.c) */
+	struct wk_meter meter;		/* fit mode: what crossed the network (conns.c) */
 	pthread_t tune_thread;		/* autotune: operations waiting for their cut */
 	bool tune_started, tune_stop;
 	pthread_cond_t tune_cond;	/* its queue is not empty, or it is to stop */
@@ -169,5 +184,6 @@ void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L);
 void *wk_tune_main(void *arg);
 const struct wk_layout *wk_tuned_cut(struct wk_op *op, bool wait, int *rc);
 int wk_tuner_new(struct worker *w);
+void wk_meter_read(struct worker *w, double *bw, double *rtt, uint64_t *bytes);
 
 #endif /* UNISUM_WORKER_INT_H */

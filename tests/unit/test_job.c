@@ -24,7 +24,9 @@
  *     output untouched (as unisum.h says: but for a local root's machine
  *     sum), and the next tensor sums;
  *   - leaving with operations in flight: worker_leave waits for them, and
- *     their sums are right.
+ *     their sums are right;
+ *   - fit mode (UNISUM_AUTOTUNE=2) over TCP: the setting changes after
+ *     the first rounds, every sum stays exact.
  *
  * Values are small integers, exact in every dtype and any order of
  * summation, so the reference is the plain sum; averages go through the
@@ -157,8 +159,10 @@ static void job_start_with(struct job *j, int machines, int local, int servers, 
 	j->cfg.credit_bytes = credit;
 	j->cfg.ipc = ipc;
 	j->cfg.engine_threads = 2;
-	if (getenv("TEST_JOB_DEBUG") != NULL)
+	if (getenv("TEST_JOB_DEBUG") != NULL) {
 		j->cfg.log_level = LOG_LEVEL_DEBUG;
+		log_set_level(LOG_LEVEL_DEBUG);	/* the level is the process's */
+	}
 	if (cfg_fn != NULL)
 		cfg_fn(&j->cfg);
 	int port = 0;
@@ -442,6 +446,28 @@ static int work_disagree(struct job *j, int rank, char *msg, size_t len)
 	return check(j, out, UNISUM_FLOAT32, N, 401, false, "healthy", msg, len);
 }
 
+/* 8 rounds of a 2 MiB tensor, its inputs new every round. */
+static int work_rounds(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { N = 1 << 19 };
+	struct worker *w = j->w[rank];
+	int id = worker_declare(w, "rounds", UNISUM_FLOAT32, N, 0);
+	if (id < 0)
+		FAIL(id, "declare rounds: %s", unisum_last_error());
+	float *in = malloc(N * sizeof(float)), *out = malloc(N * sizeof(float));
+	int rc = 0;
+	for (int r = 0; r < 8 && rc == 0; r++) {
+		fill(in, UNISUM_FLOAT32, N, rank, 600 + r);
+		if ((rc = push_pull(w, id, in, out, 0)) != 0)
+			snprintf(msg, len, "round %d: %s", r, unisum_last_error());
+		else
+			rc = check(j, out, UNISUM_FLOAT32, N, 600 + r, false, "rounds", msg, len);
+	}
+	free(in);
+	free(out);
+	return rc;
+}
+
 /* ---- the tests ----------------------------------------------------------- */
 
 /* Sums, many, broadcast and one-shot tensors on one job. */
@@ -514,6 +540,24 @@ static void test_arena_buffers(void **state)
 	job_start(&j, 2, 2, 2, 4 * PART_BYTES, 1);
 	j.alloc = true;
 	each_rank(&j, work_main, work_sums);
+	job_stop(&j);
+}
+
+/* Fit mode over TCP: worker 0 meters its pushes, the partition size and
+ * credit change from the third round on, every sum stays exact. */
+static void fit_mode(struct config *cfg)
+{
+	cfg->autotune = 2;
+	cfg->partition_bytes = 4096000;
+	cfg->credit_bytes = 4 * 4096000;
+}
+
+static void test_fit_mode(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start_with(&j, 2, 1, 2, 0, 0, fit_mode);
+	each_rank(&j, work_main, work_rounds);
 	job_stop(&j);
 }
 
@@ -603,6 +647,7 @@ int main(void)
 		cmocka_unit_test(test_one_machine_staged),
 		cmocka_unit_test(test_arena_buffers),
 		cmocka_unit_test(test_credit_of_one_partition),
+		cmocka_unit_test(test_fit_mode),
 		cmocka_unit_test(test_disagreement),
 		cmocka_unit_test(test_leave_in_flight),
 	};
