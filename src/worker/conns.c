@@ -167,13 +167,39 @@ static void wk_meter_acked(struct worker *w, size_t bytes, int64_t sent)
 	pthread_mutex_unlock(&m->lock);
 }
 
+/* A push of `bytes` to this host's server (IPC) was acknowledged. */
+static void wk_meter_local(struct worker *w, size_t bytes)
+{
+	pthread_mutex_lock(&w->meter.lock);
+	w->meter.ipc_bytes += bytes;
+	pthread_mutex_unlock(&w->meter.lock);
+}
+
+/* The link's bandwidth from this worker's pushes over it.  A server on
+ * this host (share s of the bytes, which this worker sends it over IPC)
+ * sends its sums to the other machines over the same uplink as our
+ * pushes, at the same time: our pushes, 1 - s of the bytes, get
+ * (1 - s) / ((1 - s) + (n - 1) s) of the link.  On the emulated cluster
+ * (4 machines at 1 Gbit/s, k = 2) pushes alone measured 75 MB/s. */
 void wk_meter_read(struct worker *w, double *bw, double *rtt, uint64_t *bytes)
 {
 	struct wk_meter *m = &w->meter;
+	int n = rdv_client_num_machines(w->rdv);
 	pthread_mutex_lock(&m->lock);
+	if (bw == NULL) {
+		/* Count anew from now. */
+		m->bytes = m->ipc_bytes = 0;
+		m->busy_us = m->min_ack_us = 0;
+		m->busy_since = timing_now_us();
+		pthread_mutex_unlock(&m->lock);
+		return;
+	}
 	int64_t busy = m->busy_us + (m->inflight > 0 ? timing_now_us() - m->busy_since : 0);
 	*bytes = m->bytes;
-	*bw = busy > 0 ? (double)m->bytes / ((double)busy / 1e6) : 0;
+	double s = m->bytes + m->ipc_bytes > 0
+			   ? (double)m->ipc_bytes / (double)(m->bytes + m->ipc_bytes) : 0;
+	double ours = (1 - s) / ((1 - s) + (n - 1) * s);
+	*bw = busy > 0 && ours > 0 ? (double)m->bytes / ((double)busy / 1e6) / ours : 0;
 	*rtt = (double)m->min_ack_us / 1e6;
 	pthread_mutex_unlock(&m->lock);
 }
@@ -233,7 +259,7 @@ static void *wk_send_main(void *arg)
 			pull.count = 0;
 			pull.payload_len = 0;
 			bool traced = j->op->traced;
-			if (c->metered && payload != NULL)
+			if (c->metered && !c->over_ipc && payload != NULL)
 				wk_meter_sent(c, j);
 			rc = c->tp->send(c->conn, &push, payload);
 			if (rc == 0 && traced) {
@@ -381,6 +407,8 @@ static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg
 	}
 	if (sent != 0)
 		wk_meter_acked(w, bytes, sent);
+	else if (c->metered && c->over_ipc)
+		wk_meter_local(w, bytes);
 	size_t inflight = sched_release(&w->push_q, bytes);
 	if (traced) {
 		int64_t now = trace_now_us();
@@ -534,7 +562,8 @@ static int wk_connect_one(struct worker *w, struct wk_conn *c, const struct rdv_
 	if (rc != 0)
 		return log_fail(rc, "worker %d cannot reach %s: %s", w->rank, c->label, log_last_error());
 	/* Fit mode: worker 0 measures what crosses a network. */
-	c->metered = w->cfg.autotune == 2 && w->rank == 0 && c->tp == transport_tcp();
+	c->metered = w->cfg.autotune == 2 && w->rank == 0;
+	c->over_ipc = c->tp == transport_ipc();
 	struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(w->rdv)};
 	rc = c->tp->send(c->conn, &hello, NULL);
 	if (rc != 0)

@@ -37,6 +37,8 @@ struct tuner {
 	int nplan, planned;		/* how many, how many posted */
 	uint32_t phase_last;		/* the last epoch of the current phase's trials */
 	int phase;			/* 0 partition sizes, 1 credits, 2 settled (under both locks) */
+	uint32_t fit_epoch;		/* fit mode: the epoch that posted the first fit, 0: none */
+	struct tune_setting fit_first;	/* ... and that fit */
 	uint32_t last_posted;		/* the latest epoch posted (0: none) */
 	struct tune_setting last_setting; /* ... and its setting */
 };
@@ -242,37 +244,54 @@ static struct tune_setting tune_plan_credits(struct tuner *tu, const struct tune
 	return tu->plan[0];
 }
 
-/* Fit mode, worker 0, at the first start of epoch e: epoch 1 keeps the
- * configured setting (nothing is measured yet when it must be posted);
- * from epoch 2 on, the fit of what epoch 0 (and what of 1 has passed)
- * measured, for good.  Too little measured (under TUNE_FIT_MIN_BYTES over
- * TCP): the next epoch keeps the configured setting and worker 0 looks
- * again, up to epoch 4; then the configured setting for good. */
+/* Fit mode, worker 0, at the first start of epoch e.  Epoch 1 keeps the
+ * configured setting (nothing is measured when it must be posted).  Then
+ * a first fit of what was measured under the configured setting: where
+ * that setting is bad for the network, the network is slow under it and
+ * the fit comes out low, so a second fit, measured under the first, is
+ * kept for good.  Under TUNE_FIT_MIN_BYTES over TCP the measurement goes
+ * on, the setting in force kept, for up to TUNE_FIT_TRIES epochs; then
+ * that setting stays (a job on one host has nothing to measure). */
 #define TUNE_FIT_MIN_BYTES (2u << 20)
+#define TUNE_FIT_TRIES 4
 static bool tune_decide_fit(struct tuner *tu, uint32_t e, struct rdv_tune *next)
 {
-	*next = (struct rdv_tune){.epoch = e + 1, .partition_bytes = tu->cfg.first.pbytes,
-				  .credit_bytes = tu->cfg.first.credit};
+	struct tune_setting cur = tu->fit_epoch != 0 ? tu->fit_first : tu->cfg.first;
+	*next = (struct rdv_tune){.epoch = e + 1, .partition_bytes = cur.pbytes,
+				  .credit_bytes = cur.credit};
 	if (e == 0)
 		return true;
+	if (tu->fit_epoch != 0 && e == tu->fit_epoch + 1) {
+		/* Epoch e - 1 still ran the configured setting: measure from now. */
+		tu->hooks.measure(tu->hooks.arg, NULL, NULL, NULL);
+		return true;
+	}
 	double bw = 0, rtt = 0;
 	uint64_t bytes = 0;
 	tu->hooks.measure(tu->hooks.arg, &bw, &rtt, &bytes);
-	if (bytes < TUNE_FIT_MIN_BYTES && e < 4)
-		return true;
-	struct tune_setting fit = bytes < TUNE_FIT_MIN_BYTES ? tu->cfg.first
-							     : tune_fit(bw, rtt, tu->cfg.first);
+	uint32_t since = tu->fit_epoch != 0 ? tu->fit_epoch + 1 : 0;
+	bool enough = bytes >= TUNE_FIT_MIN_BYTES;
+	if (!enough && e < since + TUNE_FIT_TRIES)
+		return true;	/* keep counting */
+	struct tune_setting fit = enough ? tune_fit(bw, rtt, tu->cfg.first) : cur;
 	next->partition_bytes = fit.pbytes;
 	next->credit_bytes = fit.credit;
-	next->final = true;
-	tu->phase = 2;
-	LOG_INFO("autotune fit: %llu bytes pushed over TCP at %.1f MB/s while in flight, shortest "
-		 "push to acknowledgement %.3f ms: partition %llu B, credit %llu B from step %u "
+	next->final = tu->fit_epoch != 0 || !enough;
+	if (next->final) {
+		tu->phase = 2;
+	} else {
+		tu->fit_epoch = e;
+		tu->fit_first = fit;
+		tu->hooks.measure(tu->hooks.arg, NULL, NULL, NULL);
+	}
+	LOG_INFO("autotune fit%s: %llu bytes pushed over TCP, the link at %.1f MB/s, shortest push "
+		 "to acknowledgement %.3f ms: partition %llu B, credit %llu B from step %u%s "
 		 "(configured: %llu B, %llu B)%s",
-		 (unsigned long long)bytes, bw / 1e6, rtt * 1e3, (unsigned long long)fit.pbytes,
-		 (unsigned long long)fit.credit, (e + 1) * tu->cfg.steps,
+		 next->final ? "" : " (first)", (unsigned long long)bytes, bw / 1e6, rtt * 1e3,
+		 (unsigned long long)fit.pbytes, (unsigned long long)fit.credit,
+		 (e + 1) * tu->cfg.steps, next->final ? " for good" : "",
 		 (unsigned long long)tu->cfg.first.pbytes, (unsigned long long)tu->cfg.first.credit,
-		 bytes < TUNE_FIT_MIN_BYTES ? " (too little crossed a network to measure: kept)" : "");
+		 enough ? "" : " (too little crossed a network to measure: kept)");
 	return true;
 }
 

@@ -31,7 +31,7 @@ struct tune_cfg {
 	int rank;			/* this worker's: 0 decides */
 	bool on;			/* UNISUM_AUTOTUNE; off: epoch 0's setting for good */
 	bool fit;			/* UNISUM_AUTOTUNE=2: no search, tune_fit() of what
-					 * hooks.measure saw in epoch 0, from epoch 2 on */
+					 * hooks.measure saw, twice (tune.c), then kept */
 	uint32_t steps;			/* UNISUM_AUTOTUNE_STEPS */
 	int timeout_ms;			/* how long a worker waits for a setting */
 	struct tune_setting first;	/* the configured partition size and credit */
@@ -48,10 +48,11 @@ struct tune_hooks {
 	void (*fail_job)(void *arg, int err, const char *why);
 	/* The credit of the epoch now in force. */
 	void (*set_credit)(void *arg, uint64_t credit);
-	/* Fit mode, worker 0: what the network did so far: bytes pushed over
-	 * TCP and acknowledged, per second of time with such a push in
-	 * flight (*bw), and the shortest push-to-acknowledgement time (*rtt,
-	 * seconds); *bytes how much was measured. */
+	/* Fit mode, worker 0: what the network did since the last call that
+	 * passed NULLs (which only starts counting anew): the link's
+	 * bandwidth as this worker's pushes over TCP saw it (*bw, bytes/s),
+	 * the shortest push-to-acknowledgement time (*rtt, seconds), and how
+	 * many bytes that is from (*bytes). */
 	void (*measure)(void *arg, double *bw, double *rtt, uint64_t *bytes);
 };
 

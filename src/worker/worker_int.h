@@ -104,7 +104,8 @@ struct wk_meter {
 	int inflight;			/* pushes sent, not acknowledged */
 	int64_t busy_since;		/* when inflight last went from 0 to 1 */
 	int64_t busy_us;		/* time with inflight > 0, before busy_since */
-	uint64_t bytes;			/* acknowledged push bytes */
+	uint64_t bytes;			/* acknowledged push bytes over TCP */
+	uint64_t ipc_bytes;		/* ... and to this host's server, over IPC */
 	int64_t min_ack_us;		/* shortest push-to-acknowledgement, 0: none */
 };
 
@@ -123,7 +124,8 @@ struct wk_conn {
 	bool dead;			/* the connection failed or closed */
 	bool closing;			/* unisum_shutdown() closed it */
 	bool threads_started;		/* both threads run; the receiver joins the sender */
-	bool metered;			/* worker 0 in fit mode, over TCP: w->meter counts it */
+	bool metered;			/* worker 0 in fit mode: w->meter counts it */
+	bool over_ipc;			/* its transport is IPC (a server of this host) */
 	char dead_why[700];		/* why, for the errors of later calls */
 };
 
