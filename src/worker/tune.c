@@ -248,8 +248,8 @@ static struct tune_setting tune_plan_credits(struct tuner *tu, const struct tune
  * configured setting (nothing is measured when it must be posted).  Then
  * a first fit of what was measured under the configured setting: where
  * that setting is bad for the network, the network is slow under it and
- * the fit comes out low, so a second fit, measured under the first, is
- * kept for good.  Under TUNE_FIT_MIN_BYTES over TCP the measurement goes
+ * the fit comes out low, so a second fit, measured under the first (in
+ * its second epoch: the first pays for the new cuts), is kept for good.  Under TUNE_FIT_MIN_BYTES over TCP the measurement goes
  * on, the setting in force kept, for up to TUNE_FIT_TRIES epochs; then
  * that setting stays (a job on one host has nothing to measure). */
 #define TUNE_FIT_MIN_BYTES (2u << 20)
@@ -261,15 +261,17 @@ static bool tune_decide_fit(struct tuner *tu, uint32_t e, struct rdv_tune *next)
 				  .credit_bytes = cur.credit};
 	if (e == 0)
 		return true;
-	if (tu->fit_epoch != 0 && e == tu->fit_epoch + 1) {
-		/* Epoch e - 1 still ran the configured setting: measure from now. */
+	if (tu->fit_epoch != 0 && e <= tu->fit_epoch + 2) {
+		/* Epoch e - 1 still ran the configured setting, or was the first
+		 * under the first fit, which pays for its new cuts: measure from
+		 * now. */
 		tu->hooks.measure(tu->hooks.arg, NULL, NULL, NULL);
 		return true;
 	}
 	double bw = 0, rtt = 0;
 	uint64_t bytes = 0;
 	tu->hooks.measure(tu->hooks.arg, &bw, &rtt, &bytes);
-	uint32_t since = tu->fit_epoch != 0 ? tu->fit_epoch + 1 : 0;
+	uint32_t since = tu->fit_epoch != 0 ? tu->fit_epoch + 2 : 0;
 	bool enough = bytes >= TUNE_FIT_MIN_BYTES;
 	if (!enough && e < since + TUNE_FIT_TRIES)
 		return true;	/* keep counting */
