@@ -53,7 +53,7 @@ struct tune_setting tune_fit(double bw, double rtt, struct tune_setting first)
 	if (!(bw > 0) || isinf(bw) || isnan(bw))
 		return first;
 	double want = bw * TUNE_FIT_PART_S;
-	uint64_t p = first.pbytes < 65536 ? first.pbytes : 65536;
+	uint64_t p = first.pbytes < TUNE_FIT_MIN_PART ? first.pbytes : TUNE_FIT_MIN_PART;
 	if (want >= (double)first.pbytes) {
 		p = first.pbytes;
 	} else {

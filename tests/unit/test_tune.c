@@ -1,9 +1,8 @@
 /*
  * test_tune.c - fit mode's mapping (tune_fit, UNISUM_AUTOTUNE=2) from a
  * measured bandwidth and round trip to the partition size and credit, at
- * its edges: nothing measured, slow links (the 64 KiB floor), the emulated
- * cluster's 500 Mbit/s and 1 Gbit/s (the settings bench/README.md found
- * best there), 10 Gbit/s, links faster than the configured partition
+ * its edges: nothing measured, slow links (the 128 KiB floor), the emulated
+ * cluster's 500 Mbit/s and 1 Gbit/s (the setting found best on both), 10 Gbit/s, links faster than the configured partition
  * (kept), long round trips (the credit covers twice the bandwidth-delay
  * product), and a configured partition below the floor.
  */
@@ -37,18 +36,18 @@ static void test_nothing_measured_keeps_the_configured(void **state)
 	expect_fit(INFINITY, 0, first.pbytes, first.credit);
 }
 
-static void test_slow_links_floor_at_64k(void **state)
+static void test_slow_links_floor_at_128k(void **state)
 {
 	(void)state;
-	expect_fit(1e6, 0.0002, 65536, 8 * 65536);	/* 8 Mbit/s */
-	expect_fit(11e6, 0.0002, 65536, 8 * 65536);	/* 100 Mbit/s */
+	expect_fit(1e6, 0.0002, 131072, 8 * 131072);	/* 8 Mbit/s */
+	expect_fit(11e6, 0.0002, 131072, 8 * 131072);	/* 100 Mbit/s */
 }
 
 static void test_emulated_cluster_rates(void **state)
 {
 	(void)state;
 	/* TCP goodput at 500 Mbit/s and 1 Gbit/s (x 1448/1514). */
-	expect_fit(59.8e6, 0.0003, 65536, 524288);
+	expect_fit(59.8e6, 0.0003, 131072, 1048576);	/* the floor: bench/README */
 	expect_fit(119.6e6, 0.0003, 131072, 1048576);	/* bench/cluster/compare's tuned setting */
 	expect_fit(1.196e9, 0.0001, 1048576, 8388608);	/* 10 Gbit/s */
 }
@@ -84,7 +83,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_nothing_measured_keeps_the_configured),
-		cmocka_unit_test(test_slow_links_floor_at_64k),
+		cmocka_unit_test(test_slow_links_floor_at_128k),
 		cmocka_unit_test(test_emulated_cluster_rates),
 		cmocka_unit_test(test_fast_links_keep_the_configured_partition),
 		cmocka_unit_test(test_long_round_trips_widen_the_credit),
