@@ -538,30 +538,11 @@ def push_pull(tensor: torch.Tensor, average: bool = True, name: Optional[str] = 
     """Sums `tensor` over all workers into a new tensor and returns it.
 
     push_pull_async() followed by synchronize(); `tensor` is left as it is.
-
-    Args:
-        tensor: The CPU tensor to sum, of a dtype unisum sums (float32,
-            float64, float16, bfloat16, int32, int64).  The C library reads
-            it (and, in place, writes it) until the operation completes, so
-            leave it alone until then.
-        average: Divide the sum by size() (a mean over the workers) when
-            true; the plain sum when false.
-        name: The tensor's name, the same on every worker; it keeps one
-            dtype and element count for the whole job.  None names the call
-            by its place in this process's sequence of unnamed collectives,
-            so every worker must then make those calls in the same order.
-        priority: Higher is sent first when several operations are in
-            flight; used when `name` is declared (its first use).
+    The arguments are push_pull_async()'s.
 
     Raises:
-        TypeError: When `tensor` is not a torch.Tensor, is not on the CPU,
-            or has a dtype unisum does not sum.
-        UnisumError: When init() has not been called, when `name` was
-            declared with another dtype or element count here or on another
-            worker (``EMISMATCH``), or when the C library cannot start the
-            operation (such as ``EBUSY`` while the same name has one in
-            flight), or when the
-            operation fails.
+        TypeError: As push_pull_async().
+        UnisumError: As push_pull_async(), or when the operation fails.
     """
     return synchronize(push_pull_async(tensor, average, name, priority))
 

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include "wire/wire.h"
 
@@ -61,11 +62,13 @@ int stream_authenticate(int fd, bool acceptor, const char *peer, char *why, size
  * with nothing between them.  Each direction of a connection gets a
  * token, the same at both ends; a send releases the sender's and a
  * receive acquires the receiver's.  Nothing outside ThreadSanitizer
- * builds.  The token of a TCP connection's direction comes from its
- * addresses (stream_tcp_tokens); the IPC transport derives its own. */
+ * builds, where the tokens are 0.  A connection's two tokens (*tx for
+ * sending, *rx for receiving) come from its addresses (TCP), or from the
+ * listener's name, the connecting pid and the direction (IPC: the
+ * connecting end of a Unix socket has no name). */
 void stream_sync_release(uint64_t token);
 void stream_sync_acquire(uint64_t token);
-uint64_t stream_sync_token(const void *bytes, size_t len);
 void stream_tcp_tokens(int fd, uint64_t *tx, uint64_t *rx);
+void stream_ipc_tokens(int fd, bool acceptor, pid_t peer_pid, uint64_t *tx, uint64_t *rx);
 
 #endif /* UNISUM_TRANSPORT_STREAM_H */

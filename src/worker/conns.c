@@ -139,7 +139,13 @@ static void wk_job_finish(struct wk_job *j, int err, const char *why)
 
 /* ---- the meter of fit mode (UNISUM_AUTOTUNE=2) ---------------------------- */
 
-/* Job j's data push is about to go out on metered connection c. */
+/* Fit mode: worker 0 measures what its pushes see of the network. */
+static bool wk_metering(const struct worker *w)
+{
+	return w->cfg.autotune == 2 && w->rank == 0;
+}
+
+/* Job j's data push is about to go out over TCP on connection c. */
 static void wk_meter_sent(struct wk_conn *c, struct wk_job *j)
 {
 	struct wk_meter *m = &c->w->meter;
@@ -259,7 +265,7 @@ static void *wk_send_main(void *arg)
 			pull.count = 0;
 			pull.payload_len = 0;
 			bool traced = j->op->traced;
-			if (c->metered && !c->over_ipc && payload != NULL)
+			if (wk_metering(w) && c->tp == transport_tcp() && payload != NULL)
 				wk_meter_sent(c, j);
 			rc = c->tp->send(c->conn, &push, payload);
 			if (rc == 0 && traced) {
@@ -407,7 +413,7 @@ static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg
 	}
 	if (sent != 0)
 		wk_meter_acked(w, bytes, sent);
-	else if (c->metered && c->over_ipc)
+	else if (wk_metering(w) && c->tp == transport_ipc())
 		wk_meter_local(w, bytes);
 	size_t inflight = sched_release(&w->push_q, bytes);
 	if (traced) {
@@ -561,9 +567,6 @@ static int wk_connect_one(struct worker *w, struct wk_conn *c, const struct rdv_
 	}
 	if (rc != 0)
 		return log_fail(rc, "worker %d cannot reach %s: %s", w->rank, c->label, log_last_error());
-	/* Fit mode: worker 0 measures what crosses a network. */
-	c->metered = w->cfg.autotune == 2 && w->rank == 0;
-	c->over_ipc = c->tp == transport_ipc();
 	struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(w->rdv)};
 	rc = c->tp->send(c->conn, &hello, NULL);
 	if (rc != 0)

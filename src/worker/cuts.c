@@ -57,10 +57,6 @@ static void wk_tune_measure(void *arg, double *bw, double *rtt, uint64_t *bytes)
 
 int wk_tuner_new(struct worker *w)
 {
-	/* Fit mode measures the first round and fits from the third: its
-	 * epochs are one round long (every worker's copy of the knob). */
-	if (w->cfg.autotune == 2)
-		w->cfg.autotune_steps = 1;
 	struct tune_cfg cfg = {.rank = w->rank, .on = w->cfg.autotune != 0,
 			       .fit = w->cfg.autotune == 2,
 			       .steps = (uint32_t)w->cfg.autotune_steps, .timeout_ms = w->cfg.timeout_ms,
@@ -303,7 +299,7 @@ const struct wk_layout *wk_tuned_cut(struct wk_op *op, bool wait, int *rc)
 {
 	struct worker *w = op->w;
 	struct wk_tensor *t = op->t;
-	uint32_t epoch = op->round / (uint32_t)w->cfg.autotune_steps;
+	uint32_t epoch = tune_epoch_of(w->tuner, op->round);
 	struct tune_setting set = {0};
 	bool final = false;
 	*rc = 0;

@@ -79,6 +79,8 @@ int tune_new(const struct tune_cfg *cfg, const struct tune_hooks *hooks, struct 
 		return UNISUM_ENOMEM;
 	}
 	tu->cfg = *cfg;
+	if (cfg->fit)
+		tu->cfg.steps = 1;	/* measure one round, fit from the next but one */
 	tu->hooks = *hooks;
 	pthread_mutex_init(&tu->lock, NULL);
 	pthread_mutex_init(&tu->post_lock, NULL);
@@ -187,6 +189,11 @@ int tune_setting_of(struct tuner *tu, uint32_t epoch, struct tune_setting *out, 
 	tune_take(tu, epoch, out, final);
 	pthread_mutex_unlock(&tu->lock);
 	return 0;
+}
+
+uint32_t tune_epoch_of(const struct tuner *tu, uint32_t round)
+{
+	return round / tu->cfg.steps;
 }
 
 uint64_t tune_partition_bytes(struct tuner *tu)

@@ -32,7 +32,7 @@ struct tune_cfg {
 	bool on;			/* UNISUM_AUTOTUNE; off: epoch 0's setting for good */
 	bool fit;			/* UNISUM_AUTOTUNE=2: no search, tune_fit() of what
 					 * hooks.measure saw, twice (tune.c), then kept */
-	uint32_t steps;			/* UNISUM_AUTOTUNE_STEPS */
+	uint32_t steps;			/* UNISUM_AUTOTUNE_STEPS (fit mode: 1) */
 	int timeout_ms;			/* how long a worker waits for a setting */
 	struct tune_setting first;	/* the configured partition size and credit */
 };
@@ -98,6 +98,10 @@ int tune_setting_now(struct tuner *tu, uint32_t epoch, struct tune_setting *out,
 
 /* The job failed: waits in tune_setting_of return. */
 void tune_stop(struct tuner *tu);
+
+/* The epoch of round `round`: autotune's epochs are cfg.steps rounds
+ * long, fit mode's one round. */
+uint32_t tune_epoch_of(const struct tuner *tu, uint32_t round);
 
 /* The partition size of the epoch in force. */
 uint64_t tune_partition_bytes(struct tuner *tu);

@@ -124,8 +124,6 @@ struct wk_conn {
 	bool dead;			/* the connection failed or closed */
 	bool closing;			/* unisum_shutdown() closed it */
 	bool threads_started;		/* both threads run; the receiver joins the sender */
-	bool metered;			/* worker 0 in fit mode: w->meter counts it */
-	bool over_ipc;			/* its transport is IPC (a server of this host) */
 	char dead_why[700];		/* why, for the errors of later calls */
 };
 

@@ -71,32 +71,6 @@ static int ipc_address(const char *host, int port, struct sockaddr_un *sa, sockl
 	return 0;
 }
 
-/* Each direction's token: the listener's name, the connecting pid and
- * the direction, the same at both ends. */
-static void ipc_tokens(struct tp_conn *c, bool acceptor)
-{
-	struct sockaddr_un sa;
-	socklen_t len = sizeof sa;
-	memset(&sa, 0, sizeof sa);
-	if (acceptor)
-		getsockname(c->fd, (struct sockaddr *)&sa, &len);
-	else
-		getpeername(c->fd, (struct sockaddr *)&sa, &len);
-	struct {
-		char name[sizeof sa.sun_path];
-		int32_t connector, to_acceptor;
-	} k;
-	memset(&k, 0, sizeof k);
-	memcpy(k.name, sa.sun_path, sizeof k.name);
-	k.connector = acceptor ? (int32_t)c->peer_pid : (int32_t)getpid();
-	k.to_acceptor = 1;
-	uint64_t up = stream_sync_token(&k, sizeof k);
-	k.to_acceptor = 0;
-	uint64_t down = stream_sync_token(&k, sizeof k);
-	c->tx = acceptor ? down : up;
-	c->rx = acceptor ? up : down;
-}
-
 /* A connection on fd, its peer's pid from the kernel. */
 static struct tp_conn *ipc_conn_new(int fd, bool acceptor)
 {
@@ -112,7 +86,7 @@ static struct tp_conn *ipc_conn_new(int fd, bool acceptor)
 	c->fd = fd;
 	c->peer_pid = cred.pid;
 	snprintf(c->peer, sizeof c->peer, "pid %d (IPC)", (int)cred.pid);
-	ipc_tokens(c, acceptor);
+	stream_ipc_tokens(fd, acceptor, c->peer_pid, &c->tx, &c->rx);
 	return c;
 }
 
