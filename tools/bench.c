@@ -41,6 +41,8 @@ static void bench_usage(FILE *out)
 		     "  scheduling (resnet50, vgg16, bert-base; `unisum bench --model help`)\n");
 }
 
+#define BENCH_WARMUP 5
+
 /* One size of the table: warm up, let rank 0 pick how many rounds fit in
  * `seconds` (broadcast, so every worker runs the same), time them, print
  * the row (rank 0) and check the sum.  0, or 1 after printing why. */
@@ -59,9 +61,13 @@ static int bench_one_size(int rank, int size, int mib, double seconds)
 	char name[64];
 	snprintf(name, sizeof name, "bench.%dMiB", mib);
 	int t = unisum_declare(name, UNISUM_FLOAT32, count, 0);
-	if (t < 0 || unisum_push_pull(t, in, out, 0) != 0) {	/* warm-up */
-		fprintf(stderr, "unisum bench: %s\n", unisum_last_error());
-		return 1;
+	/* Warm-up: the rounds in which fit mode (UNISUM_AUTOTUNE's default)
+	 * measures the network and settles, so the table is the steady state. */
+	for (int r = 0; r < BENCH_WARMUP; r++) {
+		if (t < 0 || unisum_push_pull(t, in, out, 0) != 0) {
+			fprintf(stderr, "unisum bench: %s\n", unisum_last_error());
+			return 1;
+		}
 	}
 	/* Rank 0 decides how many rounds fit in the time budget and
 	 * broadcasts the count, so every worker runs the same rounds. */

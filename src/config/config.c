@@ -27,6 +27,7 @@ enum knob_type {
 	KNOB_ROLE,	/* scheduler | server | worker */
 	KNOB_LOG_LEVEL,	/* TRACE .. FATAL */
 	KNOB_PLACEMENT,	/* optimal | even | hash */
+	KNOB_AUTOTUNE,	/* auto | 0 | 1 | 2 (also off | search | fit) */
 };
 
 struct knob {
@@ -121,10 +122,11 @@ static const struct knob config_knobs[] = {
 	 "scheduler: how partitions go to servers: optimal (byte shares of the BytePS paper's "
 	 "Theorem 1 for colocated and CPU-only servers), even (equal bytes per server) or hash "
 	 "(BytePS's djb2 of the key)"},
-	{"UNISUM_AUTOTUNE", NULL, NULL, KNOB_INT, FIELD(autotune), "0", 0, 2,
-	 "1: search partition size and credit while training, then keep the best; 2: fit them to "
-	 "the network measured in the first round (partitions of about 1 ms of the measured "
-	 "bandwidth, a credit of 8 of them or twice the bandwidth-delay product)"},
+	{"UNISUM_AUTOTUNE", NULL, NULL, KNOB_AUTOTUNE, FIELD(autotune), "auto", 0, 2,
+	 "2 (fit): fit partition size and credit to the network measured in the first rounds "
+	 "(partitions of about 1 ms of the measured bandwidth, a credit of 8 of them or twice the "
+	 "bandwidth-delay product); 1 (search): try settings while training, then keep the best; "
+	 "0 (off): keep the configured ones; auto: fit unless a partition size or credit is set"},
 	{"UNISUM_AUTOTUNE_STEPS", NULL, NULL, KNOB_INT, FIELD(autotune_steps), "10", 4, 100000,
 	 "training steps each autotune trial is measured over"},
 };
@@ -170,6 +172,19 @@ static int role_parse(const char *s)
 	return -1;
 }
 
+/* UNISUM_AUTOTUNE's value: CONFIG_AUTOTUNE_AUTO, 0..2, or -2 when malformed. */
+static long long autotune_parse(const char *s)
+{
+	static const char *const names[] = {"off", "search", "fit"};
+	long long v;
+	if (strcasecmp(s, "auto") == 0)
+		return CONFIG_AUTOTUNE_AUTO;
+	for (int i = 0; i < 3; i++)
+		if (strcasecmp(s, names[i]) == 0)
+			return i;
+	return parse_ll(s, &v) == 0 && v >= 0 ? v : -2;
+}
+
 static int config_parse_one(struct config *cfg, const struct knob *k, const char *var,
 			    const char *text, char *err, size_t err_len)
 {
@@ -210,6 +225,15 @@ static int config_parse_one(struct config *cfg, const struct knob *k, const char
 		if (v < 0) {
 			snprintf(err, err_len, "%s='%s' must be TRACE, DEBUG, INFO, WARNING, ERROR or FATAL",
 				 var, text);
+			return UNISUM_ECONFIG;
+		}
+		*(int *)field = (int)v;
+		return 0;
+	case KNOB_AUTOTUNE:
+		v = autotune_parse(text);
+		if (v < CONFIG_AUTOTUNE_AUTO || v > k->max) {
+			snprintf(err, err_len, "%s='%s' must be auto, 0 (off), 1 (search) or 2 (fit)", var,
+				 text);
 			return UNISUM_ECONFIG;
 		}
 		*(int *)field = (int)v;
@@ -267,6 +291,27 @@ static int config_read_secret(struct config *cfg, char *err, size_t err_len)
 	return 0;
 }
 
+/* UNISUM_AUTOTUNE=auto: fit mode, unless the user chose a partition size
+ * or a credit (by any of their names), which then holds for good. */
+static void config_resolve_autotune(struct config *cfg)
+{
+	static const size_t hand[] = {offsetof(struct config, partition_bytes),
+				      offsetof(struct config, credit_bytes),
+				      offsetof(struct config, credit_parts)};
+	cfg->autotune = 2;
+	for (size_t i = 0; i < KNOB_COUNT; i++) {
+		const char *text;
+		const char *var = knob_source(&config_knobs[i], &text);
+		for (size_t j = 0; var != NULL && j < sizeof hand / sizeof hand[0]; j++) {
+			if (config_knobs[i].offset == hand[j] && cfg->autotune_set_by[0] == '\0') {
+				cfg->autotune = 0;
+				snprintf(cfg->autotune_set_by, sizeof cfg->autotune_set_by, "%s", var);
+			}
+		}
+	}
+	cfg->autotune_auto = 1;
+}
+
 int config_load(struct config *cfg, char *err, size_t err_len)
 {
 	memset(cfg, 0, sizeof *cfg);
@@ -320,6 +365,8 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 			 (unsigned long long)cfg->trace_start_step);
 		return UNISUM_ECONFIG;
 	}
+	if (cfg->autotune == CONFIG_AUTOTUNE_AUTO)
+		config_resolve_autotune(cfg);
 	if (cfg->credit_bytes == 0)
 		cfg->credit_bytes = (cfg->credit_parts ? cfg->credit_parts : 4) * cfg->partition_bytes;
 	if (cfg->engine_threads == 0) {

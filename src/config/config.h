@@ -25,6 +25,9 @@ enum config_role {
 	CONFIG_ROLE_WORKER = 3,
 };
 
+/* UNISUM_AUTOTUNE=auto, before config_load resolves it. */
+#define CONFIG_AUTOTUNE_AUTO (-1)
+
 /* The parsed environment. */
 struct config {
 	int role;			/* enum config_role */
@@ -59,7 +62,11 @@ struct config {
 	uint64_t trace_start_step;	/* first round traced */
 	uint64_t trace_end_step;	/* last round traced */
 	int launched;			/* a child of `unisum launch` (UNISUM_LAUNCHED) */
-	int autotune;			/* tune partition size and credit online */
+	int autotune;			/* tune partition size and credit online: 0 off, 1 search,
+					 * 2 fit (UNISUM_AUTOTUNE=auto resolved at load) */
+	int autotune_auto;		/* ... resolved from auto, not set */
+	char autotune_set_by[40];	/* auto resolved to 0: the variable that set a
+					 * partition size or credit, else "" */
 	int autotune_steps;		/* rounds per autotune epoch (trial) */
 	uint64_t local_stage_bytes;	/* one machine: stage tensors this large (0: never) */
 	uint64_t local_arena_bytes;	/* shared memory per local worker for staging */

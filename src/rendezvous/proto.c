@@ -171,6 +171,8 @@ void rdv_tune_encode(const struct rdv_tune *t, struct wire_buf *b)
 	wire_buf_u64(b, t->partition_bytes);
 	wire_buf_u64(b, t->credit_bytes);
 	wire_buf_u32(b, t->final ? 1 : 0);
+	wire_buf_u32(b, t->mode);
+	wire_buf_u32(b, t->steps);
 }
 
 int rdv_tune_decode(const void *payload, size_t len, uint32_t epoch, struct rdv_tune *t)
@@ -182,7 +184,10 @@ int rdv_tune_decode(const void *payload, size_t len, uint32_t epoch, struct rdv_
 	t->credit_bytes = wire_read_u64(&r);
 	uint32_t final = wire_read_u32(&r);
 	t->final = final == 1;
-	if (r.failed || r.left != 0 || final > 1 || t->partition_bytes < 8 ||
+	t->mode = wire_read_u32(&r);
+	t->steps = wire_read_u32(&r);
+	if (r.failed || r.left != 0 || final > 1 || t->mode < 1 || t->mode > 2 || t->steps == 0 ||
+	    t->partition_bytes < 8 ||
 	    t->partition_bytes > (1ull << 30) || t->credit_bytes == 0)
 		return UNISUM_EPROTO;
 	return 0;

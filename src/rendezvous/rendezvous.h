@@ -134,6 +134,8 @@ struct rdv_tune {
 	uint32_t epoch;
 	uint64_t partition_bytes, credit_bytes;
 	bool final;
+	uint32_t mode;		/* worker 0's UNISUM_AUTOTUNE: 1 search, 2 fit */
+	uint32_t steps;		/* ... and its rounds per epoch (fit mode: 1) */
 };
 
 /* Called on the reader thread (workers) for every setting worker 0

@@ -40,7 +40,7 @@
 #include "unisum.h"
 
 #define WIRE_MAGIC 0x4d555355u	/* "USUM" */
-#define WIRE_VERSION 5
+#define WIRE_VERSION 6
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
 #define WIRE_MAX_DATA_PAYLOAD (1ull << 30)	/* 1 GiB for one partition */
@@ -62,7 +62,8 @@ enum wire_type {
 	WIRE_DECLARE = 13,	/* worker <-> scheduler: name -> key and servers */
 	WIRE_TUNE = 14,		/* worker 0 -> scheduler -> every worker: the setting of epoch
 				 * `round` (autotune); payload u64 partition_bytes,
-				 * u64 credit_bytes, u32 final */
+				 * u64 credit_bytes, u32 final, u32 mode (1 search,
+				 * 2 fit), u32 steps (rounds per epoch) */
 	WIRE_RETIRE = 15,	/* worker -> server: this worker is done with key for good
 				 * (an autotune cut left behind, an undeclared tensor);
 				 * worker -> scheduler: it undeclared the tensor of key;

@@ -60,11 +60,20 @@ int wk_tuner_new(struct worker *w)
 	struct tune_cfg cfg = {.rank = w->rank, .on = w->cfg.autotune != 0,
 			       .fit = w->cfg.autotune == 2,
 			       .steps = (uint32_t)w->cfg.autotune_steps, .timeout_ms = w->cfg.timeout_ms,
+			       .set_by = w->cfg.autotune_set_by[0] ? w->cfg.autotune_set_by : NULL,
 			       .first = {w->cfg.partition_bytes, w->cfg.credit_bytes}};
 	struct tune_hooks hooks = {.arg = w, .post = wk_tune_post, .fail_job = wk_tune_fail_job,
 				   .set_credit = wk_tune_set_credit, .measure = wk_tune_measure};
 	tune_free(w->tuner);
 	w->tuner = NULL;
+	if (w->rank == 0 && w->cfg.autotune_auto && w->cfg.autotune == 2)
+		LOG_INFO("UNISUM_AUTOTUNE is not set: fit mode fits the partition size and credit to "
+			 "the network it measures, starting from %llu B and %llu B",
+			 (unsigned long long)cfg.first.pbytes, (unsigned long long)cfg.first.credit);
+	else if (w->rank == 0 && w->cfg.autotune_auto)
+		LOG_INFO("UNISUM_AUTOTUNE is not set and %s is: partition %llu B and credit %llu B "
+			 "hold for good", w->cfg.autotune_set_by, (unsigned long long)cfg.first.pbytes,
+			 (unsigned long long)cfg.first.credit);
 	return tune_new(&cfg, &hooks, &w->tuner);
 }
 

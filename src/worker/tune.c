@@ -28,6 +28,7 @@ struct tuner {
 	bool final;			/* later epochs keep the last setting */
 	uint32_t applied;		/* the credit of this epoch is in force */
 	bool stopped;			/* the job failed: stop waiting */
+	bool mismatch;			/* worker 0's mode differs: the job was failed */
 	/* Worker 0's search, under post_lock. */
 	pthread_mutex_t post_lock;
 	int64_t *round_us;		/* when round r first started */
@@ -111,8 +112,39 @@ void tune_free(struct tuner *tu)
 	free(tu);
 }
 
+/* This worker's autotune mode in words, for the error of a mismatch. */
+static void tune_mode_text(int mode, uint32_t steps, const char *set_by, char *out, size_t len)
+{
+	if (mode == 2)
+		snprintf(out, len, "UNISUM_AUTOTUNE=2 (fit)");
+	else if (mode == 1)
+		snprintf(out, len, "UNISUM_AUTOTUNE=1 (search) with UNISUM_AUTOTUNE_STEPS=%u", steps);
+	else if (set_by != NULL)
+		snprintf(out, len, "autotune off, since %s is set", set_by);
+	else
+		snprintf(out, len, "UNISUM_AUTOTUNE=0 (off)");
+}
+
 void tune_on_setting(struct tuner *tu, const struct rdv_tune *t)
 {
+	int mode = !tu->cfg.on ? 0 : tu->cfg.fit ? 2 : 1;
+	if ((uint32_t)mode != t->mode || (mode != 0 && t->steps != tu->cfg.steps)) {
+		pthread_mutex_lock(&tu->lock);
+		bool told = tu->mismatch;
+		tu->mismatch = true;
+		pthread_mutex_unlock(&tu->lock);
+		if (told)
+			return;
+		char theirs[160], mine[160], why[768];
+		tune_mode_text((int)t->mode, t->steps, NULL, theirs, sizeof theirs);
+		tune_mode_text(mode, tu->cfg.steps, tu->cfg.set_by, mine, sizeof mine);
+		snprintf(why, sizeof why, "worker 0 autotunes with %s but worker %d has %s: every "
+			 "worker must cut its tensors alike; set UNISUM_AUTOTUNE, UNISUM_AUTOTUNE_STEPS, "
+			 "UNISUM_PARTITION_BYTES and UNISUM_SCHEDULING_CREDIT the same on every worker",
+			 theirs, tu->cfg.rank, mine);
+		tu->hooks.fail_job(tu->hooks.arg, UNISUM_ECONFIG, why);
+		return;
+	}
 	pthread_mutex_lock(&tu->lock);
 	if (t->epoch == tu->nepochs && !tu->final) {
 		if (tu->nepochs == tu->cap) {
@@ -348,6 +380,14 @@ static bool tune_decide(struct tuner *tu, uint32_t e, struct rdv_tune *next)
 	return true;
 }
 
+/* Worker 0: posts *t, stamped with this tuner's mode and epoch length. */
+static int tune_post(struct tuner *tu, struct rdv_tune *t)
+{
+	t->mode = tu->cfg.fit ? 2 : 1;
+	t->steps = tu->cfg.steps;
+	return tu->hooks.post(tu->hooks.arg, t);
+}
+
 /* Worker 0, out of memory for its measurements: ends the trials with the
  * current setting, for every worker, from the next epoch on.  Called with
  * post_lock held. */
@@ -362,7 +402,7 @@ static void tune_give_up(struct tuner *tu)
 			     .credit_bytes = cur.credit, .final = true};
 	LOG_WARN("autotune: out of memory for measurements; keeping partition %llu B, credit %llu B",
 		 (unsigned long long)cur.pbytes, (unsigned long long)cur.credit);
-	if (tu->hooks.post(tu->hooks.arg, &t) != 0)
+	if (tune_post(tu, &t) != 0)
 		LOG_WARN("autotune: cannot post the last setting: %s", log_last_error());
 }
 
@@ -417,7 +457,7 @@ void tune_saw_round(struct tuner *tu, uint32_t round)
 	if (post) {
 		tu->last_posted = next.epoch;
 		tu->last_setting = (struct tune_setting){next.partition_bytes, next.credit_bytes};
-		if (tu->hooks.post(tu->hooks.arg, &next) != 0)
+		if (tune_post(tu, &next) != 0)
 			LOG_WARN("autotune: cannot post the next setting: %s", log_last_error());
 	}
 	pthread_mutex_unlock(&tu->post_lock);

@@ -33,6 +33,8 @@ struct tune_cfg {
 	bool fit;			/* UNISUM_AUTOTUNE=2: no search, tune_fit() of what
 					 * hooks.measure saw, twice (tune.c), then kept */
 	uint32_t steps;			/* UNISUM_AUTOTUNE_STEPS (fit mode: 1) */
+	const char *set_by;		/* off because this variable set a partition size
+					 * or credit (UNISUM_AUTOTUNE=auto), or NULL */
 	int timeout_ms;			/* how long a worker waits for a setting */
 	struct tune_setting first;	/* the configured partition size and credit */
 };
@@ -78,7 +80,8 @@ struct tuner;
 int tune_new(const struct tune_cfg *cfg, const struct tune_hooks *hooks, struct tuner **out);
 void tune_free(struct tuner *tu);
 
-/* A setting came from the scheduler (in order). */
+/* A setting came from the scheduler (in order).  One posted under another
+ * mode or epoch length than this worker's fails the job, naming both. */
 void tune_on_setting(struct tuner *tu, const struct rdv_tune *t);
 
 /* Worker 0: round `round` of some tensor starts now.  Notes the first

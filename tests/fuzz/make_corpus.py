@@ -22,7 +22,7 @@ import struct
 import sys
 
 MAGIC = 0x4D555355  # "USUM" little-endian
-VERSION = 5
+VERSION = 6
 HDR = struct.Struct("<IBBHIIQQQB3xI")  # the 48-byte header, wire.h offsets
 assert HDR.size == 48
 
@@ -145,8 +145,9 @@ def seeds():
                                        key=0x30000),
         "13-declare-reply-mismatch": message(DECLARE, u32(-5) + wstr("shapes differ"),
                                              key=0x30000),
-        "14-tune": message(TUNE, u64(1 << 20) + u64(4 << 20) + u32(0), rnd=3),
-        "14-tune-final": message(TUNE, u64(2 << 20) + u64(8 << 20) + u32(1), rnd=9),
+        "14-tune": message(TUNE, u64(1 << 20) + u64(4 << 20) + u32(0) + u32(1) + u32(10), rnd=3),
+        "14-tune-final": message(TUNE, u64(2 << 20) + u64(8 << 20) + u32(1) + u32(2) + u32(1),
+                                 rnd=9),
         "15-retire": header(RETIRE, key=0x70003, rnd=12),
         # malformed, one rule broken each
         "bad-magic": message(REGISTER, reg, magic=0x4D555356),

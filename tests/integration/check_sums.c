@@ -47,10 +47,10 @@
  *                             one-partition urgent tensor and lets the servers go
  *                             on (the send order is checked from the timeline by
  *                             test_pipeline.sh); both sums are checked
- *   check_sums tune N         N rounds of a 1 MiB int32 tensor and a small one under
- *                             UNISUM_AUTOTUNE: every sum exact, and each rank prints
- *                             the partition size it used in every round (the test
- *                             compares the ranks' lines)
+ *   check_sums tune N [MIB]   N rounds of a 1 MiB (or MIB MiB) int32 tensor and a
+ *                             small one under autotune: every sum exact, and each
+ *                             rank prints the partition size it used in every round
+ *                             (the test compares the ranks' lines)
  *   check_sums skip           rank 1 never pushes tensor 'skipped' (it declares
  *                             new names until the job fails); every rank exits 3
  *                             once an error names the tensor
@@ -68,7 +68,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <time.h>
@@ -224,6 +226,22 @@ static void check(int rc, const char *what)
 	if (strcmp(what, "unisum_init") != 0 && strcmp(what, "unisum_shutdown") != 0)
 		unisum_shutdown();
 	exit(1);
+}
+
+/* Whether autotune may change the credit (UNISUM_AUTOTUNE 1 or 2, or auto,
+ * its default, with no partition size or credit set by hand). */
+static bool autotuned(void)
+{
+	static const char *const hand[] = {"UNISUM_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES",
+					   "UNISUM_SCHEDULING_CREDIT", "UNISUM_SCHEDULING_CREDIT_PARTS",
+					   "BYTEPS_SCHEDULING_CREDIT"};
+	const char *mode = getenv("UNISUM_AUTOTUNE");
+	if (mode != NULL && strcasecmp(mode, "auto") != 0)
+		return strcmp(mode, "0") != 0 && strcasecmp(mode, "off") != 0;
+	for (size_t i = 0; i < sizeof hand / sizeof hand[0]; i++)
+		if (getenv(hand[i]) != NULL)
+			return false;
+	return true;
 }
 
 static size_t partition_elems(unisum_dtype dt)
@@ -869,27 +887,28 @@ static void mode_priority(void)
 	printf("rank %d: priority sums ok\n", rank);
 }
 
-static void mode_tune(int n)
+static void mode_tune(int n, int mib)
 {
-	enum { BIG = 262144, SMALL = 1000 };
-	int big = unisum_declare("tuned.big", UNISUM_INT32, BIG, 0);
+	enum { SMALL = 1000 };
+	const size_t nbig = (size_t)(mib > 0 ? mib : 1) << 18;
+	int big = unisum_declare("tuned.big", UNISUM_INT32, nbig, 0);
 	check(big, "declare tuned.big");
 	int small = unisum_declare("tuned.small", UNISUM_INT64, SMALL, 1);
 	check(small, "declare tuned.small");
-	int32_t *a = malloc(BIG * sizeof *a);
+	int32_t *a = malloc(nbig * sizeof *a);
 	int64_t b[SMALL];
 	if (a == NULL)
 		FAIL("out of memory");
 	printf("rank %d: partition bytes by round:", rank);
 	for (int r = 0; r < n; r++) {
-		fill(UNISUM_INT32, 19000 + (uint64_t)r, a, BIG);
+		fill(UNISUM_INT32, 19000 + (uint64_t)r, a, nbig);
 		fill(UNISUM_INT64, 29000 + (uint64_t)r, b, SMALL);
 		unisum_handle ha, hb;
 		check(unisum_push_pull_async(big, a, a, 0, &ha), "push_pull tuned.big");
 		check(unisum_push_pull_async(small, b, b, 0, &hb), "push_pull tuned.small");
 		check(unisum_wait(ha), "wait tuned.big");
 		check(unisum_wait(hb), "wait tuned.small");
-		verify("tuned.big", UNISUM_INT32, 19000 + (uint64_t)r, a, BIG, false);
+		verify("tuned.big", UNISUM_INT32, 19000 + (uint64_t)r, a, nbig, false);
 		verify("tuned.small", UNISUM_INT64, 29000 + (uint64_t)r, b, SMALL, false);
 		unisum_stats st;
 		check(unisum_get_stats(&st), "unisum_get_stats");
@@ -979,7 +998,7 @@ int main(int argc, char **argv)
 	else if (strcmp(mode, "priority") == 0)
 		mode_priority();
 	else if (strcmp(mode, "tune") == 0)
-		mode_tune(arg);
+		mode_tune(arg, argc > 3 ? atoi(argv[3]) : 1);
 	else if (strcmp(mode, "stop") == 0 && argc > 3)
 		mode_die(arg, atoi(argv[3]), SIGSTOP);
 	else
@@ -991,8 +1010,7 @@ int main(int argc, char **argv)
 	uint64_t bound = st.credit_bytes > st.partition_bytes ? st.credit_bytes : st.partition_bytes;
 	/* Under autotune (search or fit) the credit changed meanwhile: what
 	 * was in flight under a larger one drains under the smaller. */
-	const char *tuned = getenv("UNISUM_AUTOTUNE");
-	if ((tuned == NULL || strcmp(tuned, "0") == 0) && st.max_inflight_bytes > bound)
+	if (!autotuned() && st.max_inflight_bytes > bound)
 		FAIL("%" PRIu64 " bytes were in flight at once, above the credit of %" PRIu64,
 		     st.max_inflight_bytes, st.credit_bytes);
 	printf("rank %d: at most %" PRIu64 " bytes in flight (credit %" PRIu64 "), %" PRIu64

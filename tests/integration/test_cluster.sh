@@ -6,7 +6,8 @@
 # two machines of two workers each (shared memory inside a namespace).
 # Every result is checked exactly, the placement gives the CPU-only server
 # the share of Theorem 1, and nothing the test made (namespaces, links) is
-# left behind.
+# left behind.  Then fit mode on links at 250 Mbit/s and 10 Gbit/s: the
+# faster network gets the larger partition size and credit.
 #
 # Needs root (network namespaces): otherwise it is reported as skipped.
 # UNISUM_TEST_LIGHT=1 (the sanitizer runs) keeps the first job only.
@@ -57,5 +58,44 @@ if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 fi
 
 sh "$NETNS" down "$P"
+
+# Fit mode, the default, on shaped links at two very different rates: the
+# same job (nothing set) on 3 hosts at 250 Mbit/s and at 10 Gbit/s.
+# Worker 0 measures what its pushes get and every worker fits the
+# partition size and credit to it, so the faster network must end with
+# the larger partitions and credit, and every sum stays exact while the
+# setting changes (check_sums tune: 16 rounds of a 4 MiB tensor and a
+# small one, every rank printing its partition size in every round).
+# fit_at RATE: runs the job; sets FIT to "partition credit" of the fit
+# kept for good, or "" when none was logged.
+fit_at() {
+	FIT=""
+	if ! sh "$NETNS" up "$P" 3 "$1" >/dev/null; then
+		FAILS=$((FAILS + 1))
+		echo "FAIL the emulated cluster at $1 could not be built"
+		return
+	fi
+	cluster_job "fit mode at $1, nothing set: 16 rounds" 2 1 tune 16 4
+	sh "$NETNS" down "$P"
+	expect "fit mode at $1: every rank's sums exact in all 16 rounds" \
+		sh -c "[ \$(echo \"\$1\" | grep -c '16 tuned rounds ok') -eq 2 ]" - "$LAST"
+	sizes=$(echo "$LAST" | sed -n 's/.*partition bytes by round: //p' | sort -u)
+	expect "fit mode at $1: every rank used the same partition size in every round" \
+		[ "$(echo "$sizes" | grep -c .)" -eq 1 ]
+	FIT=$(echo "$LAST" | sed -n 's/.*autotune fit:.*partition \([0-9]*\) B, credit \([0-9]*\) B from step [0-9]* for good.*/\1 \2/p')
+	expect "fit mode at $1: worker 0 logged the fit it kept ($FIT)" [ -n "$FIT" ]
+	last=$(echo "$sizes" | tr ' ' '\n' | grep . | tail -1)
+	expect "fit mode at $1: the last rounds used it" [ "$last" = "${FIT%% *}" ]
+}
+if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
+	fit_at 250mbit
+	slow=$FIT
+	fit_at 10gbit
+	fast=$FIT
+	expect "the faster network got larger partitions ($slow against $fast: partition, credit)" \
+		sh -c "[ -n '$slow' ] && [ -n '$fast' ] && [ ${fast%% *} -gt ${slow%% *} ]"
+	expect "... and a larger credit" \
+		sh -c "[ -n '$slow' ] && [ -n '$fast' ] && [ ${fast##* } -gt ${slow##* } ]"
+fi
 expect "no namespace or link of the test is left" sh "$NETNS" check "$P"
 finish

@@ -108,28 +108,49 @@ last=$(echo "$sizes" | tr ' ' '\n' | grep . | tail -1)
 expect "autotune fit: the partition size changed from the configured $first to $last" \
 	sh -c "[ '$first' = 4096000 ] && [ '$last' != 4096000 ]"
 
-# Autotune on one worker only: the other would wait for settings nobody
-# posts; it fails the job within UNISUM_TIMEOUT_MS, naming the variables.
-export UNISUM_NUM_WORKER=2 UNISUM_NUM_SERVER=1 UNISUM_SCHEDULER_HOST=127.0.0.1
-export UNISUM_SCHEDULER_PORT=$(free_port) UNISUM_TIMEOUT_MS=3000 UNISUM_HEARTBEAT_MS=500
-UNISUM_ROLE=scheduler timeout 60 "$UNISUM" scheduler >"$dir/scheduler.log" 2>&1 &
-UNISUM_ROLE=server timeout 60 "$UNISUM" server >"$dir/server.log" 2>&1 &
-UNISUM_ROLE=worker UNISUM_WORKER_ID=0 timeout 60 "$CHECK" tune 20 >"$dir/half0.log" 2>&1 &
-h0=$!
-UNISUM_ROLE=worker UNISUM_WORKER_ID=1 UNISUM_AUTOTUNE=1 UNISUM_AUTOTUNE_STEPS=4 \
-	timeout 60 "$CHECK" tune 20 >"$dir/half1.log" 2>&1 &
-h1=$!
-wait $h0
-r0=$?
-wait $h1
-r1=$?
-wait
-unset UNISUM_NUM_WORKER UNISUM_NUM_SERVER UNISUM_SCHEDULER_HOST UNISUM_SCHEDULER_PORT \
-	UNISUM_TIMEOUT_MS UNISUM_HEARTBEAT_MS
-expect "autotune on one worker only: both fail (exit $r0 and $r1), not hang" \
+# Workers that disagree on autotune fail the job, naming the variables,
+# instead of cutting their tensors differently.
+# half A B: worker 0 with the environment A, worker 1 with B (env lists),
+# each running `check_sums tune 20`; sets r0 and r1.
+half() {
+	export UNISUM_NUM_WORKER=2 UNISUM_NUM_SERVER=1 UNISUM_SCHEDULER_HOST=127.0.0.1
+	export UNISUM_SCHEDULER_PORT=$(free_port) UNISUM_TIMEOUT_MS=3000 UNISUM_HEARTBEAT_MS=500
+	UNISUM_ROLE=scheduler timeout 60 "$UNISUM" scheduler >"$dir/scheduler.log" 2>&1 &
+	UNISUM_ROLE=server timeout 60 "$UNISUM" server >"$dir/server.log" 2>&1 &
+	env UNISUM_ROLE=worker UNISUM_WORKER_ID=0 $1 timeout 60 "$CHECK" tune 20 >"$dir/half0.log" 2>&1 &
+	h0=$!
+	env UNISUM_ROLE=worker UNISUM_WORKER_ID=1 $2 timeout 60 "$CHECK" tune 20 >"$dir/half1.log" 2>&1 &
+	h1=$!
+	wait $h0
+	r0=$?
+	wait $h1
+	r1=$?
+	wait
+	unset UNISUM_NUM_WORKER UNISUM_NUM_SERVER UNISUM_SCHEDULER_HOST UNISUM_SCHEDULER_PORT \
+		UNISUM_TIMEOUT_MS UNISUM_HEARTBEAT_MS
+}
+both_say() { grep -q "$1" "$dir/half0.log" && grep -q "$1" "$dir/half1.log"; }
+# Worker 0 off, worker 1 searching: worker 1 waits for settings nobody
+# posts, and fails the job within UNISUM_TIMEOUT_MS.
+half "UNISUM_AUTOTUNE=0" "UNISUM_AUTOTUNE=1 UNISUM_AUTOTUNE_STEPS=4"
+expect "autotune on worker 1 only: both fail (exit $r0 and $r1), not hang" \
 	sh -c "[ $r0 -ne 0 ] && [ $r0 -ne 124 ] && [ $r1 -ne 0 ] && [ $r1 -ne 124 ]"
 expect "... and the error names UNISUM_AUTOTUNE on both" \
-	sh -c "grep -q 'UNISUM_AUTOTUNE and UNISUM_AUTOTUNE_STEPS' '$dir/half0.log' && grep -q 'UNISUM_AUTOTUNE and UNISUM_AUTOTUNE_STEPS' '$dir/half1.log'"
+	both_say 'UNISUM_AUTOTUNE and UNISUM_AUTOTUNE_STEPS'
+# Worker 0 fits (nothing set), worker 1 has a credit by hand, so autotune
+# is off there: the first setting worker 0 posts fails the job.  (Another
+# partition size on worker 1 fails at its first declare.)
+half "" "UNISUM_SCHEDULING_CREDIT=1048576"
+expect "a credit set on worker 1 only: both fail (exit $r0 and $r1), not hang" \
+	sh -c "[ $r0 -ne 0 ] && [ $r0 -ne 124 ] && [ $r1 -ne 0 ] && [ $r1 -ne 124 ]"
+expect "... and the error names fit mode and UNISUM_SCHEDULING_CREDIT on both" \
+	both_say 'worker 0 autotunes with UNISUM_AUTOTUNE=2 (fit) but worker 1 has autotune off, since UNISUM_SCHEDULING_CREDIT is set'
+# Search on both, epochs of different lengths.
+half "UNISUM_AUTOTUNE=1 UNISUM_AUTOTUNE_STEPS=4" "UNISUM_AUTOTUNE=1 UNISUM_AUTOTUNE_STEPS=5"
+expect "different UNISUM_AUTOTUNE_STEPS: both fail (exit $r0 and $r1), not hang" \
+	sh -c "[ $r0 -ne 0 ] && [ $r0 -ne 124 ] && [ $r1 -ne 0 ] && [ $r1 -ne 124 ]"
+expect "... and the error names both lengths" \
+	both_say 'UNISUM_AUTOTUNE_STEPS=4 but worker 1 has UNISUM_AUTOTUNE=1 (search) with UNISUM_AUTOTUNE_STEPS=5'
 
 # A bad window fails at start with the variable's name.
 out=$(UNISUM_TRACE_ON=1 UNISUM_TRACE_DIR="$dir/bad" UNISUM_TRACE_START_STEP=5 \

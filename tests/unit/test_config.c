@@ -1,7 +1,8 @@
 /*
  * test_config.c - the environment parser: defaults, BytePS aliases, native
  * names winning over aliases, and errors that name the variable; machines
- * with several workers (UNISUM_WORKER_ID required) and the job id.
+ * with several workers (UNISUM_WORKER_ID required), the job id, and
+ * UNISUM_AUTOTUNE=auto (fit mode unless a partition size or credit is set).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +24,8 @@ static const char *const all_vars[] = {
 	"BYTEPS_LOCAL_SIZE", "UNISUM_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES",
 	"UNISUM_SERVER_ENGINE_THREAD", "BYTEPS_SERVER_ENGINE_THREAD", "UNISUM_LOG_LEVEL",
 	"BYTEPS_LOG_LEVEL", "UNISUM_TIMEOUT_MS", "UNISUM_JOB_ID", "UNISUM_SERVER_ID",
+	"UNISUM_AUTOTUNE", "UNISUM_SCHEDULING_CREDIT", "UNISUM_SCHEDULING_CREDIT_PARTS",
+	"BYTEPS_SCHEDULING_CREDIT",
 };
 
 static int clear_env(void **state)
@@ -109,6 +112,9 @@ static void test_malformed_values_name_the_variable(void **state)
 	expect_error("UNISUM_TIMEOUT_MS", "1.5");
 	expect_error("DMLC_PS_ROOT_URI", "");
 	expect_error("BYTEPS_SERVER_ENGINE_THREAD", "9999");
+	expect_error("UNISUM_AUTOTUNE", "3");
+	expect_error("UNISUM_AUTOTUNE", "-1");
+	expect_error("UNISUM_AUTOTUNE", "yes");
 
 	/* cross-field checks name both variables */
 	clear_env(NULL);
@@ -170,6 +176,52 @@ static void test_several_workers_per_machine_need_worker_id(void **state)
 	setenv("UNISUM_LOCAL_SIZE", "2", 1);
 	assert_int_equal(config_load(&c, err, sizeof err), 0);
 	assert_int_equal(config_require(&c, CONFIG_ROLE_WORKER, err, sizeof err), UNISUM_ECONFIG);
+}
+
+/* Loads the environment and checks the autotune mode it resolves to, and
+ * the variable that turned auto off ("" when none did). */
+static void expect_autotune(int mode, int from_auto, const char *set_by)
+{
+	struct config c;
+	char err[512];
+	assert_int_equal(config_load(&c, err, sizeof err), 0);
+	assert_int_equal(c.autotune, mode);
+	assert_int_equal(c.autotune_auto, from_auto);
+	assert_string_equal(c.autotune_set_by, set_by);
+}
+
+static void test_autotune_auto(void **state)
+{
+	(void)state;
+	/* nothing set: fit mode from the configured defaults */
+	expect_autotune(2, 1, "");
+	setenv("UNISUM_AUTOTUNE", "AUTO", 1);
+	expect_autotune(2, 1, "");
+	/* a partition size or credit set by any of its names holds */
+	static const char *const hand[][2] = {
+		{"UNISUM_PARTITION_BYTES", "1024000"}, {"BYTEPS_PARTITION_BYTES", "131072"},
+		{"UNISUM_SCHEDULING_CREDIT", "1048576"}, {"UNISUM_SCHEDULING_CREDIT_PARTS", "2"},
+		{"BYTEPS_SCHEDULING_CREDIT", "8"},
+	};
+	for (size_t i = 0; i < sizeof hand / sizeof hand[0]; i++) {
+		clear_env(NULL);
+		setenv(hand[i][0], hand[i][1], 1);
+		expect_autotune(0, 1, hand[i][0]);
+		/* ... unless autotune itself is asked for */
+		setenv("UNISUM_AUTOTUNE", "fit", 1);
+		expect_autotune(2, 0, "");
+		setenv("UNISUM_AUTOTUNE", "1", 1);
+		expect_autotune(1, 0, "");
+	}
+	/* set explicitly, by number or by name */
+	static const char *const modes[][2] = {{"0", "off"}, {"1", "search"}, {"2", "fit"}};
+	for (int m = 0; m < 3; m++) {
+		clear_env(NULL);
+		for (int form = 0; form < 2; form++) {
+			setenv("UNISUM_AUTOTUNE", modes[m][form], 1);
+			expect_autotune(m, 0, "");
+		}
+	}
 }
 
 static void test_job_id(void **state)
@@ -242,6 +294,7 @@ int main(void)
 		cmocka_unit_test_setup(test_byteps_aliases, clear_env),
 		cmocka_unit_test_setup(test_malformed_values_name_the_variable, clear_env),
 		cmocka_unit_test_setup(test_several_workers_per_machine_need_worker_id, clear_env),
+		cmocka_unit_test_setup(test_autotune_auto, clear_env),
 		cmocka_unit_test_setup(test_job_id, clear_env),
 		cmocka_unit_test_setup(test_job_id_default, clear_env),
 	};

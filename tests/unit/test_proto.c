@@ -257,7 +257,7 @@ static void test_tune(void **state)
 {
 	(void)state;
 	struct rdv_tune in = {.epoch = 7, .partition_bytes = 1 << 20, .credit_bytes = 4 << 20,
-			      .final = true};
+			      .final = true, .mode = 2, .steps = 1};
 	struct wire_buf b;
 	wire_buf_init(&b);
 	rdv_tune_encode(&in, &b);
@@ -267,7 +267,20 @@ static void test_tune(void **state)
 	assert_true(out.partition_bytes == in.partition_bytes);
 	assert_true(out.credit_bytes == in.credit_bytes);
 	assert_true(out.final);
+	assert_int_equal(out.mode, 2);
+	assert_int_equal(out.steps, 1);
 	refuses_every_cut(&b, decode_tune);
+	/* a mode other than search or fit, and epochs of no rounds, are refused */
+	for (int bad = 0; bad < 3; bad++) {
+		struct rdv_tune t = in;
+		t.mode = bad == 0 ? 0 : bad == 1 ? 3 : 2;
+		t.steps = bad == 2 ? 0 : 1;
+		struct wire_buf c;
+		wire_buf_init(&c);
+		rdv_tune_encode(&t, &c);
+		assert_int_equal(decode_tune(c.data, c.len), UNISUM_EPROTO);
+		wire_buf_fini(&c);
+	}
 	wire_buf_fini(&b);
 }
 
