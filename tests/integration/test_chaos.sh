@@ -43,6 +43,7 @@ for run in $(seq "$RUNS"); do
 		sleep 0.05
 	done
 	kill -KILL "${vpid:-$(cat "$log/pid.$victim")}" 2>/dev/null
+	[ -n "$vpid" ] || echo "  run $run: $victim's process was not found under timeout: killed timeout"
 	start=$(date +%s%3N)
 	ok=true
 	for p in scheduler server0 server1 worker0 worker1 worker2; do
@@ -50,7 +51,9 @@ for run in $(seq "$RUNS"); do
 		rc=$?
 		[ "$p" = "$victim" ] && continue
 		if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then
-			echo "  run $run ($label killed after $delay_ms ms): $p exited $rc"
+			echo "  run $run ($label killed after $delay_ms ms, pid ${vpid:-?}): $p exited $rc;" \
+				"its log ends:"
+			tail -n 3 "$log/$p" | sed 's/^/      /'
 			ok=false
 		elif ! grep -q "$label" "$log/$p"; then
 			echo "  run $run ($label killed after $delay_ms ms): $p's error does not name $label:"

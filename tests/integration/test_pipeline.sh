@@ -103,10 +103,14 @@ expect "autotune fit: every rank used the same partition size in every round" \
 	sh -c "[ \$(echo '$sizes' | grep -c .) -eq 1 ]"
 expect "autotune fit: worker 0 logged what it measured and chose, twice" \
 	sh -c "[ \$(grep -c 'autotune fit.*bytes pushed over TCP, the link at' '$dir/fit.log') -eq 2 ]"
+# Which size loopback gets depends on the machine (a link measured above
+# 4 GB/s keeps the configured 4096000): test_cluster checks the direction
+# on shaped links; here, that the last rounds used the fit kept for good.
 first=$(echo "$sizes" | tr ' ' '\n' | grep . | head -1)
 last=$(echo "$sizes" | tr ' ' '\n' | grep . | tail -1)
-expect "autotune fit: the partition size changed from the configured $first to $last" \
-	sh -c "[ '$first' = 4096000 ] && [ '$last' != 4096000 ]"
+kept=$(sed -n 's/.*autotune fit:.*partition \([0-9]*\) B, credit [0-9]* B from step [0-9]* for good.*/\1/p' "$dir/fit.log")
+expect "autotune fit: the rounds began with the configured size ($first) and ended with the fit kept ($kept)" \
+	sh -c "[ '$first' = 4096000 ] && [ -n '$kept' ] && [ '$last' = '$kept' ]"
 
 # Workers that disagree on autotune fail the job, naming the variables,
 # instead of cutting their tensors differently.
