@@ -70,7 +70,12 @@ typedef int64_t unisum_handle;
 int unisum_init(void);
 
 /* Waits for in-flight operations, tells the scheduler this worker is done
- * and closes every connection.  Servers stay up until every worker is done. */
+ * and closes every connection.  Servers stay up until every worker is done.
+ * A process that exits without calling it (main returns, exit()) leaves
+ * the same way at exit, provided every operation is complete; otherwise it
+ * leaves without a goodbye and the job fails naming it.  A worker that
+ * leaves while others still wait on it (a round it never pushed, a
+ * barrier) fails the job with its name on every rank. */
 int unisum_shutdown(void);
 
 /* Rank of this worker in [0, size), number of workers, and the rank and

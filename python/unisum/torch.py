@@ -47,9 +47,11 @@ Choices where the references differ:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import math
+import os
 import pickle
 import threading
 import warnings
@@ -89,6 +91,8 @@ _optimizer_counter = 0        # DistributedOptimizers made so far
 _empty_handles = 0            # handles of empty tensors count down from -1
 _WAIT_SLICE_MS = 100          # a wait returns to the interpreter this often
 _orphans: List[torch.Tensor] = []   # buffers of broadcasts a signal interrupted: still in flight
+_init_pid = 0                 # the process that joined (a fork of it must not leave)
+_at_exit_set = False          # _leave_at_exit is registered
 
 
 class _Op:
@@ -128,16 +132,49 @@ def init() -> None:
             timeout.  A process joins its job once, so a call after
             shutdown() raises it too (``ESHUTDOWN``).
     """
-    global _initialized
+    global _initialized, _init_pid, _at_exit_set
     with _lock:
         if _initialized:
             return
         _capi.check(_capi.lib.unisum_init(), "unisum.torch.init")
         _initialized = True
+        _init_pid = os.getpid()
+        if not _at_exit_set:
+            atexit.register(_leave_at_exit)
+            _at_exit_set = True
+
+
+def _leave_at_exit() -> None:
+    """At interpreter exit, leaves the job as shutdown() would, so that a
+    script that never calls shutdown() (BytePS's and Horovod's examples
+    do not) ends its job normally.  Only when no operation is in flight:
+    one that is waits on other workers, and leaving would hang the exit;
+    the process then ends without a goodbye and the job fails naming it."""
+    if not _initialized or os.getpid() != _init_pid:
+        return
+    with _lock:
+        pending = [op for op in _ops.values() if not op.done]
+        interrupted = bool(_orphans)
+    if interrupted:
+        return
+    for op in pending:
+        if op.c_handle is not None:
+            rc = _capi.lib.unisum_poll(op.c_handle)
+            if rc == 0:
+                return
+            op.done = True
+    try:
+        shutdown()
+    except UnisumError:
+        pass    # the job failed meanwhile: the error was logged where it happened
 
 
 def shutdown() -> None:
     """Waits for operations in flight and leaves the job.
+
+    A script that never calls it leaves at interpreter exit, when no
+    operation is in flight, so BytePS's and Horovod's scripts (which never
+    call it) end their jobs normally.
 
     Every handle and every declared name is forgotten.  Without init(), or
     a second time, it does nothing.

@@ -287,6 +287,33 @@ static bool group_has(int group, int role)
 	       (role == CONFIG_ROLE_SERVER && (group & RDV_GROUP_SERVERS));
 }
 
+/* A barrier of workers that a worker who said goodbye has not entered can
+ * never complete: fails the job naming it (and blames it).  Called with
+ * s->lock held. */
+static void sched_check_left_barriers(struct rdv_scheduler *s)
+{
+	for (int g = 1; g < 4 && s->error == 0; g++) {
+		if (s->barrier_since[g] == 0 || !group_has(g, CONFIG_ROLE_WORKER))
+			continue;
+		for (int i = 0; i < s->nnodes; i++) {
+			struct sched_node *m = s->nodes[i];
+			if (!m->registered || m->role != CONFIG_ROLE_WORKER || !m->said_goodbye ||
+			    m->in_barrier[g])
+				continue;
+			char label[160], msg[400];
+			snprintf(msg, sizeof msg,
+				 "%s left the job (it called shutdown, or its program ended) while the "
+				 "other workers wait for it in a barrier: does every worker call "
+				 "barrier() the same number of times?",
+				 sched_node_label(m, label, sizeof label));
+			sched_fail(s, UNISUM_ECONN, msg);
+			s->culprit_role = m->role;
+			s->culprit_rank = m->rank;
+			return;
+		}
+	}
+}
+
 static void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int group)
 {
 	pthread_mutex_lock(&s->lock);
@@ -303,6 +330,8 @@ static void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int 
 		need++;
 		have += m->in_barrier[group];
 	}
+	if (have < need)
+		sched_check_left_barriers(s);
 	if (have == need) {
 		s->barrier_since[group] = 0;
 		struct wire_hdr h = {.type = WIRE_BARRIER_DONE, .aux = (uint32_t)group};
@@ -349,6 +378,7 @@ static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 	if (!n->said_goodbye) {
 		n->said_goodbye = true;
 		s->workers_done++;
+		sched_check_left_barriers(s);
 	}
 	if (s->workers_done == s->num_workers && !s->servers_stopped) {
 		sched_log_loads(s, INT64_MAX);	/* if not logged yet */

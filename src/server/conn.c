@@ -406,8 +406,10 @@ void *srv_recv_main(void *arg)
 			srv_reply_error(srv, c, c->worker, 0, 0, rc, why);
 	}
 	pthread_mutex_lock(&srv->lock);
-	if (c->worker >= 0 && srv->by_worker[c->worker] == c)
+	if (c->worker >= 0 && srv->by_worker[c->worker] == c) {
 		srv->by_worker[c->worker] = NULL;
+		srv->left[c->worker] = true;	/* rounds still waiting for it never end */
+	}
 	pthread_mutex_unlock(&srv->lock);
 	/* Let the sender drain (the ERROR above goes out last), then hang up. */
 	pthread_mutex_lock(&c->qlock);

@@ -417,19 +417,47 @@ static void srv_on_retire(struct server *srv, struct srv_key *k)
 	}
 }
 
+/* Whether slot s of key k waits for a machine whose connection ended (it
+ * left the job, or died): then that round can never be summed, and msg
+ * says so, naming it.  Called with srv->lock held. */
+static bool srv_slot_waits_for_left(const struct server *srv, const struct srv_key *k,
+				    const struct srv_slot *s, char *msg, size_t len)
+{
+	for (int w = 0; w < srv->nworkers; w++) {
+		if (s->arrived[w] || !srv->left[w])
+			continue;
+		char name[64];
+		snprintf(msg, len,
+			 "%s closed its connection (it called shutdown, its program ended or it "
+			 "died) while tensor '%s' (partition %u) round %u still waits for its push: "
+			 "the other workers pushed it. Does every worker run the same number of "
+			 "rounds?",
+			 srv_worker_name(srv, w, name, sizeof name), k->name,
+			 (unsigned)(k->key & 0xffff), s->round);
+		LOG_ERROR("%s", msg);
+		return true;
+	}
+	return false;
+}
+
 /* Reports rounds of this engine's keys that some workers pushed and others
- * have not, for longer than the stall limits (see DESIGN above). */
+ * have not, for longer than the stall limits (see DESIGN above), and fails
+ * the job at once for a round that waits for a machine that left. */
 static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 {
 	int64_t now = timing_now_ms();
 	const struct config *cfg = srv->cfg;
 	char abort_msg[768] = "";	/* the first stall past the abort limit */
+	char left_msg[768] = "";	/* the first round waiting for a machine that left */
 	pthread_mutex_lock(&srv->lock);
 	for (size_t i = 0; i < e->nkeys; i++) {
 		struct srv_key *k = e->keys[i];
 		for (int j = 0; j < 2; j++) {
 			struct srv_slot *s = &k->slot[j];
 			if (!s->active || s->ready || k->poison != NULL)
+				continue;
+			if (left_msg[0] == '\0' &&
+			    srv_slot_waits_for_left(srv, k, s, left_msg, sizeof left_msg))
 				continue;
 			int64_t waited = now - s->started_ms;
 			int level = cfg->stall_abort_ms > 0 && waited >= cfg->stall_abort_ms ? 2
@@ -471,7 +499,9 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 	}
 	pthread_mutex_unlock(&srv->lock);
 	/* Socket I/O after the lock is let go. */
-	if (abort_msg[0] != '\0')
+	if (left_msg[0] != '\0')
+		rdv_client_fail_job(srv->rdv, UNISUM_ECONN, left_msg);
+	else if (abort_msg[0] != '\0')
 		rdv_client_fail_job(srv->rdv, UNISUM_ETIMEDOUT, abort_msg);
 }
 

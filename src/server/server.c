@@ -200,10 +200,13 @@ static struct server *srv_new(const struct config *cfg)
 	srv->nbuckets = 1024;
 	srv->buckets = calloc(srv->nbuckets, sizeof *srv->buckets);
 	srv->by_worker = calloc((size_t)srv->nworkers, sizeof *srv->by_worker);
+	srv->left = calloc((size_t)srv->nworkers, sizeof *srv->left);
 	srv->engines = calloc((size_t)srv->nengines, sizeof *srv->engines);
-	if (srv->buckets == NULL || srv->by_worker == NULL || srv->engines == NULL) {
+	if (srv->buckets == NULL || srv->by_worker == NULL || srv->left == NULL ||
+	    srv->engines == NULL) {
 		free(srv->buckets);
 		free(srv->by_worker);
+		free(srv->left);
 		free(srv->engines);
 		pthread_mutex_destroy(&srv->lock);
 		free(srv);
@@ -229,6 +232,7 @@ static void srv_free(struct server *srv)
 		free(p);
 	}
 	free(srv->by_worker);
+	free(srv->left);
 	free(srv->engines);
 	pthread_mutex_destroy(&srv->lock);
 	free(srv);

@@ -129,6 +129,7 @@ struct server {
 	struct srv_key **buckets;	/* key hash table */
 	size_t nbuckets, nkeys;
 	struct srv_conn **by_worker;	/* [W] live connection of each machine's local root */
+	bool *left;		/* [W] that connection ended: the machine pushes no more */
 	struct srv_conn *conns;	/* every connection ever accepted */
 	struct srv_engine *engines;
 	int nengines;

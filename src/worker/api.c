@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "config/config.h"
 #include "log/log.h"
@@ -24,6 +25,7 @@
 static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;	/* api_worker's changes */
 static struct worker *_Atomic api_worker;	/* this process's, once it joined */
 static bool api_left;				/* unisum_shutdown ran */
+static pid_t api_pid;				/* the process that joined (not a fork of it) */
 
 static struct worker *api(void)
 {
@@ -47,6 +49,27 @@ static int api_configure(struct config *cfg, char *err, size_t len)
 	return rc;
 }
 
+/* At exit (main returned, or exit()): a program that never called
+ * unisum_shutdown leaves the job as if it had, as BytePS and Horovod
+ * programs expect, so the job ends normally.  Only when every operation
+ * is done: one still in flight waits on other workers, and leaving would
+ * then hang the exit; without a goodbye the scheduler names this worker
+ * instead.  A forked child shares the sockets and must not speak. */
+static void api_at_exit(void)
+{
+	pthread_mutex_lock(&api_lock);
+	struct worker *w = api_left || getpid() != api_pid ? NULL : api();
+	pthread_mutex_unlock(&api_lock);
+	if (w == NULL)
+		return;
+	if (worker_busy(w)) {
+		LOG_WARN("exiting with operations in flight (or after the job failed) without "
+			 "unisum_shutdown(): not leaving the job cleanly");
+		return;
+	}
+	unisum_shutdown();
+}
+
 /* Joins with cfg and opens the timeline (api_lock held). */
 static int api_join(const struct config *cfg)
 {
@@ -63,6 +86,10 @@ static int api_join(const struct config *cfg)
 		return rc;
 	}
 	atomic_store(&api_worker, w);
+	static bool at_exit_set;
+	api_pid = getpid();
+	if (!at_exit_set && atexit(api_at_exit) == 0)
+		at_exit_set = true;
 	return 0;
 }
 

@@ -389,6 +389,18 @@ int worker_leave(struct worker *w)
 	return failed;
 }
 
+bool worker_busy(struct worker *w)
+{
+	if (w == NULL)
+		return false;
+	pthread_mutex_lock(&w->lock);
+	bool busy = w->failed != 0;
+	for (int i = 0; i < w->nops && !busy; i++)
+		busy = !w->ops[i]->done;
+	pthread_mutex_unlock(&w->lock);
+	return busy;
+}
+
 int worker_rank(const struct worker *w)
 {
 	return w != NULL && w->initialized ? w->rank : UNISUM_ENOTINIT;

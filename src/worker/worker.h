@@ -13,6 +13,7 @@
 #ifndef UNISUM_WORKER_WORKER_H
 #define UNISUM_WORKER_WORKER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "config/config.h"
@@ -28,6 +29,9 @@ int worker_join(const struct config *cfg, struct worker **out);
  * connections.  w stays allocated (its calls answer UNISUM_ENOTINIT) until
  * worker_free. */
 int worker_leave(struct worker *w);
+/* Whether some operation of w has not completed (or the job failed):
+ * leaving would wait for it. */
+bool worker_busy(struct worker *w);
 void worker_free(struct worker *w);
 
 int worker_rank(const struct worker *w);

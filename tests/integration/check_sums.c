@@ -47,6 +47,9 @@
  *                             one-partition urgent tensor and lets the servers go
  *                             on (the send order is checked from the timeline by
  *                             test_pipeline.sh); both sums are checked
+ *   (CHECK_SUMS_NO_SHUTDOWN=1: every mode ends by returning from main
+ *   without unisum_shutdown; CHECK_SUMS_EARLY=1: in `rounds N` rank 0 runs
+ *   one round only)
  *   check_sums tune N [MIB]   N rounds of a 1 MiB (or MIB MiB) int32 tensor and a
  *                             small one under autotune: every sum exact, and each
  *                             rank prints the partition size it used in every round
@@ -311,9 +314,14 @@ static void mode_sums(bool big)
 	printf("rank %d: sums ok, digest %016llx\n", rank, (unsigned long long)digest);
 }
 
+/* CHECK_SUMS_EARLY=1: rank 0 runs one round only and ends, while the
+ * others wait on it for the next. */
 static void mode_rounds(int n)
 {
 	enum { COUNT = 37 };
+	const char *early = getenv("CHECK_SUMS_EARLY");
+	if (rank == 0 && early != NULL && strcmp(early, "1") == 0 && n > 1)
+		n = 1;
 	int t = unisum_declare("rounds", UNISUM_INT64, COUNT, 0);
 	check(t, "declare rounds");
 	int64_t buf[COUNT];
@@ -1015,6 +1023,10 @@ int main(int argc, char **argv)
 		     st.max_inflight_bytes, st.credit_bytes);
 	printf("rank %d: at most %" PRIu64 " bytes in flight (credit %" PRIu64 "), %" PRIu64
 	       " partitions sent\n", rank, st.max_inflight_bytes, st.credit_bytes, st.partitions_sent);
-	check(unisum_shutdown(), "unisum_shutdown");
+	/* CHECK_SUMS_NO_SHUTDOWN=1: main returns without unisum_shutdown, as
+	 * BytePS and Horovod programs do; the library leaves at exit. */
+	const char *no_shutdown = getenv("CHECK_SUMS_NO_SHUTDOWN");
+	if (no_shutdown == NULL || strcmp(no_shutdown, "1") != 0)
+		check(unisum_shutdown(), "unisum_shutdown");
 	return 0;
 }

@@ -10,6 +10,24 @@ out=$(timeout 60 "$UNISUM" launch -w 1 -s 1 --local-size 1 -- /nonexistent/progr
 rc=$?
 expect "launch of a missing program exits 127" [ $rc -eq 127 ]
 
+# A program that returns from main without unisum_shutdown (BytePS's and
+# Horovod's never call it) leaves at exit: a normal end.  A worker that
+# ends, with or without unisum_shutdown, while the others wait for its
+# next round fails the job within seconds, named, instead of hanging.
+out=$(CHECK_SUMS_NO_SHUTDOWN=1 timeout 120 "$UNISUM" launch -w 2 -s 2 --local-size 1 -- "$CHECK" rounds 5 2>&1)
+rc=$?
+expect "main returning without unisum_shutdown: the job ends normally (exit $rc)" [ $rc -eq 0 ]
+for how in "CHECK_SUMS_NO_SHUTDOWN=1" "CHECK_SUMS_NO_SHUTDOWN=0"; do
+	t0=$(date +%s)
+	out=$(env $how CHECK_SUMS_EARLY=1 timeout 120 "$UNISUM" launch -w 3 -s 2 --local-size 1 -- \
+		"$CHECK" rounds 5 2>&1)
+	rc=$? took=$(($(date +%s) - t0))
+	expect "worker 0 ends after 1 of 5 rounds ($how): the job fails (exit $rc) in $took s" \
+		sh -c "[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -lt 30 ]"
+	expect "... and a survivor's error names worker 0 and the round" \
+		contains "$out" "check_sums\[rank [12]\] FAILED: .*worker 0 closed its connection .* round 1 still waits"
+done
+
 # SIGINT to the launcher stops the whole job: it exits 130 and no server
 # or worker outlives it.
 "$UNISUM" launch -w 2 -s 2 --local-size 1 -- "$CHECK" rounds 100000007 >/dev/null 2>"$BUILD/sigint.log" &

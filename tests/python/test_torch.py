@@ -9,6 +9,7 @@ against single-process references computed here without unisum.
 import functools
 import json
 import re
+import time
 
 import pytest
 import torch
@@ -292,6 +293,42 @@ def test_parameter_unused_on_one_rank(tmp_path):
     assert p0.keys() == p1.keys()
     for name in p0:
         assert torch.equal(p0[name], p1[name]), name
+
+
+def test_script_ending_without_shutdown_ends_the_job_normally():
+    """BytePS's and Horovod's scripts never call shutdown(): the plugin
+    leaves at interpreter exit, so the launcher exits 0 (issue 17)."""
+    for local_size in (1, None):
+        rc, out, err = run_launch(2, 1, "ending.py", "clean", timeout=60, local_size=local_size)
+        assert rc == 0, describe(rc, out, err)
+        for r in range(2):
+            assert "rank %d round 1 sum ok" % r in worker_lines(out, r), describe(rc, out, err)
+            assert "rank %d ends" % r in worker_lines(out, r), describe(rc, out, err)
+
+
+@pytest.mark.parametrize("local_size", [1, None], ids=["servers", "one-machine"])
+@pytest.mark.parametrize("mode,named", [
+    ("early", r"worker 0 closed its connection .* round 1 still waits for its push"),
+    ("barrier", r"worker 0 \(\S+\) left the job .* in a barrier"),
+    ("inflight", r"worker 0 \(\S+\) lost its connection to the scheduler without saying goodbye"),
+])
+def test_worker_that_ends_while_others_wait_is_named(mode, named, local_size):
+    """A worker whose script ends while the others still wait on it (a
+    round it never pushes, a barrier it never enters, or with an operation
+    of its own in flight) fails the job, named in the survivor's error,
+    within seconds rather than hanging: through the servers, and on one
+    machine, where the local reduce notices first (then any of the ways
+    to name it will do)."""
+    if local_size is None:
+        named = (r"worker 0 \(.*(exited or died|left the job|closed its connection|"
+                 r"without saying goodbye)")
+    t0 = time.monotonic()
+    rc, out, err = run_launch(2, 1, "ending.py", mode, timeout=60, local_size=local_size)
+    took = time.monotonic() - t0
+    assert rc not in (0, 124, -9), describe(rc, out, err)
+    assert took < 30, "took %.1f s: %s" % (took, describe(rc, out, err))
+    survivor = "\n".join(worker_lines(out + err, 1))
+    assert re.search(named, survivor), describe(rc, out, err)
 
 
 # ---- 7. before init() -----------------------------------------------------
