@@ -17,7 +17,10 @@
  * machine's sum goes through the servers.  Worker i gets
  * UNISUM_WORKER_ID=i/L (its machine), UNISUM_LOCAL_RANK=i%L and
  * UNISUM_LOCAL_SIZE=L; every process gets UNISUM_NUM_WORKER=N/L, which
- * counts machines as DMLC_NUM_WORKER does in BytePS.
+ * counts machines as DMLC_NUM_WORKER does in BytePS.  Every worker also gets
+ * Horovod's HOROVOD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/CROSS_RANK/CROSS_SIZE
+ * and torchrun's RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE (in both
+ * forms), equal to what unisum_rank() and friends report.
  *
  * The second form is one machine of a job whose scheduler and servers run
  * elsewhere: no scheduler, no servers, L worker processes with

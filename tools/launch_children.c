@@ -33,7 +33,7 @@
 extern char **environ;
 
 /* The child environment: environ minus the names we set, plus ours. */
-#define LAUNCH_ENV_OWN 12
+#define LAUNCH_ENV_OWN 24
 struct child_env {
 	char **envp;				/* NULL-terminated, for execve */
 	char vars[LAUNCH_ENV_OWN][96];		/* storage of our NAME=value strings */
@@ -68,6 +68,17 @@ static const struct {
 	{ "UNISUM_SERVER_ID", ENV_JOB },
 	{ "UNISUM_NODE_HOST", ENV_NETNS },
 	{ "DMLC_NODE_HOST", ENV_NETNS },
+	/* What Horovod's and torchrun's programs read (workers). */
+	{ "HOROVOD_RANK", ENV_MACHINE },
+	{ "HOROVOD_SIZE", ENV_MACHINE },
+	{ "HOROVOD_LOCAL_RANK", ENV_MACHINE },
+	{ "HOROVOD_LOCAL_SIZE", ENV_MACHINE },
+	{ "HOROVOD_CROSS_RANK", ENV_MACHINE },
+	{ "HOROVOD_CROSS_SIZE", ENV_MACHINE },
+	{ "RANK", ENV_MACHINE },
+	{ "WORLD_SIZE", ENV_MACHINE },
+	{ "LOCAL_RANK", ENV_MACHINE },
+	{ "LOCAL_WORLD_SIZE", ENV_MACHINE },
 };
 #define LAUNCH_ENV_OWN_COUNT (sizeof(env_own) / sizeof(env_own[0]))
 
@@ -221,6 +232,28 @@ static void env_add(struct child_env *env, int *n, const char *fmt, ...)
 	(*n)++;
 }
 
+/* Worker c's place in Horovod's and torchrun's names: its global rank
+ * (machine x local_size + local rank, unisum_rank()'s), the job's size,
+ * its local rank and size, and its machine (cross rank) among the
+ * machines (cross size). */
+static void env_add_ranks(const struct launcher *l, const struct child *c, struct child_env *env,
+			  int *own)
+{
+	int L = l->local_size, local = c->rank % L;
+	int machine = l->one_machine ? l->machine : c->rank / L;
+	int rank = machine * L + local, size = l->machines * L;
+	env_add(env, own, "HOROVOD_RANK=%d", rank);
+	env_add(env, own, "HOROVOD_SIZE=%d", size);
+	env_add(env, own, "HOROVOD_LOCAL_RANK=%d", local);
+	env_add(env, own, "HOROVOD_LOCAL_SIZE=%d", L);
+	env_add(env, own, "HOROVOD_CROSS_RANK=%d", machine);
+	env_add(env, own, "HOROVOD_CROSS_SIZE=%d", l->machines);
+	env_add(env, own, "RANK=%d", rank);
+	env_add(env, own, "WORLD_SIZE=%d", size);
+	env_add(env, own, "LOCAL_RANK=%d", local);
+	env_add(env, own, "LOCAL_WORLD_SIZE=%d", L);
+}
+
 /* Builds the environment of child `c`.  Returns NULL when out of memory;
  * free with free(env->envp) then free(env). */
 static struct child_env *env_build(const struct launcher *l, const struct child *c)
@@ -251,6 +284,7 @@ static struct child_env *env_build(const struct launcher *l, const struct child 
 	if (c->role == CHILD_WORKER) {
 		env_add(env, &own, "UNISUM_LOCAL_RANK=%d", c->rank % l->local_size);
 		env_add(env, &own, "UNISUM_LOCAL_SIZE=%d", l->local_size);
+		env_add_ranks(l, c, env, &own);
 	}
 	if (l->one_machine)
 		return env;	/* the rest is the job's, inherited */

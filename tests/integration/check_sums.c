@@ -960,6 +960,33 @@ static void mode_nobarrier(void)
 	expected_failure(rc != 0 && strstr(msg, "barrier") != NULL && strstr(msg, "worker 1") != NULL);
 }
 
+/* Under `unisum launch`, Horovod's and torchrun's variables must agree
+ * with the library: what a ported program reads before init() is what it
+ * gets after. */
+static void check_launch_env(void)
+{
+	const char *launched = getenv("UNISUM_LAUNCHED");
+	if (launched == NULL || strcmp(launched, "1") != 0)
+		return;
+	int L = unisum_local_size();
+	const struct {
+		const char *name;
+		int want;
+	} vars[] = {
+		{"HOROVOD_RANK", rank}, {"HOROVOD_SIZE", size},
+		{"HOROVOD_LOCAL_RANK", unisum_local_rank()}, {"HOROVOD_LOCAL_SIZE", L},
+		{"HOROVOD_CROSS_RANK", rank / L}, {"HOROVOD_CROSS_SIZE", size / L},
+		{"RANK", rank}, {"WORLD_SIZE", size},
+		{"LOCAL_RANK", unisum_local_rank()}, {"LOCAL_WORLD_SIZE", L},
+	};
+	for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+		const char *v = getenv(vars[i].name);
+		if (v == NULL || atoi(v) != vars[i].want)
+			FAIL("%s is %s under unisum launch, not %d", vars[i].name, v ? v : "unset",
+			     vars[i].want);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -971,6 +998,7 @@ int main(int argc, char **argv)
 	check(unisum_init(), "unisum_init");
 	rank = unisum_rank();
 	size = unisum_size();
+	check_launch_env();
 	const char *mode = argv[1];
 	int arg = argc > 2 ? atoi(argv[2]) : 0;
 	if (strcmp(mode, "sums") == 0)
