@@ -10,7 +10,9 @@
 #          `debootstrap --variant=minbase` installs): never installed here;
 #   test   what `make demo`, `make test` and .ci/run need: always installed;
 #   bench  what bench/ needs on top: installed by `install-deps.sh bench`,
-#          which `make bench` and every bench/ script call.
+#          which `make bench` and every bench/ script call;
+#   suite  what Horovod's own test suite needs on top (tests/horovod/
+#          run_suite.sh, run by hand): `install-deps.sh suite`.
 # COMMANDs are the programs of that package that some script runs.
 # tests/deps/check_commands.py (in `make test`) fails, naming the command,
 # when a script runs a command that is not listed here, or when a listed
@@ -19,15 +21,15 @@
 # Runs apt-get only when something is missing, so it is cheap to call from
 # every `make` target.  Needs root (or sudo) the first time.
 #
-#   install-deps.sh [bench]          installs what is missing
-#   install-deps.sh --list [bench]   prints the packages it would want
+#   install-deps.sh [bench] [suite]  installs what is missing
+#   install-deps.sh --list [GROUP]   prints the packages it would want
 #   install-deps.sh --table          prints the table
 set -eu
 
 TABLE='
 # A minimal Debian 12.
 coreutils        base   basename cat cksum cp cut date dirname env head id ls mkdir mktemp nproc od
-coreutils        base   realpath rm seq sleep sort tail tee timeout tr uniq wc
+coreutils        base   realpath rm seq sleep sort tail tee timeout touch tr uniq wc
 apt              base   apt-cache apt-get
 dash             base   sh
 dpkg             base   dpkg-query
@@ -68,6 +70,11 @@ libopenmpi-dev   bench
 gnuplot-nox      bench  gnuplot
 chromium         bench  chromium
 nodejs           bench  node npm
+
+# The Horovod test suite only.
+python3-cloudpickle suite
+python3-packaging suite
+python3-mock     suite
 '
 
 mode=install
@@ -85,8 +92,9 @@ groups="test"
 for g in "$@"; do
 	case $g in
 	bench) groups="$groups bench" ;;
+	suite) groups="$groups suite" ;;
 	*)
-		echo "install-deps: unknown group '$g' (the groups are: bench)" >&2
+		echo "install-deps: unknown group '$g' (the groups are: bench, suite)" >&2
 		exit 2
 		;;
 	esac

@@ -91,6 +91,7 @@ _optimizer_counter = 0        # DistributedOptimizers made so far
 _empty_handles = 0            # handles of empty tensors count down from -1
 _WAIT_SLICE_MS = 100          # a wait returns to the interpreter this often
 _orphans: List[torch.Tensor] = []   # buffers of broadcasts a signal interrupted: still in flight
+_joined = False               # the C library joined the job and has not left it
 _init_pid = 0                 # the process that joined (a fork of it must not leave)
 _at_exit_set = False          # _leave_at_exit is registered
 
@@ -123,34 +124,38 @@ def init() -> None:
     DMLC_* names); under `unisum launch` everything is already set.
 
     Blocks until the whole job has registered.  A second call, before
-    shutdown(), does nothing.
+    shutdown(), does nothing; after shutdown() it resumes the same job with
+    the same rank, as Horovod allows.
 
     Raises:
         UnisumError: When the C library cannot join the job: a missing or
             invalid setting (``ECONFIG`` names the variable), a scheduler or
             server that cannot be reached, a failed authentication, a
-            timeout.  A process joins its job once, so a call after
-            shutdown() raises it too (``ESHUTDOWN``).
+            timeout.
     """
-    global _initialized, _init_pid, _at_exit_set
+    global _initialized, _joined, _init_pid, _at_exit_set
     with _lock:
         if _initialized:
             return
-        _capi.check(_capi.lib.unisum_init(), "unisum.torch.init")
+        if not _joined:
+            _capi.check(_capi.lib.unisum_init(), "unisum.torch.init")
+            _joined = True
+            _init_pid = os.getpid()
         _initialized = True
-        _init_pid = os.getpid()
         if not _at_exit_set:
             atexit.register(_leave_at_exit)
             _at_exit_set = True
 
 
 def _leave_at_exit() -> None:
-    """At interpreter exit, leaves the job as shutdown() would, so that a
-    script that never calls shutdown() (BytePS's and Horovod's examples
-    do not) ends its job normally.  Only when no operation is in flight:
-    one that is waits on other workers, and leaving would hang the exit;
-    the process then ends without a goodbye and the job fails naming it."""
-    if not _initialized or os.getpid() != _init_pid:
+    """At interpreter exit, leaves the job (unisum_shutdown), so that a
+    script ends its job normally whether or not it called shutdown()
+    (BytePS's and Horovod's examples do not).  Only when no operation is
+    in flight: one that is waits on other workers, and leaving would hang
+    the exit; the process then ends without a goodbye and the job fails
+    naming it."""
+    global _joined
+    if not _joined or os.getpid() != _init_pid:
         return
     with _lock:
         pending = [op for op in _ops.values() if not op.done]
@@ -163,36 +168,40 @@ def _leave_at_exit() -> None:
             if rc == 0:
                 return
             op.done = True
-    try:
-        shutdown()
-    except UnisumError:
-        pass    # the job failed meanwhile: the error was logged where it happened
+    with _lock:
+        _joined = False
+        _ops.clear()
+    # A failure here was the job's, reported where it happened.
+    _capi.lib.unisum_shutdown()
 
 
 def shutdown() -> None:
-    """Waits for operations in flight and leaves the job.
-
-    A script that never calls it leaves at interpreter exit, when no
-    operation is in flight, so BytePS's and Horovod's scripts (which never
-    call it) end their jobs normally.
-
-    Every handle and every declared name is forgotten.  Without init(), or
-    a second time, it does nothing.
+    """Waits for operations in flight and stops using the job: every handle
+    is forgotten, and every call but init() raises until init() resumes
+    the same job (as Horovod allows).  The process leaves the job for good
+    when it exits, also when it never calls shutdown(), as BytePS's and
+    Horovod's scripts do not.  Without init(), or a second time, it does
+    nothing.
 
     Raises:
-        UnisumError: When the C library reports a failure while leaving
-            (the job is left all the same).
+        UnisumError: When an operation that was still in flight failed.
     """
     global _initialized
     with _lock:
         if not _initialized:
             return
         _initialized = False
-        _tensors.clear()
+        pending = [op for op in _ops.values() if not op.done]
         _ops.clear()
-        rc = _capi.lib.unisum_shutdown()   # waits for every operation in flight
-        _orphans.clear()
-    _capi.check(rc, "unisum.torch.shutdown")
+    first_error = 0
+    for op in pending:
+        if op.c_handle is None:
+            continue
+        rc = _wait(op.c_handle)
+        op.done = True
+        op.finish()
+        first_error = first_error or rc
+    _capi.check(first_error, "unisum.torch.shutdown: an operation in flight")
 
 
 def size() -> int:
@@ -394,9 +403,10 @@ def _undeclare(name: str) -> None:
 
 
 def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: int,
-           inplace: bool) -> int:
+           inplace: bool, scale: float = 1.0) -> int:
     """Starts push_pull_async (or, `inplace`, push_pull_async_inplace) and
-    returns the operation's handle; see push_pull_async."""
+    returns the operation's handle; see push_pull_async.  The result is
+    multiplied by `scale` when it completes (Horovod's postscale_factor)."""
     _require_init()
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("unisum.torch: push_pull takes a torch.Tensor, got %s" % type(tensor).__name__)
@@ -425,6 +435,8 @@ def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: i
             output = recv
 
         def finish() -> None:
+            if scale != 1.0:
+                recv.copy_(_scaled(recv, scale))
             if inplace and recv.data_ptr() != src.data_ptr():
                 src.copy_(recv.view_as(src))
             if release is not None:
@@ -440,6 +452,16 @@ def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: i
             release()
         raise
     return _register(_Op(h.value, send, recv, output, finish))
+
+
+def _scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
+    """tensor x factor in tensor's dtype, computed as Horovod does on the
+    CPU: integers in float64 (then truncated), float16 in float32."""
+    if not tensor.dtype.is_floating_point:
+        return (tensor.to(torch.float64) * factor).to(tensor.dtype)
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        return (tensor.to(torch.float32) * factor).to(tensor.dtype)
+    return tensor * factor
 
 
 def _register(op: _Op, done: bool = False) -> int:
@@ -592,6 +614,53 @@ def push_pull_(tensor: torch.Tensor, average: bool = True, name: Optional[str] =
     those of push_pull(), and so are the exceptions.
     """
     return synchronize(push_pull_async_inplace(tensor, average, name, priority))
+
+
+def _broadcast_start(tensor: torch.Tensor, root_rank: int, name: Optional[str],
+                     inplace: bool) -> int:
+    """Starts a broadcast of root's `tensor` into `tensor` itself (`inplace`)
+    or a new tensor, under `name` (None: by order, one-shot) and returns a
+    handle for poll() / synchronize(), which returns the result.  Only the
+    dtypes the C library sums travel this way; see _broadcast_ for others."""
+    _require_init()
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError("unisum.torch: broadcast takes a torch.Tensor, got %s" % type(tensor).__name__)
+    one_shot = name is None
+    if name is None:
+        name = _by_order("broadcast")
+    src = tensor.detach()
+    if src.dtype not in _DTYPES:
+        # bool, uint8, int8, int16, complex: carried exactly, widened.
+        if src.dtype.is_complex:
+            raise TypeError("unisum.torch: broadcast of complex tensors: use broadcast_parameters")
+        buf = src.to(torch.float64 if src.dtype.is_floating_point else torch.int64)
+        output = dest = tensor if inplace else torch.empty_like(src)
+    elif inplace:
+        buf = src if src.is_contiguous() else src.contiguous()
+        output, dest = tensor, src
+    else:
+        buf = src.clone(memory_format=torch.contiguous_format)
+        output = dest = buf
+    if dest is tensor:
+        dest = src
+    tid = _tensor_id(name, buf, 0)
+    if buf.numel() == 0:
+        if one_shot:
+            _undeclare(name)
+        return _register(_Op(None, None, None, output, lambda: None), done=True)
+
+    def finish() -> None:
+        if buf.data_ptr() != dest.data_ptr():
+            dest.copy_(buf.view(dest.shape).to(dest.dtype))
+        if one_shot:
+            _undeclare(name)
+
+    h = ctypes.c_int64(0)
+    rc = _capi.lib.unisum_broadcast_async(tid, buf.data_ptr(), int(root_rank), ctypes.byref(h))
+    if rc != 0 and one_shot:
+        _undeclare(name)
+    _capi.check(rc, "unisum.torch: broadcast")
+    return _register(_Op(h.value, buf, buf, output, finish))
 
 
 def _broadcast_(tensor: torch.Tensor, root_rank: int, name: str) -> None:
@@ -1086,3 +1155,11 @@ def DistributedOptimizer(optimizer: _OptimizerT,
                   shared_gradients)
     wrapped.load_state_dict(optimizer.state_dict())
     return wrapped
+
+
+# Horovod's names (allreduce, broadcast, the queries, ReduceOp values):
+# thin wrappers over the collectives above, in their own module.
+from unisum._horovod import *  # noqa: E402,F401,F403
+from unisum._horovod import __all__ as _horovod_all  # noqa: E402
+
+__all__ += _horovod_all

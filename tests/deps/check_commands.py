@@ -8,8 +8,9 @@ The one list of allowed commands is the table in scripts/install-deps.sh
 (`install-deps.sh --table` prints it): each line names a Debian package,
 its group (`base`: part of a minimal Debian 12, never installed by us;
 `test`: what `make demo`, `make test` and CI need; `bench`: what bench/
-needs on top) and the commands of that package that the project runs.
-install-deps.sh installs the `test` packages, and the `bench` ones when
+needs on top; `suite`: what Horovod's test suite needs, run by hand) and
+the commands of that package that the project runs.  install-deps.sh
+installs the `test` packages, and the `bench` and `suite` ones when
 asked.
 
 This check reads every shell script, Makefile recipe, CMake COMMAND and
@@ -552,8 +553,9 @@ def read_deps():
         words = line.split("#", 1)[0].split()
         if not words:
             continue
-        if len(words) < 2 or words[1] not in ("base", "test", "bench"):
-            sys.exit("install-deps.sh's table: expected 'PACKAGE base|test|bench [COMMAND...]', "
+        if len(words) < 2 or words[1] not in ("base", "test", "bench", "suite"):
+            sys.exit("install-deps.sh's table: expected 'PACKAGE base|test|bench|suite "
+                     "[COMMAND...]', "
                      "got %r" % line)
         pkg, group = words[0], words[1]
         packages.append((pkg, group))
@@ -632,8 +634,8 @@ def check(found, commands, packages, dpkg):
         elif group == "test" and not installed:
             errors.append("package %s is not installed: scripts/install-deps.sh did not run "
                           "or failed" % pkg)
-        elif group == "bench" and not installed and pkg not in dpkg.candidates:
-            errors.append("package %s (bench) is not one apt can install" % pkg)
+        elif group in ("bench", "suite") and not installed and pkg not in dpkg.candidates:
+            errors.append("package %s (%s) is not one apt can install" % (pkg, group))
     for name, (pkg, group) in sorted(commands.items()):
         if name not in found:
             errors.append("install-deps.sh's table lists command %s (package %s), which nothing "

@@ -331,6 +331,33 @@ def test_worker_that_ends_while_others_wait_is_named(mode, named, local_size):
     assert re.search(named, survivor), describe(rc, out, err)
 
 
+@pytest.mark.parametrize("nworkers,local_size", [(2, 1), (3, 1), (3, None)],
+                         ids=["2-servers", "3-servers", "3-one-machine"])
+def test_horovod_names(nworkers, local_size):
+    """`import unisum.torch as hvd`: allreduce (Sum, Average, factors, in
+    place, async, grouped, differentiable), broadcast and the queries give
+    Horovod's results exactly (issue 17; the worker checks every value)."""
+    rc, out, err = run_launch(nworkers, 1, "horovod_api.py", timeout=120, local_size=local_size)
+    assert rc == 0, describe(rc, out, err)
+    for r in range(nworkers):
+        assert "rank %d: horovod api ok" % r in worker_lines(out, r), describe(rc, out, err)
+
+
+def test_horovod_queries_without_init():
+    """The queries a Horovod test asks before init() answer truthfully."""
+    assert us.is_initialized() is False
+    assert not any(f() for f in (us.mpi_built, us.mpi_enabled, us.gloo_built, us.gloo_enabled,
+                                 us.nccl_built, us.ccl_built, us.ddl_built, us.cuda_built,
+                                 us.rocm_built))
+    assert us.unisum_built()
+    assert us.HorovodInternalError is unisum.UnisumError
+    assert (us.Average, us.Sum, us.Adasum, us.Min, us.Max, us.Product) == (0, 1, 2, 3, 4, 5)
+    with pytest.raises(NotImplementedError):
+        us.add_process_set([0, 1])
+    with pytest.raises(ValueError):
+        us.allreduce(torch.ones(2), average=True, op=us.Sum)
+
+
 # ---- 7. before init() -----------------------------------------------------
 
 @pytest.mark.parametrize("call", [

@@ -199,7 +199,17 @@ def main():
             sigint(rank, outdir, result)
         elif case == "reinit":
             us.shutdown()
+            try:
+                us.rank()
+                raises = False
+            except us.UnisumError:
+                raises = True
+            result["after_shutdown"] = {"initialized": us.is_initialized(), "rank_raises": raises}
             result["reinit"] = attempt(us.init)
+            result["after_reinit"] = {
+                "initialized": us.is_initialized(), "rank": us.rank(), "size": us.size(),
+                "sum": us.push_pull(torch.full((4,), 1.0 + rank), average=False,
+                                    name="after.reinit").tolist()}
             common.write_json(outdir, rank, result)
             return
         elif case == "skip_sync":

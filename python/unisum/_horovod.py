@@ -1,0 +1,378 @@
+"""Horovod's names in unisum.torch: allreduce, broadcast and the queries.
+
+``import unisum.torch as hvd`` gives a Horovod program these names on top
+of unisum's own (``init``, ``rank``, ``size``, ``synchronize``, ``poll``,
+``DistributedOptimizer``, ...).  They are thin wrappers over push_pull
+and broadcast: the same servers, pipeline and failure handling.
+
+What works as in Horovod, and what does not yet (issue 17):
+
+* ``allreduce`` (and ``allreduce_``, ``allreduce_async``,
+  ``allreduce_async_``, ``grouped_allreduce``, ``grouped_allreduce_``)
+  with ``op=Average`` or ``op=Sum`` (or the older ``average=``),
+  ``prescale_factor`` and ``postscale_factor``.  ``allreduce`` is
+  differentiable: its gradient is the allreduce of the gradient with the
+  same op and factors, as in Horovod.  ``Min``, ``Max`` and ``Product``
+  raise NotImplementedError until the servers reduce with them; ``Adasum``
+  raises NotImplementedError (use ``Average``).
+* ``broadcast`` (differentiable: the gradient is averaged over the workers
+  and kept on the root, zero elsewhere, as in Horovod), ``broadcast_``,
+  ``broadcast_async`` and ``broadcast_async_``, for the dtypes unisum sums.
+* ``is_initialized``, ``cross_rank``, ``cross_size`` (the machines),
+  ``is_homogeneous`` (always true: every machine runs UNISUM_LOCAL_SIZE
+  workers), and ``HorovodInternalError`` (unisum's error type).
+* ``mpi_built``, ``gloo_built``, ``nccl_built``, ``ccl_built``,
+  ``ddl_built``, ``cuda_built``, ``rocm_built`` and the ``*_enabled``
+  queries answer False: unisum runs neither MPI nor gloo nor NCCL; its
+  collectives run on its own Summation Service (``unisum_built`` is True).
+* Process sets: only the global one (``global_process_set``, or None);
+  ``add_process_set`` raises NotImplementedError for now.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+import torch
+
+from unisum import torch as _t
+from unisum._capi import UnisumError
+
+__all__ = [
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "HorovodInternalError",
+    "is_initialized", "cross_rank", "cross_size", "is_homogeneous",
+    "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled", "nccl_built", "ccl_built",
+    "ddl_built", "cuda_built", "rocm_built", "unisum_built",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+]
+
+# Horovod's ReduceOp values (horovod.torch.mpi_ops).
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
+             Product: "Product"}
+
+HorovodInternalError = UnisumError
+
+
+class ProcessSet:
+    """A group of ranks that runs collectives of its own.  Only the global
+    set (every rank) exists in unisum so far."""
+
+    def __init__(self, ranks: Optional[Sequence[int]] = None) -> None:
+        self.ranks = None if ranks is None else list(ranks)
+        self.process_set_id = 0 if ranks is None else None
+
+    def __repr__(self) -> str:
+        return "ProcessSet(process_set_id=%s, ranks=%s)" % (self.process_set_id, self.ranks)
+
+
+global_process_set = ProcessSet()
+
+
+def add_process_set(process_set: Any) -> ProcessSet:
+    """Not yet: raises NotImplementedError (issue 17)."""
+    raise NotImplementedError("unisum.torch: process sets other than the global one are not "
+                              "implemented yet; run the collective on every rank")
+
+
+def remove_process_set(process_set: Any) -> bool:
+    """Not yet: raises NotImplementedError (issue 17)."""
+    raise NotImplementedError("unisum.torch: process sets other than the global one are not "
+                              "implemented yet")
+
+
+def _global_only(process_set: Optional[ProcessSet]) -> None:
+    """Raises NotImplementedError for a process set other than the global one."""
+    if process_set is not None and process_set is not global_process_set:
+        raise NotImplementedError("unisum.torch: only the global process set is implemented; "
+                                  "got %r" % (process_set,))
+
+
+def is_initialized() -> bool:
+    """True between init() and shutdown()."""
+    return _t._initialized
+
+
+def cross_rank() -> int:
+    """This worker's machine among the job's machines (Horovod's cross rank)."""
+    return _t.rank() // _t.local_size()
+
+
+def cross_size() -> int:
+    """How many machines the job has (Horovod's cross size)."""
+    return _t.size() // _t.local_size()
+
+
+def is_homogeneous() -> bool:
+    """True: every machine of a unisum job runs the same number of workers."""
+    _t._require_init()
+    return True
+
+
+def unisum_built() -> bool:
+    """True: the collectives run on unisum's Summation Service."""
+    return True
+
+
+def mpi_built() -> bool:
+    """False: unisum does not use MPI."""
+    return False
+
+
+def mpi_enabled() -> bool:
+    """False: unisum does not use MPI."""
+    return False
+
+
+def gloo_built() -> bool:
+    """False: unisum does not use gloo; see unisum_built()."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """False: unisum does not use gloo."""
+    return False
+
+
+def nccl_built() -> bool:
+    """False: unisum does not use NCCL."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False: unisum does not use oneCCL."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False: unisum does not use IBM DDL."""
+    return False
+
+
+def cuda_built() -> bool:
+    """False: this build of unisum.torch takes CPU tensors."""
+    return False
+
+
+def rocm_built() -> bool:
+    """False: this build of unisum.torch takes CPU tensors."""
+    return False
+
+
+def _average(average: Optional[bool], op: Optional[int]) -> bool:
+    """Whether the allreduce averages (Average) rather than sums (Sum), from
+    Horovod's `average` and `op` arguments."""
+    if op is None:
+        return average is None or bool(average)
+    if average is not None:
+        raise ValueError("unisum.torch: allreduce takes `op` or the older `average`, not both")
+    if op == Average:
+        return True
+    if op == Sum:
+        return False
+    if op == Adasum:
+        raise NotImplementedError("unisum.torch: Adasum is not implemented; use op=Average")
+    if op in (Min, Max, Product):
+        raise NotImplementedError("unisum.torch: allreduce op=%s is not implemented yet (the "
+                                  "servers sum); use op=Sum or op=Average" % _OP_NAMES[op])
+    raise ValueError("unisum.torch: unknown allreduce op %r" % (op,))
+
+
+def _allreduce_start(tensor: torch.Tensor, average: Optional[bool], name: Optional[str],
+                     op: Optional[int], prescale_factor: float, postscale_factor: float,
+                     process_set: Optional[ProcessSet], inplace: bool) -> int:
+    """Starts an allreduce; returns its handle (see allreduce_async)."""
+    avg = _average(average, op)
+    _global_only(process_set)
+    if prescale_factor != 1.0:
+        if inplace:
+            tensor.copy_(_t._scaled(tensor.detach(), prescale_factor))
+        else:
+            tensor = _t._scaled(tensor.detach(), prescale_factor)
+    return _t._start(tensor, avg, name, 0, inplace, scale=float(postscale_factor))
+
+
+def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
+                    name: Optional[str] = None, op: Optional[int] = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: Optional[ProcessSet] = None) -> int:
+    """Starts reducing `tensor` over all workers into a new tensor; returns
+    a handle for poll() / synchronize().
+
+    Args:
+        tensor: The CPU tensor to reduce (float32, float64, float16,
+            bfloat16, int32, int64).
+        average: Horovod's older form of `op`: True is Average, False Sum.
+        name: The tensor's name, the same on every worker (None: by the
+            order of unnamed collectives).
+        op: Average (the default) or Sum.
+        prescale_factor: Multiplies the input before the reduction.
+        postscale_factor: Multiplies the result.
+        process_set: The global process set (or None).
+
+    Raises:
+        NotImplementedError: For op Min, Max, Product or Adasum, and for a
+            process set other than the global one.
+        ValueError: When both `average` and `op` are given.
+        TypeError, UnisumError: As push_pull_async().
+    """
+    return _allreduce_start(tensor, average, name, op, prescale_factor, postscale_factor,
+                            process_set, inplace=False)
+
+
+def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
+                     name: Optional[str] = None, op: Optional[int] = None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: Optional[ProcessSet] = None) -> int:
+    """As allreduce_async, writing the result into `tensor` itself."""
+    return _allreduce_start(tensor, average, name, op, prescale_factor, postscale_factor,
+                            process_set, inplace=True)
+
+
+class _AllreduceFn(torch.autograd.Function):
+    """allreduce as an autograd function: the gradient of an allreduce is
+    the allreduce of the gradient, with the same op and factors."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, average: Optional[bool], name: Optional[str],
+                op: Optional[int], prescale: float, postscale: float) -> torch.Tensor:
+        ctx.args = (average, op, prescale, postscale)
+        return _t.synchronize(_allreduce_start(tensor, average, name, op, prescale, postscale,
+                                               None, inplace=False))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        average, op, prescale, postscale = ctx.args
+        reduced = _t.synchronize(_allreduce_start(grad.contiguous(), average, None, op, prescale,
+                                                  postscale, None, inplace=False))
+        return reduced, None, None, None, None, None
+
+
+def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+              compression: Any = None, op: Optional[int] = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: Optional[ProcessSet] = None) -> torch.Tensor:
+    """Reduces `tensor` over all workers and returns the result in a new
+    tensor; differentiable.  The arguments are allreduce_async()'s, and
+    `compression` is Compression.none or Compression.fp16 (the tensor
+    travels as float16)."""
+    _global_only(process_set)
+    if compression is not None and compression is not _t.Compression.none:
+        sent, ctx = compression.compress(tensor)
+        return compression.decompress(
+            allreduce(sent, average, name, None, op, prescale_factor, postscale_factor), ctx)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        out: torch.Tensor = _AllreduceFn.apply(tensor, average, name, op,
+                                               float(prescale_factor), float(postscale_factor))
+        return out
+    return _t.synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
+                                          postscale_factor))
+
+
+def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+               op: Optional[int] = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0,
+               process_set: Optional[ProcessSet] = None) -> torch.Tensor:
+    """Reduces `tensor` over all workers in place and returns it."""
+    return _t.synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                           postscale_factor, process_set))
+
+
+def _grouped(tensors: Sequence[torch.Tensor], name: Optional[str], inplace: bool,
+             **kw: Any) -> List[torch.Tensor]:
+    """Starts one allreduce per tensor (named NAME.i), then waits for all."""
+    handles = [_allreduce_start(t, kw.get("average"), None if name is None else "%s.%d" % (name, i),
+                                kw.get("op"), kw.get("prescale_factor", 1.0),
+                                kw.get("postscale_factor", 1.0), kw.get("process_set"), inplace)
+               for i, t in enumerate(tensors)]
+    return [_t.synchronize(h) for h in handles]
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                      name: Optional[str] = None, op: Optional[int] = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: Optional[ProcessSet] = None) -> List[torch.Tensor]:
+    """allreduce of every tensor of the list, all in flight at once; returns
+    the results in order.  Tensor i is named NAME.i when `name` is given."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        # Differentiable, one allreduce after the other.
+        return [allreduce(t, average, None if name is None else "%s.%d" % (name, i), None, op,
+                          prescale_factor, postscale_factor, process_set)
+                for i, t in enumerate(tensors)]
+    return _grouped(tensors, name, False, average=average, op=op,
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                    process_set=process_set)
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                       name: Optional[str] = None, op: Optional[int] = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: Optional[ProcessSet] = None) -> List[torch.Tensor]:
+    """grouped_allreduce in place: each tensor receives its own result."""
+    return _grouped(tensors, name, True, average=average, op=op,
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                    process_set=process_set)
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                    process_set: Optional[ProcessSet] = None) -> int:
+    """Starts copying root_rank's `tensor` to every worker, into a new
+    tensor; returns a handle for poll() / synchronize().  Every worker
+    passes a tensor of the same shape and dtype.
+
+    Raises:
+        NotImplementedError: For a process set other than the global one.
+        TypeError, UnisumError: As push_pull_async().
+    """
+    _global_only(process_set)
+    return _t._broadcast_start(tensor, root_rank, name, inplace=False)
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                     process_set: Optional[ProcessSet] = None) -> int:
+    """As broadcast_async, into `tensor` itself."""
+    _global_only(process_set)
+    return _t._broadcast_start(tensor, root_rank, name, inplace=True)
+
+
+class _BroadcastFn(torch.autograd.Function):
+    """broadcast as an autograd function: as in Horovod, the gradient is
+    averaged over the workers and kept on the root, zero elsewhere."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int,
+                name: Optional[str]) -> torch.Tensor:
+        ctx.root_rank = root_rank
+        return _t.synchronize(_t._broadcast_start(tensor, root_rank, name, inplace=False))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        reduced = _t.synchronize(_allreduce_start(grad.contiguous(), True, None, None, 1.0, 1.0,
+                                                  None, inplace=False))
+        if _t.rank() != ctx.root_rank:
+            reduced = reduced * 0
+        return reduced, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+              process_set: Optional[ProcessSet] = None) -> torch.Tensor:
+    """root_rank's `tensor` on every worker, in a new tensor; differentiable."""
+    _global_only(process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        out: torch.Tensor = _BroadcastFn.apply(tensor, root_rank, name)
+        return out
+    return _t.synchronize(broadcast_async(tensor, root_rank, name))
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+               process_set: Optional[ProcessSet] = None) -> torch.Tensor:
+    """Overwrites `tensor` with root_rank's, in place, and returns it."""
+    return _t.synchronize(broadcast_async_(tensor, root_rank, name, process_set))

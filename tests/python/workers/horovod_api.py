@@ -1,0 +1,119 @@
+"""Worker: Horovod's names in unisum.torch, every result checked exactly.
+
+    horovod_api.py
+
+Imports unisum.torch as hvd, as a ported Horovod program does, and runs
+allreduce (Sum, Average, prescale and postscale factors, in place, async,
+grouped, differentiable), broadcast (new tensor, in place, async,
+differentiable) and the queries.  Every value is an integer small enough to
+be exact in every dtype, so results compare with ==.  Prints
+"rank R: horovod api ok" at the end; any mismatch raises.
+"""
+
+import os
+
+import torch
+
+import unisum.torch as hvd
+
+
+def expect(what, got, want):
+    """Raises unless tensors `got` and `want` are equal, dtype included."""
+    if got.dtype != want.dtype or not torch.equal(got, want):
+        raise AssertionError("rank %d: %s: got %s, want %s" % (hvd.rank(), what, got, want))
+
+
+def main():
+    torch.set_num_threads(1)
+    assert not hvd.is_initialized()
+    hvd.init()
+    assert hvd.is_initialized()
+    r, n = hvd.rank(), hvd.size()
+    assert hvd.rank() == int(os.environ["HOROVOD_RANK"]) == int(os.environ["RANK"])
+    assert hvd.size() == int(os.environ["HOROVOD_SIZE"]) == int(os.environ["WORLD_SIZE"])
+    assert hvd.cross_rank() == int(os.environ["HOROVOD_CROSS_RANK"])
+    assert hvd.cross_size() == int(os.environ["HOROVOD_CROSS_SIZE"])
+    assert hvd.is_homogeneous()
+    ranks = sum(range(n))
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16,
+                  torch.bfloat16):
+        x = torch.arange(6, dtype=dtype) + r            # element i: i + r
+        base = torch.arange(6, dtype=torch.int64)
+        want_sum = (base * n + ranks).to(dtype)
+        expect("allreduce Sum %s" % dtype, hvd.allreduce(x, op=hvd.Sum), want_sum)
+        expect("allreduce average=False %s" % dtype, hvd.allreduce(x, average=False), want_sum)
+        if dtype.is_floating_point:
+            y = (torch.arange(6, dtype=dtype) * n + r)   # mean over ranks: i*n + (n-1)/2
+            want_avg = (torch.arange(6, dtype=torch.float64) * n + ranks / n).to(dtype)
+            expect("allreduce Average %s" % dtype, hvd.allreduce(y), want_avg)
+            expect("allreduce pre 2, post 3 %s" % dtype,
+                   hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=3.0),
+                   (want_sum.double() * 6).to(dtype))
+        z = x.clone()
+        out = hvd.allreduce_(z, op=hvd.Sum, name="inplace.%s" % dtype)
+        assert out is z
+        expect("allreduce_ %s" % dtype, z, want_sum)
+        h = hvd.allreduce_async(x, op=hvd.Sum, name="async.%s" % dtype)
+        expect("allreduce_async %s" % dtype, hvd.synchronize(h), want_sum)
+        w = x.clone()
+        h = hvd.allreduce_async_(w, op=hvd.Sum)
+        while not hvd.poll(h):
+            pass
+        expect("allreduce_async_ then poll %s" % dtype, hvd.synchronize(h), want_sum)
+        expect("allreduce_async_ in place %s" % dtype, w, want_sum)
+        b = torch.full((3, 2), r, dtype=dtype)
+        expect("broadcast from 1 %s" % dtype, hvd.broadcast(b, root_rank=1),
+               torch.full((3, 2), 1, dtype=dtype))
+        expect("... leaves its input", b, torch.full((3, 2), r, dtype=dtype))
+        hvd.broadcast_(b, root_rank=n - 1, name="bcast.%s" % dtype)
+        expect("broadcast_ from n-1 %s" % dtype, b, torch.full((3, 2), n - 1, dtype=dtype))
+        h = hvd.broadcast_async(torch.full((4,), r, dtype=dtype), 0)
+        expect("broadcast_async %s" % dtype, hvd.synchronize(h), torch.zeros(4, dtype=dtype))
+    # Integers scale in float64 and truncate, as Horovod does on the CPU.
+    x = torch.tensor([3, -3, 7], dtype=torch.int32) * (r + 1)
+    want = sum(((torch.tensor([3, -3, 7], dtype=torch.int32) * (q + 1)).double() * 2.5).int()
+               for q in range(n))
+    expect("allreduce int32, prescale 2.5", hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.5),
+           want.to(torch.int32))
+    expect("allreduce int32, postscale 0.5",
+           hvd.allreduce(x, op=hvd.Sum, postscale_factor=0.5),
+           (sum(torch.tensor([3, -3, 7], dtype=torch.int32) * (q + 1) for q in range(n)).double()
+            * 0.5).int().to(torch.int32))
+    # Dtypes the servers do not sum still broadcast, exactly.
+    for dtype in (torch.uint8, torch.int8, torch.int16, torch.bool):
+        b = (torch.arange(5) + 7 * r).to(dtype)
+        expect("broadcast %s" % dtype, hvd.broadcast(b, root_rank=1),
+               (torch.arange(5) + 7).to(dtype))
+        hvd.broadcast_(b, root_rank=0)
+        expect("broadcast_ %s" % dtype, b, torch.arange(5).to(dtype))
+    # grouped_allreduce is differentiable too.
+    xs = [torch.ones(2, requires_grad=True), torch.ones(3, requires_grad=True)]
+    outs = hvd.grouped_allreduce(xs, op=hvd.Sum)
+    (outs[0].sum() * (r + 1) + outs[1].sum() * 2).backward()
+    expect("grouped_allreduce's gradient 0", xs[0].grad, torch.full((2,), float(ranks + n)))
+    expect("grouped_allreduce's gradient 1", xs[1].grad, torch.full((3,), float(2 * n)))
+    grouped = hvd.grouped_allreduce([torch.full((2,), float(r)), torch.full((3,), float(2 * r))],
+                                    op=hvd.Sum, name="grouped")
+    expect("grouped_allreduce 0", grouped[0], torch.full((2,), float(ranks)))
+    expect("grouped_allreduce 1", grouped[1], torch.full((3,), float(2 * ranks)))
+    # Differentiable: d/dx sum(allreduce_sum(x) * c) = allreduce_sum(c).
+    x = torch.ones(4, requires_grad=True)
+    (hvd.allreduce(x, op=hvd.Sum) * (r + 1)).sum().backward()
+    expect("allreduce's gradient", x.grad, torch.full((4,), float(ranks + n)))
+    # broadcast's gradient: averaged over the workers, on the root only.
+    x = torch.ones(4, requires_grad=True)
+    (hvd.broadcast(x, root_rank=0) * (2 * r + 2)).sum().backward()
+    want = torch.full((4,), float(2 * ranks + 2 * n) / n) if r == 0 else torch.zeros(4)
+    expect("broadcast's gradient", x.grad, want)
+    for op in (hvd.Min, hvd.Max, hvd.Product, hvd.Adasum):
+        try:
+            hvd.allreduce(torch.ones(2), op=op)
+        except NotImplementedError:
+            pass
+        else:
+            raise AssertionError("op %d did not raise NotImplementedError" % op)
+    print("rank %d: horovod api ok" % r, flush=True)
+
+
+if __name__ == "__main__":
+    main()
