@@ -1080,9 +1080,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
-                    "unisum.torch: optimizer.step() called after optimizer.synchronize() without "
-                    "the optimizer.skip_synchronize() context: every gradient is summed over the "
-                    "workers again, which costs a whole round of communication. Use "
+                    "unisum.torch: optimizer.step() called without "
+                    "optimizer.skip_synchronize() context after optimizer.synchronize(): every "
+                    "gradient is summed over the workers again, which costs a whole round of "
+                    "communication. Use "
                     "`with optimizer.skip_synchronize(): optimizer.step()` after synchronize().")
             self.synchronize()
         self._synchronized = False
