@@ -25,13 +25,25 @@ What works as in Horovod, and what does not yet (issue 17):
   ``ddl_built``, ``cuda_built``, ``rocm_built`` and the ``*_enabled``
   queries answer False: unisum runs neither MPI nor gloo nor NCCL; its
   collectives run on its own Summation Service (``unisum_built`` is True).
+* ``allgather`` (first dimensions may differ by rank; every dtype;
+  differentiable), ``allgather_async``, ``grouped_allgather`` and
+  ``allgather_object``; ``reducescatter`` (Average or Sum, the factors;
+  rows split as ``torch.tensor_split`` does: the first ranks get one more
+  when they do not divide evenly; differentiable), ``reducescatter_async``
+  and ``grouped_reducescatter``.  For now both run on push_pull: allgather
+  sums, as 64-bit integers, buffers in which each rank filled only its own
+  rows (exact for every dtype, bit for bit), and reducescatter reduces the
+  whole tensor and keeps this rank's rows.  Correct, but they move more
+  bytes than server-side versions will.
 * Process sets: only the global one (``global_process_set``, or None);
   ``add_process_set`` raises NotImplementedError for now.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+import math
+import pickle
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -47,6 +59,8 @@ __all__ = [
     "grouped_allreduce", "grouped_allreduce_",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "allgather", "allgather_async", "grouped_allgather", "allgather_object",
+    "reducescatter", "reducescatter_async", "grouped_reducescatter",
 ]
 
 # Horovod's ReduceOp values (horovod.torch.mpi_ops).
@@ -376,3 +390,188 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                process_set: Optional[ProcessSet] = None) -> torch.Tensor:
     """Overwrites `tensor` with root_rank's, in place, and returns it."""
     return _t.synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# ---- allgather and reducescatter, on push_pull (see the module docstring) ----
+
+_DTYPE_CODES = {dt: i for i, dt in enumerate(
+    (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
+     torch.uint8, torch.int8, torch.int16, torch.bool))}
+_RECORD = 11       # int64s per rank: rows, ndim, dtype, then up to 8 trailing dimensions
+
+
+def _gathered_shapes(tensor: torch.Tensor, what: str) -> List[int]:
+    """Every rank's first dimension, after checking (on every rank alike)
+    that dtypes and trailing dimensions agree.  Raises HorovodInternalError
+    naming two ranks that differ."""
+    if tensor.dim() == 0:
+        raise ValueError("unisum.torch: %s needs a tensor of at least one dimension" % what)
+    if tensor.dtype not in _DTYPE_CODES or tensor.dim() > _RECORD - 3:
+        raise TypeError("unisum.torch: %s of %s tensors of %d dimensions is not supported"
+                        % (what, tensor.dtype, tensor.dim()))
+    n, r = _t.size(), _t.rank()
+    rec = torch.zeros(n, _RECORD, dtype=torch.int64)
+    dims = list(tensor.shape)
+    rec[r, :3] = torch.tensor([dims[0], len(dims), _DTYPE_CODES[tensor.dtype]])
+    rec[r, 3:3 + len(dims) - 1] = torch.tensor(dims[1:], dtype=torch.int64)
+    recs = _t.push_pull(rec, average=False).tolist()
+    for q in range(n):
+        if recs[q][1:] != recs[0][1:]:
+            raise HorovodInternalError(
+                "unisum.torch: %s: rank 0 has a %d-dimensional tensor of dtype code %d and "
+                "trailing dimensions %s, rank %d one of %d dimensions, dtype code %d, trailing "
+                "%s: every rank must pass the same dtype and dimensions but the first" %
+                (what, recs[0][1], recs[0][2], recs[0][3:3 + recs[0][1] - 1], q, recs[q][1],
+                 recs[q][2], recs[q][3:3 + recs[q][1] - 1]))
+    return [rec_q[0] for rec_q in recs]
+
+
+def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
+                    process_set: Optional[ProcessSet] = None) -> int:
+    """Starts concatenating every rank's `tensor` along the first dimension
+    (which may differ by rank; the others and the dtype may not); returns
+    a handle for synchronize(), which returns the result.  Waits for the
+    ranks' shapes first, as Horovod's coordinator does."""
+    _global_only(process_set)
+    rows = _gathered_shapes(tensor, "allgather")
+    src = tensor.detach().contiguous()
+    trailing = list(src.shape[1:])
+    row_bytes = src.element_size() * math.prod(trailing)
+    total = sum(rows) * row_bytes
+    buf = torch.zeros((total + 7) // 8, dtype=torch.int64)
+    raw = buf.view(torch.uint8)
+    start = sum(rows[:_t.rank()]) * row_bytes
+    mine = src.flatten().view(torch.uint8)
+    raw[start:start + mine.numel()] = mine
+    handle = _t._start(buf, False, None, 0, inplace=True)
+    with _t._lock:
+        op = _t._ops[handle]
+    op.output = raw[:total].view(src.dtype).view([sum(rows)] + trailing)
+    return handle
+
+
+class _AllgatherFn(torch.autograd.Function):
+    """allgather as an autograd function: as in Horovod, the gradient is the
+    average over the ranks of the gradient, narrowed to this rank's rows."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str]) -> torch.Tensor:
+        ctx.dim = tensor.shape[0]
+        return _t.synchronize(allgather_async(tensor, name))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        reduced = allreduce(grad.contiguous(), average=True)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64))
+        offset = int(dims[:_t.rank()].sum().item())
+        return reduced.narrow(0, offset, ctx.dim), None
+
+
+def allgather(tensor: torch.Tensor, name: Optional[str] = None,
+              process_set: Optional[ProcessSet] = None) -> torch.Tensor:
+    """Every rank's `tensor` concatenated along the first dimension, in rank
+    order; differentiable.  See allgather_async()."""
+    _global_only(process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        out: torch.Tensor = _AllgatherFn.apply(tensor, name)
+        return out
+    return _t.synchronize(allgather_async(tensor, name))
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                      process_set: Optional[ProcessSet] = None) -> List[torch.Tensor]:
+    """allgather of each tensor of the list; returns the results in order."""
+    _global_only(process_set)
+    return [allgather(t) for t in tensors]
+
+
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set: Optional[ProcessSet] = None) -> List[Any]:
+    """Every rank's picklable `obj`, in rank order."""
+    _global_only(process_set)
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64)).tolist()
+    gathered = allgather(data)
+    out, at = [], 0
+    for n in sizes:
+        out.append(pickle.loads(gathered[at:at + n].numpy().tobytes()))
+        at += n
+    return out
+
+
+def _my_rows(rows: int) -> Tuple[int, int]:
+    """This rank's first row and row count of a tensor of `rows` rows split
+    over the ranks as torch.tensor_split does."""
+    n, r = _t.size(), _t.rank()
+    base, extra = divmod(rows, n)
+    return r * base + min(r, extra), base + (1 if r < extra else 0)
+
+
+def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Optional[int] = None,
+                        process_set: Optional[ProcessSet] = None, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> int:
+    """Starts reducing `tensor` over the ranks (Average, or Sum) and keeping
+    this rank's rows of the result; returns a handle for synchronize()."""
+    _global_only(process_set)
+    if tensor.dim() == 0:
+        raise ValueError("unisum.torch: reducescatter needs a tensor of at least one dimension")
+    handle = _allreduce_start(tensor, None, name, Average if op is None else op, prescale_factor,
+                              postscale_factor, None, inplace=False)
+    first, count = _my_rows(tensor.shape[0])
+    with _t._lock:
+        op_ = _t._ops[handle]
+    op_.output = op_.output.narrow(0, first, count)
+    return handle
+
+
+class _ReducescatterFn(torch.autograd.Function):
+    """reducescatter as an autograd function: as in Horovod, the gradient is
+    the allgather of the gradient, scaled by size() for Sum and by the
+    factors."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str], op: int, pre: float,
+                post: float) -> torch.Tensor:
+        ctx.args = (op, pre, post)
+        return _t.synchronize(reducescatter_async(tensor, name, op, None, pre, post))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        op, pre, post = ctx.args
+        grad = grad * (_t.size() if op == Sum else 1) * pre * post
+        return allgather(grad.contiguous()), None, None, None, None
+
+
+def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression: Any = None,
+                  op: Optional[int] = None, process_set: Optional[ProcessSet] = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """This rank's rows of the reduction (Average, or Sum) of `tensor` over
+    the ranks; differentiable.  See reducescatter_async()."""
+    _global_only(process_set)
+    op = Average if op is None else op
+    if compression is not None and compression is not _t.Compression.none:
+        sent, ctx = compression.compress(tensor)
+        return compression.decompress(
+            reducescatter(sent, name, None, op, None, prescale_factor, postscale_factor), ctx)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        out: torch.Tensor = _ReducescatterFn.apply(tensor, name, op, float(prescale_factor),
+                                                   float(postscale_factor))
+        return out
+    return _t.synchronize(reducescatter_async(tensor, name, op, None, prescale_factor,
+                                              postscale_factor))
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                          op: Optional[int] = None, process_set: Optional[ProcessSet] = None,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> List[torch.Tensor]:
+    """reducescatter of each tensor of the list, all in flight at once
+    (one after the other, differentiable, when some tensor needs a grad)."""
+    _global_only(process_set)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return [reducescatter(t, None if name is None else "%s.%d" % (name, i), None, op, None,
+                              prescale_factor, postscale_factor) for i, t in enumerate(tensors)]
+    handles = [reducescatter_async(t, None if name is None else "%s.%d" % (name, i), op, None,
+                                   prescale_factor, postscale_factor)
+               for i, t in enumerate(tensors)]
+    return [_t.synchronize(h) for h in handles]

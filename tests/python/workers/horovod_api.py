@@ -105,6 +105,35 @@ def main():
     (hvd.broadcast(x, root_rank=0) * (2 * r + 2)).sum().backward()
     want = torch.full((4,), float(2 * ranks + 2 * n) / n) if r == 0 else torch.zeros(4)
     expect("broadcast's gradient", x.grad, want)
+    # allgather: rank q contributes q + 1 rows of value q, every dtype, bit for bit.
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
+                  torch.int64, torch.uint8, torch.int8, torch.int16, torch.bool):
+        mine = torch.full((r + 1, 3), r % 2 if dtype == torch.bool else r, dtype=dtype)
+        want = torch.cat([torch.full((q + 1, 3), q % 2 if dtype == torch.bool else q, dtype=dtype)
+                          for q in range(n)])
+        expect("allgather %s" % dtype, hvd.allgather(mine), want)
+    neg = torch.tensor([-0.0, float("nan"), -1.5]) if r == 0 else torch.tensor([2.0])
+    got = hvd.allgather(neg)
+    assert torch.signbit(got[0]) and torch.isnan(got[1]) and got[2] == -1.5, got
+    expect("grouped_allgather", hvd.grouped_allgather([torch.full((1,), r), torch.full((2,), r)])[1],
+           torch.tensor([q for q in range(n) for _ in range(2)]))
+    assert hvd.allgather_object({"rank": r, "x": [r] * r}) == [{"rank": q, "x": [q] * q}
+                                                               for q in range(n)]
+    x = torch.ones(r + 1, requires_grad=True)
+    (hvd.allgather(x) * torch.arange(float(n * (n + 1) // 2))).sum().backward()
+    start = r * (r + 1) // 2
+    expect("allgather's gradient", x.grad, torch.arange(float(start), float(start + r + 1)))
+    # reducescatter: 2n + 1 rows split as torch.tensor_split does.
+    t = torch.arange(float(2 * n + 1)).unsqueeze(1).repeat(1, 2) + r
+    full = sum(torch.arange(float(2 * n + 1)).unsqueeze(1).repeat(1, 2) + q for q in range(n))
+    mine_rows = torch.tensor_split(full, n)[r]
+    expect("reducescatter Sum", hvd.reducescatter(t, op=hvd.Sum), mine_rows)
+    expect("reducescatter Average", hvd.reducescatter(t), mine_rows / n)
+    got = hvd.grouped_reducescatter([t, t * 2], op=hvd.Sum)
+    expect("grouped_reducescatter", got[1], mine_rows * 2)
+    x = torch.ones(2 * n, requires_grad=True)
+    hvd.reducescatter(x, op=hvd.Sum).sum().backward()
+    expect("reducescatter's gradient", x.grad, torch.full((2 * n,), float(n)))
     for op in (hvd.Min, hvd.Max, hvd.Product, hvd.Adasum):
         try:
             hvd.allreduce(torch.ones(2), op=op)
