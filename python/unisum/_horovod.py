@@ -30,11 +30,14 @@ What works as in Horovod, and what does not yet (issue 17):
   ``allgather_object``; ``reducescatter`` (Average or Sum, the factors;
   rows split as ``torch.tensor_split`` does: the first ranks get one more
   when they do not divide evenly; differentiable), ``reducescatter_async``
-  and ``grouped_reducescatter``.  For now both run on push_pull: allgather
+  and ``grouped_reducescatter``; ``alltoall`` with ``splits`` (returning
+  the received splits too, as Horovod) and ``alltoall_async``, whose
+  synchronize() returns both.  For now all three run on push_pull: allgather
   sums, as 64-bit integers, buffers in which each rank filled only its own
   rows (exact for every dtype, bit for bit), and reducescatter reduces the
-  whole tensor and keeps this rank's rows.  Correct, but they move more
-  bytes than server-side versions will.
+  whole tensor and keeps this rank's rows, and alltoall picks its rows out
+  of an allgather.  Correct, but they move more bytes than server-side
+  versions will.
 * Process sets: only the global one (``global_process_set``, or None);
   ``add_process_set`` raises NotImplementedError for now.
 """
@@ -61,6 +64,7 @@ __all__ = [
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "allgather", "allgather_async", "grouped_allgather", "allgather_object",
     "reducescatter", "reducescatter_async", "grouped_reducescatter",
+    "alltoall", "alltoall_async",
 ]
 
 # Horovod's ReduceOp values (horovod.torch.mpi_ops).
@@ -575,3 +579,77 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] =
                                    prescale_factor, postscale_factor)
                for i, t in enumerate(tensors)]
     return [_t.synchronize(h) for h in handles]
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
+                   process_set: Optional[ProcessSet] = None) -> int:
+    """Starts sending splits[j] rows of `tensor` (in order along the first
+    dimension) to rank j, and receiving every rank's rows for this one, in
+    rank order; synchronize() returns (the received rows, how many came
+    from each rank).  Without `splits` the rows are split evenly."""
+    _global_only(process_set)
+    if tensor.dim() == 0:
+        raise ValueError("unisum.torch: alltoall needs a tensor of at least one dimension")
+    n, r, rows = _t.size(), _t.rank(), tensor.shape[0]
+    if splits is None:
+        if rows % n:
+            raise ValueError("unisum.torch: alltoall without splits: the first dimension, %d, "
+                             "does not divide by size() = %d" % (rows, n))
+        mine = [rows // n] * n
+    else:
+        mine = [int(v) for v in torch.as_tensor(splits).flatten().tolist()]
+        if len(mine) != n or min(mine) < 0 or sum(mine) != rows:
+            raise ValueError("unisum.torch: alltoall: splits %s must hold size() = %d "
+                             "non-negative counts that add up to the first dimension, %d"
+                             % (mine, n, rows))
+    table = torch.zeros(n, n, dtype=torch.int64)
+    table[r] = torch.tensor(mine, dtype=torch.int64)
+    sent = _t.push_pull(table, average=False).tolist()     # sent[q][j]: q's rows for j
+    handle = allgather_async(tensor)
+    with _t._lock:
+        op = _t._ops[handle]
+    gathered, gathered_finish = op.output, op.finish
+    recv = [sent[q][r] for q in range(n)]
+    out = torch.empty([sum(recv)] + list(tensor.shape[1:]), dtype=tensor.dtype)
+
+    def finish() -> None:
+        gathered_finish()
+        at, base = 0, 0
+        for q in range(n):
+            first = base + sum(sent[q][:r])
+            out[at:at + recv[q]] = gathered[first:first + recv[q]]
+            at += recv[q]
+            base += sum(sent[q])
+
+    op.finish = finish
+    op.output = (out, torch.tensor(recv, dtype=torch.int32))
+    return handle
+
+
+class _AlltoallFn(torch.autograd.Function):
+    """alltoall as an autograd function: as in Horovod, the gradient goes
+    back the way the rows came, by an alltoall with the received splits."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: Optional[str]) -> Any:
+        out, recv = _t.synchronize(alltoall_async(tensor, splits, name))
+        ctx.recv = recv
+        ctx.mark_non_differentiable(recv)
+        return out, recv
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, *unused: Any) -> Any:
+        back, _ = _t.synchronize(alltoall_async(grad.contiguous(), ctx.recv))
+        return back, None, None
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
+             process_set: Optional[ProcessSet] = None) -> Any:
+    """The rows every rank sends this one (see alltoall_async); with
+    `splits`, also how many came from each rank.  Differentiable."""
+    _global_only(process_set)
+    if tensor.requires_grad and torch.is_grad_enabled():
+        out, recv = _AlltoallFn.apply(tensor, splits, name)
+    else:
+        out, recv = _t.synchronize(alltoall_async(tensor, splits, name))
+    return out if splits is None else (out, recv)

@@ -134,6 +134,17 @@ def main():
     x = torch.ones(2 * n, requires_grad=True)
     hvd.reducescatter(x, op=hvd.Sum).sum().backward()
     expect("reducescatter's gradient", x.grad, torch.full((2 * n,), float(n)))
+    # alltoall: rank q sends j + 1 rows of value 10 q + j to rank j.
+    sent = torch.cat([torch.full((j + 1, 2), 10 * r + j) for j in range(n)])
+    got, recv = hvd.alltoall(sent, splits=torch.tensor([j + 1 for j in range(n)]))
+    expect("alltoall", got, torch.cat([torch.full((r + 1, 2), 10 * q + r) for q in range(n)]))
+    expect("alltoall's received splits", recv, torch.full((n,), r + 1, dtype=torch.int32))
+    expect("alltoall, even split", hvd.alltoall(torch.arange(2 * n) + 100 * r),
+           torch.tensor([100 * q + 2 * r + i for q in range(n) for i in range(2)]))
+    x = torch.ones(n, requires_grad=True)
+    out = hvd.alltoall(x)
+    (out * (r + 1)).sum().backward()
+    expect("alltoall's gradient", x.grad, torch.tensor([float(j + 1) for j in range(n)]))
     for op in (hvd.Min, hvd.Max, hvd.Product, hvd.Adasum):
         try:
             hvd.allreduce(torch.ones(2), op=op)
