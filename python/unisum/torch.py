@@ -940,6 +940,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             by_id = {id(p): prefix + str(i) for i, p in enumerate(all_params)}
             order = {id(p): i for i, p in enumerate(all_params)}
         self._names: Dict[int, str] = by_id
+        # Horovod's name for the same map, parameter -> name.
+        self._parameter_names: Dict[torch.Tensor, str] = {p: by_id[id(p)] for p in all_params}
         # The first parameters (first layers) are needed first in the next
         # forward pass: higher priority.
         self._priority: Dict[int, int] = {pid: len(order) - i for pid, i in order.items()}

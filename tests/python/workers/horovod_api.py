@@ -145,6 +145,11 @@ def main():
     out = hvd.alltoall(x)
     (out * (r + 1)).sum().backward()
     expect("alltoall's gradient", x.grad, torch.tensor([float(j + 1) for j in range(n)]))
+    # Horovod's optimizer._parameter_names: unique, and the same on every rank.
+    model = torch.nn.Linear(3, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    names = sorted(opt._parameter_names.values())
+    assert len(set(names)) == 2 and hvd.allgather_object(names) == [names] * n, names
     for op in (hvd.Min, hvd.Max, hvd.Product, hvd.Adasum):
         try:
             hvd.allreduce(torch.ones(2), op=op)
