@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import pickle
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -140,49 +140,24 @@ def unisum_built() -> bool:
     return True
 
 
-def mpi_built() -> bool:
-    """False: unisum does not use MPI."""
-    return False
+def _answers_false(name: str, doc: str) -> Callable[[], bool]:
+    """A query of Horovod's that unisum answers False to."""
+    def query() -> bool:
+        return False
+    query.__name__ = query.__qualname__ = name
+    query.__doc__ = doc
+    return query
 
 
-def mpi_enabled() -> bool:
-    """False: unisum does not use MPI."""
-    return False
-
-
-def gloo_built() -> bool:
-    """False: unisum does not use gloo; see unisum_built()."""
-    return False
-
-
-def gloo_enabled() -> bool:
-    """False: unisum does not use gloo."""
-    return False
-
-
-def nccl_built() -> bool:
-    """False: unisum does not use NCCL."""
-    return False
-
-
-def ccl_built() -> bool:
-    """False: unisum does not use oneCCL."""
-    return False
-
-
-def ddl_built() -> bool:
-    """False: unisum does not use IBM DDL."""
-    return False
-
-
-def cuda_built() -> bool:
-    """False: this build of unisum.torch takes CPU tensors."""
-    return False
-
-
-def rocm_built() -> bool:
-    """False: this build of unisum.torch takes CPU tensors."""
-    return False
+mpi_built = _answers_false("mpi_built", "False: unisum does not use MPI.")
+mpi_enabled = _answers_false("mpi_enabled", "False: unisum does not use MPI.")
+gloo_built = _answers_false("gloo_built", "False: unisum does not use gloo; see unisum_built().")
+gloo_enabled = _answers_false("gloo_enabled", "False: unisum does not use gloo.")
+nccl_built = _answers_false("nccl_built", "False: unisum does not use NCCL.")
+ccl_built = _answers_false("ccl_built", "False: unisum does not use oneCCL.")
+ddl_built = _answers_false("ddl_built", "False: unisum does not use IBM DDL.")
+cuda_built = _answers_false("cuda_built", "False: this build of unisum.torch takes CPU tensors.")
+rocm_built = _answers_false("rocm_built", "False: this build of unisum.torch takes CPU tensors.")
 
 
 def _average(average: Optional[bool], op: Optional[int]) -> bool:
@@ -304,12 +279,12 @@ def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optio
                                            postscale_factor, process_set))
 
 
-def _grouped(tensors: Sequence[torch.Tensor], name: Optional[str], inplace: bool,
-             **kw: Any) -> List[torch.Tensor]:
+def _grouped(tensors: Sequence[torch.Tensor], average: Optional[bool], name: Optional[str],
+             op: Optional[int], prescale_factor: float, postscale_factor: float,
+             process_set: Optional[ProcessSet], inplace: bool) -> List[torch.Tensor]:
     """Starts one allreduce per tensor (named NAME.i), then waits for all."""
-    handles = [_allreduce_start(t, kw.get("average"), None if name is None else "%s.%d" % (name, i),
-                                kw.get("op"), kw.get("prescale_factor", 1.0),
-                                kw.get("postscale_factor", 1.0), kw.get("process_set"), inplace)
+    handles = [_allreduce_start(t, average, None if name is None else "%s.%d" % (name, i), op,
+                                prescale_factor, postscale_factor, process_set, inplace)
                for i, t in enumerate(tensors)]
     return [_t.synchronize(h) for h in handles]
 
@@ -325,9 +300,8 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] =
         return [allreduce(t, average, None if name is None else "%s.%d" % (name, i), None, op,
                           prescale_factor, postscale_factor, process_set)
                 for i, t in enumerate(tensors)]
-    return _grouped(tensors, name, False, average=average, op=op,
-                    prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                    process_set=process_set)
+    return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, process_set,
+                    inplace=False)
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
@@ -335,9 +309,8 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: Optional[ProcessSet] = None) -> List[torch.Tensor]:
     """grouped_allreduce in place: each tensor receives its own result."""
-    return _grouped(tensors, name, True, average=average, op=op,
-                    prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                    process_set=process_set)
+    return _grouped(tensors, average, name, op, prescale_factor, postscale_factor, process_set,
+                    inplace=True)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,

@@ -90,7 +90,6 @@ _calls = 0                    # collectives named by their order so far (_by_ord
 _optimizer_counter = 0        # DistributedOptimizers made so far
 _empty_handles = 0            # handles of empty tensors count down from -1
 _WAIT_SLICE_MS = 100          # a wait returns to the interpreter this often
-_orphans: List[torch.Tensor] = []   # buffers of broadcasts a signal interrupted: still in flight
 _joined = False               # the C library joined the job and has not left it
 _init_pid = 0                 # the process that joined (a fork of it must not leave)
 _at_exit_set = False          # _leave_at_exit is registered
@@ -159,9 +158,6 @@ def _leave_at_exit() -> None:
         return
     with _lock:
         pending = [op for op in _ops.values() if not op.done]
-        interrupted = bool(_orphans)
-    if interrupted:
-        return
     for op in pending:
         if op.c_handle is not None:
             rc = _capi.lib.unisum_poll(op.c_handle)
@@ -617,44 +613,44 @@ def push_pull_(tensor: torch.Tensor, average: bool = True, name: Optional[str] =
 
 
 def _broadcast_start(tensor: torch.Tensor, root_rank: int, name: Optional[str],
-                     inplace: bool) -> int:
+                     inplace: bool, one_shot: Optional[bool] = None) -> int:
     """Starts a broadcast of root's `tensor` into `tensor` itself (`inplace`)
-    or a new tensor, under `name` (None: by order, one-shot) and returns a
-    handle for poll() / synchronize(), which returns the result.  Only the
-    dtypes the C library sums travel this way; see _broadcast_ for others."""
+    or a new tensor, and returns a handle for poll() / synchronize(), which
+    returns the result.  `name` None names it by order; the name is
+    undeclared after the call when it is `one_shot` (by default: when it was
+    None).  Dtypes the C library does not sum (bool, uint8, int8, int16,
+    complex) travel widened to int64 / float64, which carries them
+    exactly."""
     _require_init()
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("unisum.torch: broadcast takes a torch.Tensor, got %s" % type(tensor).__name__)
-    one_shot = name is None
+    if one_shot is None:
+        one_shot = name is None
     if name is None:
         name = _by_order("broadcast")
     src = tensor.detach()
-    if src.dtype not in _DTYPES:
-        # bool, uint8, int8, int16, complex: carried exactly, widened.
-        if src.dtype.is_complex:
-            raise TypeError("unisum.torch: broadcast of complex tensors: use broadcast_parameters")
-        buf = src.to(torch.float64 if src.dtype.is_floating_point else torch.int64)
-        output = dest = tensor if inplace else torch.empty_like(src)
-    elif inplace:
-        buf = src if src.is_contiguous() else src.contiguous()
-        output, dest = tensor, src
+    if src.dtype in _DTYPES:
+        buf = src.contiguous() if inplace else src.clone(memory_format=torch.contiguous_format)
+    elif src.dtype.is_complex:
+        buf = torch.view_as_real(src.contiguous()).to(torch.float64)
     else:
-        buf = src.clone(memory_format=torch.contiguous_format)
-        output = dest = buf
-    if dest is tensor:
-        dest = src
-    tid = _tensor_id(name, buf, 0)
-    if buf.numel() == 0:
-        if one_shot:
-            _undeclare(name)
-        return _register(_Op(None, None, None, output, lambda: None), done=True)
+        buf = src.to(torch.float64 if src.dtype.is_floating_point else torch.int64)
+    # Where the result lands: the tensor itself, buf, or a new tensor.
+    dest = src if inplace else buf if buf.dtype == src.dtype else torch.empty_like(src)
+    output = tensor if inplace else dest
 
     def finish() -> None:
         if buf.data_ptr() != dest.data_ptr():
-            dest.copy_(buf.view(dest.shape).to(dest.dtype))
+            dest.copy_(torch.view_as_complex(buf) if src.dtype.is_complex
+                       else buf.reshape(dest.shape))
         if one_shot:
             _undeclare(name)
 
+    # Declared even when empty: every worker's shape is checked.
+    tid = _tensor_id(name, buf, 0)
+    if buf.numel() == 0:
+        finish()
+        return _register(_Op(None, None, None, output, lambda: None), done=True)
     h = ctypes.c_int64(0)
     rc = _capi.lib.unisum_broadcast_async(tid, buf.data_ptr(), int(root_rank), ctypes.byref(h))
     if rc != 0 and one_shot:
@@ -665,37 +661,9 @@ def _broadcast_start(tensor: torch.Tensor, root_rank: int, name: Optional[str],
 
 def _broadcast_(tensor: torch.Tensor, root_rank: int, name: str) -> None:
     """Overwrites `tensor` with root's tensor of the one-shot name `name`
-    (_by_order).  Dtypes the C library does not sum (bool, uint8, int8,
-    int16, complex) travel widened to int64 / float64, which carries them
-    exactly."""
-    src = tensor.detach()
-    if src.dtype in _DTYPES:
-        buf = src if src.is_contiguous() else src.contiguous()
-    elif src.dtype.is_complex:
-        buf = torch.view_as_real(src.contiguous()).to(torch.float64)
-    else:
-        buf = src.to(torch.float64 if src.dtype.is_floating_point else torch.int64)
-    # Declared even when empty: every worker's shape is checked.
-    tid = _tensor_id(name, buf, 0)
-    if buf.numel() == 0:
-        _undeclare(name)
-        return
-    h = ctypes.c_int64(0)
-    rc = _capi.lib.unisum_broadcast_async(tid, buf.data_ptr(), int(root_rank), ctypes.byref(h))
-    if rc == 0:
-        try:
-            rc = _wait(h.value)
-        except BaseException:
-            # KeyboardInterrupt: the broadcast stays in flight (and declared),
-            # so the memory it writes into must stay too.
-            with _lock:
-                _orphans.append(buf)
-            raise
-    _undeclare(name)
-    _capi.check(rc, "unisum.torch: broadcast")
-    if buf.data_ptr() != src.data_ptr():
-        src.copy_(torch.view_as_complex(buf.to(torch.view_as_real(src).dtype))
-                  if src.dtype.is_complex else buf.view_as(src))
+    (_by_order).  Interrupted (KeyboardInterrupt), the broadcast stays in
+    flight, its buffers kept by its handle."""
+    synchronize(_broadcast_start(tensor, root_rank, name, inplace=True, one_shot=True))
 
 
 def broadcast_parameters(params: Union[Dict[str, torch.Tensor],

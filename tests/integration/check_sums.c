@@ -73,12 +73,12 @@
 #include <stdlib.h>
 #include <stdbool.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "config/config.h"
 #include "reducer/reducer.h"
 #include "transport/auth.h"
 #include "unisum.h"
@@ -231,20 +231,13 @@ static void check(int rc, const char *what)
 	exit(1);
 }
 
-/* Whether autotune may change the credit (UNISUM_AUTOTUNE 1 or 2, or auto,
- * its default, with no partition size or credit set by hand). */
+/* Whether autotune may change the credit: the library's own reading of
+ * the environment (UNISUM_AUTOTUNE 1 or 2, or auto resolved to fit). */
 static bool autotuned(void)
 {
-	static const char *const hand[] = {"UNISUM_PARTITION_BYTES", "BYTEPS_PARTITION_BYTES",
-					   "UNISUM_SCHEDULING_CREDIT", "UNISUM_SCHEDULING_CREDIT_PARTS",
-					   "BYTEPS_SCHEDULING_CREDIT"};
-	const char *mode = getenv("UNISUM_AUTOTUNE");
-	if (mode != NULL && strcasecmp(mode, "auto") != 0)
-		return strcmp(mode, "0") != 0 && strcasecmp(mode, "off") != 0;
-	for (size_t i = 0; i < sizeof hand / sizeof hand[0]; i++)
-		if (getenv(hand[i]) != NULL)
-			return false;
-	return true;
+	struct config cfg;
+	char err[512];
+	return config_load(&cfg, err, sizeof err) == 0 && cfg.autotune != 0;
 }
 
 static size_t partition_elems(unisum_dtype dt)
