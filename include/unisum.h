@@ -55,8 +55,11 @@ enum {
 	UNISUM_EAUTH = -13,	/* a peer failed the handshake of the job secret */
 };
 
-/* Flags of unisum_push_pull(). */
+/* Flags of unisum_push_pull(): at most one of them; none is the sum. */
 #define UNISUM_AVERAGE 0x1	/* divide the sum by unisum_size() */
+#define UNISUM_MIN 0x2		/* elementwise minimum instead of the sum */
+#define UNISUM_MAX 0x4		/* elementwise maximum */
+#define UNISUM_PRODUCT 0x8	/* elementwise product */
 
 /* An in-flight asynchronous operation; 0 is never a valid handle. */
 typedef int64_t unisum_handle;
@@ -106,7 +109,10 @@ int unisum_undeclare(int tensor);
 
 /* Sums `in` over all workers into `out` (which may equal `in`); with
  * UNISUM_AVERAGE the sum is divided by unisum_size() (integers: floor).
- * Blocks until done. */
+ * UNISUM_MIN, UNISUM_MAX and UNISUM_PRODUCT reduce with that operation
+ * instead, on the servers as the sum is: a float min or max is NaN where
+ * any input is, and min(-0, +0) is -0, max(-0, +0) is +0; integer
+ * products wrap.  Blocks until done. */
 int unisum_push_pull(int tensor, const void *in, void *out, int flags);
 
 /* The asynchronous form: starts the operation and stores its handle in *h.
@@ -144,6 +150,41 @@ int unisum_broadcast(int tensor, void *buf, int root_rank);
  * then. */
 int unisum_broadcast_async(int tensor, void *buf, int root_rank, unisum_handle *h);
 
+/*
+ * The gathering collectives.  Each runs on a tensor declared (by every
+ * worker, the same) with the whole result's element count, on the same
+ * servers and pipeline as a push_pull, and moves only what it must: a
+ * machine pushes only partitions that hold its elements and pulls only
+ * those it wants.  Every worker passes the same counts; workers that pass
+ * different ones fail with UNISUM_EMISMATCH, as for different collectives.
+ * The results are bit-exact for every dtype.  `in` and `out` stay the
+ * caller's until the handle completes; the blocking forms wait.
+ */
+
+/* Concatenates every rank's `in` (counts[r] elements of rank r) into
+ * `out` (the declared count, rank 0's elements first), as MPI_Allgatherv.
+ * `in` may lie inside `out`. */
+int unisum_allgather_async(int tensor, const void *in, void *out, const uint64_t *counts,
+			   unisum_handle *h);
+int unisum_allgather(int tensor, const void *in, void *out, const uint64_t *counts);
+
+/* Sums `in` (the declared count) over all workers and leaves in `out` only
+ * this rank's slice: counts[r] elements for rank r, the slices in rank
+ * order.  Each machine pulls only its ranks' slices.  flags: 0 or
+ * UNISUM_AVERAGE. */
+int unisum_reduce_scatter_async(int tensor, const void *in, void *out, const uint64_t *counts,
+				int flags, unisum_handle *h);
+int unisum_reduce_scatter(int tensor, const void *in, void *out, const uint64_t *counts,
+			  int flags);
+
+/* Every rank sends counts[me * size + d] elements to each rank d, `in`
+ * holding them by destination; `out` receives counts[s * size + me]
+ * elements from each rank s, by source.  counts has size * size entries,
+ * the same on every rank, adding up to the declared count. */
+int unisum_alltoall_async(int tensor, const void *in, void *out, const uint64_t *counts,
+			  unisum_handle *h);
+int unisum_alltoall(int tensor, const void *in, void *out, const uint64_t *counts);
+
 /* Returns when every worker has called unisum_barrier(). */
 int unisum_barrier(void);
 
@@ -172,6 +213,8 @@ typedef struct unisum_stats {
 	uint64_t partition_bytes;	/* the largest partition now (autotune may change both) */
 	uint64_t max_inflight_bytes;	/* the most bytes ever in flight under the credit */
 	uint64_t partitions_sent;	/* partitions the PUSH stage let out */
+	uint64_t bytes_pushed;		/* data this worker sent to the servers */
+	uint64_t bytes_pulled;		/* data it received from them */
 } unisum_stats;
 
 /* Fills *out.  0, or UNISUM_ENOTINIT / UNISUM_EINVAL. */

@@ -22,7 +22,7 @@ FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32, INT64 = range(6)
 EINVAL, ENOMEM, ECONFIG, ENOTINIT, EMISMATCH, ECONN = -1, -2, -3, -4, -5, -6
 EPROTO, ETIMEDOUT, EBUSY, EREMOTE, ESYS, ESHUTDOWN, EAUTH = -7, -8, -9, -10, -11, -12, -13
 
-AVERAGE = 0x1
+AVERAGE, MIN, MAX, PRODUCT = 0x1, 0x2, 0x4, 0x8
 
 
 class UnisumError(RuntimeError):
@@ -97,6 +97,12 @@ for _name, _args, _ret in [
     ("unisum_wait", [_c_i64], _c_int),
     ("unisum_broadcast", [_c_int, _c_ptr, _c_int], _c_int),
     ("unisum_broadcast_async", [_c_int, _c_ptr, _c_int, ctypes.POINTER(_c_i64)], _c_int),
+    ("unisum_allgather_async", [_c_int, _c_ptr, _c_ptr, ctypes.POINTER(ctypes.c_uint64),
+                                ctypes.POINTER(_c_i64)], _c_int),
+    ("unisum_reduce_scatter_async", [_c_int, _c_ptr, _c_ptr, ctypes.POINTER(ctypes.c_uint64),
+                                     _c_int, ctypes.POINTER(_c_i64)], _c_int),
+    ("unisum_alltoall_async", [_c_int, _c_ptr, _c_ptr, ctypes.POINTER(ctypes.c_uint64),
+                               ctypes.POINTER(_c_i64)], _c_int),
     ("unisum_barrier", [], _c_int),
     ("unisum_barrier_timeout", [_c_int], _c_int),
     ("unisum_alloc", [_c_size], _c_ptr),

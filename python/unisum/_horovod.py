@@ -44,12 +44,14 @@ What works as in Horovod, and what does not yet (issue 17):
 
 from __future__ import annotations
 
+import ctypes
 import math
 import pickle
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from unisum import _capi
 from unisum import torch as _t
 from unisum._capi import UnisumError
 
@@ -160,22 +162,22 @@ cuda_built = _answers_false("cuda_built", "False: this build of unisum.torch tak
 rocm_built = _answers_false("rocm_built", "False: this build of unisum.torch takes CPU tensors.")
 
 
-def _average(average: Optional[bool], op: Optional[int]) -> bool:
-    """Whether the allreduce averages (Average) rather than sums (Sum), from
-    Horovod's `average` and `op` arguments."""
+def _reduce_flags(average: Optional[bool], op: Optional[int]) -> int:
+    """The C flags of an allreduce (0 for Sum, AVERAGE, MIN, MAX, PRODUCT)
+    from Horovod's `average` and `op` arguments."""
     if op is None:
-        return average is None or bool(average)
+        return _capi.AVERAGE if average is None or bool(average) else 0
     if average is not None:
         raise ValueError("unisum.torch: allreduce takes `op` or the older `average`, not both")
-    if op == Average:
-        return True
-    if op == Sum:
-        return False
+    flags = {Average: _capi.AVERAGE, Sum: 0, Min: _capi.MIN, Max: _capi.MAX,
+             Product: _capi.PRODUCT}.get(op)
+    if flags is not None:
+        return flags
     if op == Adasum:
-        raise NotImplementedError("unisum.torch: Adasum is not implemented; use op=Average")
-    if op in (Min, Max, Product):
-        raise NotImplementedError("unisum.torch: allreduce op=%s is not implemented yet (the "
-                                  "servers sum); use op=Sum or op=Average" % _OP_NAMES[op])
+        raise NotImplementedError(
+            "unisum.torch: Adasum is not implemented: Horovod defines it by its recursive "
+            "pairwise combination of gradients, which a summing server does not reproduce "
+            "exactly; use op=Average")
     raise ValueError("unisum.torch: unknown allreduce op %r" % (op,))
 
 
@@ -183,14 +185,15 @@ def _allreduce_start(tensor: torch.Tensor, average: Optional[bool], name: Option
                      op: Optional[int], prescale_factor: float, postscale_factor: float,
                      process_set: Optional[ProcessSet], inplace: bool) -> int:
     """Starts an allreduce; returns its handle (see allreduce_async)."""
-    avg = _average(average, op)
+    flags = _reduce_flags(average, op)
     _global_only(process_set)
     if prescale_factor != 1.0:
         if inplace:
             tensor.copy_(_t._scaled(tensor.detach(), prescale_factor))
         else:
             tensor = _t._scaled(tensor.detach(), prescale_factor)
-    return _t._start(tensor, avg, name, 0, inplace, scale=float(postscale_factor))
+    return _t._start(tensor, flags == _capi.AVERAGE, name, 0, inplace,
+                     scale=float(postscale_factor), flags=flags)
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
@@ -206,14 +209,15 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
         average: Horovod's older form of `op`: True is Average, False Sum.
         name: The tensor's name, the same on every worker (None: by the
             order of unnamed collectives).
-        op: Average (the default) or Sum.
+        op: Average (the default), Sum, Min, Max or Product, each
+            reduced on the servers.
         prescale_factor: Multiplies the input before the reduction.
         postscale_factor: Multiplies the result.
         process_set: The global process set (or None).
 
     Raises:
-        NotImplementedError: For op Min, Max, Product or Adasum, and for a
-            process set other than the global one.
+        NotImplementedError: For op Adasum, and for a process set other
+            than the global one.
         ValueError: When both `average` and `op` are given.
         TypeError, UnisumError: As push_pull_async().
     """
@@ -403,28 +407,71 @@ def _gathered_shapes(tensor: torch.Tensor, what: str) -> List[int]:
     return [rec_q[0] for rec_q in recs]
 
 
+def _widened(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, or for the dtypes the C library has no name for (bool,
+    uint8, int8, int16) the same values as int32: exact both ways."""
+    return tensor if tensor.dtype in _t._DTYPES else tensor.to(torch.int32)
+
+
+def _gather_start(kind: str, send: torch.Tensor, recv: torch.Tensor, counts: List[int],
+                  output: Any, after: Callable[[], None], flags: int = 0) -> int:
+    """Starts the C library's allgather, reduce-scatter or alltoall (`kind`)
+    of `send` into `recv` with the layout `counts` on a one-shot tensor of
+    sum(counts) elements (alltoall: of the n x n counts), and returns a
+    handle whose synchronize() runs `after` and returns `output`."""
+    total = sum(counts)
+    name = _t._by_order(kind)
+    tid = _t._declared(name, send.dtype, total, 0)
+    # An empty side still needs an address; nothing is read or written there.
+    keep = torch.empty(1, dtype=send.dtype)
+
+    def finish(_alive: torch.Tensor = keep) -> None:
+        after()
+        _t._undeclare(name)
+
+    if total == 0:
+        finish()
+        return _t._register(_t._Op(None, None, None, output, lambda: None), done=True)
+    in_ptr = send.data_ptr() if send.numel() else keep.data_ptr()
+    out_ptr = recv.data_ptr() if recv.numel() else keep.data_ptr()
+    arr = (ctypes.c_uint64 * len(counts))(*counts)
+    h = ctypes.c_int64(0)
+    try:
+        if kind == "reducescatter":
+            rc = _capi.lib.unisum_reduce_scatter_async(tid, in_ptr, out_ptr, arr, flags,
+                                                       ctypes.byref(h))
+        elif kind == "allgather":
+            rc = _capi.lib.unisum_allgather_async(tid, in_ptr, out_ptr, arr, ctypes.byref(h))
+        else:
+            rc = _capi.lib.unisum_alltoall_async(tid, in_ptr, out_ptr, arr, ctypes.byref(h))
+        _capi.check(rc, "unisum.torch: " + kind)
+    except BaseException:
+        _t._undeclare(name)
+        raise
+    return _t._register(_t._Op(h.value, send, recv, output, finish))
+
+
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: Optional[ProcessSet] = None) -> int:
     """Starts concatenating every rank's `tensor` along the first dimension
     (which may differ by rank; the others and the dtype may not); returns
     a handle for synchronize(), which returns the result.  Waits for the
-    ranks' shapes first, as Horovod's coordinator does."""
+    ranks' shapes first, as Horovod's coordinator does.  On the servers:
+    each machine pushes only its rows and pulls the whole result."""
     _global_only(process_set)
     rows = _gathered_shapes(tensor, "allgather")
     src = tensor.detach().contiguous()
     trailing = list(src.shape[1:])
-    row_bytes = src.element_size() * math.prod(trailing)
-    total = sum(rows) * row_bytes
-    buf = torch.zeros((total + 7) // 8, dtype=torch.int64)
-    raw = buf.view(torch.uint8)
-    start = sum(rows[:_t.rank()]) * row_bytes
-    mine = src.flatten().view(torch.uint8)
-    raw[start:start + mine.numel()] = mine
-    handle = _t._start(buf, False, None, 0, inplace=True)
-    with _t._lock:
-        op = _t._ops[handle]
-    op.output = raw[:total].view(src.dtype).view([sum(rows)] + trailing)
-    return handle
+    per_row = math.prod(trailing)
+    send = _widened(src)
+    recv = torch.empty([sum(rows)] + trailing, dtype=send.dtype)
+    output = recv if send is src else torch.empty(recv.shape, dtype=src.dtype)
+
+    def after() -> None:
+        if output is not recv:
+            output.copy_(recv)
+
+    return _gather_start("allgather", send, recv, [q * per_row for q in rows], output, after)
 
 
 class _AllgatherFn(torch.autograd.Function):
@@ -488,17 +535,37 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
                         process_set: Optional[ProcessSet] = None, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
     """Starts reducing `tensor` over the ranks (Average, or Sum) and keeping
-    this rank's rows of the result; returns a handle for synchronize()."""
+    this rank's rows of the result; returns a handle for synchronize().  On
+    the servers: every machine pushes the whole tensor and pulls only its
+    ranks' rows."""
     _global_only(process_set)
     if tensor.dim() == 0:
         raise ValueError("unisum.torch: reducescatter needs a tensor of at least one dimension")
-    handle = _allreduce_start(tensor, None, name, Average if op is None else op, prescale_factor,
-                              postscale_factor, None, inplace=False)
-    first, count = _my_rows(tensor.shape[0])
-    with _t._lock:
-        op_ = _t._ops[handle]
-    op_.output = op_.output.narrow(0, first, count)
-    return handle
+    op = Average if op is None else op
+    if op not in (Average, Sum):
+        raise NotImplementedError("unisum.torch: reducescatter takes op=Average or op=Sum, as "
+                                  "Horovod's does; got %s" % _OP_NAMES.get(op, op))
+    src = tensor.detach()
+    if prescale_factor != 1.0:
+        src = _t._scaled(src, prescale_factor)
+    send = src.contiguous()
+    if send.dtype not in _t._DTYPES:
+        raise TypeError("unisum.torch: reducescatter of %s tensors is not supported; use one of %s"
+                        % (send.dtype, ", ".join(str(d) for d in _t._DTYPES)))
+    n, rows = _t.size(), send.shape[0]
+    trailing = list(send.shape[1:])
+    per_row = math.prod(trailing)
+    base, extra = divmod(rows, n)
+    counts = [(base + (1 if q < extra else 0)) * per_row for q in range(n)]
+    _, mine = _my_rows(rows)
+    recv = torch.empty([mine] + trailing, dtype=send.dtype)
+
+    def after() -> None:
+        if postscale_factor != 1.0:
+            recv.copy_(_t._scaled(recv, postscale_factor))
+
+    return _gather_start("reducescatter", send, recv, counts, recv, after,
+                         _capi.AVERAGE if op == Average else 0)
 
 
 class _ReducescatterFn(torch.autograd.Function):
@@ -559,7 +626,9 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     """Starts sending splits[j] rows of `tensor` (in order along the first
     dimension) to rank j, and receiving every rank's rows for this one, in
     rank order; synchronize() returns (the received rows, how many came
-    from each rank).  Without `splits` the rows are split evenly."""
+    from each rank).  Without `splits` the rows are split evenly.  On the
+    servers: each machine pushes only its rows and pulls only those
+    addressed to its ranks."""
     _global_only(process_set)
     if tensor.dim() == 0:
         raise ValueError("unisum.torch: alltoall needs a tensor of at least one dimension")
@@ -575,28 +644,26 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
             raise ValueError("unisum.torch: alltoall: splits %s must hold size() = %d "
                              "non-negative counts that add up to the first dimension, %d"
                              % (mine, n, rows))
+    # Every rank's splits first.  Ranks whose trailing shapes differ pass
+    # different counts and fail in the C library, naming the layouts.
     table = torch.zeros(n, n, dtype=torch.int64)
     table[r] = torch.tensor(mine, dtype=torch.int64)
     sent = _t.push_pull(table, average=False).tolist()     # sent[q][j]: q's rows for j
-    handle = allgather_async(tensor)
-    with _t._lock:
-        op = _t._ops[handle]
-    gathered, gathered_finish = op.output, op.finish
-    recv = [sent[q][r] for q in range(n)]
-    out = torch.empty([sum(recv)] + list(tensor.shape[1:]), dtype=tensor.dtype)
+    src = tensor.detach().contiguous()
+    trailing = list(src.shape[1:])
+    per_row = math.prod(trailing)
+    send = _widened(src)
+    recv_rows = [sent[q][r] for q in range(n)]
+    recv = torch.empty([sum(recv_rows)] + trailing, dtype=send.dtype)
+    out = recv if send is src else torch.empty(recv.shape, dtype=src.dtype)
 
-    def finish() -> None:
-        gathered_finish()
-        at, base = 0, 0
-        for q in range(n):
-            first = base + sum(sent[q][:r])
-            out[at:at + recv[q]] = gathered[first:first + recv[q]]
-            at += recv[q]
-            base += sum(sent[q])
+    def after() -> None:
+        if out is not recv:
+            out.copy_(recv)
 
-    op.finish = finish
-    op.output = (out, torch.tensor(recv, dtype=torch.int32))
-    return handle
+    counts = [sent[q][j] * per_row for q in range(n) for j in range(n)]
+    return _gather_start("alltoall", send, recv, counts,
+                         (out, torch.tensor(recv_rows, dtype=torch.int32)), after)
 
 
 class _AlltoallFn(torch.autograd.Function):

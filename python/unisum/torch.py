@@ -313,22 +313,18 @@ def zeros_like(tensor: torch.Tensor) -> torch.Tensor:
     return empty(tuple(tensor.shape), dtype=tensor.dtype).zero_()
 
 
-def _c_dtype(tensor: torch.Tensor) -> int:
-    """The unisum_dtype of `tensor`; TypeError for a dtype unisum does not sum."""
-    try:
-        return _DTYPES[tensor.dtype]
-    except KeyError:
-        raise TypeError("unisum.torch: %s tensors are not supported; use one of %s" % (
-            tensor.dtype, ", ".join(str(d) for d in _DTYPES))) from None
-
-
 def _tensor_id(name: str, tensor: torch.Tensor, priority: int) -> int:
     """The C tensor id of `name`, declared on first use with the tensor's
     dtype and element count."""
     if tensor.device.type != "cpu":
         raise TypeError("unisum.torch: tensor '%s' is on %s; this build sums CPU tensors" % (
             name, tensor.device))
-    key = (tensor.dtype, tensor.numel())
+    return _declared(name, tensor.dtype, tensor.numel(), priority)
+
+
+def _declared(name: str, dtype: torch.dtype, numel: int, priority: int) -> int:
+    """The C tensor id of `name`, declared on first use as dtype[numel]."""
+    key = (dtype, numel)
     with _lock:
         known = _tensors.get(name)
     if known is not None:
@@ -339,11 +335,14 @@ def _tensor_id(name: str, tensor: torch.Tensor, priority: int) -> int:
                 "give tensors of another shape another name" % (name, dtype, numel, *key),
                 _capi.EMISMATCH)
         return tid
+    if dtype not in _DTYPES:
+        raise TypeError("unisum.torch: %s tensors are not supported; use one of %s" % (
+            dtype, ", ".join(str(d) for d in _DTYPES)))
     tid = _capi.check(
-        _capi.lib.unisum_declare(name.encode(), _c_dtype(tensor), tensor.numel(), int(priority)),
+        _capi.lib.unisum_declare(name.encode(), _DTYPES[dtype], numel, int(priority)),
         "unisum.torch: declare")
     with _lock:
-        _tensors[name] = (tid, tensor.dtype, tensor.numel())
+        _tensors[name] = (tid, dtype, numel)
     return tid
 
 
@@ -399,10 +398,12 @@ def _undeclare(name: str) -> None:
 
 
 def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: int,
-           inplace: bool, scale: float = 1.0) -> int:
+           inplace: bool, scale: float = 1.0, flags: Optional[int] = None) -> int:
     """Starts push_pull_async (or, `inplace`, push_pull_async_inplace) and
     returns the operation's handle; see push_pull_async.  The result is
-    multiplied by `scale` when it completes (Horovod's postscale_factor)."""
+    multiplied by `scale` when it completes (Horovod's postscale_factor).
+    `flags`, when given, replaces `average` with the C call's flags
+    (_capi.MIN, MAX, PRODUCT)."""
     _require_init()
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("unisum.torch: push_pull takes a torch.Tensor, got %s" % type(tensor).__name__)
@@ -439,7 +440,8 @@ def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: i
                 release()
 
         h = ctypes.c_int64(0)
-        flags = _capi.AVERAGE if average else 0
+        if flags is None:
+            flags = _capi.AVERAGE if average else 0
         _capi.check(_capi.lib.unisum_push_pull_async(tid, send.data_ptr(), recv.data_ptr(), flags,
                                                      ctypes.byref(h)),
                     "unisum.torch: push_pull")

@@ -43,6 +43,30 @@ void reducer_sum(void *dst, const void *a, const void *b, size_t n, unisum_dtype
  * as Python and torch do.  A divisor of 1 leaves buf untouched. */
 void reducer_divide(void *buf, size_t n, unisum_dtype dtype, int divisor);
 
+/* The reductions a collective may ask for (reducer_fold.c).  REDUCER_BOR
+ * is the bitwise OR of the bytes: it assembles contributions that are
+ * zero outside their own elements (allgather, alltoall) exactly, whatever
+ * the dtype. */
+typedef enum reducer_op {
+	REDUCER_SUM = 0,
+	REDUCER_MIN = 1,
+	REDUCER_MAX = 2,
+	REDUCER_PRODUCT = 3,
+	REDUCER_BOR = 4,
+	REDUCER_OP_COUNT
+} reducer_op;
+
+/* dst[i] = a[i] op b[i] for i < n; dst may equal a or b.  min and max of
+ * floats: NaN if either is (float16/bfloat16: the canonical quiet NaN),
+ * min(-0, +0) = -0, max(-0, +0) = +0, whatever the order.  Products of
+ * float16/bfloat16 are rounded once to nearest-even; integer products
+ * wrap. */
+void reducer_fold(reducer_op op, void *dst, const void *a, const void *b, size_t n,
+		  unisum_dtype dtype);
+
+/* dst[i] = dst[i] op src[i]. */
+void reducer_fold_into(reducer_op op, void *dst, const void *src, size_t n, unisum_dtype dtype);
+
 /* The path in use, and its name ("avx512", "avx2", "scalar"). */
 reducer_isa reducer_active_isa(void);
 const char *reducer_isa_name(reducer_isa isa);

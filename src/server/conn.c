@@ -332,7 +332,8 @@ static int srv_on_pull_msg(struct server *srv, struct srv_conn *c, const struct 
 		srv_reply_error(srv, c, c->worker, k->key, h->round, UNISUM_EMISMATCH, poison);
 		return 0;
 	}
-	return srv_post(srv, EVENT_PULL, k, c->worker, h->round, false, 0, NULL);
+	/* The event's `zero` says SKIP: answer without the data. */
+	return srv_post(srv, EVENT_PULL, k, c->worker, h->round, (h->flags & WIRE_FLAG_SKIP) != 0, 0, NULL);
 }
 
 static int srv_on_retire_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,

@@ -200,12 +200,17 @@ static int srv_stall_period_ms(const struct server *srv)
 	return limit / 4 < 1000 ? (limit / 4 > 5 ? limit / 4 : 5) : 1000;
 }
 
-static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slot *s, int w)
+/* Answers worker w's pull of the slot's round: the sum, or with skip
+ * (a machine that wants none of this key's elements) only the header. */
+static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slot *s, int w,
+			   bool skip)
 {
 	struct wire_hdr h = {.type = WIRE_PULL_REPLY, .sender = srv->id, .round = s->round,
 			     .key = k->key, .count = k->count, .dtype = (uint8_t)k->dtype};
 	const void *payload = NULL;
-	if (s->result == RESULT_ZERO) {
+	if (skip) {
+		h.flags = WIRE_FLAG_SKIP;
+	} else if (s->result == RESULT_ZERO) {
 		h.flags = WIRE_FLAG_ZERO;
 	} else {
 		h.payload_len = k->bytes;
@@ -286,11 +291,13 @@ static int srv_fold(struct srv_key *k, struct srv_slot *s, int w)
 	case RESULT_BORROWED:
 		if (!srv_slot_acc(k, s))
 			return UNISUM_ENOMEM;
-		reducer_sum(s->acc, k->push_buf[s->borrowed], k->push_buf[w], k->count, k->dtype);
+		reducer_fold((reducer_op)wire_op_reduction(s->wire_op), s->acc,
+			     k->push_buf[s->borrowed], k->push_buf[w], k->count, k->dtype);
 		s->result = RESULT_OWNED;
 		return 0;
 	default:
-		reducer_sum_into(s->acc, k->push_buf[w], k->count, k->dtype);
+		reducer_fold_into((reducer_op)wire_op_reduction(s->wire_op), s->acc, k->push_buf[w],
+				  k->count, k->dtype);
 		return 0;
 	}
 }
@@ -362,8 +369,9 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 	s->ready = true;
 	for (int w = 0; w < srv->nworkers; w++) {
 		if (s->pull_waiting[w]) {
+			bool skip = s->pull_waiting[w] == 2;
 			s->pull_waiting[w] = 0;
-			srv_reply_pull(srv, k, s, w);
+			srv_reply_pull(srv, k, s, w, skip);
 		}
 	}
 }
@@ -374,9 +382,9 @@ static void srv_on_pull(struct server *srv, struct srv_key *k, const struct srv_
 	if (k->poison != NULL)
 		srv_reply_error(srv, NULL, ev->worker, k->key, ev->round, UNISUM_EMISMATCH, k->poison);
 	else if (s->active && s->round == ev->round && s->ready)
-		srv_reply_pull(srv, k, s, ev->worker);
+		srv_reply_pull(srv, k, s, ev->worker, ev->zero);
 	else
-		s->pull_waiting[ev->worker] = 1;
+		s->pull_waiting[ev->worker] = ev->zero ? 2 : 1;
 }
 
 

@@ -37,7 +37,7 @@ struct srv_slot {
 	int replies;		/* pull replies queued */
 	uint8_t *arrived;	/* [W] pushed this round */
 	uint8_t *zero;		/* [W] pushed a ZERO contribution */
-	uint8_t *pull_waiting;	/* [W] pulled before the round was ready */
+	uint8_t *pull_waiting;	/* [W] pulled before the round was ready: 1, or 2 with SKIP */
 	uint8_t *acc;		/* accumulator, key bytes, allocated on first use */
 	int64_t started_ms;	/* when the round's first push arrived */
 	uint32_t wire_op;	/* the collective of that push (WIRE_OP()) ... */
@@ -71,7 +71,7 @@ struct srv_event {
 	struct srv_key *key;
 	int worker;
 	uint32_t round;
-	bool zero;		/* PUSH flagged ZERO */
+	bool zero;		/* PUSH flagged ZERO; PULL flagged SKIP */
 	uint32_t wire_op;	/* PUSH: its collective (the header's aux) */
 	const char *why;	/* POISON: the reason (owned by the server) */
 	struct srv_event *next;

@@ -3,6 +3,7 @@
  * Byte order is spelled out byte by byte, so the codec is the same on any
  * host and never reads an unaligned field.
  */
+#include "reducer/reducer.h"
 #include "wire/wire.h"
 
 #include <stdio.h>
@@ -99,7 +100,7 @@ static bool type_has_dtype(uint8_t type)
 static int wire_check_data(const struct wire_hdr *h, char *why, size_t why_len)
 {
 	uint64_t want = 0;
-	if (!(h->flags & WIRE_FLAG_ZERO)) {
+	if (!(h->flags & (WIRE_FLAG_ZERO | WIRE_FLAG_SKIP))) {
 		if (h->count > WIRE_MAX_DATA_PAYLOAD / dtype_bytes(h->dtype)) {
 			snprintf(why, why_len, "%s: %llu elements exceed the 1 GiB limit",
 				 wire_type_name(h->type), (unsigned long long)h->count);
@@ -180,10 +181,13 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 		snprintf(why, why_len, "%s: reserved header bytes are not zero", wire_type_name(h->type));
 		return UNISUM_EPROTO;
 	}
-	uint16_t allowed = (h->type == WIRE_PUSH || h->type == WIRE_PULL_REPLY)
-				   ? WIRE_FLAG_ZERO | WIRE_FLAG_IPC
-				   : 0;
-	if ((h->flags & ~allowed) != 0 || (h->flags & WIRE_FLAG_ZERO && h->flags & WIRE_FLAG_IPC)) {
+	uint16_t allowed = h->type == WIRE_PUSH		? WIRE_FLAG_ZERO | WIRE_FLAG_IPC
+			   : h->type == WIRE_PULL_REPLY ? WIRE_FLAG_ZERO | WIRE_FLAG_IPC | WIRE_FLAG_SKIP
+			   : h->type == WIRE_PULL	? WIRE_FLAG_SKIP
+							: 0;
+	int nflags = !!(h->flags & WIRE_FLAG_ZERO) + !!(h->flags & WIRE_FLAG_IPC) +
+		     !!(h->flags & WIRE_FLAG_SKIP);
+	if ((h->flags & ~allowed) != 0 || nflags > 1) {
 		snprintf(why, why_len, "%s: unknown flags 0x%x", wire_type_name(h->type), h->flags);
 		return UNISUM_EPROTO;
 	}
@@ -192,13 +196,44 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 		return UNISUM_EPROTO;
 	}
 
-	if (h->type == WIRE_PUSH && (WIRE_OP_KIND(h->aux) > WIRE_OP_BROADCAST ||
-				     (WIRE_OP_KIND(h->aux) != WIRE_OP_BROADCAST && WIRE_OP_ROOT(h->aux) != 0))) {
+	if (h->type == WIRE_PUSH && (WIRE_OP_KIND(h->aux) > WIRE_OP_KIND_MAX ||
+				     (!wire_op_has_root(h->aux) && WIRE_OP_ROOT(h->aux) != 0))) {
 		snprintf(why, why_len, "PUSH: unknown collective 0x%x", h->aux);
+		return UNISUM_EPROTO;
+	}
+	if (h->type == WIRE_PUSH && (h->flags & WIRE_FLAG_ZERO) &&
+	    wire_op_reduction(h->aux) != REDUCER_BOR && WIRE_OP_KIND(h->aux) != WIRE_OP_BROADCAST) {
+		char what[64];
+		snprintf(why, why_len, "PUSH: %s takes no ZERO contribution",
+			 wire_op_describe(h->aux, what, sizeof what));
 		return UNISUM_EPROTO;
 	}
 
 	return wire_check_payload(h, why, why_len);
+}
+
+bool wire_op_has_root(uint32_t op)
+{
+	uint32_t k = WIRE_OP_KIND(op);
+	return k == WIRE_OP_BROADCAST || k == WIRE_OP_ALLGATHER || k == WIRE_OP_ALLTOALL ||
+	       k == WIRE_OP_REDUCESCATTER || k == WIRE_OP_REDUCESCATTER_AVERAGE;
+}
+
+int wire_op_reduction(uint32_t op)
+{
+	switch (WIRE_OP_KIND(op)) {
+	case WIRE_OP_MIN:
+		return REDUCER_MIN;
+	case WIRE_OP_MAX:
+		return REDUCER_MAX;
+	case WIRE_OP_PRODUCT:
+		return REDUCER_PRODUCT;
+	case WIRE_OP_ALLGATHER:
+	case WIRE_OP_ALLTOALL:
+		return REDUCER_BOR;
+	default:
+		return REDUCER_SUM;	/* sum, average, broadcast (the others push ZERO), reduce-scatter */
+	}
 }
 
 const char *wire_op_describe(uint32_t op, char *buf, size_t len)
@@ -212,6 +247,27 @@ const char *wire_op_describe(uint32_t op, char *buf, size_t len)
 		break;
 	case WIRE_OP_BROADCAST:
 		snprintf(buf, len, "a broadcast from root %u", WIRE_OP_ROOT(op));
+		break;
+	case WIRE_OP_MIN:
+		snprintf(buf, len, "a min");
+		break;
+	case WIRE_OP_MAX:
+		snprintf(buf, len, "a max");
+		break;
+	case WIRE_OP_PRODUCT:
+		snprintf(buf, len, "a product");
+		break;
+	case WIRE_OP_ALLGATHER:
+		snprintf(buf, len, "an allgather of layout 0x%06x", WIRE_OP_ROOT(op));
+		break;
+	case WIRE_OP_ALLTOALL:
+		snprintf(buf, len, "an alltoall of layout 0x%06x", WIRE_OP_ROOT(op));
+		break;
+	case WIRE_OP_REDUCESCATTER:
+		snprintf(buf, len, "a reduce-scatter (sum) of layout 0x%06x", WIRE_OP_ROOT(op));
+		break;
+	case WIRE_OP_REDUCESCATTER_AVERAGE:
+		snprintf(buf, len, "a reduce-scatter (average) of layout 0x%06x", WIRE_OP_ROOT(op));
 		break;
 	default:
 		snprintf(buf, len, "an unknown collective 0x%x", op);

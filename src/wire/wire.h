@@ -40,7 +40,7 @@
 #include "unisum.h"
 
 #define WIRE_MAGIC 0x4d555355u	/* "USUM" */
-#define WIRE_VERSION 6
+#define WIRE_VERSION 7
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
 #define WIRE_MAX_DATA_PAYLOAD (1ull << 30)	/* 1 GiB for one partition */
@@ -84,20 +84,45 @@ enum wire_type {
 #define WIRE_FLAG_IPC 0x2u
 #define WIRE_IPC_PAYLOAD 8u
 
+/* PULL: this machine does not want the round's result of this key (a
+ * reduce-scatter or alltoall whose elements here belong to other
+ * machines); the server still answers once the round is complete, with a
+ * PULL_REPLY flagged SKIP that carries nothing, so the slot's accounting
+ * and the worker's completion stay those of every pull. */
+#define WIRE_FLAG_SKIP 0x4u
+
 /* A PUSH's aux names the collective its worker is in, so that whoever
  * combines the round (a server, or the workers of a machine) refuses it
  * before a byte is combined when the workers disagree: a broadcast from
- * two roots, a sum against an average.  The low byte is the kind; a
- * broadcast carries its root rank above it. */
+ * two roots, a sum against an average, an allgather of other counts.  The
+ * low byte is the kind; a broadcast carries its root rank above it, a
+ * gathering collective the hash of its layout (wire_op_has_root). */
 enum wire_op_kind {
 	WIRE_OP_SUM = 0,
 	WIRE_OP_AVERAGE = 1,
 	WIRE_OP_BROADCAST = 2,
+	WIRE_OP_MIN = 3,
+	WIRE_OP_MAX = 4,
+	WIRE_OP_PRODUCT = 5,
+	WIRE_OP_ALLGATHER = 6,	/* pieces OR-ed: each machine's elements, zeros elsewhere */
+	WIRE_OP_ALLTOALL = 7,	/* the same, for blocks addressed to each rank */
+	WIRE_OP_REDUCESCATTER = 8,	/* a sum each machine pulls only its slice of */
+	WIRE_OP_REDUCESCATTER_AVERAGE = 9,
+	WIRE_OP_KIND_MAX = 9,
 };
 #define WIRE_OP_MAX_ROOT 0xffffffu
 #define WIRE_OP(kind, root) ((uint32_t)(kind) | (uint32_t)(root) << 8)
 #define WIRE_OP_KIND(op) ((op) & 0xffu)
 #define WIRE_OP_ROOT(op) ((op) >> 8)
+
+/* Whether the collective carries a value in its root field: a broadcast's
+ * root, or the 24-bit hash of a gathering collective's layout (the counts
+ * of every rank), so that ranks of different layouts disagree. */
+bool wire_op_has_root(uint32_t op);
+
+/* The reduction that combines the contributions of a collective
+ * (REDUCER_SUM, ...; an int so that this header needs not the reducer's). */
+int wire_op_reduction(uint32_t op);
 
 /* Writes what a collective is for messages ("a sum", "an average", "a
  * broadcast from root 3") into buf; returns buf. */

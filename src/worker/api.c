@@ -188,6 +188,46 @@ int unisum_broadcast(int tensor, void *buf, int root_rank)
 	return rc != 0 ? rc : unisum_wait(h);
 }
 
+int unisum_allgather_async(int tensor, const void *in, void *out, const uint64_t *counts,
+			   unisum_handle *h)
+{
+	return worker_allgather_async(api(), tensor, in, out, counts, h);
+}
+
+int unisum_allgather(int tensor, const void *in, void *out, const uint64_t *counts)
+{
+	unisum_handle h;
+	int rc = unisum_allgather_async(tensor, in, out, counts, &h);
+	return rc != 0 ? rc : unisum_wait(h);
+}
+
+int unisum_reduce_scatter_async(int tensor, const void *in, void *out, const uint64_t *counts,
+				int flags, unisum_handle *h)
+{
+	return worker_reduce_scatter_async(api(), tensor, in, out, counts, flags, h);
+}
+
+int unisum_reduce_scatter(int tensor, const void *in, void *out, const uint64_t *counts,
+			  int flags)
+{
+	unisum_handle h;
+	int rc = unisum_reduce_scatter_async(tensor, in, out, counts, flags, &h);
+	return rc != 0 ? rc : unisum_wait(h);
+}
+
+int unisum_alltoall_async(int tensor, const void *in, void *out, const uint64_t *counts,
+			  unisum_handle *h)
+{
+	return worker_alltoall_async(api(), tensor, in, out, counts, h);
+}
+
+int unisum_alltoall(int tensor, const void *in, void *out, const uint64_t *counts)
+{
+	unisum_handle h;
+	int rc = unisum_alltoall_async(tensor, in, out, counts, &h);
+	return rc != 0 ? rc : unisum_wait(h);
+}
+
 int unisum_poll_timeout(unisum_handle h, int timeout_ms)
 {
 	return worker_poll_timeout(api(), h, timeout_ms);

@@ -96,6 +96,13 @@ void wk_op_part_done(struct wk_op *op, int err, const char *why)
 		snprintf(op->why, sizeof op->why, "%s", why);
 	}
 	if (--op->remaining == 0) {
+		if (op->copy_bytes > 0 && op->error == 0) {
+			/* This rank's part of the result goes to the caller; no
+			 * other thread touches the operation until it is done. */
+			pthread_mutex_unlock(&w->lock);
+			memcpy(op->copy_to, op->copy_from, op->copy_bytes);
+			pthread_mutex_lock(&w->lock);
+		}
 		if (op->traced)
 			trace_span(TRACE_TENSOR, op->t->index, 0, op->round, op->t->cuts[0].key,
 				   op->t->count * op->t->esize, 0, op->t_start, trace_now_us());
@@ -104,6 +111,25 @@ void wk_op_part_done(struct wk_op *op, int err, const char *why)
 		pthread_cond_broadcast(&w->done_cond);
 	}
 	pthread_mutex_unlock(&w->lock);
+}
+
+/* Whether spans (sorted, disjoint; NULL: all) meet [lo, hi). */
+static bool wk_spans_meet(const struct wk_span *sp, int n, uint64_t lo, uint64_t hi)
+{
+	if (sp == NULL)
+		return true;
+	for (int i = 0; i < n && sp[i].lo < hi; i++)
+		if (sp[i].hi > lo)
+			return true;
+	return false;
+}
+
+/* Whether this machine pushes data for the partition of [offset, offset +
+ * count) (else ZERO) and pulls its result (else a PULL with SKIP). */
+void wk_job_sets(const struct wk_op *op, uint64_t offset, uint64_t count, bool *push, bool *pull)
+{
+	*push = wk_spans_meet(op->push_spans, op->npush_spans, offset, offset + count);
+	*pull = wk_spans_meet(op->pull_spans, op->npull_spans, offset, offset + count);
 }
 
 /* Ends a PUSH_PULL job taken from the PUSH stage, however it ended: gives
@@ -260,7 +286,7 @@ static void *wk_send_main(void *arg)
 				push.payload_len = j->count * unisum_dtype_size(j->dtype);
 			struct wire_hdr pull = push;
 			pull.type = WIRE_PULL;
-			pull.flags = 0;
+			pull.flags = j->skip_pull ? WIRE_FLAG_SKIP : 0;
 			pull.aux = 0;
 			pull.count = 0;
 			pull.payload_len = 0;
@@ -268,6 +294,8 @@ static void *wk_send_main(void *arg)
 			if (wk_metering(w) && c->tp == transport_tcp() && payload != NULL)
 				wk_meter_sent(c, j);
 			rc = c->tp->send(c->conn, &push, payload);
+			if (rc == 0 && payload != NULL)
+				atomic_fetch_add(&w->bytes_pushed, push.payload_len);
 			if (rc == 0 && traced) {
 				/* Under the lock: the receiving thread reads it after
 				 * taking the job from the pending table. */
@@ -433,6 +461,17 @@ static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *m
 	if (j == NULL)
 		return 1;
 	size_t bytes = j->count * unisum_dtype_size(j->dtype);
+	if ((h->flags & WIRE_FLAG_SKIP) != j->skip_pull * WIRE_FLAG_SKIP) {
+		snprintf(msg, len, "%s answered a pull of key 0x%llx round %u %s", c->label,
+			 (unsigned long long)h->key, h->round,
+			 j->skip_pull ? "that skips the data with data" : "without its data");
+		wk_job_finish(j, UNISUM_EPROTO, msg);
+		return 1;
+	}
+	if (j->skip_pull) {
+		wk_job_finish(j, 0, NULL);
+		return 0;
+	}
 	if (h->flags & WIRE_FLAG_ZERO) {
 		memset(j->out, 0, bytes);
 	} else {
@@ -453,6 +492,8 @@ static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *m
 			return 1;
 		}
 	}
+	if (!(h->flags & WIRE_FLAG_ZERO))
+		atomic_fetch_add(&w->bytes_pulled, bytes);
 	if (j->divisor > 1)
 		reducer_divide(j->out, j->count, j->dtype, j->divisor);
 	wk_job_finish(j, 0, NULL);

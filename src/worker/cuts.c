@@ -276,15 +276,19 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 		struct wk_job *j = malloc(sizeof *j);
 		const struct placement_part *p = &L->parts[i];
 		size_t off = p->offset * t->esize;
+		bool push, pull;
+		wk_job_sets(op, p->offset, p->count, &push, &pull);
+		push = push && op->in != NULL;
 		if (j != NULL) {
 			*j = (struct wk_job){.entry = {.priority = t->priority, .key = L->key + i,
-						       .bytes = p->count * t->esize},
+						       .bytes = push ? p->count * t->esize : 0},
 					     .type = JOB_PUSH_PULL, .server = (int)L->servers[i], .part = i,
 					     .key = L->key + i, .round = wire_round, .dtype = t->dtype,
 					     .count = p->count,
-					     .in = op->in ? (const uint8_t *)op->in + off : NULL,
+					     .in = push ? (const uint8_t *)op->in + off : NULL,
 					     .out = (uint8_t *)op->out + off, .divisor = divisor,
-					     .wire_op = op->wire_op, .op = op, .t_queued = op->t_start};
+					     .skip_pull = !pull, .wire_op = op->wire_op, .op = op,
+					     .t_queued = op->t_start};
 			rc = sched_push(&w->push_q, &j->entry);
 		} else {
 			rc = UNISUM_ENOMEM;

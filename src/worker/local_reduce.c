@@ -97,12 +97,14 @@ static void lc_slice(uint64_t count, size_t esize, int r, int L, uint64_t *s, ui
 	*e = b < count ? b : count;
 }
 
-/* Sums elements [off, off + n) of every rank's input, in rank order, into
- * dst (n * esize <= LC_CHUNK). */
+/* Sums (or folds with the collective's reduction: min, max, product, the
+ * OR of an allgather) elements [off, off + n) of every rank's input, in
+ * rank order, into dst (n * esize <= LC_CHUNK). */
 static int lc_sum_chunk(struct local_op *op, void *dst, uint64_t off, size_t n, size_t esize)
 {
 	struct local *lc = op->lc;
 	const int me = lc->cfg.local_rank;
+	const reducer_op red = (reducer_op)wire_op_reduction(op->req.wire_op);
 	size_t bytes = n * esize;
 	const void *first = NULL;
 	int have = 0, tmp = 0;
@@ -131,9 +133,9 @@ static int lc_sum_chunk(struct local_op *op, void *dst, uint64_t off, size_t n, 
 		if (have == 0)
 			first = src;
 		else if (have == 1)
-			reducer_sum(dst, first, src, n, op->req.dtype);
+			reducer_fold(red, dst, first, src, n, op->req.dtype);
 		else
-			reducer_sum_into(dst, src, n, op->req.dtype);
+			reducer_fold_into(red, dst, src, n, op->req.dtype);
 		have++;
 	}
 	if (have == 0)

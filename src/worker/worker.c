@@ -100,14 +100,16 @@ static void wk_local_push(void *ctx, uint32_t part)
 	uint8_t *at = (uint8_t *)op->out + p->offset * t->esize;
 	struct wk_job *j = malloc(sizeof *j);
 	int rc = UNISUM_ENOMEM;
+	bool push, pull;
+	wk_job_sets(op, p->offset, p->count, &push, &pull);
 	if (j != NULL) {
 		*j = (struct wk_job){.entry = {.priority = t->priority, .key = L->key + part,
-					       .bytes = p->count * t->esize},
+					       .bytes = push ? p->count * t->esize : 0},
 				     .type = JOB_PUSH_PULL, .server = (int)L->servers[part], .part = part,
 				     .key = L->key + part, .round = op->wire_round, .dtype = t->dtype,
-				     .count = p->count, .in = at, .out = at,
+				     .count = p->count, .in = push ? at : NULL, .out = at,
 				     .divisor = (op->flags & UNISUM_AVERAGE) ? w->size : 1,
-				     .wire_op = op->wire_op, .op = op,
+				     .skip_pull = !pull, .wire_op = op->wire_op, .op = op,
 				     .t_queued = op->traced ? trace_now_us() : 0};
 		rc = sched_push(&w->push_q, &j->entry);
 	}
@@ -222,6 +224,15 @@ static void wk_tensor_free(struct wk_tensor *t)
 	free(t);
 }
 
+/* Frees what an operation owns beside itself. */
+static void wk_op_free(struct wk_op *op)
+{
+	free(op->push_spans);
+	free(op->pull_spans);
+	free(op->scratch);
+	free(op);
+}
+
 static void wk_free_all(struct worker *w)
 {
 	for (int i = 0; i < w->ntensors; i++)
@@ -231,7 +242,7 @@ static void wk_free_all(struct worker *w)
 	w->poison = NULL;
 	w->npoison = 0;
 	for (int i = 0; i < w->nops; i++)
-		free(w->ops[i]);
+		wk_op_free(w->ops[i]);
 	free(w->ops);
 	w->tensors = NULL;
 	w->ops = NULL;
@@ -601,30 +612,30 @@ static int wk_op_file(struct worker *w, int tensor, struct wk_op *op)
 	return 0;
 }
 
-/* Starts an operation: `in` NULL means "contribute zeros" (broadcast from
- * another root).  wire_op is the collective (WIRE_OP()): every worker of
- * the round must start the same one, or the round fails on all of them.
- * Never waits on the network: under autotune an operation whose cut is
- * not ready goes to wk_tune_main. */
-static int wk_start(struct worker *w, int tensor, const void *in, void *out, int flags,
-		    uint32_t wire_op, unisum_handle *h)
+/* Starts operation `tmpl` (its buffers, flags, collective, and for the
+ * gathering collectives its spans, scratch and final copy, which become
+ * the operation's): `in` NULL means "contribute zeros" (broadcast from
+ * another root).  Every worker of the round must start the same
+ * collective, or the round fails on all of them.  Never waits on the
+ * network: under autotune an operation whose cut is not ready goes to
+ * wk_tune_main. */
+static int wk_start(struct worker *w, int tensor, const struct wk_op *tmpl, unisum_handle *h)
 {
-	if (wk_require_init(w) != 0)
-		return UNISUM_ENOTINIT;
-	if (h == NULL || out == NULL || (flags & ~UNISUM_AVERAGE) != 0)
-		return log_fail(UNISUM_EINVAL, "unisum_push_pull: out and the handle must not be NULL and "
-				"flags may only hold UNISUM_AVERAGE (worker %d, tensor %d)", w->rank, tensor);
 	struct wk_op *op = calloc(1, sizeof *op);
-	if (op == NULL)
+	if (op == NULL) {
+		free(tmpl->push_spans);
+		free(tmpl->pull_spans);
+		free(tmpl->scratch);
 		return UNISUM_ENOMEM;
-	*op = (struct wk_op){.flags = flags, .in = in, .out = out, .wire_op = wire_op};
+	}
+	*op = *tmpl;
 	pthread_mutex_lock(&w->lock);
 	int rc = wk_op_file(w, tensor, op);
 	if (rc == 0)
 		*h = op->handle;
 	pthread_mutex_unlock(&w->lock);
 	if (rc != 0) {
-		free(op);
+		wk_op_free(op);
 		return rc;
 	}
 
@@ -656,13 +667,28 @@ static int wk_start(struct worker *w, int tensor, const void *in, void *out, int
 	return 0;
 }
 
+#define WK_OP_FLAGS (UNISUM_MIN | UNISUM_MAX | UNISUM_PRODUCT)
+
 int worker_push_pull_async(struct worker *w, int tensor, const void *in, void *out, int flags,
 			   unisum_handle *h)
 {
-	if (in == NULL)
-		return log_fail(UNISUM_EINVAL, "unisum_push_pull: in must not be NULL (tensor %d)", tensor);
-	uint32_t wire_op = WIRE_OP((flags & UNISUM_AVERAGE) ? WIRE_OP_AVERAGE : WIRE_OP_SUM, 0);
-	return wk_start(w, tensor, in, out, flags, wire_op, h);
+	if (wk_require_init(w) != 0)
+		return UNISUM_ENOTINIT;
+	int reduce = flags & (UNISUM_AVERAGE | WK_OP_FLAGS);
+	if (in == NULL || out == NULL || h == NULL || (flags & ~(UNISUM_AVERAGE | WK_OP_FLAGS)) != 0 ||
+	    (reduce & (reduce - 1)) != 0)
+		return log_fail(UNISUM_EINVAL, "unisum_push_pull: in, out and the handle must not be "
+				"NULL, and flags may hold one of UNISUM_AVERAGE, UNISUM_MIN, UNISUM_MAX "
+				"and UNISUM_PRODUCT (worker %d, tensor %d, flags 0x%x)", w->rank, tensor,
+				flags);
+	uint32_t kind = flags & UNISUM_AVERAGE ? WIRE_OP_AVERAGE
+			: flags & UNISUM_MIN   ? WIRE_OP_MIN
+			: flags & UNISUM_MAX   ? WIRE_OP_MAX
+			: flags & UNISUM_PRODUCT ? WIRE_OP_PRODUCT
+					       : WIRE_OP_SUM;
+	struct wk_op tmpl = {.flags = flags & UNISUM_AVERAGE, .in = in, .out = out,
+			     .wire_op = WIRE_OP(kind, 0)};
+	return wk_start(w, tensor, &tmpl, h);
 }
 
 int worker_broadcast_async(struct worker *w, int tensor, void *buf, int root_rank,
@@ -670,12 +696,249 @@ int worker_broadcast_async(struct worker *w, int tensor, void *buf, int root_ran
 {
 	if (wk_require_init(w) != 0)
 		return UNISUM_ENOTINIT;
-	if (buf == NULL || root_rank < 0 || root_rank >= w->size)
-		return log_fail(UNISUM_EINVAL, "unisum_broadcast: buf must not be NULL and root_rank %d "
-				"must be in [0, %d) (worker %d, tensor %d)", root_rank, w->size, w->rank,
-				tensor);
-	return wk_start(w, tensor, w->rank == root_rank ? buf : NULL, buf, 0,
-			WIRE_OP(WIRE_OP_BROADCAST, (uint32_t)root_rank), h);
+	if (buf == NULL || h == NULL || root_rank < 0 || root_rank >= w->size)
+		return log_fail(UNISUM_EINVAL, "unisum_broadcast: buf and the handle must not be NULL "
+				"and root_rank %d must be in [0, %d) (worker %d, tensor %d)", root_rank,
+				w->size, w->rank, tensor);
+	struct wk_op tmpl = {.in = w->rank == root_rank ? buf : NULL, .out = buf,
+			     .wire_op = WIRE_OP(WIRE_OP_BROADCAST, (uint32_t)root_rank)};
+	return wk_start(w, tensor, &tmpl, h);
+}
+
+/* ---- allgather, reduce-scatter, alltoall ---------------------------------- */
+
+/*
+ * They run on the same rounds as a push_pull, with two differences per
+ * partition (wk_job_sets): a machine pushes ZERO (nothing) for partitions
+ * holding none of its elements, and pulls with SKIP (nothing comes back)
+ * those holding none of the elements it wants.  Allgather and alltoall
+ * are folded with a bitwise OR (each rank's buffer is zero outside its own
+ * elements, so the OR is the concatenation, bit for bit, whatever the
+ * dtype); reduce-scatter is a sum.  The layout (every rank's counts) is
+ * hashed into the collective's root field, so ranks that pass different
+ * counts fail like ranks that call different collectives.
+ */
+
+/* The tensor's element count and size (w->lock taken here), or an error. */
+static int wk_tensor_shape(struct worker *w, int tensor, uint64_t *count, size_t *esize,
+			   const char *what)
+{
+	int rc = 0;
+	pthread_mutex_lock(&w->lock);
+	if (tensor < 0 || tensor >= w->ntensors || w->tensors[tensor] == NULL) {
+		rc = log_fail(UNISUM_EINVAL, "%s: tensor id %d was never declared, or was undeclared "
+			      "(worker %d)", what, tensor, w->rank);
+	} else {
+		*count = w->tensors[tensor]->count;
+		*esize = w->tensors[tensor]->esize;
+	}
+	pthread_mutex_unlock(&w->lock);
+	return rc;
+}
+
+/* 24 bits of FNV-1a over the counts: the layout in the collective. */
+static uint32_t wk_layout_hash(const uint64_t *counts, size_t n)
+{
+	uint64_t x = 0xcbf29ce484222325ull;
+	for (size_t i = 0; i < n; i++) {
+		for (int b = 0; b < 8; b++) {
+			x ^= (counts[i] >> (8 * b)) & 0xff;
+			x *= 0x100000001b3ull;
+		}
+	}
+	return (uint32_t)((x ^ (x >> 24) ^ (x >> 48)) & WIRE_OP_MAX_ROOT);
+}
+
+/* Checks the arguments every gathering collective shares and that the
+ * counts (n of them) add up to the tensor: *total, *esize. */
+static int wk_gather_args(struct worker *w, int tensor, const void *in, const void *out,
+			  const uint64_t *counts, size_t n, unisum_handle *h, const char *what,
+			  uint64_t *total, size_t *esize)
+{
+	if (wk_require_init(w) != 0)
+		return UNISUM_ENOTINIT;
+	if (out == NULL || counts == NULL || h == NULL || in == NULL)
+		return log_fail(UNISUM_EINVAL, "%s: in, out, counts and the handle must not be NULL "
+				"(worker %d, tensor %d)", what, w->rank, tensor);
+	uint64_t count = 0;
+	int rc = wk_tensor_shape(w, tensor, &count, esize, what);
+	if (rc != 0)
+		return rc;
+	uint64_t sum = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (counts[i] > count || sum + counts[i] > count)
+			sum = count + 1;
+		else
+			sum += counts[i];
+	}
+	if (sum != count)
+		return log_fail(UNISUM_EINVAL, "%s: the counts add up to %s%llu elements, but the tensor "
+				"was declared with %llu (worker %d, tensor %d)", what,
+				sum > count ? "more than " : "", (unsigned long long)(sum > count ? count : sum),
+				(unsigned long long)count, w->rank, tensor);
+	*total = count;
+	return 0;
+}
+
+/* The machine of this rank covers ranks [m * L, min(m * L + L, size)). */
+static void wk_machine_ranks(const struct worker *w, int *first, int *end)
+{
+	int L = w->cfg.local_size > 0 ? w->cfg.local_size : 1;
+	*first = w->rank / L * L;
+	*end = *first + L < w->size ? *first + L : w->size;
+}
+
+/* A span list of one span, or NULL when out of memory. */
+static struct wk_span *wk_one_span(uint64_t lo, uint64_t hi, int *n)
+{
+	struct wk_span *sp = malloc(sizeof *sp);
+	if (sp != NULL) {
+		sp->lo = lo;
+		sp->hi = hi;
+	}
+	*n = 1;
+	return sp;
+}
+
+int worker_allgather_async(struct worker *w, int tensor, const void *in, void *out,
+			   const uint64_t *counts, unisum_handle *h)
+{
+	uint64_t total;
+	size_t es;
+	int rc = wk_gather_args(w, tensor, in, out, counts, w != NULL ? (size_t)w->size : 0, h,
+				"unisum_allgather", &total, &es);
+	if (rc != 0)
+		return rc;
+	int n = w->size, first, end;
+	wk_machine_ranks(w, &first, &end);
+	uint64_t lo = 0, mlo = 0, mhi = 0;
+	for (int r = 0; r < n; r++) {
+		if (r == first)
+			mlo = lo;
+		if (r == w->rank) {
+			/* Zero outside this rank's rows (OR with zero keeps the
+			 * others' bits), then this rank's rows in place. */
+			memmove((uint8_t *)out + lo * es, in, counts[r] * es);
+			memset(out, 0, lo * es);
+			memset((uint8_t *)out + (lo + counts[r]) * es, 0, (total - lo - counts[r]) * es);
+		}
+		lo += counts[r];
+		if (r == end - 1)
+			mhi = lo;
+	}
+	struct wk_op tmpl = {.in = out, .out = out,
+			     .wire_op = WIRE_OP(WIRE_OP_ALLGATHER, wk_layout_hash(counts, (size_t)n))};
+	tmpl.push_spans = wk_one_span(mlo, mhi, &tmpl.npush_spans);
+	if (tmpl.push_spans == NULL)
+		return UNISUM_ENOMEM;
+	return wk_start(w, tensor, &tmpl, h);
+}
+
+int worker_reduce_scatter_async(struct worker *w, int tensor, const void *in, void *out,
+				const uint64_t *counts, int flags, unisum_handle *h)
+{
+	uint64_t total;
+	size_t es;
+	int rc = wk_gather_args(w, tensor, in, out, counts, w != NULL ? (size_t)w->size : 0, h,
+				"unisum_reduce_scatter", &total, &es);
+	if (rc != 0)
+		return rc;
+	if ((flags & ~UNISUM_AVERAGE) != 0)
+		return log_fail(UNISUM_EINVAL, "unisum_reduce_scatter: flags may only hold "
+				"UNISUM_AVERAGE (worker %d, tensor %d)", w->rank, tensor);
+	int n = w->size, first, end;
+	wk_machine_ranks(w, &first, &end);
+	uint64_t lo = 0, mlo = 0, mhi = 0, mine = 0;
+	for (int r = 0; r < n; r++) {
+		if (r == first)
+			mlo = lo;
+		if (r == w->rank)
+			mine = lo;
+		lo += counts[r];
+		if (r == end - 1)
+			mhi = lo;
+	}
+	uint32_t kind = flags & UNISUM_AVERAGE ? WIRE_OP_REDUCESCATTER_AVERAGE : WIRE_OP_REDUCESCATTER;
+	struct wk_op tmpl = {.flags = flags, .in = in,
+			     .wire_op = WIRE_OP(kind, wk_layout_hash(counts, (size_t)n))};
+	tmpl.scratch = malloc(total * es > 0 ? total * es : 1);
+	tmpl.pull_spans = wk_one_span(mlo, mhi, &tmpl.npull_spans);
+	if (tmpl.scratch == NULL || tmpl.pull_spans == NULL) {
+		free(tmpl.scratch);
+		free(tmpl.pull_spans);
+		return UNISUM_ENOMEM;
+	}
+	tmpl.out = tmpl.scratch;
+	tmpl.copy_from = (uint8_t *)tmpl.scratch + mine * es;
+	tmpl.copy_to = out;
+	tmpl.copy_bytes = counts[w->rank] * es;
+	return wk_start(w, tensor, &tmpl, h);
+}
+
+static int wk_span_cmp(const void *a, const void *b)
+{
+	const struct wk_span *x = a, *y = b;
+	return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+int worker_alltoall_async(struct worker *w, int tensor, const void *in, void *out,
+			  const uint64_t *counts, unisum_handle *h)
+{
+	uint64_t total;
+	size_t es;
+	size_t n = w != NULL ? (size_t)w->size : 0;
+	int rc = wk_gather_args(w, tensor, in, out, counts, n * n, h, "unisum_alltoall", &total, &es);
+	if (rc != 0)
+		return rc;
+	/* The tensor holds the blocks by destination, then source: block
+	 * (s, d) at base[d] + the blocks of sources before s to d. */
+	int first, end;
+	wk_machine_ranks(w, &first, &end);
+	size_t me = (size_t)w->rank;
+	uint64_t *base = calloc(n + 1, sizeof *base);
+	struct wk_span *push = calloc(n * (size_t)(end - first) + 1, sizeof *push);
+	void *scratch = malloc(total * es > 0 ? total * es : 1);
+	if (base == NULL || push == NULL || scratch == NULL) {
+		free(base);
+		free(push);
+		free(scratch);
+		return UNISUM_ENOMEM;
+	}
+	for (size_t d = 0; d < n; d++) {
+		base[d + 1] = base[d];
+		for (size_t s = 0; s < n; s++)
+			base[d + 1] += counts[s * n + d];
+	}
+	memset(scratch, 0, total * es);
+	int npush = 0;
+	uint64_t sent = 0;
+	for (size_t d = 0; d < n; d++) {
+		uint64_t at = base[d];
+		for (size_t s = 0; s < n; s++) {
+			uint64_t c = counts[s * n + d];
+			if (s == me) {
+				memcpy((uint8_t *)scratch + at * es, (const uint8_t *)in + sent * es, c * es);
+				sent += c;
+			}
+			if ((int)s >= first && (int)s < end && c > 0)
+				push[npush++] = (struct wk_span){at, at + c};
+			at += c;
+		}
+	}
+	qsort(push, (size_t)npush, sizeof *push, wk_span_cmp);
+	struct wk_op tmpl = {.in = scratch, .out = scratch, .scratch = scratch,
+			     .wire_op = WIRE_OP(WIRE_OP_ALLTOALL, wk_layout_hash(counts, n * n)),
+			     .push_spans = push, .npush_spans = npush,
+			     .copy_from = (uint8_t *)scratch + base[me] * es, .copy_to = out,
+			     .copy_bytes = (base[me + 1] - base[me]) * es};
+	tmpl.pull_spans = wk_one_span(base[first], base[end], &tmpl.npull_spans);
+	free(base);
+	if (tmpl.pull_spans == NULL) {
+		free(push);
+		free(scratch);
+		return UNISUM_ENOMEM;
+	}
+	return wk_start(w, tensor, &tmpl, h);
 }
 
 /* Finds an unreleased operation; call with w->lock held. */
@@ -699,7 +962,7 @@ static int wk_release(struct worker *w, int i)
 		log_fail(rc, "worker %d: %s", w->rank, op->why);	/* it names the tensor */
 	else if (rc != 0)
 		log_fail(rc, "worker %d, tensor '%s': %s", w->rank, op->t->name, op->why);
-	free(op);
+	wk_op_free(op);
 	return rc;
 }
 
@@ -764,7 +1027,9 @@ int worker_get_stats(struct worker *w, unisum_stats *out)
 	sched_stats(&w->push_q, &st);
 	uint64_t pbytes = tune_partition_bytes(w->tuner);
 	*out = (unisum_stats){.credit_bytes = st.credit, .partition_bytes = pbytes,
-			      .max_inflight_bytes = st.max_inflight, .partitions_sent = st.taken};
+			      .max_inflight_bytes = st.max_inflight, .partitions_sent = st.taken,
+			      .bytes_pushed = atomic_load(&w->bytes_pushed),
+			      .bytes_pulled = atomic_load(&w->bytes_pulled)};
 	return 0;
 }
 

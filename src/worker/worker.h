@@ -46,6 +46,12 @@ int worker_push_pull_async(struct worker *w, int tensor, const void *in, void *o
 			   unisum_handle *h);
 int worker_broadcast_async(struct worker *w, int tensor, void *buf, int root_rank,
 			   unisum_handle *h);
+int worker_allgather_async(struct worker *w, int tensor, const void *in, void *out,
+			   const uint64_t *counts, unisum_handle *h);
+int worker_reduce_scatter_async(struct worker *w, int tensor, const void *in, void *out,
+				const uint64_t *counts, int flags, unisum_handle *h);
+int worker_alltoall_async(struct worker *w, int tensor, const void *in, void *out,
+			  const uint64_t *counts, unisum_handle *h);
 int worker_poll_timeout(struct worker *w, unisum_handle h, int timeout_ms);
 int worker_wait(struct worker *w, unisum_handle h);
 int worker_barrier(struct worker *w);

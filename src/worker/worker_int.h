@@ -11,6 +11,7 @@
 #define UNISUM_WORKER_INT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -49,6 +50,11 @@ struct wk_tensor {
 	bool busy;			/* an operation is in flight */
 };
 
+/* Elements [lo, hi) of a tensor. */
+struct wk_span {
+	uint64_t lo, hi;
+};
+
 struct wk_op {
 	struct worker *w;		/* its worker */
 	unisum_handle handle;
@@ -57,6 +63,16 @@ struct wk_op {
 	const void *in;			/* the caller's buffers (in NULL: contribute zeros) */
 	void *out;
 	uint32_t wire_op;		/* its collective (WIRE_OP()), on every push */
+	/* Allgather, alltoall, reduce-scatter: the elements this machine
+	 * contributes (others' partitions are pushed ZERO) and those it
+	 * wants back (others' are pulled with SKIP), each a sorted list of
+	 * [lo, hi) spans; NULL: every element. */
+	struct wk_span *push_spans, *pull_spans;
+	int npush_spans, npull_spans;
+	void *scratch;			/* owned full-size buffer, freed at release */
+	const void *copy_from;		/* when complete: copy_bytes from here ... */
+	void *copy_to;			/* ... to the caller's output */
+	size_t copy_bytes;
 	uint32_t remaining;		/* partitions not yet completed */
 	int error;			/* first error of any partition */
 	char why[512];			/* its message */
@@ -85,6 +101,7 @@ struct wk_job {
 	const void *in;			/* push from here (NULL: a ZERO push) */
 	void *out;			/* reply goes here */
 	int divisor;			/* UNISUM_AVERAGE: divide by this, else 1 */
+	bool skip_pull;			/* this machine wants none of it: PULL with SKIP */
 	uint32_t wire_op;		/* the collective, WIRE_OP(): the PUSH's aux */
 	struct wk_op *op;		/* NULL for DECLARE jobs */
 	char *name;			/* DECLARE jobs: the tensor's name (owned) */
@@ -150,6 +167,8 @@ struct worker {
 	struct sched_queue push_q;	/* the PUSH stage: priority and credit */
 	struct tuner *tuner;		/* the settings of each epoch (src/worker/tune.c) */
 	struct wk_meter meter;		/* fit mode: what crossed the network (conns.c) */
+	_Atomic uint64_t bytes_pushed;	/* data payloads sent to the servers (conns.c) */
+	_Atomic uint64_t bytes_pulled;	/* ... and received from them */
 	pthread_t tune_thread;		/* autotune: operations waiting for their cut */
 	bool tune_started, tune_stop;
 	pthread_cond_t tune_cond;	/* its queue is not empty, or it is to stop */
@@ -169,6 +188,8 @@ struct worker {
  * servers, their threads and the PUSH stage's thread; queueing a job on a
  * connection. */
 void wk_op_part_done(struct wk_op *op, int err, const char *why);
+void wk_job_sets(const struct wk_op *op, uint64_t offset, uint64_t count, bool *push,
+		 bool *pull);
 void wk_close_conns(struct worker *w);
 int wk_connect_servers(struct worker *w);
 int wk_enqueue(struct wk_conn *c, struct wk_job *j);

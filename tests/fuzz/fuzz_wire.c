@@ -88,6 +88,11 @@ static bool type_is_data(uint8_t type)
  * types, never the two together; nothing on any other type. */
 static bool flags_allowed(uint8_t type, uint16_t flags)
 {
+	if (type == WIRE_PULL)
+		return flags == 0 || flags == WIRE_FLAG_SKIP;
+	if (type == WIRE_PULL_REPLY)
+		return flags == 0 || flags == WIRE_FLAG_ZERO || flags == WIRE_FLAG_IPC ||
+		       flags == WIRE_FLAG_SKIP;
 	if (!type_is_data(type))
 		return flags == 0;
 	return flags == 0 || flags == WIRE_FLAG_ZERO || flags == WIRE_FLAG_IPC;
@@ -115,13 +120,21 @@ static bool model_accepts(const uint8_t in[WIRE_HDR_SIZE])
 		return false;
 	if (type == WIRE_PUSH) {
 		/* aux: the collective, a kind in the low byte, a root above it
-		 * for a broadcast only. */
-		uint32_t aux = (uint32_t)le_bytes(in + 44, 4);
-		if ((aux & 0xffu) > WIRE_OP_BROADCAST || ((aux & 0xffu) != WIRE_OP_BROADCAST && aux >> 8 != 0))
+		 * for a broadcast, a layout hash for allgather, alltoall and
+		 * reduce-scatter; a ZERO push only for broadcast, allgather and
+		 * alltoall. */
+		uint32_t aux = (uint32_t)le_bytes(in + 44, 4), kind = aux & 0xffu;
+		bool rooted = kind == WIRE_OP_BROADCAST || kind == WIRE_OP_ALLGATHER ||
+			      kind == WIRE_OP_ALLTOALL || kind == WIRE_OP_REDUCESCATTER ||
+			      kind == WIRE_OP_REDUCESCATTER_AVERAGE;
+		if (kind > WIRE_OP_REDUCESCATTER_AVERAGE || (!rooted && aux >> 8 != 0))
+			return false;
+		if ((flags & WIRE_FLAG_ZERO) && kind != WIRE_OP_BROADCAST &&
+		    kind != WIRE_OP_ALLGATHER && kind != WIRE_OP_ALLTOALL)
 			return false;
 	}
 	if (type_is_data(type)) {
-		if (flags & WIRE_FLAG_ZERO)
+		if (flags & (WIRE_FLAG_ZERO | WIRE_FLAG_SKIP))
 			return payload_len == 0;
 		uint64_t bytes;
 		if (__builtin_mul_overflow(count, (uint64_t)unisum_dtype_size(dtype), &bytes) ||
@@ -156,7 +169,7 @@ static void check_accepted(const uint8_t in[WIRE_HDR_SIZE], const struct wire_hd
 	CHECK(h->type >= 1 && h->type <= WIRE_TYPE_MAX);
 	CHECK(strcmp(wire_type_name(h->type), "unknown") != 0);
 	CHECK(flags_allowed(h->type, h->flags));
-	CHECK((h->flags & WIRE_FLAG_ZERO) == 0 || (h->flags & WIRE_FLAG_IPC) == 0);
+	CHECK(__builtin_popcount(h->flags & (WIRE_FLAG_ZERO | WIRE_FLAG_IPC | WIRE_FLAG_SKIP)) <= 1);
 	if (type_is_tensor(h->type)) {
 		CHECK(h->dtype < UNISUM_DTYPE_COUNT);
 		CHECK(unisum_dtype_size((unisum_dtype)h->dtype) != 0);
@@ -168,7 +181,7 @@ static void check_accepted(const uint8_t in[WIRE_HDR_SIZE], const struct wire_hd
 	/* What a receiver may allocate on the header's word. */
 	CHECK(h->payload_len <= WIRE_MAX_DATA_PAYLOAD);
 	if (type_is_data(h->type)) {
-		if (h->flags & WIRE_FLAG_ZERO) {
+		if (h->flags & (WIRE_FLAG_ZERO | WIRE_FLAG_SKIP)) {
 			CHECK(h->payload_len == 0);
 		} else {
 			uint64_t bytes;

@@ -17,6 +17,12 @@
  *   - 48 tensors in flight at once under a credit of one partition, so
  *     every push waits for credit to come back;
  *   - a broadcast from every root;
+ *   - min, max and product of every dtype, and uneven allgather,
+ *     reduce-scatter (sum and average) and alltoall of every dtype, some
+ *     ranks with nothing, slices ending inside partitions, and the bytes
+ *     they move (a machine pulls only its slice of a reduce-scatter,
+ *     pushes only its rows of an allgather); an allgather
+ *     whose ranks pass different counts fails on all of them;
  *   - one-shot tensors (a new name each), declared, summed and
  *     undeclared, ids reused;
  *   - ranks that disagree on a collective mid-job (within a machine, on a
@@ -468,6 +474,246 @@ static int work_rounds(struct job *j, int rank, char *msg, size_t len)
 	return rc;
 }
 
+/* ---- min, max, product; allgather, reduce-scatter, alltoall ------------- */
+
+/* Compares n elements of out with want; 0 or an error in msg. */
+static int same(const void *out, const void *want, unisum_dtype d, size_t n, const char *what,
+		char *msg, size_t len)
+{
+	size_t es = unisum_dtype_size(d);
+	for (size_t i = 0; i < n; i++)
+		if (memcmp((const char *)out + i * es, (const char *)want + i * es, es) != 0) {
+			snprintf(msg, len, "%s: %s x %zu, element %zu differs from the reference", what,
+				 unisum_dtype_name(d), n, i);
+			return UNISUM_EINVAL;
+		}
+	return 0;
+}
+
+/* Rank r's count of an uneven layout of case t: some ranks have none, and
+ * the others' slices end inside partitions. */
+static uint64_t layout_count(int r, int t, size_t p)
+{
+	return (r + t) % 4 == 1 ? 0 : (uint64_t)((size_t)(r * 7 + t) % 3 * p + (size_t)(r * 131 + t * 17) % p);
+}
+
+/* Min, max and product of every dtype, then an uneven allgather,
+ * reduce-scatter (sum and average) and alltoall of every dtype, checked
+ * exactly against references computed here. */
+static int work_collectives(struct job *j, int rank, char *msg, size_t len)
+{
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers;
+	int rc = 0;
+	for (int d = 0; d < UNISUM_DTYPE_COUNT && rc == 0; d++) {
+		unisum_dtype dt = (unisum_dtype)d;
+		size_t es = unisum_dtype_size(dt), p = PART_BYTES / es, N = 3 * p + 5;
+		char name[64];
+		/* min, max, product: values in [-2, 2] keep every product exact */
+		static const int ops[3] = {UNISUM_MIN, UNISUM_MAX, UNISUM_PRODUCT};
+		snprintf(name, sizeof name, "ops.%d", d);
+		int id = worker_declare(w, name, dt, N, 0);
+		if (id < 0)
+			FAIL(id, "declare %s: %s", name, unisum_last_error());
+		uint8_t *in = malloc(N * es + 1), *out = malloc(N * es + 1), *want = malloc(N * es + 1);
+		for (int o = 0; o < 3 && rc == 0; o++) {
+			for (size_t i = 0; i < N; i++) {
+				int acc = 0;
+				for (int r = 0; r < n; r++) {
+					int v = value(r, o, i) % 3;
+					if (o == 2 && v == 0)
+						v = 1;	/* products of floats: -0 and +0 differ */
+					if (r == rank)
+						put(in, dt, i, v);
+					acc = r == 0 ? v : o == 0 ? (v < acc ? v : acc)
+							 : o == 1 ? (v > acc ? v : acc) : acc * v;
+				}
+				put(want, dt, i, acc);
+			}
+			if ((rc = push_pull(w, id, in, out, ops[o])) != 0)
+				snprintf(msg, len, "push_pull %s op %d: %s", name, o, unisum_last_error());
+			else
+				rc = same(out, want, dt, N, o == 0 ? "min" : o == 1 ? "max" : "product", msg, len);
+		}
+		free(in);
+		free(out);
+		free(want);
+		if (rc != 0)
+			return rc;
+
+		/* allgather and reduce-scatter of one uneven layout */
+		uint64_t counts[MAX_WORKERS], total = 0, off[MAX_WORKERS + 1] = {0};
+		for (int r = 0; r < n; r++) {
+			counts[r] = layout_count(r, d, p);
+			off[r + 1] = off[r] + counts[r];
+		}
+		total = off[n];
+		snprintf(name, sizeof name, "gather.%d", d);
+		id = worker_declare(w, name, dt, total, 0);
+		if (id < 0)
+			FAIL(id, "declare %s: %s", name, unisum_last_error());
+		in = malloc(total * es + 1);
+		out = malloc(total * es + 1);
+		want = malloc(total * es + 1);
+		for (size_t i = 0; i < counts[rank]; i++)
+			put(in, dt, i, value(rank, 50 + d, i));
+		for (int r = 0; r < n; r++)
+			for (size_t i = 0; i < counts[r]; i++)
+				put(want, dt, off[r] + i, value(r, 50 + d, i));
+		memset(out, 0x5a, total * es);
+		unisum_handle h;
+		if ((rc = worker_allgather_async(w, id, in, out, counts, &h)) == 0)
+			rc = worker_wait(w, h);
+		if (rc != 0)
+			FAIL(rc, "allgather %s: %s", name, unisum_last_error());
+		if ((rc = same(out, want, dt, total, "allgather", msg, len)) != 0)
+			return rc;
+		/* reduce-scatter: the sum's slice of this rank, then the average's */
+		for (int avg = 0; avg < 2 && rc == 0; avg++) {
+			fill(in, dt, total, rank, 60 + d);
+			void *ref = reference(j, dt, total, 60 + d, avg);
+			memset(out, 0x5a, total * es);
+			if ((rc = worker_reduce_scatter_async(w, id, in, out, counts,
+							      avg ? UNISUM_AVERAGE : 0, &h)) == 0)
+				rc = worker_wait(w, h);
+			if (rc != 0)
+				snprintf(msg, len, "reduce_scatter %s: %s", name, unisum_last_error());
+			else
+				rc = same(out, (uint8_t *)ref + off[rank] * es, dt, counts[rank],
+					  avg ? "reduce_scatter average" : "reduce_scatter", msg, len);
+			free(ref);
+		}
+		free(in);
+		free(out);
+		free(want);
+		if (rc != 0)
+			return rc;
+
+		/* alltoall: rank s sends counts[s][d] elements to rank d */
+		uint64_t a2a[MAX_WORKERS * MAX_WORKERS], a2a_total = 0, sent = 0, got = 0;
+		for (int s2 = 0; s2 < n; s2++)
+			for (int d2 = 0; d2 < n; d2++) {
+				a2a[s2 * n + d2] = (uint64_t)((s2 * 5 + d2 * 3 + d) % 4 == 0 ? 0 :
+							      (size_t)(s2 * 97 + d2 * 41 + d) % (p + p / 2));
+				a2a_total += a2a[s2 * n + d2];
+			}
+		for (int d2 = 0; d2 < n; d2++)
+			sent += a2a[rank * n + d2];
+		for (int s2 = 0; s2 < n; s2++)
+			got += a2a[s2 * n + rank];
+		snprintf(name, sizeof name, "alltoall.%d", d);
+		id = worker_declare(w, name, dt, a2a_total, 0);
+		if (id < 0)
+			FAIL(id, "declare %s: %s", name, unisum_last_error());
+		in = malloc(sent * es + 1);
+		out = malloc(got * es + 1);
+		want = malloc(got * es + 1);
+		size_t at = 0;
+		for (int d2 = 0; d2 < n; d2++)
+			for (size_t i = 0; i < a2a[rank * n + d2]; i++)
+				put(in, dt, at++, value(rank * 3 + d2, 70 + d, i));
+		at = 0;
+		for (int s2 = 0; s2 < n; s2++)
+			for (size_t i = 0; i < a2a[s2 * n + rank]; i++)
+				put(want, dt, at++, value(s2 * 3 + rank, 70 + d, i));
+		if ((rc = worker_alltoall_async(w, id, in, out, a2a, &h)) == 0)
+			rc = worker_wait(w, h);
+		if (rc != 0)
+			snprintf(msg, len, "alltoall %s: %s", name, unisum_last_error());
+		else
+			rc = same(out, want, dt, got, "alltoall", msg, len);
+		free(in);
+		free(out);
+		free(want);
+	}
+	return rc;
+}
+
+/* What the gathering collectives move: with several machines, a local
+ * root pulls only its machine's slice of a reduce-scatter and pushes only
+ * its machine's rows of an allgather (give or take the two partitions
+ * that straddle its edges); the other local ranks talk to no server. */
+static int work_traffic(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { N = 40000 };
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers, L = j->local;
+	uint64_t counts[MAX_WORKERS];
+	for (int r = 0; r < n; r++)
+		counts[r] = N / (uint64_t)n + (r == 0 ? N % (uint64_t)n : 0);
+	int id = worker_declare(w, "traffic", UNISUM_FLOAT32, N, 0);
+	if (id < 0)
+		FAIL(id, "declare traffic: %s", unisum_last_error());
+	float *in = calloc(N, sizeof(float)), *out = calloc(N, sizeof(float));
+	uint64_t machine = 0;
+	for (int r = rank / L * L; r < rank / L * L + L; r++)
+		machine += counts[r] * sizeof(float);
+	uint64_t slack = 2 * PART_BYTES, whole = N * sizeof(float);
+	unisum_stats a, b, c;
+	unisum_handle h;
+	int rc = worker_get_stats(w, &a);
+	if (rc == 0 && (rc = worker_reduce_scatter_async(w, id, in, out, counts, 0, &h)) == 0)
+		rc = worker_wait(w, h);
+	if (rc == 0)
+		rc = worker_get_stats(w, &b);
+	if (rc == 0 && (rc = worker_allgather_async(w, id, in, out, counts, &h)) == 0)
+		rc = worker_wait(w, h);
+	if (rc == 0)
+		rc = worker_get_stats(w, &c);
+	free(in);
+	free(out);
+	if (rc != 0)
+		FAIL(rc, "traffic: %s", unisum_last_error());
+	bool talks = j->machines > 1 && rank % L == 0;
+	uint64_t rs_push = b.bytes_pushed - a.bytes_pushed, rs_pull = b.bytes_pulled - a.bytes_pulled;
+	uint64_t ag_push = c.bytes_pushed - b.bytes_pushed, ag_pull = c.bytes_pulled - b.bytes_pulled;
+	if (!talks && (rs_push | rs_pull | ag_push | ag_pull) != 0)
+		FAIL(0, "rank %d is no machine's root or has no servers, yet moved %llu/%llu/%llu/%llu bytes",
+		     rank, (unsigned long long)rs_push, (unsigned long long)rs_pull,
+		     (unsigned long long)ag_push, (unsigned long long)ag_pull);
+	if (talks && (rs_push != whole || rs_pull > machine + slack || rs_pull < machine ||
+		      ag_push > machine + slack || ag_push < machine || ag_pull != whole))
+		FAIL(0, "rank %d: reduce-scatter pushed %llu and pulled %llu bytes, allgather pushed %llu "
+		     "and pulled %llu; the machine's share is %llu of %llu", rank,
+		     (unsigned long long)rs_push, (unsigned long long)rs_pull,
+		     (unsigned long long)ag_push, (unsigned long long)ag_pull,
+		     (unsigned long long)machine, (unsigned long long)whole);
+	return 0;
+}
+
+/* Ranks that pass different counts to an allgather fail on every rank
+ * with UNISUM_EMISMATCH, like ranks that call different collectives. */
+static int work_layout_disagree(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { N = 3000 };
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers;
+	uint64_t counts[MAX_WORKERS] = {0};
+	counts[0] = N - (uint64_t)(n - 1) * 10;
+	for (int r = 1; r < n; r++)
+		counts[r] = 10;
+	if (rank == n - 1) {
+		counts[0] -= 5;
+		counts[n - 1] += 5;
+	}
+	int id = worker_declare(w, "layout", UNISUM_FLOAT32, N, 0);
+	if (id < 0)
+		FAIL(id, "declare layout: %s", unisum_last_error());
+	float *in = calloc(N, sizeof(float)), *out = malloc(N * sizeof(float));
+	unisum_handle h;
+	int rc = worker_allgather_async(w, id, in, out, counts, &h);
+	if (rc == 0)
+		rc = worker_wait(w, h);
+	free(in);
+	free(out);
+	if (rc != UNISUM_EMISMATCH)
+		FAIL(0, "an allgather of different counts returned %s, not UNISUM_EMISMATCH: %s",
+		     unisum_strerror(rc), unisum_last_error());
+	if (strstr(unisum_last_error(), "layout") == NULL)
+		FAIL(0, "the error does not name the layout: %s", unisum_last_error());
+	return 0;
+}
+
 /* ---- the tests ----------------------------------------------------------- */
 
 /* Sums, many, broadcast and one-shot tensors on one job. */
@@ -479,6 +725,8 @@ static void run_all(int machines, int local, int servers, uint64_t credit, int i
 	each_rank(&j, work_main, work_many);
 	each_rank(&j, work_main, work_broadcast);
 	each_rank(&j, work_main, work_once);
+	each_rank(&j, work_main, work_collectives);
+	each_rank(&j, work_main, work_traffic);
 	job_stop(&j);
 }
 
@@ -577,6 +825,7 @@ static void test_disagreement(void **state)
 	struct job j;
 	job_start(&j, 2, 2, 1, 4 * PART_BYTES, 1);
 	each_rank(&j, work_main, work_disagree);
+	each_rank(&j, work_main, work_layout_disagree);
 	job_stop(&j);
 }
 

@@ -513,6 +513,171 @@ static void test_sum_random(void **state)
 	}
 }
 
+/* ---- min, max, product and OR (reducer_fold) ---- */
+
+static const char *const fold_names[REDUCER_OP_COUNT] = { "sum", "min", "max", "product", "or" };
+
+/* A float of the dtype as a double (16-bit floats through the reference). */
+static double ref_value(unisum_dtype dtype, uint64_t v)
+{
+	switch (dtype) {
+	case UNISUM_FLOAT32:
+		return f32_of((uint32_t)v);
+	case UNISUM_FLOAT64:
+		return f64_of(v);
+	default:
+		return ref_decode((uint16_t)v, small_format_of(dtype));
+	}
+}
+
+/* a op b as the reducer must compute it; *any_nan says that for float32
+ * and float64 any NaN will do (IEEE leaves the payload open). */
+static uint64_t ref_fold(reducer_op op, unisum_dtype dtype, uint64_t a, uint64_t b, bool *any_nan)
+{
+	size_t size = dtype_size(dtype);
+	uint64_t mask = size == 8 ? ~0ull : (1ull << (8 * size)) - 1;
+	bool is_float = dtype != UNISUM_INT32 && dtype != UNISUM_INT64;
+
+	*any_nan = false;
+	if (op == REDUCER_BOR)
+		return a | b;
+	if (!is_float) {
+		int64_t x = dtype == UNISUM_INT32 ? (int32_t)(uint32_t)a : (int64_t)a;
+		int64_t y = dtype == UNISUM_INT32 ? (int32_t)(uint32_t)b : (int64_t)b;
+
+		if (op == REDUCER_MIN)
+			return x < y ? a : b;
+		if (op == REDUCER_MAX)
+			return x > y ? a : b;
+		return (a * b) & mask;
+	}
+	double x = ref_value(dtype, a), y = ref_value(dtype, b);
+	bool small = dtype == UNISUM_FLOAT16 || dtype == UNISUM_BFLOAT16;
+	uint64_t sign = 1ull << (8 * size - 1);
+
+	if (op == REDUCER_PRODUCT) {
+		if (small)
+			return ref_encode((float)(x * y), small_format_of(dtype),
+					  small_format_of(dtype)->qnan);
+		*any_nan = isnan(x) || isnan(y);
+		return dtype == UNISUM_FLOAT32 ? bits_of_f32(f32_of((uint32_t)a) * f32_of((uint32_t)b))
+					       : bits_of_f64(x * y);
+	}
+	if (isnan(x) || isnan(y)) {
+		*any_nan = !small;
+		return small ? small_format_of(dtype)->qnan : (dtype == UNISUM_FLOAT32 ? 0x7fc00000u
+								  : 0x7ff8000000000000ull);
+	}
+	if (x < y)
+		return op == REDUCER_MIN ? a : b;
+	if (x > y)
+		return op == REDUCER_MIN ? b : a;
+	if (x != 0)
+		return a;
+	/* +0 and -0: min is -0 when either is, max +0 when either is. */
+	if (op == REDUCER_MIN)
+		return (a & sign) || (b & sign) ? sign : 0;
+	return (a & sign) && (b & sign) ? sign : 0;
+}
+
+static void run_fold_case(reducer_isa isa, reducer_op op, unisum_dtype dtype, size_t n, bool into)
+{
+	size_t size = dtype_size(dtype), bytes = n * size;
+	struct guarded dst, a, b;
+
+	guarded_init(&dst, bytes, rnd_below(64));
+	guarded_init(&a, bytes, rnd_below(64));
+	guarded_init(&b, bytes, rnd_below(64));
+	for (size_t i = 0; i < n; i++) {
+		put_elem(a.p, i, size, rnd_elem(dtype));
+		/* Equal operands now and then: the -0/+0 and tie cases. */
+		uint64_t v = rnd_below(8) == 0 ? get_elem(a.p, i, size) ^ (rnd_below(2) ? 1ull << (8 * size - 1) : 0)
+					       : rnd_elem(dtype);
+		put_elem(b.p, i, size, v);
+	}
+	unsigned char *a_copy = malloc(bytes + 1);
+
+	assert_non_null(a_copy);
+	memcpy(a_copy, a.p, bytes);
+	if (into)
+		reducer_fold_into(op, a.p, b.p, n, dtype);
+	else
+		reducer_fold(op, dst.p, a.p, b.p, n, dtype);
+	const unsigned char *got = into ? a.p : dst.p;
+
+	for (size_t i = 0; i < n; i++) {
+		uint64_t x = get_elem(a_copy, i, size), y = get_elem(b.p, i, size);
+		bool any_nan;
+		uint64_t want = ref_fold(op, dtype, x, y, &any_nan), g = get_elem(got, i, size);
+
+		if (g != want && !(any_nan && elem_is_nan(dtype, g)))
+			fail_msg("%s isa %s %s n %zu: element %zu is 0x%" PRIx64 ", want 0x%" PRIx64
+				 " (operands 0x%" PRIx64 " 0x%" PRIx64 ")", fold_names[op],
+				 reducer_isa_name(isa), dtype_name(dtype), n, i, g, want, x, y);
+	}
+	guarded_check(&dst, "dst");
+	guarded_check(&a, "a");
+	guarded_check(&b, "b");
+	free(dst.base);
+	free(a.base);
+	free(b.base);
+	free(a_copy);
+}
+
+static void test_fold_random(void **state)
+{
+	(void)state;
+	FOR_EACH_ISA(isa) {
+		for (int op = REDUCER_MIN; op < REDUCER_OP_COUNT; op++)
+			for (int dtype = 0; dtype < UNISUM_DTYPE_COUNT; dtype++)
+				for (size_t k = 0; k < FIXED_LENGTHS + RANDOM_LENGTHS; k++)
+					run_fold_case(isa, (reducer_op)op, (unisum_dtype)dtype,
+						      length_at(k), k % 2 == 0);
+	}
+}
+
+/* The cases a random draw may miss, at every lane position. */
+static void test_fold_specials(void **state)
+{
+	(void)state;
+	static const uint32_t f32[] = { 0x00000000, 0x80000000, 0x7fc00000, 0xffc00001,
+					0x7f800000, 0xff800000, 0x3f800000, 0xbf800000 };
+	FOR_EACH_ISA(isa) {
+		for (size_t p = 0; p < 8; p++) {
+			for (size_t q = 0; q < 8; q++) {
+				float a[37], b[37], d[37];
+
+				for (size_t i = 0; i < 37; i++) {
+					a[i] = f32_of(f32[p]);
+					b[i] = f32_of(f32[q]);
+				}
+				for (int op = REDUCER_MIN; op <= REDUCER_MAX; op++) {
+					reducer_fold((reducer_op)op, d, a, b, 37, UNISUM_FLOAT32);
+					bool any_nan;
+					uint64_t want = ref_fold((reducer_op)op, UNISUM_FLOAT32, f32[p],
+								 f32[q], &any_nan);
+
+					for (size_t i = 0; i < 37; i++) {
+						uint32_t g = bits_of_f32(d[i]);
+
+						if (g != want && !(any_nan && isnan(d[i])))
+							fail_msg("%s isa %s 0x%08x 0x%08x at %zu: 0x%08x, want 0x%08x",
+								 fold_names[op], reducer_isa_name(isa), f32[p],
+								 f32[q], i, g, (unsigned)want);
+					}
+				}
+			}
+		}
+	}
+	/* min(-0, +0) and max(-0, +0) in either order. */
+	float z[2] = { -0.0f, 0.0f }, w[2] = { 0.0f, -0.0f }, r[2];
+
+	reducer_fold(REDUCER_MIN, r, z, w, 2, UNISUM_FLOAT32);
+	assert_true(signbit(r[0]) && signbit(r[1]));
+	reducer_fold(REDUCER_MAX, r, z, w, 2, UNISUM_FLOAT32);
+	assert_true(!signbit(r[0]) && !signbit(r[1]));
+}
+
 /* ---- Sums of chosen values ---- */
 
 /*
@@ -938,6 +1103,8 @@ int main(void)
 		cmocka_unit_test(test_sum_bf16_ties),
 		cmocka_unit_test(test_sum_specials),
 		cmocka_unit_test(test_page_guards),
+		cmocka_unit_test(test_fold_random),
+		cmocka_unit_test(test_fold_specials),
 		cmocka_unit_test(test_divide_random),
 		cmocka_unit_test(test_divide_known),
 		cmocka_unit_test(test_divide_by_one),

@@ -117,6 +117,7 @@ static void check_messages(const struct transport_ops *tp)
 	assert_int_equal(tp->recv_payload(p.b, NULL, (size_t)h.payload_len), 0);
 	struct wire_hdr zero = data_hdr(WIRE_PUSH, N);
 	zero.flags = WIRE_FLAG_ZERO;
+	zero.aux = WIRE_OP(WIRE_OP_BROADCAST, 1);	/* a broadcast's non-root */
 	zero.payload_len = 0;
 	assert_int_equal(tp->send(p.a, &zero, NULL), 0);
 	struct wire_hdr beat = {.type = WIRE_HEARTBEAT, .sender = 3};

@@ -155,7 +155,8 @@ static void test_zero_flag(void **state)
 {
 	(void)state;
 	uint8_t buf[WIRE_HDR_SIZE];
-	struct wire_hdr h = {.type = WIRE_PUSH, .flags = WIRE_FLAG_ZERO, .dtype = UNISUM_INT32, .count = 5};
+	struct wire_hdr h = {.type = WIRE_PUSH, .flags = WIRE_FLAG_ZERO, .dtype = UNISUM_INT32, .count = 5,
+			     .aux = WIRE_OP(WIRE_OP_BROADCAST, 1)};
 	wire_encode(&h, buf);
 	struct wire_hdr out;
 	char why[256];
@@ -208,14 +209,20 @@ static void test_push_collective(void **state)
 	struct wire_hdr out;
 	char why[256] = "", text[64];
 	const uint32_t good[] = {WIRE_OP(WIRE_OP_SUM, 0), WIRE_OP(WIRE_OP_AVERAGE, 0),
-				 WIRE_OP(WIRE_OP_BROADCAST, 0), WIRE_OP(WIRE_OP_BROADCAST, 7)};
+				 WIRE_OP(WIRE_OP_BROADCAST, 0), WIRE_OP(WIRE_OP_BROADCAST, 7),
+				 WIRE_OP(WIRE_OP_MIN, 0), WIRE_OP(WIRE_OP_MAX, 0),
+				 WIRE_OP(WIRE_OP_PRODUCT, 0), WIRE_OP(WIRE_OP_ALLGATHER, 0),
+				 WIRE_OP(WIRE_OP_ALLTOALL, 0), WIRE_OP(WIRE_OP_REDUCESCATTER, 0),
+				 WIRE_OP(WIRE_OP_REDUCESCATTER_AVERAGE, 0),
+				 WIRE_OP(WIRE_OP_ALLGATHER, 0xabcdef)};
 	for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
 		in.aux = good[i];
 		wire_encode(&in, buf);
 		assert_int_equal(decode(buf, &out, why), 0);
 		assert_int_equal(out.aux, good[i]);
 	}
-	const uint32_t bad[] = {3, 0xff, WIRE_OP(WIRE_OP_SUM, 1), WIRE_OP(WIRE_OP_AVERAGE, 2)};
+	const uint32_t bad[] = {WIRE_OP_KIND_MAX + 1, 0xff, WIRE_OP(WIRE_OP_SUM, 1),
+				WIRE_OP(WIRE_OP_AVERAGE, 2), WIRE_OP(WIRE_OP_MIN, 1)};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		in.aux = bad[i];
 		wire_encode(&in, buf);
@@ -227,6 +234,56 @@ static void test_push_collective(void **state)
 	assert_string_equal(wire_op_describe(WIRE_OP(WIRE_OP_AVERAGE, 0), text, sizeof text),
 			    "an average");
 	assert_string_equal(wire_op_describe(WIRE_OP(WIRE_OP_SUM, 0), text, sizeof text), "a sum");
+	assert_string_equal(wire_op_describe(WIRE_OP(WIRE_OP_MAX, 0), text, sizeof text), "a max");
+	/* A ZERO contribution only where zero is the identity and means
+	 * "nothing of mine": broadcast, allgather, alltoall. */
+	struct wire_hdr z = {.type = WIRE_PUSH, .flags = WIRE_FLAG_ZERO, .dtype = UNISUM_FLOAT32,
+			     .count = 4};
+	const uint32_t zero_ok[] = {WIRE_OP(WIRE_OP_BROADCAST, 1), WIRE_OP(WIRE_OP_ALLGATHER, 0),
+				    WIRE_OP(WIRE_OP_ALLTOALL, 0)};
+	for (size_t i = 0; i < sizeof zero_ok / sizeof zero_ok[0]; i++) {
+		z.aux = zero_ok[i];
+		wire_encode(&z, buf);
+		assert_int_equal(decode(buf, &out, why), 0);
+	}
+	const uint32_t zero_bad[] = {WIRE_OP(WIRE_OP_MIN, 0), WIRE_OP(WIRE_OP_PRODUCT, 0),
+				     WIRE_OP(WIRE_OP_REDUCESCATTER, 0)};
+	for (size_t i = 0; i < sizeof zero_bad / sizeof zero_bad[0]; i++) {
+		z.aux = zero_bad[i];
+		wire_encode(&z, buf);
+		assert_int_equal(decode(buf, &out, why), UNISUM_EPROTO);
+		assert_non_null(strstr(why, "no ZERO"));
+	}
+}
+
+/* SKIP: a PULL that wants no data, and its empty reply; nowhere else. */
+static void test_skip_flag(void **state)
+{
+	(void)state;
+	uint8_t buf[WIRE_HDR_SIZE];
+	struct wire_hdr out;
+	char why[256];
+	struct wire_hdr p = {.type = WIRE_PULL, .flags = WIRE_FLAG_SKIP, .dtype = UNISUM_FLOAT32};
+	wire_encode(&p, buf);
+	assert_int_equal(decode(buf, &out, why), 0);
+	assert_int_equal(out.flags, WIRE_FLAG_SKIP);
+	struct wire_hdr r = {.type = WIRE_PULL_REPLY, .flags = WIRE_FLAG_SKIP, .dtype = UNISUM_FLOAT32,
+			     .count = 1000};
+	wire_encode(&r, buf);
+	assert_int_equal(decode(buf, &out, why), 0);
+	/* the reply carries nothing */
+	r.payload_len = 4000;
+	wire_encode(&r, buf);
+	expect_reject(buf, "payload");
+	/* never with ZERO or IPC, never on a PUSH */
+	r.payload_len = 0;
+	r.flags = WIRE_FLAG_SKIP | WIRE_FLAG_ZERO;
+	wire_encode(&r, buf);
+	expect_reject(buf, "flags");
+	struct wire_hdr u = {.type = WIRE_PUSH, .flags = WIRE_FLAG_SKIP, .dtype = UNISUM_FLOAT32,
+			     .count = 1, .payload_len = 4};
+	wire_encode(&u, buf);
+	expect_reject(buf, "flags");
 }
 
 static void test_reader_bounds(void **state)
@@ -284,6 +341,7 @@ int main(void)
 		cmocka_unit_test(test_zero_flag),
 		cmocka_unit_test(test_ipc_flag),
 		cmocka_unit_test(test_push_collective),
+		cmocka_unit_test(test_skip_flag),
 		cmocka_unit_test(test_reader_bounds),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

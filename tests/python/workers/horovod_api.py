@@ -3,8 +3,8 @@
     horovod_api.py
 
 Imports unisum.torch as hvd, as a ported Horovod program does, and runs
-allreduce (Sum, Average, prescale and postscale factors, in place, async,
-grouped, differentiable), broadcast (new tensor, in place, async,
+allreduce (Sum, Average, Min, Max, Product, prescale and postscale factors,
+in place, async, grouped, differentiable), broadcast (new tensor, in place, async,
 differentiable) and the queries.  Every value is an integer small enough to
 be exact in every dtype, so results compare with ==.  Prints
 "rank R: horovod api ok" at the end; any mismatch raises.
@@ -150,13 +150,40 @@ def main():
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     names = sorted(opt._parameter_names.values())
     assert len(set(names)) == 2 and hvd.allgather_object(names) == [names] * n, names
-    for op in (hvd.Min, hvd.Max, hvd.Product, hvd.Adasum):
-        try:
-            hvd.allreduce(torch.ones(2), op=op)
-        except NotImplementedError:
-            pass
-        else:
-            raise AssertionError("op %d did not raise NotImplementedError" % op)
+    # Min, Max and Product on the servers, every dtype, against torch's own
+    # reduction of every rank's values (rank q's element i: ((i * 7 + q * 3)
+    # % 5) - 2, ones for the product, which stays exact).
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16,
+                  torch.bfloat16, torch.uint8, torch.int16):
+        def vals(q, dtype=dtype):
+            v = (torch.arange(3 * 5 * 7) * 7 + q * 3) % 5 - (0 if dtype == torch.uint8 else 2)
+            return v.reshape(3, 5, 7).to(dtype)
+        every = torch.stack([vals(q) for q in range(n)])
+        if dtype in (torch.uint8, torch.int16):
+            try:
+                hvd.allreduce(vals(r), op=hvd.Max)
+            except TypeError:
+                continue
+            raise AssertionError("allreduce of %s did not raise TypeError" % dtype)
+        expect("allreduce Min %s" % dtype, hvd.allreduce(vals(r), op=hvd.Min), every.min(0).values)
+        expect("allreduce Max %s" % dtype, hvd.allreduce(vals(r), op=hvd.Max), every.max(0).values)
+        ones = torch.where(every == 0, torch.ones_like(every), every)
+        expect("allreduce Product %s" % dtype, hvd.allreduce(ones[r], op=hvd.Product),
+               ones.double().prod(0).to(dtype))
+    # torch.minimum's rules for NaN and signed zeros.
+    special = torch.tensor([float("nan"), -0.0, 0.0, 1.0]) if r == 0 else \
+        torch.tensor([1.0, 0.0, -0.0, float("nan")])
+    got = hvd.allreduce(special, op=hvd.Min)
+    assert torch.isnan(got[0]) and torch.isnan(got[3]) and n > 1, got
+    assert torch.signbit(got[1]) and torch.signbit(got[2]), got
+    got = hvd.allreduce(special, op=hvd.Max)
+    assert not torch.signbit(got[1]) and not torch.signbit(got[2]), got
+    try:
+        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
+    except NotImplementedError:
+        pass
+    else:
+        raise AssertionError("Adasum did not raise NotImplementedError")
     print("rank %d: horovod api ok" % r, flush=True)
 
 
