@@ -364,3 +364,55 @@ int placement_place(struct placement *p, uint64_t tensor_key, uint64_t count, si
 	*servers_out = servers;
 	return 0;
 }
+
+int placement_place_homed(struct placement *p, size_t esize, uint64_t partition_bytes,
+			  uint32_t nseg, const uint64_t *seg_counts, const int32_t *seg_servers,
+			  uint32_t *nparts, struct placement_part **parts_out, uint32_t **servers_out)
+{
+	*nparts = 0;
+	*parts_out = NULL;
+	*servers_out = NULL;
+	if (esize == 0 || esize > partition_bytes)
+		return UNISUM_EINVAL;
+	uint64_t total = 0;
+	for (uint32_t i = 0; i < nseg; i++) {
+		uint64_t k = placement_nparts(seg_counts[i], esize, partition_bytes);
+		if (k > PLACEMENT_MAX_PARTS || total + k > PLACEMENT_MAX_PARTS ||
+		    (seg_servers[i] >= 0 && seg_servers[i] >= p->nservers))
+			return UNISUM_EINVAL;
+		total += k;
+	}
+	if (total == 0)
+		return 0;
+	struct placement_part *parts = calloc(total, sizeof *parts);
+	uint32_t *servers = calloc(total, sizeof *servers);
+	uint64_t *loads = malloc((size_t)p->nservers * sizeof *loads);
+	if (parts == NULL || servers == NULL || loads == NULL) {
+		free(parts);
+		free(servers);
+		free(loads);
+		return UNISUM_ENOMEM;
+	}
+	memcpy(loads, p->loads, (size_t)p->nservers * sizeof *loads);
+	uint64_t np = 0, offset = 0;
+	for (uint32_t i = 0; i < nseg; i++) {
+		uint64_t k = placement_nparts(seg_counts[i], esize, partition_bytes);
+		placement_partition(seg_counts[i], k, parts + np);
+		for (uint64_t j = 0; j < k; j++) {
+			parts[np + j].offset += offset;
+			if (seg_servers[i] >= 0) {
+				servers[np + j] = (uint32_t)seg_servers[i];
+			} else {
+				uint64_t b = parts[np + j].count * esize;
+				placement_assign(loads, p->nservers, &b, 1, &servers[np + j]);
+			}
+		}
+		np += k;
+		offset += seg_counts[i];
+	}
+	free(loads);
+	*nparts = (uint32_t)np;
+	*parts_out = parts;
+	*servers_out = servers;
+	return 0;
+}

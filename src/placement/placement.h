@@ -124,4 +124,21 @@ int placement_place(struct placement *p, uint64_t tensor_key, uint64_t count, si
 		    uint64_t partition_bytes, uint32_t *nparts, struct placement_part **parts,
 		    uint32_t **servers);
 
+/*
+ * A homed cut, for the collectives whose elements each belong to one
+ * machine (allgather's rows, reduce-scatter's slices, alltoall's blocks:
+ * docs/ARCHITECTURE.md section 2).  The tensor is the concatenation of
+ * nseg segments of seg_counts[i] elements; each is cut on its own into
+ * nearly equal partitions of at most partition_bytes, so no partition
+ * spans two segments, and every partition of segment i goes to server
+ * seg_servers[i], the server on its owner's host, or, for a segment whose
+ * owner has none (seg_servers[i] < 0), to the least loaded server.  The
+ * bytes of a homed cut do not count in p's loads: they are balanced by
+ * construction (every machine homes its own share) and usually one-shot.
+ * Returns as placement_place().
+ */
+int placement_place_homed(struct placement *p, size_t esize, uint64_t partition_bytes,
+			  uint32_t nseg, const uint64_t *seg_counts, const int32_t *seg_servers,
+			  uint32_t *nparts, struct placement_part **parts, uint32_t **servers);
+
 #endif /* UNISUM_PLACEMENT_H */

@@ -93,20 +93,54 @@ int rdv_book_decode(const void *payload, size_t len, uint32_t *your_id, uint32_t
 	return 0;
 }
 
-void rdv_declare_encode(struct wire_buf *b, const char *name, uint64_t partition_bytes)
+void rdv_declare_encode(struct wire_buf *b, const char *name, uint64_t partition_bytes,
+			const struct rdv_segs *segs)
 {
 	wire_buf_str(b, name);
 	wire_buf_u64(b, partition_bytes);
+	if (segs == NULL || segs->n == 0)
+		return;
+	wire_buf_u32(b, segs->n);
+	for (uint32_t i = 0; i < segs->n; i++) {
+		wire_buf_u64(b, segs->counts[i]);
+		wire_buf_u32(b, segs->owners[i]);
+	}
+}
+
+void rdv_segs_free(struct rdv_segs *segs)
+{
+	free(segs->counts);
+	free(segs->owners);
+	*segs = (struct rdv_segs){0};
 }
 
 int rdv_declare_decode(const void *payload, size_t len, char *name, size_t name_len,
-		       uint64_t *partition_bytes)
+		       uint64_t *partition_bytes, struct rdv_segs *segs)
 {
 	struct wire_reader r;
+	*segs = (struct rdv_segs){0};
 	wire_reader_init(&r, payload, len);
 	wire_read_str(&r, name, name_len);
 	*partition_bytes = wire_read_u64(&r);
-	return r.failed || r.left != 0 || name[0] == '\0' ? UNISUM_EPROTO : 0;
+	if (r.failed || name[0] == '\0')
+		return UNISUM_EPROTO;
+	if (r.left == 0)
+		return 0;
+	uint32_t n = wire_read_u32(&r);
+	if (r.failed || n == 0 || n > RDV_MAX_SEGS || r.left != (size_t)n * 12)
+		return UNISUM_EPROTO;
+	segs->counts = calloc(n, sizeof *segs->counts);
+	segs->owners = calloc(n, sizeof *segs->owners);
+	if (segs->counts == NULL || segs->owners == NULL) {
+		rdv_segs_free(segs);
+		return UNISUM_ENOMEM;
+	}
+	segs->n = n;
+	for (uint32_t i = 0; i < n; i++) {
+		segs->counts[i] = wire_read_u64(&r);
+		segs->owners[i] = wire_read_u32(&r);
+	}
+	return 0;
 }
 
 void rdv_placed_encode(struct wire_buf *b, uint32_t n, const struct placement_part *parts,

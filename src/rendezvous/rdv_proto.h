@@ -64,10 +64,24 @@ void rdv_book_encode_node(struct wire_buf *b, const struct rdv_node *node);
 int rdv_book_decode(const void *payload, size_t len, uint32_t *your_id, uint32_t *local_size,
 		    struct rdv_node **nodes, uint32_t *n);
 
-/* DECLARE request (the dtype and count travel in the header). */
-void rdv_declare_encode(struct wire_buf *b, const char *name, uint64_t partition_bytes);
+/* A homed cut's segments (placement_place_homed): counts[i] elements
+ * owned by machine owners[i]. */
+#define RDV_MAX_SEGS 65536u
+struct rdv_segs {
+	uint32_t n;
+	uint64_t *counts;
+	uint32_t *owners;
+};
+
+/* DECLARE request (the dtype and count travel in the header): the name,
+ * the partition size and, for a homed cut, u32 n and n x {u64 count, u32
+ * owner machine} (segs NULL or n 0: none).  decode fills *segs (arrays
+ * malloc'd, free with rdv_segs_free; n 0 when the request has none). */
+void rdv_declare_encode(struct wire_buf *b, const char *name, uint64_t partition_bytes,
+			const struct rdv_segs *segs);
 int rdv_declare_decode(const void *payload, size_t len, char *name, size_t name_len,
-		       uint64_t *partition_bytes);
+		       uint64_t *partition_bytes, struct rdv_segs *segs);
+void rdv_segs_free(struct rdv_segs *segs);
 
 /* DECLARE reply: the cut and its servers, or a refusal (-error, text).
  * decode: *status 0 with *parts (offsets filled in, counts summed as

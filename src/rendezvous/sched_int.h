@@ -47,6 +47,8 @@ struct sched_tensor {
 	struct placement_part *parts;	/* [nparts]: the cut, not always equal */
 	uint32_t *servers;		/* [nparts] */
 	char *poison;			/* why it can never be summed (a mismatch), or NULL */
+	uint32_t nsegs;			/* a homed cut's segments (0: none) ... */
+	uint64_t segs_hash;		/* ... and their hash, which every declaration must match */
 	uint8_t *forgot;		/* [num_workers] undeclared it (RETIRE), or NULL */
 	int nforgot;			/* ... how many: at num_workers the entry goes */
 };
@@ -82,6 +84,8 @@ struct rdv_scheduler {
 	int64_t barrier_since[4];	/* per group: when its first node entered, 0 = none in it */
 	int barrier_stall[4];		/* ... 1 warned, 2 failed the job */
 	struct placement placement;	/* policy, weights (set once all registered), loads */
+	int *home_server;		/* [num_machines] the server on that machine's host, or -1
+					 * (set with the weights) */
 	int64_t placed_ms;		/* when a tensor was last placed; 0 once logged */
 	int result;			/* what rdv_scheduler_wait returns */
 };

@@ -44,6 +44,20 @@ void sched_place_roles(struct rdv_scheduler *s)
 	for (int i = 0; i < ns; i++)
 		if (server_hosts[i] == NULL)
 			goto out;
+	/* Each machine's home: the first server on its host (homed cuts). */
+	for (int i = 0; s->home_server != NULL && i < s->nnodes; i++) {
+		const struct sched_node *n = s->nodes[i];
+		if (!n->registered || n->role != CONFIG_ROLE_WORKER || n->machine < 0 ||
+		    n->machine >= s->num_machines)
+			continue;
+		s->home_server[n->machine] = -1;
+		for (int r = 0; r < ns; r++) {
+			if (strcmp(server_hosts[r], n->host_id) == 0) {
+				s->home_server[n->machine] = r;
+				break;
+			}
+		}
+	}
 	int hn, hc, hk;
 	placement_weights(ns, server_hosts, w, worker_hosts, weights, colocated, &hn, &hc, &hk);
 	if (s->placement.policy == PLACEMENT_OPTIMAL)
@@ -159,12 +173,31 @@ int sched_on_forget(struct rdv_scheduler *s, struct sched_node *n, uint64_t key,
 	return 0;
 }
 
+/* FNV-1a of a homed cut's segments (0 for none). */
+static uint64_t sched_segs_hash(const struct rdv_segs *segs)
+{
+	uint64_t x = 0;
+	if (segs->n == 0)
+		return 0;
+	x = 0xcbf29ce484222325ull;
+	for (uint32_t i = 0; i < segs->n; i++) {
+		uint64_t v[2] = {segs->counts[i], segs->owners[i]};
+		for (int k = 0; k < 2; k++)
+			for (int b = 0; b < 8; b++) {
+				x ^= (v[k] >> (8 * b)) & 0xff;
+				x *= 0x100000001b3ull;
+			}
+	}
+	return x;
+}
+
 /* Answers a DECLARE: the tensor's key and servers, or why not. */
 /* Why worker n's declaration of `name` (dtype, count, pbytes) cannot be
  * answered with tensor t's cut: written into msg with its code, or msg
  * left empty when it can. */
 static int sched_refusal(const struct sched_tensor *t, const struct sched_node *n, const char *name,
-			 const struct wire_hdr *req, uint64_t pbytes, char *msg, size_t len)
+			 const struct wire_hdr *req, uint64_t pbytes, const struct rdv_segs *segs,
+			 char *msg, size_t len)
 {
 	if (strcmp(t->name, name) != 0) {
 		snprintf(msg, len, "tensor names '%s' and '%s' hash to the same key 0x%llx: rename one "
@@ -175,6 +208,12 @@ static int sched_refusal(const struct sched_tensor *t, const struct sched_node *
 		return UNISUM_EINVAL;
 	} else if (t->poison != NULL) {
 		snprintf(msg, len, "%s", t->poison);
+	} else if (t->nsegs != segs->n || t->segs_hash != sched_segs_hash(segs)) {
+		snprintf(msg, len,
+			 "tensor '%s' was declared by worker %d with %u segments (hash 0x%llx) but by "
+			 "worker %d with %u (hash 0x%llx): every worker must pass the same layout",
+			 name, t->first_rank, t->nsegs, (unsigned long long)t->segs_hash, n->rank,
+			 segs->n, (unsigned long long)sched_segs_hash(segs));
 	} else if (t->dtype != req->dtype || t->count != req->count || t->partition_bytes != pbytes) {
 		snprintf(msg, len,
 			 "tensor '%s' declared as %s[%llu] (partition %llu bytes) by worker %d but as "
@@ -192,7 +231,7 @@ static int sched_refusal(const struct sched_tensor *t, const struct sched_node *
  * UNISUM_ENOMEM, or UNISUM_EPROTO when it cannot be placed. */
 static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *n, const char *name,
 			      uint64_t key, const struct wire_hdr *req, uint64_t pbytes,
-			      struct sched_tensor **out)
+			      const struct rdv_segs *segs, struct sched_tensor **out)
 {
 	if (s->ntensors == s->cap_tensors) {
 		int cap = s->cap_tensors ? s->cap_tensors * 2 : 64;
@@ -205,10 +244,27 @@ static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *
 	struct sched_tensor *t = &s->tensors[s->ntensors];
 	memset(t, 0, sizeof *t);
 	uint32_t nparts;
-	int rc = placement_place(&s->placement, key, req->count, unisum_dtype_size(req->dtype), pbytes,
-				 &nparts, &t->parts, &t->servers);
+	int rc;
+	if (segs->n > 0) {
+		int32_t *homes = calloc(segs->n, sizeof *homes);
+		if (homes == NULL)
+			return UNISUM_ENOMEM;
+		for (uint32_t i = 0; i < segs->n; i++)
+			homes[i] = s->home_server != NULL && segs->owners[i] < (uint32_t)s->num_machines
+					   ? s->home_server[segs->owners[i]]
+					   : -1;
+		rc = placement_place_homed(&s->placement, unisum_dtype_size(req->dtype), pbytes,
+					   segs->n, segs->counts, homes, &nparts, &t->parts,
+					   &t->servers);
+		free(homes);
+	} else {
+		rc = placement_place(&s->placement, key, req->count, unisum_dtype_size(req->dtype),
+				     pbytes, &nparts, &t->parts, &t->servers);
+	}
 	if (rc != 0)
 		return rc == UNISUM_ENOMEM ? rc : UNISUM_EPROTO;
+	t->nsegs = segs->n;
+	t->segs_hash = sched_segs_hash(segs);
 	s->placed_ms = timing_now_ms();
 	if (LOG_LEVEL_DEBUG >= log_threshold) {
 		for (uint32_t i = 0; i < nparts; i++)
@@ -233,12 +289,24 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 {
 	char name[256];
 	uint64_t pbytes;
+	struct rdv_segs segs;
 	size_t esize = unisum_dtype_size(req->dtype);
-	if (rdv_declare_decode(payload, len, name, sizeof name, &pbytes) != 0 || pbytes < esize ||
-	    n->role != CONFIG_ROLE_WORKER)
+	int drc = rdv_declare_decode(payload, len, name, sizeof name, &pbytes, &segs);
+	if (drc != 0)
+		return drc;
+	uint64_t seg_total = 0;
+	bool seg_ok = true;
+	for (uint32_t i = 0; i < segs.n && seg_ok; i++) {
+		seg_ok = segs.counts[i] <= req->count - seg_total &&
+			 placement_nparts(segs.counts[i], esize, pbytes) <= PLACEMENT_MAX_PARTS;
+		seg_total += seg_ok ? segs.counts[i] : 0;
+	}
+	if (pbytes < esize || n->role != CONFIG_ROLE_WORKER || !seg_ok ||
+	    (segs.n > 0 && seg_total != req->count) ||
+	    (segs.n == 0 && placement_nparts(req->count, esize, pbytes) > PLACEMENT_MAX_PARTS)) {
+		rdv_segs_free(&segs);
 		return UNISUM_EPROTO;
-	if (placement_nparts(req->count, esize, pbytes) > PLACEMENT_MAX_PARTS)
-		return UNISUM_EPROTO;
+	}
 
 	uint64_t key = placement_tensor_key(name);
 	struct wire_buf b;
@@ -246,12 +314,15 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 	pthread_mutex_lock(&s->lock);
 	struct sched_tensor *t = sched_find_tensor(s, name, key);
 	char msg[768] = "";
-	int rc = 0, code = t != NULL ? sched_refusal(t, n, name, req, pbytes, msg, sizeof msg) : 0;
-	if (t == NULL && (rc = sched_place_tensor(s, n, name, key, req, pbytes, &t)) != 0) {
+	int rc = 0, code = t != NULL ? sched_refusal(t, n, name, req, pbytes, &segs, msg, sizeof msg)
+				     : 0;
+	if (t == NULL && (rc = sched_place_tensor(s, n, name, key, req, pbytes, &segs, &t)) != 0) {
 		pthread_mutex_unlock(&s->lock);
 		wire_buf_fini(&b);
+		rdv_segs_free(&segs);
 		return rc;
 	}
+	rdv_segs_free(&segs);
 	if (msg[0] != '\0' && code == UNISUM_EMISMATCH && t->poison == NULL &&
 	    strcmp(t->name, name) == 0) {
 		/* Workers that declared the first shape may already be pushing:

@@ -736,9 +736,13 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 	/* Grows as connections come (see sched_max_connections). */
 	s->cap_nodes = 2 * (num_machines + num_servers) + 64;
 	s->nodes = calloc((size_t)s->cap_nodes, sizeof *s->nodes);
+	s->home_server = malloc((size_t)(num_machines > 0 ? num_machines : 1) * sizeof *s->home_server);
 	int rc = UNISUM_ENOMEM;
-	if (s->nodes == NULL || placement_init(&s->placement, cfg->placement, num_servers, NULL) != 0)
+	if (s->nodes == NULL || s->home_server == NULL ||
+	    placement_init(&s->placement, cfg->placement, num_servers, NULL) != 0)
 		goto out_free;
+	for (int m = 0; m < num_machines; m++)
+		s->home_server[m] = -1;
 	pthread_mutex_init(&s->lock, NULL);
 	timing_cond_init(&s->changed);
 	rc = tp->listen(host, port, &s->listener, port_out);
@@ -760,6 +764,7 @@ out_listener:
 	tp->listener_free(s->listener);
 out_free:
 	free(s->nodes);
+	free(s->home_server);
 	placement_fini(&s->placement);
 	free(s);
 	return rc;
@@ -813,6 +818,7 @@ void rdv_scheduler_free(struct rdv_scheduler *s)
 	}
 	free(s->tensors);
 	free(s->nodes);
+	free(s->home_server);
 	placement_fini(&s->placement);
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->changed);

@@ -354,16 +354,19 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 	}
 	if (s->next < srv->nworkers)
 		return;
-	/* Every worker folded.  A borrowed sum is copied out: its owner may
-	 * push its next round before the others have received this one, and
-	 * even a lone worker's next push would land in the buffer that its
-	 * reply is still being sent from if it pushed without waiting. */
+	/* Every worker folded.  A borrowed sum (one machine contributed: a
+	 * lone worker, a broadcast, an allgather's or alltoall's partition)
+	 * becomes the slot's own: its owner may push its next round before
+	 * the others have received this one, which must not land in it.  The
+	 * buffers trade places instead of being copied: the owner's next push
+	 * goes into the slot's old accumulator (allocated then if there was
+	 * none).  That one held round r - 2, and every reply of round r - 2
+	 * has been sent: every machine pushed round r, so every worker
+	 * finished round r - 1 of this tensor, so it received round r - 2. */
 	if (s->result == RESULT_BORROWED) {
-		if (!srv_slot_acc(k, s)) {
-			atomic_store(&srv->job_error, UNISUM_ENOMEM);
-			return;
-		}
-		memcpy(s->acc, k->push_buf[s->borrowed], k->bytes);
+		uint8_t *old = s->acc;
+		s->acc = k->push_buf[s->borrowed];
+		k->push_buf[s->borrowed] = old;
 		s->result = RESULT_OWNED;
 	}
 	s->ready = true;

@@ -132,6 +132,57 @@ void wk_job_sets(const struct wk_op *op, uint64_t offset, uint64_t count, bool *
 	*pull = wk_spans_meet(op->pull_spans, op->npull_spans, offset, offset + count);
 }
 
+/* Allgather and alltoall: zeroes what is not this rank's in every
+ * partition of cut L that this machine pushes, so that the OR on the
+ * servers (and in the local reduce) keeps the other ranks' bits.  Only
+ * those partitions: the others are pushed ZERO and their bytes here never
+ * read. */
+void wk_zero_pushed(const struct wk_op *op, const struct wk_layout *L)
+{
+	if (op->own_spans == NULL || op->direct != NULL)
+		return;	/* direct: every partition pushed is wholly this rank's */
+	size_t es = op->t->esize;
+	uint8_t *buf = (uint8_t *)op->in;	/* the operation's own buffer (out or scratch) */
+	const struct wk_span *own = op->own_spans;
+	int k = 0;
+	for (uint32_t i = 0; i < L->nparts; i++) {
+		uint64_t lo = L->parts[i].offset, hi = lo + L->parts[i].count;
+		bool push, pull;
+		wk_job_sets(op, lo, L->parts[i].count, &push, &pull);
+		if (!push)
+			continue;
+		while (k > 0 && own[k - 1].hi > lo)
+			k--;
+		uint64_t at = lo;
+		for (; k < op->nown_spans && own[k].lo < hi; k++) {
+			if (own[k].hi <= at)
+				continue;
+			if (own[k].lo > at)
+				memset(buf + at * es, 0, (own[k].lo - at) * es);
+			at = own[k].hi;
+		}
+		if (at < hi)
+			memset(buf + at * es, 0, (hi - at) * es);
+	}
+}
+
+/* Where partition `part` of cut L goes in the PUSH stage's order (its
+ * sched key).  Ordinarily its key.  On a homed cut the partitions of one
+ * machine's segments lie on one server, so if every machine pushed them
+ * in key order, all would push to server 0's host at once, then all to
+ * the next: one busy link at a time.  Machine m starts at the segments
+ * of machine m + 1 instead (op->rot_offset) and wraps around, so at each
+ * moment every machine pushes to another host, as a ring does. */
+uint64_t wk_push_order(const struct wk_op *op, const struct wk_layout *L, uint32_t part)
+{
+	if (L->homed == 0 || op->rot_offset == 0 || L->nparts == 0)
+		return L->key + part;
+	uint32_t start = 0;
+	while (start < L->nparts && L->parts[start].offset < op->rot_offset)
+		start++;
+	return L->key + (part + L->nparts - start % L->nparts) % L->nparts;
+}
+
 /* Ends a PUSH_PULL job taken from the PUSH stage, however it ended: gives
  * its credit back, puts its spans on the timeline, completes its part of
  * the operation and frees it. */

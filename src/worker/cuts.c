@@ -82,19 +82,21 @@ int wk_tuner_new(struct worker *w)
  * keys), and tells each partition's server what to expect, ahead of any
  * push of it.  Fills *L; 0 or a negative error (logged). */
 int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
-		  struct wk_layout *L)
+	   const struct wk_segs *segs, struct wk_layout *L)
 {
 	struct worker *w = t->w;
 	uint64_t nparts = placement_nparts(t->count, t->esize, pbytes);
-	if (nparts > PLACEMENT_MAX_PARTS)
+	if (segs == NULL && nparts > PLACEMENT_MAX_PARTS)
 		return log_fail(UNISUM_EINVAL, "unisum_declare('%s'): %llu elements make %llu "
 				"partitions of %llu bytes, more than %u; raise UNISUM_PARTITION_BYTES",
 				t->name, (unsigned long long)t->count, (unsigned long long)nparts,
 				(unsigned long long)pbytes, PLACEMENT_MAX_PARTS);
-	*L = (struct wk_layout){.pbytes = pbytes};
+	*L = (struct wk_layout){.pbytes = pbytes, .homed = segs != NULL ? segs->hash : 0};
 	char why[768];
-	int rc = rdv_client_declare(w->rdv, wire_name, t->dtype, t->count, pbytes, &L->key,
-				    &L->nparts, &L->parts, &L->servers, why, sizeof why);
+	int rc = rdv_client_declare_homed(w->rdv, wire_name, t->dtype, t->count, pbytes,
+					  segs != NULL ? segs->n : 0, segs != NULL ? segs->counts : NULL,
+					  segs != NULL ? segs->owners : NULL, &L->key, &L->nparts,
+					  &L->parts, &L->servers, why, sizeof why);
 	if (rc != 0) {
 		rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, w->rank, why);
 		goto out_free;
@@ -147,7 +149,9 @@ void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L)
 	struct worker *w = t->w;
 	for (int c = 0; c < t->ncuts; c++) {
 		struct wk_layout *old = &t->cuts[c];
-		if (old == L || old->retired)
+		/* Autotune's choice leaves the homed cuts alone: they are the
+		 * gathering collectives', not a partition size's. */
+		if (old == L || old->retired || (L != NULL && old->homed != 0))
 			continue;
 		old->retired = true;
 		for (uint32_t i = 0; w->to_servers && i < old->nparts; i++) {
@@ -168,7 +172,7 @@ void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L)
 static const struct wk_layout *wk_cut_known(const struct wk_tensor *t, uint64_t pbytes)
 {
 	for (int i = 0; i < t->ncuts; i++)
-		if (t->cuts[i].pbytes == pbytes)
+		if (t->cuts[i].pbytes == pbytes && t->cuts[i].homed == 0)
 			return &t->cuts[i];
 	int len = snprintf(NULL, 0, "%s@%llu", t->name, (unsigned long long)pbytes);
 	if (len >= 256 || placement_nparts(t->count, t->esize, pbytes) > PLACEMENT_MAX_PARTS)
@@ -181,12 +185,37 @@ static bool wk_cut_is_new(const struct wk_tensor *t, uint64_t pbytes)
 	return wk_cut_known(t, pbytes) == NULL;
 }
 
+static const struct wk_layout *wk_add_cut(struct wk_tensor *t, const struct wk_layout *Lp,
+					  int *rc);
+
+/* The homed cut of tensor t for a gathering collective's segments (see
+ * placement_place_homed), declared now under "NAME#K" (its K-th layout) if it is new (a
+ * scheduler round trip, in the caller's thread).  Called by the thread
+ * that owns t's current round. */
+const struct wk_layout *wk_homed_cut(struct wk_tensor *t, const struct wk_segs *segs, int *rc)
+{
+	*rc = 0;
+	for (int i = 0; i < t->ncuts; i++)
+		if (t->cuts[i].homed == segs->hash)
+			return &t->cuts[i];
+	/* Named by the order layouts come in, not by their hash: a rank that
+	 * passes another layout than the others then declares the same name
+	 * with other segments, and the scheduler refuses it on every rank. */
+	char wire_name[256];
+	snprintf(wire_name, sizeof wire_name, "%.200s#%u", t->name, t->nhomed);
+	struct wk_layout L;
+	*rc = wk_cut(t, wire_name, t->cuts[0].pbytes, segs, &L);
+	if (*rc != 0)
+		return NULL;
+	t->nhomed++;
+	return wk_add_cut(t, &L, rc);
+}
+
 /* The cut of tensor t for partition size pbytes, declared now if it is
  * new (a scheduler round trip).  Called by the thread that owns t's
  * current round. */
 static const struct wk_layout *wk_cut_for(struct wk_tensor *t, uint64_t pbytes, int *rc)
 {
-	struct worker *w = t->w;
 	*rc = 0;
 	const struct wk_layout *known = wk_cut_known(t, pbytes);
 	if (known != NULL)
@@ -196,9 +225,18 @@ static const struct wk_layout *wk_cut_for(struct wk_tensor *t, uint64_t pbytes, 
 	    (int)sizeof wire_name)
 		return &t->cuts[0];	/* cannot happen: wk_cut_known said it fits */
 	struct wk_layout L;
-	*rc = wk_cut(t, wire_name, pbytes, &L);
+	*rc = wk_cut(t, wire_name, pbytes, NULL, &L);
 	if (*rc != 0)
 		return NULL;
+	return wk_add_cut(t, &L, rc);
+}
+
+/* Files cut L (declared) among t's cuts; the new entry, or NULL (*rc). */
+static const struct wk_layout *wk_add_cut(struct wk_tensor *t, const struct wk_layout *Lp,
+					  int *rc)
+{
+	struct worker *w = t->w;
+	struct wk_layout L = *Lp;
 	struct wk_layout *cuts = realloc(t->cuts, (size_t)(t->ncuts + 1) * sizeof *cuts);
 	if (cuts == NULL) {
 		free(L.parts);
@@ -240,6 +278,7 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 	/* Servers count rounds per key, so each cut counts its own. */
 	uint32_t wire_round = ((struct wk_layout *)L)->rounds++;
 	int divisor = (op->flags & UNISUM_AVERAGE) ? w->size : 1;
+	wk_zero_pushed(op, L);
 	if (w->local && L->nparts > 0) {
 		op->L = L;
 		op->wire_round = wire_round;
@@ -272,6 +311,7 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 	/* Once its last partition is queued the operation may complete and
 	 * the tensor's next round re-cut it: nothing of L is read after. */
 	uint32_t nparts = L->nparts;
+	int d = 0;
 	for (uint32_t i = 0; i < nparts; i++) {
 		struct wk_job *j = malloc(sizeof *j);
 		const struct placement_part *p = &L->parts[i];
@@ -279,14 +319,28 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 		bool push, pull;
 		wk_job_sets(op, p->offset, p->count, &push, &pull);
 		push = push && op->in != NULL;
+		const uint8_t *src = op->in ? (const uint8_t *)op->in + off : NULL;
+		uint8_t *dst = (uint8_t *)op->out + off;
+		if (op->direct != NULL) {
+			/* The homed cut never puts a partition across segments. */
+			while (d < op->ndirect && op->direct[d].hi <= p->offset)
+				d++;
+			const struct wk_direct *g = d < op->ndirect ? &op->direct[d] : NULL;
+			bool inside = g != NULL && g->lo <= p->offset && p->offset + p->count <= g->hi;
+			size_t at = inside ? (p->offset - g->lo) * t->esize : 0;
+			src = inside && g->src != NULL ? g->src + at : NULL;
+			dst = inside && g->dst != NULL ? g->dst + at : NULL;
+			push = src != NULL;
+			pull = dst != NULL;
+		}
 		if (j != NULL) {
-			*j = (struct wk_job){.entry = {.priority = t->priority, .key = L->key + i,
+			*j = (struct wk_job){.entry = {.priority = t->priority,
+						       .key = wk_push_order(op, L, i),
 						       .bytes = push ? p->count * t->esize : 0},
 					     .type = JOB_PUSH_PULL, .server = (int)L->servers[i], .part = i,
 					     .key = L->key + i, .round = wire_round, .dtype = t->dtype,
 					     .count = p->count,
-					     .in = push ? (const uint8_t *)op->in + off : NULL,
-					     .out = (uint8_t *)op->out + off, .divisor = divisor,
+					     .in = push ? src : NULL, .out = dst, .divisor = divisor,
 					     .skip_pull = !pull, .wire_op = op->wire_op, .op = op,
 					     .t_queued = op->t_start};
 			rc = sched_push(&w->push_q, &j->entry);

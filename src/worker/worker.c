@@ -103,7 +103,8 @@ static void wk_local_push(void *ctx, uint32_t part)
 	bool push, pull;
 	wk_job_sets(op, p->offset, p->count, &push, &pull);
 	if (j != NULL) {
-		*j = (struct wk_job){.entry = {.priority = t->priority, .key = L->key + part,
+		*j = (struct wk_job){.entry = {.priority = t->priority,
+					       .key = wk_push_order(op, L, part),
 					       .bytes = push ? p->count * t->esize : 0},
 				     .type = JOB_PUSH_PULL, .server = (int)L->servers[part], .part = part,
 				     .key = L->key + part, .round = op->wire_round, .dtype = t->dtype,
@@ -227,6 +228,10 @@ static void wk_tensor_free(struct wk_tensor *t)
 /* Frees what an operation owns beside itself. */
 static void wk_op_free(struct wk_op *op)
 {
+	free(op->direct);
+	free(op->segs.counts);
+	free(op->segs.owners);
+	free(op->own_spans);
 	free(op->push_spans);
 	free(op->pull_spans);
 	free(op->scratch);
@@ -519,7 +524,8 @@ int worker_declare(struct worker *w, const char *name, unisum_dtype dtype, size_
 	t->esize = esize;
 	t->priority = priority;
 	t->cuts = calloc(1, sizeof *t->cuts);
-	rc = t->cuts == NULL ? UNISUM_ENOMEM : wk_cut(t, name, w->cfg.partition_bytes, &t->cuts[0]);
+	rc = t->cuts == NULL ? UNISUM_ENOMEM
+			     : wk_cut(t, name, w->cfg.partition_bytes, NULL, &t->cuts[0]);
 	if (rc != 0)
 		goto out_free;
 	t->ncuts = 1;
@@ -623,6 +629,10 @@ static int wk_start(struct worker *w, int tensor, const struct wk_op *tmpl, unis
 {
 	struct wk_op *op = calloc(1, sizeof *op);
 	if (op == NULL) {
+		free(tmpl->direct);
+		free(tmpl->segs.counts);
+		free(tmpl->segs.owners);
+		free(tmpl->own_spans);
 		free(tmpl->push_spans);
 		free(tmpl->pull_spans);
 		free(tmpl->scratch);
@@ -639,9 +649,16 @@ static int wk_start(struct worker *w, int tensor, const struct wk_op *tmpl, unis
 		return rc;
 	}
 
-	/* The cut of this round: the declared one, or autotune's for its epoch. */
+	/* The cut of this round: the declared one, or autotune's for its
+	 * epoch, or a gathering collective's homed cut. */
 	const struct wk_layout *L = &op->t->cuts[0];
-	if (w->cfg.autotune) {
+	if (op->segs.n > 0) {
+		L = wk_homed_cut(op->t, &op->segs, &rc);
+		if (L == NULL) {
+			wk_op_fail(op, rc, log_last_error());
+			return 0;
+		}
+	} else if (w->cfg.autotune) {
 		if (w->rank == 0)
 			tune_saw_round(w->tuner, op->round);
 		L = wk_tuned_cut(op, false, &rc);
@@ -788,6 +805,37 @@ static void wk_machine_ranks(const struct worker *w, int *first, int *end)
 	*end = *first + L < w->size ? *first + L : w->size;
 }
 
+/* The segments of a gathering collective (wk_segs): n of them, segment i
+ * counts[i] elements of rank ranks[i] (NULL: rank i), owned by its
+ * machine.  0 or UNISUM_ENOMEM. */
+static int wk_segs_set(const struct worker *w, struct wk_segs *sg, uint32_t n,
+		       const uint64_t *counts, const int *ranks)
+{
+	int L = w->cfg.local_size > 0 ? w->cfg.local_size : 1;
+	sg->counts = malloc((n ? n : 1) * sizeof *sg->counts);
+	sg->owners = malloc((n ? n : 1) * sizeof *sg->owners);
+	if (sg->counts == NULL || sg->owners == NULL) {
+		free(sg->counts);
+		free(sg->owners);
+		*sg = (struct wk_segs){0};
+		return UNISUM_ENOMEM;
+	}
+	uint64_t x = 0xcbf29ce484222325ull;
+	for (uint32_t i = 0; i < n; i++) {
+		sg->counts[i] = counts[i];
+		sg->owners[i] = (uint32_t)((ranks != NULL ? ranks[i] : (int)i) / L);
+		uint64_t v[2] = {sg->counts[i], sg->owners[i]};
+		for (int k = 0; k < 2; k++)
+			for (int b = 0; b < 8; b++) {
+				x ^= (v[k] >> (8 * b)) & 0xff;
+				x *= 0x100000001b3ull;
+			}
+	}
+	sg->n = n;
+	sg->hash = x ? x : 1;
+	return 0;
+}
+
 /* A span list of one span, or NULL when out of memory. */
 static struct wk_span *wk_one_span(uint64_t lo, uint64_t hi, int *n)
 {
@@ -812,25 +860,56 @@ int worker_allgather_async(struct worker *w, int tensor, const void *in, void *o
 	int n = w->size, first, end;
 	wk_machine_ranks(w, &first, &end);
 	uint64_t lo = 0, mlo = 0, mhi = 0;
+	struct wk_span own = {0, 0};
+	uint64_t rot = 0;
+	if (!w->local) {
+		/* One worker per machine: this rank's rows go out from `in`,
+		 * every row comes straight into `out`. */
+		struct wk_op tmpl = {.in = in, .out = out,
+				     .wire_op = WIRE_OP(WIRE_OP_ALLGATHER,
+							wk_layout_hash(counts, (size_t)n))};
+		tmpl.direct = calloc((size_t)n, sizeof *tmpl.direct);
+		if (tmpl.direct == NULL || wk_segs_set(w, &tmpl.segs, (uint32_t)n, counts, NULL) != 0) {
+			free(tmpl.direct);
+			return UNISUM_ENOMEM;
+		}
+		for (int r = 0; r < n; r++) {
+			tmpl.direct[r] = (struct wk_direct){lo, lo + counts[r],
+							    r == w->rank ? in : NULL,
+							    (uint8_t *)out + lo * es};
+			if (r == end)
+				tmpl.rot_offset = lo;
+			lo += counts[r];
+		}
+		tmpl.ndirect = n;
+		return wk_start(w, tensor, &tmpl, h);
+	}
 	for (int r = 0; r < n; r++) {
 		if (r == first)
 			mlo = lo;
+		if (r == end)
+			rot = lo;
 		if (r == w->rank) {
-			/* Zero outside this rank's rows (OR with zero keeps the
-			 * others' bits), then this rank's rows in place. */
+			/* This rank's rows in place; wk_launch zeroes the rest of
+			 * the partitions this machine pushes (OR with zero keeps
+			 * the others' bits). */
 			memmove((uint8_t *)out + lo * es, in, counts[r] * es);
-			memset(out, 0, lo * es);
-			memset((uint8_t *)out + (lo + counts[r]) * es, 0, (total - lo - counts[r]) * es);
+			own = (struct wk_span){lo, lo + counts[r]};
 		}
 		lo += counts[r];
 		if (r == end - 1)
 			mhi = lo;
 	}
-	struct wk_op tmpl = {.in = out, .out = out,
+	struct wk_op tmpl = {.in = out, .out = out, .rot_offset = rot,
 			     .wire_op = WIRE_OP(WIRE_OP_ALLGATHER, wk_layout_hash(counts, (size_t)n))};
 	tmpl.push_spans = wk_one_span(mlo, mhi, &tmpl.npush_spans);
-	if (tmpl.push_spans == NULL)
+	tmpl.own_spans = wk_one_span(own.lo, own.hi, &tmpl.nown_spans);
+	if (tmpl.push_spans == NULL || tmpl.own_spans == NULL ||
+	    wk_segs_set(w, &tmpl.segs, (uint32_t)n, counts, NULL) != 0) {
+		free(tmpl.push_spans);
+		free(tmpl.own_spans);
 		return UNISUM_ENOMEM;
+	}
 	return wk_start(w, tensor, &tmpl, h);
 }
 
@@ -848,10 +927,12 @@ int worker_reduce_scatter_async(struct worker *w, int tensor, const void *in, vo
 				"UNISUM_AVERAGE (worker %d, tensor %d)", w->rank, tensor);
 	int n = w->size, first, end;
 	wk_machine_ranks(w, &first, &end);
-	uint64_t lo = 0, mlo = 0, mhi = 0, mine = 0;
+	uint64_t lo = 0, mlo = 0, mhi = 0, mine = 0, rot = 0;
 	for (int r = 0; r < n; r++) {
 		if (r == first)
 			mlo = lo;
+		if (r == end)
+			rot = lo;
 		if (r == w->rank)
 			mine = lo;
 		lo += counts[r];
@@ -859,11 +940,31 @@ int worker_reduce_scatter_async(struct worker *w, int tensor, const void *in, vo
 			mhi = lo;
 	}
 	uint32_t kind = flags & UNISUM_AVERAGE ? WIRE_OP_REDUCESCATTER_AVERAGE : WIRE_OP_REDUCESCATTER;
-	struct wk_op tmpl = {.flags = flags, .in = in,
+	struct wk_op tmpl = {.flags = flags, .in = in, .rot_offset = rot,
 			     .wire_op = WIRE_OP(kind, wk_layout_hash(counts, (size_t)n))};
+	if (!w->local) {
+		/* One worker per machine: everything goes out from `in`, this
+		 * rank's slice comes straight into `out`. */
+		tmpl.out = out;
+		tmpl.direct = calloc((size_t)n, sizeof *tmpl.direct);
+		if (tmpl.direct == NULL || wk_segs_set(w, &tmpl.segs, (uint32_t)n, counts, NULL) != 0) {
+			free(tmpl.direct);
+			return UNISUM_ENOMEM;
+		}
+		lo = 0;
+		for (int r = 0; r < n; r++) {
+			tmpl.direct[r] = (struct wk_direct){lo, lo + counts[r],
+							    (const uint8_t *)in + lo * es,
+							    r == w->rank ? out : NULL};
+			lo += counts[r];
+		}
+		tmpl.ndirect = n;
+		return wk_start(w, tensor, &tmpl, h);
+	}
 	tmpl.scratch = malloc(total * es > 0 ? total * es : 1);
 	tmpl.pull_spans = wk_one_span(mlo, mhi, &tmpl.npull_spans);
-	if (tmpl.scratch == NULL || tmpl.pull_spans == NULL) {
+	if (tmpl.scratch == NULL || tmpl.pull_spans == NULL ||
+	    wk_segs_set(w, &tmpl.segs, (uint32_t)n, counts, NULL) != 0) {
 		free(tmpl.scratch);
 		free(tmpl.pull_spans);
 		return UNISUM_ENOMEM;
@@ -891,26 +992,83 @@ int worker_alltoall_async(struct worker *w, int tensor, const void *in, void *ou
 	if (rc != 0)
 		return rc;
 	/* The tensor holds the blocks by destination, then source: block
-	 * (s, d) at base[d] + the blocks of sources before s to d. */
+	 * (s, d) at base[d] + the blocks of sources before s to d.  Its
+	 * segments are those blocks, each owned by its destination's
+	 * machine. */
 	int first, end;
 	wk_machine_ranks(w, &first, &end);
 	size_t me = (size_t)w->rank;
+	struct wk_op tmpl = {.wire_op = WIRE_OP(WIRE_OP_ALLTOALL, wk_layout_hash(counts, n * n))};
 	uint64_t *base = calloc(n + 1, sizeof *base);
+	uint64_t *seg_counts = calloc(n * n + 1, sizeof *seg_counts);
+	int *seg_ranks = calloc(n * n + 1, sizeof *seg_ranks);
+	rc = base == NULL || seg_counts == NULL || seg_ranks == NULL ? UNISUM_ENOMEM : 0;
+	for (size_t d = 0; rc == 0 && d < n; d++) {
+		base[d + 1] = base[d];
+		for (size_t s = 0; s < n; s++) {
+			base[d + 1] += counts[s * n + d];
+			seg_counts[d * n + s] = counts[s * n + d];
+			seg_ranks[d * n + s] = (int)d;
+		}
+	}
+	if (rc == 0)
+		rc = wk_segs_set(w, &tmpl.segs, (uint32_t)(n * n), seg_counts, seg_ranks);
+	free(seg_counts);
+	free(seg_ranks);
+	if (rc == 0)
+		tmpl.rot_offset = (size_t)end < n ? base[end] : 0;
+	if (rc == 0 && !w->local) {
+		/* One worker per machine: each block goes out of `in` and comes
+		 * into `out` where it lies there. */
+		tmpl.in = in;
+		tmpl.out = out;
+		tmpl.direct = calloc(n * n + 1, sizeof *tmpl.direct);
+		rc = tmpl.direct == NULL ? UNISUM_ENOMEM : 0;
+		uint64_t *sent_at = calloc(n + 1, sizeof *sent_at), got_at = 0;
+		rc = rc == 0 && sent_at == NULL ? UNISUM_ENOMEM : rc;
+		for (size_t d = 0; rc == 0 && d < n; d++)
+			sent_at[d + 1] = sent_at[d] + counts[me * n + d];
+		for (size_t d = 0; rc == 0 && d < n; d++) {
+			uint64_t at = base[d];
+			for (size_t s = 0; s < n; s++) {
+				uint64_t c = counts[s * n + d];
+				tmpl.direct[d * n + s] = (struct wk_direct){
+					at, at + c,
+					s == me ? (const uint8_t *)in + sent_at[d] * es : NULL,
+					d == me ? (uint8_t *)out + got_at * es : NULL};
+				if (d == me)
+					got_at += c;
+				at += c;
+			}
+		}
+		tmpl.ndirect = (int)(n * n);
+		free(sent_at);
+		free(base);
+		if (rc != 0) {
+			free(tmpl.direct);
+			free(tmpl.segs.counts);
+			free(tmpl.segs.owners);
+			return rc;
+		}
+		return wk_start(w, tensor, &tmpl, h);
+	}
+	/* Several workers per machine: the machine's local reduce ORs every
+	 * rank's blocks, so each rank places its own in a scratch buffer of
+	 * the whole tensor (wk_launch zeroes the rest of the partitions the
+	 * machine pushes), and copies out what it receives. */
 	struct wk_span *push = calloc(n * (size_t)(end - first) + 1, sizeof *push);
+	struct wk_span *own = calloc(n + 1, sizeof *own);
 	void *scratch = malloc(total * es > 0 ? total * es : 1);
-	if (base == NULL || push == NULL || scratch == NULL) {
+	if (rc != 0 || push == NULL || own == NULL || scratch == NULL) {
 		free(base);
 		free(push);
+		free(own);
 		free(scratch);
+		free(tmpl.segs.counts);
+		free(tmpl.segs.owners);
 		return UNISUM_ENOMEM;
 	}
-	for (size_t d = 0; d < n; d++) {
-		base[d + 1] = base[d];
-		for (size_t s = 0; s < n; s++)
-			base[d + 1] += counts[s * n + d];
-	}
-	memset(scratch, 0, total * es);
-	int npush = 0;
+	int npush = 0, nown = 0;
 	uint64_t sent = 0;
 	for (size_t d = 0; d < n; d++) {
 		uint64_t at = base[d];
@@ -919,6 +1077,8 @@ int worker_alltoall_async(struct worker *w, int tensor, const void *in, void *ou
 			if (s == me) {
 				memcpy((uint8_t *)scratch + at * es, (const uint8_t *)in + sent * es, c * es);
 				sent += c;
+				if (c > 0)
+					own[nown++] = (struct wk_span){at, at + c};
 			}
 			if ((int)s >= first && (int)s < end && c > 0)
 				push[npush++] = (struct wk_span){at, at + c};
@@ -926,16 +1086,24 @@ int worker_alltoall_async(struct worker *w, int tensor, const void *in, void *ou
 		}
 	}
 	qsort(push, (size_t)npush, sizeof *push, wk_span_cmp);
-	struct wk_op tmpl = {.in = scratch, .out = scratch, .scratch = scratch,
-			     .wire_op = WIRE_OP(WIRE_OP_ALLTOALL, wk_layout_hash(counts, n * n)),
-			     .push_spans = push, .npush_spans = npush,
-			     .copy_from = (uint8_t *)scratch + base[me] * es, .copy_to = out,
-			     .copy_bytes = (base[me + 1] - base[me]) * es};
+	tmpl.in = scratch;
+	tmpl.out = scratch;
+	tmpl.scratch = scratch;
+	tmpl.push_spans = push;
+	tmpl.npush_spans = npush;
+	tmpl.own_spans = own;
+	tmpl.nown_spans = nown;
+	tmpl.copy_from = (uint8_t *)scratch + base[me] * es;
+	tmpl.copy_to = out;
+	tmpl.copy_bytes = (base[me + 1] - base[me]) * es;
 	tmpl.pull_spans = wk_one_span(base[first], base[end], &tmpl.npull_spans);
 	free(base);
 	if (tmpl.pull_spans == NULL) {
 		free(push);
+		free(own);
 		free(scratch);
+		free(tmpl.segs.counts);
+		free(tmpl.segs.owners);
 		return UNISUM_ENOMEM;
 	}
 	return wk_start(w, tensor, &tmpl, h);

@@ -34,6 +34,17 @@ struct wk_layout {
 	uint32_t *servers;		/* server rank of each partition */
 	uint32_t rounds;		/* rounds done with this cut: the wire's round */
 	bool retired;			/* autotune settled elsewhere: servers freed it */
+	uint64_t homed;			/* a homed cut (a gathering collective's layout):
+					 * the hash of its segments; 0: an ordinary cut */
+};
+
+/* A gathering collective's segments: counts[i] elements owned by machine
+ * owners[i] (rdv_client_declare_homed); hash names the homed cut. */
+struct wk_segs {
+	uint32_t n;
+	uint64_t *counts;
+	uint32_t *owners;
+	uint64_t hash;
 };
 
 struct wk_tensor {
@@ -46,6 +57,7 @@ struct wk_tensor {
 	int priority;
 	struct wk_layout *cuts;		/* [0]: UNISUM_PARTITION_BYTES; more for autotune */
 	int ncuts;
+	uint32_t nhomed;		/* homed cuts declared so far (names NAME#0, #1, ...) */
 	uint32_t round;			/* next round (training step) */
 	bool busy;			/* an operation is in flight */
 };
@@ -53,6 +65,16 @@ struct wk_tensor {
 /* Elements [lo, hi) of a tensor. */
 struct wk_span {
 	uint64_t lo, hi;
+};
+
+/* A gathering collective on one worker per machine: elements [lo, hi) of
+ * the tensor (one segment of its homed cut) are pushed from src (NULL:
+ * ZERO, not this rank's) and pulled into dst (NULL: SKIP, not for this
+ * rank), straight from and into the caller's buffers. */
+struct wk_direct {
+	uint64_t lo, hi;
+	const uint8_t *src;
+	uint8_t *dst;
 };
 
 struct wk_op {
@@ -69,7 +91,17 @@ struct wk_op {
 	 * [lo, hi) spans; NULL: every element. */
 	struct wk_span *push_spans, *pull_spans;
 	int npush_spans, npull_spans;
+	/* Allgather, alltoall: this rank's own elements of `in`; the rest of
+	 * every partition this machine pushes is zeroed at launch, once the
+	 * cut is known (wk_zero_pushed). */
+	struct wk_span *own_spans;
+	int nown_spans;
 	void *scratch;			/* owned full-size buffer, freed at release */
+	struct wk_segs segs;		/* owned; n > 0: run on the homed cut of these */
+	struct wk_direct *direct;	/* owned, sorted; non-NULL: each partition's buffers */
+	int ndirect;
+	uint64_t rot_offset;		/* homed cut: the PUSH stage starts at the partition
+					 * holding this element and wraps around (wk_push_order) */
 	const void *copy_from;		/* when complete: copy_bytes from here ... */
 	void *copy_to;			/* ... to the caller's output */
 	size_t copy_bytes;
@@ -190,6 +222,8 @@ struct worker {
 void wk_op_part_done(struct wk_op *op, int err, const char *why);
 void wk_job_sets(const struct wk_op *op, uint64_t offset, uint64_t count, bool *push,
 		 bool *pull);
+void wk_zero_pushed(const struct wk_op *op, const struct wk_layout *L);
+uint64_t wk_push_order(const struct wk_op *op, const struct wk_layout *L, uint32_t part);
 void wk_close_conns(struct worker *w);
 int wk_connect_servers(struct worker *w);
 int wk_enqueue(struct wk_conn *c, struct wk_job *j);
@@ -197,7 +231,9 @@ void *wk_push_main(void *arg);
 
 /* cuts.c: declaring a cut, retiring cuts, the autotune thread and its
  * hooks, handing an operation to its first stage or failing it before. */
-int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes, struct wk_layout *L);
+int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
+	   const struct wk_segs *segs, struct wk_layout *L);
+const struct wk_layout *wk_homed_cut(struct wk_tensor *t, const struct wk_segs *segs, int *rc);
 void wk_launch(struct wk_op *op, const struct wk_layout *L);
 void wk_on_tune(void *arg, const struct rdv_tune *t);
 void wk_op_fail(struct wk_op *op, int err, const char *what);

@@ -170,7 +170,10 @@ static int decode_declare(const void *p, size_t len)
 {
 	char name[256];
 	uint64_t pbytes;
-	return rdv_declare_decode(p, len, name, sizeof name, &pbytes);
+	struct rdv_segs segs;
+	int rc = rdv_declare_decode(p, len, name, sizeof name, &pbytes, &segs);
+	rdv_segs_free(&segs);
+	return rc;
 }
 
 static void test_declare_request(void **state)
@@ -178,13 +181,40 @@ static void test_declare_request(void **state)
 	(void)state;
 	struct wire_buf b;
 	wire_buf_init(&b);
-	rdv_declare_encode(&b, "gradient.fc1.weight", 4096000);
+	rdv_declare_encode(&b, "gradient.fc1.weight", 4096000, NULL);
 	char name[256];
 	uint64_t pbytes = 0;
-	assert_int_equal(rdv_declare_decode(b.data, b.len, name, sizeof name, &pbytes), 0);
+	struct rdv_segs segs;
+	assert_int_equal(rdv_declare_decode(b.data, b.len, name, sizeof name, &pbytes, &segs), 0);
 	assert_string_equal(name, "gradient.fc1.weight");
 	assert_true(pbytes == 4096000);
+	assert_int_equal(segs.n, 0);
 	refuses_every_cut(&b, decode_declare);
+	size_t plain = b.len;
+	wire_buf_fini(&b);
+
+	/* A homed cut's segments round-trip; a request cut anywhere inside
+	 * them, or holding none of the n it announces, is refused. */
+	uint64_t counts[3] = {1000, 0, 1ull << 40};
+	uint32_t owners[3] = {2, 0, 7};
+	struct rdv_segs in = {.n = 3, .counts = counts, .owners = owners};
+	wire_buf_init(&b);
+	rdv_declare_encode(&b, "allgather.3", 65536, &in);
+	assert_int_equal(rdv_declare_decode(b.data, b.len, name, sizeof name, &pbytes, &segs), 0);
+	assert_int_equal(segs.n, 3);
+	for (int i = 0; i < 3; i++) {
+		assert_true(segs.counts[i] == counts[i]);
+		assert_int_equal(segs.owners[i], owners[i]);
+	}
+	rdv_segs_free(&segs);
+	for (size_t cut = plain - strlen("gradient.fc1.weight") + strlen("allgather.3") + 1; cut < b.len;
+	     cut++)
+		assert_int_equal(decode_declare(b.data, cut), UNISUM_EPROTO);
+	wire_buf_fini(&b);
+	wire_buf_init(&b);
+	rdv_declare_encode(&b, "x", 4096, NULL);
+	wire_buf_u32(&b, 0);
+	assert_int_equal(decode_declare(b.data, b.len), UNISUM_EPROTO);
 	wire_buf_fini(&b);
 }
 
