@@ -1,30 +1,22 @@
-"""Horovod's names in unisum.torch: allreduce, broadcast and the queries.
+"""Horovod's names in unisum.torch: the collectives and the queries.
 
 ``import unisum.torch as hvd`` gives a Horovod program these names on top
 of unisum's own (``init``, ``rank``, ``size``, ``synchronize``, ``poll``,
-``DistributedOptimizer``, ...).  They are thin wrappers over push_pull
-and broadcast: the same servers, pipeline and failure handling.
+``DistributedOptimizer``, ...).  They run on the same servers, pipeline
+and failure handling as push_pull.
 
 What works as in Horovod, and what does not yet (issue 17):
 
 * ``allreduce`` (and ``allreduce_``, ``allreduce_async``,
   ``allreduce_async_``, ``grouped_allreduce``, ``grouped_allreduce_``)
-  with ``op=Average`` or ``op=Sum`` (or the older ``average=``),
-  ``prescale_factor`` and ``postscale_factor``.  ``allreduce`` is
-  differentiable: its gradient is the allreduce of the gradient with the
-  same op and factors, as in Horovod.  ``Min``, ``Max`` and ``Product``
-  raise NotImplementedError until the servers reduce with them; ``Adasum``
-  raises NotImplementedError (use ``Average``).
+  with ``op=Average``, ``Sum``, ``Min``, ``Max`` or ``Product`` (or the
+  older ``average=``), ``prescale_factor`` and ``postscale_factor``; the
+  servers reduce with the op.  ``allreduce`` is differentiable: its
+  gradient is the allreduce of the gradient with the same op and factors,
+  as in Horovod.  ``Adasum`` raises NotImplementedError (use ``Average``).
 * ``broadcast`` (differentiable: the gradient is averaged over the workers
   and kept on the root, zero elsewhere, as in Horovod), ``broadcast_``,
-  ``broadcast_async`` and ``broadcast_async_``, for the dtypes unisum sums.
-* ``is_initialized``, ``cross_rank``, ``cross_size`` (the machines),
-  ``is_homogeneous`` (always true: every machine runs UNISUM_LOCAL_SIZE
-  workers), and ``HorovodInternalError`` (unisum's error type).
-* ``mpi_built``, ``gloo_built``, ``nccl_built``, ``ccl_built``,
-  ``ddl_built``, ``cuda_built``, ``rocm_built`` and the ``*_enabled``
-  queries answer False: unisum runs neither MPI nor gloo nor NCCL; its
-  collectives run on its own Summation Service (``unisum_built`` is True).
+  ``broadcast_async`` and ``broadcast_async_``, for every dtype.
 * ``allgather`` (first dimensions may differ by rank; every dtype;
   differentiable), ``allgather_async``, ``grouped_allgather`` and
   ``allgather_object``; ``reducescatter`` (Average or Sum, the factors;
@@ -32,12 +24,18 @@ What works as in Horovod, and what does not yet (issue 17):
   when they do not divide evenly; differentiable), ``reducescatter_async``
   and ``grouped_reducescatter``; ``alltoall`` with ``splits`` (returning
   the received splits too, as Horovod) and ``alltoall_async``, whose
-  synchronize() returns both.  For now all three run on push_pull: allgather
-  sums, as 64-bit integers, buffers in which each rank filled only its own
-  rows (exact for every dtype, bit for bit), and reducescatter reduces the
-  whole tensor and keeps this rank's rows, and alltoall picks its rows out
-  of an allgather.  Correct, but they move more bytes than server-side
-  versions will.
+  synchronize() returns both.  They call the C library's allgather,
+  reduce-scatter and alltoall, which move only what each machine must
+  (docs/ARCHITECTURE.md section 2), after one small push_pull: allgather's
+  of every rank's shape (checked alike on every rank, as Horovod's
+  coordinator does), alltoall's of every rank's splits.
+* ``is_initialized``, ``cross_rank``, ``cross_size`` (the machines),
+  ``is_homogeneous`` (always true: every machine runs UNISUM_LOCAL_SIZE
+  workers), and ``HorovodInternalError`` (unisum's error type).
+* ``mpi_built``, ``gloo_built``, ``nccl_built``, ``ccl_built``,
+  ``ddl_built``, ``cuda_built``, ``rocm_built`` and the ``*_enabled``
+  queries answer False: unisum runs neither MPI nor gloo nor NCCL; its
+  collectives run on its own Summation Service (``unisum_built`` is True).
 * Process sets: only the global one (``global_process_set``, or None);
   ``add_process_set`` raises NotImplementedError for now.
 """
@@ -192,8 +190,9 @@ def _allreduce_start(tensor: torch.Tensor, average: Optional[bool], name: Option
             tensor.copy_(_t._scaled(tensor.detach(), prescale_factor))
         else:
             tensor = _t._scaled(tensor.detach(), prescale_factor)
-    return _t._start(tensor, flags == _capi.AVERAGE, name, 0, inplace,
-                     scale=float(postscale_factor), flags=flags)
+    return _busy_as_value_error(lambda: _t._start(tensor, flags == _capi.AVERAGE, name, 0,
+                                                  inplace, scale=float(postscale_factor),
+                                                  flags=flags))
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
@@ -328,14 +327,16 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = 
         TypeError, UnisumError: As push_pull_async().
     """
     _global_only(process_set)
-    return _t._broadcast_start(tensor, root_rank, name, inplace=False)
+    return _busy_as_value_error(lambda: _t._broadcast_start(tensor, root_rank, name,
+                                                            inplace=False))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                      process_set: Optional[ProcessSet] = None) -> int:
     """As broadcast_async, into `tensor` itself."""
     _global_only(process_set)
-    return _t._broadcast_start(tensor, root_rank, name, inplace=True)
+    return _busy_as_value_error(lambda: _t._broadcast_start(tensor, root_rank, name,
+                                                            inplace=True))
 
 
 class _BroadcastFn(torch.autograd.Function):
@@ -381,10 +382,46 @@ _DTYPE_CODES = {dt: i for i, dt in enumerate(
 _RECORD = 11       # int64s per rank: rows, ndim, dtype, then up to 8 trailing dimensions
 
 
-def _gathered_shapes(tensor: torch.Tensor, what: str) -> List[int]:
-    """Every rank's first dimension, after checking (on every rank alike)
-    that dtypes and trailing dimensions agree.  Raises HorovodInternalError
-    naming two ranks that differ."""
+class _NameInFlight(UnisumError, ValueError):
+    """A collective was started under a name that has one in flight; a
+    ValueError too, which is what Horovod raises."""
+
+
+_names_in_flight: set = set()    # user names of gathering collectives in flight
+
+
+def _claim_name(name: Optional[str], what: str) -> Callable[[], None]:
+    """Marks `name` in flight (Horovod refuses a second collective of one
+    name while the first runs); returns what lets it go."""
+    if name is None:
+        return lambda: None
+    with _t._lock:
+        if name in _names_in_flight:
+            raise _NameInFlight("unisum.torch: %s: a collective named '%s' is already in "
+                                "flight; wait for it first" % (what, name), _capi.EBUSY)
+        _names_in_flight.add(name)
+
+    def release() -> None:
+        with _t._lock:
+            _names_in_flight.discard(name)
+    return release
+
+
+def _busy_as_value_error(start: Callable[[], int]) -> int:
+    """Runs start(); the C library's EBUSY (this name has an operation in
+    flight) comes out as _NameInFlight, a ValueError as in Horovod."""
+    try:
+        return start()
+    except UnisumError as e:
+        if e.code == _capi.EBUSY:
+            raise _NameInFlight(str(e), e.code) from None
+        raise
+
+
+def _shapes_start(tensor: torch.Tensor, what: str) -> int:
+    """Starts the push_pull of every rank's shape record (rows, dimensions,
+    dtype, trailing dimensions) that an allgather waits for, as Horovod's
+    coordinator does; returns its handle (_shapes_rows reads its output)."""
     if tensor.dim() == 0:
         raise ValueError("unisum.torch: %s needs a tensor of at least one dimension" % what)
     if tensor.dtype not in _DTYPE_CODES or tensor.dim() > _RECORD - 3:
@@ -395,8 +432,15 @@ def _gathered_shapes(tensor: torch.Tensor, what: str) -> List[int]:
     dims = list(tensor.shape)
     rec[r, :3] = torch.tensor([dims[0], len(dims), _DTYPE_CODES[tensor.dtype]])
     rec[r, 3:3 + len(dims) - 1] = torch.tensor(dims[1:], dtype=torch.int64)
-    recs = _t.push_pull(rec, average=False).tolist()
-    for q in range(n):
+    return _t.push_pull_async(rec, average=False)
+
+
+def _shapes_rows(recs_tensor: torch.Tensor, what: str) -> List[int]:
+    """Every rank's first dimension from the records, after checking (on
+    every rank alike) that dtypes and trailing dimensions agree.  Raises
+    HorovodInternalError naming two ranks that differ."""
+    recs = recs_tensor.tolist()
+    for q in range(len(recs)):
         if recs[q][1:] != recs[0][1:]:
             raise HorovodInternalError(
                 "unisum.torch: %s: rank 0 has a %d-dimensional tensor of dtype code %d and "
@@ -413,14 +457,15 @@ def _widened(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.dtype in _t._DTYPES else tensor.to(torch.int32)
 
 
-def _gather_start(kind: str, send: torch.Tensor, recv: torch.Tensor, counts: List[int],
-                  output: Any, after: Callable[[], None], flags: int = 0) -> int:
+def _gather_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
+                   counts: List[int], after: Callable[[], None],
+                   flags: int = 0) -> Tuple[Optional[int], Callable[[], None]]:
     """Starts the C library's allgather, reduce-scatter or alltoall (`kind`)
-    of `send` into `recv` with the layout `counts` on a one-shot tensor of
-    sum(counts) elements (alltoall: of the n x n counts), and returns a
-    handle whose synchronize() runs `after` and returns `output`."""
+    of `send` into `recv` with the layout `counts` on the one-shot tensor
+    `name` of sum(counts) elements (alltoall: of the n x n counts).
+    Returns its C handle and what finishes it (runs `after`, forgets the
+    tensor); with nothing to move, None and a finish already run."""
     total = sum(counts)
-    name = _t._by_order(kind)
     tid = _t._declared(name, send.dtype, total, 0)
     # An empty side still needs an address; nothing is read or written there.
     keep = torch.empty(1, dtype=send.dtype)
@@ -431,7 +476,7 @@ def _gather_start(kind: str, send: torch.Tensor, recv: torch.Tensor, counts: Lis
 
     if total == 0:
         finish()
-        return _t._register(_t._Op(None, None, None, output, lambda: None), done=True)
+        return None, lambda: None
     in_ptr = send.data_ptr() if send.numel() else keep.data_ptr()
     out_ptr = recv.data_ptr() if recv.numel() else keep.data_ptr()
     arr = (ctypes.c_uint64 * len(counts))(*counts)
@@ -448,30 +493,85 @@ def _gather_start(kind: str, send: torch.Tensor, recv: torch.Tensor, counts: Lis
     except BaseException:
         _t._undeclare(name)
         raise
-    return _t._register(_t._Op(h.value, send, recv, output, finish))
+    return h.value, finish
+
+
+def _chain(first: int, stage: Callable[[_t._Op], Optional[int]],
+           release: Callable[[], None]) -> int:
+    """Makes the operation of handle `first` (a small push_pull whose result
+    the collective needs) run `stage` once it is done: `stage` sets the
+    operation's buffers and output and returns the C handle of the
+    collective itself (None: nothing to wait for).  `release` runs when the
+    whole operation ends, however it ends."""
+    with _t._lock:
+        op = _t._ops[first]
+    first_finish = op.finish
+
+    def end_first() -> None:
+        try:
+            first_finish()
+        finally:
+            release()
+
+    op.finish = end_first
+
+    def then(op_: _t._Op) -> Optional[int]:
+        first_finish()          # the small push_pull's own clean-up
+        op_.finish = release
+        c, finish = stage(op_)
+
+        def end() -> None:
+            try:
+                finish()
+            finally:
+                release()
+        op_.finish = end
+        return c
+
+    op.then = then
+    return first
 
 
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: Optional[ProcessSet] = None) -> int:
     """Starts concatenating every rank's `tensor` along the first dimension
     (which may differ by rank; the others and the dtype may not); returns
-    a handle for synchronize(), which returns the result.  Waits for the
-    ranks' shapes first, as Horovod's coordinator does.  On the servers:
-    each machine pushes only its rows and pulls the whole result."""
+    a handle for synchronize(), which returns the result.  Does not wait:
+    the ranks' shapes are exchanged first (as Horovod's coordinator does),
+    then the rows.  On the servers: each machine pushes only its rows and
+    pulls the whole result.
+
+    Raises:
+        ValueError: For a tensor of no dimensions, or a `name` that has a
+            collective in flight.
+    """
     _global_only(process_set)
-    rows = _gathered_shapes(tensor, "allgather")
     src = tensor.detach().contiguous()
-    trailing = list(src.shape[1:])
-    per_row = math.prod(trailing)
-    send = _widened(src)
-    recv = torch.empty([sum(rows)] + trailing, dtype=send.dtype)
-    output = recv if send is src else torch.empty(recv.shape, dtype=src.dtype)
+    release = _claim_name(name, "allgather")
+    try:
+        first = _shapes_start(src, "allgather")
+    except BaseException:
+        release()
+        raise
+    data_name = _t._by_order("allgather")   # reserved now: every rank in the same order
 
-    def after() -> None:
-        if output is not recv:
-            output.copy_(recv)
+    def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
+        rows = _shapes_rows(op.output, "allgather")
+        trailing = list(src.shape[1:])
+        per_row = math.prod(trailing)
+        send = _widened(src)
+        recv = torch.empty([sum(rows)] + trailing, dtype=send.dtype)
+        output = recv if send is src else torch.empty(recv.shape, dtype=src.dtype)
 
-    return _gather_start("allgather", send, recv, [q * per_row for q in rows], output, after)
+        def after() -> None:
+            if output is not recv:
+                output.copy_(recv)
+
+        op.send, op.recv, op.output = send, recv, output
+        return _gather_launch("allgather", data_name, send, recv, [q * per_row for q in rows],
+                              after)
+
+    return _chain(first, stage, release)
 
 
 class _AllgatherFn(torch.autograd.Function):
@@ -564,8 +664,24 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
         if postscale_factor != 1.0:
             recv.copy_(_t._scaled(recv, postscale_factor))
 
-    return _gather_start("reducescatter", send, recv, counts, recv, after,
-                         _capi.AVERAGE if op == Average else 0)
+    release = _claim_name(name, "reducescatter")
+    try:
+        c, finish = _gather_launch("reducescatter", _t._by_order("reducescatter"), send, recv,
+                                   counts, after, _capi.AVERAGE if op == Average else 0)
+    except BaseException:
+        release()
+        raise
+
+    def end() -> None:
+        try:
+            finish()
+        finally:
+            release()
+
+    if c is None:
+        end()
+        return _t._register(_t._Op(None, None, None, recv, lambda: None), done=True)
+    return _t._register(_t._Op(c, send, recv, recv, end))
 
 
 class _ReducescatterFn(torch.autograd.Function):
@@ -644,26 +760,39 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
             raise ValueError("unisum.torch: alltoall: splits %s must hold size() = %d "
                              "non-negative counts that add up to the first dimension, %d"
                              % (mine, n, rows))
-    # Every rank's splits first.  Ranks whose trailing shapes differ pass
-    # different counts and fail in the C library, naming the layouts.
+    # Every rank's splits first (without waiting: the rows follow once
+    # they are in).  Ranks whose trailing shapes differ pass different
+    # counts and fail in the C library, naming the layouts.
     table = torch.zeros(n, n, dtype=torch.int64)
     table[r] = torch.tensor(mine, dtype=torch.int64)
-    sent = _t.push_pull(table, average=False).tolist()     # sent[q][j]: q's rows for j
     src = tensor.detach().contiguous()
-    trailing = list(src.shape[1:])
-    per_row = math.prod(trailing)
-    send = _widened(src)
-    recv_rows = [sent[q][r] for q in range(n)]
-    recv = torch.empty([sum(recv_rows)] + trailing, dtype=send.dtype)
-    out = recv if send is src else torch.empty(recv.shape, dtype=src.dtype)
+    release = _claim_name(name, "alltoall")
+    try:
+        first = _t.push_pull_async(table, average=False)
+    except BaseException:
+        release()
+        raise
+    data_name = _t._by_order("alltoall")   # reserved now: every rank in the same order
 
-    def after() -> None:
-        if out is not recv:
-            out.copy_(recv)
+    def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
+        sent = op.output.tolist()          # sent[q][j]: q's rows for j
+        trailing = list(src.shape[1:])
+        per_row = math.prod(trailing)
+        send = _widened(src)
+        recv_rows = [sent[q][r] for q in range(n)]
+        recv = torch.empty([sum(recv_rows)] + trailing, dtype=send.dtype)
+        out = recv if send is src else torch.empty(recv.shape, dtype=src.dtype)
 
-    counts = [sent[q][j] * per_row for q in range(n) for j in range(n)]
-    return _gather_start("alltoall", send, recv, counts,
-                         (out, torch.tensor(recv_rows, dtype=torch.int32)), after)
+        def after() -> None:
+            if out is not recv:
+                out.copy_(recv)
+
+        op.send, op.recv = send, recv
+        op.output = (out, torch.tensor(recv_rows, dtype=torch.int32))
+        counts = [sent[q][j] * per_row for q in range(n) for j in range(n)]
+        return _gather_launch("alltoall", data_name, send, recv, counts, after)
+
+    return _chain(first, stage, release)
 
 
 class _AlltoallFn(torch.autograd.Function):

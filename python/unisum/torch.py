@@ -99,17 +99,35 @@ class _Op:
     """An operation in flight: keeps its tensors alive and knows how to
     finish (copy back into a non-contiguous destination, free a slot)."""
 
-    __slots__ = ("c_handle", "send", "recv", "output", "done", "finish")
+    __slots__ = ("c_handle", "send", "recv", "output", "done", "finish", "then")
 
     def __init__(self, c_handle: Optional[int], send: Optional[torch.Tensor],
-                 recv: Optional[torch.Tensor], output: torch.Tensor,
-                 finish: Callable[[], None]) -> None:
+                 recv: Optional[torch.Tensor], output: Any,
+                 finish: Callable[[], None],
+                 then: Optional[Callable[["_Op"], Optional[int]]] = None) -> None:
         self.c_handle = c_handle
         self.send = send        # the buffer the C library reads
         self.recv = recv        # the buffer the C library writes
         self.output = output    # what synchronize() returns
         self.done = False
         self.finish = finish    # called once when the operation completes
+        # A second stage, started once the C operation is done (Horovod's
+        # allgather waits for every rank's shape first): it may replace
+        # send, recv, output and finish, and returns its C handle, or
+        # None when nothing is left to wait for.
+        self.then = then
+
+
+def _advance(op: _Op) -> None:
+    """Starts op's next stage (its C operation is done); op.done when
+    none is left."""
+    step, op.then = op.then, None
+    assert step is not None
+    c_handle = step(op)
+    if c_handle is None:
+        op.done = True
+    else:
+        op.c_handle = c_handle
 
 
 def _require_init() -> None:
@@ -545,17 +563,25 @@ def poll(handle: int) -> bool:
             handle is gone.
     """
     op = _take(handle)
-    if op.done:
-        return True
-    rc = _capi.lib.unisum_poll(op.c_handle)
-    if rc == 0:
-        return False
-    op.done = True
-    if rc < 0:
-        with _lock:
-            _ops.pop(handle, None)
-        op.finish()
-        raise _capi.error(rc, "unisum.torch: push_pull")
+    while not op.done:
+        rc = _capi.lib.unisum_poll(op.c_handle)
+        if rc == 0:
+            return False
+        if rc > 0 and op.then is not None:
+            try:
+                _advance(op)
+            except BaseException:
+                with _lock:
+                    _ops.pop(handle, None)
+                op.finish()
+                raise
+            continue
+        op.done = True
+        if rc < 0:
+            with _lock:
+                _ops.pop(handle, None)
+            op.finish()
+            raise _capi.error(rc, "unisum.torch: push_pull")
     return True
 
 
@@ -581,6 +607,15 @@ def synchronize(handle: int) -> torch.Tensor:
     # An operation that is not done has a C handle (only empty tensors have
     # none, and they are done from the start).
     rc = 0 if op.done else _wait(cast(int, op.c_handle))
+    while rc == 0 and op.then is not None:
+        try:
+            _advance(op)
+        except BaseException:
+            with _lock:
+                _ops.pop(handle, None)
+            op.finish()
+            raise
+        rc = 0 if op.done else _wait(cast(int, op.c_handle))
     err = _capi.error(rc, "unisum.torch: push_pull") if rc < 0 else None
     with _lock:
         _ops.pop(handle, None)

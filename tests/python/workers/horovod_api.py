@@ -178,6 +178,43 @@ def main():
     assert torch.signbit(got[1]) and torch.signbit(got[2]), got
     got = hvd.allreduce(special, op=hvd.Max)
     assert not torch.signbit(got[1]) and not torch.signbit(got[2]), got
+    # The async forms do not wait for the other ranks: rank 0 starts an
+    # allgather and an alltoall before a barrier that the others enter
+    # first.  A second collective under a name in flight is a ValueError,
+    # as in Horovod, and the first still completes.
+    rows = torch.full((r + 1, 2), r)
+    if r == 0:
+        h1 = hvd.allgather_async(rows, name="early")
+        h2 = hvd.alltoall_async(torch.arange(n) + 10 * r, name="early.a2a")
+        hvd.allreduce_async(torch.ones(3), name="busy")
+        for start in (lambda: hvd.allgather_async(rows, name="early"),
+                      lambda: hvd.allreduce_async(torch.ones(3), name="busy")):
+            try:
+                start()
+            except ValueError:
+                continue
+            raise AssertionError("a second collective of one name in flight did not raise")
+        hvd.barrier()
+    else:
+        hvd.barrier()
+        h1 = hvd.allgather_async(rows, name="early")
+        h2 = hvd.alltoall_async(torch.arange(n) + 10 * r, name="early.a2a")
+        hvd.allreduce_async(torch.ones(3), name="busy")
+        # Rank 0 starts "busy2" only after the next barrier: in flight here.
+        hvd.allreduce_async(torch.ones(3), name="busy2")
+        try:
+            hvd.allreduce_async(torch.ones(3), name="busy2")
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("a second allreduce named 'busy2' in flight did not raise")
+    hvd.barrier()
+    if r == 0:
+        hvd.allreduce_async(torch.ones(3), name="busy2")
+    expect("allgather_async before a barrier", hvd.synchronize(h1),
+           torch.cat([torch.full((q + 1, 2), q) for q in range(n)]))
+    expect("alltoall_async before a barrier", hvd.synchronize(h2)[0],
+           torch.tensor([10 * q + r for q in range(n)]))
     try:
         hvd.allreduce(torch.ones(2), op=hvd.Adasum)
     except NotImplementedError:
