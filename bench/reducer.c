@@ -11,7 +11,10 @@
  *      on every instruction-set path this CPU runs, single thread, with the
  *      ratio to memcpy and the target for the dtype (float32 0.90,
  *      float16 and bfloat16 0.70) marked PASS or BELOW;
- *   3. memcpy and the float32 sum split over 1 and nproc threads.
+ *   3. memcpy and the float32 sum split over 1 and nproc threads;
+ *   4. reducer_fold_into() min, max and product of the same dtypes and the
+ *      bitwise OR, on the scalar path and the default one, single thread,
+ *      each against a memcpy run beside it.
  *
  * Bandwidth counts the bytes an operation must move: 2 x size for memcpy
  * (read, write) and 3 x size for dst += src (read both, write one).  Each
@@ -58,6 +61,7 @@ struct bench_slice {
 	size_t elem_size;	/* element size of dtype */
 	unisum_dtype dtype;	/* dtype summed when !is_copy */
 	bool is_copy;		/* memcpy instead of reducer_sum_into */
+	reducer_op op;		/* REDUCER_SUM: reducer_sum_into; else reducer_fold_into */
 };
 
 static double now_seconds(void)
@@ -72,8 +76,10 @@ static void run_slice(struct bench_slice *s)
 {
 	if (s->is_copy)
 		memcpy(s->dst, s->src, s->bytes);
-	else
+	else if (s->op == REDUCER_SUM)
 		reducer_sum_into(s->dst, s->src, s->bytes / s->elem_size, s->dtype);
+	else
+		reducer_fold_into(s->op, s->dst, s->src, s->bytes / s->elem_size, s->dtype);
 }
 
 static void *slice_thread(void *arg)
@@ -86,7 +92,7 @@ static void *slice_thread(void *arg)
  * lines, one per thread. */
 static void plan_slices(struct bench_slice *slices, unsigned char *dst,
 			const unsigned char *src, const struct bench_dtype *dt,
-			bool is_copy, int threads)
+			bool is_copy, reducer_op op, int threads)
 {
 	size_t per = (ARRAY_BYTES / (size_t)threads) & ~(size_t)63;
 
@@ -97,6 +103,7 @@ static void plan_slices(struct bench_slice *slices, unsigned char *dst,
 		slices[t].elem_size = dt->size;
 		slices[t].dtype = dt->dtype;
 		slices[t].is_copy = is_copy;
+		slices[t].op = op;
 	}
 }
 
@@ -129,13 +136,16 @@ static double time_once(struct bench_slice *slices, int threads)
  * against the best memcpy seen: noise can only make it look worse.
  */
 static double best_seconds(unsigned char *dst, const unsigned char *src,
-			   const struct bench_dtype *dt, int threads, double *copy_best)
+			   const struct bench_dtype *dt, reducer_op fold, int threads,
+			   double *copy_best)
 {
 	struct bench_slice op[MAX_THREADS], copy[MAX_THREADS];
 	double best = 1e30;
 
-	plan_slices(op, dst, src, dt, false, threads);
-	plan_slices(copy, dst, src, dt, true, threads);
+	/* Fresh values: repeated products would drift into subnormals. */
+	memset(dst, 0x3c, ARRAY_BYTES);
+	plan_slices(op, dst, src, dt, false, fold, threads);
+	plan_slices(copy, dst, src, dt, true, fold, threads);
 	for (int r = 0; r < REPEATS; r++) {
 		double c = time_once(copy, threads), s = time_once(op, threads);
 
@@ -208,7 +218,8 @@ int main(int argc, char **argv)
 				continue;
 			rows[row_count].dt = &dtypes[d];
 			rows[row_count].isa = (reducer_isa)isa;
-			rows[row_count].seconds = best_seconds(dst, src, &dtypes[d], 1, &copy_best);
+			rows[row_count].seconds = best_seconds(dst, src, &dtypes[d], REDUCER_SUM, 1,
+							       &copy_best);
 			row_count++;
 		}
 	}
@@ -240,7 +251,7 @@ int main(int argc, char **argv)
 
 		if (i == 1 && threads == thread_counts[0])
 			break;
-		s = best_seconds(dst, src, &dtypes[0], threads, &copy_mt);
+		s = best_seconds(dst, src, &dtypes[0], REDUCER_SUM, threads, &copy_mt);
 		rate = gbps(3.0 * ARRAY_BYTES, s);
 		copy_rate = gbps(2.0 * ARRAY_BYTES, copy_mt);
 		printf("%-10s %7d %9.2f %8.2f %7.3f\n", "memcpy", threads, copy_rate,
@@ -248,6 +259,32 @@ int main(int argc, char **argv)
 		printf("%-10s %7d %9.2f %8.2f %7.3f\n", "float32", threads, rate, s * 1e3,
 		       rate / copy_rate);
 	}
+	/* min, max, product and OR (reducer_fold.c), scalar and the default
+	 * path, single thread. */
+	static const char *const fold_names[REDUCER_OP_COUNT] = {"sum", "min", "max", "product",
+								 "or"};
+	printf("\nmin, max, product, or: dst = dst op src, single thread\n");
+	printf("%-8s %-10s %-7s %9s %8s %7s\n", "op", "dtype", "isa", "GB/s", "ms", "ratio");
+	for (int f = REDUCER_MIN; f < REDUCER_OP_COUNT; f++) {
+		for (size_t d = 0; d < sizeof(dtypes) / sizeof(dtypes[0]); d++) {
+			if (f == REDUCER_BOR && d > 0)
+				break;	/* bytes: one dtype says it all */
+			reducer_isa isas[2] = {REDUCER_ISA_SCALAR, best_isa};
+			for (int k = 0; k < (best_isa == REDUCER_ISA_SCALAR ? 1 : 2); k++) {
+				double copy_f = 1e30;
+				reducer_force_isa(isas[k]);
+				double sec = best_seconds(dst, src, &dtypes[d], (reducer_op)f, 1, &copy_f);
+				double rate = gbps(3.0 * ARRAY_BYTES, sec);
+				printf("%-8s %-10s %-7s %9.2f %8.2f %7.3f\n", fold_names[f],
+				       f == REDUCER_BOR ? "any" : dtypes[d].name,
+				       reducer_isa_name(isas[k]), rate, sec * 1e3,
+				       rate / gbps(2.0 * ARRAY_BYTES, copy_f));
+				fflush(stdout);
+			}
+		}
+	}
+	reducer_force_isa(best_isa);
+
 	printf("\nratio: GB/s over memcpy's best GB/s at the same thread count; "
 	       "the targets apply\nto the default isa (the scalar path is the "
 	       "fallback for CPUs without AVX2).\n");

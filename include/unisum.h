@@ -96,6 +96,14 @@ int unisum_local_size(void);
  * error (UNISUM_EMISMATCH when another worker declared it differently). */
 int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int priority);
 
+/* unisum_declare with the tensor's dimensions (ndim of them, 0 to 16; the
+ * count is their product): a worker that declares the name with other
+ * dimensions fails with UNISUM_EMISMATCH naming both shapes, even when the
+ * element counts agree, and so do the others.  A declaration without
+ * dimensions (unisum_declare) agrees with any of the same count. */
+int unisum_declare_shaped(const char *name, unisum_dtype dtype, int ndim, const int64_t *dims,
+			  int priority);
+
 /* This worker is done with the tensor for good: its id is free (a later
  * unisum_declare may return it for another name), and once every worker
  * has undeclared it, the scheduler, the servers and the machine's shared

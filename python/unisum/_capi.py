@@ -90,6 +90,8 @@ for _name, _args, _ret in [
     ("unisum_local_rank", [], _c_int),
     ("unisum_local_size", [], _c_int),
     ("unisum_declare", [ctypes.c_char_p, _c_int, _c_size, _c_int], _c_int),
+    ("unisum_declare_shaped", [ctypes.c_char_p, _c_int, _c_int, ctypes.POINTER(_c_i64), _c_int],
+     _c_int),
     ("unisum_push_pull_async", [_c_int, _c_ptr, _c_ptr, _c_int, ctypes.POINTER(_c_i64)], _c_int),
     ("unisum_undeclare", [_c_int], _c_int),
     ("unisum_poll", [_c_i64], _c_int),

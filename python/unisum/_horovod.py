@@ -179,6 +179,14 @@ def _reduce_flags(average: Optional[bool], op: Optional[int]) -> int:
     raise ValueError("unisum.torch: unknown allreduce op %r" % (op,))
 
 
+def _shaped_name(name: Optional[str], tensor: torch.Tensor) -> Optional[str]:
+    """The C tensor name of a named Horovod collective: its name with dtype
+    and size, because Horovod lets a name come back with another shape once
+    its operation is done (unisum's own push_pull keeps one shape per
+    name)."""
+    return None if name is None else _t._shaped(name, tensor)
+
+
 def _allreduce_start(tensor: torch.Tensor, average: Optional[bool], name: Optional[str],
                      op: Optional[int], prescale_factor: float, postscale_factor: float,
                      process_set: Optional[ProcessSet], inplace: bool) -> int:
@@ -190,7 +198,8 @@ def _allreduce_start(tensor: torch.Tensor, average: Optional[bool], name: Option
             tensor.copy_(_t._scaled(tensor.detach(), prescale_factor))
         else:
             tensor = _t._scaled(tensor.detach(), prescale_factor)
-    return _busy_as_value_error(lambda: _t._start(tensor, flags == _capi.AVERAGE, name, 0,
+    return _busy_as_value_error(lambda: _t._start(tensor, flags == _capi.AVERAGE,
+                                                  _shaped_name(name, tensor), 0,
                                                   inplace, scale=float(postscale_factor),
                                                   flags=flags))
 
@@ -327,7 +336,8 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = 
         TypeError, UnisumError: As push_pull_async().
     """
     _global_only(process_set)
-    return _busy_as_value_error(lambda: _t._broadcast_start(tensor, root_rank, name,
+    return _busy_as_value_error(lambda: _t._broadcast_start(tensor, root_rank,
+                                                            _shaped_name(name, tensor),
                                                             inplace=False))
 
 
@@ -335,7 +345,8 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
                      process_set: Optional[ProcessSet] = None) -> int:
     """As broadcast_async, into `tensor` itself."""
     _global_only(process_set)
-    return _busy_as_value_error(lambda: _t._broadcast_start(tensor, root_rank, name,
+    return _busy_as_value_error(lambda: _t._broadcast_start(tensor, root_rank,
+                                                            _shaped_name(name, tensor),
                                                             inplace=True))
 
 
@@ -347,7 +358,8 @@ class _BroadcastFn(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int,
                 name: Optional[str]) -> torch.Tensor:
         ctx.root_rank = root_rank
-        return _t.synchronize(_t._broadcast_start(tensor, root_rank, name, inplace=False))
+        return _t.synchronize(_t._broadcast_start(tensor, root_rank, _shaped_name(name, tensor),
+                                                  inplace=False))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:

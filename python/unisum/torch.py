@@ -337,11 +337,17 @@ def _tensor_id(name: str, tensor: torch.Tensor, priority: int) -> int:
     if tensor.device.type != "cpu":
         raise TypeError("unisum.torch: tensor '%s' is on %s; this build sums CPU tensors" % (
             name, tensor.device))
-    return _declared(name, tensor.dtype, tensor.numel(), priority)
+    return _declared(name, tensor.dtype, tensor.numel(), priority, tuple(tensor.shape))
 
 
-def _declared(name: str, dtype: torch.dtype, numel: int, priority: int) -> int:
-    """The C tensor id of `name`, declared on first use as dtype[numel]."""
+_MAX_DIMS = 16      # RDV_MAX_DIMS: more dimensions are declared by their count alone
+
+
+def _declared(name: str, dtype: torch.dtype, numel: int, priority: int,
+              shape: Optional[Tuple[int, ...]] = None) -> int:
+    """The C tensor id of `name`, declared on first use as dtype[numel],
+    with its dimensions when `shape` gives them (then every worker must
+    pass the same dimensions, not only as many elements)."""
     key = (dtype, numel)
     with _lock:
         known = _tensors.get(name)
@@ -356,9 +362,13 @@ def _declared(name: str, dtype: torch.dtype, numel: int, priority: int) -> int:
     if dtype not in _DTYPES:
         raise TypeError("unisum.torch: %s tensors are not supported; use one of %s" % (
             dtype, ", ".join(str(d) for d in _DTYPES)))
-    tid = _capi.check(
-        _capi.lib.unisum_declare(name.encode(), _DTYPES[dtype], numel, int(priority)),
-        "unisum.torch: declare")
+    if shape is not None and 0 < len(shape) <= _MAX_DIMS:
+        dims = (ctypes.c_int64 * len(shape))(*shape)
+        rc = _capi.lib.unisum_declare_shaped(name.encode(), _DTYPES[dtype], len(shape), dims,
+                                             int(priority))
+    else:
+        rc = _capi.lib.unisum_declare(name.encode(), _DTYPES[dtype], numel, int(priority))
+    tid = _capi.check(rc, "unisum.torch: declare")
     with _lock:
         _tensors[name] = (tid, dtype, numel)
     return tid
@@ -1154,9 +1164,15 @@ def DistributedOptimizer(optimizer: _OptimizerT,
             named_parameters holds a name twice, or when it lacks some of
             the optimizer's parameters.
     """
-    _require_init()
+    # The arguments first, as Horovod checks them: before init() too.
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+        names = [n for n, _ in named_parameters]
+        if len(set(names)) != len(names):
+            raise ValueError("unisum.torch: named_parameters holds duplicate names")
     if backward_passes_per_step < 1:
         raise ValueError("unisum.torch: backward_passes_per_step must be >= 1")
+    _require_init()
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,

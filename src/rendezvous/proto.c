@@ -94,17 +94,20 @@ int rdv_book_decode(const void *payload, size_t len, uint32_t *your_id, uint32_t
 }
 
 void rdv_declare_encode(struct wire_buf *b, const char *name, uint64_t partition_bytes,
-			const struct rdv_segs *segs)
+			const struct rdv_segs *segs, const struct rdv_shape *shape)
 {
 	wire_buf_str(b, name);
 	wire_buf_u64(b, partition_bytes);
-	if (segs == NULL || segs->n == 0)
-		return;
-	wire_buf_u32(b, segs->n);
-	for (uint32_t i = 0; i < segs->n; i++) {
+	uint32_t n = segs != NULL ? segs->n : 0;
+	wire_buf_u32(b, n);
+	for (uint32_t i = 0; i < n; i++) {
 		wire_buf_u64(b, segs->counts[i]);
 		wire_buf_u32(b, segs->owners[i]);
 	}
+	uint32_t ndim = shape != NULL ? shape->ndim : 0;
+	wire_buf_u32(b, ndim);
+	for (uint32_t i = 0; i < ndim && i < RDV_MAX_DIMS; i++)
+		wire_buf_u64(b, shape->dims[i]);
 }
 
 void rdv_segs_free(struct rdv_segs *segs)
@@ -115,31 +118,38 @@ void rdv_segs_free(struct rdv_segs *segs)
 }
 
 int rdv_declare_decode(const void *payload, size_t len, char *name, size_t name_len,
-		       uint64_t *partition_bytes, struct rdv_segs *segs)
+		       uint64_t *partition_bytes, struct rdv_segs *segs, struct rdv_shape *shape)
 {
 	struct wire_reader r;
 	*segs = (struct rdv_segs){0};
+	shape->ndim = 0;
 	wire_reader_init(&r, payload, len);
 	wire_read_str(&r, name, name_len);
 	*partition_bytes = wire_read_u64(&r);
-	if (r.failed || name[0] == '\0')
-		return UNISUM_EPROTO;
-	if (r.left == 0)
-		return 0;
 	uint32_t n = wire_read_u32(&r);
-	if (r.failed || n == 0 || n > RDV_MAX_SEGS || r.left != (size_t)n * 12)
+	if (r.failed || name[0] == '\0' || n > RDV_MAX_SEGS || r.left < (size_t)n * 12 + 4)
 		return UNISUM_EPROTO;
-	segs->counts = calloc(n, sizeof *segs->counts);
-	segs->owners = calloc(n, sizeof *segs->owners);
-	if (segs->counts == NULL || segs->owners == NULL) {
+	if (n > 0) {
+		segs->counts = calloc(n, sizeof *segs->counts);
+		segs->owners = calloc(n, sizeof *segs->owners);
+		if (segs->counts == NULL || segs->owners == NULL) {
+			rdv_segs_free(segs);
+			return UNISUM_ENOMEM;
+		}
+		segs->n = n;
+		for (uint32_t i = 0; i < n; i++) {
+			segs->counts[i] = wire_read_u64(&r);
+			segs->owners[i] = wire_read_u32(&r);
+		}
+	}
+	uint32_t ndim = wire_read_u32(&r);
+	if (r.failed || ndim > RDV_MAX_DIMS || r.left != (size_t)ndim * 8) {
 		rdv_segs_free(segs);
-		return UNISUM_ENOMEM;
+		return UNISUM_EPROTO;
 	}
-	segs->n = n;
-	for (uint32_t i = 0; i < n; i++) {
-		segs->counts[i] = wire_read_u64(&r);
-		segs->owners[i] = wire_read_u32(&r);
-	}
+	shape->ndim = ndim;
+	for (uint32_t i = 0; i < ndim; i++)
+		shape->dims[i] = wire_read_u64(&r);
 	return 0;
 }
 

@@ -74,13 +74,14 @@ struct rdv_segs {
 };
 
 /* DECLARE request (the dtype and count travel in the header): the name,
- * the partition size and, for a homed cut, u32 n and n x {u64 count, u32
- * owner machine} (segs NULL or n 0: none).  decode fills *segs (arrays
- * malloc'd, free with rdv_segs_free; n 0 when the request has none). */
+ * the partition size, u32 n and n x {u64 count, u32 owner machine} (a
+ * homed cut's segments; segs NULL or n 0: none), u32 ndim and ndim x u64
+ * (the shape; shape NULL or ndim 0: none).  decode fills *segs (arrays
+ * malloc'd, free with rdv_segs_free) and *shape. */
 void rdv_declare_encode(struct wire_buf *b, const char *name, uint64_t partition_bytes,
-			const struct rdv_segs *segs);
+			const struct rdv_segs *segs, const struct rdv_shape *shape);
 int rdv_declare_decode(const void *payload, size_t len, char *name, size_t name_len,
-		       uint64_t *partition_bytes, struct rdv_segs *segs);
+		       uint64_t *partition_bytes, struct rdv_segs *segs, struct rdv_shape *shape);
 void rdv_segs_free(struct rdv_segs *segs);
 
 /* DECLARE reply: the cut and its servers, or a refusal (-error, text).

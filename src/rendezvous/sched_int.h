@@ -47,6 +47,8 @@ struct sched_tensor {
 	struct placement_part *parts;	/* [nparts]: the cut, not always equal */
 	uint32_t *servers;		/* [nparts] */
 	char *poison;			/* why it can never be summed (a mismatch), or NULL */
+	struct rdv_shape shape;		/* the first declaration's that gave one (ndim 0: none) ... */
+	int shape_rank;			/* ... and whose */
 	uint32_t nsegs;			/* a homed cut's segments (0: none) ... */
 	uint64_t segs_hash;		/* ... and their hash, which every declaration must match */
 	uint8_t *forgot;		/* [num_workers] undeclared it (RETIRE), or NULL */

@@ -195,10 +195,35 @@ static uint64_t sched_segs_hash(const struct rdv_segs *segs)
 /* Why worker n's declaration of `name` (dtype, count, pbytes) cannot be
  * answered with tensor t's cut: written into msg with its code, or msg
  * left empty when it can. */
+/* "float32[17, 23, 57]" into buf. */
+static const char *sched_shape_text(int dtype, const struct rdv_shape *shape, char *buf, size_t len)
+{
+	size_t at = (size_t)snprintf(buf, len, "%s[", unisum_dtype_name(dtype));
+	for (uint32_t i = 0; i < shape->ndim && at < len; i++)
+		at += (size_t)snprintf(buf + at, len - at, "%s%llu", i ? ", " : "",
+				       (unsigned long long)shape->dims[i]);
+	if (at < len)
+		snprintf(buf + at, len - at, "]");
+	return buf;
+}
+
+static bool sched_same_shape(const struct rdv_shape *a, const struct rdv_shape *b)
+{
+	if (a->ndim == 0 || b->ndim == 0)
+		return true;	/* one gave none: the counts say enough */
+	if (a->ndim != b->ndim)
+		return false;
+	for (uint32_t i = 0; i < a->ndim; i++)
+		if (a->dims[i] != b->dims[i])
+			return false;
+	return true;
+}
+
 static int sched_refusal(const struct sched_tensor *t, const struct sched_node *n, const char *name,
 			 const struct wire_hdr *req, uint64_t pbytes, const struct rdv_segs *segs,
-			 char *msg, size_t len)
+			 const struct rdv_shape *shape, char *msg, size_t len)
 {
+	char a[200], b[200];
 	if (strcmp(t->name, name) != 0) {
 		snprintf(msg, len, "tensor names '%s' and '%s' hash to the same key 0x%llx: rename one "
 			 "of them", t->name, name, (unsigned long long)t->key);
@@ -208,6 +233,13 @@ static int sched_refusal(const struct sched_tensor *t, const struct sched_node *
 		return UNISUM_EINVAL;
 	} else if (t->poison != NULL) {
 		snprintf(msg, len, "%s", t->poison);
+	} else if (!sched_same_shape(&t->shape, shape) && t->dtype == req->dtype &&
+		   t->count == req->count) {
+		snprintf(msg, len,
+			 "tensor '%s' declared as %s by worker %d but as %s by worker %d: every worker "
+			 "must pass a tensor of the same shape", name,
+			 sched_shape_text(t->dtype, &t->shape, a, sizeof a), t->shape_rank,
+			 sched_shape_text(req->dtype, shape, b, sizeof b), n->rank);
 	} else if (t->nsegs != segs->n || t->segs_hash != sched_segs_hash(segs)) {
 		snprintf(msg, len,
 			 "tensor '%s' was declared by worker %d with %u segments (hash 0x%llx) but by "
@@ -231,7 +263,8 @@ static int sched_refusal(const struct sched_tensor *t, const struct sched_node *
  * UNISUM_ENOMEM, or UNISUM_EPROTO when it cannot be placed. */
 static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *n, const char *name,
 			      uint64_t key, const struct wire_hdr *req, uint64_t pbytes,
-			      const struct rdv_segs *segs, struct sched_tensor **out)
+			      const struct rdv_segs *segs, const struct rdv_shape *shape,
+			      struct sched_tensor **out)
 {
 	if (s->ntensors == s->cap_tensors) {
 		int cap = s->cap_tensors ? s->cap_tensors * 2 : 64;
@@ -265,6 +298,8 @@ static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *
 		return rc == UNISUM_ENOMEM ? rc : UNISUM_EPROTO;
 	t->nsegs = segs->n;
 	t->segs_hash = sched_segs_hash(segs);
+	t->shape = *shape;
+	t->shape_rank = n->rank;
 	s->placed_ms = timing_now_ms();
 	if (LOG_LEVEL_DEBUG >= log_threshold) {
 		for (uint32_t i = 0; i < nparts; i++)
@@ -290,8 +325,9 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 	char name[256];
 	uint64_t pbytes;
 	struct rdv_segs segs;
+	struct rdv_shape shape;
 	size_t esize = unisum_dtype_size(req->dtype);
-	int drc = rdv_declare_decode(payload, len, name, sizeof name, &pbytes, &segs);
+	int drc = rdv_declare_decode(payload, len, name, sizeof name, &pbytes, &segs, &shape);
 	if (drc != 0)
 		return drc;
 	uint64_t seg_total = 0;
@@ -301,7 +337,10 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 			 placement_nparts(segs.counts[i], esize, pbytes) <= PLACEMENT_MAX_PARTS;
 		seg_total += seg_ok ? segs.counts[i] : 0;
 	}
-	if (pbytes < esize || n->role != CONFIG_ROLE_WORKER || !seg_ok ||
+	uint64_t elements = shape.ndim > 0 ? 1 : req->count;
+	for (uint32_t i = 0; i < shape.ndim && seg_ok; i++)
+		seg_ok = !__builtin_mul_overflow(elements, shape.dims[i], &elements);
+	if (pbytes < esize || n->role != CONFIG_ROLE_WORKER || !seg_ok || elements != req->count ||
 	    (segs.n > 0 && seg_total != req->count) ||
 	    (segs.n == 0 && placement_nparts(req->count, esize, pbytes) > PLACEMENT_MAX_PARTS)) {
 		rdv_segs_free(&segs);
@@ -314,9 +353,15 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 	pthread_mutex_lock(&s->lock);
 	struct sched_tensor *t = sched_find_tensor(s, name, key);
 	char msg[768] = "";
-	int rc = 0, code = t != NULL ? sched_refusal(t, n, name, req, pbytes, &segs, msg, sizeof msg)
+	int rc = 0, code = t != NULL ? sched_refusal(t, n, name, req, pbytes, &segs, &shape, msg,
+						     sizeof msg)
 				     : 0;
-	if (t == NULL && (rc = sched_place_tensor(s, n, name, key, req, pbytes, &segs, &t)) != 0) {
+	if (t != NULL && msg[0] == '\0' && t->shape.ndim == 0 && shape.ndim > 0) {
+		t->shape = shape;	/* the first to give one */
+		t->shape_rank = n->rank;
+	}
+	if (t == NULL &&
+	    (rc = sched_place_tensor(s, n, name, key, req, pbytes, &segs, &shape, &t)) != 0) {
 		pthread_mutex_unlock(&s->lock);
 		wire_buf_fini(&b);
 		rdv_segs_free(&segs);

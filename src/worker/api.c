@@ -19,6 +19,7 @@
 #include "log/log.h"
 #include "trace/trace.h"
 #include "worker/local.h"
+#include "rendezvous/rendezvous.h"
 #include "worker/worker.h"
 #include "unisum.h"
 
@@ -157,6 +158,23 @@ int unisum_local_size(void)
 int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int priority)
 {
 	return worker_declare(api(), name, dtype, count, priority);
+}
+
+int unisum_declare_shaped(const char *name, unisum_dtype dtype, int ndim, const int64_t *dims,
+			  int priority)
+{
+	if (ndim < 0 || ndim > RDV_MAX_DIMS || (ndim > 0 && dims == NULL))
+		return log_fail(UNISUM_EINVAL, "unisum_declare_shaped('%s'): ndim must be 0 to %d, "
+				"with dims", name ? name : "", RDV_MAX_DIMS);
+	struct rdv_shape shape = {.ndim = (uint32_t)ndim};
+	uint64_t count = 1;
+	for (int i = 0; i < ndim; i++) {
+		if (dims[i] < 0 || __builtin_mul_overflow(count, (uint64_t)dims[i], &count))
+			return log_fail(UNISUM_EINVAL, "unisum_declare_shaped('%s'): dimension %d is "
+					"%lld", name ? name : "", i, (long long)dims[i]);
+		shape.dims[i] = (uint64_t)dims[i];
+	}
+	return worker_declare_shaped(api(), name, dtype, (size_t)count, &shape, priority);
 }
 
 int unisum_undeclare(int tensor)

@@ -93,9 +93,11 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 				(unsigned long long)pbytes, PLACEMENT_MAX_PARTS);
 	*L = (struct wk_layout){.pbytes = pbytes, .homed = segs != NULL ? segs->hash : 0};
 	char why[768];
+	/* The shape goes with the first cut, the tensor's own declaration. */
 	int rc = rdv_client_declare_homed(w->rdv, wire_name, t->dtype, t->count, pbytes,
 					  segs != NULL ? segs->n : 0, segs != NULL ? segs->counts : NULL,
-					  segs != NULL ? segs->owners : NULL, &L->key, &L->nparts,
+					  segs != NULL ? segs->owners : NULL,
+					  t->ncuts == 0 ? &t->shape : NULL, &L->key, &L->nparts,
 					  &L->parts, &L->servers, why, sizeof why);
 	if (rc != 0) {
 		rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, w->rank, why);

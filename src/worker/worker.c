@@ -500,6 +500,12 @@ static int wk_tensor_known(struct worker *w, const char *name, unisum_dtype dtyp
 int worker_declare(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
 		   int priority)
 {
+	return worker_declare_shaped(w, name, dtype, count, NULL, priority);
+}
+
+int worker_declare_shaped(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
+			  const struct rdv_shape *shape, int priority)
+{
 	if (wk_require_init(w) != 0)
 		return UNISUM_ENOTINIT;
 	if (name == NULL || name[0] == '\0' || strlen(name) >= sizeof ((struct wk_tensor *)0)->name)
@@ -523,6 +529,8 @@ int worker_declare(struct worker *w, const char *name, unisum_dtype dtype, size_
 	t->count = count;
 	t->esize = esize;
 	t->priority = priority;
+	if (shape != NULL)
+		t->shape = *shape;
 	t->cuts = calloc(1, sizeof *t->cuts);
 	rc = t->cuts == NULL ? UNISUM_ENOMEM
 			     : wk_cut(t, name, w->cfg.partition_bytes, NULL, &t->cuts[0]);

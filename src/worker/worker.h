@@ -41,6 +41,9 @@ int worker_local_size(const struct worker *w);
 
 int worker_declare(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
 		   int priority);
+struct rdv_shape;
+int worker_declare_shaped(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
+			  const struct rdv_shape *shape, int priority);
 int worker_undeclare(struct worker *w, int tensor);
 int worker_push_pull_async(struct worker *w, int tensor, const void *in, void *out, int flags,
 			   unisum_handle *h);

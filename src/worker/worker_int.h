@@ -58,6 +58,7 @@ struct wk_tensor {
 	struct wk_layout *cuts;		/* [0]: UNISUM_PARTITION_BYTES; more for autotune */
 	int ncuts;
 	uint32_t nhomed;		/* homed cuts declared so far (names NAME#0, #1, ...) */
+	struct rdv_shape shape;		/* as declared (ndim 0: none), sent with the first cut */
 	uint32_t round;			/* next round (training step) */
 	bool busy;			/* an operation is in flight */
 };

@@ -681,6 +681,34 @@ static int work_traffic(struct job *j, int rank, char *msg, size_t len)
 	return 0;
 }
 
+/* Shapes: the same dimensions agree, and so does a declaration without
+ * any; another shape of as many elements fails on every rank, naming
+ * both. */
+static int work_shapes(struct job *j, int rank, char *msg, size_t len)
+{
+	struct worker *w = j->w[rank];
+	struct rdv_shape same = {.ndim = 2, .dims = {6, 7}};
+	int id = worker_declare_shaped(w, "shape.same", UNISUM_FLOAT32, 42, &same, 0);
+	if (id < 0)
+		FAIL(id, "declare shape.same: %s", unisum_last_error());
+	id = rank == 0 ? worker_declare(w, "shape.flat", UNISUM_FLOAT32, 42, 0)
+		       : worker_declare_shaped(w, "shape.flat", UNISUM_FLOAT32, 42, &same, 0);
+	if (id < 0)
+		FAIL(id, "declare shape.flat: %s", unisum_last_error());
+	struct rdv_shape other = {.ndim = 3, .dims = {6, 7, 1}};
+	int rc = worker_declare_shaped(w, "shape.differs", UNISUM_FLOAT32, 42,
+				       rank == j->nworkers - 1 ? &other : &same, 0);
+	float in[42] = {0}, out[42];
+	if (rc >= 0)
+		rc = push_pull(w, rc, in, out, 0);
+	if (rc != UNISUM_EMISMATCH)
+		FAIL(0, "ranks declaring [6, 7] and [6, 7, 1] got %s, not UNISUM_EMISMATCH: %s",
+		     unisum_strerror(rc), unisum_last_error());
+	if (strstr(unisum_last_error(), "[6, 7") == NULL)
+		FAIL(0, "the error does not name the shapes: %s", unisum_last_error());
+	return 0;
+}
+
 /* Ranks that pass different counts to an allgather fail on every rank
  * with UNISUM_EMISMATCH, like ranks that call different collectives. */
 static int work_layout_disagree(struct job *j, int rank, char *msg, size_t len)
@@ -826,6 +854,7 @@ static void test_disagreement(void **state)
 	job_start(&j, 2, 2, 1, 4 * PART_BYTES, 1);
 	each_rank(&j, work_main, work_disagree);
 	each_rank(&j, work_main, work_layout_disagree);
+	each_rank(&j, work_main, work_shapes);
 	job_stop(&j);
 }
 

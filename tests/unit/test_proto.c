@@ -171,7 +171,8 @@ static int decode_declare(const void *p, size_t len)
 	char name[256];
 	uint64_t pbytes;
 	struct rdv_segs segs;
-	int rc = rdv_declare_decode(p, len, name, sizeof name, &pbytes, &segs);
+	struct rdv_shape shape;
+	int rc = rdv_declare_decode(p, len, name, sizeof name, &pbytes, &segs, &shape);
 	rdv_segs_free(&segs);
 	return rc;
 }
@@ -181,39 +182,48 @@ static void test_declare_request(void **state)
 	(void)state;
 	struct wire_buf b;
 	wire_buf_init(&b);
-	rdv_declare_encode(&b, "gradient.fc1.weight", 4096000, NULL);
+	rdv_declare_encode(&b, "gradient.fc1.weight", 4096000, NULL, NULL);
 	char name[256];
 	uint64_t pbytes = 0;
 	struct rdv_segs segs;
-	assert_int_equal(rdv_declare_decode(b.data, b.len, name, sizeof name, &pbytes, &segs), 0);
+	struct rdv_shape shape;
+	assert_int_equal(rdv_declare_decode(b.data, b.len, name, sizeof name, &pbytes, &segs, &shape),
+			 0);
 	assert_string_equal(name, "gradient.fc1.weight");
 	assert_true(pbytes == 4096000);
 	assert_int_equal(segs.n, 0);
+	assert_int_equal(shape.ndim, 0);
 	refuses_every_cut(&b, decode_declare);
-	size_t plain = b.len;
 	wire_buf_fini(&b);
 
-	/* A homed cut's segments round-trip; a request cut anywhere inside
-	 * them, or holding none of the n it announces, is refused. */
+	/* A homed cut's segments and a shape round-trip; every truncation
+	 * is refused. */
 	uint64_t counts[3] = {1000, 0, 1ull << 40};
 	uint32_t owners[3] = {2, 0, 7};
 	struct rdv_segs in = {.n = 3, .counts = counts, .owners = owners};
+	struct rdv_shape dims = {.ndim = 3, .dims = {17, 23, 57}};
 	wire_buf_init(&b);
-	rdv_declare_encode(&b, "allgather.3", 65536, &in);
-	assert_int_equal(rdv_declare_decode(b.data, b.len, name, sizeof name, &pbytes, &segs), 0);
+	rdv_declare_encode(&b, "allgather.3", 65536, &in, &dims);
+	assert_int_equal(rdv_declare_decode(b.data, b.len, name, sizeof name, &pbytes, &segs, &shape),
+			 0);
 	assert_int_equal(segs.n, 3);
 	for (int i = 0; i < 3; i++) {
 		assert_true(segs.counts[i] == counts[i]);
 		assert_int_equal(segs.owners[i], owners[i]);
 	}
+	assert_int_equal(shape.ndim, 3);
+	assert_true(shape.dims[0] == 17 && shape.dims[1] == 23 && shape.dims[2] == 57);
 	rdv_segs_free(&segs);
-	for (size_t cut = plain - strlen("gradient.fc1.weight") + strlen("allgather.3") + 1; cut < b.len;
-	     cut++)
-		assert_int_equal(decode_declare(b.data, cut), UNISUM_EPROTO);
+	refuses_every_cut(&b, decode_declare);
 	wire_buf_fini(&b);
+	/* More dimensions than a shape holds are refused. */
 	wire_buf_init(&b);
-	rdv_declare_encode(&b, "x", 4096, NULL);
+	wire_buf_str(&b, "x");
+	wire_buf_u64(&b, 4096);
 	wire_buf_u32(&b, 0);
+	wire_buf_u32(&b, RDV_MAX_DIMS + 1);
+	for (int i = 0; i < RDV_MAX_DIMS + 1; i++)
+		wire_buf_u64(&b, 1);
 	assert_int_equal(decode_declare(b.data, b.len), UNISUM_EPROTO);
 	wire_buf_fini(&b);
 }
