@@ -118,12 +118,19 @@ class _Op:
         self.then = then
 
 
-def _advance(op: _Op) -> None:
+def _advance(handle: int, op: _Op) -> None:
     """Starts op's next stage (its C operation is done); op.done when
-    none is left."""
+    none is left.  A stage that fails ends the operation (handle gone,
+    finished) and raises."""
     step, op.then = op.then, None
     assert step is not None
-    c_handle = step(op)
+    try:
+        c_handle = step(op)
+    except BaseException:
+        with _lock:
+            _ops.pop(handle, None)
+        op.finish()
+        raise
     if c_handle is None:
         op.done = True
     else:
@@ -578,13 +585,7 @@ def poll(handle: int) -> bool:
         if rc == 0:
             return False
         if rc > 0 and op.then is not None:
-            try:
-                _advance(op)
-            except BaseException:
-                with _lock:
-                    _ops.pop(handle, None)
-                op.finish()
-                raise
+            _advance(handle, op)
             continue
         op.done = True
         if rc < 0:
@@ -618,13 +619,7 @@ def synchronize(handle: int) -> torch.Tensor:
     # none, and they are done from the start).
     rc = 0 if op.done else _wait(cast(int, op.c_handle))
     while rc == 0 and op.then is not None:
-        try:
-            _advance(op)
-        except BaseException:
-            with _lock:
-                _ops.pop(handle, None)
-            op.finish()
-            raise
+        _advance(handle, op)
         rc = 0 if op.done else _wait(cast(int, op.c_handle))
     err = _capi.error(rc, "unisum.torch: push_pull") if rc < 0 else None
     with _lock:

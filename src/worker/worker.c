@@ -225,8 +225,8 @@ static void wk_tensor_free(struct wk_tensor *t)
 	free(t);
 }
 
-/* Frees what an operation owns beside itself. */
-static void wk_op_free(struct wk_op *op)
+/* Frees what an operation (or the template of one) owns beside itself. */
+static void wk_op_free_owned(const struct wk_op *op)
 {
 	free(op->direct);
 	free(op->segs.counts);
@@ -235,6 +235,11 @@ static void wk_op_free(struct wk_op *op)
 	free(op->push_spans);
 	free(op->pull_spans);
 	free(op->scratch);
+}
+
+static void wk_op_free(struct wk_op *op)
+{
+	wk_op_free_owned(op);
 	free(op);
 }
 
@@ -637,13 +642,7 @@ static int wk_start(struct worker *w, int tensor, const struct wk_op *tmpl, unis
 {
 	struct wk_op *op = calloc(1, sizeof *op);
 	if (op == NULL) {
-		free(tmpl->direct);
-		free(tmpl->segs.counts);
-		free(tmpl->segs.owners);
-		free(tmpl->own_spans);
-		free(tmpl->push_spans);
-		free(tmpl->pull_spans);
-		free(tmpl->scratch);
+		wk_op_free_owned(tmpl);
 		return UNISUM_ENOMEM;
 	}
 	*op = *tmpl;
