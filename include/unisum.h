@@ -104,6 +104,37 @@ int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int prior
 int unisum_declare_shaped(const char *name, unisum_dtype dtype, int ndim, const int64_t *dims,
 			  int priority);
 
+/* Starts the timeline now (Horovod's start_timeline): every operation
+ * from here on, as UNISUM_TRACE_ON records it (README: "Priority, credit,
+ * timeline and autotune"), into the Chrome trace-event JSON file `path`, until
+ * unisum_timeline_stop() or unisum_shutdown().  UNISUM_EBUSY while a
+ * timeline is being written (UNISUM_TRACE_ON's too). */
+int unisum_timeline_start(const char *path);
+int unisum_timeline_stop(void);
+
+/* Process sets (Horovod's): a subgroup of the ranks, `ranks` in any
+ * order, each once.  Returns the set's id (>= 1; 0 is the global set of
+ * every rank) or a negative error (UNISUM_EINVAL for a bad or repeated
+ * rank, or ranks that are a set already).  Local: every member adds the
+ * same ranks, and non-members need not.  Ids count from 1 in the order a
+ * worker adds sets; the set is its ranks, not its id. */
+int unisum_process_set_add(const int *ranks, int nranks);
+
+/* Removes process set `set` and undeclares its tensors (UNISUM_EBUSY
+ * while an operation on one of them has not been waited for). */
+int unisum_process_set_remove(int set);
+
+/* unisum_declare_shaped for process set `set` (0: the global set, as
+ * unisum_declare_shaped).  Only its members declare it, and push_pull and
+ * broadcast on it run among them alone: its own keys and rounds, summed on
+ * the job's servers (which it needs: UNISUM_ECONFIG without one) over
+ * each member's push; UNISUM_AVERAGE divides by the set's size, and a
+ * broadcast's root is a member's rank.  The same name in two sets is two
+ * tensors.  UNISUM_EINVAL for a worker outside the set; the gathering
+ * collectives take tensors of the global set only. */
+int unisum_declare_in(int set, const char *name, unisum_dtype dtype, int ndim,
+		      const int64_t *dims, int priority);
+
 /* This worker is done with the tensor for good: its id is free (a later
  * unisum_declare may return it for another name), and once every worker
  * has undeclared it, the scheduler, the servers and the machine's shared

@@ -36,8 +36,16 @@ What works as in Horovod, and what does not yet (issue 17):
   ``ddl_built``, ``cuda_built``, ``rocm_built`` and the ``*_enabled``
   queries answer False: unisum runs neither MPI nor gloo nor NCCL; its
   collectives run on its own Summation Service (``unisum_built`` is True).
-* Process sets: only the global one (``global_process_set``, or None);
-  ``add_process_set`` raises NotImplementedError for now.
+* Process sets: ``ProcessSet``, ``add_process_set``, ``remove_process_set``,
+  ``global_process_set``, ``init(process_sets=...)`` and ``process_set=`` on
+  every collective, ``barrier``, ``broadcast_object`` and
+  ``DistributedOptimizer``.  A set's collectives run among its members
+  alone, on tensors and rounds of their own on the same servers (C:
+  ``unisum_declare_in``); each member pushes for itself (the machine's
+  local reduce serves the global set).  Differences from Horovod:
+  ``add_process_set`` is local (only members need call it), and in a set
+  the gathering collectives push_pull one zero-padded buffer of the whole
+  result instead of moving only each machine's share.
 """
 
 from __future__ import annotations
@@ -64,7 +72,7 @@ __all__ = [
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "allgather", "allgather_async", "grouped_allgather", "allgather_object",
     "reducescatter", "reducescatter_async", "grouped_reducescatter",
-    "alltoall", "alltoall_async",
+    "alltoall", "alltoall_async", "sparse_allreduce_async", "SyncBatchNorm",
 ]
 
 # Horovod's ReduceOp values (horovod.torch.mpi_ops).
@@ -81,37 +89,110 @@ HorovodInternalError = UnisumError
 
 
 class ProcessSet:
-    """A group of ranks that runs collectives of its own.  Only the global
-    set (every rank) exists in unisum so far."""
+    """A group of ranks that runs collectives of its own (Horovod's): pass
+    it to add_process_set(), then as `process_set=` to any collective.
+    Its collectives run among its members alone, on tensors and rounds of
+    their own, summed on the job's servers (unisum_declare_in)."""
 
-    def __init__(self, ranks: Optional[Sequence[int]] = None) -> None:
-        self.ranks = None if ranks is None else list(ranks)
-        self.process_set_id = 0 if ranks is None else None
+    process_set_id: Optional[int] = None
+    ranks: Optional[List[int]] = None
 
-    def __repr__(self) -> str:
+    def __init__(self, ranks_or_comm: Sequence[int]) -> None:
+        ranks = sorted(ranks_or_comm)
+        if any(not isinstance(r, int) for r in ranks):
+            raise ValueError("unisum.torch: ProcessSet takes a list of ranks (unisum has no "
+                             "MPI communicators)")
+        self.ranks = ranks
+
+    def _invalidate(self) -> None:
+        self.process_set_id = None
+
+    def size(self) -> Optional[int]:
+        """How many ranks it has, or None before add_process_set()."""
+        if self.process_set_id is None:
+            return None
+        return _t.size() if self.process_set_id == 0 else len(self.ranks or [])
+
+    def rank(self) -> Optional[int]:
+        """This worker's place among the set's ranks (None before
+        add_process_set(), or outside the set).  Collectives still take
+        global ranks (broadcast's root_rank), as in Horovod."""
+        if self.process_set_id is None:
+            return None
+        if self.process_set_id == 0:
+            return _t.rank()
+        me = _t.rank()
+        return (self.ranks or []).index(me) if me in (self.ranks or []) else None
+
+    def included(self) -> Optional[bool]:
+        """Whether this worker is in the set."""
+        if self.process_set_id == 0:
+            return True
+        return None if self.ranks is None else _t.rank() in self.ranks
+
+    def __str__(self) -> str:
         return "ProcessSet(process_set_id=%s, ranks=%s)" % (self.process_set_id, self.ranks)
 
+    __repr__ = __str__
 
-global_process_set = ProcessSet()
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
 
 
 def add_process_set(process_set: Any) -> ProcessSet:
-    """Not yet: raises NotImplementedError (issue 17)."""
-    raise NotImplementedError("unisum.torch: process sets other than the global one are not "
-                              "implemented yet; run the collective on every rank")
+    """Adds a process set (a ProcessSet or a list of ranks) and returns it
+    with its id.  Unlike Horovod, only its members need to call it (it is
+    local to each worker); ids count from 1 in the order a worker adds
+    sets, and a set is known on the wire by its ranks, not its id.
+
+    Raises:
+        ValueError: For ranks outside the job, a rank twice, or ranks that
+            are a set already (every rank is the global set).
+    """
+    _t._require_init()
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    ranks = process_set.ranks or []
+    if ranks == list(range(_t.size())):
+        raise ValueError("unisum.torch: attempted to add a duplicate process set: %s holds every "
+                         "rank, which is the global process set" % (process_set,))
+    arr = (ctypes.c_int * len(ranks))(*ranks)
+    rc = _capi.lib.unisum_process_set_add(arr, len(ranks))
+    if rc == _capi.EINVAL:
+        raise ValueError("unisum.torch: cannot add process set %s: %s" % (
+            process_set, _capi.lib.unisum_last_error().decode("utf-8", "replace")))
+    process_set.process_set_id = _capi.check(rc, "unisum.torch: add_process_set")
+    return process_set
 
 
-def remove_process_set(process_set: Any) -> bool:
-    """Not yet: raises NotImplementedError (issue 17)."""
-    raise NotImplementedError("unisum.torch: process sets other than the global one are not "
-                              "implemented yet")
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Removes a process set added with add_process_set() (its tensors are
+    undeclared) and returns True; False for the global set or a set not
+    added."""
+    pid = getattr(process_set, "process_set_id", None)
+    if pid is None or pid == 0:
+        return False
+    process_set._invalidate()
+    with _t._lock:
+        for name in [n for n in _t._tensors if n.startswith("%s%d%s" % (_t._SET_TAG, pid,
+                                                                          _t._SET_TAG))]:
+            del _t._tensors[name]
+        _t._calls.pop(pid, None)
+    return _capi.lib.unisum_process_set_remove(int(pid)) == 0
 
 
-def _global_only(process_set: Optional[ProcessSet]) -> None:
-    """Raises NotImplementedError for a process set other than the global one."""
-    if process_set is not None and process_set is not global_process_set:
-        raise NotImplementedError("unisum.torch: only the global process set is implemented; "
-                                  "got %r" % (process_set,))
+class _Group:
+    """Where a collective runs: process set `pset` (0: every worker), its
+    member ranks in order, this worker's index among them."""
+
+    def __init__(self, process_set: Any) -> None:
+        self.pset = _t._pset_of(process_set)
+        self.ranks = list(range(_t.size())) if self.pset == 0 else list(process_set.ranks)
+        me = _t.rank()
+        if me not in self.ranks:
+            raise ValueError("unisum.torch: rank %d is not in %s" % (me, process_set))
+        self.n, self.k = len(self.ranks), self.ranks.index(me)
 
 
 def is_initialized() -> bool:
@@ -192,7 +273,7 @@ def _allreduce_start(tensor: torch.Tensor, average: Optional[bool], name: Option
                      process_set: Optional[ProcessSet], inplace: bool) -> int:
     """Starts an allreduce; returns its handle (see allreduce_async)."""
     flags = _reduce_flags(average, op)
-    _global_only(process_set)
+    pset = _t._pset_of(process_set)
     if prescale_factor != 1.0:
         if inplace:
             tensor.copy_(_t._scaled(tensor.detach(), prescale_factor))
@@ -201,7 +282,7 @@ def _allreduce_start(tensor: torch.Tensor, average: Optional[bool], name: Option
     return _busy_as_value_error(lambda: _t._start(tensor, flags == _capi.AVERAGE,
                                                   _shaped_name(name, tensor), 0,
                                                   inplace, scale=float(postscale_factor),
-                                                  flags=flags))
+                                                  flags=flags, pset=pset))
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
@@ -221,11 +302,12 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
             reduced on the servers.
         prescale_factor: Multiplies the input before the reduction.
         postscale_factor: Multiplies the result.
-        process_set: The global process set (or None).
+        process_set: A process set (add_process_set) whose members alone
+            reduce (Average divides by their number); None or
+            global_process_set for every worker.
 
     Raises:
-        NotImplementedError: For op Adasum, and for a process set other
-            than the global one.
+        NotImplementedError: For op Adasum.
         ValueError: When both `average` and `op` are given.
         TypeError, UnisumError: As push_pull_async().
     """
@@ -248,17 +330,18 @@ class _AllreduceFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, average: Optional[bool], name: Optional[str],
-                op: Optional[int], prescale: float, postscale: float) -> torch.Tensor:
-        ctx.args = (average, op, prescale, postscale)
+                op: Optional[int], prescale: float, postscale: float,
+                process_set: Any) -> torch.Tensor:
+        ctx.args = (average, op, prescale, postscale, process_set)
         return _t.synchronize(_allreduce_start(tensor, average, name, op, prescale, postscale,
-                                               None, inplace=False))
+                                               process_set, inplace=False))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        average, op, prescale, postscale = ctx.args
+        average, op, prescale, postscale, process_set = ctx.args
         reduced = _t.synchronize(_allreduce_start(grad.contiguous(), average, None, op, prescale,
-                                                  postscale, None, inplace=False))
-        return reduced, None, None, None, None, None
+                                                  postscale, process_set, inplace=False))
+        return reduced, None, None, None, None, None, None
 
 
 def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -269,17 +352,18 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     tensor; differentiable.  The arguments are allreduce_async()'s, and
     `compression` is Compression.none or Compression.fp16 (the tensor
     travels as float16)."""
-    _global_only(process_set)
     if compression is not None and compression is not _t.Compression.none:
         sent, ctx = compression.compress(tensor)
         return compression.decompress(
-            allreduce(sent, average, name, None, op, prescale_factor, postscale_factor), ctx)
+            allreduce(sent, average, name, None, op, prescale_factor, postscale_factor,
+                      process_set), ctx)
     if tensor.requires_grad and torch.is_grad_enabled():
         out: torch.Tensor = _AllreduceFn.apply(tensor, average, name, op,
-                                               float(prescale_factor), float(postscale_factor))
+                                               float(prescale_factor), float(postscale_factor),
+                                               process_set)
         return out
     return _t.synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
-                                          postscale_factor))
+                                          postscale_factor, process_set))
 
 
 def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -331,23 +415,25 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = 
     tensor; returns a handle for poll() / synchronize().  Every worker
     passes a tensor of the same shape and dtype.
 
+    With a `process_set`, its members alone take part (root_rank, a
+    global rank, one of them).
+
     Raises:
-        NotImplementedError: For a process set other than the global one.
         TypeError, UnisumError: As push_pull_async().
     """
-    _global_only(process_set)
+    pset = _t._pset_of(process_set)
     return _busy_as_value_error(lambda: _t._broadcast_start(tensor, root_rank,
                                                             _shaped_name(name, tensor),
-                                                            inplace=False))
+                                                            inplace=False, pset=pset))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                      process_set: Optional[ProcessSet] = None) -> int:
     """As broadcast_async, into `tensor` itself."""
-    _global_only(process_set)
+    pset = _t._pset_of(process_set)
     return _busy_as_value_error(lambda: _t._broadcast_start(tensor, root_rank,
                                                             _shaped_name(name, tensor),
-                                                            inplace=True))
+                                                            inplace=True, pset=pset))
 
 
 class _BroadcastFn(torch.autograd.Function):
@@ -356,28 +442,26 @@ class _BroadcastFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int,
-                name: Optional[str]) -> torch.Tensor:
-        ctx.root_rank = root_rank
-        return _t.synchronize(_t._broadcast_start(tensor, root_rank, _shaped_name(name, tensor),
-                                                  inplace=False))
+                name: Optional[str], process_set: Any) -> torch.Tensor:
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return _t.synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         reduced = _t.synchronize(_allreduce_start(grad.contiguous(), True, None, None, 1.0, 1.0,
-                                                  None, inplace=False))
+                                                  ctx.process_set, inplace=False))
         if _t.rank() != ctx.root_rank:
             reduced = reduced * 0
-        return reduced, None, None
+        return reduced, None, None, None
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
               process_set: Optional[ProcessSet] = None) -> torch.Tensor:
     """root_rank's `tensor` on every worker, in a new tensor; differentiable."""
-    _global_only(process_set)
     if tensor.requires_grad and torch.is_grad_enabled():
-        out: torch.Tensor = _BroadcastFn.apply(tensor, root_rank, name)
+        out: torch.Tensor = _BroadcastFn.apply(tensor, root_rank, name, process_set)
         return out
-    return _t.synchronize(broadcast_async(tensor, root_rank, name))
+    return _t.synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
@@ -430,7 +514,7 @@ def _busy_as_value_error(start: Callable[[], int]) -> int:
         raise
 
 
-def _shapes_start(tensor: torch.Tensor, what: str) -> int:
+def _shapes_start(tensor: torch.Tensor, what: str, grp: _Group) -> int:
     """Starts the push_pull of every rank's shape record (rows, dimensions,
     dtype, trailing dimensions) that an allgather waits for, as Horovod's
     coordinator does; returns its handle (_shapes_rows reads its output)."""
@@ -439,12 +523,11 @@ def _shapes_start(tensor: torch.Tensor, what: str) -> int:
     if tensor.dtype not in _DTYPE_CODES or tensor.dim() > _RECORD - 3:
         raise TypeError("unisum.torch: %s of %s tensors of %d dimensions is not supported"
                         % (what, tensor.dtype, tensor.dim()))
-    n, r = _t.size(), _t.rank()
-    rec = torch.zeros(n, _RECORD, dtype=torch.int64)
+    rec = torch.zeros(grp.n, _RECORD, dtype=torch.int64)
     dims = list(tensor.shape)
-    rec[r, :3] = torch.tensor([dims[0], len(dims), _DTYPE_CODES[tensor.dtype]])
-    rec[r, 3:3 + len(dims) - 1] = torch.tensor(dims[1:], dtype=torch.int64)
-    return _t.push_pull_async(rec, average=False)
+    rec[grp.k, :3] = torch.tensor([dims[0], len(dims), _DTYPE_CODES[tensor.dtype]])
+    rec[grp.k, 3:3 + len(dims) - 1] = torch.tensor(dims[1:], dtype=torch.int64)
+    return _t._start(rec, False, None, 0, False, pset=grp.pset)
 
 
 def _shapes_rows(recs_tensor: torch.Tensor, what: str) -> List[int]:
@@ -469,14 +552,74 @@ def _widened(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.dtype in _t._DTYPES else tensor.to(torch.int32)
 
 
+def _set_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
+                counts: List[int], after: Callable[[], None], flags: int,
+                grp: _Group) -> Tuple[Optional[int], Callable[[], None]]:
+    """_gather_launch in a process set: the C library's gathering
+    collectives run on the global set only, so here the members push_pull
+    one buffer of the whole result, each zero outside its own part (a sum
+    of zeros and one value is that value, exactly, whatever the dtype), and
+    each copies its part out.  Costs a push_pull of the whole result."""
+    n, k = grp.n, grp.k
+    flat = send.reshape(-1)
+    if kind == "allgather":
+        start = sum(counts[:k])
+        buf = torch.zeros(sum(counts), dtype=send.dtype)
+        buf[start:start + counts[k]] = flat
+        lo, hi = 0, buf.numel()
+    elif kind == "reducescatter":
+        buf = flat.clone()
+        lo = sum(counts[:k])
+        hi = lo + counts[k]
+    else:
+        # counts[q * n + j]: source q's elements for j; laid out by
+        # destination, then source, as the C library's alltoall.
+        at, pos = 0, {}
+        for j in range(n):
+            for q in range(n):
+                pos[(q, j)] = at
+                at += counts[q * n + j]
+        buf = torch.zeros(at, dtype=send.dtype)
+        src = 0
+        for j in range(n):
+            c = counts[k * n + j]
+            buf[pos[(k, j)]:pos[(k, j)] + c] = flat[src:src + c]
+            src += c
+        lo = pos[(0, k)] if n else 0
+        hi = lo + sum(counts[q * n + k] for q in range(n))
+    wire = _t._in_set(grp.pset, name)
+
+    def finish(_alive: torch.Tensor = buf) -> None:
+        recv.reshape(-1).copy_(buf[lo:hi])
+        after()
+        _t._undeclare(wire)
+
+    if buf.numel() == 0:
+        finish()
+        return None, lambda: None
+    tid = _t._declared(wire, buf.dtype, buf.numel(), 0)
+    h = ctypes.c_int64(0)
+    try:
+        _capi.check(_capi.lib.unisum_push_pull_async(tid, buf.data_ptr(), buf.data_ptr(), flags,
+                                                     ctypes.byref(h)), "unisum.torch: " + kind)
+    except BaseException:
+        _t._undeclare(wire)
+        raise
+    return h.value, finish
+
+
 def _gather_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
                    counts: List[int], after: Callable[[], None],
-                   flags: int = 0) -> Tuple[Optional[int], Callable[[], None]]:
+                   flags: int = 0, grp: Optional[_Group] = None
+                   ) -> Tuple[Optional[int], Callable[[], None]]:
     """Starts the C library's allgather, reduce-scatter or alltoall (`kind`)
     of `send` into `recv` with the layout `counts` on the one-shot tensor
     `name` of sum(counts) elements (alltoall: of the n x n counts).
     Returns its C handle and what finishes it (runs `after`, forgets the
-    tensor); with nothing to move, None and a finish already run."""
+    tensor); with nothing to move, None and a finish already run.  In a
+    process set (`grp`), see _set_launch."""
+    if grp is not None and grp.pset != 0:
+        return _set_launch(kind, name, send, recv, counts, after, flags, grp)
     total = sum(counts)
     tid = _t._declared(name, send.dtype, total, 0)
     # An empty side still needs an address; nothing is read or written there.
@@ -553,19 +696,23 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     then the rows.  On the servers: each machine pushes only its rows and
     pulls the whole result.
 
+    With a `process_set`, its members' tensors, in the order of their
+    ranks.
+
     Raises:
         ValueError: For a tensor of no dimensions, or a `name` that has a
             collective in flight.
     """
-    _global_only(process_set)
+    grp = _Group(process_set)
     src = tensor.detach().contiguous()
     release = _claim_name(name, "allgather")
     try:
-        first = _shapes_start(src, "allgather")
+        first = _shapes_start(src, "allgather", grp)
     except BaseException:
         release()
         raise
-    data_name = _t._by_order("allgather")   # reserved now: every rank in the same order
+    # Reserved now: every rank in the same order.
+    data_name = _t._by_order("allgather", pset=grp.pset)
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
         rows = _shapes_rows(op.output, "allgather")
@@ -581,7 +728,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
 
         op.send, op.recv, op.output = send, recv, output
         return _gather_launch("allgather", data_name, send, recv, [q * per_row for q in rows],
-                              after)
+                              after, 0, grp)
 
     return _chain(first, stage, release)
 
@@ -591,43 +738,45 @@ class _AllgatherFn(torch.autograd.Function):
     average over the ranks of the gradient, narrowed to this rank's rows."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str]) -> torch.Tensor:
-        ctx.dim = tensor.shape[0]
-        return _t.synchronize(allgather_async(tensor, name))
+    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str],
+                process_set: Any) -> torch.Tensor:
+        ctx.dim, ctx.process_set = tensor.shape[0], process_set
+        return _t.synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        reduced = allreduce(grad.contiguous(), average=True)
-        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64))
-        offset = int(dims[:_t.rank()].sum().item())
-        return reduced.narrow(0, offset, ctx.dim), None
+        reduced = allreduce(grad.contiguous(), average=True, process_set=ctx.process_set)
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int64),
+                         process_set=ctx.process_set)
+        offset = int(dims[:_Group(ctx.process_set).k].sum().item())
+        return reduced.narrow(0, offset, ctx.dim), None, None
 
 
 def allgather(tensor: torch.Tensor, name: Optional[str] = None,
               process_set: Optional[ProcessSet] = None) -> torch.Tensor:
     """Every rank's `tensor` concatenated along the first dimension, in rank
     order; differentiable.  See allgather_async()."""
-    _global_only(process_set)
     if tensor.requires_grad and torch.is_grad_enabled():
-        out: torch.Tensor = _AllgatherFn.apply(tensor, name)
+        out: torch.Tensor = _AllgatherFn.apply(tensor, name, process_set)
         return out
-    return _t.synchronize(allgather_async(tensor, name))
+    return _t.synchronize(allgather_async(tensor, name, process_set))
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                       process_set: Optional[ProcessSet] = None) -> List[torch.Tensor]:
     """allgather of each tensor of the list; returns the results in order."""
-    _global_only(process_set)
-    return [allgather(t) for t in tensors]
+    return [allgather(t, None if name is None else "%s.%d" % (name, i), process_set)
+            for i, t in enumerate(tensors)]
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set: Optional[ProcessSet] = None) -> List[Any]:
-    """Every rank's picklable `obj`, in rank order."""
-    _global_only(process_set)
+    """Every rank's picklable `obj` (of a `process_set`: its members'), in
+    rank order."""
     data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-    sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64)).tolist()
-    gathered = allgather(data)
+    sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64),
+                      process_set=process_set).tolist()
+    gathered = allgather(data, process_set=process_set)
     out, at = [], 0
     for n in sizes:
         out.append(pickle.loads(gathered[at:at + n].numpy().tobytes()))
@@ -635,10 +784,10 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     return out
 
 
-def _my_rows(rows: int) -> Tuple[int, int]:
+def _my_rows(rows: int, grp: _Group) -> Tuple[int, int]:
     """This rank's first row and row count of a tensor of `rows` rows split
-    over the ranks as torch.tensor_split does."""
-    n, r = _t.size(), _t.rank()
+    over the group's ranks as torch.tensor_split does."""
+    n, r = grp.n, grp.k
     base, extra = divmod(rows, n)
     return r * base + min(r, extra), base + (1 if r < extra else 0)
 
@@ -649,8 +798,9 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
     """Starts reducing `tensor` over the ranks (Average, or Sum) and keeping
     this rank's rows of the result; returns a handle for synchronize().  On
     the servers: every machine pushes the whole tensor and pulls only its
-    ranks' rows."""
-    _global_only(process_set)
+    ranks' rows.  With a `process_set`, over its members (their rows in
+    the order of their ranks)."""
+    grp = _Group(process_set)
     if tensor.dim() == 0:
         raise ValueError("unisum.torch: reducescatter needs a tensor of at least one dimension")
     op = Average if op is None else op
@@ -664,12 +814,12 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
     if send.dtype not in _t._DTYPES:
         raise TypeError("unisum.torch: reducescatter of %s tensors is not supported; use one of %s"
                         % (send.dtype, ", ".join(str(d) for d in _t._DTYPES)))
-    n, rows = _t.size(), send.shape[0]
+    n, rows = grp.n, send.shape[0]
     trailing = list(send.shape[1:])
     per_row = math.prod(trailing)
     base, extra = divmod(rows, n)
     counts = [(base + (1 if q < extra else 0)) * per_row for q in range(n)]
-    _, mine = _my_rows(rows)
+    _, mine = _my_rows(rows, grp)
     recv = torch.empty([mine] + trailing, dtype=send.dtype)
 
     def after() -> None:
@@ -678,8 +828,9 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
 
     release = _claim_name(name, "reducescatter")
     try:
-        c, finish = _gather_launch("reducescatter", _t._by_order("reducescatter"), send, recv,
-                                   counts, after, _capi.AVERAGE if op == Average else 0)
+        c, finish = _gather_launch("reducescatter", _t._by_order("reducescatter", pset=grp.pset),
+                                   send, recv, counts, after,
+                                   _capi.AVERAGE if op == Average else 0, grp)
     except BaseException:
         release()
         raise
@@ -703,15 +854,15 @@ class _ReducescatterFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str], op: int, pre: float,
-                post: float) -> torch.Tensor:
-        ctx.args = (op, pre, post)
-        return _t.synchronize(reducescatter_async(tensor, name, op, None, pre, post))
+                post: float, process_set: Any) -> torch.Tensor:
+        ctx.args = (op, pre, post, process_set)
+        return _t.synchronize(reducescatter_async(tensor, name, op, process_set, pre, post))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        op, pre, post = ctx.args
-        grad = grad * (_t.size() if op == Sum else 1) * pre * post
-        return allgather(grad.contiguous()), None, None, None, None
+        op, pre, post, process_set = ctx.args
+        grad = grad * (_Group(process_set).n if op == Sum else 1) * pre * post
+        return allgather(grad.contiguous(), process_set=process_set), None, None, None, None, None
 
 
 def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression: Any = None,
@@ -719,17 +870,17 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression:
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """This rank's rows of the reduction (Average, or Sum) of `tensor` over
     the ranks; differentiable.  See reducescatter_async()."""
-    _global_only(process_set)
     op = Average if op is None else op
     if compression is not None and compression is not _t.Compression.none:
         sent, ctx = compression.compress(tensor)
         return compression.decompress(
-            reducescatter(sent, name, None, op, None, prescale_factor, postscale_factor), ctx)
+            reducescatter(sent, name, None, op, process_set, prescale_factor, postscale_factor),
+            ctx)
     if tensor.requires_grad and torch.is_grad_enabled():
         out: torch.Tensor = _ReducescatterFn.apply(tensor, name, op, float(prescale_factor),
-                                                   float(postscale_factor))
+                                                   float(postscale_factor), process_set)
         return out
-    return _t.synchronize(reducescatter_async(tensor, name, op, None, prescale_factor,
+    return _t.synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                               postscale_factor))
 
 
@@ -739,12 +890,12 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] =
                           postscale_factor: float = 1.0) -> List[torch.Tensor]:
     """reducescatter of each tensor of the list, all in flight at once
     (one after the other, differentiable, when some tensor needs a grad)."""
-    _global_only(process_set)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return [reducescatter(t, None if name is None else "%s.%d" % (name, i), None, op, None,
-                              prescale_factor, postscale_factor) for i, t in enumerate(tensors)]
-    handles = [reducescatter_async(t, None if name is None else "%s.%d" % (name, i), op, None,
-                                   prescale_factor, postscale_factor)
+        return [reducescatter(t, None if name is None else "%s.%d" % (name, i), None, op,
+                              process_set, prescale_factor, postscale_factor)
+                for i, t in enumerate(tensors)]
+    handles = [reducescatter_async(t, None if name is None else "%s.%d" % (name, i), op,
+                                   process_set, prescale_factor, postscale_factor)
                for i, t in enumerate(tensors)]
     return [_t.synchronize(h) for h in handles]
 
@@ -756,11 +907,12 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     rank order; synchronize() returns (the received rows, how many came
     from each rank).  Without `splits` the rows are split evenly.  On the
     servers: each machine pushes only its rows and pulls only those
-    addressed to its ranks."""
-    _global_only(process_set)
+    addressed to its ranks.  With a `process_set`, among its members:
+    splits[j] rows go to its j-th rank."""
+    grp = _Group(process_set)
     if tensor.dim() == 0:
         raise ValueError("unisum.torch: alltoall needs a tensor of at least one dimension")
-    n, r, rows = _t.size(), _t.rank(), tensor.shape[0]
+    n, r, rows = grp.n, grp.k, tensor.shape[0]
     if splits is None:
         if rows % n:
             raise ValueError("unisum.torch: alltoall without splits: the first dimension, %d, "
@@ -780,11 +932,12 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     src = tensor.detach().contiguous()
     release = _claim_name(name, "alltoall")
     try:
-        first = _t.push_pull_async(table, average=False)
+        first = _t._start(table, False, None, 0, False, pset=grp.pset)
     except BaseException:
         release()
         raise
-    data_name = _t._by_order("alltoall")   # reserved now: every rank in the same order
+    # Reserved now: every rank in the same order.
+    data_name = _t._by_order("alltoall", pset=grp.pset)
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
         sent = op.output.tolist()          # sent[q][j]: q's rows for j
@@ -802,7 +955,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
         op.send, op.recv = send, recv
         op.output = (out, torch.tensor(recv_rows, dtype=torch.int32))
         counts = [sent[q][j] * per_row for q in range(n) for j in range(n)]
-        return _gather_launch("alltoall", data_name, send, recv, counts, after)
+        return _gather_launch("alltoall", data_name, send, recv, counts, after, 0, grp)
 
     return _chain(first, stage, release)
 
@@ -812,25 +965,142 @@ class _AlltoallFn(torch.autograd.Function):
     back the way the rows came, by an alltoall with the received splits."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: Optional[str]) -> Any:
-        out, recv = _t.synchronize(alltoall_async(tensor, splits, name))
-        ctx.recv = recv
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: Optional[str],
+                process_set: Any) -> Any:
+        out, recv = _t.synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.recv, ctx.process_set = recv, process_set
         ctx.mark_non_differentiable(recv)
         return out, recv
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, *unused: Any) -> Any:
-        back, _ = _t.synchronize(alltoall_async(grad.contiguous(), ctx.recv))
-        return back, None, None
+        back, _ = _t.synchronize(alltoall_async(grad.contiguous(), ctx.recv, None,
+                                                ctx.process_set))
+        return back, None, None, None
 
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
              process_set: Optional[ProcessSet] = None) -> Any:
     """The rows every rank sends this one (see alltoall_async); with
     `splits`, also how many came from each rank.  Differentiable."""
-    _global_only(process_set)
     if tensor.requires_grad and torch.is_grad_enabled():
-        out, recv = _AlltoallFn.apply(tensor, splits, name)
+        out, recv = _AlltoallFn.apply(tensor, splits, name, process_set)
     else:
-        out, recv = _t.synchronize(alltoall_async(tensor, splits, name))
+        out, recv = _t.synchronize(alltoall_async(tensor, splits, name, process_set))
     return out if splits is None else (out, recv)
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None,
+                           op: Optional[int] = None,
+                           process_set: Optional[ProcessSet] = None) -> Callable[[], torch.Tensor]:
+    """Horovod's reduction of a sparse COO tensor: every rank's indices and
+    values are allgathered (Average divides the values by the number of
+    ranks first), and the returned function waits for both and gives the
+    sparse sum, uncoalesced, as Horovod's does.
+
+    Raises:
+        ValueError: For a tensor that is not sparse, or an op other than
+            Average and Sum.
+    """
+    if not tensor.is_sparse:
+        raise ValueError("unisum.torch: sparse_allreduce_async takes a sparse COO tensor; use "
+                         "allreduce_async for a dense one")
+    op = Average if op is None else op
+    if op not in (Average, Sum):
+        raise ValueError("unisum.torch: sparse_allreduce_async takes op=Average or op=Sum")
+    grp = _Group(process_set)
+    indices = tensor._indices().transpose(0, 1).contiguous()
+    values = tensor._values()
+    if op == Average:
+        values = values / grp.n
+    ih = allgather_async(indices, None if name is None else "%s.indices" % name, process_set)
+    vh = allgather_async(values.contiguous(), None if name is None else "%s.values" % name,
+                         process_set)
+    size_ = tensor.size()
+
+    def handle() -> torch.Tensor:
+        gathered_values = _t.synchronize(vh)
+        gathered_indices = _t.synchronize(ih)
+        return torch.sparse_coo_tensor(gathered_indices.transpose(0, 1), gathered_values, size_)
+    return handle
+
+
+class _SyncBatchNormFn(torch.autograd.Function):
+    """Batch normalisation with the statistics of every rank's batch: the
+    counts, sums and sums of squares are allreduced (Sum) forward, and the
+    two sums the input's gradient needs backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: Optional[torch.Tensor],
+                bias: Optional[torch.Tensor], eps: float,
+                stats_out: List[torch.Tensor]) -> torch.Tensor:
+        c = x.shape[1]
+        dims = [0] + list(range(2, x.dim()))
+        xd = x.detach().double()
+        local = torch.cat([torch.tensor([float(x.numel() // c)], dtype=torch.float64),
+                           xd.sum(dims), (xd * xd).sum(dims)])
+        total = allreduce(local, op=Sum)
+        count = total[0]
+        mean = total[1:1 + c] / count
+        var = total[1 + c:] / count - mean * mean
+        shape = [1, c] + [1] * (x.dim() - 2)
+        invstd = 1.0 / torch.sqrt(var + eps)
+        xhat = ((xd - mean.view(shape)) * invstd.view(shape)).to(x.dtype)
+        out = xhat
+        if weight is not None:
+            out = out * weight.view(shape)
+        if bias is not None:
+            out = out + bias.view(shape)
+        ctx.save_for_backward(xhat, weight, invstd.to(x.dtype))
+        ctx.count, ctx.dims, ctx.shape = float(count), dims, shape
+        stats_out.extend([mean, var, count])
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> Any:
+        xhat, weight, invstd = ctx.saved_tensors
+        dims, shape = ctx.dims, ctx.shape
+        sum_dy = dy.sum(dims)
+        sum_dy_xhat = (dy * xhat).sum(dims)
+        grad_w = sum_dy_xhat if weight is not None and ctx.needs_input_grad[1] else None
+        grad_b = sum_dy if ctx.needs_input_grad[2] else None
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            both = allreduce(torch.cat([sum_dy, sum_dy_xhat]).double(), op=Sum)
+            c = sum_dy.numel()
+            mean_dy = (both[:c] / ctx.count).to(dy.dtype).view(shape)
+            mean_dy_xhat = (both[c:] / ctx.count).to(dy.dtype).view(shape)
+            scale = invstd.view(shape) * (weight.view(shape) if weight is not None else 1.0)
+            grad_x = scale * (dy - mean_dy - xhat * mean_dy_xhat)
+        return grad_x, grad_w, grad_b, None, None
+
+
+class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
+    """Horovod's SyncBatchNorm: in training, batch normalisation over the
+    union of every rank's batch (its mean and variance allreduced), on the
+    CPU tensors unisum sums; in evaluation, the running statistics, which
+    every rank keeps alike.  Every rank must call it in the same order."""
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError("unisum.torch: SyncBatchNorm expects an input of at least 2 "
+                             "dimensions, got %d" % input.dim())
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        if not self.training and self.track_running_stats:
+            return super().forward(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                factor = 1.0 / float(self.num_batches_tracked)
+        stats: List[torch.Tensor] = []
+        out: torch.Tensor = _SyncBatchNormFn.apply(input, self.weight, self.bias, self.eps, stats)
+        if self.training and self.track_running_stats and self.running_mean is not None:
+            mean, var, count = stats
+            unbiased = var * count / max(float(count) - 1.0, 1.0)
+            with torch.no_grad():
+                self.running_mean.mul_(1 - factor).add_(mean.to(self.running_mean.dtype) * factor)
+                self.running_var.mul_(1 - factor).add_(unbiased.to(self.running_var.dtype) * factor)
+        return out

@@ -68,6 +68,8 @@ from unisum._capi import UnisumError
 __all__ = [
     "init", "shutdown", "size", "rank", "local_rank", "local_size", "declare",
     "push_pull", "push_pull_", "push_pull_async", "push_pull_async_inplace", "poll",
+    "push_pull_inplace", "byteps_push_pull", "suspend", "resume", "start_timeline",
+    "stop_timeline",
     "synchronize", "broadcast_parameters", "broadcast_optimizer_state",
     "broadcast_object", "barrier", "DistributedOptimizer", "Compression", "UnisumError",
     "empty", "zeros_like",
@@ -86,7 +88,7 @@ _lock = threading.Lock()      # guards the tables below
 _initialized = False
 _tensors: Dict[str, Tuple[int, torch.dtype, int]] = {}   # name -> (tensor id, dtype, numel)
 _ops: Dict[int, _Op] = {}     # handle -> _Op
-_calls = 0                    # collectives named by their order so far (_by_order)
+_calls: Dict[int, int] = {}   # process set id -> its collectives named by order (_by_order)
 _optimizer_counter = 0        # DistributedOptimizers made so far
 _empty_handles = 0            # handles of empty tensors count down from -1
 _WAIT_SLICE_MS = 100          # a wait returns to the interpreter this often
@@ -143,7 +145,7 @@ def _require_init() -> None:
         raise UnisumError("unisum.torch: call init() first", _capi.ENOTINIT)
 
 
-def init() -> None:
+def init(lazy: bool = True, comm: Any = None, process_sets: Any = None) -> None:
     """Joins the job described by the environment (UNISUM_* or the BytePS
     DMLC_* names); under `unisum launch` everything is already set.
 
@@ -151,12 +153,35 @@ def init() -> None:
     shutdown(), does nothing; after shutdown() it resumes the same job with
     the same rank, as Horovod allows.
 
+    Args:
+        lazy: BytePS's keyword; unisum always joins here (its servers and
+            scheduler need no lazy start), so either value does the same.
+        comm: Horovod's MPI communicator or list of ranks; unisum runs
+            every rank of its job, so only None (or every rank) is taken.
+        process_sets: Horovod's: a list of ProcessSets (or rank lists) to
+            add now (add_process_set), or "dynamic" (sets are always
+            dynamic in unisum).
+
     Raises:
         UnisumError: When the C library cannot join the job: a missing or
             invalid setting (``ECONFIG`` names the variable), a scheduler or
             server that cannot be reached, a failed authentication, a
             timeout.
+        ValueError: For a `comm` that is not every rank.
     """
+    del lazy
+    _join()
+    if comm is not None and sorted(comm) != list(range(size())):
+        raise ValueError("unisum.torch.init: comm=%r: a unisum job runs all of its ranks; "
+                         "use a process set (add_process_set) for a subgroup" % (comm,))
+    if process_sets is not None and process_sets != "dynamic":
+        from unisum import _horovod
+        for ps in process_sets:
+            _horovod.add_process_set(ps)
+
+
+def _join() -> None:
+    """init()'s joining."""
     global _initialized, _joined, _init_pid, _at_exit_set
     with _lock:
         if _initialized:
@@ -266,8 +291,9 @@ def local_size() -> int:
     return _capi.lib.unisum_local_size()
 
 
-def barrier() -> None:
-    """Returns once every worker has called barrier().
+def barrier(process_set: Any = None) -> None:
+    """Returns once every worker has called barrier() (with a Horovod
+    process set: every member of it, by a push_pull among them).
 
     The wait returns to the interpreter every 100 ms, so a signal handler
     (Ctrl-C's KeyboardInterrupt) can interrupt it.
@@ -277,6 +303,10 @@ def barrier() -> None:
             failed.
     """
     _require_init()
+    pset = _pset_of(process_set)
+    if pset != 0:
+        synchronize(_start(torch.zeros(1, dtype=torch.int32), False, None, 0, True, pset=pset))
+        return
     # In slices, so that signal handlers run (see _wait).
     while _capi.check(_capi.lib.unisum_barrier_timeout(_WAIT_SLICE_MS), "unisum.torch.barrier") == 0:
         pass
@@ -348,6 +378,28 @@ def _tensor_id(name: str, tensor: torch.Tensor, priority: int) -> int:
 
 
 _MAX_DIMS = 16      # RDV_MAX_DIMS: more dimensions are declared by their count alone
+_SET_TAG = "\x01"   # "<tag><set id><tag><name>": a process set's tensor (_in_set)
+
+
+def _in_set(pset: int, name: str) -> str:
+    """The internal name of tensor `name` of process set `pset` (0: the
+    global set, whose names are the user's)."""
+    return name if pset == 0 else "%s%d%s%s" % (_SET_TAG, pset, _SET_TAG, name)
+
+
+def _pset_of(process_set: Any, member: bool = True) -> int:
+    """The C id of a Horovod process set (None: the global set, 0); with
+    `member`, raises ValueError unless this worker is in the set."""
+    if process_set is None:
+        return 0
+    pid = getattr(process_set, "process_set_id", None)
+    if pid is None:
+        raise ValueError("unisum.torch: %s was not added with add_process_set(), or was "
+                         "removed" % (process_set,))
+    ranks = getattr(process_set, "ranks", None)
+    if member and pid != 0 and ranks is not None and rank() not in ranks:
+        raise ValueError("unisum.torch: rank %d is not in %s" % (rank(), process_set))
+    return int(pid)
 
 
 def _declared(name: str, dtype: torch.dtype, numel: int, priority: int,
@@ -369,7 +421,13 @@ def _declared(name: str, dtype: torch.dtype, numel: int, priority: int,
     if dtype not in _DTYPES:
         raise TypeError("unisum.torch: %s tensors are not supported; use one of %s" % (
             dtype, ", ".join(str(d) for d in _DTYPES)))
-    if shape is not None and 0 < len(shape) <= _MAX_DIMS:
+    if name.startswith(_SET_TAG):
+        _, pset, real = name.split(_SET_TAG, 2)
+        dims_of = shape if shape is not None and 0 < len(shape) <= _MAX_DIMS else (numel,)
+        dims = (ctypes.c_int64 * len(dims_of))(*dims_of)
+        rc = _capi.lib.unisum_declare_in(int(pset), real.encode(), _DTYPES[dtype], len(dims_of),
+                                         dims, int(priority))
+    elif shape is not None and 0 < len(shape) <= _MAX_DIMS:
         dims = (ctypes.c_int64 * len(shape))(*shape)
         rc = _capi.lib.unisum_declare_shaped(name.encode(), _DTYPES[dtype], len(shape), dims,
                                              int(priority))
@@ -410,16 +468,15 @@ def _shaped(name: str, tensor: torch.Tensor) -> str:
     return "%s.%s[%d]" % (name, str(tensor.dtype).replace("torch.", ""), tensor.numel())
 
 
-def _by_order(kind: str, label: Optional[str] = None) -> str:
+def _by_order(kind: str, label: Optional[str] = None, pset: int = 0) -> str:
     """A name for a collective the caller did not name: its place in this
-    process's sequence of such calls, the same on every worker that makes
-    the same calls in the same order (see the module docstring).  The
-    tensors named so are one-shot: declared for the call, undeclared
-    after it (_undeclare)."""
-    global _calls
+    process's sequence of such calls in process set `pset` (each set counts
+    its own, so ranks of different sets stay in step on the global one),
+    the same on every worker that makes the same calls in the same order
+    (see the module docstring).  The tensors named so are one-shot:
+    declared for the call, undeclared after it (_undeclare)."""
     with _lock:
-        _calls += 1
-        n = _calls
+        n = _calls[pset] = _calls.get(pset, 0) + 1
     return "%s.%d" % (kind, n) if label is None else "%s.%d.%s" % (kind, n, label)
 
 
@@ -433,21 +490,25 @@ def _undeclare(name: str) -> None:
 
 
 def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: int,
-           inplace: bool, scale: float = 1.0, flags: Optional[int] = None) -> int:
+           inplace: bool, scale: float = 1.0, flags: Optional[int] = None,
+           pset: int = 0) -> int:
     """Starts push_pull_async (or, `inplace`, push_pull_async_inplace) and
     returns the operation's handle; see push_pull_async.  The result is
     multiplied by `scale` when it completes (Horovod's postscale_factor).
     `flags`, when given, replaces `average` with the C call's flags
-    (_capi.MIN, MAX, PRODUCT)."""
+    (_capi.MIN, MAX, PRODUCT).  `pset`: the process set it runs in (its
+    members alone; an average divides by their number)."""
     _require_init()
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("unisum.torch: push_pull takes a torch.Tensor, got %s" % type(tensor).__name__)
     release: Optional[Callable[[], None]] = None
     if name is None:
-        name = one_shot = _by_order("push_pull")
+        name = one_shot = _in_set(pset, _by_order("push_pull", pset=pset))
 
         def release() -> None:
             _undeclare(one_shot)
+    else:
+        name = _in_set(pset, name)
     try:
         # Declared even when empty: every worker's tensor is checked.
         tid = _tensor_id(name, tensor, priority)
@@ -513,7 +574,7 @@ def _register(op: _Op, done: bool = False) -> int:
 
 
 def push_pull_async(tensor: torch.Tensor, average: bool = True, name: Optional[str] = None,
-                    priority: int = 0) -> int:
+                    version: int = 0, priority: int = 0) -> int:
     """Starts summing `tensor` over all workers into a new tensor (divided by
     size() when `average`); returns a handle for poll() / synchronize().
 
@@ -528,6 +589,8 @@ def push_pull_async(tensor: torch.Tensor, average: bool = True, name: Optional[s
             dtype and element count for the whole job.  None names the call
             by its place in this process's sequence of unnamed collectives,
             so every worker must then make those calls in the same order.
+        version: BytePS's keyword, for its asynchronous mode; taken and
+            unused (every round of the lock-step mode is its own version).
         priority: Higher is sent first when several operations are in
             flight; used when `name` is declared (its first use).
 
@@ -540,17 +603,20 @@ def push_pull_async(tensor: torch.Tensor, average: bool = True, name: Optional[s
             operation (such as ``EBUSY`` while the same name has one in
             flight).
     """
+    del version
     return _start(tensor, average, name, priority, inplace=False)
 
 
 def push_pull_async_inplace(tensor: torch.Tensor, average: bool = True,
-                            name: Optional[str] = None, priority: int = 0) -> int:
+                            name: Optional[str] = None, version: int = 0,
+                            priority: int = 0) -> int:
     """As push_pull_async, writing the result into `tensor` itself.
 
     Returns a handle for poll() / synchronize(); synchronize() then returns
     `tensor`.  The arguments and the exceptions are those of
     push_pull_async().
     """
+    del version
     return _start(tensor, average, name, priority, inplace=True)
 
 
@@ -631,45 +697,111 @@ def synchronize(handle: int) -> torch.Tensor:
 
 
 def push_pull(tensor: torch.Tensor, average: bool = True, name: Optional[str] = None,
-              priority: int = 0) -> torch.Tensor:
+              version: int = 0, priority: int = 0,
+              compression: Optional[_Compressor] = None) -> torch.Tensor:
     """Sums `tensor` over all workers into a new tensor and returns it.
 
     push_pull_async() followed by synchronize(); `tensor` is left as it is.
-    The arguments are push_pull_async()'s.
+    The arguments are push_pull_async()'s, and `compression`
+    (Compression.none or Compression.fp16, as in BytePS: the tensor
+    travels compressed and comes back in its own dtype).
 
     Raises:
         TypeError: As push_pull_async().
         UnisumError: As push_pull_async(), or when the operation fails.
     """
-    return synchronize(push_pull_async(tensor, average, name, priority))
+    if compression is not None and compression is not Compression.none:
+        sent, ctx = compression.compress(tensor)
+        return compression.decompress(push_pull(sent, average, name, version, priority), ctx)
+    return synchronize(push_pull_async(tensor, average, name, version, priority))
 
 
 def push_pull_(tensor: torch.Tensor, average: bool = True, name: Optional[str] = None,
-               priority: int = 0) -> torch.Tensor:
+               version: int = 0, priority: int = 0) -> torch.Tensor:
     """Sums `tensor` over all workers in place and returns it.
 
     push_pull_async_inplace() followed by synchronize().  The arguments are
     those of push_pull(), and so are the exceptions.
     """
-    return synchronize(push_pull_async_inplace(tensor, average, name, priority))
+    return synchronize(push_pull_async_inplace(tensor, average, name, version, priority))
+
+
+push_pull_inplace = push_pull_      # BytePS's name
+
+
+def byteps_push_pull(tensor: torch.Tensor, version: int = 0, priority: int = 0,
+                     name: Optional[str] = None, is_average: bool = True) -> torch.Tensor:
+    """BytePS's low-level form (its MXNet and TensorFlow plugins): sums
+    (`is_average`: averages) `tensor` over all workers in place and returns
+    it.  push_pull_() with BytePS's argument order."""
+    return push_pull_(tensor, is_average, name, version, priority)
+
+
+def suspend() -> None:
+    """BytePS's suspend(): waits for the operations in flight and stops
+    using the job until resume() (shutdown() keeps the process in it)."""
+    shutdown()
+
+
+def resume(num_workers: Optional[int] = None, num_servers: Optional[int] = None,
+           global_rank: Optional[int] = None, context: Any = None) -> None:
+    """BytePS's resume(): uses the job again after suspend() (init()).
+    Only the job as it was: another size is elastic training, which
+    unisum does not do yet.
+
+    Raises:
+        NotImplementedError: For a number of workers or servers, or a rank,
+            other than the job's.
+    """
+    del context
+    init()
+    wanted = {"num_workers": (num_workers, size() // local_size()),
+              "num_servers": (num_servers, None), "global_rank": (global_rank, rank())}
+    for what, (asked, now) in wanted.items():
+        if asked is not None and now is not None and int(asked) != now:
+            raise NotImplementedError("unisum.torch.resume(%s=%s): the job has %s; resuming at "
+                                      "another size is elastic training, not implemented yet"
+                                      % (what, asked, now))
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Horovod's: records every collective from now on into the Chrome
+    trace-event JSON file `file_path` (unisum's timeline: QUEUE, PUSH, PULL
+    and local reduce spans per partition) until stop_timeline().
+    `mark_cycles` is taken and unused (unisum has no negotiation cycles).
+
+    Raises:
+        UnisumError: While a timeline is being written already (also the
+            one UNISUM_TRACE_ON starts), or when the file cannot be written.
+    """
+    del mark_cycles
+    _require_init()
+    _capi.check(_capi.lib.unisum_timeline_start(os.fsencode(file_path)),
+                "unisum.torch.start_timeline")
+
+
+def stop_timeline() -> None:
+    """Horovod's: ends the timeline start_timeline() began and completes
+    its file."""
+    _require_init()
+    _capi.check(_capi.lib.unisum_timeline_stop(), "unisum.torch.stop_timeline")
 
 
 def _broadcast_start(tensor: torch.Tensor, root_rank: int, name: Optional[str],
-                     inplace: bool, one_shot: Optional[bool] = None) -> int:
+                     inplace: bool, one_shot: Optional[bool] = None, pset: int = 0) -> int:
     """Starts a broadcast of root's `tensor` into `tensor` itself (`inplace`)
     or a new tensor, and returns a handle for poll() / synchronize(), which
     returns the result.  `name` None names it by order; the name is
     undeclared after the call when it is `one_shot` (by default: when it was
     None).  Dtypes the C library does not sum (bool, uint8, int8, int16,
     complex) travel widened to int64 / float64, which carries them
-    exactly."""
+    exactly.  `pset`: the process set it runs in (root_rank a member)."""
     _require_init()
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("unisum.torch: broadcast takes a torch.Tensor, got %s" % type(tensor).__name__)
     if one_shot is None:
         one_shot = name is None
-    if name is None:
-        name = _by_order("broadcast")
+    name = _in_set(pset, _by_order("broadcast", pset=pset) if name is None else name)
     src = tensor.detach()
     if src.dtype in _DTYPES:
         buf = src.contiguous() if inplace else src.clone(memory_format=torch.contiguous_format)
@@ -701,11 +833,11 @@ def _broadcast_start(tensor: torch.Tensor, root_rank: int, name: Optional[str],
     return _register(_Op(h.value, buf, buf, output, finish))
 
 
-def _broadcast_(tensor: torch.Tensor, root_rank: int, name: str) -> None:
+def _broadcast_(tensor: torch.Tensor, root_rank: int, name: str, pset: int = 0) -> None:
     """Overwrites `tensor` with root's tensor of the one-shot name `name`
     (_by_order).  Interrupted (KeyboardInterrupt), the broadcast stays in
     flight, its buffers kept by its handle."""
-    synchronize(_broadcast_start(tensor, root_rank, name, inplace=True, one_shot=True))
+    synchronize(_broadcast_start(tensor, root_rank, name, inplace=True, one_shot=True, pset=pset))
 
 
 def broadcast_parameters(params: Union[Dict[str, torch.Tensor],
@@ -742,7 +874,8 @@ def broadcast_parameters(params: Union[Dict[str, torch.Tensor],
         _broadcast_(p, root_rank, "%s.%s" % (call, name))
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: Any = None) -> Any:
     """Returns root's `obj` on every worker (pickled; any size).
 
     The root gets its own `obj` back; every other worker gets an unpickled
@@ -757,6 +890,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -
         name: A label added to the internal name of the call (which its
             place in the sequence of such calls fixes), the same on every
             worker; None for none.
+        process_set: A Horovod process set (add_process_set) whose members
+            alone take part, root_rank one of them; None for every worker.
 
     Raises:
         UnisumError: When init() has not been called, or when a broadcast
@@ -766,14 +901,15 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -
             raise what pickle.loads raises when they cannot unpickle it.
     """
     _require_init()
-    name = _by_order("broadcast_object", name)
+    pset = _pset_of(process_set)
+    name = _by_order("broadcast_object", name, pset)
     is_root = rank() == root_rank
     if is_root:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         length = torch.tensor([len(data)], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
-    _broadcast_(length, root_rank, name + ".len")
+    _broadcast_(length, root_rank, name + ".len", pset)
     n = int(length.item())
     words = (n + 3) // 4
     if is_root:
@@ -782,7 +918,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -
     else:
         payload = torch.zeros(words, dtype=torch.int32)
     if words > 0:
-        _broadcast_(payload, root_rank, name + ".data")
+        _broadcast_(payload, root_rank, name + ".data", pset)
     return obj if is_root else pickle.loads(payload.numpy().view(numpy.uint8)[:n].tobytes())
 
 
@@ -811,6 +947,30 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
             parameter groups).
     """
     _require_init()
+    if len(optimizer.state_dict()["state"]) == 0:
+        # As Horovod: an optimizer that has not stepped yet gets its state
+        # made by one step on zero gradients, so that the state tensors
+        # exist to be broadcast.  The wrapped optimizer's own step: a
+        # DistributedOptimizer's would sum gradients, which only works when
+        # every rank steps.
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is not None and not p.grad.is_sparse:
+                    p.grad.zero_()      # keeps a gradient's home (the shared arena)
+                elif p.requires_grad:
+                    p.grad = p.data.new(p.size()).zero_()
+                    if isinstance(optimizer, torch.optim.SparseAdam):
+                        p.grad = p.grad.to_sparse()
+        # The parameters stay as they are (Horovod lets weight decay move
+        # them here, away from the root's).
+        kept = [p.detach().clone() for group in optimizer.param_groups for p in group["params"]]
+        if type(optimizer).__dict__.get("synchronize") is _DistributedOptimizer.synchronize:
+            super(type(optimizer), optimizer).step()  # type: ignore[misc]
+        else:
+            optimizer.step()
+        with torch.no_grad():
+            for p, k in zip([p for group in optimizer.param_groups for p in group["params"]], kept):
+                p.copy_(k)
     state = optimizer.state_dict()
     # Root sends the layout (with tensors replaced by their shape and dtype);
     # then every tensor travels as a tensor.
@@ -921,13 +1081,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Dict[str, Any]],
                  named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]],
                  compression: _Compressor, backward_passes_per_step: int,
-                 shared_gradients: bool = True) -> None:
+                 shared_gradients: bool = True, reduce: Optional[Dict[str, Any]] = None) -> None:
         # self.__class__ is the class DistributedOptimizer() made, whose base
         # is the user's optimizer class: its constructor has defaults for
         # everything but the parameters, which torch.optim.Optimizer's has not.
         super(self.__class__, self).__init__(params)  # type: ignore[call-arg]
         self._compression = compression
         self._passes = backward_passes_per_step
+        # How gradients are reduced (DistributedOptimizer's op,
+        # gradient_predivide_factor, sparse_as_dense, process_set).
+        reduce = reduce or {}
+        self._sum = bool(reduce.get("sum", False))
+        self._predivide = float(reduce.get("predivide", 1.0))
+        self._sparse_as_dense = bool(reduce.get("sparse_as_dense", False))
+        self._pset = int(reduce.get("pset", 0))
+        self._members = int(reduce.get("members", size()))
+        self._included = bool(reduce.get("included", True))
         all_params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
             named = list(named_parameters)
@@ -998,7 +1167,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         does the shape join the name, the same way on every worker."""
         name = "gradient." + self._names[id(p)]
         with _lock:
-            known = _tensors.get(name)
+            known = _tensors.get(_in_set(self._pset, name))
         if known is not None and (known[1], known[2]) != (tensor.dtype, tensor.numel()):
             name = _shaped(name, tensor)
         return name
@@ -1006,15 +1175,28 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _push_pull_grad(self, p: torch.Tensor) -> Tuple[int, Any, torch.Tensor]:
         """Starts summing p's gradient in place (compressed); returns the
         handle, compress()'s context and the tensor being summed."""
-        compressed, ctx = self._compression.compress(cast(torch.Tensor, p.grad))
-        handle = push_pull_async_inplace(compressed, average=True,
-                                         name=self._grad_name(p, compressed),
-                                         priority=self._priority[id(p)])
+        grad = cast(torch.Tensor, p.grad)
+        if grad.is_sparse:
+            # Summed dense (sparse_as_dense, or Horovod's sparse allreduce,
+            # whose result has the same values); synchronize() gives a
+            # sparse gradient back a sparse result.
+            grad = grad.to_dense()
+        compressed, ctx = self._compression.compress(grad)
+        flags, scale = (0 if self._sum else _capi.AVERAGE), 1.0
+        if self._predivide != 1.0:
+            # Horovod's gradient_predivide_factor f: divided by f before the
+            # sum, by size / f after it.
+            compressed.copy_(_scaled(compressed, 1.0 / self._predivide))
+            flags, scale = 0, self._predivide / self._members
+        handle = _start(compressed, False, self._grad_name(p, compressed),
+                        self._priority[id(p)], True, scale=scale, flags=flags, pset=self._pset)
         return handle, ctx, compressed
 
     def _make_hook(self, p: torch.Tensor) -> Callable[..., None]:
         """The hook of p's gradient accumulator (see _register_hooks)."""
         def hook(*ignore: Any) -> None:
+            if not self._included:
+                return      # not in the optimizer's process set: nothing is summed
             if self._delay[p] <= 0:
                 raise UnisumError(
                     "unisum.torch: gradients of '%s' were computed more than "
@@ -1043,14 +1225,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         for group in self.param_groups:
             for p in group["params"]:
-                if p.requires_grad and (p not in self._handles or self._handles[p][0] is None):
+                if self._included and p.requires_grad and \
+                        (p not in self._handles or self._handles[p][0] is None):
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
                     self._handles[p] = self._push_pull_grad(p)
         for p, (handle, ctx, compressed) in self._handles.items():
             # Every handle is set now: the loop above started what was missing.
-            out = synchronize(cast(int, handle))
-            cast(torch.Tensor, p.grad).copy_(self._compression.decompress(out, ctx))
+            out = self._compression.decompress(synchronize(cast(int, handle)), ctx)
+            grad = cast(torch.Tensor, p.grad)
+            if grad.is_sparse:
+                p.grad = out.reshape(grad.shape).to_sparse()
+            elif out.data_ptr() != grad.data_ptr():
+                grad.copy_(out.view_as(grad))
             self._delay[p] = self._passes
         self._handles.clear()
         self._synchronized = True
@@ -1125,6 +1312,9 @@ def DistributedOptimizer(optimizer: _OptimizerT,
                          named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
                          compression: _Compressor = Compression.none,
                          backward_passes_per_step: int = 1,
+                         op: int = 0, gradient_predivide_factor: float = 1.0,
+                         num_groups: int = 0, groups: Any = None,
+                         sparse_as_dense: bool = False, process_set: Any = None,
                          shared_gradients: bool = True) -> _OptimizerT:
     """Wraps `optimizer` so that every gradient is summed over all workers
     (averaged) as soon as backward() produces it, and step() waits for the
@@ -1150,6 +1340,20 @@ def DistributedOptimizer(optimizer: _OptimizerT,
         backward_passes_per_step: How many backward passes each step()
             follows; their gradients are summed locally before the last one
             is pushed.
+        op: Horovod's: Average (0, the default) or Sum (1) of the
+            gradients; Adasum raises NotImplementedError.
+        gradient_predivide_factor: Horovod's f (op Average only): each
+            gradient is divided by f before the sum and the sum by size/f
+            after it (the same average, another rounding).
+        num_groups, groups: Horovod's fusion groups, which change how it
+            batches, not what it computes; taken and checked, and unused:
+            unisum's PUSH stage already batches by priority under a credit.
+        sparse_as_dense: Sparse gradients are summed dense either way (the
+            same values as Horovod's sparse allreduce); without this flag
+            a sparse gradient gets a sparse result back.
+        process_set: A Horovod process set (add_process_set): gradients
+            are averaged over its members only; on other ranks the
+            optimizer sums nothing (as in Horovod).  None: every worker.
         shared_gradients: Put the gradients in the shared arena when several
             workers run on this machine; False keeps PyTorch's memory.
 
@@ -1157,7 +1361,9 @@ def DistributedOptimizer(optimizer: _OptimizerT,
         UnisumError: When init() has not been called.
         ValueError: When backward_passes_per_step is below 1, when
             named_parameters holds a name twice, or when it lacks some of
-            the optimizer's parameters.
+            the optimizer's parameters; for gradient_predivide_factor with
+            op Sum, and for an unknown op.
+        NotImplementedError: For op Adasum.
     """
     # The arguments first, as Horovod checks them: before init() too.
     if named_parameters is not None:
@@ -1167,11 +1373,32 @@ def DistributedOptimizer(optimizer: _OptimizerT,
             raise ValueError("unisum.torch: named_parameters holds duplicate names")
     if backward_passes_per_step < 1:
         raise ValueError("unisum.torch: backward_passes_per_step must be >= 1")
+    if op == 2:
+        raise NotImplementedError("unisum.torch: DistributedOptimizer(op=Adasum) is not "
+                                  "implemented; use op=Average")
+    if op not in (0, 1):
+        raise ValueError("unisum.torch: DistributedOptimizer takes op=Average or op=Sum, got %r"
+                         % (op,))
+    if gradient_predivide_factor != 1.0 and op != 0:
+        raise ValueError("unisum.torch: gradient_predivide_factor is for op=Average only")
+    if groups is not None and not (isinstance(groups, int) and groups > 0 or
+                                   isinstance(groups, list) and
+                                   all(isinstance(g, list) for g in groups)):
+        raise ValueError("unisum.torch: groups must be a positive int or a list of lists of "
+                         "parameters, as in Horovod")
+    if num_groups < 0:
+        raise ValueError("unisum.torch: num_groups must be >= 0")
     _require_init()
+    pset = _pset_of(process_set, member=False)
+    ranks = getattr(process_set, "ranks", None) if pset != 0 else None
+    reduce = {"sum": op == 1, "predivide": float(gradient_predivide_factor),
+              "sparse_as_dense": sparse_as_dense, "pset": pset,
+              "members": len(ranks) if ranks else size(),
+              "included": ranks is None or rank() in ranks}
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-                  shared_gradients)
+                  shared_gradients, reduce)
     wrapped.load_state_dict(optimizer.state_dict())
     return wrapped
 

@@ -26,11 +26,11 @@
 /* ---- sending ------------------------------------------------------------ */
 
 /* A reply sent or dropped: what it owned goes, its key is unpinned. */
-void srv_reply_free(struct server *srv, struct srv_reply *r)
+void srv_reply_free(struct srv_reply *r)
 {
 	free(r->owned);
 	if (r->pin != NULL)
-		srv_key_unpin(r->pin, srv->nworkers);
+		srv_key_unpin(r->pin);
 	free(r);
 }
 
@@ -58,7 +58,7 @@ void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *
 	*r = (struct srv_reply){.hdr = *h, .payload = payload, .owned = owned, .pin = pin};
 	pthread_mutex_lock(&c->qlock);
 	if (c->closing) {
-		srv_reply_free(c->srv, r);
+		srv_reply_free(r);
 	} else if (h->type == WIRE_PUSH_ACK) {
 		struct srv_reply **at = c->last_ack ? &c->last_ack->next : &c->head;
 		r->next = *at;
@@ -87,12 +87,12 @@ static void srv_ack_push(struct server *srv, struct srv_conn *c, const struct wi
 	srv_conn_enqueue(c, &ack, NULL, NULL, NULL);
 }
 
-/* Queues a reply to worker w; dropped when its connection is gone. */
-void srv_queue_reply(struct server *srv, int w, const struct wire_hdr *h, struct srv_key *k,
+/* Queues a reply to peer p (srv_int.h); dropped when its connection is gone. */
+void srv_queue_reply(struct server *srv, int p, const struct wire_hdr *h, struct srv_key *k,
 		     const void *payload)
 {
 	pthread_mutex_lock(&srv->lock);
-	struct srv_conn *c = srv->by_worker[w];
+	struct srv_conn *c = srv->by_worker[p];
 	/* Over IPC the worker copies the sum from the payload itself: the
 	 * buffer stays as it is until that worker's next push of the key. */
 	if (c != NULL)
@@ -129,13 +129,15 @@ void *srv_send_main(void *arg)
 				 srv_worker_name(srv, c->worker, name, sizeof name), c->tp->peer_name(c->conn));
 			c->tp->conn_shutdown(c->conn);
 		}
-		srv_reply_free(srv, r);
+		srv_reply_free(r);
 	}
 }
 
 /* ---- receiving ---------------------------------------------------------- */
 
-/* Handles the hello; returns 0 and sets c->worker, or UNISUM_EPROTO. */
+/* Handles the hello; returns 0 and sets c->worker (its peer index: the
+ * machine of a local root, nworkers + rank for another rank, which pushes
+ * only the tensors of its process sets), or UNISUM_EPROTO. */
 static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
 			size_t len)
 {
@@ -150,27 +152,23 @@ static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wir
 		snprintf(why, len, "hello from node id %u, which is not a worker of this job", h->sender);
 		return UNISUM_EPROTO;
 	}
-	if (n->local_rank != 0) {
-		snprintf(why, len,
-			 "worker rank %d is local rank %d of machine %d; only a machine's local root talks "
-			 "to servers", n->rank, n->local_rank, n->machine);
+	if (n->machine < 0 || n->machine >= srv->nworkers || n->rank < 0 ||
+	    n->rank >= srv->nworkers * srv->local_size) {
+		snprintf(why, len, "worker rank %d is on machine %d, but this job has %d machines of "
+			 "%d workers", n->rank, n->machine, srv->nworkers, srv->local_size);
 		return UNISUM_EPROTO;
 	}
-	if (n->machine < 0 || n->machine >= srv->nworkers) {
-		snprintf(why, len, "worker rank %d is on machine %d, but this job has %d machines",
-			 n->rank, n->machine, srv->nworkers);
-		return UNISUM_EPROTO;
-	}
+	int peer = srv_rank_peer(srv, n->rank);
 	pthread_mutex_lock(&srv->lock);
 	int rc = 0;
-	if (srv->by_worker[n->machine] != NULL) {
+	if (srv->by_worker[peer] != NULL) {
 		char name[64];
 		snprintf(why, len, "a second connection claims to be %s",
-			 srv_worker_name(srv, n->machine, name, sizeof name));
+			 srv_worker_name(srv, peer, name, sizeof name));
 		rc = UNISUM_EPROTO;
 	} else {
-		srv->by_worker[n->machine] = c;
-		c->worker = n->machine;
+		srv->by_worker[peer] = c;
+		c->worker = peer;
 	}
 	pthread_mutex_unlock(&srv->lock);
 	return rc;
@@ -214,22 +212,42 @@ void srv_tensor_error(void *arg, uint64_t key, const char *why)
 	pthread_mutex_unlock(&srv->lock);
 }
 
-/* Validates a PUSH or PULL against the key's state; returns the key or
- * NULL with `why` set. */
+/* Why peer c cannot push key k (it is not one of its contributors). */
+static void srv_not_contributor(struct server *srv, const struct srv_conn *c, const struct srv_key *k,
+				const struct wire_hdr *h, char *why, size_t len)
+{
+	char name[64];
+	srv_worker_name(srv, c->worker, name, sizeof name);
+	if (k->peer == NULL)
+		snprintf(why, len, "%s of key 0x%llx of '%s' from %s: only a machine's local root "
+			 "pushes the tensors of the global set", wire_type_name(h->type),
+			 (unsigned long long)h->key, k->name, name);
+	else
+		snprintf(why, len, "%s of key 0x%llx of '%s' from %s, which is not in the tensor's "
+			 "process set", wire_type_name(h->type), (unsigned long long)h->key, k->name, name);
+}
+
+/* Validates a PUSH or PULL against the key's state; returns the key and
+ * the sender's contributor index *w, or NULL with `why` set. */
 static struct srv_key *srv_check_data(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
-				      char *why, size_t len)
+				      int *w, char *why, size_t len)
 {
 	/* A key this worker has not retired stays in the table until it does
 	 * (on this thread): once the check below passes, k stays valid. */
 	pthread_mutex_lock(&srv->lock);
 	struct srv_key *k = srv_key_find(srv, h->key);
-	bool retired = k != NULL && k->retired[c->worker];
+	*w = k != NULL ? srv_key_contrib(k, c->worker) : -1;
+	bool retired = *w >= 0 && k->retired[*w];
+	if (k != NULL && *w < 0)
+		srv_not_contributor(srv, c, k, h, why, len);	/* under the lock: k may go */
 	pthread_mutex_unlock(&srv->lock);
 	if (k == NULL) {
 		snprintf(why, len, "%s of undeclared key 0x%llx", wire_type_name(h->type),
 			 (unsigned long long)h->key);
 		return NULL;
 	}
+	if (*w < 0)
+		return NULL;
 	if (retired) {
 		snprintf(why, len, "%s of key 0x%llx, which this worker retired",
 			 wire_type_name(h->type), (unsigned long long)h->key);
@@ -242,8 +260,8 @@ static struct srv_key *srv_check_data(struct server *srv, struct srv_conn *c, co
 			 (unsigned long long)k->count);
 		return NULL;
 	}
-	uint32_t expect = k->next_round[c->worker] - (h->type == WIRE_PULL ? 1 : 0);
-	if (h->round != expect || (h->type == WIRE_PULL && k->next_round[c->worker] == 0)) {
+	uint32_t expect = k->next_round[*w] - (h->type == WIRE_PULL ? 1 : 0);
+	if (h->round != expect || (h->type == WIRE_PULL && k->next_round[*w] == 0)) {
 		snprintf(why, len, "%s of key 0x%llx for round %u, expected round %u",
 			 wire_type_name(h->type), (unsigned long long)h->key, h->round, expect);
 		return NULL;
@@ -256,37 +274,49 @@ static int srv_on_declare_check(struct server *srv, struct srv_conn *c, const st
 				char *why, size_t len)
 {
 	char name[256] = "";
+	int R = srv->nworkers * srv->local_size, n = 0;
+	int *members = malloc((size_t)R * sizeof *members);
 	void *p = h->payload_len ? malloc(h->payload_len) : NULL;
-	if (h->payload_len && p == NULL)
+	if (members == NULL) {
+		free(p);
 		return UNISUM_ENOMEM;
+	}
+	if (h->payload_len && p == NULL) {
+		free(members);
+		return UNISUM_ENOMEM;
+	}
 	if (h->payload_len && c->tp->recv_payload(c->conn, p, h->payload_len) != 0) {
 		free(p);
+		free(members);
 		snprintf(why, len, "connection closed in the middle of a declaration");
 		return UNISUM_ECONN;
 	}
-	int bad = wire_declare_check_decode(p, h->payload_len, name, sizeof name);
+	int bad = wire_declare_check_decode(p, h->payload_len, name, sizeof name, members, R, &n);
 	free(p);
-	if (bad) {
-		snprintf(why, len, "DECLARE_CHECK of key 0x%llx without a valid tensor name",
-			 (unsigned long long)h->key);
+	if (bad || (n > 0 && members[n - 1] >= R)) {
+		free(members);
+		snprintf(why, len, "DECLARE_CHECK of key 0x%llx without a valid tensor name and process "
+			 "set (ranks below %d, increasing)", (unsigned long long)h->key, R);
 		return UNISUM_EPROTO;
 	}
-	return srv_key_declare(srv, c, h, name, why, len);
+	int rc = srv_key_declare(srv, c, h, name, members, n, why, len);
+	free(members);
+	return rc;
 }
 
 /* Receives a push's data into worker c's buffer of key k: straight off
  * the socket (zero-copy receive), or, over IPC, read from the worker's
  * memory by the transport. */
-static int srv_receive_push(struct srv_conn *c, struct srv_key *k,
+static int srv_receive_push(struct srv_conn *c, struct srv_key *k, int w,
 			    const struct wire_hdr *h, char *why, size_t len)
 {
-	if (k->push_buf[c->worker] == NULL)
-		k->push_buf[c->worker] = malloc(k->bytes ? k->bytes : 1);
-	if (k->push_buf[c->worker] == NULL) {
+	if (k->push_buf[w] == NULL)
+		k->push_buf[w] = malloc(k->bytes ? k->bytes : 1);
+	if (k->push_buf[w] == NULL) {
 		snprintf(why, len, "out of memory for a %zu-byte push", k->bytes);
 		return UNISUM_ENOMEM;
 	}
-	int rc = c->tp->recv_payload(c->conn, k->push_buf[c->worker], h->payload_len);
+	int rc = c->tp->recv_payload(c->conn, k->push_buf[w], h->payload_len);
 	if (rc == UNISUM_ECONN)
 		snprintf(why, len, "connection closed in the middle of a push");
 	else if (rc != 0)
@@ -297,34 +327,36 @@ static int srv_receive_push(struct srv_conn *c, struct srv_key *k,
 static int srv_on_push_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
 			   char *why, size_t len)
 {
-	struct srv_key *k = srv_check_data(srv, c, h, why, len);
+	int w;
+	struct srv_key *k = srv_check_data(srv, c, h, &w, why, len);
 	if (k == NULL)
 		return UNISUM_EPROTO;
 	if (srv_poison_of(srv, k->key) != NULL) {
 		/* Never summed; the pull that follows gets the error. */
-		k->next_round[c->worker]++;
+		k->next_round[w]++;
 		if (c->tp->recv_payload(c->conn, NULL, h->payload_len) != 0)
 			return UNISUM_ECONN;
 		srv_ack_push(srv, c, h);
 		return 0;
 	}
 	if (!(h->flags & WIRE_FLAG_ZERO)) {
-		int rc = srv_receive_push(c, k, h, why, len);
+		int rc = srv_receive_push(c, k, w, h, why, len);
 		if (rc != 0)
 			return rc;
 	}
-	k->next_round[c->worker]++;
+	k->next_round[w]++;
 	/* The worker's credit comes back now, whatever the other workers
 	 * do: acknowledging only summed pushes would let two workers wait
 	 * on each other's credit. */
 	srv_ack_push(srv, c, h);
-	return srv_post(srv, EVENT_PUSH, k, c->worker, h->round, h->flags & WIRE_FLAG_ZERO, h->aux, NULL);
+	return srv_post(srv, EVENT_PUSH, k, w, h->round, h->flags & WIRE_FLAG_ZERO, h->aux, NULL);
 }
 
 static int srv_on_pull_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
 			   char *why, size_t len)
 {
-	struct srv_key *k = srv_check_data(srv, c, h, why, len);
+	int w;
+	struct srv_key *k = srv_check_data(srv, c, h, &w, why, len);
 	if (k == NULL)
 		return UNISUM_EPROTO;
 	const char *poison = srv_poison_of(srv, k->key);
@@ -333,7 +365,7 @@ static int srv_on_pull_msg(struct server *srv, struct srv_conn *c, const struct 
 		return 0;
 	}
 	/* The event's `zero` says SKIP: answer without the data. */
-	return srv_post(srv, EVENT_PULL, k, c->worker, h->round, (h->flags & WIRE_FLAG_SKIP) != 0, 0, NULL);
+	return srv_post(srv, EVENT_PULL, k, w, h->round, (h->flags & WIRE_FLAG_SKIP) != 0, 0, NULL);
 }
 
 static int srv_on_retire_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
@@ -341,17 +373,22 @@ static int srv_on_retire_msg(struct server *srv, struct srv_conn *c, const struc
 {
 	pthread_mutex_lock(&srv->lock);
 	struct srv_key *k = srv_key_find(srv, h->key);
-	bool retired = k != NULL && k->retired[c->worker];
-	if (k != NULL)
-		k->retired[c->worker] = 1;
+	int w = k != NULL ? srv_key_contrib(k, c->worker) : -1;
+	bool retired = w >= 0 && k->retired[w];
+	if (w >= 0)
+		k->retired[w] = 1;
+	else if (k != NULL)
+		srv_not_contributor(srv, c, k, h, why, len);
 	pthread_mutex_unlock(&srv->lock);
+	if (k != NULL && w < 0)
+		return UNISUM_EPROTO;
 	if (k == NULL || retired) {
 		snprintf(why, len, "RETIRE of %s key 0x%llx", k == NULL ? "undeclared" : "retired",
 			 (unsigned long long)h->key);
 		return UNISUM_EPROTO;
 	}
 	/* From now on this connection never touches the key's buffers. */
-	return srv_post(srv, EVENT_RETIRE, k, c->worker, h->round, false, 0, NULL);
+	return srv_post(srv, EVENT_RETIRE, k, w, h->round, false, 0, NULL);
 }
 
 static int srv_on_message(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,

@@ -67,18 +67,18 @@ static int srv_key_grow(struct server *srv)
  * protocol, through the workers, orders a reply's sending before the last
  * RETIRE of its key; the pin keeps the key's memory regardless (and shows
  * ThreadSanitizer the order in the in-process tests). */
-void srv_key_unpin(struct srv_key *k, int nworkers)
+void srv_key_unpin(struct srv_key *k)
 {
 	if (atomic_fetch_sub_explicit(&k->pins, 1, memory_order_acq_rel) == 1)
-		srv_key_free(k, nworkers);
+		srv_key_free(k);
 }
 
-void srv_key_free(struct srv_key *k, int nworkers)
+void srv_key_free(struct srv_key *k)
 {
 	if (k == NULL)
 		return;
 	if (k->push_buf)
-		for (int w = 0; w < nworkers; w++)
+		for (int w = 0; w < k->nc; w++)
 			free(k->push_buf[w]);
 	for (int i = 0; i < 2; i++) {
 		free(k->slot[i].arrived);
@@ -87,6 +87,8 @@ void srv_key_free(struct srv_key *k, int nworkers)
 		free(k->slot[i].acc);
 	}
 	free(k->push_buf);
+	free(k->peer);
+	free(k->ranks);
 	free(k->next_round);
 	free(k->retired);
 	free(k->name);
@@ -105,13 +107,24 @@ static int srv_engine_grow(struct srv_engine *e)
 	return 0;
 }
 
-/* Declares key h->key of tensor `name` (idempotent when the shape
- * matches).  Returns 0, or UNISUM_EMISMATCH / UNISUM_ENOMEM with `why` set. */
+/* Whether key k's contributors are the process set `ranks` (nranks 0:
+ * the global set). */
+static bool srv_key_same_set(const struct srv_key *k, const int *ranks, int nranks)
+{
+	if (nranks == 0 || k->ranks == NULL)
+		return nranks == 0 && k->ranks == NULL;
+	return k->nc == nranks && memcmp(k->ranks, ranks, (size_t)nranks * sizeof *ranks) == 0;
+}
+
+/* Declares key h->key of tensor `name`, summed over the process set
+ * `ranks` (nranks 0: the global set) (idempotent when the shape and the
+ * set match).  Returns 0, or UNISUM_EMISMATCH / UNISUM_ENOMEM / UNISUM_EPROTO
+ * with `why` set. */
 int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
-			   const char *name, char *why, size_t len)
+			   const char *name, const int *ranks, int nranks, char *why, size_t len)
 {
 	int rc = 0;
-	size_t W = (size_t)srv->nworkers;
+	size_t W = nranks > 0 ? (size_t)nranks : (size_t)srv->nworkers;
 	pthread_mutex_lock(&srv->lock);
 	struct srv_key *k = srv_key_find(srv, h->key);
 	if (h->count > WIRE_MAX_DATA_PAYLOAD / unisum_dtype_size(h->dtype)) {
@@ -121,7 +134,20 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 		goto out_unlock;
 	}
 	if (k != NULL) {
-		if (k->retired[c->worker]) {
+		int w = srv_key_contrib(k, c->worker);
+		if (!srv_key_same_set(k, ranks, nranks)) {
+			snprintf(why, len, "key 0x%llx of '%s' is summed over %s here but the worker "
+				 "declared it for %s%d ranks", (unsigned long long)h->key, name,
+				 k->ranks ? "a process set" : "the global set",
+				 nranks ? "a process set of " : "the global set, not ", nranks);
+			rc = UNISUM_EMISMATCH;
+		} else if (w < 0) {
+			char who[64];
+			snprintf(why, len, "%s declared key 0x%llx of '%s', which it does not push",
+				 srv_worker_name(srv, c->worker, who, sizeof who), (unsigned long long)h->key,
+				 name);
+			rc = UNISUM_EPROTO;
+		} else if (k->retired[w]) {
 			snprintf(why, len, "key 0x%llx of '%s' declared again by a worker that undeclared it, "
 				 "before every worker had", (unsigned long long)h->key, name);
 			rc = UNISUM_EPROTO;
@@ -134,6 +160,18 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 		}
 		goto out_unlock;
 	}
+	bool pushes = nranks == 0 && c->worker < srv->nworkers;
+	for (int i = 0; i < nranks && !pushes; i++)
+		pushes = srv_rank_peer(srv, ranks[i]) == c->worker;
+	if (!pushes) {
+		char who[64];
+		snprintf(why, len, "%s declared key 0x%llx of '%s', which it does not push (%s)",
+			 srv_worker_name(srv, c->worker, who, sizeof who), (unsigned long long)h->key,
+			 name, nranks ? "it is not in the key's process set"
+				      : "only a machine's local root pushes the global set's tensors");
+		rc = UNISUM_EPROTO;
+		goto out_unlock;
+	}
 	if (srv->nkeys + 1 > srv->nbuckets && srv_key_grow(srv) != 0) {
 		rc = UNISUM_ENOMEM;
 		goto out_unlock;
@@ -144,10 +182,20 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 		goto out_unlock;
 	}
 	atomic_init(&k->pins, 1);
+	k->nc = (int)W;
+	if (nranks > 0) {
+		k->peer = malloc(W * sizeof *k->peer);
+		k->ranks = malloc(W * sizeof *k->ranks);
+		if (k->peer != NULL && k->ranks != NULL) {
+			memcpy(k->ranks, ranks, W * sizeof *ranks);
+			for (int w = 0; w < nranks; w++)
+				k->peer[w] = srv_rank_peer(srv, ranks[w]);
+		}
+	}
 	k->next_round = calloc(W, sizeof *k->next_round);
 	k->push_buf = calloc(W, sizeof *k->push_buf);
 	k->retired = calloc(W, 1);
-	bool ok = k->next_round && k->push_buf && k->retired;
+	bool ok = k->next_round && k->push_buf && k->retired && (nranks == 0 || (k->peer && k->ranks));
 	for (int i = 0; i < 2; i++) {
 		k->slot[i].arrived = calloc(W, 1);
 		k->slot[i].zero = calloc(W, 1);
@@ -155,7 +203,7 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 		ok = ok && k->slot[i].arrived && k->slot[i].zero && k->slot[i].pull_waiting;
 	}
 	if (!ok) {
-		srv_key_free(k, srv->nworkers);
+		srv_key_free(k);
 		rc = UNISUM_ENOMEM;
 		goto out_unlock;
 	}
@@ -170,7 +218,7 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 	struct srv_engine *e = &srv->engines[best];
 	k->name = strdup(name);
 	if (k->name == NULL || (e->nkeys == e->capkeys && srv_engine_grow(e) != 0)) {
-		srv_key_free(k, srv->nworkers);
+		srv_key_free(k);
 		rc = UNISUM_ENOMEM;
 		goto out_unlock;
 	}
@@ -216,21 +264,22 @@ static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slo
 		h.payload_len = k->bytes;
 		payload = s->result == RESULT_OWNED ? s->acc : k->push_buf[s->borrowed];
 	}
-	srv_queue_reply(srv, w, &h, k, payload);
-	if (++s->replies == srv->nworkers) {
+	srv_queue_reply(srv, srv_key_peer(k, w), &h, k, payload);
+	if (++s->replies == k->nc) {
 		/* Everyone has its reply queued: the slot is free for round + 2. */
 		s->active = false;
 		s->ready = false;
 		s->replies = 0;
 		s->next = 0;
 		s->result = RESULT_NONE;
-		memset(s->arrived, 0, (size_t)srv->nworkers);
-		memset(s->zero, 0, (size_t)srv->nworkers);
+		memset(s->arrived, 0, (size_t)k->nc);
+		memset(s->zero, 0, (size_t)k->nc);
 	}
 }
 
-/* Answers worker w's pull of key k with an error instead of a sum. */
-void srv_reply_error(struct server *srv, struct srv_conn *c, int w, uint64_t key, uint32_t round,
+/* Answers peer p's pull of key `key` with an error instead of a sum (on
+ * connection c when the caller has it). */
+void srv_reply_error(struct server *srv, struct srv_conn *c, int p, uint64_t key, uint32_t round,
 			    int err, const char *why)
 {
 	struct wire_buf b;
@@ -241,7 +290,7 @@ void srv_reply_error(struct server *srv, struct srv_conn *c, int w, uint64_t key
 			srv_conn_enqueue(c, &h, b.data, b.data, NULL);
 		} else {
 			pthread_mutex_lock(&srv->lock);
-			struct srv_conn *to = srv->by_worker[w];
+			struct srv_conn *to = srv->by_worker[p];
 			if (to != NULL)
 				srv_conn_enqueue(to, &h, b.data, b.data, NULL);
 			else
@@ -258,10 +307,11 @@ static void srv_on_poison(struct server *srv, struct srv_key *k, const char *why
 	k->poison = why;
 	for (int i = 0; i < 2; i++) {
 		struct srv_slot *s = &k->slot[i];
-		for (int w = 0; w < srv->nworkers; w++) {
+		for (int w = 0; w < k->nc; w++) {
 			if (s->pull_waiting[w]) {
 				s->pull_waiting[w] = 0;
-				srv_reply_error(srv, NULL, w, k->key, s->round, UNISUM_EMISMATCH, why);
+				srv_reply_error(srv, NULL, srv_key_peer(k, w), k->key, s->round,
+						UNISUM_EMISMATCH, why);
 			}
 		}
 	}
@@ -313,9 +363,9 @@ static void srv_op_mismatch(struct server *srv, struct srv_key *k, const struct 
 		 "tensor '%s' (partition %u) round %u: %s called %s but %s %s; every worker must "
 		 "call the same collective (a broadcast: with the same root)",
 		 k->name ? k->name : "?", (unsigned)(k->key & 0xffff), s->round,
-		 srv_worker_name(srv, s->op_worker, first, sizeof first),
+		 srv_worker_name(srv, srv_key_peer(k, s->op_worker), first, sizeof first),
 		 wire_op_describe(s->wire_op, a, sizeof a),
-		 srv_worker_name(srv, ev->worker, other, sizeof other),
+		 srv_worker_name(srv, srv_key_peer(k, ev->worker), other, sizeof other),
 		 wire_op_describe(ev->wire_op, b, sizeof b));
 	LOG_ERROR("%s", msg);
 	k->own_poison = strdup(msg);
@@ -344,7 +394,7 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 	}
 	s->arrived[ev->worker] = 1;
 	s->zero[ev->worker] = ev->zero;
-	while (s->next < srv->nworkers && s->arrived[s->next]) {
+	while (s->next < k->nc && s->arrived[s->next]) {
 		if (srv_fold(k, s, s->next) != 0) {
 			LOG_ERROR("out of memory summing key 0x%llx", (unsigned long long)k->key);
 			atomic_store(&srv->job_error, UNISUM_ENOMEM);
@@ -352,7 +402,7 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 		}
 		s->next++;
 	}
-	if (s->next < srv->nworkers)
+	if (s->next < k->nc)
 		return;
 	/* Every worker folded.  A borrowed sum (one machine contributed: a
 	 * lone worker, a broadcast, an allgather's or alltoall's partition)
@@ -370,7 +420,7 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 		s->result = RESULT_OWNED;
 	}
 	s->ready = true;
-	for (int w = 0; w < srv->nworkers; w++) {
+	for (int w = 0; w < k->nc; w++) {
 		if (s->pull_waiting[w]) {
 			bool skip = s->pull_waiting[w] == 2;
 			s->pull_waiting[w] = 0;
@@ -383,7 +433,8 @@ static void srv_on_pull(struct server *srv, struct srv_key *k, const struct srv_
 {
 	struct srv_slot *s = &k->slot[ev->round & 1];
 	if (k->poison != NULL)
-		srv_reply_error(srv, NULL, ev->worker, k->key, ev->round, UNISUM_EMISMATCH, k->poison);
+		srv_reply_error(srv, NULL, srv_key_peer(k, ev->worker), k->key, ev->round,
+				UNISUM_EMISMATCH, k->poison);
 	else if (s->active && s->round == ev->round && s->ready)
 		srv_reply_pull(srv, k, s, ev->worker, ev->zero);
 	else
@@ -400,7 +451,7 @@ static void srv_on_pull(struct server *srv, struct srv_key *k, const struct srv_
  * were posted before. */
 static void srv_on_retire(struct server *srv, struct srv_key *k)
 {
-	if (++k->nretired < srv->nworkers)
+	if (++k->nretired < k->nc)
 		return;
 	LOG_INFO("every worker retired '%s' (key 0x%llx): its %zu-byte buffers are freed",
 		 k->name ? k->name : "?", (unsigned long long)k->key, k->bytes);
@@ -434,8 +485,8 @@ static void srv_on_retire(struct server *srv, struct srv_key *k)
 static bool srv_slot_waits_for_left(const struct server *srv, const struct srv_key *k,
 				    const struct srv_slot *s, char *msg, size_t len)
 {
-	for (int w = 0; w < srv->nworkers; w++) {
-		if (s->arrived[w] || !srv->left[w])
+	for (int w = 0; w < k->nc; w++) {
+		if (s->arrived[w] || !srv->left[srv_key_peer(k, w)])
 			continue;
 		char name[64];
 		snprintf(msg, len,
@@ -443,7 +494,7 @@ static bool srv_slot_waits_for_left(const struct server *srv, const struct srv_k
 			 "died) while tensor '%s' (partition %u) round %u still waits for its push: "
 			 "the other workers pushed it. Does every worker run the same number of "
 			 "rounds?",
-			 srv_worker_name(srv, w, name, sizeof name), k->name,
+			 srv_worker_name(srv, srv_key_peer(k, w), name, sizeof name), k->name,
 			 (unsigned)(k->key & 0xffff), s->round);
 		LOG_ERROR("%s", msg);
 		return true;
@@ -482,10 +533,13 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 			char missing[256] = "", msg[768];
 			size_t n = 0;
 			int L = srv->local_size;
-			for (int w = 0; w < srv->nworkers && n < sizeof missing - 40; w++) {
+			for (int w = 0; w < k->nc && n < sizeof missing - 40; w++) {
 				if (s->arrived[w])
 					continue;
-				if (L > 1)
+				if (k->ranks != NULL)
+					n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%d",
+							      n ? ", " : "", k->ranks[w]);
+				else if (L > 1)
 					n += (size_t)snprintf(missing + n, sizeof missing - n,
 							      "%s%d (worker rank %d)", n ? ", " : "", w, w * L);
 				else
@@ -497,7 +551,7 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 				 "which have not pushed it; the others have. Does every worker push "
 				 "every tensor every round?",
 				 k->name, (unsigned)(k->key & 0xffff), s->round, (long long)waited,
-				 L > 1 ? "machine(s)" : "worker(s)", missing);
+				 L > 1 && k->ranks == NULL ? "machine(s)" : "worker(s)", missing);
 			if (level == 1) {
 				LOG_WARN("%s", msg);
 			} else {
@@ -550,7 +604,7 @@ void *srv_engine_main(void *arg)
 		else if (ev->type == EVENT_RETIRE)
 			srv_on_retire(e->srv, ev->key);
 		else if (ev->type == EVENT_FREE)
-			srv_key_unpin(ev->key, e->srv->nworkers);
+			srv_key_unpin(ev->key);
 		else
 			srv_on_poison(e->srv, ev->key, ev->why);
 		free(ev);

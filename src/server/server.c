@@ -72,13 +72,16 @@
 #include "transport/transport.h"
 #include "wire/wire.h"
 
-/* How messages name machine m so that a user can find it: "worker N" with
- * one worker per machine, else "machine M (worker rank R)", R being the
- * rank of its local root.  Writes and returns buf. */
+/* How messages name peer m (srv_int.h) so that a user can find it:
+ * "worker N" with one worker per machine, else "machine M (worker rank
+ * R)", R being the rank of its local root, or "worker rank R" for a rank
+ * that is not one.  Writes and returns buf. */
 const char *srv_worker_name(const struct server *srv, int m, char *buf, size_t len)
 {
 	if (m < 0)
 		snprintf(buf, len, "a worker before its hello");
+	else if (m >= srv->nworkers)
+		snprintf(buf, len, "worker rank %d", m - srv->nworkers);
 	else if (srv->local_size > 1)
 		snprintf(buf, len, "machine %d (worker rank %d)", m, m * srv->local_size);
 	else
@@ -112,7 +115,7 @@ static void srv_conn_free(struct srv_conn *c)
 		pthread_join(c->send_thread, NULL);
 	for (struct srv_reply *r = c->head; r;) {
 		struct srv_reply *next = r->next;
-		srv_reply_free(c->srv, r);
+		srv_reply_free(r);
 		r = next;
 	}
 	c->tp->conn_free(c->conn);
@@ -221,7 +224,7 @@ static void srv_free(struct server *srv)
 	for (size_t i = 0; i < srv->nbuckets; i++)
 		for (struct srv_key *k = srv->buckets[i]; k;) {
 			struct srv_key *next = k->next;
-			srv_key_free(k, srv->nworkers);
+			srv_key_free(k);
 			k = next;
 		}
 	free(srv->buckets);
@@ -272,7 +275,7 @@ static void srv_stop_engines(struct server *srv, int started)
 		for (struct srv_event *ev = e->head; ev;) {
 			struct srv_event *next = ev->next;
 			if (ev->type == EVENT_FREE)
-				srv_key_unpin(ev->key, srv->nworkers);
+				srv_key_unpin(ev->key);
 			free(ev);
 			ev = next;
 		}
@@ -291,6 +294,22 @@ static int srv_join(struct server *srv, const char *bind_host, int port)
 	srv->rank = rdv_client_rank(srv->rdv);
 	srv->local_size = rdv_client_local_size(srv->rdv);
 	log_set_identity("server", srv->rank);
+	/* Every rank may connect: a local root for its machine, the others for
+	 * their process sets' tensors. */
+	srv->npeers = srv->nworkers + srv->nworkers * (srv->local_size > 0 ? srv->local_size : 1);
+	struct srv_conn **by = calloc((size_t)srv->npeers, sizeof *by);
+	bool *left = calloc((size_t)srv->npeers, sizeof *left);
+	if (by == NULL || left == NULL) {
+		free(by);
+		free(left);
+		rdv_client_free(srv->rdv);
+		srv->rdv = NULL;
+		return log_fail(UNISUM_ENOMEM, "server %d: out of memory", srv->rank);
+	}
+	free(srv->by_worker);
+	free(srv->left);
+	srv->by_worker = by;
+	srv->left = left;
 	if (rdv_client_num_machines(srv->rdv) != srv->nworkers) {
 		char why[256];
 		snprintf(why, sizeof why,

@@ -45,11 +45,17 @@ struct srv_slot {
 	int stall_level;	/* 0, 1 = warned, 2 = aborted */
 };
 
+/* A key's contributors w = 0 .. nc - 1: the machines' local roots for the
+ * global set (peer w), or the ranks of a process set, each its own
+ * contributor (peer[w]).  Every [W] array below has nc entries. */
 struct srv_key {
 	uint64_t key;
 	int dtype;
 	uint64_t count;
 	size_t bytes;		/* count x element size */
+	int nc;			/* contributors: one push each per round */
+	int *peer;		/* [nc] each one's peer (srv_rank_peer); NULL: the global set */
+	int *ranks;		/* [nc] a process set's ranks, or NULL */
 	int engine;		/* engine thread that owns the key */
 	uint32_t *next_round;	/* [W] next round worker w may push; its conn thread's */
 	uint8_t **push_buf;	/* [W] worker w's push buffer; written by its conn thread */
@@ -128,8 +134,12 @@ struct server {
 	pthread_mutex_t lock;	/* keys, by_worker, conns, stop state */
 	struct srv_key **buckets;	/* key hash table */
 	size_t nbuckets, nkeys;
-	struct srv_conn **by_worker;	/* [W] live connection of each machine's local root */
-	bool *left;		/* [W] that connection ended: the machine pushes no more */
+	/* Peers: p < nworkers is machine p's local root, which pushes for the
+	 * machine; nworkers + r is worker rank r, not a local root, which
+	 * pushes only the tensors of its process sets (srv_rank_peer). */
+	int npeers;
+	struct srv_conn **by_worker;	/* [npeers] each peer's live connection */
+	bool *left;		/* [npeers] that connection ended: the peer pushes no more */
 	struct srv_conn *conns;	/* every connection ever accepted */
 	struct srv_engine *engines;
 	int nengines;
@@ -148,29 +158,52 @@ struct srv_poison {
 };
 
 /* server.c */
-const char *srv_worker_name(const struct server *srv, int m, char *buf, size_t len);
+const char *srv_worker_name(const struct server *srv, int p, char *buf, size_t len);
+
+/* The peer through which worker rank r talks to this server. */
+static inline int srv_rank_peer(const struct server *srv, int r)
+{
+	return r % srv->local_size == 0 ? r / srv->local_size : srv->nworkers + r;
+}
+
+/* Contributor w of key k's peer. */
+static inline int srv_key_peer(const struct srv_key *k, int w)
+{
+	return k->peer != NULL ? k->peer[w] : w;
+}
+
+/* Peer p's contributor index for key k, or -1 when it is not one. */
+static inline int srv_key_contrib(const struct srv_key *k, int p)
+{
+	if (k->peer == NULL)
+		return p >= 0 && p < k->nc ? p : -1;
+	for (int w = 0; w < k->nc; w++)
+		if (k->peer[w] == p)
+			return w;
+	return -1;
+}
 
 /* engine.c: the key table (call srv_key_find with srv->lock held) and the
  * engines' event queues */
 void *srv_engine_main(void *arg);
 int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
-		    const char *name, char *why, size_t len);
+		    const char *name, const int *ranks, int nranks, char *why, size_t len);
 struct srv_key *srv_key_find(struct server *srv, uint64_t key);
-void srv_key_free(struct srv_key *k, int nworkers);
-void srv_key_unpin(struct srv_key *k, int nworkers);
+void srv_key_free(struct srv_key *k);
+void srv_key_unpin(struct srv_key *k);
 int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
 	     uint32_t wire_op, const char *why);
-void srv_reply_error(struct server *srv, struct srv_conn *c, int w, uint64_t key, uint32_t round,
+void srv_reply_error(struct server *srv, struct srv_conn *c, int p, uint64_t key, uint32_t round,
 		     int err, const char *why);
 
 /* conn.c: a worker's connection threads and its send queue */
 void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *payload,
 		      void *owned, struct srv_key *pin);
-void srv_queue_reply(struct server *srv, int w, const struct wire_hdr *h, struct srv_key *k,
+void srv_queue_reply(struct server *srv, int p, const struct wire_hdr *h, struct srv_key *k,
 		     const void *payload);
 void *srv_recv_main(void *arg);
 void *srv_send_main(void *arg);
-void srv_reply_free(struct server *srv, struct srv_reply *r);
+void srv_reply_free(struct srv_reply *r);
 void srv_tensor_error(void *arg, uint64_t key, const char *why);
 
 #endif /* UNISUM_SRV_INT_H */

@@ -294,27 +294,21 @@ static void tr_cond_init(void)
 	timing_cond_init(&tr.cond);
 }
 
-int trace_open(const struct config *cfg, int rank)
+/* Starts writing the timeline of worker `rank`, rounds start..end, to
+ * the file tr.path, opened (`what` names where the path came from). */
+static int trace_start_file(int rank, uint32_t start, uint32_t end, const char *what)
 {
-	if (!cfg->trace_on)
-		return 0;
 	pthread_once(&tr_cond_once, tr_cond_init);
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	tr.origin_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 	tr.rank = rank;
-	tr.start_step = (uint32_t)cfg->trace_start_step;
-	tr.end_step = (uint32_t)cfg->trace_end_step;
-	char dir[1100];
-	snprintf(dir, sizeof dir, "%s/%d", cfg->trace_dir, rank);
-	if (mkdir_p(dir) != 0)
-		return log_fail(UNISUM_ECONFIG, "UNISUM_TRACE_DIR=%s: cannot create %s: %s", cfg->trace_dir,
-				dir, strerror(errno));
-	snprintf(tr.path, sizeof tr.path, "%s/comm.json", dir);
+	tr.start_step = start;
+	tr.end_step = end;
 	tr.file = fopen(tr.path, "w");
 	if (tr.file == NULL)
-		return log_fail(UNISUM_ECONFIG, "UNISUM_TRACE_DIR=%s: cannot write %s: %s", cfg->trace_dir,
-				tr.path, strerror(errno));
+		return log_fail(UNISUM_ECONFIG, "%s: cannot write %s: %s", what, tr.path,
+				strerror(errno));
 	tr.ring = malloc(TRACE_RING * sizeof *tr.ring);
 	if (tr.ring == NULL) {
 		fclose(tr.file);
@@ -341,6 +335,37 @@ int trace_open(const struct config *cfg, int rank)
 	return 0;
 }
 
+int trace_open(const struct config *cfg, int rank)
+{
+	if (!cfg->trace_on)
+		return 0;
+	char dir[1100], what[1200];
+	snprintf(dir, sizeof dir, "%s/%d", cfg->trace_dir, rank);
+	snprintf(what, sizeof what, "UNISUM_TRACE_DIR=%s", cfg->trace_dir);
+	if (mkdir_p(dir) != 0)
+		return log_fail(UNISUM_ECONFIG, "%s: cannot create %s: %s", what, dir, strerror(errno));
+	snprintf(tr.path, sizeof tr.path, "%s/comm.json", dir);
+	return trace_start_file(rank, (uint32_t)cfg->trace_start_step, (uint32_t)cfg->trace_end_step,
+				what);
+}
+
+int trace_start(const char *path, int rank)
+{
+	if (atomic_load(&tr.on))
+		return log_fail(UNISUM_EBUSY, "a timeline is being written to %s already; stop it first",
+				tr.path);
+	if (path == NULL || path[0] == '\0' || strlen(path) >= sizeof tr.path)
+		return log_fail(UNISUM_EINVAL, "the timeline needs a file path of 1 to %zu characters",
+				sizeof tr.path - 1);
+	snprintf(tr.path, sizeof tr.path, "%s", path);
+	return trace_start_file(rank, 0, UINT32_MAX, "the timeline");
+}
+
+bool trace_is_on(void)
+{
+	return atomic_load(&tr.on);
+}
+
 void trace_close(void)
 {
 	if (!atomic_load(&tr.on))
@@ -358,8 +383,11 @@ void trace_close(void)
 	if (tr.dropped > 0)
 		LOG_WARN("trace: %llu records were dropped (the writer fell behind); the timeline in %s "
 			 "has gaps", (unsigned long long)tr.dropped, tr.path);
+	pthread_mutex_lock(&tr.lock);
 	free(tr.ring);
 	tr.ring = NULL;
+	pthread_mutex_unlock(&tr.lock);
+	pthread_mutex_lock(&tr.names_lock);
 	for (int i = 0; i < tr.ntensors; i++) {
 		free(tr.tensors[i].name);
 		free(tr.tensors[i].named);
@@ -367,4 +395,5 @@ void trace_close(void)
 	free(tr.tensors);
 	tr.tensors = NULL;
 	tr.ntensors = tr.captensors = 0;
+	pthread_mutex_unlock(&tr.names_lock);
 }

@@ -43,6 +43,15 @@ enum trace_kind {
  * UNISUM_ECONFIG / UNISUM_ESYS with the reason in the last error. */
 int trace_open(const struct config *cfg, int rank);
 
+/* Starts the timeline now, every round from here on, into the file
+ * `path` (Horovod's start_timeline); trace_close stops it.  0, or
+ * UNISUM_EBUSY while one is being written, UNISUM_EINVAL / UNISUM_ECONFIG
+ * for a path that cannot be written. */
+int trace_start(const char *path, int rank);
+
+/* Whether a timeline is being written. */
+bool trace_is_on(void);
+
 /* Whether round `round` is recorded (false when tracing is off). */
 bool trace_wants(uint32_t round);
 

@@ -298,17 +298,32 @@ int wire_error_decode(const void *payload, size_t len, char *why, size_t why_len
 	return 0;
 }
 
-void wire_declare_check_encode(struct wire_buf *b, const char *name)
+void wire_declare_check_encode(struct wire_buf *b, const char *name, const int *members, int n)
 {
 	wire_buf_str(b, name);
+	wire_buf_u32(b, (uint32_t)n);
+	for (int i = 0; i < n; i++)
+		wire_buf_u32(b, (uint32_t)members[i]);
 }
 
-int wire_declare_check_decode(const void *payload, size_t len, char *name, size_t name_len)
+int wire_declare_check_decode(const void *payload, size_t len, char *name, size_t name_len,
+			      int *members, int max_members, int *n)
 {
 	struct wire_reader r;
 	wire_reader_init(&r, payload, len);
 	wire_read_str(&r, name, name_len);
-	return r.failed || r.left != 0 || name[0] == '\0' ? UNISUM_EPROTO : 0;
+	uint32_t count = wire_read_u32(&r);
+	if (r.failed || name[0] == '\0' || count > (uint32_t)max_members || r.left != 4ull * count)
+		return UNISUM_EPROTO;
+	for (uint32_t i = 0; i < count; i++) {
+		uint32_t m = wire_read_u32(&r);
+		/* Strictly increasing: a set is its sorted ranks, each once. */
+		if (m > INT32_MAX || (i > 0 && m <= (uint32_t)members[i - 1]))
+			return UNISUM_EPROTO;
+		members[i] = (int)m;
+	}
+	*n = (int)count;
+	return 0;
 }
 
 void wire_buf_init(struct wire_buf *b)

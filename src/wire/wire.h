@@ -40,7 +40,7 @@
 #include "unisum.h"
 
 #define WIRE_MAGIC 0x4d555355u	/* "USUM" */
-#define WIRE_VERSION 7
+#define WIRE_VERSION 8
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
 #define WIRE_MAX_DATA_PAYLOAD (1ull << 30)	/* 1 GiB for one partition */
@@ -55,7 +55,8 @@ enum wire_type {
 	WIRE_PUSH_ACK = 7,	/* server -> worker: the PUSH of key, round arrived (credit back) */
 	WIRE_PULL = 8,		/* worker -> server: send me the sum of this round */
 	WIRE_PULL_REPLY = 9,	/* server -> worker: the sum */
-	WIRE_DECLARE_CHECK = 10, /* worker -> server: key, dtype, count it will push; payload str name */
+	WIRE_DECLARE_CHECK = 10, /* worker -> server: key, dtype, count it will push; payload str name,
+				  * the ranks of its process set */
 	WIRE_ERROR = 11,	/* any -> any: code in aux, text in payload; to the scheduler: fail the
 				 * job, or with a key, that tensor can never be summed */
 	WIRE_SHUTDOWN = 12,	/* worker -> scheduler: done; scheduler -> server: stop */
@@ -174,10 +175,14 @@ void wire_buf_str(struct wire_buf *b, const char *s);	/* u32 length + bytes */
 int wire_error_build(struct wire_hdr *h, struct wire_buf *b, int err, const char *why);
 int wire_error_decode(const void *payload, size_t len, char *why, size_t why_len);
 
-/* DECLARE_CHECK: str name, the tensor's (for the server's messages).
- * decode: 0, or UNISUM_EPROTO for a malformed or empty name. */
-void wire_declare_check_encode(struct wire_buf *b, const char *name);
-int wire_declare_check_decode(const void *payload, size_t len, char *name, size_t name_len);
+/* DECLARE_CHECK: str name, the tensor's (for the server's messages), then
+ * u32 n and n x u32: the worker ranks of the key's process set, strictly
+ * increasing (n = 0: the global set, one push per machine).
+ * decode: 0, or UNISUM_EPROTO for a malformed or empty name, more than
+ * max_members ranks, or ranks out of order. */
+void wire_declare_check_encode(struct wire_buf *b, const char *name, const int *members, int n);
+int wire_declare_check_decode(const void *payload, size_t len, char *name, size_t name_len,
+			      int *members, int max_members, int *n);
 
 /* A bounds-checked reader over a received control payload. */
 struct wire_reader {

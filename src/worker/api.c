@@ -135,6 +135,26 @@ int unisum_shutdown(void)
 	return rc;
 }
 
+int unisum_timeline_start(const char *path)
+{
+	struct worker *w = api();
+	int rank = worker_rank(w);
+	if (rank < 0)
+		return log_fail(UNISUM_ENOTINIT, "call unisum_init() first");
+	int rc = trace_start(path, rank);
+	if (rc == 0)
+		worker_trace_names(w);
+	return rc;
+}
+
+int unisum_timeline_stop(void)
+{
+	if (!trace_is_on())
+		return log_fail(UNISUM_EINVAL, "unisum_timeline_stop: no timeline is being written");
+	trace_close();
+	return 0;
+}
+
 int unisum_rank(void)
 {
 	return worker_rank(api());
@@ -160,8 +180,9 @@ int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int prior
 	return worker_declare(api(), name, dtype, count, priority);
 }
 
-int unisum_declare_shaped(const char *name, unisum_dtype dtype, int ndim, const int64_t *dims,
-			  int priority)
+/* unisum_declare_shaped and unisum_declare_in, in process set `set`. */
+static int api_declare_shaped(int set, const char *name, unisum_dtype dtype, int ndim,
+			      const int64_t *dims, int priority)
 {
 	if (ndim < 0 || ndim > RDV_MAX_DIMS || (ndim > 0 && dims == NULL))
 		return log_fail(UNISUM_EINVAL, "unisum_declare_shaped('%s'): ndim must be 0 to %d, "
@@ -174,7 +195,29 @@ int unisum_declare_shaped(const char *name, unisum_dtype dtype, int ndim, const 
 					"%lld", name ? name : "", i, (long long)dims[i]);
 		shape.dims[i] = (uint64_t)dims[i];
 	}
-	return worker_declare_shaped(api(), name, dtype, (size_t)count, &shape, priority);
+	return worker_declare_in(api(), set, name, dtype, (size_t)count, &shape, priority);
+}
+
+int unisum_declare_shaped(const char *name, unisum_dtype dtype, int ndim, const int64_t *dims,
+			  int priority)
+{
+	return api_declare_shaped(0, name, dtype, ndim, dims, priority);
+}
+
+int unisum_declare_in(int set, const char *name, unisum_dtype dtype, int ndim,
+		      const int64_t *dims, int priority)
+{
+	return api_declare_shaped(set, name, dtype, ndim, dims, priority);
+}
+
+int unisum_process_set_add(const int *ranks, int nranks)
+{
+	return worker_process_set_add(api(), ranks, nranks);
+}
+
+int unisum_process_set_remove(int set)
+{
+	return worker_process_set_remove(api(), set);
 }
 
 int unisum_undeclare(int tensor)

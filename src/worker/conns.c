@@ -314,13 +314,14 @@ static void *wk_send_main(void *arg)
 			/* The name lets the server say which tensor stalls. */
 			struct wire_buf b;
 			wire_buf_init(&b);
-			wire_declare_check_encode(&b, j->name);
+			wire_declare_check_encode(&b, j->name, j->ranks, j->nranks);
 			struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = rdv_client_id(w->rdv),
 					     .key = j->key, .count = j->count, .dtype = (uint8_t)j->dtype,
 					     .payload_len = b.len};
 			rc = b.failed ? UNISUM_ENOMEM : c->tp->send(c->conn, &h, b.data);
 			wire_buf_fini(&b);
 			free(j->name);
+			free(j->ranks);
 			free(j);
 		} else {
 			/* Build both headers first: once PULL is on its way the reply may
@@ -403,6 +404,7 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	for (struct wk_job *j; (j = fifo_pop(c)) != NULL;) {
 		if (j->type != JOB_PUSH_PULL) {
 			free(j->name);
+			free(j->ranks);
 			free(j);
 		}
 	}

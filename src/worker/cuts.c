@@ -104,8 +104,8 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 		goto out_free;
 	}
 	for (uint32_t i = 0; i < L->nparts; i++) {
-		if (!w->to_servers)
-			break;	/* the local root tells them */
+		if (!w->to_servers && t->nranks == 0)
+			break;	/* the local root tells them; a process set's members each do */
 		if (L->servers[i] >= (uint32_t)w->nservers) {
 			rc = log_fail(UNISUM_EPROTO, "the scheduler placed '%s' on server %u of %d",
 				      wire_name, L->servers[i], w->nservers);
@@ -117,10 +117,16 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 			goto out_free;
 		}
 		*j = (struct wk_job){.type = JOB_DECLARE, .key = L->key + i, .dtype = t->dtype,
-				     .count = L->parts[i].count, .name = strdup(wire_name)};
-		rc = j->name != NULL ? wk_enqueue(&w->conns[L->servers[i]], j) : UNISUM_ENOMEM;
+				     .count = L->parts[i].count, .name = strdup(wire_name),
+				     .nranks = t->nranks};
+		if (t->nranks > 0 && (j->ranks = malloc((size_t)t->nranks * sizeof *j->ranks)) != NULL)
+			memcpy(j->ranks, t->ranks, (size_t)t->nranks * sizeof *j->ranks);
+		rc = j->name != NULL && (t->nranks == 0 || j->ranks != NULL)
+			     ? wk_enqueue(&w->conns[L->servers[i]], j)
+			     : UNISUM_ENOMEM;
 		if (rc != 0) {
 			free(j->name);
+			free(j->ranks);
 			free(j);
 			rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, w->rank,
 				      log_last_error());
@@ -156,7 +162,7 @@ void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L)
 		if (old == L || old->retired || (L != NULL && old->homed != 0))
 			continue;
 		old->retired = true;
-		for (uint32_t i = 0; w->to_servers && i < old->nparts; i++) {
+		for (uint32_t i = 0; (w->to_servers || t->nranks > 0) && i < old->nparts; i++) {
 			struct wk_job *j = calloc(1, sizeof *j);
 			if (j == NULL)
 				return;	/* the server keeps the buffers: memory, not results */
@@ -279,9 +285,10 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 	int rc;
 	/* Servers count rounds per key, so each cut counts its own. */
 	uint32_t wire_round = ((struct wk_layout *)L)->rounds++;
-	int divisor = (op->flags & UNISUM_AVERAGE) ? w->size : 1;
+	int divisor = !(op->flags & UNISUM_AVERAGE) ? 1 : t->nranks > 0 ? t->nranks : w->size;
 	wk_zero_pushed(op, L);
-	if (w->local && L->nparts > 0) {
+	/* A process set's members push on their own: no local reduce. */
+	if (w->local && L->nparts > 0 && t->nranks == 0) {
 		op->L = L;
 		op->wire_round = wire_round;
 		struct local_req req = {.key = L->key, .round = wire_round, .dtype = t->dtype,

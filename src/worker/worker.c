@@ -222,6 +222,7 @@ static void wk_tensor_free(struct wk_tensor *t)
 		free(t->cuts[c].servers);
 	}
 	free(t->cuts);
+	free(t->ranks);
 	free(t);
 }
 
@@ -257,6 +258,11 @@ static void wk_free_all(struct worker *w)
 	w->tensors = NULL;
 	w->ops = NULL;
 	w->ntensors = w->captensors = w->nops = w->capops = 0;
+	for (int i = 0; i < w->npsets; i++)
+		free(w->psets[i].ranks);
+	free(w->psets);
+	w->psets = NULL;
+	w->npsets = w->next_pset = 0;
 }
 
 /* A worker not yet in a job: its locks, and its conditions, whose timed
@@ -267,6 +273,7 @@ static struct worker *wk_new(const struct config *cfg)
 	if (w == NULL)
 		return NULL;
 	pthread_mutex_init(&w->lock, NULL);
+	pthread_mutex_init(&w->connect_lock, NULL);
 	pthread_mutex_init(&w->meter.lock, NULL);
 	timing_cond_init(&w->done_cond);
 	timing_cond_init(&w->failed_cond);
@@ -280,6 +287,7 @@ void worker_free(struct worker *w)
 	if (w == NULL)
 		return;
 	pthread_mutex_destroy(&w->lock);
+	pthread_mutex_destroy(&w->connect_lock);
 	pthread_mutex_destroy(&w->meter.lock);
 	pthread_cond_destroy(&w->done_cond);
 	pthread_cond_destroy(&w->failed_cond);
@@ -511,23 +519,240 @@ int worker_declare(struct worker *w, const char *name, unisum_dtype dtype, size_
 int worker_declare_shaped(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
 			  const struct rdv_shape *shape, int priority)
 {
+	return worker_declare_in(w, 0, name, dtype, count, shape, priority);
+}
+
+/* ---- process sets ------------------------------------------------------------ */
+
+static int wk_declare(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
+		      const struct rdv_shape *shape, int priority, int *ranks, int nranks);
+
+/*
+ * A process set's tensor is its own tensor: its wire name is the user's
+ * name under a prefix that hashes the set's ranks, so the scheduler gives
+ * it its own keys and rounds, placed like any tensor.  Each member pushes
+ * every partition itself (a local root over its machine's connections,
+ * any other rank over connections it opens at its first such tensor) and
+ * the server sums the members' pushes in rank order; the machine's local
+ * reduce serves the global set only.  Non-members never hear of it.
+ */
+
+static int wk_int_cmp(const void *a, const void *b)
+{
+	int x = *(const int *)a, y = *(const int *)b;
+	return (x > y) - (x < y);
+}
+
+int worker_process_set_add(struct worker *w, const int *ranks, int n)
+{
+	if (wk_require_init(w) != 0)
+		return UNISUM_ENOTINIT;
+	if (ranks == NULL || n < 1 || n > w->size)
+		return log_fail(UNISUM_EINVAL, "unisum_process_set_add: give 1 to %d ranks (got %d)",
+				w->size, n);
+	int *sorted = malloc((size_t)n * sizeof *sorted);
+	if (sorted == NULL)
+		return UNISUM_ENOMEM;
+	memcpy(sorted, ranks, (size_t)n * sizeof *sorted);
+	qsort(sorted, (size_t)n, sizeof *sorted, wk_int_cmp);
+	for (int i = 0; i < n; i++) {
+		if (sorted[i] < 0 || sorted[i] >= w->size || (i > 0 && sorted[i] == sorted[i - 1])) {
+			int bad = sorted[i];
+			free(sorted);
+			return log_fail(UNISUM_EINVAL, "unisum_process_set_add: rank %d is %s", bad,
+					bad < 0 || bad >= w->size ? "not a rank of this job"
+								  : "given twice");
+		}
+	}
+	pthread_mutex_lock(&w->lock);
+	for (int i = 0; i < w->npsets; i++) {
+		const struct wk_pset *p = &w->psets[i];
+		if (p->n == n && memcmp(p->ranks, sorted, (size_t)n * sizeof *sorted) == 0) {
+			int id = p->id;
+			pthread_mutex_unlock(&w->lock);
+			free(sorted);
+			return log_fail(UNISUM_EINVAL, "unisum_process_set_add: these ranks are process "
+					"set %d already", id);
+		}
+	}
+	struct wk_pset *ps = realloc(w->psets, (size_t)(w->npsets + 1) * sizeof *ps);
+	if (ps == NULL) {
+		pthread_mutex_unlock(&w->lock);
+		free(sorted);
+		return UNISUM_ENOMEM;
+	}
+	w->psets = ps;
+	int id = ++w->next_pset;
+	w->psets[w->npsets++] = (struct wk_pset){.id = id, .n = n, .ranks = sorted};
+	pthread_mutex_unlock(&w->lock);
+	return id;
+}
+
+int worker_process_set_remove(struct worker *w, int set)
+{
+	if (wk_require_init(w) != 0)
+		return UNISUM_ENOTINIT;
+	pthread_mutex_lock(&w->lock);
+	int i = 0;
+	while (i < w->npsets && w->psets[i].id != set)
+		i++;
+	if (i == w->npsets) {
+		pthread_mutex_unlock(&w->lock);
+		return log_fail(UNISUM_EINVAL, "unisum_process_set_remove: no process set %d%s", set,
+				set == 0 ? " (0 is the global set, which stays)" : "");
+	}
+	struct wk_pset p = w->psets[i];
+	/* Its tensors go with it; none may have an operation in flight. */
+	for (int t = 0; t < w->ntensors; t++) {
+		struct wk_tensor *x = w->tensors[t];
+		if (x != NULL && x->nranks == p.n && memcmp(x->ranks, p.ranks, (size_t)p.n * sizeof (int)) == 0 &&
+		    x->busy) {
+			pthread_mutex_unlock(&w->lock);
+			return log_fail(UNISUM_EBUSY, "unisum_process_set_remove: tensor '%s' of process "
+					"set %d has an operation in flight", x->name, set);
+		}
+	}
+	w->psets[i] = w->psets[--w->npsets];
+	int *mine = NULL, nmine = 0;
+	for (int t = 0; t < w->ntensors; t++) {
+		struct wk_tensor *x = w->tensors[t];
+		if (x != NULL && x->nranks == p.n &&
+		    memcmp(x->ranks, p.ranks, (size_t)p.n * sizeof (int)) == 0) {
+			int *m = realloc(mine, (size_t)(nmine + 1) * sizeof *m);
+			if (m != NULL) {
+				mine = m;
+				mine[nmine++] = t;
+			}
+		}
+	}
+	pthread_mutex_unlock(&w->lock);
+	int rc = 0;
+	for (int k = 0; k < nmine; k++) {
+		int r = worker_undeclare(w, mine[k]);
+		if (r != 0 && rc == 0)
+			rc = r;
+	}
+	free(mine);
+	free(p.ranks);
+	return rc;
+}
+
+/* Opens this worker's server connections if it has none (it is not its
+ * machine's local root): a process set's members each push.  0 or an
+ * error (logged). */
+static int wk_ensure_conns(struct worker *w)
+{
+	pthread_mutex_lock(&w->connect_lock);
+	int rc = 0;
+	if (w->conns == NULL) {
+		if (w->nservers == 0) {
+			rc = log_fail(UNISUM_ECONFIG, "worker %d: a process set's tensors are summed on the "
+				      "servers, and this job has none (UNISUM_NUM_SERVER=0)", w->rank);
+		} else {
+			rc = wk_connect_servers(w);
+			if (rc != 0)
+				wk_close_conns(w);
+		}
+	}
+	pthread_mutex_unlock(&w->connect_lock);
+	return rc;
+}
+
+/* The ranks of process set `set` (a copy, *n of them) for a tensor of
+ * it, with its wire name in wire (len bytes); NULL with *rc set. */
+static int *wk_pset_for(struct worker *w, int set, const char *name, char *wire, size_t len,
+			int *n, int *rc)
+{
+	pthread_mutex_lock(&w->lock);
+	int i = 0;
+	while (i < w->npsets && w->psets[i].id != set)
+		i++;
+	int *ranks = NULL;
+	bool member = false;
+	if (i < w->npsets) {
+		*n = w->psets[i].n;
+		ranks = malloc((size_t)*n * sizeof *ranks);
+		if (ranks != NULL)
+			memcpy(ranks, w->psets[i].ranks, (size_t)*n * sizeof *ranks);
+		for (int k = 0; ranks != NULL && k < *n; k++)
+			member = member || ranks[k] == w->rank;
+	}
+	pthread_mutex_unlock(&w->lock);
+	if (i == w->npsets) {
+		*rc = log_fail(UNISUM_EINVAL, "unisum_declare_in('%s'): worker %d has no process set %d "
+			       "(add it with unisum_process_set_add)", name, w->rank, set);
+		return NULL;
+	}
+	if (ranks == NULL) {
+		*rc = UNISUM_ENOMEM;
+		return NULL;
+	}
+	if (!member) {
+		free(ranks);
+		*rc = log_fail(UNISUM_EINVAL, "unisum_declare_in('%s'): worker %d is not in process "
+			       "set %d", name, w->rank, set);
+		return NULL;
+	}
+	/* FNV-1a of the ranks names the set on the wire, whatever its id. */
+	uint64_t h = 0xcbf29ce484222325ull;
+	for (int k = 0; k < *n; k++) {
+		h ^= (uint64_t)(uint32_t)ranks[k];
+		h *= 0x100000001b3ull;
+	}
+	if ((size_t)snprintf(wire, len, "set:%016llx/%s", (unsigned long long)h, name) >= len) {
+		free(ranks);
+		*rc = log_fail(UNISUM_EINVAL, "unisum_declare_in: the name '%s' is too long for a "
+			       "process set's tensor (at most %zu characters)", name, len - 22);
+		return NULL;
+	}
+	*rc = wk_ensure_conns(w);
+	if (*rc != 0) {
+		free(ranks);
+		return NULL;
+	}
+	return ranks;
+}
+
+int worker_declare_in(struct worker *w, int set, const char *name, unisum_dtype dtype,
+		      size_t count, const struct rdv_shape *shape, int priority)
+{
 	if (wk_require_init(w) != 0)
 		return UNISUM_ENOTINIT;
 	if (name == NULL || name[0] == '\0' || strlen(name) >= sizeof ((struct wk_tensor *)0)->name)
 		return log_fail(UNISUM_EINVAL, "unisum_declare: the name must have 1 to 255 characters");
-	size_t esize = unisum_dtype_size(dtype);
-	if (esize == 0)
-		return log_fail(UNISUM_EINVAL, "unisum_declare('%s'): unknown dtype %d", name, (int)dtype);
-	if (esize > w->cfg.partition_bytes)
-		return log_fail(UNISUM_ECONFIG, "UNISUM_PARTITION_BYTES=%llu is smaller than one %s element",
-				(unsigned long long)w->cfg.partition_bytes, unisum_dtype_name(dtype));
-	int rc = wk_tensor_known(w, name, dtype, count);
-	if (rc != -1)
-		return rc;
+	char wire[sizeof ((struct wk_tensor *)0)->name];
+	int *ranks = NULL, nranks = 0;
+	if (set != 0) {
+		int rc;
+		ranks = wk_pset_for(w, set, name, wire, sizeof wire, &nranks, &rc);
+		if (ranks == NULL)
+			return rc;
+		name = wire;
+	}
+	return wk_declare(w, name, dtype, count, shape, priority, ranks, nranks);
+}
 
-	struct wk_tensor *t = calloc(1, sizeof *t);
-	if (t == NULL)
-		return UNISUM_ENOMEM;
+/* Declares tensor `name` of the process set `ranks` (NULL: the global
+ * set), which it takes over. */
+static int wk_declare(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
+		      const struct rdv_shape *shape, int priority, int *ranks, int nranks)
+{
+	size_t esize = unisum_dtype_size(dtype);
+	int rc = -1;
+	if (esize == 0)
+		rc = log_fail(UNISUM_EINVAL, "unisum_declare('%s'): unknown dtype %d", name, (int)dtype);
+	else if (esize > w->cfg.partition_bytes)
+		rc = log_fail(UNISUM_ECONFIG, "UNISUM_PARTITION_BYTES=%llu is smaller than one %s element",
+			      (unsigned long long)w->cfg.partition_bytes, unisum_dtype_name(dtype));
+	else
+		rc = wk_tensor_known(w, name, dtype, count);
+	struct wk_tensor *t = rc == -1 ? calloc(1, sizeof *t) : NULL;
+	if (t == NULL) {
+		free(ranks);
+		return rc == -1 ? UNISUM_ENOMEM : rc;
+	}
+	t->ranks = ranks;
+	t->nranks = nranks;
 	t->w = w;
 	snprintf(t->name, sizeof t->name, "%s", name);
 	t->dtype = dtype;
@@ -555,8 +780,20 @@ out_free:
 		free(t->cuts[0].servers);
 	}
 	free(t->cuts);
+	free(t->ranks);
 	free(t);
 	return rc;
+}
+
+void worker_trace_names(struct worker *w)
+{
+	pthread_mutex_lock(&w->lock);
+	for (int i = 0; i < w->ntensors; i++) {
+		const struct wk_tensor *t = w->tensors[i];
+		if (t != NULL && t->ncuts > 0)
+			trace_name_tensor(i, t->name, t->cuts[t->ncuts - 1].nparts);
+	}
+	pthread_mutex_unlock(&w->lock);
 }
 
 int worker_undeclare(struct worker *w, int tensor)
@@ -585,7 +822,7 @@ int worker_undeclare(struct worker *w, int tensor)
 	 * go.  Nothing is in flight, so the servers' replies are all here. */
 	wk_retire_cuts(t, NULL);
 	for (int c = 0; c < t->ncuts; c++) {
-		if (w->local)
+		if (w->local && t->nranks == 0)
 			local_forget(w->lc, t->cuts[c].key);
 		rdv_client_forget(w->rdv, t->cuts[c].key);
 	}
@@ -665,7 +902,9 @@ static int wk_start(struct worker *w, int tensor, const struct wk_op *tmpl, unis
 			wk_op_fail(op, rc, log_last_error());
 			return 0;
 		}
-	} else if (w->cfg.autotune) {
+	} else if (w->cfg.autotune && op->t->nranks == 0) {
+		/* A process set's tensors keep their declared cut: autotune
+		 * settles the global set's, which every rank runs. */
 		if (w->rank == 0)
 			tune_saw_round(w->tuner, op->round);
 		L = wk_tuned_cut(op, false, &rc);
@@ -724,6 +963,15 @@ int worker_broadcast_async(struct worker *w, int tensor, void *buf, int root_ran
 		return log_fail(UNISUM_EINVAL, "unisum_broadcast: buf and the handle must not be NULL "
 				"and root_rank %d must be in [0, %d) (worker %d, tensor %d)", root_rank,
 				w->size, w->rank, tensor);
+	pthread_mutex_lock(&w->lock);
+	const struct wk_tensor *t = tensor >= 0 && tensor < w->ntensors ? w->tensors[tensor] : NULL;
+	bool member = t == NULL || t->nranks == 0;
+	for (int i = 0; !member && i < t->nranks; i++)
+		member = t->ranks[i] == root_rank;
+	pthread_mutex_unlock(&w->lock);
+	if (!member)
+		return log_fail(UNISUM_EINVAL, "unisum_broadcast: root_rank %d is not in the process set "
+				"of tensor %d (worker %d)", root_rank, tensor, w->rank);
 	struct wk_op tmpl = {.in = w->rank == root_rank ? buf : NULL, .out = buf,
 			     .wire_op = WIRE_OP(WIRE_OP_BROADCAST, (uint32_t)root_rank)};
 	return wk_start(w, tensor, &tmpl, h);
@@ -752,6 +1000,10 @@ static int wk_tensor_shape(struct worker *w, int tensor, uint64_t *count, size_t
 	if (tensor < 0 || tensor >= w->ntensors || w->tensors[tensor] == NULL) {
 		rc = log_fail(UNISUM_EINVAL, "%s: tensor id %d was never declared, or was undeclared "
 			      "(worker %d)", what, tensor, w->rank);
+	} else if (w->tensors[tensor]->nranks > 0) {
+		rc = log_fail(UNISUM_EINVAL, "%s: tensor '%s' belongs to a process set; the gathering "
+			      "collectives of the C API run on the global set (worker %d)", what,
+			      w->tensors[tensor]->name, w->rank);
 	} else {
 		*count = w->tensors[tensor]->count;
 		*esize = w->tensors[tensor]->esize;

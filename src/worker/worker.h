@@ -44,7 +44,13 @@ int worker_declare(struct worker *w, const char *name, unisum_dtype dtype, size_
 struct rdv_shape;
 int worker_declare_shaped(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
 			  const struct rdv_shape *shape, int priority);
+int worker_declare_in(struct worker *w, int set, const char *name, unisum_dtype dtype,
+		      size_t count, const struct rdv_shape *shape, int priority);
 int worker_undeclare(struct worker *w, int tensor);
+/* Names every tensor of w on the timeline (it was started after them). */
+void worker_trace_names(struct worker *w);
+int worker_process_set_add(struct worker *w, const int *ranks, int n);
+int worker_process_set_remove(struct worker *w, int set);
 int worker_push_pull_async(struct worker *w, int tensor, const void *in, void *out, int flags,
 			   unisum_handle *h);
 int worker_broadcast_async(struct worker *w, int tensor, void *buf, int root_rank,

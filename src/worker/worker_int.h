@@ -59,6 +59,8 @@ struct wk_tensor {
 	int ncuts;
 	uint32_t nhomed;		/* homed cuts declared so far (names NAME#0, #1, ...) */
 	struct rdv_shape shape;		/* as declared (ndim 0: none), sent with the first cut */
+	int *ranks;			/* its process set's ranks, sorted (owned), or NULL ... */
+	int nranks;			/* ... and how many: 0 for the global set */
 	uint32_t round;			/* next round (training step) */
 	bool busy;			/* an operation is in flight */
 };
@@ -137,7 +139,9 @@ struct wk_job {
 	bool skip_pull;			/* this machine wants none of it: PULL with SKIP */
 	uint32_t wire_op;		/* the collective, WIRE_OP(): the PUSH's aux */
 	struct wk_op *op;		/* NULL for DECLARE jobs */
-	char *name;			/* DECLARE jobs: the tensor's name (owned) */
+	char *name;			/* DECLARE jobs: the tensor's name (owned) ... */
+	int *ranks;			/* ... its process set's ranks (owned), or NULL ... */
+	int nranks;			/* ... and how many (0: the global set) */
 	struct wk_job *pending_next;	/* chain in the pending table */
 	struct wk_job *next;		/* chain in its connection's send queue */
 	int64_t t_queued, t_taken;	/* trace clock: entered, left the PUSH queue */
@@ -177,6 +181,15 @@ struct wk_conn {
 	char dead_why[700];		/* why, for the errors of later calls */
 };
 
+/* A process set (unisum_process_set_add): a subgroup of the ranks whose
+ * tensors are their own keys, summed on the same servers over its
+ * members' pushes. */
+struct wk_pset {
+	int id;				/* >= 1; 0 is the global set */
+	int n;
+	int *ranks;			/* sorted, owned */
+};
+
 /* One worker: a rank of the job.  The C API of unisum.h drives the
  * process's one; tests may run several in a process (worker.h). */
 struct worker {
@@ -190,7 +203,11 @@ struct worker {
 	bool local;			/* several workers on this machine: src/worker/local.c */
 	struct local *lc;		/* ... its local path (NULL once it left) */
 	bool to_servers;		/* this worker talks to the servers (a machine's root) */
-	struct wk_conn *conns;		/* [nservers] */
+	struct wk_conn *conns;		/* [nservers]; a worker that is not its machine's
+					 * root connects at its first process set tensor */
+	pthread_mutex_t connect_lock;	/* that connecting */
+	struct wk_pset *psets;		/* the process sets added and not removed */
+	int npsets, next_pset;
 	bool conns_live;		/* every conn is set up and not yet torn down */
 	struct wk_tensor **tensors;
 	int ntensors, captensors;

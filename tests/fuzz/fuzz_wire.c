@@ -479,18 +479,35 @@ static void parse_declare_request(const uint8_t *data, size_t len)
 	wire_buf_fini(&b);
 }
 
-/* DECLARE_CHECK (server.c srv_on_message): str name. */
+/* DECLARE_CHECK (conn.c srv_on_declare_check): str name, u32 n, n x u32
+ * ranks, strictly increasing, at most the receiver's maximum (16 here).
+ * The model reads it field by field; the codec must accept exactly what
+ * the model accepts, with the same fields, and re-encode to the input. */
 static void parse_declare_check(const uint8_t *data, size_t len)
 {
+	enum { MAX = 16 };
+	char name[256], got_name[256];
+	int ranks[MAX], got[MAX], n = -1, got_n = -1;
 	struct checked_reader c;
 	cr_init(&c, data, len);
-	char name[256];
 	cr_str(&c, name, sizeof name);
-	if (c.r.failed)
+	uint32_t count = cr_u32(&c);
+	bool ok = !c.r.failed && name[0] != '\0' && count <= MAX && c.r.left == 4ull * count;
+	for (uint32_t i = 0; ok && i < count; i++) {
+		uint32_t r = cr_u32(&c);
+		ok = r <= INT32_MAX && (i == 0 || (int)r > ranks[i - 1]);
+		ranks[i] = (int)r;
+	}
+	n = ok ? (int)count : -1;
+	int rc = wire_declare_check_decode(data, len, got_name, sizeof got_name, got, MAX, &got_n);
+	CHECK((rc == 0) == ok);
+	if (!ok)
 		return;
+	CHECK(got_n == n && strcmp(got_name, name) == 0);
+	CHECK(n == 0 || memcmp(got, ranks, (size_t)n * sizeof *ranks) == 0);
 	struct wire_buf b;
 	wire_buf_init(&b);
-	wire_buf_str(&b, name);
+	wire_declare_check_encode(&b, name, ranks, n);
 	check_rebuilt(&b, &c);
 	wire_buf_fini(&b);
 }

@@ -343,6 +343,17 @@ def test_horovod_names(nworkers, local_size):
         assert "rank %d: horovod api ok" % r in worker_lines(out, r), describe(rc, out, err)
 
 
+@pytest.mark.parametrize("local_size", [1, None], ids=["3-machines", "3-one-machine"])
+def test_process_sets(local_size):
+    """Horovod's process sets: {0, 2} and {1} run every collective at once,
+    each among its members only, exactly; then the global set still works
+    (issue 17; the worker checks every value)."""
+    rc, out, err = run_launch(3, 1, "process_sets.py", timeout=150, local_size=local_size)
+    assert rc == 0, describe(rc, out, err)
+    for r in range(3):
+        assert "rank %d: process sets ok" % r in worker_lines(out, r), describe(rc, out, err)
+
+
 def test_horovod_queries_without_init():
     """The queries a Horovod test asks before init() answer truthfully."""
     assert us.is_initialized() is False
@@ -352,8 +363,8 @@ def test_horovod_queries_without_init():
     assert us.unisum_built()
     assert us.HorovodInternalError is unisum.UnisumError
     assert (us.Average, us.Sum, us.Adasum, us.Min, us.Max, us.Product) == (0, 1, 2, 3, 4, 5)
-    with pytest.raises(NotImplementedError):
-        us.add_process_set([0, 1])
+    with pytest.raises(unisum.UnisumError):
+        us.add_process_set([0, 1])      # before init()
     with pytest.raises(ValueError):
         us.allreduce(torch.ones(2), average=True, op=us.Sum)
 

@@ -742,6 +742,142 @@ static int work_layout_disagree(struct job *j, int rank, char *msg, size_t len)
 	return 0;
 }
 
+/* The sum (or average, or max) of tensor t over the ranks ranks[0..n). */
+static void *subset_reference(const int *ranks, int n, unisum_dtype d, size_t count, int t,
+			      int flags)
+{
+	void *ref = malloc(count * unisum_dtype_size(d) + 1);
+	for (size_t i = 0; i < count; i++) {
+		int acc = flags & UNISUM_MAX ? value(ranks[0], t, i) : 0;
+		for (int k = 0; k < n; k++) {
+			int v = value(ranks[k], t, i);
+			acc = flags & UNISUM_MAX ? (v > acc ? v : acc) : acc + v;
+		}
+		put(ref, d, i, acc);
+	}
+	if (flags & UNISUM_AVERAGE)
+		reducer_divide(ref, count, d, n);
+	return ref;
+}
+
+/* Runs sum, average, max and a broadcast from its last member on process
+ * set `set` (its ranks ranks[0..n), this rank among them) under tensor
+ * names "ps.*", every dtype, sizes across partitions; checks each exactly.
+ * Ranks of another set run the same names at the same time. */
+static int ps_rounds(struct worker *w, int set, const int *ranks, int n, int rank, char *msg,
+		     size_t len)
+{
+	static const int flags[3] = {0, UNISUM_AVERAGE, UNISUM_MAX};
+	for (int d = 0; d < UNISUM_DTYPE_COUNT; d++) {
+		unisum_dtype dt = (unisum_dtype)d;
+		size_t es = unisum_dtype_size(dt), N = 3 * (PART_BYTES / es) + 5;
+		char name[32];
+		snprintf(name, sizeof name, "ps.%d", d);
+		int id = worker_declare_in(w, set, name, dt, N, &(struct rdv_shape){.ndim = 2, .dims = {N, 1}},
+					   0);
+		if (id < 0)
+			FAIL(id, "declare %s in set %d: %s", name, set, unisum_last_error());
+		uint8_t *in = malloc(N * es + 1), *out = malloc(N * es + 1);
+		for (int f = 0; f < 3; f++) {
+			int t = 300 + 10 * d + f;
+			fill(in, dt, N, rank, t);
+			int rc = push_pull(w, id, in, out, flags[f]);
+			void *want = subset_reference(ranks, n, dt, N, t, flags[f]);
+			bool ok = rc == 0 && memcmp(out, want, N * es) == 0;
+			free(want);
+			if (!ok) {
+				free(in);
+				free(out);
+				FAIL(rc, "set %d, %s flags 0x%x: %s", set, name, flags[f],
+				     rc ? unisum_last_error() : "not the members' reduction");
+			}
+		}
+		int root = ranks[n - 1];
+		fill(in, dt, N, rank, 399);
+		fill(out, dt, N, root, 399);
+		unisum_handle h;
+		int rc = worker_broadcast_async(w, id, in, root, &h);
+		if (rc == 0)
+			rc = worker_wait(w, h);
+		bool ok = rc == 0 && memcmp(in, out, N * es) == 0;
+		free(in);
+		free(out);
+		if (!ok)
+			FAIL(rc, "set %d, %s broadcast from %d: %s", set, name, root,
+			     rc ? unisum_last_error() : "not the root's values");
+	}
+	return 0;
+}
+
+/* Process sets: {0, last} and the ranks between run at the same time,
+ * each its own sums under the same names; a non-member cannot declare in
+ * a set, nor broadcast from outside it; the gathering collectives refuse
+ * a set's tensor; then every rank sums on the global set, and the sets
+ * are removed. */
+static int work_process_sets(struct job *j, int rank, char *msg, size_t len)
+{
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers;
+	int a[2] = {n - 1, 0}, b[MAX_WORKERS], nb = 0;	/* a: in any order */
+	for (int r = 1; r < n - 1; r++)
+		b[nb++] = r;
+	int sa = worker_process_set_add(w, a, 2);
+	int sb = nb > 0 ? worker_process_set_add(w, b, nb) : 0;
+	if (sa != 1 || (nb > 0 && sb != 2))
+		FAIL(sa < 0 ? sa : sb, "process_set_add gave ids %d and %d: %s", sa, sb,
+		     unisum_last_error());
+	if (worker_process_set_add(w, (int[]){0, n - 1}, 2) != UNISUM_EINVAL ||
+	    worker_process_set_add(w, (int[]){0, n}, 2) != UNISUM_EINVAL ||
+	    worker_process_set_add(w, (int[]){1, 1}, 2) != UNISUM_EINVAL)
+		FAIL(0, "process_set_add took a set again, a rank out of the job, or a rank twice");
+	bool in_a = rank == 0 || rank == n - 1;
+	int rc;
+	if (in_a) {
+		int sorted[2] = {0, n - 1};
+		rc = ps_rounds(w, sa, sorted, 2, rank, msg, len);
+		if (rc != 0)
+			return rc;
+		int id = worker_declare_in(w, sa, "ps.0", UNISUM_FLOAT32, 3 * (PART_BYTES / 4) + 5,
+					   &(struct rdv_shape){.ndim = 2, .dims = {3 * (PART_BYTES / 4) + 5, 1}}, 0);
+		float x[4] = {0};
+		unisum_handle h;
+		if (n > 2 && worker_broadcast_async(w, id, x, 1, &h) != UNISUM_EINVAL)
+			FAIL(0, "a broadcast from rank 1, outside the set, was taken");
+		uint64_t counts[MAX_WORKERS] = {0};
+		if (worker_allgather_async(w, id, x, x, counts, &h) != UNISUM_EINVAL ||
+		    strstr(unisum_last_error(), "process set") == NULL)
+			FAIL(0, "allgather on a set's tensor was taken, or not explained: %s",
+			     unisum_last_error());
+	} else {
+		rc = ps_rounds(w, sb, b, nb, rank, msg, len);
+		if (rc != 0)
+			return rc;
+		if (worker_declare_in(w, sa, "ps.x", UNISUM_FLOAT32, 4,
+				      &(struct rdv_shape){.ndim = 1, .dims = {4}}, 0) != UNISUM_EINVAL ||
+		    strstr(unisum_last_error(), "not in process set") == NULL)
+			FAIL(0, "rank %d declared in a set it is not in: %s", rank, unisum_last_error());
+	}
+	/* The global set still sums over everyone. */
+	enum { N = 5000 };
+	int id = worker_declare(w, "ps.after", UNISUM_INT32, N, 0);
+	if (id < 0)
+		FAIL(id, "declare ps.after: %s", unisum_last_error());
+	int32_t in[N], out[N];
+	fill(in, UNISUM_INT32, N, rank, 398);
+	rc = push_pull(w, id, in, out, 0);
+	if (rc == 0)
+		rc = check(j, out, UNISUM_INT32, N, 398, false, "global sum after sets", msg, len);
+	else
+		snprintf(msg, len, "ps.after: %s", unisum_last_error());
+	if (rc != 0)
+		return rc;
+	if (worker_process_set_remove(w, sa) != 0 || (nb > 0 && worker_process_set_remove(w, sb) != 0))
+		FAIL(0, "process_set_remove: %s", unisum_last_error());
+	if (worker_process_set_remove(w, sa) != UNISUM_EINVAL)
+		FAIL(0, "a removed set was removed again");
+	return 0;
+}
+
 /* ---- the tests ----------------------------------------------------------- */
 
 /* Sums, many, broadcast and one-shot tensors on one job. */
@@ -755,6 +891,7 @@ static void run_all(int machines, int local, int servers, uint64_t credit, int i
 	each_rank(&j, work_main, work_once);
 	each_rank(&j, work_main, work_collectives);
 	each_rank(&j, work_main, work_traffic);
+	each_rank(&j, work_main, work_process_sets);
 	job_stop(&j);
 }
 

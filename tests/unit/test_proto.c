@@ -65,23 +65,53 @@ static void test_error(void **state)
 static int decode_declare_check(const void *p, size_t len)
 {
 	char name[256];
-	return wire_declare_check_decode(p, len, name, sizeof name);
+	int ranks[8], n;
+	return wire_declare_check_decode(p, len, name, sizeof name, ranks, 8, &n);
 }
 
 static void test_declare_check(void **state)
 {
 	(void)state;
 	struct wire_buf b;
-	wire_buf_init(&b);
-	wire_declare_check_encode(&b, "layer1.weight@65536");
 	char name[256];
-	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name), 0);
+	int ranks[8], n = -1;
+	/* The global set. */
+	wire_buf_init(&b);
+	wire_declare_check_encode(&b, "layer1.weight@65536", NULL, 0);
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n), 0);
 	assert_string_equal(name, "layer1.weight@65536");
+	assert_int_equal(n, 0);
 	refuses_every_cut(&b, decode_declare_check);
 	wire_buf_fini(&b);
+	/* A process set: its ranks come back, and every cut is refused. */
+	const int set[3] = {0, 2, 5};
 	wire_buf_init(&b);
-	wire_declare_check_encode(&b, "");
-	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name), UNISUM_EPROTO);
+	wire_declare_check_encode(&b, "set:00ff/grad", set, 3);
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n), 0);
+	assert_int_equal(n, 3);
+	assert_memory_equal(ranks, set, sizeof set);
+	refuses_every_cut(&b, decode_declare_check);
+	/* More ranks than the receiver allows. */
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 2, &n),
+			 UNISUM_EPROTO);
+	wire_buf_fini(&b);
+	/* Ranks out of order, or twice. */
+	const int unsorted[2] = {3, 1}, twice[2] = {1, 1};
+	wire_buf_init(&b);
+	wire_declare_check_encode(&b, "g", unsorted, 2);
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n),
+			 UNISUM_EPROTO);
+	wire_buf_fini(&b);
+	wire_buf_init(&b);
+	wire_declare_check_encode(&b, "g", twice, 2);
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n),
+			 UNISUM_EPROTO);
+	wire_buf_fini(&b);
+	/* An empty name. */
+	wire_buf_init(&b);
+	wire_declare_check_encode(&b, "", NULL, 0);
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n),
+			 UNISUM_EPROTO);
 	wire_buf_fini(&b);
 }
 

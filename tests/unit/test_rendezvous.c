@@ -6,8 +6,9 @@
  * machine placed by arrival, and the registrations that must fail the job
  * naming why (local sizes that differ, a (machine, local rank) pair taken
  * twice, several workers per machine without UNISUM_WORKER_ID).  And a
- * server of such a job: it takes one connection per machine, from the
- * machine's local root, and turns away the other local ranks.
+ * server of such a job: it takes one connection per rank, and the global
+ * set's tensors only from a machine's local root (another local rank that
+ * declares one is turned away, naming why).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -332,7 +333,7 @@ static struct tp_conn *hello(const struct rdv_node *at, uint32_t id, bool expect
 	return NULL;
 }
 
-static void test_server_takes_only_local_roots(void **state)
+static void test_server_takes_global_tensors_from_roots(void **state)
 {
 	(void)state;
 	struct job j;
@@ -361,22 +362,32 @@ static void test_server_takes_only_local_roots(void **state)
 	int saved = dup(STDERR_FILENO);
 	dup2(log_fd, STDERR_FILENO);
 
-	hello(at, first_worker_id + 1, true);			/* machine 0, local rank 1 */
-	struct tp_conn *root = hello(at, first_worker_id + 2, false);	/* machine 1's root */
-	/* The root's hello is in once a push of it is acknowledged. */
+	/* Machine 0's local rank 1 may say hello (for its process sets'
+	 * tensors), but not declare a tensor of the global set. */
 	const struct transport_ops *tp = transport_tcp();
+	struct tp_conn *other = hello(at, first_worker_id + 1, false);
 	struct wire_buf b;
 	wire_buf_init(&b);
-	wire_buf_str(&b, "t");
-	struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = first_worker_id + 2, .key = 0x10000,
+	wire_declare_check_encode(&b, "t", NULL, 0);
+	struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = first_worker_id + 1, .key = 0x10000,
 			     .dtype = UNISUM_FLOAT32, .count = 1, .payload_len = b.len};
+	assert_int_equal(tp->send(other, &h, b.data), 0);
+	char why[256];
+	/* The server says why (an ERROR), then hangs up. */
+	while (tp->recv_header(other, &h, why, sizeof why) == 0)
+		if (h.payload_len > 0)
+			assert_int_equal(tp->recv_payload(other, NULL, h.payload_len), 0);
+	tp->conn_free(other);
+	struct tp_conn *root = hello(at, first_worker_id + 2, false);	/* machine 1's root */
+	/* The root's hello is in once a push of it is acknowledged. */
+	h = (struct wire_hdr){.type = WIRE_DECLARE_CHECK, .sender = first_worker_id + 2, .key = 0x10000,
+			      .dtype = UNISUM_FLOAT32, .count = 1, .payload_len = b.len};
 	assert_int_equal(tp->send(root, &h, b.data), 0);
 	wire_buf_fini(&b);
 	float one = 1.0f;
 	h = (struct wire_hdr){.type = WIRE_PUSH, .sender = first_worker_id + 2, .key = 0x10000,
 			      .dtype = UNISUM_FLOAT32, .count = 1, .payload_len = sizeof one};
 	assert_int_equal(tp->send(root, &h, &one), 0);
-	char why[256];
 	assert_int_equal(tp->recv_header(root, &h, why, sizeof why), 0);
 	assert_int_equal(h.type, WIRE_PUSH_ACK);
 	hello(at, first_worker_id + 2, true);			/* ... claimed twice */
@@ -386,8 +397,8 @@ static void test_server_takes_only_local_roots(void **state)
 	char text[4096] = "";
 	assert_true(pread(log_fd, text, sizeof text - 1, 0) >= 0);
 	close(log_fd);
-	if (strstr(text, "worker rank 1 is local rank 1 of machine 0; only a machine's local root talks "
-			 "to servers") == NULL)
+	if (strstr(text, "worker rank 1 declared key 0x10000 of 't', which it does not push (only a "
+			 "machine's local root pushes the global set's tensors)") == NULL)
 		fail_msg("the server did not say why it turned local rank 1 away: %s", text);
 	if (strstr(text, "a second connection claims to be machine 1 (worker rank 2)") == NULL)
 		fail_msg("the server did not name the machine claimed twice: %s", text);
@@ -409,7 +420,7 @@ int main(void)
 		cmocka_unit_test(test_local_sizes_must_agree),
 		cmocka_unit_test(test_machine_and_local_rank_unique),
 		cmocka_unit_test(test_several_workers_need_a_machine),
-		cmocka_unit_test(test_server_takes_only_local_roots),
+		cmocka_unit_test(test_server_takes_global_tensors_from_roots),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

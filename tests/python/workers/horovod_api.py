@@ -221,7 +221,68 @@ def main():
         pass
     else:
         raise AssertionError("Adasum did not raise NotImplementedError")
+    more(r, n)
     print("rank %d: horovod api ok" % r, flush=True)
+
+
+def more(r, n):
+    """SyncBatchNorm against torch's BatchNorm1d on the whole batch,
+    sparse_allreduce_async, the timeline API and BytePS's last names."""
+    torch.manual_seed(7)
+    batch = torch.randn(2 * n, 4, 3, dtype=torch.float64)     # the same on every rank
+    mine = batch[2 * r:2 * r + 2].clone().requires_grad_()
+    whole = batch.clone().requires_grad_()
+    sync_bn = hvd.SyncBatchNorm(4).double()
+    bn = torch.nn.BatchNorm1d(4).double()
+    out, ref = sync_bn(mine), bn(whole)
+    assert torch.allclose(out, ref[2 * r:2 * r + 2], atol=1e-9), (out, ref)
+    assert torch.allclose(sync_bn.running_mean, bn.running_mean, atol=1e-9)
+    assert torch.allclose(sync_bn.running_var, bn.running_var, atol=1e-9)
+    weights = torch.arange(float(whole.numel()), dtype=torch.float64).reshape(whole.shape)
+    (out * weights[2 * r:2 * r + 2]).sum().backward()
+    (ref * weights).sum().backward()
+    assert torch.allclose(mine.grad, whole.grad[2 * r:2 * r + 2], atol=1e-9), (mine.grad,)
+    assert torch.allclose(hvd.allreduce(sync_bn.weight.grad, op=hvd.Sum), bn.weight.grad,
+                          atol=1e-9)
+    sync_bn.eval()
+    assert torch.allclose(sync_bn(mine.detach()), bn.eval()(whole.detach())[2 * r:2 * r + 2],
+                          atol=1e-9)
+    # sparse_allreduce_async: rank q has q + 1 at (q, q), the sum of the
+    # dense tensors comes back.
+    dense = torch.zeros(n, 3)
+    dense[r, r % 3] = r + 1.0
+    got = hvd.sparse_allreduce_async(dense.to_sparse(), name="sparse", op=hvd.Sum)()
+    want = torch.zeros(n, 3)
+    for q in range(n):
+        want[q, q % 3] = q + 1.0
+    expect("sparse_allreduce_async", got.to_dense(), want)
+    # The timeline: started and stopped from code, it holds the allreduce.
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "timeline.%d.%d.json" % (os.getpid(), r))
+    hvd.start_timeline(path)
+    hvd.allreduce(torch.ones(5), name="timed.tensor")
+    hvd.stop_timeline()
+    with open(path) as f:
+        text = f.read()
+    os.unlink(path)
+    assert "timed.tensor" in text and ('"PUSH"' in text or '"LOCAL_REDUCE"' in text), text[:400]
+    try:
+        hvd.stop_timeline()
+    except hvd.UnisumError:
+        pass
+    else:
+        raise AssertionError("stop_timeline without a timeline did not raise")
+    # BytePS: push_pull(version=, compression=), byteps_push_pull,
+    # suspend and resume.
+    x = torch.full((6,), float(r + 1))
+    expect("push_pull fp16", hvd.push_pull(x, False, "bps.c", 0, 1, hvd.Compression.fp16),
+           torch.full((6,), float(n * (n + 1) // 2)))
+    expect("byteps_push_pull", hvd.byteps_push_pull(x, name="bps.raw", is_average=False),
+           torch.full((6,), float(n * (n + 1) // 2)))
+    machines = hvd.cross_size()
+    hvd.suspend()
+    assert not hvd.is_initialized()
+    hvd.resume(num_workers=machines)
+    expect("after resume", hvd.push_pull(torch.ones(2), average=False), torch.full((2,), float(n)))
 
 
 if __name__ == "__main__":
