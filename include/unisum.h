@@ -104,6 +104,15 @@ int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int prior
 int unisum_declare_shaped(const char *name, unisum_dtype dtype, int ndim, const int64_t *dims,
 			  int priority);
 
+/* Horovod's join: this worker has no more data.  Until every worker has
+ * joined, it contributes zeros to every push_pull the others run (the
+ * others tell it which, through the scheduler; an average still divides
+ * by unisum_size()), and the others' broadcasts and gathering collectives
+ * fail with UNISUM_EINVAL.  Waits for this worker's own operations first.
+ * Returns the rank that joined last (the same on every worker), or an
+ * error. */
+int unisum_join(void);
+
 /* Starts the timeline now (Horovod's start_timeline): every operation
  * from here on, as UNISUM_TRACE_ON records it (README: "Priority, credit,
  * timeline and autotune"), into the Chrome trace-event JSON file `path`, until

@@ -99,6 +99,7 @@ for _name, _args, _ret in [
     ("unisum_process_set_remove", [_c_int], _c_int),
     ("unisum_timeline_start", [ctypes.c_char_p], _c_int),
     ("unisum_timeline_stop", [], _c_int),
+    ("unisum_join", [], _c_int),
     ("unisum_undeclare", [_c_int], _c_int),
     ("unisum_poll", [_c_i64], _c_int),
     ("unisum_poll_timeout", [_c_i64, _c_int], _c_int),

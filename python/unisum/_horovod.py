@@ -72,7 +72,7 @@ __all__ = [
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "allgather", "allgather_async", "grouped_allgather", "allgather_object",
     "reducescatter", "reducescatter_async", "grouped_reducescatter",
-    "alltoall", "alltoall_async", "sparse_allreduce_async", "SyncBatchNorm",
+    "alltoall", "alltoall_async", "sparse_allreduce_async", "SyncBatchNorm", "join",
 ]
 
 # Horovod's ReduceOp values (horovod.torch.mpi_ops).
@@ -274,6 +274,12 @@ def _allreduce_start(tensor: torch.Tensor, average: Optional[bool], name: Option
     """Starts an allreduce; returns its handle (see allreduce_async)."""
     flags = _reduce_flags(average, op)
     pset = _t._pset_of(process_set)
+    if flags == _capi.AVERAGE and not tensor.dtype.is_floating_point:
+        # Horovod averages integers by scaling the sum in double and
+        # truncating toward zero (the C library floors): a Sum, then that.
+        flags = 0
+        postscale_factor = postscale_factor / (_t.size() if pset == 0 else
+                                               len(process_set.ranks))
     if prescale_factor != 1.0:
         if inplace:
             tensor.copy_(_t._scaled(tensor.detach(), prescale_factor))
@@ -535,6 +541,11 @@ def _shapes_rows(recs_tensor: torch.Tensor, what: str) -> List[int]:
     every rank alike) that dtypes and trailing dimensions agree.  Raises
     HorovodInternalError naming two ranks that differ."""
     recs = recs_tensor.tolist()
+    for q in range(len(recs)):
+        if recs[q][1] == 0:     # no dimensions: its zeros came from join()
+            raise HorovodInternalError(
+                "unisum.torch: %s: rank %d has joined (join()), and until every rank has, a "
+                "gathering collective cannot run: it needs every rank's data" % (what, q))
     for q in range(len(recs)):
         if recs[q][1:] != recs[0][1:]:
             raise HorovodInternalError(
@@ -1104,3 +1115,26 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
                 self.running_mean.mul_(1 - factor).add_(mean.to(self.running_mean.dtype) * factor)
                 self.running_var.mul_(1 - factor).add_(unbiased.to(self.running_var.dtype) * factor)
         return out
+
+
+def join(device: int = -1) -> int:
+    """Horovod's join: this worker has no more data.  Until every worker
+    has joined it contributes zeros to the allreduces the others run (an
+    Average still divides by size()); their broadcasts and gathering
+    collectives raise meanwhile.  Returns the rank that joined last, the
+    same on every worker.  `device` is taken and unused (CPU tensors).
+
+    Raises:
+        UnisumError: When the job fails meanwhile.
+    """
+    del device
+    _t._require_init()
+    last = _capi.check(_capi.lib.unisum_join(), "unisum.torch.join")
+    # A joined worker ran none of the others' unnamed collectives: every
+    # worker takes the largest count, so the next names agree.
+    counts = torch.tensor([_t._calls.get(0, 0)], dtype=torch.int64)
+    got = _t.synchronize(_t._start(counts, False, "unisum.join.calls", 0, True,
+                                   flags=_capi.MAX))
+    with _t._lock:
+        _t._calls[0] = int(got.item())
+    return int(last)

@@ -45,6 +45,13 @@ struct rdv_client {
 	void *tune_arg;
 	struct rdv_tune *early;		/* TUNEs that came before the callback was set */
 	int nearly;
+	rdv_join_fn join;		/* join events (workers), or NULL; under lock */
+	void *join_arg;
+	struct rdv_join_event_rec {
+		int event, rank;
+		struct rdv_announce a;
+	} *early_join;			/* join events that came before the callback */
+	int nearly_join;
 	pthread_t reader;		/* reads everything the scheduler sends */
 	pthread_t heartbeat;		/* says we are alive; watches the scheduler */
 	bool heartbeat_started;
@@ -133,6 +140,61 @@ static int rdv_on_tune(struct rdv_client *c, const struct wire_hdr *h, const voi
 	return 0;
 }
 
+/* A join event: handed to the callback, or kept for it (in order). */
+static void rdv_on_join_event(struct rdv_client *c, int event, int rank,
+			      const struct rdv_announce *a)
+{
+	pthread_mutex_lock(&c->lock);
+	rdv_join_fn fn = c->join;
+	void *arg = c->join_arg;
+	if (fn == NULL) {
+		struct rdv_join_event_rec *e =
+			realloc(c->early_join, (size_t)(c->nearly_join + 1) * sizeof *e);
+		if (e != NULL) {
+			c->early_join = e;
+			e[c->nearly_join] = (struct rdv_join_event_rec){.event = event, .rank = rank};
+			if (a != NULL)
+				e[c->nearly_join].a = *a;
+			c->nearly_join++;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (fn != NULL)
+		fn(arg, event, rank, a);
+}
+
+void rdv_client_on_join(struct rdv_client *c, rdv_join_fn fn, void *arg)
+{
+	pthread_mutex_lock(&c->lock);
+	for (int i = 0; i < c->nearly_join; i++) {
+		const struct rdv_join_event_rec *e = &c->early_join[i];
+		fn(arg, e->event, e->rank, e->event == RDV_ANNOUNCED ? &e->a : NULL);
+	}
+	free(c->early_join);
+	c->early_join = NULL;
+	c->nearly_join = 0;
+	c->join_arg = arg;
+	c->join = fn;
+	pthread_mutex_unlock(&c->lock);
+}
+
+int rdv_client_join(struct rdv_client *c)
+{
+	struct wire_hdr h = {.type = WIRE_JOIN, .sender = c->id};
+	return rdv_send(c, &h, NULL);
+}
+
+int rdv_client_announce(struct rdv_client *c, const struct rdv_announce *a)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	struct wire_hdr h = {.sender = c->id};
+	rdv_announce_encode(a, &h, &b);
+	int rc = b.failed ? UNISUM_ENOMEM : rdv_send(c, &h, b.data);
+	wire_buf_fini(&b);
+	return rc;
+}
+
 static void *rdv_reader_main(void *arg)
 {
 	struct rdv_client *c = arg;
@@ -175,6 +237,23 @@ static void *rdv_reader_main(void *arg)
 					 "node the same unisum version?)");
 				return NULL;
 			}
+			break;
+		}
+		case WIRE_JOIN:
+		case WIRE_JOIN_DONE:
+			free(payload);
+			rdv_on_join_event(c, h.type == WIRE_JOIN ? RDV_JOINED : RDV_JOIN_DONE,
+					  (int)h.aux, NULL);
+			break;
+		case WIRE_ANNOUNCE: {
+			struct rdv_announce a;
+			int bad = rdv_announce_decode(&h, payload, h.payload_len, &a);
+			free(payload);
+			if (bad) {
+				rdv_fail(c, UNISUM_EPROTO, "the scheduler passed on a malformed ANNOUNCE");
+				return NULL;
+			}
+			rdv_on_join_event(c, RDV_ANNOUNCED, -1, &a);
 			break;
 		}
 		case WIRE_SHUTDOWN:
@@ -634,6 +713,7 @@ void rdv_client_free(struct rdv_client *c)
 	c->tp->conn_free(c->conn);
 	free(c->reply_payload);
 	free(c->early);
+	free(c->early_join);
 	free(c->nodes);
 	pthread_mutex_destroy(&c->request_lock);
 	pthread_mutex_destroy(&c->send_lock);

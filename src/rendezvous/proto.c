@@ -236,3 +236,37 @@ int rdv_tune_decode(const void *payload, size_t len, uint32_t epoch, struct rdv_
 		return UNISUM_EPROTO;
 	return 0;
 }
+
+void rdv_announce_encode(const struct rdv_announce *a, struct wire_hdr *h, struct wire_buf *b)
+{
+	h->type = WIRE_ANNOUNCE;
+	h->dtype = (uint8_t)a->dtype;
+	h->count = a->count;
+	h->round = a->round;
+	h->aux = a->wire_op;
+	wire_buf_str(b, a->name);
+	uint32_t ndim = a->shape.ndim <= RDV_MAX_DIMS ? a->shape.ndim : 0;
+	wire_buf_u32(b, ndim);
+	for (uint32_t i = 0; i < ndim; i++)
+		wire_buf_u64(b, a->shape.dims[i]);
+	h->payload_len = b->len;
+}
+
+int rdv_announce_decode(const struct wire_hdr *h, const void *payload, size_t len,
+			struct rdv_announce *a)
+{
+	struct wire_reader r;
+	wire_reader_init(&r, payload, len);
+	wire_read_str(&r, a->name, sizeof a->name);
+	uint32_t ndim = wire_read_u32(&r);
+	if (r.failed || a->name[0] == '\0' || ndim > RDV_MAX_DIMS || r.left != (size_t)ndim * 8)
+		return UNISUM_EPROTO;
+	a->shape.ndim = ndim;
+	for (uint32_t i = 0; i < ndim; i++)
+		a->shape.dims[i] = wire_read_u64(&r);
+	a->dtype = (unisum_dtype)h->dtype;
+	a->count = h->count;
+	a->round = h->round;
+	a->wire_op = h->aux;
+	return 0;
+}

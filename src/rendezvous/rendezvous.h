@@ -209,6 +209,35 @@ void rdv_client_fail_job(struct rdv_client *c, int err, const char *why);
  * they disagree on its collective): the others stop waiting for it. */
 void rdv_client_poison_tensor(struct rdv_client *c, uint64_t key, const char *why);
 
+/* Join (unisum_join): a worker that joined contributes zeros to the
+ * push_pulls of the others until every worker has joined.  The scheduler
+ * tells every worker who joined (RDV_JOINED); a worker that has not
+ * joined announces each push_pull it runs from then on, and those in
+ * flight (rdv_client_announce); the scheduler passes the announcements to
+ * the joined workers (RDV_ANNOUNCED), and tells everyone once all have
+ * joined (RDV_JOIN_DONE, with the last to join). */
+struct rdv_announce {
+	char name[256];
+	unisum_dtype dtype;
+	uint64_t count;
+	uint32_t round;			/* the tensor's round (its operation count) */
+	uint32_t wire_op;		/* the collective (WIRE_OP) */
+	struct rdv_shape shape;
+};
+enum rdv_join_event { RDV_JOINED, RDV_ANNOUNCED, RDV_JOIN_DONE };
+/* `rank`: who joined (RDV_JOINED), the last (RDV_JOIN_DONE); `a`: the
+ * announcement (RDV_ANNOUNCED), else NULL.  On the reader thread. */
+typedef void (*rdv_join_fn)(void *arg, int event, int rank, const struct rdv_announce *a);
+/* Sets the callback; events that came before it are handed to it now. */
+void rdv_client_on_join(struct rdv_client *c, rdv_join_fn fn, void *arg);
+int rdv_client_join(struct rdv_client *c);
+int rdv_client_announce(struct rdv_client *c, const struct rdv_announce *a);
+/* ANNOUNCE's codec: the header's dtype, count, round and aux, and the
+ * payload str name, u32 ndim, ndim x u64. */
+void rdv_announce_encode(const struct rdv_announce *a, struct wire_hdr *h, struct wire_buf *b);
+int rdv_announce_decode(const struct wire_hdr *h, const void *payload, size_t len,
+			struct rdv_announce *a);
+
 /* Tells the scheduler that this worker undeclared the tensor of `key`
  * (unisum_undeclare); once every worker has, it forgets the tensor. */
 void rdv_client_forget(struct rdv_client *c, uint64_t key);

@@ -90,6 +90,9 @@ struct rdv_scheduler {
 					 * (set with the weights) */
 	int64_t placed_ms;		/* when a tensor was last placed; 0 once logged */
 	int result;			/* what rdv_scheduler_wait returns */
+	uint8_t *joined;		/* [num_workers] joined (unisum_join) since the last
+					 * JOIN_DONE, or NULL before the first JOIN */
+	int njoined, join_last;
 };
 
 /* scheduler.c */

@@ -371,6 +371,80 @@ static int sched_on_tune(struct rdv_scheduler *s, struct sched_node *n, const st
 	return 0;
 }
 
+/* Sends h (and payload) to every worker still connected, or with
+ * `joined_only` to those that joined.  Called with s->lock held. */
+static void sched_send_workers(struct rdv_scheduler *s, const struct wire_hdr *h,
+			       const void *payload, bool joined_only)
+{
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *m = s->nodes[i];
+		if (!m->registered || m->gone || m->role != CONFIG_ROLE_WORKER)
+			continue;
+		if (joined_only && (s->joined == NULL || m->rank < 0 || m->rank >= s->num_workers ||
+				    !s->joined[m->rank]))
+			continue;
+		sched_send(m, h, payload);
+	}
+}
+
+/* Worker n joined (unisum_join): every worker hears of it (the others
+ * announce their push_pulls in flight to the joined, sched_on_announce);
+ * once all have, every worker hears that, and who was last. */
+static int sched_on_join(struct rdv_scheduler *s, struct sched_node *n, char *why, size_t len)
+{
+	pthread_mutex_lock(&s->lock);
+	int rc = 0;
+	if (s->joined == NULL && s->num_workers > 0)
+		s->joined = calloc((size_t)s->num_workers, 1);
+	if (n->role != CONFIG_ROLE_WORKER || n->rank < 0 || n->rank >= s->num_workers) {
+		snprintf(why, len, "JOIN from a node that is not a worker");
+		rc = UNISUM_EPROTO;
+	} else if (s->joined == NULL) {
+		snprintf(why, len, "out of memory for JOIN");
+		rc = UNISUM_ENOMEM;
+	} else if (s->joined[n->rank]) {
+		snprintf(why, len, "JOIN from worker %d, which joined already", n->rank);
+		rc = UNISUM_EPROTO;
+	}
+	if (rc != 0) {
+		pthread_mutex_unlock(&s->lock);
+		return rc;
+	}
+	s->joined[n->rank] = 1;
+	s->njoined++;
+	s->join_last = n->rank;
+	LOG_DEBUG("worker %d joined (%d of %d)", n->rank, s->njoined, s->num_workers);
+	struct wire_hdr h = {.type = WIRE_JOIN, .aux = (uint32_t)n->rank};
+	sched_send_workers(s, &h, NULL, false);
+	if (s->njoined == s->num_workers) {
+		h = (struct wire_hdr){.type = WIRE_JOIN_DONE, .aux = (uint32_t)s->join_last};
+		sched_send_workers(s, &h, NULL, false);
+		memset(s->joined, 0, (size_t)s->num_workers);
+		s->njoined = 0;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+/* A worker runs a push_pull that joined workers must contribute zeros to:
+ * passed on to them. */
+static int sched_on_announce(struct rdv_scheduler *s, struct sched_node *n,
+			     const struct wire_hdr *h, const void *payload, char *why, size_t len)
+{
+	struct rdv_announce a;
+	if (n->role != CONFIG_ROLE_WORKER ||
+	    rdv_announce_decode(h, payload, h->payload_len, &a) != 0) {
+		snprintf(why, len, "malformed ANNOUNCE");
+		return UNISUM_EPROTO;
+	}
+	struct wire_hdr out = *h;
+	out.sender = 0;
+	pthread_mutex_lock(&s->lock);
+	sched_send_workers(s, &out, payload, true);
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
 /* A worker said goodbye; when all have, stop the servers. */
 static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 {
@@ -475,6 +549,10 @@ static int sched_dispatch(struct rdv_scheduler *s, struct sched_node *n, const s
 		return sched_on_tune(s, n, h, payload, why, len);
 	case WIRE_HEARTBEAT:
 		return 0;
+	case WIRE_JOIN:
+		return sched_on_join(s, n, why, len);
+	case WIRE_ANNOUNCE:
+		return sched_on_announce(s, n, h, payload, why, len);
 	case WIRE_RETIRE:
 		pthread_mutex_lock(&s->lock);
 		rc = sched_on_forget(s, n, h->key, why, len);
@@ -819,6 +897,7 @@ void rdv_scheduler_free(struct rdv_scheduler *s)
 	free(s->tensors);
 	free(s->nodes);
 	free(s->home_server);
+	free(s->joined);
 	placement_fini(&s->placement);
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->changed);

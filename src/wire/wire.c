@@ -73,7 +73,8 @@ static const char *const wire_type_names[] = {
 	[WIRE_PULL_REPLY] = "PULL_REPLY", [WIRE_DECLARE_CHECK] = "DECLARE_CHECK",
 	[WIRE_ERROR] = "ERROR",		  [WIRE_SHUTDOWN] = "SHUTDOWN",
 	[WIRE_DECLARE] = "DECLARE",	  [WIRE_TUNE] = "TUNE",
-	[WIRE_RETIRE] = "RETIRE",
+	[WIRE_RETIRE] = "RETIRE",	  [WIRE_JOIN] = "JOIN",
+	[WIRE_ANNOUNCE] = "ANNOUNCE",	  [WIRE_JOIN_DONE] = "JOIN_DONE",
 };
 
 const char *wire_type_name(int type)
@@ -92,7 +93,7 @@ static size_t dtype_bytes(uint8_t dtype)
 static bool type_has_dtype(uint8_t type)
 {
 	return type == WIRE_PUSH || type == WIRE_PULL || type == WIRE_PULL_REPLY ||
-	       type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE;
+	       type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE || type == WIRE_ANNOUNCE;
 }
 
 /* A data message's payload (PUSH, PULL_REPLY): count x dtype bytes, the
@@ -135,6 +136,8 @@ static int wire_check_payload(const struct wire_hdr *h, char *why, size_t why_le
 	case WIRE_HEARTBEAT:
 	case WIRE_PUSH_ACK:
 	case WIRE_RETIRE:
+	case WIRE_JOIN:
+	case WIRE_JOIN_DONE:
 		if (h->payload_len != 0) {
 			snprintf(why, why_len, "%s: carries no payload, got %llu bytes",
 				 wire_type_name(h->type), (unsigned long long)h->payload_len);

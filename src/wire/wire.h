@@ -69,7 +69,13 @@ enum wire_type {
 				 * (an autotune cut left behind, an undeclared tensor);
 				 * worker -> scheduler: it undeclared the tensor of key;
 				 * no payload */
-	WIRE_TYPE_MAX = 15,
+	WIRE_JOIN = 16,		/* worker -> scheduler: it joined (unisum_join), no payload;
+				 * scheduler -> every worker: rank `aux` joined */
+	WIRE_ANNOUNCE = 17,	/* worker -> scheduler -> the joined workers: this worker runs
+				 * round `round` of a push_pull (dtype, count, aux = its
+				 * collective); payload str name, u32 ndim, ndim x u64 */
+	WIRE_JOIN_DONE = 18,	/* scheduler -> every worker: all joined, rank `aux` last */
+	WIRE_TYPE_MAX = 18,
 };
 
 /* PUSH: the contribution is all zeros and no payload follows (broadcast

@@ -135,6 +135,11 @@ int unisum_shutdown(void)
 	return rc;
 }
 
+int unisum_join(void)
+{
+	return worker_join_wait(api());
+}
+
 int unisum_timeline_start(const char *path)
 {
 	struct worker *w = api();

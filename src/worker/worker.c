@@ -277,6 +277,7 @@ static struct worker *wk_new(const struct config *cfg)
 	pthread_mutex_init(&w->meter.lock, NULL);
 	timing_cond_init(&w->done_cond);
 	timing_cond_init(&w->failed_cond);
+	timing_cond_init(&w->join_cond);
 	pthread_cond_init(&w->tune_cond, NULL);
 	w->cfg = *cfg;
 	return w;
@@ -291,6 +292,9 @@ void worker_free(struct worker *w)
 	pthread_mutex_destroy(&w->meter.lock);
 	pthread_cond_destroy(&w->done_cond);
 	pthread_cond_destroy(&w->failed_cond);
+	pthread_cond_destroy(&w->join_cond);
+	free(w->announced);
+	free(w->retired);
 	pthread_cond_destroy(&w->tune_cond);
 	free(w);
 }
@@ -329,6 +333,7 @@ static int wk_join_job(struct worker *w)
 	rc = wk_tuner_new(w);	/* TUNEs that came meanwhile wait in the client */
 	if (rc == 0)
 		rdv_client_on_tune(w->rdv, wk_on_tune, w);
+	rdv_client_on_join(w->rdv, wk_on_join, w);	/* so do join events */
 	if (rc == 0)
 		rc = sched_init(&w->push_q, w->cfg.credit_bytes);
 	if (rc != 0) {
@@ -817,6 +822,7 @@ int worker_undeclare(struct worker *w, int tensor)
 		goto out_unlock;
 	}
 	w->tensors[tensor] = NULL;
+	wk_note_retired(w, t->name, t->round);
 	pthread_mutex_unlock(&w->lock);
 	/* Each cut is its own declaration: every place that holds it lets
 	 * go.  Nothing is in flight, so the servers' replies are all here. */
@@ -849,6 +855,11 @@ static int wk_op_file(struct worker *w, int tensor, struct wk_op *op)
 	if (t->busy)
 		return log_fail(UNISUM_EBUSY, "worker %d: tensor '%s' already has a push_pull in flight; "
 				"wait for it before starting the next", w->rank, t->name);
+	if (w->join_seen && !w->joined && t->nranks == 0 && !wk_reduces(op->wire_op))
+		return log_fail(UNISUM_EINVAL, "worker %d: tensor '%s': a rank has joined "
+				"(unisum_join), and until every rank has, only push_pull runs: "
+				"a broadcast or gathering collective needs every rank's data",
+				w->rank, t->name);
 	if (w->nops == w->capops) {
 		int cap = w->capops ? w->capops * 2 : 64;
 		struct wk_op **no = realloc(w->ops, (size_t)cap * sizeof *no);
@@ -887,11 +898,18 @@ static int wk_start(struct worker *w, int tensor, const struct wk_op *tmpl, unis
 	int rc = wk_op_file(w, tensor, op);
 	if (rc == 0)
 		*h = op->handle;
+	/* A rank has joined: it contributes zeros once told (join.c). */
+	struct rdv_announce announce;
+	bool announcing = rc == 0 && w->join_seen && !w->joined && op->t->nranks == 0;
+	if (announcing)
+		wk_announce_fill(op, &announce);
 	pthread_mutex_unlock(&w->lock);
 	if (rc != 0) {
 		wk_op_free(op);
 		return rc;
 	}
+	if (announcing)
+		rdv_client_announce(w->rdv, &announce);
 
 	/* The cut of this round: the declared one, or autotune's for its
 	 * epoch, or a gathering collective's homed cut. */
@@ -1383,6 +1401,12 @@ static int wk_release(struct worker *w, int i)
 	struct wk_op *op = w->ops[i];
 	w->ops[i] = w->ops[--w->nops];
 	int rc = op->error;
+	if (rc == 0 && op->join_refused) {
+		rc = UNISUM_EINVAL;
+		snprintf(op->why, sizeof op->why, "a rank joined (unisum_join) while this broadcast "
+			 "was in flight; it completed with the joined rank's zeros, but until every "
+			 "rank has joined, only push_pull runs");
+	}
 	char quoted[260];
 	snprintf(quoted, sizeof quoted, "'%s'", op->t->name);
 	if (rc != 0 && strstr(op->why, quoted) != NULL)

@@ -62,6 +62,8 @@ int worker_reduce_scatter_async(struct worker *w, int tensor, const void *in, vo
 int worker_alltoall_async(struct worker *w, int tensor, const void *in, void *out,
 			  const uint64_t *counts, unisum_handle *h);
 int worker_poll_timeout(struct worker *w, unisum_handle h, int timeout_ms);
+/* unisum_join: the last rank to join, or an error (join.c). */
+int worker_join_wait(struct worker *w);
 int worker_wait(struct worker *w, unisum_handle h);
 int worker_barrier(struct worker *w);
 int worker_barrier_timeout(struct worker *w, int timeout_ms);

@@ -120,6 +120,8 @@ struct wk_op {
 	struct local_op *local;		/* its LOCAL_REDUCE/BROADCAST state, or NULL */
 	const struct wk_layout *L;	/* its cut (stable while it is in flight) */
 	uint32_t wire_round;
+	bool join_refused;		/* a broadcast in flight when a rank joined: it
+					 * completes, and its wait fails (join.c) */
 };
 
 enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL, JOB_RETIRE };
@@ -232,6 +234,19 @@ struct worker {
 		char why[512];
 	} *poison;			/* tensors that can never be summed (scheduler) */
 	int npoison;
+	/* Join (join.c): */
+	bool join_seen;			/* a rank joined since the last JOIN_DONE: announce */
+	bool joined;			/* this worker is in unisum_join */
+	bool join_done;			/* ... and every worker has joined */
+	int join_last;			/* the last to join */
+	struct rdv_announce *announced;	/* push_pulls to contribute zeros to, in order */
+	struct wk_retired {
+		uint64_t name_hash;	/* wk_name_hash of an undeclared tensor's name */
+		uint32_t rounds;	/* the rounds it had run */
+	} *retired;			/* [WK_RETIRED] the latest undeclared, a ring */
+	uint32_t retired_at;
+	int nannounced, capannounced;
+	pthread_cond_t join_cond;	/* announced, join_done or failed changed */
 };
 
 /* conns.c: completing a partition of an operation; the connections to the
@@ -246,6 +261,16 @@ void wk_close_conns(struct worker *w);
 int wk_connect_servers(struct worker *w);
 int wk_enqueue(struct wk_conn *c, struct wk_job *j);
 void *wk_push_main(void *arg);
+
+/* join.c: unisum_join; the scheduler's join events; which collectives a
+ * joined worker contributes to (the reductions), and their announcement. */
+#define WK_RETIRED 4096
+uint64_t wk_name_hash(const char *name);
+void wk_note_retired(struct worker *w, const char *name, uint32_t rounds);
+bool wk_reduces(uint32_t wire_op);
+bool wk_join_runs(uint32_t wire_op);
+void wk_announce_fill(const struct wk_op *op, struct rdv_announce *a);
+void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a);
 
 /* cuts.c: declaring a cut, retiring cuts, the autotune thread and its
  * hooks, handing an operation to its first stage or failing it before. */

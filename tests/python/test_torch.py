@@ -354,6 +354,17 @@ def test_process_sets(local_size):
         assert "rank %d: process sets ok" % r in worker_lines(out, r), describe(rc, out, err)
 
 
+@pytest.mark.parametrize("local_size", [1, None], ids=["3-machines", "3-one-machine"])
+def test_join(local_size):
+    """Horovod's join with uneven data: the joined ranks' zeros stand in for
+    them, exactly; broadcast and allgather raise meanwhile; every rank gets
+    the last to join (issue 17; the worker checks every value)."""
+    rc, out, err = run_launch(3, 1, "join.py", timeout=120, local_size=local_size)
+    assert rc == 0, describe(rc, out, err)
+    for r in range(3):
+        assert "rank %d: join ok" % r in worker_lines(out, r), describe(rc, out, err)
+
+
 def test_horovod_queries_without_init():
     """The queries a Horovod test asks before init() answer truthfully."""
     assert us.is_initialized() is False

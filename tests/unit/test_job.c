@@ -878,6 +878,71 @@ static int work_process_sets(struct job *j, int rank, char *msg, size_t len)
 	return 0;
 }
 
+/* Join with uneven data: in pass p, rank r has 2 + (p ? n-1-r : r) steps
+ * of a sum and an average; a rank out of steps joins, and its zeros stand
+ * in for its data: every step's result is the sum over the ranks that
+ * still had data (the average divides by the whole size, as Horovod's).
+ * The rank with the most steps then finds a broadcast refused (its last
+ * step needed the others' zeros, so it has heard that they joined), and
+ * every rank gets the last to join.  Twice, so the state resets. */
+static int work_join(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { N = 3000 };
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers;
+	int ids[2];
+	ids[0] = worker_declare(w, "join.sum", UNISUM_INT32, N, 0);
+	ids[1] = worker_declare(w, "join.avg", UNISUM_FLOAT64, N, 0);
+	if (ids[0] < 0 || ids[1] < 0)
+		FAIL(ids[0] < 0 ? ids[0] : ids[1], "declare: %s", unisum_last_error());
+	int32_t in[N], out[N], want[N];
+	double din[N], dout[N];
+	for (int pass = 0; pass < 2; pass++) {
+		int steps[MAX_WORKERS], most = 0;
+		for (int q = 0; q < n; q++) {
+			steps[q] = 2 + (pass ? n - 1 - q : q);
+			most = steps[q] > steps[most] ? q : most;
+		}
+		for (int s = 0; s < steps[rank]; s++) {
+			int t = 500 + 10 * pass + s;
+			fill(in, UNISUM_INT32, N, rank, t);
+			fill(din, UNISUM_FLOAT64, N, rank, t);
+			int rc = push_pull(w, ids[0], in, out, 0);
+			if (rc == 0)
+				rc = push_pull(w, ids[1], din, dout, UNISUM_AVERAGE);
+			if (rc != 0)
+				FAIL(rc, "pass %d step %d: %s", pass, s, unisum_last_error());
+			for (size_t i = 0; i < N; i++) {
+				int sum = 0;
+				for (int q = 0; q < n; q++)
+					sum += steps[q] > s ? value(q, t, i) : 0;
+				want[i] = sum;
+				if (out[i] != want[i] || dout[i] != (double)sum / n)
+					FAIL(0, "pass %d step %d element %zu: %d and %g, want %d and %g", pass,
+					     s, i, out[i], dout[i], sum, (double)sum / n);
+			}
+		}
+		if (rank == most) {
+			unisum_handle h;
+			int rc = worker_broadcast_async(w, ids[0], in, 0, &h);
+			if (rc != UNISUM_EINVAL || strstr(unisum_last_error(), "joined") == NULL)
+				FAIL(rc, "a broadcast while ranks had joined: %d (%s)",
+				     rc, unisum_last_error());
+		}
+		int last = worker_join_wait(w);
+		if (last < 0)
+			FAIL(last, "pass %d: join: %s", pass, unisum_last_error());
+		if (last != most)
+			FAIL(0, "pass %d: join returned %d, want %d", pass, last, most);
+	}
+	/* Everyone is back: a plain sum over all. */
+	fill(in, UNISUM_INT32, N, rank, 599);
+	int rc = push_pull(w, ids[0], in, out, 0);
+	if (rc == 0)
+		rc = check(j, out, UNISUM_INT32, N, 599, false, "sum after join", msg, len);
+	return rc;
+}
+
 /* ---- the tests ----------------------------------------------------------- */
 
 /* Sums, many, broadcast and one-shot tensors on one job. */
@@ -892,6 +957,7 @@ static void run_all(int machines, int local, int servers, uint64_t credit, int i
 	each_rank(&j, work_main, work_collectives);
 	each_rank(&j, work_main, work_traffic);
 	each_rank(&j, work_main, work_process_sets);
+	each_rank(&j, work_main, work_join);
 	job_stop(&j);
 }
 

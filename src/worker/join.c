@@ -1,0 +1,299 @@
+/*
+ * join.c - unisum_join (Horovod's join): a worker that has run out of data
+ * joins, and from then on contributes zeros to every push_pull the others
+ * run, until every worker has joined; then each gets the rank that joined
+ * last.
+ *
+ * DESIGN
+ *
+ * A joined worker does not know which push_pulls the others will run, so
+ * they tell it, through the scheduler.  When worker j joins (JOIN), the
+ * scheduler tells every worker (RDV_JOINED).  A worker that has not joined
+ * then announces (ANNOUNCE: name, dtype, count, shape, round, collective)
+ * every push_pull of the global set it has in flight, and from then on
+ * each one it starts (wk_op_file), both under the worker's lock, so each
+ * is announced at least once.  The scheduler passes announcements to the
+ * workers that have joined.  A joined worker runs each announced push_pull
+ * itself, with zeros, through the ordinary path (its machine's local
+ * reduce included), declaring the tensor if it never had: the tensor's
+ * round says whether it already ran that round (several workers announce
+ * the same one, and each new joiner makes the others announce again what
+ * is still in flight).  The other collectives need every rank's data, so
+ * while a rank has joined a worker that has not refuses them
+ * (UNISUM_EINVAL), as Horovod does; a broadcast that was already in flight
+ * is announced too, runs with the joined rank's zeros (its rounds stay in
+ * step) and then fails at its wait (wk_release).  A gathering collective
+ * of the C API started before the news came waits for the joined rank
+ * (the PyTorch plugin's exchange of shapes, a push_pull, comes first and
+ * so carries the news).
+ *
+ * A worker joins only once its own operations are complete (they may wait
+ * on joined workers, which contribute on announcement).  So when the last
+ * worker joins, every real operation is complete, and the scheduler's
+ * JOIN_DONE ends every worker's join once its zero contributions are in.
+ * Average divides by the whole job's size, as in Horovod.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log/log.h"
+#include "timing/timing.h"
+#include "wire/wire.h"
+#include "worker/worker_int.h"
+
+bool wk_reduces(uint32_t wire_op)
+{
+	switch (WIRE_OP_KIND(wire_op)) {
+	case WIRE_OP_SUM:
+	case WIRE_OP_AVERAGE:
+	case WIRE_OP_MIN:
+	case WIRE_OP_MAX:
+	case WIRE_OP_PRODUCT:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* What a joined worker takes part in: the reductions, and (only when in
+ * flight as it joined) broadcasts, where it is not the root or sends
+ * zeros. */
+bool wk_join_runs(uint32_t wire_op)
+{
+	return wk_reduces(wire_op) || WIRE_OP_KIND(wire_op) == WIRE_OP_BROADCAST;
+}
+
+void wk_announce_fill(const struct wk_op *op, struct rdv_announce *a)
+{
+	const struct wk_tensor *t = op->t;
+	memset(a, 0, sizeof *a);
+	snprintf(a->name, sizeof a->name, "%s", t->name);
+	a->dtype = t->dtype;
+	a->count = t->count;
+	a->round = op->round;
+	a->wire_op = op->wire_op;
+	a->shape = t->shape;
+}
+
+/* The scheduler's join events (the client's reader thread). */
+void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a)
+{
+	struct worker *w = arg;
+	if (event == RDV_JOINED) {
+		if (rank == w->rank)
+			return;
+		/* Announce what is in flight: the new joiner has heard of none of
+		 * it, and it may wait for it. */
+		struct rdv_announce *list = NULL;
+		int n = 0;
+		pthread_mutex_lock(&w->lock);
+		w->join_seen = true;
+		if (!w->joined && w->nops > 0)
+			list = malloc((size_t)w->nops * sizeof *list);
+		for (int i = 0; list != NULL && i < w->nops; i++) {
+			struct wk_op *op = w->ops[i];
+			if (op->done || op->t->nranks != 0 || !wk_join_runs(op->wire_op))
+				continue;
+			wk_announce_fill(op, &list[n++]);
+			/* A broadcast needs every rank's part: it completes with the
+			 * joined rank's zeros, and then fails, as it would have
+			 * had it started a moment later. */
+			op->join_refused = !wk_reduces(op->wire_op);
+		}
+		pthread_mutex_unlock(&w->lock);
+		for (int i = 0; i < n; i++)
+			rdv_client_announce(w->rdv, &list[i]);
+		free(list);
+		return;
+	}
+	pthread_mutex_lock(&w->lock);
+	if (event == RDV_ANNOUNCED && w->joined) {
+		if (w->nannounced == w->capannounced) {
+			int cap = w->capannounced ? 2 * w->capannounced : 16;
+			struct rdv_announce *q = realloc(w->announced, (size_t)cap * sizeof *q);
+			if (q == NULL) {
+				pthread_mutex_unlock(&w->lock);
+				LOG_ERROR("worker %d: out of memory queueing a push_pull to join", w->rank);
+				return;
+			}
+			w->announced = q;
+			w->capannounced = cap;
+		}
+		w->announced[w->nannounced++] = *a;
+	} else if (event == RDV_JOIN_DONE) {
+		w->join_done = true;
+		w->join_last = rank;
+	}
+	pthread_cond_broadcast(&w->join_cond);
+	pthread_mutex_unlock(&w->lock);
+}
+
+uint64_t wk_name_hash(const char *name)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+	for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+		h ^= *p;
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+/* Tensor `name` was undeclared after `rounds` rounds (w->lock held): a
+ * late announcement of one of those rounds is no reason to declare it
+ * again (the scheduler would refuse a one-shot name). */
+void wk_note_retired(struct worker *w, const char *name, uint32_t rounds)
+{
+	if (w->retired == NULL && (w->retired = calloc(WK_RETIRED, sizeof *w->retired)) == NULL)
+		return;
+	w->retired[w->retired_at++ % WK_RETIRED] =
+		(struct wk_retired){.name_hash = wk_name_hash(name), .rounds = rounds};
+}
+
+/* Whether this worker ran round `round` of `name` and undeclared it since. */
+static bool wk_ran_and_retired(struct worker *w, const char *name, uint32_t round)
+{
+	uint64_t h = wk_name_hash(name);
+	pthread_mutex_lock(&w->lock);
+	bool ran = false;
+	for (uint32_t i = 0; w->retired != NULL && i < WK_RETIRED && !ran; i++)
+		ran = w->retired[i].name_hash == h && w->retired[i].rounds > round;
+	pthread_mutex_unlock(&w->lock);
+	return ran;
+}
+
+/* A push_pull of zeros this joined worker runs for the others. */
+struct wk_zero {
+	int tensor;
+	unisum_handle h;	/* 0 once waited for */
+	void *in, *out;
+};
+
+static int wk_zero_wait(struct worker *w, struct wk_zero *z)
+{
+	int rc = z->h != 0 ? worker_wait(w, z->h) : 0;
+	z->h = 0;
+	free(z->in);
+	free(z->out);
+	z->in = z->out = NULL;
+	return rc;
+}
+
+/* Runs announced round a->round of a->name with zeros, unless this worker
+ * ran it already.  0 or an error (logged). */
+static int wk_join_contribute(struct worker *w, const struct rdv_announce *a,
+			      struct wk_zero **zs, int *nz)
+{
+	if (wk_ran_and_retired(w, a->name, a->round))
+		return 0;	/* announced again, after this worker was done with it */
+	int id = worker_declare_shaped(w, a->name, a->dtype, (size_t)a->count,
+				       a->shape.ndim > 0 ? &a->shape : NULL, 0);
+	if (id < 0)
+		return log_fail(id, "unisum_join on worker %d: cannot run '%s' for the others: %s",
+				w->rank, a->name, log_last_error());
+	for (int i = 0; i < *nz; i++) {
+		if ((*zs)[i].tensor == id && (*zs)[i].h != 0) {
+			int rc = wk_zero_wait(w, &(*zs)[i]);
+			if (rc != 0)
+				return rc;
+		}
+	}
+	pthread_mutex_lock(&w->lock);
+	uint32_t next = w->tensors[id]->round;
+	size_t esize = w->tensors[id]->esize;
+	pthread_mutex_unlock(&w->lock);
+	if (next > a->round)
+		return 0;	/* ran it already: announced by another worker too */
+	if (next < a->round)
+		return log_fail(UNISUM_EPROTO, "unisum_join on worker %d: '%s' is at round %u here but "
+				"another worker runs round %u", w->rank, a->name, next, a->round);
+	struct wk_zero *more = realloc(*zs, (size_t)(*nz + 1) * sizeof *more);
+	if (more == NULL)
+		return UNISUM_ENOMEM;
+	*zs = more;
+	size_t bytes = (size_t)a->count * esize + 1;
+	struct wk_zero z = {.tensor = id, .in = calloc(1, bytes), .out = malloc(bytes)};
+	uint32_t kind = WIRE_OP_KIND(a->wire_op);
+	int flags = kind == WIRE_OP_AVERAGE ? UNISUM_AVERAGE
+		    : kind == WIRE_OP_MIN   ? UNISUM_MIN
+		    : kind == WIRE_OP_MAX   ? UNISUM_MAX
+		    : kind == WIRE_OP_PRODUCT ? UNISUM_PRODUCT
+					    : 0;
+	int rc = z.in == NULL || z.out == NULL ? UNISUM_ENOMEM
+		 : kind == WIRE_OP_BROADCAST
+			 ? worker_broadcast_async(w, id, z.in, (int)WIRE_OP_ROOT(a->wire_op), &z.h)
+			 : worker_push_pull_async(w, id, z.in, z.out, flags, &z.h);
+	if (rc != 0) {
+		free(z.in);
+		free(z.out);
+		return rc;
+	}
+	(*zs)[(*nz)++] = z;
+	return 0;
+}
+
+int worker_join_wait(struct worker *w)
+{
+	if (w == NULL || !w->initialized)
+		return log_fail(UNISUM_ENOTINIT, "call unisum_init() first");
+	pthread_mutex_lock(&w->lock);
+	if (w->joined) {
+		pthread_mutex_unlock(&w->lock);
+		return log_fail(UNISUM_EINVAL, "unisum_join: worker %d is in unisum_join already",
+				w->rank);
+	}
+	/* Its own operations first (see DESIGN). */
+	for (int i = 0; i < w->nops && w->failed == 0; i++) {
+		while (!w->ops[i]->done && w->failed == 0) {
+			struct timespec until = timing_deadline(100);
+			pthread_cond_timedwait(&w->done_cond, &w->lock, &until);
+		}
+	}
+	int rc = w->failed;
+	if (rc == 0) {
+		w->joined = true;
+		w->join_done = false;
+		w->nannounced = 0;
+	}
+	pthread_mutex_unlock(&w->lock);
+	if (rc != 0)
+		return log_fail(rc, "unisum_join on worker %d: the job has failed", w->rank);
+	rc = rdv_client_join(w->rdv);
+	struct wk_zero *zs = NULL;
+	int nz = 0;
+	while (rc == 0) {
+		pthread_mutex_lock(&w->lock);
+		while (w->nannounced == 0 && !w->join_done && w->failed == 0) {
+			struct timespec until = timing_deadline(100);
+			pthread_cond_timedwait(&w->join_cond, &w->lock, &until);
+		}
+		if (w->failed != 0) {
+			rc = log_fail(w->failed, "unisum_join on worker %d: %s", w->rank, w->failed_why);
+			pthread_mutex_unlock(&w->lock);
+			break;
+		}
+		if (w->nannounced == 0) {
+			pthread_mutex_unlock(&w->lock);
+			break;	/* everyone joined, and every announcement is handled */
+		}
+		struct rdv_announce a = w->announced[0];
+		memmove(w->announced, w->announced + 1, (size_t)--w->nannounced * sizeof a);
+		pthread_mutex_unlock(&w->lock);
+		rc = wk_join_contribute(w, &a, &zs, &nz);
+	}
+	for (int i = 0; i < nz; i++) {
+		int r = wk_zero_wait(w, &zs[i]);
+		if (rc == 0)
+			rc = r;
+	}
+	free(zs);
+	pthread_mutex_lock(&w->lock);
+	int last = w->join_last;
+	w->joined = false;
+	w->join_seen = false;
+	w->join_done = false;
+	w->nannounced = 0;
+	pthread_mutex_unlock(&w->lock);
+	return rc != 0 ? rc : last;
+}
