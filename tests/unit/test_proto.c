@@ -115,6 +115,46 @@ static void test_declare_check(void **state)
 	wire_buf_fini(&b);
 }
 
+static struct wire_hdr announce_hdr;
+
+static int decode_announce(const void *p, size_t len)
+{
+	struct rdv_announce a;
+	return rdv_announce_decode(&announce_hdr, p, len, &a);
+}
+
+static void test_announce(void **state)
+{
+	(void)state;
+	struct rdv_announce a = {.dtype = UNISUM_FLOAT16, .count = 42, .round = 7,
+				 .wire_op = 1, .shape = {.ndim = 2, .dims = {6, 7}}}, got;
+	snprintf(a.name, sizeof a.name, "gradient.layer1.weight");
+	struct wire_buf b;
+	wire_buf_init(&b);
+	memset(&announce_hdr, 0, sizeof announce_hdr);
+	rdv_announce_encode(&a, &announce_hdr, &b);
+	assert_int_equal(announce_hdr.type, WIRE_ANNOUNCE);
+	assert_int_equal(announce_hdr.payload_len, b.len);
+	assert_int_equal(rdv_announce_decode(&announce_hdr, b.data, b.len, &got), 0);
+	assert_string_equal(got.name, a.name);
+	assert_int_equal(got.dtype, a.dtype);
+	assert_int_equal(got.count, 42);
+	assert_int_equal(got.round, 7);
+	assert_int_equal(got.wire_op, 1);
+	assert_int_equal(got.shape.ndim, 2);
+	assert_int_equal(got.shape.dims[1], 7);
+	refuses_every_cut(&b, decode_announce);
+	wire_buf_fini(&b);
+	/* More than RDV_MAX_DIMS dimensions. */
+	wire_buf_init(&b);
+	wire_buf_str(&b, "x");
+	wire_buf_u32(&b, RDV_MAX_DIMS + 1);
+	for (int i = 0; i <= RDV_MAX_DIMS; i++)
+		wire_buf_u64(&b, 1);
+	assert_int_equal(rdv_announce_decode(&announce_hdr, b.data, b.len, &got), UNISUM_EPROTO);
+	wire_buf_fini(&b);
+}
+
 static int decode_register(const void *p, size_t len)
 {
 	struct rdv_register m;
@@ -359,6 +399,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_error),
 		cmocka_unit_test(test_declare_check),
+		cmocka_unit_test(test_announce),
 		cmocka_unit_test(test_register),
 		cmocka_unit_test(test_addrbook),
 		cmocka_unit_test(test_declare_request),
