@@ -285,10 +285,11 @@ def _allreduce_start(tensor: torch.Tensor, average: Optional[bool], name: Option
             tensor.copy_(_t._scaled(tensor.detach(), prescale_factor))
         else:
             tensor = _t._scaled(tensor.detach(), prescale_factor)
-    return _busy_as_value_error(lambda: _t._start(tensor, flags == _capi.AVERAGE,
-                                                  _shaped_name(name, tensor), 0,
-                                                  inplace, scale=float(postscale_factor),
-                                                  flags=flags, pset=pset))
+    return _held(name, "allreduce",
+                 lambda: _busy_as_value_error(
+                     lambda: _t._start(tensor, flags == _capi.AVERAGE, _shaped_name(name, tensor),
+                                       0, inplace, scale=float(postscale_factor), flags=flags,
+                                       pset=pset)))
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
@@ -428,18 +429,20 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = 
         TypeError, UnisumError: As push_pull_async().
     """
     pset = _t._pset_of(process_set)
-    return _busy_as_value_error(lambda: _t._broadcast_start(tensor, root_rank,
-                                                            _shaped_name(name, tensor),
-                                                            inplace=False, pset=pset))
+    return _held(name, "broadcast",
+                 lambda: _busy_as_value_error(
+                     lambda: _t._broadcast_start(tensor, root_rank, _shaped_name(name, tensor),
+                                                 inplace=False, pset=pset)))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                      process_set: Optional[ProcessSet] = None) -> int:
     """As broadcast_async, into `tensor` itself."""
     pset = _t._pset_of(process_set)
-    return _busy_as_value_error(lambda: _t._broadcast_start(tensor, root_rank,
-                                                            _shaped_name(name, tensor),
-                                                            inplace=True, pset=pset))
+    return _held(name, "broadcast",
+                 lambda: _busy_as_value_error(
+                     lambda: _t._broadcast_start(tensor, root_rank, _shaped_name(name, tensor),
+                                                 inplace=True, pset=pset)))
 
 
 class _BroadcastFn(torch.autograd.Function):
@@ -507,6 +510,32 @@ def _claim_name(name: Optional[str], what: str) -> Callable[[], None]:
         with _t._lock:
             _names_in_flight.discard(name)
     return release
+
+
+def _held(name: Optional[str], what: str, start: Callable[[], int]) -> int:
+    """Runs start() with `name` held in flight until its handle is
+    synchronized: as in Horovod, a second collective of that name before
+    then is a ValueError, even when the first has completed already."""
+    release = _claim_name(name, what)
+    try:
+        handle = start()
+    except BaseException:
+        release()
+        raise
+    with _t._lock:
+        op = _t._ops.get(handle)
+    if op is None:
+        release()
+        return handle
+    first = op.finish
+
+    def finish() -> None:
+        try:
+            first()
+        finally:
+            release()
+    op.finish = finish
+    return handle
 
 
 def _busy_as_value_error(start: Callable[[], int]) -> int:

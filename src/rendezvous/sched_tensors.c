@@ -120,6 +120,46 @@ void sched_poison(struct rdv_scheduler *s, uint64_t key, const char *why)
 	wire_buf_fini(&b);
 }
 
+/* Whether `name` is a cut of tensor `base`: "BASE#K" (a gathering
+ * collective's layout) or "BASE@BYTES" (autotune's), digits after. */
+static bool sched_is_cut_of(const char *name, const char *base)
+{
+	size_t n = strlen(base);
+	if (strncmp(name, base, n) != 0 || (name[n] != '#' && name[n] != '@') || name[n + 1] == '\0')
+		return false;
+	for (const char *p = name + n + 1; *p; p++)
+		if (*p < '0' || *p > '9')
+			return false;
+	return true;
+}
+
+/* Poisons tensor t and every cut of it declared so far (a worker may be
+ * waiting in one of those for a worker that never gets there); cuts
+ * declared later are refused (sched_poisoned_base).  s->lock held. */
+static void sched_poison_all(struct rdv_scheduler *s, struct sched_tensor *t, const char *text)
+{
+	if (t->poison == NULL) {
+		t->poison = strdup(text);
+		sched_poison(s, t->key, text);
+	}
+	for (int i = 0; i < s->ntensors; i++) {
+		struct sched_tensor *c = &s->tensors[i];
+		if (c->poison == NULL && sched_is_cut_of(c->name, t->name)) {
+			c->poison = strdup(text);
+			sched_poison(s, c->key, text);
+		}
+	}
+}
+
+/* The poisoned tensor that `name` is a cut of, or NULL.  s->lock held. */
+static struct sched_tensor *sched_poisoned_base(struct rdv_scheduler *s, const char *name)
+{
+	for (int i = 0; i < s->ntensors; i++)
+		if (s->tensors[i].poison != NULL && sched_is_cut_of(name, s->tensors[i].name))
+			return &s->tensors[i];
+	return NULL;
+}
+
 int sched_poison_reported(struct rdv_scheduler *s, uint64_t key, const char *text, char *why,
 			  size_t len)
 {
@@ -131,11 +171,9 @@ int sched_poison_reported(struct rdv_scheduler *s, uint64_t key, const char *tex
 		snprintf(why, len, "ERROR about undeclared tensor key 0x%llx", (unsigned long long)key);
 		return UNISUM_EPROTO;
 	}
-	if (t->poison == NULL) {
+	if (t->poison == NULL)
 		LOG_ERROR("%s", text);
-		t->poison = strdup(text);
-		sched_poison(s, t->key, text);
-	}
+	sched_poison_all(s, t, text);
 	return 0;
 }
 
@@ -372,8 +410,15 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 	    strcmp(t->name, name) == 0) {
 		/* Workers that declared the first shape may already be pushing:
 		 * the servers answer every pull of this tensor with the error. */
-		t->poison = strdup(msg);
-		sched_poison(s, t->key, msg);
+		sched_poison_all(s, t, msg);
+	}
+	struct sched_tensor *base = msg[0] == '\0' ? sched_poisoned_base(s, name) : NULL;
+	if (base != NULL) {
+		/* A cut of a tensor that can never be summed: the worker that
+		 * declared the tensor differently never gets here. */
+		snprintf(msg, sizeof msg, "%s", base->poison);
+		code = UNISUM_EMISMATCH;
+		sched_poison_all(s, t, msg);
 	}
 	if (msg[0] != '\0') {
 		LOG_ERROR("%s", msg);

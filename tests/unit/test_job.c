@@ -1050,6 +1050,35 @@ static void test_credit_of_one_partition(void **state)
 	job_stop(&j);
 }
 
+/* Ranks that declare one name with two dtypes, then reduce-scatter it:
+ * the ranks whose declaration went through run on the tensor's homed cut
+ * (NAME#0), which the others never declare; that cut is poisoned with the
+ * tensor, so every rank fails with UNISUM_EMISMATCH at once instead of
+ * waiting out the stall limit. */
+static int work_cut_of_poisoned(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { N = 3000 };
+	struct worker *w = j->w[rank];
+	int32_t in[N], out[N];
+	unisum_dtype d = rank == j->nworkers - 1 ? UNISUM_FLOAT32 : UNISUM_INT32;
+	fill(in, d, N, rank, 410);
+	uint64_t counts[MAX_WORKERS];
+	for (int q = 0; q < j->nworkers; q++)
+		counts[q] = N / j->nworkers + (q == 0 ? N % j->nworkers : 0);
+	int id = worker_declare(w, "rs.bad", d, N, 0);
+	int rc = id;
+	if (id >= 0) {
+		unisum_handle h;
+		rc = worker_reduce_scatter_async(w, id, in, out, counts, 0, &h);
+		if (rc == 0)
+			rc = worker_wait(w, h);
+	}
+	if (rc != UNISUM_EMISMATCH)
+		FAIL(0, "a reduce-scatter of a tensor declared with two dtypes returned %s, not "
+		     "UNISUM_EMISMATCH: %s", unisum_strerror(rc), unisum_last_error());
+	return 0;
+}
+
 static void test_disagreement(void **state)
 {
 	(void)state;
@@ -1058,6 +1087,7 @@ static void test_disagreement(void **state)
 	each_rank(&j, work_main, work_disagree);
 	each_rank(&j, work_main, work_layout_disagree);
 	each_rank(&j, work_main, work_shapes);
+	each_rank(&j, work_main, work_cut_of_poisoned);
 	job_stop(&j);
 }
 
