@@ -66,7 +66,7 @@ _Static_assert(WIRE_IPC_PAYLOAD == 8, "WIRE_IPC_PAYLOAD is not a u64");
 static bool type_is_tensor(uint8_t type)
 {
 	return type == WIRE_PUSH || type == WIRE_PULL || type == WIRE_PULL_REPLY ||
-	       type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE;
+	       type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE || type == WIRE_ANNOUNCE;
 }
 
 /* Whether `type` never carries a payload.  DECLARE_CHECK is not one of
@@ -74,7 +74,8 @@ static bool type_is_tensor(uint8_t type)
 static bool type_is_payloadless(uint8_t type)
 {
 	return type == WIRE_PULL || type == WIRE_BARRIER || type == WIRE_BARRIER_DONE ||
-	       type == WIRE_HEARTBEAT || type == WIRE_PUSH_ACK || type == WIRE_RETIRE;
+	       type == WIRE_HEARTBEAT || type == WIRE_PUSH_ACK || type == WIRE_RETIRE ||
+	       type == WIRE_JOIN || type == WIRE_JOIN_DONE;
 }
 
 /* Whether `type` sends tensor data: count x dtype bytes unless ZERO
@@ -512,6 +513,34 @@ static void parse_declare_check(const uint8_t *data, size_t len)
 	wire_buf_fini(&b);
 }
 
+/* ANNOUNCE (scheduler.c sched_on_announce, client.c): str name, u32
+ * ndim (at most RDV_MAX_DIMS), ndim x u64, nothing after; what the codec
+ * takes re-encodes to the same bytes. */
+static void parse_announce(const uint8_t *data, size_t len)
+{
+	struct checked_reader c;
+	cr_init(&c, data, len);
+	char name[256];
+	cr_str(&c, name, sizeof name);
+	uint32_t ndim = cr_u32(&c);
+	bool ok = !c.r.failed && name[0] != '\0' && ndim <= RDV_MAX_DIMS && c.r.left == 8ull * ndim;
+	struct wire_hdr h = {.dtype = UNISUM_INT32, .count = 3, .round = 9, .aux = 1};
+	struct rdv_announce a;
+	int rc = rdv_announce_decode(&h, data, len, &a);
+	CHECK((rc == 0) == ok);
+	if (!ok)
+		return;
+	for (uint32_t i = 0; i < ndim; i++)
+		CHECK(a.shape.dims[i] == cr_u64(&c));
+	CHECK(strcmp(a.name, name) == 0 && a.shape.ndim == ndim && a.count == 3 && a.round == 9);
+	struct wire_buf b;
+	struct wire_hdr out = {0};
+	wire_buf_init(&b);
+	rdv_announce_encode(&a, &out, &b);
+	check_rebuilt(&b, &c);
+	wire_buf_fini(&b);
+}
+
 /* DECLARE reply (client.c rdv_client_declare): u32 status, then str why
  * when it is not 0, or u32 nparts and nparts x (u64 count, u32 server);
  * the client reads the parts only when exactly that many bytes are left. */
@@ -595,6 +624,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	parse_addrbook(payload, payload_len);
 	parse_declare_request(payload, payload_len);
 	parse_declare_check(payload, payload_len);
+	parse_announce(payload, payload_len);
 	parse_declare_reply(payload, payload_len);
 	parse_error(payload, payload_len, 400);
 	parse_error(payload, payload_len, 512);

@@ -28,7 +28,7 @@ if [ $# -lt 1 ] || [ $# -gt 3 ]; then
 	die "usage: $0 SECONDS [BUILD_DIR] [wire|auth]"
 fi
 case $TARGET in
-wire) SOURCES="src/wire/wire.c src/wire/dtype.c" LIBS= ;;
+wire) SOURCES="src/wire/wire.c src/wire/dtype.c src/rendezvous/proto.c" LIBS= ;;
 auth) SOURCES="src/transport/auth.c" LIBS=-lsodium ;;
 *) die "TARGET must be wire or auth, got '$TARGET'" ;;
 esac

@@ -31,11 +31,13 @@ static void test_round_trip_every_type(void **state)
 			in.payload_len = 12345 * 2;
 			if (type == WIRE_PUSH)
 				in.aux = WIRE_OP(WIRE_OP_BROADCAST, WIRE_OP_MAX_ROOT);
-		} else if (type == WIRE_PULL || type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE) {
+		} else if (type == WIRE_PULL || type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE ||
+			   type == WIRE_ANNOUNCE) {
 			in.dtype = UNISUM_INT64;
 			in.count = 7;
 		} else if (type != WIRE_BARRIER && type != WIRE_BARRIER_DONE && type != WIRE_HEARTBEAT &&
-			   type != WIRE_PUSH_ACK && type != WIRE_RETIRE) {
+			   type != WIRE_PUSH_ACK && type != WIRE_RETIRE && type != WIRE_JOIN &&
+			   type != WIRE_JOIN_DONE) {
 			in.payload_len = 100;
 		}
 		uint8_t buf[WIRE_HDR_SIZE];
