@@ -650,18 +650,22 @@ def _set_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
 
 def _gather_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
                    counts: List[int], after: Callable[[], None],
-                   flags: int = 0, grp: Optional[_Group] = None
+                   flags: int = 0, grp: Optional[_Group] = None,
+                   shape: Optional[Tuple[int, ...]] = None
                    ) -> Tuple[Optional[int], Callable[[], None]]:
     """Starts the C library's allgather, reduce-scatter or alltoall (`kind`)
     of `send` into `recv` with the layout `counts` on the one-shot tensor
     `name` of sum(counts) elements (alltoall: of the n x n counts).
     Returns its C handle and what finishes it (runs `after`, forgets the
     tensor); with nothing to move, None and a finish already run.  In a
-    process set (`grp`), see _set_launch."""
+    process set (`grp`), see _set_launch.  `shape`: the dimensions every
+    rank passes alike (reduce-scatter's input), declared with the tensor
+    so that ranks whose dimensions differ fail even when the counts
+    agree."""
     if grp is not None and grp.pset != 0:
         return _set_launch(kind, name, send, recv, counts, after, flags, grp)
     total = sum(counts)
-    tid = _t._declared(name, send.dtype, total, 0)
+    tid = _t._declared(name, send.dtype, total, 0, shape)
     # An empty side still needs an address; nothing is read or written there.
     keep = torch.empty(1, dtype=send.dtype)
 
@@ -870,7 +874,7 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
     try:
         c, finish = _gather_launch("reducescatter", _t._by_order("reducescatter", pset=grp.pset),
                                    send, recv, counts, after,
-                                   _capi.AVERAGE if op == Average else 0, grp)
+                                   _capi.AVERAGE if op == Average else 0, grp, tuple(send.shape))
     except BaseException:
         release()
         raise
