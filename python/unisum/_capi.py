@@ -112,6 +112,13 @@ for _name, _args, _ret in [
                                      _c_int, ctypes.POINTER(_c_i64)], _c_int),
     ("unisum_alltoall_async", [_c_int, _c_ptr, _c_ptr, ctypes.POINTER(ctypes.c_uint64),
                                ctypes.POINTER(_c_i64)], _c_int),
+    # The blocking forms too, so that no caller passes a pointer through
+    # ctypes' default int (it truncates to 32 bits).
+    ("unisum_push_pull", [_c_int, _c_ptr, _c_ptr, _c_int], _c_int),
+    ("unisum_allgather", [_c_int, _c_ptr, _c_ptr, ctypes.POINTER(ctypes.c_uint64)], _c_int),
+    ("unisum_reduce_scatter", [_c_int, _c_ptr, _c_ptr, ctypes.POINTER(ctypes.c_uint64), _c_int],
+     _c_int),
+    ("unisum_alltoall", [_c_int, _c_ptr, _c_ptr, ctypes.POINTER(ctypes.c_uint64)], _c_int),
     ("unisum_barrier", [], _c_int),
     ("unisum_barrier_timeout", [_c_int], _c_int),
     ("unisum_alloc", [_c_size], _c_ptr),
