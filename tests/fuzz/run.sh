@@ -51,7 +51,9 @@ if ! command -v "$CLANG" >/dev/null 2>&1; then
 fi
 major=$("$CLANG" -dumpversion 2>/dev/null | cut -d. -f1)
 rt_pkg="libclang-rt-${major:-14}-dev"
-probe="$BUILD/probe"
+# Its own name: ctest runs the wire and auth targets at once, in one
+# build directory.
+probe="$BUILD/probe-$TARGET.$$"
 printf '%s\n' '#include <stddef.h>' '#include <stdint.h>' \
 	'int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n);' \
 	'int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }' \
