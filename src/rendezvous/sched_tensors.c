@@ -177,6 +177,17 @@ int sched_poison_reported(struct rdv_scheduler *s, uint64_t key, const char *tex
 	return 0;
 }
 
+/* How many workers undeclare tensor `name`: a process set's members (its
+ * wire name is "set:<size>:<hash>/NAME", worker.c), else every worker. */
+static int sched_retirers(const char *name, int num_workers)
+{
+	if (strncmp(name, "set:", 4) != 0)
+		return num_workers;
+	char *end = NULL;
+	long k = strtol(name + 4, &end, 10);
+	return end != name + 4 && *end == ':' && k >= 1 && k <= num_workers ? (int)k : num_workers;
+}
+
 /* Worker n undeclared the tensor of `key` (a RETIRE): once every worker
  * has, its entry goes, so one-shot tensors (unisum.torch's unnamed
  * operations and broadcasts) do not pile up.  Their bytes stay counted
@@ -200,7 +211,7 @@ int sched_on_forget(struct rdv_scheduler *s, struct sched_node *n, uint64_t key,
 	if (t->forgot == NULL)
 		return 0;	/* out of memory: the entry stays, nothing breaks */
 	t->forgot[n->rank] = 1;
-	if (++t->nforgot < s->num_workers)
+	if (++t->nforgot < sched_retirers(t->name, s->num_workers))
 		return 0;
 	LOG_DEBUG("every worker undeclared '%s': its entry goes", t->name);
 	free(t->parts);

@@ -169,6 +169,9 @@ static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wir
 	} else {
 		srv->by_worker[peer] = c;
 		c->worker = peer;
+		/* A rank whose lazy connections failed part way closed them all
+		 * and tries again later (wk_ensure_conns): it is back. */
+		srv->left[peer] = false;
 	}
 	pthread_mutex_unlock(&srv->lock);
 	return rc;

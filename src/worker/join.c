@@ -23,9 +23,16 @@
  * (UNISUM_EINVAL), as Horovod does; a broadcast that was already in flight
  * is announced too, runs with the joined rank's zeros (its rounds stay in
  * step) and then fails at its wait (wk_release).  A gathering collective
- * of the C API started before the news came waits for the joined rank
- * (the PyTorch plugin's exchange of shapes, a push_pull, comes first and
- * so carries the news).
+ * started before the news came would wait for the joined rank for ever:
+ * the worker poisons its tensor (the scheduler tells every server, and
+ * every rank's wait fails with the reason), at once or, when its cut is
+ * not known yet, at its launch.  The PyTorch plugin's exchange of shapes,
+ * a push_pull, comes first and usually carries the news.
+ *
+ * A joined worker's contribution is the reduction's identity: zero for a
+ * sum or an average (Horovod's "zeros"), +inf (or the integer maximum)
+ * for a minimum, -inf (the minimum) for a maximum, one for a product, so
+ * that a joined rank never changes a result.
  *
  * A worker joins only once its own operations are complete (they may wait
  * on joined workers, which contribute on announcement).  So when the last
@@ -33,7 +40,9 @@
  * JOIN_DONE ends every worker's join once its zero contributions are in.
  * Average divides by the whole job's size, as in Horovod.
  */
+#include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -92,9 +101,24 @@ void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a)
 		w->join_seen = true;
 		if (!w->joined && w->nops > 0)
 			list = malloc((size_t)w->nops * sizeof *list);
-		for (int i = 0; list != NULL && i < w->nops; i++) {
+		uint64_t *poison = w->nops > 0 ? malloc((size_t)w->nops * sizeof *poison) : NULL;
+		char (*pnames)[WK_NAME_MAX] = w->nops > 0 ? malloc((size_t)w->nops * WK_NAME_MAX) : NULL;
+		int np = 0;
+		for (int i = 0; !w->joined && i < w->nops; i++) {
 			struct wk_op *op = w->ops[i];
-			if (op->done || op->t->nranks != 0 || !wk_join_runs(op->wire_op))
+			if (op->done || op->t->nranks != 0)
+				continue;
+			if (!wk_join_runs(op->wire_op)) {
+				/* A gathering collective: it can never complete. */
+				op->join_poison = true;
+				op->join_rank = rank;
+				if (op->launched && poison != NULL && pnames != NULL) {
+					poison[np] = op->launched_key;
+					snprintf(pnames[np++], WK_NAME_MAX, "%s", op->t->name);
+				}
+				continue;
+			}
+			if (list == NULL)
 				continue;
 			wk_announce_fill(op, &list[n++]);
 			/* A broadcast needs every rank's part: it completes with the
@@ -103,6 +127,10 @@ void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a)
 			op->join_refused = !wk_reduces(op->wire_op);
 		}
 		pthread_mutex_unlock(&w->lock);
+		for (int i = 0; i < np; i++)
+			wk_join_poison(w, poison[i], pnames[i], rank);
+		free(poison);
+		free(pnames);
 		for (int i = 0; i < n; i++)
 			rdv_client_announce(w->rdv, &list[i]);
 		free(list);
@@ -123,11 +151,61 @@ void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a)
 		}
 		w->announced[w->nannounced++] = *a;
 	} else if (event == RDV_JOIN_DONE) {
+		/* Here, on the reader thread, in order with the JOINED of a
+		 * next join, which sets it again. */
+		w->join_seen = false;
 		w->join_done = true;
 		w->join_last = rank;
 	}
 	pthread_cond_broadcast(&w->join_cond);
 	pthread_mutex_unlock(&w->lock);
+}
+
+/* Poisons the tensor of cut `key`: a gathering collective on it was in
+ * flight when rank `rank` joined. */
+void wk_join_poison(struct worker *w, uint64_t key, const char *tensor, int rank)
+{
+	char why[WK_NAME_MAX + 256];
+	snprintf(why, sizeof why, "rank %d joined (unisum_join) while a gathering collective of "
+		 "tensor '%s' was in flight; it needs every rank's data, so it fails on every rank "
+		 "(and the tensor with it)", rank, tensor);
+	LOG_WARN("worker %d: %s", w->rank, why);
+	rdv_client_poison_tensor(w->rdv, key, why);
+}
+
+/* Fills count elements of dtype at buf with the identity of the reduction
+ * `kind` (a joined worker's contribution). */
+static void wk_fill_identity(void *buf, unisum_dtype dtype, uint64_t count, uint32_t kind)
+{
+	if (kind != WIRE_OP_MIN && kind != WIRE_OP_MAX && kind != WIRE_OP_PRODUCT)
+		return;	/* zero: calloc's */
+	int w = kind == WIRE_OP_MIN ? 0 : kind == WIRE_OP_MAX ? 1 : 2;
+	static const uint16_t f16[3] = {0x7c00, 0xfc00, 0x3c00};	/* +inf, -inf, 1 */
+	static const uint16_t bf16[3] = {0x7f80, 0xff80, 0x3f80};
+	for (uint64_t i = 0; i < count; i++) {
+		switch (dtype) {
+		case UNISUM_FLOAT32:
+			((float *)buf)[i] = w == 0 ? INFINITY : w == 1 ? -INFINITY : 1.0f;
+			break;
+		case UNISUM_FLOAT64:
+			((double *)buf)[i] = w == 0 ? INFINITY : w == 1 ? -INFINITY : 1.0;
+			break;
+		case UNISUM_FLOAT16:
+			((uint16_t *)buf)[i] = f16[w];
+			break;
+		case UNISUM_BFLOAT16:
+			((uint16_t *)buf)[i] = bf16[w];
+			break;
+		case UNISUM_INT32:
+			((int32_t *)buf)[i] = w == 0 ? INT32_MAX : w == 1 ? INT32_MIN : 1;
+			break;
+		case UNISUM_INT64:
+			((int64_t *)buf)[i] = w == 0 ? INT64_MAX : w == 1 ? INT64_MIN : 1;
+			break;
+		default:
+			return;
+		}
+	}
 }
 
 uint64_t wk_name_hash(const char *name)
@@ -215,6 +293,8 @@ static int wk_join_contribute(struct worker *w, const struct rdv_announce *a,
 	size_t bytes = (size_t)a->count * esize + 1;
 	struct wk_zero z = {.tensor = id, .in = calloc(1, bytes), .out = malloc(bytes)};
 	uint32_t kind = WIRE_OP_KIND(a->wire_op);
+	if (z.in != NULL)
+		wk_fill_identity(z.in, a->dtype, a->count, kind);
 	int flags = kind == WIRE_OP_AVERAGE ? UNISUM_AVERAGE
 		    : kind == WIRE_OP_MIN   ? UNISUM_MIN
 		    : kind == WIRE_OP_MAX   ? UNISUM_MAX
@@ -244,11 +324,9 @@ int worker_join_wait(struct worker *w)
 				w->rank);
 	}
 	/* Its own operations first (see DESIGN). */
-	for (int i = 0; i < w->nops && w->failed == 0; i++) {
-		while (!w->ops[i]->done && w->failed == 0) {
-			struct timespec until = timing_deadline(100);
-			pthread_cond_timedwait(&w->done_cond, &w->lock, &until);
-		}
+	while (wk_first_undone(w) < w->nops && w->failed == 0) {
+		struct timespec until = timing_deadline(100);
+		pthread_cond_timedwait(&w->done_cond, &w->lock, &until);
 	}
 	int rc = w->failed;
 	if (rc == 0) {
@@ -290,8 +368,9 @@ int worker_join_wait(struct worker *w)
 	free(zs);
 	pthread_mutex_lock(&w->lock);
 	int last = w->join_last;
+	/* join_seen stays: the reader thread cleared it at JOIN_DONE, and a
+	 * JOINED of the next join may have set it again since. */
 	w->joined = false;
-	w->join_seen = false;
 	w->join_done = false;
 	w->nannounced = 0;
 	pthread_mutex_unlock(&w->lock);

@@ -388,6 +388,14 @@ out_free:
 	return rc;
 }
 
+int wk_first_undone(const struct worker *w)
+{
+	int i = 0;
+	while (i < w->nops && w->ops[i]->done)
+		i++;
+	return i;
+}
+
 int worker_leave(struct worker *w)
 {
 	if (wk_require_init(w) != 0)
@@ -395,9 +403,8 @@ int worker_leave(struct worker *w)
 	/* Operations the caller never waited on must finish before their
 	 * buffers' owner goes away. */
 	pthread_mutex_lock(&w->lock);
-	for (int i = 0; i < w->nops; i++)
-		while (!w->ops[i]->done)
-			pthread_cond_wait(&w->done_cond, &w->lock);
+	while (wk_first_undone(w) < w->nops)
+		pthread_cond_wait(&w->done_cond, &w->lock);
 	int failed = w->failed;
 	w->tune_stop = true;
 	pthread_cond_signal(&w->tune_cond);
@@ -704,10 +711,14 @@ static int *wk_pset_for(struct worker *w, int set, const char *name, char *wire,
 		h ^= (uint64_t)(uint32_t)ranks[k];
 		h *= 0x100000001b3ull;
 	}
-	if ((size_t)snprintf(wire, len, "set:%016llx/%s", (unsigned long long)h, name) >= len) {
+	/* The size comes first: the scheduler forgets the tensor once that
+	 * many workers undeclared it (sched_on_forget). */
+	int prefix = snprintf(wire, len, "set:%d:%016llx/", *n, (unsigned long long)h);
+	if ((size_t)snprintf(wire, len, "set:%d:%016llx/%s", *n, (unsigned long long)h, name) >= len) {
 		free(ranks);
 		*rc = log_fail(UNISUM_EINVAL, "unisum_declare_in: the name '%s' is too long for a "
-			       "process set's tensor (at most %zu characters)", name, len - 22);
+			       "process set's tensor (at most %zu characters)", name,
+			       len - 1 - (size_t)prefix);
 		return NULL;
 	}
 	*rc = wk_ensure_conns(w);

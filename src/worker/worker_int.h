@@ -47,10 +47,12 @@ struct wk_segs {
 	uint64_t hash;
 };
 
+#define WK_NAME_MAX 256
+
 struct wk_tensor {
 	struct worker *w;		/* its worker */
 	int index;			/* tensor id */
-	char name[256];
+	char name[WK_NAME_MAX];
 	unisum_dtype dtype;
 	uint64_t count;
 	size_t esize;
@@ -122,6 +124,12 @@ struct wk_op {
 	uint32_t wire_round;
 	bool join_refused;		/* a broadcast in flight when a rank joined: it
 					 * completes, and its wait fails (join.c) */
+	/* A gathering collective in flight when a rank joined: its tensor is
+	 * poisoned (every rank's wait fails) once its cut is known (join.c). */
+	bool join_poison;
+	bool launched;			/* wk_launch has run: launched_key is its cut's */
+	uint64_t launched_key;
+	int join_rank;			/* the rank that joined, for the message */
 };
 
 enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL, JOB_RETIRE };
@@ -260,6 +268,10 @@ uint64_t wk_push_order(const struct wk_op *op, const struct wk_layout *L, uint32
 void wk_close_conns(struct worker *w);
 int wk_connect_servers(struct worker *w);
 int wk_enqueue(struct wk_conn *c, struct wk_job *j);
+/* The index of the first operation of w->ops not done, or w->nops (w->lock
+ * held).  Waiters rescan after each wait: a release moves the last
+ * operation into the freed slot and frees the released one. */
+int wk_first_undone(const struct worker *w);
 void *wk_push_main(void *arg);
 
 /* join.c: unisum_join; the scheduler's join events; which collectives a
@@ -271,6 +283,7 @@ bool wk_reduces(uint32_t wire_op);
 bool wk_join_runs(uint32_t wire_op);
 void wk_announce_fill(const struct wk_op *op, struct rdv_announce *a);
 void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a);
+void wk_join_poison(struct worker *w, uint64_t key, const char *tensor, int rank);
 
 /* cuts.c: declaring a cut, retiring cuts, the autotune thread and its
  * hooks, handing an operation to its first stage or failing it before. */

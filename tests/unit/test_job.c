@@ -40,13 +40,16 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -881,7 +884,9 @@ static int work_process_sets(struct job *j, int rank, char *msg, size_t len)
 /* Join with uneven data: in pass p, rank r has 2 + (p ? n-1-r : r) steps
  * of a sum and an average; a rank out of steps joins, and its zeros stand
  * in for its data: every step's result is the sum over the ranks that
- * still had data (the average divides by the whole size, as Horovod's).
+ * still had data (the average divides by the whole size, as Horovod's),
+ * and a max of negative values and a product are those of the ranks with
+ * data (a joined rank contributes the reduction's identity, not zeros).
  * The rank with the most steps then finds a broadcast refused (its last
  * step needed the others' zeros, so it has heard that they joined), and
  * every rank gets the last to join.  Twice, so the state resets. */
@@ -890,13 +895,18 @@ static int work_join(struct job *j, int rank, char *msg, size_t len)
 	enum { N = 3000 };
 	struct worker *w = j->w[rank];
 	const int n = j->nworkers;
-	int ids[2];
+	int ids[4];
 	ids[0] = worker_declare(w, "join.sum", UNISUM_INT32, N, 0);
 	ids[1] = worker_declare(w, "join.avg", UNISUM_FLOAT64, N, 0);
-	if (ids[0] < 0 || ids[1] < 0)
-		FAIL(ids[0] < 0 ? ids[0] : ids[1], "declare: %s", unisum_last_error());
+	ids[2] = worker_declare(w, "join.max", UNISUM_FLOAT32, N, 0);
+	ids[3] = worker_declare(w, "join.prod", UNISUM_INT64, N, 0);
+	for (int k = 0; k < 4; k++)
+		if (ids[k] < 0)
+			FAIL(ids[k], "declare: %s", unisum_last_error());
 	int32_t in[N], out[N], want[N];
 	double din[N], dout[N];
+	float fin[N], fout[N];
+	int64_t lin[N], lout[N];
 	for (int pass = 0; pass < 2; pass++) {
 		int steps[MAX_WORKERS], most = 0;
 		for (int q = 0; q < n; q++) {
@@ -907,19 +917,39 @@ static int work_join(struct job *j, int rank, char *msg, size_t len)
 			int t = 500 + 10 * pass + s;
 			fill(in, UNISUM_INT32, N, rank, t);
 			fill(din, UNISUM_FLOAT64, N, rank, t);
+			for (size_t i = 0; i < N; i++) {
+				fin[i] = -7.0f - (float)value(rank, t, i);	/* all below 0 */
+				lin[i] = 1 + (value(rank, t, i) & 1);
+			}
 			int rc = push_pull(w, ids[0], in, out, 0);
 			if (rc == 0)
 				rc = push_pull(w, ids[1], din, dout, UNISUM_AVERAGE);
+			if (rc == 0)
+				rc = push_pull(w, ids[2], fin, fout, UNISUM_MAX);
+			if (rc == 0)
+				rc = push_pull(w, ids[3], lin, lout, UNISUM_PRODUCT);
 			if (rc != 0)
 				FAIL(rc, "pass %d step %d: %s", pass, s, unisum_last_error());
 			for (size_t i = 0; i < N; i++) {
 				int sum = 0;
-				for (int q = 0; q < n; q++)
-					sum += steps[q] > s ? value(q, t, i) : 0;
+				float max = -INFINITY;
+				int64_t prod = 1;
+				for (int q = 0; q < n; q++) {
+					if (steps[q] <= s)
+						continue;
+					sum += value(q, t, i);
+					float v = -7.0f - (float)value(q, t, i);
+					max = v > max ? v : max;
+					prod *= 1 + (value(q, t, i) & 1);
+				}
 				want[i] = sum;
 				if (out[i] != want[i] || dout[i] != (double)sum / n)
 					FAIL(0, "pass %d step %d element %zu: %d and %g, want %d and %g", pass,
 					     s, i, out[i], dout[i], sum, (double)sum / n);
+				if (fout[i] != max || lout[i] != prod)
+					FAIL(0, "pass %d step %d element %zu: max %g and product %lld, want "
+					     "%g and %lld", pass, s, i, fout[i], (long long)lout[i], max,
+					     (long long)prod);
 			}
 		}
 		if (rank == most) {
@@ -943,6 +973,48 @@ static int work_join(struct job *j, int rank, char *msg, size_t len)
 	return rc;
 }
 
+/* A gathering collective in flight when a rank joins can never complete:
+ * rank 0 starts an allgather, and only then (gather_started) do the
+ * others join instead of gathering.  Rank 0's wait fails, naming the
+ * join, within the test's time (it hung before), and rank 0 then joins
+ * too. */
+static atomic_int gather_started;
+
+static int work_join_gather(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { N = 4000 };
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers;
+	int id = worker_declare(w, "join.gather", UNISUM_INT32, (size_t)N * n, 0);
+	if (id < 0)
+		FAIL(id, "declare: %s", unisum_last_error());
+	if (rank == 0) {
+		int32_t in[N] = {0};
+		int32_t *out = malloc((size_t)N * n * sizeof *out);
+		uint64_t counts[MAX_WORKERS];
+		for (int q = 0; q < n; q++)
+			counts[q] = N;
+		unisum_handle h;
+		int rc = worker_allgather_async(w, id, in, out, counts, &h);
+		atomic_store(&gather_started, 1);
+		if (rc == 0)
+			rc = worker_wait(w, h);
+		free(out);
+		if (rc == 0 || strstr(unisum_last_error(), "joined") == NULL)
+			FAIL(0, "an allgather in flight while the others joined: %d (%s)", rc,
+			     unisum_last_error());
+	} else {
+		while (atomic_load(&gather_started) == 0)
+			sched_yield();
+	}
+	int last = worker_join_wait(w);
+	if (last < 0)
+		FAIL(last, "join: %s", unisum_last_error());
+	if (last >= n)
+		FAIL(0, "join returned %d, not a rank of %d", last, n);
+	return 0;
+}
+
 /* ---- the tests ----------------------------------------------------------- */
 
 /* Sums, many, broadcast and one-shot tensors on one job. */
@@ -958,6 +1030,8 @@ static void run_all(int machines, int local, int servers, uint64_t credit, int i
 	each_rank(&j, work_main, work_traffic);
 	each_rank(&j, work_main, work_process_sets);
 	each_rank(&j, work_main, work_join);
+	atomic_store(&gather_started, 0);
+	each_rank(&j, work_main, work_join_gather);
 	job_stop(&j);
 }
 

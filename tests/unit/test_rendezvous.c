@@ -333,6 +333,66 @@ static struct tp_conn *hello(const struct rdv_node *at, uint32_t id, bool expect
 	return NULL;
 }
 
+/* A process set's tensor ("set:<size>:<hash>/NAME") is forgotten once its
+ * members undeclared it, not every worker: the same name may then be
+ * declared afresh (here with another count), which the scheduler refuses
+ * while it still holds the old entry. */
+static void test_set_tensor_forgotten_by_its_members(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start(&j, 3, 1);
+	struct node_run *server = job_add(&j, CONFIG_ROLE_SERVER, -1, 0, 1);
+	struct node_run *wk[3];
+	for (int i = 0; i < 3; i++)
+		wk[i] = job_add(&j, CONFIG_ROLE_WORKER, i, 0, 1);
+	job_join(&j);
+	assert_int_equal(server->rc, 0);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(wk[i]->rc, 0);
+	struct node_run *m[2] = {NULL, NULL};
+	for (int i = 0, k = 0; i < 3; i++)
+		if (rdv_client_rank(wk[i]->client) != 1)
+			m[k++] = wk[i];	/* ranks 0 and 2 are the set */
+	const char *name = "set:2:00000000000000ab/x";
+	uint64_t key[2];
+	for (int k = 0; k < 2; k++) {
+		uint32_t nparts;
+		struct placement_part *parts = NULL;
+		uint32_t *servers = NULL;
+		char why[256];
+		assert_int_equal(rdv_client_declare(m[k]->client, name, UNISUM_FLOAT32, 1000, 4096,
+						    &key[k], &nparts, &parts, &servers, why, sizeof why), 0);
+		free(parts);
+		free(servers);
+	}
+	assert_true(key[0] == key[1]);
+	rdv_client_forget(m[1]->client, key[1]);
+	rdv_client_forget(m[0]->client, key[0]);
+	/* The forgets are messages without replies: try for up to 5 s. */
+	int rc = -1;
+	char why[256] = "";
+	for (int i = 0; i < 500 && rc != 0; i++) {
+		uint64_t k2;
+		uint32_t nparts;
+		struct placement_part *parts = NULL;
+		uint32_t *servers = NULL;
+		rc = rdv_client_declare(m[0]->client, name, UNISUM_FLOAT32, 2000, 4096, &k2, &nparts,
+					&parts, &servers, why, sizeof why);
+		free(parts);
+		free(servers);
+		if (rc != 0)
+			sleep_ms(10);
+	}
+	if (rc != 0)
+		fail_msg("declaring the set's tensor again: %s", why);
+	for (int i = 0; i < 3; i++)
+		rdv_client_free(wk[i]->client);
+	rdv_client_free(server->client);
+	assert_int_equal(rdv_scheduler_wait(j.sched), 0);
+	rdv_scheduler_free(j.sched);
+}
+
 static void test_server_takes_global_tensors_from_roots(void **state)
 {
 	(void)state;
@@ -421,6 +481,7 @@ int main(void)
 		cmocka_unit_test(test_machine_and_local_rank_unique),
 		cmocka_unit_test(test_several_workers_need_a_machine),
 		cmocka_unit_test(test_server_takes_global_tensors_from_roots),
+		cmocka_unit_test(test_set_tensor_forgotten_by_its_members),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
