@@ -738,7 +738,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     a handle for synchronize(), which returns the result.  Does not wait:
     the ranks' shapes are exchanged first (as Horovod's coordinator does),
     then the rows.  On the servers: each machine pushes only its rows and
-    pulls the whole result.
+    pulls the others'.
 
     With a `process_set`, its members' tensors, in the order of their
     ranks.

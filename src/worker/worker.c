@@ -1162,9 +1162,13 @@ int worker_allgather_async(struct worker *w, int tensor, const void *in, void *o
 			return UNISUM_ENOMEM;
 		}
 		for (int r = 0; r < n; r++) {
-			tmpl.direct[r] = (struct wk_direct){lo, lo + counts[r],
-							    r == w->rank ? in : NULL,
-							    (uint8_t *)out + lo * es};
+			/* Its own rows it copies here rather than pulls back from
+			 * the server (which still needs them, for the others). */
+			bool own = r == w->rank;
+			if (own && counts[r] > 0)
+				memmove((uint8_t *)out + lo * es, in, counts[r] * es);
+			tmpl.direct[r] = (struct wk_direct){lo, lo + counts[r], own ? in : NULL,
+							    own ? NULL : (uint8_t *)out + lo * es};
 			if (r == end)
 				tmpl.rot_offset = lo;
 			lo += counts[r];
