@@ -244,6 +244,7 @@ void rdv_announce_encode(const struct rdv_announce *a, struct wire_hdr *h, struc
 	h->count = a->count;
 	h->round = a->round;
 	h->aux = a->wire_op;
+	h->key = a->life;
 	wire_buf_str(b, a->name);
 	uint32_t ndim = a->shape.ndim <= RDV_MAX_DIMS ? a->shape.ndim : 0;
 	wire_buf_u32(b, ndim);
@@ -268,5 +269,6 @@ int rdv_announce_decode(const struct wire_hdr *h, const void *payload, size_t le
 	a->count = h->count;
 	a->round = h->round;
 	a->wire_op = h->aux;
+	a->life = h->key;
 	return 0;
 }

@@ -222,6 +222,9 @@ struct rdv_announce {
 	uint64_t count;
 	uint32_t round;			/* the tensor's round (its operation count) */
 	uint32_t wire_op;		/* the collective (WIRE_OP) */
+	uint64_t life;			/* which declaration of the name (1, then 2 when
+					 * declared again after an undeclare ...), in
+					 * the header's key field */
 	struct rdv_shape shape;
 };
 enum rdv_join_event { RDV_JOINED, RDV_ANNOUNCED, RDV_JOIN_DONE };

@@ -83,6 +83,7 @@ void wk_announce_fill(const struct wk_op *op, struct rdv_announce *a)
 	a->count = t->count;
 	a->round = op->round;
 	a->wire_op = op->wire_op;
+	a->life = t->life;
 	a->shape = t->shape;
 }
 
@@ -218,25 +219,42 @@ uint64_t wk_name_hash(const char *name)
 	return h;
 }
 
-/* Tensor `name` was undeclared after `rounds` rounds (w->lock held): a
- * late announcement of one of those rounds is no reason to declare it
- * again (the scheduler would refuse a one-shot name). */
-void wk_note_retired(struct worker *w, const char *name, uint32_t rounds)
+/* Tensor `name`, in its declaration number `life`, was undeclared after
+ * `rounds` rounds (w->lock held): a late announcement of one of those
+ * rounds is no reason to declare it again (the scheduler would refuse a
+ * one-shot name).  The life tells that declaration from a later one of
+ * the same name, whose rounds start again at 0 (its key is the same: a
+ * hash of the name). */
+void wk_note_retired(struct worker *w, const char *name, uint64_t life, uint32_t rounds)
 {
 	if (w->retired == NULL && (w->retired = calloc(WK_RETIRED, sizeof *w->retired)) == NULL)
 		return;
 	w->retired[w->retired_at++ % WK_RETIRED] =
-		(struct wk_retired){.name_hash = wk_name_hash(name), .rounds = rounds};
+		(struct wk_retired){.name_hash = wk_name_hash(name), .life = life, .rounds = rounds};
 }
 
-/* Whether this worker ran round `round` of `name` and undeclared it since. */
-static bool wk_ran_and_retired(struct worker *w, const char *name, uint32_t round)
+/* The number of a new declaration of `name` (w->lock held): one more than
+ * the latest undeclared one this worker remembers, else 1.  Every worker
+ * that declared and undeclared the name alike counts alike. */
+uint64_t wk_next_life(struct worker *w, const char *name)
+{
+	uint64_t h = wk_name_hash(name), life = 0;
+	for (uint32_t i = 0; w->retired != NULL && i < WK_RETIRED; i++)
+		if (w->retired[i].name_hash == h && w->retired[i].life > life)
+			life = w->retired[i].life;
+	return life + 1;
+}
+
+/* Whether this worker ran round `round` of declaration `life` of `name`
+ * and undeclared it since. */
+static bool wk_ran_and_retired(struct worker *w, const char *name, uint64_t life, uint32_t round)
 {
 	uint64_t h = wk_name_hash(name);
 	pthread_mutex_lock(&w->lock);
 	bool ran = false;
 	for (uint32_t i = 0; w->retired != NULL && i < WK_RETIRED && !ran; i++)
-		ran = w->retired[i].name_hash == h && w->retired[i].rounds > round;
+		ran = w->retired[i].name_hash == h && w->retired[i].life == life &&
+		      w->retired[i].rounds > round;
 	pthread_mutex_unlock(&w->lock);
 	return ran;
 }
@@ -263,7 +281,7 @@ static int wk_zero_wait(struct worker *w, struct wk_zero *z)
 static int wk_join_contribute(struct worker *w, const struct rdv_announce *a,
 			      struct wk_zero **zs, int *nz)
 {
-	if (wk_ran_and_retired(w, a->name, a->round))
+	if (wk_ran_and_retired(w, a->name, a->life, a->round))
 		return 0;	/* announced again, after this worker was done with it */
 	int id = worker_declare_shaped(w, a->name, a->dtype, (size_t)a->count,
 				       a->shape.ndim > 0 ? &a->shape : NULL, 0);

@@ -293,6 +293,14 @@ int lc_cond_posted(struct local_op *op, void *arg)
 		op->blocker = q;
 		if (p->e == NULL && (p->e = lc_find(lc, q, op->req.key)) == NULL)
 			return 0;
+		if (atomic_load_explicit(&p->e->retired, memory_order_acquire)) {
+			/* The peer's entry of an earlier declaration of this
+			 * name, undeclared: it has not started this one yet
+			 * (it reuses that entry, or buries it and takes
+			 * another, so look it up again). */
+			p->e = NULL;
+			return 0;
+		}
 		uint32_t r = atomic_load_explicit(&p->e->round, memory_order_acquire);
 		if (r != op->req.round) {
 			if ((int32_t)(r - op->req.round) > 0) {
@@ -808,6 +816,20 @@ int local_submit(struct local *lc, const struct local_req *req, struct local_op 
 	atomic_store(&e->pulled, lc_pack(req->round, 0));
 	atomic_store(&e->bcast, lc_pack(req->round, 0));
 	atomic_store_explicit(&e->round, req->round, memory_order_release);
+	if (!fresh && atomic_load(&e->retired)) {
+		/* A name declared again after every rank here undeclared it, and
+		 * before this rank buried its old entry: the entry lives again
+		 * (and leaves the list of those to bury). */
+		for (int i = 0; i < lc->nforgot; i++) {
+			if (lc->forgot[i] == req->key) {
+				lc->forgot[i] = lc->forgot[--lc->nforgot];
+				break;
+			}
+		}
+		/* After the new round: a peer that sees it live reads the
+		 * new round. */
+		atomic_store_explicit(&e->retired, 0, memory_order_release);
+	}
 	if (fresh) {
 		atomic_store(&e->retired, 0);
 		atomic_store_explicit(&e->key, req->key + 1, memory_order_release);

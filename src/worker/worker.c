@@ -496,6 +496,7 @@ static int wk_tensor_insert(struct wk_tensor *t, bool *filed)
 	if (id < 0)
 		id = w->ntensors++;
 	t->index = id;
+	t->life = wk_next_life(w, t->name);
 	w->tensors[id] = t;
 	*filed = true;
 	pthread_mutex_unlock(&w->lock);
@@ -833,7 +834,7 @@ int worker_undeclare(struct worker *w, int tensor)
 		goto out_unlock;
 	}
 	w->tensors[tensor] = NULL;
-	wk_note_retired(w, t->name, t->round);
+	wk_note_retired(w, t->name, t->life, t->round);
 	pthread_mutex_unlock(&w->lock);
 	/* Each cut is its own declaration: every place that holds it lets
 	 * go.  Nothing is in flight, so the servers' replies are all here. */

@@ -53,6 +53,7 @@ struct wk_tensor {
 	struct worker *w;		/* its worker */
 	int index;			/* tensor id */
 	char name[WK_NAME_MAX];
+	uint64_t life;			/* which declaration of the name (join.c) */
 	unisum_dtype dtype;
 	uint64_t count;
 	size_t esize;
@@ -250,6 +251,7 @@ struct worker {
 	struct rdv_announce *announced;	/* push_pulls to contribute zeros to, in order */
 	struct wk_retired {
 		uint64_t name_hash;	/* wk_name_hash of an undeclared tensor's name */
+		uint64_t life;		/* which declaration of the name (rdv_announce.life) */
 		uint32_t rounds;	/* the rounds it had run */
 	} *retired;			/* [WK_RETIRED] the latest undeclared, a ring */
 	uint32_t retired_at;
@@ -278,7 +280,8 @@ void *wk_push_main(void *arg);
  * joined worker contributes to (the reductions), and their announcement. */
 #define WK_RETIRED 4096
 uint64_t wk_name_hash(const char *name);
-void wk_note_retired(struct worker *w, const char *name, uint32_t rounds);
+void wk_note_retired(struct worker *w, const char *name, uint64_t life, uint32_t rounds);
+uint64_t wk_next_life(struct worker *w, const char *name);
 bool wk_reduces(uint32_t wire_op);
 bool wk_join_runs(uint32_t wire_op);
 void wk_announce_fill(const struct wk_op *op, struct rdv_announce *a);

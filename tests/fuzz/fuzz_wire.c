@@ -524,7 +524,7 @@ static void parse_announce(const uint8_t *data, size_t len)
 	cr_str(&c, name, sizeof name);
 	uint32_t ndim = cr_u32(&c);
 	bool ok = !c.r.failed && name[0] != '\0' && ndim <= RDV_MAX_DIMS && c.r.left == 8ull * ndim;
-	struct wire_hdr h = {.dtype = UNISUM_INT32, .count = 3, .round = 9, .aux = 1};
+	struct wire_hdr h = {.dtype = UNISUM_INT32, .count = 3, .round = 9, .aux = 1, .key = 5};
 	struct rdv_announce a;
 	int rc = rdv_announce_decode(&h, data, len, &a);
 	CHECK((rc == 0) == ok);
@@ -532,7 +532,8 @@ static void parse_announce(const uint8_t *data, size_t len)
 		return;
 	for (uint32_t i = 0; i < ndim; i++)
 		CHECK(a.shape.dims[i] == cr_u64(&c));
-	CHECK(strcmp(a.name, name) == 0 && a.shape.ndim == ndim && a.count == 3 && a.round == 9);
+	CHECK(strcmp(a.name, name) == 0 && a.shape.ndim == ndim && a.count == 3 && a.round == 9 &&
+	      a.life == 5);
 	struct wire_buf b;
 	struct wire_hdr out = {0};
 	wire_buf_init(&b);

@@ -1018,6 +1018,53 @@ static int work_join_gather(struct job *j, int rank, char *msg, size_t len)
 	return 0;
 }
 
+/* A name undeclared by every worker and declared again is a new tensor,
+ * whose rounds start at 0: a rank that joins runs them for the others
+ * even though it ran rounds 0-2 of the old one (its ring of retired names
+ * tells them apart by their declaration's key; it used to skip them, and
+ * the others waited for ever). */
+static int work_join_relife(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { N = 1000 };
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers;
+	int32_t in[N], out[N];
+	int id = worker_declare(w, "relife", UNISUM_INT32, N, 0);
+	if (id < 0)
+		FAIL(id, "declare: %s", unisum_last_error());
+	for (int s = 0; s < 3; s++) {
+		fill(in, UNISUM_INT32, N, rank, 700 + s);
+		int rc = push_pull(w, id, in, out, 0);
+		if (rc != 0)
+			FAIL(rc, "first life, step %d: %s", s, unisum_last_error());
+	}
+	int rc = worker_undeclare(w, id);
+	if (rc == 0)
+		rc = worker_barrier(w);	/* every RETIRE is in before any new DECLARE */
+	if (rc != 0)
+		FAIL(rc, "undeclare: %s", unisum_last_error());
+	if (rank != n - 1) {
+		id = worker_declare(w, "relife", UNISUM_INT32, N, 0);
+		if (id < 0)
+			FAIL(id, "declare again: %s", unisum_last_error());
+		fill(in, UNISUM_INT32, N, rank, 710);
+		rc = push_pull(w, id, in, out, 0);
+		if (rc != 0)
+			FAIL(rc, "second life: %s", unisum_last_error());
+		for (size_t i = 0; i < N; i++) {
+			int sum = 0;
+			for (int q = 0; q < n - 1; q++)
+				sum += value(q, 710, i);
+			if (out[i] != sum)
+				FAIL(0, "second life, element %zu: %d, want %d", i, out[i], sum);
+		}
+	}
+	int last = worker_join_wait(w);
+	if (last < 0)
+		FAIL(last, "join: %s", unisum_last_error());
+	return 0;
+}
+
 /* ---- the tests ----------------------------------------------------------- */
 
 /* Sums, many, broadcast and one-shot tensors on one job. */
@@ -1035,6 +1082,7 @@ static void run_all(int machines, int local, int servers, uint64_t credit, int i
 	each_rank(&j, work_main, work_join);
 	atomic_store(&gather_started, 0);
 	each_rank(&j, work_main, work_join_gather);
+	each_rank(&j, work_main, work_join_relife);
 	job_stop(&j);
 }
 
