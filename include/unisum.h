@@ -144,6 +144,21 @@ int unisum_process_set_remove(int set);
 int unisum_declare_in(int set, const char *name, unisum_dtype dtype, int ndim,
 		      const int64_t *dims, int priority);
 
+/* unisum_declare in sync mode `sync` (NULL: UNISUM_SYNC's, "sync" by
+ * default): "sync" is the lock-step of unisum_declare; "async" is
+ * BytePS's asynchronous mode, where the servers hold the tensor's value
+ * and no worker waits for another.  On an async tensor every rank runs
+ * alone: its first unisum_push_pull is the initialisation (rank 0's input
+ * becomes the value, the others' inputs are dropped, and every rank's
+ * output is the value: a broadcast from rank 0); each later one adds its
+ * input to the value as a delta, at once and exactly once, and returns
+ * the value as it stands then (every partition whole, never half of a
+ * delta).  Only push_pull with flags 0 runs on it (UNISUM_EINVAL
+ * otherwise).  A name declared in two modes fails (UNISUM_EMISMATCH);
+ * UNISUM_EINVAL for another mode; UNISUM_ECONFIG without servers. */
+int unisum_declare_sync(const char *name, unisum_dtype dtype, size_t count, int priority,
+			const char *sync);
+
 /* This worker is done with the tensor for good: its id is free (a later
  * unisum_declare may return it for another name), and once every worker
  * has undeclared it, the scheduler, the servers and the machine's shared

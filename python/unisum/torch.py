@@ -439,6 +439,37 @@ def _declared(name: str, dtype: torch.dtype, numel: int, priority: int,
     return tid
 
 
+def _declared_async(name: str, tensor: torch.Tensor, priority: int) -> int:
+    """The C tensor id of the async tensor `name` (unisum_declare_sync),
+    declared on first use with the tensor's dtype and element count."""
+    with _lock:
+        known = _tensors.get(name)
+    if known is not None:
+        return known[0]
+    if tensor.dtype not in _DTYPES:
+        raise TypeError("unisum.torch: %s tensors are not supported; use one of %s" % (
+            tensor.dtype, ", ".join(str(d) for d in _DTYPES)))
+    tid = _capi.check(_capi.lib.unisum_declare_sync(name.encode(), _DTYPES[tensor.dtype],
+                                                    tensor.numel(), int(priority), b"async"),
+                      "unisum.torch: declare async")
+    with _lock:
+        _tensors[name] = (tid, tensor.dtype, tensor.numel())
+    return tid
+
+
+def _sync_mode(sync: Optional[str]) -> str:
+    """DistributedOptimizer's sync mode: `sync`, else UNISUM_SYNC, else
+    BytePS's BYTEPS_ENABLE_ASYNC=1, else "sync" (the C library checked the
+    variables at init())."""
+    if sync is None:
+        sync = os.environ.get("UNISUM_SYNC") or (
+            "async" if "1" in (os.environ.get("UNISUM_ENABLE_ASYNC"),
+                               os.environ.get("BYTEPS_ENABLE_ASYNC")) else "sync")
+    if sync not in ("sync", "async"):
+        raise ValueError("unisum.torch: sync must be 'sync' or 'async', got %r" % (sync,))
+    return sync
+
+
 def declare(name: str, tensor: Optional[torch.Tensor] = None, priority: int = 0) -> None:
     """Declares `name`.  With a tensor, its dtype and size are fixed now;
     without, at its first push_pull (as byteps.torch.declare).
@@ -1131,9 +1162,59 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True  # False inside skip_synchronize()
         self._delay: Dict[torch.Tensor, int] = {}
         self._grad_accs: List[Any] = []
+        # Async (sync="async"): each parameter as this worker last had it
+        # from the servers; a step sends the change since.
+        self._async = reduce.get("sync") == "async"
+        self._async_old: Dict[torch.Tensor, torch.Tensor] = {}
+        if self._async:
+            self._async_start()
+            return
         self._register_hooks()
         if shared_gradients and local_size() > 1:
             self._share_gradients()
+
+    def _async_exchange(self, items: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """For each (parameter, what to push): pushes it to the parameter's
+        async tensor (all at once), and loads what comes back, the value
+        on the servers, into the parameter and its last-known copy."""
+        started = []
+        for p, push in items:
+            name = "async." + self._names[id(p)]
+            tid = _declared_async(name, p.data, self._priority.get(id(p), 0))
+            src = push.detach().contiguous()
+            out = torch.empty_like(src)
+            h = ctypes.c_int64(0)
+            _capi.check(_capi.lib.unisum_push_pull_async(tid, src.data_ptr(), out.data_ptr(), 0,
+                                                         ctypes.byref(h)),
+                        "unisum.torch: async push_pull of '%s'" % name)
+            started.append((p, src, out, h.value))
+        errors = []
+        for p, _src, out, handle in started:
+            rc = _wait(handle)
+            if rc != 0:
+                errors.append(rc)
+                continue
+            with torch.no_grad():
+                p.data.copy_(out.view_as(p))
+            self._async_old[p] = out.view_as(p).clone()
+        if errors:
+            _capi.check(errors[0], "unisum.torch: async push_pull")
+
+    def _async_start(self) -> None:
+        """Every parameter's first push: rank 0's values become the servers'
+        (the others' are dropped), and every worker loads them."""
+        self._async_exchange([(p, p.data) for group in self.param_groups
+                              for p in group["params"]])
+
+    def _async_step(self, closure: Optional[Callable[[], float]]) -> Optional[float]:
+        """The wrapped optimizer's step on this worker's own gradients, then
+        the change it made goes to the servers as a delta (added at once,
+        no worker waiting for another), and the parameters become the
+        servers' values as they stand."""
+        loss = super(self.__class__, self).step(closure)
+        self._async_exchange([(p, p.data - self._async_old[p]) for group in self.param_groups
+                              for p in group["params"]])
+        return loss
 
     def _share_gradients(self) -> None:
         """Gives every gradient that does not exist yet a zeroed home in the
@@ -1223,6 +1304,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             UnisumError: When a gradient's sum fails, or a gradient's name,
                 dtype or size differs between the workers.
         """
+        if self._async:
+            return      # nothing is summed: step() sends its changes
         for group in self.param_groups:
             for p in group["params"]:
                 if self._included and p.requires_grad and \
@@ -1276,6 +1359,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Raises:
             UnisumError: When a gradient's sum fails (see synchronize()).
         """
+        if self._async:
+            return self._async_step(closure)
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
@@ -1315,7 +1400,7 @@ def DistributedOptimizer(optimizer: _OptimizerT,
                          op: int = 0, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups: Any = None,
                          sparse_as_dense: bool = False, process_set: Any = None,
-                         shared_gradients: bool = True) -> _OptimizerT:
+                         shared_gradients: bool = True, sync: Optional[str] = None) -> _OptimizerT:
     """Wraps `optimizer` so that every gradient is summed over all workers
     (averaged) as soon as backward() produces it, and step() waits for the
     sums before updating.  With shared_gradients (and several workers on
@@ -1356,13 +1441,22 @@ def DistributedOptimizer(optimizer: _OptimizerT,
             optimizer sums nothing (as in Horovod).  None: every worker.
         shared_gradients: Put the gradients in the shared arena when several
             workers run on this machine; False keeps PyTorch's memory.
+        sync: "sync" (lock-step: the gradients are averaged, as above) or
+            "async" (BytePS's asynchronous training: each step() runs the
+            wrapped optimizer on this worker's own gradients and sends the
+            change it made, new - old, to the servers, which add it at
+            once and hold the parameters; the parameters then become the
+            servers' values as they stand, no worker waiting for another.
+            The first values are rank 0's, taken at construction).  None:
+            UNISUM_SYNC, or BYTEPS_ENABLE_ASYNC=1, else "sync".
 
     Raises:
         UnisumError: When init() has not been called.
         ValueError: When backward_passes_per_step is below 1, when
             named_parameters holds a name twice, or when it lacks some of
             the optimizer's parameters; for gradient_predivide_factor with
-            op Sum, and for an unknown op.
+            op Sum, for an unknown op or sync mode, and for sync="async"
+            with a process set or compression.
         NotImplementedError: For op Adasum.
     """
     # The arguments first, as Horovod checks them: before init() too.
@@ -1388,13 +1482,17 @@ def DistributedOptimizer(optimizer: _OptimizerT,
                          "parameters, as in Horovod")
     if num_groups < 0:
         raise ValueError("unisum.torch: num_groups must be >= 0")
+    mode = _sync_mode(sync)
+    if mode == "async" and (process_set is not None or compression is not Compression.none):
+        raise ValueError("unisum.torch: DistributedOptimizer(sync='async') takes neither a "
+                         "process_set nor compression")
     _require_init()
     pset = _pset_of(process_set, member=False)
     ranks = getattr(process_set, "ranks", None) if pset != 0 else None
     reduce = {"sum": op == 1, "predivide": float(gradient_predivide_factor),
               "sparse_as_dense": sparse_as_dense, "pset": pset,
               "members": len(ranks) if ranks else size(),
-              "included": ranks is None or rank() in ranks}
+              "included": ranks is None or rank() in ranks, "sync": mode}
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,

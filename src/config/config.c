@@ -110,6 +110,11 @@ static const struct knob config_knobs[] = {
 	 "0", 0, 1 << 20, "the same in partitions, BytePS's unit (when UNISUM_SCHEDULING_CREDIT is 0)"},
 	{"UNISUM_TRACE_ON", "BYTEPS_TRACE_ON", NULL, KNOB_INT, FIELD(trace_on), "0", 0, 1,
 	 "1: write a timeline (Chrome trace JSON) of every partition's stages"},
+	{"UNISUM_SYNC", NULL, NULL, KNOB_STRING, FIELD(sync), "sync", 0, 0,
+	 "sync mode of tensors declared without one (unisum_declare_sync, DistributedOptimizer): "
+	 "sync (lock-step) or async"},
+	{"UNISUM_ENABLE_ASYNC", "BYTEPS_ENABLE_ASYNC", NULL, KNOB_INT, FIELD(enable_async), "0", 0, 1,
+	 "1: the same as UNISUM_SYNC=async (BytePS's name)"},
 	{"UNISUM_TRACE_DIR", "BYTEPS_TRACE_DIR", NULL, KNOB_STRING, FIELD(trace_dir), "trace", 0, 0,
 	 "where the timeline goes: DIR/<rank>/comm.json"},
 	{"UNISUM_TRACE_START_STEP", "BYTEPS_TRACE_START_STEP", NULL, KNOB_U64, FIELD(trace_start_step), "10",
@@ -365,6 +370,12 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 			 (unsigned long long)cfg->trace_start_step);
 		return UNISUM_ECONFIG;
 	}
+	if (strcmp(cfg->sync, "sync") != 0 && strcmp(cfg->sync, "async") != 0) {
+		snprintf(err, err_len, "UNISUM_SYNC='%s' must be sync or async", cfg->sync);
+		return UNISUM_ECONFIG;
+	}
+	if (cfg->enable_async)
+		snprintf(cfg->sync, sizeof cfg->sync, "async");
 	if (cfg->autotune == CONFIG_AUTOTUNE_AUTO)
 		config_resolve_autotune(cfg);
 	if (cfg->credit_bytes == 0)

@@ -57,6 +57,8 @@ struct config {
 	char secret_file[1024];		/* where the secret was read from, or "" */
 	uint64_t credit_bytes;		/* PUSH-stage credit in bytes (resolved at load, never 0) */
 	uint64_t credit_parts;		/* the same in partitions (BytePS's unit), 0 = unset */
+	char sync[32];			/* default sync mode: "sync" (lock-step) or "async" */
+	int enable_async;		/* BYTEPS_ENABLE_ASYNC: 1 means sync = "async" */
 	int trace_on;			/* write the timeline */
 	char trace_dir[1024];		/* ... under this directory */
 	uint64_t trace_start_step;	/* first round traced */

@@ -573,15 +573,15 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
 		       char *why, size_t why_len)
 {
 	return rdv_client_declare_homed(c, name, dtype, count, partition_bytes, 0, NULL, NULL, NULL,
-					key_base, nparts, parts_out, servers_out, why, why_len);
+					0, key_base, nparts, parts_out, servers_out, why, why_len);
 }
 
 int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtype dtype,
 			     uint64_t count, uint64_t partition_bytes, uint32_t nseg,
 			     const uint64_t *seg_counts, const uint32_t *seg_owners,
-			     const struct rdv_shape *shape, uint64_t *key_base, uint32_t *nparts,
-			     struct placement_part **parts_out, uint32_t **servers_out, char *why,
-			     size_t why_len)
+			     const struct rdv_shape *shape, uint32_t sync, uint64_t *key_base,
+			     uint32_t *nparts, struct placement_part **parts_out,
+			     uint32_t **servers_out, char *why, size_t why_len)
 {
 	*nparts = 0;
 	*parts_out = NULL;
@@ -596,7 +596,7 @@ int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtyp
 		return UNISUM_ENOMEM;
 	}
 	struct wire_hdr h = {.type = WIRE_DECLARE, .sender = c->id, .dtype = (uint8_t)dtype,
-			     .count = count, .payload_len = b.len}, reply = {0};
+			     .count = count, .aux = sync, .payload_len = b.len}, reply = {0};
 	void *payload = NULL;
 	int rc = rdv_request(c, &h, b.data, WIRE_DECLARE, &reply, &payload);
 	wire_buf_fini(&b);

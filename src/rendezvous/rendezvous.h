@@ -185,8 +185,9 @@ struct rdv_shape {
 	uint64_t dims[RDV_MAX_DIMS];
 };
 
-/* The same for a homed cut (placement_place_homed), and with the shape
- * (NULL: none): the tensor is nseg
+/* The same for a homed cut (placement_place_homed), with the shape (NULL:
+ * none) and the sync mode (WIRE_SYNC_*, which every declaration of the
+ * name must share): the tensor is nseg
  * segments of seg_counts[i] elements, each owned by machine
  * seg_owners[i]; every partition of a segment lies on its owner's host's
  * server when it has one, and no partition spans two segments.  Every
@@ -195,9 +196,9 @@ struct rdv_shape {
 int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtype dtype,
 			     uint64_t count, uint64_t partition_bytes, uint32_t nseg,
 			     const uint64_t *seg_counts, const uint32_t *seg_owners,
-			     const struct rdv_shape *shape, uint64_t *key_base, uint32_t *nparts,
-			     struct placement_part **parts, uint32_t **servers, char *why,
-			     size_t why_len);
+			     const struct rdv_shape *shape, uint32_t sync, uint64_t *key_base,
+			     uint32_t *nparts, struct placement_part **parts, uint32_t **servers,
+			     char *why, size_t why_len);
 
 /* Asks the scheduler to fail the whole job with `why` (a server that
  * found a round stalled past UNISUM_STALL_ABORT_MS): every node is told,

@@ -51,6 +51,7 @@ struct sched_tensor {
 	int shape_rank;			/* ... and whose */
 	uint32_t nsegs;			/* a homed cut's segments (0: none) ... */
 	uint64_t segs_hash;		/* ... and their hash, which every declaration must match */
+	uint32_t sync;			/* WIRE_SYNC_*: the first declaration's, which all share */
 	uint8_t *forgot;		/* [num_workers] undeclared it (RETIRE), or NULL */
 	int nforgot;			/* ... how many: at num_workers the entry goes */
 };

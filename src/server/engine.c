@@ -87,6 +87,10 @@ void srv_key_free(struct srv_key *k)
 		free(k->slot[i].acc);
 	}
 	free(k->push_buf);
+	free(k->value);
+	free(k->first_seen);
+	free(k->value_waiting);
+	free(k->wait_round);
 	free(k->peer);
 	free(k->ranks);
 	free(k->next_round);
@@ -117,8 +121,8 @@ static bool srv_key_same_set(const struct srv_key *k, const int *ranks, int nran
 }
 
 /* Declares key h->key of tensor `name`, summed over the process set
- * `ranks` (nranks 0: the global set) (idempotent when the shape and the
- * set match).  Returns 0, or UNISUM_EMISMATCH / UNISUM_ENOMEM / UNISUM_EPROTO
+ * `ranks` (nranks 0: the global set) in the sync mode h->aux (idempotent
+ * when the shape, the set and the mode match).  Returns 0, or UNISUM_EMISMATCH / UNISUM_ENOMEM / UNISUM_EPROTO
  * with `why` set. */
 int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
 			   const char *name, const int *ranks, int nranks, char *why, size_t len)
@@ -133,9 +137,20 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 		rc = UNISUM_EPROTO;
 		goto out_unlock;
 	}
+	if (h->aux > WIRE_SYNC_MAX) {
+		snprintf(why, len, "DECLARE_CHECK of key 0x%llx with unknown sync mode %u",
+			 (unsigned long long)h->key, h->aux);
+		rc = UNISUM_EPROTO;
+		goto out_unlock;
+	}
 	if (k != NULL) {
 		int w = srv_key_contrib(k, c->worker);
-		if (!srv_key_same_set(k, ranks, nranks)) {
+		if (k->async != (h->aux == WIRE_SYNC_ASYNC)) {
+			snprintf(why, len, "key 0x%llx of '%s' is %s here but the worker declared it %s",
+				 (unsigned long long)h->key, name, k->async ? "async" : "lock-step",
+				 k->async ? "lock-step" : "async");
+			rc = UNISUM_EMISMATCH;
+		} else if (!srv_key_same_set(k, ranks, nranks)) {
 			snprintf(why, len, "key 0x%llx of '%s' is summed over %s here but the worker "
 				 "declared it for %s%d ranks", (unsigned long long)h->key, name,
 				 k->ranks ? "a process set" : "the global set",
@@ -196,6 +211,13 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 	k->push_buf = calloc(W, sizeof *k->push_buf);
 	k->retired = calloc(W, 1);
 	bool ok = k->next_round && k->push_buf && k->retired && (nranks == 0 || (k->peer && k->ranks));
+	k->async = h->aux == WIRE_SYNC_ASYNC;
+	if (k->async) {
+		k->first_seen = calloc(W, 1);
+		k->value_waiting = calloc(W, 1);
+		k->wait_round = calloc(W, sizeof *k->wait_round);
+		ok = ok && k->first_seen && k->value_waiting && k->wait_round;
+	}
 	for (int i = 0; i < 2; i++) {
 		k->slot[i].arrived = calloc(W, 1);
 		k->slot[i].zero = calloc(W, 1);
@@ -305,6 +327,13 @@ void srv_reply_error(struct server *srv, struct srv_conn *c, int p, uint64_t key
 static void srv_on_poison(struct server *srv, struct srv_key *k, const char *why)
 {
 	k->poison = why;
+	for (int w = 0; k->async && w < k->nc; w++) {
+		if (k->value_waiting[w]) {
+			k->value_waiting[w] = 0;
+			srv_reply_error(srv, NULL, srv_key_peer(k, w), k->key, k->wait_round[w],
+					UNISUM_EMISMATCH, why);
+		}
+	}
 	for (int i = 0; i < 2; i++) {
 		struct srv_slot *s = &k->slot[i];
 		for (int w = 0; w < k->nc; w++) {
@@ -376,8 +405,124 @@ static void srv_op_mismatch(struct server *srv, struct srv_key *k, const struct 
 	rdv_client_poison_tensor(srv->rdv, k->key & ~(uint64_t)0xffff, msg);
 }
 
+/* ---- async keys -------------------------------------------------------- */
+
+/*
+ * An async key (WIRE_SYNC_ASYNC) has no rounds to fold: the server holds
+ * its value.  Contributor 0's first push sets it (the others' first pushes
+ * are their initial copies and are dropped: a broadcast from rank 0);
+ * every later push is a delta, added at once by the key's engine thread,
+ * which owns the value, so every delta is added exactly once and in one
+ * piece.  A pull is answered with the value as it stands, copied into the
+ * puller's own push buffer, which nothing touches until that worker's next
+ * push (it has read the reply by then, over TCP or IPC alike): no pull
+ * sees half of a delta.  A pull that comes before the value waits for it.
+ */
+
+/* Answers contributor w's pull of round `round` with the value. */
+static void srv_async_reply(struct server *srv, struct srv_key *k, int w, uint32_t round, bool skip)
+{
+	struct wire_hdr h = {.type = WIRE_PULL_REPLY, .sender = srv->id, .round = round,
+			     .key = k->key, .count = k->count, .dtype = (uint8_t)k->dtype};
+	const void *payload = NULL;
+	if (skip) {
+		h.flags = WIRE_FLAG_SKIP;
+	} else {
+		memcpy(k->push_buf[w], k->value, k->bytes);
+		h.payload_len = k->bytes;
+		payload = k->push_buf[w];
+	}
+	srv_queue_reply(srv, srv_key_peer(k, w), &h, k, payload);
+}
+
+/* The key can never be added to: every pull, waiting or to come, gets why. */
+static void srv_async_refuse(struct server *srv, struct srv_key *k, const char *why)
+{
+	LOG_ERROR("%s", why);
+	k->own_poison = strdup(why);
+	srv_on_poison(srv, k, k->own_poison ? k->own_poison : "async key refused");
+	rdv_client_poison_tensor(srv->rdv, k->key & ~(uint64_t)0xffff, why);
+}
+
+static void srv_async_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
+{
+	int w = ev->worker;
+	char msg[512], who[64], what[64];
+	if (WIRE_OP_KIND(ev->wire_op) != WIRE_OP_SUM || ev->zero) {
+		snprintf(msg, sizeof msg, "tensor '%s' (partition %u) is async, but %s pushed %s: an "
+			 "async tensor takes deltas to add", k->name ? k->name : "?",
+			 (unsigned)(k->key & 0xffff),
+			 srv_worker_name(srv, srv_key_peer(k, w), who, sizeof who),
+			 wire_op_describe(ev->wire_op, what, sizeof what));
+		srv_async_refuse(srv, k, msg);
+		return;
+	}
+	struct srv_slot *s = &k->slot[0];
+	if (!k->first_seen[w]) {
+		k->first_seen[w] = 1;
+		if (w != 0) {
+			if (k->value == NULL && !s->active) {
+				/* Waiting for contributor 0: stall reports name it. */
+				s->active = true;
+				s->round = ev->round;
+				s->started_ms = timing_now_ms();
+				s->stall_level = 0;
+			}
+			s->arrived[w] = 1;
+			return;	/* its initial copy */
+		}
+		k->value = malloc(k->bytes ? k->bytes : 1);
+		if (k->value == NULL) {
+			LOG_ERROR("out of memory for async key 0x%llx", (unsigned long long)k->key);
+			atomic_store(&srv->job_error, UNISUM_ENOMEM);
+			return;
+		}
+		memcpy(k->value, k->push_buf[0], k->bytes);
+		s->active = false;
+		memset(s->arrived, 0, (size_t)k->nc);
+		for (int v = 0; v < k->nc; v++) {
+			if (k->value_waiting[v]) {
+				bool skip = k->value_waiting[v] == 2;
+				k->value_waiting[v] = 0;
+				srv_async_reply(srv, k, v, k->wait_round[v], skip);
+			}
+		}
+		return;
+	}
+	if (k->value == NULL) {
+		/* A second push before the value: its first pull was never
+		 * answered, so the worker broke the protocol. */
+		snprintf(msg, sizeof msg, "tensor '%s' (partition %u) is async, and %s pushed a delta "
+			 "before the value was set", k->name ? k->name : "?", (unsigned)(k->key & 0xffff),
+			 srv_worker_name(srv, srv_key_peer(k, w), who, sizeof who));
+		srv_async_refuse(srv, k, msg);
+		return;
+	}
+	reducer_fold_into(REDUCER_SUM, k->value, k->push_buf[w], k->count, k->dtype);
+}
+
+static void srv_async_pull(struct server *srv, struct srv_key *k, const struct srv_event *ev)
+{
+	if (k->poison != NULL) {
+		srv_reply_error(srv, NULL, srv_key_peer(k, ev->worker), k->key, ev->round,
+				UNISUM_EMISMATCH, k->poison);
+	} else if (k->value != NULL) {
+		srv_async_reply(srv, k, ev->worker, ev->round, ev->zero);
+	} else {
+		k->value_waiting[ev->worker] = ev->zero ? 2 : 1;
+		k->wait_round[ev->worker] = ev->round;
+	}
+}
+
+/* ---- lock-step keys ---------------------------------------------------- */
+
 static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
 {
+	if (k->async) {
+		if (k->poison == NULL)
+			srv_async_push(srv, k, ev);
+		return;
+	}
 	struct srv_slot *s = &k->slot[ev->round & 1];
 	if (k->poison != NULL)
 		return;	/* never summed: its pull gets the error */
@@ -431,6 +576,10 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 
 static void srv_on_pull(struct server *srv, struct srv_key *k, const struct srv_event *ev)
 {
+	if (k->async) {
+		srv_async_pull(srv, k, ev);
+		return;
+	}
 	struct srv_slot *s = &k->slot[ev->round & 1];
 	if (k->poison != NULL)
 		srv_reply_error(srv, NULL, srv_key_peer(k, ev->worker), k->key, ev->round,

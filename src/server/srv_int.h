@@ -65,6 +65,13 @@ struct srv_key {
 	uint8_t *retired;	/* [W] worker w sent RETIRE; its conn thread's */
 	int nretired;		/* engine-owned: RETIREs seen; at W the buffers go */
 	char *name;		/* the tensor's name, for stall reports */
+	/* Async (WIRE_SYNC_ASYNC): the server holds the value.  Engine-owned. */
+	bool async;
+	uint8_t *value;		/* [bytes] the value, once contributor 0's first push set it */
+	uint8_t *first_seen;	/* [W] contributor w's first push (its initial copy) came */
+	uint8_t *value_waiting;	/* [W] pulled before the value was set: 1, or 2 with SKIP ... */
+	uint32_t *wait_round;	/* [W] ... that pull's round.  Until the value is set, slot[0]
+				 * stands for the wait (its stall reports name contributor 0) */
 	atomic_int pins;	/* the key table's 1, and 1 per queued reply pointing into
 				 * the key's memory: the last unpin frees it */
 	struct srv_key *next;	/* hash chain */

@@ -18,7 +18,8 @@
  *   40   1   dtype        unisum_dtype (PUSH, PULL, PULL_REPLY, DECLARE*)
  *   41   3   reserved     zero
  *   44   4   aux          per type: barrier group, partition count, error code,
- *                          the collective of a PUSH (WIRE_OP_*)
+ *                          the collective of a PUSH (WIRE_OP_*), the sync
+ *                          mode of a DECLARE or DECLARE_CHECK (WIRE_SYNC_*)
  *
  * wire_decode() rejects anything a well-behaved peer never sends: bad
  * magic or version, unknown type, flags the type does not take, non-zero
@@ -40,7 +41,7 @@
 #include "unisum.h"
 
 #define WIRE_MAGIC 0x4d555355u	/* "USUM" */
-#define WIRE_VERSION 8
+#define WIRE_VERSION 9
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
 #define WIRE_MAX_DATA_PAYLOAD (1ull << 30)	/* 1 GiB for one partition */
@@ -118,6 +119,17 @@ enum wire_op_kind {
 	WIRE_OP_KIND_MAX = 9,
 };
 #define WIRE_OP_MAX_ROOT 0xffffffu
+
+/* The aux of a DECLARE and a DECLARE_CHECK: how a key's pushes are
+ * combined.  The scheduler and the servers refuse any other value, and a
+ * tensor declared in two modes. */
+enum wire_sync {
+	WIRE_SYNC_LOCKSTEP = 0,	/* round r's pushes of every contributor are folded; pulls wait */
+	WIRE_SYNC_ASYNC = 1,	/* the server holds the value: contributor 0's first push sets
+				 * it, every later push is a delta added at once, and a pull
+				 * returns the value as it stands */
+	WIRE_SYNC_MAX = 1,
+};
 #define WIRE_OP(kind, root) ((uint32_t)(kind) | (uint32_t)(root) << 8)
 #define WIRE_OP_KIND(op) ((op) & 0xffu)
 #define WIRE_OP_ROOT(op) ((op) >> 8)

@@ -209,6 +209,12 @@ int unisum_declare_shaped(const char *name, unisum_dtype dtype, int ndim, const 
 	return api_declare_shaped(0, name, dtype, ndim, dims, priority);
 }
 
+int unisum_declare_sync(const char *name, unisum_dtype dtype, size_t count, int priority,
+			const char *sync)
+{
+	return worker_declare_sync(api(), name, dtype, count, priority, sync);
+}
+
 int unisum_declare_in(int set, const char *name, unisum_dtype dtype, int ndim,
 		      const int64_t *dims, int priority)
 {

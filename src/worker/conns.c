@@ -317,7 +317,7 @@ static void *wk_send_main(void *arg)
 			wire_declare_check_encode(&b, j->name, j->ranks, j->nranks);
 			struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = rdv_client_id(w->rdv),
 					     .key = j->key, .count = j->count, .dtype = (uint8_t)j->dtype,
-					     .payload_len = b.len};
+					     .aux = j->sync, .payload_len = b.len};
 			rc = b.failed ? UNISUM_ENOMEM : c->tp->send(c->conn, &h, b.data);
 			wire_buf_fini(&b);
 			free(j->name);

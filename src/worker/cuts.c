@@ -97,7 +97,7 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 	int rc = rdv_client_declare_homed(w->rdv, wire_name, t->dtype, t->count, pbytes,
 					  segs != NULL ? segs->n : 0, segs != NULL ? segs->counts : NULL,
 					  segs != NULL ? segs->owners : NULL,
-					  t->ncuts == 0 ? &t->shape : NULL, &L->key, &L->nparts,
+					  t->ncuts == 0 ? &t->shape : NULL, t->sync, &L->key, &L->nparts,
 					  &L->parts, &L->servers, why, sizeof why);
 	if (rc != 0) {
 		rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, w->rank, why);
@@ -118,7 +118,7 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 		}
 		*j = (struct wk_job){.type = JOB_DECLARE, .key = L->key + i, .dtype = t->dtype,
 				     .count = L->parts[i].count, .name = strdup(wire_name),
-				     .nranks = t->nranks};
+				     .nranks = t->nranks, .sync = t->sync};
 		if (t->nranks > 0 && (j->ranks = malloc((size_t)t->nranks * sizeof *j->ranks)) != NULL)
 			memcpy(j->ranks, t->ranks, (size_t)t->nranks * sizeof *j->ranks);
 		rc = j->name != NULL && (t->nranks == 0 || j->ranks != NULL)

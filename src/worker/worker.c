@@ -504,8 +504,9 @@ static int wk_tensor_insert(struct wk_tensor *t, bool *filed)
 }
 
 /* The id of tensor `name` if w has it (UNISUM_EMISMATCH when with another
- * shape), or -1. */
-static int wk_tensor_known(struct worker *w, const char *name, unisum_dtype dtype, size_t count)
+ * shape or sync mode), or -1. */
+static int wk_tensor_known(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
+			   uint32_t sync)
 {
 	pthread_mutex_lock(&w->lock);
 	for (int i = 0; i < w->ntensors; i++) {
@@ -517,6 +518,10 @@ static int wk_tensor_known(struct worker *w, const char *name, unisum_dtype dtyp
 			return log_fail(UNISUM_EMISMATCH, "worker %d declared tensor '%s' twice: as %s[%llu] "
 					"and now as %s[%zu]", w->rank, name, unisum_dtype_name(t->dtype),
 					(unsigned long long)t->count, unisum_dtype_name(dtype), count);
+		if (t->sync != sync)
+			return log_fail(UNISUM_EMISMATCH, "worker %d declared tensor '%s' twice: %s and "
+					"now %s", w->rank, name, t->sync ? "async" : "lock-step",
+					sync ? "async" : "lock-step");
 		return i;
 	}
 	pthread_mutex_unlock(&w->lock);
@@ -538,7 +543,8 @@ int worker_declare_shaped(struct worker *w, const char *name, unisum_dtype dtype
 /* ---- process sets ------------------------------------------------------------ */
 
 static int wk_declare(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
-		      const struct rdv_shape *shape, int priority, int *ranks, int nranks);
+		      const struct rdv_shape *shape, int priority, int *ranks, int nranks,
+		      uint32_t sync);
 
 /*
  * A process set's tensor is its own tensor: its wire name is the user's
@@ -746,13 +752,42 @@ int worker_declare_in(struct worker *w, int set, const char *name, unisum_dtype 
 			return rc;
 		name = wire;
 	}
-	return wk_declare(w, name, dtype, count, shape, priority, ranks, nranks);
+	return wk_declare(w, name, dtype, count, shape, priority, ranks, nranks, WIRE_SYNC_LOCKSTEP);
+}
+
+int worker_declare_sync(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
+			int priority, const char *sync)
+{
+	if (wk_require_init(w) != 0)
+		return UNISUM_ENOTINIT;
+	if (sync == NULL)
+		sync = w->cfg.sync;
+	if (strcmp(sync, "sync") == 0)
+		return worker_declare(w, name, dtype, count, priority);
+	if (strcmp(sync, "async") != 0)
+		return log_fail(UNISUM_EINVAL, "unisum_declare_sync('%s'): unknown sync mode '%s' "
+				"(sync or async)", name != NULL ? name : "", sync);
+	if (name == NULL || name[0] == '\0' || strlen(name) >= sizeof ((struct wk_tensor *)0)->name)
+		return log_fail(UNISUM_EINVAL, "unisum_declare: the name must have 1 to 255 characters");
+	/* Every rank is its own contributor, as in a process set of all. */
+	int *ranks = malloc((size_t)w->size * sizeof *ranks);
+	if (ranks == NULL)
+		return UNISUM_ENOMEM;
+	for (int r = 0; r < w->size; r++)
+		ranks[r] = r;
+	int rc = wk_ensure_conns(w);
+	if (rc != 0) {
+		free(ranks);
+		return rc;
+	}
+	return wk_declare(w, name, dtype, count, NULL, priority, ranks, w->size, WIRE_SYNC_ASYNC);
 }
 
 /* Declares tensor `name` of the process set `ranks` (NULL: the global
- * set), which it takes over. */
+ * set), which it takes over, in sync mode `sync`. */
 static int wk_declare(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
-		      const struct rdv_shape *shape, int priority, int *ranks, int nranks)
+		      const struct rdv_shape *shape, int priority, int *ranks, int nranks,
+		      uint32_t sync)
 {
 	size_t esize = unisum_dtype_size(dtype);
 	int rc = -1;
@@ -762,7 +797,7 @@ static int wk_declare(struct worker *w, const char *name, unisum_dtype dtype, si
 		rc = log_fail(UNISUM_ECONFIG, "UNISUM_PARTITION_BYTES=%llu is smaller than one %s element",
 			      (unsigned long long)w->cfg.partition_bytes, unisum_dtype_name(dtype));
 	else
-		rc = wk_tensor_known(w, name, dtype, count);
+		rc = wk_tensor_known(w, name, dtype, count, sync);
 	struct wk_tensor *t = rc == -1 ? calloc(1, sizeof *t) : NULL;
 	if (t == NULL) {
 		free(ranks);
@@ -770,6 +805,7 @@ static int wk_declare(struct worker *w, const char *name, unisum_dtype dtype, si
 	}
 	t->ranks = ranks;
 	t->nranks = nranks;
+	t->sync = sync;
 	t->w = w;
 	snprintf(t->name, sizeof t->name, "%s", name);
 	t->dtype = dtype;
@@ -867,6 +903,12 @@ static int wk_op_file(struct worker *w, int tensor, struct wk_op *op)
 	if (t->busy)
 		return log_fail(UNISUM_EBUSY, "worker %d: tensor '%s' already has a push_pull in flight; "
 				"wait for it before starting the next", w->rank, t->name);
+	if (t->sync == WIRE_SYNC_ASYNC &&
+	    (op->wire_op != WIRE_OP(WIRE_OP_SUM, 0) || op->push_spans != NULL || op->direct != NULL ||
+	     op->in == NULL))
+		return log_fail(UNISUM_EINVAL, "worker %d: tensor '%s' is async: only push_pull with "
+				"flags 0 runs on it (the first sets its value, from rank 0; each later "
+				"one adds a delta)", w->rank, t->name);
 	if (w->join_seen && !w->joined && t->nranks == 0 && !wk_reduces(op->wire_op))
 		return log_fail(UNISUM_EINVAL, "worker %d: tensor '%s': a rank has joined "
 				"(unisum_join), and until every rank has, only push_pull runs: "
@@ -1030,6 +1072,9 @@ static int wk_tensor_shape(struct worker *w, int tensor, uint64_t *count, size_t
 	if (tensor < 0 || tensor >= w->ntensors || w->tensors[tensor] == NULL) {
 		rc = log_fail(UNISUM_EINVAL, "%s: tensor id %d was never declared, or was undeclared "
 			      "(worker %d)", what, tensor, w->rank);
+	} else if (w->tensors[tensor]->sync == WIRE_SYNC_ASYNC) {
+		rc = log_fail(UNISUM_EINVAL, "%s: tensor '%s' is async: only push_pull with flags 0 "
+			      "runs on it (worker %d)", what, w->tensors[tensor]->name, w->rank);
 	} else if (w->tensors[tensor]->nranks > 0) {
 		rc = log_fail(UNISUM_EINVAL, "%s: tensor '%s' belongs to a process set; the gathering "
 			      "collectives of the C API run on the global set (worker %d)", what,

@@ -54,6 +54,7 @@ struct wk_tensor {
 	int index;			/* tensor id */
 	char name[WK_NAME_MAX];
 	uint64_t life;			/* which declaration of the name (join.c) */
+	uint32_t sync;			/* WIRE_SYNC_*: async runs on every rank alone */
 	unisum_dtype dtype;
 	uint64_t count;
 	size_t esize;
@@ -152,7 +153,8 @@ struct wk_job {
 	struct wk_op *op;		/* NULL for DECLARE jobs */
 	char *name;			/* DECLARE jobs: the tensor's name (owned) ... */
 	int *ranks;			/* ... its process set's ranks (owned), or NULL ... */
-	int nranks;			/* ... and how many (0: the global set) */
+	int nranks;			/* ... and how many (0: the global set) ... */
+	uint32_t sync;			/* ... and its sync mode (WIRE_SYNC_*) */
 	struct wk_job *pending_next;	/* chain in the pending table */
 	struct wk_job *next;		/* chain in its connection's send queue */
 	int64_t t_queued, t_taken;	/* trace clock: entered, left the PUSH queue */

@@ -365,6 +365,17 @@ def test_join(local_size):
         assert "rank %d: join ok" % r in worker_lines(out, r), describe(rc, out, err)
 
 
+@pytest.mark.parametrize("local_size", [1, None], ids=["3-machines", "3-one-machine"])
+def test_async_optimizer(local_size):
+    """DistributedOptimizer(sync="async") (issue 18): rank 0's first values,
+    then every rank's deltas added on the servers as they come, exactly
+    once, each loaded value whole (the worker checks every value)."""
+    rc, out, err = run_launch(3, 1, "async_train.py", timeout=120, local_size=local_size)
+    assert rc == 0, describe(rc, out, err)
+    for r in range(3):
+        assert "rank %d: async ok" % r in worker_lines(out, r), describe(rc, out, err)
+
+
 def test_horovod_queries_without_init():
     """The queries a Horovod test asks before init() answer truthfully."""
     assert us.is_initialized() is False

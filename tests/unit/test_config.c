@@ -25,7 +25,7 @@ static const char *const all_vars[] = {
 	"UNISUM_SERVER_ENGINE_THREAD", "BYTEPS_SERVER_ENGINE_THREAD", "UNISUM_LOG_LEVEL",
 	"BYTEPS_LOG_LEVEL", "UNISUM_TIMEOUT_MS", "UNISUM_JOB_ID", "UNISUM_SERVER_ID",
 	"UNISUM_AUTOTUNE", "UNISUM_SCHEDULING_CREDIT", "UNISUM_SCHEDULING_CREDIT_PARTS",
-	"BYTEPS_SCHEDULING_CREDIT",
+	"BYTEPS_SCHEDULING_CREDIT", "UNISUM_SYNC", "UNISUM_ENABLE_ASYNC", "BYTEPS_ENABLE_ASYNC",
 };
 
 static int clear_env(void **state)
@@ -64,9 +64,11 @@ static void test_byteps_aliases(void **state)
 	setenv("DMLC_PS_ROOT_PORT", "1234", 1);
 	setenv("BYTEPS_PARTITION_BYTES", "1024000", 1);
 	setenv("BYTEPS_LOG_LEVEL", "debug", 1);
+	setenv("BYTEPS_ENABLE_ASYNC", "1", 1);
 	struct config c;
 	char err[512];
 	assert_int_equal(config_load(&c, err, sizeof err), 0);
+	assert_string_equal(c.sync, "async");	/* BytePS's switch */
 	assert_int_equal(c.role, CONFIG_ROLE_SERVER);
 	assert_int_equal(c.num_workers, 4);
 	assert_int_equal(c.num_servers, 2);
@@ -115,6 +117,9 @@ static void test_malformed_values_name_the_variable(void **state)
 	expect_error("UNISUM_AUTOTUNE", "3");
 	expect_error("UNISUM_AUTOTUNE", "-1");
 	expect_error("UNISUM_AUTOTUNE", "yes");
+	expect_error("UNISUM_SYNC", "ssp");
+	expect_error("UNISUM_SYNC", "ASYNC");
+	expect_error("BYTEPS_ENABLE_ASYNC", "2");
 
 	/* cross-field checks name both variables */
 	clear_env(NULL);

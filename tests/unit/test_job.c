@@ -61,6 +61,7 @@
 #include "server/server.h"
 #include "transport/transport.h"
 #include "worker/worker.h"
+#include "worker/worker_int.h"	/* a tensor's cut (the async test) */
 
 #define MAX_WORKERS 8
 #define MAX_SERVERS 3
@@ -235,6 +236,13 @@ static void put(void *buf, unisum_dtype d, size_t i, int v)
 	case UNISUM_INT64: ((int64_t *)buf)[i] = v; break;
 	default: break;
 	}
+}
+
+/* Element i of an int64 or float32 buffer (the async test's dtypes). */
+static long long get(const void *buf, unisum_dtype d, size_t i)
+{
+	return d == UNISUM_INT64 ? (long long)((const int64_t *)buf)[i]
+				 : (long long)((const float *)buf)[i];
 }
 
 static void fill(void *buf, unisum_dtype d, size_t n, int r, int t)
@@ -1065,6 +1073,96 @@ static int work_join_relife(struct job *j, int rank, char *msg, size_t len)
 	return 0;
 }
 
+/* Async: rank 0's first push sets the value (the others' are dropped, and
+ * every rank gets rank 0's); then every rank adds its deltas for ROUNDS
+ * rounds, all at once, no rank waiting for another.  Every pulled value is
+ * whole per partition (each delta adds the same to every element, so a
+ * partition's elements are equal unless a pull saw half of a delta), and
+ * once everyone is done the value is the initial one plus every delta,
+ * exactly, in int64 and in float32.  Other collectives are refused on an
+ * async tensor, and so is a name declared in two modes. */
+static int work_async(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { ROUNDS = 30 };
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers;
+	const unisum_dtype dts[2] = {UNISUM_INT64, UNISUM_FLOAT32};
+	for (int d = 0; d < 2; d++) {
+		unisum_dtype dt = dts[d];
+		size_t es = unisum_dtype_size(dt), N = 3 * (PART_BYTES / es) + 5;
+		char name[32];
+		snprintf(name, sizeof name, "async.%d", d);
+		int id = worker_declare_sync(w, name, dt, N, 0, "async");
+		if (id < 0)
+			FAIL(id, "declare %s async: %s", name, unisum_last_error());
+		uint8_t *in = malloc(N * es), *out = malloc(N * es);
+		for (size_t i = 0; i < N; i++)
+			put(in, dt, i, rank == 0 ? 1000 : -77);
+		int rc = push_pull(w, id, in, out, 0);
+		/* Rank 0's value, plus whatever deltas others added already. */
+		for (size_t i = 0; rc == 0 && i < N; i++)
+			if (get(out, dt, i) < 1000)
+				FAIL(0, "%s: the first pull gave %lld at %zu, not rank 0's 1000 (plus "
+				     "deltas)", name, (long long)get(out, dt, i), i);
+		pthread_mutex_lock(&w->lock);
+		const struct wk_layout *L = &w->tensors[id]->cuts[0];
+		pthread_mutex_unlock(&w->lock);
+		for (int s = 0; rc == 0 && s <= ROUNDS; s++) {
+			if (s > 0) {	/* round 0 checks the first pull */
+				for (size_t i = 0; i < N; i++)
+					put(in, dt, i, (rank + 1) * s);
+				rc = push_pull(w, id, in, out, 0);
+			}
+			for (uint32_t p = 0; rc == 0 && p < L->nparts; p++) {
+				uint64_t lo = L->parts[p].offset, hi = lo + L->parts[p].count;
+				for (uint64_t i = lo + 1; i < hi; i++)
+					if (get(out, dt, i) != get(out, dt, lo))
+						FAIL(0, "%s round %d: partition %u is torn: %lld at %llu, %lld at "
+						     "%llu", name, s, p, (long long)get(out, dt, lo),
+						     (unsigned long long)lo, (long long)get(out, dt, i),
+						     (unsigned long long)i);
+			}
+		}
+		if (rc == 0)
+			rc = worker_barrier(w);	/* every delta is in */
+		for (size_t i = 0; i < N; i++)
+			put(in, dt, i, 0);
+		if (rc == 0)
+			rc = push_pull(w, id, in, out, 0);
+		long long want = 1000 + (long long)n * (n + 1) / 2 * (ROUNDS * (ROUNDS + 1) / 2);
+		for (size_t i = 0; rc == 0 && i < N; i++)
+			if (get(out, dt, i) != want)
+				FAIL(0, "%s: the final value is %lld at %zu, want %lld", name,
+				     (long long)get(out, dt, i), i, want);
+		unisum_handle h;
+		if (rc == 0 && (push_pull(w, id, in, out, UNISUM_AVERAGE) != UNISUM_EINVAL ||
+				worker_broadcast_async(w, id, in, 0, &h) != UNISUM_EINVAL ||
+				strstr(unisum_last_error(), "async") == NULL))
+			FAIL(0, "%s: an average or a broadcast on an async tensor was taken", name);
+		if (rc == 0 && worker_declare(w, name, dt, N, 0) != UNISUM_EMISMATCH)
+			FAIL(0, "%s: declared lock-step after async on one worker", name);
+		free(in);
+		free(out);
+		if (rc != 0)
+			FAIL(rc, "%s: %s", name, unisum_last_error());
+	}
+	/* Two workers, two modes: the scheduler refuses the later. */
+	int rc = 0;
+	if (rank == 0 && worker_declare(w, "async.two", UNISUM_INT32, 10, 0) < 0)
+		FAIL(0, "declare async.two lock-step: %s", unisum_last_error());
+	rc = worker_barrier(w);
+	if (rc == 0 && rank == 1) {
+		rc = worker_declare_sync(w, "async.two", UNISUM_INT32, 10, 0, "async");
+		if (rc != UNISUM_EMISMATCH || strstr(unisum_last_error(), "sync mode") == NULL)
+			FAIL(0, "async.two declared async after lock-step: %d (%s)", rc,
+			     unisum_last_error());
+		rc = 0;
+	}
+	if (worker_declare_sync(w, "async.bad", UNISUM_INT32, 10, 0, "ssp:x") != UNISUM_EINVAL)
+		FAIL(0, "an unknown sync mode was taken");
+	return rc;
+}
+
 /* ---- the tests ----------------------------------------------------------- */
 
 /* Sums, many, broadcast and one-shot tensors on one job. */
@@ -1083,6 +1181,7 @@ static void run_all(int machines, int local, int servers, uint64_t credit, int i
 	atomic_store(&gather_started, 0);
 	each_rank(&j, work_main, work_join_gather);
 	each_rank(&j, work_main, work_join_relife);
+	each_rank(&j, work_main, work_async);
 	job_stop(&j);
 }
 
