@@ -153,9 +153,14 @@ int unisum_declare_in(int set, const char *name, unisum_dtype dtype, int ndim,
  * output is the value: a broadcast from rank 0); each later one adds its
  * input to the value as a delta, at once and exactly once, and returns
  * the value as it stands then (every partition whole, never half of a
- * delta).  Only push_pull with flags 0 runs on it (UNISUM_EINVAL
- * otherwise).  A name declared in two modes fails (UNISUM_EMISMATCH);
- * UNISUM_EINVAL for another mode; UNISUM_ECONFIG without servers. */
+ * delta).  "ssp:S" is async with bounded staleness: a rank that has
+ * pushed t deltas gets its push_pull's answer only once every rank has
+ * pushed at least t - S (S = 0 is lock-step; the servers log the rank
+ * that holds the others back, and fail the job past
+ * UNISUM_STALL_ABORT_MS).  Only push_pull with flags 0 runs on such a
+ * tensor (UNISUM_EINVAL otherwise).  A name declared in two modes fails
+ * (UNISUM_EMISMATCH); UNISUM_EINVAL for another mode; UNISUM_ECONFIG
+ * without servers. */
 int unisum_declare_sync(const char *name, unisum_dtype dtype, size_t count, int priority,
 			const char *sync);
 

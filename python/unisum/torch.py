@@ -439,9 +439,10 @@ def _declared(name: str, dtype: torch.dtype, numel: int, priority: int,
     return tid
 
 
-def _declared_async(name: str, tensor: torch.Tensor, priority: int) -> int:
-    """The C tensor id of the async tensor `name` (unisum_declare_sync),
-    declared on first use with the tensor's dtype and element count."""
+def _declared_async(name: str, tensor: torch.Tensor, priority: int, mode: str) -> int:
+    """The C tensor id of the tensor `name` of sync mode `mode` ("async",
+    "ssp:S"; unisum_declare_sync), declared on first use with the tensor's
+    dtype and element count."""
     with _lock:
         known = _tensors.get(name)
     if known is not None:
@@ -450,7 +451,8 @@ def _declared_async(name: str, tensor: torch.Tensor, priority: int) -> int:
         raise TypeError("unisum.torch: %s tensors are not supported; use one of %s" % (
             tensor.dtype, ", ".join(str(d) for d in _DTYPES)))
     tid = _capi.check(_capi.lib.unisum_declare_sync(name.encode(), _DTYPES[tensor.dtype],
-                                                    tensor.numel(), int(priority), b"async"),
+                                                    tensor.numel(), int(priority),
+                                                    mode.encode()),
                       "unisum.torch: declare async")
     with _lock:
         _tensors[name] = (tid, tensor.dtype, tensor.numel())
@@ -465,8 +467,11 @@ def _sync_mode(sync: Optional[str]) -> str:
         sync = os.environ.get("UNISUM_SYNC") or (
             "async" if "1" in (os.environ.get("UNISUM_ENABLE_ASYNC"),
                                os.environ.get("BYTEPS_ENABLE_ASYNC")) else "sync")
-    if sync not in ("sync", "async"):
-        raise ValueError("unisum.torch: sync must be 'sync' or 'async', got %r" % (sync,))
+    if sync not in ("sync", "async") and not (
+            isinstance(sync, str) and sync.startswith("ssp:") and sync[4:].isdigit() and
+            sync[4:].isascii() and int(sync[4:]) <= 0xffffff):
+        raise ValueError("unisum.torch: sync must be 'sync', 'async' or 'ssp:S' (S a staleness "
+                         "bound), got %r" % (sync,))
     return sync
 
 
@@ -1164,7 +1169,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._grad_accs: List[Any] = []
         # Async (sync="async"): each parameter as this worker last had it
         # from the servers; a step sends the change since.
-        self._async = reduce.get("sync") == "async"
+        self._mode = str(reduce.get("sync", "sync"))
+        self._async = self._mode != "sync"     # async or ssp:S: the servers hold the values
         self._async_old: Dict[torch.Tensor, torch.Tensor] = {}
         if self._async:
             self._async_start()
@@ -1180,7 +1186,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         started = []
         for p, push in items:
             name = "async." + self._names[id(p)]
-            tid = _declared_async(name, p.data, self._priority.get(id(p), 0))
+            tid = _declared_async(name, p.data, self._priority.get(id(p), 0), self._mode)
             src = push.detach().contiguous()
             out = torch.empty_like(src)
             h = ctypes.c_int64(0)
@@ -1447,8 +1453,11 @@ def DistributedOptimizer(optimizer: _OptimizerT,
             change it made, new - old, to the servers, which add it at
             once and hold the parameters; the parameters then become the
             servers' values as they stand, no worker waiting for another.
-            The first values are rank 0's, taken at construction).  None:
-            UNISUM_SYNC, or BYTEPS_ENABLE_ASYNC=1, else "sync".
+            The first values are rank 0's, taken at construction), or
+            "ssp:S" (async with bounded staleness: a step() returns only
+            once no worker is more than S steps behind this one; S=0 is
+            lock-step).  None: UNISUM_SYNC, or BYTEPS_ENABLE_ASYNC=1, else
+            "sync".
 
     Raises:
         UnisumError: When init() has not been called.
@@ -1483,9 +1492,9 @@ def DistributedOptimizer(optimizer: _OptimizerT,
     if num_groups < 0:
         raise ValueError("unisum.torch: num_groups must be >= 0")
     mode = _sync_mode(sync)
-    if mode == "async" and (process_set is not None or compression is not Compression.none):
-        raise ValueError("unisum.torch: DistributedOptimizer(sync='async') takes neither a "
-                         "process_set nor compression")
+    if mode != "sync" and (process_set is not None or compression is not Compression.none):
+        raise ValueError("unisum.torch: DistributedOptimizer(sync=%r) takes neither a "
+                         "process_set nor compression" % mode)
     _require_init()
     pset = _pset_of(process_set, member=False)
     ranks = getattr(process_set, "ranks", None) if pset != 0 else None

@@ -19,6 +19,7 @@
 
 #include "log/log.h"
 #include "placement/placement.h"
+#include "wire/wire.h"
 
 enum knob_type {
 	KNOB_INT,	/* decimal integer within [min, max] */
@@ -112,7 +113,7 @@ static const struct knob config_knobs[] = {
 	 "1: write a timeline (Chrome trace JSON) of every partition's stages"},
 	{"UNISUM_SYNC", NULL, NULL, KNOB_STRING, FIELD(sync), "sync", 0, 0,
 	 "sync mode of tensors declared without one (unisum_declare_sync, DistributedOptimizer): "
-	 "sync (lock-step) or async"},
+	 "sync (lock-step), async, or ssp:S (async, at most S steps apart)"},
 	{"UNISUM_ENABLE_ASYNC", "BYTEPS_ENABLE_ASYNC", NULL, KNOB_INT, FIELD(enable_async), "0", 0, 1,
 	 "1: the same as UNISUM_SYNC=async (BytePS's name)"},
 	{"UNISUM_TRACE_DIR", "BYTEPS_TRACE_DIR", NULL, KNOB_STRING, FIELD(trace_dir), "trace", 0, 0,
@@ -370,8 +371,10 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 			 (unsigned long long)cfg->trace_start_step);
 		return UNISUM_ECONFIG;
 	}
-	if (strcmp(cfg->sync, "sync") != 0 && strcmp(cfg->sync, "async") != 0) {
-		snprintf(err, err_len, "UNISUM_SYNC='%s' must be sync or async", cfg->sync);
+	uint32_t sync_mode;
+	if (wire_sync_parse(cfg->sync, &sync_mode) != 0) {
+		snprintf(err, err_len, "UNISUM_SYNC='%s' must be sync, async or ssp:S (S a staleness "
+			 "bound, 0 to %u)", cfg->sync, WIRE_SYNC_MAX_STALENESS);
 		return UNISUM_ECONFIG;
 	}
 	if (cfg->enable_async)

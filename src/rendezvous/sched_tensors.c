@@ -284,8 +284,8 @@ static int sched_refusal(const struct sched_tensor *t, const struct sched_node *
 		snprintf(msg, len, "%s", t->poison);
 	} else if (t->sync != req->aux) {
 		snprintf(msg, len, "tensor '%s' declared %s by worker %d but %s by worker %d: a tensor "
-			 "runs in one sync mode", name, t->sync == WIRE_SYNC_ASYNC ? "async" : "lock-step",
-			 t->first_rank, req->aux == WIRE_SYNC_ASYNC ? "async" : "lock-step", n->rank);
+			 "runs in one sync mode", name, wire_sync_text(t->sync, a, sizeof a),
+			 t->first_rank, wire_sync_text(req->aux, b, sizeof b), n->rank);
 	} else if (!sched_same_shape(&t->shape, shape) && t->dtype == req->dtype &&
 		   t->count == req->count) {
 		snprintf(msg, len,
@@ -395,7 +395,7 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 	for (uint32_t i = 0; i < shape.ndim && seg_ok; i++)
 		seg_ok = !__builtin_mul_overflow(elements, shape.dims[i], &elements);
 	if (pbytes < esize || n->role != CONFIG_ROLE_WORKER || !seg_ok || elements != req->count ||
-	    req->aux > WIRE_SYNC_MAX ||
+	    !wire_sync_valid(req->aux) ||
 	    (segs.n > 0 && seg_total != req->count) ||
 	    (segs.n == 0 && placement_nparts(req->count, esize, pbytes) > PLACEMENT_MAX_PARTS)) {
 		rdv_segs_free(&segs);

@@ -91,6 +91,7 @@ void srv_key_free(struct srv_key *k)
 	free(k->first_seen);
 	free(k->value_waiting);
 	free(k->wait_round);
+	free(k->clock);
 	free(k->peer);
 	free(k->ranks);
 	free(k->next_round);
@@ -137,7 +138,7 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 		rc = UNISUM_EPROTO;
 		goto out_unlock;
 	}
-	if (h->aux > WIRE_SYNC_MAX) {
+	if (!wire_sync_valid(h->aux)) {
 		snprintf(why, len, "DECLARE_CHECK of key 0x%llx with unknown sync mode %u",
 			 (unsigned long long)h->key, h->aux);
 		rc = UNISUM_EPROTO;
@@ -145,10 +146,11 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 	}
 	if (k != NULL) {
 		int w = srv_key_contrib(k, c->worker);
-		if (k->async != (h->aux == WIRE_SYNC_ASYNC)) {
+		if (k->sync != h->aux) {
+			char a[32], b[32];
 			snprintf(why, len, "key 0x%llx of '%s' is %s here but the worker declared it %s",
-				 (unsigned long long)h->key, name, k->async ? "async" : "lock-step",
-				 k->async ? "lock-step" : "async");
+				 (unsigned long long)h->key, name, wire_sync_text(k->sync, a, sizeof a),
+				 wire_sync_text(h->aux, b, sizeof b));
 			rc = UNISUM_EMISMATCH;
 		} else if (!srv_key_same_set(k, ranks, nranks)) {
 			snprintf(why, len, "key 0x%llx of '%s' is summed over %s here but the worker "
@@ -211,12 +213,16 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 	k->push_buf = calloc(W, sizeof *k->push_buf);
 	k->retired = calloc(W, 1);
 	bool ok = k->next_round && k->push_buf && k->retired && (nranks == 0 || (k->peer && k->ranks));
-	k->async = h->aux == WIRE_SYNC_ASYNC;
+	k->sync = h->aux;
+	k->async = wire_sync_held(h->aux);
+	k->ssp = WIRE_SYNC_KIND(h->aux) == WIRE_SYNC_SSP;
+	k->staleness = WIRE_SYNC_STALENESS(h->aux);
 	if (k->async) {
 		k->first_seen = calloc(W, 1);
 		k->value_waiting = calloc(W, 1);
 		k->wait_round = calloc(W, sizeof *k->wait_round);
-		ok = ok && k->first_seen && k->value_waiting && k->wait_round;
+		k->clock = calloc(W, sizeof *k->clock);
+		ok = ok && k->first_seen && k->value_waiting && k->wait_round && k->clock;
 	}
 	for (int i = 0; i < 2; i++) {
 		k->slot[i].arrived = calloc(W, 1);
@@ -419,6 +425,29 @@ static void srv_op_mismatch(struct server *srv, struct srv_key *k, const struct 
  * sees half of a delta.  A pull that comes before the value waits for it.
  */
 
+/* SSP: whether contributor w, having pushed clock[w] deltas, must wait
+ * before its next step: some contributor has pushed fewer than
+ * clock[w] - staleness. */
+static bool srv_ssp_holds(const struct srv_key *k, int w)
+{
+	if (!k->ssp)
+		return false;
+	for (int v = 0; v < k->nc; v++)
+		if ((uint64_t)k->clock[v] + k->staleness < k->clock[w])
+			return true;
+	return false;
+}
+
+/* The contributor with the fewest deltas (the one holding others back). */
+static int srv_ssp_slowest(const struct srv_key *k)
+{
+	int slow = 0;
+	for (int v = 1; v < k->nc; v++)
+		if (k->clock[v] < k->clock[slow])
+			slow = v;
+	return slow;
+}
+
 /* Answers contributor w's pull of round `round` with the value. */
 static void srv_async_reply(struct server *srv, struct srv_key *k, int w, uint32_t round, bool skip)
 {
@@ -499,6 +528,26 @@ static void srv_async_push(struct server *srv, struct srv_key *k, const struct s
 		return;
 	}
 	reducer_fold_into(REDUCER_SUM, k->value, k->push_buf[w], k->count, k->dtype);
+	k->clock[w]++;
+	if (!k->ssp)
+		return;
+	/* A slow contributor moved: the pulls it held may go. */
+	bool held = false;
+	for (int v = 0; v < k->nc; v++) {
+		if (!k->value_waiting[v])
+			continue;
+		if (srv_ssp_holds(k, v)) {
+			held = true;
+			continue;
+		}
+		bool skip = k->value_waiting[v] == 2;
+		k->value_waiting[v] = 0;
+		srv_async_reply(srv, k, v, k->wait_round[v], skip);
+	}
+	if (!held) {
+		k->held_since_ms = 0;
+		k->held_level = 0;
+	}
 }
 
 static void srv_async_pull(struct server *srv, struct srv_key *k, const struct srv_event *ev)
@@ -506,11 +555,16 @@ static void srv_async_pull(struct server *srv, struct srv_key *k, const struct s
 	if (k->poison != NULL) {
 		srv_reply_error(srv, NULL, srv_key_peer(k, ev->worker), k->key, ev->round,
 				UNISUM_EMISMATCH, k->poison);
-	} else if (k->value != NULL) {
+	} else if (k->value != NULL && !srv_ssp_holds(k, ev->worker)) {
 		srv_async_reply(srv, k, ev->worker, ev->round, ev->zero);
 	} else {
 		k->value_waiting[ev->worker] = ev->zero ? 2 : 1;
 		k->wait_round[ev->worker] = ev->round;
+		if (k->value != NULL && k->held_since_ms == 0) {
+			/* Held by a slow contributor (SSP): stall reports name it. */
+			k->held_since_ms = timing_now_ms();
+			k->held_level = 0;
+		}
 	}
 }
 
@@ -651,6 +705,48 @@ static bool srv_slot_waits_for_left(const struct server *srv, const struct srv_k
 	return false;
 }
 
+/* SSP: a pull held for a slow contributor longer than the stall limits
+ * is reported, naming the contributor that holds the others back (and
+ * past UNISUM_STALL_ABORT_MS fails the job, into abort_msg).  Called with
+ * srv->lock held, on the key's engine thread. */
+static void srv_ssp_stall(struct server *srv, struct srv_key *k, int64_t now, char *abort_msg,
+			  size_t len)
+{
+	const struct config *cfg = srv->cfg;
+	int64_t waited = now - k->held_since_ms;
+	int level = cfg->stall_abort_ms > 0 && waited >= cfg->stall_abort_ms ? 2
+		    : waited >= cfg->stall_warn_ms			      ? 1
+									      : 0;
+	if (level <= k->held_level)
+		return;
+	k->held_level = level;
+	int slow = srv_ssp_slowest(k);
+	char waiting[256] = "", msg[768];
+	size_t n = 0;
+	for (int w = 0; w < k->nc && n < sizeof waiting - 16; w++)
+		if (k->value_waiting[w])
+			n += (size_t)snprintf(waiting + n, sizeof waiting - n, "%s%d", n ? ", " : "",
+					      k->ranks != NULL ? k->ranks[w] : w);
+	int top = 0;
+	for (int w = 0; w < k->nc; w++)
+		top = k->clock[w] > k->clock[top] ? w : top;
+	snprintf(msg, sizeof msg,
+		 "stall: worker %d holds the others back: tensor '%s' (partition %u) runs with "
+		 "bounded staleness %u, worker %d has pushed %u steps and worker %d %u, so worker(s) "
+		 "%s have waited %lld ms for it",
+		 k->ranks != NULL ? k->ranks[slow] : slow, k->name ? k->name : "?",
+		 (unsigned)(k->key & 0xffff), k->staleness, k->ranks != NULL ? k->ranks[slow] : slow,
+		 k->clock[slow], k->ranks != NULL ? k->ranks[top] : top, k->clock[top], waiting,
+		 (long long)waited);
+	if (level == 1) {
+		LOG_WARN("%s", msg);
+	} else {
+		LOG_ERROR("%s (UNISUM_STALL_ABORT_MS=%d: failing the job)", msg, cfg->stall_abort_ms);
+		if (abort_msg[0] == '\0')
+			snprintf(abort_msg, len, "%s", msg);
+	}
+}
+
 /* Reports rounds of this engine's keys that some workers pushed and others
  * have not, for longer than the stall limits (see DESIGN above), and fails
  * the job at once for a round that waits for a machine that left. */
@@ -663,6 +759,8 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 	pthread_mutex_lock(&srv->lock);
 	for (size_t i = 0; i < e->nkeys; i++) {
 		struct srv_key *k = e->keys[i];
+		if (k->ssp && k->held_since_ms > 0 && k->poison == NULL)
+			srv_ssp_stall(srv, k, now, abort_msg, sizeof abort_msg);
 		for (int j = 0; j < 2; j++) {
 			struct srv_slot *s = &k->slot[j];
 			if (!s->active || s->ready || k->poison != NULL)

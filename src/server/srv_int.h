@@ -65,8 +65,15 @@ struct srv_key {
 	uint8_t *retired;	/* [W] worker w sent RETIRE; its conn thread's */
 	int nretired;		/* engine-owned: RETIREs seen; at W the buffers go */
 	char *name;		/* the tensor's name, for stall reports */
-	/* Async (WIRE_SYNC_ASYNC): the server holds the value.  Engine-owned. */
-	bool async;
+	/* Async and SSP (wire_sync_held): the server holds the value.
+	 * Engine-owned. */
+	uint32_t sync;		/* the mode, WIRE_SYNC() */
+	bool async;		/* the server holds the value */
+	bool ssp;		/* ... and a pull waits for the slowest beyond `staleness` */
+	uint32_t staleness;
+	uint32_t *clock;	/* [W] deltas contributor w has pushed */
+	int64_t held_since_ms;	/* SSP: when a pull began waiting for a slow contributor, or 0 */
+	int held_level;		/* its stall reports: 0, 1 = warned, 2 = aborted */
 	uint8_t *value;		/* [bytes] the value, once contributor 0's first push set it */
 	uint8_t *first_seen;	/* [W] contributor w's first push (its initial copy) came */
 	uint8_t *value_waiting;	/* [W] pulled before the value was set: 1, or 2 with SKIP ... */

@@ -215,6 +215,29 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 	return wire_check_payload(h, why, why_len);
 }
 
+int wire_sync_parse(const char *text, uint32_t *aux)
+{
+	if (text == NULL)
+		return -1;
+	if (strcmp(text, "sync") == 0) {
+		*aux = WIRE_SYNC(WIRE_SYNC_LOCKSTEP, 0);
+		return 0;
+	}
+	if (strcmp(text, "async") == 0) {
+		*aux = WIRE_SYNC(WIRE_SYNC_ASYNC, 0);
+		return 0;
+	}
+	if (strncmp(text, "ssp:", 4) != 0 || text[4] < '0' || text[4] > '9')
+		return -1;
+	unsigned long long s = 0;
+	for (const char *p = text + 4; *p; p++) {
+		if (*p < '0' || *p > '9' || (s = s * 10 + (unsigned)(*p - '0')) > WIRE_SYNC_MAX_STALENESS)
+			return -1;
+	}
+	*aux = WIRE_SYNC(WIRE_SYNC_SSP, s);
+	return 0;
+}
+
 bool wire_op_has_root(uint32_t op)
 {
 	uint32_t k = WIRE_OP_KIND(op);

@@ -37,6 +37,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "unisum.h"
 
@@ -121,15 +122,48 @@ enum wire_op_kind {
 #define WIRE_OP_MAX_ROOT 0xffffffu
 
 /* The aux of a DECLARE and a DECLARE_CHECK: how a key's pushes are
- * combined.  The scheduler and the servers refuse any other value, and a
- * tensor declared in two modes. */
+ * combined, the kind in the low byte and SSP's staleness bound above it.
+ * The scheduler and the servers refuse any other value (wire_sync_valid),
+ * and a tensor declared in two modes. */
 enum wire_sync {
 	WIRE_SYNC_LOCKSTEP = 0,	/* round r's pushes of every contributor are folded; pulls wait */
 	WIRE_SYNC_ASYNC = 1,	/* the server holds the value: contributor 0's first push sets
 				 * it, every later push is a delta added at once, and a pull
 				 * returns the value as it stands */
-	WIRE_SYNC_MAX = 1,
+	WIRE_SYNC_SSP = 2,	/* async, but a contributor that has pushed t deltas gets its
+				 * pull answered only once every contributor has pushed t - S */
+	WIRE_SYNC_KIND_MAX = 2,
 };
+#define WIRE_SYNC(kind, staleness) ((uint32_t)(kind) | (uint32_t)(staleness) << 8)
+#define WIRE_SYNC_KIND(aux) ((aux) & 0xffu)
+#define WIRE_SYNC_STALENESS(aux) ((aux) >> 8)
+#define WIRE_SYNC_MAX_STALENESS 0xffffffu
+
+/* Whether aux is a sync mode: a known kind, a staleness only for SSP. */
+static inline bool wire_sync_valid(uint32_t aux)
+{
+	return WIRE_SYNC_KIND(aux) <= WIRE_SYNC_KIND_MAX &&
+	       (WIRE_SYNC_KIND(aux) == WIRE_SYNC_SSP || WIRE_SYNC_STALENESS(aux) == 0);
+}
+
+/* Whether the servers hold the value of a tensor of this mode (async, SSP). */
+static inline bool wire_sync_held(uint32_t aux)
+{
+	return WIRE_SYNC_KIND(aux) != WIRE_SYNC_LOCKSTEP;
+}
+
+/* The mode as UNISUM_SYNC spells it ("sync", "async", "ssp:2") into buf. */
+static inline const char *wire_sync_text(uint32_t aux, char *buf, size_t len)
+{
+	if (WIRE_SYNC_KIND(aux) == WIRE_SYNC_SSP)
+		snprintf(buf, len, "ssp:%u", (unsigned)WIRE_SYNC_STALENESS(aux));
+	else
+		snprintf(buf, len, "%s", WIRE_SYNC_KIND(aux) == WIRE_SYNC_ASYNC ? "async" : "sync");
+	return buf;
+}
+
+/* Parses a sync mode as UNISUM_SYNC spells it: 0 with *aux, or -1. */
+int wire_sync_parse(const char *text, uint32_t *aux);
 #define WIRE_OP(kind, root) ((uint32_t)(kind) | (uint32_t)(root) << 8)
 #define WIRE_OP_KIND(op) ((op) & 0xffu)
 #define WIRE_OP_ROOT(op) ((op) >> 8)

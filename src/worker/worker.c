@@ -518,10 +518,11 @@ static int wk_tensor_known(struct worker *w, const char *name, unisum_dtype dtyp
 			return log_fail(UNISUM_EMISMATCH, "worker %d declared tensor '%s' twice: as %s[%llu] "
 					"and now as %s[%zu]", w->rank, name, unisum_dtype_name(t->dtype),
 					(unsigned long long)t->count, unisum_dtype_name(dtype), count);
+		char a[32], b[32];
 		if (t->sync != sync)
 			return log_fail(UNISUM_EMISMATCH, "worker %d declared tensor '%s' twice: %s and "
-					"now %s", w->rank, name, t->sync ? "async" : "lock-step",
-					sync ? "async" : "lock-step");
+					"now %s", w->rank, name, wire_sync_text(t->sync, a, sizeof a),
+					wire_sync_text(sync, b, sizeof b));
 		return i;
 	}
 	pthread_mutex_unlock(&w->lock);
@@ -762,11 +763,13 @@ int worker_declare_sync(struct worker *w, const char *name, unisum_dtype dtype, 
 		return UNISUM_ENOTINIT;
 	if (sync == NULL)
 		sync = w->cfg.sync;
-	if (strcmp(sync, "sync") == 0)
-		return worker_declare(w, name, dtype, count, priority);
-	if (strcmp(sync, "async") != 0)
+	uint32_t mode;
+	if (wire_sync_parse(sync, &mode) != 0)
 		return log_fail(UNISUM_EINVAL, "unisum_declare_sync('%s'): unknown sync mode '%s' "
-				"(sync or async)", name != NULL ? name : "", sync);
+				"(sync, async or ssp:S, S a staleness bound)", name != NULL ? name : "",
+				sync);
+	if (!wire_sync_held(mode))
+		return worker_declare(w, name, dtype, count, priority);
 	if (name == NULL || name[0] == '\0' || strlen(name) >= sizeof ((struct wk_tensor *)0)->name)
 		return log_fail(UNISUM_EINVAL, "unisum_declare: the name must have 1 to 255 characters");
 	/* Every rank is its own contributor, as in a process set of all. */
@@ -780,7 +783,7 @@ int worker_declare_sync(struct worker *w, const char *name, unisum_dtype dtype, 
 		free(ranks);
 		return rc;
 	}
-	return wk_declare(w, name, dtype, count, NULL, priority, ranks, w->size, WIRE_SYNC_ASYNC);
+	return wk_declare(w, name, dtype, count, NULL, priority, ranks, w->size, mode);
 }
 
 /* Declares tensor `name` of the process set `ranks` (NULL: the global
@@ -903,12 +906,13 @@ static int wk_op_file(struct worker *w, int tensor, struct wk_op *op)
 	if (t->busy)
 		return log_fail(UNISUM_EBUSY, "worker %d: tensor '%s' already has a push_pull in flight; "
 				"wait for it before starting the next", w->rank, t->name);
-	if (t->sync == WIRE_SYNC_ASYNC &&
+	if (wire_sync_held(t->sync) &&
 	    (op->wire_op != WIRE_OP(WIRE_OP_SUM, 0) || op->push_spans != NULL || op->direct != NULL ||
 	     op->in == NULL))
-		return log_fail(UNISUM_EINVAL, "worker %d: tensor '%s' is async: only push_pull with "
+		return log_fail(UNISUM_EINVAL, "worker %d: tensor '%s' is %s: only push_pull with "
 				"flags 0 runs on it (the first sets its value, from rank 0; each later "
-				"one adds a delta)", w->rank, t->name);
+				"one adds a delta)", w->rank, t->name,
+				WIRE_SYNC_KIND(t->sync) == WIRE_SYNC_SSP ? "SSP" : "async");
 	if (w->join_seen && !w->joined && t->nranks == 0 && !wk_reduces(op->wire_op))
 		return log_fail(UNISUM_EINVAL, "worker %d: tensor '%s': a rank has joined "
 				"(unisum_join), and until every rank has, only push_pull runs: "
@@ -1072,7 +1076,7 @@ static int wk_tensor_shape(struct worker *w, int tensor, uint64_t *count, size_t
 	if (tensor < 0 || tensor >= w->ntensors || w->tensors[tensor] == NULL) {
 		rc = log_fail(UNISUM_EINVAL, "%s: tensor id %d was never declared, or was undeclared "
 			      "(worker %d)", what, tensor, w->rank);
-	} else if (w->tensors[tensor]->sync == WIRE_SYNC_ASYNC) {
+	} else if (wire_sync_held(w->tensors[tensor]->sync)) {
 		rc = log_fail(UNISUM_EINVAL, "%s: tensor '%s' is async: only push_pull with flags 0 "
 			      "runs on it (worker %d)", what, w->tensors[tensor]->name, w->rank);
 	} else if (w->tensors[tensor]->nranks > 0) {

@@ -376,6 +376,19 @@ def test_async_optimizer(local_size):
         assert "rank %d: async ok" % r in worker_lines(out, r), describe(rc, out, err)
 
 
+def test_ssp_optimizer():
+    """DistributedOptimizer(sync="ssp:1") (issue 18): a rank that sleeps
+    holds the others back after exactly one step, the servers log its
+    name, and the final values are exact (the worker checks every value
+    and when each step returned)."""
+    env = worker_env({"UNISUM_STALL_WARN_MS": "400"})
+    rc, out, err = run_launch(3, 1, "ssp_train.py", timeout=120, local_size=1, env=env)
+    assert rc == 0, describe(rc, out, err)
+    for r in range(3):
+        assert "rank %d: ssp ok" % r in worker_lines(out, r), describe(rc, out, err)
+    assert re.search(r"worker 2 holds the others back", out + err), describe(rc, out, err)
+
+
 def test_horovod_queries_without_init():
     """The queries a Horovod test asks before init() answer truthfully."""
     assert us.is_initialized() is False

@@ -119,6 +119,8 @@ static void test_malformed_values_name_the_variable(void **state)
 	expect_error("UNISUM_AUTOTUNE", "yes");
 	expect_error("UNISUM_SYNC", "ssp");
 	expect_error("UNISUM_SYNC", "ASYNC");
+	expect_error("UNISUM_SYNC", "ssp:x");
+	expect_error("UNISUM_SYNC", "ssp:99999999");
 	expect_error("BYTEPS_ENABLE_ASYNC", "2");
 
 	/* cross-field checks name both variables */

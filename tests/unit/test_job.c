@@ -1163,6 +1163,67 @@ static int work_async(struct job *j, int rank, char *msg, size_t len)
 	return rc;
 }
 
+/* SSP with staleness S: the last rank holds back its first delta until
+ * the others have each finished S steps without it (had they been held
+ * sooner, it would wait for ever: the test fails after 20 s); their step
+ * S + 1 must not return before it pushes (ssp_released); at the end the
+ * value is exact. */
+static atomic_int ssp_done, ssp_released;
+
+static int work_ssp(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { S = 2, N = 1000 };
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers, slow = n - 1;
+	int id = worker_declare_sync(w, "ssp.x", UNISUM_INT64, N, 0, "ssp:2");
+	if (id < 0)
+		FAIL(id, "declare ssp.x: %s", unisum_last_error());
+	int64_t in[N], out[N];
+	for (size_t i = 0; i < N; i++)
+		in[i] = rank == 0 ? 1000 : 5;
+	int rc = push_pull(w, id, in, out, 0);
+	if (rc == 0)
+		rc = worker_barrier(w);	/* every rank has its first value */
+	if (rc != 0)
+		FAIL(rc, "ssp first value: %s", unisum_last_error());
+	for (size_t i = 0; i < N; i++)
+		in[i] = rank + 1;
+	if (rank == slow) {
+		for (int i = 0; atomic_load(&ssp_done) < n - 1; i++) {
+			if (i > 20000)
+				FAIL(0, "the others did not finish %d steps while rank %d had none", S, slow);
+			usleep(1000);
+		}
+		usleep(100000);	/* they are held in step S + 1 now */
+		atomic_store(&ssp_released, 1);
+		for (int s = 0; rc == 0 && s <= S; s++)
+			rc = push_pull(w, id, in, out, 0);
+	} else {
+		for (int s = 0; rc == 0 && s < S; s++)
+			rc = push_pull(w, id, in, out, 0);
+		atomic_fetch_add(&ssp_done, 1);
+		if (rc == 0)
+			rc = push_pull(w, id, in, out, 0);
+		if (rc == 0 && !atomic_load(&ssp_released))
+			FAIL(0, "step %d returned before rank %d pushed its first delta (staleness %d)",
+			     S + 1, slow, S);
+	}
+	if (rc == 0)
+		rc = worker_barrier(w);
+	for (size_t i = 0; i < N; i++)
+		in[i] = 0;
+	if (rc == 0)
+		rc = push_pull(w, id, in, out, 0);
+	if (rc != 0)
+		FAIL(rc, "ssp: %s", unisum_last_error());
+	int64_t want = 1000 + (int64_t)(S + 1) * n * (n + 1) / 2;
+	for (size_t i = 0; i < N; i++)
+		if (out[i] != want)
+			FAIL(0, "ssp: the final value is %lld at %zu, want %lld", (long long)out[i], i,
+			     (long long)want);
+	return 0;
+}
+
 /* ---- the tests ----------------------------------------------------------- */
 
 /* Sums, many, broadcast and one-shot tensors on one job. */
@@ -1182,6 +1243,9 @@ static void run_all(int machines, int local, int servers, uint64_t credit, int i
 	each_rank(&j, work_main, work_join_gather);
 	each_rank(&j, work_main, work_join_relife);
 	each_rank(&j, work_main, work_async);
+	atomic_store(&ssp_done, 0);
+	atomic_store(&ssp_released, 0);
+	each_rank(&j, work_main, work_ssp);
 	job_stop(&j);
 }
 

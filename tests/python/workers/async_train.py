@@ -25,7 +25,7 @@ def main():
     model = torch.nn.Linear(64, 3, bias=False)
     with torch.no_grad():
         model.weight.fill_(float(r + 1))
-    for bad in ("ssp:2", "lockstep"):
+    for bad in ("ssp:x", "lockstep"):
         try:
             hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), sync=bad)
         except ValueError as e:
