@@ -158,7 +158,12 @@ int unisum_declare_in(int set, const char *name, unisum_dtype dtype, int ndim,
  * pushed at least t - S (S = 0 is lock-step; the servers log the rank
  * that holds the others back, and fail the job past
  * UNISUM_STALL_ABORT_MS).  Only push_pull with flags 0 runs on such a
- * tensor (UNISUM_EINVAL otherwise).  A name declared in two modes fails
+ * tensor (UNISUM_EINVAL otherwise).  "dssync:G" is divide and shuffle:
+ * push_pull number k on the tensor runs among the G ranks this rank is
+ * grouped with at step k (a permutation of the ranks from the job id and
+ * k, the same on every worker, another at every step; its own keys on
+ * the same servers), and every UNISUM_DSSYNC_GLOBAL_EVERY-th among all
+ * ranks; UNISUM_AVERAGE divides by the group's size.  A name declared in two modes fails
  * (UNISUM_EMISMATCH); UNISUM_EINVAL for another mode; UNISUM_ECONFIG
  * without servers. */
 int unisum_declare_sync(const char *name, unisum_dtype dtype, size_t count, int priority,

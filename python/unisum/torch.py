@@ -467,11 +467,14 @@ def _sync_mode(sync: Optional[str]) -> str:
         sync = os.environ.get("UNISUM_SYNC") or (
             "async" if "1" in (os.environ.get("UNISUM_ENABLE_ASYNC"),
                                os.environ.get("BYTEPS_ENABLE_ASYNC")) else "sync")
-    if sync not in ("sync", "async") and not (
-            isinstance(sync, str) and sync.startswith("ssp:") and sync[4:].isdigit() and
-            sync[4:].isascii() and int(sync[4:]) <= 0xffffff):
-        raise ValueError("unisum.torch: sync must be 'sync', 'async' or 'ssp:S' (S a staleness "
-                         "bound), got %r" % (sync,))
+    def bounded(prefix: str, lo: int, hi: int) -> bool:
+        rest = sync[len(prefix):] if isinstance(sync, str) and sync.startswith(prefix) else ""
+        return rest.isascii() and rest.isdigit() and lo <= int(rest) <= hi
+
+    if sync not in ("sync", "async") and not bounded("ssp:", 0, 0xffffff) and \
+            not bounded("dssync:", 1, 65535):
+        raise ValueError("unisum.torch: sync must be 'sync', 'async', 'ssp:S' (S a staleness "
+                         "bound) or 'dssync:G' (G a group size), got %r" % (sync,))
     return sync
 
 
@@ -1170,29 +1173,34 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # Async (sync="async"): each parameter as this worker last had it
         # from the servers; a step sends the change since.
         self._mode = str(reduce.get("sync", "sync"))
-        self._async = self._mode != "sync"     # async or ssp:S: the servers hold the values
+        # dssync:G: each step averages the parameters within a group.
+        self._dssync = self._mode.startswith("dssync:")
+        # async or ssp:S: the servers hold the values.
+        self._async = self._mode != "sync" and not self._dssync
         self._async_old: Dict[torch.Tensor, torch.Tensor] = {}
         if self._async:
             self._async_start()
+            return
+        if self._dssync:
             return
         self._register_hooks()
         if shared_gradients and local_size() > 1:
             self._share_gradients()
 
-    def _async_exchange(self, items: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """For each (parameter, what to push): pushes it to the parameter's
-        async tensor (all at once), and loads what comes back, the value
-        on the servers, into the parameter and its last-known copy."""
+    def _exchange(self, items: List[Tuple[torch.Tensor, torch.Tensor]], flags: int) -> None:
+        """push_pull of each (parameter, what to push) on the parameter's
+        tensor of this optimizer's sync mode, all at once; loads each
+        result into the parameter (and, async, its last-known copy)."""
         started = []
         for p, push in items:
-            name = "async." + self._names[id(p)]
+            name = self._mode.split(":")[0] + "." + self._names[id(p)]
             tid = _declared_async(name, p.data, self._priority.get(id(p), 0), self._mode)
             src = push.detach().contiguous()
             out = torch.empty_like(src)
             h = ctypes.c_int64(0)
-            _capi.check(_capi.lib.unisum_push_pull_async(tid, src.data_ptr(), out.data_ptr(), 0,
-                                                         ctypes.byref(h)),
-                        "unisum.torch: async push_pull of '%s'" % name)
+            _capi.check(_capi.lib.unisum_push_pull_async(tid, src.data_ptr(), out.data_ptr(),
+                                                         flags, ctypes.byref(h)),
+                        "unisum.torch: push_pull of '%s'" % name)
             started.append((p, src, out, h.value))
         errors = []
         for p, _src, out, handle in started:
@@ -1202,15 +1210,41 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 continue
             with torch.no_grad():
                 p.data.copy_(out.view_as(p))
-            self._async_old[p] = out.view_as(p).clone()
+            if self._async:
+                self._async_old[p] = out.view_as(p).clone()
         if errors:
-            _capi.check(errors[0], "unisum.torch: async push_pull")
+            _capi.check(errors[0], "unisum.torch: push_pull (sync=%s)" % self._mode)
+
+    def _dssync_step(self, closure: Optional[Callable[[], float]]) -> Optional[float]:
+        """The wrapped optimizer's step on this worker's own gradients, then
+        each parameter becomes the average over this step's group (as in
+        DS-Sync, parameters rather than gradients: the groups drift apart
+        between global steps, and averaging what they hold is what pulls
+        them together), or over every worker on a global step."""
+        loss = super(self.__class__, self).step(closure)
+        self._exchange([(p, p.data) for group in self.param_groups for p in group["params"]],
+                       _capi.AVERAGE)
+        return loss
+
+    def global_average(self) -> None:
+        """Averages every parameter over all workers now (DS-Sync's global
+        step, e.g. at the end of training): every replica is then the
+        same, bit for bit.  Lock-step and async optimizers have nothing to
+        do."""
+        if not self._dssync:
+            return
+        handles = [(p, push_pull_async(p.data, average=True,
+                                       name="dssync.global." + self._names[id(p)]))
+                   for group in self.param_groups for p in group["params"]]
+        for p, h in handles:
+            out = synchronize(h)
+            with torch.no_grad():
+                p.data.copy_(out.view_as(p))
 
     def _async_start(self) -> None:
         """Every parameter's first push: rank 0's values become the servers'
         (the others' are dropped), and every worker loads them."""
-        self._async_exchange([(p, p.data) for group in self.param_groups
-                              for p in group["params"]])
+        self._exchange([(p, p.data) for group in self.param_groups for p in group["params"]], 0)
 
     def _async_step(self, closure: Optional[Callable[[], float]]) -> Optional[float]:
         """The wrapped optimizer's step on this worker's own gradients, then
@@ -1218,8 +1252,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         no worker waiting for another), and the parameters become the
         servers' values as they stand."""
         loss = super(self.__class__, self).step(closure)
-        self._async_exchange([(p, p.data - self._async_old[p]) for group in self.param_groups
-                              for p in group["params"]])
+        self._exchange([(p, p.data - self._async_old[p]) for group in self.param_groups
+                        for p in group["params"]], 0)
         return loss
 
     def _share_gradients(self) -> None:
@@ -1310,7 +1344,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             UnisumError: When a gradient's sum fails, or a gradient's name,
                 dtype or size differs between the workers.
         """
-        if self._async:
+        if self._async or self._dssync:
             return      # nothing is summed: step() sends its changes
         for group in self.param_groups:
             for p in group["params"]:
@@ -1367,6 +1401,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         if self._async:
             return self._async_step(closure)
+        if self._dssync:
+            return self._dssync_step(closure)
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
@@ -1456,8 +1492,13 @@ def DistributedOptimizer(optimizer: _OptimizerT,
             The first values are rank 0's, taken at construction), or
             "ssp:S" (async with bounded staleness: a step() returns only
             once no worker is more than S steps behind this one; S=0 is
-            lock-step).  None: UNISUM_SYNC, or BYTEPS_ENABLE_ASYNC=1, else
-            "sync".
+            lock-step), or "dssync:G" (divide and shuffle: each step()
+            runs the wrapped optimizer on this worker's own gradients and
+            then averages the parameters within a group of G workers,
+            another every step, derived from the step and the job, and
+            every UNISUM_DSSYNC_GLOBAL_EVERY-th step over all workers;
+            global_average() averages over all now).  None: UNISUM_SYNC,
+            or BYTEPS_ENABLE_ASYNC=1, else "sync".
 
     Raises:
         UnisumError: When init() has not been called.

@@ -113,7 +113,10 @@ static const struct knob config_knobs[] = {
 	 "1: write a timeline (Chrome trace JSON) of every partition's stages"},
 	{"UNISUM_SYNC", NULL, NULL, KNOB_STRING, FIELD(sync), "sync", 0, 0,
 	 "sync mode of tensors declared without one (unisum_declare_sync, DistributedOptimizer): "
-	 "sync (lock-step), async, or ssp:S (async, at most S steps apart)"},
+	 "sync (lock-step), async, ssp:S (async, at most S steps apart), or dssync:G (groups of G "
+	 "that change every step)"},
+	{"UNISUM_DSSYNC_GLOBAL_EVERY", NULL, NULL, KNOB_INT, FIELD(dssync_every), "10", 0, 1 << 30,
+	 "dssync:G: every this many steps averages over all workers instead of a group (0: never)"},
 	{"UNISUM_ENABLE_ASYNC", "BYTEPS_ENABLE_ASYNC", NULL, KNOB_INT, FIELD(enable_async), "0", 0, 1,
 	 "1: the same as UNISUM_SYNC=async (BytePS's name)"},
 	{"UNISUM_TRACE_DIR", "BYTEPS_TRACE_DIR", NULL, KNOB_STRING, FIELD(trace_dir), "trace", 0, 0,
@@ -372,9 +375,15 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 		return UNISUM_ECONFIG;
 	}
 	uint32_t sync_mode;
-	if (wire_sync_parse(cfg->sync, &sync_mode) != 0) {
-		snprintf(err, err_len, "UNISUM_SYNC='%s' must be sync, async or ssp:S (S a staleness "
-			 "bound, 0 to %u)", cfg->sync, WIRE_SYNC_MAX_STALENESS);
+	char *g_end = NULL;
+	long g = strncmp(cfg->sync, "dssync:", 7) == 0 && cfg->sync[7] >= '0' && cfg->sync[7] <= '9'
+			 ? strtol(cfg->sync + 7, &g_end, 10)
+			 : 0;
+	bool dssync_ok = g_end != NULL && *g_end == '\0' && g >= 1 && g <= 65535;
+	if (!dssync_ok && wire_sync_parse(cfg->sync, &sync_mode) != 0) {
+		snprintf(err, err_len, "UNISUM_SYNC='%s' must be sync, async, ssp:S (S a staleness "
+			 "bound, 0 to %u) or dssync:G (G a group size, 1 to 65535)", cfg->sync,
+			 WIRE_SYNC_MAX_STALENESS);
 		return UNISUM_ECONFIG;
 	}
 	if (cfg->enable_async)

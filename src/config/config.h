@@ -59,6 +59,7 @@ struct config {
 	uint64_t credit_parts;		/* the same in partitions (BytePS's unit), 0 = unset */
 	char sync[32];			/* default sync mode: "sync" (lock-step) or "async" */
 	int enable_async;		/* BYTEPS_ENABLE_ASYNC: 1 means sync = "async" */
+	int dssync_every;		/* dssync: every this many steps is a global one (0: none) */
 	int trace_on;			/* write the timeline */
 	char trace_dir[1024];		/* ... under this directory */
 	uint64_t trace_start_step;	/* first round traced */

@@ -764,10 +764,35 @@ int worker_declare_sync(struct worker *w, const char *name, unisum_dtype dtype, 
 	if (sync == NULL)
 		sync = w->cfg.sync;
 	uint32_t mode;
-	if (wire_sync_parse(sync, &mode) != 0)
+	int g = 0;
+	if (strncmp(sync, "dssync:", 7) == 0) {
+		char *end = NULL;
+		long v = strtol(sync + 7, &end, 10);
+		g = sync[7] >= '0' && sync[7] <= '9' && *end == '\0' && v >= 1 && v <= 65535 ? (int)v : -1;
+	}
+	if (g < 0 || (g == 0 && wire_sync_parse(sync, &mode) != 0))
 		return log_fail(UNISUM_EINVAL, "unisum_declare_sync('%s'): unknown sync mode '%s' "
-				"(sync, async or ssp:S, S a staleness bound)", name != NULL ? name : "",
-				sync);
+				"(sync, async, ssp:S with S a staleness bound, or dssync:G with G a group "
+				"size)", name != NULL ? name : "", sync);
+	if (g > 0) {
+		/* The tensor itself is global and lock-step: the global steps
+		 * run on it; the groups' steps on their own set tensors. */
+		int id = worker_declare(w, name, dtype, count, priority);
+		if (id < 0)
+			return id;
+		pthread_mutex_lock(&w->lock);
+		struct wk_tensor *t = w->tensors[id];
+		int rc = t->dssync_g == 0 && t->dssync_step > 0 ? UNISUM_EMISMATCH : id;
+		if (t->dssync_g != 0 && t->dssync_g != g)
+			rc = UNISUM_EMISMATCH;
+		t->dssync_g = rc == id ? g : t->dssync_g;
+		t->dssync_every = (uint32_t)w->cfg.dssync_every;
+		pthread_mutex_unlock(&w->lock);
+		if (rc < 0)
+			return log_fail(rc, "unisum_declare_sync('%s'): declared already in another "
+					"mode", name);
+		return id;
+	}
 	if (!wire_sync_held(mode))
 		return worker_declare(w, name, dtype, count, priority);
 	if (name == NULL || name[0] == '\0' || strlen(name) >= sizeof ((struct wk_tensor *)0)->name)
@@ -1008,6 +1033,107 @@ static int wk_start(struct worker *w, int tensor, const struct wk_op *tmpl, unis
 
 #define WK_OP_FLAGS (UNISUM_MIN | UNISUM_MAX | UNISUM_PRODUCT)
 
+/* ---- divide and shuffle ------------------------------------------------ */
+
+static uint64_t wk_splitmix(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+void wk_dssync_perm(uint64_t seed, uint64_t step, int n, int *perm)
+{
+	uint64_t x = seed ^ (step * 0xd1b54a32d192ed03ull);
+	for (int i = 0; i < n; i++)
+		perm[i] = i;
+	for (int i = n - 1; i > 0; i--) {	/* Fisher-Yates */
+		int j = (int)(wk_splitmix(&x) % (uint64_t)(i + 1));
+		int t = perm[i];
+		perm[i] = perm[j];
+		perm[j] = t;
+	}
+}
+
+int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank, int *ranks)
+{
+	int *perm = malloc((size_t)(n > 0 ? n : 1) * sizeof *perm);
+	if (perm == NULL)
+		return 0;
+	wk_dssync_perm(seed, step, n, perm);
+	int at = 0;
+	while (at < n && perm[at] != rank)
+		at++;
+	int lo = at / g * g, m = 0;
+	for (int i = lo; i < lo + g && i < n; i++)
+		ranks[m++] = perm[i];
+	free(perm);
+	qsort(ranks, (size_t)m, sizeof *ranks, wk_int_cmp);
+	return m;
+}
+
+/* The tensor a push_pull on dssync tensor `tensor` runs on: its group's
+ * set tensor at this step (declared on first use: a scheduler round
+ * trip), or itself on a global step.  0 with *target, or an error. */
+static int wk_dssync_target(struct worker *w, int tensor, int *target)
+{
+	*target = tensor;
+	pthread_mutex_lock(&w->lock);
+	struct wk_tensor *t = tensor >= 0 && tensor < w->ntensors ? w->tensors[tensor] : NULL;
+	if (t == NULL || t->dssync_g == 0) {
+		pthread_mutex_unlock(&w->lock);
+		return 0;	/* wk_start explains a bad id */
+	}
+	uint64_t step = t->dssync_step++;
+	int g = t->dssync_g;
+	uint32_t every = t->dssync_every;
+	char name[WK_NAME_MAX];
+	snprintf(name, sizeof name, "%s", t->name);
+	unisum_dtype dtype = t->dtype;
+	size_t count = (size_t)t->count;
+	int priority = t->priority;
+	pthread_mutex_unlock(&w->lock);
+	if (every > 0 && (step + 1) % every == 0)
+		return 0;	/* the global average */
+	int *ranks = malloc((size_t)w->size * sizeof *ranks);
+	if (ranks == NULL)
+		return UNISUM_ENOMEM;
+	char job[128];
+	config_job_id(&w->cfg, job, sizeof job);
+	int m = wk_dssync_group(wk_name_hash(job), step, w->size, g, w->rank, ranks);
+	uint64_t hs = 0xcbf29ce484222325ull;
+	for (int k = 0; k < m; k++) {
+		hs ^= (uint64_t)(uint32_t)ranks[k];
+		hs *= 0x100000001b3ull;
+	}
+	char wire[WK_NAME_MAX];
+	if ((size_t)snprintf(wire, sizeof wire, "set:%d:%016llx/%s", m, (unsigned long long)hs,
+			     name) >= sizeof wire) {
+		free(ranks);
+		return log_fail(UNISUM_EINVAL, "unisum_push_pull: the name '%s' is too long for a "
+				"divide-and-shuffle group's tensor", name);
+	}
+	int id = wk_tensor_known(w, wire, dtype, count, WIRE_SYNC_LOCKSTEP);
+	if (id != -1) {	/* known, or known with another shape */
+		free(ranks);
+		if (id < 0)
+			return id;
+		*target = id;
+		return 0;
+	}
+	int rc = wk_ensure_conns(w);
+	if (rc != 0) {
+		free(ranks);
+		return rc;
+	}
+	id = wk_declare(w, wire, dtype, count, NULL, priority, ranks, m, WIRE_SYNC_LOCKSTEP);
+	if (id < 0)
+		return id;
+	*target = id;
+	return 0;
+}
+
 int worker_push_pull_async(struct worker *w, int tensor, const void *in, void *out, int flags,
 			   unisum_handle *h)
 {
@@ -1025,9 +1151,13 @@ int worker_push_pull_async(struct worker *w, int tensor, const void *in, void *o
 			: flags & UNISUM_MAX   ? WIRE_OP_MAX
 			: flags & UNISUM_PRODUCT ? WIRE_OP_PRODUCT
 					       : WIRE_OP_SUM;
+	int target;
+	int rc = wk_dssync_target(w, tensor, &target);
+	if (rc != 0)
+		return rc;
 	struct wk_op tmpl = {.flags = flags & UNISUM_AVERAGE, .in = in, .out = out,
 			     .wire_op = WIRE_OP(kind, 0)};
-	return wk_start(w, tensor, &tmpl, h);
+	return wk_start(w, target, &tmpl, h);
 }
 
 int worker_broadcast_async(struct worker *w, int tensor, void *buf, int root_rank,

@@ -55,6 +55,12 @@ struct wk_tensor {
 	char name[WK_NAME_MAX];
 	uint64_t life;			/* which declaration of the name (join.c) */
 	uint32_t sync;			/* WIRE_SYNC_*: async runs on every rank alone */
+	/* Divide-and-shuffle ("dssync:G"): push_pull k runs in the group of G
+	 * ranks this rank falls in at step k (wk_dssync_group), on that
+	 * group's own set tensor; every `dssync_every`-th on this, global. */
+	int dssync_g;			/* 0: not dssync */
+	uint32_t dssync_every;
+	uint64_t dssync_step;		/* push_pulls started on it (w->lock) */
 	unisum_dtype dtype;
 	uint64_t count;
 	size_t esize;
@@ -276,6 +282,14 @@ int wk_enqueue(struct wk_conn *c, struct wk_job *j);
  * held).  Waiters rescan after each wait: a release moves the last
  * operation into the freed slot and frees the released one. */
 int wk_first_undone(const struct worker *w);
+/* Divide-and-shuffle: the ranks 0 .. n-1 in the order of step `step`'s
+ * permutation (from `seed`: the same on every worker, another at every
+ * step); its groups are the consecutive runs of g (the last may be
+ * shorter).  Writes perm[n]. */
+void wk_dssync_perm(uint64_t seed, uint64_t step, int n, int *perm);
+/* The members of rank's group at `step`, sorted, into ranks[]; returns
+ * how many. */
+int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank, int *ranks);
 void *wk_push_main(void *arg);
 
 /* join.c: unisum_join; the scheduler's join events; which collectives a

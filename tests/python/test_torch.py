@@ -389,6 +389,22 @@ def test_ssp_optimizer():
     assert re.search(r"worker 2 holds the others back", out + err), describe(rc, out, err)
 
 
+def test_dssync_optimizer():
+    """DistributedOptimizer(sync="dssync:2") (issue 18) on 4 workers: group
+    averages that keep the total, global steps every third step, and
+    global_average() leaves every replica bitwise equal (the worker checks
+    every value; here the final bytes of every rank are compared)."""
+    env = worker_env({"UNISUM_DSSYNC_GLOBAL_EVERY": "3"})
+    rc, out, err = run_launch(4, 1, "dssync_train.py", timeout=120, local_size=1, env=env)
+    assert rc == 0, describe(rc, out, err)
+    finals = set()
+    for r in range(4):
+        lines = [l for l in worker_lines(out, r) if "dssync ok" in l]
+        assert lines, describe(rc, out, err)
+        finals.add(lines[0].split()[-1])
+    assert len(finals) == 1, finals
+
+
 def test_horovod_queries_without_init():
     """The queries a Horovod test asks before init() answer truthfully."""
     assert us.is_initialized() is False

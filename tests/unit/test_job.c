@@ -1224,6 +1224,45 @@ static int work_ssp(struct job *j, int rank, char *msg, size_t len)
 	return 0;
 }
 
+/* Divide-and-shuffle (dssync:2, every 3rd step global): at each step a
+ * rank's push_pull averages over its group of that step alone (computed
+ * here with the same function, seed and step), and every third over all;
+ * the averages are exact in float64. */
+static int work_dssync(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { N = 700, STEPS = 7, G = 2, EVERY = 3 };
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers;
+	w->cfg.dssync_every = EVERY;
+	int id = worker_declare_sync(w, "dssync.x", UNISUM_FLOAT64, N, 0, "dssync:2");
+	if (id < 0)
+		FAIL(id, "declare dssync.x: %s", unisum_last_error());
+	if (worker_declare_sync(w, "dssync.x", UNISUM_FLOAT64, N, 0, "dssync:3") != UNISUM_EMISMATCH)
+		FAIL(0, "dssync.x declared again with another group size");
+	char job[128];
+	config_job_id(&w->cfg, job, sizeof job);
+	uint64_t seed = wk_name_hash(job);
+	double in[N], out[N];
+	int group[MAX_WORKERS];
+	for (int s = 0; s < STEPS; s++) {
+		for (size_t i = 0; i < N; i++)
+			in[i] = rank * 10 + s + (double)i;
+		int rc = push_pull(w, id, in, out, UNISUM_AVERAGE);
+		if (rc != 0)
+			FAIL(rc, "dssync step %d: %s", s, unisum_last_error());
+		bool global = (s + 1) % EVERY == 0;
+		int m = global ? n : wk_dssync_group(seed, (uint64_t)s, n, G, rank, group);
+		double sum = 0;
+		for (int k = 0; k < m; k++)
+			sum += (global ? k : group[k]) * 10 + s;
+		for (size_t i = 0; i < N; i++)
+			if (out[i] != sum / m + (double)i)
+				FAIL(0, "dssync step %d (%s): %g at %zu, want the mean of %d ranks %g", s,
+				     global ? "global" : "group", out[i], i, m, sum / m + (double)i);
+	}
+	return 0;
+}
+
 /* ---- the tests ----------------------------------------------------------- */
 
 /* Sums, many, broadcast and one-shot tensors on one job. */
@@ -1246,7 +1285,51 @@ static void run_all(int machines, int local, int servers, uint64_t credit, int i
 	atomic_store(&ssp_done, 0);
 	atomic_store(&ssp_released, 0);
 	each_rank(&j, work_main, work_ssp);
+	each_rank(&j, work_main, work_dssync);
 	job_stop(&j);
+}
+
+/* The groups of divide-and-shuffle: at every step a partition of the
+ * ranks into runs of at most G (each rank in exactly one, the same seen
+ * from every member), and not the same partition at every step. */
+static void test_dssync_groups(void **state)
+{
+	(void)state;
+	static const int ns[] = {1, 3, 4, 5, 8, 16}, gs[] = {1, 2, 3, 4};
+	for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++) {
+		int n = ns[a];
+		for (size_t b = 0; b < sizeof gs / sizeof gs[0]; b++) {
+			int g = gs[b], changed = 0, first[16];
+			for (uint64_t step = 0; step < 40; step++) {
+				int seen[16] = {0};
+				for (int r = 0; r < n; r++) {
+					int mine[16], m = wk_dssync_group(42, step, n, g, r, mine);
+					assert_true(m >= 1 && m <= g);
+					bool self = false;
+					for (int k = 0; k < m; k++) {
+						self = self || mine[k] == r;
+						int theirs[16];
+						int mt = wk_dssync_group(42, step, n, g, mine[k], theirs);
+						assert_int_equal(mt, m);
+						assert_memory_equal(theirs, mine, (size_t)m * sizeof *mine);
+						if (k > 0)
+							assert_true(mine[k] > mine[k - 1]);
+					}
+					assert_true(self);
+					seen[r] = 1;
+					if (step == 0 && r == 0)
+						memcpy(first, mine, (size_t)m * sizeof *mine), first[15] = m;
+					if (r == 0 && step > 0 &&
+					    (m != first[15] || memcmp(first, mine, (size_t)m * sizeof *mine)))
+						changed = 1;
+				}
+				for (int r = 0; r < n; r++)
+					assert_true(seen[r]);
+			}
+			if (n > g && g > 1)
+				assert_true(changed);	/* rank 0's group moved at least once */
+		}
+	}
 }
 
 static void test_one_machine(void **state)
@@ -1439,6 +1522,7 @@ int main(void)
 	if (getenv("TEST_JOB_FILTER") != NULL)
 		cmocka_set_test_filter(getenv("TEST_JOB_FILTER"));
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_dssync_groups),
 		cmocka_unit_test(test_one_machine),
 		cmocka_unit_test(test_machines_of_two_ipc),
 		cmocka_unit_test(test_one_per_machine_tcp),
