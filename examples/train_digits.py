@@ -10,6 +10,12 @@ accuracy of every epoch, and finally prints
 
     final held-out accuracy: 0.9xxx
 
+--sync picks the synchronisation (default: UNISUM_SYNC, else lock-step):
+sync, async (the servers hold the model and add each worker's change as it
+comes), ssp:S (async, no worker more than S steps ahead) or dssync:G
+(models averaged within groups of G workers that change every step, and
+over all every UNISUM_DSSYNC_GLOBAL_EVERY steps and at the end).
+
 The digits data set ships inside python3-sklearn: nothing is downloaded.
 """
 
@@ -53,6 +59,8 @@ def main():
     ap.add_argument("--lr", type=float, default=0.02)
     ap.add_argument("--compression", choices=["none", "fp16"], default="none")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sync", default=None,
+                    help="sync, async, ssp:S or dssync:G (default: UNISUM_SYNC, else sync)")
     args = ap.parse_args()
 
     us.init()
@@ -73,13 +81,14 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     compression = us.Compression.fp16 if args.compression == "fp16" else us.Compression.none
     optimizer = us.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                        compression=compression)
+                                        compression=compression, sync=args.sync)
     us.broadcast_parameters(model.state_dict(), root_rank=0)
     us.broadcast_optimizer_state(optimizer, root_rank=0)
 
     if rank == 0:
-        print("digits: %d training images in %d shards, %d held out, %d worker(s), compression %s"
-              % (len(x) - n_test, size, n_test, size, args.compression), flush=True)
+        print("digits: %d training images in %d shards, %d held out, %d worker(s), compression "
+              "%s, sync %s" % (len(x) - n_test, size, n_test, size, args.compression,
+                               args.sync or os.environ.get("UNISUM_SYNC") or "sync"), flush=True)
     steps = (len(x_train) + args.batch_size - 1) // args.batch_size
     # Every worker must take the same number of steps.
     steps = int(us.push_pull(torch.tensor([steps], dtype=torch.int64), average=False,
@@ -99,6 +108,8 @@ def main():
             optimizer.step()
             total += torch.tensor([loss.item() * len(idx), len(idx)], dtype=torch.float64)
         total = us.push_pull(total, average=False, name="epoch.loss")
+        if epoch == args.epochs:
+            optimizer.global_average()      # dssync: every replica the same at the end
         model.eval()
         with torch.no_grad():
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()

@@ -231,6 +231,15 @@ def test_broadcast_parameters_and_optimizer_state(tmp_path, nworkers, root):
         assert int(root_before["model"]["1.num_batches_tracked"]) == 3
 
 
+def test_demo_async():
+    """The demo with --sync async (issue 18): it trains (>= 0.9 held out
+    after 5 epochs) with the servers holding the model."""
+    out, _ = check_launch(2, 1, "examples/train_digits.py", "--sync", "async", "--epochs", 5,
+                          timeout=120)
+    assert any("sync async" in l for l in worker_lines(out, 0)), out[-3000:]
+    assert final_accuracy(out) >= 0.9, out[-3000:]
+
+
 # ---- 5. fp16 compression -------------------------------------------------
 
 def test_fp16_compression_accuracy():
