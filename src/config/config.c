@@ -117,6 +117,11 @@ static const struct knob config_knobs[] = {
 	 "that change every step)"},
 	{"UNISUM_DSSYNC_GLOBAL_EVERY", NULL, NULL, KNOB_INT, FIELD(dssync_every), "10", 0, 1 << 30,
 	 "dssync:G: every this many steps averages over all workers instead of a group (0: never)"},
+	{"UNISUM_DSSYNC_CROSS_EVERY", NULL, NULL, KNOB_INT, FIELD(dssync_cross_every), "4", 0,
+	 1 << 30, "dssync:G with UNISUM_RACK: every this many steps the groups cross racks, the "
+	 "others stay within them (0: never)"},
+	{"UNISUM_RACK", NULL, NULL, KNOB_INT, FIELD(rack), "-1", -1, 1 << 30,
+	 "this worker's rack, for dssync:G's groups (-1: none; set on every worker or none)"},
 	{"UNISUM_ENABLE_ASYNC", "BYTEPS_ENABLE_ASYNC", NULL, KNOB_INT, FIELD(enable_async), "0", 0, 1,
 	 "1: the same as UNISUM_SYNC=async (BytePS's name)"},
 	{"UNISUM_TRACE_DIR", "BYTEPS_TRACE_DIR", NULL, KNOB_STRING, FIELD(trace_dir), "trace", 0, 0,

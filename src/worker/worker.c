@@ -252,6 +252,9 @@ static void wk_free_all(struct worker *w)
 	free(w->poison);
 	w->poison = NULL;
 	w->npoison = 0;
+	free(w->racks);
+	w->racks = NULL;
+	w->racks_known = false;
 	for (int i = 0; i < w->nops; i++)
 		wk_op_free(w->ops[i]);
 	free(w->ops);
@@ -1043,34 +1046,118 @@ static uint64_t wk_splitmix(uint64_t *x)
 	return z ^ (z >> 31);
 }
 
-void wk_dssync_perm(uint64_t seed, uint64_t step, int n, int *perm)
+/* Shuffles a[0..n) with the generator x (Fisher-Yates). */
+static void wk_shuffle(int *a, int n, uint64_t *x)
 {
-	uint64_t x = seed ^ (step * 0xd1b54a32d192ed03ull);
-	for (int i = 0; i < n; i++)
-		perm[i] = i;
-	for (int i = n - 1; i > 0; i--) {	/* Fisher-Yates */
-		int j = (int)(wk_splitmix(&x) % (uint64_t)(i + 1));
-		int t = perm[i];
-		perm[i] = perm[j];
-		perm[j] = t;
+	for (int i = n - 1; i > 0; i--) {
+		int j = (int)(wk_splitmix(x) % (uint64_t)(i + 1));
+		int t = a[i];
+		a[i] = a[j];
+		a[j] = t;
 	}
 }
 
-int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank, int *ranks)
+bool wk_dssync_crosses(const struct wk_dssync_topo *topo, uint64_t step)
 {
-	int *perm = malloc((size_t)(n > 0 ? n : 1) * sizeof *perm);
-	if (perm == NULL)
+	return topo == NULL || topo->rack == NULL || (topo->cross_every > 0 &&
+						     (step + 1) % topo->cross_every == 0);
+}
+
+int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank,
+		    const struct wk_dssync_topo *topo, int *ranks)
+{
+	int *order = malloc((size_t)(n > 0 ? n : 1) * sizeof *order);
+	int *gid = malloc((size_t)(n > 0 ? n : 1) * sizeof *gid);
+	if (order == NULL || gid == NULL) {
+		free(order);
+		free(gid);
 		return 0;
-	wk_dssync_perm(seed, step, n, perm);
-	int at = 0;
-	while (at < n && perm[at] != rank)
-		at++;
-	int lo = at / g * g, m = 0;
-	for (int i = lo; i < lo + g && i < n; i++)
-		ranks[m++] = perm[i];
-	free(perm);
-	qsort(ranks, (size_t)m, sizeof *ranks, wk_int_cmp);
+	}
+	uint64_t x = seed ^ (step * 0xd1b54a32d192ed03ull);
+	if (wk_dssync_crosses(topo, step)) {
+		/* Every rank with every other: one shuffle, cut in runs of g. */
+		for (int i = 0; i < n; i++)
+			order[i] = i;
+		wk_shuffle(order, n, &x);
+		for (int i = 0; i < n; i++)
+			gid[order[i]] = i / g;
+	} else {
+		/* Within racks: each rack's ranks (racks by id, ranks in order)
+		 * shuffled on their own and cut in runs of g. */
+		int base = 0, done = 0, last = -1;
+		while (done < n) {
+			int next = -1;	/* the smallest rack id above `last` */
+			for (int i = 0; i < n; i++)
+				if (topo->rack[i] > last && (next < 0 || topo->rack[i] < next))
+					next = topo->rack[i];
+			int m = 0;
+			for (int i = 0; i < n; i++)
+				if (topo->rack[i] == next)
+					order[m++] = i;
+			wk_shuffle(order, m, &x);
+			for (int i = 0; i < m; i++)
+				gid[order[i]] = base + i / g;
+			base += (m + g - 1) / g;
+			done += m;
+			last = next;
+		}
+	}
+	int m = 0;
+	for (int i = 0; i < n; i++)	/* ascending: the set's ranks are sorted */
+		if (gid[i] == gid[rank])
+			ranks[m++] = i;
+	free(order);
+	free(gid);
 	return m;
+}
+
+/* The racks of every rank (UNISUM_RACK), learnt once with a push_pull of
+ * every rank's: *topo, its rack NULL when no worker set one; UNISUM_EINVAL
+ * when only some did. */
+static int wk_dssync_topology(struct worker *w, struct wk_dssync_topo *topo)
+{
+	pthread_mutex_lock(&w->lock);
+	bool known = w->racks_known;
+	pthread_mutex_unlock(&w->lock);
+	if (!known) {
+		int32_t *in = calloc((size_t)w->size, sizeof *in), *out = calloc((size_t)w->size,
+										 sizeof *out);
+		int id = in && out ? worker_declare(w, "unisum.dssync.racks", UNISUM_INT32,
+						     (size_t)w->size, 0)
+				   : UNISUM_ENOMEM;
+		int rc = id < 0 ? id : 0;
+		if (rc == 0) {
+			in[w->rank] = w->cfg.rack + 1;	/* 0: none */
+			unisum_handle h;
+			rc = worker_push_pull_async(w, id, in, out, 0, &h);
+			if (rc == 0)
+				rc = worker_wait(w, h);
+		}
+		int set = 0;
+		for (int r = 0; rc == 0 && r < w->size; r++)
+			set += out[r] != 0;
+		if (rc == 0 && set != 0 && set != w->size)
+			rc = log_fail(UNISUM_EINVAL, "dssync: UNISUM_RACK is set on %d of the %d workers; "
+				      "set it on every one, or on none", set, w->size);
+		free(in);
+		if (rc != 0) {
+			free(out);
+			return rc;
+		}
+		for (int r = 0; set != 0 && r < w->size; r++)
+			out[r] -= 1;
+		pthread_mutex_lock(&w->lock);
+		if (!w->racks_known) {
+			w->racks = set != 0 ? (int *)out : NULL;
+			w->racks_known = true;
+			out = NULL;
+		}
+		pthread_mutex_unlock(&w->lock);
+		free(out);
+	}
+	topo->rack = w->racks;
+	topo->cross_every = (uint32_t)w->cfg.dssync_cross_every;
+	return 0;
 }
 
 /* The tensor a push_pull on dssync tensor `tensor` runs on: its group's
@@ -1101,7 +1188,13 @@ static int wk_dssync_target(struct worker *w, int tensor, int *target)
 		return UNISUM_ENOMEM;
 	char job[128];
 	config_job_id(&w->cfg, job, sizeof job);
-	int m = wk_dssync_group(wk_name_hash(job), step, w->size, g, w->rank, ranks);
+	struct wk_dssync_topo topo;
+	int rc = wk_dssync_topology(w, &topo);
+	if (rc != 0) {
+		free(ranks);
+		return rc;
+	}
+	int m = wk_dssync_group(wk_name_hash(job), step, w->size, g, w->rank, &topo, ranks);
 	uint64_t hs = 0xcbf29ce484222325ull;
 	for (int k = 0; k < m; k++) {
 		hs ^= (uint64_t)(uint32_t)ranks[k];
@@ -1122,7 +1215,7 @@ static int wk_dssync_target(struct worker *w, int tensor, int *target)
 		*target = id;
 		return 0;
 	}
-	int rc = wk_ensure_conns(w);
+	rc = wk_ensure_conns(w);
 	if (rc != 0) {
 		free(ranks);
 		return rc;

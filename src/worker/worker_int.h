@@ -254,6 +254,9 @@ struct worker {
 	/* Join (join.c): */
 	bool join_seen;			/* a rank joined since the last JOIN_DONE: announce */
 	bool joined;			/* this worker is in unisum_join */
+	/* Divide and shuffle: every rank's rack, learnt at the first group. */
+	bool racks_known;
+	int *racks;			/* [size], or NULL: no UNISUM_RACK anywhere */
 	bool join_done;			/* ... and every worker has joined */
 	int join_last;			/* the last to join */
 	struct rdv_announce *announced;	/* push_pulls to contribute zeros to, in order */
@@ -282,14 +285,22 @@ int wk_enqueue(struct wk_conn *c, struct wk_job *j);
  * held).  Waiters rescan after each wait: a release moves the last
  * operation into the freed slot and frees the released one. */
 int wk_first_undone(const struct worker *w);
-/* Divide-and-shuffle: the ranks 0 .. n-1 in the order of step `step`'s
- * permutation (from `seed`: the same on every worker, another at every
- * step); its groups are the consecutive runs of g (the last may be
- * shorter).  Writes perm[n]. */
-void wk_dssync_perm(uint64_t seed, uint64_t step, int n, int *perm);
-/* The members of rank's group at `step`, sorted, into ranks[]; returns
- * how many. */
-int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank, int *ranks);
+/* Divide-and-shuffle's topology: every rank's rack (UNISUM_RACK), or
+ * NULL for none, and how often the groups cross racks. */
+struct wk_dssync_topo {
+	const int *rack;		/* [n] */
+	uint32_t cross_every;		/* every this many steps (0: never) */
+};
+/* Whether step `step` groups across racks: always without racks, else
+ * every topo->cross_every-th step. */
+bool wk_dssync_crosses(const struct wk_dssync_topo *topo, uint64_t step);
+/* The members of rank's group at `step` (0-based), sorted, into ranks[];
+ * returns how many.  The ranks are shuffled (Fisher-Yates, splitmix64 from
+ * `seed` and the step: the same on every worker, another at every step)
+ * and cut into runs of g, the last maybe shorter; on a step that does not
+ * cross racks, each rack (by id) on its own. */
+int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank,
+		    const struct wk_dssync_topo *topo, int *ranks);
 void *wk_push_main(void *arg);
 
 /* join.c: unisum_join; the scheduler's join events; which collectives a

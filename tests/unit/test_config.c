@@ -26,7 +26,7 @@ static const char *const all_vars[] = {
 	"BYTEPS_LOG_LEVEL", "UNISUM_TIMEOUT_MS", "UNISUM_JOB_ID", "UNISUM_SERVER_ID",
 	"UNISUM_AUTOTUNE", "UNISUM_SCHEDULING_CREDIT", "UNISUM_SCHEDULING_CREDIT_PARTS",
 	"BYTEPS_SCHEDULING_CREDIT", "UNISUM_SYNC", "UNISUM_ENABLE_ASYNC", "BYTEPS_ENABLE_ASYNC",
-	"UNISUM_DSSYNC_GLOBAL_EVERY",
+	"UNISUM_DSSYNC_GLOBAL_EVERY", "UNISUM_DSSYNC_CROSS_EVERY", "UNISUM_RACK",
 };
 
 static int clear_env(void **state)
@@ -125,6 +125,8 @@ static void test_malformed_values_name_the_variable(void **state)
 	expect_error("UNISUM_SYNC", "dssync:0");
 	expect_error("UNISUM_SYNC", "dssync:");
 	expect_error("UNISUM_DSSYNC_GLOBAL_EVERY", "-1");
+	expect_error("UNISUM_DSSYNC_CROSS_EVERY", "x");
+	expect_error("UNISUM_RACK", "-2");
 	expect_error("BYTEPS_ENABLE_ASYNC", "2");
 
 	/* cross-field checks name both variables */

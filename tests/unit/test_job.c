@@ -1224,16 +1224,23 @@ static int work_ssp(struct job *j, int rank, char *msg, size_t len)
 	return 0;
 }
 
-/* Divide-and-shuffle (dssync:2, every 3rd step global): at each step a
- * rank's push_pull averages over its group of that step alone (computed
- * here with the same function, seed and step), and every third over all;
- * the averages are exact in float64. */
+/* Divide-and-shuffle (dssync:2, every 3rd step global, two racks by the
+ * rank's parity, crossing them every 2nd step): at each step a rank's
+ * push_pull averages over its group of that step alone (computed here
+ * with the same function, seed, step and racks), and every third over
+ * all; the averages are exact in float64. */
 static int work_dssync(struct job *j, int rank, char *msg, size_t len)
 {
 	enum { N = 700, STEPS = 7, G = 2, EVERY = 3 };
 	struct worker *w = j->w[rank];
 	const int n = j->nworkers;
 	w->cfg.dssync_every = EVERY;
+	w->cfg.dssync_cross_every = 2;
+	w->cfg.rack = rank % 2;
+	int racks[MAX_WORKERS];
+	for (int q = 0; q < n; q++)
+		racks[q] = q % 2;
+	struct wk_dssync_topo topo = {.rack = racks, .cross_every = 2};
 	int id = worker_declare_sync(w, "dssync.x", UNISUM_FLOAT64, N, 0, "dssync:2");
 	if (id < 0)
 		FAIL(id, "declare dssync.x: %s", unisum_last_error());
@@ -1251,7 +1258,11 @@ static int work_dssync(struct job *j, int rank, char *msg, size_t len)
 		if (rc != 0)
 			FAIL(rc, "dssync step %d: %s", s, unisum_last_error());
 		bool global = (s + 1) % EVERY == 0;
-		int m = global ? n : wk_dssync_group(seed, (uint64_t)s, n, G, rank, group);
+		int m = global ? n : wk_dssync_group(seed, (uint64_t)s, n, G, rank, &topo, group);
+		for (int k = 0; !global && !wk_dssync_crosses(&topo, (uint64_t)s) && k < m; k++)
+			if (group[k] % 2 != rank % 2)
+				FAIL(0, "dssync step %d: rank %d's group holds rank %d of another rack", s,
+				     rank, group[k]);
 		double sum = 0;
 		for (int k = 0; k < m; k++)
 			sum += (global ? k : group[k]) * 10 + s;
@@ -1291,25 +1302,36 @@ static void run_all(int machines, int local, int servers, uint64_t credit, int i
 
 /* The groups of divide-and-shuffle: at every step a partition of the
  * ranks into runs of at most G (each rank in exactly one, the same seen
- * from every member), and not the same partition at every step. */
+ * from every member), and not the same partition at every step; with
+ * racks (rank % 3), within racks except every 3rd step, which mixes them
+ * at least once. */
 static void test_dssync_groups(void **state)
 {
 	(void)state;
 	static const int ns[] = {1, 3, 4, 5, 8, 16}, gs[] = {1, 2, 3, 4};
-	for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++) {
-		int n = ns[a];
+	int rack[16];
+	for (int r = 0; r < 16; r++)
+		rack[r] = r % 3;
+	const struct wk_dssync_topo racked = {.rack = rack, .cross_every = 3};
+	for (size_t a = 0; a < sizeof ns / sizeof ns[0] * 2; a++) {
+		int n = ns[a % (sizeof ns / sizeof ns[0])];
+		const struct wk_dssync_topo *topo = a < sizeof ns / sizeof ns[0] ? NULL : &racked;
 		for (size_t b = 0; b < sizeof gs / sizeof gs[0]; b++) {
+			int mixed = 0;
 			int g = gs[b], changed = 0, first[16];
 			for (uint64_t step = 0; step < 40; step++) {
 				int seen[16] = {0};
 				for (int r = 0; r < n; r++) {
-					int mine[16], m = wk_dssync_group(42, step, n, g, r, mine);
+					int mine[16], m = wk_dssync_group(42, step, n, g, r, topo, mine);
 					assert_true(m >= 1 && m <= g);
 					bool self = false;
 					for (int k = 0; k < m; k++) {
 						self = self || mine[k] == r;
+						if (topo != NULL && !wk_dssync_crosses(topo, step))
+							assert_int_equal(rack[mine[k]], rack[r]);
+						mixed |= rack[mine[k]] != rack[r];
 						int theirs[16];
-						int mt = wk_dssync_group(42, step, n, g, mine[k], theirs);
+						int mt = wk_dssync_group(42, step, n, g, mine[k], topo, theirs);
 						assert_int_equal(mt, m);
 						assert_memory_equal(theirs, mine, (size_t)m * sizeof *mine);
 						if (k > 0)
@@ -1326,8 +1348,10 @@ static void test_dssync_groups(void **state)
 				for (int r = 0; r < n; r++)
 					assert_true(seen[r]);
 			}
-			if (n > g && g > 1)
+			if (n > g && g > 1 && (topo == NULL || n > 3))
 				assert_true(changed);	/* rank 0's group moved at least once */
+			if (topo != NULL && n >= 3 && g > 1)
+				assert_true(mixed);	/* some group crossed racks */
 		}
 	}
 }
