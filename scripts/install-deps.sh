@@ -62,9 +62,9 @@ python3-pytest   test
 python3-pip      test
 python3-venv     test
 python3-setuptools test
+iperf3           test   iperf3
 
 # Benchmarks only.
-iperf3           bench  iperf3
 openmpi-bin      bench  mpirun mpicc
 libopenmpi-dev   bench
 gnuplot-nox      bench  gnuplot

@@ -5,12 +5,16 @@
 #
 #   netns.sh up PREFIX H RATE [DELAY]   build the cluster
 #   netns.sh down PREFIX                tear it down (idempotent)
+#   netns.sh rate PREFIX I RATE         reshape host I's link (a straggler)
 #   netns.sh addr PREFIX I              print host I's IPv4 address
 #   netns.sh exec PREFIX I CMD ARGS...  run CMD inside host I
 #   netns.sh with PREFIX H RATE [--delay D] -- CMD ARGS...
 #                                       up, run CMD, down on any exit
 #   netns.sh check PREFIX               exit 0 iff nothing of PREFIX exists
 #   netns.sh selftest                   3 hosts at 200mbit: ping + iperf3
+#   netns.sh selftest-racks             2 racks of 2 at 200mbit, a 100mbit
+#                                       uplink: iperf3 within, across, and
+#                                       after `rate`
 #
 # Topology.  Host i is the namespace PREFIX-h<i> (i = 0 .. H-1) with one NIC,
 # eth0, the end of a veth pair whose other end, h<i>, sits in the switch
@@ -34,6 +38,18 @@
 # each of those tbf, i.e. per link direction: host to host one way is
 # 2 x DELAY, a ping round trip 4 x DELAY.  DELAY needs a kernel with netem
 # (CONFIG_NET_SCH_NETEM); `up` says so and fails when it is missing.
+#
+# Racks.  With NETNS_RACKS=R (R > 1) in the environment, `up` cuts the H
+# hosts into R racks of consecutive indices (rack r: hosts r*H/R up to
+# (r+1)*H/R - 1), each its own bridge br<r> in the switch namespace, and
+# joins each rack's bridge to a core bridge with a link shaped both ways at
+# NETNS_UPLINK (a tc rate; required): traffic between two racks crosses
+# two such links in series, so for two racks it is one uplink of that
+# rate, shared by every flow between them (4 hosts at 1gbit behind a 1gbit
+# uplink: 4:1 oversubscribed).  Addresses stay in one /16 (one L2 domain).
+#
+# `rate` changes host I's link, both directions, to RATE (e.g. 100mbit for
+# a straggler), with burst and limit sized for RATE as `up` sizes them.
 #
 # `with` runs CMD in the ROOT namespace with UNISUM_NETNS_PREFIX=PREFIX,
 # UNISUM_NETNS_HOSTS=H and UNISUM_NETNS_SH=<this script> in its
@@ -193,8 +209,36 @@ cmd_up() { # PREFIX H RATE [DELAY]
 	fi
 	[ -z "$DELAY" ] || tc -n "$sw" qdisc del dev lo root
 	# No STP, so ports forward at once.
-	ip -n "$sw" link add name br0 type bridge stp_state 0 forward_delay 0
-	ip -n "$sw" link set br0 up
+	R=${NETNS_RACKS:-1}
+	if ! is_uint "$R" || [ "$R" -lt 1 ] || [ "$R" -gt "$H" ]; then
+		die "NETNS_RACKS must be 1 .. H, not '$R'"
+	fi
+	r=0
+	while [ "$r" -lt "$R" ]; do
+		ip -n "$sw" link add name "br$r" type bridge stp_state 0 forward_delay 0
+		ip -n "$sw" link set "br$r" up
+		r=$((r + 1))
+	done
+	if [ "$R" -gt 1 ]; then
+		[ -n "$(rate_bytes "${NETNS_UPLINK:-}")" ] ||
+			die "NETNS_RACKS=$R needs NETNS_UPLINK, a tc rate (e.g. 1gbit), not '${NETNS_UPLINK:-}'"
+		ip -n "$sw" link add name core type bridge stp_state 0 forward_delay 0
+		ip -n "$sw" link set core up
+		host_rate=$RATE
+		RATE=$NETNS_UPLINK
+		r=0
+		while [ "$r" -lt "$R" ]; do
+			ip -n "$sw" link add name "up$r" mtu 1500 type veth peer name "core$r" mtu 1500
+			ip -n "$sw" link set "up$r" master "br$r"
+			ip -n "$sw" link set "core$r" master core
+			ip -n "$sw" link set "up$r" up
+			ip -n "$sw" link set "core$r" up
+			shape "$sw" "up$r"	# rack -> core
+			shape "$sw" "core$r"	# core -> rack
+			r=$((r + 1))
+		done
+		RATE=$host_rate
+	fi
 
 	i=0
 	while [ "$i" -lt "$H" ]; do
@@ -205,7 +249,7 @@ cmd_up() { # PREFIX H RATE [DELAY]
 		ip -n "$ns" link set lo up
 		# Both ends are born in their namespaces: nothing in the root one.
 		ip -n "$sw" link add name "h$i" mtu 1500 type veth peer name eth0 mtu 1500 netns "$ns"
-		ip -n "$sw" link set "h$i" master br0
+		ip -n "$sw" link set "h$i" master "br$((i * R / H))"
 		ip -n "$sw" link set "h$i" up
 		ip -n "$ns" addr add "$(host_addr "$P" "$i")/16" dev eth0
 		ip -n "$ns" link set eth0 up
@@ -214,7 +258,7 @@ cmd_up() { # PREFIX H RATE [DELAY]
 		i=$((i + 1))
 	done
 	trap - EXIT INT TERM HUP
-	echo "$ME: up $P: $H hosts $(host_addr "$P" 0) .. $(host_addr "$P" $((H - 1))) /16, $RATE each way${DELAY:+, delay $DELAY per link direction} (tbf burst $BURST limit $LIMIT)"
+	echo "$ME: up $P: $H hosts $(host_addr "$P" 0) .. $(host_addr "$P" $((H - 1))) /16, $RATE each way${DELAY:+, delay $DELAY per link direction}$([ "$R" -gt 1 ] && echo ", $R racks joined at $NETNS_UPLINK") (tbf burst $BURST limit $LIMIT)"
 }
 
 cmd_down() { # PREFIX
@@ -261,6 +305,26 @@ cmd_check() { # PREFIX
 	[ -z "$left" ] || echo "$ME: namespaces of '$1' left: $(echo "$left" | tr '\n' ' ')" >&2
 	[ -z "$links" ] || echo "$ME: links of '$1' in the root namespace: $(echo "$links" | tr '\n' ' ')" >&2
 	[ -z "$left" ] && [ -z "$links" ]
+}
+
+cmd_rate() { # PREFIX I RATE
+	[ $# -eq 3 ] || usage
+	check_prefix "$1"
+	is_uint "$2" || die "bad host index '$2'"
+	[ -n "$(rate_bytes "$3")" ] || die "bad RATE '$3' (e.g. 1gbit, 100mbit)"
+	need_root
+	ns=$1-h$2
+	[ -e "/run/netns/$ns" ] || [ -e "/var/run/netns/$ns" ] || die "no host $ns (netns.sh up first)"
+	bps=$(rate_bytes "$3")
+	burst=$((bps / 1000))
+	[ "$burst" -ge 131072 ] || burst=131072
+	limit=$((bps * 32 / 1000))
+	[ "$limit" -ge 1048576 ] || limit=1048576
+	tc -n "$ns" qdisc change dev eth0 handle 10: tbf rate "$3" burst "$burst" limit "$limit" ||
+		die "rate: cannot reshape $ns's eth0"
+	tc -n "$1-sw" qdisc change dev "h$2" handle 10: tbf rate "$3" burst "$burst" \
+		limit "$limit" || die "rate: cannot reshape the switch's port h$2"
+	echo "$ME: host $2 of $1 now at $3 each way"
 }
 
 cmd_addr() { # PREFIX I
@@ -361,6 +425,46 @@ cmd_selftest() {
 	case $verdict in *FAIL) exit 1 ;; esac
 }
 
+# iperf3 from host C to host S of cluster P for 3 s: the receiver's
+# Mbit/s.
+iperf_mbit() { # P C S
+	a=$(host_addr "$1" "$3")
+	ip netns exec "$1-h$3" iperf3 -s -1 -B "$a" >/dev/null 2>&1 &
+	srv=$!
+	n=0
+	until ip netns exec "$1-h$3" ss -Hltn 'sport = :5201' | grep -q .; do
+		n=$((n + 1))
+		[ $n -lt 50 ] || die "selftest: iperf3 server does not listen"
+		sleep 0.1
+	done
+	out=$(ip netns exec "$1-h$2" iperf3 -c "$a" -t 3 -f k) || die "selftest: iperf3 failed: $out"
+	wait "$srv" || true
+	echo "$out" | awk '/receiver/ { for (i = 2; i <= NF; i++) if ($i ~ /bits\/sec/) printf "%.1f\n", $(i - 1) / 1000 }'
+}
+
+cmd_selftest_racks() {
+	need_root
+	command -v iperf3 >/dev/null 2>&1 || die "iperf3 is missing: sh scripts/install-deps.sh"
+	P=nsrk$$
+	trap 'cmd_down "$P" >/dev/null 2>&1 || true' EXIT
+	trap 'exit 130' INT TERM HUP
+	(NETNS_RACKS=2 NETNS_UPLINK=100mbit cmd_up "$P" 4 200mbit)
+	within=$(iperf_mbit "$P" 1 0)
+	across=$(iperf_mbit "$P" 2 0)
+	(cmd_rate "$P" 1 50mbit >/dev/null)
+	slowed=$(iperf_mbit "$P" 1 0)
+	cmd_down "$P"
+	trap - EXIT INT TERM HUP
+	# Ideal TCP goodput is RATE x 1448/1514: 191.3, 95.6 and 47.8 Mbit/s.
+	echo "$within $across $slowed" | awk -v me="$ME" '{
+		w = $1 / 191.3; a = $2 / 95.6; s = $3 / 47.8
+		ok = w >= 0.85 && w <= 1.02 && a >= 0.85 && a <= 1.02 && s >= 0.85 && s <= 1.02
+		printf "%s: selftest-racks: within a rack %.1f Mbit/s (%.2f of 200mbit), across the 100mbit uplink %.1f (%.2f), after rate 50mbit %.1f (%.2f): %s; down, nothing left\n",
+			me, $1, w, $2, a, $3, s, ok ? "ok" : "NOT in 0.85-1.02"
+		exit !ok
+	}'
+}
+
 [ $# -ge 1 ] || usage
 cmd=$1
 shift
@@ -372,6 +476,8 @@ addr) cmd_addr "$@" ;;
 exec) cmd_exec "$@" ;;
 with) cmd_with "$@" ;;
 selftest) cmd_selftest "$@" ;;
+selftest-racks) cmd_selftest_racks "$@" ;;
+rate) cmd_rate "$@" ;;
 -h | --help | help) usage ;;
 *) usage ;;
 esac

@@ -97,5 +97,12 @@ if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	expect "... and a larger credit" \
 		sh -c "[ -n '$slow' ] && [ -n '$fast' ] && [ ${fast##* } -gt ${slow##* } ]"
 fi
+# Racks (the sync-modes benchmark's topology): within a rack a host gets
+# its link's rate, across racks the shaped uplink's, and `rate` slows one
+# host down (iperf3, 3 s each; the selftest tears its cluster down).
+if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
+	expect "racks: full rate within a rack, the uplink's across, a straggler's after rate" \
+		sh "$NETNS" selftest-racks
+fi
 expect "no namespace or link of the test is left" sh "$NETNS" check "$P"
 finish
