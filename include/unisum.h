@@ -175,8 +175,9 @@ int unisum_declare_sync(const char *name, unisum_dtype dtype, size_t count, int 
  * memory forget it too.  For one-shot tensors (unisum.torch names each
  * unnamed operation and each broadcast by a counter and undeclares it
  * when done): a name must not be declared again unless every worker has
- * undeclared it first; the scheduler refuses it (UNISUM_EINVAL) while it
- * can tell.  UNISUM_EBUSY while an operation on it has not been waited
+ * undeclared it first (a unisum_barrier after the undeclares is enough:
+ * a server holds a worker's new declaration until the others' undeclares
+ * reach it); the scheduler refuses it (UNISUM_EINVAL) while it can tell.  UNISUM_EBUSY while an operation on it has not been waited
  * for; UNISUM_EINVAL for an unknown id. */
 int unisum_undeclare(int tensor);
 

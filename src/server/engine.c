@@ -132,6 +132,17 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 	size_t W = nranks > 0 ? (size_t)nranks : (size_t)srv->nworkers;
 	pthread_mutex_lock(&srv->lock);
 	struct srv_key *k = srv_key_find(srv, h->key);
+	/* A worker that undeclared the key declares it again: it may do so
+	 * once every worker has undeclared it, and their RETIREs, sent before,
+	 * are on their way on their own connections.  Wait (bounded) for them
+	 * to free the old key; this connection's later messages wait too. */
+	int64_t until_ms = timing_now_ms() + srv->cfg->timeout_ms;
+	for (int w0; k != NULL && (w0 = srv_key_contrib(k, c->worker)) >= 0 && k->retired[w0] &&
+		     !atomic_load(&srv->stopping) && timing_now_ms() < until_ms;) {
+		struct timespec until = timing_deadline(100);
+		pthread_cond_timedwait(&srv->key_gone, &srv->lock, &until);
+		k = srv_key_find(srv, h->key);
+	}
 	if (h->count > WIRE_MAX_DATA_PAYLOAD / unisum_dtype_size(h->dtype)) {
 		snprintf(why, len, "key 0x%llx declared with %llu elements, more than one 1 GiB partition",
 			 (unsigned long long)h->key, (unsigned long long)h->count);
@@ -673,6 +684,7 @@ static void srv_on_retire(struct server *srv, struct srv_key *k)
 		}
 	}
 	e->bytes -= k->bytes;
+	pthread_cond_broadcast(&srv->key_gone);	/* a worker may declare it again */
 	pthread_mutex_unlock(&srv->lock);
 	if (srv_post(srv, EVENT_FREE, k, 0, 0, false, 0, NULL) != 0) {
 		/* Out of memory for the event: keep the key's memory rather

@@ -200,6 +200,7 @@ static struct server *srv_new(const struct config *cfg)
 	srv->nworkers = cfg->num_workers;
 	srv->nengines = cfg->engine_threads;
 	pthread_mutex_init(&srv->lock, NULL);
+	timing_cond_init(&srv->key_gone);
 	srv->nbuckets = 1024;
 	srv->buckets = calloc(srv->nbuckets, sizeof *srv->buckets);
 	srv->by_worker = calloc((size_t)srv->nworkers, sizeof *srv->by_worker);
@@ -211,6 +212,7 @@ static struct server *srv_new(const struct config *cfg)
 		free(srv->by_worker);
 		free(srv->left);
 		free(srv->engines);
+		pthread_cond_destroy(&srv->key_gone);
 		pthread_mutex_destroy(&srv->lock);
 		free(srv);
 		return NULL;
@@ -237,6 +239,7 @@ static void srv_free(struct server *srv)
 	free(srv->by_worker);
 	free(srv->left);
 	free(srv->engines);
+	pthread_cond_destroy(&srv->key_gone);
 	pthread_mutex_destroy(&srv->lock);
 	free(srv);
 }
