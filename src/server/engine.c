@@ -92,6 +92,10 @@ void srv_key_free(struct srv_key *k)
 	free(k->value_waiting);
 	free(k->wait_round);
 	free(k->clock);
+	for (int i = 0; k->snap != NULL && i < 2 * k->nc; i++)
+		free(k->snap[i]);
+	free(k->snap);
+	free(k->replies);
 	free(k->peer);
 	free(k->ranks);
 	free(k->next_round);
@@ -233,7 +237,10 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 		k->value_waiting = calloc(W, 1);
 		k->wait_round = calloc(W, sizeof *k->wait_round);
 		k->clock = calloc(W, sizeof *k->clock);
-		ok = ok && k->first_seen && k->value_waiting && k->wait_round && k->clock;
+		k->snap = calloc(2 * W, sizeof *k->snap);
+		k->replies = calloc(W, sizeof *k->replies);
+		ok = ok && k->first_seen && k->value_waiting && k->wait_round && k->clock && k->snap &&
+		     k->replies;
 	}
 	for (int i = 0; i < 2; i++) {
 		k->slot[i].arrived = calloc(W, 1);
@@ -430,10 +437,13 @@ static void srv_op_mismatch(struct server *srv, struct srv_key *k, const struct 
  * are their initial copies and are dropped: a broadcast from rank 0);
  * every later push is a delta, added at once by the key's engine thread,
  * which owns the value, so every delta is added exactly once and in one
- * piece.  A pull is answered with the value as it stands, copied into the
- * puller's own push buffer, which nothing touches until that worker's next
- * push (it has read the reply by then, over TCP or IPC alike): no pull
- * sees half of a delta.  A pull that comes before the value waits for it.
+ * piece.  A pull is answered with the value as it stands, copied into one
+ * of two buffers of the puller's, used in turn: reply t's buffer is written
+ * again only for reply t + 2, after the worker has received reply t + 1,
+ * which the connection's sender sent after it was done with reply t (the
+ * lock-step slots' argument; it also orders the two for ThreadSanitizer,
+ * which a worker's next push into a buffer still being sent would not).
+ * No pull sees half of a delta.  A pull before the value waits for it.
  */
 
 /* SSP: whether contributor w, having pushed clock[w] deltas, must wait
@@ -468,9 +478,15 @@ static void srv_async_reply(struct server *srv, struct srv_key *k, int w, uint32
 	if (skip) {
 		h.flags = WIRE_FLAG_SKIP;
 	} else {
-		memcpy(k->push_buf[w], k->value, k->bytes);
+		uint8_t **buf = &k->snap[2 * w + (k->replies[w]++ & 1)];
+		if (*buf == NULL && (*buf = malloc(k->bytes ? k->bytes : 1)) == NULL) {
+			srv_reply_error(srv, NULL, srv_key_peer(k, w), k->key, round, UNISUM_ENOMEM,
+					"out of memory for an async pull's reply");
+			return;
+		}
+		memcpy(*buf, k->value, k->bytes);
 		h.payload_len = k->bytes;
-		payload = k->push_buf[w];
+		payload = *buf;
 	}
 	srv_queue_reply(srv, srv_key_peer(k, w), &h, k, payload);
 }
