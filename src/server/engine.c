@@ -96,6 +96,7 @@ void srv_key_free(struct srv_key *k)
 		free(k->snap[i]);
 	free(k->snap);
 	free(k->replies);
+	free(k->gone);
 	free(k->peer);
 	free(k->ranks);
 	free(k->next_round);
@@ -239,8 +240,9 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 		k->clock = calloc(W, sizeof *k->clock);
 		k->snap = calloc(2 * W, sizeof *k->snap);
 		k->replies = calloc(W, sizeof *k->replies);
+		k->gone = calloc(W, 1);
 		ok = ok && k->first_seen && k->value_waiting && k->wait_round && k->clock && k->snap &&
-		     k->replies;
+		     k->replies && k->gone;
 	}
 	for (int i = 0; i < 2; i++) {
 		k->slot[i].arrived = calloc(W, 1);
@@ -454,7 +456,7 @@ static bool srv_ssp_holds(const struct srv_key *k, int w)
 	if (!k->ssp)
 		return false;
 	for (int v = 0; v < k->nc; v++)
-		if ((uint64_t)k->clock[v] + k->staleness < k->clock[w])
+		if (!k->gone[v] && (uint64_t)k->clock[v] + k->staleness < k->clock[w])
 			return true;
 	return false;
 }
@@ -462,11 +464,11 @@ static bool srv_ssp_holds(const struct srv_key *k, int w)
 /* The contributor with the fewest deltas (the one holding others back). */
 static int srv_ssp_slowest(const struct srv_key *k)
 {
-	int slow = 0;
-	for (int v = 1; v < k->nc; v++)
-		if (k->clock[v] < k->clock[slow])
+	int slow = -1;
+	for (int v = 0; v < k->nc; v++)
+		if (!k->gone[v] && (slow < 0 || k->clock[v] < k->clock[slow]))
 			slow = v;
-	return slow;
+	return slow < 0 ? 0 : slow;
 }
 
 /* Answers contributor w's pull of round `round` with the value. */
@@ -499,6 +501,8 @@ static void srv_async_refuse(struct server *srv, struct srv_key *k, const char *
 	srv_on_poison(srv, k, k->own_poison ? k->own_poison : "async key refused");
 	rdv_client_poison_tensor(srv->rdv, k->key & ~(uint64_t)0xffff, why);
 }
+
+static void srv_ssp_release(struct server *srv, struct srv_key *k);
 
 static void srv_async_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
 {
@@ -556,9 +560,15 @@ static void srv_async_push(struct server *srv, struct srv_key *k, const struct s
 	}
 	reducer_fold_into(REDUCER_SUM, k->value, k->push_buf[w], k->count, k->dtype);
 	k->clock[w]++;
-	if (!k->ssp)
+	srv_ssp_release(srv, k);
+}
+
+/* SSP: answers the held pulls that nothing holds any more (a slow
+ * contributor moved, or retired). */
+static void srv_ssp_release(struct server *srv, struct srv_key *k)
+{
+	if (!k->ssp || k->value == NULL)
 		return;
-	/* A slow contributor moved: the pulls it held may go. */
 	bool held = false;
 	for (int v = 0; v < k->nc; v++) {
 		if (!k->value_waiting[v])
@@ -679,8 +689,12 @@ static void srv_on_pull(struct server *srv, struct srv_key *k, const struct srv_
  * are all processed.  The key leaves the table at once (nobody can post
  * an event for it after that) and is freed by an event behind any that
  * were posted before. */
-static void srv_on_retire(struct server *srv, struct srv_key *k)
+static void srv_on_retire(struct server *srv, struct srv_key *k, int w)
 {
+	if (k->async && w >= 0 && w < k->nc) {
+		k->gone[w] = 1;	/* done with the key: it holds no one back (SSP) */
+		srv_ssp_release(srv, k);
+	}
 	if (++k->nretired < k->nc)
 		return;
 	LOG_INFO("every worker retired '%s' (key 0x%llx): its %zu-byte buffers are freed",
@@ -745,10 +759,25 @@ static void srv_ssp_stall(struct server *srv, struct srv_key *k, int64_t now, ch
 	int level = cfg->stall_abort_ms > 0 && waited >= cfg->stall_abort_ms ? 2
 		    : waited >= cfg->stall_warn_ms			      ? 1
 									      : 0;
+	int slow = srv_ssp_slowest(k);
+	if (srv->left[srv_key_peer(k, slow)] && k->held_level < 2) {
+		/* It can never catch up: fail at once, as a lock-step round
+		 * waiting for a machine that left does. */
+		char name[64], msg[768];
+		snprintf(msg, sizeof msg, "%s closed its connection (it called shutdown, its program "
+			 "ended or it died) while it held back the others on tensor '%s' (partition %u, "
+			 "bounded staleness %u): they wait for its next step",
+			 srv_worker_name(srv, srv_key_peer(k, slow), name, sizeof name),
+			 k->name ? k->name : "?", (unsigned)(k->key & 0xffff), k->staleness);
+		LOG_ERROR("%s", msg);
+		if (abort_msg[0] == '\0')
+			snprintf(abort_msg, len, "%s", msg);
+		k->held_level = 2;
+		return;
+	}
 	if (level <= k->held_level)
 		return;
 	k->held_level = level;
-	int slow = srv_ssp_slowest(k);
 	char waiting[256] = "", msg[768];
 	size_t n = 0;
 	for (int w = 0; w < k->nc && n < sizeof waiting - 16; w++)
@@ -877,7 +906,7 @@ void *srv_engine_main(void *arg)
 		else if (ev->type == EVENT_PULL)
 			srv_on_pull(e->srv, ev->key, ev);
 		else if (ev->type == EVENT_RETIRE)
-			srv_on_retire(e->srv, ev->key);
+			srv_on_retire(e->srv, ev->key, ev->worker);
 		else if (ev->type == EVENT_FREE)
 			srv_key_unpin(ev->key);
 		else

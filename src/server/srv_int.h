@@ -75,6 +75,7 @@ struct srv_key {
 	uint8_t **snap;		/* [2W] contributor w's pull replies alternate between
 				 * snap[2w] and snap[2w + 1] (allocated at first use) ... */
 	uint32_t *replies;	/* [W] ... by the count of its replies */
+	uint8_t *gone;		/* [W] contributor w retired the key: it holds no one back */
 	int64_t held_since_ms;	/* SSP: when a pull began waiting for a slow contributor, or 0 */
 	int held_level;		/* its stall reports: 0, 1 = warned, 2 = aborted */
 	uint8_t *value;		/* [bytes] the value, once contributor 0's first push set it */

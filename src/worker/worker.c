@@ -935,8 +935,8 @@ static int wk_op_file(struct worker *w, int tensor, struct wk_op *op)
 		return log_fail(UNISUM_EBUSY, "worker %d: tensor '%s' already has a push_pull in flight; "
 				"wait for it before starting the next", w->rank, t->name);
 	if (wire_sync_held(t->sync) &&
-	    (op->wire_op != WIRE_OP(WIRE_OP_SUM, 0) || op->push_spans != NULL || op->direct != NULL ||
-	     op->in == NULL))
+	    (op->wire_op != WIRE_OP(WIRE_OP_SUM, 0) || op->flags != 0 || op->push_spans != NULL ||
+	     op->direct != NULL || op->in == NULL))
 		return log_fail(UNISUM_EINVAL, "worker %d: tensor '%s' is %s: only push_pull with "
 				"flags 0 runs on it (the first sets its value, from rank 0; each later "
 				"one adds a delta)", w->rank, t->name,
@@ -1071,7 +1071,7 @@ int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank,
 	if (order == NULL || gid == NULL) {
 		free(order);
 		free(gid);
-		return 0;
+		return UNISUM_ENOMEM;
 	}
 	uint64_t x = seed ^ (step * 0xd1b54a32d192ed03ull);
 	if (wk_dssync_crosses(topo, step)) {
@@ -1163,16 +1163,20 @@ static int wk_dssync_topology(struct worker *w, struct wk_dssync_topo *topo)
 /* The tensor a push_pull on dssync tensor `tensor` runs on: its group's
  * set tensor at this step (declared on first use: a scheduler round
  * trip), or itself on a global step.  0 with *target, or an error. */
-static int wk_dssync_target(struct worker *w, int tensor, int *target)
+static int wk_dssync_target(struct worker *w, int tensor, int *target, uint64_t *taken)
 {
 	*target = tensor;
+	*taken = UINT64_MAX;
 	pthread_mutex_lock(&w->lock);
 	struct wk_tensor *t = tensor >= 0 && tensor < w->ntensors ? w->tensors[tensor] : NULL;
-	if (t == NULL || t->dssync_g == 0) {
+	if (t == NULL || t->dssync_g == 0 || w->joined) {
+		/* A joined worker runs exactly what was announced to it. */
 		pthread_mutex_unlock(&w->lock);
 		return 0;	/* wk_start explains a bad id */
 	}
-	uint64_t step = t->dssync_step++;
+	/* Taken now, given back if the operation does not start (the group
+	 * of every later step would differ from the other ranks' else). */
+	uint64_t step = *taken = t->dssync_step++;
 	int g = t->dssync_g;
 	uint32_t every = t->dssync_every;
 	char name[WK_NAME_MAX];
@@ -1195,6 +1199,10 @@ static int wk_dssync_target(struct worker *w, int tensor, int *target)
 		return rc;
 	}
 	int m = wk_dssync_group(wk_name_hash(job), step, w->size, g, w->rank, &topo, ranks);
+	if (m < 0) {
+		free(ranks);
+		return m;
+	}
 	uint64_t hs = 0xcbf29ce484222325ull;
 	for (int k = 0; k < m; k++) {
 		hs ^= (uint64_t)(uint32_t)ranks[k];
@@ -1245,12 +1253,20 @@ int worker_push_pull_async(struct worker *w, int tensor, const void *in, void *o
 			: flags & UNISUM_PRODUCT ? WIRE_OP_PRODUCT
 					       : WIRE_OP_SUM;
 	int target;
-	int rc = wk_dssync_target(w, tensor, &target);
-	if (rc != 0)
-		return rc;
+	uint64_t step;
+	int rc = wk_dssync_target(w, tensor, &target, &step);
 	struct wk_op tmpl = {.flags = flags & UNISUM_AVERAGE, .in = in, .out = out,
 			     .wire_op = WIRE_OP(kind, 0)};
-	return wk_start(w, target, &tmpl, h);
+	if (rc == 0)
+		rc = wk_start(w, target, &tmpl, h);
+	if (rc != 0 && step != UINT64_MAX) {
+		pthread_mutex_lock(&w->lock);
+		struct wk_tensor *t = w->tensors[tensor];
+		if (t != NULL && t->dssync_step == step + 1)
+			t->dssync_step = step;
+		pthread_mutex_unlock(&w->lock);
+	}
+	return rc;
 }
 
 int worker_broadcast_async(struct worker *w, int tensor, void *buf, int root_rank,

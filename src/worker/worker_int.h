@@ -295,7 +295,7 @@ struct wk_dssync_topo {
  * every topo->cross_every-th step. */
 bool wk_dssync_crosses(const struct wk_dssync_topo *topo, uint64_t step);
 /* The members of rank's group at `step` (0-based), sorted, into ranks[];
- * returns how many.  The ranks are shuffled (Fisher-Yates, splitmix64 from
+ * returns how many, or UNISUM_ENOMEM.  The ranks are shuffled (Fisher-Yates, splitmix64 from
  * `seed` and the step: the same on every worker, another at every step)
  * and cut into runs of g, the last maybe shorter; on a step that does not
  * cross racks, each rack (by id) on its own. */
