@@ -403,10 +403,11 @@ def _pset_of(process_set: Any, member: bool = True) -> int:
 
 
 def _declared(name: str, dtype: torch.dtype, numel: int, priority: int,
-              shape: Optional[Tuple[int, ...]] = None) -> int:
+              shape: Optional[Tuple[int, ...]] = None, sync: Optional[str] = None) -> int:
     """The C tensor id of `name`, declared on first use as dtype[numel],
     with its dimensions when `shape` gives them (then every worker must
-    pass the same dimensions, not only as many elements)."""
+    pass the same dimensions, not only as many elements), or in sync mode
+    `sync` ("async", "ssp:S", "dssync:G"; unisum_declare_sync)."""
     key = (dtype, numel)
     with _lock:
         known = _tensors.get(name)
@@ -421,7 +422,10 @@ def _declared(name: str, dtype: torch.dtype, numel: int, priority: int,
     if dtype not in _DTYPES:
         raise TypeError("unisum.torch: %s tensors are not supported; use one of %s" % (
             dtype, ", ".join(str(d) for d in _DTYPES)))
-    if name.startswith(_SET_TAG):
+    if sync is not None:
+        rc = _capi.lib.unisum_declare_sync(name.encode(), _DTYPES[dtype], numel, int(priority),
+                                           sync.encode())
+    elif name.startswith(_SET_TAG):
         _, pset, real = name.split(_SET_TAG, 2)
         dims_of = shape if shape is not None and 0 < len(shape) <= _MAX_DIMS else (numel,)
         dims = (ctypes.c_int64 * len(dims_of))(*dims_of)
@@ -436,26 +440,6 @@ def _declared(name: str, dtype: torch.dtype, numel: int, priority: int,
     tid = _capi.check(rc, "unisum.torch: declare")
     with _lock:
         _tensors[name] = (tid, dtype, numel)
-    return tid
-
-
-def _declared_async(name: str, tensor: torch.Tensor, priority: int, mode: str) -> int:
-    """The C tensor id of the tensor `name` of sync mode `mode` ("async",
-    "ssp:S"; unisum_declare_sync), declared on first use with the tensor's
-    dtype and element count."""
-    with _lock:
-        known = _tensors.get(name)
-    if known is not None:
-        return known[0]
-    if tensor.dtype not in _DTYPES:
-        raise TypeError("unisum.torch: %s tensors are not supported; use one of %s" % (
-            tensor.dtype, ", ".join(str(d) for d in _DTYPES)))
-    tid = _capi.check(_capi.lib.unisum_declare_sync(name.encode(), _DTYPES[tensor.dtype],
-                                                    tensor.numel(), int(priority),
-                                                    mode.encode()),
-                      "unisum.torch: declare async")
-    with _lock:
-        _tensors[name] = (tid, tensor.dtype, tensor.numel())
     return tid
 
 
@@ -1194,7 +1178,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         started = []
         for p, push in items:
             name = self._mode.split(":")[0] + "." + self._names[id(p)]
-            tid = _declared_async(name, p.data, self._priority.get(id(p), 0), self._mode)
+            tid = _declared(name, p.dtype, p.numel(), self._priority.get(id(p), 0),
+                            sync=self._mode)
             src = push.detach().contiguous()
             out = torch.empty_like(src)
             h = ctypes.c_int64(0)

@@ -380,12 +380,8 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 		return UNISUM_ECONFIG;
 	}
 	uint32_t sync_mode;
-	char *g_end = NULL;
-	long g = strncmp(cfg->sync, "dssync:", 7) == 0 && cfg->sync[7] >= '0' && cfg->sync[7] <= '9'
-			 ? strtol(cfg->sync + 7, &g_end, 10)
-			 : 0;
-	bool dssync_ok = g_end != NULL && *g_end == '\0' && g >= 1 && g <= 65535;
-	if (!dssync_ok && wire_sync_parse(cfg->sync, &sync_mode) != 0) {
+	int group;
+	if (wire_sync_parse(cfg->sync, &sync_mode, &group) != 0) {
 		snprintf(err, err_len, "UNISUM_SYNC='%s' must be sync, async, ssp:S (S a staleness "
 			 "bound, 0 to %u) or dssync:G (G a group size, 1 to 65535)", cfg->sync,
 			 WIRE_SYNC_MAX_STALENESS);

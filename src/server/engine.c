@@ -407,6 +407,18 @@ static int srv_fold(struct srv_key *k, struct srv_slot *s, int w)
 	}
 }
 
+/* Key k can never be summed (or added to) again: every pull, waiting or
+ * to come, gets `why`, and everyone else holding the tensor learns it
+ * through the scheduler (the workers of a machine waiting for their root,
+ * the other partitions' servers). */
+static void srv_refuse_key(struct server *srv, struct srv_key *k, const char *why)
+{
+	LOG_ERROR("%s", why);
+	k->own_poison = strdup(why);
+	srv_on_poison(srv, k, k->own_poison ? k->own_poison : "the key is refused");
+	rdv_client_poison_tensor(srv->rdv, k->key & ~(uint64_t)0xffff, why);
+}
+
 /* Two pushes of one round ask for different collectives (a broadcast from
  * two roots, a sum against an average): nothing of the key is ever summed
  * again, and every pull, waiting or to come, gets this error. */
@@ -422,13 +434,7 @@ static void srv_op_mismatch(struct server *srv, struct srv_key *k, const struct 
 		 wire_op_describe(s->wire_op, a, sizeof a),
 		 srv_worker_name(srv, srv_key_peer(k, ev->worker), other, sizeof other),
 		 wire_op_describe(ev->wire_op, b, sizeof b));
-	LOG_ERROR("%s", msg);
-	k->own_poison = strdup(msg);
-	srv_on_poison(srv, k, k->own_poison ? k->own_poison : "the workers disagree on the collective");
-	/* Everyone else holding the tensor learns it through the scheduler:
-	 * the workers of a machine waiting for their root, the other
-	 * partitions' servers. */
-	rdv_client_poison_tensor(srv->rdv, k->key & ~(uint64_t)0xffff, msg);
+	srv_refuse_key(srv, k, msg);
 }
 
 /* ---- async keys -------------------------------------------------------- */
@@ -493,15 +499,6 @@ static void srv_async_reply(struct server *srv, struct srv_key *k, int w, uint32
 	srv_queue_reply(srv, srv_key_peer(k, w), &h, k, payload);
 }
 
-/* The key can never be added to: every pull, waiting or to come, gets why. */
-static void srv_async_refuse(struct server *srv, struct srv_key *k, const char *why)
-{
-	LOG_ERROR("%s", why);
-	k->own_poison = strdup(why);
-	srv_on_poison(srv, k, k->own_poison ? k->own_poison : "async key refused");
-	rdv_client_poison_tensor(srv->rdv, k->key & ~(uint64_t)0xffff, why);
-}
-
 static void srv_ssp_release(struct server *srv, struct srv_key *k);
 
 static void srv_async_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
@@ -514,7 +511,7 @@ static void srv_async_push(struct server *srv, struct srv_key *k, const struct s
 			 (unsigned)(k->key & 0xffff),
 			 srv_worker_name(srv, srv_key_peer(k, w), who, sizeof who),
 			 wire_op_describe(ev->wire_op, what, sizeof what));
-		srv_async_refuse(srv, k, msg);
+		srv_refuse_key(srv, k, msg);
 		return;
 	}
 	struct srv_slot *s = &k->slot[0];
@@ -555,7 +552,7 @@ static void srv_async_push(struct server *srv, struct srv_key *k, const struct s
 		snprintf(msg, sizeof msg, "tensor '%s' (partition %u) is async, and %s pushed a delta "
 			 "before the value was set", k->name ? k->name : "?", (unsigned)(k->key & 0xffff),
 			 srv_worker_name(srv, srv_key_peer(k, w), who, sizeof who));
-		srv_async_refuse(srv, k, msg);
+		srv_refuse_key(srv, k, msg);
 		return;
 	}
 	reducer_fold_into(REDUCER_SUM, k->value, k->push_buf[w], k->count, k->dtype);
@@ -747,6 +744,15 @@ static bool srv_slot_waits_for_left(const struct server *srv, const struct srv_k
 	return false;
 }
 
+/* 0, 1 (past UNISUM_STALL_WARN_MS) or 2 (past UNISUM_STALL_ABORT_MS) for a
+ * wait of `waited` ms. */
+static int srv_stall_level(const struct config *cfg, int64_t waited)
+{
+	return cfg->stall_abort_ms > 0 && waited >= cfg->stall_abort_ms ? 2
+	       : waited >= cfg->stall_warn_ms				 ? 1
+									 : 0;
+}
+
 /* SSP: a pull held for a slow contributor longer than the stall limits
  * is reported, naming the contributor that holds the others back (and
  * past UNISUM_STALL_ABORT_MS fails the job, into abort_msg).  Called with
@@ -756,9 +762,7 @@ static void srv_ssp_stall(struct server *srv, struct srv_key *k, int64_t now, ch
 {
 	const struct config *cfg = srv->cfg;
 	int64_t waited = now - k->held_since_ms;
-	int level = cfg->stall_abort_ms > 0 && waited >= cfg->stall_abort_ms ? 2
-		    : waited >= cfg->stall_warn_ms			      ? 1
-									      : 0;
+	int level = srv_stall_level(cfg, waited);
 	int slow = srv_ssp_slowest(k);
 	if (srv->left[srv_key_peer(k, slow)] && k->held_level < 2) {
 		/* It can never catch up: fail at once, as a lock-step round
@@ -826,9 +830,7 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 			    srv_slot_waits_for_left(srv, k, s, left_msg, sizeof left_msg))
 				continue;
 			int64_t waited = now - s->started_ms;
-			int level = cfg->stall_abort_ms > 0 && waited >= cfg->stall_abort_ms ? 2
-				    : waited >= cfg->stall_warn_ms			  ? 1
-											  : 0;
+			int level = srv_stall_level(cfg, waited);
 			if (level <= s->stall_level)
 				continue;
 			s->stall_level = level;

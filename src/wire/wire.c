@@ -215,10 +215,32 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 	return wire_check_payload(h, why, why_len);
 }
 
-int wire_sync_parse(const char *text, uint32_t *aux)
+/* The decimal number text[0..] (digits only, at least one), or -1 when
+ * it is not one or exceeds max. */
+static long long wire_parse_bounded(const char *text, unsigned long long max)
+{
+	if (*text < '0' || *text > '9')
+		return -1;
+	unsigned long long v = 0;
+	for (const char *p = text; *p; p++)
+		if (*p < '0' || *p > '9' || (v = v * 10 + (unsigned)(*p - '0')) > max)
+			return -1;
+	return (long long)v;
+}
+
+int wire_sync_parse(const char *text, uint32_t *aux, int *group)
 {
 	if (text == NULL)
 		return -1;
+	*group = 0;
+	if (strncmp(text, "dssync:", 7) == 0) {
+		long long g = wire_parse_bounded(text + 7, 65535);
+		if (g < 1)
+			return -1;
+		*aux = WIRE_SYNC(WIRE_SYNC_LOCKSTEP, 0);
+		*group = (int)g;
+		return 0;
+	}
 	if (strcmp(text, "sync") == 0) {
 		*aux = WIRE_SYNC(WIRE_SYNC_LOCKSTEP, 0);
 		return 0;
@@ -227,14 +249,12 @@ int wire_sync_parse(const char *text, uint32_t *aux)
 		*aux = WIRE_SYNC(WIRE_SYNC_ASYNC, 0);
 		return 0;
 	}
-	if (strncmp(text, "ssp:", 4) != 0 || text[4] < '0' || text[4] > '9')
+	long long s = strncmp(text, "ssp:", 4) == 0
+			      ? wire_parse_bounded(text + 4, WIRE_SYNC_MAX_STALENESS)
+			      : -1;
+	if (s < 0)
 		return -1;
-	unsigned long long s = 0;
-	for (const char *p = text + 4; *p; p++) {
-		if (*p < '0' || *p > '9' || (s = s * 10 + (unsigned)(*p - '0')) > WIRE_SYNC_MAX_STALENESS)
-			return -1;
-	}
-	*aux = WIRE_SYNC(WIRE_SYNC_SSP, s);
+	*aux = WIRE_SYNC(WIRE_SYNC_SSP, (uint32_t)s);
 	return 0;
 }
 

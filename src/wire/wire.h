@@ -162,8 +162,11 @@ static inline const char *wire_sync_text(uint32_t aux, char *buf, size_t len)
 	return buf;
 }
 
-/* Parses a sync mode as UNISUM_SYNC spells it: 0 with *aux, or -1. */
-int wire_sync_parse(const char *text, uint32_t *aux);
+/* Parses a sync mode as UNISUM_SYNC spells it: 0 with *aux and *group,
+ * or -1.  "dssync:G" (divide and shuffle, a worker-side mode on process
+ * sets, 1 <= G <= 65535) gives lock-step and *group = G; the others
+ * *group = 0. */
+int wire_sync_parse(const char *text, uint32_t *aux, int *group);
 #define WIRE_OP(kind, root) ((uint32_t)(kind) | (uint32_t)(root) << 8)
 #define WIRE_OP_KIND(op) ((op) & 0xffu)
 #define WIRE_OP_ROOT(op) ((op) >> 8)

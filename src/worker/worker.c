@@ -681,6 +681,26 @@ static int wk_ensure_conns(struct worker *w)
 	return rc;
 }
 
+/* The wire name of tensor `name` of the process set of sorted `ranks`
+ * (n of them) into wire (len bytes): "set:<n>:<FNV-1a of the ranks>/NAME",
+ * whatever the set's id; the size comes first, so the scheduler forgets
+ * the tensor once that many workers undeclared it (sched_on_forget).  0,
+ * or UNISUM_EINVAL (logged, naming `what`) when it does not fit. */
+static int wk_set_wire_name(const int *ranks, int n, const char *name, char *wire, size_t len,
+			    const char *what)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+	for (int k = 0; k < n; k++) {
+		h ^= (uint64_t)(uint32_t)ranks[k];
+		h *= 0x100000001b3ull;
+	}
+	int prefix = snprintf(wire, len, "set:%d:%016llx/", n, (unsigned long long)h);
+	if ((size_t)snprintf(wire, len, "set:%d:%016llx/%s", n, (unsigned long long)h, name) >= len)
+		return log_fail(UNISUM_EINVAL, "%s: the name '%s' is too long for a process set's "
+				"tensor (at most %zu characters)", what, name, len - 1 - (size_t)prefix);
+	return 0;
+}
+
 /* The ranks of process set `set` (a copy, *n of them) for a tensor of
  * it, with its wire name in wire (len bytes); NULL with *rc set. */
 static int *wk_pset_for(struct worker *w, int set, const char *name, char *wire, size_t len,
@@ -716,20 +736,9 @@ static int *wk_pset_for(struct worker *w, int set, const char *name, char *wire,
 			       "set %d", name, w->rank, set);
 		return NULL;
 	}
-	/* FNV-1a of the ranks names the set on the wire, whatever its id. */
-	uint64_t h = 0xcbf29ce484222325ull;
-	for (int k = 0; k < *n; k++) {
-		h ^= (uint64_t)(uint32_t)ranks[k];
-		h *= 0x100000001b3ull;
-	}
-	/* The size comes first: the scheduler forgets the tensor once that
-	 * many workers undeclared it (sched_on_forget). */
-	int prefix = snprintf(wire, len, "set:%d:%016llx/", *n, (unsigned long long)h);
-	if ((size_t)snprintf(wire, len, "set:%d:%016llx/%s", *n, (unsigned long long)h, name) >= len) {
+	if (wk_set_wire_name(ranks, *n, name, wire, len, "unisum_declare_in") != 0) {
 		free(ranks);
-		*rc = log_fail(UNISUM_EINVAL, "unisum_declare_in: the name '%s' is too long for a "
-			       "process set's tensor (at most %zu characters)", name,
-			       len - 1 - (size_t)prefix);
+		*rc = UNISUM_EINVAL;
 		return NULL;
 	}
 	*rc = wk_ensure_conns(w);
@@ -767,13 +776,8 @@ int worker_declare_sync(struct worker *w, const char *name, unisum_dtype dtype, 
 	if (sync == NULL)
 		sync = w->cfg.sync;
 	uint32_t mode;
-	int g = 0;
-	if (strncmp(sync, "dssync:", 7) == 0) {
-		char *end = NULL;
-		long v = strtol(sync + 7, &end, 10);
-		g = sync[7] >= '0' && sync[7] <= '9' && *end == '\0' && v >= 1 && v <= 65535 ? (int)v : -1;
-	}
-	if (g < 0 || (g == 0 && wire_sync_parse(sync, &mode) != 0))
+	int g;
+	if (wire_sync_parse(sync, &mode, &g) != 0)
 		return log_fail(UNISUM_EINVAL, "unisum_declare_sync('%s'): unknown sync mode '%s' "
 				"(sync, async, ssp:S with S a staleness bound, or dssync:G with G a group "
 				"size)", name != NULL ? name : "", sync);
@@ -1203,17 +1207,10 @@ static int wk_dssync_target(struct worker *w, int tensor, int *target, uint64_t 
 		free(ranks);
 		return m;
 	}
-	uint64_t hs = 0xcbf29ce484222325ull;
-	for (int k = 0; k < m; k++) {
-		hs ^= (uint64_t)(uint32_t)ranks[k];
-		hs *= 0x100000001b3ull;
-	}
 	char wire[WK_NAME_MAX];
-	if ((size_t)snprintf(wire, sizeof wire, "set:%d:%016llx/%s", m, (unsigned long long)hs,
-			     name) >= sizeof wire) {
+	if (wk_set_wire_name(ranks, m, name, wire, sizeof wire, "unisum_push_pull (dssync)") != 0) {
 		free(ranks);
-		return log_fail(UNISUM_EINVAL, "unisum_push_pull: the name '%s' is too long for a "
-				"divide-and-shuffle group's tensor", name);
+		return UNISUM_EINVAL;
 	}
 	int id = wk_tensor_known(w, wire, dtype, count, WIRE_SYNC_LOCKSTEP);
 	if (id != -1) {	/* known, or known with another shape */
