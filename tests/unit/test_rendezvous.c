@@ -388,6 +388,9 @@ static void test_set_tensor_forgotten_by_its_members(void **state)
 		fail_msg("declaring the set's tensor again: %s", why);
 	for (int i = 0; i < 3; i++)
 		rdv_client_free(wk[i]->client);
+	/* A server that leaves before the scheduler told it the job ended is
+	 * a lost server: wait for the shutdown notice, as the other tests do. */
+	assert_int_equal(wait_notice(server), UNISUM_ESHUTDOWN);
 	rdv_client_free(server->client);
 	assert_int_equal(rdv_scheduler_wait(j.sched), 0);
 	rdv_scheduler_free(j.sched);
