@@ -62,6 +62,7 @@
 #include "config/config.h"
 #include "tools.h"
 #include "unisum.h"
+#include "wire/wire.h"
 
 #define MIB (1024.0 * 1024.0)
 
@@ -481,6 +482,10 @@ struct trainer {
 	const struct param_list *params;
 	int rank, size;
 	float **bufs;			/* [L]: gradient buffers, shared by the modes */
+	float **outs;			/* [L]: async / SSP: where the pulled values go (the
+					 * push is a delta); else bufs (in place) */
+	bool held;			/* UNISUM_SYNC is async or ssp:S */
+	bool exact;			/* lock-step: the averages are checked */
 	int *ids;			/* [L]: tensor ids of the current mode */
 	unisum_handle *handles;		/* [L]: in-flight push_pull, 0 = none */
 	double fwd_s, bwd_s;		/* compute per tensor */
@@ -512,9 +517,13 @@ static int trainer_alloc(struct trainer *t)
 	t->ready_ms = calloc((size_t)n, sizeof *t->ready_ms);
 	if (!t->bufs || !t->ids || !t->handles || !t->iter_ms || !t->ready_ms)
 		goto out_oom;
+	t->outs = calloc((size_t)L, sizeof *t->outs);
+	if (t->outs == NULL)
+		goto out_oom;
 	for (int i = 0; i < L; i++) {
 		t->bufs[i] = malloc(t->params->v[i].count * sizeof(float));
-		if (t->bufs[i] == NULL)
+		t->outs[i] = t->held ? malloc(t->params->v[i].count * sizeof(float)) : t->bufs[i];
+		if (t->bufs[i] == NULL || t->outs[i] == NULL)
 			goto out_oom;
 	}
 	return 0;
@@ -526,6 +535,9 @@ out_oom:
 
 static void trainer_free(struct trainer *t)
 {
+	for (int i = 0; t->outs && t->held && i < t->params->n; i++)
+		free(t->outs[i]);
+	free(t->outs);
 	for (int i = 0; t->bufs && i < t->params->n; i++)
 		free(t->bufs[i]);
 	free(t->bufs);
@@ -535,17 +547,17 @@ static void trainer_free(struct trainer *t)
 	free(t->ready_ms);
 }
 
-/* Declares the mode's tensors ("fifo.<i>" / "prio.<i>") and fills the
- * buffers with this worker's values. */
+/* Declares the mode's tensors ("fifo.<i>" / "prio.<i>", in UNISUM_SYNC's
+ * sync mode) and fills the buffers with this worker's values. */
 static int mode_prepare(struct trainer *t, enum mode m)
 {
 	for (int i = 0; i < t->params->n; i++) {
 		char name[32];
 		snprintf(name, sizeof name, "%s.%d", m == MODE_FIFO ? "fifo" : "prio", i);
-		int id = unisum_declare(name, UNISUM_FLOAT32, t->params->v[i].count,
-					m == MODE_FIFO ? i : -i);
+		int id = unisum_declare_sync(name, UNISUM_FLOAT32, t->params->v[i].count,
+					     m == MODE_FIFO ? i : -i, NULL);
 		if (id < 0)
-			return fail(t, "unisum_declare");
+			return fail(t, "unisum_declare_sync");
 		t->ids[i] = id;
 		for (size_t j = 0; j < t->params->v[i].count; j++)
 			t->bufs[i][j] = fill_value(i, j, t->rank);
@@ -583,8 +595,9 @@ static int backward(struct trainer *t)
 	for (int i = t->params->n - 1; i >= 0; i--) {
 		t->deadline += t->bwd_s;
 		sleep_until(t->deadline);
-		if (unisum_push_pull_async(t->ids[i], t->bufs[i], t->bufs[i], UNISUM_AVERAGE,
-					   &t->handles[i]) != 0)
+		/* Async and SSP take deltas and average nothing (flags 0). */
+		if (unisum_push_pull_async(t->ids[i], t->bufs[i], t->outs[i],
+					   t->held ? 0 : UNISUM_AVERAGE, &t->handles[i]) != 0)
 			return fail(t, "unisum_push_pull_async");
 	}
 	return 0;
@@ -594,6 +607,8 @@ static int backward(struct trainer *t)
  * exact average (see the header). */
 static int mode_check(const struct trainer *t, enum mode m)
 {
+	if (!t->exact)
+		return 0;	/* groups, deltas: no one average to compare with */
 	double shift = (t->size - 1) / 2.0 - t->rank;
 	for (int i = 0; i < t->params->n; i++) {
 		size_t count = t->params->v[i].count, at[3] = {0, count / 2, count - 1};
@@ -676,10 +691,11 @@ static void print_header(const struct trainer *t)
 		format_bytes(credit, sizeof credit, st.credit_bytes);
 	format_bytes(partition, sizeof partition, st.partition_bytes);
 	printf("unisum bench --model %s: %d tensors, %.1f MiB float32, %d workers, %d servers, "
-	       "compute %g ms/iteration, credit %s, partition %s, %d iterations after %d warm-up\n",
+	       "compute %g ms/iteration, credit %s, partition %s, %d iterations after %d warm-up, "
+	       "sync %s\n",
 	       t->o->model->name, t->params->n, (double)param_total(t->params) * 4 / MIB, t->size,
 	       bench_config()->num_servers, t->o->compute_ms, credit, partition, t->o->iters,
-	       t->o->warmup);
+	       t->o->warmup, bench_config()->sync);
 	printf("%-9s %12s %14s %22s\n", "mode", "iter mean", "iter median", "first-layer-ready mean");
 	fflush(stdout);
 }
@@ -742,6 +758,12 @@ static int bench_model_worker(const struct options *o, const struct param_list *
 	}
 	t.rank = unisum_rank();
 	t.size = unisum_size();
+	uint32_t sync;
+	int group;
+	if (wire_sync_parse(bench_config()->sync, &sync, &group) == 0) {
+		t.held = wire_sync_held(sync);
+		t.exact = !t.held && group == 0;
+	}
 	t.fwd_s = o->compute_ms / 3.0 / params->n * 1e-3;
 	t.bwd_s = o->compute_ms * 2.0 / 3.0 / params->n * 1e-3;
 	if (trainer_alloc(&t) != 0)

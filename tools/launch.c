@@ -677,6 +677,8 @@ out_close_sigfd:
 	close(l->sigfd);
 out_free_launcher:
 	launch_netns_free(l);
+	free(l->machine_rack);
+	free(l->server_rack);
 	free(l->entry_fds);
 	free(l);
 	return status;

@@ -89,6 +89,10 @@ struct launcher {
 	const char *worker_netns_opt;	/* --worker-netns list, or NULL */
 	const char *server_netns_opt;	/* --server-netns list, or NULL */
 	const char *sched_netns_opt;	/* --scheduler-netns, or NULL */
+	const char *worker_racks_opt;	/* --worker-racks list, or NULL */
+	const char *server_racks_opt;	/* --server-racks list, or NULL */
+	int *machine_rack;		/* [machines] UNISUM_RACK of each, or NULL */
+	int *server_rack;		/* [num_servers] UNISUM_RACK of each, or NULL */
 
 	/* The shape of the job. */
 	int machines;			/* UNISUM_NUM_WORKER: num_workers / local_size, or the
@@ -222,6 +226,10 @@ int launch_netns_run(const struct netns *ns, int (*fn)(void *), void *arg);
 /* Resolves --worker-netns, --server-netns and --scheduler-netns, and where
  * the children will find the scheduler.  0, or -1 after printing why. */
 int launch_netns_setup(struct launcher *l);
+
+/* Resolves --worker-racks and --server-racks (launch_options.c): 0, or -1
+ * with the reason on stderr. */
+int launch_racks_setup(struct launcher *l);
 
 /* Closes and frees what launch_netns_setup() made, also after it failed. */
 void launch_netns_free(struct launcher *l);

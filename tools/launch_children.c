@@ -45,6 +45,7 @@ enum env_scope {
 			 * which inherits the job's shape and address */
 	ENV_JOB,	/* the job form only */
 	ENV_NETNS,	/* the job form when it places processes in namespaces */
+	ENV_RACKS,	/* the job form with --worker-racks or --server-racks */
 };
 
 /* The variables the launcher sets (or clears) for its children. */
@@ -66,6 +67,7 @@ static const struct {
 	{ "UNISUM_WORKER_ID", ENV_JOB },
 	{ "DMLC_WORKER_ID", ENV_JOB },
 	{ "UNISUM_SERVER_ID", ENV_JOB },
+	{ "UNISUM_RACK", ENV_RACKS },
 	{ "UNISUM_NODE_HOST", ENV_NETNS },
 	{ "DMLC_NODE_HOST", ENV_NETNS },
 	/* What Horovod's and torchrun's programs read (workers). */
@@ -190,6 +192,8 @@ static bool env_scope_is_ours(const struct launcher *l, enum env_scope scope)
 		return !l->one_machine;
 	case ENV_NETNS:
 		return !l->one_machine && l->nnetns > 0;
+	case ENV_RACKS:
+		return !l->one_machine && (l->machine_rack != NULL || l->server_rack != NULL);
 	}
 	return false;
 }
@@ -299,6 +303,10 @@ static struct child_env *env_build(const struct launcher *l, const struct child 
 		env_add(env, &own, "UNISUM_WORKER_ID=%d", c->rank / l->local_size);
 	else
 		env_add(env, &own, "UNISUM_SERVER_ID=%d", c->rank);
+	if (c->role == CHILD_WORKER && l->machine_rack != NULL)
+		env_add(env, &own, "UNISUM_RACK=%d", l->machine_rack[c->rank / l->local_size]);
+	else if (c->role == CHILD_SERVER && l->server_rack != NULL)
+		env_add(env, &own, "UNISUM_RACK=%d", l->server_rack[c->rank]);
 	return env;
 }
 

@@ -189,7 +189,7 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 	rc = job_config(l, &env, cfg);
 	if (rc != 0)
 		return rc;
-	if (launch_netns_setup(l) < 0)
+	if (launch_netns_setup(l) < 0 || launch_racks_setup(l) < 0)
 		return LAUNCH_EXIT_USAGE;
 	return 0;
 }

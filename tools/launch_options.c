@@ -61,6 +61,11 @@ static void usage(FILE *out)
 	      "      --server-netns NS,NS,...\n"
 	      "                      run server j in NS_j: a worker machine's namespace\n"
 	      "                      makes it colocated, any other a CPU-only server\n"
+	      "      --worker-racks R,R,...\n"
+	      "      --server-racks R,R,...\n"
+	      "                      UNISUM_RACK of each machine's workers (one per\n"
+	      "                      machine) and of each server (one per server): process\n"
+	      "                      sets and dssync groups within a rack go on its servers\n"
 	      "      --scheduler-netns NS\n"
 	      "                      the scheduler's namespace (default: machine 0's)\n"
 	      "      --timeout SEC   stop everything and exit 124 after SEC seconds\n"
@@ -123,6 +128,56 @@ static int parse_count(const char *name, const char *value, int max, int *out)
 	return 0;
 }
 
+/* Parses a --worker-racks / --server-racks list of `want` racks (numbers
+ * from 0) into *out (malloc'd). */
+static int parse_racks(const char *option, const char *list, int want, int **out)
+{
+	int *racks = calloc((size_t)(want > 0 ? want : 1), sizeof *racks);
+	int n = 0;
+	const char *p = list;
+	if (racks == NULL) {
+		fprintf(stderr, "unisum launch: out of memory\n");
+		return -1;
+	}
+	while (*p != '\0') {
+		char *end;
+		errno = 0;
+		long v = strtol(p, &end, 10);
+		if (n == want) {
+			n++;	/* one too many: said below */
+			break;
+		}
+		if (errno || end == p || (*end != ',' && *end != '\0') || v < 0 || v > (1 << 30)) {
+			fprintf(stderr, "unisum launch: %s needs %d rack numbers (0 .. %d), separated by "
+				"commas, got '%s'\n", option, want, 1 << 30, list);
+			free(racks);
+			return -1;
+		}
+		racks[n++] = (int)v;
+		p = *end == ',' ? end + 1 : end;
+	}
+	if (n != want) {
+		fprintf(stderr, "unisum launch: %s names %s racks than the job's %d %s\n", option,
+			n > want ? "more" : "fewer", want,
+			option[2] == 'w' ? "machines (workers / --local-size)" : "servers");
+		free(racks);
+		return -1;
+	}
+	*out = racks;
+	return 0;
+}
+
+int launch_racks_setup(struct launcher *l)
+{
+	if (l->worker_racks_opt != NULL &&
+	    parse_racks("--worker-racks", l->worker_racks_opt, l->machines, &l->machine_rack) < 0)
+		return -1;
+	if (l->server_racks_opt != NULL &&
+	    parse_racks("--server-racks", l->server_racks_opt, l->num_servers, &l->server_rack) < 0)
+		return -1;
+	return 0;
+}
+
 /* Parses --timeout's number of seconds (0 for none). */
 static int parse_seconds(const char *value, double *out)
 {
@@ -179,6 +234,16 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 		if (m < 0)
 			goto out_bad_value;
 		l->server_netns_opt = value;
+		*job_option = arg;
+	} else if ((m = option_match(argc, argv, i, NULL, "--worker-racks", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->worker_racks_opt = value;
+		*job_option = arg;
+	} else if ((m = option_match(argc, argv, i, NULL, "--server-racks", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->server_racks_opt = value;
 		*job_option = arg;
 	} else if ((m = option_match(argc, argv, i, NULL, "--scheduler-netns", &value)) != 0) {
 		if (m < 0)

@@ -120,8 +120,13 @@ static const struct knob config_knobs[] = {
 	{"UNISUM_DSSYNC_CROSS_EVERY", NULL, NULL, KNOB_INT, FIELD(dssync_cross_every), "4", 0,
 	 1 << 30, "dssync:G with UNISUM_RACK: every this many steps the groups cross racks, the "
 	 "others stay within them (0: never)"},
+	{"UNISUM_DSSYNC_KEEP", NULL, NULL, KNOB_INT, FIELD(dssync_keep), "8", 0, 1 << 16,
+	 "dssync:G: a group's tensors stay declared while the group comes back within this many "
+	 "steps, else they go once waited for (bounds the servers' memory)"},
 	{"UNISUM_RACK", NULL, NULL, KNOB_INT, FIELD(rack), "-1", -1, 1 << 30,
-	 "this worker's rack, for dssync:G's groups (-1: none; set on every worker or none)"},
+	 "this node's rack (-1: none; on every worker or none): a process set or dssync:G group "
+	 "whose workers share a rack goes on that rack's servers, and dssync:G groups stay within "
+	 "racks"},
 	{"UNISUM_ENABLE_ASYNC", "BYTEPS_ENABLE_ASYNC", NULL, KNOB_INT, FIELD(enable_async), "0", 0, 1,
 	 "1: the same as UNISUM_SYNC=async (BytePS's name)"},
 	{"UNISUM_TRACE_DIR", "BYTEPS_TRACE_DIR", NULL, KNOB_STRING, FIELD(trace_dir), "trace", 0, 0,

@@ -61,6 +61,8 @@ struct config {
 	int enable_async;		/* BYTEPS_ENABLE_ASYNC: 1 means sync = "async" */
 	int dssync_every;		/* dssync: every this many steps is a global one (0: none) */
 	int dssync_cross_every;		/* ... and with racks, every this many groups across them */
+	int dssync_keep;		/* a group's tensor stays while it comes back within this
+					 * many steps */
 	int rack;			/* this worker's rack (UNISUM_RACK), -1: none */
 	int trace_on;			/* write the timeline */
 	char trace_dir[1024];		/* ... under this directory */

@@ -332,7 +332,8 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 	bool worker = cfg->role == CONFIG_ROLE_WORKER;
 	struct rdv_register m = {.role = cfg->role, .req_rank = worker ? cfg->worker_id : cfg->server_id,
 				 .port = listen_port, .local_rank = worker ? cfg->local_rank : 0,
-				 .local_size = worker ? cfg->local_size : 1, .pid = (int)getpid()};
+				 .local_size = worker ? cfg->local_size : 1, .pid = (int)getpid(),
+				 .rack = cfg->rack};
 	if (strlen(cfg->node_host) >= sizeof m.host)
 		return log_fail(UNISUM_ECONFIG, "this node's address '%s' (UNISUM_NODE_HOST) is longer "
 				"than %zu characters", cfg->node_host, sizeof m.host - 1);
@@ -472,6 +473,14 @@ const struct rdv_node *rdv_client_server(const struct rdv_client *c, int server_
 	return NULL;
 }
 
+const struct rdv_node *rdv_client_worker(const struct rdv_client *c, int rank)
+{
+	for (int i = 0; i < c->nnodes; i++)
+		if (c->nodes[i].role == CONFIG_ROLE_WORKER && c->nodes[i].rank == rank)
+			return &c->nodes[i];
+	return NULL;
+}
+
 const struct rdv_node *rdv_client_node_by_id(const struct rdv_client *c, uint32_t id)
 {
 	for (int i = 0; i < c->nnodes; i++)
@@ -573,13 +582,13 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
 		       char *why, size_t why_len)
 {
 	return rdv_client_declare_homed(c, name, dtype, count, partition_bytes, 0, NULL, NULL, NULL,
-					0, key_base, nparts, parts_out, servers_out, why, why_len);
+					0, -1, key_base, nparts, parts_out, servers_out, why, why_len);
 }
 
 int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtype dtype,
 			     uint64_t count, uint64_t partition_bytes, uint32_t nseg,
 			     const uint64_t *seg_counts, const uint32_t *seg_owners,
-			     const struct rdv_shape *shape, uint32_t sync, uint64_t *key_base,
+			     const struct rdv_shape *shape, uint32_t sync, int rack, uint64_t *key_base,
 			     uint32_t *nparts, struct placement_part **parts_out,
 			     uint32_t **servers_out, char *why, size_t why_len)
 {
@@ -590,7 +599,7 @@ int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtyp
 	wire_buf_init(&b);
 	struct rdv_segs segs = {.n = nseg, .counts = (uint64_t *)seg_counts,
 				.owners = (uint32_t *)seg_owners};
-	rdv_declare_encode(&b, name, partition_bytes, &segs, shape);
+	rdv_declare_encode(&b, name, partition_bytes, &segs, shape, rack);
 	if (b.failed) {
 		wire_buf_fini(&b);
 		return UNISUM_ENOMEM;

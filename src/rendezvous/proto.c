@@ -20,6 +20,7 @@ void rdv_register_encode(const struct rdv_register *m, struct wire_buf *b)
 	wire_buf_str(b, m->host);
 	wire_buf_u32(b, (uint32_t)m->pid);
 	wire_buf_str(b, m->host_id);
+	wire_buf_u32(b, (uint32_t)m->rack);
 }
 
 int rdv_register_decode(const void *payload, size_t len, struct rdv_register *m)
@@ -34,6 +35,7 @@ int rdv_register_decode(const void *payload, size_t len, struct rdv_register *m)
 	wire_read_str(&r, m->host, sizeof m->host);
 	m->pid = (int)wire_read_u32(&r);
 	wire_read_str(&r, m->host_id, sizeof m->host_id);
+	m->rack = (int)(int32_t)wire_read_u32(&r);
 	return r.failed || r.left != 0 ? UNISUM_EPROTO : 0;
 }
 
@@ -55,6 +57,7 @@ void rdv_book_encode_node(struct wire_buf *b, const struct rdv_node *node)
 	wire_buf_str(b, node->host);
 	wire_buf_u32(b, (uint32_t)node->pid);
 	wire_buf_str(b, node->host_id);
+	wire_buf_u32(b, (uint32_t)node->rack);
 }
 
 int rdv_book_decode(const void *payload, size_t len, uint32_t *your_id, uint32_t *local_size,
@@ -83,6 +86,9 @@ int rdv_book_decode(const void *payload, size_t len, uint32_t *your_id, uint32_t
 		wire_read_str(&r, node->host, sizeof node->host);
 		node->pid = (int)wire_read_u32(&r);
 		wire_read_str(&r, node->host_id, sizeof node->host_id);
+		node->rack = (int)(int32_t)wire_read_u32(&r);
+		if (node->rack < -1)
+			r.failed = true;
 	}
 	if (r.failed || r.left != 0) {
 		free(nodes);
@@ -94,7 +100,7 @@ int rdv_book_decode(const void *payload, size_t len, uint32_t *your_id, uint32_t
 }
 
 void rdv_declare_encode(struct wire_buf *b, const char *name, uint64_t partition_bytes,
-			const struct rdv_segs *segs, const struct rdv_shape *shape)
+			const struct rdv_segs *segs, const struct rdv_shape *shape, int rack)
 {
 	wire_buf_str(b, name);
 	wire_buf_u64(b, partition_bytes);
@@ -108,6 +114,7 @@ void rdv_declare_encode(struct wire_buf *b, const char *name, uint64_t partition
 	wire_buf_u32(b, ndim);
 	for (uint32_t i = 0; i < ndim && i < RDV_MAX_DIMS; i++)
 		wire_buf_u64(b, shape->dims[i]);
+	wire_buf_u32(b, (uint32_t)rack);
 }
 
 void rdv_segs_free(struct rdv_segs *segs)
@@ -118,7 +125,8 @@ void rdv_segs_free(struct rdv_segs *segs)
 }
 
 int rdv_declare_decode(const void *payload, size_t len, char *name, size_t name_len,
-		       uint64_t *partition_bytes, struct rdv_segs *segs, struct rdv_shape *shape)
+		       uint64_t *partition_bytes, struct rdv_segs *segs, struct rdv_shape *shape,
+		       int *rack)
 {
 	struct wire_reader r;
 	*segs = (struct rdv_segs){0};
@@ -143,13 +151,18 @@ int rdv_declare_decode(const void *payload, size_t len, char *name, size_t name_
 		}
 	}
 	uint32_t ndim = wire_read_u32(&r);
-	if (r.failed || ndim > RDV_MAX_DIMS || r.left != (size_t)ndim * 8) {
+	if (r.failed || ndim > RDV_MAX_DIMS || r.left != (size_t)ndim * 8 + 4) {
 		rdv_segs_free(segs);
 		return UNISUM_EPROTO;
 	}
 	shape->ndim = ndim;
 	for (uint32_t i = 0; i < ndim; i++)
 		shape->dims[i] = wire_read_u64(&r);
+	*rack = (int)(int32_t)wire_read_u32(&r);
+	if (*rack < -1) {
+		rdv_segs_free(segs);
+		return UNISUM_EPROTO;
+	}
 	return 0;
 }
 

@@ -4,12 +4,13 @@
  *
  *   REGISTER   u32 role, u32 requested rank (int32, -1 = any; a worker's machine
  *              index), u32 port, u32 local rank, u32 local size (servers 0, 1), str host,
- *              u32 pid, str host identity
+ *              u32 pid, str host identity, u32 rack (int32, UNISUM_RACK, -1 = none)
  *   ADDRBOOK   u32 your id, u32 local size, u32 n, n x {u32 id, u32 role, u32 rank,
  *              u32 machine (int32, -1 for servers), u32 local rank, u32 port, str host,
- *              u32 pid, str host identity}
+ *              u32 pid, str host identity, u32 rack (int32, -1 = none)}
  *   BARRIER    header aux = group; BARRIER_DONE the same
- *   DECLARE    request: header dtype, count; payload str name, u64 partition_bytes
+ *   DECLARE    request: header dtype, count; payload str name, u64 partition_bytes,
+ *              segments, shape, u32 rack (rdv_declare_encode)
  *              reply:   header key; payload u32 status (0 or -error), then
  *                       u32 n, n x {u64 count, u32 server rank} (the cut, in order),
  *                       or str message
@@ -57,6 +58,7 @@ struct rdv_register {
 	char host[64];			/* the address peers use */
 	int pid;
 	char host_id[64];		/* boot id and namespaces (rdv_client_same_host) */
+	int rack;			/* UNISUM_RACK: -1 = none */
 };
 void rdv_register_encode(const struct rdv_register *m, struct wire_buf *b);
 int rdv_register_decode(const void *payload, size_t len, struct rdv_register *m);
@@ -80,12 +82,15 @@ struct rdv_segs {
 /* DECLARE request (the dtype and count travel in the header): the name,
  * the partition size, u32 n and n x {u64 count, u32 owner machine} (a
  * homed cut's segments; segs NULL or n 0: none), u32 ndim and ndim x u64
- * (the shape; shape NULL or ndim 0: none).  decode fills *segs (arrays
- * malloc'd, free with rdv_segs_free) and *shape. */
+ * (the shape; shape NULL or ndim 0: none), u32 rack (int32: the rack every
+ * worker of the tensor's process set is in, whose servers should hold it;
+ * -1: any).  decode fills *segs (arrays malloc'd, free with
+ * rdv_segs_free), *shape and *rack. */
 void rdv_declare_encode(struct wire_buf *b, const char *name, uint64_t partition_bytes,
-			const struct rdv_segs *segs, const struct rdv_shape *shape);
+			const struct rdv_segs *segs, const struct rdv_shape *shape, int rack);
 int rdv_declare_decode(const void *payload, size_t len, char *name, size_t name_len,
-		       uint64_t *partition_bytes, struct rdv_segs *segs, struct rdv_shape *shape);
+		       uint64_t *partition_bytes, struct rdv_segs *segs, struct rdv_shape *shape,
+		       int *rack);
 void rdv_segs_free(struct rdv_segs *segs);
 
 /* DECLARE reply: the cut and its servers, or a refusal (-error, text).

@@ -50,6 +50,7 @@ struct rdv_node {
 	char host_id[64];	/* ... and host: boot id, network and pid namespaces (an
 				 * emulated cluster's namespaces are hosts of their own);
 				 * see rdv_client_same_host() */
+	int rack;		/* UNISUM_RACK as it registered (-1: none) */
 };
 
 
@@ -120,6 +121,7 @@ int rdv_client_local_size(const struct rdv_client *c);
 int rdv_client_num_machines(const struct rdv_client *c);
 const struct rdv_node *rdv_client_nodes(const struct rdv_client *c, int *count);
 const struct rdv_node *rdv_client_server(const struct rdv_client *c, int server_rank);
+const struct rdv_node *rdv_client_worker(const struct rdv_client *c, int rank);
 const struct rdv_node *rdv_client_node_by_id(const struct rdv_client *c, uint32_t id);
 
 /* Whether node n shares this node's host (the identities both registered
@@ -192,11 +194,13 @@ struct rdv_shape {
  * seg_owners[i]; every partition of a segment lies on its owner's host's
  * server when it has one, and no partition spans two segments.  Every
  * worker must declare the name with the same segments (UNISUM_EMISMATCH
- * otherwise). */
+ * otherwise).  rack >= 0: every worker of the tensor's process set is in
+ * that rack (UNISUM_RACK), so the tensor goes on that rack's servers when
+ * it has any (-1: anywhere). */
 int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtype dtype,
 			     uint64_t count, uint64_t partition_bytes, uint32_t nseg,
 			     const uint64_t *seg_counts, const uint32_t *seg_owners,
-			     const struct rdv_shape *shape, uint32_t sync, uint64_t *key_base,
+			     const struct rdv_shape *shape, uint32_t sync, int rack, uint64_t *key_base,
 			     uint32_t *nparts, struct placement_part **parts, uint32_t **servers,
 			     char *why, size_t why_len);
 

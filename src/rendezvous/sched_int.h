@@ -33,8 +33,20 @@ struct sched_node {
 	char host[64];
 	int pid;			/* as registered */
 	char host_id[64];
+	int rack;			/* UNISUM_RACK as registered, -1: none */
 	bool in_barrier[4];		/* entered the barrier of group g */
 	_Atomic int64_t last_seen_ms;	/* when it last sent anything */
+};
+
+/* The servers of one rack and their own placement (Theorem 1 among the
+ * rack's servers and worker hosts), for tensors whose workers are all in
+ * that rack (a dssync group, a process set): their traffic stays under
+ * the rack's switch. */
+struct sched_rack {
+	int rack;			/* UNISUM_RACK */
+	int nservers;
+	int *server;			/* [nservers] global server ranks */
+	struct placement pl;		/* indices into server[] */
 };
 
 /* A declared tensor: the first declaration fixes its shape and placement. */
@@ -89,6 +101,11 @@ struct rdv_scheduler {
 	struct placement placement;	/* policy, weights (set once all registered), loads */
 	int *home_server;		/* [num_machines] the server on that machine's host, or -1
 					 * (set with the weights) */
+	int worker_rack;		/* the first worker's UNISUM_RACK (every worker sets
+					 * one or none: -1), or -2 before the first */
+	struct sched_rack *racks;	/* [nracks] the racks that have servers (set with the
+					 * weights) */
+	int nracks;
 	int64_t placed_ms;		/* when a tensor was last placed; 0 once logged */
 	int result;			/* what rdv_scheduler_wait returns */
 	uint8_t *joined;		/* [num_workers] joined (unisum_join) since the last
@@ -104,6 +121,7 @@ const char *sched_node_label(const struct sched_node *n, char *buf, size_t len);
 /* sched_tensors.c.  Every function is called with s->lock held but
  * sched_on_declare, which takes it. */
 void sched_place_roles(struct rdv_scheduler *s);
+void sched_free_racks(struct rdv_scheduler *s);
 void sched_log_loads(struct rdv_scheduler *s, int64_t now);
 void sched_poison(struct rdv_scheduler *s, uint64_t key, const char *why);
 /* A worker or a server reported that the workers of tensor `key` disagree

@@ -13,6 +13,84 @@
 #include "timing/timing.h"
 #include "unisum.h"
 
+void sched_free_racks(struct rdv_scheduler *s)
+{
+	for (int i = 0; i < s->nracks; i++) {
+		free(s->racks[i].server);
+		placement_fini(&s->racks[i].pl);
+	}
+	free(s->racks);
+	s->racks = NULL;
+	s->nracks = 0;
+}
+
+/* One placement per rack that has servers (UNISUM_RACK on the servers),
+ * weighed by Theorem 1 among that rack's servers and worker hosts.  Out
+ * of memory: no racks (every tensor is placed on every server). */
+static void sched_place_racks(struct rdv_scheduler *s, const char **server_hosts,
+			      const char **server_addr)
+{
+	int ns = s->num_servers;
+	int *rack_of = malloc((size_t)ns * sizeof *rack_of);
+	const char **hosts = calloc((size_t)(ns + s->nnodes), sizeof *hosts);
+	double *weights = calloc((size_t)ns, sizeof *weights);
+	int *colocated = calloc((size_t)ns, sizeof *colocated);
+	s->racks = calloc((size_t)ns, sizeof *s->racks);
+	if (rack_of == NULL || hosts == NULL || weights == NULL || colocated == NULL ||
+	    s->racks == NULL)
+		goto fail;
+	for (int r = 0; r < ns; r++)
+		rack_of[r] = -1;
+	for (int i = 0; i < s->nnodes; i++) {
+		const struct sched_node *n = s->nodes[i];
+		if (n->registered && n->role == CONFIG_ROLE_SERVER && n->rank >= 0 && n->rank < ns)
+			rack_of[n->rank] = n->rack;
+	}
+	for (int r = 0; r < ns; r++) {
+		if (rack_of[r] < 0)
+			continue;
+		struct sched_rack *k = NULL;
+		for (int i = 0; i < s->nracks && k == NULL; i++)
+			k = s->racks[i].rack == rack_of[r] ? &s->racks[i] : NULL;
+		if (k != NULL)
+			continue;	/* done with its first server */
+		k = &s->racks[s->nracks++];
+		k->rack = rack_of[r];
+		k->server = malloc((size_t)ns * sizeof *k->server);
+		if (k->server == NULL)
+			goto fail;
+		int nh = 0;
+		for (int q = r; q < ns; q++)
+			if (rack_of[q] == k->rack) {
+				k->server[k->nservers] = q;
+				hosts[k->nservers++] = server_hosts[q];
+			}
+		for (int i = 0; i < s->nnodes; i++) {
+			const struct sched_node *n = s->nodes[i];
+			if (n->registered && n->role == CONFIG_ROLE_WORKER && n->rack == k->rack)
+				hosts[k->nservers + nh++] = n->host_id;
+		}
+		int hn, hc, hk;
+		placement_weights(k->nservers, hosts, nh, hosts + k->nservers, weights, colocated,
+				  &hn, &hc, &hk);
+		if (placement_init(&k->pl, s->placement.policy, k->nservers, weights) != 0)
+			goto fail;
+		LOG_INFO("placement rack %d: %d worker hosts, %d of them with servers, %d CPU-only "
+			 "server hosts; tensors of its workers alone go on its %d servers (first %s)",
+			 k->rack, hn, hc, hk, k->nservers, server_addr[r]);
+	}
+	goto out;
+fail:
+	LOG_WARN("out of memory placing by rack: every tensor goes on every server");
+	if (s->racks != NULL)
+		sched_free_racks(s);
+out:
+	free(rack_of);
+	free(hosts);
+	free(weights);
+	free(colocated);
+}
+
 /* Gives every server its byte share from where the nodes run (see
  * placement_weights()) and logs it.  Called with s->lock held, once every
  * node has registered and has its rank. */
@@ -59,6 +137,7 @@ void sched_place_roles(struct rdv_scheduler *s)
 		}
 	}
 	int hn, hc, hk;
+	sched_place_racks(s, server_hosts, server_addr);
 	placement_weights(ns, server_hosts, w, worker_hosts, weights, colocated, &hn, &hc, &hk);
 	if (s->placement.policy == PLACEMENT_OPTIMAL)
 		memcpy(s->placement.weights, weights, (size_t)ns * sizeof *weights);
@@ -312,11 +391,12 @@ static int sched_refusal(const struct sched_tensor *t, const struct sched_node *
 	return UNISUM_EMISMATCH;
 }
 
-/* A new tensor: its cut and placement, filed in the table (*out).  0,
- * UNISUM_ENOMEM, or UNISUM_EPROTO when it cannot be placed. */
+/* A new tensor: its cut and placement, filed in the table (*out); on the
+ * servers of `rack` when it has any (a tensor of that rack's workers
+ * alone).  0, UNISUM_ENOMEM, or UNISUM_EPROTO when it cannot be placed. */
 static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *n, const char *name,
 			      uint64_t key, const struct wire_hdr *req, uint64_t pbytes,
-			      const struct rdv_segs *segs, const struct rdv_shape *shape,
+			      const struct rdv_segs *segs, const struct rdv_shape *shape, int rack,
 			      struct sched_tensor **out)
 {
 	if (s->ntensors == s->cap_tensors) {
@@ -344,8 +424,19 @@ static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *
 					   &t->servers);
 		free(homes);
 	} else {
-		rc = placement_place(&s->placement, key, req->count, unisum_dtype_size(req->dtype),
-				     pbytes, &nparts, &t->parts, &t->servers);
+		struct sched_rack *k = NULL;
+		for (int i = 0; rack >= 0 && i < s->nracks && k == NULL; i++)
+			k = s->racks[i].rack == rack ? &s->racks[i] : NULL;
+		rc = placement_place(k != NULL ? &k->pl : &s->placement, key, req->count,
+				     unisum_dtype_size(req->dtype), pbytes, &nparts, &t->parts,
+				     &t->servers);
+		for (uint32_t i = 0; rc == 0 && k != NULL && i < nparts; i++) {
+			t->servers[i] = (uint32_t)k->server[t->servers[i]];
+			s->placement.loads[t->servers[i]] += t->parts[i].count *
+							      unisum_dtype_size(req->dtype);
+		}
+		if (rc == 0 && k != NULL)
+			s->placement.total += req->count * unisum_dtype_size(req->dtype);
 	}
 	if (rc != 0)
 		return rc == UNISUM_ENOMEM ? rc : UNISUM_EPROTO;
@@ -381,7 +472,8 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 	struct rdv_segs segs;
 	struct rdv_shape shape;
 	size_t esize = unisum_dtype_size(req->dtype);
-	int drc = rdv_declare_decode(payload, len, name, sizeof name, &pbytes, &segs, &shape);
+	int rack;
+	int drc = rdv_declare_decode(payload, len, name, sizeof name, &pbytes, &segs, &shape, &rack);
 	if (drc != 0)
 		return drc;
 	uint64_t seg_total = 0;
@@ -416,7 +508,7 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 		t->shape_rank = n->rank;
 	}
 	if (t == NULL &&
-	    (rc = sched_place_tensor(s, n, name, key, req, pbytes, &segs, &shape, &t)) != 0) {
+	    (rc = sched_place_tensor(s, n, name, key, req, pbytes, &segs, &shape, rack, &t)) != 0) {
 		pthread_mutex_unlock(&s->lock);
 		wire_buf_fini(&b);
 		rdv_segs_free(&segs);

@@ -167,7 +167,7 @@ static int sched_send_addrbook(struct rdv_scheduler *s)
 				continue;
 			struct rdv_node entry = {.id = n->id, .role = n->role, .rank = n->rank,
 						 .machine = n->machine, .local_rank = n->local_rank,
-						 .port = n->port, .pid = n->pid};
+						 .port = n->port, .pid = n->pid, .rack = n->rack};
 			snprintf(entry.host, sizeof entry.host, "%s", n->host);
 			snprintf(entry.host_id, sizeof entry.host_id, "%s", n->host_id);
 			rdv_book_encode_node(&b, &entry);
@@ -225,7 +225,7 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 	uint32_t local_rank = (uint32_t)m.local_rank, local_size = (uint32_t)m.local_size;
 	const char *host = m.host, *host_id = m.host_id;
 	bool server = role == CONFIG_ROLE_SERVER, worker = role == CONFIG_ROLE_WORKER;
-	if (bad || (!server && !worker) || port < 0 || port > 65535 || req < -1 ||
+	if (bad || (!server && !worker) || port < 0 || port > 65535 || req < -1 || m.rack < -1 ||
 	    (worker && req >= s->num_machines) || (server && req >= s->num_servers) ||
 	    (server && (local_rank != 0 || local_size != 1)) || local_size < 1 ||
 	    local_size > RDV_MAX_LOCAL_SIZE || local_rank >= local_size) {
@@ -245,6 +245,17 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 		rc = UNISUM_ECONFIG;
 	} else if (worker) {
 		rc = sched_check_local_size(s, n, (int)local_size, host, why, why_len);
+	}
+	if (rc == 0 && worker && s->worker_rack != -2 && (s->worker_rack < 0) != (m.rack < 0)) {
+		snprintf(why, why_len,
+			 "a worker at %s (%s) %s UNISUM_RACK but the first worker %s: set it on every "
+			 "worker or on none", host, s->tp->peer_name(n->conn),
+			 m.rack < 0 ? "does not set" : "sets", s->worker_rack < 0 ? "did not" : "did");
+		sched_send_error(n, UNISUM_ECONFIG, why);
+		sched_fail(s, UNISUM_ECONFIG, why);
+		rc = UNISUM_ECONFIG;
+	} else if (rc == 0 && worker && s->worker_rack == -2) {
+		s->worker_rack = m.rack < 0 ? -1 : m.rack;
 	}
 	if (rc != 0) {
 		pthread_mutex_unlock(&s->lock);
@@ -269,6 +280,7 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 	snprintf(n->host, sizeof n->host, "%s", host);
 	n->pid = pid;
 	snprintf(n->host_id, sizeof n->host_id, "%s", host_id);
+	n->rack = m.rack;
 	n->registered = true;
 	s->registered++;
 	LOG_DEBUG("registered %s from %s (%d of %d so far)", config_role_name(role), host, s->registered,
@@ -821,6 +833,7 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 		goto out_free;
 	for (int m = 0; m < num_machines; m++)
 		s->home_server[m] = -1;
+	s->worker_rack = -2;
 	pthread_mutex_init(&s->lock, NULL);
 	timing_cond_init(&s->changed);
 	rc = tp->listen(host, port, &s->listener, port_out);
@@ -898,6 +911,7 @@ void rdv_scheduler_free(struct rdv_scheduler *s)
 	free(s->nodes);
 	free(s->home_server);
 	free(s->joined);
+	sched_free_racks(s);
 	placement_fini(&s->placement);
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->changed);

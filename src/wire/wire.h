@@ -42,7 +42,7 @@
 #include "unisum.h"
 
 #define WIRE_MAGIC 0x4d555355u	/* "USUM" */
-#define WIRE_VERSION 9
+#define WIRE_VERSION 10
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
 #define WIRE_MAX_DATA_PAYLOAD (1ull << 30)	/* 1 GiB for one partition */

@@ -97,7 +97,9 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 	int rc = rdv_client_declare_homed(w->rdv, wire_name, t->dtype, t->count, pbytes,
 					  segs != NULL ? segs->n : 0, segs != NULL ? segs->counts : NULL,
 					  segs != NULL ? segs->owners : NULL,
-					  t->ncuts == 0 ? &t->shape : NULL, t->sync, &L->key, &L->nparts,
+					  t->ncuts == 0 ? &t->shape : NULL, t->sync,
+					  segs == NULL ? wk_set_rack(w, t->ranks, t->nranks) : -1, &L->key,
+					  &L->nparts,
 					  &L->parts, &L->servers, why, sizeof why);
 	if (rc != 0) {
 		rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, w->rank, why);

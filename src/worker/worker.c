@@ -686,6 +686,20 @@ static int wk_ensure_conns(struct worker *w)
  * whatever the set's id; the size comes first, so the scheduler forgets
  * the tensor once that many workers undeclared it (sched_on_forget).  0,
  * or UNISUM_EINVAL (logged, naming `what`) when it does not fit. */
+int wk_rank_rack(struct worker *w, int r)
+{
+	const struct rdv_node *n = rdv_client_worker(w->rdv, r);
+	return n != NULL ? n->rack : -1;
+}
+
+int wk_set_rack(struct worker *w, const int *ranks, int n)
+{
+	int rack = n > 0 ? wk_rank_rack(w, ranks[0]) : -1;
+	for (int i = 1; i < n && rack >= 0; i++)
+		rack = wk_rank_rack(w, ranks[i]) == rack ? rack : -1;
+	return rack;
+}
+
 static int wk_set_wire_name(const int *ranks, int n, const char *name, char *wire, size_t len,
 			    const char *what)
 {
@@ -1115,51 +1129,29 @@ int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank,
 	return m;
 }
 
-/* The racks of every rank (UNISUM_RACK), learnt once with a push_pull of
- * every rank's: *topo, its rack NULL when no worker set one; UNISUM_EINVAL
- * when only some did. */
+/* The racks of every rank (UNISUM_RACK, from the scheduler's address
+ * book): *topo, its rack NULL when no worker set one (the scheduler made
+ * sure every worker set one, or none did). */
 static int wk_dssync_topology(struct worker *w, struct wk_dssync_topo *topo)
 {
 	pthread_mutex_lock(&w->lock);
-	bool known = w->racks_known;
-	pthread_mutex_unlock(&w->lock);
-	if (!known) {
-		int32_t *in = calloc((size_t)w->size, sizeof *in), *out = calloc((size_t)w->size,
-										 sizeof *out);
-		int id = in && out ? worker_declare(w, "unisum.dssync.racks", UNISUM_INT32,
-						     (size_t)w->size, 0)
-				   : UNISUM_ENOMEM;
-		int rc = id < 0 ? id : 0;
-		if (rc == 0) {
-			in[w->rank] = w->cfg.rack + 1;	/* 0: none */
-			unisum_handle h;
-			rc = worker_push_pull_async(w, id, in, out, 0, &h);
-			if (rc == 0)
-				rc = worker_wait(w, h);
+	if (!w->racks_known) {
+		int *racks = malloc((size_t)w->size * sizeof *racks);
+		if (racks == NULL) {
+			pthread_mutex_unlock(&w->lock);
+			return UNISUM_ENOMEM;
 		}
-		int set = 0;
-		for (int r = 0; rc == 0 && r < w->size; r++)
-			set += out[r] != 0;
-		if (rc == 0 && set != 0 && set != w->size)
-			rc = log_fail(UNISUM_EINVAL, "dssync: UNISUM_RACK is set on %d of the %d workers; "
-				      "set it on every one, or on none", set, w->size);
-		free(in);
-		if (rc != 0) {
-			free(out);
-			return rc;
+		for (int r = 0; r < w->size; r++)
+			racks[r] = wk_rank_rack(w, r);
+		if (racks[0] < 0) {
+			free(racks);
+			racks = NULL;
 		}
-		for (int r = 0; set != 0 && r < w->size; r++)
-			out[r] -= 1;
-		pthread_mutex_lock(&w->lock);
-		if (!w->racks_known) {
-			w->racks = set != 0 ? (int *)out : NULL;
-			w->racks_known = true;
-			out = NULL;
-		}
-		pthread_mutex_unlock(&w->lock);
-		free(out);
+		w->racks = racks;
+		w->racks_known = true;
 	}
 	topo->rack = w->racks;
+	pthread_mutex_unlock(&w->lock);
 	topo->cross_every = (uint32_t)w->cfg.dssync_cross_every;
 	return 0;
 }
@@ -1202,32 +1194,49 @@ static int wk_dssync_target(struct worker *w, int tensor, int *target, uint64_t 
 		free(ranks);
 		return rc;
 	}
-	int m = wk_dssync_group(wk_name_hash(job), step, w->size, g, w->rank, &topo, ranks);
+	uint64_t seed = wk_name_hash(job);
+	int m = wk_dssync_group(seed, step, w->size, g, w->rank, &topo, ranks);
 	if (m < 0) {
 		free(ranks);
 		return m;
 	}
+	/* Keep the group's set tensor while the group comes back within
+	 * UNISUM_DSSYNC_KEEP steps, else undeclare it once this step is released.
+	 * Every member decides alike: groups partition the ranks, so when the
+	 * group comes back for one member it does for all.  A rank so holds at
+	 * most UNISUM_DSSYNC_KEEP + 1 of them per tensor. */
+	bool keep = false;
+	int *next = malloc((size_t)w->size * sizeof *next);
+	for (uint64_t s = step + 1; next != NULL && !keep && s <= step + w->cfg.dssync_keep; s++) {
+		if (every > 0 && (s + 1) % every == 0)
+			continue;	/* global */
+		int m2 = wk_dssync_group(seed, s, w->size, g, w->rank, &topo, next);
+		keep = m2 == m && memcmp(next, ranks, (size_t)m * sizeof *ranks) == 0;
+	}
+	free(next);
 	char wire[WK_NAME_MAX];
 	if (wk_set_wire_name(ranks, m, name, wire, sizeof wire, "unisum_push_pull (dssync)") != 0) {
 		free(ranks);
 		return UNISUM_EINVAL;
 	}
 	int id = wk_tensor_known(w, wire, dtype, count, WIRE_SYNC_LOCKSTEP);
-	if (id != -1) {	/* known, or known with another shape */
-		free(ranks);
-		if (id < 0)
-			return id;
-		*target = id;
-		return 0;
+	if (id == -1) {
+		rc = wk_ensure_conns(w);
+		if (rc != 0) {
+			free(ranks);
+			return rc;
+		}
+		id = wk_declare(w, wire, dtype, count, NULL, priority, ranks, m,
+				WIRE_SYNC_LOCKSTEP);	/* takes ranks */
+	} else {
+		free(ranks);	/* known, or known with another shape */
 	}
-	rc = wk_ensure_conns(w);
-	if (rc != 0) {
-		free(ranks);
-		return rc;
-	}
-	id = wk_declare(w, wire, dtype, count, NULL, priority, ranks, m, WIRE_SYNC_LOCKSTEP);
 	if (id < 0)
 		return id;
+	pthread_mutex_lock(&w->lock);
+	if (w->tensors[id] != NULL)
+		w->tensors[id]->dssync_retire = !keep;
+	pthread_mutex_unlock(&w->lock);
 	*target = id;
 	return 0;
 }
@@ -1697,11 +1706,32 @@ static int wk_find_op(const struct worker *w, unisum_handle h)
 }
 
 /* Releases a completed operation and returns its status; w->lock held. */
-static int wk_release(struct worker *w, int i)
+/* Undeclares dssync group set tensor `id` (-1: nothing), unless another
+ * operation on it started meanwhile (its group came back: the release of
+ * that one retires it, if it is to go then). */
+static void wk_dssync_retire(struct worker *w, int id)
+{
+	if (id < 0)
+		return;
+	pthread_mutex_lock(&w->lock);
+	const struct wk_tensor *t = id < w->ntensors ? w->tensors[id] : NULL;
+	bool held = t == NULL || t->busy || !t->dssync_retire;
+	for (int i = 0; i < w->nops && !held; i++)
+		held = w->ops[i]->t == t;
+	pthread_mutex_unlock(&w->lock);
+	if (!held)
+		(void)worker_undeclare(w, id);
+}
+
+/* Releases finished operation i (w->lock held): its result.  *retire: the
+ * id of a dssync group's set tensor to undeclare now (wk_dssync_target
+ * decided that its group does not come back soon), else -1. */
+static int wk_release(struct worker *w, int i, int *retire)
 {
 	struct wk_op *op = w->ops[i];
 	w->ops[i] = w->ops[--w->nops];
 	int rc = op->error;
+	*retire = rc == 0 && op->t->dssync_retire ? op->t->index : -1;
 	if (rc == 0 && op->join_refused) {
 		rc = UNISUM_EINVAL;
 		snprintf(op->why, sizeof op->why, "a rank joined (unisum_join) while this broadcast "
@@ -1727,7 +1757,7 @@ int worker_poll_timeout(struct worker *w, unisum_handle h, int timeout_ms)
 				"got %d", timeout_ms);
 	struct timespec until = timing_deadline(timeout_ms);
 	pthread_mutex_lock(&w->lock);
-	int i = wk_find_op(w, h), rc;
+	int i = wk_find_op(w, h), rc, retire = -1;
 	if (i < 0) {
 		rc = log_fail(UNISUM_EINVAL, "unisum_poll: unknown or already released handle %lld",
 			      (long long)h);
@@ -1739,12 +1769,13 @@ int worker_poll_timeout(struct worker *w, unisum_handle h, int timeout_ms)
 		if (!op->done) {
 			rc = 0;
 		} else {
-			rc = wk_release(w, wk_find_op(w, h));
+			rc = wk_release(w, wk_find_op(w, h), &retire);
 			if (rc == 0)
 				rc = 1;
 		}
 	}
 	pthread_mutex_unlock(&w->lock);
+	wk_dssync_retire(w, retire);
 	return rc;
 }
 
@@ -1753,7 +1784,7 @@ int worker_wait(struct worker *w, unisum_handle h)
 	if (wk_require_init(w) != 0)
 		return UNISUM_ENOTINIT;
 	pthread_mutex_lock(&w->lock);
-	int i = wk_find_op(w, h), rc;
+	int i = wk_find_op(w, h), rc, retire = -1;
 	if (i < 0) {
 		rc = log_fail(UNISUM_EINVAL, "unisum_wait: unknown or already released handle %lld",
 			      (long long)h);
@@ -1761,9 +1792,10 @@ int worker_wait(struct worker *w, unisum_handle h)
 		struct wk_op *op = w->ops[i];
 		while (!op->done)
 			pthread_cond_wait(&w->done_cond, &w->lock);
-		rc = wk_release(w, wk_find_op(w, h));
+		rc = wk_release(w, wk_find_op(w, h), &retire);
 	}
 	pthread_mutex_unlock(&w->lock);
+	wk_dssync_retire(w, retire);
 	return rc;
 }
 

@@ -61,6 +61,9 @@ struct wk_tensor {
 	int dssync_g;			/* 0: not dssync */
 	uint32_t dssync_every;
 	uint64_t dssync_step;		/* push_pulls started on it (w->lock) */
+	bool dssync_retire;		/* a group's set tensor whose group does not come back
+					 * within UNISUM_DSSYNC_KEEP steps: undeclared once its
+					 * operation is released */
 	unisum_dtype dtype;
 	uint64_t count;
 	size_t esize;
@@ -254,7 +257,8 @@ struct worker {
 	/* Join (join.c): */
 	bool join_seen;			/* a rank joined since the last JOIN_DONE: announce */
 	bool joined;			/* this worker is in unisum_join */
-	/* Divide and shuffle: every rank's rack, learnt at the first group. */
+	/* Divide and shuffle: every rank's rack (the address book's), read at
+	 * the first group. */
 	bool racks_known;
 	int *racks;			/* [size], or NULL: no UNISUM_RACK anywhere */
 	bool join_done;			/* ... and every worker has joined */
@@ -314,6 +318,11 @@ bool wk_join_runs(uint32_t wire_op);
 void wk_announce_fill(const struct wk_op *op, struct rdv_announce *a);
 void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a);
 void wk_join_poison(struct worker *w, uint64_t key, const char *tensor, int rank);
+
+/* Worker rank r's UNISUM_RACK as it registered (-1: none or unknown), and
+ * the rack all of ranks[0..n) share (-1: none, or not all the same). */
+int wk_rank_rack(struct worker *w, int r);
+int wk_set_rack(struct worker *w, const int *ranks, int n);
 
 /* cuts.c: declaring a cut, retiring cuts, the autotune thread and its
  * hooks, handing an operation to its first stage or failing it before. */

@@ -18,11 +18,16 @@ this script), replacing the seeds it owns and leaving other files alone.  With -
 nothing and exits 1 when OUT_DIR differs from what it would write.
 """
 import os
+import re
 import struct
 import sys
 
 MAGIC = 0x4D555355  # "USUM" little-endian
-VERSION = 6
+# The seeds carry the version the decoder accepts (else the fuzzer starts
+# at the version check only): read it from wire.h.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "wire",
+                       "wire.h")) as _f:
+    VERSION = int(re.search(r"#define WIRE_VERSION (\d+)", _f.read()).group(1))
 HDR = struct.Struct("<IBBHIIQQQB3xI")  # the 48-byte header, wire.h offsets
 assert HDR.size == 48
 
@@ -83,10 +88,10 @@ HOST_ID_MAX = HOST_ID_B + "/" + "n" * (63 - len(HOST_ID_B) - 1)  # 63 chars, the
 assert len(HOST_ID_MAX) == 63
 
 
-def register(role, req, port, local_rank, local_size, host, pid, host_id):
+def register(role, req, port, local_rank, local_size, host, pid, host_id, rack=-1):
     """A REGISTER payload (client.c rdv_register)."""
     return (u32(role) + u32(req) + u32(port) + u32(local_rank) + u32(local_size) + wstr(host) +
-            u32(pid) + wstr(host_id))
+            u32(pid) + wstr(host_id) + u32(rack))
 
 
 def addrbook(me, local_size, nodes):
@@ -95,7 +100,7 @@ def addrbook(me, local_size, nodes):
         machine = rank // local_size if role == ROLE_WORKER else -1
         local_rank = rank % local_size if role == ROLE_WORKER else 0
         body += (u32(node_id) + u32(role) + u32(rank) + u32(machine) + u32(local_rank) +
-                 u32(port) + wstr(host) + u32(pid) + wstr(host_id))
+                 u32(port) + wstr(host) + u32(pid) + wstr(host_id) + u32(node_id % 2))
     return body
 
 
@@ -103,9 +108,9 @@ def seeds():
     """name -> bytes of every seed this script owns."""
     # role, requested rank (-1), port, local rank, local size, host, pid, host id
     reg = register(ROLE_WORKER, -1, 40123, 0, 1, "10.0.0.7", 31337, HOST_ID_A)
-    reg_local = register(ROLE_WORKER, 1, 0, 3, 4, "10.0.0.8", 4242, HOST_ID_MAX)
+    reg_local = register(ROLE_WORKER, 1, 0, 3, 4, "10.0.0.8", 4242, HOST_ID_MAX, rack=1)
     reg_head = reg[:20]  # the five u32 before the host
-    reg_tail = u32(31337) + wstr(HOST_ID_A)  # pid and host id after it
+    reg_tail = u32(31337) + wstr(HOST_ID_A) + u32(-1)  # pid, host id and rack after it
     book = addrbook(3, 1, [(1, ROLE_SERVER, 0, 40000, "10.0.0.5", 1201, HOST_ID_A),
                            (2, ROLE_SERVER, 1, 40001, "node-b.example", 977, HOST_ID_B),
                            (3, ROLE_WORKER, 0, 40002, "127.0.0.1", 1202, HOST_ID_A)])
@@ -139,8 +144,9 @@ def seeds():
         "11-error": message(ERROR, wstr("tensor 'w' declared as float32[10] by worker 0"),
                             aux=5),
         "12-shutdown": header(SHUTDOWN, sender=4),
-        "13-declare": message(DECLARE, wstr("layer1.weight") + u64(4 << 20), dtype=FLOAT32,
-                              count=1 << 20),
+        # name, partition bytes, no segments, shape [1024, 1024], rack 1
+        "13-declare": message(DECLARE, wstr("layer1.weight") + u64(4 << 20) + u32(0) + u32(2) +
+                              u64(1024) + u64(1024) + u32(1), dtype=FLOAT32, count=1 << 20),
         "13-declare-reply-ok": message(DECLARE, u32(0) + u32(2) + u64(700) + u32(0) + u64(324) + u32(1),
                                        key=0x30000),
         "13-declare-reply-mismatch": message(DECLARE, u32(-5) + wstr("shapes differ"),
@@ -169,8 +175,9 @@ def seeds():
         "bad-register-host-too-long": message(REGISTER, reg_head + wstr("h" * 64) + reg_tail),
         "bad-register-host-nul": message(REGISTER, reg_head + wstr(b"10.0\x00.0.7") + reg_tail),
         "bad-register-host-id-too-long": message(REGISTER, reg_head + wstr("10.0.0.7") +
-                                                 u32(31337) + wstr(HOST_ID_MAX + "x")),
+                                                 u32(31337) + wstr(HOST_ID_MAX + "x") + u32(-1)),
         "bad-register-no-host-id": message(REGISTER, reg_head + wstr("10.0.0.7") + u32(31337)),
+        "bad-register-rack": message(REGISTER, reg[:-4] + u32(-2)),
         "bad-addrbook-truncated": message(ADDRBOOK, book[:-3]),
         "bad-short-header": header(BARRIER)[:20],
     }

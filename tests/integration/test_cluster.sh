@@ -31,11 +31,13 @@ expect "the hosts reach each other" reaches 1 0
 
 # cluster_job NAME WORKERS LOCAL ARGS... : check_sums ARGS on hosts 0 and 1
 # (servers beside them) and a CPU-only server on host 2.
+# LAUNCH_OPTS: more options of unisum launch.
 cluster_job() {
 	name=$1 w=$2 l=$3
 	shift 3
 	check_job "$name" env UNISUM_LOG_LEVEL=INFO "$UNISUM" launch -w "$w" -s 3 --local-size "$l" \
-		--worker-netns "$P-h0,$P-h1" --server-netns "$P-h0,$P-h1,$P-h2" -- "$CHECK" "$@"
+		--worker-netns "$P-h0,$P-h1" --server-netns "$P-h0,$P-h1,$P-h2" ${LAUNCH_OPTS:-} \
+		-- "$CHECK" "$@"
 }
 
 cluster_job "2 worker hosts + 1 CPU-only host: every dtype, 0 elements to 3 partitions" 2 1 sums
@@ -55,6 +57,14 @@ expect "workers reached the servers on other hosts over TCP" \
 if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	cluster_job "2 machines of 2 workers in 2 namespaces" 4 2 sums
 	UNISUM_PLACEMENT=hash cluster_job "the same with BytePS's hash placement" 2 1 sums
+	# Racks from the launcher: host 0 in rack 0, hosts 1 and 2 in rack 1;
+	# each rack gets its own placement among its servers and worker hosts.
+	LAUNCH_OPTS="--worker-racks 0,1 --server-racks 0,1,1" \
+		cluster_job "racks from --worker-racks and --server-racks" 2 1 sums
+	expect "rack 1's placement: its worker host, its colocated server, its CPU-only server" \
+		contains "$LAST" "placement rack 1: 1 worker hosts, 1 of them with servers, 1 CPU-only"
+	expect "rack 0's placement: its worker host and its colocated server" \
+		contains "$LAST" "placement rack 0: 1 worker hosts, 1 of them with servers, 0 CPU-only"
 fi
 
 sh "$NETNS" down "$P"

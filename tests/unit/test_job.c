@@ -184,6 +184,7 @@ static void job_start_with(struct job *j, int machines, int local, int servers, 
 		j->scfg[s].role = CONFIG_ROLE_SERVER;
 		j->scfg[s].server_id = s;
 		j->scfg[s].port = 0;
+		j->scfg[s].rack = s % 2;	/* racks: see work_dssync */
 		assert_int_equal(pthread_create(&j->srv_thread[s], NULL, server_main, &j->scfg[s]), 0);
 	}
 	for (int r = 0; r < j->nworkers; r++) {
@@ -191,6 +192,7 @@ static void job_start_with(struct job *j, int machines, int local, int servers, 
 		j->wcfg[r].role = CONFIG_ROLE_WORKER;
 		j->wcfg[r].worker_id = r / local;
 		j->wcfg[r].local_rank = r % local;
+		j->wcfg[r].rack = (r / local) % 2;
 	}
 	each_rank(j, join_main, NULL);
 	for (int r = 0; r < j->nworkers; r++)
@@ -1225,10 +1227,31 @@ static int work_ssp(struct job *j, int rank, char *msg, size_t len)
 }
 
 /* Divide-and-shuffle (dssync:2, every 3rd step global, two racks by the
- * rank's parity, crossing them every 2nd step): at each step a rank's
- * push_pull averages over its group of that step alone (computed here
- * with the same function, seed, step and racks), and every third over
- * all; the averages are exact in float64. */
+ * machine's parity (job_start_with: servers by theirs), crossing them
+ * every 2nd step): at each step a rank's push_pull averages over its
+ * group of that step alone (computed here with the same function, seed,
+ * step and racks), and every third over all; the averages are exact in
+ * float64.  A group within a rack is placed on that rack's servers. */
+/* The server of a partition of the set tensor of dssync.x for group[0..m)
+ * that is not in `rack` (-1: none; -2: no such tensor). */
+static int dssync_foreign_server(struct worker *w, const int *group, int m, int rack)
+{
+	int bad = -2;
+	pthread_mutex_lock(&w->lock);
+	for (int t = 0; t < w->ntensors; t++) {
+		const struct wk_tensor *tt = w->tensors[t];
+		if (tt == NULL || tt->nranks != m || strstr(tt->name, "/dssync.x") == NULL ||
+		    memcmp(tt->ranks, group, (size_t)m * sizeof *group) != 0)
+			continue;
+		bad = -1;
+		for (uint32_t p = 0; p < tt->cuts[0].nparts; p++)
+			if ((int)tt->cuts[0].servers[p] % 2 != rack)
+				bad = (int)tt->cuts[0].servers[p];
+	}
+	pthread_mutex_unlock(&w->lock);
+	return bad;
+}
+
 static int work_dssync(struct job *j, int rank, char *msg, size_t len)
 {
 	enum { N = 700, STEPS = 7, G = 2, EVERY = 3 };
@@ -1236,10 +1259,10 @@ static int work_dssync(struct job *j, int rank, char *msg, size_t len)
 	const int n = j->nworkers;
 	w->cfg.dssync_every = EVERY;
 	w->cfg.dssync_cross_every = 2;
-	w->cfg.rack = rank % 2;
+	w->cfg.dssync_keep = 1;
 	int racks[MAX_WORKERS];
 	for (int q = 0; q < n; q++)
-		racks[q] = q % 2;
+		racks[q] = (q / j->local) % 2;
 	struct wk_dssync_topo topo = {.rack = racks, .cross_every = 2};
 	int id = worker_declare_sync(w, "dssync.x", UNISUM_FLOAT64, N, 0, "dssync:2");
 	if (id < 0)
@@ -1260,9 +1283,23 @@ static int work_dssync(struct job *j, int rank, char *msg, size_t len)
 		bool global = (s + 1) % EVERY == 0;
 		int m = global ? n : wk_dssync_group(seed, (uint64_t)s, n, G, rank, &topo, group);
 		for (int k = 0; !global && !wk_dssync_crosses(&topo, (uint64_t)s) && k < m; k++)
-			if (group[k] % 2 != rank % 2)
+			if (racks[group[k]] != racks[rank])
 				FAIL(0, "dssync step %d: rank %d's group holds rank %d of another rack", s,
 				     rank, group[k]);
+		bool keep = false;	/* UNISUM_DSSYNC_KEEP = 1: comes back next step */
+		int next[MAX_WORKERS];
+		if (!global && (s + 2) % EVERY != 0)
+			keep = wk_dssync_group(seed, (uint64_t)s + 1, n, G, rank, &topo, next) == m &&
+			       memcmp(next, group, (size_t)m * sizeof *group) == 0;
+		int bad = global ? -1 : dssync_foreign_server(w, group, m, racks[rank]);
+		if (!global && (bad == -2) == keep)
+			FAIL(0, "dssync step %d: rank %d's group's tensor is %s, but its group %s next "
+			     "step", s, rank, bad == -2 ? "gone" : "still declared",
+			     keep ? "comes back" : "does not come back");
+		/* Within a rack that has a server, it lies on that rack's alone. */
+		if (bad >= 0 && !wk_dssync_crosses(&topo, (uint64_t)s) && racks[rank] < j->servers)
+			FAIL(0, "dssync step %d: rank %d's group (rack %d) has a partition on server "
+			     "%d, of rack %d", s, rank, racks[rank], bad, bad % 2);
 		double sum = 0;
 		for (int k = 0; k < m; k++)
 			sum += (global ? k : group[k]) * 10 + s;

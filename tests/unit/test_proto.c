@@ -169,7 +169,8 @@ static void test_register(void **state)
 	(void)state;
 	struct rdv_register in = {.role = CONFIG_ROLE_WORKER, .req_rank = -1, .port = 0,
 				  .local_rank = 3, .local_size = 4, .host = "10.0.0.7", .pid = 31337,
-				  .host_id = "6f1c2e9a-43b7-4d0e-9a51-0c8e2b7f44d1/f0000098/effffffc"};
+				  .host_id = "6f1c2e9a-43b7-4d0e-9a51-0c8e2b7f44d1/f0000098/effffffc",
+				  .rack = 5};
 	struct wire_buf b;
 	wire_buf_init(&b);
 	rdv_register_encode(&in, &b);
@@ -183,6 +184,7 @@ static void test_register(void **state)
 	assert_string_equal(out.host, in.host);
 	assert_int_equal(out.pid, 31337);
 	assert_string_equal(out.host_id, in.host_id);
+	assert_int_equal(out.rack, 5);
 	refuses_every_cut(&b, decode_register);
 	wire_buf_fini(&b);
 }
@@ -201,11 +203,11 @@ static void test_addrbook(void **state)
 	(void)state;
 	struct rdv_node in[3] = {
 		{.id = 1, .role = CONFIG_ROLE_SERVER, .rank = 0, .machine = -1, .port = 4000,
-		 .host = "10.0.0.1", .pid = 11, .host_id = "a/1/2"},
+		 .host = "10.0.0.1", .pid = 11, .host_id = "a/1/2", .rack = 1},
 		{.id = 2, .role = CONFIG_ROLE_WORKER, .rank = 0, .machine = 0, .local_rank = 0,
-		 .host = "10.0.0.2", .pid = 12, .host_id = "b/1/2"},
+		 .host = "10.0.0.2", .pid = 12, .host_id = "b/1/2", .rack = -1},
 		{.id = 3, .role = CONFIG_ROLE_WORKER, .rank = 1, .machine = 0, .local_rank = 1,
-		 .host = "10.0.0.2", .pid = 13, .host_id = "b/1/2"},
+		 .host = "10.0.0.2", .pid = 13, .host_id = "b/1/2", .rack = 0},
 	};
 	struct wire_buf b;
 	wire_buf_init(&b);
@@ -228,6 +230,7 @@ static void test_addrbook(void **state)
 		assert_string_equal(out[i].host, in[i].host);
 		assert_int_equal(out[i].pid, in[i].pid);
 		assert_string_equal(out[i].host_id, in[i].host_id);
+		assert_int_equal(out[i].rack, in[i].rack);
 	}
 	free(out);
 	refuses_every_cut(&b, decode_book);
@@ -245,7 +248,8 @@ static int decode_declare(const void *p, size_t len)
 	uint64_t pbytes;
 	struct rdv_segs segs;
 	struct rdv_shape shape;
-	int rc = rdv_declare_decode(p, len, name, sizeof name, &pbytes, &segs, &shape);
+	int rack;
+	int rc = rdv_declare_decode(p, len, name, sizeof name, &pbytes, &segs, &shape, &rack);
 	rdv_segs_free(&segs);
 	return rc;
 }
@@ -255,13 +259,16 @@ static void test_declare_request(void **state)
 	(void)state;
 	struct wire_buf b;
 	wire_buf_init(&b);
-	rdv_declare_encode(&b, "gradient.fc1.weight", 4096000, NULL, NULL);
+	rdv_declare_encode(&b, "gradient.fc1.weight", 4096000, NULL, NULL, -1);
 	char name[256];
 	uint64_t pbytes = 0;
 	struct rdv_segs segs;
 	struct rdv_shape shape;
-	assert_int_equal(rdv_declare_decode(b.data, b.len, name, sizeof name, &pbytes, &segs, &shape),
+	int rack = 7;
+	assert_int_equal(rdv_declare_decode(b.data, b.len, name, sizeof name, &pbytes, &segs, &shape,
+					    &rack),
 			 0);
+	assert_int_equal(rack, -1);
 	assert_string_equal(name, "gradient.fc1.weight");
 	assert_true(pbytes == 4096000);
 	assert_int_equal(segs.n, 0);
@@ -276,9 +283,11 @@ static void test_declare_request(void **state)
 	struct rdv_segs in = {.n = 3, .counts = counts, .owners = owners};
 	struct rdv_shape dims = {.ndim = 3, .dims = {17, 23, 57}};
 	wire_buf_init(&b);
-	rdv_declare_encode(&b, "allgather.3", 65536, &in, &dims);
-	assert_int_equal(rdv_declare_decode(b.data, b.len, name, sizeof name, &pbytes, &segs, &shape),
+	rdv_declare_encode(&b, "allgather.3", 65536, &in, &dims, 3);
+	assert_int_equal(rdv_declare_decode(b.data, b.len, name, sizeof name, &pbytes, &segs, &shape,
+					    &rack),
 			 0);
+	assert_int_equal(rack, 3);
 	assert_int_equal(segs.n, 3);
 	for (int i = 0; i < 3; i++) {
 		assert_true(segs.counts[i] == counts[i]);
@@ -297,6 +306,12 @@ static void test_declare_request(void **state)
 	wire_buf_u32(&b, RDV_MAX_DIMS + 1);
 	for (int i = 0; i < RDV_MAX_DIMS + 1; i++)
 		wire_buf_u64(&b, 1);
+	wire_buf_u32(&b, (uint32_t)-1);
+	assert_int_equal(decode_declare(b.data, b.len), UNISUM_EPROTO);
+	wire_buf_fini(&b);
+	/* A rack below -1 is refused. */
+	wire_buf_init(&b);
+	rdv_declare_encode(&b, "x", 4096, NULL, NULL, -2);
 	assert_int_equal(decode_declare(b.data, b.len), UNISUM_EPROTO);
 	wire_buf_fini(&b);
 }

@@ -281,6 +281,60 @@ static void test_local_sizes_must_agree(void **state)
 	rdv_scheduler_free(j.sched);
 }
 
+/* UNISUM_RACK is set on every worker or on none (a group of DS-Sync is cut
+ * within racks, so a worker without one could not be placed). */
+static void test_racks_on_every_worker_or_none(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start(&j, 2, 1);
+	j.cfg.rack = 3;
+	job_add(&j, CONFIG_ROLE_WORKER, 0, 0, 1);
+	j.cfg.rack = -1;
+	job_add(&j, CONFIG_ROLE_WORKER, 1, 0, 1);
+	job_join(&j);
+	for (int i = 0; i < 2; i++) {
+		assert_int_not_equal(j.runs[i].rc, 0);
+		if (strstr(j.runs[i].err, "UNISUM_RACK") == NULL ||
+		    strstr(j.runs[i].err, "every worker or on none") == NULL)
+			fail_msg("the error does not name UNISUM_RACK: %s", j.runs[i].err);
+	}
+	assert_int_equal(rdv_scheduler_wait(j.sched), UNISUM_ECONFIG);
+	rdv_scheduler_free(j.sched);
+}
+
+/* Every node's rack reaches every node with the address book. */
+static void test_racks_in_the_address_book(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start(&j, 2, 2);
+	struct node_run *runs[4];
+	for (int i = 0; i < 2; i++) {
+		j.cfg.rack = 10 + i;
+		runs[i] = job_add(&j, CONFIG_ROLE_SERVER, i, 0, 1);
+		j.cfg.rack = 20 + i;
+		runs[2 + i] = job_add(&j, CONFIG_ROLE_WORKER, i, 0, 1);
+	}
+	job_join(&j);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(runs[i]->rc, 0);
+	for (int i = 0; i < 4; i++) {
+		for (int r = 0; r < 2; r++) {
+			assert_int_equal(rdv_client_server(runs[i]->client, r)->rack, 10 + r);
+			assert_int_equal(rdv_client_worker(runs[i]->client, r)->rack, 20 + r);
+		}
+	}
+	for (int i = 2; i < 4; i++)
+		rdv_client_free(runs[i]->client);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(wait_notice(runs[i]), UNISUM_ESHUTDOWN);
+		rdv_client_free(runs[i]->client);
+	}
+	assert_int_equal(rdv_scheduler_wait(j.sched), 0);
+	rdv_scheduler_free(j.sched);
+}
+
 static void test_machine_and_local_rank_unique(void **state)
 {
 	(void)state;
@@ -481,6 +535,8 @@ int main(void)
 		cmocka_unit_test(test_machines_of_two_workers),
 		cmocka_unit_test(test_one_worker_per_machine_by_arrival),
 		cmocka_unit_test(test_local_sizes_must_agree),
+		cmocka_unit_test(test_racks_on_every_worker_or_none),
+		cmocka_unit_test(test_racks_in_the_address_book),
 		cmocka_unit_test(test_machine_and_local_rank_unique),
 		cmocka_unit_test(test_several_workers_need_a_machine),
 		cmocka_unit_test(test_server_takes_global_tensors_from_roots),
