@@ -154,7 +154,12 @@ static int parse_racks(const char *option, const char *list, int want, int **out
 			return -1;
 		}
 		racks[n++] = (int)v;
-		p = *end == ',' ? end + 1 : end;
+		p = *end == ',' && end[1] != '\0' ? end + 1 : end;
+		if (*end == ',' && end[1] == '\0') {
+			fprintf(stderr, "unisum launch: %s ends with a comma: '%s'\n", option, list);
+			free(racks);
+			return -1;
+		}
 	}
 	if (n != want) {
 		fprintf(stderr, "unisum launch: %s names %s racks than the job's %d %s\n", option,

@@ -246,17 +246,6 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 	} else if (worker) {
 		rc = sched_check_local_size(s, n, (int)local_size, host, why, why_len);
 	}
-	if (rc == 0 && worker && s->worker_rack != -2 && (s->worker_rack < 0) != (m.rack < 0)) {
-		snprintf(why, why_len,
-			 "a worker at %s (%s) %s UNISUM_RACK but the first worker %s: set it on every "
-			 "worker or on none", host, s->tp->peer_name(n->conn),
-			 m.rack < 0 ? "does not set" : "sets", s->worker_rack < 0 ? "did not" : "did");
-		sched_send_error(n, UNISUM_ECONFIG, why);
-		sched_fail(s, UNISUM_ECONFIG, why);
-		rc = UNISUM_ECONFIG;
-	} else if (rc == 0 && worker && s->worker_rack == -2) {
-		s->worker_rack = m.rack < 0 ? -1 : m.rack;
-	}
 	if (rc != 0) {
 		pthread_mutex_unlock(&s->lock);
 		return UNISUM_EPROTO;	/* closes the connection, logging why */
@@ -272,6 +261,18 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 			 limit);
 		return UNISUM_EPROTO;
 	}
+	if (worker && s->worker_rack != -2 && (s->worker_rack < 0) != (m.rack < 0)) {
+		snprintf(why, why_len,
+			 "a worker at %s (%s) %s UNISUM_RACK but the first worker %s: set it on every "
+			 "worker or on none", host, s->tp->peer_name(n->conn),
+			 m.rack < 0 ? "does not set" : "sets", s->worker_rack < 0 ? "did not" : "did");
+		sched_send_error(n, UNISUM_ECONFIG, why);
+		sched_fail(s, UNISUM_ECONFIG, why);
+		pthread_mutex_unlock(&s->lock);
+		return UNISUM_EPROTO;	/* closes the connection, logging why */
+	}
+	if (worker && s->worker_rack == -2)
+		s->worker_rack = m.rack < 0 ? -1 : m.rack;
 	n->role = role;
 	n->req_rank = req;
 	n->port = port;

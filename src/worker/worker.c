@@ -223,6 +223,7 @@ static void wk_tensor_free(struct wk_tensor *t)
 	}
 	free(t->cuts);
 	free(t->ranks);
+	free(t->dssync_live);
 	free(t);
 }
 
@@ -681,11 +682,6 @@ static int wk_ensure_conns(struct worker *w)
 	return rc;
 }
 
-/* The wire name of tensor `name` of the process set of sorted `ranks`
- * (n of them) into wire (len bytes): "set:<n>:<FNV-1a of the ranks>/NAME",
- * whatever the set's id; the size comes first, so the scheduler forgets
- * the tensor once that many workers undeclared it (sched_on_forget).  0,
- * or UNISUM_EINVAL (logged, naming `what`) when it does not fit. */
 int wk_rank_rack(struct worker *w, int r)
 {
 	const struct rdv_node *n = rdv_client_worker(w->rdv, r);
@@ -700,6 +696,11 @@ int wk_set_rack(struct worker *w, const int *ranks, int n)
 	return rack;
 }
 
+/* The wire name of tensor `name` of the process set of sorted `ranks`
+ * (n of them) into wire (len bytes): "set:<n>:<FNV-1a of the ranks>/NAME",
+ * whatever the set's id; the size comes first, so the scheduler forgets
+ * the tensor once that many workers undeclared it (sched_on_forget).  0,
+ * or UNISUM_EINVAL (logged, naming `what`) when it does not fit. */
 static int wk_set_wire_name(const int *ranks, int n, const char *name, char *wire, size_t len,
 			    const char *what)
 {
@@ -898,13 +899,22 @@ void worker_trace_names(struct worker *w)
 	pthread_mutex_unlock(&w->lock);
 }
 
-int worker_undeclare(struct worker *w, int tensor)
+/* unisum_undeclare; with `retire`, the undeclare of a dssync group's
+ * tensor after its step (wk_dssync_retire): nothing, quietly, unless it
+ * is still to go and nothing of it is in flight (its group came back
+ * meanwhile: the release of that step retires it, if it is to go then). */
+static int wk_undeclare(struct worker *w, int tensor, bool retire)
 {
-	if (wk_require_init(w) != 0)
-		return UNISUM_ENOTINIT;
 	pthread_mutex_lock(&w->lock);
 	struct wk_tensor *t = tensor >= 0 && tensor < w->ntensors ? w->tensors[tensor] : NULL;
 	int rc = 0;
+	if (retire) {
+		bool held = t == NULL || !t->dssync_retire || t->busy;
+		for (int i = 0; i < w->nops && !held; i++)
+			held = w->ops[i]->t == t;
+		if (held)
+			goto out_unlock;
+	}
 	if (t == NULL) {
 		rc = log_fail(UNISUM_EINVAL, "unisum_undeclare: worker %d has no tensor id %d (never "
 			      "declared, or undeclared already)", w->rank, tensor);
@@ -919,7 +929,8 @@ int worker_undeclare(struct worker *w, int tensor)
 		goto out_unlock;
 	}
 	w->tensors[tensor] = NULL;
-	wk_note_retired(w, t->name, t->life, t->round);
+	if (!t->dssync_group)	/* never announced: a joined worker runs no group */
+		wk_note_retired(w, t->name, t->life, t->round);
 	pthread_mutex_unlock(&w->lock);
 	/* Each cut is its own declaration: every place that holds it lets
 	 * go.  Nothing is in flight, so the servers' replies are all here. */
@@ -935,6 +946,13 @@ int worker_undeclare(struct worker *w, int tensor)
 out_unlock:
 	pthread_mutex_unlock(&w->lock);
 	return rc;
+}
+
+int worker_undeclare(struct worker *w, int tensor)
+{
+	if (wk_require_init(w) != 0)
+		return UNISUM_ENOTINIT;
+	return wk_undeclare(w, tensor, false);
 }
 
 /* ---- operations -------------------------------------------------------------- */
@@ -1156,6 +1174,41 @@ static int wk_dssync_topology(struct worker *w, struct wk_dssync_topo *topo)
 	return 0;
 }
 
+/* The live set tensor of dssync tensor `tensor`'s group ranks[0..m), or
+ * -1 (w->lock held).  Forgets the ids of group tensors that are gone. */
+static int wk_dssync_live(struct worker *w, int tensor, const int *ranks, int m)
+{
+	struct wk_tensor *base = tensor >= 0 && tensor < w->ntensors ? w->tensors[tensor] : NULL;
+	for (int i = 0; base != NULL && i < base->dssync_nlive;) {
+		const struct wk_dssync_life *l = &base->dssync_live[i];
+		const struct wk_tensor *gt = l->id < w->ntensors ? w->tensors[l->id] : NULL;
+		if (gt == NULL || wk_name_hash(gt->name) != l->name_hash) {
+			base->dssync_live[i] = base->dssync_live[--base->dssync_nlive];
+			continue;	/* undeclared (its id may serve another name now) */
+		}
+		if (gt->nranks == m && memcmp(gt->ranks, ranks, (size_t)m * sizeof *ranks) == 0)
+			return l->id;
+		i++;
+	}
+	return -1;
+}
+
+/* Files group tensor gt under its dssync tensor base (w->lock held). */
+static int wk_dssync_remember(struct wk_tensor *base, const struct wk_tensor *gt)
+{
+	if (base->dssync_nlive == base->dssync_cap) {
+		int cap = base->dssync_cap ? 2 * base->dssync_cap : 8;
+		struct wk_dssync_life *nl = realloc(base->dssync_live, (size_t)cap * sizeof *nl);
+		if (nl == NULL)
+			return UNISUM_ENOMEM;
+		base->dssync_live = nl;
+		base->dssync_cap = cap;
+	}
+	base->dssync_live[base->dssync_nlive++] =
+		(struct wk_dssync_life){.id = gt->index, .name_hash = wk_name_hash(gt->name)};
+	return 0;
+}
+
 /* The tensor a push_pull on dssync tensor `tensor` runs on: its group's
  * set tensor at this step (declared on first use: a scheduler round
  * trip), or itself on a global step.  0 with *target, or an error. */
@@ -1207,36 +1260,59 @@ static int wk_dssync_target(struct worker *w, int tensor, int *target, uint64_t 
 	 * most UNISUM_DSSYNC_KEEP + 1 of them per tensor. */
 	bool keep = false;
 	int *next = malloc((size_t)w->size * sizeof *next);
-	for (uint64_t s = step + 1; next != NULL && !keep && s <= step + w->cfg.dssync_keep; s++) {
+	if (next == NULL) {
+		free(ranks);
+		return UNISUM_ENOMEM;
+	}
+	for (uint64_t s = step + 1; !keep && s <= step + (uint64_t)w->cfg.dssync_keep; s++) {
 		if (every > 0 && (s + 1) % every == 0)
 			continue;	/* global */
 		int m2 = wk_dssync_group(seed, s, w->size, g, w->rank, &topo, next);
 		keep = m2 == m && memcmp(next, ranks, (size_t)m * sizeof *ranks) == 0;
 	}
 	free(next);
-	char wire[WK_NAME_MAX];
-	if (wk_set_wire_name(ranks, m, name, wire, sizeof wire, "unisum_push_pull (dssync)") != 0) {
+	/* The group's set tensor while it lives; else a new one, whose name
+	 * carries the step it starts at ("set:<m>:<hash>/NAME@<step>"), the
+	 * same on every member: a group that comes back after its tensor went
+	 * gets a new name, so no declaration ever meets the undeclares of the
+	 * last one (which the scheduler and servers may still be counting). */
+	pthread_mutex_lock(&w->lock);
+	int id = wk_dssync_live(w, tensor, ranks, m);
+	if (id >= 0)
+		w->tensors[id]->dssync_retire = !keep;
+	pthread_mutex_unlock(&w->lock);
+	if (id >= 0) {
 		free(ranks);
-		return UNISUM_EINVAL;
+		*target = id;
+		return 0;
 	}
-	int id = wk_tensor_known(w, wire, dtype, count, WIRE_SYNC_LOCKSTEP);
-	if (id == -1) {
-		rc = wk_ensure_conns(w);
-		if (rc != 0) {
-			free(ranks);
-			return rc;
-		}
-		id = wk_declare(w, wire, dtype, count, NULL, priority, ranks, m,
-				WIRE_SYNC_LOCKSTEP);	/* takes ranks */
-	} else {
-		free(ranks);	/* known, or known with another shape */
+	char wire[WK_NAME_MAX];
+	if (wk_set_wire_name(ranks, m, name, wire, sizeof wire, "unisum_push_pull (dssync)") != 0 ||
+	    (size_t)snprintf(wire + strlen(wire), sizeof wire - strlen(wire), "@%llu",
+			     (unsigned long long)step) >= sizeof wire - strlen(wire)) {
+		free(ranks);
+		return log_fail(UNISUM_EINVAL, "unisum_push_pull (dssync): the name of '%s''s group "
+				"tensor is longer than %d characters", name, WK_NAME_MAX - 1);
 	}
+	rc = wk_ensure_conns(w);
+	if (rc != 0) {
+		free(ranks);
+		return rc;
+	}
+	id = wk_declare(w, wire, dtype, count, NULL, priority, ranks, m,
+			WIRE_SYNC_LOCKSTEP);	/* takes ranks */
 	if (id < 0)
 		return id;
 	pthread_mutex_lock(&w->lock);
-	if (w->tensors[id] != NULL)
-		w->tensors[id]->dssync_retire = !keep;
+	struct wk_tensor *gt = w->tensors[id], *base = w->tensors[tensor];
+	if (gt != NULL) {
+		gt->dssync_group = true;
+		gt->dssync_retire = !keep;
+	}
+	rc = base != NULL && gt != NULL ? wk_dssync_remember(base, gt) : 0;
 	pthread_mutex_unlock(&w->lock);
+	if (rc != 0)
+		return rc;
 	*target = id;
 	return 0;
 }
@@ -1705,22 +1781,12 @@ static int wk_find_op(const struct worker *w, unisum_handle h)
 	return -1;
 }
 
-/* Releases a completed operation and returns its status; w->lock held. */
-/* Undeclares dssync group set tensor `id` (-1: nothing), unless another
- * operation on it started meanwhile (its group came back: the release of
- * that one retires it, if it is to go then). */
+/* Undeclares dssync group set tensor `id` (-1: nothing) after its step
+ * (wk_undeclare's `retire`). */
 static void wk_dssync_retire(struct worker *w, int id)
 {
-	if (id < 0)
-		return;
-	pthread_mutex_lock(&w->lock);
-	const struct wk_tensor *t = id < w->ntensors ? w->tensors[id] : NULL;
-	bool held = t == NULL || t->busy || !t->dssync_retire;
-	for (int i = 0; i < w->nops && !held; i++)
-		held = w->ops[i]->t == t;
-	pthread_mutex_unlock(&w->lock);
-	if (!held)
-		(void)worker_undeclare(w, id);
+	if (id >= 0)
+		(void)wk_undeclare(w, id, true);
 }
 
 /* Releases finished operation i (w->lock held): its result.  *retire: the

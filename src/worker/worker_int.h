@@ -61,9 +61,15 @@ struct wk_tensor {
 	int dssync_g;			/* 0: not dssync */
 	uint32_t dssync_every;
 	uint64_t dssync_step;		/* push_pulls started on it (w->lock) */
-	bool dssync_retire;		/* a group's set tensor whose group does not come back
-					 * within UNISUM_DSSYNC_KEEP steps: undeclared once its
+	bool dssync_group;		/* a dssync group's set tensor ... */
+	bool dssync_retire;		/* ... whose group does not come back within
+					 * UNISUM_DSSYNC_KEEP steps: undeclared once its
 					 * operation is released */
+	struct wk_dssync_life {		/* a dssync tensor's group tensors that may live */
+		int id;
+		uint64_t name_hash;	/* of its name: the id may serve another later */
+	} *dssync_live;
+	int dssync_nlive, dssync_cap;
 	unisum_dtype dtype;
 	uint64_t count;
 	size_t esize;

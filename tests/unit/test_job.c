@@ -1232,15 +1232,18 @@ static int work_ssp(struct job *j, int rank, char *msg, size_t len)
  * group of that step alone (computed here with the same function, seed,
  * step and racks), and every third over all; the averages are exact in
  * float64.  A group within a rack is placed on that rack's servers. */
-/* The server of a partition of the set tensor of dssync.x for group[0..m)
- * that is not in `rack` (-1: none; -2: no such tensor). */
-static int dssync_foreign_server(struct worker *w, const int *group, int m, int rack)
+/* The server of a partition of the set tensor of dssync tensor `name` for
+ * group[0..m) that is not in `rack` (-1: none; -2: no such tensor). */
+static int dssync_foreign_server(struct worker *w, const char *name, const int *group, int m,
+				 int rack)
 {
 	int bad = -2;
+	char part[64];
+	snprintf(part, sizeof part, "/%s@", name);
 	pthread_mutex_lock(&w->lock);
 	for (int t = 0; t < w->ntensors; t++) {
 		const struct wk_tensor *tt = w->tensors[t];
-		if (tt == NULL || tt->nranks != m || strstr(tt->name, "/dssync.x") == NULL ||
+		if (tt == NULL || tt->nranks != m || strstr(tt->name, part) == NULL ||
 		    memcmp(tt->ranks, group, (size_t)m * sizeof *group) != 0)
 			continue;
 		bad = -1;
@@ -1252,23 +1255,30 @@ static int dssync_foreign_server(struct worker *w, const int *group, int m, int 
 	return bad;
 }
 
+/* UNISUM_DSSYNC_KEEP for work_dssync: 1 (a group's tensor stays when the
+ * group comes back next step), then 0 (it goes after every step: the same
+ * group then declares a new tensor at once, while the scheduler may still
+ * count the old one's undeclares). */
+static int dssync_keep_now;
+
 static int work_dssync(struct job *j, int rank, char *msg, size_t len)
 {
-	enum { N = 700, STEPS = 7, G = 2, EVERY = 3 };
+	enum { N = 700, STEPS = 12, G = 2, EVERY = 3 };
 	struct worker *w = j->w[rank];
 	const int n = j->nworkers;
 	w->cfg.dssync_every = EVERY;
 	w->cfg.dssync_cross_every = 2;
-	w->cfg.dssync_keep = 1;
+	w->cfg.dssync_keep = dssync_keep_now;
+	const char *name = dssync_keep_now ? "dssync.k1" : "dssync.k0";
 	int racks[MAX_WORKERS];
 	for (int q = 0; q < n; q++)
 		racks[q] = (q / j->local) % 2;
 	struct wk_dssync_topo topo = {.rack = racks, .cross_every = 2};
-	int id = worker_declare_sync(w, "dssync.x", UNISUM_FLOAT64, N, 0, "dssync:2");
+	int id = worker_declare_sync(w, name, UNISUM_FLOAT64, N, 0, "dssync:2");
 	if (id < 0)
-		FAIL(id, "declare dssync.x: %s", unisum_last_error());
-	if (worker_declare_sync(w, "dssync.x", UNISUM_FLOAT64, N, 0, "dssync:3") != UNISUM_EMISMATCH)
-		FAIL(0, "dssync.x declared again with another group size");
+		FAIL(id, "declare %s: %s", name, unisum_last_error());
+	if (worker_declare_sync(w, name, UNISUM_FLOAT64, N, 0, "dssync:3") != UNISUM_EMISMATCH)
+		FAIL(0, "%s declared again with another group size", name);
 	char job[128];
 	config_job_id(&w->cfg, job, sizeof job);
 	uint64_t seed = wk_name_hash(job);
@@ -1288,10 +1298,10 @@ static int work_dssync(struct job *j, int rank, char *msg, size_t len)
 				     rank, group[k]);
 		bool keep = false;	/* UNISUM_DSSYNC_KEEP = 1: comes back next step */
 		int next[MAX_WORKERS];
-		if (!global && (s + 2) % EVERY != 0)
+		if (dssync_keep_now && !global && (s + 2) % EVERY != 0)
 			keep = wk_dssync_group(seed, (uint64_t)s + 1, n, G, rank, &topo, next) == m &&
 			       memcmp(next, group, (size_t)m * sizeof *group) == 0;
-		int bad = global ? -1 : dssync_foreign_server(w, group, m, racks[rank]);
+		int bad = global ? -1 : dssync_foreign_server(w, name, group, m, racks[rank]);
 		if (!global && (bad == -2) == keep)
 			FAIL(0, "dssync step %d: rank %d's group's tensor is %s, but its group %s next "
 			     "step", s, rank, bad == -2 ? "gone" : "still declared",
@@ -1333,6 +1343,9 @@ static void run_all(int machines, int local, int servers, uint64_t credit, int i
 	atomic_store(&ssp_done, 0);
 	atomic_store(&ssp_released, 0);
 	each_rank(&j, work_main, work_ssp);
+	dssync_keep_now = 1;
+	each_rank(&j, work_main, work_dssync);
+	dssync_keep_now = 0;
 	each_rank(&j, work_main, work_dssync);
 	job_stop(&j);
 }
