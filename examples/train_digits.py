@@ -76,8 +76,26 @@ def main():
     us.init()
     rank, size = us.rank(), us.size()
     torch.manual_seed(args.seed + rank)    # different on purpose: broadcast fixes it
-    torch.set_num_threads(1)
+    model = Net(args.hidden)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    compression = us.Compression.fp16 if args.compression == "fp16" else us.Compression.none
+    optimizer = us.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                        compression=compression, sync=args.sync)
+    us.broadcast_parameters(model.state_dict(), root_rank=0)
+    us.broadcast_optimizer_state(optimizer, root_rank=0)
+    train(args, rank, size, model, optimizer,
+          "compression %s, sync %s" % (args.compression,
+                                       args.sync or os.environ.get("UNISUM_SYNC") or "sync"),
+          lambda t, name: us.push_pull(t, average=False, name=name),
+          optimizer.global_average)     # dssync: every replica the same at the end
+    us.shutdown()
 
+
+def train(args, rank, size, model, optimizer, how, sum_all, at_last_epoch=None):
+    """The training loop, on this rank's shard: `sum_all(tensor, name)`
+    sums a tensor over all ranks; `at_last_epoch` runs before the last
+    evaluation."""
+    torch.set_num_threads(1)
     digits = load_digits()
     x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     y = torch.tensor(digits.target, dtype=torch.int64)
@@ -87,22 +105,12 @@ def main():
     x_test, y_test = x[:n_test], y[:n_test]
     x_train, y_train = x[n_test:][rank::size], y[n_test:][rank::size]   # this worker's shard
 
-    model = Net(args.hidden)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    compression = us.Compression.fp16 if args.compression == "fp16" else us.Compression.none
-    optimizer = us.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                        compression=compression, sync=args.sync)
-    us.broadcast_parameters(model.state_dict(), root_rank=0)
-    us.broadcast_optimizer_state(optimizer, root_rank=0)
-
     if rank == 0:
-        print("digits: %d training images in %d shards, %d held out, %d worker(s), compression "
-              "%s, sync %s" % (len(x) - n_test, size, n_test, size, args.compression,
-                               args.sync or os.environ.get("UNISUM_SYNC") or "sync"), flush=True)
+        print("digits: %d training images in %d shards, %d held out, %d worker(s), %s"
+              % (len(x) - n_test, size, n_test, size, how), flush=True)
     steps = (len(x_train) + args.batch_size - 1) // args.batch_size
     # Every worker must take the same number of steps.
-    steps = int(us.push_pull(torch.tensor([steps], dtype=torch.int64), average=False,
-                             name="steps").item()) // size
+    steps = int(sum_all(torch.tensor([steps], dtype=torch.int64), "steps").item()) // size
     accuracy = 0.0
     for epoch in range(1, args.epochs + 1):
         model.train()
@@ -117,9 +125,9 @@ def main():
             loss.backward()
             optimizer.step()
             total += torch.tensor([loss.item() * len(idx), len(idx)], dtype=torch.float64)
-        total = us.push_pull(total, average=False, name="epoch.loss")
-        if epoch == args.epochs:
-            optimizer.global_average()      # dssync: every replica the same at the end
+        total = sum_all(total, "epoch.loss")
+        if epoch == args.epochs and at_last_epoch is not None:
+            at_last_epoch()
         model.eval()
         with torch.no_grad():
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
@@ -128,7 +136,6 @@ def main():
                   % (epoch, (total[0] / total[1]).item(), accuracy), flush=True)
     if rank == 0:
         print("final held-out accuracy: %.4f" % accuracy, flush=True)
-    us.shutdown()
 
 
 def main_ddp(args):
@@ -143,44 +150,14 @@ def main_ddp(args):
     dist.init_process_group("gloo", init_method="tcp://%s:%s" % (addr, port), rank=rank,
                             world_size=size, timeout=datetime.timedelta(seconds=600))
     torch.manual_seed(args.seed + rank)
-    torch.set_num_threads(1)
-    digits = load_digits()
-    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.int64)
-    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    x, y = x[perm], y[perm]
-    n_test = len(x) // 5
-    x_test, y_test = x[:n_test], y[:n_test]
-    x_train, y_train = x[n_test:][rank::size], y[n_test:][rank::size]
     model = DistributedDataParallel(Net(args.hidden))   # broadcasts rank 0's parameters
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    if rank == 0:
-        print("digits: %d training images in %d shards, %d held out, %d worker(s), DDP on gloo"
-              % (len(x) - n_test, size, n_test, size), flush=True)
-    steps = torch.tensor([(len(x_train) + args.batch_size - 1) // args.batch_size])
-    dist.all_reduce(steps)
-    steps = int(steps.item()) // size
-    accuracy = 0.0
-    for epoch in range(1, args.epochs + 1):
-        model.train()
-        order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
-        total = torch.zeros(2, dtype=torch.float64)
-        for step in range(steps):
-            idx = order[(step * args.batch_size) % len(x_train):][:args.batch_size]
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
-            loss.backward()
-            optimizer.step()
-            total += torch.tensor([loss.item() * len(idx), len(idx)], dtype=torch.float64)
-        dist.all_reduce(total)
-        model.eval()
-        with torch.no_grad():
-            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
-        if rank == 0:
-            print("epoch %2d  loss %.4f  held-out accuracy %.4f"
-                  % (epoch, (total[0] / total[1]).item(), accuracy), flush=True)
-    if rank == 0:
-        print("final held-out accuracy: %.4f" % accuracy, flush=True)
+
+    def sum_all(t, name):
+        dist.all_reduce(t)
+        return t
+
+    train(args, rank, size, model, optimizer, "DDP on gloo", sum_all)
     dist.destroy_process_group()
 
 

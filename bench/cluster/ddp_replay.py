@@ -26,7 +26,6 @@ Every element of every bucket holds rank + 1 before each all_reduce, so
 the sum is W(W+1)/2 exactly; a few elements are checked after the last.
 """
 import argparse
-import datetime
 import os
 import statistics
 import sys
@@ -35,34 +34,21 @@ import time
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gloo_ring import job_args, join  # noqa: E402
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--world", type=int, required=True)
-    ap.add_argument("--master", required=True, help="ADDR:PORT of rank 0's store")
+    job_args(ap, timeout=600)
     ap.add_argument("--params", type=int, required=True, help="float32 parameters of the model")
     ap.add_argument("--compute-ms", type=float, required=True)
-    ap.add_argument("--iters", type=int, required=True)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--bucket-mib", type=float, default=25.0)
-    ap.add_argument("--ifname", default="eth0")
-    ap.add_argument("--timeout", type=float, default=600)
     a = ap.parse_args()
-    if not (0 <= a.rank < a.world) or a.params < 1 or a.iters < 1 or a.warmup < 0 or \
-            a.compute_ms < 0 or a.bucket_mib <= 0:
-        ap.error("need 0 <= rank < world, params >= 1, iters >= 1, warmup >= 0, "
-                 "compute-ms >= 0, bucket-mib > 0")
-    addr, sep, port = a.master.rpartition(":")
-    if not sep or not addr or not port.isdigit():
-        ap.error("--master must be ADDR:PORT")
-
-    torch.set_num_threads(1)
-    if a.ifname:
-        os.environ["GLOO_SOCKET_IFNAME"] = a.ifname
-    dist.init_process_group("gloo", init_method="tcp://%s:%s" % (addr, port),
-                            rank=a.rank, world_size=a.world,
-                            timeout=datetime.timedelta(seconds=a.timeout))
+    if a.params < 1 or a.warmup < 0 or a.compute_ms < 0 or a.bucket_mib <= 0:
+        ap.error("need params >= 1, warmup >= 0, compute-ms >= 0, bucket-mib > 0")
+    join(ap, a)
     per = max(1, int(a.bucket_mib * 1024 * 1024 / 4))
     sizes = [min(per, a.params - off) for off in range(0, a.params, per)]
     buckets = [torch.empty(n, dtype=torch.float32) for n in sizes]

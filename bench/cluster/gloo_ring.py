@@ -38,31 +38,43 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from gloo_allreduce import timed_all_reduce  # noqa: E402
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def job_args(ap, timeout=300):
+    """The options of one process of a gloo job on netns.sh's hosts (also
+    ddp_replay.py's)."""
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--world", type=int, required=True)
     ap.add_argument("--master", required=True, help="ADDR:PORT of rank 0's store")
-    ap.add_argument("--bytes", type=int, required=True, help="message size (multiple of 4)")
     ap.add_argument("--iters", type=int, required=True)
-    ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--ifname", default="eth0",
                     help="interface gloo uses (GLOO_SOCKET_IFNAME); '' = gloo's choice")
-    ap.add_argument("--timeout", type=float, default=300,
+    ap.add_argument("--timeout", type=float, default=timeout,
                     help="seconds to wait for the other ranks and for each collective")
-    a = ap.parse_args()
-    if not (0 <= a.rank < a.world) or a.bytes < 4 or a.bytes % 4 or a.iters < 1 or a.warmup < 0:
-        ap.error("need 0 <= rank < world, bytes a positive multiple of 4, iters >= 1, warmup >= 0")
+
+
+def join(ap, a):
+    """Checks job_args' values and joins the gloo job (one thread)."""
+    if not (0 <= a.rank < a.world) or a.iters < 1:
+        ap.error("need 0 <= rank < world and iters >= 1")
     addr, sep, port = a.master.rpartition(":")
     if not sep or not addr or not port.isdigit():
         ap.error("--master must be ADDR:PORT")
-
     torch.set_num_threads(1)
     if a.ifname:
         os.environ["GLOO_SOCKET_IFNAME"] = a.ifname
     dist.init_process_group("gloo", init_method="tcp://%s:%s" % (addr, port),
                             rank=a.rank, world_size=a.world,
                             timeout=datetime.timedelta(seconds=a.timeout))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    job_args(ap)
+    ap.add_argument("--bytes", type=int, required=True, help="message size (multiple of 4)")
+    ap.add_argument("--warmup", type=int, default=1)
+    a = ap.parse_args()
+    if a.bytes < 4 or a.bytes % 4 or a.warmup < 0:
+        ap.error("need bytes a positive multiple of 4 and warmup >= 0")
+    join(ap, a)
     times = timed_all_reduce(a.rank, a.world, a.bytes, a.iters, a.warmup, "gloo_ring")
     if a.rank == 0 and times is not None:
         print("gloo world=%d bytes=%d median_s=%.6f min_s=%.6f iters=%d"
