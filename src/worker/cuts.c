@@ -64,8 +64,6 @@ int wk_tuner_new(struct worker *w)
 			       .first = {w->cfg.partition_bytes, w->cfg.credit_bytes}};
 	struct tune_hooks hooks = {.arg = w, .post = wk_tune_post, .fail_job = wk_tune_fail_job,
 				   .set_credit = wk_tune_set_credit, .measure = wk_tune_measure};
-	tune_free(w->tuner);
-	w->tuner = NULL;
 	if (w->rank == 0 && w->cfg.autotune_auto && w->cfg.autotune == 2)
 		LOG_INFO("UNISUM_AUTOTUNE is not set: fit mode fits the partition size and credit to "
 			 "the network it measures, starting from %llu B and %llu B",
@@ -74,7 +72,18 @@ int wk_tuner_new(struct worker *w)
 		LOG_INFO("UNISUM_AUTOTUNE is not set and %s is: partition %llu B and credit %llu B "
 			 "hold for good", w->cfg.autotune_set_by, (unsigned long long)cfg.first.pbytes,
 			 (unsigned long long)cfg.first.credit);
-	return tune_new(&cfg, &hooks, &w->tuner);
+	/* The client's reader thread may already be failing the job
+	 * (wk_notice stops the tuner under w->lock): publish it there. */
+	struct tuner *tu;
+	int rc = tune_new(&cfg, &hooks, &tu);
+	if (rc != 0)
+		return rc;
+	pthread_mutex_lock(&w->lock);
+	w->tuner = tu;
+	if (w->failed != 0)
+		tune_stop(tu);
+	pthread_mutex_unlock(&w->lock);
+	return 0;
 }
 
 /* Cuts tensor t into partitions of at most `pbytes`, declares that cut
