@@ -70,6 +70,10 @@ int scheduler_main(int argc, char **argv)
 	int port;
 	/* Nothing listens on every interface unless UNISUM_BIND asks for it. */
 	const char *host = cfg.bind[0] ? cfg.bind : cfg.scheduler_host[0] ? cfg.scheduler_host : "127.0.0.1";
+	/* Nodes started by hand or by a cluster engine may come after the
+	 * job failed: as long as they keep trying to connect (timeout_ms),
+	 * they are told why rather than finding the port closed. */
+	cfg.linger_ms = cfg.timeout_ms;
 	int rc = rdv_scheduler_start(host, cfg.scheduler_port, &cfg, transport_tcp(), &s, &port);
 	if (rc != 0) {
 		fprintf(stderr, "unisum scheduler: %s\n", unisum_last_error());

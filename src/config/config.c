@@ -83,6 +83,9 @@ static const struct knob config_knobs[] = {
 	 "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL"},
 	{"UNISUM_TIMEOUT_MS", NULL, NULL, KNOB_INT, FIELD(timeout_ms), "30000", 100, INT_MAX,
 	 "a node or scheduler silent this long (ms) is declared dead; also bounds connecting"},
+	{"UNISUM_START_TIMEOUT_MS", NULL, NULL, KNOB_INT, FIELD(start_timeout_ms), "300000", 0, INT_MAX,
+	 "every node must register with the scheduler within this long (ms) of its start, else "
+	 "the job fails naming those missing (0: wait for ever, as BytePS does)"},
 	{"UNISUM_HEARTBEAT_MS", NULL, NULL, KNOB_INT, FIELD(heartbeat_ms), "1000", 10, INT_MAX,
 	 "how often (ms) every node and the scheduler send a heartbeat"},
 	{"UNISUM_LOCAL_STAGE_BYTES", NULL, NULL, KNOB_U64, FIELD(local_stage_bytes), "0", 0,

@@ -50,6 +50,10 @@ struct config {
 	int engine_threads;		/* summation threads per server, 0 = one per core */
 	int log_level;			/* enum log_level */
 	int timeout_ms;			/* a peer silent this long is dead; also bounds connecting */
+	int start_timeout_ms;		/* registration must complete within this (0: no limit) */
+	int linger_ms;			/* not from the environment: how long a scheduler whose job
+					 * failed before every node registered still answers
+					 * newcomers with the failure (0: not at all) */
 	int heartbeat_ms;		/* how often nodes and scheduler say they are alive */
 	int stall_warn_ms;		/* a round or barrier waiting this long for some workers is logged */
 	int stall_abort_ms;		/* ... and this long fails the job (0: never) */

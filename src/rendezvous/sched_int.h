@@ -75,6 +75,9 @@ struct rdv_scheduler {
 	int num_servers;
 	int heartbeat_ms, timeout_ms;	/* liveness (UNISUM_HEARTBEAT_MS, UNISUM_TIMEOUT_MS) */
 	int stall_warn_ms, stall_abort_ms; /* barriers (UNISUM_STALL_WARN_MS, _ABORT_MS) */
+	int start_timeout_ms;		/* UNISUM_START_TIMEOUT_MS */
+	int64_t started_ms;		/* when it started listening */
+	bool start_warned;		/* a slow registration was logged */
 	pthread_t thread;		/* accepts, then waits for the end */
 	pthread_t monitor;		/* heartbeats and silence detection */
 	bool monitor_started;
@@ -92,6 +95,10 @@ struct rdv_scheduler {
 	int workers_done;		/* worker processes that said goodbye */
 	bool servers_stopped;		/* SHUTDOWN sent to servers */
 	int error;			/* first failure, 0 if none */
+	char error_why[512];		/* ... its message */
+	int linger_ms;			/* cfg->linger_ms */
+	int64_t linger_until;		/* a failure during registration keeps the listener
+					 * open until then, to tell nodes that come late */
 	int culprit_role, culprit_rank;	/* the node that caused it (role NONE: no one node) */
 	bool aborted;
 	struct sched_tensor *tensors;

@@ -43,6 +43,10 @@ const char *sched_node_label(const struct sched_node *n, char *buf, size_t len)
 	else if (n->role == CONFIG_ROLE_WORKER && n->local_size > 1 && !n->s->book_sent)
 		snprintf(buf, len, "the worker of machine %d, local rank %d (%s)", n->req_rank,
 			 n->local_rank, peer);
+	else if (!n->s->book_sent && n->req_rank >= 0)	/* its rank will be the one it asked */
+		snprintf(buf, len, "%s %d (%s)", config_role_name(n->role), n->req_rank, peer);
+	else if (!n->s->book_sent)
+		snprintf(buf, len, "a %s not given a rank yet (%s)", config_role_name(n->role), peer);
 	else if (n->role == CONFIG_ROLE_WORKER && n->local_size > 1)
 		snprintf(buf, len, "worker %d (machine %d, local rank %d; %s)", n->rank, n->machine,
 			 n->local_rank, peer);
@@ -69,15 +73,32 @@ void sched_fail(struct rdv_scheduler *s, int err, const char *why)
 	if (s->error != 0)
 		return;
 	s->error = err;
+	snprintf(s->error_why, sizeof s->error_why, "%s", why);
 	LOG_ERROR("job failed: %s", why);
+	/* Nodes still starting would only find the port closed, and could
+	 * not say why: until linger_ms from now, a connection that has not
+	 * registered yet, and any new one, is answered with this failure
+	 * when its REGISTER comes (sched_on_register). */
+	bool linger = !s->book_sent && s->linger_ms > 0 && !s->aborted;
+	if (linger)
+		s->linger_until = timing_now_ms() + s->linger_ms;
 	for (int i = 0; i < s->nnodes; i++) {
 		struct sched_node *n = s->nodes[i];
 		if (!n->gone && n->registered)
 			sched_send_error(n, err, why);
-		s->tp->conn_shutdown(n->conn);
+		if (n->registered || !linger)
+			s->tp->conn_shutdown(n->conn);
 	}
-	s->tp->listener_shutdown(s->listener);
+	if (!linger)
+		s->tp->listener_shutdown(s->listener);
 	pthread_cond_broadcast(&s->changed);
+}
+
+/* Whether a failed job still answers nodes that come late (see
+ * sched_fail).  Called with s->lock held. */
+static bool sched_lingers(const struct rdv_scheduler *s)
+{
+	return s->error != 0 && !s->aborted && s->linger_until > timing_now_ms();
 }
 
 /* Gives every registered node of `role` its rank: the one it asked for
@@ -220,6 +241,15 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 			     size_t len, char *why, size_t why_len)
 {
 	struct rdv_register m;
+	pthread_mutex_lock(&s->lock);
+	if (s->error != 0) {
+		/* The job failed while this node was starting (sched_fail). */
+		sched_send_error(n, s->error, s->error_why);
+		pthread_mutex_unlock(&s->lock);
+		snprintf(why, why_len, "the job had failed");
+		return UNISUM_ESHUTDOWN;
+	}
+	pthread_mutex_unlock(&s->lock);
 	int bad = rdv_register_decode(payload, len, &m);
 	int role = m.role, req = m.req_rank, port = m.port, pid = m.pid;
 	uint32_t local_rank = (uint32_t)m.local_rank, local_size = (uint32_t)m.local_size;
@@ -691,6 +721,110 @@ static void sched_check_barriers(struct rdv_scheduler *s, int64_t now)
 	}
 }
 
+/* Appends `text` to buf (of len, holding *used bytes), quietly cut. */
+static void sched_append(char *buf, size_t len, size_t *used, const char *text)
+{
+	if (*used < len)
+		*used += (size_t)snprintf(buf + *used, len - *used, "%s", text);
+}
+
+/* Names the nodes that have not registered yet into buf, as their labels
+ * will read once they do; returns how many there are.  When exactly one
+ * is missing and its rank is known, *role and *rank name it, else *role
+ * is CONFIG_ROLE_NONE.  Called with s->lock held. */
+static int sched_missing(const struct rdv_scheduler *s, char *buf, size_t len, int *role, int *rank)
+{
+	size_t used = 0;
+	int missing = 0;
+	bool known = true;
+	buf[0] = '\0';
+	*role = CONFIG_ROLE_NONE;
+	*rank = -1;
+	for (int r = 0; r < 2; r++) {
+		int want = r == 0 ? CONFIG_ROLE_SERVER : CONFIG_ROLE_WORKER;
+		int L = r == 0 ? 1 : s->local_size;
+		int total = (r == 0 ? s->num_servers : s->num_machines) * L;
+		int have = 0, anonymous = 0;
+		for (int i = 0; i < s->nnodes; i++) {
+			const struct sched_node *n = s->nodes[i];
+			have += n->registered && n->role == want;
+			anonymous += n->registered && n->role == want && n->req_rank < 0;
+		}
+		char one[128];
+		if (L == 0) {	/* the local size comes with the first worker */
+			snprintf(one, sizeof one, "%severy worker (%d machines)", used ? ", " : "",
+				 s->num_machines);
+			sched_append(buf, len, &used, one);
+			missing += s->num_machines;
+			known = false;
+			continue;
+		}
+		if (anonymous > 0) {
+			/* Nodes without UNISUM_SERVER_ID / UNISUM_WORKER_ID take
+			 * free ranks: which ones are missing is not known yet. */
+			if (total > have) {
+				snprintf(one, sizeof one, "%s%d of %d %ss", used ? ", " : "", total - have,
+					 total, config_role_name(want));
+				sched_append(buf, len, &used, one);
+			}
+			missing += total - have;
+			known = false;
+			continue;
+		}
+		for (int slot = 0; slot < total; slot++) {
+			bool here = false;
+			for (int i = 0; i < s->nnodes && !here; i++) {
+				const struct sched_node *n = s->nodes[i];
+				here = n->registered && n->role == want &&
+				       n->req_rank * L + n->local_rank == slot;
+			}
+			if (here)
+				continue;
+			missing++;
+			*role = want;
+			*rank = slot;
+			if (L > 1)
+				snprintf(one, sizeof one, "%sthe worker of machine %d, local rank %d",
+					 used ? ", " : "", slot / L, slot % L);
+			else
+				snprintf(one, sizeof one, "%s%s %d", used ? ", " : "", config_role_name(want),
+					 slot);
+			sched_append(buf, len, &used, one);
+		}
+	}
+	if (missing != 1 || !known)
+		*role = CONFIG_ROLE_NONE;
+	return missing;
+}
+
+/* Registration that has not completed start_timeout_ms after the start
+ * fails the job, naming who is missing; at stall_warn_ms it is logged
+ * once.  Called with s->lock held, before the address book went out. */
+static void sched_check_start(struct rdv_scheduler *s, int64_t now)
+{
+	int64_t waited = now - s->started_ms;
+	bool fail = s->start_timeout_ms > 0 && waited >= s->start_timeout_ms;
+	if (!fail && (s->start_warned || s->stall_warn_ms <= 0 || waited < s->stall_warn_ms))
+		return;
+	char missing[768];
+	int role, rank;
+	sched_missing(s, missing, sizeof missing, &role, &rank);
+	if (!fail) {
+		s->start_warned = true;
+		LOG_WARN("still waiting after %lld ms for %s to register: not started yet, or unable "
+			 "to reach this scheduler?", (long long)waited, missing);
+		return;
+	}
+	char msg[1024];
+	snprintf(msg, sizeof msg,
+		 "the job did not start within %d ms (UNISUM_START_TIMEOUT_MS): %s never registered: "
+		 "not started, died before it reached the scheduler, or cannot reach it",
+		 s->start_timeout_ms, missing);
+	sched_fail(s, UNISUM_ETIMEDOUT, msg);
+	s->culprit_role = role;
+	s->culprit_rank = rank;
+}
+
 static void *sched_monitor_main(void *arg)
 {
 	struct rdv_scheduler *s = arg;
@@ -698,8 +832,12 @@ static void *sched_monitor_main(void *arg)
 	while (!sched_is_finished(s)) {
 		struct timespec until = timing_deadline(s->heartbeat_ms);
 		pthread_cond_timedwait(&s->changed, &s->lock, &until);
-		if (!s->book_sent || sched_is_finished(s))
+		if (sched_is_finished(s))
 			continue;
+		if (!s->book_sent) {
+			sched_check_start(s, timing_now_ms());
+			continue;
+		}
 		int64_t now = timing_now_ms();
 		sched_log_loads(s, now);
 		sched_check_barriers(s, now);
@@ -724,6 +862,13 @@ static void *sched_monitor_main(void *arg)
 			sched_send(n, &hb, NULL);
 		}
 	}
+	/* A failure during registration keeps the door open a while (see
+	 * sched_fail); then the accepting thread is woken to finish. */
+	while (sched_lingers(s)) {
+		struct timespec until = timing_deadline((int)(s->linger_until - timing_now_ms()));
+		pthread_cond_timedwait(&s->changed, &s->lock, &until);
+	}
+	s->tp->listener_shutdown(s->listener);
 	pthread_mutex_unlock(&s->lock);
 	return NULL;
 }
@@ -748,7 +893,7 @@ static void *sched_main(void *arg)
 	 * registers takes no slot. */
 	for (;;) {
 		pthread_mutex_lock(&s->lock);
-		bool done = s->book_sent || s->error != 0 || s->aborted;
+		bool done = s->book_sent || s->aborted || (s->error != 0 && !sched_lingers(s));
 		pthread_mutex_unlock(&s->lock);
 		if (done)
 			break;
@@ -824,6 +969,8 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 	s->timeout_ms = cfg->timeout_ms;
 	s->stall_warn_ms = cfg->stall_warn_ms;
 	s->stall_abort_ms = cfg->stall_abort_ms;
+	s->start_timeout_ms = cfg->start_timeout_ms;
+	s->started_ms = timing_now_ms();
 	/* Grows as connections come (see sched_max_connections). */
 	s->cap_nodes = 2 * (num_machines + num_servers) + 64;
 	s->nodes = calloc((size_t)s->cap_nodes, sizeof *s->nodes);
@@ -844,9 +991,13 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 		rc = UNISUM_ESYS;
 		goto out_listener;
 	}
-	s->monitor_started = pthread_create(&s->monitor, NULL, sched_monitor_main, s) == 0;
-	if (!s->monitor_started)
+	bool monitor = pthread_create(&s->monitor, NULL, sched_monitor_main, s) == 0;
+	if (!monitor)
 		LOG_WARN("cannot start the heartbeat monitor: silent nodes will not be detected");
+	pthread_mutex_lock(&s->lock);
+	s->monitor_started = monitor;
+	s->linger_ms = monitor ? cfg->linger_ms : 0;	/* the monitor ends the lingering */
+	pthread_mutex_unlock(&s->lock);
 	LOG_INFO("scheduler listening on %s:%d for %d servers and %d worker machines", host, *port_out,
 		 num_servers, num_machines);
 	*out = s;

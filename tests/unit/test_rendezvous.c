@@ -85,6 +85,16 @@ struct job {
 	int nruns;
 };
 
+/* Starts j's scheduler with cfg (job_config's, changed by the test). */
+static void job_start_with(struct job *j, const struct config *cfg)
+{
+	memset(j, 0, sizeof *j);
+	j->cfg = *cfg;
+	int port = 0;
+	assert_int_equal(rdv_scheduler_start("127.0.0.1", 0, &j->cfg, transport_tcp(), &j->sched, &port), 0);
+	j->cfg.scheduler_port = port;
+}
+
 static void job_start(struct job *j, int machines, int servers)
 {
 	memset(j, 0, sizeof *j);
@@ -277,6 +287,63 @@ static void test_local_sizes_must_agree(void **state)
 		if (!named)
 			fail_msg("the error does not name both local sizes: %s", j.runs[i].err);
 	}
+	assert_int_equal(rdv_scheduler_wait(j.sched), UNISUM_ECONFIG);
+	rdv_scheduler_free(j.sched);
+}
+
+/* A node that never comes (died before it reached the scheduler, never
+ * started) fails the job UNISUM_START_TIMEOUT_MS after the scheduler
+ * started, naming it to every node that did come; with anonymous nodes
+ * (no UNISUM_WORKER_ID) only how many are missing is known. */
+static void test_start_timeout_names_the_missing(void **state)
+{
+	(void)state;
+	struct config cfg = job_config(2, 1);
+	cfg.start_timeout_ms = 400;
+	struct job j;
+	job_start_with(&j, &cfg);
+	job_add(&j, CONFIG_ROLE_SERVER, 0, 0, 1);
+	job_add(&j, CONFIG_ROLE_WORKER, 1, 0, 1);
+	expect_job_failed(&j, "worker 0 never registered", UNISUM_ETIMEDOUT);
+
+	job_start_with(&j, &cfg);
+	int role, rank;
+	job_add(&j, CONFIG_ROLE_WORKER, 1, 0, 1);
+	job_join(&j);
+	assert_int_not_equal(j.runs[0].rc, 0);
+	if (strstr(j.runs[0].err, "UNISUM_START_TIMEOUT_MS") == NULL ||
+	    strstr(j.runs[0].err, "server 0, worker 0 never registered") == NULL)
+		fail_msg("the error does not name both missing nodes: %s", j.runs[0].err);
+	assert_int_equal(rdv_scheduler_wait(j.sched), UNISUM_ETIMEDOUT);
+	assert_false(rdv_scheduler_culprit(j.sched, &role, &rank));	/* two of them */
+	rdv_scheduler_free(j.sched);
+
+	job_start_with(&j, &cfg);
+	job_add(&j, CONFIG_ROLE_SERVER, 0, 0, 1);
+	job_add(&j, CONFIG_ROLE_WORKER, -1, 0, 1);
+	expect_job_failed(&j, "1 of 2 workers never registered", UNISUM_ETIMEDOUT);
+}
+
+/* A job that fails while nodes are still starting keeps answering for
+ * cfg.linger_ms (the standalone scheduler's UNISUM_TIMEOUT_MS): a node that
+ * comes late learns why, instead of finding the port closed. */
+static void test_late_node_learns_why_the_job_failed(void **state)
+{
+	(void)state;
+	struct config cfg = job_config(2, 1);
+	cfg.linger_ms = 3000;
+	struct job j;
+	job_start_with(&j, &cfg);
+	job_add(&j, CONFIG_ROLE_WORKER, 0, 0, 1);
+	job_add(&j, CONFIG_ROLE_WORKER, 1, 0, 2);	/* the local sizes differ */
+	job_join(&j);
+	assert_int_not_equal(j.runs[0].rc, 0);
+	assert_int_not_equal(j.runs[1].rc, 0);
+	job_add(&j, CONFIG_ROLE_SERVER, 0, 0, 1);	/* after the failure */
+	job_join(&j);
+	assert_int_not_equal(j.runs[2].rc, 0);
+	if (strstr(j.runs[2].err, "UNISUM_LOCAL_SIZE") == NULL)
+		fail_msg("the late server was not told why the job failed: %s", j.runs[2].err);
 	assert_int_equal(rdv_scheduler_wait(j.sched), UNISUM_ECONFIG);
 	rdv_scheduler_free(j.sched);
 }
@@ -535,6 +602,8 @@ int main(void)
 		cmocka_unit_test(test_machines_of_two_workers),
 		cmocka_unit_test(test_one_worker_per_machine_by_arrival),
 		cmocka_unit_test(test_local_sizes_must_agree),
+		cmocka_unit_test(test_start_timeout_names_the_missing),
+		cmocka_unit_test(test_late_node_learns_why_the_job_failed),
 		cmocka_unit_test(test_racks_on_every_worker_or_none),
 		cmocka_unit_test(test_racks_in_the_address_book),
 		cmocka_unit_test(test_machine_and_local_rank_unique),
