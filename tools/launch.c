@@ -269,7 +269,9 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 			 "unisum_shutdown(); stopping the job", launch_role_name(c->role), c->rank, (int)c->pid);
 		return;
 	}
-	if (c->role == CHILD_WORKER && l->workers_done_ms == 0) {
+	/* A node's server serves the other nodes' workers too: it stops when
+	 * the scheduler says the whole job is done. */
+	if (c->role == CHILD_WORKER && l->workers_done_ms == 0 && !l->node_mode) {
 		bool all = true;
 
 		for (int i = 0; i < l->nchildren && all; i++)
@@ -580,7 +582,7 @@ static int job_run(struct launcher *l, const struct config *cfg)
 	int rc;
 
 	launch_shm_sweep_stale();
-	if (!l->one_machine && launch_sched_start(l, cfg) < 0)
+	if ((!l->one_machine || (l->node_mode && l->node_rank == 0)) && launch_sched_start(l, cfg) < 0)
 		return 1;
 	launch_announce(l);
 

@@ -94,6 +94,18 @@ struct launcher {
 	int *machine_rack;		/* [machines] UNISUM_RACK of each, or NULL */
 	int *server_rack;		/* [num_servers] UNISUM_RACK of each, or NULL */
 
+	/* One node of a multi-node job (with --nproc-per-node: --nnodes,
+	 * --node-rank, --master-addr, --master-port, or torchrun's and
+	 * Kubeflow's variables; launch_node.c): this machine's workers, its
+	 * colocated server and, on node 0, the scheduler at the master's
+	 * address.  Implies one_machine. */
+	bool node_mode;
+	int nnodes, node_rank;		/* machines of the job, this one's index */
+	char master_addr[256];		/* where the scheduler listens (node 0) */
+	int master_port;
+	const char *nnodes_opt, *node_rank_opt, *master_addr_opt, *master_port_opt;
+	int sched_listen_port;		/* the in-process scheduler's port, 0 = any */
+
 	/* The shape of the job. */
 	int machines;			/* UNISUM_NUM_WORKER: num_workers / local_size, or the
 					 * environment's with --nproc-per-node */
@@ -233,6 +245,23 @@ int launch_racks_setup(struct launcher *l);
 
 /* Closes and frees what launch_netns_setup() made, also after it failed. */
 void launch_netns_free(struct launcher *l);
+
+/* ---- launch_node.c ------------------------------------------------------- */
+
+/* With --nproc-per-node: whether this is a node of a multi-node job (a
+ * --nnodes, --node-rank, --master-addr or --master-port option, or
+ * MASTER_ADDR / PET_MASTER_ADDR set while UNISUM_SCHEDULER_HOST is not),
+ * and if so its shape, from the options, else torchrun's NNODES,
+ * NODE_RANK, MASTER_ADDR, MASTER_PORT, their PET_ forms, else Kubeflow's
+ * WORLD_SIZE and RANK (pods).  Reads the environment before anything
+ * clears it.  0, or -1 after printing which option or variable is wrong. */
+int launch_node_resolve(struct launcher *l);
+
+/* Puts the job a node belongs to into the environment its children and
+ * the in-process scheduler read (UNISUM_SCHEDULER_HOST, _PORT,
+ * UNISUM_NUM_WORKER, UNISUM_NUM_SERVER, UNISUM_WORKER_ID, UNISUM_NODE_HOST
+ * unless set), and checks the secret.  0, or -1 after printing why. */
+int launch_node_environ(struct launcher *l);
 
 /* ---- launch_job.c -------------------------------------------------------- */
 

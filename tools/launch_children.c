@@ -46,6 +46,7 @@ enum env_scope {
 	ENV_JOB,	/* the job form only */
 	ENV_NETNS,	/* the job form when it places processes in namespaces */
 	ENV_RACKS,	/* the job form with --worker-racks or --server-racks */
+	ENV_SERVER,	/* the forms that start servers: the job form, a node */
 };
 
 /* The variables the launcher sets (or clears) for its children. */
@@ -66,7 +67,7 @@ static const struct {
 	{ "UNISUM_SCHEDULER_PORT", ENV_JOB },
 	{ "UNISUM_WORKER_ID", ENV_JOB },
 	{ "DMLC_WORKER_ID", ENV_JOB },
-	{ "UNISUM_SERVER_ID", ENV_JOB },
+	{ "UNISUM_SERVER_ID", ENV_SERVER },
 	{ "UNISUM_RACK", ENV_RACKS },
 	{ "UNISUM_NODE_HOST", ENV_NETNS },
 	{ "DMLC_NODE_HOST", ENV_NETNS },
@@ -91,7 +92,9 @@ const char *launch_role_name(int role)
 
 int launch_children_init(struct launcher *l)
 {
-	l->nchildren = l->one_machine ? l->local_size : l->num_servers + l->num_workers;
+	/* A node of a multi-node job adds its colocated server, first. */
+	int node_server = l->node_mode ? 1 : 0;
+	l->nchildren = l->one_machine ? node_server + l->local_size : l->num_servers + l->num_workers;
 	l->children = calloc((size_t)l->nchildren, sizeof(*l->children));
 	if (!l->children) {
 		fprintf(stderr, "unisum launch: out of memory for %d processes\n", l->nchildren);
@@ -101,9 +104,12 @@ int launch_children_init(struct launcher *l)
 		struct child *c = &l->children[i];
 
 		c->netns = -1;
-		if (l->one_machine) {
+		if (l->one_machine && i < node_server) {
+			c->role = CHILD_SERVER;
+			c->rank = l->machine;
+		} else if (l->one_machine) {
 			c->role = CHILD_WORKER;
-			c->rank = l->machine * l->local_size + i;
+			c->rank = l->machine * l->local_size + i - node_server;
 		} else {
 			c->role = i < l->num_servers ? CHILD_SERVER : CHILD_WORKER;
 			c->rank = i < l->num_servers ? i : i - l->num_servers;
@@ -194,6 +200,8 @@ static bool env_scope_is_ours(const struct launcher *l, enum env_scope scope)
 		return !l->one_machine && l->nnetns > 0;
 	case ENV_RACKS:
 		return !l->one_machine && (l->machine_rack != NULL || l->server_rack != NULL);
+	case ENV_SERVER:
+		return !l->one_machine || l->node_mode;
 	}
 	return false;
 }
@@ -214,7 +222,8 @@ static bool env_is_ours(const struct launcher *l, const char *var)
 void launch_env_clear(const struct launcher *l)
 {
 	for (size_t i = 0; i < LAUNCH_ENV_OWN_COUNT; i++)
-		if (!l->one_machine || env_own[i].scope == ENV_MACHINE)
+		if (!l->one_machine || env_own[i].scope == ENV_MACHINE ||
+		    (l->node_mode && env_own[i].scope == ENV_SERVER))
 			unsetenv(env_own[i].name);
 }
 
@@ -290,6 +299,8 @@ static struct child_env *env_build(const struct launcher *l, const struct child 
 		env_add(env, &own, "UNISUM_LOCAL_SIZE=%d", l->local_size);
 		env_add_ranks(l, c, env, &own);
 	}
+	if (l->one_machine && c->role == CHILD_SERVER)	/* a node's own server */
+		env_add(env, &own, "UNISUM_SERVER_ID=%d", c->rank);
 	if (l->one_machine)
 		return env;	/* the rest is the job's, inherited */
 

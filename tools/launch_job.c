@@ -166,6 +166,23 @@ static int job_config(struct launcher *l, const struct config *env, struct confi
 	return 0;
 }
 
+/* Node 0 of a multi-node job: the in-process scheduler's configuration,
+ * from the job's environment (launch_node_environ put its shape there).
+ * The other nodes are not the launcher's children: a node that starts
+ * after the job failed is told why for UNISUM_TIMEOUT_MS, as by
+ * `unisum scheduler`. */
+static int node_sched_config(struct config *cfg)
+{
+	char err[512];
+
+	if (config_load(cfg, err, sizeof(err)) != 0 || auth_set_secret(cfg->secret) != 0) {
+		fprintf(stderr, "unisum launch: %s\n", err);
+		return LAUNCH_EXIT_USAGE;
+	}
+	cfg->linger_ms = cfg->timeout_ms;
+	return 0;
+}
+
 int launch_job_configure(struct launcher *l, struct config *cfg)
 {
 	int rc;
@@ -180,8 +197,19 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 	if (job_id_choose(l, &env) < 0)
 		return LAUNCH_EXIT_USAGE;
 	if (l->one_machine) {
+		if (l->node_mode && launch_node_environ(l) < 0)
+			return LAUNCH_EXIT_USAGE;
+		if (l->no_secret && !l->node_mode) {
+			unsetenv("UNISUM_SECRET");
+			unsetenv("UNISUM_SECRET_FILE");
+		}
 		if (machine_config(l) < 0)
 			return LAUNCH_EXIT_USAGE;
+		if (l->node_mode) {
+			l->num_servers = l->nnodes;
+			if (l->node_rank == 0)
+				return node_sched_config(cfg);
+		}
 		/* No scheduler here: nothing to wait for. */
 		l->sched_done = true;
 		return 0;
@@ -196,7 +224,13 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 
 void launch_announce(const struct launcher *l)
 {
-	if (l->one_machine)
+	if (l->node_mode)
+		fprintf(stderr, "unisum launch: node %d of %d: server %d and %d worker(s) (ranks %d "
+			"to %d)%s, scheduler at %s:%d, job %s:", l->node_rank, l->nnodes, l->node_rank,
+			l->local_size, l->machine * l->local_size, (l->machine + 1) * l->local_size - 1,
+			l->node_rank == 0 ? " and the scheduler" : "", l->master_addr,
+			l->master_port, l->job_id);
+	else if (l->one_machine)
 		fprintf(stderr, "unisum launch: machine %d of %d, %d worker(s) (ranks %d to %d), "
 			"scheduler at %s:%d, job %s:", l->machine, l->machines, l->local_size,
 			l->machine * l->local_size, (l->machine + 1) * l->local_size - 1,
@@ -296,8 +330,8 @@ static int sched_start_fn(void *arg)
 {
 	struct sched_start_args *a = arg;
 
-	return rdv_scheduler_start(a->l->sched_addr, 0, a->cfg, transport_tcp(), &a->l->sched,
-				   &a->l->port);
+	return rdv_scheduler_start(a->l->sched_addr, a->l->sched_listen_port, a->cfg, transport_tcp(),
+				   &a->l->sched, &a->l->port);
 }
 
 int launch_sched_start(struct launcher *l, const struct config *cfg)
@@ -312,8 +346,9 @@ int launch_sched_start(struct launcher *l, const struct config *cfg)
 	if (rc == LAUNCH_NETNS_NOT_ENTERED)
 		return -1;
 	if (rc < 0) {
-		fprintf(stderr, "unisum launch: cannot start the scheduler on %s: %s\n",
-			l->sched_addr, unisum_strerror(rc));
+		fprintf(stderr, "unisum launch: cannot start the scheduler on %s: %s%s\n",
+			l->sched_addr, unisum_strerror(rc), l->node_mode ? " (the master's address "
+			"must be this node's own, or set UNISUM_BIND=0.0.0.0 on node 0)" : "");
 		return -1;
 	}
 	rc = pthread_create(&l->waiter, NULL, sched_waiter, l);

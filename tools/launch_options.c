@@ -24,7 +24,8 @@
 #define LAUNCH_USAGE_LINES \
 	"usage: unisum launch [-w N] [-s K] [--local-size L] [--timeout SEC] [--no-secret]\n" \
 	"                     [--] CMD [ARGS...]\n" \
-	"       unisum launch --nproc-per-node L [--timeout SEC] [--] CMD [ARGS...]\n"
+	"       unisum launch --nproc-per-node L [--nnodes N --node-rank R\n" \
+	"                     --master-addr A --master-port P] [--timeout SEC] [--] CMD [ARGS...]\n"
 
 static void usage(FILE *out)
 {
@@ -54,6 +55,14 @@ static void usage(FILE *out)
 	      "                      UNISUM_NUM_SERVER, UNISUM_WORKER_ID (this machine,\n"
 	      "                      from 0), the job's secret (or their DMLC_* names);\n"
 	      "                      worker ranks are UNISUM_WORKER_ID x L + local rank\n"
+	      "      --nnodes N, --node-rank R, --master-addr A, --master-port P\n"
+	      "                      with --nproc-per-node, as torchrun: node R of N\n"
+	      "                      runs L workers and a colocated server, node 0 also\n"
+	      "                      the scheduler at A:P.  Without them, MASTER_ADDR and\n"
+	      "                      MASTER_PORT with NNODES and NODE_RANK (or PET_NNODES\n"
+	      "                      and PET_NODE_RANK, or Kubernetes PyTorchJob's\n"
+	      "                      WORLD_SIZE and RANK) say the same.  Every node needs\n"
+	      "                      the same UNISUM_SECRET (or --no-secret)\n"
 	      "      --worker-netns NS,NS,...\n"
 	      "                      run machine i's workers in network namespace NS_i\n"
 	      "                      (/run/netns/NS_i; one per machine): an emulated\n"
@@ -227,6 +236,22 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 	} else if ((m = option_match(argc, argv, i, NULL, "--nproc-per-node", &value)) != 0) {
 		if (m < 0 || parse_count("--nproc-per-node", value, LAUNCH_LOCAL_MAX, nproc) < 0)
 			goto out_bad_value;
+	} else if ((m = option_match(argc, argv, i, NULL, "--nnodes", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->nnodes_opt = value;
+	} else if ((m = option_match(argc, argv, i, NULL, "--node-rank", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->node_rank_opt = value;
+	} else if ((m = option_match(argc, argv, i, NULL, "--master-addr", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->master_addr_opt = value;
+	} else if ((m = option_match(argc, argv, i, NULL, "--master-port", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->master_port_opt = value;
 	} else if ((m = option_match(argc, argv, i, NULL, "--timeout", &value)) != 0) {
 		if (m < 0 || parse_seconds(value, &l->timeout_s) < 0)
 			goto out_bad_value;
@@ -257,7 +282,6 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 		*job_option = arg;
 	} else if (strcmp(arg, "--no-secret") == 0) {
 		l->no_secret = true;
-		*job_option = arg;
 	} else {
 		return 1;
 	}
@@ -290,7 +314,13 @@ int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 		l->one_machine = true;
 		l->local_size = nproc;
 		l->num_servers = 0;
-		return 0;
+		return launch_node_resolve(l);
+	}
+	if (l->nnodes_opt || l->node_rank_opt || l->master_addr_opt || l->master_port_opt) {
+		fprintf(stderr, "unisum launch: --nnodes, --node-rank, --master-addr and "
+			"--master-port start one node of a multi-node job: they go with "
+			"--nproc-per-node\n");
+		return -1;
 	}
 	if (l->local_size == 0) {
 		/* One host, one machine: the shared-memory path by default. */
