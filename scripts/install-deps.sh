@@ -50,7 +50,7 @@ clang            test   clang
 libclang-rt-14-dev test
 iproute2         test   ip tc ss
 iputils-ping     test   ping
-procps           test   pgrep ps
+procps           test   pgrep pkill ps
 python3          test
 python3-minimal  test   python3
 python3-numpy    test
@@ -63,6 +63,8 @@ python3-pip      test
 python3-venv     test
 python3-setuptools test
 iperf3           test   iperf3
+openssh-client   test   ssh ssh-keygen
+openssh-server   test   sshd
 
 # Benchmarks only.
 openmpi-bin      bench  mpirun mpicc

@@ -181,7 +181,9 @@ static void job_fail(struct launcher *l, int status, const char *fmt, ...)
 	for (int i = l->echo_ms != 0 ? 0 : 1; i < l->nechoes; i++)
 		fprintf(stderr, "unisum launch: then %s\n", l->echoes[i]);
 	launch_children_signal(l, SIGTERM);
-	l->kill_at_ms = timing_now_ms() + LAUNCH_TERM_GRACE_MS;
+	/* A host's launcher gives its own children the same grace before it
+	 * kills them: wait for that too. */
+	l->kill_at_ms = timing_now_ms() + LAUNCH_TERM_GRACE_MS * (l->nhosts > 0 ? 2 : 1);
 }
 
 /* Sends SIGKILL to every child still running, naming each. */
@@ -208,6 +210,9 @@ static bool child_is_culprit(const struct launcher *l, const struct child *c)
 	int role, rank;
 	if (l->sched == NULL || !rdv_scheduler_culprit(l->sched, &role, &rank))
 		return false;
+	if (c->role == CHILD_SSH)	/* the host of that server or worker */
+		return (role == CONFIG_ROLE_SERVER && rank == c->rank) ||
+		       (role == CONFIG_ROLE_WORKER && rank / l->local_size == c->rank);
 	return c->rank == rank && c->role == (role == CONFIG_ROLE_SERVER ? CHILD_SERVER : CHILD_WORKER) &&
 	       (role == CONFIG_ROLE_SERVER || role == CONFIG_ROLE_WORKER);
 }
@@ -465,10 +470,23 @@ static int loop_timeout(const struct launcher *l, int64_t now)
 	return next - now > INT_MAX ? INT_MAX : (int)(next - now);
 }
 
+/* --remote: reads what came on stdin; at its end (the launcher that
+ * started this node over ssh is gone, or stopped the job) stops the node. */
+static void remote_stdin_check(struct launcher *l)
+{
+	char buf[256];
+	ssize_t n = read(STDIN_FILENO, buf, sizeof(buf));
+
+	if (n > 0 || (n < 0 && (errno == EINTR || errno == EAGAIN)))
+		return;
+	l->remote_stdin_open = false;
+	job_fail(l, 1, "the ssh connection to the launcher ended; stopping this host's processes");
+}
+
 /* Runs until every child is gone (or, after SIGKILL, given up on). */
 static int loop_run(struct launcher *l)
 {
-	size_t slots = 2 + 2 * (size_t)l->nchildren;
+	size_t slots = 3 + 2 * (size_t)l->nchildren;
 	struct pollfd *fds = calloc(slots, sizeof(*fds));
 	struct stream **streams = calloc(slots, sizeof(*streams));
 	struct child **owners = calloc(slots, sizeof(*owners));
@@ -495,15 +513,20 @@ static int loop_run(struct launcher *l)
 		fds[0] = (struct pollfd){ .fd = l->sigfd, .events = POLLIN };
 		fds[1] = (struct pollfd){ .fd = l->sched_done ? -1 : l->waiter_pipe[0],
 					  .events = POLLIN };
-		n = launch_output_fds(l, fds, 2, streams, owners);
+		/* A node started over ssh: its stdin ends when the connection does. */
+		fds[2] = (struct pollfd){ .fd = l->remote_stdin_open ? STDIN_FILENO : -1,
+					  .events = POLLIN };
+		n = launch_output_fds(l, fds, 3, streams, owners);
 		if (poll(fds, (nfds_t)n, loop_timeout(l, now)) < 0 && errno != EINTR) {
 			rc = -errno;
 			goto out_free;
 		}
 
-		for (int i = 2; i < n; i++)
+		for (int i = 3; i < n; i++)
 			if (fds[i].revents)
 				launch_stream_read(owners[i], streams[i]);
+		if (fds[2].revents)
+			remote_stdin_check(l);
 		if (fds[1].revents) {
 			launch_sched_collect(l);
 			if (l->sched_done && l->sched_rc != 0 && !l->stopping)
@@ -582,12 +605,14 @@ static int job_run(struct launcher *l, const struct config *cfg)
 	int rc;
 
 	launch_shm_sweep_stale();
-	if ((!l->one_machine || (l->node_mode && l->node_rank == 0)) && launch_sched_start(l, cfg) < 0)
+	if ((!l->one_machine || (l->node_mode && l->node_rank == 0 && !l->remote)) &&
+	    launch_sched_start(l, cfg) < 0)
 		return 1;
 	launch_announce(l);
 
 	l->start_ms = timing_now_ms();
 	l->job_started = true;
+	l->remote_stdin_open = l->remote;
 	children_start(l);
 
 	rc = loop_run(l);
@@ -662,6 +687,11 @@ static int launcher_run(struct launcher *l)
 		goto out_close_waiter_pipe;
 
 	status = job_run(l, &cfg);
+	for (int i = 0; i < l->nchildren; i++) {
+		if (l->children[i].stdin_fd >= 0)
+			close(l->children[i].stdin_fd);
+		launch_ssh_free(&l->children[i]);
+	}
 	if (l->sched_abandoned) {
 		/* The waiter thread still holds `l` and its pipe: leave both
 		 * to the process exit that follows. */
@@ -681,6 +711,7 @@ out_free_launcher:
 	launch_netns_free(l);
 	free(l->machine_rack);
 	free(l->server_rack);
+	free(l->hosts);
 	free(l->entry_fds);
 	free(l);
 	return status;
@@ -693,6 +724,7 @@ int launch_main(int argc, char **argv)
 		return 1;
 	int rc = launch_options_parse(l, argc, argv);
 	if (rc != 0) {
+		free(l->hosts);
 		free(l);
 		return rc > 0 ? 0 : LAUNCH_EXIT_USAGE;
 	}

@@ -45,6 +45,7 @@ struct rdv_scheduler;
 enum child_role {
 	CHILD_SERVER,
 	CHILD_WORKER,
+	CHILD_SSH,			/* -H: the ssh client running node `rank` on its host */
 };
 
 /* One of a child's output pipes, and the partial line read from it. */
@@ -62,7 +63,11 @@ struct child {
 	pid_t pid;			/* process id, also its process group; 0 until spawned */
 	bool running;			/* spawned and not yet reaped */
 	bool signalled;			/* the launcher sent it SIGTERM or SIGKILL */
-	char prefix[32];		/* "[worker 0] ", put before each line */
+	char prefix[80];		/* "[worker 0] ", put before each line */
+	char **argv;			/* an ssh child's command (malloc'd), else NULL */
+	char *argv_mem[3];		/* ... the strings it owns (launch_ssh_free) */
+	int stdin_fd;			/* an ssh child's stdin (the secret, then EOF to stop
+					 * its node), else -1 */
 	int netns;			/* index in launcher.netns, -1 = the launcher's */
 	struct stream out;		/* its stdout */
 	struct stream err;		/* its stderr */
@@ -105,6 +110,22 @@ struct launcher {
 	int master_port;
 	const char *nnodes_opt, *node_rank_opt, *master_addr_opt, *master_port_opt;
 	int sched_listen_port;		/* the in-process scheduler's port, 0 = any */
+
+	/* A job over ssh (-H host:slots,... or --hostfile; launch_ssh.c): the
+	 * scheduler here, every host a node started by `ssh host unisum launch
+	 * --remote ...`.  The remote launcher reads the secret from its stdin
+	 * and stops its node when stdin ends (the ssh connection is gone). */
+	const char *hosts_opt, *hostfile_opt, *ssh_args_opt;
+	double start_timeout_s;		/* --start-timeout (ssh's ConnectTimeout and the
+					 * scheduler's UNISUM_START_TIMEOUT_MS) */
+	struct launch_host {
+		char name[256];		/* as given: [user@]host */
+		int slots;
+	} *hosts;
+	int nhosts;
+	char secret[256];		/* the job's secret, for the hosts' stdin ("" = none) */
+	bool remote;			/* --remote: a node started by such a launcher */
+	bool remote_stdin_open;		/* ... and its stdin has not ended yet */
 
 	/* The shape of the job. */
 	int machines;			/* UNISUM_NUM_WORKER: num_workers / local_size, or the
@@ -262,6 +283,34 @@ int launch_node_resolve(struct launcher *l);
  * UNISUM_NUM_WORKER, UNISUM_NUM_SERVER, UNISUM_WORKER_ID, UNISUM_NODE_HOST
  * unless set), and checks the secret.  0, or -1 after printing why. */
 int launch_node_environ(struct launcher *l);
+
+/* ---- launch_ssh.c -------------------------------------------------------- */
+
+/* -H / --hostfile: reads the hosts and derives the job's shape (one
+ * machine of `slots` workers and a colocated server per host).  0, or -1
+ * after printing why. */
+int launch_hosts_setup(struct launcher *l);
+
+/* The scheduler's address as the hosts reach it (this host's address on
+ * the route to the first host) into l->sched_addr.  0, or -1 after
+ * printing why. */
+int launch_hosts_sched_addr(struct launcher *l);
+
+/* Builds ssh child c's command (c->argv), once the scheduler's port is
+ * known.  0, or -ENOMEM. */
+int launch_ssh_argv(struct launcher *l, struct child *c);
+
+/* Frees what launch_ssh_argv() made for c. */
+void launch_ssh_free(struct child *c);
+
+/* The IPv4 address of `host` into ip (INET_ADDRSTRLEN) and this host's
+ * own address on the route to it (the address `host` reaches this one
+ * at) into local; port only picks a route.  0, or -1 after printing why. */
+int launch_route_addr(const char *host, int port, char *ip, char *local);
+
+/* --remote: reads the job's secret, one line, from stdin into
+ * UNISUM_SECRET (an empty line: no secret).  0, or -1 after printing why. */
+int launch_remote_secret(void);
 
 /* ---- launch_job.c -------------------------------------------------------- */
 

@@ -87,14 +87,15 @@ static const struct {
 
 const char *launch_role_name(int role)
 {
-	return role == CHILD_SERVER ? "server" : "worker";
+	return role == CHILD_SERVER ? "server" : role == CHILD_SSH ? "host" : "worker";
 }
 
 int launch_children_init(struct launcher *l)
 {
 	/* A node of a multi-node job adds its colocated server, first. */
 	int node_server = l->node_mode ? 1 : 0;
-	l->nchildren = l->one_machine ? node_server + l->local_size : l->num_servers + l->num_workers;
+	l->nchildren = l->nhosts > 0 ? l->nhosts : l->one_machine ? node_server + l->local_size
+		       : l->num_servers + l->num_workers;
 	l->children = calloc((size_t)l->nchildren, sizeof(*l->children));
 	if (!l->children) {
 		fprintf(stderr, "unisum launch: out of memory for %d processes\n", l->nchildren);
@@ -104,6 +105,16 @@ int launch_children_init(struct launcher *l)
 		struct child *c = &l->children[i];
 
 		c->netns = -1;
+		c->stdin_fd = -1;
+		if (l->nhosts > 0) {
+			c->role = CHILD_SSH;
+			c->rank = i;
+			snprintf(c->prefix, sizeof(c->prefix), "[%.64s] ", l->hosts[i].name);
+			c->out.fd = c->err.fd = -1;
+			c->out.out_fd = STDOUT_FILENO;
+			c->err.out_fd = STDERR_FILENO;
+			continue;
+		}
 		if (l->one_machine && i < node_server) {
 			c->role = CHILD_SERVER;
 			c->rank = l->machine;
@@ -289,6 +300,8 @@ static struct child_env *env_build(const struct launcher *l, const struct child 
 		if (!env_is_ours(l, *e))
 			env->envp[used++] = *e;
 	env->envp[used] = NULL;
+	if (c->role == CHILD_SSH)
+		return env;	/* ssh passes no environment: the command carries it */
 
 	/* UNISUM_JOB_ID is in environ already (see job_id_choose() in
 	 * launch_job.c). */
@@ -342,8 +355,8 @@ static void child_say(const char *s)
 /* The child's side of fork(): async-signal-safe calls only, because the
  * scheduler's threads were running at fork() time.  Never returns. */
 __attribute__((noreturn))
-static void child_exec(const struct launcher *l, const struct child *c, int out_w, int err_w,
-		       char *const argv[], char *const envp[])
+static void child_exec(const struct launcher *l, const struct child *c, int in_r, int out_w,
+		       int err_w, char *const argv[], char *const envp[])
 {
 	struct sigaction dfl = { .sa_handler = SIG_DFL };
 	const char *why;
@@ -354,7 +367,7 @@ static void child_exec(const struct launcher *l, const struct child *c, int out_
 	if (getppid() != l->self)
 		_exit(1);	/* the launcher died before PDEATHSIG was armed */
 
-	if (dup2(l->devnull, STDIN_FILENO) < 0 || dup2(out_w, STDOUT_FILENO) < 0 ||
+	if (dup2(in_r, STDIN_FILENO) < 0 || dup2(out_w, STDOUT_FILENO) < 0 ||
 	    dup2(err_w, STDERR_FILENO) < 0)
 		_exit(127);
 	sigaction(SIGPIPE, &dfl, NULL);
@@ -386,18 +399,26 @@ static void child_exec(const struct launcher *l, const struct child *c, int out_
 int launch_child_spawn(struct launcher *l, struct child *c)
 {
 	static char *server_argv[] = { "unisum", "server", NULL };
-	char *const *argv = c->role == CHILD_SERVER ? server_argv : l->cmd;
 	struct child_env *env;
-	int out_pipe[2], err_pipe[2];
+	int out_pipe[2], err_pipe[2], in_pipe[2] = { -1, -1 };
 	int rc = 0;
 	pid_t pid;
 
+	if (c->role == CHILD_SSH && !c->argv && (rc = launch_ssh_argv(l, c)) < 0)
+		return rc;
+	char *const *argv = c->role == CHILD_SERVER ? server_argv : c->role == CHILD_SSH ? c->argv
+			    : l->cmd;
 	env = env_build(l, c);
 	if (!env)
 		return -ENOMEM;
-	if (pipe2(out_pipe, O_CLOEXEC) < 0) {
+	/* An ssh child reads the secret, then waits for EOF (launch_ssh.c). */
+	if (c->role == CHILD_SSH && pipe2(in_pipe, O_CLOEXEC) < 0) {
 		rc = -errno;
 		goto out_free_env;
+	}
+	if (pipe2(out_pipe, O_CLOEXEC) < 0) {
+		rc = -errno;
+		goto out_close_in_pipe;
 	}
 	if (pipe2(err_pipe, O_CLOEXEC) < 0) {
 		rc = -errno;
@@ -413,7 +434,8 @@ int launch_child_spawn(struct launcher *l, struct child *c)
 		goto out_close_out_pipe;
 	}
 	if (pid == 0)
-		child_exec(l, c, out_pipe[1], err_pipe[1], argv, env->envp);
+		child_exec(l, c, in_pipe[0] >= 0 ? in_pipe[0] : l->devnull, out_pipe[1], err_pipe[1],
+			   argv, env->envp);
 
 	/* Also set the group here, so that a signal sent before the child ran
 	 * setpgid() still finds it. */
@@ -426,11 +448,30 @@ int launch_child_spawn(struct launcher *l, struct child *c)
 	fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
 	c->out.fd = out_pipe[0];
 	c->err.fd = err_pipe[0];
+	if (in_pipe[0] >= 0) {
+		/* The line fits the pipe: this does not block. */
+		size_t len = strlen(l->secret);
+		char line[sizeof(l->secret) + 1];
+
+		memcpy(line, l->secret, len);
+		line[len] = '\n';
+		close(in_pipe[0]);
+		c->stdin_fd = in_pipe[1];
+		if (write(c->stdin_fd, line, len + 1) != (ssize_t)(len + 1))
+			fprintf(stderr, "unisum launch: cannot send host %d its secret: %s\n", c->rank,
+				strerror(errno));
+		explicit_bzero(line, sizeof(line));
+	}
 	goto out_free_env;
 
 out_close_out_pipe:
 	close(out_pipe[0]);
 	close(out_pipe[1]);
+out_close_in_pipe:
+	if (in_pipe[0] >= 0) {
+		close(in_pipe[0]);
+		close(in_pipe[1]);
+	}
 out_free_env:
 	env_free(env);
 	return rc;
@@ -444,6 +485,14 @@ void launch_children_signal(struct launcher *l, int sig)
 		if (!c->running)
 			continue;
 		c->signalled = true;
+		if (c->role == CHILD_SSH && sig == SIGTERM) {
+			/* Its node stops at the end of its stdin (launch_ssh.c), and
+			 * ssh exits once everything on the host is gone. */
+			if (c->stdin_fd >= 0)
+				close(c->stdin_fd);
+			c->stdin_fd = -1;
+			continue;
+		}
 		if (kill(-c->pid, sig) < 0)
 			kill(c->pid, sig);
 	}

@@ -197,6 +197,8 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 	if (job_id_choose(l, &env) < 0)
 		return LAUNCH_EXIT_USAGE;
 	if (l->one_machine) {
+		if (l->remote && launch_remote_secret() < 0)
+			return LAUNCH_EXIT_USAGE;
 		if (l->node_mode && launch_node_environ(l) < 0)
 			return LAUNCH_EXIT_USAGE;
 		if (l->no_secret && !l->node_mode) {
@@ -207,7 +209,7 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 			return LAUNCH_EXIT_USAGE;
 		if (l->node_mode) {
 			l->num_servers = l->nnodes;
-			if (l->node_rank == 0)
+			if (l->node_rank == 0 && !l->remote)	/* -H runs it at the launcher */
 				return node_sched_config(cfg);
 		}
 		/* No scheduler here: nothing to wait for. */
@@ -219,16 +221,28 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 		return rc;
 	if (launch_netns_setup(l) < 0 || launch_racks_setup(l) < 0)
 		return LAUNCH_EXIT_USAGE;
+	if (l->nhosts > 0) {
+		/* Over ssh: the hosts reach the scheduler here; one that does
+		 * not register in time is named. */
+		if (launch_hosts_sched_addr(l) < 0)
+			return LAUNCH_EXIT_USAGE;
+		cfg->start_timeout_ms = (int)(l->start_timeout_s * 1000);
+		snprintf(l->secret, sizeof(l->secret), "%s", cfg->secret);
+	}
 	return 0;
 }
 
 void launch_announce(const struct launcher *l)
 {
-	if (l->node_mode)
+	if (l->nhosts > 0)
+		fprintf(stderr, "unisum launch: scheduler on %s:%d, %d host(s) over ssh, each with a "
+			"server and %d worker(s), job %s:", l->sched_addr, l->port, l->nhosts,
+			l->local_size, l->job_id);
+	else if (l->node_mode)
 		fprintf(stderr, "unisum launch: node %d of %d: server %d and %d worker(s) (ranks %d "
 			"to %d)%s, scheduler at %s:%d, job %s:", l->node_rank, l->nnodes, l->node_rank,
 			l->local_size, l->machine * l->local_size, (l->machine + 1) * l->local_size - 1,
-			l->node_rank == 0 ? " and the scheduler" : "", l->master_addr,
+			l->node_rank == 0 && !l->remote ? " and the scheduler" : "", l->master_addr,
 			l->master_port, l->job_id);
 	else if (l->one_machine)
 		fprintf(stderr, "unisum launch: machine %d of %d, %d worker(s) (ranks %d to %d), "

@@ -141,8 +141,7 @@ static int resolve_ipv4(const char *host, char *out)
 	int rc = getaddrinfo(host, NULL, &hints, &res);
 
 	if (rc != 0) {
-		fprintf(stderr, "unisum launch: cannot resolve the master's address '%s': %s\n",
-			host, gai_strerror(rc));
+		fprintf(stderr, "unisum launch: cannot resolve '%s': %s\n", host, gai_strerror(rc));
 		return -1;
 	}
 	inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, out, INET_ADDRSTRLEN);
@@ -166,7 +165,7 @@ static int local_addr_toward(const char *ip, int port, char *out)
 		inet_ntop(AF_INET, &sa.sin_addr, out, INET_ADDRSTRLEN);
 		rc = 0;
 	} else {
-		fprintf(stderr, "unisum launch: no route from this node to the master %s: %s\n", ip,
+		fprintf(stderr, "unisum launch: no route from this host to %s: %s\n", ip,
 			strerror(errno));
 	}
 	if (fd >= 0)
@@ -174,12 +173,17 @@ static int local_addr_toward(const char *ip, int port, char *out)
 	return rc;
 }
 
+int launch_route_addr(const char *host, int port, char *ip, char *local)
+{
+	return resolve_ipv4(host, ip) < 0 || local_addr_toward(ip, port, local) < 0 ? -1 : 0;
+}
+
 int launch_node_environ(struct launcher *l)
 {
 	char ip[INET_ADDRSTRLEN], here[INET_ADDRSTRLEN], num[16];
 	const char *bind = getenv("UNISUM_BIND");
 
-	if (resolve_ipv4(l->master_addr, ip) < 0 || local_addr_toward(ip, l->master_port, here) < 0)
+	if (launch_route_addr(l->master_addr, l->master_port, ip, here) < 0)
 		return -1;
 	if (l->no_secret) {
 		unsetenv("UNISUM_SECRET");

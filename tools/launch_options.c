@@ -24,6 +24,8 @@
 #define LAUNCH_USAGE_LINES \
 	"usage: unisum launch [-w N] [-s K] [--local-size L] [--timeout SEC] [--no-secret]\n" \
 	"                     [--] CMD [ARGS...]\n" \
+	"       unisum launch -H HOST:SLOTS,... | --hostfile FILE [--ssh-args ARGS]\n" \
+	"                     [--start-timeout SEC] [--timeout SEC] [--no-secret] [--] CMD [ARGS...]\n" \
 	"       unisum launch --nproc-per-node L [--nnodes N --node-rank R\n" \
 	"                     --master-addr A --master-port P] [--timeout SEC] [--] CMD [ARGS...]\n"
 
@@ -63,6 +65,17 @@ static void usage(FILE *out)
 	      "                      and PET_NODE_RANK, or Kubernetes PyTorchJob's\n"
 	      "                      WORLD_SIZE and RANK) say the same.  Every node needs\n"
 	      "                      the same UNISUM_SECRET (or --no-secret)\n"
+	      "  -H, --hosts HOST[:SLOTS],...\n"
+	      "      --hostfile FILE  a job over ssh (OpenMPI's \"host slots=N\" lines in\n"
+	      "                      FILE): the scheduler here, and on every host SLOTS\n"
+	      "                      workers and a colocated server, started with ssh\n"
+	      "                      (BatchMode; this program's path and working directory\n"
+	      "                      on every host; the secret on ssh's stdin).  A lost\n"
+	      "                      ssh connection stops that host's processes\n"
+	      "      --ssh-args ARGS more ssh options (\"-i KEY -p 2222\", say)\n"
+	      "      --start-timeout SEC\n"
+	      "                      how long a host may take to be reached and every\n"
+	      "                      node to register (default 30)\n"
 	      "      --worker-netns NS,NS,...\n"
 	      "                      run machine i's workers in network namespace NS_i\n"
 	      "                      (/run/netns/NS_i; one per machine): an emulated\n"
@@ -192,16 +205,17 @@ int launch_racks_setup(struct launcher *l)
 	return 0;
 }
 
-/* Parses --timeout's number of seconds (0 for none). */
-static int parse_seconds(const char *value, double *out)
+/* Parses --timeout's (or --start-timeout's) number of seconds (0 for
+ * none). */
+static int parse_seconds(const char *option, const char *value, double *out)
 {
 	char *end;
 
 	errno = 0;
 	*out = strtod(value, &end);
 	if (errno || end == value || *end != '\0' || !(*out >= 0) || *out > 1e9) {
-		fprintf(stderr, "unisum launch: --timeout needs a number of seconds "
-			"(0 for none), got '%s'\n", value);
+		fprintf(stderr, "unisum launch: %s needs a number of seconds "
+			"(0 for none), got '%s'\n", option, value);
 		return -1;
 	}
 	return 0;
@@ -236,6 +250,23 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 	} else if ((m = option_match(argc, argv, i, NULL, "--nproc-per-node", &value)) != 0) {
 		if (m < 0 || parse_count("--nproc-per-node", value, LAUNCH_LOCAL_MAX, nproc) < 0)
 			goto out_bad_value;
+	} else if ((m = option_match(argc, argv, i, "-H", "--hosts", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->hosts_opt = value;
+	} else if ((m = option_match(argc, argv, i, NULL, "--hostfile", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->hostfile_opt = value;
+	} else if ((m = option_match(argc, argv, i, NULL, "--ssh-args", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->ssh_args_opt = value;
+	} else if ((m = option_match(argc, argv, i, NULL, "--start-timeout", &value)) != 0) {
+		if (m < 0 || parse_seconds("--start-timeout", value, &l->start_timeout_s) < 0)
+			goto out_bad_value;
+	} else if (strcmp(arg, "--remote") == 0) {
+		l->remote = true;
 	} else if ((m = option_match(argc, argv, i, NULL, "--nnodes", &value)) != 0) {
 		if (m < 0)
 			goto out_bad_value;
@@ -253,7 +284,7 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 			goto out_bad_value;
 		l->master_port_opt = value;
 	} else if ((m = option_match(argc, argv, i, NULL, "--timeout", &value)) != 0) {
-		if (m < 0 || parse_seconds(value, &l->timeout_s) < 0)
+		if (m < 0 || parse_seconds("--timeout", value, &l->timeout_s) < 0)
 			goto out_bad_value;
 	} else if ((m = option_match(argc, argv, i, NULL, "--worker-netns", &value)) != 0) {
 		if (m < 0)
@@ -302,6 +333,28 @@ int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 {
 	if (!l->cmd || !l->cmd[0]) {
 		fprintf(stderr, "unisum launch: no command to run\n");
+		return -1;
+	}
+	if (l->hosts_opt || l->hostfile_opt) {
+		if (job_option || nproc > 0 || l->remote || l->nnodes_opt || l->node_rank_opt ||
+		    l->master_addr_opt || l->master_port_opt) {
+			fprintf(stderr, "unisum launch: -H and --hostfile take the job's shape from the "
+				"hosts: %s does not go with them\n", job_option ? job_option :
+				nproc > 0 ? "--nproc-per-node" : l->remote ? "--remote" : "a node option");
+			return -1;
+		}
+		return launch_hosts_setup(l);
+	}
+	if (l->ssh_args_opt || l->start_timeout_s > 0) {
+		fprintf(stderr, "unisum launch: --ssh-args and --start-timeout go with -H or "
+			"--hostfile\n");
+		return -1;
+	}
+	if (l->remote && (nproc == 0 || !(l->nnodes_opt && l->node_rank_opt && l->master_addr_opt &&
+					   l->master_port_opt))) {
+		fprintf(stderr, "unisum launch: --remote is how a launcher started with -H starts a "
+			"node over ssh: it needs --nproc-per-node, --nnodes, --node-rank, --master-addr "
+			"and --master-port\n");
 		return -1;
 	}
 	if (nproc > 0) {

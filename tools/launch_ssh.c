@@ -1,0 +1,376 @@
+/*
+ * launch_ssh.c - a job over ssh, as `horovodrun -H` and BytePS's
+ * dist_launcher run one (issue 21):
+ *
+ *   unisum launch -H h1:4,h2:4 [--ssh-args ARGS] [--start-timeout SEC] -- CMD
+ *   unisum launch --hostfile FILE ...     (OpenMPI's "host slots=N" lines)
+ *
+ * The scheduler runs inside this launcher; every host is a node of the job
+ * (launch_node.c): `slots` workers and a colocated server, started by
+ *
+ *   ssh -o BatchMode=yes -o ConnectTimeout=SEC [ARGS] host \
+ *       cd CWD && exec env VARS... UNISUM launch --remote --nproc-per-node S \
+ *       --nnodes N --node-rank I --master-addr A --master-port P -- CMD
+ *
+ * with the system's OpenSSH client.  The job's secret travels on ssh's
+ * stdin, one line, never on a command line that `ps` shows; the remote
+ * launcher keeps reading its stdin and stops its node when it ends, which
+ * is what happens when this launcher stops the ssh client or the
+ * connection is lost: nothing keeps running on a host whose ssh is gone.
+ * VARS are this environment's UNISUM_*, BYTEPS_*, DMLC_* knobs (not those
+ * a node sets itself), PATH, PYTHONPATH and LD_LIBRARY_PATH; UNISUM is this
+ * program's own path, which the hosts share (one build on a shared file
+ * system, or the same install everywhere).
+ */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "launch.h"
+
+extern char **environ;
+
+/* Most hosts of a job. */
+#define LAUNCH_HOSTS_MAX 2048
+
+/* Adds host `name` with `slots` (text; NULL: 1) to l->hosts. */
+static int host_add(struct launcher *l, const char *name, size_t len, const char *slots,
+		    const char *from)
+{
+	char *end;
+	long n = 1;
+
+	if (len == 0 || len >= sizeof(l->hosts[0].name)) {
+		fprintf(stderr, "unisum launch: %s: '%.*s' is not a host name\n", from, (int)len, name);
+		return -1;
+	}
+	if (slots) {
+		errno = 0;
+		n = strtol(slots, &end, 10);
+		if (errno || end == slots || (*end && *end != ',' && !isspace((unsigned char)*end)) ||
+		    n < 1 || n > 1024) {
+			fprintf(stderr, "unisum launch: %s: host %.*s needs a number of slots from 1 "
+				"to 1024\n", from, (int)len, name);
+			return -1;
+		}
+	}
+	if (l->nhosts == LAUNCH_HOSTS_MAX) {
+		fprintf(stderr, "unisum launch: %s: more than %d hosts\n", from, LAUNCH_HOSTS_MAX);
+		return -1;
+	}
+	struct launch_host *grown = realloc(l->hosts, (size_t)(l->nhosts + 1) * sizeof(*grown));
+	if (!grown) {
+		fprintf(stderr, "unisum launch: out of memory\n");
+		return -1;
+	}
+	l->hosts = grown;
+	memcpy(l->hosts[l->nhosts].name, name, len);
+	l->hosts[l->nhosts].name[len] = '\0';
+	l->hosts[l->nhosts].slots = (int)n;
+	l->nhosts++;
+	return 0;
+}
+
+/* -H host[:slots],... */
+static int hosts_parse_list(struct launcher *l, const char *list)
+{
+	const char *p = list;
+
+	while (*p) {
+		const char *comma = strchr(p, ',');
+		size_t len = comma ? (size_t)(comma - p) : strlen(p);
+		const char *colon = memchr(p, ':', len);
+
+		if (host_add(l, p, colon ? (size_t)(colon - p) : len, colon ? colon + 1 : NULL, "-H") < 0)
+			return -1;
+		if (!comma)
+			break;
+		p = comma + 1;
+		if (!*p) {
+			fprintf(stderr, "unisum launch: -H ends with a comma: '%s'\n", list);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* --hostfile: "host [slots=N]" per line (OpenMPI's and Horovod's format),
+ * "host:N" too; '#' starts a comment. */
+static int hosts_parse_file(struct launcher *l, const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char line[1024], from[PATH_MAX + 32];
+	int lineno = 0, rc = 0;
+
+	if (!f) {
+		fprintf(stderr, "unisum launch: --hostfile %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	while (rc == 0 && fgets(line, sizeof(line), f)) {
+		char *p = line, *hash = strchr(line, '#'), *slots;
+		size_t len;
+
+		lineno++;
+		if (hash)
+			*hash = '\0';
+		while (isspace((unsigned char)*p))
+			p++;
+		if (!*p)
+			continue;
+		len = strcspn(p, " \t\r\n:");
+		slots = strstr(p + len, "slots=");
+		snprintf(from, sizeof(from), "%s:%d", path, lineno);
+		if (p[len] == ':')
+			slots = p + len + 1;
+		else if (slots)
+			slots += strlen("slots=");
+		rc = host_add(l, p, len, slots, from);
+	}
+	fclose(f);
+	if (rc == 0 && l->nhosts == 0) {
+		fprintf(stderr, "unisum launch: --hostfile %s names no host\n", path);
+		return -1;
+	}
+	return rc;
+}
+
+int launch_hosts_setup(struct launcher *l)
+{
+	if (l->hosts_opt && l->hostfile_opt) {
+		fprintf(stderr, "unisum launch: give -H or --hostfile, not both\n");
+		return -1;
+	}
+	if ((l->hosts_opt ? hosts_parse_list(l, l->hosts_opt)
+			  : hosts_parse_file(l, l->hostfile_opt)) < 0)
+		return -1;
+	for (int i = 1; i < l->nhosts; i++) {
+		if (l->hosts[i].slots != l->hosts[0].slots) {
+			fprintf(stderr, "unisum launch: host %s has %d slots and %s %d: every host "
+				"runs the same number of workers\n", l->hosts[i].name, l->hosts[i].slots,
+				l->hosts[0].name, l->hosts[0].slots);
+			return -1;
+		}
+	}
+	l->local_size = l->hosts[0].slots;
+	l->machines = l->nhosts;
+	l->num_workers = l->nhosts * l->local_size;
+	l->num_servers = l->nhosts;	/* one colocated server per host */
+	if (l->start_timeout_s == 0)
+		l->start_timeout_s = 30;
+	return 0;
+}
+
+/* The host part of "[user@]host". */
+static const char *host_of(const char *name)
+{
+	const char *at = strrchr(name, '@');
+
+	return at ? at + 1 : name;
+}
+
+int launch_hosts_sched_addr(struct launcher *l)
+{
+	char ip[INET_ADDRSTRLEN];
+
+	return launch_route_addr(host_of(l->hosts[0].name), 22, ip, l->sched_addr);
+}
+
+/* ---- the remote command ---------------------------------------------------- */
+
+/* A string that grows; `failed` once out of memory. */
+struct text {
+	char *s;
+	size_t len, cap;
+	bool failed;
+};
+
+static void text_add(struct text *t, const char *s, size_t n)
+{
+	if (t->failed)
+		return;
+	if (t->len + n + 1 > t->cap) {
+		size_t cap = (t->len + n + 1) * 2;
+		char *grown = realloc(t->s, cap);
+
+		if (!grown) {
+			t->failed = true;
+			return;
+		}
+		t->s = grown;
+		t->cap = cap;
+	}
+	memcpy(t->s + t->len, s, n);
+	t->len += n;
+	t->s[t->len] = '\0';
+}
+
+static void text_str(struct text *t, const char *s)
+{
+	text_add(t, s, strlen(s));
+}
+
+/* Adds s in single quotes, for the remote shell (' as '\''), then a space. */
+static void text_quoted(struct text *t, const char *s)
+{
+	text_str(t, "'");
+	for (const char *q; (q = strchr(s, '\'')); s = q + 1) {
+		text_add(t, s, (size_t)(q - s));
+		text_str(t, "'\\''");
+	}
+	text_str(t, s);
+	text_str(t, "' ");
+}
+
+/* Whether environ entry `var` travels to the hosts: a knob of the job,
+ * not one that a node sets for itself or the secret (which goes on
+ * stdin). */
+static bool env_travels(const char *var)
+{
+	static const char *const own[] = {
+		"UNISUM_SECRET=", "UNISUM_SECRET_FILE=", "UNISUM_JOB_ID=", "UNISUM_SCHEDULER_HOST=",
+		"UNISUM_SCHEDULER_PORT=", "UNISUM_NUM_WORKER=", "UNISUM_NUM_SERVER=",
+		"UNISUM_WORKER_ID=", "UNISUM_SERVER_ID=", "UNISUM_NODE_HOST=", "UNISUM_BIND=",
+		"UNISUM_PORT=", "UNISUM_ROLE=", "UNISUM_LOCAL_RANK=", "UNISUM_LOCAL_SIZE=",
+		"UNISUM_LAUNCHED=", "UNISUM_RACK=", "DMLC_ROLE=", "DMLC_PS_ROOT_URI=",
+		"DMLC_PS_ROOT_PORT=", "DMLC_NUM_WORKER=", "DMLC_NUM_SERVER=", "DMLC_WORKER_ID=",
+		"DMLC_NODE_HOST=", "DMLC_PORT=", "BYTEPS_LOCAL_RANK=", "BYTEPS_LOCAL_SIZE=", NULL,
+	};
+	static const char *const knobs[] = { "UNISUM_", "BYTEPS_", "DMLC_", "PATH=", "PYTHONPATH=",
+					     "LD_LIBRARY_PATH=", NULL };
+	bool knob = false;
+
+	for (const char *const *k = knobs; *k && !knob; k++)
+		knob = strncmp(var, *k, strlen(*k)) == 0;
+	for (const char *const *o = own; *o && knob; o++)
+		knob = strncmp(var, *o, strlen(*o)) != 0;
+	return knob;
+}
+
+/* The shell command that starts node `rank` on its host. */
+static char *remote_command(const struct launcher *l, int rank)
+{
+	struct text t = { 0 };
+	char self[PATH_MAX], cwd[PATH_MAX], num[32];
+
+	if (!realpath("/proc/self/exe", self))
+		snprintf(self, sizeof(self), "unisum");
+	text_str(&t, "cd ");
+	text_quoted(&t, getcwd(cwd, sizeof(cwd)) ? cwd : "/");
+	text_str(&t, "&& exec env ");
+	for (char **e = environ; *e; e++)
+		if (env_travels(*e))
+			text_quoted(&t, *e);
+	text_quoted(&t, self);
+	text_str(&t, "launch --remote --nproc-per-node ");
+	snprintf(num, sizeof(num), "%d --nnodes %d ", l->local_size, l->nhosts);
+	text_str(&t, num);
+	snprintf(num, sizeof(num), "--node-rank %d ", rank);
+	text_str(&t, num);
+	text_str(&t, "--master-addr ");
+	text_quoted(&t, l->sched_addr);
+	snprintf(num, sizeof(num), "--master-port %d ", l->port);
+	text_str(&t, num);
+	if (l->no_secret)
+		text_str(&t, "--no-secret ");
+	text_str(&t, "-- ");
+	for (char **a = l->cmd; *a; a++)
+		text_quoted(&t, *a);
+	if (t.failed) {
+		free(t.s);
+		return NULL;
+	}
+	return t.s;
+}
+
+int launch_ssh_argv(struct launcher *l, struct child *c)
+{
+	char timeout[64];
+	char *remote = remote_command(l, c->rank);
+	char *args = l->ssh_args_opt ? strdup(l->ssh_args_opt) : NULL;
+	size_t n = 0, cap = 16;
+	char **argv = NULL;
+
+	if (!remote || (l->ssh_args_opt && !args))
+		goto out_nomem;
+	for (char *p = args; p && *p; p++)
+		cap += isspace((unsigned char)*p) != 0;
+	argv = calloc(cap, sizeof(*argv));
+	if (!argv)
+		goto out_nomem;
+	snprintf(timeout, sizeof(timeout), "ConnectTimeout=%d",
+		 l->start_timeout_s < 1 ? 1 : (int)l->start_timeout_s);
+	argv[n++] = "ssh";
+	argv[n++] = "-o";
+	argv[n++] = "BatchMode=yes";
+	argv[n++] = "-o";
+	argv[n++] = strdup(timeout);
+	for (char *save, *w = args ? strtok_r(args, " \t\n", &save) : NULL; w;
+	     w = strtok_r(NULL, " \t\n", &save))
+		argv[n++] = w;
+	argv[n++] = l->hosts[c->rank].name;
+	argv[n++] = remote;
+	argv[n] = NULL;
+	if (!argv[4])
+		goto out_nomem;
+	c->argv = argv;
+	c->argv_mem[0] = argv[4];
+	c->argv_mem[1] = args;
+	c->argv_mem[2] = remote;
+	return 0;
+
+out_nomem:
+	if (argv)
+		free(argv[4]);
+	free(argv);
+	free(args);
+	free(remote);
+	return -ENOMEM;
+}
+
+void launch_ssh_free(struct child *c)
+{
+	free(c->argv);
+	for (int i = 0; i < 3; i++)
+		free(c->argv_mem[i]);
+	c->argv = NULL;
+}
+
+int launch_remote_secret(void)
+{
+	char line[512];
+	size_t n = 0;
+
+	for (;;) {
+		char ch;
+		ssize_t r = read(STDIN_FILENO, &ch, 1);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			fprintf(stderr, "unisum launch --remote: the job's secret did not come on "
+				"stdin (the launcher that started this node over ssh sends it)\n");
+			return -1;
+		}
+		if (ch == '\n')
+			break;
+		if (n + 1 >= sizeof(line)) {
+			fprintf(stderr, "unisum launch --remote: the secret on stdin is too long\n");
+			return -1;
+		}
+		line[n++] = ch;
+	}
+	line[n] = '\0';
+	unsetenv("UNISUM_SECRET_FILE");
+	if (n == 0)
+		unsetenv("UNISUM_SECRET");
+	else if (setenv("UNISUM_SECRET", line, 1) != 0)
+		return -1;
+	explicit_bzero(line, sizeof(line));
+	return 0;
+}
