@@ -70,13 +70,22 @@ left_in_hosts() {
 	echo "$n"
 }
 
-# sums_checked : every node exited 0 and all 6 workers report the same
-# digest of exact sums.
-sums_checked() {
+# all_exited_0 : every node's launcher exited 0.
+all_exited_0() {
 	for i in 0 1 2; do
 		[ "$(cat "$log/rc$i")" -eq 0 ] || return 1
 	done
-	[ "$(cat "$log"/node* | grep -c 'sums ok')" -eq 6 ] &&
+}
+
+# rounds_checked : ... and all 6 workers checked 100 rounds exactly.
+rounds_checked() {
+	all_exited_0 && [ "$(cat "$log"/node* | grep -c '100 rounds ok')" -eq 6 ]
+}
+
+# sums_checked : ... and all 6 workers report the same digest of exact
+# sums.
+sums_checked() {
+	all_exited_0 && [ "$(cat "$log"/node* | grep -c 'sums ok')" -eq 6 ] &&
 		[ "$(cat "$log"/node* | sed -n 's/.*sums ok, digest //p' | sort -u | wc -l)" -eq 1 ]
 }
 
@@ -97,10 +106,11 @@ drop_logs "$log"
 if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	log=$(mktemp -d)
 	t0=$(date +%s%N)
-	nodes "PyTorchJob" env sums
-	expect "Kubernetes PyTorchJob's variables alone (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK): every sum exact [$(ms_since "$t0") ms]" sums_checked
+	nodes "PyTorchJob" env rounds 100
+	expect "Kubernetes PyTorchJob's variables alone (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK): 100 rounds exact [$(ms_since "$t0") ms]" \
+		rounds_checked
 	expect "... and the workers got their own RANK and WORLD_SIZE (6), not the pods'" \
-		sh -c "grep -q 'rank 5: sums ok' '$log/node2'"
+		sh -c "grep -q 'rank 5: 100 rounds ok' '$log/node2'"
 	drop_logs "$log"
 
 	# Worker 3 (node 1, local rank 1) kills itself after 30 rounds.
