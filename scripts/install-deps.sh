@@ -59,6 +59,7 @@ python3-torchvision test
 python3-sklearn  test
 python3-tqdm     test
 python3-pytest   test
+python3-yaml     test
 python3-pip      test
 python3-venv     test
 python3-setuptools test

@@ -106,6 +106,9 @@ struct launcher {
 	 * address.  Implies one_machine. */
 	bool node_mode;
 	int nnodes, node_rank;		/* machines of the job, this one's index */
+	int node_servers;		/* the job's servers: nnodes colocated ones, then
+					 * CPU-only ones started elsewhere (--cpu-servers) */
+	const char *cpu_servers_opt;
 	char master_addr[256];		/* where the scheduler listens (node 0) */
 	int master_port;
 	const char *nnodes_opt, *node_rank_opt, *master_addr_opt, *master_port_opt;

@@ -208,7 +208,7 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 		if (machine_config(l) < 0)
 			return LAUNCH_EXIT_USAGE;
 		if (l->node_mode) {
-			l->num_servers = l->nnodes;
+			l->num_servers = l->node_servers;
 			if (l->node_rank == 0 && !l->remote)	/* -H runs it at the launcher */
 				return node_sched_config(cfg);
 		}

@@ -90,7 +90,7 @@ int launch_node_resolve(struct launcher *l)
 	static const char *const sched_vars[] = { "UNISUM_SCHEDULER_HOST", "DMLC_PS_ROOT_URI", NULL };
 	const char *value, *name, *ignored;
 	bool by_option = l->nnodes_opt || l->node_rank_opt || l->master_addr_opt ||
-			 l->master_port_opt;
+			 l->master_port_opt || l->cpu_servers_opt;
 
 	/* A machine of a job described by UNISUM_* (started by hand) is not
 	 * a node of one described by the engine's variables. */
@@ -130,6 +130,23 @@ int launch_node_resolve(struct launcher *l)
 	l->master_port = LAUNCH_MASTER_PORT;
 	if (value && parse_int(name, value, 1, 65535, "a TCP port", &l->master_port) < 0)
 		return -1;
+
+	/* CPU-only servers (`unisum server` on hosts without workers, taking
+	 * the ranks after the nodes' by arrival): --cpu-servers K, or a total
+	 * in UNISUM_NUM_SERVER. */
+	static const char *const servers_vars[] = { "UNISUM_NUM_SERVER", "DMLC_NUM_SERVER", NULL };
+	int cpu = 0;
+	l->node_servers = l->nnodes;
+	if (l->cpu_servers_opt) {
+		if (parse_int("--cpu-servers", l->cpu_servers_opt, 0, LAUNCH_NODES_MAX,
+			      "a number of servers", &cpu) < 0)
+			return -1;
+		l->node_servers = l->nnodes + cpu;
+	} else if ((value = env_first(servers_vars, &name)) != NULL) {
+		if (parse_int(name, value, l->nnodes, l->nnodes + LAUNCH_NODES_MAX,
+			      "the job's servers: one per node and any CPU-only ones", &l->node_servers) < 0)
+			return -1;
+	}
 	return 0;
 }
 
@@ -200,7 +217,9 @@ int launch_node_environ(struct launcher *l)
 	setenv("UNISUM_SCHEDULER_PORT", num, 1);
 	snprintf(num, sizeof(num), "%d", l->nnodes);
 	setenv("UNISUM_NUM_WORKER", num, 1);
-	setenv("UNISUM_NUM_SERVER", num, 1);	/* one colocated server per node */
+	snprintf(num, sizeof(num), "%d", l->node_servers);
+	setenv("UNISUM_NUM_SERVER", num, 1);	/* one colocated server per node, then CPU-only */
+	unsetenv("DMLC_NUM_SERVER");
 	snprintf(num, sizeof(num), "%d", l->node_rank);
 	setenv("UNISUM_WORKER_ID", num, 1);
 	unsetenv("DMLC_WORKER_ID");

@@ -65,6 +65,11 @@ static void usage(FILE *out)
 	      "                      and PET_NODE_RANK, or Kubernetes PyTorchJob's\n"
 	      "                      WORLD_SIZE and RANK) say the same.  Every node needs\n"
 	      "                      the same UNISUM_SECRET (or --no-secret)\n"
+	      "      --cpu-servers K with them: K CPU-only servers join the job, each\n"
+	      "                      started on a host of its own with `unisum server`\n"
+	      "                      (UNISUM_NUM_SERVER=N+K, no UNISUM_SERVER_ID: they take\n"
+	      "                      ranks N.. as they come); UNISUM_NUM_SERVER=N+K says the\n"
+	      "                      same\n"
 	      "  -H, --hosts HOST[:SLOTS],...\n"
 	      "      --hostfile FILE  a job over ssh (OpenMPI's \"host slots=N\" lines in\n"
 	      "                      FILE): the scheduler here, and on every host SLOTS\n"
@@ -267,6 +272,10 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 			goto out_bad_value;
 	} else if (strcmp(arg, "--remote") == 0) {
 		l->remote = true;
+	} else if ((m = option_match(argc, argv, i, NULL, "--cpu-servers", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->cpu_servers_opt = value;
 	} else if ((m = option_match(argc, argv, i, NULL, "--nnodes", &value)) != 0) {
 		if (m < 0)
 			goto out_bad_value;
@@ -369,10 +378,11 @@ int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 		l->num_servers = 0;
 		return launch_node_resolve(l);
 	}
-	if (l->nnodes_opt || l->node_rank_opt || l->master_addr_opt || l->master_port_opt) {
-		fprintf(stderr, "unisum launch: --nnodes, --node-rank, --master-addr and "
-			"--master-port start one node of a multi-node job: they go with "
-			"--nproc-per-node\n");
+	if (l->nnodes_opt || l->node_rank_opt || l->master_addr_opt || l->master_port_opt ||
+	    l->cpu_servers_opt) {
+		fprintf(stderr, "unisum launch: --nnodes, --node-rank, --master-addr, "
+			"--master-port and --cpu-servers start one node of a multi-node job: they go "
+			"with --nproc-per-node\n");
 		return -1;
 	}
 	if (l->local_size == 0) {

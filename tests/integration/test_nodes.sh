@@ -1,12 +1,14 @@
 # Integration: a job of several nodes, each started on its own host the
 # way torchrun and Kubernetes start one: `unisum launch --nproc-per-node 2`
-# per host, told only the job's shape (issue 21).  Three hosts are network
+# per host, told only the job's shape (issue 21).  Four hosts are network
 # namespaces on a bridge (bench/cluster/netns.sh); node 0 runs the
 # scheduler inside its launcher, every node a colocated server and two
 # workers, and every byte between nodes crosses a veth link over TCP.
 #
 #   - torchrun's options (--nnodes, --node-rank, --master-addr,
-#     --master-port): every worker checks every element of every sum;
+#     --master-port, --cpu-servers 1 with `unisum server` on host 3):
+#     every worker checks every element of every sum, and the placement
+#     has a colocated server at each node's address and the CPU-only one;
 #   - Kubernetes' PyTorchJob contract: the same from MASTER_ADDR,
 #     MASTER_PORT, WORLD_SIZE and RANK alone;
 #   - a worker killed on node 1: every node's launcher fails naming it,
@@ -26,28 +28,40 @@ fi
 NETNS="$(cd "$(dirname "$0")/../.." && pwd)/bench/cluster/netns.sh"
 P="und$$"
 trap 'sh "$NETNS" down "$P" >/dev/null 2>&1' EXIT INT TERM HUP
-if ! sh "$NETNS" up "$P" 3 1gbit >/dev/null; then
+if ! sh "$NETNS" up "$P" 4 1gbit >/dev/null; then
 	FAILS=$((FAILS + 1))
 	echo "FAIL the emulated hosts could not be built (ip, tc and veth are needed)"
 	finish
 fi
 MASTER=$(sh "$NETNS" addr "$P" 0)
+CPU_HOST=$(sh "$NETNS" addr "$P" 3)
 export UNISUM_SECRET=nodes-share-this-secret-$$
 
 # nodes NAME HOW MODE ARGS... : starts node i = 2, 1, 0 in host i (the
 # master last, so the others wait for it), each `unisum launch
 # --nproc-per-node 2` of check_sums MODE ARGS, told the job by HOW: "opts"
 # (torchrun's options) or "env" (PyTorchJob's variables); waits for all.
-# Node i's output in $log/node<i>, its status in $log/rc<i>.
+# Node i's output in $log/node<i>, its status in $log/rc<i>.  "cpu" is
+# "opts" with a CPU-only server on host 3 (`unisum server`, --cpu-servers
+# 1), its output in $log/cpu, its status in $log/rc3.
 nodes() {
 	name=$1 how=$2
 	shift 2
 	port=$(free_port)
+	cpu_opt=
+	if [ "$how" = cpu ]; then
+		sh "$NETNS" exec "$P" 3 env UNISUM_ROLE=server UNISUM_SCHEDULER_HOST="$MASTER" \
+			UNISUM_SCHEDULER_PORT="$port" UNISUM_NUM_WORKER=3 UNISUM_NUM_SERVER=4 \
+			UNISUM_NODE_HOST="$CPU_HOST" timeout 120 "$UNISUM" server >"$log/cpu" 2>&1 &
+		cpu_pid=$!
+		cpu_opt="--cpu-servers 1"
+	fi
 	for i in 2 1 0; do
-		if [ "$how" = opts ]; then
+		if [ "$how" != env ]; then
+			# shellcheck disable=SC2086
 			sh "$NETNS" exec "$P" "$i" timeout 120 "$UNISUM" launch --nproc-per-node 2 \
 				--nnodes 3 --node-rank "$i" --master-addr "$MASTER" --master-port "$port" \
-				-- "$CHECK" "$@" >"$log/node$i" 2>&1 &
+				$cpu_opt -- "$CHECK" "$@" >"$log/node$i" 2>&1 &
 		else
 			sh "$NETNS" exec "$P" "$i" env MASTER_ADDR="$MASTER" MASTER_PORT="$port" \
 				WORLD_SIZE=3 RANK="$i" timeout 120 "$UNISUM" launch --nproc-per-node 2 \
@@ -59,12 +73,16 @@ nodes() {
 		eval "wait \$pid$i"
 		echo $? >"$log/rc$i"
 	done
+	if [ "$how" = cpu ]; then
+		wait "$cpu_pid"
+		echo $? >"$log/rc3"
+	fi
 }
 
 # left_in_hosts : how many processes remain in the hosts' namespaces.
 left_in_hosts() {
 	n=0
-	for i in 0 1 2; do
+	for i in 0 1 2 3; do
 		n=$((n + $(ip netns pids "$P-h$i" 2>/dev/null | wc -l)))
 	done
 	echo "$n"
@@ -89,17 +107,36 @@ sums_checked() {
 		[ "$(cat "$log"/node* | sed -n 's/.*sums ok, digest //p' | sort -u | wc -l)" -eq 1 ]
 }
 
+# cpu_sums_checked : sums_checked (30 rounds in the sanitizer runs), and
+# the CPU-only server exited 0.
+cpu_sums_checked() {
+	[ "$(cat "$log/rc3")" -eq 0 ] || return 1
+	if [ "${UNISUM_TEST_LIGHT:-0}" = 1 ]; then
+		all_exited_0 && [ "$(cat "$log"/node* | grep -c '30 rounds ok')" -eq 6 ]
+	else
+		sums_checked
+	fi
+}
+
 log=$(mktemp -d)
 t0=$(date +%s%N)
 export UNISUM_LOG_LEVEL=INFO	# the scheduler's placement lines
-nodes "torchrun options" opts sums
+# The sanitizer runs look for memory and thread errors in the launcher:
+# 30 checked rounds do, the dtype matrix would cost a minute under TSan.
+if [ "${UNISUM_TEST_LIGHT:-0}" = 1 ]; then
+	nodes "torchrun options" cpu rounds 30
+else
+	nodes "torchrun options" cpu sums
+fi
 unset UNISUM_LOG_LEVEL
-expect "torchrun's options: 3 nodes of 2 workers and a server each, every sum exact on all 6 workers [$(ms_since "$t0") ms]" sums_checked
+expect "torchrun's options: 3 nodes of 2 workers and a server each, and a CPU-only server, every sum exact on all 6 workers [$(ms_since "$t0") ms]" \
+	cpu_sums_checked
 expect "... node 0 ran the scheduler at the master's address" grep -q "node 0 of 3: .* and the scheduler, scheduler at $MASTER:" "$log/node0"
-expect "... and placed a colocated server on each host, at the host's own address" \
+expect "... and placed a colocated server on each node's host, at its own address, and the CPU-only one" \
 	sh -c "grep -q 'server 0 at $MASTER, colocated' '$log/node0' &&
 	       grep -q 'server 1 at $(sh "$NETNS" addr "$P" 1), colocated' '$log/node0' &&
-	       grep -q 'server 2 at $(sh "$NETNS" addr "$P" 2), colocated' '$log/node0'"
+	       grep -q 'server 2 at $(sh "$NETNS" addr "$P" 2), colocated' '$log/node0' &&
+	       grep -q 'server 3 at $CPU_HOST, CPU-only' '$log/node0'"
 expect "... and nothing is left running on any host" [ "$(left_in_hosts)" -eq 0 ]
 drop_logs "$log"
 
