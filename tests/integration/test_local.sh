@@ -52,7 +52,9 @@ if [ "${UNISUM_TEST_LIGHT:-0}" = 1 ]; then
 	# cost half a minute per job under ThreadSanitizer.
 	export UNISUM_PARTITION_BYTES=65536
 else
-	matrix="2:1:2 2:2:2 4:1:2 4:2:2 4:1:4 4:2:4 8:1:4 8:2:4"
+	# (One machine with 2 servers, 2:2:2 and 4:2:4, left the servers idle
+	# like 2:1:2 and 4:1:4: dropped to keep make test within its time.)
+	matrix="2:1:2 4:1:2 4:2:2 4:1:4 8:1:4 8:2:4"
 fi
 for spec in $matrix; do
 	IFS=: read -r w s l <<EOF2
