@@ -99,3 +99,25 @@ finish() {
 free_port() {
 	"$BUILD/check_sums" free-port
 }
+
+# hosts_up PREFIX H RATE : H emulated hosts PREFIX-h0 .. (network
+# namespaces on a bridge, links at RATE: bench/cluster/netns.sh), removed
+# when the test exits, after running the commands in HOSTS_CLEANUP if set.
+# Without root the test is skipped; hosts that cannot be built fail it.
+# Sets CLUSTER (bench/cluster) and NETNS (its netns.sh).
+hosts_up() {
+	if [ "$(id -u)" != 0 ]; then
+		skip "emulated hosts need root to make network namespaces (ran as $(id -un))"
+		finish
+	fi
+	CLUSTER="$(cd "$(dirname "$0")/../.." && pwd)/bench/cluster"
+	NETNS="$CLUSTER/netns.sh"
+	HOSTS_PREFIX=$1
+	trap 'eval "${HOSTS_CLEANUP:-}"; sh "$NETNS" down "$HOSTS_PREFIX" >/dev/null 2>&1' EXIT
+	trap 'exit 130' INT TERM HUP
+	if ! sh "$NETNS" up "$1" "$2" "$3" >/dev/null; then
+		FAILS=$((FAILS + 1))
+		echo "FAIL the emulated hosts could not be built (ip, tc and veth are needed)"
+		finish
+	fi
+}

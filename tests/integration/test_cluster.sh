@@ -13,19 +13,8 @@
 # UNISUM_TEST_LIGHT=1 (the sanitizer runs) keeps the first job only.
 . "$(dirname "$0")/lib.sh"
 
-if [ "$(id -u)" != 0 ]; then
-	skip "the emulated cluster needs root to make network namespaces (ran as $(id -un))"
-	finish
-fi
-NETNS="$(cd "$(dirname "$0")/../.." && pwd)/bench/cluster/netns.sh"
 P="ust$$"
-trap 'sh "$NETNS" down "$P" >/dev/null 2>&1' EXIT INT TERM HUP
-
-if ! sh "$NETNS" up "$P" 3 1gbit >/dev/null; then
-	FAILS=$((FAILS + 1))
-	echo "FAIL the emulated cluster could not be built (ip, tc and veth are needed)"
-	finish
-fi
+hosts_up "$P" 3 1gbit
 reaches() { ip netns exec "$P-h$1" ping -c 1 -W 2 "$(sh "$NETNS" addr "$P" "$2")" >/dev/null; }
 expect "the hosts reach each other" reaches 1 0
 

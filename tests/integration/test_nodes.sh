@@ -21,18 +21,8 @@
 # errors.
 . "$(dirname "$0")/lib.sh"
 
-if [ "$(id -u)" != 0 ]; then
-	skip "the emulated hosts need root to make network namespaces (ran as $(id -un))"
-	finish
-fi
-NETNS="$(cd "$(dirname "$0")/../.." && pwd)/bench/cluster/netns.sh"
 P="und$$"
-trap 'sh "$NETNS" down "$P" >/dev/null 2>&1' EXIT INT TERM HUP
-if ! sh "$NETNS" up "$P" 4 1gbit >/dev/null; then
-	FAILS=$((FAILS + 1))
-	echo "FAIL the emulated hosts could not be built (ip, tc and veth are needed)"
-	finish
-fi
+hosts_up "$P" 4 1gbit
 MASTER=$(sh "$NETNS" addr "$P" 0)
 CPU_HOST=$(sh "$NETNS" addr "$P" 3)
 export UNISUM_SECRET=nodes-share-this-secret-$$

@@ -18,59 +18,24 @@
 # unreachable host.
 . "$(dirname "$0")/lib.sh"
 
-if [ "$(id -u)" != 0 ]; then
-	skip "the emulated hosts need root to make network namespaces (ran as $(id -un))"
-	finish
-fi
+P="uss$$"
+keys=$(mktemp -d)
+HOSTS_CLEANUP='sh "$CLUSTER/sshd.sh" down "$keys"; rm -rf "$keys"'
+hosts_up "$P" 3 1gbit
 # unisum launch -H runs the ssh client; the test runs sshd and ssh-keygen.
 if ! ssh -V >/dev/null 2>&1 || ! command -v sshd >/dev/null || ! command -v ssh-keygen >/dev/null; then
 	FAILS=$((FAILS + 1))
 	echo "FAIL ssh, sshd or ssh-keygen is missing: scripts/install-deps.sh installs openssh-server and -client"
 	finish
 fi
-NETNS="$(cd "$(dirname "$0")/../.." && pwd)/bench/cluster/netns.sh"
-P="uss$$"
-keys=$(mktemp -d)
-cleanup() {
-	for f in "$keys"/sshd*.pid; do
-		[ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null
-	done
-	sh "$NETNS" down "$P" >/dev/null 2>&1
-	rm -rf "$keys"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM HUP
-if ! sh "$NETNS" up "$P" 3 1gbit >/dev/null; then
-	FAILS=$((FAILS + 1))
-	echo "FAIL the emulated hosts could not be built (ip, tc and veth are needed)"
-	finish
-fi
 A0=$(sh "$NETNS" addr "$P" 0)
 A1=$(sh "$NETNS" addr "$P" 1)
 A2=$(sh "$NETNS" addr "$P" 2)
 
-# A host key, a user key and its authorized_keys; one sshd per host.
-ssh-keygen -q -t ed25519 -N '' -f "$keys/host" </dev/null
-ssh-keygen -q -t ed25519 -N '' -f "$keys/user" </dev/null
-cp "$keys/user.pub" "$keys/authorized_keys"
-mkdir -p /run/sshd
-for i in 0 1 2; do
-	sh "$NETNS" exec "$P" "$i" "$(command -v sshd)" -f /dev/null -h "$keys/host" \
-		-o ListenAddress="$(sh "$NETNS" addr "$P" "$i")" -o AuthorizedKeysFile="$keys/authorized_keys" \
-		-o PermitRootLogin=prohibit-password -o PidFile="$keys/sshd$i.pid" -o StrictModes=no \
-		-E "$keys/sshd$i.log"
-done
-SSH_ARGS="-i $keys/user -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
-# shellcheck disable=SC2086
-reachable() { sh "$NETNS" exec "$P" 0 ssh -o BatchMode=yes $SSH_ARGS "$1" true 2>/dev/null; }
-for a in "$A0" "$A1" "$A2"; do
-	for _ in $(seq 50); do
-		reachable "$a" && break
-		sleep 0.1
-	done
-done
-all_reachable() { reachable "$A0" && reachable "$A1" && reachable "$A2"; }
-expect "sshd answers on every host" all_reachable
+# A host key, a user key and its authorized_keys; one sshd per host, each
+# answering before this goes on (bench/cluster/sshd.sh).
+expect "sshd runs and answers on every host" sh "$CLUSTER/sshd.sh" up "$P" 3 "$keys"
+SSH_ARGS=$(sh "$CLUSTER/sshd.sh" args "$keys")
 
 # launch LOG ARGS... : unisum launch ARGS on host 0, output in LOG.
 launch() {
