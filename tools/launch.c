@@ -605,7 +605,7 @@ static int job_run(struct launcher *l, const struct config *cfg)
 	int rc;
 
 	launch_shm_sweep_stale();
-	if ((!l->one_machine || (l->node_mode && l->node_rank == 0 && !l->remote)) &&
+	if ((!l->one_machine || (l->node_mode && l->node_rank == 0 && !l->remote && !l->server_only)) &&
 	    launch_sched_start(l, cfg) < 0)
 		return 1;
 	launch_announce(l);

@@ -112,20 +112,23 @@ struct launcher {
 	char master_addr[256];		/* where the scheduler listens (node 0) */
 	int master_port;
 	const char *nnodes_opt, *node_rank_opt, *master_addr_opt, *master_port_opt;
+	bool server_only;		/* --server-only: a CPU-only server of such a job, no
+					 * workers, its rank taken by arrival */
 	int sched_listen_port;		/* the in-process scheduler's port, 0 = any */
 
 	/* A job over ssh (-H host:slots,... or --hostfile; launch_ssh.c): the
 	 * scheduler here, every host a node started by `ssh host unisum launch
 	 * --remote ...`.  The remote launcher reads the secret from its stdin
 	 * and stops its node when stdin ends (the ssh connection is gone). */
-	const char *hosts_opt, *hostfile_opt, *ssh_args_opt;
+	const char *hosts_opt, *hostfile_opt, *ssh_args_opt, *server_hosts_opt;
 	double start_timeout_s;		/* --start-timeout (ssh's ConnectTimeout and the
 					 * scheduler's UNISUM_START_TIMEOUT_MS) */
 	struct launch_host {
 		char name[256];		/* as given: [user@]host */
 		int slots;
 	} *hosts;
-	int nhosts;
+	int nhosts;			/* the worker hosts, then --server-hosts' */
+	int nserver_hosts;		/* ... the last this many: CPU-only servers */
 	char secret[256];		/* the job's secret, for the hosts' stdin ("" = none) */
 	bool remote;			/* --remote: a node started by such a launcher */
 	bool remote_stdin_open;		/* ... and its stdin has not ended yet */

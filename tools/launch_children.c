@@ -94,7 +94,8 @@ int launch_children_init(struct launcher *l)
 {
 	/* A node of a multi-node job adds its colocated server, first. */
 	int node_server = l->node_mode ? 1 : 0;
-	l->nchildren = l->nhosts > 0 ? l->nhosts : l->one_machine ? node_server + l->local_size
+	l->nchildren = l->nhosts > 0 ? l->nhosts : l->server_only ? 1
+		       : l->one_machine ? node_server + l->local_size
 		       : l->num_servers + l->num_workers;
 	l->children = calloc((size_t)l->nchildren, sizeof(*l->children));
 	if (!l->children) {
@@ -110,6 +111,16 @@ int launch_children_init(struct launcher *l)
 			c->role = CHILD_SSH;
 			c->rank = i;
 			snprintf(c->prefix, sizeof(c->prefix), "[%.64s] ", l->hosts[i].name);
+			c->out.fd = c->err.fd = -1;
+			c->out.out_fd = STDOUT_FILENO;
+			c->err.out_fd = STDERR_FILENO;
+			continue;
+		}
+		if (l->server_only) {
+			/* Its rank comes by arrival: the prefix has none. */
+			c->role = CHILD_SERVER;
+			c->rank = -1;
+			snprintf(c->prefix, sizeof(c->prefix), "[cpu server] ");
 			c->out.fd = c->err.fd = -1;
 			c->out.out_fd = STDOUT_FILENO;
 			c->err.out_fd = STDERR_FILENO;
@@ -312,7 +323,7 @@ static struct child_env *env_build(const struct launcher *l, const struct child 
 		env_add(env, &own, "UNISUM_LOCAL_SIZE=%d", l->local_size);
 		env_add_ranks(l, c, env, &own);
 	}
-	if (l->one_machine && c->role == CHILD_SERVER)	/* a node's own server */
+	if (l->one_machine && c->role == CHILD_SERVER && !l->server_only)	/* a node's own */
 		env_add(env, &own, "UNISUM_SERVER_ID=%d", c->rank);
 	if (l->one_machine)
 		return env;	/* the rest is the job's, inherited */

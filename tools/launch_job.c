@@ -205,6 +205,12 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 			unsetenv("UNISUM_SECRET");
 			unsetenv("UNISUM_SECRET_FILE");
 		}
+		if (l->server_only) {
+			l->machines = l->nnodes;
+			l->num_servers = l->node_servers;
+			l->sched_done = true;	/* node 0 has the scheduler */
+			return 0;
+		}
 		if (machine_config(l) < 0)
 			return LAUNCH_EXIT_USAGE;
 		if (l->node_mode) {
@@ -234,6 +240,12 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 
 void launch_announce(const struct launcher *l)
 {
+	if (l->server_only) {
+		fprintf(stderr, "unisum launch: a CPU-only server of a job of %d nodes and %d "
+			"servers, scheduler at %s:%d, job %s\n", l->nnodes, l->node_servers,
+			l->master_addr, l->master_port, l->job_id);
+		return;
+	}
 	if (l->nhosts > 0)
 		fprintf(stderr, "unisum launch: scheduler on %s:%d, %d host(s) over ssh, each with a "
 			"server and %d worker(s), job %s:", l->sched_addr, l->port, l->nhosts,

@@ -108,7 +108,9 @@ int launch_node_resolve(struct launcher *l)
 		return -1;
 
 	setting(l->node_rank_opt, "--node-rank", rank_vars, &value, &name);
-	if (!value && l->nnodes > 1) {
+	if (l->server_only)
+		value = NULL;	/* no node of its own: a server rank by arrival */
+	else if (!value && l->nnodes > 1) {
 		fprintf(stderr, "unisum launch: a node of a %d-node job needs its index: "
 			"--node-rank, or NODE_RANK / PET_NODE_RANK / RANK\n", l->nnodes);
 		return -1;
@@ -221,7 +223,8 @@ int launch_node_environ(struct launcher *l)
 	setenv("UNISUM_NUM_SERVER", num, 1);	/* one colocated server per node, then CPU-only */
 	unsetenv("DMLC_NUM_SERVER");
 	snprintf(num, sizeof(num), "%d", l->node_rank);
-	setenv("UNISUM_WORKER_ID", num, 1);
+	if (!l->server_only)
+		setenv("UNISUM_WORKER_ID", num, 1);
 	unsetenv("DMLC_WORKER_ID");
 	/* The server listens where the other nodes can reach it. */
 	if (!getenv("UNISUM_NODE_HOST") && !getenv("DMLC_NODE_HOST"))

@@ -78,6 +78,9 @@ static void usage(FILE *out)
 	      "                      on every host; the secret on ssh's stdin).  A lost\n"
 	      "                      ssh connection stops that host's processes\n"
 	      "      --ssh-args ARGS more ssh options (\"-i KEY -p 2222\", say)\n"
+	      "      --server-hosts HOST,...\n"
+	      "                      with -H: CPU-only servers, one on each HOST, also\n"
+	      "                      started over ssh\n"
 	      "      --start-timeout SEC\n"
 	      "                      how long a host may take to be reached and every\n"
 	      "                      node to register (default 30)\n"
@@ -272,6 +275,12 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 			goto out_bad_value;
 	} else if (strcmp(arg, "--remote") == 0) {
 		l->remote = true;
+	} else if (strcmp(arg, "--server-only") == 0) {
+		l->server_only = true;
+	} else if ((m = option_match(argc, argv, i, NULL, "--server-hosts", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->server_hosts_opt = value;
 	} else if ((m = option_match(argc, argv, i, NULL, "--cpu-servers", &value)) != 0) {
 		if (m < 0)
 			goto out_bad_value;
@@ -340,6 +349,20 @@ out_bad_value:
  * prints the usage lines). */
 int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 {
+	if (l->server_only) {
+		/* A CPU-only server of a multi-node job: the node options, no
+		 * workers, no command. */
+		if (nproc > 0 || job_option || (l->cmd && l->cmd[0]) || !l->nnodes_opt ||
+		    !l->master_addr_opt || !l->master_port_opt) {
+			fprintf(stderr, "unisum launch: --server-only starts one CPU-only server of a "
+				"multi-node job: it needs --nnodes, --master-addr and --master-port (and "
+				"--cpu-servers), and takes no command\n");
+			return -1;
+		}
+		l->one_machine = true;
+		l->local_size = 1;	/* no worker is started: see launch_children_init */
+		return launch_node_resolve(l);
+	}
 	if (!l->cmd || !l->cmd[0]) {
 		fprintf(stderr, "unisum launch: no command to run\n");
 		return -1;
@@ -354,9 +377,9 @@ int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 		}
 		return launch_hosts_setup(l);
 	}
-	if (l->ssh_args_opt || l->start_timeout_s > 0) {
-		fprintf(stderr, "unisum launch: --ssh-args and --start-timeout go with -H or "
-			"--hostfile\n");
+	if (l->ssh_args_opt || l->start_timeout_s > 0 || l->server_hosts_opt) {
+		fprintf(stderr, "unisum launch: --ssh-args, --start-timeout and --server-hosts go "
+			"with -H or --hostfile\n");
 		return -1;
 	}
 	if (l->remote && (nproc == 0 || !(l->nnodes_opt && l->node_rank_opt && l->master_addr_opt &&

@@ -77,8 +77,8 @@ static int host_add(struct launcher *l, const char *name, size_t len, const char
 	return 0;
 }
 
-/* -H host[:slots],... */
-static int hosts_parse_list(struct launcher *l, const char *list)
+/* -H host[:slots],... (or --server-hosts host,..., `option`) */
+static int hosts_parse_list(struct launcher *l, const char *list, const char *option)
 {
 	const char *p = list;
 
@@ -87,13 +87,13 @@ static int hosts_parse_list(struct launcher *l, const char *list)
 		size_t len = comma ? (size_t)(comma - p) : strlen(p);
 		const char *colon = memchr(p, ':', len);
 
-		if (host_add(l, p, colon ? (size_t)(colon - p) : len, colon ? colon + 1 : NULL, "-H") < 0)
+		if (host_add(l, p, colon ? (size_t)(colon - p) : len, colon ? colon + 1 : NULL, option) < 0)
 			return -1;
 		if (!comma)
 			break;
 		p = comma + 1;
 		if (!*p) {
-			fprintf(stderr, "unisum launch: -H ends with a comma: '%s'\n", list);
+			fprintf(stderr, "unisum launch: %s ends with a comma: '%s'\n", option, list);
 			return -1;
 		}
 	}
@@ -146,10 +146,17 @@ int launch_hosts_setup(struct launcher *l)
 		fprintf(stderr, "unisum launch: give -H or --hostfile, not both\n");
 		return -1;
 	}
-	if ((l->hosts_opt ? hosts_parse_list(l, l->hosts_opt)
+	if ((l->hosts_opt ? hosts_parse_list(l, l->hosts_opt, "-H")
 			  : hosts_parse_file(l, l->hostfile_opt)) < 0)
 		return -1;
-	for (int i = 1; i < l->nhosts; i++) {
+	int n = l->nhosts;
+	if (l->server_hosts_opt) {
+		/* CPU-only servers: hosts after the nodes, with no slots. */
+		if (hosts_parse_list(l, l->server_hosts_opt, "--server-hosts") < 0)
+			return -1;
+		l->nserver_hosts = l->nhosts - n;
+	}
+	for (int i = 1; i < n; i++) {
 		if (l->hosts[i].slots != l->hosts[0].slots) {
 			fprintf(stderr, "unisum launch: host %s has %d slots and %s %d: every host "
 				"runs the same number of workers\n", l->hosts[i].name, l->hosts[i].slots,
@@ -158,9 +165,9 @@ int launch_hosts_setup(struct launcher *l)
 		}
 	}
 	l->local_size = l->hosts[0].slots;
-	l->machines = l->nhosts;
-	l->num_workers = l->nhosts * l->local_size;
-	l->num_servers = l->nhosts;	/* one colocated server per host */
+	l->machines = n;
+	l->num_workers = n * l->local_size;
+	l->num_servers = l->nhosts;	/* one per worker host, and the CPU-only ones */
 	if (l->start_timeout_s == 0)
 		l->start_timeout_s = 30;
 	return 0;
@@ -256,7 +263,7 @@ static bool env_travels(const char *var)
 static char *remote_command(const struct launcher *l, int rank)
 {
 	struct text t = { 0 };
-	char self[PATH_MAX], cwd[PATH_MAX], num[32];
+	char self[PATH_MAX], cwd[PATH_MAX], num[64];
 
 	if (!realpath("/proc/self/exe", self))
 		snprintf(self, sizeof(self), "unisum");
@@ -267,10 +274,19 @@ static char *remote_command(const struct launcher *l, int rank)
 		if (env_travels(*e))
 			text_quoted(&t, *e);
 	text_quoted(&t, self);
-	text_str(&t, "launch --remote --nproc-per-node ");
-	snprintf(num, sizeof(num), "%d --nnodes %d ", l->local_size, l->nhosts);
+	int nodes = l->nhosts - l->nserver_hosts;
+	if (rank < nodes) {
+		snprintf(num, sizeof(num), "launch --remote --nproc-per-node %d ", l->local_size);
+		text_str(&t, num);
+		snprintf(num, sizeof(num), "--node-rank %d ", rank);
+	} else {
+		text_str(&t, "launch --remote --server-only ");
+		num[0] = '\0';
+	}
 	text_str(&t, num);
-	snprintf(num, sizeof(num), "--node-rank %d ", rank);
+	snprintf(num, sizeof(num), "--cpu-servers %d ", l->nserver_hosts);
+	text_str(&t, num);
+	snprintf(num, sizeof(num), "--nnodes %d ", nodes);
 	text_str(&t, num);
 	text_str(&t, "--master-addr ");
 	text_quoted(&t, l->sched_addr);
@@ -278,9 +294,11 @@ static char *remote_command(const struct launcher *l, int rank)
 	text_str(&t, num);
 	if (l->no_secret)
 		text_str(&t, "--no-secret ");
-	text_str(&t, "-- ");
-	for (char **a = l->cmd; *a; a++)
-		text_quoted(&t, *a);
+	if (rank < nodes) {	/* a CPU-only server runs no command */
+		text_str(&t, "-- ");
+		for (char **a = l->cmd; *a; a++)
+			text_quoted(&t, *a);
+	}
 	if (t.failed) {
 		free(t.s);
 		return NULL;

@@ -1,12 +1,13 @@
 # Integration: a job over ssh, `unisum launch -H host:slots,...` (issue
-# 21).  Three hosts are network namespaces on a bridge
+# 21).  Four hosts are network namespaces on a bridge
 # (bench/cluster/netns.sh), each running a real sshd (openssh-server) on
 # its own address, with a host key and an authorized key made here.  The
 # launcher runs on host 0 and starts every node, itself included, with the
 # system's ssh client.
 #
-#   - a job whose sums are checked on all 6 workers; the job's secret
-#     never shows on a command line (sampled with ps while it runs);
+#   - a job whose sums are checked on all 6 workers of hosts 0-2, with a
+#     CPU-only server on host 3 (--server-hosts); the job's secret never
+#     shows on a command line (sampled with ps while it runs);
 #   - a worker killed on host 1: the launcher exits with its status, the
 #     others are stopped, no process of the job is left on any host;
 #   - the ssh connection to host 2 lost mid-job (its client killed): that
@@ -21,7 +22,7 @@
 P="uss$$"
 keys=$(mktemp -d)
 HOSTS_CLEANUP='sh "$CLUSTER/sshd.sh" down "$keys"; rm -rf "$keys"'
-hosts_up "$P" 3 1gbit
+hosts_up "$P" 4 1gbit
 # unisum launch -H runs the ssh client; the test runs sshd and ssh-keygen.
 if ! ssh -V >/dev/null 2>&1 || ! command -v sshd >/dev/null || ! command -v ssh-keygen >/dev/null; then
 	FAILS=$((FAILS + 1))
@@ -31,10 +32,11 @@ fi
 A0=$(sh "$NETNS" addr "$P" 0)
 A1=$(sh "$NETNS" addr "$P" 1)
 A2=$(sh "$NETNS" addr "$P" 2)
+A3=$(sh "$NETNS" addr "$P" 3)
 
 # A host key, a user key and its authorized_keys; one sshd per host, each
 # answering before this goes on (bench/cluster/sshd.sh).
-expect "sshd runs and answers on every host" sh "$CLUSTER/sshd.sh" up "$P" 3 "$keys"
+expect "sshd runs and answers on every host" sh "$CLUSTER/sshd.sh" up "$P" 4 "$keys"
 SSH_ARGS=$(sh "$CLUSTER/sshd.sh" args "$keys")
 
 # launch LOG ARGS... : unisum launch ARGS on host 0, output in LOG.
@@ -48,7 +50,7 @@ launch() {
 # ssh clients) remain on the hosts.
 job_left() {
 	n=0
-	for i in 0 1 2; do
+	for i in 0 1 2 3; do
 		for pid in $(ip netns pids "$P-h$i" 2>/dev/null); do
 			case $(cat "/proc/$pid/comm" 2>/dev/null) in
 			unisum | check_sums | ssh) n=$((n + 1)) ;;
@@ -63,8 +65,8 @@ secret="never-on-a-command-line-$$"
 t0=$(date +%s%N)
 ROUNDS=100
 [ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && ROUNDS=20	# the sanitizer runs
-UNISUM_SECRET=$secret launch "$log/sums" -H "$A0:2,$A1:2,$A2:2" --ssh-args "$SSH_ARGS" \
-	-- "$CHECK" rounds "$ROUNDS" &
+UNISUM_SECRET=$secret launch "$log/sums" -H "$A0:2,$A1:2,$A2:2" --server-hosts "$A3" \
+	--ssh-args "$SSH_ARGS" -- "$CHECK" rounds "$ROUNDS" &
 job=$!
 seen=0
 while kill -0 "$job" 2>/dev/null; do
@@ -73,9 +75,11 @@ while kill -0 "$job" 2>/dev/null; do
 done
 wait "$job"
 rc=$?
-expect "-H over ssh: 3 hosts of 2 workers and a server each, $ROUNDS rounds exact on all 6 workers [$(ms_since "$t0") ms]" \
+expect "-H over ssh: 3 hosts of 2 workers and a server each, and a CPU-only server host, $ROUNDS rounds exact on all 6 workers [$(ms_since "$t0") ms]" \
 	sh -c "[ $rc -eq 0 ] && [ \$(grep -c '$ROUNDS rounds ok' '$log/sums') -eq 6 ]"
 expect "... each host's lines carry its name" grep -q "^\[$A2\] \[worker 5\] rank 5: $ROUNDS rounds ok" "$log/sums"
+expect "... and the server host ran a CPU-only server of 3 nodes and 4 servers" \
+	grep -q "^\[$A3\] unisum launch: a CPU-only server of a job of 3 nodes and 4 servers" "$log/sums"
 expect "... the secret never showed on a command line" [ "$seen" -eq 0 ]
 expect "... and nothing of the job is left on any host" [ "$(job_left)" -eq 0 ]
 drop_logs "$log"
