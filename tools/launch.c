@@ -243,8 +243,10 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 
 	if (l->stopping) {
 		/* The cascade: quiet when it is our own SIGTERM/SIGKILL at work. */
-		bool ours = c->signalled && WIFSIGNALED(status) &&
-			    (WTERMSIG(status) == SIGTERM || WTERMSIG(status) == SIGKILL);
+		/* A host's node stopped on the end of its stdin, which we closed. */
+		bool ours = c->signalled && ((WIFSIGNALED(status) &&
+			    (WTERMSIG(status) == SIGTERM || WTERMSIG(status) == SIGKILL)) ||
+			    c->role == CHILD_SSH);
 
 		if (code != 0 && !ours)
 			fprintf(stderr, "unisum launch: then %s %d (pid %d) %s\n",

@@ -115,6 +115,9 @@ struct launcher {
 	bool server_only;		/* --server-only: a CPU-only server of such a job, no
 					 * workers, its rank taken by arrival */
 	int sched_listen_port;		/* the in-process scheduler's port, 0 = any */
+	int sched_grace_ms;		/* how long the scheduler may take to finish once the
+					 * children are gone (0: LAUNCH_SCHED_GRACE_MS); node 0
+					 * waits for the other nodes' servers and its lingering */
 
 	/* A job over ssh (-H host:slots,... or --hostfile; launch_ssh.c): the
 	 * scheduler here, every host a node started by `ssh host unisum launch

@@ -308,8 +308,10 @@ static struct child_env *env_build(const struct launcher *l, const struct child 
 		return NULL;
 	}
 	for (char **e = environ; *e; e++)
-		if (!env_is_ours(l, *e))
-			env->envp[used++] = *e;
+		if (!env_is_ours(l, *e) &&
+		    !(c->role == CHILD_SSH && (strncmp(*e, "UNISUM_SECRET=", 14) == 0 ||
+					       strncmp(*e, "UNISUM_SECRET_FILE=", 19) == 0)))
+			env->envp[used++] = *e;	/* ssh never needs the secret: stdin has it */
 	env->envp[used] = NULL;
 	if (c->role == CHILD_SSH)
 		return env;	/* ssh passes no environment: the command carries it */

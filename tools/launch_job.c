@@ -171,7 +171,7 @@ static int job_config(struct launcher *l, const struct config *env, struct confi
  * The other nodes are not the launcher's children: a node that starts
  * after the job failed is told why for UNISUM_TIMEOUT_MS, as by
  * `unisum scheduler`. */
-static int node_sched_config(struct config *cfg)
+static int node_sched_config(struct launcher *l, struct config *cfg)
 {
 	char err[512];
 
@@ -180,6 +180,9 @@ static int node_sched_config(struct config *cfg)
 		return LAUNCH_EXIT_USAGE;
 	}
 	cfg->linger_ms = cfg->timeout_ms;
+	/* Its children gone, node 0 still serves the others: their servers
+	 * leave after SHUTDOWN, and after a failure late nodes are told. */
+	l->sched_grace_ms = cfg->timeout_ms + 1000;
 	return 0;
 }
 
@@ -216,7 +219,7 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 		if (l->node_mode) {
 			l->num_servers = l->node_servers;
 			if (l->node_rank == 0 && !l->remote)	/* -H runs it at the launcher */
-				return node_sched_config(cfg);
+				return node_sched_config(l, cfg);
 		}
 		/* No scheduler here: nothing to wait for. */
 		l->sched_done = true;
@@ -228,11 +231,17 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 	if (launch_netns_setup(l) < 0 || launch_racks_setup(l) < 0)
 		return LAUNCH_EXIT_USAGE;
 	if (l->nhosts > 0) {
-		/* Over ssh: the hosts reach the scheduler here; one that does
-		 * not register in time is named. */
+		/* Over ssh: the hosts reach the scheduler here.  A host ssh
+		 * cannot reach is named by ssh within --start-timeout; the
+		 * registration deadline stays UNISUM_START_TIMEOUT_MS (a
+		 * script may import for a while before unisum_init). */
 		if (launch_hosts_sched_addr(l) < 0)
 			return LAUNCH_EXIT_USAGE;
-		cfg->start_timeout_ms = (int)(l->start_timeout_s * 1000);
+		if (strchr(cfg->secret, '\n')) {
+			fprintf(stderr, "unisum launch: the job's secret holds a newline: it travels "
+				"to the hosts as one line\n");
+			return LAUNCH_EXIT_USAGE;
+		}
 		snprintf(l->secret, sizeof(l->secret), "%s", cfg->secret);
 	}
 	return 0;
@@ -395,7 +404,7 @@ void launch_sched_finish(struct launcher *l)
 {
 	if (!l->waiter_started)
 		return;
-	if (!sched_await(l, LAUNCH_SCHED_GRACE_MS)) {
+	if (!sched_await(l, l->sched_grace_ms > 0 ? l->sched_grace_ms : LAUNCH_SCHED_GRACE_MS)) {
 		if (!l->stopping) {
 			l->stopping = true;
 			l->exit_status = 1;

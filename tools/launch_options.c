@@ -85,8 +85,9 @@ static void usage(FILE *out)
 	      "                      with -H: CPU-only servers, one on each HOST, also\n"
 	      "                      started over ssh\n"
 	      "      --start-timeout SEC\n"
-	      "                      how long a host may take to be reached and every\n"
-	      "                      node to register (default 30)\n"
+	      "                      how long ssh may take to reach a host (its\n"
+	      "                      ConnectTimeout; default 30, 0: no limit); nodes\n"
+	      "                      then register within UNISUM_START_TIMEOUT_MS\n"
 	      "      --worker-netns NS,NS,...\n"
 	      "                      run machine i's workers in network namespace NS_i\n"
 	      "                      (/run/netns/NS_i; one per machine): an emulated\n"
@@ -356,7 +357,8 @@ int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 		/* A CPU-only server of a multi-node job: the node options, no
 		 * workers, no command. */
 		if (nproc > 0 || job_option || (l->cmd && l->cmd[0]) || !l->nnodes_opt ||
-		    !l->master_addr_opt || !l->master_port_opt) {
+		    !l->master_addr_opt || !l->master_port_opt || l->node_rank_opt || l->hosts_opt ||
+		    l->hostfile_opt || l->ssh_args_opt || l->server_hosts_opt || l->start_timeout_s >= 0) {
 			fprintf(stderr, "unisum launch: --server-only starts one CPU-only server of a "
 				"multi-node job: it needs --nnodes, --master-addr and --master-port (and "
 				"--cpu-servers), and takes no command\n");
@@ -372,15 +374,16 @@ int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 	}
 	if (l->hosts_opt || l->hostfile_opt) {
 		if (job_option || nproc > 0 || l->remote || l->nnodes_opt || l->node_rank_opt ||
-		    l->master_addr_opt || l->master_port_opt) {
+		    l->master_addr_opt || l->master_port_opt || l->cpu_servers_opt || l->server_only) {
 			fprintf(stderr, "unisum launch: -H and --hostfile take the job's shape from the "
-				"hosts: %s does not go with them\n", job_option ? job_option :
-				nproc > 0 ? "--nproc-per-node" : l->remote ? "--remote" : "a node option");
+				"hosts (--server-hosts for CPU-only servers): %s does not go with them\n",
+				job_option ? job_option : nproc > 0 ? "--nproc-per-node" : l->remote ?
+				"--remote" : "a node option");
 			return -1;
 		}
 		return launch_hosts_setup(l);
 	}
-	if (l->ssh_args_opt || l->start_timeout_s > 0 || l->server_hosts_opt) {
+	if (l->ssh_args_opt || l->start_timeout_s >= 0 || l->server_hosts_opt) {
 		fprintf(stderr, "unisum launch: --ssh-args, --start-timeout and --server-hosts go "
 			"with -H or --hostfile\n");
 		return -1;
@@ -447,6 +450,7 @@ int launch_options_parse(struct launcher *l, int argc, char **argv)
 	l->num_workers = 2;
 	l->num_servers = 1;
 	l->timeout_s = 0;
+	l->start_timeout_s = -1;	/* not given */
 	l->cmd = NULL;
 
 	for (int i = 1; i < argc; i++) {

@@ -46,7 +46,7 @@ static int host_add(struct launcher *l, const char *name, size_t len, const char
 	char *end;
 	long n = 1;
 
-	if (len == 0 || len >= sizeof(l->hosts[0].name)) {
+	if (len == 0 || len >= sizeof(l->hosts[0].name) || name[0] == '-') {
 		fprintf(stderr, "unisum launch: %s: '%.*s' is not a host name\n", from, (int)len, name);
 		return -1;
 	}
@@ -124,12 +124,14 @@ static int hosts_parse_file(struct launcher *l, const char *path)
 		if (!*p)
 			continue;
 		len = strcspn(p, " \t\r\n:");
-		slots = strstr(p + len, "slots=");
+		slots = strstr(p + len, " slots=");	/* not max_slots= */
+		if (!slots)
+			slots = strstr(p + len, "\tslots=");
 		snprintf(from, sizeof(from), "%s:%d", path, lineno);
 		if (p[len] == ':')
 			slots = p + len + 1;
 		else if (slots)
-			slots += strlen("slots=");
+			slots += strlen(" slots=");
 		rc = host_add(l, p, len, slots, from);
 	}
 	fclose(f);
@@ -150,8 +152,17 @@ int launch_hosts_setup(struct launcher *l)
 			  : hosts_parse_file(l, l->hostfile_opt)) < 0)
 		return -1;
 	int n = l->nhosts;
+	if (n == 0) {
+		fprintf(stderr, "unisum launch: -H names no host\n");
+		return -1;
+	}
 	if (l->server_hosts_opt) {
 		/* CPU-only servers: hosts after the nodes, with no slots. */
+		if (strchr(l->server_hosts_opt, ':')) {
+			fprintf(stderr, "unisum launch: --server-hosts takes hosts without slots: each "
+				"runs one server\n");
+			return -1;
+		}
 		if (hosts_parse_list(l, l->server_hosts_opt, "--server-hosts") < 0)
 			return -1;
 		l->nserver_hosts = l->nhosts - n;
@@ -168,7 +179,7 @@ int launch_hosts_setup(struct launcher *l)
 	l->machines = n;
 	l->num_workers = n * l->local_size;
 	l->num_servers = l->nhosts;	/* one per worker host, and the CPU-only ones */
-	if (l->start_timeout_s == 0)
+	if (l->start_timeout_s < 0)
 		l->start_timeout_s = 30;
 	return 0;
 }
@@ -321,16 +332,23 @@ int launch_ssh_argv(struct launcher *l, struct child *c)
 	argv = calloc(cap, sizeof(*argv));
 	if (!argv)
 		goto out_nomem;
+	/* 0: no limit, as ssh's own ConnectTimeout 0. */
 	snprintf(timeout, sizeof(timeout), "ConnectTimeout=%d",
-		 l->start_timeout_s < 1 ? 1 : (int)l->start_timeout_s);
+		 l->start_timeout_s > 1e6 ? 1000000 : (int)l->start_timeout_s);
 	argv[n++] = "ssh";
 	argv[n++] = "-o";
 	argv[n++] = "BatchMode=yes";
 	argv[n++] = "-o";
 	argv[n++] = strdup(timeout);
+	/* No shared master connection that would outlive the job. */
+	argv[n++] = "-o";
+	argv[n++] = "ControlPath=none";
 	for (char *save, *w = args ? strtok_r(args, " \t\n", &save) : NULL; w;
 	     w = strtok_r(NULL, " \t\n", &save))
 		argv[n++] = w;
+	/* No pty, whatever the user's config says: it would echo the secret
+	 * and keep stdin's end from reaching the remote launcher. */
+	argv[n++] = "-T";
 	argv[n++] = l->hosts[c->rank].name;
 	argv[n++] = remote;
 	argv[n] = NULL;

@@ -263,6 +263,13 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 		return UNISUM_EPROTO;
 	}
 	pthread_mutex_lock(&s->lock);
+	if (s->error != 0) {
+		/* The job failed while the REGISTER was being read. */
+		sched_send_error(n, s->error, s->error_why);
+		pthread_mutex_unlock(&s->lock);
+		snprintf(why, why_len, "the job had failed");
+		return UNISUM_ESHUTDOWN;
+	}
 	int rc = 0;
 	if (worker && local_size > 1 && req < 0) {
 		/* Its machine's other workers could never find it. */
