@@ -648,6 +648,7 @@ static struct launcher *launcher_new(void)
 	l->sigfd = -1;
 	l->devnull = -1;
 	l->sched_netns = -1;
+	l->start_timeout_s = -1;	/* --start-timeout not given */
 	l->waiter_pipe[0] = l->waiter_pipe[1] = -1;
 	l->self = getpid();
 	return l;

@@ -450,7 +450,6 @@ int launch_options_parse(struct launcher *l, int argc, char **argv)
 	l->num_workers = 2;
 	l->num_servers = 1;
 	l->timeout_s = 0;
-	l->start_timeout_s = -1;	/* not given */
 	l->cmd = NULL;
 
 	for (int i = 1; i < argc; i++) {
