@@ -599,7 +599,7 @@ static void children_start(struct launcher *l)
 }
 
 /* Runs the job once everything it needs is open: starts the scheduler
- * (but for one machine) and the children, watches them until they are
+ * (when it runs here) and the children, watches them until they are
  * gone, and cleans up after them.  Returns the exit status. */
 static int job_run(struct launcher *l, const struct config *cfg)
 {
@@ -607,8 +607,8 @@ static int job_run(struct launcher *l, const struct config *cfg)
 	int rc;
 
 	launch_shm_sweep_stale();
-	if ((!l->one_machine || (l->node_mode && l->node_rank == 0 && !l->remote && !l->server_only)) &&
-	    launch_sched_start(l, cfg) < 0)
+	/* launch_job_configure() decided: sched_done when it runs elsewhere. */
+	if (!l->sched_done && launch_sched_start(l, cfg) < 0)
 		return 1;
 	launch_announce(l);
 

@@ -223,6 +223,10 @@ int launch_children_init(struct launcher *l);
  * job form, those of namespaces too (the namespaces are not known yet). */
 void launch_env_clear(const struct launcher *l);
 
+/* Whether environ entry `var` is one the launcher sets (or clears) for
+ * some child in some form. */
+bool launch_env_set_per_child(const char *var);
+
 /* Remembers which descriptors are open now (l->entry_fds), so that no
  * child inherits one opened later.  Returns 0, or -1 when out of memory. */
 int launch_fds_snapshot(struct launcher *l);

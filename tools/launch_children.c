@@ -107,13 +107,13 @@ int launch_children_init(struct launcher *l)
 
 		c->netns = -1;
 		c->stdin_fd = -1;
+		c->out.fd = c->err.fd = -1;
+		c->out.out_fd = STDOUT_FILENO;
+		c->err.out_fd = STDERR_FILENO;
 		if (l->nhosts > 0) {
 			c->role = CHILD_SSH;
 			c->rank = i;
 			snprintf(c->prefix, sizeof(c->prefix), "[%.64s] ", l->hosts[i].name);
-			c->out.fd = c->err.fd = -1;
-			c->out.out_fd = STDOUT_FILENO;
-			c->err.out_fd = STDERR_FILENO;
 			continue;
 		}
 		if (l->server_only) {
@@ -121,9 +121,6 @@ int launch_children_init(struct launcher *l)
 			c->role = CHILD_SERVER;
 			c->rank = -1;
 			snprintf(c->prefix, sizeof(c->prefix), "[cpu server] ");
-			c->out.fd = c->err.fd = -1;
-			c->out.out_fd = STDOUT_FILENO;
-			c->err.out_fd = STDERR_FILENO;
 			continue;
 		}
 		if (l->one_machine && i < node_server) {
@@ -141,9 +138,6 @@ int launch_children_init(struct launcher *l)
 		}
 		snprintf(c->prefix, sizeof(c->prefix), "[%s %d] ", launch_role_name(c->role),
 			 c->rank);
-		c->out.fd = c->err.fd = -1;
-		c->out.out_fd = STDOUT_FILENO;
-		c->err.out_fd = STDERR_FILENO;
 	}
 	return 0;
 }
@@ -236,6 +230,17 @@ static bool env_is_ours(const struct launcher *l, const char *var)
 
 		if (env_scope_is_ours(l, env_own[i].scope) &&
 		    strncmp(var, env_own[i].name, len) == 0 && var[len] == '=')
+			return true;
+	}
+	return false;
+}
+
+bool launch_env_set_per_child(const char *var)
+{
+	for (size_t i = 0; i < LAUNCH_ENV_OWN_COUNT; i++) {
+		size_t len = strlen(env_own[i].name);
+
+		if (strncmp(var, env_own[i].name, len) == 0 && var[len] == '=')
 			return true;
 	}
 	return false;

@@ -199,16 +199,16 @@ int launch_route_addr(const char *host, int port, char *ip, char *local)
 
 int launch_node_environ(struct launcher *l)
 {
+	static const char *const secret_vars[] = { "UNISUM_SECRET", "UNISUM_SECRET_FILE", NULL };
 	char ip[INET_ADDRSTRLEN], here[INET_ADDRSTRLEN], num[16];
-	const char *bind = getenv("UNISUM_BIND");
+	const char *bind = getenv("UNISUM_BIND"), *ignored;
 
 	if (launch_route_addr(l->master_addr, l->master_port, ip, here) < 0)
 		return -1;
 	if (l->no_secret) {
 		unsetenv("UNISUM_SECRET");
 		unsetenv("UNISUM_SECRET_FILE");
-	} else if (!(getenv("UNISUM_SECRET") && *getenv("UNISUM_SECRET")) &&
-		   !(getenv("UNISUM_SECRET_FILE") && *getenv("UNISUM_SECRET_FILE"))) {
+	} else if (!env_first(secret_vars, &ignored)) {
 		fprintf(stderr, "unisum launch: the nodes of a job prove a shared secret to each "
 			"other: set UNISUM_SECRET (or UNISUM_SECRET_FILE) to the same value on every "
 			"node (on Kubernetes, from a Secret), or pass --no-secret on every node\n");

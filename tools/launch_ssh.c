@@ -246,18 +246,15 @@ static void text_quoted(struct text *t, const char *s)
 }
 
 /* Whether environ entry `var` travels to the hosts: a knob of the job,
- * not one that a node sets for itself or the secret (which goes on
- * stdin). */
+ * not one that a launcher sets per child (launch_children.c's table), one
+ * of this host's own (its job id, addresses, ports, the scheduler's
+ * BytePS names) or the secret (which goes on stdin). */
 static bool env_travels(const char *var)
 {
 	static const char *const own[] = {
-		"UNISUM_SECRET=", "UNISUM_SECRET_FILE=", "UNISUM_JOB_ID=", "UNISUM_SCHEDULER_HOST=",
-		"UNISUM_SCHEDULER_PORT=", "UNISUM_NUM_WORKER=", "UNISUM_NUM_SERVER=",
-		"UNISUM_WORKER_ID=", "UNISUM_SERVER_ID=", "UNISUM_NODE_HOST=", "UNISUM_BIND=",
-		"UNISUM_PORT=", "UNISUM_ROLE=", "UNISUM_LOCAL_RANK=", "UNISUM_LOCAL_SIZE=",
-		"UNISUM_LAUNCHED=", "UNISUM_RACK=", "DMLC_ROLE=", "DMLC_PS_ROOT_URI=",
-		"DMLC_PS_ROOT_PORT=", "DMLC_NUM_WORKER=", "DMLC_NUM_SERVER=", "DMLC_WORKER_ID=",
-		"DMLC_NODE_HOST=", "DMLC_PORT=", "BYTEPS_LOCAL_RANK=", "BYTEPS_LOCAL_SIZE=", NULL,
+		"UNISUM_SECRET=", "UNISUM_SECRET_FILE=", "UNISUM_JOB_ID=", "UNISUM_BIND=",
+		"UNISUM_PORT=", "DMLC_PS_ROOT_URI=", "DMLC_PS_ROOT_PORT=", "DMLC_NUM_WORKER=",
+		"DMLC_NUM_SERVER=", "DMLC_PORT=", NULL,
 	};
 	static const char *const knobs[] = { "UNISUM_", "BYTEPS_", "DMLC_", "PATH=", "PYTHONPATH=",
 					     "LD_LIBRARY_PATH=", NULL };
@@ -267,7 +264,7 @@ static bool env_travels(const char *var)
 		knob = strncmp(var, *k, strlen(*k)) == 0;
 	for (const char *const *o = own; *o && knob; o++)
 		knob = strncmp(var, *o, strlen(*o)) != 0;
-	return knob;
+	return knob && !launch_env_set_per_child(var);
 }
 
 /* The shell command that starts node `rank` on its host. */

@@ -241,15 +241,6 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 			     size_t len, char *why, size_t why_len)
 {
 	struct rdv_register m;
-	pthread_mutex_lock(&s->lock);
-	if (s->error != 0) {
-		/* The job failed while this node was starting (sched_fail). */
-		sched_send_error(n, s->error, s->error_why);
-		pthread_mutex_unlock(&s->lock);
-		snprintf(why, why_len, "the job had failed");
-		return UNISUM_ESHUTDOWN;
-	}
-	pthread_mutex_unlock(&s->lock);
 	int bad = rdv_register_decode(payload, len, &m);
 	int role = m.role, req = m.req_rank, port = m.port, pid = m.pid;
 	uint32_t local_rank = (uint32_t)m.local_rank, local_size = (uint32_t)m.local_size;
@@ -264,7 +255,8 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 	}
 	pthread_mutex_lock(&s->lock);
 	if (s->error != 0) {
-		/* The job failed while the REGISTER was being read. */
+		/* The job failed while this node was starting (sched_fail):
+		 * it is told why, under the lock it would register under. */
 		sched_send_error(n, s->error, s->error_why);
 		pthread_mutex_unlock(&s->lock);
 		snprintf(why, why_len, "the job had failed");

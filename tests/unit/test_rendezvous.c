@@ -97,11 +97,8 @@ static void job_start_with(struct job *j, const struct config *cfg)
 
 static void job_start(struct job *j, int machines, int servers)
 {
-	memset(j, 0, sizeof *j);
-	j->cfg = job_config(machines, servers);
-	int port = 0;
-	assert_int_equal(rdv_scheduler_start("127.0.0.1", 0, &j->cfg, transport_tcp(), &j->sched, &port), 0);
-	j->cfg.scheduler_port = port;
+	struct config cfg = job_config(machines, servers);
+	job_start_with(j, &cfg);
 }
 
 static struct node_run *job_add(struct job *j, int role, int id, int local_rank, int local_size)
