@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the Debian packages unisum needs.  The table below is the one
-# list of them, and of the external commands that the tests, the demo, CI
-# and the benchmarks run:
+# list of them, and of the external commands that the tests, the demo, CI,
+# the benchmarks and `unisum launch` (ssh, srun) run:
 #
 #   PACKAGE  GROUP  [COMMAND...]
 #
@@ -30,6 +30,7 @@ TABLE='
 # A minimal Debian 12.
 coreutils        base   basename cat cksum cp cut date dirname env head id ls mkdir mktemp nproc od
 coreutils        base   realpath rm seq sleep sort tail tee timeout touch tr uniq wc
+coreutils        base   chmod dd
 apt              base   apt-cache apt-get
 dash             base   sh
 dpkg             base   dpkg-query
@@ -37,7 +38,7 @@ grep             base   grep
 mawk             base   awk
 mount            base   mount
 sed              base   sed
-util-linux       base   unshare
+util-linux       base   unshare nsenter
 
 # Build, demo and tests.
 build-essential  test
@@ -66,6 +67,10 @@ python3-setuptools test
 iperf3           test   iperf3
 openssh-client   test   ssh ssh-keygen
 openssh-server   test   sshd
+munge            test   munged munge unmunge
+slurmctld        test   slurmctld
+slurmd           test   slurmd
+slurm-client     test   srun salloc sbatch scancel sinfo scontrol
 
 # Benchmarks only.
 openmpi-bin      bench  mpirun mpicc

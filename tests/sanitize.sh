@@ -64,12 +64,13 @@ export TSAN_OPTIONS="halt_on_error=1:exitcode=66:log_path=$REPORTS/report"
 # repeated at every size, and make test stays within its 15 minutes.
 export UNISUM_TEST_LIGHT=1
 started=$(date +%s)
-# TSan also leaves out the multi-node launches (test_nodes, test_ssh): the
+# TSan also leaves out the multi-node launches (test_nodes, test_ssh,
+# test_slurm): the
 # launcher is one thread and an event loop, the scheduler code they run is
 # in the unit tests' in-process jobs, and under TSan they cost a minute
 # that make test's 15 minutes do not have.  ASan runs them.
 EXCLUDE='python_|fuzz_|deps_|docs_'
-[ "$KIND" = tsan ] && EXCLUDE="$EXCLUDE|integration_test_nodes|integration_test_ssh"
+[ "$KIND" = tsan ] && EXCLUDE="$EXCLUDE|integration_test_nodes|integration_test_ssh|integration_test_slurm"
 (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" -E "$EXCLUDE")
 rc=$?
 took=$(($(date +%s) - started))

@@ -193,8 +193,8 @@ static void job_kill(struct launcher *l)
 		struct child *c = &l->children[i];
 
 		if (c->running)
-			fprintf(stderr, "unisum launch: %s %d (pid %d) is still running; "
-				"sending SIGKILL\n", launch_role_name(c->role), c->rank, (int)c->pid);
+			fprintf(stderr, "unisum launch: %s (pid %d) is still running; "
+				"sending SIGKILL\n", c->name, (int)c->pid);
 	}
 	launch_children_signal(l, SIGKILL);
 	l->killed = true;
@@ -249,8 +249,8 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 			    c->role == CHILD_SSH);
 
 		if (code != 0 && !ours)
-			fprintf(stderr, "unisum launch: then %s %d (pid %d) %s\n",
-				launch_role_name(c->role), c->rank, (int)c->pid, what);
+			fprintf(stderr, "unisum launch: then %s (pid %d) %s\n",
+				c->name, (int)c->pid, what);
 		return;
 	}
 	if (code != 0 && child_is_echo(l, c, status)) {
@@ -262,18 +262,18 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 			l->echo_status = code;
 		}
 		if (l->nechoes < LAUNCH_MAX_ECHOES)
-			snprintf(l->echoes[l->nechoes++], sizeof l->echoes[0], "%s %d (pid %d) %s, on the "
-				 "news of the failure", launch_role_name(c->role), c->rank, (int)c->pid, what);
+			snprintf(l->echoes[l->nechoes++], sizeof l->echoes[0], "%s (pid %d) %s, on the "
+				 "news of the failure", c->name, (int)c->pid, what);
 		return;
 	}
 	if (code != 0) {
-		job_fail(l, code, "%s %d (pid %d) %s; stopping the job",
-			 launch_role_name(c->role), c->rank, (int)c->pid, what);
+		job_fail(l, code, "%s (pid %d) %s; stopping the job",
+			 c->name, (int)c->pid, what);
 		return;
 	}
 	if (l->echo_ms != 0 && child_is_culprit(l, c)) {
-		job_fail(l, 1, "%s %d (pid %d) exited with status 0 but left the job without "
-			 "unisum_shutdown(); stopping the job", launch_role_name(c->role), c->rank, (int)c->pid);
+		job_fail(l, 1, "%s (pid %d) exited with status 0 but left the job without "
+			 "unisum_shutdown(); stopping the job", c->name, (int)c->pid);
 		return;
 	}
 	/* A node's server serves the other nodes' workers too: it stops when
@@ -437,9 +437,8 @@ static void deadlines_check(struct launcher *l, int64_t now)
 			struct child *c = &l->children[i];
 
 			if (c->running) {
-				job_fail(l, 1, "%s %d (pid %d) still runs %d s after every "
-					 "worker finished%s; stopping it", launch_role_name(c->role),
-					 c->rank, (int)c->pid, LAUNCH_SERVER_GRACE_MS / 1000,
+				job_fail(l, 1, "%s (pid %d) still runs %d s after every "
+					 "worker finished%s; stopping it", c->name, (int)c->pid, LAUNCH_SERVER_GRACE_MS / 1000,
 					 l->sched_done ? "" : " (the scheduler is still waiting "
 					 "for workers: did every worker call unisum_shutdown()?)");
 				return;
@@ -473,7 +472,8 @@ static int loop_timeout(const struct launcher *l, int64_t now)
 }
 
 /* --remote: reads what came on stdin; at its end (the launcher that
- * started this node over ssh is gone, or stopped the job) stops the node. */
+ * started this node over ssh or srun is gone, or stopped the job) stops
+ * the node. */
 static void remote_stdin_check(struct launcher *l)
 {
 	char buf[256];
@@ -482,7 +482,8 @@ static void remote_stdin_check(struct launcher *l)
 	if (n > 0 || (n < 0 && (errno == EINTR || errno == EAGAIN)))
 		return;
 	l->remote_stdin_open = false;
-	job_fail(l, 1, "the ssh connection to the launcher ended; stopping this host's processes");
+	job_fail(l, 1, "the connection to the launcher (ssh or srun) ended; stopping this "
+		 "host's processes");
 }
 
 /* Runs until every child is gone (or, after SIGKILL, given up on). */
@@ -591,8 +592,8 @@ static void children_start(struct launcher *l)
 		int rc = launch_child_spawn(l, c);
 
 		if (rc < 0) {
-			job_fail(l, 1, "cannot start %s %d: %s; stopping the job",
-				 launch_role_name(c->role), c->rank, strerror(-rc));
+			job_fail(l, 1, "cannot start %s: %s; stopping the job", c->name,
+				 strerror(-rc));
 			break;
 		}
 	}

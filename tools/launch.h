@@ -64,6 +64,7 @@ struct child {
 	bool running;			/* spawned and not yet reaped */
 	bool signalled;			/* the launcher sent it SIGTERM or SIGKILL */
 	char prefix[80];		/* "[worker 0] ", put before each line */
+	char name[96];			/* "worker 0", "host 1 (node1)": for messages */
 	char **argv;			/* an ssh child's command (malloc'd), else NULL */
 	char *argv_mem[3];		/* ... the strings it owns (launch_ssh_free) */
 	int stdin_fd;			/* an ssh child's stdin (the secret, then EOF to stop
@@ -133,6 +134,11 @@ struct launcher {
 	int nhosts;			/* the worker hosts, then --server-hosts' */
 	int nserver_hosts;		/* ... the last this many: CPU-only servers */
 	char secret[256];		/* the job's secret, for the hosts' stdin ("" = none) */
+	/* A job in a Slurm allocation (--slurm; launch_slurm.c): the same,
+	 * with the allocation's nodes as hosts and `srun` as the transport. */
+	bool slurm;
+	const char *srun_args_opt;	/* --srun-args */
+	const char *cpu_server_nodes_opt; /* --cpu-server-nodes K: the last K nodes */
 	bool remote;			/* --remote: a node started by such a launcher */
 	bool remote_stdin_open;		/* ... and its stdin has not ended yet */
 
@@ -166,7 +172,7 @@ struct launcher {
 	int64_t echo_ms;		/* when a child failed on the news of another's failure,
 					 * 0 = none (see child_is_echo() in launch.c) */
 	int echo_status;		/* ... the first one's exit status */
-	char echoes[LAUNCH_MAX_ECHOES][160]; /* ... what each was, for the summary */
+	char echoes[LAUNCH_MAX_ECHOES][256]; /* ... what each was, for the summary */
 	int nechoes;
 	bool sched_abandoned;		/* the waiter never returned: it still uses this struct */
 
@@ -304,6 +310,25 @@ int launch_node_environ(struct launcher *l);
  * after printing why. */
 int launch_hosts_setup(struct launcher *l);
 
+/* Adds host name (len bytes) with `slots` (text; NULL: 1) to l->hosts
+ * (arg: the launcher); `from` names the option or file for errors.  0, or
+ * -1 after printing why. */
+int launch_host_add(void *arg, const char *name, size_t len, const char *slots, const char *from);
+
+/* The job's shape from l->hosts: the first `worker_hosts` run hosts[0].slots
+ * workers and a colocated server each, the rest a CPU-only server each. */
+void launch_hosts_shape(struct launcher *l, int worker_hosts);
+
+/* The shell command that starts node `rank` (a host's index) there:
+ * `cd CWD && exec env VARS... UNISUM launch --remote ...` (malloc'd), or
+ * NULL when out of memory. */
+char *launch_remote_command(const struct launcher *l, int rank);
+
+/* Whether environ entry `var` belongs to this host alone and never
+ * travels to another: the job's secret (stdin carries it), id, addresses
+ * and ports. */
+bool launch_env_stays_here(const char *var);
+
 /* The scheduler's address as the hosts reach it (this host's address on
  * the route to the first host) into l->sched_addr.  0, or -1 after
  * printing why. */
@@ -313,7 +338,14 @@ int launch_hosts_sched_addr(struct launcher *l);
  * known.  0, or -ENOMEM. */
 int launch_ssh_argv(struct launcher *l, struct child *c);
 
-/* Frees what launch_ssh_argv() made for c. */
+/* Sets c->argv to pre..., the blank-separated words of `extra` (NULL:
+ * none), post... (pre[0] is the program; both NULL-terminated, pointers
+ * kept); c then owns `mem` and `remote` (also freed on failure, and either
+ * NULL fails).  0, or -ENOMEM. */
+int launch_transport_argv(struct child *c, const char *const *pre, const char *extra,
+			  const char *const *post, char *mem, char *remote);
+
+/* Frees what launch_ssh_argv() or launch_srun_argv() made for c. */
 void launch_ssh_free(struct child *c);
 
 /* The IPv4 address of `host` into ip (INET_ADDRSTRLEN) and this host's
@@ -324,6 +356,23 @@ int launch_route_addr(const char *host, int port, char *ip, char *local);
 /* --remote: reads the job's secret, one line, from stdin into
  * UNISUM_SECRET (an empty line: no secret).  0, or -1 after printing why. */
 int launch_remote_secret(void);
+
+/* ---- launch_slurm.c ------------------------------------------------------ */
+
+/* --slurm: the allocation's nodes (SLURM_JOB_NODELIST) as hosts of
+ * --nproc-per-node's nproc workers (0: SLURM_NTASKS_PER_NODE, else 1),
+ * the last --cpu-server-nodes of them CPU-only servers.  0, or -1 after
+ * printing why. */
+int launch_slurm_setup(struct launcher *l, int nproc);
+
+/* The scheduler's address as the nodes reach it: UNISUM_BIND, else this
+ * host's address on the route to the first node.  0, or -1 after printing
+ * why. */
+int launch_slurm_sched_addr(struct launcher *l);
+
+/* Builds the srun command of child c (node c->rank), freed by
+ * launch_ssh_free().  0, or -ENOMEM. */
+int launch_srun_argv(struct launcher *l, struct child *c);
 
 /* ---- launch_job.c -------------------------------------------------------- */
 

@@ -114,6 +114,7 @@ int launch_children_init(struct launcher *l)
 			c->role = CHILD_SSH;
 			c->rank = i;
 			snprintf(c->prefix, sizeof(c->prefix), "[%.64s] ", l->hosts[i].name);
+			snprintf(c->name, sizeof(c->name), "host %d (%.64s)", i, l->hosts[i].name);
 			continue;
 		}
 		if (l->server_only) {
@@ -121,6 +122,7 @@ int launch_children_init(struct launcher *l)
 			c->role = CHILD_SERVER;
 			c->rank = -1;
 			snprintf(c->prefix, sizeof(c->prefix), "[cpu server] ");
+			snprintf(c->name, sizeof(c->name), "cpu server");
 			continue;
 		}
 		if (l->one_machine && i < node_server) {
@@ -136,8 +138,8 @@ int launch_children_init(struct launcher *l)
 				c->netns = c->role == CHILD_SERVER ? l->server_netns[c->rank]
 					   : l->machine_netns[c->rank / l->local_size];
 		}
-		snprintf(c->prefix, sizeof(c->prefix), "[%s %d] ", launch_role_name(c->role),
-			 c->rank);
+		snprintf(c->name, sizeof(c->name), "%s %d", launch_role_name(c->role), c->rank);
+		snprintf(c->prefix, sizeof(c->prefix), "[%.64s] ", c->name);
 	}
 	return 0;
 }
@@ -312,14 +314,14 @@ static struct child_env *env_build(const struct launcher *l, const struct child 
 		free(env);
 		return NULL;
 	}
+	/* ssh and srun never need the secret (stdin has it) nor the job's
+	 * identity here; srun exports the rest to its step. */
 	for (char **e = environ; *e; e++)
-		if (!env_is_ours(l, *e) &&
-		    !(c->role == CHILD_SSH && (strncmp(*e, "UNISUM_SECRET=", 14) == 0 ||
-					       strncmp(*e, "UNISUM_SECRET_FILE=", 19) == 0)))
-			env->envp[used++] = *e;	/* ssh never needs the secret: stdin has it */
+		if (!env_is_ours(l, *e) && !(c->role == CHILD_SSH && launch_env_stays_here(*e)))
+			env->envp[used++] = *e;
 	env->envp[used] = NULL;
 	if (c->role == CHILD_SSH)
-		return env;	/* ssh passes no environment: the command carries it */
+		return env;	/* the command carries what the node needs */
 
 	/* UNISUM_JOB_ID is in environ already (see job_id_choose() in
 	 * launch_job.c). */
@@ -422,7 +424,8 @@ int launch_child_spawn(struct launcher *l, struct child *c)
 	int rc = 0;
 	pid_t pid;
 
-	if (c->role == CHILD_SSH && !c->argv && (rc = launch_ssh_argv(l, c)) < 0)
+	if (c->role == CHILD_SSH && !c->argv &&
+	    (rc = (l->slurm ? launch_srun_argv : launch_ssh_argv)(l, c)) < 0)
 		return rc;
 	char *const *argv = c->role == CHILD_SERVER ? server_argv : c->role == CHILD_SSH ? c->argv
 			    : l->cmd;

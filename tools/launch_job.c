@@ -256,9 +256,9 @@ void launch_announce(const struct launcher *l)
 		return;
 	}
 	if (l->nhosts > 0)
-		fprintf(stderr, "unisum launch: scheduler on %s:%d, %d host(s) over ssh, each with a "
+		fprintf(stderr, "unisum launch: scheduler on %s:%d, %d host(s) over %s, each with a "
 			"server and %d worker(s), job %s:", l->sched_addr, l->port, l->nhosts,
-			l->local_size, l->job_id);
+			l->slurm ? "srun" : "ssh", l->local_size, l->job_id);
 	else if (l->node_mode)
 		fprintf(stderr, "unisum launch: node %d of %d: server %d and %d worker(s) (ranks %d "
 			"to %d)%s, scheduler at %s:%d, job %s:", l->node_rank, l->nnodes, l->node_rank,

@@ -26,6 +26,8 @@
 	"                     [--] CMD [ARGS...]\n" \
 	"       unisum launch -H HOST:SLOTS,... | --hostfile FILE [--ssh-args ARGS]\n" \
 	"                     [--start-timeout SEC] [--timeout SEC] [--no-secret] [--] CMD [ARGS...]\n" \
+	"       unisum launch --slurm [--nproc-per-node L] [--cpu-server-nodes K]\n" \
+	"                     [--srun-args ARGS] [--timeout SEC] [--] CMD [ARGS...]\n" \
 	"       unisum launch --nproc-per-node L [--nnodes N --node-rank R\n" \
 	"                     --master-addr A --master-port P] [--timeout SEC] [--] CMD [ARGS...]\n"
 
@@ -88,6 +90,18 @@ static void usage(FILE *out)
 	      "                      how long ssh may take to reach a host (its\n"
 	      "                      ConnectTimeout; default 30, 0: no limit); nodes\n"
 	      "                      then register within UNISUM_START_TIMEOUT_MS\n"
+	      "      --slurm         a job inside a Slurm allocation (in an sbatch script,\n"
+	      "                      or under salloc): the scheduler here, and on every\n"
+	      "                      node of SLURM_JOB_NODELIST L workers (--nproc-per-node,\n"
+	      "                      else SLURM_NTASKS_PER_NODE, else 1) and a colocated\n"
+	      "                      server, each node started by a job step of its own\n"
+	      "                      (srun --nodes=1 --nodelist=NODE --overlap; the secret\n"
+	      "                      on its stdin); scancel stops everything\n"
+	      "      --cpu-server-nodes K\n"
+	      "                      with --slurm: the allocation's last K nodes run one\n"
+	      "                      CPU-only server each, and no workers\n"
+	      "      --srun-args ARGS\n"
+	      "                      more options for each srun (\"--gpus-per-node=8\", say)\n"
 	      "      --worker-netns NS,NS,...\n"
 	      "                      run machine i's workers in network namespace NS_i\n"
 	      "                      (/run/netns/NS_i; one per machine): an emulated\n"
@@ -277,6 +291,16 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 	} else if ((m = option_match(argc, argv, i, NULL, "--start-timeout", &value)) != 0) {
 		if (m < 0 || parse_seconds("--start-timeout", value, &l->start_timeout_s) < 0)
 			goto out_bad_value;
+	} else if (strcmp(arg, "--slurm") == 0) {
+		l->slurm = true;
+	} else if ((m = option_match(argc, argv, i, NULL, "--srun-args", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->srun_args_opt = value;
+	} else if ((m = option_match(argc, argv, i, NULL, "--cpu-server-nodes", &value)) != 0) {
+		if (m < 0)
+			goto out_bad_value;
+		l->cpu_server_nodes_opt = value;
 	} else if (strcmp(arg, "--remote") == 0) {
 		l->remote = true;
 	} else if (strcmp(arg, "--server-only") == 0) {
@@ -370,6 +394,24 @@ int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 	}
 	if (!l->cmd || !l->cmd[0]) {
 		fprintf(stderr, "unisum launch: no command to run\n");
+		return -1;
+	}
+	if (l->slurm) {
+		if (job_option || l->remote || l->nnodes_opt || l->node_rank_opt || l->master_addr_opt ||
+		    l->master_port_opt || l->cpu_servers_opt || l->hosts_opt || l->hostfile_opt ||
+		    l->ssh_args_opt || l->server_hosts_opt || l->start_timeout_s >= 0) {
+			fprintf(stderr, "unisum launch: --slurm takes the job's shape from the "
+				"allocation (--nproc-per-node workers per node, --cpu-server-nodes for "
+				"CPU-only servers): %s does not go with it\n",
+				job_option ? job_option : l->remote ? "--remote" : l->hosts_opt ||
+				l->hostfile_opt ? "-H/--hostfile" : l->ssh_args_opt || l->server_hosts_opt ||
+				l->start_timeout_s >= 0 ? "an option of -H" : "a node option");
+			return -1;
+		}
+		return launch_slurm_setup(l, nproc);
+	}
+	if (l->srun_args_opt || l->cpu_server_nodes_opt) {
+		fprintf(stderr, "unisum launch: --srun-args and --cpu-server-nodes go with --slurm\n");
 		return -1;
 	}
 	if (l->hosts_opt || l->hostfile_opt) {

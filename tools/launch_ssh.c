@@ -39,10 +39,9 @@ extern char **environ;
 /* Most hosts of a job. */
 #define LAUNCH_HOSTS_MAX 2048
 
-/* Adds host `name` with `slots` (text; NULL: 1) to l->hosts. */
-static int host_add(struct launcher *l, const char *name, size_t len, const char *slots,
-		    const char *from)
+int launch_host_add(void *arg, const char *name, size_t len, const char *slots, const char *from)
 {
+	struct launcher *l = arg;
 	char *end;
 	long n = 1;
 
@@ -87,7 +86,7 @@ static int hosts_parse_list(struct launcher *l, const char *list, const char *op
 		size_t len = comma ? (size_t)(comma - p) : strlen(p);
 		const char *colon = memchr(p, ':', len);
 
-		if (host_add(l, p, colon ? (size_t)(colon - p) : len, colon ? colon + 1 : NULL, option) < 0)
+		if (launch_host_add(l, p, colon ? (size_t)(colon - p) : len, colon ? colon + 1 : NULL, option) < 0)
 			return -1;
 		if (!comma)
 			break;
@@ -132,7 +131,7 @@ static int hosts_parse_file(struct launcher *l, const char *path)
 			slots = p + len + 1;
 		else if (slots)
 			slots += strlen(" slots=");
-		rc = host_add(l, p, len, slots, from);
+		rc = launch_host_add(l, p, len, slots, from);
 	}
 	fclose(f);
 	if (rc == 0 && l->nhosts == 0) {
@@ -165,7 +164,6 @@ int launch_hosts_setup(struct launcher *l)
 		}
 		if (hosts_parse_list(l, l->server_hosts_opt, "--server-hosts") < 0)
 			return -1;
-		l->nserver_hosts = l->nhosts - n;
 	}
 	for (int i = 1; i < n; i++) {
 		if (l->hosts[i].slots != l->hosts[0].slots) {
@@ -175,13 +173,19 @@ int launch_hosts_setup(struct launcher *l)
 			return -1;
 		}
 	}
-	l->local_size = l->hosts[0].slots;
-	l->machines = n;
-	l->num_workers = n * l->local_size;
-	l->num_servers = l->nhosts;	/* one per worker host, and the CPU-only ones */
+	launch_hosts_shape(l, n);
 	if (l->start_timeout_s < 0)
 		l->start_timeout_s = 30;
 	return 0;
+}
+
+void launch_hosts_shape(struct launcher *l, int worker_hosts)
+{
+	l->nserver_hosts = l->nhosts - worker_hosts;
+	l->local_size = l->hosts[0].slots;
+	l->machines = worker_hosts;
+	l->num_workers = worker_hosts * l->local_size;
+	l->num_servers = l->nhosts;	/* one per worker host, and the CPU-only ones */
 }
 
 /* The host part of "[user@]host". */
@@ -196,6 +200,8 @@ int launch_hosts_sched_addr(struct launcher *l)
 {
 	char ip[INET_ADDRSTRLEN];
 
+	if (l->slurm)
+		return launch_slurm_sched_addr(l);
 	return launch_route_addr(host_of(l->hosts[0].name), 22, ip, l->sched_addr);
 }
 
@@ -246,29 +252,34 @@ static void text_quoted(struct text *t, const char *s)
 }
 
 /* Whether environ entry `var` travels to the hosts: a knob of the job,
- * not one that a launcher sets per child (launch_children.c's table), one
- * of this host's own (its job id, addresses, ports, the scheduler's
- * BytePS names) or the secret (which goes on stdin). */
+ * not one that a launcher sets per child (launch_children.c's table) nor
+ * one that stays here (launch_env_stays_here). */
 static bool env_travels(const char *var)
 {
-	static const char *const own[] = {
-		"UNISUM_SECRET=", "UNISUM_SECRET_FILE=", "UNISUM_JOB_ID=", "UNISUM_BIND=",
-		"UNISUM_PORT=", "DMLC_PS_ROOT_URI=", "DMLC_PS_ROOT_PORT=", "DMLC_NUM_WORKER=",
-		"DMLC_NUM_SERVER=", "DMLC_PORT=", NULL,
-	};
 	static const char *const knobs[] = { "UNISUM_", "BYTEPS_", "DMLC_", "PATH=", "PYTHONPATH=",
 					     "LD_LIBRARY_PATH=", NULL };
 	bool knob = false;
 
 	for (const char *const *k = knobs; *k && !knob; k++)
 		knob = strncmp(var, *k, strlen(*k)) == 0;
-	for (const char *const *o = own; *o && knob; o++)
-		knob = strncmp(var, *o, strlen(*o)) != 0;
-	return knob && !launch_env_set_per_child(var);
+	return knob && !launch_env_stays_here(var) && !launch_env_set_per_child(var);
 }
 
-/* The shell command that starts node `rank` on its host. */
-static char *remote_command(const struct launcher *l, int rank)
+bool launch_env_stays_here(const char *var)
+{
+	static const char *const own[] = {
+		"UNISUM_SECRET=", "UNISUM_SECRET_FILE=", "UNISUM_JOB_ID=", "UNISUM_BIND=",
+		"UNISUM_PORT=", "DMLC_PS_ROOT_URI=", "DMLC_PS_ROOT_PORT=", "DMLC_NUM_WORKER=",
+		"DMLC_NUM_SERVER=", "DMLC_PORT=", NULL,
+	};
+
+	for (const char *const *o = own; *o; o++)
+		if (strncmp(var, *o, strlen(*o)) == 0)
+			return true;
+	return false;
+}
+
+char *launch_remote_command(const struct launcher *l, int rank)
 {
 	struct text t = { 0 };
 	char self[PATH_MAX], cwd[PATH_MAX], num[64];
@@ -314,56 +325,62 @@ static char *remote_command(const struct launcher *l, int rank)
 	return t.s;
 }
 
-int launch_ssh_argv(struct launcher *l, struct child *c)
+int launch_transport_argv(struct child *c, const char *const *pre, const char *extra,
+			  const char *const *post, char *mem, char *remote)
 {
-	char timeout[64];
-	char *remote = remote_command(l, c->rank);
-	char *args = l->ssh_args_opt ? strdup(l->ssh_args_opt) : NULL;
-	size_t n = 0, cap = 16;
+	char *args = extra ? strdup(extra) : NULL;
+	size_t n = 0, cap = 1;
 	char **argv = NULL;
 
-	if (!remote || (l->ssh_args_opt && !args))
+	if (!mem || !remote || (extra && !args))
 		goto out_nomem;
+	for (const char *const *p = pre; *p; p++)
+		cap++;
+	for (const char *const *p = post; *p; p++)
+		cap++;
 	for (char *p = args; p && *p; p++)
-		cap += isspace((unsigned char)*p) != 0;
+		cap += isspace((unsigned char)*p) == 0 && (p == args || isspace((unsigned char)p[-1]));
 	argv = calloc(cap, sizeof(*argv));
 	if (!argv)
 		goto out_nomem;
-	/* 0: no limit, as ssh's own ConnectTimeout 0. */
-	snprintf(timeout, sizeof(timeout), "ConnectTimeout=%d",
-		 l->start_timeout_s > 1e6 ? 1000000 : (int)l->start_timeout_s);
-	argv[n++] = "ssh";
-	argv[n++] = "-o";
-	argv[n++] = "BatchMode=yes";
-	argv[n++] = "-o";
-	argv[n++] = strdup(timeout);
-	/* No shared master connection that would outlive the job. */
-	argv[n++] = "-o";
-	argv[n++] = "ControlPath=none";
+	for (const char *const *p = pre; *p; p++)
+		argv[n++] = (char *)*p;
 	for (char *save, *w = args ? strtok_r(args, " \t\n", &save) : NULL; w;
 	     w = strtok_r(NULL, " \t\n", &save))
 		argv[n++] = w;
-	/* No pty, whatever the user's config says: it would echo the secret
-	 * and keep stdin's end from reaching the remote launcher. */
-	argv[n++] = "-T";
-	argv[n++] = l->hosts[c->rank].name;
-	argv[n++] = remote;
+	for (const char *const *p = post; *p; p++)
+		argv[n++] = (char *)*p;
 	argv[n] = NULL;
-	if (!argv[4])
-		goto out_nomem;
 	c->argv = argv;
-	c->argv_mem[0] = argv[4];
+	c->argv_mem[0] = mem;
 	c->argv_mem[1] = args;
 	c->argv_mem[2] = remote;
 	return 0;
 
 out_nomem:
-	if (argv)
-		free(argv[4]);
-	free(argv);
 	free(args);
+	free(mem);
 	free(remote);
 	return -ENOMEM;
+}
+
+int launch_ssh_argv(struct launcher *l, struct child *c)
+{
+	char timeout[64];
+	char *remote = launch_remote_command(l, c->rank);
+
+	/* 0: no limit, as ssh's own ConnectTimeout 0. */
+	snprintf(timeout, sizeof(timeout), "ConnectTimeout=%d",
+		 l->start_timeout_s > 1e6 ? 1000000 : (int)l->start_timeout_s);
+	char *connect = strdup(timeout);
+	/* No shared master connection that would outlive the job. */
+	const char *const pre[] = { "ssh", "-o", "BatchMode=yes", "-o", connect, "-o",
+				    "ControlPath=none", NULL };
+	/* No pty, whatever the user's config says: it would echo the secret
+	 * and keep stdin's end from reaching the remote launcher. */
+	const char *const post[] = { "-T", l->hosts[c->rank].name, remote, NULL };
+
+	return launch_transport_argv(c, pre, l->ssh_args_opt, post, connect, remote);
 }
 
 void launch_ssh_free(struct child *c)

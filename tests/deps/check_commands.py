@@ -49,7 +49,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 INSTALL_DEPS = os.path.join(ROOT, "scripts", "install-deps.sh")
 
 # What a test, the demo, CI or a benchmark runs: the places to scan.
-SCAN_DIRS = ["tests", "bench", "scripts", "examples", ".ci"]
+# tools/: the commands `unisum launch` runs (ssh, srun, scontrol).
+SCAN_DIRS = ["tests", "bench", "scripts", "examples", ".ci", "tools"]
 SCAN_FILES = ["Makefile", "CMakeLists.txt"]
 # Shell builtins and keywords (POSIX sh, dash and bash), never external.
 BUILTINS = set("""
@@ -456,6 +457,8 @@ def kind_of(path, head):
 # or os.exec*, and shutil.which("NAME").
 PY_CALL = re.compile(r"(?:subprocess\.\w+|Popen|check_output|check_call|os\.exec\w+|shutil\.which)"
                      r"\(\s*\[?\s*['\"]([^'\"]+)['\"]")
+C_ARGV0 = re.compile(r"\bpre\[\] = \{ \"([a-z][\w.+-]*)\"")
+C_POPEN = re.compile(r"\bsnprintf\(cmd, [^,]+, \"([a-z][\w.+-]*) ")
 PATH_LITERAL = re.compile(r"['\"](/(?:usr/)?s?bin/[A-Za-z0-9_.+-]+)['\"]")
 
 
@@ -488,6 +491,13 @@ def scan_file(path, out):
         for n, line in enumerate(text.split("\n"), 1):
             if re.match(r"^\s*(#|//|\*|/\*)", line):
                 continue  # a comment names, it does not run
+            if path.endswith(".c"):
+                # C: the program of a command for exec (`pre[] = { "ssh",
+                # ...`: launch_transport_argv), and a command line built
+                # for popen() in `cmd`.
+                for m in (C_ARGV0.search(line), C_POPEN.search(line)):
+                    if m:
+                        add(m.group(1), "%s:%d" % (rel, n), out)
             for m in PY_CALL.finditer(line) if kind == "py" else ():
                 add(m.group(1), "%s:%d" % (rel, n), out)
             for m in PATH_LITERAL.finditer(line):

@@ -100,6 +100,19 @@ free_port() {
 	"$BUILD/check_sums" free-port
 }
 
+# wait_watching_secret PID SECRET : waits for background job PID, looking
+# at every process's command line meanwhile (5 times a second); sets SEEN
+# to how many looks found SECRET there, and RC to the job's status.
+wait_watching_secret() {
+	SEEN=0
+	while kill -0 "$1" 2>/dev/null; do
+		ps -eo args | grep -v grep | grep -q -- "$2" && SEEN=$((SEEN + 1))
+		sleep 0.2
+	done
+	wait "$1"
+	RC=$?
+}
+
 # hosts_up PREFIX H RATE : H emulated hosts PREFIX-h0 .. (network
 # namespaces on a bridge, links at RATE: bench/cluster/netns.sh), removed
 # when the test exits, after running the commands in HOSTS_CLEANUP if set.

@@ -67,14 +67,8 @@ ROUNDS=100
 [ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && ROUNDS=20	# the sanitizer runs
 UNISUM_SECRET=$secret launch "$log/sums" -H "$A0:2,$A1:2,$A2:2" --server-hosts "$A3" \
 	--ssh-args "$SSH_ARGS" -- "$CHECK" rounds "$ROUNDS" &
-job=$!
-seen=0
-while kill -0 "$job" 2>/dev/null; do
-	ps -eo args | grep -v grep | grep -q -- "$secret" && seen=$((seen + 1))
-	sleep 0.2
-done
-wait "$job"
-rc=$?
+wait_watching_secret $! "$secret"
+seen=$SEEN rc=$RC
 expect "-H over ssh: 3 hosts of 2 workers and a server each, and a CPU-only server host, $ROUNDS rounds exact on all 6 workers [$(ms_since "$t0") ms]" \
 	sh -c "[ $rc -eq 0 ] && [ \$(grep -c '$ROUNDS rounds ok' '$log/sums') -eq 6 ]"
 expect "... each host's lines carry its name" grep -q "^\[$A2\] \[worker 5\] rank 5: $ROUNDS rounds ok" "$log/sums"
@@ -140,7 +134,7 @@ elapsed=$(($(date +%s) - start))
 wait "$sched"
 expect "a node started for -H stops when its stdin (the ssh connection) ends, in $elapsed s" \
 	sh -c "[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $elapsed -le 15 ] &&
-	       grep -q 'ssh connection to the launcher ended' '$log/remote'"
+	       grep -q 'connection to the launcher (ssh or srun) ended' '$log/remote'"
 expect "... having joined with the secret it read there (its processes had registered)" \
 	sh -c "grep -q 'lost its connection' '$log/scheduler' && ! grep -q 'secret' '$log/scheduler'"
 drop_logs "$log"
