@@ -14,9 +14,6 @@
 
 #include "hostlist.h"
 
-/* Largest number a range may hold. */
-#define HOSTLIST_NUMBER_MAX 999999999L
-
 struct walk {
 	int (*add)(void *arg, const char *name);
 	void *arg;
@@ -40,16 +37,17 @@ static int fail(struct walk *w, const char *fmt, ...)
 	return -1;
 }
 
-/* Reads a number of digits at *p into *v, its length into *width. */
+/* Reads a number of 1 to 9 digits at *p into *v, its length (leading
+ * zeros too) into *width. */
 static bool number(const char **p, const char *end, long *v, int *width)
 {
 	const char *s = *p;
 
 	*v = 0;
-	while (*p < end && isdigit((unsigned char)**p) && *v <= HOSTLIST_NUMBER_MAX)
+	while (*p < end && isdigit((unsigned char)**p) && *p - s < 9)
 		*v = *v * 10 + (**p - '0'), (*p)++;
 	*width = (int)(*p - s);
-	return *width > 0 && *v <= HOSTLIST_NUMBER_MAX;
+	return *width > 0 && !(*p < end && isdigit((unsigned char)**p));
 }
 
 /* Expands host text [s, end) after `name` (len bytes built so far). */

@@ -210,8 +210,11 @@ static bool child_is_culprit(const struct launcher *l, const struct child *c)
 	int role, rank;
 	if (l->sched == NULL || !rdv_scheduler_culprit(l->sched, &role, &rank))
 		return false;
-	if (c->role == CHILD_SSH)	/* the host of that server or worker */
-		return (role == CONFIG_ROLE_SERVER && rank == c->rank) ||
+	/* The host of that worker, or of that colocated server: CPU-only
+	 * servers take their ranks by arrival, on no host known here. */
+	if (c->role == CHILD_SSH)
+		return (role == CONFIG_ROLE_SERVER && !l->no_colocated && rank < l->machines &&
+			rank == c->rank) ||
 		       (role == CONFIG_ROLE_WORKER && rank / l->local_size == c->rank);
 	return c->rank == rank && c->role == (role == CONFIG_ROLE_SERVER ? CHILD_SERVER : CHILD_WORKER) &&
 	       (role == CONFIG_ROLE_SERVER || role == CONFIG_ROLE_WORKER);

@@ -110,6 +110,8 @@ struct launcher {
 	int node_servers;		/* the job's servers: nnodes colocated ones, then
 					 * CPU-only ones started elsewhere (--cpu-servers) */
 	const char *cpu_servers_opt;
+	bool no_colocated;		/* --no-colocated-servers: the nodes run workers only;
+					 * the CPU-only servers are the job's servers */
 	char master_addr[256];		/* where the scheduler listens (node 0) */
 	int master_port;
 	const char *nnodes_opt, *node_rank_opt, *master_addr_opt, *master_port_opt;
@@ -139,6 +141,9 @@ struct launcher {
 	bool slurm;
 	const char *srun_args_opt;	/* --srun-args */
 	const char *cpu_server_nodes_opt; /* --cpu-server-nodes K: the last K nodes */
+	bool sched_on_host;		/* --scheduler-host: node 0 (the first host) runs the
+					 * scheduler, not this launcher */
+	bool run_scheduler;		/* --remote --run-scheduler: ... that is this node */
 	bool remote;			/* --remote: a node started by such a launcher */
 	bool remote_stdin_open;		/* ... and its stdin has not ended yet */
 
@@ -334,6 +339,12 @@ bool launch_env_stays_here(const char *var);
  * printing why. */
 int launch_hosts_sched_addr(struct launcher *l);
 
+/* --scheduler-host: the scheduler runs with node 0 on the first host, at
+ * its address (as this host resolves it, or Slurm's NodeAddr) and a random
+ * port from 20000, into l->sched_addr and l->port; this launcher runs none
+ * (sched_done).  0, or -1 after printing why. */
+int launch_hosts_sched_remote(struct launcher *l);
+
 /* Builds ssh child c's command (c->argv), once the scheduler's port is
  * known.  0, or -ENOMEM. */
 int launch_ssh_argv(struct launcher *l, struct child *c);
@@ -365,10 +376,27 @@ int launch_remote_secret(void);
  * printing why. */
 int launch_slurm_setup(struct launcher *l, int nproc);
 
+/* Whether environ entry `var` sizes an srun step by its tasks
+ * (SLURM_CPUS_PER_TASK, SLURM_GPUS_PER_TASK, SLURM_MEM_PER_CPU, ...): an
+ * allocation's values, which would give a node's one-task step one task's
+ * share of it.  Kept from srun's environment. */
+bool launch_slurm_env_sizes_tasks(const char *var);
+
+/* --remote in a job step: removes the step's task identity (SLURM_PROCID
+ * 0 of SLURM_NTASKS 1, ...), which would tell the workers a story other
+ * than their RANK and WORLD_SIZE. */
+void launch_slurm_env_untask(void);
+
 /* The scheduler's address as the nodes reach it: UNISUM_BIND, else this
  * host's address on the route to the first node.  0, or -1 after printing
  * why. */
 int launch_slurm_sched_addr(struct launcher *l);
+
+/* The address node `name` is reached at (len bytes): the NodeAddr Slurm
+ * knows it by (`scontrol show node`: what slurmctld connects to), else
+ * its name; it must resolve, and not to loopback (Debian's /etc/hosts maps
+ * a host's own name to 127.0.1.1).  0, or -1 after printing why. */
+int launch_slurm_node_addr(const char *name, char *out, size_t len);
 
 /* Builds the srun command of child c (node c->rank), freed by
  * launch_ssh_free().  0, or -ENOMEM. */

@@ -93,7 +93,7 @@ const char *launch_role_name(int role)
 int launch_children_init(struct launcher *l)
 {
 	/* A node of a multi-node job adds its colocated server, first. */
-	int node_server = l->node_mode ? 1 : 0;
+	int node_server = l->node_mode && !l->no_colocated ? 1 : 0;
 	l->nchildren = l->nhosts > 0 ? l->nhosts : l->server_only ? 1
 		       : l->one_machine ? node_server + l->local_size
 		       : l->num_servers + l->num_workers;
@@ -317,7 +317,8 @@ static struct child_env *env_build(const struct launcher *l, const struct child 
 	/* ssh and srun never need the secret (stdin has it) nor the job's
 	 * identity here; srun exports the rest to its step. */
 	for (char **e = environ; *e; e++)
-		if (!env_is_ours(l, *e) && !(c->role == CHILD_SSH && launch_env_stays_here(*e)))
+		if (!env_is_ours(l, *e) && !(c->role == CHILD_SSH && (launch_env_stays_here(*e) ||
+		    (l->slurm && launch_slurm_env_sizes_tasks(*e)))))
 			env->envp[used++] = *e;
 	env->envp[used] = NULL;
 	if (c->role == CHILD_SSH)
@@ -512,6 +513,13 @@ void launch_children_signal(struct launcher *l, int sig)
 			if (c->stdin_fd >= 0)
 				close(c->stdin_fd);
 			c->stdin_fd = -1;
+			continue;
+		}
+		if (c->role == CHILD_SSH && sig == SIGKILL && l->slurm) {
+			/* srun passes SIGTERM to every process of its step and
+			 * ends it; a killed srun would leave the step running
+			 * until the allocation ends. */
+			kill(c->pid, SIGTERM);
 			continue;
 		}
 		if (kill(-c->pid, sig) < 0)

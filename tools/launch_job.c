@@ -202,6 +202,8 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 	if (l->one_machine) {
 		if (l->remote && launch_remote_secret() < 0)
 			return LAUNCH_EXIT_USAGE;
+		if (l->remote)
+			launch_slurm_env_untask();
 		if (l->node_mode && launch_node_environ(l) < 0)
 			return LAUNCH_EXIT_USAGE;
 		if (l->no_secret && !l->node_mode) {
@@ -218,7 +220,8 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 			return LAUNCH_EXIT_USAGE;
 		if (l->node_mode) {
 			l->num_servers = l->node_servers;
-			if (l->node_rank == 0 && !l->remote)	/* -H runs it at the launcher */
+			/* -H runs it at the launcher, unless --scheduler-host. */
+			if (l->node_rank == 0 && (!l->remote || l->run_scheduler))
 				return node_sched_config(l, cfg);
 		}
 		/* No scheduler here: nothing to wait for. */
@@ -235,7 +238,7 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 		 * cannot reach is named by ssh within --start-timeout; the
 		 * registration deadline stays UNISUM_START_TIMEOUT_MS (a
 		 * script may import for a while before unisum_init). */
-		if (launch_hosts_sched_addr(l) < 0)
+		if ((l->sched_on_host ? launch_hosts_sched_remote(l) : launch_hosts_sched_addr(l)) < 0)
 			return LAUNCH_EXIT_USAGE;
 		if (strchr(cfg->secret, '\n')) {
 			fprintf(stderr, "unisum launch: the job's secret holds a newline: it travels "
@@ -255,15 +258,22 @@ void launch_announce(const struct launcher *l)
 			l->master_addr, l->master_port, l->job_id);
 		return;
 	}
+	char server[32] = "";
+
+	if (!l->no_colocated)
+		snprintf(server, sizeof(server), "server %d and ", l->node_rank);
 	if (l->nhosts > 0)
-		fprintf(stderr, "unisum launch: scheduler on %s:%d, %d host(s) over %s, each with a "
-			"server and %d worker(s), job %s:", l->sched_addr, l->port, l->nhosts,
-			l->slurm ? "srun" : "ssh", l->local_size, l->job_id);
+		fprintf(stderr, "unisum launch: scheduler on %s:%d, %d host(s) over %s: %d with %s%d "
+			"worker(s) each, %d with a CPU-only server, job %s:", l->sched_addr, l->port,
+			l->nhosts, l->slurm ? "srun" : "ssh", l->machines,
+			l->no_colocated ? "" : "a server and ", l->local_size, l->nserver_hosts,
+			l->job_id);
 	else if (l->node_mode)
-		fprintf(stderr, "unisum launch: node %d of %d: server %d and %d worker(s) (ranks %d "
-			"to %d)%s, scheduler at %s:%d, job %s:", l->node_rank, l->nnodes, l->node_rank,
+		fprintf(stderr, "unisum launch: node %d of %d: %s%d worker(s) (ranks %d "
+			"to %d)%s, scheduler at %s:%d, job %s:", l->node_rank, l->nnodes, server,
 			l->local_size, l->machine * l->local_size, (l->machine + 1) * l->local_size - 1,
-			l->node_rank == 0 && !l->remote ? " and the scheduler" : "", l->master_addr,
+			l->node_rank == 0 && (!l->remote || l->run_scheduler) ? " and the scheduler" : "",
+			l->master_addr,
 			l->master_port, l->job_id);
 	else if (l->one_machine)
 		fprintf(stderr, "unisum launch: machine %d of %d, %d worker(s) (ranks %d to %d), "

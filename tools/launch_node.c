@@ -137,13 +137,13 @@ int launch_node_resolve(struct launcher *l)
 	 * the ranks after the nodes' by arrival): --cpu-servers K, or a total
 	 * in UNISUM_NUM_SERVER. */
 	static const char *const servers_vars[] = { "UNISUM_NUM_SERVER", "DMLC_NUM_SERVER", NULL };
-	int cpu = 0;
-	l->node_servers = l->nnodes;
+	int cpu = 0, colocated = l->no_colocated ? 0 : l->nnodes;
+	l->node_servers = colocated;
 	if (l->cpu_servers_opt) {
-		if (parse_int("--cpu-servers", l->cpu_servers_opt, 0, LAUNCH_NODES_MAX,
-			      "a number of servers", &cpu) < 0)
+		if (parse_int("--cpu-servers", l->cpu_servers_opt, l->no_colocated ? 1 : 0,
+			      LAUNCH_NODES_MAX, "a number of servers", &cpu) < 0)
 			return -1;
-		l->node_servers = l->nnodes + cpu;
+		l->node_servers = colocated + cpu;
 	} else if ((value = env_first(servers_vars, &name)) != NULL) {
 		if (parse_int(name, value, l->nnodes, l->nnodes + LAUNCH_NODES_MAX,
 			      "the job's servers: one per node and any CPU-only ones", &l->node_servers) < 0)

@@ -24,10 +24,12 @@
 #define LAUNCH_USAGE_LINES \
 	"usage: unisum launch [-w N] [-s K] [--local-size L] [--timeout SEC] [--no-secret]\n" \
 	"                     [--] CMD [ARGS...]\n" \
-	"       unisum launch -H HOST:SLOTS,... | --hostfile FILE [--ssh-args ARGS]\n" \
+	"       unisum launch -H HOST:SLOTS,... | --hostfile FILE [--server-hosts HOST,...]\n" \
+	"                     [--no-colocated-servers] [--scheduler-host] [--ssh-args ARGS]\n" \
 	"                     [--start-timeout SEC] [--timeout SEC] [--no-secret] [--] CMD [ARGS...]\n" \
 	"       unisum launch --slurm [--nproc-per-node L] [--cpu-server-nodes K]\n" \
-	"                     [--srun-args ARGS] [--timeout SEC] [--] CMD [ARGS...]\n" \
+	"                     [--no-colocated-servers] [--scheduler-host] [--srun-args ARGS]\n" \
+	"                     [--timeout SEC] [--] CMD [ARGS...]\n" \
 	"       unisum launch --nproc-per-node L [--nnodes N --node-rank R\n" \
 	"                     --master-addr A --master-port P] [--timeout SEC] [--] CMD [ARGS...]\n"
 
@@ -70,6 +72,11 @@ static void usage(FILE *out)
 	      "      --server-only   with --nnodes, --master-addr, --master-port and\n"
 	      "                      --cpu-servers, and no command: one of those CPU-only\n"
 	      "                      servers, as a launcher (a Kubernetes server pod, say)\n"
+	      "      --no-colocated-servers\n"
+	      "                      with -H and --server-hosts, --slurm and\n"
+	      "                      --cpu-server-nodes, or --cpu-servers (on every node):\n"
+	      "                      the nodes run workers only, the CPU-only servers\n"
+	      "                      are all the job's servers (a parameter server)\n"
 	      "      --cpu-servers K with them: K CPU-only servers join the job, each\n"
 	      "                      started on a host of its own with `unisum server`\n"
 	      "                      (UNISUM_NUM_SERVER=N+K, no UNISUM_SERVER_ID: they take\n"
@@ -86,6 +93,10 @@ static void usage(FILE *out)
 	      "      --server-hosts HOST,...\n"
 	      "                      with -H: CPU-only servers, one on each HOST, also\n"
 	      "                      started over ssh\n"
+	      "      --scheduler-host\n"
+	      "                      with -H or --slurm: run the scheduler on the first\n"
+	      "                      host, beside its node (at a random port from 20000),\n"
+	      "                      not inside this launcher\n"
 	      "      --start-timeout SEC\n"
 	      "                      how long ssh may take to reach a host (its\n"
 	      "                      ConnectTimeout; default 30, 0: no limit); nodes\n"
@@ -291,6 +302,12 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 	} else if ((m = option_match(argc, argv, i, NULL, "--start-timeout", &value)) != 0) {
 		if (m < 0 || parse_seconds("--start-timeout", value, &l->start_timeout_s) < 0)
 			goto out_bad_value;
+	} else if (strcmp(arg, "--scheduler-host") == 0) {
+		l->sched_on_host = true;
+	} else if (strcmp(arg, "--run-scheduler") == 0) {
+		l->run_scheduler = true;
+	} else if (strcmp(arg, "--no-colocated-servers") == 0) {
+		l->no_colocated = true;
 	} else if (strcmp(arg, "--slurm") == 0) {
 		l->slurm = true;
 	} else if ((m = option_match(argc, argv, i, NULL, "--srun-args", &value)) != 0) {
@@ -377,10 +394,22 @@ out_bad_value:
  * prints the usage lines). */
 int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 {
+	if (l->no_colocated && !(l->server_hosts_opt || l->cpu_server_nodes_opt || l->cpu_servers_opt)) {
+		fprintf(stderr, "unisum launch: --no-colocated-servers leaves the job the CPU-only "
+			"servers alone: give some (--server-hosts with -H, --cpu-server-nodes with "
+			"--slurm, --cpu-servers with --nnodes)\n");
+		return -1;
+	}
+	if ((l->sched_on_host && !(l->hosts_opt || l->hostfile_opt || l->slurm)) ||
+	    (l->run_scheduler && !(l->remote && l->node_rank_opt && strcmp(l->node_rank_opt, "0") == 0))) {
+		fprintf(stderr, "unisum launch: --scheduler-host goes with -H, --hostfile or --slurm "
+			"(--run-scheduler is how such a launcher starts node 0)\n");
+		return -1;
+	}
 	if (l->server_only) {
 		/* A CPU-only server of a multi-node job: the node options, no
 		 * workers, no command. */
-		if (nproc > 0 || job_option || (l->cmd && l->cmd[0]) || !l->nnodes_opt ||
+		if (nproc > 0 || job_option || (l->cmd && l->cmd[0]) || !l->nnodes_opt || l->slurm ||
 		    !l->master_addr_opt || !l->master_port_opt || l->node_rank_opt || l->hosts_opt ||
 		    l->hostfile_opt || l->ssh_args_opt || l->server_hosts_opt || l->start_timeout_s >= 0) {
 			fprintf(stderr, "unisum launch: --server-only starts one CPU-only server of a "

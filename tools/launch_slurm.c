@@ -39,6 +39,35 @@ static int node_add(void *arg, const char *name)
 	return launch_host_add(arg, name, strlen(name), NULL, "SLURM_JOB_NODELIST");
 }
 
+bool launch_slurm_env_sizes_tasks(const char *var)
+{
+	static const char *const per_task[] = {
+		"SLURM_NTASKS=", "SLURM_NPROCS=", "SLURM_NTASKS_PER_NODE=", "SLURM_CPUS_PER_TASK=",
+		"SRUN_CPUS_PER_TASK=", "SLURM_GPUS_PER_TASK=", "SLURM_TRES_PER_TASK=",
+		"SLURM_MEM_PER_CPU=", "SLURM_MEM_PER_GPU=", "SLURM_CPUS_PER_GPU=", "SLURM_CPU_BIND=",
+		"SLURM_DISTRIBUTION=", NULL,
+	};
+
+	for (const char *const *v = per_task; *v; v++)
+		if (strncmp(var, *v, strlen(*v)) == 0)
+			return true;
+	return false;
+}
+
+void launch_slurm_env_untask(void)
+{
+	static const char *const task[] = {
+		"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
+		"SLURM_GTIDS", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE",
+		"SLURM_TASKS_PER_NODE", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NODELIST", NULL,
+	};
+
+	if (!getenv("SLURM_STEP_ID"))
+		return;
+	for (const char *const *v = task; *v; v++)
+		unsetenv(*v);
+}
+
 int launch_slurm_setup(struct launcher *l, int nproc)
 {
 	const char *job = getenv("SLURM_JOB_ID");
@@ -77,6 +106,11 @@ int launch_slurm_setup(struct launcher *l, int nproc)
 		}
 		k = (int)v;
 	}
+	if (l->no_colocated && k == 0) {
+		fprintf(stderr, "unisum launch: --no-colocated-servers needs --cpu-server-nodes of 1 "
+			"or more: the job needs a server\n");
+		return -1;
+	}
 	/* Workers per node: --nproc-per-node, else what the allocation asked
 	 * for per node, else one. */
 	int slots = nproc;
@@ -99,40 +133,63 @@ int launch_slurm_setup(struct launcher *l, int nproc)
 	return 0;
 }
 
-/* Node 0's address as this host reaches it: its name resolved, else the
- * NodeAddr Slurm knows it by (slurm.conf may give names no resolver
- * knows). */
-static int node_addr(const char *name, char *out, size_t len)
+/* NodeAddr=... of `scontrol show node -o NAME` into out, "" when there
+ * is none (no scontrol, say). */
+static void node_addr_of_slurm(const char *name, char *out, size_t len)
 {
-	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *res;
-	char cmd[HOSTLIST_NAME_MAX + 64], line[1024];
+	char cmd[HOSTLIST_NAME_MAX + 64], *line = NULL;
+	size_t cap = 0;
 	FILE *p;
 
-	if (getaddrinfo(name, NULL, &hints, &res) == 0) {
-		freeaddrinfo(res);
-		snprintf(out, len, "%s", name);
-		return 0;
-	}
+	out[0] = '\0';
+	if (name[0] == '-')
+		return;
 	for (const char *c = name; *c; c++) {
 		if (!isalnum((unsigned char)*c) && !strchr("._-", *c))
-			return -1;
+			return;	/* nothing a shell would read */
 	}
 	snprintf(cmd, sizeof(cmd), "scontrol show node -o %s 2>/dev/null", name);
 	p = popen(cmd, "r");
 	if (!p)
-		return -1;
-	int rc = -1;
-	if (fgets(line, sizeof(line), p)) {
+		return;
+	if (getline(&line, &cap, p) > 0) {
 		const char *a = strstr(line, " NodeAddr=");
 
 		if (a) {
 			a += strlen(" NodeAddr=");
 			snprintf(out, len, "%.*s", (int)strcspn(a, " \n"), a);
-			rc = out[0] ? 0 : -1;
 		}
 	}
+	free(line);
 	pclose(p);
-	return rc;
+}
+
+int launch_slurm_node_addr(const char *name, char *out, size_t len)
+{
+	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *res;
+	struct in_addr ip;
+	char text[INET_ADDRSTRLEN];
+
+	node_addr_of_slurm(name, out, len);
+	if (!out[0])
+		snprintf(out, len, "%s", name);
+	int rc = getaddrinfo(out, NULL, &hints, &res);
+	if (rc != 0) {
+		fprintf(stderr, "unisum launch: node %s (address %s) does not resolve: %s; set "
+			"UNISUM_BIND to this host's address the nodes reach\n", name, out,
+			gai_strerror(rc));
+		return -1;
+	}
+	ip = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+	freeaddrinfo(res);
+	if ((ntohl(ip.s_addr) >> 24) == 127) {
+		inet_ntop(AF_INET, &ip, text, sizeof(text));
+		fprintf(stderr, "unisum launch: node %s resolves to %s, a loopback address the other "
+			"nodes cannot reach (an /etc/hosts line?); give it a NodeAddr in slurm.conf, "
+			"or set UNISUM_BIND to this host's address the nodes reach\n", name, text);
+		return -1;
+	}
+	return 0;
 }
 
 int launch_slurm_sched_addr(struct launcher *l)
@@ -151,12 +208,8 @@ int launch_slurm_sched_addr(struct launcher *l)
 		snprintf(l->sched_addr, sizeof(l->sched_addr), "%s", bind);
 		return 0;
 	}
-	if (node_addr(l->hosts[0].name, addr, sizeof(addr)) < 0) {
-		fprintf(stderr, "unisum launch: node %s of the allocation has no address (its name "
-			"does not resolve, and `scontrol show node` gives no NodeAddr): set "
-			"UNISUM_BIND to this host's address the nodes reach\n", l->hosts[0].name);
+	if (launch_slurm_node_addr(l->hosts[0].name, addr, sizeof(addr)) < 0)
 		return -1;
-	}
 	return launch_route_addr(addr, 6817, ip, l->sched_addr);
 }
 
@@ -169,10 +222,12 @@ int launch_srun_argv(struct launcher *l, struct child *c)
 		snprintf(nodelist, sizeof(l->hosts[0].name) + 16, "--nodelist=%s",
 			 l->hosts[c->rank].name);
 	const char *const pre[] = { "srun", NULL };
-	/* One task on this node; other steps (the user's, a debugger) may
-	 * share it. */
-	const char *const post[] = { "--nodes=1", "--ntasks=1", nodelist, "--overlap", "/bin/sh",
-				     "-c", remote, NULL };
+	/* One task on this node, with all the node's CPUs and memory of the
+	 * job (the node runs many processes), unbound, without MPI's setup;
+	 * other steps (the user's, a debugger) may share it. */
+	const char *const post[] = { "--nodes=1", "--ntasks=1", nodelist, "--mem=0",
+				     "--cpu-bind=none", "--mpi=none", "--overlap", "/bin/sh", "-c",
+				     remote, NULL };
 
 	return launch_transport_argv(c, pre, l->srun_args_opt, post, nodelist, remote);
 }

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "launch.h"
@@ -185,7 +186,8 @@ void launch_hosts_shape(struct launcher *l, int worker_hosts)
 	l->local_size = l->hosts[0].slots;
 	l->machines = worker_hosts;
 	l->num_workers = worker_hosts * l->local_size;
-	l->num_servers = l->nhosts;	/* one per worker host, and the CPU-only ones */
+	/* One per worker host, and the CPU-only ones. */
+	l->num_servers = l->nhosts - (l->no_colocated ? worker_hosts : 0);
 }
 
 /* The host part of "[user@]host". */
@@ -194,6 +196,20 @@ static const char *host_of(const char *name)
 	const char *at = strrchr(name, '@');
 
 	return at ? at + 1 : name;
+}
+
+int launch_hosts_sched_remote(struct launcher *l)
+{
+	char addr[256], local[INET_ADDRSTRLEN];
+
+	if (l->slurm ? launch_slurm_node_addr(l->hosts[0].name, addr, sizeof(addr)) < 0
+		     : snprintf(addr, sizeof(addr), "%s", host_of(l->hosts[0].name)) < 0)
+		return -1;
+	if (launch_route_addr(addr, 22, l->sched_addr, local) < 0)
+		return -1;
+	l->port = 20000 + (int)((unsigned)(getpid() ^ time(NULL)) % 40000);
+	l->sched_done = true;
+	return 0;
 }
 
 int launch_hosts_sched_addr(struct launcher *l)
@@ -313,6 +329,10 @@ char *launch_remote_command(const struct launcher *l, int rank)
 	text_str(&t, num);
 	if (l->no_secret)
 		text_str(&t, "--no-secret ");
+	if (l->no_colocated)
+		text_str(&t, "--no-colocated-servers ");
+	if (l->sched_on_host && rank == 0)
+		text_str(&t, "--run-scheduler ");
 	if (rank < nodes) {	/* a CPU-only server runs no command */
 		text_str(&t, "-- ");
 		for (char **a = l->cmd; *a; a++)
@@ -324,6 +344,10 @@ char *launch_remote_command(const struct launcher *l, int rank)
 	}
 	return t.s;
 }
+
+/* What separates the words of --ssh-args and --srun-args (counted and
+ * split with the same set). */
+#define LAUNCH_BLANKS " \t\n\v\f\r"
 
 int launch_transport_argv(struct child *c, const char *const *pre, const char *extra,
 			  const char *const *post, char *mem, char *remote)
@@ -339,14 +363,14 @@ int launch_transport_argv(struct child *c, const char *const *pre, const char *e
 	for (const char *const *p = post; *p; p++)
 		cap++;
 	for (char *p = args; p && *p; p++)
-		cap += isspace((unsigned char)*p) == 0 && (p == args || isspace((unsigned char)p[-1]));
+		cap += !strchr(LAUNCH_BLANKS, *p) && (p == args || strchr(LAUNCH_BLANKS, p[-1]));
 	argv = calloc(cap, sizeof(*argv));
 	if (!argv)
 		goto out_nomem;
 	for (const char *const *p = pre; *p; p++)
 		argv[n++] = (char *)*p;
-	for (char *save, *w = args ? strtok_r(args, " \t\n", &save) : NULL; w;
-	     w = strtok_r(NULL, " \t\n", &save))
+	for (char *save, *w = args ? strtok_r(args, LAUNCH_BLANKS, &save) : NULL; w;
+	     w = strtok_r(NULL, LAUNCH_BLANKS, &save))
 		argv[n++] = w;
 	for (const char *const *p = post; *p; p++)
 		argv[n++] = (char *)*p;
@@ -386,8 +410,10 @@ int launch_ssh_argv(struct launcher *l, struct child *c)
 void launch_ssh_free(struct child *c)
 {
 	free(c->argv);
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < 3; i++) {
 		free(c->argv_mem[i]);
+		c->argv_mem[i] = NULL;
+	}
 	c->argv = NULL;
 }
 

@@ -9,6 +9,8 @@
 #     checked on the 4 workers of node0 and node1 (2 per node, from
 #     SLURM_NTASKS_PER_NODE), node2 a CPU-only server; the secret never
 #     on a command line;
+#   - --no-colocated-servers: node2's CPU-only server is the only one,
+#     and --scheduler-host: node0 runs the scheduler;
 #   - sbatch --wait: the PyTorch demo across the 3 nodes, with no UNISUM_*
 #     variable set by hand;
 #   - a worker killed on node1: the launcher exits with its status, names
@@ -98,6 +100,26 @@ expect "... and nothing of the job is left on any host" [ "$(settle)" -eq 0 ]
 drop_logs "$log"
 
 if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
+	# A parameter server: workers only on node0 and node1, node2's server
+	# the job's one server.
+	log=$(mktemp -d)
+	# Each worker shows what it sees of Slurm: the job, not its step's
+	# one task (SLURM_PROCID 0 of SLURM_NTASKS 1).
+	on_host0 timeout 120 salloc -N3 --cpus-per-task=2 "$UNISUM" launch --slurm \
+		--nproc-per-node 2 --cpu-server-nodes 1 --no-colocated-servers --scheduler-host -- \
+		sh -c 'echo "sees job=${SLURM_JOB_ID:-none} procid=${SLURM_PROCID:-none} ntasks=${SLURM_NTASKS:-none} cpt=${SLURM_CPUS_PER_TASK:-none} rank=$RANK"; exec "$0" rounds 20' \
+		"$CHECK" >"$log/ps" 2>&1
+	rc=$?
+	expect "--no-colocated-servers --scheduler-host: 4 workers on node0 and node1 sum through node2's server alone, exact; node0 runs the scheduler" \
+		sh -c "[ $rc -eq 0 ] && [ \$(grep -c '20 rounds ok' '$log/ps') -eq 4 ] &&
+		       grep -q '^\[node2\] unisum launch: a CPU-only server of a job of 2 nodes and 1 servers' '$log/ps' &&
+		       grep -q '^\[node1\] unisum launch: node 1 of 2: 2 worker(s)' '$log/ps' &&
+		       grep -q '^\[node0\] unisum launch: node 0 of 2: 2 worker(s) (ranks 0 to 1) and the scheduler' '$log/ps' &&
+		       ! grep -q '\[server 1\]' '$log/ps'"
+	expect "... every worker sees its job and its RANK, not the step's task identity nor the allocation's per-task sizes" \
+		sh -c "[ \$(grep -c 'sees job=[0-9][0-9]* procid=none ntasks=none cpt=none rank=[0-3]\$' '$log/ps') -eq 4 ]"
+	drop_logs "$log"
+
 	# The PyTorch demo as a batch job, nothing set by hand.
 	log=$(mktemp -d)
 	cat >"$log/demo.sh" <<JOB

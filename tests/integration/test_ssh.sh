@@ -6,8 +6,9 @@
 # system's ssh client.
 #
 #   - a job whose sums are checked on all 6 workers of hosts 0-2, with a
-#     CPU-only server on host 3 (--server-hosts); the job's secret never
-#     shows on a command line (sampled with ps while it runs);
+#     CPU-only server on host 3 (--server-hosts) and the scheduler beside
+#     host 0's node (--scheduler-host); the job's secret never shows on a
+#     command line (sampled with ps while it runs);
 #   - a worker killed on host 1: the launcher exits with its status, the
 #     others are stopped, no process of the job is left on any host;
 #   - the ssh connection to host 2 lost mid-job (its client killed): that
@@ -66,7 +67,7 @@ t0=$(date +%s%N)
 ROUNDS=100
 [ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && ROUNDS=20	# the sanitizer runs
 UNISUM_SECRET=$secret launch "$log/sums" -H "$A0:2,$A1:2,$A2:2" --server-hosts "$A3" \
-	--ssh-args "$SSH_ARGS" -- "$CHECK" rounds "$ROUNDS" &
+	--scheduler-host --ssh-args "$SSH_ARGS" -- "$CHECK" rounds "$ROUNDS" &
 wait_watching_secret $! "$secret"
 seen=$SEEN rc=$RC
 expect "-H over ssh: 3 hosts of 2 workers and a server each, and a CPU-only server host, $ROUNDS rounds exact on all 6 workers [$(ms_since "$t0") ms]" \
@@ -74,6 +75,8 @@ expect "-H over ssh: 3 hosts of 2 workers and a server each, and a CPU-only serv
 expect "... each host's lines carry its name" grep -q "^\[$A2\] \[worker 5\] rank 5: $ROUNDS rounds ok" "$log/sums"
 expect "... and the server host ran a CPU-only server of 3 nodes and 4 servers" \
 	grep -q "^\[$A3\] unisum launch: a CPU-only server of a job of 3 nodes and 4 servers" "$log/sums"
+expect "... and host 0 the scheduler (--scheduler-host), on its own address" \
+	grep -q "^\[$A0\] unisum launch: node 0 of 3: server 0 and 2 worker(s) (ranks 0 to 1) and the scheduler, scheduler at $A0:" "$log/sums"
 expect "... the secret never showed on a command line" [ "$seen" -eq 0 ]
 expect "... and nothing of the job is left on any host" [ "$(job_left)" -eq 0 ]
 drop_logs "$log"

@@ -98,6 +98,9 @@ static void test_malformed(void **state)
 	expect_refused("n[1;2]", "';' inside brackets");
 	expect_refused("n[[1]]", "brackets inside brackets");
 	expect_refused("n[1-1234567890]", "at most 9 digits");
+	/* Leading zeros count: a width past 9 would not fit a number's text. */
+	expect_refused("n[0000000000000000000000000001]", "at most 9 digits");
+	expect_hosts("n[000000001-000000002]", "n000000001 n000000002");
 	expect_refused("n[0-99999]x[0-9]", "more than 65536 hosts");
 	char longname[300];
 	memset(longname, 'x', sizeof(longname) - 1);
