@@ -92,6 +92,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -660,6 +661,26 @@ static struct launcher *launcher_new(void)
 
 /* Runs the job of launcher l, whose options are set and checked, and
  * frees l (but for a waiter thread's share of it).  The exit status. */
+/* Raises the soft limit on descriptors to what the job needs here (each
+ * child's pipes; the in-process scheduler's connection to every server
+ * and worker), within the hard limit: a job of hundreds of hosts needs
+ * more than the usual 1024.  Says so when even the hard limit is short. */
+static void fds_limit_raise(const struct launcher *l)
+{
+	struct rlimit r;
+	rlim_t need = 64 + 3 * (rlim_t)l->nchildren +
+		      (l->sched_done ? 0 : 2 * (rlim_t)(l->num_servers + l->num_workers));
+
+	if (getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur >= need)
+		return;
+	if (r.rlim_max != RLIM_INFINITY && r.rlim_max < need)
+		fprintf(stderr, "unisum launch: warning: this job needs about %llu descriptors here, "
+			"and the hard limit is %llu (ulimit -Hn)\n", (unsigned long long)need,
+			(unsigned long long)r.rlim_max);
+	r.rlim_cur = r.rlim_max != RLIM_INFINITY && r.rlim_max < need ? r.rlim_max : need;
+	setrlimit(RLIMIT_NOFILE, &r);
+}
+
 static int launcher_run(struct launcher *l)
 {
 	struct config cfg;
@@ -692,6 +713,7 @@ static int launcher_run(struct launcher *l)
 	}
 	if (launch_children_init(l) < 0)
 		goto out_close_waiter_pipe;
+	fds_limit_raise(l);
 
 	status = job_run(l, &cfg);
 	for (int i = 0; i < l->nchildren; i++) {

@@ -349,7 +349,7 @@ int launch_hosts_sched_remote(struct launcher *l);
  * known.  0, or -ENOMEM. */
 int launch_ssh_argv(struct launcher *l, struct child *c);
 
-/* Sets c->argv to pre..., the blank-separated words of `extra` (NULL:
+/* Sets c->argv to pre..., the words of `extra` (shellwords_split; NULL:
  * none), post... (pre[0] is the program; both NULL-terminated, pointers
  * kept); c then owns `mem` and `remote` (also freed on failure, and either
  * NULL fails).  0, or -ENOMEM. */

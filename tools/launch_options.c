@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "launch.h"
+#include "shellwords.h"
 
 /* Most workers on one machine (the range of UNISUM_LOCAL_SIZE). */
 #define LAUNCH_LOCAL_MAX 1024
@@ -298,6 +299,10 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 	} else if ((m = option_match(argc, argv, i, NULL, "--ssh-args", &value)) != 0) {
 		if (m < 0)
 			goto out_bad_value;
+		if (shellwords_split((char *)value, NULL) < 0) {
+			fprintf(stderr, "unisum launch: --ssh-args: a quote is not closed: %s\n", value);
+			return -1;
+		}
 		l->ssh_args_opt = value;
 	} else if ((m = option_match(argc, argv, i, NULL, "--start-timeout", &value)) != 0) {
 		if (m < 0 || parse_seconds("--start-timeout", value, &l->start_timeout_s) < 0)
@@ -313,6 +318,10 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 	} else if ((m = option_match(argc, argv, i, NULL, "--srun-args", &value)) != 0) {
 		if (m < 0)
 			goto out_bad_value;
+		if (shellwords_split((char *)value, NULL) < 0) {
+			fprintf(stderr, "unisum launch: --srun-args: a quote is not closed: %s\n", value);
+			return -1;
+		}
 		l->srun_args_opt = value;
 	} else if ((m = option_match(argc, argv, i, NULL, "--cpu-server-nodes", &value)) != 0) {
 		if (m < 0)

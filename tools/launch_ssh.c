@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "launch.h"
+#include "shellwords.h"
 
 extern char **environ;
 
@@ -345,10 +346,6 @@ char *launch_remote_command(const struct launcher *l, int rank)
 	return t.s;
 }
 
-/* What separates the words of --ssh-args and --srun-args (counted and
- * split with the same set). */
-#define LAUNCH_BLANKS " \t\n\v\f\r"
-
 int launch_transport_argv(struct child *c, const char *const *pre, const char *extra,
 			  const char *const *post, char *mem, char *remote)
 {
@@ -362,16 +359,16 @@ int launch_transport_argv(struct child *c, const char *const *pre, const char *e
 		cap++;
 	for (const char *const *p = post; *p; p++)
 		cap++;
-	for (char *p = args; p && *p; p++)
-		cap += !strchr(LAUNCH_BLANKS, *p) && (p == args || strchr(LAUNCH_BLANKS, p[-1]));
-	argv = calloc(cap, sizeof(*argv));
+	int words = args ? shellwords_split(args, NULL) : 0;
+	if (words < 0)	/* launch_options_check refused it already */
+		goto out_nomem;
+	argv = calloc(cap + (size_t)words, sizeof(*argv));
 	if (!argv)
 		goto out_nomem;
 	for (const char *const *p = pre; *p; p++)
 		argv[n++] = (char *)*p;
-	for (char *save, *w = args ? strtok_r(args, LAUNCH_BLANKS, &save) : NULL; w;
-	     w = strtok_r(NULL, LAUNCH_BLANKS, &save))
-		argv[n++] = w;
+	if (args)
+		n += (size_t)shellwords_split(args, argv + n);
 	for (const char *const *p = post; *p; p++)
 		argv[n++] = (char *)*p;
 	argv[n] = NULL;

@@ -85,7 +85,9 @@ if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	# Worker 3 (host 1, local rank 1) kills itself after 30 rounds.
 	log=$(mktemp -d)
 	start=$(date +%s)
-	launch "$log/die" -H "$A0:2,$A1:2,$A2:2" --ssh-args "$SSH_ARGS" -- "$CHECK" die 3 30
+	# (A quoted word in --ssh-args, as ProxyCommand needs.)
+	launch "$log/die" -H "$A0:2,$A1:2,$A2:2" --ssh-args "$SSH_ARGS -o 'LogLevel ERROR'" -- \
+		"$CHECK" die 3 30
 	rc=$?
 	elapsed=$(($(date +%s) - start))
 	expect "a worker killed on host 1: the launcher exits with its status (137)" [ "$rc" -eq 137 ]
