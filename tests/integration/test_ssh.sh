@@ -13,7 +13,8 @@
 #     others are stopped, no process of the job is left on any host;
 #   - the ssh connection to host 2 lost mid-job (its client killed): that
 #     host's processes stop by themselves, the job fails naming host 2;
-#   - an unreachable host fails the launch, naming it.
+#   - an unreachable host fails the launch, naming it, and so does a
+#     refused key.
 #
 # Needs root (namespaces): otherwise it is reported as skipped.
 # UNISUM_TEST_LIGHT=1 (the sanitizer runs) keeps the first job and the
@@ -153,6 +154,17 @@ rc=$?
 elapsed=$(($(date +%s) - start))
 expect "an unreachable host fails the launch within the start timeout plus a margin, naming it" \
 	sh -c "[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $elapsed -le 20 ] && grep -q '$gone' '$log/gone'"
+expect "... and leaves nothing behind" [ "$(job_left)" -eq 0 ]
+drop_logs "$log"
+
+# A refused key is named: the host does not know the host key as a user key.
+log=$(mktemp -d)
+launch "$log/refused" -H "$A1:1" --ssh-args "$(echo "$SSH_ARGS" | sed "s|-i [^ ]*|-i $keys/host|")" \
+	-- "$CHECK" sums
+rc=$?
+expect "a refused key fails the launch, naming the host and ssh's reason" \
+	sh -c "[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'host 0 ($A1)' '$log/refused' &&
+	       grep -q 'Permission denied' '$log/refused'"
 expect "... and leaves nothing behind" [ "$(job_left)" -eq 0 ]
 drop_logs "$log"
 finish
