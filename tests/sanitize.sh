@@ -64,13 +64,18 @@ export TSAN_OPTIONS="halt_on_error=1:exitcode=66:log_path=$REPORTS/report"
 # repeated at every size, and make test stays within its 15 minutes.
 export UNISUM_TEST_LIGHT=1
 started=$(date +%s)
-# TSan also leaves out the multi-node launches (test_nodes, test_ssh,
-# test_slurm): the
-# launcher is one thread and an event loop, the scheduler code they run is
-# in the unit tests' in-process jobs, and under TSan they cost a minute
-# that make test's 15 minutes do not have.  ASan runs them.
+# TSan also leaves out what it cannot see into, which costs make test's
+# 15 minutes about two:
+#   - the multi-node launches (test_nodes, test_ssh, test_slurm): the
+#     launcher is one thread and an event loop, and the scheduler code they
+#     run is in the unit tests' in-process jobs;
+#   - test_local: the workers of a machine synchronise across processes
+#     (shared memory, futexes), which TSan does not follow; its threads
+#     within a process are test_job's in-process jobs;
+#   - the reducer's unit test: single-threaded loops.
+# ASan runs them all.
 EXCLUDE='python_|fuzz_|deps_|docs_'
-[ "$KIND" = tsan ] && EXCLUDE="$EXCLUDE|integration_test_nodes|integration_test_ssh|integration_test_slurm"
+[ "$KIND" = tsan ] && EXCLUDE="$EXCLUDE|integration_test_nodes|integration_test_ssh|integration_test_slurm|integration_test_local|unit_test_reducer"
 (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" -E "$EXCLUDE")
 rc=$?
 took=$(($(date +%s) - started))
