@@ -62,6 +62,7 @@ bench-deps:
 
 bench: build bench-deps
 	$(BUILD)/bench_reducer
+	$(BUILD)/bench_compress
 	sh bench/tcp.sh $(BUILD)
 
 clean:
