@@ -154,6 +154,33 @@ void compress_force_scalar(bool scalar);
  * rank must draw the same). */
 uint64_t compress_seed(uint64_t job_seed, uint64_t key, uint64_t round, int rank);
 
+/* The state around a codec for one partition on one side (state.c):
+ * momentum on a worker, error feedback on workers and servers. */
+struct compress_state {
+	struct compress_spec spec;
+	size_t n;		/* the partition's elements */
+	bool momentum_on;	/* a worker's Nesterov momentum */
+	float *residual;	/* error feedback's e, or NULL */
+	float *momentum;	/* momentum's m, or NULL */
+	float *scratch;		/* n floats of working space, or NULL */
+};
+
+/* Sets up *st for a partition of n elements on a worker (momentum applies)
+ * or a server.  0, or UNISUM_ENOMEM with nothing held. */
+int compress_state_init(struct compress_state *st, const struct compress_spec *spec, size_t n,
+			bool worker);
+
+/* Frees what *st holds. */
+void compress_state_free(struct compress_state *st);
+
+/* Encodes the partition's input g (st->n floats, not changed) into out
+ * after momentum and error feedback, updating them; returns the bytes
+ * written (the codec's bytes(n)). */
+size_t compress_state_encode(struct compress_state *st, const float *g, void *out, uint64_t seed);
+
+/* Zeroes e at random-k's indices for n, k and seed (sparse EF). */
+void compress_randomk_clear(size_t n, size_t k, uint64_t seed, float *e);
+
 /* ---- shared by the codecs (compress_int.h material) ---- */
 
 /* splitmix64: a good 64-bit mix, the seed expander. */

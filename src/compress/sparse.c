@@ -236,6 +236,14 @@ static int randomk_decode(const struct compress_spec *s, const void *in, size_t 
 	return 0;
 }
 
+void compress_randomk_clear(size_t n, size_t k, uint64_t seed, float *e)
+{
+	uint64_t state = seed;
+
+	for (size_t j = 0; j < k; j++)
+		e[randomk_next(&state, j, n, k)] = 0.0f;
+}
+
 void compress_randomk_indices(size_t n, size_t k, uint64_t seed, uint32_t *idx)
 {
 	uint64_t state = seed;

@@ -20,6 +20,10 @@
  *     between adjacent levels g gives a variance of at most g^2/4);
  *   - the scalar paths and the SIMD ones give the same bytes (so a Python
  *     reference of the same order can check a job bitwise);
+ *   - error feedback (vanilla, and sparse for random-k): over 50 rounds,
+ *     what was sent plus the final residual is the inputs' sum within the
+ *     float32 rounding of the feedback's own adds; Nesterov momentum on a
+ *     worker, none on a server;
  *   - malformed encodings (wrong lengths, indices out of range or out of
  *     order, levels above s, stray bits) refused.
  */
@@ -471,6 +475,90 @@ static void test_paths_agree(void **state)
 		assert_true(isnan(out[i]));
 }
 
+/* ---- error feedback and momentum ------------------------------------------ */
+
+/* Over 50 rounds of inputs: what was sent plus the final residual is the
+ * sum of the inputs, up to the float32 rounding of the feedback's own
+ * adds and subtracts (half an ulp of each result, summed in the bound). */
+static void test_error_feedback(void **state)
+{
+	(void)state;
+	enum { N = 1000, ROUNDS = 50 };
+	static const char *const specs[] = { "onebit,ef=vanilla", "topk,k=0.01,ef=vanilla",
+		"dithering,s=1,ef=vanilla", "randomk,k=0.05,ef=vanilla", "randomk,k=0.05,ef=sparse",
+		"fp16,ef=vanilla", NULL };
+
+	for (const char *const *t = specs; *t; t++) {
+		struct compress_spec spec = spec_of(*t);
+		const struct compress_codec *c = compress_codec_of(spec.kind);
+		struct compress_state st;
+		size_t bytes = c->bytes(&spec, N);
+		uint8_t *wire = malloc(bytes);
+		float g[N], sent[N];
+		double want[N] = { 0 }, got[N] = { 0 }, bound[N] = { 0 };
+
+		assert_int_equal(compress_state_init(&st, &spec, N, true), 0);
+		for (int r = 0; r < ROUNDS; r++) {
+			uint64_t seed = compress_seed(3, 4, (uint64_t)r, -1);
+
+			fill(g, N, (unsigned)(100 + r));
+			for (int i = 0; i < N; i++) {
+				want[i] += g[i];
+				/* |g + e| and the new |e| bound each op's rounding. */
+				bound[i] += (fabs(g[i]) + 2 * fabs(st.residual[i])) * 0x1p-24;
+			}
+			assert_int_equal(compress_state_encode(&st, g, wire, seed), bytes);
+			assert_int_equal(c->decode(&spec, wire, bytes, sent, N, seed), 0);
+			for (int i = 0; i < N; i++) {
+				got[i] += sent[i];
+				bound[i] += 2 * fabs(st.residual[i]) * 0x1p-24;
+			}
+		}
+		for (int i = 0; i < N; i++) {
+			double err = fabs(got[i] + st.residual[i] - want[i]);
+			if (err > bound[i] + 1e-12)
+				fail_msg("%s: element %d: sent + residual is off the inputs' sum by %g, "
+					 "more than the rounding bound %g", *t, i, err, bound[i]);
+		}
+		compress_state_free(&st);
+		free(wire);
+	}
+}
+
+/* Nesterov momentum: what is encoded is g + mu (mu m + g), m kept. */
+static void test_momentum(void **state)
+{
+	(void)state;
+	enum { N = 300 };
+	struct compress_spec spec = spec_of("fp16,momentum=nesterov,mu=0.5");
+	struct compress_state st;
+	float g[N], m[N] = { 0 }, out[N];
+	uint8_t wire[2 * N];
+
+	assert_int_equal(compress_state_init(&st, &spec, N, true), 0);
+	for (int r = 0; r < 5; r++) {
+		fill(g, N, (unsigned)r);
+		compress_state_encode(&st, g, wire, 0);
+		assert_int_equal(compress_codec_of(COMPRESS_FP16)->decode(&spec, wire, sizeof(wire), out,
+									   N, 0), 0);
+		for (int i = 0; i < N; i++) {
+			m[i] = 0.5f * m[i] + g[i];
+			float y = g[i] + 0.5f * m[i];
+			assert_true(out[i] == reducer_f16_to_f32(reducer_f32_to_f16(y)));
+		}
+	}
+	compress_state_free(&st);
+	/* A server keeps no momentum: it encodes the sum as it is. */
+	assert_int_equal(compress_state_init(&st, &spec, N, false), 0);
+	assert_false(st.momentum_on);
+	fill(g, N, 9);
+	compress_state_encode(&st, g, wire, 0);
+	compress_codec_of(COMPRESS_FP16)->decode(&spec, wire, sizeof(wire), out, N, 0);
+	for (int i = 0; i < N; i++)
+		assert_true(out[i] == reducer_f16_to_f32(reducer_f32_to_f16(g[i])));
+	compress_state_free(&st);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -482,6 +570,8 @@ int main(void)
 		cmocka_unit_test(test_randomk),
 		cmocka_unit_test(test_dithering),
 		cmocka_unit_test(test_paths_agree),
+		cmocka_unit_test(test_error_feedback),
+		cmocka_unit_test(test_momentum),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
