@@ -6,8 +6,12 @@
 #               C suites again under ASan+UBSan and under TSan)
 BUILD ?= build
 JOBS ?= $(shell nproc)
+# make install / uninstall: where, and under which staging root.
+PREFIX ?= /usr/local
+DESTDIR ?=
 
-.PHONY: all deps bench-deps build demo demo-c test check test-sanitize fuzz bench clean
+.PHONY: all deps bench-deps build demo demo-c test check test-sanitize fuzz bench clean \
+        install uninstall
 
 all: build
 
@@ -64,6 +68,16 @@ bench: build bench-deps
 	$(BUILD)/bench_reducer
 	$(BUILD)/bench_compress
 	sh bench/tcp.sh $(BUILD)
+
+# unisum.h, libunisum.so (soname libunisum.so.MAJOR) and libunisum.a, the
+# unisum CLI, unisum.pc and the CMake package, under $(DESTDIR)$(PREFIX).
+install: build
+	DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix "$(PREFIX)"
+
+# Removes exactly what the last install put there (its manifest), and the
+# directories it leaves empty below the prefix.
+uninstall:
+	sh scripts/uninstall.sh "$(BUILD)/install_manifest.txt" "$(DESTDIR)$(PREFIX)"
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan

@@ -301,6 +301,9 @@ const char *unisum_strerror(int err);
  * what to do), or "" when there is none. */
 const char *unisum_last_error(void);
 
+/* The library's release version ("0.1.0"); never NULL. */
+const char *unisum_version(void);
+
 /* Size in bytes of one element of `dtype`, or 0 for an unknown dtype. */
 size_t unisum_dtype_size(unisum_dtype dtype);
 

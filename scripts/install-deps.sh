@@ -30,7 +30,8 @@ TABLE='
 # A minimal Debian 12.
 coreutils        base   basename cat cksum cp cut date dirname env head id ls mkdir mktemp nproc od
 coreutils        base   realpath rm seq sleep sort tail tee timeout touch tr uniq wc
-coreutils        base   chmod dd
+coreutils        base   chmod dd rmdir
+findutils        base   find
 apt              base   apt-cache apt-get
 dash             base   sh
 dpkg             base   dpkg-query
@@ -45,6 +46,9 @@ build-essential  test
 make             test   make
 cmake            test   cmake ctest
 pkg-config       test
+pkgconf          test   pkg-config
+gcc              test   gcc
+binutils         test   readelf
 libcmocka-dev    test
 libsodium-dev    test
 clang            test   clang

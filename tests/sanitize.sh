@@ -74,7 +74,7 @@ started=$(date +%s)
 #     within a process are test_job's in-process jobs;
 #   - the reducer's unit test: single-threaded loops.
 # ASan runs them all.
-EXCLUDE='python_|fuzz_|deps_|docs_'
+EXCLUDE='python_|fuzz_|deps_|docs_|integration_test_install'
 [ "$KIND" = tsan ] && EXCLUDE="$EXCLUDE|integration_test_nodes|integration_test_ssh|integration_test_slurm|integration_test_local|unit_test_reducer"
 (cd "$BUILD" && ctest --output-on-failure -j "$JOBS" -E "$EXCLUDE")
 rc=$?

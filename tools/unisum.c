@@ -19,6 +19,8 @@
 #include "tools.h"
 #include "transport/auth.h"
 #include "transport/transport.h"
+#include "unisum.h"
+#include "wire/wire.h"
 
 static void usage(FILE *out)
 {
@@ -35,6 +37,7 @@ static void usage(FILE *out)
 		"                                   a training step replaying the model's gradients:\n"
 		"                                   iteration time, FIFO against priority\n"
 		"  info                             every environment variable, its default and value\n"
+		"  --version                        the release and the wire protocol's version\n"
 		"\n"
 		"The BytePS / ps-lite variables (DMLC_ROLE, DMLC_PS_ROOT_URI, ...) work as aliases.\n");
 }
@@ -132,6 +135,12 @@ int main(int argc, char **argv)
 		return bench_main(argc - 1, argv + 1);
 	if (strcmp(cmd, "info") == 0)
 		return info_main(argc - 1, argv + 1);
+	if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+		/* A worker and a server refuse each other unless their wire
+		 * versions match. */
+		printf("unisum %s (wire protocol %d)\n", unisum_version(), WIRE_VERSION);
+		return 0;
+	}
 	if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
 		usage(stdout);
 		return 0;

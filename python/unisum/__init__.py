@@ -6,6 +6,6 @@ this package itself only finds and loads ``libunisum.so`` (see
 """
 
 from unisum._capi import UnisumError
+from unisum._version import __version__
 
-__all__ = ["UnisumError"]
-__version__ = "0.1.0"
+__all__ = ["UnisumError", "__version__"]

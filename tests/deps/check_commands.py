@@ -608,7 +608,8 @@ class Dpkg:
         for line in out.split("\n"):
             if ":" in line and not line.startswith("diversion by"):
                 pkgs, path = line.split(": ", 1)
-                self.owners.setdefault(path.strip(), pkgs.split(",")[0].strip())
+                # "pkgconf:amd64": the package, without its architecture.
+                self.owners.setdefault(path.strip(), pkgs.split(",")[0].strip().split(":")[0])
         missing = [p for p in names if p not in self.installed]
         out = subprocess.run(["apt-cache", "policy"] + missing, capture_output=True, text=True).stdout \
             if missing else ""
