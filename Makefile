@@ -11,7 +11,7 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 
 .PHONY: all deps bench-deps build demo demo-c test check test-sanitize fuzz bench clean \
-        install uninstall
+        install uninstall deb
 
 all: build
 
@@ -73,6 +73,11 @@ bench: build bench-deps
 # unisum CLI, unisum.pc and the CMake package, under $(DESTDIR)$(PREFIX).
 install: build
 	DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix "$(PREFIX)"
+
+# unisum_<version>_amd64.deb (CPack), with what make install installs,
+# under /usr.
+deb: build
+	cd $(BUILD) && cpack -G DEB >/dev/null && ls package/unisum_*.deb
 
 # Removes exactly what the last install put there (its manifest), and the
 # directories it leaves empty below the prefix.

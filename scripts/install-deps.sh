@@ -34,7 +34,7 @@ coreutils        base   chmod dd rmdir
 findutils        base   find
 apt              base   apt-cache apt-get
 dash             base   sh
-dpkg             base   dpkg-query
+dpkg             base   dpkg-query dpkg-deb dpkg
 grep             base   grep
 mawk             base   awk
 mount            base   mount
@@ -44,11 +44,12 @@ util-linux       base   unshare nsenter
 # Build, demo and tests.
 build-essential  test
 make             test   make
-cmake            test   cmake ctest
+cmake            test   cmake ctest cpack
 pkg-config       test
 pkgconf          test   pkg-config
 gcc              test   gcc
 binutils         test   readelf
+groff-base       test   groff
 libcmocka-dev    test
 libsodium-dev    test
 clang            test   clang

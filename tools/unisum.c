@@ -7,6 +7,8 @@
  *   unisum bench [-w N -s K]                 push_pull throughput table
  *   unisum bench --model resnet50|vgg16|bert-base   FIFO vs priority training step
  *   unisum info                              every environment knob
+ *   unisum info --man                        unisum(1), from the same tables
+ *   unisum --version                         the release and wire versions
  */
 #include <stdio.h>
 #include <string.h>
@@ -22,24 +24,111 @@
 #include "unisum.h"
 #include "wire/wire.h"
 
+/* The subcommands, for the usage text and the man page alike. */
+static const struct command {
+	const char *synopsis;	/* after "unisum " */
+	const char *what;	/* one paragraph */
+} commands[] = {
+	{ "launch -w N -s K [--local-size L] -- CMD ARGS...",
+	  "run a job on this machine: a scheduler, K servers and N workers running CMD (the "
+	  "embedded cluster); with -H HOST:SLOTS,... or --hostfile FILE a job over ssh, with "
+	  "--slurm one inside a Slurm allocation, with --nproc-per-node L one node of a multi-node "
+	  "job (torchrun's and Kubernetes' variables); unisum launch --help says more" },
+	{ "scheduler",
+	  "run the scheduler of a cluster job (UNISUM_SCHEDULER_PORT; the job's size from "
+	  "UNISUM_NUM_WORKER and UNISUM_NUM_SERVER)" },
+	{ "server", "run one summation server of a job" },
+	{ "bench [-w N] [-s K] [sizes...]", "push_pull throughput, 1 MiB to 256 MiB" },
+	{ "bench --model resnet50|vgg16|bert-base",
+	  "a training step replaying the model's gradients: iteration time, FIFO against "
+	  "priority" },
+	{ "info", "every environment variable, its default and value" },
+	{ "--version", "the release and the wire protocol's version" },
+};
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+/* Prints text wrapped at 80 columns, every line indented by `indent`
+ * (the first after `used` columns already written). */
+static void wrap(FILE *out, const char *text, int indent, int used)
+{
+	int col = used;
+
+	while (*text) {
+		int len = (int)strcspn(text, " ");
+
+		if (col > indent && col + 1 + len > 80) {
+			fprintf(out, "\n%*s", indent, "");
+			col = indent;
+		} else if (col > indent) {
+			fputc(' ', out);
+			col++;
+		} else {
+			fprintf(out, "%*s", indent - col, "");
+			col = indent;
+		}
+		fwrite(text, 1, (size_t)len, out);
+		col += len;
+		text += len;
+		while (*text == ' ')
+			text++;
+	}
+	fputc('\n', out);
+}
+
 static void usage(FILE *out)
 {
-	fprintf(out,
-		"usage: unisum <command> [options]\n"
-		"\n"
-		"  launch -w N -s K -- CMD ARGS...  run a job on this machine: a scheduler, K servers\n"
-		"                                   and N workers running CMD (the embedded cluster)\n"
-		"  scheduler                        run the scheduler (UNISUM_SCHEDULER_PORT, job size\n"
-		"                                   from UNISUM_NUM_WORKER / UNISUM_NUM_SERVER)\n"
-		"  server                           run one summation server of a job\n"
-		"  bench [-w N] [-s K] [sizes...]   push_pull throughput, 1 MiB to 256 MiB\n"
-		"  bench --model resnet50|vgg16|bert-base\n"
-		"                                   a training step replaying the model's gradients:\n"
-		"                                   iteration time, FIFO against priority\n"
-		"  info                             every environment variable, its default and value\n"
-		"  --version                        the release and the wire protocol's version\n"
-		"\n"
-		"The BytePS / ps-lite variables (DMLC_ROLE, DMLC_PS_ROOT_URI, ...) work as aliases.\n");
+	fputs("usage: unisum <command> [options]\n\n", out);
+	for (size_t i = 0; i < NCOMMANDS; i++) {
+		int used = fprintf(out, "  %s", commands[i].synopsis);
+
+		if (used > 34) {
+			fputc('\n', out);
+			used = 0;
+		}
+		wrap(out, commands[i].what, 35, used);
+	}
+	fputs("\nThe BytePS / ps-lite variables (DMLC_ROLE, DMLC_PS_ROOT_URI, ...) work as "
+	      "aliases.\n", out);
+}
+
+/* `unisum info --man`: unisum(1), from the commands above and the
+ * configuration's table, so the page cannot drift from the program. */
+static void man_page(FILE *out)
+{
+	fprintf(out, ".TH UNISUM 1 \"\" \"unisum %s\" \"User Commands\"\n", unisum_version());
+	fputs(".SH NAME\nunisum \\- the Summation Service of data\\-parallel training: launcher, "
+	      "scheduler, server, benchmarks\n", out);
+	fputs(".SH SYNOPSIS\n", out);
+	for (size_t i = 0; i < NCOMMANDS; i++) {
+		fputs(".B unisum\n", out);
+		config_print_man_text(out, commands[i].synopsis);
+		fputs("\n.br\n", out);
+	}
+	fputs(".SH DESCRIPTION\nWorkers push gradient partitions to summation servers on CPUs, "
+	      "which sum them with SIMD and serve the sums back; the workers of a machine sum "
+	      "through shared memory first, and the scheduler places partitions on servers by "
+	      "Theorem 1 of the BytePS paper (OSDI 2020).  A program uses it through libunisum "
+	      "(unisum.h) or the Python package unisum.torch; this command starts and runs the "
+	      "processes of a job.\n.SH COMMANDS\n", out);
+	for (size_t i = 0; i < NCOMMANDS; i++) {
+		fputs(".TP\n.B ", out);
+		config_print_man_text(out, commands[i].synopsis);
+		fputc('\n', out);
+		config_print_man_text(out, commands[i].what);
+		fputs(".\n", out);
+	}
+	fputs(".SH ENVIRONMENT\nEvery process of a job reads these; a malformed value stops it "
+	      "at start, naming the variable.  BytePS's and ps\\-lite's names work as aliases.\n",
+	      out);
+	config_print_man(out);
+	fputs(".SH EXIT STATUS\n.B unisum launch\nexits 0 when every process exited 0; else with "
+	      "the first failing process's status (128 + N when killed by signal N), 1 when the "
+	      "scheduler failed, 124 on \\-\\-timeout, 130 or 143 on SIGINT or SIGTERM, and 2 on "
+	      "a usage error or a missing or malformed variable.  The other commands exit 0 on "
+	      "success, 1 on an error, 2 on a usage error; a server that stops because another "
+	      "process of its job failed exits 3.\n", out);
+	fputs(".SH SEE ALSO\nunisum.h, the README and docs/ARCHITECTURE.md of the source "
+	      "repository.\n", out);
 }
 
 /* Loads and checks the environment of a scheduler or server process. */
@@ -111,8 +200,10 @@ int server_main(int argc, char **argv)
 
 int info_main(int argc, char **argv)
 {
-	(void)argc;
-	(void)argv;
+	if (argc > 1 && strcmp(argv[1], "--man") == 0) {
+		man_page(stdout);
+		return 0;
+	}
 	printf("unisum: reducer path %s\n\nEnvironment:\n", reducer_isa_name(reducer_active_isa()));
 	config_print(stdout);
 	return 0;

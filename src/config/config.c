@@ -461,6 +461,45 @@ const char *config_role_name(int role)
 	}
 }
 
+void config_print_man_text(FILE *out, const char *s)
+{
+	if (*s == '.' || *s == '\'')
+		fputs("\\&", out);
+	for (; *s; s++) {
+		if (*s == '\\')
+			fputs("\\e", out);
+		else if (*s == '-')
+			fputs("\\-", out);
+		else
+			fputc(*s, out);
+	}
+}
+
+void config_print_man(FILE *out)
+{
+	for (size_t i = 0; i < KNOB_COUNT; i++) {
+		const struct knob *k = &config_knobs[i];
+
+		fputs(".TP\n.B ", out);
+		config_print_man_text(out, k->name);
+		fputc('\n', out);
+		config_print_man_text(out, k->meaning);
+		fputs(".\n", out);
+		if (k->alias1 != NULL) {
+			fputs("Alias: ", out);
+			config_print_man_text(out, k->alias1);
+			if (k->alias2 != NULL) {
+				fputs(", ", out);
+				config_print_man_text(out, k->alias2);
+			}
+			fputs(".\n", out);
+		}
+		fputs("Default: ", out);
+		config_print_man_text(out, k->defval ? k->defval : "none");
+		fputs(".\n", out);
+	}
+}
+
 void config_print(FILE *out)
 {
 	for (size_t i = 0; i < KNOB_COUNT; i++) {

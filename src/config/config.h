@@ -110,4 +110,12 @@ const char *config_role_name(int role);
 /* Prints every knob, its aliases, default, meaning and current value. */
 void config_print(FILE *out);
 
+/* Writes s as roff text: backslashes escaped, hyphens as minus signs (so
+ * that names copy and search as typed), never a control line. */
+void config_print_man_text(FILE *out, const char *s);
+
+/* The same table as roff, for the ENVIRONMENT section of unisum(1): a
+ * tagged paragraph per variable, its meaning, aliases and default. */
+void config_print_man(FILE *out);
+
 #endif /* UNISUM_CONFIG_H */

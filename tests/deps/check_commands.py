@@ -484,9 +484,13 @@ def scan_file(path, out):
                 body = re.sub(r"\$\(([A-Za-z_]+)\)", r"${\1}", line.strip().lstrip("@-+"))
                 scan_shell(body, path, n, out, variables)
     elif kind == "cmake":
+        # A COMMAND that names one of the file's own executables runs what
+        # the build made, not a package's.
+        targets = set(re.findall(r"\badd_executable\((\w+)", text))
         for n, line in enumerate(text.split("\n"), 1):
             for m in re.finditer(r"\bCOMMAND\s+(\S+)", line):
-                add(m.group(1), "%s:%d" % (rel, n), out)
+                if m.group(1) not in targets:
+                    add(m.group(1), "%s:%d" % (rel, n), out)
     if kind in ("py", "text"):
         for n, line in enumerate(text.split("\n"), 1):
             if re.match(r"^\s*(#|//|\*|/\*)", line):
