@@ -652,6 +652,11 @@ static void *sched_node_main(void *arg)
 			rc = sched_dispatch(s, n, &h, payload, why, sizeof why);
 		free(payload);
 	}
+	/* A peer that proved the secret but whose first message broke the
+	 * protocol (another wire version, say) is told why, in this version's
+	 * header: its own decoder then names both versions. */
+	if (rc == UNISUM_EPROTO && !n->registered)
+		sched_send_error(n, rc, why);
 	/* Hang up now (the connection is freed with the scheduler), so a
 	 * rejected stranger learns it at once. */
 	s->tp->conn_shutdown(n->conn);

@@ -443,7 +443,9 @@ void *srv_recv_main(void *arg)
 			LOG_ERROR("closing the connection of %s (%s): %s", name, peer, why);
 		else
 			LOG_ERROR("closing a connection from %s: %s", peer, why);
-		if (c->worker >= 0)	/* tell the worker why before hanging up */
+		/* Tell the worker why before hanging up (a worker of another
+		 * wire version then names both versions). */
+		if (rc != UNISUM_EAUTH)
 			srv_reply_error(srv, c, c->worker, 0, 0, rc, why);
 	}
 	pthread_mutex_lock(&srv->lock);

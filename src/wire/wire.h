@@ -42,7 +42,11 @@
 #include "unisum.h"
 
 #define WIRE_MAGIC 0x4d555355u	/* "USUM" */
+/* (A build may set another, to test that two versions refuse each other:
+ * the test_wire_version program of CMakeLists.txt.) */
+#ifndef WIRE_VERSION
 #define WIRE_VERSION 10
+#endif
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
 #define WIRE_MAX_DATA_PAYLOAD (1ull << 30)	/* 1 GiB for one partition */
