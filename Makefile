@@ -11,7 +11,7 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 
 .PHONY: all deps bench-deps build demo demo-c test check test-sanitize fuzz bench clean \
-        install uninstall deb
+        install uninstall deb wheel
 
 all: build
 
@@ -78,6 +78,12 @@ install: build
 # under /usr.
 deb: build
 	cd $(BUILD) && cpack -G DEB >/dev/null && ls package/unisum_*.deb
+
+# build/dist/unisum-<version>-cpXY-cpXY-linux_x86_64.whl: the Python
+# package with the library and the CLI (`unisum` on PATH), offline.
+wheel: build
+	cd python && $(PYTHON) -m pip wheel --no-deps --no-build-isolation --no-index -q -w ../$(BUILD)/dist .
+	ls $(BUILD)/dist/unisum-*.whl
 
 # Removes exactly what the last install put there (its manifest), and the
 # directories it leaves empty below the prefix.
