@@ -1,7 +1,8 @@
 # The two commands of the README, and the pieces they are made of.
 #   make demo   installs what is missing, builds, trains a CNN on the digits
-#               data set with PyTorch on a local cluster (scheduler + 1 server
-#               + 2 workers)
+#               data set with PyTorch on a local cluster (a scheduler, 2
+#               servers, 2 machines of 2 workers), then reports where the
+#               bytes went
 #   make test   installs what is missing, builds, runs every test (then the
 #               C suites again under ASan+UBSan and under TSan)
 BUILD ?= build
@@ -25,7 +26,7 @@ build: deps
 PYTHON ?= /usr/bin/python3
 
 demo: build
-	$(BUILD)/unisum launch -w 2 -s 1 -- $(PYTHON) examples/train_digits.py
+	$(BUILD)/unisum launch -w 4 -s 2 --local-size 2 -- $(PYTHON) examples/train_digits.py --lr 0.06
 
 demo-c: build
 	$(BUILD)/unisum launch -w 2 -s 1 -- $(BUILD)/train_logreg

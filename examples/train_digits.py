@@ -1,14 +1,20 @@
 """Data-parallel training of a small CNN on scikit-learn's digits with unisum.
 
-    build/unisum launch -w 2 -s 1 -- /usr/bin/python3 examples/train_digits.py
+    build/unisum launch -w 4 -s 2 --local-size 2 -- /usr/bin/python3 \
+        examples/train_digits.py --lr 0.06
 
-(`make demo` runs exactly that.)  Every worker trains on its own shard of
+(`make demo` runs exactly that: 2 machines of 2 workers, 2 servers.)  Every
+worker trains on its own shard of
 the training set; DistributedOptimizer sums the gradients of all workers
 as backward() produces them, so every worker holds the same model after
 every step.  Rank 0 shows a progress bar, the loss and the held-out
 accuracy of every epoch, and finally prints
 
     final held-out accuracy: 0.9xxx
+
+and a report of where the bytes went: summed in shared memory within
+machines, and pushed to each server against its Theorem 1 share
+(unisum.torch.get_stats() of every worker).
 
 --hidden widens the classifier (default 64; 8192 makes 4.3 M parameters,
 17 MiB per step: bench/cluster/sync).  --sync picks the synchronisation (default: UNISUM_SYNC, else lock-step):
@@ -23,6 +29,7 @@ The digits data set ships inside python3-sklearn: nothing is downloaded.
 import argparse
 import os
 import sys
+import time
 
 # Usable straight from a source checkout, without installing the package.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
@@ -83,12 +90,45 @@ def main():
                                         compression=compression, sync=args.sync)
     us.broadcast_parameters(model.state_dict(), root_rank=0)
     us.broadcast_optimizer_state(optimizer, root_rank=0)
-    train(args, rank, size, model, optimizer,
-          "compression %s, sync %s" % (args.compression,
-                                       args.sync or os.environ.get("UNISUM_SYNC") or "sync"),
-          lambda t, name: us.push_pull(t, average=False, name=name),
-          optimizer.global_average)     # dssync: every replica the same at the end
+    sum_all = lambda t, name: us.push_pull(t, average=False, name=name)  # noqa: E731
+    steps, seconds = train(args, rank, size, model, optimizer,
+                           "compression %s, sync %s" % (
+                               args.compression,
+                               args.sync or os.environ.get("UNISUM_SYNC") or "sync"),
+                           sum_all,
+                           optimizer.global_average)   # dssync: every replica the same at the end
+    report(rank, size, steps, seconds, sum_all)
     us.shutdown()
+
+
+def report(rank, size, steps, seconds, sum_all):
+    """Rank 0 says where the job's bytes went, from every worker's
+    unisum.torch.get_stats(): summed in shared memory within machines, and
+    pushed to each server, against each server's share by Theorem 1."""
+    st = us.get_stats()
+    servers = len(st["server_bytes"])
+    mine = torch.tensor([st["local_bytes"], st["bytes_pushed"]] + st["server_bytes"],
+                        dtype=torch.float64)
+    total = sum_all(mine, "report.bytes").tolist()
+    if rank != 0:
+        return
+    machines = size // us.local_size()
+    mib = 1 << 20
+    print("report: %d steps, %.1f ms a step; %d machine(s) of %d worker(s), %d server(s)"
+          % (steps, 1000.0 * seconds / max(steps, 1), machines, us.local_size(), servers))
+    print("  summed in shared memory within machines: %.1f MiB" % (total[0] / mib))
+    pushed = total[1]
+    # Every server runs on this one host, beside a machine's workers: all
+    # colocated (k = 0), so Theorem 1 gives each the same share.
+    shares = ", ".join("server %d %.1f%%" % (s, 100.0 * total[2 + s] / pushed if pushed else 0)
+                       for s in range(servers))
+    print("  pushed to the servers: %.1f MiB (%s; Theorem 1: %.1f%% each, every server "
+          "colocated on this host)" % (pushed / mib, shares, 100.0 / servers if servers else 0))
+    if os.environ.get("UNISUM_TRACE_ON", os.environ.get("BYTEPS_TRACE_ON", "0")) == "1":
+        print("  timeline: %s/<rank>/comm.json" % os.environ.get(
+            "UNISUM_TRACE_DIR", os.environ.get("BYTEPS_TRACE_DIR", "trace")))
+    else:
+        print("  timeline: off (UNISUM_TRACE_ON=1 writes one per rank to UNISUM_TRACE_DIR)")
 
 
 def train(args, rank, size, model, optimizer, how, sum_all, at_last_epoch=None):
@@ -112,6 +152,7 @@ def train(args, rank, size, model, optimizer, how, sum_all, at_last_epoch=None):
     # Every worker must take the same number of steps.
     steps = int(sum_all(torch.tensor([steps], dtype=torch.int64), "steps").item()) // size
     accuracy = 0.0
+    started = time.monotonic()
     for epoch in range(1, args.epochs + 1):
         model.train()
         order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
@@ -136,6 +177,7 @@ def train(args, rank, size, model, optimizer, how, sum_all, at_last_epoch=None):
                   % (epoch, (total[0] / total[1]).item(), accuracy), flush=True)
     if rank == 0:
         print("final held-out accuracy: %.4f" % accuracy, flush=True)
+    return steps * args.epochs, time.monotonic() - started
 
 
 def main_ddp(args):

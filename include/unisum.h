@@ -281,6 +281,9 @@ int unisum_barrier_timeout(int timeout_ms);
 void *unisum_alloc(size_t bytes);
 void unisum_free(void *p);
 
+/* Servers whose bytes unisum_stats counts one by one. */
+#define UNISUM_STATS_SERVERS 64
+
 /* What the pipeline of this worker has done so far. */
 typedef struct unisum_stats {
 	uint64_t credit_bytes;		/* the PUSH stage's credit now */
@@ -289,6 +292,12 @@ typedef struct unisum_stats {
 	uint64_t partitions_sent;	/* partitions the PUSH stage let out */
 	uint64_t bytes_pushed;		/* data this worker sent to the servers */
 	uint64_t bytes_pulled;		/* data it received from them */
+	uint64_t operations;		/* collectives completed without an error */
+	uint64_t local_bytes;		/* input bytes it summed from its machine's workers
+					 * through shared memory (its slices of each tensor) */
+	int nservers;			/* the job's servers; the first UNISUM_STATS_SERVERS
+					 * of them are counted in server_bytes */
+	uint64_t server_bytes[UNISUM_STATS_SERVERS];	/* data it sent to each server */
 } unisum_stats;
 
 /* Fills *out.  0, or UNISUM_ENOTINIT / UNISUM_EINVAL. */

@@ -124,12 +124,33 @@ for _name, _args, _ret in [
     ("unisum_barrier_timeout", [_c_int], _c_int),
     ("unisum_alloc", [_c_size], _c_ptr),
     ("unisum_free", [_c_ptr], None),
+    ("unisum_get_stats", [_c_ptr], _c_int),
+    ("unisum_version", [], ctypes.c_char_p),
     ("unisum_strerror", [_c_int], ctypes.c_char_p),
     ("unisum_last_error", [], ctypes.c_char_p),
 ]:
     _fn = getattr(lib, _name)
     _fn.argtypes = _args
     _fn.restype = _ret
+
+
+# unisum.h's UNISUM_STATS_SERVERS and unisum_stats, field for field.
+STATS_SERVERS = 64
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [
+        ("credit_bytes", ctypes.c_uint64),
+        ("partition_bytes", ctypes.c_uint64),
+        ("max_inflight_bytes", ctypes.c_uint64),
+        ("partitions_sent", ctypes.c_uint64),
+        ("bytes_pushed", ctypes.c_uint64),
+        ("bytes_pulled", ctypes.c_uint64),
+        ("operations", ctypes.c_uint64),
+        ("local_bytes", ctypes.c_uint64),
+        ("nservers", ctypes.c_int),
+        ("server_bytes", ctypes.c_uint64 * STATS_SERVERS),
+    ]
 
 
 def error(rc: int, what: str) -> UnisumError:

@@ -72,7 +72,7 @@ __all__ = [
     "stop_timeline",
     "synchronize", "broadcast_parameters", "broadcast_optimizer_state",
     "broadcast_object", "barrier", "DistributedOptimizer", "Compression", "UnisumError",
-    "empty", "zeros_like",
+    "empty", "zeros_like", "get_stats",
 ]
 
 _DTYPES: Dict[torch.dtype, int] = {
@@ -248,6 +248,27 @@ def shutdown() -> None:
         op.finish()
         first_error = first_error or rc
     _capi.check(first_error, "unisum.torch.shutdown: an operation in flight")
+
+
+def get_stats() -> Dict[str, Any]:
+    """What this worker's pipeline has done since init(), as unisum.h's
+    unisum_get_stats() says: ``operations`` (collectives completed),
+    ``bytes_pushed`` and ``bytes_pulled`` (data to and from the servers),
+    ``server_bytes`` (a list: what went to each server), ``local_bytes``
+    (input summed from its machine's workers through shared memory),
+    ``partitions_sent``, ``credit_bytes``, ``partition_bytes`` and
+    ``max_inflight_bytes``.
+
+    Raises:
+        UnisumError: When init() has not been called (``ENOTINIT``).
+    """
+    _require_init()
+    st = _capi.Stats()
+    _capi.check(_capi.lib.unisum_get_stats(ctypes.byref(st)), "unisum.torch.get_stats")
+    out: Dict[str, Any] = {name: getattr(st, name) for name, _ in st._fields_
+                           if name not in ("server_bytes", "nservers")}
+    out["server_bytes"] = list(st.server_bytes[:min(st.nservers, _capi.STATS_SERVERS)])
+    return out
 
 
 def size() -> int:

@@ -108,6 +108,8 @@ void wk_op_part_done(struct wk_op *op, int err, const char *why)
 				   op->t->count * op->t->esize, 0, op->t_start, trace_now_us());
 		op->done = true;
 		op->t->busy = false;
+		if (op->error == 0)
+			atomic_fetch_add(&w->operations, 1);
 		pthread_cond_broadcast(&w->done_cond);
 	}
 	pthread_mutex_unlock(&w->lock);
@@ -346,8 +348,10 @@ static void *wk_send_main(void *arg)
 			if (wk_metering(w) && c->tp == transport_tcp() && payload != NULL)
 				wk_meter_sent(c, j);
 			rc = c->tp->send(c->conn, &push, payload);
-			if (rc == 0 && payload != NULL)
+			if (rc == 0 && payload != NULL) {
 				atomic_fetch_add(&w->bytes_pushed, push.payload_len);
+				atomic_fetch_add(&c->bytes_pushed, push.payload_len);
+			}
 			if (rc == 0 && traced) {
 				/* Under the lock: the receiving thread reads it after
 				 * taking the job from the pending table. */
@@ -730,6 +734,10 @@ void wk_close_conns(struct worker *w)
 		}
 		free(c->pending);
 	}
-	free(w->conns);
+	/* Under the lock: unisum_get_stats reads the counters under it. */
+	pthread_mutex_lock(&w->lock);
+	struct wk_conn *conns = w->conns;
 	w->conns = NULL;
+	pthread_mutex_unlock(&w->lock);
+	free(conns);
 }

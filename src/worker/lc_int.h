@@ -93,6 +93,7 @@ struct lc_queue {
 /* One rank's local path (a handle: several may live in one process). */
 struct local {
 	struct local_cfg cfg;
+	_Atomic uint64_t summed_bytes;	/* input bytes this rank folded (lc_sum_chunk) */
 	struct local_hooks hooks;
 	char job[SHM_JOB_MAX + 1];
 	struct shm_seg shm;

@@ -891,3 +891,8 @@ void local_pulled(struct local_op *op, uint32_t part, int err, const char *why)
 	pthread_cond_broadcast(&lc->cond);
 	pthread_mutex_unlock(&lc->lock);
 }
+
+uint64_t local_summed_bytes(struct local *lc)
+{
+	return atomic_load(&lc->summed_bytes);
+}

@@ -134,4 +134,7 @@ void *local_alloc(struct local *lc, size_t bytes);
  * false when p is not from it. */
 bool local_free(void *p);
 
+/* Input bytes this rank has summed from its machine's ranks so far. */
+uint64_t local_summed_bytes(struct local *lc);
+
 #endif /* UNISUM_WORKER_LOCAL_H */

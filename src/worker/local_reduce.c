@@ -142,6 +142,7 @@ static int lc_sum_chunk(struct local_op *op, void *dst, uint64_t off, size_t n, 
 		memset(dst, 0, bytes);
 	else if (have == 1 && first != dst)
 		memcpy(dst, first, bytes);
+	atomic_fetch_add(&lc->summed_bytes, (uint64_t)have * bytes);
 	return 0;
 }
 

@@ -1879,7 +1879,16 @@ int worker_get_stats(struct worker *w, unisum_stats *out)
 	*out = (unisum_stats){.credit_bytes = st.credit, .partition_bytes = pbytes,
 			      .max_inflight_bytes = st.max_inflight, .partitions_sent = st.taken,
 			      .bytes_pushed = atomic_load(&w->bytes_pushed),
-			      .bytes_pulled = atomic_load(&w->bytes_pulled)};
+			      .bytes_pulled = atomic_load(&w->bytes_pulled),
+			      .operations = atomic_load(&w->operations),
+			      .nservers = w->nservers};
+	/* Under the lock: worker_leave takes lc and the connections away
+	 * under it. */
+	pthread_mutex_lock(&w->lock);
+	out->local_bytes = w->lc != NULL ? local_summed_bytes(w->lc) : 0;
+	for (int s = 0; s < w->nservers && s < UNISUM_STATS_SERVERS && w->conns != NULL; s++)
+		out->server_bytes[s] = atomic_load(&w->conns[s].bytes_pushed);
+	pthread_mutex_unlock(&w->lock);
 	return 0;
 }
 

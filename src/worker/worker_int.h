@@ -194,6 +194,7 @@ struct wk_meter {
 struct wk_conn {
 	struct worker *w;		/* its worker */
 	int server;			/* server rank */
+	_Atomic uint64_t bytes_pushed;	/* data payloads sent to this server */
 	char label[128];		/* "server 0 (127.0.0.1:4000)" */
 	struct tp_conn *conn;
 	const struct transport_ops *tp;	/* IPC (a server of this host) or TCP */
@@ -246,6 +247,7 @@ struct worker {
 	struct tuner *tuner;		/* the settings of each epoch (src/worker/tune.c) */
 	struct wk_meter meter;		/* fit mode: what crossed the network (conns.c) */
 	_Atomic uint64_t bytes_pushed;	/* data payloads sent to the servers (conns.c) */
+	_Atomic uint64_t operations;	/* collectives completed without an error */
 	_Atomic uint64_t bytes_pulled;	/* ... and received from them */
 	pthread_t tune_thread;		/* autotune: operations waiting for their cut */
 	bool tune_started, tune_stop;

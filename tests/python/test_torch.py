@@ -240,6 +240,30 @@ def test_demo_async():
     assert final_accuracy(out) >= 0.9, out[-3000:]
 
 
+def test_demo_report():
+    """make demo's shape (2 machines of 2 workers, 2 servers), one epoch:
+    the report from every worker's get_stats() adds up: the steps, bytes
+    summed in shared memory within the machines, and both servers' shares
+    of the pushed bytes near their Theorem 1 share (half each), summing to
+    100%."""
+    out, _ = check_launch(4, 2, "examples/train_digits.py", "--epochs", 1, "--lr", 0.06,
+                          local_size=2, timeout=120)
+    lines = worker_lines(out, 0)
+    steps = [l for l in lines if l.startswith("report: ")]
+    assert steps and re.match(r"report: \d+ steps, [\d.]+ ms a step; 2 machine\(s\) of 2 "
+                              r"worker\(s\), 2 server\(s\)$", steps[0]), out[-3000:]
+    local = [float(m.group(1)) for l in lines
+             for m in [re.search(r"summed in shared memory within machines: ([\d.]+) MiB", l)] if m]
+    assert local and local[0] > 0, out[-3000:]
+    shares = [m for l in lines
+              for m in [re.search(r"server 0 ([\d.]+)%, server 1 ([\d.]+)%; Theorem 1: 50.0% each",
+                                  l)] if m]
+    assert shares, out[-3000:]
+    a, b = float(shares[0].group(1)), float(shares[0].group(2))
+    assert abs(a + b - 100) < 0.2 and 35 <= a <= 65, (a, b)
+    assert any("timeline: off" in l for l in lines), out[-3000:]
+
+
 # ---- 5. fp16 compression -------------------------------------------------
 
 def test_fp16_compression_accuracy():

@@ -694,6 +694,21 @@ static int work_traffic(struct job *j, int rank, char *msg, size_t len)
 		     (unsigned long long)rs_push, (unsigned long long)rs_pull,
 		     (unsigned long long)ag_push, (unsigned long long)ag_pull,
 		     (unsigned long long)machine, (unsigned long long)whole);
+	/* The counters of unisum_get_stats agree: two more operations, every
+	 * pushed byte counted at the server it went to, and a machine of
+	 * several ranks sums its slices in shared memory. */
+	uint64_t to_servers = 0;
+	for (int s = 0; s < c.nservers; s++)
+		to_servers += c.server_bytes[s] - a.server_bytes[s];
+	if (c.operations != a.operations + 2 || c.nservers != j->servers ||
+	    to_servers != c.bytes_pushed - a.bytes_pushed ||
+	    (L > 1 && c.local_bytes <= a.local_bytes) || (L == 1 && c.local_bytes != 0))
+		FAIL(0, "rank %d: stats say %llu operations (from %llu), %d servers (of %d), %llu bytes "
+		     "to servers of %llu pushed, %llu summed locally (from %llu)", rank,
+		     (unsigned long long)c.operations, (unsigned long long)a.operations, c.nservers,
+		     j->servers, (unsigned long long)to_servers,
+		     (unsigned long long)(c.bytes_pushed - a.bytes_pushed),
+		     (unsigned long long)c.local_bytes, (unsigned long long)a.local_bytes);
 	return 0;
 }
 
