@@ -259,6 +259,17 @@ static int parse_seconds(const char *option, const char *value, double *out)
 	return 0;
 }
 
+/* Checks that an option's words (--ssh-args, --srun-args) split as a
+ * shell would split them. */
+static int parse_words(const char *option, const char *value)
+{
+	if (shellwords_split((char *)value, NULL) < 0) {	/* counting: value untouched */
+		fprintf(stderr, "unisum launch: %s: a quote is not closed: %s\n", option, value);
+		return -1;
+	}
+	return 0;
+}
+
 /* Takes the option at argv[*i] and its value, moving *i past them; notes
  * in *job_option the last option seen that belongs to the whole-job form,
  * and in *nproc the value of --nproc-per-node.  Returns 0, 1 when it is no
@@ -297,12 +308,8 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 			goto out_bad_value;
 		l->hostfile_opt = value;
 	} else if ((m = option_match(argc, argv, i, NULL, "--ssh-args", &value)) != 0) {
-		if (m < 0)
+		if (m < 0 || parse_words("--ssh-args", value) < 0)
 			goto out_bad_value;
-		if (shellwords_split((char *)value, NULL) < 0) {
-			fprintf(stderr, "unisum launch: --ssh-args: a quote is not closed: %s\n", value);
-			return -1;
-		}
 		l->ssh_args_opt = value;
 	} else if ((m = option_match(argc, argv, i, NULL, "--start-timeout", &value)) != 0) {
 		if (m < 0 || parse_seconds("--start-timeout", value, &l->start_timeout_s) < 0)
@@ -316,12 +323,8 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 	} else if (strcmp(arg, "--slurm") == 0) {
 		l->slurm = true;
 	} else if ((m = option_match(argc, argv, i, NULL, "--srun-args", &value)) != 0) {
-		if (m < 0)
+		if (m < 0 || parse_words("--srun-args", value) < 0)
 			goto out_bad_value;
-		if (shellwords_split((char *)value, NULL) < 0) {
-			fprintf(stderr, "unisum launch: --srun-args: a quote is not closed: %s\n", value);
-			return -1;
-		}
 		l->srun_args_opt = value;
 	} else if ((m = option_match(argc, argv, i, NULL, "--cpu-server-nodes", &value)) != 0) {
 		if (m < 0)

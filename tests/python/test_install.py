@@ -19,6 +19,18 @@ def _venv_and_pip_available():
                           capture_output=True).returncode == 0
 
 
+def _offline_env():
+    """This environment without what would point Python or pip elsewhere,
+    and pip kept off every index (no proxy that could work: a download
+    attempt fails fast)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "UNISUM_LIBRARY", "PYTHONHOME", "VIRTUAL_ENV")
+           and not k.startswith("PIP_")}
+    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONWARNINGS="ignore",
+               http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9")
+    return env
+
+
 @pytest.mark.skipif(not _venv_and_pip_available(), reason="venv or pip is not installed")
 def test_pip_install_into_fresh_venv(tmp_path):
     """`pip install --no-deps --no-build-isolation ./python` into a fresh
@@ -37,12 +49,7 @@ def test_pip_install_into_fresh_venv(tmp_path):
     assert (src / "unisum" / "libunisum.so").exists(), \
         "python/unisum/libunisum.so is missing: the build copies it there"
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "UNISUM_LIBRARY", "PYTHONHOME", "VIRTUAL_ENV")
-           and not k.startswith("PIP_")}
-    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONWARNINGS="ignore",
-               # No proxy that could work: a download attempt fails fast.
-               http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9")
+    env = _offline_env()
 
     def run(cmd, timeout=180):
         p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env,
@@ -103,11 +110,7 @@ def test_wheel_carries_the_library_and_the_cli(tmp_path):
         "build", "*.egg-info", "__pycache__", "dist"))
     assert (src / "unisum" / "bin" / "unisum").exists(), \
         "python/unisum/bin/unisum is missing: the build copies the CLI there"
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "UNISUM_LIBRARY", "PYTHONHOME", "VIRTUAL_ENV")
-           and not k.startswith("PIP_")}
-    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONWARNINGS="ignore",
-               http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9")
+    env = _offline_env()
 
     def run(cmd, cwd=tmp_path, timeout=180):
         p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env,
