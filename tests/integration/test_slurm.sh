@@ -125,7 +125,7 @@ if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	cat >"$log/demo.sh" <<JOB
 #!/bin/sh
 #SBATCH --nodes=3
-exec "$UNISUM" launch --slurm -- /usr/bin/python3 "$REPO/examples/train_digits.py" --epochs 2
+exec "$UNISUM" launch --slurm -- /usr/bin/python3 "$REPO/examples/train_digits.py" --epochs 1
 JOB
 	t0=$(date +%s%N)
 	(cd "$log" && env $(env | sed -n 's/^\(UNISUM_[A-Z_]*\)=.*/-u \1/p') \

@@ -19,8 +19,8 @@ expect "unisum_wire_next speaks the next wire version ($v, $n)" [ "$n" = "$((v +
 log=$(mktemp -d)
 env_job() {
 	env UNISUM_NUM_WORKER=1 UNISUM_NUM_SERVER=1 UNISUM_SCHEDULER_HOST=127.0.0.1 \
-		UNISUM_SCHEDULER_PORT="$port" UNISUM_SECRET=versions UNISUM_START_TIMEOUT_MS=3000 \
-		UNISUM_TIMEOUT_MS=2000 "$@"
+		UNISUM_SCHEDULER_PORT="$port" UNISUM_SECRET=versions UNISUM_START_TIMEOUT_MS=1000 \
+		UNISUM_TIMEOUT_MS=1500 "$@"
 }
 
 port=$(free_port)
