@@ -118,12 +118,16 @@ def report(rank, size, steps, seconds, sum_all):
           % (steps, 1000.0 * seconds / max(steps, 1), machines, us.local_size(), servers))
     print("  summed in shared memory within machines: %.1f MiB" % (total[0] / mib))
     pushed = total[1]
-    # Every server runs on this one host, beside a machine's workers: all
-    # colocated (k = 0), so Theorem 1 gives each the same share.
     shares = ", ".join("server %d %.1f%%" % (s, 100.0 * total[2 + s] / pushed if pushed else 0)
                        for s in range(servers))
-    print("  pushed to the servers: %.1f MiB (%s; Theorem 1: %.1f%% each, every server "
-          "colocated on this host)" % (pushed / mib, shares, 100.0 / servers if servers else 0))
+    if servers == machines:
+        # One server per machine, beside its workers (make demo, unisum
+        # launch -H or --slurm without CPU-only servers): all colocated,
+        # k = 0, and Theorem 1 gives each the same share.
+        theorem = "Theorem 1: %.1f%% each, every server colocated" % (100.0 / servers)
+    else:
+        theorem = "Theorem 1's shares: UNISUM_LOG_LEVEL=INFO has the scheduler log them"
+    print("  pushed to the servers: %.1f MiB (%s; %s)" % (pushed / mib, shares, theorem))
     if os.environ.get("UNISUM_TRACE_ON", os.environ.get("BYTEPS_TRACE_ON", "0")) == "1":
         print("  timeline: %s/<rank>/comm.json" % os.environ.get(
             "UNISUM_TRACE_DIR", os.environ.get("BYTEPS_TRACE_DIR", "trace")))
