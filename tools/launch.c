@@ -659,8 +659,6 @@ static struct launcher *launcher_new(void)
 	return l;
 }
 
-/* Runs the job of launcher l, whose options are set and checked, and
- * frees l (but for a waiter thread's share of it).  The exit status. */
 /* Raises the soft limit on descriptors to what the job needs here (each
  * child's pipes; the in-process scheduler's connection to every server
  * and worker), within the hard limit: a job of hundreds of hosts needs
@@ -681,6 +679,8 @@ static void fds_limit_raise(const struct launcher *l)
 	setrlimit(RLIMIT_NOFILE, &r);
 }
 
+/* Runs the job of launcher l, whose options are set and checked, and
+ * frees l (but for a waiter thread's share of it).  The exit status. */
 static int launcher_run(struct launcher *l)
 {
 	struct config cfg;

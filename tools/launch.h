@@ -334,9 +334,9 @@ char *launch_remote_command(const struct launcher *l, int rank);
  * and ports. */
 bool launch_env_stays_here(const char *var);
 
-/* The scheduler's address as the hosts reach it (this host's address on
- * the route to the first host) into l->sched_addr.  0, or -1 after
- * printing why. */
+/* The scheduler's address as the hosts reach it, into l->sched_addr:
+ * UNISUM_BIND, else this host's address on the route to the first host.
+ * 0, or -1 after printing why. */
 int launch_hosts_sched_addr(struct launcher *l);
 
 /* --scheduler-host: the scheduler runs with node 0 on the first host, at
@@ -358,6 +358,12 @@ int launch_transport_argv(struct child *c, const char *const *pre, const char *e
 
 /* Frees what launch_ssh_argv() or launch_srun_argv() made for c. */
 void launch_ssh_free(struct child *c);
+
+/* Parses `value` (of option or variable `name`) as an integer in
+ * [lo, hi] into *out; prints "NAME='VALUE' is not WHAT (LO to HI)" and
+ * returns -1 when it is not. */
+int launch_parse_int(const char *name, const char *value, long lo, long hi, const char *what,
+		     int *out);
 
 /* The IPv4 address of `host` into ip (INET_ADDRSTRLEN) and this host's
  * own address on the route to it (the address `host` reaches this one
@@ -386,11 +392,6 @@ bool launch_slurm_env_sizes_tasks(const char *var);
  * 0 of SLURM_NTASKS 1, ...), which would tell the workers a story other
  * than their RANK and WORLD_SIZE. */
 void launch_slurm_env_untask(void);
-
-/* The scheduler's address as the nodes reach it: UNISUM_BIND, else this
- * host's address on the route to the first node.  0, or -1 after printing
- * why. */
-int launch_slurm_sched_addr(struct launcher *l);
 
 /* The address node `name` is reached at (len bytes): the NodeAddr Slurm
  * knows it by (`scontrol show node`: what slurmctld connects to), else

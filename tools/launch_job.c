@@ -171,6 +171,14 @@ static int job_config(struct launcher *l, const struct config *env, struct confi
  * The other nodes are not the launcher's children: a node that starts
  * after the job failed is told why for UNISUM_TIMEOUT_MS, as by
  * `unisum scheduler`. */
+/* Whether this node runs the job's scheduler: node 0, unless a launcher
+ * of -H or --slurm started it (that one runs it, but for --scheduler-host:
+ * --run-scheduler). */
+static bool node_runs_scheduler(const struct launcher *l)
+{
+	return l->node_rank == 0 && (!l->remote || l->run_scheduler);
+}
+
 static int node_sched_config(struct launcher *l, struct config *cfg)
 {
 	char err[512];
@@ -220,8 +228,7 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 			return LAUNCH_EXIT_USAGE;
 		if (l->node_mode) {
 			l->num_servers = l->node_servers;
-			/* -H runs it at the launcher, unless --scheduler-host. */
-			if (l->node_rank == 0 && (!l->remote || l->run_scheduler))
+			if (node_runs_scheduler(l))
 				return node_sched_config(l, cfg);
 		}
 		/* No scheduler here: nothing to wait for. */
@@ -272,7 +279,7 @@ void launch_announce(const struct launcher *l)
 		fprintf(stderr, "unisum launch: node %d of %d: %s%d worker(s) (ranks %d "
 			"to %d)%s, scheduler at %s:%d, job %s:", l->node_rank, l->nnodes, server,
 			l->local_size, l->machine * l->local_size, (l->machine + 1) * l->local_size - 1,
-			l->node_rank == 0 && (!l->remote || l->run_scheduler) ? " and the scheduler" : "",
+			node_runs_scheduler(l) ? " and the scheduler" : "",
 			l->master_addr,
 			l->master_port, l->job_id);
 	else if (l->one_machine)

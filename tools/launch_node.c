@@ -52,9 +52,7 @@ static const char *env_first(const char *const *names, const char **which)
 	return NULL;
 }
 
-/* Parses `value` (of option or variable `name`) as an integer in
- * [lo, hi] into *out; prints why and returns -1 when it is not. */
-static int parse_int(const char *name, const char *value, long lo, long hi, const char *what,
+int launch_parse_int(const char *name, const char *value, long lo, long hi, const char *what,
 		     int *out)
 {
 	char *end;
@@ -104,7 +102,7 @@ int launch_node_resolve(struct launcher *l)
 			"nodes: --nnodes, or NNODES / PET_NNODES / WORLD_SIZE\n");
 		return -1;
 	}
-	if (parse_int(name, value, 1, LAUNCH_NODES_MAX, "a number of nodes", &l->nnodes) < 0)
+	if (launch_parse_int(name, value, 1, LAUNCH_NODES_MAX, "a number of nodes", &l->nnodes) < 0)
 		return -1;
 
 	setting(l->node_rank_opt, "--node-rank", rank_vars, &value, &name);
@@ -116,7 +114,7 @@ int launch_node_resolve(struct launcher *l)
 		return -1;
 	}
 	l->node_rank = 0;
-	if (value && parse_int(name, value, 0, l->nnodes - 1, "this node's index among the nodes",
+	if (value && launch_parse_int(name, value, 0, l->nnodes - 1, "this node's index among the nodes",
 			       &l->node_rank) < 0)
 		return -1;
 
@@ -130,7 +128,7 @@ int launch_node_resolve(struct launcher *l)
 
 	setting(l->master_port_opt, "--master-port", port_vars, &value, &name);
 	l->master_port = LAUNCH_MASTER_PORT;
-	if (value && parse_int(name, value, 1, 65535, "a TCP port", &l->master_port) < 0)
+	if (value && launch_parse_int(name, value, 1, 65535, "a TCP port", &l->master_port) < 0)
 		return -1;
 
 	/* CPU-only servers (`unisum server` on hosts without workers, taking
@@ -140,12 +138,12 @@ int launch_node_resolve(struct launcher *l)
 	int cpu = 0, colocated = l->no_colocated ? 0 : l->nnodes;
 	l->node_servers = colocated;
 	if (l->cpu_servers_opt) {
-		if (parse_int("--cpu-servers", l->cpu_servers_opt, l->no_colocated ? 1 : 0,
+		if (launch_parse_int("--cpu-servers", l->cpu_servers_opt, l->no_colocated ? 1 : 0,
 			      LAUNCH_NODES_MAX, "a number of servers", &cpu) < 0)
 			return -1;
 		l->node_servers = colocated + cpu;
 	} else if ((value = env_first(servers_vars, &name)) != NULL) {
-		if (parse_int(name, value, l->nnodes, l->nnodes + LAUNCH_NODES_MAX,
+		if (launch_parse_int(name, value, colocated ? colocated : 1, colocated + LAUNCH_NODES_MAX,
 			      "the job's servers: one per node and any CPU-only ones", &l->node_servers) < 0)
 			return -1;
 	}

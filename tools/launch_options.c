@@ -15,6 +15,7 @@
 
 #include "launch.h"
 #include "shellwords.h"
+#include "tools.h"
 
 /* Most workers on one machine (the range of UNISUM_LOCAL_SIZE). */
 #define LAUNCH_LOCAL_MAX 1024
@@ -139,10 +140,7 @@ static void usage(FILE *out)
 	      "names the job's shared-memory segments in /dev/shm; segments left by dead\n"
 	      "jobs are removed at start, and the job's own when it ends.\n"
 	      "\n"
-	      "Exit status: 0 when every process exited 0; else the first failing\n"
-	      "process's status (128 + N when killed by signal N), 1 when the\n"
-	      "scheduler failed, 124 on --timeout, 130/143 on SIGINT/SIGTERM, 2 on a\n"
-	      "usage error or a missing or malformed variable.\n", out);
+	      "Exit status: " LAUNCH_EXIT_STATUS_TEXT, out);
 }
 
 /* Matches option `arg` against -x / --long, in the forms "-x V", "-xV",
@@ -457,7 +455,7 @@ int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 	}
 	if (l->hosts_opt || l->hostfile_opt) {
 		if (job_option || nproc > 0 || l->remote || l->nnodes_opt || l->node_rank_opt ||
-		    l->master_addr_opt || l->master_port_opt || l->cpu_servers_opt || l->server_only) {
+		    l->master_addr_opt || l->master_port_opt || l->cpu_servers_opt) {
 			fprintf(stderr, "unisum launch: -H and --hostfile take the job's shape from the "
 				"hosts (--server-hosts for CPU-only servers): %s does not go with them\n",
 				job_option ? job_option : nproc > 0 ? "--nproc-per-node" : l->remote ?

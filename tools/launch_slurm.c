@@ -25,7 +25,6 @@
  */
 #include <arpa/inet.h>
 #include <ctype.h>
-#include <errno.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,19 +92,11 @@ int launch_slurm_setup(struct launcher *l, int nproc)
 			fprintf(stderr, "unisum launch: SLURM_JOB_NODELIST: %s\n", err);
 		return -1;
 	}
-	if (l->cpu_server_nodes_opt) {
-		char *end;
-
-		errno = 0;
-		long v = strtol(l->cpu_server_nodes_opt, &end, 10);
-		if (errno || end == l->cpu_server_nodes_opt || *end || v < 0 || v >= l->nhosts) {
-			fprintf(stderr, "unisum launch: --cpu-server-nodes needs a number of nodes from "
-				"0 to %d (the allocation has %d; at least one runs workers), got '%s'\n",
-				l->nhosts - 1, l->nhosts, l->cpu_server_nodes_opt);
-			return -1;
-		}
-		k = (int)v;
-	}
+	/* At least one node runs workers. */
+	if (l->cpu_server_nodes_opt &&
+	    launch_parse_int("--cpu-server-nodes", l->cpu_server_nodes_opt, 0, l->nhosts - 1,
+			     "a number of nodes for CPU-only servers (one node at least runs workers)", &k) < 0)
+		return -1;
 	if (l->no_colocated && k == 0) {
 		fprintf(stderr, "unisum launch: --no-colocated-servers needs --cpu-server-nodes of 1 "
 			"or more: the job needs a server\n");
@@ -113,21 +104,13 @@ int launch_slurm_setup(struct launcher *l, int nproc)
 	}
 	/* Workers per node: --nproc-per-node, else what the allocation asked
 	 * for per node, else one. */
-	int slots = nproc;
-	if (slots == 0 && per_node && *per_node) {
-		char *end;
-
-		errno = 0;
-		long v = strtol(per_node, &end, 10);
-		if (errno || end == per_node || *end || v < 1 || v > 1024) {
-			fprintf(stderr, "unisum launch: SLURM_NTASKS_PER_NODE='%s' is not a number of "
-				"workers per node (1 to 1024): pass --nproc-per-node\n", per_node);
-			return -1;
-		}
-		slots = (int)v;
-	}
+	int slots = nproc > 0 ? nproc : 1;
+	if (nproc == 0 && per_node && *per_node &&
+	    launch_parse_int("SLURM_NTASKS_PER_NODE", per_node, 1, 1024,
+			     "a number of workers per node", &slots) < 0)
+		return -1;
 	for (int i = 0; i < l->nhosts; i++)
-		l->hosts[i].slots = slots > 0 ? slots : 1;
+		l->hosts[i].slots = slots;
 	l->slurm = true;
 	launch_hosts_shape(l, l->nhosts - k);
 	return 0;
@@ -190,27 +173,6 @@ int launch_slurm_node_addr(const char *name, char *out, size_t len)
 		return -1;
 	}
 	return 0;
-}
-
-int launch_slurm_sched_addr(struct launcher *l)
-{
-	char addr[256], ip[INET_ADDRSTRLEN];
-	const char *bind = getenv("UNISUM_BIND");
-
-	if (bind && *bind) {
-		struct in_addr a;
-
-		if (inet_pton(AF_INET, bind, &a) != 1) {
-			fprintf(stderr, "unisum launch: UNISUM_BIND='%s' is not an IPv4 address\n",
-				bind);
-			return -1;
-		}
-		snprintf(l->sched_addr, sizeof(l->sched_addr), "%s", bind);
-		return 0;
-	}
-	if (launch_slurm_node_addr(l->hosts[0].name, addr, sizeof(addr)) < 0)
-		return -1;
-	return launch_route_addr(addr, 6817, ip, l->sched_addr);
 }
 
 int launch_srun_argv(struct launcher *l, struct child *c)

@@ -199,14 +199,25 @@ static const char *host_of(const char *name)
 	return at ? at + 1 : name;
 }
 
+/* The first host's IPv4 address into ip and this host's on the route to
+ * it into local (INET_ADDRSTRLEN each): over Slurm from its NodeAddr,
+ * else from its name.  0, or -1 after printing why. */
+static int host0_route(const struct launcher *l, char *ip, char *local)
+{
+	char addr[256];
+
+	if (!l->slurm)
+		snprintf(addr, sizeof(addr), "%s", host_of(l->hosts[0].name));
+	else if (launch_slurm_node_addr(l->hosts[0].name, addr, sizeof(addr)) < 0)
+		return -1;
+	return launch_route_addr(addr, 22, ip, local);
+}
+
 int launch_hosts_sched_remote(struct launcher *l)
 {
-	char addr[256], local[INET_ADDRSTRLEN];
+	char local[INET_ADDRSTRLEN];
 
-	if (l->slurm ? launch_slurm_node_addr(l->hosts[0].name, addr, sizeof(addr)) < 0
-		     : snprintf(addr, sizeof(addr), "%s", host_of(l->hosts[0].name)) < 0)
-		return -1;
-	if (launch_route_addr(addr, 22, l->sched_addr, local) < 0)
+	if (host0_route(l, l->sched_addr, local) < 0)
 		return -1;
 	l->port = 20000 + (int)((unsigned)(getpid() ^ time(NULL)) % 40000);
 	l->sched_done = true;
@@ -216,10 +227,20 @@ int launch_hosts_sched_remote(struct launcher *l)
 int launch_hosts_sched_addr(struct launcher *l)
 {
 	char ip[INET_ADDRSTRLEN];
+	const char *bind = getenv("UNISUM_BIND");
+	struct in_addr a;
 
-	if (l->slurm)
-		return launch_slurm_sched_addr(l);
-	return launch_route_addr(host_of(l->hosts[0].name), 22, ip, l->sched_addr);
+	if (!bind || !*bind)
+		return host0_route(l, ip, l->sched_addr);
+	/* The hosts are told this address, so it must be one they reach. */
+	if (inet_pton(AF_INET, bind, &a) != 1 || a.s_addr == htonl(INADDR_ANY)) {
+		fprintf(stderr, "unisum launch: UNISUM_BIND='%s' is not an IPv4 address the hosts "
+			"can reach this one at (the scheduler listens there and every host is told "
+			"it)\n", bind);
+		return -1;
+	}
+	snprintf(l->sched_addr, sizeof(l->sched_addr), "%s", bind);
+	return 0;
 }
 
 /* ---- the remote command ---------------------------------------------------- */

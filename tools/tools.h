@@ -14,6 +14,13 @@
  * a process that failed on its own first. */
 #define UNISUM_EXIT_ELSEWHERE 3
 
+/* What `unisum launch` exits with: its usage text and unisum(1) say it. */
+#define LAUNCH_EXIT_STATUS_TEXT \
+	"0 when every process exited 0; else the first failing\n" \
+	"process's status (128 + N when killed by signal N), 1 when the\n" \
+	"scheduler failed, 124 on --timeout, 130/143 on SIGINT/SIGTERM, 2 on a\n" \
+	"usage error or a missing or malformed variable.\n"
+
 int launch_main(int argc, char **argv);		/* tools/launch.c */
 
 /* A job of `unisum launch` for a tool that launches one of its own (bench):

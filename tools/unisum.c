@@ -121,12 +121,11 @@ static void man_page(FILE *out)
 	      "at start, naming the variable.  BytePS's and ps\\-lite's names work as aliases.\n",
 	      out);
 	config_print_man(out);
-	fputs(".SH EXIT STATUS\n.B unisum launch\nexits 0 when every process exited 0; else with "
-	      "the first failing process's status (128 + N when killed by signal N), 1 when the "
-	      "scheduler failed, 124 on \\-\\-timeout, 130 or 143 on SIGINT or SIGTERM, and 2 on "
-	      "a usage error or a missing or malformed variable.  The other commands exit 0 on "
-	      "success, 1 on an error, 2 on a usage error; a server that stops because another "
-	      "process of its job failed exits 3.\n", out);
+	fputs(".SH EXIT STATUS\n.B unisum launch\nexits ", out);
+	config_print_man_text(out, LAUNCH_EXIT_STATUS_TEXT);
+	fprintf(out, "The other commands exit 0 on success, 1 on an error, 2 on a usage error; a "
+		"server that stops because another process of its job failed exits %d.\n",
+		UNISUM_EXIT_ELSEWHERE);
 	fputs(".SH SEE ALSO\nunisum.h, the README and docs/ARCHITECTURE.md of the source "
 	      "repository.\n", out);
 }
