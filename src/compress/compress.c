@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,23 +37,24 @@ const struct compress_codec *compress_codec_of(compress_kind kind)
 	}
 }
 
-static bool force_scalar;
+/* Atomic: encoders on several threads (servers' engines) ask at once. */
+static atomic_bool force_scalar;
 
 void compress_force_scalar(bool scalar)
 {
-	force_scalar = scalar;
+	atomic_store(&force_scalar, scalar);
 }
 
 bool compress_use_avx2(void)
 {
 #if defined(__x86_64__)
-	static int known = -1;
+	static atomic_int known = -1;
 
-	if (known < 0) {
+	if (atomic_load(&known) < 0) {
 		__builtin_cpu_init();
-		known = __builtin_cpu_supports("avx2") != 0;
+		atomic_store(&known, __builtin_cpu_supports("avx2") != 0);
 	}
-	return known && !force_scalar;
+	return atomic_load(&known) && !atomic_load(&force_scalar);
 #else
 	return false;
 #endif

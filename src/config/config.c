@@ -463,9 +463,11 @@ const char *config_role_name(int role)
 
 void config_print_man_text(FILE *out, const char *s)
 {
-	if (*s == '.' || *s == '\'')
-		fputs("\\&", out);
-	for (; *s; s++) {
+	for (const char *line = s; *s; s++) {
+		if (s == line && (*s == '.' || *s == '\''))
+			fputs("\\&", out);	/* not a control line */
+		if (*s == '\n')
+			line = s + 1;
 		if (*s == '\\')
 			fputs("\\e", out);
 		else if (*s == '-')

@@ -348,10 +348,8 @@ static void *wk_send_main(void *arg)
 			if (wk_metering(w) && c->tp == transport_tcp() && payload != NULL)
 				wk_meter_sent(c, j);
 			rc = c->tp->send(c->conn, &push, payload);
-			if (rc == 0 && payload != NULL) {
-				atomic_fetch_add(&w->bytes_pushed, push.payload_len);
+			if (rc == 0 && payload != NULL)
 				atomic_fetch_add(&c->bytes_pushed, push.payload_len);
-			}
 			if (rc == 0 && traced) {
 				/* Under the lock: the receiving thread reads it after
 				 * taking the job from the pending table. */

@@ -1878,7 +1878,6 @@ int worker_get_stats(struct worker *w, unisum_stats *out)
 	uint64_t pbytes = tune_partition_bytes(w->tuner);
 	*out = (unisum_stats){.credit_bytes = st.credit, .partition_bytes = pbytes,
 			      .max_inflight_bytes = st.max_inflight, .partitions_sent = st.taken,
-			      .bytes_pushed = atomic_load(&w->bytes_pushed),
 			      .bytes_pulled = atomic_load(&w->bytes_pulled),
 			      .operations = atomic_load(&w->operations),
 			      .nservers = w->nservers};
@@ -1886,8 +1885,13 @@ int worker_get_stats(struct worker *w, unisum_stats *out)
 	 * under it. */
 	pthread_mutex_lock(&w->lock);
 	out->local_bytes = w->lc != NULL ? local_summed_bytes(w->lc) : 0;
-	for (int s = 0; s < w->nservers && s < UNISUM_STATS_SERVERS && w->conns != NULL; s++)
-		out->server_bytes[s] = atomic_load(&w->conns[s].bytes_pushed);
+	for (int s = 0; s < w->nservers && w->conns != NULL; s++) {
+		uint64_t bytes = atomic_load(&w->conns[s].bytes_pushed);
+
+		out->bytes_pushed += bytes;
+		if (s < UNISUM_STATS_SERVERS)
+			out->server_bytes[s] = bytes;
+	}
 	pthread_mutex_unlock(&w->lock);
 	return 0;
 }

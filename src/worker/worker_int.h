@@ -246,9 +246,9 @@ struct worker {
 	struct sched_queue push_q;	/* the PUSH stage: priority and credit */
 	struct tuner *tuner;		/* the settings of each epoch (src/worker/tune.c) */
 	struct wk_meter meter;		/* fit mode: what crossed the network (conns.c) */
-	_Atomic uint64_t bytes_pushed;	/* data payloads sent to the servers (conns.c) */
 	_Atomic uint64_t operations;	/* collectives completed without an error */
-	_Atomic uint64_t bytes_pulled;	/* ... and received from them */
+	_Atomic uint64_t bytes_pulled;	/* data payloads received from the servers (conns.c;
+					 * what was pushed: each wk_conn's bytes_pushed) */
 	pthread_t tune_thread;		/* autotune: operations waiting for their cut */
 	bool tune_started, tune_stop;
 	pthread_cond_t tune_cond;	/* its queue is not empty, or it is to stop */
