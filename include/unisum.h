@@ -144,6 +144,25 @@ int unisum_process_set_remove(int set);
 int unisum_declare_in(int set, const char *name, unisum_dtype dtype, int ndim,
 		      const int64_t *dims, int priority);
 
+/* unisum_declare of a float32 tensor whose push_pulls are compressed
+ * (BytePS's two-level scheme): `compression` is a spec such as
+ * "onebit,scaling=1,ef=vanilla,momentum=nesterov,mu=0.9", "topk,k=0.01",
+ * "randomk,k=0.01,seed=7", "dithering,s=7,normalize=max,partition=linear",
+ * "fp16" or "bf16" (NULL, "" or "none": uncompressed; `unisum info`
+ * lists the compressors and keys).  The machine's root compresses each
+ * partition of the machine's sum (after Nesterov momentum and error
+ * feedback, as the spec asks), the server decompresses every machine's
+ * push, sums in float32 and compresses the sum once (with its own error
+ * feedback), and every worker decompresses the same bytes; UNISUM_AVERAGE
+ * divides after that.  A tensor smaller than UNISUM_MIN_COMPRESS_BYTES
+ * (64 KiB) goes uncompressed.  Only push_pull runs on it, in lock-step,
+ * and every worker must declare it with the same spec (UNISUM_EMISMATCH
+ * naming both otherwise: the tensor can never be summed, the others go
+ * on).  UNISUM_EINVAL for a bad spec (naming the key or value at fault)
+ * or another dtype. */
+int unisum_declare_ex(const char *name, unisum_dtype dtype, size_t count, int priority,
+		      const char *compression);
+
 /* unisum_declare in sync mode `sync` (NULL: UNISUM_SYNC's, "sync" by
  * default): "sync" is the lock-step of unisum_declare; "async" is
  * BytePS's asynchronous mode, where the servers hold the tensor's value

@@ -96,6 +96,7 @@ for _name, _args, _ret in [
     ("unisum_declare_in", [_c_int, ctypes.c_char_p, _c_int, _c_int, ctypes.POINTER(_c_i64),
                            _c_int], _c_int),
     ("unisum_declare_sync", [ctypes.c_char_p, _c_int, _c_size, _c_int, ctypes.c_char_p], _c_int),
+    ("unisum_declare_ex", [ctypes.c_char_p, _c_int, _c_size, _c_int, ctypes.c_char_p], _c_int),
     ("unisum_process_set_add", [ctypes.POINTER(_c_int), _c_int], _c_int),
     ("unisum_process_set_remove", [_c_int], _c_int),
     ("unisum_timeline_start", [ctypes.c_char_p], _c_int),

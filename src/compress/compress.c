@@ -289,6 +289,11 @@ size_t compress_k(const struct compress_spec *s, size_t n)
 	return k < 1 ? 1 : k > (double)n ? n : (size_t)k;
 }
 
+uint64_t compress_draw_seed(const struct compress_spec *s, uint64_t key, uint32_t round, int rank)
+{
+	return compress_seed(s->seed, key, round, s->kind == COMPRESS_RANDOMK ? -1 : rank);
+}
+
 uint64_t compress_seed(uint64_t job_seed, uint64_t key, uint64_t round, int rank)
 {
 	uint64_t x = compress_mix64(job_seed ^ compress_mix64(key));

@@ -154,6 +154,12 @@ void compress_force_scalar(bool scalar);
  * rank must draw the same). */
 uint64_t compress_seed(uint64_t job_seed, uint64_t key, uint64_t round, int rank);
 
+/* The seed a codec of spec s draws from for partition `key` in wire round
+ * `round`, encoding on rank `rank` (-1: a server, and every decode):
+ * random-k's is the same everywhere (its indices must agree); the others
+ * are the rank's own. */
+uint64_t compress_draw_seed(const struct compress_spec *s, uint64_t key, uint32_t round, int rank);
+
 /* The state around a codec for one partition on one side (state.c):
  * momentum on a worker, error feedback on workers and servers. */
 struct compress_state {

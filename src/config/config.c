@@ -118,6 +118,9 @@ static const struct knob config_knobs[] = {
 	 "sync mode of tensors declared without one (unisum_declare_sync, DistributedOptimizer): "
 	 "sync (lock-step), async, ssp:S (async, at most S steps apart), or dssync:G (groups of G "
 	 "that change every step)"},
+	{"UNISUM_MIN_COMPRESS_BYTES", "BYTEPS_MIN_COMPRESS_BYTES", NULL, KNOB_U64,
+	 FIELD(min_compress_bytes), "65536", 0, 1LL << 40,
+	 "a tensor declared with a compressor but smaller than this many bytes goes uncompressed"},
 	{"UNISUM_DSSYNC_GLOBAL_EVERY", NULL, NULL, KNOB_INT, FIELD(dssync_every), "10", 0, 1 << 30,
 	 "dssync:G: every this many steps averages over all workers instead of a group (0: never)"},
 	{"UNISUM_DSSYNC_CROSS_EVERY", NULL, NULL, KNOB_INT, FIELD(dssync_cross_every), "4", 0,

@@ -63,6 +63,7 @@ struct config {
 	uint64_t credit_parts;		/* the same in partitions (BytePS's unit), 0 = unset */
 	char sync[32];			/* default sync mode: "sync" (lock-step) or "async" */
 	int enable_async;		/* BYTEPS_ENABLE_ASYNC: 1 means sync = "async" */
+	uint64_t min_compress_bytes;	/* smaller tensors go uncompressed (UNISUM_MIN_COMPRESS_BYTES) */
 	int dssync_every;		/* dssync: every this many steps is a global one (0: none) */
 	int dssync_cross_every;		/* ... and with racks, every this many groups across them */
 	int dssync_keep;		/* a group's tensor stays while it comes back within this

@@ -582,14 +582,15 @@ int rdv_client_declare(struct rdv_client *c, const char *name, unisum_dtype dtyp
 		       char *why, size_t why_len)
 {
 	return rdv_client_declare_homed(c, name, dtype, count, partition_bytes, 0, NULL, NULL, NULL,
-					0, -1, key_base, nparts, parts_out, servers_out, why, why_len);
+					0, NULL, -1, key_base, nparts, parts_out, servers_out, why, why_len);
 }
 
 int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtype dtype,
 			     uint64_t count, uint64_t partition_bytes, uint32_t nseg,
 			     const uint64_t *seg_counts, const uint32_t *seg_owners,
-			     const struct rdv_shape *shape, uint32_t sync, int rack, uint64_t *key_base,
-			     uint32_t *nparts, struct placement_part **parts_out,
+			     const struct rdv_shape *shape, uint32_t sync, const char *compression,
+			     int rack, uint64_t *key_base, uint32_t *nparts,
+			     struct placement_part **parts_out,
 			     uint32_t **servers_out, char *why, size_t why_len)
 {
 	*nparts = 0;
@@ -599,7 +600,7 @@ int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtyp
 	wire_buf_init(&b);
 	struct rdv_segs segs = {.n = nseg, .counts = (uint64_t *)seg_counts,
 				.owners = (uint32_t *)seg_owners};
-	rdv_declare_encode(&b, name, partition_bytes, &segs, shape, rack);
+	rdv_declare_encode(&b, name, partition_bytes, &segs, shape, rack, compression);
 	if (b.failed) {
 		wire_buf_fini(&b);
 		return UNISUM_ENOMEM;

@@ -100,7 +100,8 @@ int rdv_book_decode(const void *payload, size_t len, uint32_t *your_id, uint32_t
 }
 
 void rdv_declare_encode(struct wire_buf *b, const char *name, uint64_t partition_bytes,
-			const struct rdv_segs *segs, const struct rdv_shape *shape, int rack)
+			const struct rdv_segs *segs, const struct rdv_shape *shape, int rack,
+			const char *spec)
 {
 	wire_buf_str(b, name);
 	wire_buf_u64(b, partition_bytes);
@@ -115,6 +116,7 @@ void rdv_declare_encode(struct wire_buf *b, const char *name, uint64_t partition
 	for (uint32_t i = 0; i < ndim && i < RDV_MAX_DIMS; i++)
 		wire_buf_u64(b, shape->dims[i]);
 	wire_buf_u32(b, (uint32_t)rack);
+	wire_buf_str(b, spec != NULL ? spec : "");
 }
 
 void rdv_segs_free(struct rdv_segs *segs)
@@ -126,7 +128,7 @@ void rdv_segs_free(struct rdv_segs *segs)
 
 int rdv_declare_decode(const void *payload, size_t len, char *name, size_t name_len,
 		       uint64_t *partition_bytes, struct rdv_segs *segs, struct rdv_shape *shape,
-		       int *rack)
+		       int *rack, char *spec, size_t spec_len)
 {
 	struct wire_reader r;
 	*segs = (struct rdv_segs){0};
@@ -151,7 +153,7 @@ int rdv_declare_decode(const void *payload, size_t len, char *name, size_t name_
 		}
 	}
 	uint32_t ndim = wire_read_u32(&r);
-	if (r.failed || ndim > RDV_MAX_DIMS || r.left != (size_t)ndim * 8 + 4) {
+	if (r.failed || ndim > RDV_MAX_DIMS || r.left < (size_t)ndim * 8 + 4) {
 		rdv_segs_free(segs);
 		return UNISUM_EPROTO;
 	}
@@ -159,7 +161,8 @@ int rdv_declare_decode(const void *payload, size_t len, char *name, size_t name_
 	for (uint32_t i = 0; i < ndim; i++)
 		shape->dims[i] = wire_read_u64(&r);
 	*rack = (int)(int32_t)wire_read_u32(&r);
-	if (*rack < -1) {
+	wire_read_str(&r, spec, spec_len);
+	if (*rack < -1 || r.failed || r.left != 0) {
 		rdv_segs_free(segs);
 		return UNISUM_EPROTO;
 	}

@@ -10,7 +10,8 @@
  *              u32 pid, str host identity, u32 rack (int32, -1 = none)}
  *   BARRIER    header aux = group; BARRIER_DONE the same
  *   DECLARE    request: header dtype, count; payload str name, u64 partition_bytes,
- *              segments, shape, u32 rack (rdv_declare_encode)
+ *              segments, shape, u32 rack, str compression spec
+ *              (rdv_declare_encode)
  *              reply:   header key; payload u32 status (0 or -error), then
  *                       u32 n, n x {u64 count, u32 server rank} (the cut, in order),
  *                       or str message
@@ -87,10 +88,11 @@ struct rdv_segs {
  * -1: any).  decode fills *segs (arrays malloc'd, free with
  * rdv_segs_free), *shape and *rack. */
 void rdv_declare_encode(struct wire_buf *b, const char *name, uint64_t partition_bytes,
-			const struct rdv_segs *segs, const struct rdv_shape *shape, int rack);
+			const struct rdv_segs *segs, const struct rdv_shape *shape, int rack,
+			const char *spec);
 int rdv_declare_decode(const void *payload, size_t len, char *name, size_t name_len,
 		       uint64_t *partition_bytes, struct rdv_segs *segs, struct rdv_shape *shape,
-		       int *rack);
+		       int *rack, char *spec, size_t spec_len);
 void rdv_segs_free(struct rdv_segs *segs);
 
 /* DECLARE reply: the cut and its servers, or a refusal (-error, text).

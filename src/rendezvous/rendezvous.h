@@ -189,7 +189,8 @@ struct rdv_shape {
 
 /* The same for a homed cut (placement_place_homed), with the shape (NULL:
  * none) and the sync mode (WIRE_SYNC_*, which every declaration of the
- * name must share): the tensor is nseg
+ * name must share) and the compression spec (compress_spec_format's text,
+ * NULL or "": none; every declaration must share it too): the tensor is nseg
  * segments of seg_counts[i] elements, each owned by machine
  * seg_owners[i]; every partition of a segment lies on its owner's host's
  * server when it has one, and no partition spans two segments.  Every
@@ -200,7 +201,8 @@ struct rdv_shape {
 int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtype dtype,
 			     uint64_t count, uint64_t partition_bytes, uint32_t nseg,
 			     const uint64_t *seg_counts, const uint32_t *seg_owners,
-			     const struct rdv_shape *shape, uint32_t sync, int rack, uint64_t *key_base,
+			     const struct rdv_shape *shape, uint32_t sync, const char *compression,
+			     int rack, uint64_t *key_base,
 			     uint32_t *nparts, struct placement_part **parts, uint32_t **servers,
 			     char *why, size_t why_len);
 

@@ -64,6 +64,7 @@ struct sched_tensor {
 	uint32_t nsegs;			/* a homed cut's segments (0: none) ... */
 	uint64_t segs_hash;		/* ... and their hash, which every declaration must match */
 	uint32_t sync;			/* WIRE_SYNC_*: the first declaration's, which all share */
+	char comp[WIRE_SPEC_MAX];	/* its compression spec ("": none), the same */
 	uint8_t *forgot;		/* [num_workers] undeclared it (RETIRE), or NULL */
 	int nforgot;			/* ... how many: at num_workers the entry goes */
 };

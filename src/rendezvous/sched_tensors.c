@@ -349,7 +349,7 @@ static bool sched_same_shape(const struct rdv_shape *a, const struct rdv_shape *
 
 static int sched_refusal(const struct sched_tensor *t, const struct sched_node *n, const char *name,
 			 const struct wire_hdr *req, uint64_t pbytes, const struct rdv_segs *segs,
-			 const struct rdv_shape *shape, char *msg, size_t len)
+			 const struct rdv_shape *shape, const char *comp, char *msg, size_t len)
 {
 	char a[200], b[200];
 	if (strcmp(t->name, name) != 0) {
@@ -365,6 +365,12 @@ static int sched_refusal(const struct sched_tensor *t, const struct sched_node *
 		snprintf(msg, len, "tensor '%s' declared %s by worker %d but %s by worker %d: a tensor "
 			 "runs in one sync mode", name, wire_sync_text(t->sync, a, sizeof a),
 			 t->first_rank, wire_sync_text(req->aux, b, sizeof b), n->rank);
+	} else if (strcmp(t->comp, comp) != 0) {
+		snprintf(msg, len, "tensor '%s' declared with compression '%.96s' by worker %d but "
+			 "'%.96s' by worker %d: every worker must compress it alike (the same "
+			 "spec and UNISUM_MIN_COMPRESS_BYTES)", name,
+			 t->comp[0] ? t->comp : "none", t->first_rank, comp[0] ? comp : "none",
+			 n->rank);
 	} else if (!sched_same_shape(&t->shape, shape) && t->dtype == req->dtype &&
 		   t->count == req->count) {
 		snprintf(msg, len,
@@ -397,7 +403,7 @@ static int sched_refusal(const struct sched_tensor *t, const struct sched_node *
 static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *n, const char *name,
 			      uint64_t key, const struct wire_hdr *req, uint64_t pbytes,
 			      const struct rdv_segs *segs, const struct rdv_shape *shape, int rack,
-			      struct sched_tensor **out)
+			      const char *comp, struct sched_tensor **out)
 {
 	if (s->ntensors == s->cap_tensors) {
 		int cap = s->cap_tensors ? s->cap_tensors * 2 : 64;
@@ -458,6 +464,7 @@ static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *
 	t->key = key;
 	t->first_rank = n->rank;
 	t->sync = req->aux;
+	snprintf(t->comp, sizeof t->comp, "%s", comp);
 	t->nparts = nparts;
 	s->ntensors++;
 	*out = t;
@@ -473,7 +480,9 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 	struct rdv_shape shape;
 	size_t esize = unisum_dtype_size(req->dtype);
 	int rack;
-	int drc = rdv_declare_decode(payload, len, name, sizeof name, &pbytes, &segs, &shape, &rack);
+	char comp[WIRE_SPEC_MAX];
+	int drc = rdv_declare_decode(payload, len, name, sizeof name, &pbytes, &segs, &shape, &rack,
+				     comp, sizeof comp);
 	if (drc != 0)
 		return drc;
 	uint64_t seg_total = 0;
@@ -500,15 +509,16 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 	pthread_mutex_lock(&s->lock);
 	struct sched_tensor *t = sched_find_tensor(s, name, key);
 	char msg[768] = "";
-	int rc = 0, code = t != NULL ? sched_refusal(t, n, name, req, pbytes, &segs, &shape, msg,
-						     sizeof msg)
+	int rc = 0, code = t != NULL ? sched_refusal(t, n, name, req, pbytes, &segs, &shape, comp,
+						     msg, sizeof msg)
 				     : 0;
 	if (t != NULL && msg[0] == '\0' && t->shape.ndim == 0 && shape.ndim > 0) {
 		t->shape = shape;	/* the first to give one */
 		t->shape_rank = n->rank;
 	}
 	if (t == NULL &&
-	    (rc = sched_place_tensor(s, n, name, key, req, pbytes, &segs, &shape, rack, &t)) != 0) {
+	    (rc = sched_place_tensor(s, n, name, key, req, pbytes, &segs, &shape, rack, comp,
+					      &t)) != 0) {
 		pthread_mutex_unlock(&s->lock);
 		wire_buf_fini(&b);
 		rdv_segs_free(&segs);

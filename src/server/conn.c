@@ -276,7 +276,7 @@ static struct srv_key *srv_check_data(struct server *srv, struct srv_conn *c, co
 static int srv_on_declare_check(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
 				char *why, size_t len)
 {
-	char name[256] = "";
+	char name[256] = "", spec[WIRE_SPEC_MAX] = "";
 	int R = srv->nworkers * srv->local_size, n = 0;
 	int *members = malloc((size_t)R * sizeof *members);
 	void *p = h->payload_len ? malloc(h->payload_len) : NULL;
@@ -294,7 +294,8 @@ static int srv_on_declare_check(struct server *srv, struct srv_conn *c, const st
 		snprintf(why, len, "connection closed in the middle of a declaration");
 		return UNISUM_ECONN;
 	}
-	int bad = wire_declare_check_decode(p, h->payload_len, name, sizeof name, members, R, &n);
+	int bad = wire_declare_check_decode(p, h->payload_len, name, sizeof name, members, R, &n,
+					    spec, sizeof spec);
 	free(p);
 	if (bad || (n > 0 && members[n - 1] >= R)) {
 		free(members);
@@ -302,7 +303,7 @@ static int srv_on_declare_check(struct server *srv, struct srv_conn *c, const st
 			 "set (ranks below %d, increasing)", (unsigned long long)h->key, R);
 		return UNISUM_EPROTO;
 	}
-	int rc = srv_key_declare(srv, c, h, name, members, n, why, len);
+	int rc = srv_key_declare(srv, c, h, name, members, n, spec, why, len);
 	free(members);
 	return rc;
 }
@@ -313,10 +314,11 @@ static int srv_on_declare_check(struct server *srv, struct srv_conn *c, const st
 static int srv_receive_push(struct srv_conn *c, struct srv_key *k, int w,
 			    const struct wire_hdr *h, char *why, size_t len)
 {
+	size_t bytes = k->comp.kind != COMPRESS_NONE ? k->wire_bytes : k->bytes;
 	if (k->push_buf[w] == NULL)
-		k->push_buf[w] = malloc(k->bytes ? k->bytes : 1);
+		k->push_buf[w] = malloc(bytes ? bytes : 1);
 	if (k->push_buf[w] == NULL) {
-		snprintf(why, len, "out of memory for a %zu-byte push", k->bytes);
+		snprintf(why, len, "out of memory for a %zu-byte push", bytes);
 		return UNISUM_ENOMEM;
 	}
 	int rc = c->tp->recv_payload(c->conn, k->push_buf[w], h->payload_len);
@@ -324,6 +326,48 @@ static int srv_receive_push(struct srv_conn *c, struct srv_key *k, int w,
 		snprintf(why, len, "connection closed in the middle of a push");
 	else if (rc != 0)
 		snprintf(why, len, "%s", log_last_error());
+	return rc;
+}
+
+/* A PUSH of a compressed key, or one flagged compressed: its length must
+ * be the key's codec's.  A push that is not (or a compressed push of a raw
+ * key) is read and dropped, and the key refused: every pull of it fails
+ * with the reason, while the connection and the other keys go on.  What
+ * the bytes decode to is checked by the engine as it sums. */
+static int srv_on_compressed_push(struct server *srv, struct srv_conn *c, struct srv_key *k, int w,
+				  const struct wire_hdr *h, char *why, size_t len)
+{
+	bool ok = k->comp.kind != COMPRESS_NONE && (h->flags & WIRE_FLAG_COMPRESSED) &&
+		  h->payload_len == k->wire_bytes;
+	int rc = ok ? srv_receive_push(c, k, w, h, why, len)
+		    : c->tp->recv_payload(c->conn, NULL, h->payload_len);
+	if (rc != 0)
+		return rc;
+	k->next_round[w]++;
+	srv_ack_push(srv, c, h);
+	if (ok)
+		return srv_post(srv, EVENT_PUSH, k, w, h->round, false, h->aux, NULL);
+	char msg[512], who[64];
+	srv_worker_name(srv, c->worker, who, sizeof who);
+	if (k->comp.kind == COMPRESS_NONE)
+		snprintf(msg, sizeof msg, "tensor '%s' (partition %u) round %u: %s pushed a compressed "
+			 "partition, but the tensor was declared uncompressed; the tensor is refused",
+			 k->name, (unsigned)(k->key & 0xffff), h->round, who);
+	else if (!(h->flags & WIRE_FLAG_COMPRESSED))
+		snprintf(msg, sizeof msg, "tensor '%s' (partition %u) round %u: %s pushed an "
+			 "uncompressed partition, but the tensor was declared '%s'; the tensor is "
+			 "refused", k->name, (unsigned)(k->key & 0xffff), h->round, who, k->comp_text);
+	else
+		snprintf(msg, sizeof msg, "tensor '%s' (partition %u) round %u: %s pushed %llu bytes, "
+			 "but %llu elements compressed '%s' take %zu; the tensor is refused", k->name,
+			 (unsigned)(k->key & 0xffff), h->round, who, (unsigned long long)h->payload_len,
+			 (unsigned long long)k->count, k->comp_text, k->wire_bytes);
+	char *text = strdup(msg);
+	if (text == NULL)
+		return UNISUM_ENOMEM;
+	rc = srv_post(srv, EVENT_REFUSE, k, w, h->round, false, 0, text);
+	if (rc != 0)
+		free(text);
 	return rc;
 }
 
@@ -342,6 +386,8 @@ static int srv_on_push_msg(struct server *srv, struct srv_conn *c, const struct 
 		srv_ack_push(srv, c, h);
 		return 0;
 	}
+	if (k->comp.kind != COMPRESS_NONE || (h->flags & WIRE_FLAG_COMPRESSED))
+		return srv_on_compressed_push(srv, c, k, w, h, why, len);
 	if (!(h->flags & WIRE_FLAG_ZERO)) {
 		int rc = srv_receive_push(c, k, w, h, why, len);
 		if (rc != 0)

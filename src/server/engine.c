@@ -85,7 +85,11 @@ void srv_key_free(struct srv_key *k)
 		free(k->slot[i].zero);
 		free(k->slot[i].pull_waiting);
 		free(k->slot[i].acc);
+		free(k->slot[i].enc);
 	}
+	compress_state_free(&k->cstate);
+	free(k->scratch);
+	free(k->comp_text);
 	free(k->push_buf);
 	free(k->value);
 	free(k->first_seen);
@@ -131,9 +135,22 @@ static bool srv_key_same_set(const struct srv_key *k, const int *ranks, int nran
  * when the shape, the set and the mode match).  Returns 0, or UNISUM_EMISMATCH / UNISUM_ENOMEM / UNISUM_EPROTO
  * with `why` set. */
 int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
-			   const char *name, const int *ranks, int nranks, char *why, size_t len)
+		    const char *name, const int *ranks, int nranks, const char *spec, char *why,
+		    size_t len)
 {
 	int rc = 0;
+	struct compress_spec comp = {.kind = COMPRESS_NONE};
+	char err[256];
+	if (spec[0] != '\0' && compress_spec_parse(spec, &comp, err, sizeof err) != 0) {
+		snprintf(why, len, "DECLARE_CHECK of key 0x%llx of '%s' with compression '%s': %s",
+			 (unsigned long long)h->key, name, spec, err);
+		return UNISUM_EPROTO;
+	}
+	if (comp.kind != COMPRESS_NONE && (h->dtype != UNISUM_FLOAT32 || h->aux != WIRE_SYNC_LOCKSTEP)) {
+		snprintf(why, len, "DECLARE_CHECK of key 0x%llx of '%s': compression '%s' takes "
+			 "lock-step float32 tensors", (unsigned long long)h->key, name, spec);
+		return UNISUM_EPROTO;
+	}
 	size_t W = nranks > 0 ? (size_t)nranks : (size_t)srv->nworkers;
 	pthread_mutex_lock(&srv->lock);
 	struct srv_key *k = srv_key_find(srv, h->key);
@@ -184,6 +201,11 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 			snprintf(why, len, "key 0x%llx of '%s' declared again by a worker that undeclared it, "
 				 "before every worker had", (unsigned long long)h->key, name);
 			rc = UNISUM_EPROTO;
+		} else if (strcmp(k->comp_text ? k->comp_text : "", spec) != 0) {
+			snprintf(why, len, "key 0x%llx of '%s' is compressed '%s' here but the worker "
+				 "declared '%s'", (unsigned long long)h->key, name,
+				 k->comp_text ? k->comp_text : "none", spec[0] ? spec : "none");
+			rc = UNISUM_EMISMATCH;
 		} else if (k->dtype != h->dtype || k->count != h->count) {
 			snprintf(why, len, "key 0x%llx is %s[%llu] here but the worker declared %s[%llu]",
 				 (unsigned long long)h->key, unisum_dtype_name(k->dtype),
@@ -259,6 +281,18 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 	k->dtype = h->dtype;
 	k->count = h->count;
 	k->bytes = h->count * unisum_dtype_size(h->dtype);
+	k->comp = comp;
+	if (comp.kind != COMPRESS_NONE) {
+		k->wire_bytes = compress_codec_of(comp.kind)->bytes(&comp, (size_t)h->count);
+		k->comp_text = strdup(spec);
+		k->scratch = malloc(k->bytes ? k->bytes : 1);
+		if (k->comp_text == NULL || k->scratch == NULL ||
+		    compress_state_init(&k->cstate, &comp, (size_t)h->count, false) != 0) {
+			srv_key_free(k);
+			rc = UNISUM_ENOMEM;
+			goto out_unlock;
+		}
+	}
 	int best = 0;
 	for (int e = 1; e < srv->nengines; e++)
 		if (srv->engines[e].bytes < srv->engines[best].bytes)
@@ -308,6 +342,10 @@ static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slo
 		h.flags = WIRE_FLAG_SKIP;
 	} else if (s->result == RESULT_ZERO) {
 		h.flags = WIRE_FLAG_ZERO;
+	} else if (k->comp.kind != COMPRESS_NONE) {
+		h.flags = WIRE_FLAG_COMPRESSED;
+		h.payload_len = k->wire_bytes;
+		payload = s->enc;
 	} else {
 		h.payload_len = k->bytes;
 		payload = s->result == RESULT_OWNED ? s->acc : k->push_buf[s->borrowed];
@@ -379,6 +417,25 @@ static bool srv_slot_acc(struct srv_key *k, struct srv_slot *s)
 	return s->acc != NULL;
 }
 
+/* Folds a compressed key's push of worker w: decoded into the slot's
+ * sum (the first) or beside it and added, in float32.  0, UNISUM_ENOMEM,
+ * or UNISUM_EPROTO when the bytes are not an encoding of the key. */
+static int srv_fold_compressed(struct srv_key *k, struct srv_slot *s, int w)
+{
+	const struct compress_codec *codec = compress_codec_of(k->comp.kind);
+	if (!srv_slot_acc(k, s))
+		return UNISUM_ENOMEM;
+	bool first = s->result != RESULT_OWNED;
+	float *dst = first ? (float *)s->acc : k->scratch;
+	if (codec->decode(&k->comp, k->push_buf[w], k->wire_bytes, dst, (size_t)k->count,
+			  compress_draw_seed(&k->comp, k->key, s->round, -1)) != 0)
+		return UNISUM_EPROTO;
+	if (!first)
+		reducer_fold_into(REDUCER_SUM, s->acc, dst, k->count, UNISUM_FLOAT32);
+	s->result = RESULT_OWNED;
+	return 0;
+}
+
 /* Folds worker w's contribution into the slot's sum. */
 static int srv_fold(struct srv_key *k, struct srv_slot *s, int w)
 {
@@ -387,6 +444,8 @@ static int srv_fold(struct srv_key *k, struct srv_slot *s, int w)
 			s->result = RESULT_ZERO;
 		return 0;
 	}
+	if (k->comp.kind != COMPRESS_NONE)
+		return srv_fold_compressed(k, s, w);
 	switch (s->result) {
 	case RESULT_NONE:
 	case RESULT_ZERO:
@@ -628,7 +687,18 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 	s->arrived[ev->worker] = 1;
 	s->zero[ev->worker] = ev->zero;
 	while (s->next < k->nc && s->arrived[s->next]) {
-		if (srv_fold(k, s, s->next) != 0) {
+		int rc = srv_fold(k, s, s->next);
+		if (rc == UNISUM_EPROTO) {
+			char msg[512], who[64];
+			snprintf(msg, sizeof msg, "tensor '%s' (partition %u) round %u: %s pushed bytes "
+				 "that are not a %s encoding of %llu elements; the tensor is refused",
+				 k->name ? k->name : "?", (unsigned)(k->key & 0xffff), s->round,
+				 srv_worker_name(srv, srv_key_peer(k, s->next), who, sizeof who),
+				 compress_codec_of(k->comp.kind)->name, (unsigned long long)k->count);
+			srv_refuse_key(srv, k, msg);
+			return;
+		}
+		if (rc != 0) {
 			LOG_ERROR("out of memory summing key 0x%llx", (unsigned long long)k->key);
 			atomic_store(&srv->job_error, UNISUM_ENOMEM);
 			return;
@@ -637,6 +707,16 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 	}
 	if (s->next < k->nc)
 		return;
+	if (k->comp.kind != COMPRESS_NONE && s->result == RESULT_OWNED) {
+		/* The sum is encoded once, for every worker's reply. */
+		if (s->enc == NULL && (s->enc = malloc(k->wire_bytes)) == NULL) {
+			LOG_ERROR("out of memory compressing key 0x%llx", (unsigned long long)k->key);
+			atomic_store(&srv->job_error, UNISUM_ENOMEM);
+			return;
+		}
+		compress_state_encode(&k->cstate, (const float *)s->acc, s->enc,
+				      compress_draw_seed(&k->comp, k->key, s->round, -1));
+	}
 	/* Every worker folded.  A borrowed sum (one machine contributed: a
 	 * lone worker, a broadcast, an allgather's or alltoall's partition)
 	 * becomes the slot's own: its owner may push its next round before
@@ -911,6 +991,11 @@ void *srv_engine_main(void *arg)
 			srv_on_retire(e->srv, ev->key, ev->worker);
 		else if (ev->type == EVENT_FREE)
 			srv_key_unpin(ev->key);
+		else if (ev->type == EVENT_REFUSE) {
+			if (ev->key->poison == NULL)
+				srv_refuse_key(e->srv, ev->key, ev->why);
+			free((char *)ev->why);
+		}
 		else
 			srv_on_poison(e->srv, ev->key, ev->why);
 		free(ev);

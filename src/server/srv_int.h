@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "compress/compress.h"
 #include "config/config.h"
 #include "rendezvous/rendezvous.h"
 #include "transport/transport.h"
@@ -39,6 +40,8 @@ struct srv_slot {
 	uint8_t *zero;		/* [W] pushed a ZERO contribution */
 	uint8_t *pull_waiting;	/* [W] pulled before the round was ready: 1, or 2 with SKIP */
 	uint8_t *acc;		/* accumulator, key bytes, allocated on first use */
+	uint8_t *enc;		/* a compressed key: the sum's encoding (wire_bytes), the
+				 * replies' payload */
 	int64_t started_ms;	/* when the round's first push arrived */
 	uint32_t wire_op;	/* the collective of that push (WIRE_OP()) ... */
 	int op_worker;		/* ... and who sent it: every other push must agree */
@@ -58,7 +61,17 @@ struct srv_key {
 	int *ranks;		/* [nc] a process set's ranks, or NULL */
 	int engine;		/* engine thread that owns the key */
 	uint32_t *next_round;	/* [W] next round worker w may push; its conn thread's */
-	uint8_t **push_buf;	/* [W] worker w's push buffer; written by its conn thread */
+	uint8_t **push_buf;	/* [W] worker w's push buffer (wire_bytes for a compressed
+				 * key); written by its conn thread */
+	/* A compressed key (its DECLARE_CHECK's spec): every push and reply
+	 * is the codec's encoding of count float32 elements.  The engine
+	 * decodes each push, sums in float32 into the slot's acc and encodes
+	 * the sum once, with the server's own error feedback. */
+	struct compress_spec comp;	/* kind COMPRESS_NONE: raw */
+	char *comp_text;	/* its canonical text, or NULL */
+	size_t wire_bytes;	/* one encoding's bytes */
+	struct compress_state cstate;	/* engine-owned: the server's error feedback */
+	float *scratch;		/* engine-owned: a push decoded [count] */
 	struct srv_slot slot[2];	/* engine-owned */
 	const char *poison;	/* engine-owned: why every pull fails, or NULL */
 	char *own_poison;	/* engine-owned: the text of a disagreement found here */
@@ -88,7 +101,9 @@ struct srv_key {
 	struct srv_key *next;	/* hash chain */
 };
 
-enum srv_event_type { EVENT_PUSH, EVENT_PULL, EVENT_POISON, EVENT_RETIRE, EVENT_FREE };
+/* EVENT_REFUSE: the key can never be summed (a malformed compressed push
+ * found by a connection thread): why is malloc'd, the engine frees it. */
+enum srv_event_type { EVENT_PUSH, EVENT_PULL, EVENT_POISON, EVENT_RETIRE, EVENT_FREE, EVENT_REFUSE };
 
 struct srv_event {
 	int type;		/* enum srv_event_type */
@@ -206,7 +221,8 @@ static inline int srv_key_contrib(const struct srv_key *k, int p)
  * engines' event queues */
 void *srv_engine_main(void *arg);
 int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
-		    const char *name, const int *ranks, int nranks, char *why, size_t len);
+		    const char *name, const int *ranks, int nranks, const char *spec, char *why,
+		    size_t len);
 struct srv_key *srv_key_find(struct server *srv, uint64_t key);
 void srv_key_free(struct srv_key *k);
 void srv_key_unpin(struct srv_key *k);

@@ -101,6 +101,20 @@ static bool type_has_dtype(uint8_t type)
 static int wire_check_data(const struct wire_hdr *h, char *why, size_t why_len)
 {
 	uint64_t want = 0;
+	if (h->flags & WIRE_FLAG_COMPRESSED) {
+		/* The exact length is the key's codec's: the receiver checks it. */
+		if (h->dtype != UNISUM_FLOAT32 || h->count > WIRE_MAX_DATA_PAYLOAD / 4 ||
+		    h->payload_len == 0 || h->payload_len > WIRE_COMPRESSED_MAX(h->count) ||
+		    h->payload_len > WIRE_MAX_DATA_PAYLOAD) {
+			snprintf(why, why_len, "%s: a compressed payload of %llu bytes for %llu %s "
+				 "elements (float32 only, 1 to %llu bytes)", wire_type_name(h->type),
+				 (unsigned long long)h->payload_len, (unsigned long long)h->count,
+				 unisum_dtype_name(h->dtype),
+				 (unsigned long long)WIRE_COMPRESSED_MAX(h->count));
+			return UNISUM_EPROTO;
+		}
+		return 0;
+	}
 	if (!(h->flags & (WIRE_FLAG_ZERO | WIRE_FLAG_SKIP))) {
 		if (h->count > WIRE_MAX_DATA_PAYLOAD / dtype_bytes(h->dtype)) {
 			snprintf(why, why_len, "%s: %llu elements exceed the 1 GiB limit",
@@ -184,12 +198,13 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 		snprintf(why, why_len, "%s: reserved header bytes are not zero", wire_type_name(h->type));
 		return UNISUM_EPROTO;
 	}
-	uint16_t allowed = h->type == WIRE_PUSH		? WIRE_FLAG_ZERO | WIRE_FLAG_IPC
-			   : h->type == WIRE_PULL_REPLY ? WIRE_FLAG_ZERO | WIRE_FLAG_IPC | WIRE_FLAG_SKIP
+	uint16_t data = WIRE_FLAG_ZERO | WIRE_FLAG_IPC | WIRE_FLAG_COMPRESSED;
+	uint16_t allowed = h->type == WIRE_PUSH		? data
+			   : h->type == WIRE_PULL_REPLY ? data | WIRE_FLAG_SKIP
 			   : h->type == WIRE_PULL	? WIRE_FLAG_SKIP
 							: 0;
 	int nflags = !!(h->flags & WIRE_FLAG_ZERO) + !!(h->flags & WIRE_FLAG_IPC) +
-		     !!(h->flags & WIRE_FLAG_SKIP);
+		     !!(h->flags & WIRE_FLAG_SKIP) + !!(h->flags & WIRE_FLAG_COMPRESSED);
 	if ((h->flags & ~allowed) != 0 || nflags > 1) {
 		snprintf(why, why_len, "%s: unknown flags 0x%x", wire_type_name(h->type), h->flags);
 		return UNISUM_EPROTO;
@@ -344,22 +359,24 @@ int wire_error_decode(const void *payload, size_t len, char *why, size_t why_len
 	return 0;
 }
 
-void wire_declare_check_encode(struct wire_buf *b, const char *name, const int *members, int n)
+void wire_declare_check_encode(struct wire_buf *b, const char *name, const int *members, int n,
+			       const char *spec)
 {
 	wire_buf_str(b, name);
 	wire_buf_u32(b, (uint32_t)n);
 	for (int i = 0; i < n; i++)
 		wire_buf_u32(b, (uint32_t)members[i]);
+	wire_buf_str(b, spec != NULL ? spec : "");
 }
 
 int wire_declare_check_decode(const void *payload, size_t len, char *name, size_t name_len,
-			      int *members, int max_members, int *n)
+			      int *members, int max_members, int *n, char *spec, size_t spec_len)
 {
 	struct wire_reader r;
 	wire_reader_init(&r, payload, len);
 	wire_read_str(&r, name, name_len);
 	uint32_t count = wire_read_u32(&r);
-	if (r.failed || name[0] == '\0' || count > (uint32_t)max_members || r.left != 4ull * count)
+	if (r.failed || name[0] == '\0' || count > (uint32_t)max_members || r.left < 4ull * count)
 		return UNISUM_EPROTO;
 	for (uint32_t i = 0; i < count; i++) {
 		uint32_t m = wire_read_u32(&r);
@@ -368,6 +385,9 @@ int wire_declare_check_decode(const void *payload, size_t len, char *name, size_
 			return UNISUM_EPROTO;
 		members[i] = (int)m;
 	}
+	wire_read_str(&r, spec, spec_len);
+	if (r.failed || r.left != 0)
+		return UNISUM_EPROTO;
 	*n = (int)count;
 	return 0;
 }

@@ -45,7 +45,7 @@
 /* (A build may set another, to test that two versions refuse each other:
  * the test_wire_version program of CMakeLists.txt.) */
 #ifndef WIRE_VERSION
-#define WIRE_VERSION 10
+#define WIRE_VERSION 11
 #endif
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
@@ -103,6 +103,19 @@ enum wire_type {
  * PULL_REPLY flagged SKIP that carries nothing, so the slot's accounting
  * and the worker's completion stay those of every pull. */
 #define WIRE_FLAG_SKIP 0x4u
+
+/* PUSH and PULL_REPLY of a key declared with a compressor (its spec in
+ * the DECLARE_CHECK, src/compress/compress.h): the payload is the codec's
+ * encoding of the count float32 elements, payload_len bytes of it, at most
+ * WIRE_COMPRESSED_MAX(count) (top-k's index and value per element, plus
+ * its count) and at most WIRE_MAX_DATA_PAYLOAD; the receiver checks the exact length for the key's codec.
+ * It goes through the socket even over IPC (the length is the codec's,
+ * not count x dtype).  Exclusive with every other flag. */
+#define WIRE_FLAG_COMPRESSED 0x8u
+#define WIRE_COMPRESSED_MAX(count) (8ull * (count) + 8)
+/* The longest compression spec a DECLARE or DECLARE_CHECK carries, with
+ * its NUL (compress.h's COMPRESS_SPEC_MAX is below it). */
+#define WIRE_SPEC_MAX 192
 
 /* A PUSH's aux names the collective its worker is in, so that whoever
  * combines the round (a server, or the workers of a machine) refuses it
@@ -236,12 +249,15 @@ int wire_error_decode(const void *payload, size_t len, char *why, size_t why_len
 
 /* DECLARE_CHECK: str name, the tensor's (for the server's messages), then
  * u32 n and n x u32: the worker ranks of the key's process set, strictly
- * increasing (n = 0: the global set, one push per machine).
+ * increasing (n = 0: the global set, one push per machine); then str
+ * spec: the key's compression spec in canonical form
+ * (compress_spec_format), "" for none.
  * decode: 0, or UNISUM_EPROTO for a malformed or empty name, more than
- * max_members ranks, or ranks out of order. */
-void wire_declare_check_encode(struct wire_buf *b, const char *name, const int *members, int n);
+ * max_members ranks, ranks out of order, or a spec longer than spec_len. */
+void wire_declare_check_encode(struct wire_buf *b, const char *name, const int *members, int n,
+			       const char *spec);
 int wire_declare_check_decode(const void *payload, size_t len, char *name, size_t name_len,
-			      int *members, int max_members, int *n);
+			      int *members, int max_members, int *n, char *spec, size_t spec_len);
 
 /* A bounds-checked reader over a received control payload. */
 struct wire_reader {

@@ -215,6 +215,12 @@ int unisum_declare_sync(const char *name, unisum_dtype dtype, size_t count, int 
 	return worker_declare_sync(api(), name, dtype, count, priority, sync);
 }
 
+int unisum_declare_ex(const char *name, unisum_dtype dtype, size_t count, int priority,
+		      const char *compression)
+{
+	return worker_declare_ex(api(), name, dtype, count, priority, compression);
+}
+
 int unisum_declare_in(int set, const char *name, unisum_dtype dtype, int ndim,
 		      const int64_t *dims, int priority)
 {

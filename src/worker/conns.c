@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "compress/compress.h"
 #include "log/log.h"
 #include "reducer/reducer.h"
 #include "timing/timing.h"
@@ -316,13 +317,14 @@ static void *wk_send_main(void *arg)
 			/* The name lets the server say which tensor stalls. */
 			struct wire_buf b;
 			wire_buf_init(&b);
-			wire_declare_check_encode(&b, j->name, j->ranks, j->nranks);
+			wire_declare_check_encode(&b, j->name, j->ranks, j->nranks, j->spec);
 			struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = rdv_client_id(w->rdv),
 					     .key = j->key, .count = j->count, .dtype = (uint8_t)j->dtype,
 					     .aux = j->sync, .payload_len = b.len};
 			rc = b.failed ? UNISUM_ENOMEM : c->tp->send(c->conn, &h, b.data);
 			wire_buf_fini(&b);
 			free(j->name);
+			free(j->spec);
 			free(j->ranks);
 			free(j);
 		} else {
@@ -334,10 +336,27 @@ static void *wk_send_main(void *arg)
 			/* Over IPC the transport passes j->in by address: it stays
 			 * as it is until the reply arrives. */
 			const void *payload = j->in;
-			if (payload == NULL)
+			void *encoded = NULL;
+			if (payload == NULL) {
 				push.flags = WIRE_FLAG_ZERO;
-			else
+			} else if (j->cs != NULL) {
+				/* A compressed partition: its encoding goes through
+				 * the socket (IPC too), so it is freed once sent. */
+				push.flags = WIRE_FLAG_COMPRESSED;
+				push.payload_len = wk_push_bytes(j->op->t, j->count, j->cs);
+				encoded = malloc(push.payload_len);
+				if (encoded == NULL) {
+					LOG_ERROR("%s: out of memory compressing a push", c->label);
+					c->tp->conn_shutdown(c->conn);
+					return NULL;
+				}
+				compress_state_encode(j->cs, j->in,
+						      encoded, compress_draw_seed(&j->cs->spec, j->key,
+									  j->round, w->rank));
+				payload = encoded;
+			} else {
 				push.payload_len = j->count * unisum_dtype_size(j->dtype);
+			}
 			struct wire_hdr pull = push;
 			pull.type = WIRE_PULL;
 			pull.flags = j->skip_pull ? WIRE_FLAG_SKIP : 0;
@@ -348,6 +367,7 @@ static void *wk_send_main(void *arg)
 			if (wk_metering(w) && c->tp == transport_tcp() && payload != NULL)
 				wk_meter_sent(c, j);
 			rc = c->tp->send(c->conn, &push, payload);
+			free(encoded);
 			if (rc == 0 && payload != NULL)
 				atomic_fetch_add(&c->bytes_pushed, push.payload_len);
 			if (rc == 0 && traced) {
@@ -406,6 +426,7 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	for (struct wk_job *j; (j = fifo_pop(c)) != NULL;) {
 		if (j->type != JOB_PUSH_PULL) {
 			free(j->name);
+			free(j->spec);
 			free(j->ranks);
 			free(j);
 		}
@@ -506,6 +527,63 @@ static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg
 	return 0;
 }
 
+/* A compressed PULL_REPLY of job j: its encoding, checked, decoded into
+ * the job's output.  0; -1 when the job failed on it and the connection
+ * goes on (the payload was read: a wrong length, bytes that are not an
+ * encoding); 1 with msg set when the connection cannot go on. */
+static int wk_take_compressed(struct wk_conn *c, const struct wire_hdr *h, struct wk_job *j,
+			      char *msg, size_t len)
+{
+	if (j->cs == NULL || !(h->flags & WIRE_FLAG_COMPRESSED)) {
+		snprintf(msg, len, "%s answered a pull of key 0x%llx round %u %s", c->label,
+			 (unsigned long long)h->key, h->round,
+			 j->cs == NULL ? "of an uncompressed tensor with a compressed sum"
+				       : "of a compressed tensor with an uncompressed sum");
+		wk_job_finish(j, UNISUM_EPROTO, msg);
+		return 1;
+	}
+	const struct compress_spec *spec = &j->cs->spec;
+	const struct compress_codec *codec = compress_codec_of(spec->kind);
+	size_t want = codec->bytes(spec, (size_t)j->count);
+	void *enc = h->payload_len == want ? malloc(want ? want : 1) : NULL;
+	int rc = c->tp->recv_payload(c->conn, enc, h->payload_len);
+	if (rc != 0) {
+		free(enc);
+		if (rc == UNISUM_ECONN) {
+			pthread_mutex_lock(&c->lock);
+			pending_add(c, j);
+			pthread_mutex_unlock(&c->lock);
+		} else {
+			wk_job_finish(j, rc, log_last_error());
+		}
+		snprintf(msg, len, "%s: the connection closed in the middle of a reply", c->label);
+		return 1;
+	}
+	char why[512];
+	if (h->payload_len != want)
+		snprintf(why, sizeof why, "%s sent a %s sum of %llu bytes for key 0x%llx round %u, "
+			 "but %llu elements encode in %zu", c->label, codec->name,
+			 (unsigned long long)h->payload_len, (unsigned long long)h->key, h->round,
+			 (unsigned long long)j->count, want);
+	else if (enc == NULL)
+		snprintf(why, sizeof why, "out of memory for a compressed reply of %s", c->label);
+	else if (codec->decode(spec, enc, want, j->out, (size_t)j->count,
+			       compress_draw_seed(spec, h->key, h->round, -1)) != 0)
+		snprintf(why, sizeof why, "%s sent a %s sum for key 0x%llx round %u that is not an "
+			 "encoding of %llu elements", c->label, codec->name,
+			 (unsigned long long)h->key, h->round, (unsigned long long)j->count);
+	else
+		why[0] = '\0';
+	int code = enc == NULL && h->payload_len == want ? UNISUM_ENOMEM : UNISUM_EPROTO;
+	free(enc);
+	if (why[0] != '\0') {
+		LOG_ERROR("%s", why);
+		wk_job_finish(j, code, why);
+		return -1;
+	}
+	return 0;
+}
+
 /* A PULL_REPLY: the sum goes straight into the caller's output (read from
  * the server's memory over IPC), divided there for an average.  0, or
  * 1 with msg set when the connection cannot go on. */
@@ -527,7 +605,12 @@ static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *m
 		wk_job_finish(j, 0, NULL);
 		return 0;
 	}
-	if (h->flags & WIRE_FLAG_ZERO) {
+	if (h->flags & WIRE_FLAG_COMPRESSED || (j->cs != NULL && !(h->flags & WIRE_FLAG_ZERO))) {
+		int rc = wk_take_compressed(c, h, j, msg, len);
+		if (rc != 0)
+			return rc > 0;
+		bytes = h->payload_len;
+	} else if (h->flags & WIRE_FLAG_ZERO) {
 		memset(j->out, 0, bytes);
 	} else {
 		int rc = c->tp->recv_payload(c->conn, j->out, bytes);

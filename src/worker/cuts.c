@@ -106,7 +106,7 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 	int rc = rdv_client_declare_homed(w->rdv, wire_name, t->dtype, t->count, pbytes,
 					  segs != NULL ? segs->n : 0, segs != NULL ? segs->counts : NULL,
 					  segs != NULL ? segs->owners : NULL,
-					  t->ncuts == 0 ? &t->shape : NULL, t->sync,
+					  t->ncuts == 0 ? &t->shape : NULL, t->sync, t->comp_text,
 					  segs == NULL ? wk_set_rack(w, t->ranks, t->nranks) : -1, &L->key,
 					  &L->nparts,
 					  &L->parts, &L->servers, why, sizeof why);
@@ -129,14 +129,17 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 		}
 		*j = (struct wk_job){.type = JOB_DECLARE, .key = L->key + i, .dtype = t->dtype,
 				     .count = L->parts[i].count, .name = strdup(wire_name),
-				     .nranks = t->nranks, .sync = t->sync};
+				     .nranks = t->nranks, .sync = t->sync,
+				     .spec = t->comp_text[0] ? strdup(t->comp_text) : NULL};
 		if (t->nranks > 0 && (j->ranks = malloc((size_t)t->nranks * sizeof *j->ranks)) != NULL)
 			memcpy(j->ranks, t->ranks, (size_t)t->nranks * sizeof *j->ranks);
-		rc = j->name != NULL && (t->nranks == 0 || j->ranks != NULL)
+		rc = j->name != NULL && (t->nranks == 0 || j->ranks != NULL) &&
+				     (t->comp_text[0] == '\0' || j->spec != NULL)
 			     ? wk_enqueue(&w->conns[L->servers[i]], j)
 			     : UNISUM_ENOMEM;
 		if (rc != 0) {
 			free(j->name);
+			free(j->spec);
 			free(j->ranks);
 			free(j);
 			rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, w->rank,
@@ -152,6 +155,52 @@ out_free:
 	L->parts = NULL;
 	L->servers = NULL;
 	return rc;
+}
+
+/* ---- compression ------------------------------------------------------ */
+
+struct compress_state *wk_comp_state(const struct wk_tensor *t, const struct wk_layout *L,
+				     uint32_t part, int *rc)
+{
+	*rc = 0;
+	if (t->comp.kind == COMPRESS_NONE)
+		return NULL;
+	/* One round of the tensor at a time: the states are set up by the
+	 * first, which the later ones follow through the worker's lock. */
+	struct wk_layout *M = (struct wk_layout *)L;
+	if (M->cs == NULL) {
+		struct compress_state *cs = calloc(M->nparts ? M->nparts : 1, sizeof *cs);
+		if (cs == NULL) {
+			*rc = UNISUM_ENOMEM;
+			return NULL;
+		}
+		for (uint32_t i = 0; i < M->nparts; i++) {
+			if (compress_state_init(&cs[i], &t->comp, M->parts[i].count, true) != 0) {
+				for (uint32_t k = 0; k < i; k++)
+					compress_state_free(&cs[k]);
+				free(cs);
+				*rc = UNISUM_ENOMEM;
+				return NULL;
+			}
+		}
+		M->cs = cs;
+	}
+	return &M->cs[part];
+}
+
+void wk_layout_free_cs(struct wk_layout *L)
+{
+	for (uint32_t i = 0; L->cs != NULL && i < L->nparts; i++)
+		compress_state_free(&L->cs[i]);
+	free(L->cs);
+	L->cs = NULL;
+}
+
+size_t wk_push_bytes(const struct wk_tensor *t, uint64_t count, const struct compress_state *cs)
+{
+	if (cs == NULL)
+		return (size_t)count * t->esize;
+	return compress_codec_of(cs->spec.kind)->bytes(&cs->spec, (size_t)count);
 }
 
 /* ---- autotune ---------------------------------------------------------- */
@@ -173,6 +222,7 @@ void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L)
 		if (old == L || old->retired || (L != NULL && old->homed != 0))
 			continue;
 		old->retired = true;
+		wk_layout_free_cs(old);	/* its last round is done */
 		for (uint32_t i = 0; (w->to_servers || t->nranks > 0) && i < old->nparts; i++) {
 			struct wk_job *j = calloc(1, sizeof *j);
 			if (j == NULL)
@@ -360,15 +410,16 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 			push = src != NULL;
 			pull = dst != NULL;
 		}
-		if (j != NULL) {
+		struct compress_state *cs = j != NULL ? wk_comp_state(t, L, i, &rc) : NULL;
+		if (j != NULL && rc == 0) {
 			*j = (struct wk_job){.entry = {.priority = t->priority,
 						       .key = wk_push_order(op, L, i),
-						       .bytes = push ? p->count * t->esize : 0},
+						       .bytes = push ? wk_push_bytes(t, p->count, cs) : 0},
 					     .type = JOB_PUSH_PULL, .server = (int)L->servers[i], .part = i,
 					     .key = L->key + i, .round = wire_round, .dtype = t->dtype,
 					     .count = p->count,
 					     .in = push ? src : NULL, .out = dst, .divisor = divisor,
-					     .skip_pull = !pull, .wire_op = op->wire_op, .op = op,
+					     .skip_pull = !pull, .wire_op = op->wire_op, .cs = cs, .op = op,
 					     .t_queued = op->t_start};
 			rc = sched_push(&w->push_q, &j->entry);
 		} else {

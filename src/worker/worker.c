@@ -102,15 +102,17 @@ static void wk_local_push(void *ctx, uint32_t part)
 	int rc = UNISUM_ENOMEM;
 	bool push, pull;
 	wk_job_sets(op, p->offset, p->count, &push, &pull);
-	if (j != NULL) {
+	/* A compressed tensor: the machine's sum is compressed here, once. */
+	struct compress_state *cs = j != NULL ? wk_comp_state(t, L, part, &rc) : NULL;
+	if (j != NULL && rc == 0) {
 		*j = (struct wk_job){.entry = {.priority = t->priority,
 					       .key = wk_push_order(op, L, part),
-					       .bytes = push ? p->count * t->esize : 0},
+					       .bytes = push ? wk_push_bytes(t, p->count, cs) : 0},
 				     .type = JOB_PUSH_PULL, .server = (int)L->servers[part], .part = part,
 				     .key = L->key + part, .round = op->wire_round, .dtype = t->dtype,
 				     .count = p->count, .in = push ? at : NULL, .out = at,
 				     .divisor = (op->flags & UNISUM_AVERAGE) ? w->size : 1,
-				     .skip_pull = !pull, .wire_op = op->wire_op, .op = op,
+				     .skip_pull = !pull, .wire_op = op->wire_op, .cs = cs, .op = op,
 				     .t_queued = op->traced ? trace_now_us() : 0};
 		rc = sched_push(&w->push_q, &j->entry);
 	}
@@ -218,6 +220,7 @@ static void wk_tensor_free(struct wk_tensor *t)
 	if (t == NULL)
 		return;
 	for (int c = 0; c < t->ncuts; c++) {
+		wk_layout_free_cs(&t->cuts[c]);
 		free(t->cuts[c].parts);
 		free(t->cuts[c].servers);
 	}
@@ -510,7 +513,7 @@ static int wk_tensor_insert(struct wk_tensor *t, bool *filed)
 /* The id of tensor `name` if w has it (UNISUM_EMISMATCH when with another
  * shape or sync mode), or -1. */
 static int wk_tensor_known(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
-			   uint32_t sync)
+			   uint32_t sync, const char *comp)
 {
 	pthread_mutex_lock(&w->lock);
 	for (int i = 0; i < w->ntensors; i++) {
@@ -527,6 +530,11 @@ static int wk_tensor_known(struct worker *w, const char *name, unisum_dtype dtyp
 			return log_fail(UNISUM_EMISMATCH, "worker %d declared tensor '%s' twice: %s and "
 					"now %s", w->rank, name, wire_sync_text(t->sync, a, sizeof a),
 					wire_sync_text(sync, b, sizeof b));
+		if (strcmp(t->comp_text, comp) != 0)
+			return log_fail(UNISUM_EMISMATCH, "worker %d declared tensor '%s' twice: "
+					"compressed '%s' and now '%s'", w->rank, name,
+					t->comp_text[0] ? t->comp_text : "none",
+					comp[0] ? comp : "none");
 		return i;
 	}
 	pthread_mutex_unlock(&w->lock);
@@ -549,7 +557,7 @@ int worker_declare_shaped(struct worker *w, const char *name, unisum_dtype dtype
 
 static int wk_declare(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
 		      const struct rdv_shape *shape, int priority, int *ranks, int nranks,
-		      uint32_t sync);
+		      uint32_t sync, const struct compress_spec *comp);
 
 /*
  * A process set's tensor is its own tensor: its wire name is the user's
@@ -780,7 +788,35 @@ int worker_declare_in(struct worker *w, int set, const char *name, unisum_dtype 
 			return rc;
 		name = wire;
 	}
-	return wk_declare(w, name, dtype, count, shape, priority, ranks, nranks, WIRE_SYNC_LOCKSTEP);
+	return wk_declare(w, name, dtype, count, shape, priority, ranks, nranks, WIRE_SYNC_LOCKSTEP,
+			  NULL);
+}
+
+int worker_declare_ex(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
+		      int priority, const char *compression)
+{
+	if (wk_require_init(w) != 0)
+		return UNISUM_ENOTINIT;
+	if (name == NULL || name[0] == '\0' || strlen(name) >= sizeof ((struct wk_tensor *)0)->name)
+		return log_fail(UNISUM_EINVAL, "unisum_declare: the name must have 1 to 255 characters");
+	struct compress_spec spec = {.kind = COMPRESS_NONE};
+	char err[256];
+	if (compression != NULL && compression[0] != '\0' &&
+	    compress_spec_parse(compression, &spec, err, sizeof err) != 0)
+		return log_fail(UNISUM_EINVAL, "unisum_declare_ex('%s'): compression '%s': %s", name,
+				compression, err);
+	if (spec.kind != COMPRESS_NONE && dtype != UNISUM_FLOAT32)
+		return log_fail(UNISUM_EINVAL, "unisum_declare_ex('%s'): compression '%s' takes "
+				"float32 tensors, not %s", name, compression, unisum_dtype_name(dtype));
+	if (spec.kind != COMPRESS_NONE && (uint64_t)count * 4 < w->cfg.min_compress_bytes) {
+		/* As BytePS: small tensors cost more to compress than to send. */
+		LOG_DEBUG("tensor '%s' (%zu bytes) is below UNISUM_MIN_COMPRESS_BYTES=%llu: "
+			  "uncompressed", name, count * 4,
+			  (unsigned long long)w->cfg.min_compress_bytes);
+		spec.kind = COMPRESS_NONE;
+	}
+	return wk_declare(w, name, dtype, count, NULL, priority, NULL, 0, WIRE_SYNC_LOCKSTEP,
+			  spec.kind != COMPRESS_NONE ? &spec : NULL);
 }
 
 int worker_declare_sync(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
@@ -830,24 +866,27 @@ int worker_declare_sync(struct worker *w, const char *name, unisum_dtype dtype, 
 		free(ranks);
 		return rc;
 	}
-	return wk_declare(w, name, dtype, count, NULL, priority, ranks, w->size, mode);
+	return wk_declare(w, name, dtype, count, NULL, priority, ranks, w->size, mode, NULL);
 }
 
 /* Declares tensor `name` of the process set `ranks` (NULL: the global
  * set), which it takes over, in sync mode `sync`. */
 static int wk_declare(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
 		      const struct rdv_shape *shape, int priority, int *ranks, int nranks,
-		      uint32_t sync)
+		      uint32_t sync, const struct compress_spec *comp)
 {
 	size_t esize = unisum_dtype_size(dtype);
 	int rc = -1;
+	char comp_text[WIRE_SPEC_MAX] = "";
+	if (comp != NULL)
+		compress_spec_format(comp, comp_text, sizeof comp_text);
 	if (esize == 0)
 		rc = log_fail(UNISUM_EINVAL, "unisum_declare('%s'): unknown dtype %d", name, (int)dtype);
 	else if (esize > w->cfg.partition_bytes)
 		rc = log_fail(UNISUM_ECONFIG, "UNISUM_PARTITION_BYTES=%llu is smaller than one %s element",
 			      (unsigned long long)w->cfg.partition_bytes, unisum_dtype_name(dtype));
 	else
-		rc = wk_tensor_known(w, name, dtype, count, sync);
+		rc = wk_tensor_known(w, name, dtype, count, sync, comp_text);
 	struct wk_tensor *t = rc == -1 ? calloc(1, sizeof *t) : NULL;
 	if (t == NULL) {
 		free(ranks);
@@ -856,6 +895,9 @@ static int wk_declare(struct worker *w, const char *name, unisum_dtype dtype, si
 	t->ranks = ranks;
 	t->nranks = nranks;
 	t->sync = sync;
+	if (comp != NULL)
+		t->comp = *comp;
+	memcpy(t->comp_text, comp_text, sizeof comp_text);
 	t->w = w;
 	snprintf(t->name, sizeof t->name, "%s", name);
 	t->dtype = dtype;
@@ -977,6 +1019,13 @@ static int wk_op_file(struct worker *w, int tensor, struct wk_op *op)
 				"flags 0 runs on it (the first sets its value, from rank 0; each later "
 				"one adds a delta)", w->rank, t->name,
 				WIRE_SYNC_KIND(t->sync) == WIRE_SYNC_SSP ? "SSP" : "async");
+	if (t->comp.kind != COMPRESS_NONE &&
+	    ((WIRE_OP_KIND(op->wire_op) != WIRE_OP_SUM &&
+	      WIRE_OP_KIND(op->wire_op) != WIRE_OP_AVERAGE) ||
+	     op->push_spans != NULL || op->direct != NULL || op->in == NULL))
+		return log_fail(UNISUM_EINVAL, "worker %d: tensor '%s' is compressed (%s): only "
+				"push_pull, a sum or an average, runs on it", w->rank, t->name,
+				t->comp_text);
 	if (w->join_seen && !w->joined && t->nranks == 0 && !wk_reduces(op->wire_op))
 		return log_fail(UNISUM_EINVAL, "worker %d: tensor '%s': a rank has joined "
 				"(unisum_join), and until every rank has, only push_pull runs: "
@@ -1300,7 +1349,7 @@ static int wk_dssync_target(struct worker *w, int tensor, int *target, uint64_t 
 		return rc;
 	}
 	id = wk_declare(w, wire, dtype, count, NULL, priority, ranks, m,
-			WIRE_SYNC_LOCKSTEP);	/* takes ranks */
+			WIRE_SYNC_LOCKSTEP, NULL);	/* takes ranks */
 	if (id < 0)
 		return id;
 	pthread_mutex_lock(&w->lock);

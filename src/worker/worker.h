@@ -44,6 +44,8 @@ int worker_declare(struct worker *w, const char *name, unisum_dtype dtype, size_
 struct rdv_shape;
 int worker_declare_shaped(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
 			  const struct rdv_shape *shape, int priority);
+int worker_declare_ex(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
+		      int priority, const char *compression);
 int worker_declare_sync(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
 			int priority, const char *sync);
 int worker_declare_in(struct worker *w, int set, const char *name, unisum_dtype dtype,

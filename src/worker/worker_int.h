@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "compress/compress.h"
 #include "config/config.h"
 #include "placement/placement.h"
 #include "rendezvous/rendezvous.h"
@@ -36,6 +37,10 @@ struct wk_layout {
 	bool retired;			/* autotune settled elsewhere: servers freed it */
 	uint64_t homed;			/* a homed cut (a gathering collective's layout):
 					 * the hash of its segments; 0: an ordinary cut */
+	/* A compressed tensor, on the worker that pushes it (a machine's
+	 * root): each partition's momentum and error feedback (compress.h),
+	 * set up at its first push; used by one round at a time. */
+	struct compress_state *cs;	/* [nparts], or NULL */
 };
 
 /* A gathering collective's segments: counts[i] elements owned by machine
@@ -74,6 +79,11 @@ struct wk_tensor {
 	uint64_t count;
 	size_t esize;
 	int priority;
+	/* Its compressor (unisum_declare_ex; kind COMPRESS_NONE: none), and
+	 * the spec's canonical text ("" for none), which the scheduler and
+	 * the servers get with every cut. */
+	struct compress_spec comp;
+	char comp_text[WIRE_SPEC_MAX];
 	struct wk_layout *cuts;		/* [0]: UNISUM_PARTITION_BYTES; more for autotune */
 	int ncuts;
 	uint32_t nhomed;		/* homed cuts declared so far (names NAME#0, #1, ...) */
@@ -165,11 +175,14 @@ struct wk_job {
 	int divisor;			/* UNISUM_AVERAGE: divide by this, else 1 */
 	bool skip_pull;			/* this machine wants none of it: PULL with SKIP */
 	uint32_t wire_op;		/* the collective, WIRE_OP(): the PUSH's aux */
+	struct compress_state *cs;	/* a compressed partition's state (the push is
+					 * encoded with it, the reply decoded), or NULL */
 	struct wk_op *op;		/* NULL for DECLARE jobs */
 	char *name;			/* DECLARE jobs: the tensor's name (owned) ... */
 	int *ranks;			/* ... its process set's ranks (owned), or NULL ... */
 	int nranks;			/* ... and how many (0: the global set) ... */
-	uint32_t sync;			/* ... and its sync mode (WIRE_SYNC_*) */
+	uint32_t sync;			/* ... and its sync mode (WIRE_SYNC_*) ... */
+	char *spec;			/* ... and its compression spec (owned), or NULL */
 	struct wk_job *pending_next;	/* chain in the pending table */
 	struct wk_job *next;		/* chain in its connection's send queue */
 	int64_t t_queued, t_taken;	/* trace clock: entered, left the PUSH queue */
@@ -345,5 +358,13 @@ void *wk_tune_main(void *arg);
 const struct wk_layout *wk_tuned_cut(struct wk_op *op, bool wait, int *rc);
 int wk_tuner_new(struct worker *w);
 void wk_meter_read(struct worker *w, double *bw, double *rtt, uint64_t *bytes);
+/* A compressed tensor's state of partition `part` of cut L, set up at its
+ * first push (the layout's cs); NULL for an uncompressed tensor, or with
+ * *rc = UNISUM_ENOMEM.  wk_layout_free_cs frees a cut's; wk_push_bytes is
+ * what a push of count elements puts on the wire (cs NULL: raw). */
+struct compress_state *wk_comp_state(const struct wk_tensor *t, const struct wk_layout *L,
+				     uint32_t part, int *rc);
+void wk_layout_free_cs(struct wk_layout *L);
+size_t wk_push_bytes(const struct wk_tensor *t, uint64_t count, const struct compress_state *cs);
 
 #endif /* UNISUM_WORKER_INT_H */

@@ -12,12 +12,13 @@
  * wire.h allow (an independent model of those rules is checked against
  * it both ways).  For an accepted header: re-encoding it gives back the
  * same 48 bytes; every field is the little-endian value at its offset;
- * the type has a name; the flags are ones the type takes (ZERO or IPC on
- * PUSH and PULL_REPLY, never both, none elsewhere); the dtype is valid
- * where the type carries one and 0 elsewhere; PUSH and PULL_REPLY carry
- * count x dtype size bytes (0 with the ZERO flag, WIRE_IPC_PAYLOAD = the
- * u64 address with the IPC flag), count x dtype size never overflowing
- * nor passing WIRE_MAX_DATA_PAYLOAD unless ZERO; payload-less types carry
+ * the type has a name; the flags are ones the type takes (ZERO, IPC or
+ * COMPRESSED on PUSH and PULL_REPLY, at most one, none elsewhere); the
+ * dtype is valid where the type carries one and 0 elsewhere; PUSH and
+ * PULL_REPLY carry count x dtype size bytes (0 with the ZERO flag,
+ * WIRE_IPC_PAYLOAD = the u64 address with the IPC flag; with COMPRESSED,
+ * float32 only, 1 to 8 count + 8 bytes), count x dtype size never
+ * overflowing nor passing WIRE_MAX_DATA_PAYLOAD unless ZERO; payload-less types carry
  * 0 bytes; control types at most WIRE_MAX_CONTROL_PAYLOAD.  A rejected header
  * yields UNISUM_EPROTO and a non-empty reason that fits the reason buffer,
  * however short that buffer is.
@@ -93,10 +94,11 @@ static bool flags_allowed(uint8_t type, uint16_t flags)
 		return flags == 0 || flags == WIRE_FLAG_SKIP;
 	if (type == WIRE_PULL_REPLY)
 		return flags == 0 || flags == WIRE_FLAG_ZERO || flags == WIRE_FLAG_IPC ||
-		       flags == WIRE_FLAG_SKIP;
+		       flags == WIRE_FLAG_SKIP || flags == WIRE_FLAG_COMPRESSED;
 	if (!type_is_data(type))
 		return flags == 0;
-	return flags == 0 || flags == WIRE_FLAG_ZERO || flags == WIRE_FLAG_IPC;
+	return flags == 0 || flags == WIRE_FLAG_ZERO || flags == WIRE_FLAG_IPC ||
+	       flags == WIRE_FLAG_COMPRESSED;
 }
 
 /* The rules of wire.h, written from the header comment rather than from
@@ -137,6 +139,9 @@ static bool model_accepts(const uint8_t in[WIRE_HDR_SIZE])
 	if (type_is_data(type)) {
 		if (flags & (WIRE_FLAG_ZERO | WIRE_FLAG_SKIP))
 			return payload_len == 0;
+		if (flags & WIRE_FLAG_COMPRESSED)
+			return dtype == UNISUM_FLOAT32 && count <= (1ull << 28) && payload_len >= 1 &&
+			       payload_len <= 8 * count + 8 && payload_len <= WIRE_MAX_DATA_PAYLOAD;
 		uint64_t bytes;
 		if (__builtin_mul_overflow(count, (uint64_t)unisum_dtype_size(dtype), &bytes) ||
 		    bytes > WIRE_MAX_DATA_PAYLOAD)
@@ -170,7 +175,8 @@ static void check_accepted(const uint8_t in[WIRE_HDR_SIZE], const struct wire_hd
 	CHECK(h->type >= 1 && h->type <= WIRE_TYPE_MAX);
 	CHECK(strcmp(wire_type_name(h->type), "unknown") != 0);
 	CHECK(flags_allowed(h->type, h->flags));
-	CHECK(__builtin_popcount(h->flags & (WIRE_FLAG_ZERO | WIRE_FLAG_IPC | WIRE_FLAG_SKIP)) <= 1);
+	CHECK(__builtin_popcount(h->flags & (WIRE_FLAG_ZERO | WIRE_FLAG_IPC | WIRE_FLAG_SKIP |
+					     WIRE_FLAG_COMPRESSED)) <= 1);
 	if (type_is_tensor(h->type)) {
 		CHECK(h->dtype < UNISUM_DTYPE_COUNT);
 		CHECK(unisum_dtype_size((unisum_dtype)h->dtype) != 0);
@@ -184,6 +190,9 @@ static void check_accepted(const uint8_t in[WIRE_HDR_SIZE], const struct wire_hd
 	if (type_is_data(h->type)) {
 		if (h->flags & (WIRE_FLAG_ZERO | WIRE_FLAG_SKIP)) {
 			CHECK(h->payload_len == 0);
+		} else if (h->flags & WIRE_FLAG_COMPRESSED) {
+			CHECK(h->dtype == UNISUM_FLOAT32);
+			CHECK(h->payload_len > 0 && h->payload_len <= 8 * h->count + 8);
 		} else {
 			uint64_t bytes;
 			size_t size = unisum_dtype_size((unisum_dtype)h->dtype);
@@ -481,34 +490,40 @@ static void parse_declare_request(const uint8_t *data, size_t len)
 }
 
 /* DECLARE_CHECK (conn.c srv_on_declare_check): str name, u32 n, n x u32
- * ranks, strictly increasing, at most the receiver's maximum (16 here).
+ * ranks, strictly increasing, at most the receiver's maximum (16 here),
+ * then str spec (shorter than WIRE_SPEC_MAX), nothing after.
  * The model reads it field by field; the codec must accept exactly what
  * the model accepts, with the same fields, and re-encode to the input. */
 static void parse_declare_check(const uint8_t *data, size_t len)
 {
 	enum { MAX = 16 };
-	char name[256], got_name[256];
+	char name[256], got_name[256], spec[WIRE_SPEC_MAX], got_spec[WIRE_SPEC_MAX];
 	int ranks[MAX], got[MAX], n = -1, got_n = -1;
 	struct checked_reader c;
 	cr_init(&c, data, len);
 	cr_str(&c, name, sizeof name);
 	uint32_t count = cr_u32(&c);
-	bool ok = !c.r.failed && name[0] != '\0' && count <= MAX && c.r.left == 4ull * count;
+	bool ok = !c.r.failed && name[0] != '\0' && count <= MAX && c.r.left >= 4ull * count;
 	for (uint32_t i = 0; ok && i < count; i++) {
 		uint32_t r = cr_u32(&c);
 		ok = r <= INT32_MAX && (i == 0 || (int)r > ranks[i - 1]);
 		ranks[i] = (int)r;
 	}
+	if (ok) {
+		cr_str(&c, spec, sizeof spec);
+		ok = !c.r.failed && c.r.left == 0;
+	}
 	n = ok ? (int)count : -1;
-	int rc = wire_declare_check_decode(data, len, got_name, sizeof got_name, got, MAX, &got_n);
+	int rc = wire_declare_check_decode(data, len, got_name, sizeof got_name, got, MAX, &got_n,
+					   got_spec, sizeof got_spec);
 	CHECK((rc == 0) == ok);
 	if (!ok)
 		return;
-	CHECK(got_n == n && strcmp(got_name, name) == 0);
+	CHECK(got_n == n && strcmp(got_name, name) == 0 && strcmp(got_spec, spec) == 0);
 	CHECK(n == 0 || memcmp(got, ranks, (size_t)n * sizeof *ranks) == 0);
 	struct wire_buf b;
 	wire_buf_init(&b);
-	wire_declare_check_encode(&b, name, ranks, n);
+	wire_declare_check_encode(&b, name, ranks, n, spec);
 	check_rebuilt(&b, &c);
 	wire_buf_fini(&b);
 }

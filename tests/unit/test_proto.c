@@ -64,53 +64,65 @@ static void test_error(void **state)
 
 static int decode_declare_check(const void *p, size_t len)
 {
-	char name[256];
+	char name[256], spec[WIRE_SPEC_MAX];
 	int ranks[8], n;
-	return wire_declare_check_decode(p, len, name, sizeof name, ranks, 8, &n);
+	return wire_declare_check_decode(p, len, name, sizeof name, ranks, 8, &n, spec, sizeof spec);
 }
 
 static void test_declare_check(void **state)
 {
 	(void)state;
 	struct wire_buf b;
-	char name[256];
+	char name[256], spec[WIRE_SPEC_MAX] = "x";
 	int ranks[8], n = -1;
 	/* The global set. */
 	wire_buf_init(&b);
-	wire_declare_check_encode(&b, "layer1.weight@65536", NULL, 0);
-	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n), 0);
+	wire_declare_check_encode(&b, "layer1.weight@65536", NULL, 0, NULL);
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n,
+						   spec, sizeof spec), 0);
 	assert_string_equal(name, "layer1.weight@65536");
+	assert_string_equal(spec, "");
 	assert_int_equal(n, 0);
 	refuses_every_cut(&b, decode_declare_check);
 	wire_buf_fini(&b);
 	/* A process set: its ranks come back, and every cut is refused. */
 	const int set[3] = {0, 2, 5};
 	wire_buf_init(&b);
-	wire_declare_check_encode(&b, "set:00ff/grad", set, 3);
-	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n), 0);
+	wire_declare_check_encode(&b, "set:00ff/grad", set, 3, "onebit,ef=vanilla");
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n,
+						   spec, sizeof spec), 0);
+	assert_string_equal(spec, "onebit,ef=vanilla");
 	assert_int_equal(n, 3);
 	assert_memory_equal(ranks, set, sizeof set);
 	refuses_every_cut(&b, decode_declare_check);
 	/* More ranks than the receiver allows. */
-	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 2, &n),
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 2, &n,
+						   spec, sizeof spec),
+			 UNISUM_EPROTO);
+	/* A spec longer than the receiver takes. */
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n,
+						   spec, 8),
 			 UNISUM_EPROTO);
 	wire_buf_fini(&b);
 	/* Ranks out of order, or twice. */
 	const int unsorted[2] = {3, 1}, twice[2] = {1, 1};
 	wire_buf_init(&b);
-	wire_declare_check_encode(&b, "g", unsorted, 2);
-	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n),
+	wire_declare_check_encode(&b, "g", unsorted, 2, NULL);
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n,
+						   spec, sizeof spec),
 			 UNISUM_EPROTO);
 	wire_buf_fini(&b);
 	wire_buf_init(&b);
-	wire_declare_check_encode(&b, "g", twice, 2);
-	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n),
+	wire_declare_check_encode(&b, "g", twice, 2, NULL);
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n,
+						   spec, sizeof spec),
 			 UNISUM_EPROTO);
 	wire_buf_fini(&b);
 	/* An empty name. */
 	wire_buf_init(&b);
-	wire_declare_check_encode(&b, "", NULL, 0);
-	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n),
+	wire_declare_check_encode(&b, "", NULL, 0, NULL);
+	assert_int_equal(wire_declare_check_decode(b.data, b.len, name, sizeof name, ranks, 8, &n,
+						   spec, sizeof spec),
 			 UNISUM_EPROTO);
 	wire_buf_fini(&b);
 }
@@ -249,7 +261,9 @@ static int decode_declare(const void *p, size_t len)
 	struct rdv_segs segs;
 	struct rdv_shape shape;
 	int rack;
-	int rc = rdv_declare_decode(p, len, name, sizeof name, &pbytes, &segs, &shape, &rack);
+	char spec[WIRE_SPEC_MAX];
+	int rc = rdv_declare_decode(p, len, name, sizeof name, &pbytes, &segs, &shape, &rack, spec,
+				    sizeof spec);
 	rdv_segs_free(&segs);
 	return rc;
 }
@@ -259,16 +273,17 @@ static void test_declare_request(void **state)
 	(void)state;
 	struct wire_buf b;
 	wire_buf_init(&b);
-	rdv_declare_encode(&b, "gradient.fc1.weight", 4096000, NULL, NULL, -1);
-	char name[256];
+	rdv_declare_encode(&b, "gradient.fc1.weight", 4096000, NULL, NULL, -1, NULL);
+	char name[256], spec[WIRE_SPEC_MAX];
 	uint64_t pbytes = 0;
 	struct rdv_segs segs;
 	struct rdv_shape shape;
 	int rack = 7;
 	assert_int_equal(rdv_declare_decode(b.data, b.len, name, sizeof name, &pbytes, &segs, &shape,
-					    &rack),
+					    &rack, spec, sizeof spec),
 			 0);
 	assert_int_equal(rack, -1);
+	assert_string_equal(spec, "");
 	assert_string_equal(name, "gradient.fc1.weight");
 	assert_true(pbytes == 4096000);
 	assert_int_equal(segs.n, 0);
@@ -283,11 +298,12 @@ static void test_declare_request(void **state)
 	struct rdv_segs in = {.n = 3, .counts = counts, .owners = owners};
 	struct rdv_shape dims = {.ndim = 3, .dims = {17, 23, 57}};
 	wire_buf_init(&b);
-	rdv_declare_encode(&b, "allgather.3", 65536, &in, &dims, 3);
+	rdv_declare_encode(&b, "allgather.3", 65536, &in, &dims, 3, "topk,k=0.01");
 	assert_int_equal(rdv_declare_decode(b.data, b.len, name, sizeof name, &pbytes, &segs, &shape,
-					    &rack),
+					    &rack, spec, sizeof spec),
 			 0);
 	assert_int_equal(rack, 3);
+	assert_string_equal(spec, "topk,k=0.01");
 	assert_int_equal(segs.n, 3);
 	for (int i = 0; i < 3; i++) {
 		assert_true(segs.counts[i] == counts[i]);
@@ -307,11 +323,12 @@ static void test_declare_request(void **state)
 	for (int i = 0; i < RDV_MAX_DIMS + 1; i++)
 		wire_buf_u64(&b, 1);
 	wire_buf_u32(&b, (uint32_t)-1);
+	wire_buf_str(&b, "");
 	assert_int_equal(decode_declare(b.data, b.len), UNISUM_EPROTO);
 	wire_buf_fini(&b);
 	/* A rack below -1 is refused. */
 	wire_buf_init(&b);
-	rdv_declare_encode(&b, "x", 4096, NULL, NULL, -2);
+	rdv_declare_encode(&b, "x", 4096, NULL, NULL, -2, NULL);
 	assert_int_equal(decode_declare(b.data, b.len), UNISUM_EPROTO);
 	wire_buf_fini(&b);
 }

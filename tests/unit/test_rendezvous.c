@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 
 #include "config/config.h"
 #include "log/log.h"
+#include "placement/placement.h"
 #include "rendezvous/rendezvous.h"
 #include "server/server.h"
 #include "transport/transport.h"
@@ -557,7 +559,7 @@ static void test_server_takes_global_tensors_from_roots(void **state)
 	struct tp_conn *other = hello(at, first_worker_id + 1, false);
 	struct wire_buf b;
 	wire_buf_init(&b);
-	wire_declare_check_encode(&b, "t", NULL, 0);
+	wire_declare_check_encode(&b, "t", NULL, 0, NULL);
 	struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = first_worker_id + 1, .key = 0x10000,
 			     .dtype = UNISUM_FLOAT32, .count = 1, .payload_len = b.len};
 	assert_int_equal(tp->send(other, &h, b.data), 0);
@@ -601,6 +603,130 @@ static void test_server_takes_global_tensors_from_roots(void **state)
 	rdv_scheduler_free(j.sched);
 }
 
+/* Reads the next message on conn (not a PUSH_ACK), its payload into buf. */
+static struct wire_hdr next_reply(struct tp_conn *conn, void *buf, size_t cap)
+{
+	const struct transport_ops *tp = transport_tcp();
+	struct wire_hdr h;
+	char why[256];
+	do {
+		assert_int_equal(tp->recv_header(conn, &h, why, sizeof why), 0);
+		assert_true(h.payload_len < cap);
+		if (h.payload_len > 0)
+			assert_int_equal(tp->recv_payload(conn, buf, h.payload_len), 0);
+		((char *)buf)[h.payload_len] = '\0';
+	} while (h.type == WIRE_PUSH_ACK);
+	return h;
+}
+
+/* A compressed key's push must be its codec's encoding: a wrong length
+ * (read and dropped) or bytes that do not decode (found as the engine
+ * sums) refuse that key, whose pull gets the reason, while the
+ * connection and the other keys go on; a good push is summed and sent
+ * back encoded. */
+static void test_server_refuses_malformed_compressed_push(void **state)
+{
+	(void)state;
+	struct job j;
+	job_start(&j, 1, 1);
+	struct server_run_arg srv = {.cfg = j.cfg};
+	srv.cfg.role = CONFIG_ROLE_SERVER;
+	srv.cfg.engine_threads = 1;
+	srv.cfg.stall_warn_ms = 60000;
+	pthread_t server;
+	assert_int_equal(pthread_create(&server, NULL, server_main, &srv), 0);
+	struct node_run *worker = job_add(&j, CONFIG_ROLE_WORKER, 0, 0, 1);
+	job_join(&j);
+	const struct rdv_node *at = rdv_client_server(worker->client, 0);
+	assert_non_null(at);
+	const uint32_t id = 2;	/* the worker, after the server */
+	int saved = dup(STDERR_FILENO);	/* the server's complaints: not in the test's output */
+	int devnull = open("/dev/null", O_WRONLY);
+	dup2(devnull, STDERR_FILENO);
+
+	const struct transport_ops *tp = transport_tcp();
+	struct tp_conn *c = hello(at, id, false);
+	const uint64_t n = 40;	/* onebit: 4 + 2 x 4 bytes */
+	uint64_t keys[2];
+	for (int i = 0; i < 2; i++) {
+		/* The scheduler knows them: a refused key is poisoned there. */
+		uint32_t nparts, *servers;
+		struct placement_part *parts;
+		char err[256];
+		assert_int_equal(rdv_client_declare_homed(worker->client, i ? "b" : "a", UNISUM_FLOAT32,
+							  n, 4096, 0, NULL, NULL, NULL, 0, "onebit",
+							  -1, &keys[i], &nparts, &parts, &servers,
+							  err, sizeof err),
+				 0);
+		assert_int_equal(nparts, 1);
+		free(parts);
+		free(servers);
+	}
+	const uint64_t A = keys[0], B = keys[1];
+	for (int i = 0; i < 2; i++) {
+		struct wire_buf b;
+		wire_buf_init(&b);
+		wire_declare_check_encode(&b, i ? "b" : "a", NULL, 0, "onebit");
+		struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = id, .key = i ? B : A,
+				     .dtype = UNISUM_FLOAT32, .count = n, .payload_len = b.len};
+		assert_int_equal(tp->send(c, &h, b.data), 0);
+		wire_buf_fini(&b);
+	}
+	uint8_t enc[13] = {0}, got[1024];
+	float scale = 2.0f;
+	memcpy(enc, &scale, 4);
+	enc[4] = 0x5a;	/* some signs */
+	/* Key A: 13 bytes where 12 belong. */
+	struct wire_hdr h = {.type = WIRE_PUSH, .flags = WIRE_FLAG_COMPRESSED, .sender = id, .key = A,
+			     .dtype = UNISUM_FLOAT32, .count = n, .payload_len = 13};
+	assert_int_equal(tp->send(c, &h, enc), 0);
+	h = (struct wire_hdr){.type = WIRE_PULL, .sender = id, .key = A, .dtype = UNISUM_FLOAT32};
+	assert_int_equal(tp->send(c, &h, NULL), 0);
+	h = next_reply(c, got, sizeof got);
+	assert_int_equal(h.type, WIRE_ERROR);
+	assert_true(h.key == A);
+	char why[512];
+	assert_int_equal(wire_error_decode(got, h.payload_len, why, sizeof why), 0);
+	if (strstr(why, "pushed 13 bytes, but 40 elements compressed 'onebit' take 12") == NULL)
+		fail_msg("the refusal does not say what was wrong: %s", why);
+	/* Key B, on the same connection: a good push comes back as it went
+	 * (one machine: the sum is its push; mean |x| of +-2 is 2). */
+	h = (struct wire_hdr){.type = WIRE_PUSH, .flags = WIRE_FLAG_COMPRESSED, .sender = id, .key = B,
+			      .dtype = UNISUM_FLOAT32, .count = n, .payload_len = 12};
+	assert_int_equal(tp->send(c, &h, enc), 0);
+	h = (struct wire_hdr){.type = WIRE_PULL, .sender = id, .key = B, .dtype = UNISUM_FLOAT32};
+	assert_int_equal(tp->send(c, &h, NULL), 0);
+	h = next_reply(c, got, sizeof got);
+	assert_int_equal(h.type, WIRE_PULL_REPLY);
+	assert_int_equal(h.flags, WIRE_FLAG_COMPRESSED);
+	assert_int_equal(h.payload_len, 12);
+	assert_memory_equal(got, enc, 12);
+	/* Round 1 of key B: sign bits past the 40 elements are not an
+	 * encoding of 40 elements. */
+	enc[4 + 4 + 3] = 0x80;
+	h = (struct wire_hdr){.type = WIRE_PUSH, .flags = WIRE_FLAG_COMPRESSED, .sender = id, .key = B,
+			      .round = 1, .dtype = UNISUM_FLOAT32, .count = n, .payload_len = 12};
+	assert_int_equal(tp->send(c, &h, enc), 0);
+	h = (struct wire_hdr){.type = WIRE_PULL, .sender = id, .key = B, .round = 1,
+			      .dtype = UNISUM_FLOAT32};
+	assert_int_equal(tp->send(c, &h, NULL), 0);
+	h = next_reply(c, got, sizeof got);
+	assert_int_equal(h.type, WIRE_ERROR);
+	assert_int_equal(wire_error_decode(got, h.payload_len, why, sizeof why), 0);
+	if (strstr(why, "are not a onebit encoding of 40 elements") == NULL)
+		fail_msg("the refusal does not say what was wrong: %s", why);
+
+	dup2(saved, STDERR_FILENO);
+	close(saved);
+	close(devnull);
+	tp->conn_free(c);
+	rdv_client_free(worker->client);
+	pthread_join(server, NULL);
+	assert_int_equal(srv.rc, 0);
+	assert_int_equal(rdv_scheduler_wait(j.sched), 0);
+	rdv_scheduler_free(j.sched);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -615,6 +741,7 @@ int main(void)
 		cmocka_unit_test(test_several_workers_need_a_machine),
 		cmocka_unit_test(test_server_takes_global_tensors_from_roots),
 		cmocka_unit_test(test_set_tensor_forgotten_by_its_members),
+		cmocka_unit_test(test_server_refuses_malformed_compressed_push),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -185,11 +185,12 @@ static int ipc_authenticate(struct tp_conn *c, char *why, size_t len)
 	return stream_authenticate(c->fd, true, c->peer, why, len);
 }
 
-/* Whether a message's payload goes by address: tensor data, not zeros. */
+/* Whether a message's payload goes by address: tensor data, not zeros,
+ * not a compressed encoding (whose length is the codec's: inline). */
 static bool ipc_by_ref(const struct wire_hdr *h, const void *payload)
 {
 	return (h->type == WIRE_PUSH || h->type == WIRE_PULL_REPLY) && payload != NULL &&
-	       h->payload_len > 0 && !(h->flags & WIRE_FLAG_ZERO);
+	       h->payload_len > 0 && !(h->flags & (WIRE_FLAG_ZERO | WIRE_FLAG_COMPRESSED));
 }
 
 static int ipc_send(struct tp_conn *c, const struct wire_hdr *hdr, const void *payload)
