@@ -23,6 +23,14 @@ comes), ssp:S (async, no worker more than S steps ahead) or dssync:G
 (models averaged within groups of G workers that change every step, and
 over all every UNISUM_DSSYNC_GLOBAL_EVERY steps and at the end).
 
+--compressor compresses the gradients the BytePS way (DistributedOptimizer's
+compression_params): a compressor and BytePS's keys, e.g.
+"onebit,ef=vanilla,momentum=nesterov" or "topk,k=0.01,ef=vanilla"; with
+momentum=nesterov the momentum moves from SGD into the compressor.  Only
+gradients of 64 KiB and more are compressed (UNISUM_MIN_COMPRESS_BYTES=0:
+all).  With --ddp, --powersgd R adds PyTorch's PowerSGD comm hook of rank R,
+the peer of compression.
+
 The digits data set ships inside python3-sklearn: nothing is downloaded.
 """
 
@@ -66,6 +74,11 @@ def main():
     ap.add_argument("--batch-size", type=int, default=32, help="per worker")
     ap.add_argument("--lr", type=float, default=0.02)
     ap.add_argument("--compression", choices=["none", "fp16"], default="none")
+    ap.add_argument("--compressor", default=None, metavar="NAME[,KEY=VALUE...]",
+                    help="BytePS compression of the gradients, e.g. onebit,ef=vanilla,"
+                         "momentum=nesterov (DistributedOptimizer's compression_params)")
+    ap.add_argument("--powersgd", type=int, default=0, metavar="RANK",
+                    help="with --ddp: PowerSGD's comm hook of this rank (0: none)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--hidden", type=int, default=64,
                     help="width of the classifier's hidden layer (a wider one makes the model, "
@@ -84,16 +97,24 @@ def main():
     rank, size = us.rank(), us.size()
     torch.manual_seed(args.seed + rank)    # different on purpose: broadcast fixes it
     model = Net(args.hidden)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    params = None
+    if args.compressor:
+        words = args.compressor.split(",")
+        params = dict(w.split("=", 1) for w in words[1:])
+        params["compressor"] = words[0]
+    # Nesterov momentum in the compressor replaces SGD's (BytePS's way).
+    momentum = 0.0 if params and params.get("momentum") == "nesterov" else 0.9
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=momentum)
     compression = us.Compression.fp16 if args.compression == "fp16" else us.Compression.none
     optimizer = us.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                        compression=compression, sync=args.sync)
+                                        compression=compression, sync=args.sync,
+                                        compression_params=params)
     us.broadcast_parameters(model.state_dict(), root_rank=0)
     us.broadcast_optimizer_state(optimizer, root_rank=0)
     sum_all = lambda t, name: us.push_pull(t, average=False, name=name)  # noqa: E731
     steps, seconds = train(args, rank, size, model, optimizer,
                            "compression %s, sync %s" % (
-                               args.compression,
+                               args.compressor or args.compression,
                                args.sync or os.environ.get("UNISUM_SYNC") or "sync"),
                            sum_all,
                            optimizer.global_average)   # dssync: every replica the same at the end
@@ -197,13 +218,23 @@ def main_ddp(args):
                             world_size=size, timeout=datetime.timedelta(seconds=600))
     torch.manual_seed(args.seed + rank)
     model = DistributedDataParallel(Net(args.hidden))   # broadcasts rank 0's parameters
+    how = "DDP on gloo"
+    if args.powersgd > 0:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+        state = powerSGD_hook.PowerSGDState(process_group=None,
+                                            matrix_approximation_rank=args.powersgd,
+                                            start_powerSGD_iter=2)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        how += ", PowerSGD rank %d" % args.powersgd
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
     def sum_all(t, name):
         dist.all_reduce(t)
         return t
 
-    train(args, rank, size, model, optimizer, "DDP on gloo", sum_all)
+    steps, seconds = train(args, rank, size, model, optimizer, how, sum_all)
+    if rank == 0:
+        print("report: %d steps, %.1f ms a step" % (steps, 1000.0 * seconds / max(steps, 1)))
     dist.destroy_process_group()
 
 

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "compress/compress.h"
 #include "config/config.h"
 #include "log/log.h"
 #include "reducer/reducer.h"
@@ -205,6 +206,8 @@ int info_main(int argc, char **argv)
 	}
 	printf("unisum: reducer path %s\n\nEnvironment:\n", reducer_isa_name(reducer_active_isa()));
 	config_print(stdout);
+	printf("\n");
+	compress_print(stdout);
 	return 0;
 }
 

@@ -389,13 +389,15 @@ def zeros_like(tensor: torch.Tensor) -> torch.Tensor:
     return empty(tuple(tensor.shape), dtype=tensor.dtype).zero_()
 
 
-def _tensor_id(name: str, tensor: torch.Tensor, priority: int) -> int:
+def _tensor_id(name: str, tensor: torch.Tensor, priority: int,
+               compression: Optional[str] = None) -> int:
     """The C tensor id of `name`, declared on first use with the tensor's
-    dtype and element count."""
+    dtype and element count (and compressed by the spec `compression`)."""
     if tensor.device.type != "cpu":
         raise TypeError("unisum.torch: tensor '%s' is on %s; this build sums CPU tensors" % (
             name, tensor.device))
-    return _declared(name, tensor.dtype, tensor.numel(), priority, tuple(tensor.shape))
+    return _declared(name, tensor.dtype, tensor.numel(), priority, tuple(tensor.shape),
+                     compression=compression)
 
 
 _MAX_DIMS = 16      # RDV_MAX_DIMS: more dimensions are declared by their count alone
@@ -424,11 +426,13 @@ def _pset_of(process_set: Any, member: bool = True) -> int:
 
 
 def _declared(name: str, dtype: torch.dtype, numel: int, priority: int,
-              shape: Optional[Tuple[int, ...]] = None, sync: Optional[str] = None) -> int:
+              shape: Optional[Tuple[int, ...]] = None, sync: Optional[str] = None,
+              compression: Optional[str] = None) -> int:
     """The C tensor id of `name`, declared on first use as dtype[numel],
     with its dimensions when `shape` gives them (then every worker must
     pass the same dimensions, not only as many elements), or in sync mode
-    `sync` ("async", "ssp:S", "dssync:G"; unisum_declare_sync)."""
+    `sync` ("async", "ssp:S", "dssync:G"; unisum_declare_sync), or
+    compressed by the spec `compression` (unisum_declare_ex)."""
     key = (dtype, numel)
     with _lock:
         known = _tensors.get(name)
@@ -443,7 +447,10 @@ def _declared(name: str, dtype: torch.dtype, numel: int, priority: int,
     if dtype not in _DTYPES:
         raise TypeError("unisum.torch: %s tensors are not supported; use one of %s" % (
             dtype, ", ".join(str(d) for d in _DTYPES)))
-    if sync is not None:
+    if compression is not None:
+        rc = _capi.lib.unisum_declare_ex(name.encode(), _DTYPES[dtype], numel, int(priority),
+                                         compression.encode())
+    elif sync is not None:
         rc = _capi.lib.unisum_declare_sync(name.encode(), _DTYPES[dtype], numel, int(priority),
                                            sync.encode())
     elif name.startswith(_SET_TAG):
@@ -535,13 +542,14 @@ def _undeclare(name: str) -> None:
 
 def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: int,
            inplace: bool, scale: float = 1.0, flags: Optional[int] = None,
-           pset: int = 0) -> int:
+           pset: int = 0, compression: Optional[str] = None) -> int:
     """Starts push_pull_async (or, `inplace`, push_pull_async_inplace) and
     returns the operation's handle; see push_pull_async.  The result is
     multiplied by `scale` when it completes (Horovod's postscale_factor).
     `flags`, when given, replaces `average` with the C call's flags
     (_capi.MIN, MAX, PRODUCT).  `pset`: the process set it runs in (its
-    members alone; an average divides by their number)."""
+    members alone; an average divides by their number).  `compression`:
+    the spec `name` is declared with (unisum_declare_ex)."""
     _require_init()
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("unisum.torch: push_pull takes a torch.Tensor, got %s" % type(tensor).__name__)
@@ -555,7 +563,7 @@ def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: i
         name = _in_set(pset, name)
     try:
         # Declared even when empty: every worker's tensor is checked.
-        tid = _tensor_id(name, tensor, priority)
+        tid = _tensor_id(name, tensor, priority, compression)
         if tensor.numel() == 0:
             # Nothing to sum: an operation that is already done.
             output = tensor if inplace else torch.empty_like(tensor)
@@ -1138,6 +1146,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._sum = bool(reduce.get("sum", False))
         self._predivide = float(reduce.get("predivide", 1.0))
         self._sparse_as_dense = bool(reduce.get("sparse_as_dense", False))
+        self._spec: Optional[str] = reduce.get("compression")
         self._pset = int(reduce.get("pset", 0))
         self._members = int(reduce.get("members", size()))
         self._included = bool(reduce.get("included", True))
@@ -1315,8 +1324,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # sum, by size / f after it.
             compressed.copy_(_scaled(compressed, 1.0 / self._predivide))
             flags, scale = 0, self._predivide / self._members
+        spec = self._spec if compressed.dtype == torch.float32 else None
         handle = _start(compressed, False, self._grad_name(p, compressed),
-                        self._priority[id(p)], True, scale=scale, flags=flags, pset=self._pset)
+                        self._priority[id(p)], True, scale=scale, flags=flags, pset=self._pset,
+                        compression=spec)
         return handle, ctx, compressed
 
     def _make_hook(self, p: torch.Tensor) -> Callable[..., None]:
@@ -1441,6 +1452,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 _OptimizerT = TypeVar("_OptimizerT", bound=torch.optim.Optimizer)
 
 
+# BytePS's compression_params keys that the C spec takes (compress.h).
+_COMPRESSION_KEYS = ("compressor", "ef", "momentum", "momentum_mu", "mu", "scaling", "k",
+                     "seed", "s", "normalize", "partition")
+
+
+def _compression_spec(params: Optional[Dict[str, Any]]) -> Optional[str]:
+    """The C spec text of BytePS's compression_params (None: none)."""
+    if not params:
+        return None
+    if "compressor" not in params:
+        raise ValueError("unisum.torch: compression_params needs a 'compressor' (one of "
+                         "onebit, topk, randomk, dithering, fp16, bf16)")
+    words = []
+    for key, value in params.items():
+        if key not in _COMPRESSION_KEYS:
+            raise ValueError("unisum.torch: compression_params has an unknown key %r (known: "
+                             "%s)" % (key, ", ".join(_COMPRESSION_KEYS)))
+        if isinstance(value, bool):
+            value = int(value)
+        words.append("%s=%s" % (key, value))
+    words.sort(key=lambda w: not w.startswith("compressor="))
+    return ",".join(words)
+
+
 def DistributedOptimizer(optimizer: _OptimizerT,
                          named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
                          compression: _Compressor = Compression.none,
@@ -1448,7 +1483,8 @@ def DistributedOptimizer(optimizer: _OptimizerT,
                          op: int = 0, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups: Any = None,
                          sparse_as_dense: bool = False, process_set: Any = None,
-                         shared_gradients: bool = True, sync: Optional[str] = None) -> _OptimizerT:
+                         shared_gradients: bool = True, sync: Optional[str] = None,
+                         compression_params: Optional[Dict[str, Any]] = None) -> _OptimizerT:
     """Wraps `optimizer` so that every gradient is summed over all workers
     (averaged) as soon as backward() produces it, and step() waits for the
     sums before updating.  With shared_gradients (and several workers on
@@ -1505,6 +1541,20 @@ def DistributedOptimizer(optimizer: _OptimizerT,
             every UNISUM_DSSYNC_GLOBAL_EVERY-th step over all workers;
             global_average() averages over all now).  None: UNISUM_SYNC,
             or BYTEPS_ENABLE_ASYNC=1, else "sync".
+        compression_params: BytePS's gradient compression, done by the
+            C library: the machine's root compresses each partition of the
+            machine's float32 gradient sum, the servers decompress, sum,
+            compress the sum once, and every worker decompresses it.  A
+            dict with BytePS's keys: "compressor" ("onebit", "topk",
+            "randomk", "dithering", "fp16", "bf16"), "ef" ("vanilla", or
+            "sparse" for randomk: error feedback), "momentum"
+            ("nesterov", applied before compressing: give the wrapped
+            optimizer no momentum of its own) and "momentum_mu", "scaling"
+            (onebit), "k" (topk, randomk: a count, or a fraction below 1),
+            "seed", "s", "normalize" and "partition" (dithering), e.g.
+            {"compressor": "onebit", "ef": "vanilla", "momentum":
+            "nesterov"}.  Gradients below UNISUM_MIN_COMPRESS_BYTES (64
+            KiB) and of other dtypes go uncompressed.
 
     Raises:
         UnisumError: When init() has not been called.
@@ -1512,7 +1562,8 @@ def DistributedOptimizer(optimizer: _OptimizerT,
             named_parameters holds a name twice, or when it lacks some of
             the optimizer's parameters; for gradient_predivide_factor with
             op Sum, for an unknown op or sync mode, and for sync="async"
-            with a process set or compression.
+            with a process set or compression; for compression_params
+            with compression, a process set or an unknown key.
         NotImplementedError: For op Adasum.
     """
     # The arguments first, as Horovod checks them: before init() too.
@@ -1539,7 +1590,12 @@ def DistributedOptimizer(optimizer: _OptimizerT,
     if num_groups < 0:
         raise ValueError("unisum.torch: num_groups must be >= 0")
     mode = _sync_mode(sync)
-    if mode != "sync" and (process_set is not None or compression is not Compression.none):
+    spec = _compression_spec(compression_params)
+    if spec is not None and (compression is not Compression.none or process_set is not None):
+        raise ValueError("unisum.torch: DistributedOptimizer takes compression_params without "
+                         "compression= and without a process_set")
+    if mode != "sync" and (process_set is not None or compression is not Compression.none or
+                           spec is not None):
         raise ValueError("unisum.torch: DistributedOptimizer(sync=%r) takes neither a "
                          "process_set nor compression" % mode)
     _require_init()
@@ -1548,7 +1604,8 @@ def DistributedOptimizer(optimizer: _OptimizerT,
     reduce = {"sum": op == 1, "predivide": float(gradient_predivide_factor),
               "sparse_as_dense": sparse_as_dense, "pset": pset,
               "members": len(ranks) if ranks else size(),
-              "included": ranks is None or rank() in ranks, "sync": mode}
+              "included": ranks is None or rank() in ranks, "sync": mode,
+              "compression": spec}
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,

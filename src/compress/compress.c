@@ -289,6 +289,27 @@ size_t compress_k(const struct compress_spec *s, size_t n)
 	return k < 1 ? 1 : k > (double)n ? n : (size_t)k;
 }
 
+void compress_print(FILE *out)
+{
+	static const char *const lines[] = {
+		"onebit      sign bits and one scale per partition (1/32 of the bytes);",
+		"            scaling=1 (scale = mean |x|; 0: 1.0)",
+		"topk        the k largest |x| as (index, value); k=COUNT or a fraction < 1",
+		"randomk     k values at indices drawn from a seed every rank shares;",
+		"            k as for topk, seed=N (default 0)",
+		"dithering   stochastic rounding to s levels, unbiased; s=1..127 (default 7),",
+		"            normalize=max|l2, partition=linear|natural",
+		"fp16, bf16  a cast of each element, rounded to nearest even",
+		"every one   ef=vanilla|sparse (error feedback; sparse for randomk),",
+		"            momentum=nesterov with mu=0.9 (momentum_mu), on the worker",
+	};
+	fprintf(out, "Compressors (unisum_declare_ex, DistributedOptimizer's compression_params; "
+		"tensors below UNISUM_MIN_COMPRESS_BYTES go uncompressed), codecs on the %s path:\n",
+		compress_use_avx2() ? "AVX2" : "scalar");
+	for (size_t i = 0; i < sizeof lines / sizeof *lines; i++)
+		fprintf(out, "  %s\n", lines[i]);
+}
+
 uint64_t compress_draw_seed(const struct compress_spec *s, uint64_t key, uint32_t round, int rank)
 {
 	return compress_seed(s->seed, key, round, s->kind == COMPRESS_RANDOMK ? -1 : rank);

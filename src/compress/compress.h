@@ -71,6 +71,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef enum compress_kind {
 	COMPRESS_NONE = 0,
@@ -112,6 +113,10 @@ int compress_spec_parse(const char *text, struct compress_spec *out, char *err, 
 /* The canonical text of *s (every key that differs from its default), for
  * DECLARE and logs; parses back to the same spec.  Returns its length. */
 size_t compress_spec_format(const struct compress_spec *s, char *buf, size_t len);
+
+/* Lists the compressors, their keys and defaults, and the SIMD path the
+ * codecs take here (`unisum info`). */
+void compress_print(FILE *out);
 
 /* The name of a compressor ("onebit", ...; "none"). */
 const char *compress_kind_name(compress_kind kind);
