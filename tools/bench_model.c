@@ -45,7 +45,10 @@
  * in float32, so after the first average every worker holds exactly
  * ((7 i + j) mod 251) / 4 + (N - 1) / 2, and later averages keep it.  At
  * the end of each mode a few elements of every tensor are compared
- * exactly; any difference fails the run.
+ * exactly; any difference fails the run.  With --compressor SPEC every
+ * tensor is declared compressed (unisum_declare_ex; those below
+ * UNISUM_MIN_COMPRESS_BYTES go raw) and its averages are the codec's, not
+ * exact: nothing is compared (tests/python/test_compress.py checks them).
  */
 #include <errno.h>
 #include <limits.h>
@@ -267,6 +270,7 @@ struct options {
 	int nmodes;
 	bool list;			/* print the table and exit */
 	bool autotune;			/* then a second job with UNISUM_AUTOTUNE=1 */
+	const char *compressor;		/* every tensor compressed (unisum_declare_ex), or NULL */
 };
 
 static void usage(FILE *out)
@@ -274,6 +278,7 @@ static void usage(FILE *out)
 	fprintf(out,
 		"usage: unisum bench --model NAME [-w WORKERS] [-s SERVERS] [--iters N] [--warmup N]\n"
 		"                    [--compute-ms MS] [--modes fifo,priority] [--autotune] [--list]\n"
+		"                    [--compressor SPEC]\n"
 		"\n"
 		"Emulates data-parallel training of NAME: every iteration a forward pass\n"
 		"waits for each tensor's push_pull of the previous iteration, a backward\n"
@@ -395,6 +400,8 @@ static int options_parse(int argc, char **argv, struct options *o)
 			rc = parse_int(a, v, 1, 1000000, &o->warmup);
 		else if (strcmp(a, "--modes") == 0)
 			rc = parse_modes(v, o);
+		else if (strcmp(a, "--compressor") == 0)
+			o->compressor = v;
 		else if (strcmp(a, "--compute-ms") == 0) {
 			char *end;
 			errno = 0;
@@ -554,10 +561,13 @@ static int mode_prepare(struct trainer *t, enum mode m)
 	for (int i = 0; i < t->params->n; i++) {
 		char name[32];
 		snprintf(name, sizeof name, "%s.%d", m == MODE_FIFO ? "fifo" : "prio", i);
-		int id = unisum_declare_sync(name, UNISUM_FLOAT32, t->params->v[i].count,
-					     m == MODE_FIFO ? i : -i, NULL);
+		int id = t->o->compressor != NULL
+				 ? unisum_declare_ex(name, UNISUM_FLOAT32, t->params->v[i].count,
+						     m == MODE_FIFO ? i : -i, t->o->compressor)
+				 : unisum_declare_sync(name, UNISUM_FLOAT32, t->params->v[i].count,
+						       m == MODE_FIFO ? i : -i, NULL);
 		if (id < 0)
-			return fail(t, "unisum_declare_sync");
+			return fail(t, t->o->compressor != NULL ? "unisum_declare_ex" : "unisum_declare_sync");
 		t->ids[i] = id;
 		for (size_t j = 0; j < t->params->v[i].count; j++)
 			t->bufs[i][j] = fill_value(i, j, t->rank);
@@ -692,10 +702,10 @@ static void print_header(const struct trainer *t)
 	format_bytes(partition, sizeof partition, st.partition_bytes);
 	printf("unisum bench --model %s: %d tensors, %.1f MiB float32, %d workers, %d servers, "
 	       "compute %g ms/iteration, credit %s, partition %s, %d iterations after %d warm-up, "
-	       "sync %s\n",
+	       "sync %s, compressor %s\n",
 	       t->o->model->name, t->params->n, (double)param_total(t->params) * 4 / MIB, t->size,
 	       bench_config()->num_servers, t->o->compute_ms, credit, partition, t->o->iters,
-	       t->o->warmup, bench_config()->sync);
+	       t->o->warmup, bench_config()->sync, t->o->compressor ? t->o->compressor : "none");
 	printf("%-9s %12s %14s %22s\n", "mode", "iter mean", "iter median", "first-layer-ready mean");
 	fflush(stdout);
 }
@@ -762,7 +772,7 @@ static int bench_model_worker(const struct options *o, const struct param_list *
 	int group;
 	if (wire_sync_parse(bench_config()->sync, &sync, &group) == 0) {
 		t.held = wire_sync_held(sync);
-		t.exact = !t.held && group == 0;
+		t.exact = !t.held && group == 0 && o->compressor == NULL;
 	}
 	t.fwd_s = o->compute_ms / 3.0 / params->n * 1e-3;
 	t.bwd_s = o->compute_ms * 2.0 / 3.0 / params->n * 1e-3;
@@ -834,7 +844,8 @@ static int launch_self(const struct options *o)
 	}
 	/* Every worker its own machine: the pipeline under test is the servers'. */
 	char *cmd[] = {self, "bench", "--model", (char *)o->model->name, "--iters", itbuf, "--warmup",
-		       wubuf, "--compute-ms", msbuf, "--modes", modes, NULL};
+		       wubuf, "--compute-ms", msbuf, "--modes", modes,
+		       o->compressor ? "--compressor" : NULL, (char *)o->compressor, NULL};
 	struct launch_opts job = {.num_workers = o->workers, .num_servers = o->servers,
 				  .local_size = 1, .cmd = cmd};
 	int rc = launch_child(&job);
