@@ -47,6 +47,12 @@
  *                             one-partition urgent tensor and lets the servers go
  *                             on (the send order is checked from the timeline by
  *                             test_pipeline.sh); both sums are checked
+ *   check_sums compressed N   N rounds of compressed tensors (unisum_declare_ex), whose
+ *                             exact results are known: fp16 with error feedback on
+ *                             small integers (a sum of them is exact in fp16: every
+ *                             residual stays 0), and onebit without scaling on +-1
+ *                             (the sign of each machine's sum, then of their sum,
+ *                             zero counting as +)
  *   (CHECK_SUMS_NO_SHUTDOWN=1: every mode ends by returning from main
  *   without unisum_shutdown; CHECK_SUMS_EARLY=1: in `rounds N` rank 0 runs
  *   one round only)
@@ -324,6 +330,64 @@ static void mode_rounds(int n)
 		verify("rounds", UNISUM_INT64, 1000 + (uint64_t)r, buf, COUNT, false);
 	}
 	printf("rank %d: %d rounds ok\n", rank, n);
+}
+
+/* Rank r's element i of compressed round `round`: a small integer. */
+static float comp_value(int r, int round, size_t i)
+{
+	return (float)((int)((i * 7 + (size_t)round * 13 + (size_t)r * 5) % 61) - 30);
+}
+
+static void mode_compressed(int n)
+{
+	enum { COUNT = 100003 };	/* 400 KB: above UNISUM_MIN_COMPRESS_BYTES */
+	int L = unisum_local_size(), M = size / L;
+	int t16 = unisum_declare_ex("comp.fp16", UNISUM_FLOAT32, COUNT, 0, "fp16,ef=vanilla");
+	check(t16, "declare comp.fp16");
+	int t1 = unisum_declare_ex("comp.onebit", UNISUM_FLOAT32, COUNT, 1, "onebit,scaling=0");
+	check(t1, "declare comp.onebit");
+	float *a = malloc(COUNT * sizeof *a), *b = malloc(COUNT * sizeof *b);
+	float *oa = malloc(COUNT * sizeof *oa), *ob = malloc(COUNT * sizeof *ob);
+	if (!a || !b || !oa || !ob) {
+		fprintf(stderr, "check_sums: out of memory\n");
+		exit(1);
+	}
+	for (int round = 0; round < n; round++) {
+		for (size_t i = 0; i < COUNT; i++) {
+			a[i] = comp_value(rank, round, i);
+			b[i] = comp_value(rank, round, i) < 0 ? -1.0f : 1.0f;
+		}
+		unisum_handle h16, h1;
+		check(unisum_push_pull_async(t16, a, oa, round % 2 ? UNISUM_AVERAGE : 0, &h16),
+		      "push_pull comp.fp16");
+		check(unisum_push_pull_async(t1, b, ob, 0, &h1), "push_pull comp.onebit");
+		check(unisum_wait(h16), "wait comp.fp16");
+		check(unisum_wait(h1), "wait comp.onebit");
+		for (size_t i = 0; i < COUNT; i++) {
+			float sum = 0;
+			int votes = 0;
+			for (int m = 0; m < M; m++) {
+				float ms = 0;
+				for (int j = 0; j < L; j++) {
+					sum += comp_value(m * L + j, round, i);
+					ms += comp_value(m * L + j, round, i) < 0 ? -1.0f : 1.0f;
+				}
+				votes += ms < 0 ? -1 : 1;
+			}
+			float want16 = round % 2 ? sum / (float)size : sum, want1 = votes < 0 ? -1.0f : 1.0f;
+			if (oa[i] != want16 || ob[i] != want1) {
+				fprintf(stderr, "check_sums: rank %d compressed round %d element %zu: fp16 %g "
+					"(expected %g), onebit %g (expected %g)\n", rank, round, i, oa[i],
+					want16, ob[i], want1);
+				exit(1);
+			}
+		}
+	}
+	free(a);
+	free(b);
+	free(oa);
+	free(ob);
+	printf("rank %d: %d compressed rounds ok\n", rank, n);
 }
 
 static void mode_many(int n)
@@ -998,6 +1062,8 @@ int main(int argc, char **argv)
 		mode_sums(argc > 2 && strcmp(argv[2], "--big") == 0);
 	else if (strcmp(mode, "rounds") == 0)
 		mode_rounds(arg);
+	else if (strcmp(mode, "compressed") == 0)
+		mode_compressed(arg);
 	else if (strcmp(mode, "many") == 0)
 		mode_many(arg);
 	else if (strcmp(mode, "shuffle") == 0)
