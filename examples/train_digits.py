@@ -26,9 +26,10 @@ over all every UNISUM_DSSYNC_GLOBAL_EVERY steps and at the end).
 --compressor compresses the gradients the BytePS way (DistributedOptimizer's
 compression_params): a compressor and BytePS's keys, e.g.
 "onebit,ef=vanilla,momentum=nesterov" or "topk,k=0.01,ef=vanilla"; with
-momentum=nesterov the momentum moves from SGD into the compressor.  Only
-gradients of 64 KiB and more are compressed (UNISUM_MIN_COMPRESS_BYTES=0:
-all).  With --ddp, --powersgd R adds PyTorch's PowerSGD comm hook of rank R,
+momentum=nesterov the momentum moves from SGD into the compressor, which is
+meant for UNISUM_MIN_COMPRESS_BYTES=0 (every gradient compressed: the
+smaller ones would otherwise have no momentum at all).  Only gradients of
+64 KiB and more are compressed by default (here fc1.weight).  With --ddp, --powersgd R adds PyTorch's PowerSGD comm hook of rank R,
 the peer of compression.
 
 The digits data set ships inside python3-sklearn: nothing is downloaded.
