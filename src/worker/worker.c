@@ -792,6 +792,8 @@ int worker_declare_in(struct worker *w, int set, const char *name, unisum_dtype 
 			  NULL);
 }
 
+_Static_assert(COMPRESS_SPEC_MAX < WIRE_SPEC_MAX, "a canonical spec must fit DECLARE's");
+
 int worker_declare_ex(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
 		      int priority, const char *compression)
 {
