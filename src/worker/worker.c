@@ -803,7 +803,7 @@ int worker_declare_ex(struct worker *w, const char *name, unisum_dtype dtype, si
 		return log_fail(UNISUM_EINVAL, "unisum_declare: the name must have 1 to 255 characters");
 	struct compress_spec spec = {.kind = COMPRESS_NONE};
 	char err[256];
-	if (compression != NULL && compression[0] != '\0' &&
+	if (compression != NULL && compression[0] != '\0' && strcmp(compression, "none") != 0 &&
 	    compress_spec_parse(compression, &spec, err, sizeof err) != 0)
 		return log_fail(UNISUM_EINVAL, "unisum_declare_ex('%s'): compression '%s': %s", name,
 				compression, err);

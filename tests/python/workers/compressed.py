@@ -60,6 +60,11 @@ def main():
         assert rc == _capi.EINVAL and word in last_error(), (spec, rc, last_error())
     rc = lib.unisum_declare_ex(b"bad", _capi.FLOAT64, 100000, 0, b"onebit")
     assert rc == _capi.EINVAL and "float32" in last_error(), (rc, last_error())
+    # "none" (and "") declare an uncompressed tensor, of any dtype.
+    tid = lib.unisum_declare_ex(b"c.none", _capi.FLOAT64, 100000, 0, b"none")
+    assert tid >= 0, last_error()
+    rc, out = push_pull(tid, np.full(100000, rank + 0.5))
+    assert rc == 0 and np.all(out == sum(r + 0.5 for r in range(size))), (rc, out[:2])
 
     # Two specs for one tensor: every rank's push_pull fails, naming both.
     spec = "onebit" if rank == 0 else "topk,k=0.5"
