@@ -436,6 +436,18 @@ static void *server_main(void *arg)
 	return NULL;
 }
 
+/* Runs job j's one server (one engine, no stall warnings) on a thread. */
+static pthread_t server_start(const struct job *j, struct server_run_arg *srv)
+{
+	*srv = (struct server_run_arg){.cfg = j->cfg};
+	srv->cfg.role = CONFIG_ROLE_SERVER;
+	srv->cfg.engine_threads = 1;
+	srv->cfg.stall_warn_ms = 60000;
+	pthread_t server;
+	assert_int_equal(pthread_create(&server, NULL, server_main, srv), 0);
+	return server;
+}
+
 /* Connects to the server at `at` and says hello as node `id`.  Returns
  * the connection, or NULL when the server hung up on the hello. */
 static struct tp_conn *hello(const struct rdv_node *at, uint32_t id, bool expect_hangup)
@@ -529,12 +541,8 @@ static void test_server_takes_global_tensors_from_roots(void **state)
 	(void)state;
 	struct job j;
 	job_start(&j, 2, 1);
-	struct server_run_arg srv = {.cfg = j.cfg};
-	srv.cfg.role = CONFIG_ROLE_SERVER;
-	srv.cfg.engine_threads = 1;
-	srv.cfg.stall_warn_ms = 60000;
-	pthread_t server;
-	assert_int_equal(pthread_create(&server, NULL, server_main, &srv), 0);
+	struct server_run_arg srv;
+	pthread_t server = server_start(&j, &srv);
 	struct node_run *workers[4];
 	for (int rank = 0; rank < 4; rank++)
 		workers[rank] = job_add(&j, CONFIG_ROLE_WORKER, rank / 2, rank % 2, 2);
@@ -629,12 +637,8 @@ static void test_server_refuses_malformed_compressed_push(void **state)
 	(void)state;
 	struct job j;
 	job_start(&j, 1, 1);
-	struct server_run_arg srv = {.cfg = j.cfg};
-	srv.cfg.role = CONFIG_ROLE_SERVER;
-	srv.cfg.engine_threads = 1;
-	srv.cfg.stall_warn_ms = 60000;
-	pthread_t server;
-	assert_int_equal(pthread_create(&server, NULL, server_main, &srv), 0);
+	struct server_run_arg srv;
+	pthread_t server = server_start(&j, &srv);
 	struct node_run *worker = job_add(&j, CONFIG_ROLE_WORKER, 0, 0, 1);
 	job_join(&j);
 	const struct rdv_node *at = rdv_client_server(worker->client, 0);
