@@ -87,6 +87,7 @@ _DTYPES: Dict[torch.dtype, int] = {
 _lock = threading.Lock()      # guards the tables below
 _initialized = False
 _tensors: Dict[str, Tuple[int, torch.dtype, int]] = {}   # name -> (tensor id, dtype, numel)
+_specs: Dict[str, str] = {}     # name -> its compression spec, for the compressed ones
 _ops: Dict[int, _Op] = {}     # handle -> _Op
 _calls: Dict[int, int] = {}   # process set id -> its collectives named by order (_by_order)
 _optimizer_counter = 0        # DistributedOptimizers made so far
@@ -436,6 +437,13 @@ def _declared(name: str, dtype: torch.dtype, numel: int, priority: int,
     key = (dtype, numel)
     with _lock:
         known = _tensors.get(name)
+        spec = _specs.get(name)
+    if known is not None and (spec or None) != (compression or None):
+        raise UnisumError(
+            "unisum.torch: tensor '%s' was declared %s and is now used %s; give it another "
+            "name" % (name, "compressed '%s'" % spec if spec else "uncompressed",
+                      "compressed '%s'" % compression if compression else "uncompressed"),
+            _capi.EMISMATCH)
     if known is not None:
         tid, dtype, numel = known
         if (dtype, numel) != key:
@@ -468,6 +476,8 @@ def _declared(name: str, dtype: torch.dtype, numel: int, priority: int,
     tid = _capi.check(rc, "unisum.torch: declare")
     with _lock:
         _tensors[name] = (tid, dtype, numel)
+        if compression:
+            _specs[name] = compression
     return tid
 
 
@@ -536,6 +546,7 @@ def _undeclare(name: str) -> None:
     worker has (unisum_undeclare)."""
     with _lock:
         known = _tensors.pop(name, None)
+        _specs.pop(name, None)
     if known is not None:
         _capi.check(_capi.lib.unisum_undeclare(known[0]), "unisum.torch: undeclare '%s'" % name)
 

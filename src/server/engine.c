@@ -284,6 +284,14 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 	k->comp = comp;
 	if (comp.kind != COMPRESS_NONE) {
 		k->wire_bytes = compress_codec_of(comp.kind)->bytes(&comp, (size_t)h->count);
+		if (k->wire_bytes > WIRE_MAX_DATA_PAYLOAD) {
+			srv_key_free(k);
+			snprintf(why, len, "key 0x%llx of '%s': %llu elements compressed '%s' take more "
+				 "than the 1 GiB a message carries", (unsigned long long)h->key, name,
+				 (unsigned long long)h->count, spec);
+			rc = UNISUM_EPROTO;
+			goto out_unlock;
+		}
 		k->comp_text = strdup(spec);
 		k->scratch = malloc(k->bytes ? k->bytes : 1);
 		if (k->comp_text == NULL || k->scratch == NULL ||
@@ -1016,6 +1024,8 @@ int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t ro
 		/* Shutting down (a late poison from the scheduler): nobody
 		 * would take it. */
 		pthread_mutex_unlock(&e->lock);
+		if (type == EVENT_REFUSE)
+			free((char *)why);
 		free(ev);
 		return 0;
 	}

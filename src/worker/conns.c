@@ -605,7 +605,7 @@ static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *m
 		wk_job_finish(j, 0, NULL);
 		return 0;
 	}
-	if (h->flags & WIRE_FLAG_COMPRESSED || (j->cs != NULL && !(h->flags & WIRE_FLAG_ZERO))) {
+	if (h->flags & WIRE_FLAG_COMPRESSED || j->cs != NULL) {
 		int rc = wk_take_compressed(c, h, j, msg, len);
 		if (rc != 0)
 			return rc > 0;

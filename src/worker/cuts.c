@@ -165,8 +165,9 @@ struct compress_state *wk_comp_state(const struct wk_tensor *t, const struct wk_
 	*rc = 0;
 	if (t->comp.kind == COMPRESS_NONE)
 		return NULL;
-	/* One round of the tensor at a time: the states are set up by the
-	 * first, which the later ones follow through the worker's lock. */
+	/* One round of the tensor at a time (t->busy): the states are set up
+	 * by the first, which every later one follows (the operation's
+	 * completion, under the worker's lock, orders them). */
 	struct wk_layout *M = (struct wk_layout *)L;
 	if (M->cs == NULL) {
 		struct compress_state *cs = calloc(M->nparts ? M->nparts : 1, sizeof *cs);

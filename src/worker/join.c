@@ -283,6 +283,30 @@ static int wk_join_contribute(struct worker *w, const struct rdv_announce *a,
 {
 	if (wk_ran_and_retired(w, a->name, a->life, a->round))
 		return 0;	/* announced again, after this worker was done with it */
+	/* A compressed tensor: a joined rank's zeros would go through its
+	 * momentum and error feedback, which are not zero.  Refused on every
+	 * rank, clearly, rather than summed wrongly or left waiting. */
+	uint64_t comp_key = 0;
+	char comp[WIRE_SPEC_MAX] = "";
+	pthread_mutex_lock(&w->lock);
+	for (int i = 0; i < w->ntensors && comp_key == 0; i++) {
+		const struct wk_tensor *t = w->tensors[i];
+		if (t != NULL && t->comp.kind != COMPRESS_NONE && t->ncuts > 0 &&
+		    strcmp(t->name, a->name) == 0) {
+			comp_key = t->cuts[0].key;
+			snprintf(comp, sizeof comp, "%s", t->comp_text);
+		}
+	}
+	pthread_mutex_unlock(&w->lock);
+	if (comp_key != 0) {
+		char why[WK_NAME_MAX + WIRE_SPEC_MAX + 200];
+		snprintf(why, sizeof why, "rank %d joined (unisum_join) while tensor '%s', compressed "
+			 "'%s', was in flight: a joined rank cannot contribute zeros through a "
+			 "compressor's momentum and error feedback, so the tensor fails on every rank",
+			 w->rank, a->name, comp);
+		rdv_client_poison_tensor(w->rdv, comp_key, why);
+		return log_fail(UNISUM_EINVAL, "unisum_join on worker %d: %s", w->rank, why);
+	}
 	int id = worker_declare_shaped(w, a->name, a->dtype, (size_t)a->count,
 				       a->shape.ndim > 0 ? &a->shape : NULL, 0);
 	if (id < 0)

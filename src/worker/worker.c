@@ -810,6 +810,13 @@ int worker_declare_ex(struct worker *w, const char *name, unisum_dtype dtype, si
 	if (spec.kind != COMPRESS_NONE && dtype != UNISUM_FLOAT32)
 		return log_fail(UNISUM_EINVAL, "unisum_declare_ex('%s'): compression '%s' takes "
 				"float32 tensors, not %s", name, compression, unisum_dtype_name(dtype));
+	size_t part = (size_t)(w->cfg.partition_bytes / 4);
+	if (spec.kind != COMPRESS_NONE &&
+	    compress_codec_of(spec.kind)->bytes(&spec, part) > WIRE_MAX_DATA_PAYLOAD)
+		return log_fail(UNISUM_EINVAL, "unisum_declare_ex('%s'): compression '%s' encodes a "
+				"partition of UNISUM_PARTITION_BYTES=%llu in more than the 1 GiB a message "
+				"carries", name, compression,
+				(unsigned long long)w->cfg.partition_bytes);
 	if (spec.kind != COMPRESS_NONE && (uint64_t)count * 4 < w->cfg.min_compress_bytes) {
 		/* As BytePS: small tensors cost more to compress than to send. */
 		LOG_DEBUG("tensor '%s' (%zu bytes) is below UNISUM_MIN_COMPRESS_BYTES=%llu: "
@@ -1093,9 +1100,11 @@ static int wk_start(struct worker *w, int tensor, const struct wk_op *tmpl, unis
 			wk_op_fail(op, rc, log_last_error());
 			return 0;
 		}
-	} else if (w->cfg.autotune && op->t->nranks == 0) {
+	} else if (w->cfg.autotune && op->t->nranks == 0 && op->t->comp.kind == COMPRESS_NONE) {
 		/* A process set's tensors keep their declared cut: autotune
-		 * settles the global set's, which every rank runs. */
+		 * settles the global set's, which every rank runs.  So do
+		 * compressed tensors: their momentum and error feedback live
+		 * per partition of the cut, on the workers and the servers. */
 		if (w->rank == 0)
 			tune_saw_round(w->tuner, op->round);
 		L = wk_tuned_cut(op, false, &rc);

@@ -148,3 +148,28 @@ def test_info_lists_the_compressors():
     for name in ("onebit", "topk", "randomk", "dithering", "fp16", "bf16", "ef=vanilla|sparse",
                  "UNISUM_MIN_COMPRESS_BYTES"):
         assert name in out, name
+
+
+def test_join_refuses_a_compressed_tensor_in_flight(tmp_path):
+    """A rank that joins while a compressed push_pull is in flight cannot
+    contribute zeros through the compressor's state: every rank fails,
+    naming the tensor and its spec, and nobody waits forever."""
+    from conftest import run_launch, describe
+    rc, out, err = run_launch(3, 2, "compressed_join.py", local_size=1, timeout=60)
+    assert rc == 0, describe(rc, out, err)
+    for r in range(3):
+        assert "rank %d: compressed join refused" % r in out, describe(rc, out, err)
+
+
+def test_python_refuses_a_name_with_another_compression():
+    import unisum.torch as us
+    from unisum import _capi
+    us._specs["x.spec"] = "onebit"
+    us._tensors["x.spec"] = (0, None, 10)
+    try:
+        with pytest.raises(us.UnisumError, match="compressed 'onebit' and is now used "
+                                                 "uncompressed"):
+            us._declared("x.spec", None, 10, 0)
+    finally:
+        us._specs.pop("x.spec")
+        us._tensors.pop("x.spec")
