@@ -1141,14 +1141,17 @@ class Compression:
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the user's optimizer class by DistributedOptimizer()."""
 
+    _unisum_class: Any      # the class DistributedOptimizer() made (set there)
+
     def __init__(self, params: Iterable[Dict[str, Any]],
                  named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]],
                  compression: _Compressor, backward_passes_per_step: int,
                  shared_gradients: bool = True, reduce: Optional[Dict[str, Any]] = None) -> None:
-        # self.__class__ is the class DistributedOptimizer() made, whose base
-        # is the user's optimizer class: its constructor has defaults for
-        # everything but the parameters, which torch.optim.Optimizer's has not.
-        super(self.__class__, self).__init__(params)  # type: ignore[call-arg]
+        # self._unisum_class is the class DistributedOptimizer() made, whose
+        # base is the user's optimizer class: its constructor has defaults
+        # for everything but the parameters, which torch.optim.Optimizer's
+        # has not.
+        super(self._unisum_class, self).__init__(params)  # type: ignore[call-arg]
         self._compression = compression
         self._passes = backward_passes_per_step
         # How gradients are reduced (DistributedOptimizer's op,
@@ -1247,7 +1250,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         DS-Sync, parameters rather than gradients: the groups drift apart
         between global steps, and averaging what they hold is what pulls
         them together), or over every worker on a global step."""
-        loss = super(self.__class__, self).step(closure)
+        loss = super(self._unisum_class, self).step(closure)
         self._exchange([(p, p.data) for group in self.param_groups for p in group["params"]],
                        _capi.AVERAGE)
         return loss
@@ -1277,7 +1280,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         the change it made goes to the servers as a delta (added at once,
         no worker waiting for another), and the parameters become the
         servers' values as they stand."""
-        loss = super(self.__class__, self).step(closure)
+        loss = super(self._unisum_class, self).step(closure)
         self._exchange([(p, p.data - self._async_old[p]) for group in self.param_groups
                         for p in group["params"]], 0)
         return loss
@@ -1441,7 +1444,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     "`with optimizer.skip_synchronize(): optimizer.step()` after synchronize().")
             self.synchronize()
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        return super(self._unisum_class, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Zeroes the gradients as the wrapped optimizer does.
@@ -1457,7 +1460,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._handles:
             raise UnisumError("unisum.torch: zero_grad() between backward() and step() would "
                               "discard gradients being summed; call step() or synchronize() first")
-        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        return super(self._unisum_class, self).zero_grad(set_to_none=set_to_none)
 
 
 _OptimizerT = TypeVar("_OptimizerT", bound=torch.optim.Optimizer)
@@ -1619,6 +1622,9 @@ def DistributedOptimizer(optimizer: _OptimizerT,
               "compression": spec}
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
+    # The wrapper's methods call the wrapped class's through this class,
+    # not self.__class__, which a subclass of it would make recurse.
+    cls._unisum_class = cls
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                   shared_gradients, reduce)
     wrapped.load_state_dict(optimizer.state_dict())

@@ -80,6 +80,18 @@ def max_distance(a, b):
 
 # ---- 1. N workers == one process on the concatenated batch -----------------
 
+def test_subclass_of_the_wrapped_optimizer(tmp_path):
+    """A subclass of the class DistributedOptimizer() made (as frameworks
+    subclass what they are given) steps without recursing, and trains
+    exactly as the class itself."""
+    check_launch(2, 1, "subclassed.py", tmp_path, local_size=1)
+    for r in range(2):
+        got = common.load(tmp_path, r)
+        assert len(got["sub"]) == 4
+        for a, b in zip(got["plain"], got["sub"]):
+            assert all(torch.equal(p, q) for p, q in zip(a, b))
+
+
 @pytest.mark.parametrize("nworkers", [1, 2, 4])
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 def test_equivalence_with_single_process(trained, kind, nworkers):
