@@ -1446,11 +1446,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         return super(self._unisum_class, self).step(closure)
 
-    def zero_grad(self, set_to_none: bool = False) -> None:
+    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """Zeroes the gradients as the wrapped optimizer does.
 
         Args:
-            set_to_none: Set each ``.grad`` to None instead of zeroing it.
+            set_to_none: Set each ``.grad`` to None instead of zeroing it;
+                None: the wrapped optimizer's own default (False in
+                PyTorch 1.x, True from 2.0).
 
         Raises:
             UnisumError: When gradients are being summed (after backward(),
@@ -1460,6 +1462,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._handles:
             raise UnisumError("unisum.torch: zero_grad() between backward() and step() would "
                               "discard gradients being summed; call step() or synchronize() first")
+        if set_to_none is None:
+            return super(self._unisum_class, self).zero_grad()
         return super(self._unisum_class, self).zero_grad(set_to_none=set_to_none)
 
 

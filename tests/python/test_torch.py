@@ -50,12 +50,13 @@ def trained(tmp_path_factory):
     (shared memory, then the servers)."""
     cache = {}
 
-    def get(nworkers, passes=1):
-        key = (nworkers, passes)
+    def get(nworkers, passes=1, set_to_none=False):
+        key = (nworkers, passes, set_to_none)
         if key not in cache:
-            outdir = tmp_path_factory.mktemp("train_w%d_p%d" % key)
+            outdir = tmp_path_factory.mktemp("train_w%d_p%d_n%d" % key)
             nservers = 1 if nworkers == 1 else 2
-            check_launch(nworkers, nservers, "train.py", outdir, "--passes", passes, timeout=120,
+            check_launch(nworkers, nservers, "train.py", outdir, "--passes", passes,
+                         *(["--set-to-none"] if set_to_none else []), timeout=120,
                          local_size=2 if nworkers == 4 else None)
             results = [common.load(outdir, r) for r in range(nworkers)]
             for r, res in enumerate(results):
@@ -124,6 +125,18 @@ def test_equivalence_with_single_process(trained, kind, nworkers):
             common.loss_fn(model, xs, ys).backward()
             opt.step()
         assert max_distance(common.snapshot(model), ref[-1]) > 1000 * ATOL
+
+
+def test_equivalence_with_gradients_set_to_none(trained):
+    """zero_grad(set_to_none=True) (PyTorch 2's default; the wrapper
+    passes None on to the wrapped optimizer's own default): every step
+    makes fresh gradients, which are summed as the shared ones were (two
+    machines of 2, the gradients in the shared arenas)."""
+    ref = reference("sgd")
+    for rank, res in enumerate(trained(4, set_to_none=True)):
+        for step in range(common.STEPS):
+            assert_params_close(res["sgd"][step], ref[step],
+                                "set_to_none, rank %d, after step %d" % (rank, step + 1))
 
 
 # ---- 2. identical parameters on every rank after every step --------------

@@ -24,6 +24,8 @@ def main():
     ap.add_argument("outdir")
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--steps", type=int, default=common.STEPS)
+    ap.add_argument("--set-to-none", action="store_true",
+                    help="zero_grad(set_to_none=True), PyTorch 2's default")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -41,7 +43,7 @@ def main():
         history = []
         for step in range(args.steps):
             xs, ys = common.shard(x, y, step, rank, size)
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=True) if args.set_to_none else opt.zero_grad()
             for xp, yp in zip(xs.chunk(args.passes), ys.chunk(args.passes)):
                 (common.loss_fn(model, xp, yp) / args.passes).backward()
             opt.step()
