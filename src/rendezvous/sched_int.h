@@ -133,8 +133,9 @@ void sched_free_racks(struct rdv_scheduler *s);
 void sched_log_loads(struct rdv_scheduler *s, int64_t now);
 void sched_poison(struct rdv_scheduler *s, uint64_t key, const char *why);
 /* A worker or a server reported that the workers of tensor `key` disagree
- * on its collective (text): poison it, once.  0, or UNISUM_EPROTO with why
- * set when no such tensor is declared. */
+ * on its collective (text): poison it, once.  0 (also for a tensor key no
+ * longer declared: every worker undeclared it while the report was on its
+ * way), or UNISUM_EPROTO with why set for a key that is not a tensor's. */
 int sched_poison_reported(struct rdv_scheduler *s, uint64_t key, const char *text, char *why,
 			  size_t len);
 int sched_on_forget(struct rdv_scheduler *s, struct sched_node *n, uint64_t key, char *why,

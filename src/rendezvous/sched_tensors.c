@@ -246,9 +246,18 @@ int sched_poison_reported(struct rdv_scheduler *s, uint64_t key, const char *tex
 	for (int i = 0; i < s->ntensors && t == NULL; i++)
 		if (s->tensors[i].key == key)
 			t = &s->tensors[i];
-	if (t == NULL) {
-		snprintf(why, len, "ERROR about undeclared tensor key 0x%llx", (unsigned long long)key);
+	if (t == NULL && (key & 0xffff) != 0) {
+		snprintf(why, len, "ERROR about key 0x%llx, which is not a tensor's",
+			 (unsigned long long)key);
 		return UNISUM_EPROTO;
+	}
+	if (t == NULL) {
+		/* Forgotten: every worker undeclared it while the report was on
+		 * its way (a one-shot tensor of a rank that joined).  Nobody
+		 * holds it any more: nothing to poison. */
+		LOG_INFO("a report about tensor key 0x%llx, which every worker has undeclared: %s",
+			 (unsigned long long)key, text);
+		return 0;
 	}
 	if (t->poison == NULL)
 		LOG_ERROR("%s", text);
