@@ -329,24 +329,28 @@ static int srv_receive_push(struct srv_conn *c, struct srv_key *k, int w,
 	return rc;
 }
 
-/* A PUSH of a compressed key, or one flagged compressed: its length must
- * be the key's codec's.  A push that is not (or a compressed push of a raw
- * key) is read and dropped, and the key refused: every pull of it fails
- * with the reason, while the connection and the other keys go on.  What
- * the bytes decode to is checked by the engine as it sums. */
-static int srv_on_compressed_push(struct server *srv, struct srv_conn *c, struct srv_key *k, int w,
-				  const struct wire_hdr *h, char *why, size_t len)
+/* Whether a push of key k is what the key takes as compressed bytes: a
+ * raw key takes none, a compressed key only its codec's encoding. */
+static bool srv_push_encoding_fits(const struct srv_key *k, const struct wire_hdr *h)
 {
-	bool ok = k->comp.kind != COMPRESS_NONE && (h->flags & WIRE_FLAG_COMPRESSED) &&
-		  h->payload_len == k->wire_bytes;
-	int rc = ok ? srv_receive_push(c, k, w, h, why, len)
-		    : c->tp->recv_payload(c->conn, NULL, h->payload_len);
+	bool flagged = (h->flags & WIRE_FLAG_COMPRESSED) != 0;
+	if (k->comp.kind == COMPRESS_NONE)
+		return !flagged;
+	return flagged && h->payload_len == k->wire_bytes;
+}
+
+/* A push that does not fit its key's encoding (srv_push_encoding_fits) is
+ * read and dropped, and the key refused: every pull of it fails with the
+ * reason, while the connection and the other keys go on.  What the bytes
+ * of a push that fits decode to is checked by the engine as it sums. */
+static int srv_refuse_push(struct server *srv, struct srv_conn *c, struct srv_key *k, int w,
+			   const struct wire_hdr *h)
+{
+	int rc = c->tp->recv_payload(c->conn, NULL, h->payload_len);
 	if (rc != 0)
 		return rc;
 	k->next_round[w]++;
 	srv_ack_push(srv, c, h);
-	if (ok)
-		return srv_post(srv, EVENT_PUSH, k, w, h->round, false, h->aux, NULL);
 	char msg[512], who[64];
 	srv_worker_name(srv, c->worker, who, sizeof who);
 	if (k->comp.kind == COMPRESS_NONE)
@@ -386,8 +390,8 @@ static int srv_on_push_msg(struct server *srv, struct srv_conn *c, const struct 
 		srv_ack_push(srv, c, h);
 		return 0;
 	}
-	if (k->comp.kind != COMPRESS_NONE || (h->flags & WIRE_FLAG_COMPRESSED))
-		return srv_on_compressed_push(srv, c, k, w, h, why, len);
+	if (!srv_push_encoding_fits(k, h))
+		return srv_refuse_push(srv, c, k, w, h);
 	if (!(h->flags & WIRE_FLAG_ZERO)) {
 		int rc = srv_receive_push(c, k, w, h, why, len);
 		if (rc != 0)

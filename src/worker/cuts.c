@@ -223,7 +223,6 @@ void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L)
 		if (old == L || old->retired || (L != NULL && old->homed != 0))
 			continue;
 		old->retired = true;
-		wk_layout_free_cs(old);	/* its last round is done */
 		for (uint32_t i = 0; (w->to_servers || t->nranks > 0) && i < old->nparts; i++) {
 			struct wk_job *j = calloc(1, sizeof *j);
 			if (j == NULL)
