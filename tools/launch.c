@@ -257,6 +257,14 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 				c->name, (int)c->pid, what);
 		return;
 	}
+	if (code != 0 && c->role == CHILD_SERVER && l->server_failover && !WIFEXITED(status)) {
+		/* Killed or crashed: the scheduler moves its partitions to the
+		 * other servers (UNISUM_SERVER_FAILOVER), or fails the job and
+		 * says why. */
+		fprintf(stderr, "unisum launch: %s (pid %d) %s; the job goes on without it "
+			"(UNISUM_SERVER_FAILOVER=1)\n", c->name, (int)c->pid, what);
+		return;
+	}
 	if (code != 0 && child_is_echo(l, c, status)) {
 		/* It failed on the news of another process's failure: that one
 		 * is blamed when it ends, within a second; this one only if

@@ -86,6 +86,7 @@ struct launcher {
 	/* Options. */
 	int num_workers;		/* -w: worker processes of the whole job */
 	int num_servers;		/* -s */
+	bool server_failover;		/* UNISUM_SERVER_FAILOVER with several servers */
 	int local_size;			/* --local-size, or --nproc-per-node's L; 0 = not given */
 	bool one_machine;		/* --nproc-per-node: one machine of a job, no
 					 * scheduler and no servers here */

@@ -207,6 +207,9 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 	}
 	if (job_id_choose(l, &env) < 0)
 		return LAUNCH_EXIT_USAGE;
+	/* A server that dies is the scheduler's to replace, not a failure
+	 * of the job (unless its failover cannot: then it fails the job). */
+	l->server_failover = env.server_failover != 0 && l->num_servers > 1;
 	if (l->one_machine) {
 		if (l->remote && launch_remote_secret() < 0)
 			return LAUNCH_EXIT_USAGE;

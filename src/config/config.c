@@ -96,6 +96,9 @@ static const struct knob config_knobs[] = {
 	 1LL << 50, "each worker's shared arena, mapped by the other workers of its machine, for "
 	 "unisum_alloc and staged tensors (pages taken as used; 0: none); what does not fit "
 	 "comes from ordinary memory and goes by cross-memory attach"},
+	{"UNISUM_SERVER_FAILOVER", NULL, NULL, KNOB_INT, FIELD(server_failover), "1", 0, 1,
+	 "1: when a server is lost, the scheduler moves its partitions to the others and the "
+	 "round completes with exact sums (lock-step tensors); 0: the job fails, naming it"},
 	{"UNISUM_IPC", NULL, NULL, KNOB_INT, FIELD(ipc), "1", 0, 1,
 	 "1: a worker and a server on the same host pass the data by cross-memory attach (the "
 	 "socket carries headers only; BytePS's IPC mode); 0: through the socket"},

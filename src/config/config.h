@@ -83,6 +83,7 @@ struct config {
 	uint64_t local_stage_bytes;	/* one machine: stage tensors this large (0: never) */
 	uint64_t local_arena_bytes;	/* shared memory per local worker for staging */
 	int ipc;			/* same-host servers: data by cross-memory attach */
+	int server_failover;		/* a lost server's partitions move to the others */
 	int placement;			/* scheduler: enum placement_policy */
 };
 

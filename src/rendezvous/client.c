@@ -52,6 +52,10 @@ struct rdv_client {
 		struct rdv_announce a;
 	} *early_join;			/* join events that came before the callback */
 	int nearly_join;
+	rdv_failover_fn failover;	/* FAILOVER (workers), or NULL; under lock */
+	void *failover_arg;
+	struct rdv_failover *early_fo;	/* FAILOVERs that came before the callback */
+	int nearly_fo;
 	pthread_t reader;		/* reads everything the scheduler sends */
 	pthread_t heartbeat;		/* says we are alive; watches the scheduler */
 	bool heartbeat_started;
@@ -178,6 +182,44 @@ void rdv_client_on_join(struct rdv_client *c, rdv_join_fn fn, void *arg)
 	pthread_mutex_unlock(&c->lock);
 }
 
+/* A FAILOVER: handed to the callback, or kept for it (in order). */
+static void rdv_on_failover(struct rdv_client *c, struct rdv_failover *f)
+{
+	pthread_mutex_lock(&c->lock);
+	rdv_failover_fn fn = c->failover;
+	void *arg = c->failover_arg;
+	if (fn == NULL) {
+		struct rdv_failover *e = realloc(c->early_fo, (size_t)(c->nearly_fo + 1) * sizeof *e);
+		if (e != NULL) {
+			c->early_fo = e;
+			e[c->nearly_fo++] = *f;
+			f->keys = NULL;		/* kept */
+			f->servers = NULL;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (fn != NULL)
+		fn(arg, f);
+	free(f->keys);
+	free(f->servers);
+}
+
+void rdv_client_on_failover(struct rdv_client *c, rdv_failover_fn fn, void *arg)
+{
+	pthread_mutex_lock(&c->lock);
+	for (int i = 0; i < c->nearly_fo; i++) {
+		fn(arg, &c->early_fo[i]);
+		free(c->early_fo[i].keys);
+		free(c->early_fo[i].servers);
+	}
+	free(c->early_fo);
+	c->early_fo = NULL;
+	c->nearly_fo = 0;
+	c->failover_arg = arg;
+	c->failover = fn;
+	pthread_mutex_unlock(&c->lock);
+}
+
 int rdv_client_join(struct rdv_client *c)
 {
 	struct wire_hdr h = {.type = WIRE_JOIN, .sender = c->id};
@@ -254,6 +296,18 @@ static void *rdv_reader_main(void *arg)
 				return NULL;
 			}
 			rdv_on_join_event(c, RDV_ANNOUNCED, -1, &a);
+			break;
+		}
+		case WIRE_FAILOVER: {
+			struct rdv_failover f;
+			int bad = rdv_failover_decode(&h, payload, h.payload_len, &f);
+			free(payload);
+			if (bad) {
+				rdv_fail(c, bad, "the scheduler sent a malformed FAILOVER (is every node "
+					 "the same unisum version?)");
+				return NULL;
+			}
+			rdv_on_failover(c, &f);
 			break;
 		}
 		case WIRE_SHUTDOWN:
@@ -724,6 +778,11 @@ void rdv_client_free(struct rdv_client *c)
 	free(c->reply_payload);
 	free(c->early);
 	free(c->early_join);
+	for (int i = 0; i < c->nearly_fo; i++) {
+		free(c->early_fo[i].keys);
+		free(c->early_fo[i].servers);
+	}
+	free(c->early_fo);
 	free(c->nodes);
 	pthread_mutex_destroy(&c->request_lock);
 	pthread_mutex_destroy(&c->send_lock);

@@ -253,6 +253,45 @@ int rdv_tune_decode(const void *payload, size_t len, uint32_t epoch, struct rdv_
 	return 0;
 }
 
+void rdv_failover_encode(const struct rdv_failover *f, struct wire_hdr *h, struct wire_buf *b)
+{
+	h->type = WIRE_FAILOVER;
+	h->round = f->number;
+	h->aux = (uint32_t)f->dead;
+	wire_buf_u32(b, f->n);
+	for (uint32_t i = 0; i < f->n; i++) {
+		wire_buf_u64(b, f->keys[i]);
+		wire_buf_u32(b, f->servers[i]);
+	}
+	h->payload_len = b->len;
+}
+
+int rdv_failover_decode(const struct wire_hdr *h, const void *payload, size_t len,
+			struct rdv_failover *f)
+{
+	struct wire_reader r;
+	wire_reader_init(&r, payload, len);
+	*f = (struct rdv_failover){.number = h->round, .dead = (int)h->aux};
+	uint32_t n = wire_read_u32(&r);
+	if (r.failed || (uint64_t)n * 12 != r.left)
+		return UNISUM_EPROTO;
+	f->keys = malloc((n ? n : 1) * sizeof *f->keys);
+	f->servers = malloc((n ? n : 1) * sizeof *f->servers);
+	if (f->keys == NULL || f->servers == NULL) {
+		free(f->keys);
+		free(f->servers);
+		f->keys = NULL;
+		f->servers = NULL;
+		return UNISUM_ENOMEM;
+	}
+	f->n = n;
+	for (uint32_t i = 0; i < n; i++) {
+		f->keys[i] = wire_read_u64(&r);
+		f->servers[i] = wire_read_u32(&r);
+	}
+	return 0;
+}
+
 void rdv_announce_encode(const struct rdv_announce *a, struct wire_hdr *h, struct wire_buf *b)
 {
 	h->type = WIRE_ANNOUNCE;

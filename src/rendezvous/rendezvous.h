@@ -144,6 +144,26 @@ struct rdv_tune {
  * posts, in the order posted. */
 typedef void (*rdv_tune_fn)(void *arg, const struct rdv_tune *t);
 
+/* Server failover (UNISUM_SERVER_FAILOVER): server `dead` was lost and
+ * each piece key keys[i] now lives on server servers[i].  `number`
+ * counts the failovers of the job (1, 2 ...). */
+struct rdv_failover {
+	uint32_t number;
+	int dead;
+	uint32_t n;
+	uint64_t *keys;			/* [n], malloc'd by the decoder */
+	uint32_t *servers;		/* [n] */
+};
+/* Called on the reader thread (workers) for every FAILOVER, in order;
+ * the callee owns nothing of f. */
+typedef void (*rdv_failover_fn)(void *arg, const struct rdv_failover *f);
+void rdv_client_on_failover(struct rdv_client *c, rdv_failover_fn fn, void *arg);
+/* FAILOVER's codec: header round = number, aux = dead; payload u32 n,
+ * n x {u64 key, u32 server}.  decode: 0, UNISUM_EPROTO or UNISUM_ENOMEM. */
+void rdv_failover_encode(const struct rdv_failover *f, struct wire_hdr *h, struct wire_buf *b);
+int rdv_failover_decode(const struct wire_hdr *h, const void *payload, size_t len,
+			struct rdv_failover *f);
+
 /* Sets the callback of TUNE messages (before anyone posts one). */
 void rdv_client_on_tune(struct rdv_client *c, rdv_tune_fn fn, void *arg);
 

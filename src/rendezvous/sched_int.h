@@ -26,6 +26,7 @@ struct sched_node {
 	bool registered;		/* REGISTER received */
 	bool gone;			/* connection closed (normally or not) */
 	bool said_goodbye;		/* worker sent SHUTDOWN / server was stopped */
+	bool lost;			/* a server failed over (sched_failover) */
 	int role, req_rank, rank, port;
 	int local_rank, local_size;	/* as registered (servers: 0 and 1) */
 	int machine;			/* workers: rank / local_size; servers: -1 */
@@ -116,6 +117,9 @@ struct rdv_scheduler {
 	int nracks;
 	int64_t placed_ms;		/* when a tensor was last placed; 0 once logged */
 	int result;			/* what rdv_scheduler_wait returns */
+	int server_failover;		/* UNISUM_SERVER_FAILOVER */
+	uint8_t *lost;			/* [num_servers] lost and failed over, or NULL */
+	int failovers;			/* how many so far */
 	uint8_t *joined;		/* [num_workers] joined (unisum_join) since the last
 					 * JOIN_DONE, or NULL before the first JOIN */
 	int njoined, join_last;
@@ -142,5 +146,14 @@ int sched_on_forget(struct rdv_scheduler *s, struct sched_node *n, uint64_t key,
 		    size_t len);
 int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *req,
 		     const void *payload, size_t len);
+/* Server `dead` is lost: its partitions go to the live servers (each to
+ * the one furthest below its Theorem 1 share), and every worker gets
+ * FAILOVER.  0, or an error with why set when the job cannot go on
+ * without it (the last server; a tensor whose state it took). */
+int sched_failover(struct rdv_scheduler *s, int dead, char *why, size_t len);
+/* Moves every partition of a fresh placement that landed on a lost
+ * server to a live one. */
+void sched_avoid_lost(struct rdv_scheduler *s, const struct placement_part *parts,
+		      uint32_t *servers, uint32_t nparts, size_t esize);
 
 #endif /* UNISUM_SCHED_INT_H */

@@ -406,6 +406,141 @@ static int sched_refusal(const struct sched_tensor *t, const struct sched_node *
 	return UNISUM_EMISMATCH;
 }
 
+/* Whether server rank r was lost and failed over (its node is gone). */
+static bool sched_server_lost(const struct rdv_scheduler *s, int r)
+{
+	return s->lost != NULL && r >= 0 && r < s->num_servers && s->lost[r];
+}
+
+/* The live server furthest below its share (Theorem 1's weight) of the
+ * bytes placed so far, or -1 when none is left.  Called with s->lock
+ * held. */
+static int sched_least_loaded(const struct rdv_scheduler *s)
+{
+	int best = -1;
+	double best_fill = 0;
+	for (int r = 0; r < s->num_servers; r++) {
+		if (sched_server_lost(s, r))
+			continue;
+		double wgt = s->placement.weights != NULL ? s->placement.weights[r] : 1.0;
+		double fill = (double)s->placement.loads[r] / (wgt > 1e-9 ? wgt : 1e-9);
+		if (best < 0 || fill < best_fill) {
+			best = r;
+			best_fill = fill;
+		}
+	}
+	return best;
+}
+
+void sched_avoid_lost(struct rdv_scheduler *s, const struct placement_part *parts,
+		      uint32_t *servers, uint32_t nparts, size_t esize)
+{
+	for (uint32_t i = 0; s->lost != NULL && i < nparts; i++) {
+		if (!sched_server_lost(s, (int)servers[i]))
+			continue;
+		int to = sched_least_loaded(s);
+		if (to < 0)
+			return;
+		uint64_t bytes = parts[i].count * esize;
+		s->placement.loads[servers[i]] -= bytes <= s->placement.loads[servers[i]]
+							  ? bytes : s->placement.loads[servers[i]];
+		s->placement.loads[to] += bytes;
+		servers[i] = (uint32_t)to;
+	}
+}
+
+int sched_failover(struct rdv_scheduler *s, int dead, char *why, size_t len)
+{
+	int live = 0;
+	for (int r = 0; r < s->num_servers; r++)
+		live += r != dead && !sched_server_lost(s, r);
+	if (live == 0) {
+		snprintf(why, len, "it was the last server of the job: nothing is left to sum on");
+		return UNISUM_ECONN;
+	}
+	/* What failover cannot move: a server that held a value (async,
+	 * SSP) took it with it; the others need state the workers do not
+	 * keep (compressed keys' error feedback, a gathering collective's
+	 * rows that only their owner had). */
+	for (int i = 0; i < s->ntensors; i++) {
+		const struct sched_tensor *t = &s->tensors[i];
+		const char *what = t->sync != 0 ? "an async or SSP tensor, whose value the server held"
+				   : t->comp[0] != '\0' ? "a compressed tensor"
+				   : t->nsegs > 0 ? "a gathering collective's tensor (allgather, alltoall, "
+						    "reduce-scatter)"
+						  : NULL;
+		for (uint32_t p = 0; what != NULL && p < t->nparts; p++) {
+			if ((int)t->servers[p] == dead) {
+				snprintf(why, len, "it held partitions of '%s', %s, which failover "
+					 "does not move", t->name, what);
+				return UNISUM_ECONN;
+			}
+		}
+	}
+	if (s->lost == NULL && (s->lost = calloc((size_t)s->num_servers, 1)) == NULL) {
+		snprintf(why, len, "out of memory");
+		return UNISUM_ENOMEM;
+	}
+	uint32_t n = 0;
+	for (int i = 0; i < s->ntensors; i++)
+		for (uint32_t p = 0; p < s->tensors[i].nparts; p++)
+			n += (int)s->tensors[i].servers[p] == dead;
+	struct rdv_failover f = {.number = (uint32_t)s->failovers + 1, .dead = dead,
+				 .keys = malloc((n ? n : 1) * sizeof *f.keys),
+				 .servers = malloc((n ? n : 1) * sizeof *f.servers)};
+	if (f.keys == NULL || f.servers == NULL) {
+		free(f.keys);
+		free(f.servers);
+		snprintf(why, len, "out of memory");
+		return UNISUM_ENOMEM;
+	}
+	s->lost[dead] = 1;
+	s->failovers++;
+	int tensors = 0;
+	for (int i = 0; i < s->ntensors; i++) {
+		struct sched_tensor *t = &s->tensors[i];
+		size_t esize = unisum_dtype_size(t->dtype);
+		bool moved = false;
+		for (uint32_t p = 0; p < t->nparts; p++) {
+			if ((int)t->servers[p] != dead)
+				continue;
+			sched_avoid_lost(s, &t->parts[p], &t->servers[p], 1, esize);
+			f.keys[f.n] = t->key + p;
+			f.servers[f.n++] = t->servers[p];
+			moved = true;
+		}
+		tensors += moved;
+	}
+	s->placement.loads[dead] = 0;
+	struct wire_buf b;
+	wire_buf_init(&b);
+	struct wire_hdr h = {0};
+	rdv_failover_encode(&f, &h, &b);
+	if (b.failed) {
+		wire_buf_fini(&b);
+		free(f.keys);
+		free(f.servers);
+		snprintf(why, len, "out of memory");
+		return UNISUM_ENOMEM;
+	}
+	char to[256] = "";
+	size_t used = 0;
+	for (int r = 0; r < s->num_servers && used < sizeof to - 16; r++)
+		if (!sched_server_lost(s, r))
+			used += (size_t)snprintf(to + used, sizeof to - used, "%s%d", used ? ", " : "", r);
+	LOG_WARN("failover %d: server %d is lost; its %u partitions of %d tensors move to servers "
+		 "%s (UNISUM_SERVER_FAILOVER=1)", s->failovers, dead, f.n, tensors, to);
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *m = s->nodes[i];
+		if (m->registered && !m->gone && m->role == CONFIG_ROLE_WORKER)
+			sched_send(m, &h, b.data);
+	}
+	wire_buf_fini(&b);
+	free(f.keys);
+	free(f.servers);
+	return 0;
+}
+
 /* A new tensor: its cut and placement, filed in the table (*out); on the
  * servers of `rack` when it has any (a tensor of that rack's workers
  * alone).  0, UNISUM_ENOMEM, or UNISUM_EPROTO when it cannot be placed. */
@@ -455,6 +590,7 @@ static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *
 	}
 	if (rc != 0)
 		return rc == UNISUM_ENOMEM ? rc : UNISUM_EPROTO;
+	sched_avoid_lost(s, t->parts, t->servers, nparts, unisum_dtype_size(req->dtype));
 	t->nsegs = segs->n;
 	t->segs_hash = sched_segs_hash(segs);
 	t->shape = *shape;

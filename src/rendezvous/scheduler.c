@@ -367,7 +367,7 @@ static void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int 
 	int need = 0, have = 0;
 	for (int i = 0; i < s->nnodes; i++) {
 		struct sched_node *m = s->nodes[i];
-		if (!m->registered || !group_has(group, m->role))
+		if (!m->registered || !group_has(group, m->role) || m->lost)
 			continue;
 		need++;
 		have += m->in_barrier[group];
@@ -502,7 +502,7 @@ static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 		struct wire_hdr h = {.type = WIRE_SHUTDOWN};
 		for (int i = 0; i < s->nnodes; i++) {
 			struct sched_node *m = s->nodes[i];
-			if (m->registered && m->role == CONFIG_ROLE_SERVER) {
+			if (m->registered && m->role == CONFIG_ROLE_SERVER && !m->lost) {
 				m->said_goodbye = true;
 				sched_send(m, &h, NULL);
 			}
@@ -618,9 +618,20 @@ static void sched_node_gone(struct rdv_scheduler *s, struct sched_node *n, int r
 	sched_node_label(n, label, sizeof label);
 	if (rc == UNISUM_EPROTO || rc == UNISUM_EAUTH)
 		LOG_ERROR("closing the connection of %s: %s", label, why);
-	if (n->registered && !n->said_goodbye && s->error == 0 && !s->aborted) {
-		char msg[512];
-		if (rc == UNISUM_EPROTO)
+	char fo_why[300] = "";
+	if (n->registered && !n->said_goodbye && !n->lost && s->error == 0 && !s->aborted &&
+	    n->role == CONFIG_ROLE_SERVER && rc != UNISUM_EPROTO && s->server_failover &&
+	    s->book_sent) {
+		if (sched_failover(s, n->rank, fo_why, sizeof fo_why) == 0)
+			n->lost = true;
+	}
+	if (n->registered && !n->said_goodbye && !n->lost && s->error == 0 && !s->aborted) {
+		char msg[640];
+		if (fo_why[0] != '\0')
+			snprintf(msg, sizeof msg,
+				 "%s lost its connection to the scheduler without saying goodbye: it "
+				 "exited or crashed, and failover cannot replace it: %s", label, fo_why);
+		else if (rc == UNISUM_EPROTO)
 			snprintf(msg, sizeof msg, "%s broke the protocol: %s", label, why);
 		else
 			snprintf(msg, sizeof msg,
@@ -680,7 +691,7 @@ static bool sched_is_finished(const struct rdv_scheduler *s)
 /* Whether node n still has to prove it is alive. */
 static bool sched_node_is_watched(const struct sched_node *n)
 {
-	return n->registered && !n->gone && !n->said_goodbye;
+	return n->registered && !n->gone && !n->said_goodbye && !n->lost;
 }
 
 /* Every heartbeat_ms: a heartbeat to every live node, and the job fails,
@@ -852,12 +863,20 @@ static void *sched_monitor_main(void *arg)
 				continue;
 			int64_t silent = now - atomic_load(&n->last_seen_ms);
 			if (silent >= s->timeout_ms) {
-				char label[160], msg[400];
+				char label[160], msg[700], fo_why[300] = "";
+				if (n->role == CONFIG_ROLE_SERVER && s->server_failover &&
+				    sched_failover(s, n->rank, fo_why, sizeof fo_why) == 0) {
+					/* Its partitions live elsewhere now: cut it off. */
+					n->lost = true;
+					s->tp->conn_shutdown(n->conn);
+					continue;
+				}
 				snprintf(msg, sizeof msg,
 					 "%s has sent nothing for %lld ms: it is hung, stopped or cut off "
-					 "(UNISUM_TIMEOUT_MS=%d)",
+					 "(UNISUM_TIMEOUT_MS=%d)%s%s",
 					 sched_node_label(n, label, sizeof label), (long long)silent,
-					 s->timeout_ms);
+					 s->timeout_ms, fo_why[0] ? "; failover cannot replace it: " : "",
+					 fo_why);
 				sched_fail(s, UNISUM_ETIMEDOUT, msg);
 				s->culprit_role = n->role;
 				s->culprit_rank = n->rank;
@@ -973,6 +992,7 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 	s->timeout_ms = cfg->timeout_ms;
 	s->stall_warn_ms = cfg->stall_warn_ms;
 	s->stall_abort_ms = cfg->stall_abort_ms;
+	s->server_failover = cfg->server_failover;
 	s->start_timeout_ms = cfg->start_timeout_ms;
 	s->started_ms = timing_now_ms();
 	/* Grows as connections come (see sched_max_connections). */
@@ -1067,6 +1087,7 @@ void rdv_scheduler_free(struct rdv_scheduler *s)
 	free(s->nodes);
 	free(s->home_server);
 	free(s->joined);
+	free(s->lost);
 	sched_free_racks(s);
 	placement_fini(&s->placement);
 	pthread_mutex_destroy(&s->lock);

@@ -256,15 +256,19 @@ static struct srv_key *srv_check_data(struct server *srv, struct srv_conn *c, co
 			 wire_type_name(h->type), (unsigned long long)h->key);
 		return NULL;
 	}
-	if (h->dtype != k->dtype || (h->type == WIRE_PUSH && h->count != k->count)) {
+	bool data = h->type == WIRE_PUSH || h->type == WIRE_RESTORE;
+	if (h->dtype != k->dtype || (data && h->count != k->count)) {
 		snprintf(why, len, "%s of key 0x%llx as %s[%llu], declared %s[%llu]",
 			 wire_type_name(h->type), (unsigned long long)h->key, unisum_dtype_name(h->dtype),
 			 (unsigned long long)h->count, unisum_dtype_name(k->dtype),
 			 (unsigned long long)k->count);
 		return NULL;
 	}
-	uint32_t expect = k->next_round[*w] - (h->type == WIRE_PULL ? 1 : 0);
-	if (h->round != expect || (h->type == WIRE_PULL && k->next_round[*w] == 0)) {
+	/* A PULL, and a RESTORE (the round this worker received last), are of
+	 * the round it pushed last. */
+	bool last = h->type == WIRE_PULL || h->type == WIRE_RESTORE;
+	uint32_t expect = k->next_round[*w] - (last ? 1 : 0);
+	if (h->round != expect || (last && k->next_round[*w] == 0)) {
 		snprintf(why, len, "%s of key 0x%llx for round %u, expected round %u",
 			 wire_type_name(h->type), (unsigned long long)h->key, h->round, expect);
 		return NULL;
@@ -421,6 +425,37 @@ static int srv_on_pull_msg(struct server *srv, struct srv_conn *c, const struct 
 	return srv_post(srv, EVENT_PULL, k, w, h->round, (h->flags & WIRE_FLAG_SKIP) != 0, 0, NULL);
 }
 
+/* A RESTORE (failover): the sum of the round this worker last received
+ * from a lost server, for the workers that did not. */
+static int srv_on_restore_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+			      char *why, size_t len)
+{
+	int w;
+	struct srv_key *k = srv_check_data(srv, c, h, &w, why, len);
+	if (k == NULL)
+		return UNISUM_EPROTO;
+	if (k->comp.kind != COMPRESS_NONE || k->async) {
+		snprintf(why, len, "RESTORE of key 0x%llx of '%s', which is %s", (unsigned long long)h->key,
+			 k->name, k->async ? "async" : "compressed");
+		return UNISUM_EPROTO;
+	}
+	uint8_t *data = malloc(k->bytes ? k->bytes : 1);
+	if (data == NULL) {
+		snprintf(why, len, "out of memory for a %zu-byte RESTORE", k->bytes);
+		return UNISUM_ENOMEM;
+	}
+	int rc = c->tp->recv_payload(c->conn, data, h->payload_len);
+	if (rc != 0) {
+		free(data);
+		snprintf(why, len, "connection closed in the middle of a RESTORE");
+		return rc;
+	}
+	rc = srv_post(srv, EVENT_RESTORE, k, w, h->round, false, 0, (const char *)data);
+	if (rc != 0)
+		free(data);
+	return rc;
+}
+
 static int srv_on_retire_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
 			     char *why, size_t len)
 {
@@ -456,6 +491,8 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 		return srv_on_pull_msg(srv, c, h, why, len);
 	case WIRE_RETIRE:
 		return srv_on_retire_msg(srv, c, h, why, len);
+	case WIRE_RESTORE:
+		return srv_on_restore_msg(srv, c, h, why, len);
 	case WIRE_HEARTBEAT:
 		return 0;
 	default:

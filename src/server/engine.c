@@ -7,6 +7,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,6 +214,8 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 				 (unsigned long long)h->count);
 			rc = UNISUM_EMISMATCH;
 		}
+		if (rc == 0)
+			k->next_round[w] = h->round;	/* 0, or after a failover the round it is at */
 		goto out_unlock;
 	}
 	bool pushes = nranks == 0 && c->worker < srv->nworkers;
@@ -314,6 +317,7 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 	}
 	e->keys[e->nkeys++] = k;
 	k->engine = best;
+	k->next_round[srv_key_contrib(k, c->worker)] = h->round;
 	e->bytes += k->bytes;
 	size_t b = srv_hash(k->key, srv->nbuckets);
 	k->next = srv->buckets[b];
@@ -338,6 +342,19 @@ static int srv_stall_period_ms(const struct server *srv)
 	return limit / 4 < 1000 ? (limit / 4 > 5 ? limit / 4 : 5) : 1000;
 }
 
+/* Frees slot s of key k for another round (its accumulator stays). */
+static void srv_slot_reset(struct srv_key *k, struct srv_slot *s)
+{
+	s->active = false;
+	s->ready = false;
+	s->restored = false;
+	s->replies = 0;
+	s->next = 0;
+	s->result = RESULT_NONE;
+	memset(s->arrived, 0, (size_t)k->nc);
+	memset(s->zero, 0, (size_t)k->nc);
+}
+
 /* Answers worker w's pull of the slot's round: the sum, or with skip
  * (a machine that wants none of this key's elements) only the header. */
 static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slot *s, int w,
@@ -359,16 +376,18 @@ static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slo
 		payload = s->result == RESULT_OWNED ? s->acc : k->push_buf[s->borrowed];
 	}
 	srv_queue_reply(srv, srv_key_peer(k, w), &h, k, payload);
-	if (++s->replies == k->nc) {
-		/* Everyone has its reply queued: the slot is free for round + 2. */
-		s->active = false;
-		s->ready = false;
-		s->replies = 0;
-		s->next = 0;
-		s->result = RESULT_NONE;
-		memset(s->arrived, 0, (size_t)k->nc);
-		memset(s->zero, 0, (size_t)k->nc);
+	if (srv->crash_after > 0 && (srv->crash_rank < 0 || srv->crash_rank == srv->rank) &&
+	    atomic_fetch_add(&srv->replies_sent, 1) + 1 >= srv->crash_after &&
+	    s->replies == 0 && k->nc > 1 && !skip) {
+		/* The test hook: this reply reaches its worker, the others not. */
+		LOG_WARN("UNISUM_TEST_CRASH_AFTER_REPLIES: killing this server after the first reply of "
+			 "key 0x%llx round %u", (unsigned long long)k->key, s->round);
+		struct timespec pause = {.tv_sec = 0, .tv_nsec = 300 * 1000 * 1000};
+		nanosleep(&pause, NULL);
+		raise(SIGKILL);
 	}
+	if (++s->replies == k->nc)
+		srv_slot_reset(k, s);	/* everyone has its reply: free for round + 2 */
 }
 
 /* Answers peer p's pull of key `key` with an error instead of a sum (on
@@ -681,6 +700,14 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 	struct srv_slot *s = &k->slot[ev->round & 1];
 	if (k->poison != NULL)
 		return;	/* never summed: its pull gets the error */
+	if (s->active && s->restored && s->round != ev->round)
+		srv_slot_reset(k, s);	/* restored round r - 2: every machine has it */
+	if (s->active && s->restored) {
+		/* A laggard's push of a round restored (failover): in the sum. */
+		LOG_DEBUG("key 0x%llx round %u: %d's push is in the restored sum",
+			  (unsigned long long)k->key, ev->round, ev->worker);
+		return;
+	}
 	if (!s->active) {
 		s->active = true;
 		s->round = ev->round;
@@ -748,6 +775,53 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 			srv_reply_pull(srv, k, s, w, skip);
 		}
 	}
+}
+
+/* Failover: contributor w received round ev->round of key k from a server
+ * since lost, and sends that sum (ev->why, malloc'd, taken here); it will
+ * not pull that round again.  Whoever did not receive it pulls it from
+ * here: the slot holds the restored sum, and the re-pushes of that round
+ * are not folded again. */
+static void srv_on_restore(struct server *srv, struct srv_key *k, const struct srv_event *ev)
+{
+	uint8_t *data = (uint8_t *)ev->why;
+	struct srv_slot *s = &k->slot[ev->round & 1];
+	if (k->poison != NULL || k->async || (s->active && s->round > ev->round)) {
+		free(data);
+		return;
+	}
+	if (s->active && s->round != ev->round)
+		srv_slot_reset(k, s);
+	if (s->active && s->ready) {
+		free(data);	/* summed or restored already: the same bytes */
+	} else {
+		if (!s->active)
+			s->started_ms = timing_now_ms();
+		s->active = true;
+		s->round = ev->round;
+		free(s->acc);
+		s->acc = data;
+		s->result = RESULT_OWNED;
+		s->ready = true;
+		s->restored = true;
+		s->next = k->nc;
+		memset(s->arrived, 1, (size_t)k->nc);
+		LOG_DEBUG("key 0x%llx of '%s': round %u restored from %d's copy",
+			  (unsigned long long)k->key, k->name ? k->name : "?", ev->round, ev->worker);
+		for (int w = 0; w < k->nc; w++) {
+			if (s->pull_waiting[w]) {
+				LOG_DEBUG("key 0x%llx round %u: %d's pull answered from the restore",
+					  (unsigned long long)k->key, ev->round, w);
+				bool skip = s->pull_waiting[w] == 2;
+				s->pull_waiting[w] = 0;
+				srv_reply_pull(srv, k, s, w, skip);
+				if (!s->active)
+					return;
+			}
+		}
+	}
+	if (++s->replies == k->nc)
+		srv_slot_reset(k, s);
 }
 
 static void srv_on_pull(struct server *srv, struct srv_key *k, const struct srv_event *ev)
@@ -999,6 +1073,8 @@ void *srv_engine_main(void *arg)
 			srv_on_retire(e->srv, ev->key, ev->worker);
 		else if (ev->type == EVENT_FREE)
 			srv_key_unpin(ev->key);
+		else if (ev->type == EVENT_RESTORE)
+			srv_on_restore(e->srv, ev->key, ev);
 		else if (ev->type == EVENT_REFUSE) {
 			if (ev->key->poison == NULL)
 				srv_refuse_key(e->srv, ev->key, ev->why);
@@ -1024,7 +1100,7 @@ int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t ro
 		/* Shutting down (a late poison from the scheduler): nobody
 		 * would take it. */
 		pthread_mutex_unlock(&e->lock);
-		if (type == EVENT_REFUSE)
+		if (type == EVENT_REFUSE || type == EVENT_RESTORE)
 			free((char *)why);
 		free(ev);
 		return 0;

@@ -198,6 +198,11 @@ static struct server *srv_new(const struct config *cfg)
 		return NULL;
 	srv->cfg = cfg;
 	srv->nworkers = cfg->num_workers;
+	/* "N", or "N:R" for server rank R only (the rank is known later). */
+	const char *crash = getenv("UNISUM_TEST_CRASH_AFTER_REPLIES");
+	char *end = NULL;
+	srv->crash_after = crash != NULL ? strtol(crash, &end, 10) : 0;
+	srv->crash_rank = end != NULL && *end == ':' ? (int)strtol(end + 1, NULL, 10) : -1;
 	srv->nengines = cfg->engine_threads;
 	pthread_mutex_init(&srv->lock, NULL);
 	timing_cond_init(&srv->key_gone);

@@ -35,6 +35,8 @@ struct srv_slot {
 	int result;		/* enum srv_result */
 	int borrowed;		/* worker whose buffer is the sum (RESULT_BORROWED) */
 	bool ready;		/* every worker folded */
+	bool restored;		/* the sum came in a RESTORE (failover): pushes of the
+				 * round are not folded, and it may linger */
 	int replies;		/* pull replies queued */
 	uint8_t *arrived;	/* [W] pushed this round */
 	uint8_t *zero;		/* [W] pushed a ZERO contribution */
@@ -103,7 +105,11 @@ struct srv_key {
 
 /* EVENT_REFUSE: the key can never be summed (a malformed compressed push
  * found by a connection thread): why is malloc'd, the engine frees it. */
-enum srv_event_type { EVENT_PUSH, EVENT_PULL, EVENT_POISON, EVENT_RETIRE, EVENT_FREE, EVENT_REFUSE };
+/* EVENT_RESTORE: a failover's RESTORE; why is the sum's bytes (malloc'd,
+ * the engine takes them). */
+enum srv_event_type {
+	EVENT_PUSH, EVENT_PULL, EVENT_POISON, EVENT_RETIRE, EVENT_FREE, EVENT_REFUSE, EVENT_RESTORE
+};
 
 struct srv_event {
 	int type;		/* enum srv_event_type */
@@ -181,6 +187,13 @@ struct server {
 	atomic_bool stopping;
 	atomic_int job_error;	/* the notice's error, 0 while running */
 	atomic_bool told;	/* job_error came from the scheduler's notice */
+	/* UNISUM_TEST_CRASH_AFTER_REPLIES=N[:R] (failover tests only): the
+	 * server kills itself with SIGKILL right after the first reply of a
+	 * round, once N replies were sent, so that one machine has the round
+	 * and the others do not.  0: off. */
+	long crash_after;
+	int crash_rank;		/* ... on this server rank only (-1: any) */
+	atomic_long replies_sent;
 };
 
 /* A tensor whose workers disagree on its shape (the scheduler says so):

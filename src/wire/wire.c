@@ -75,6 +75,7 @@ static const char *const wire_type_names[] = {
 	[WIRE_DECLARE] = "DECLARE",	  [WIRE_TUNE] = "TUNE",
 	[WIRE_RETIRE] = "RETIRE",	  [WIRE_JOIN] = "JOIN",
 	[WIRE_ANNOUNCE] = "ANNOUNCE",	  [WIRE_JOIN_DONE] = "JOIN_DONE",
+	[WIRE_FAILOVER] = "FAILOVER",	  [WIRE_RESTORE] = "RESTORE",
 };
 
 const char *wire_type_name(int type)
@@ -93,7 +94,7 @@ static size_t dtype_bytes(uint8_t dtype)
 static bool type_has_dtype(uint8_t type)
 {
 	return type == WIRE_PUSH || type == WIRE_PULL || type == WIRE_PULL_REPLY ||
-	       type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE || type == WIRE_ANNOUNCE;
+	       type == WIRE_RESTORE || type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE || type == WIRE_ANNOUNCE;
 }
 
 /* A data message's payload (PUSH, PULL_REPLY): count x dtype bytes, the
@@ -143,6 +144,7 @@ static int wire_check_payload(const struct wire_hdr *h, char *why, size_t why_le
 	switch (h->type) {
 	case WIRE_PUSH:
 	case WIRE_PULL_REPLY:
+	case WIRE_RESTORE:
 		return wire_check_data(h, why, why_len);
 	case WIRE_PULL:
 	case WIRE_BARRIER:

@@ -45,7 +45,7 @@
 /* (A build may set another, to test that two versions refuse each other:
  * the test_wire_version program of CMakeLists.txt.) */
 #ifndef WIRE_VERSION
-#define WIRE_VERSION 11
+#define WIRE_VERSION 12
 #endif
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
@@ -81,7 +81,14 @@ enum wire_type {
 				 * round `round` of a push_pull (dtype, count, aux = its
 				 * collective); payload str name, u32 ndim, ndim x u64 */
 	WIRE_JOIN_DONE = 18,	/* scheduler -> every worker: all joined, rank `aux` last */
-	WIRE_TYPE_MAX = 18,
+	WIRE_FAILOVER = 19,	/* scheduler -> every worker: server `aux` is lost, its pieces
+				 * live elsewhere from now on; round = the failover's
+				 * number; payload u32 n, n x {u64 key, u32 server} */
+	WIRE_RESTORE = 20,	/* worker -> server, after a failover's DECLARE_CHECK: the
+				 * sum of `round` of the key, as this worker received it
+				 * from the lost server (count x dtype bytes, always
+				 * inline) */
+	WIRE_TYPE_MAX = 20,
 };
 
 /* PUSH: the contribution is all zeros and no payload follows (broadcast

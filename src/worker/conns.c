@@ -308,7 +308,14 @@ static void *wk_send_main(void *arg)
 		pthread_mutex_unlock(&c->lock);
 
 		int rc;
-		if (j->type == JOB_RETIRE) {
+		if (j->type == JOB_RESTORE) {
+			struct wire_hdr h = {.type = WIRE_RESTORE, .sender = rdv_client_id(w->rdv),
+					     .key = j->key, .round = j->round, .count = j->count,
+					     .dtype = (uint8_t)j->dtype,
+					     .payload_len = j->count * unisum_dtype_size(j->dtype)};
+			rc = c->tp->send(c->conn, &h, j->in);
+			free(j);
+		} else if (j->type == JOB_RETIRE) {
 			struct wire_hdr h = {.type = WIRE_RETIRE, .sender = rdv_client_id(w->rdv),
 					     .key = j->key, .round = j->round};
 			rc = c->tp->send(c->conn, &h, NULL);
@@ -320,7 +327,7 @@ static void *wk_send_main(void *arg)
 			wire_declare_check_encode(&b, j->name, j->ranks, j->nranks, j->spec);
 			struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = rdv_client_id(w->rdv),
 					     .key = j->key, .count = j->count, .dtype = (uint8_t)j->dtype,
-					     .aux = j->sync, .payload_len = b.len};
+					     .aux = j->sync, .payload_len = b.len, .round = j->round};
 			rc = b.failed ? UNISUM_ENOMEM : c->tp->send(c->conn, &h, b.data);
 			wire_buf_fini(&b);
 			free(j->name);
@@ -400,12 +407,16 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	pthread_mutex_lock(&c->lock);
 	bool closing = c->closing;
 	pthread_mutex_unlock(&c->lock);
+	/* With failover the scheduler answers a lost server with FAILOVER
+	 * (or fails the job); it notices within UNISUM_TIMEOUT_MS. */
+	int wait_ms = w->keep_replies ? w->cfg.timeout_ms + 2000 : 2000;
 	if (w->failed == 0 && !closing) {
-		struct timespec until = timing_deadline(2000);
-		while (w->failed == 0 &&
+		struct timespec until = timing_deadline(wait_ms);
+		while (w->failed == 0 && !(w->lost != NULL && w->lost[c->server].known) &&
 		       pthread_cond_timedwait(&w->failed_cond, &w->lock, &until) == 0)
 			;
 	}
+	bool failover = w->failed == 0 && !closing && w->lost != NULL && w->lost[c->server].known;
 	if (w->failed != 0) {
 		snprintf(root, sizeof root, "the job failed: %s", w->failed_why);
 		why = root;
@@ -413,6 +424,7 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	pthread_mutex_unlock(&w->lock);
 	pthread_mutex_lock(&c->lock);
 	c->dead = true;
+	c->parking = failover;
 	if (c->dead_why[0] == '\0')
 		snprintf(c->dead_why, sizeof c->dead_why, "%s", why);
 	pthread_cond_broadcast(&c->cond);
@@ -441,6 +453,36 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 		}
 	}
 	pthread_mutex_unlock(&c->lock);
+	if (failover) {
+		/* Its keys live elsewhere now: declared there first, then every
+		 * job waiting on it goes there too, behind the declarations. */
+		int rc = wk_hand_over(w, c->server);
+		if (rc != 0) {
+			char msg[300];
+			snprintf(msg, sizeof msg, "worker %d cannot move the work of lost %s: %s", w->rank,
+				 c->label, rc == UNISUM_ENOMEM ? "out of memory" : log_last_error());
+			rdv_client_fail_job(w->rdv, rc, msg);
+		}
+		/* From now on jobs for it follow their keys; those that came
+		 * meanwhile go now, behind the declarations. */
+		pthread_mutex_lock(&c->lock);
+		c->handed_over = true;
+		c->parking = false;
+		while (c->parked != NULL) {
+			struct wk_job *j = c->parked;
+			c->parked = j->pending_next;
+			j->pending_next = all;
+			all = j;
+		}
+		pthread_mutex_unlock(&c->lock);
+		while (all) {
+			struct wk_job *j = all;
+			all = j->pending_next;
+			j->repushed = true;
+			wk_route(w, j);
+		}
+		return;
+	}
 	if (!closing && all != NULL)
 		LOG_ERROR("%s", c->dead_why);
 	pthread_mutex_lock(&w->lock);
@@ -502,10 +544,15 @@ static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg
 	struct worker *w = c->w;
 	pthread_mutex_lock(&c->lock);
 	struct wk_job *j = pending_find(c, h->key);
-	bool ok = j != NULL && j->round == h->round && !j->credit_back;
-	if (ok)
+	bool ok = j != NULL && j->round == h->round && (!j->credit_back || j->repushed);
+	/* A job pushed again after a failover may have had its credit back
+	 * from the lost server: its second ack releases nothing. */
+	bool release = ok && !j->credit_back;
+	if (ok) {
 		j->credit_back = true;
-	size_t bytes = ok ? j->entry.bytes : 0;
+		j->repushed = false;
+	}
+	size_t bytes = release ? j->entry.bytes : 0;
 	bool traced = ok && j->op->traced;
 	uint32_t step = ok ? j->op->round : 0;
 	int64_t sent = ok ? j->t_sent_us : 0;
@@ -602,8 +649,20 @@ static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *m
 		return 1;
 	}
 	if (j->skip_pull) {
+		if (j->kept != NULL)
+			j->kept->pulled = j->round + 1;
 		wk_job_finish(j, 0, NULL);
 		return 0;
+	}
+	/* Failover: the reply lands in the kept buffer, then in the output
+	 * (which a push may come from: a lost server's half reply must not
+	 * overwrite it). */
+	uint8_t *into = j->out;
+	if (j->kept != NULL && j->cs == NULL) {
+		if (j->kept->data == NULL)
+			j->kept->data = malloc(bytes ? bytes : 1);
+		if (j->kept->data != NULL)
+			into = j->kept->data;
 	}
 	if (h->flags & WIRE_FLAG_COMPRESSED || j->cs != NULL) {
 		int rc = wk_take_compressed(c, h, j, msg, len);
@@ -611,9 +670,9 @@ static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *m
 			return rc > 0;
 		bytes = h->payload_len;
 	} else if (h->flags & WIRE_FLAG_ZERO) {
-		memset(j->out, 0, bytes);
+		memset(into, 0, bytes);
 	} else {
-		int rc = c->tp->recv_payload(c->conn, j->out, bytes);
+		int rc = c->tp->recv_payload(c->conn, into, bytes);
 		if (rc == UNISUM_ECONN) {
 			/* The server is gone: its job fails with the others, named
 			 * by the root cause (wk_conn_fail). */
@@ -632,6 +691,10 @@ static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *m
 	}
 	if (!(h->flags & WIRE_FLAG_ZERO))
 		atomic_fetch_add(&w->bytes_pulled, bytes);
+	if (into != j->out)
+		memcpy(j->out, into, j->count * unisum_dtype_size(j->dtype));
+	if (j->kept != NULL)
+		j->kept->pulled = j->round + 1;
 	if (j->divisor > 1)
 		reducer_divide(j->out, j->count, j->dtype, j->divisor);
 	wk_job_finish(j, 0, NULL);
@@ -694,7 +757,6 @@ void *wk_push_main(void *arg)
 		if (e == NULL)
 			return NULL;
 		struct wk_job *j = (struct wk_job *)((char *)e - offsetof(struct wk_job, entry));
-		struct wk_conn *c = &w->conns[j->server];
 		/* Once handed over, the job may complete and be freed at any
 		 * moment: keep what the timeline needs. */
 		bool traced = j->op->traced;
@@ -702,26 +764,43 @@ void *wk_push_main(void *arg)
 		size_t inflight = e->inflight;
 		int64_t now = traced ? trace_now_us() : 0;
 		j->t_taken = now;
+		wk_route(w, j);
+		if (traced)
+			trace_span(TRACE_INFLIGHT, 0, 0, round, 0, inflight, 0, now, now);
+	}
+}
+
+void wk_route(struct worker *w, struct wk_job *j)
+{
+	for (int hops = 0;; hops++) {
+		struct wk_conn *c = &w->conns[j->server];
 		pthread_mutex_lock(&c->lock);
-		bool dead = c->dead;
+		bool dead = c->dead, moved = c->handed_over;
 		if (!dead) {
 			pending_add(c, j);
 			fifo_push(c, j);
 			pthread_cond_signal(&c->cond);
-		}
-		pthread_mutex_unlock(&c->lock);
-		if (dead) {
-			char why[sizeof c->dead_why];
-			pthread_mutex_lock(&c->lock);
-			snprintf(why, sizeof why, "%s", c->dead_why);
+		} else if (c->parking) {
+			/* Its hand-over is under way (wk_conn_fail). */
+			j->pending_next = c->parked;
+			c->parked = j;
 			pthread_mutex_unlock(&c->lock);
-			pthread_mutex_lock(&w->lock);
-			int err = w->failed != 0 ? w->failed : UNISUM_ECONN;
-			pthread_mutex_unlock(&w->lock);
-			wk_job_finish(j, err, why);
-		} else if (traced) {
-			trace_span(TRACE_INFLIGHT, 0, 0, round, 0, inflight, 0, now, now);
+			return;
 		}
+		char why[sizeof c->dead_why];
+		snprintf(why, sizeof why, "%s", dead ? c->dead_why : "");
+		pthread_mutex_unlock(&c->lock);
+		if (!dead)
+			return;
+		pthread_mutex_lock(&w->lock);
+		int err = w->failed != 0 ? w->failed : UNISUM_ECONN;
+		uint32_t to = moved ? wk_server_of(w, j->key, (uint32_t)j->server) : (uint32_t)j->server;
+		pthread_mutex_unlock(&w->lock);
+		if (to == (uint32_t)j->server || hops >= w->nservers) {
+			wk_job_finish(j, err, why);
+			return;
+		}
+		j->server = (int)to;
 	}
 }
 

@@ -133,9 +133,13 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 				     .spec = t->comp_text[0] ? strdup(t->comp_text) : NULL};
 		if (t->nranks > 0 && (j->ranks = malloc((size_t)t->nranks * sizeof *j->ranks)) != NULL)
 			memcpy(j->ranks, t->ranks, (size_t)t->nranks * sizeof *j->ranks);
+		/* A piece placed on a server lost since goes where it moved. */
+		pthread_mutex_lock(&w->lock);
+		uint32_t to = wk_server_of(w, j->key, L->servers[i]);
+		pthread_mutex_unlock(&w->lock);
 		rc = j->name != NULL && (t->nranks == 0 || j->ranks != NULL) &&
 				     (t->comp_text[0] == '\0' || j->spec != NULL)
-			     ? wk_enqueue(&w->conns[L->servers[i]], j)
+			     ? wk_enqueue(&w->conns[to], j)
 			     : UNISUM_ENOMEM;
 		if (rc != 0) {
 			free(j->name);
@@ -147,7 +151,9 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 			goto out_free;
 		}
 	}
-	return 0;
+	rc = wk_kept_init(t, L);
+	if (rc == 0)
+		return 0;
 
 out_free:
 	free(L->parts);
@@ -306,15 +312,18 @@ static const struct wk_layout *wk_add_cut(struct wk_tensor *t, const struct wk_l
 {
 	struct worker *w = t->w;
 	struct wk_layout L = *Lp;
+	/* Only this thread changes t->cuts while the round is in flight; a
+	 * failover's hand-over reads them under the lock. */
+	pthread_mutex_lock(&w->lock);
 	struct wk_layout *cuts = realloc(t->cuts, (size_t)(t->ncuts + 1) * sizeof *cuts);
 	if (cuts == NULL) {
+		pthread_mutex_unlock(&w->lock);
 		free(L.parts);
 		free(L.servers);
+		wk_kept_free(&L);
 		*rc = UNISUM_ENOMEM;
 		return NULL;
 	}
-	/* Only this thread reads t->cuts while the round is in flight. */
-	pthread_mutex_lock(&w->lock);
 	t->cuts = cuts;
 	t->cuts[t->ncuts] = L;
 	const struct wk_layout *got = &t->cuts[t->ncuts++];
@@ -416,6 +425,7 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 						       .key = wk_push_order(op, L, i),
 						       .bytes = push ? wk_push_bytes(t, p->count, cs) : 0},
 					     .type = JOB_PUSH_PULL, .server = (int)L->servers[i], .part = i,
+					     .kept = L->kept != NULL ? &((struct wk_layout *)L)->kept[i] : NULL,
 					     .key = L->key + i, .round = wire_round, .dtype = t->dtype,
 					     .count = p->count,
 					     .in = push ? src : NULL, .out = dst, .divisor = divisor,

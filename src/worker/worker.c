@@ -109,6 +109,7 @@ static void wk_local_push(void *ctx, uint32_t part)
 					       .key = wk_push_order(op, L, part),
 					       .bytes = push ? wk_push_bytes(t, p->count, cs) : 0},
 				     .type = JOB_PUSH_PULL, .server = (int)L->servers[part], .part = part,
+				     .kept = L->kept != NULL ? &L->kept[part] : NULL,
 				     .key = L->key + part, .round = op->wire_round, .dtype = t->dtype,
 				     .count = p->count, .in = push ? at : NULL, .out = at,
 				     .divisor = (op->flags & UNISUM_AVERAGE) ? w->size : 1,
@@ -221,6 +222,7 @@ static void wk_tensor_free(struct wk_tensor *t)
 		return;
 	for (int c = 0; c < t->ncuts; c++) {
 		wk_layout_free_cs(&t->cuts[c]);
+		wk_kept_free(&t->cuts[c]);
 		free(t->cuts[c].parts);
 		free(t->cuts[c].servers);
 	}
@@ -302,6 +304,12 @@ void worker_free(struct worker *w)
 	pthread_cond_destroy(&w->join_cond);
 	free(w->announced);
 	free(w->retired);
+	free(w->moved);
+	for (int i = 0; w->lost != NULL && i < w->nservers; i++) {
+		free(w->lost[i].keys);
+		free(w->lost[i].to);
+	}
+	free(w->lost);
 	pthread_cond_destroy(&w->tune_cond);
 	free(w);
 }
@@ -341,6 +349,9 @@ static int wk_join_job(struct worker *w)
 	if (rc == 0)
 		rdv_client_on_tune(w->rdv, wk_on_tune, w);
 	rdv_client_on_join(w->rdv, wk_on_join, w);	/* so do join events */
+	/* Server failover: every worker keeps the last reply of what it pushes. */
+	w->keep_replies = w->cfg.server_failover && w->nservers > 1 && w->cfg.num_workers > 1;
+	rdv_client_on_failover(w->rdv, wk_on_failover, w);
 	if (rc == 0)
 		rc = sched_init(&w->push_q, w->cfg.credit_bytes);
 	if (rc != 0) {
@@ -930,6 +941,7 @@ static int wk_declare(struct worker *w, const char *name, unisum_dtype dtype, si
 
 out_free:
 	if (t->cuts != NULL) {
+		wk_kept_free(&t->cuts[0]);
 		free(t->cuts[0].parts);
 		free(t->cuts[0].servers);
 	}

@@ -41,6 +41,18 @@ struct wk_layout {
 	 * root): each partition's momentum and error feedback (compress.h),
 	 * set up at its first push; used by one round at a time. */
 	struct compress_state *cs;	/* [nparts], or NULL */
+	/* Server failover (UNISUM_SERVER_FAILOVER, several servers), on the
+	 * worker that pushes it: each partition's last reply, which a new
+	 * server gets (RESTORE) for the machines that did not receive it
+	 * from a lost one, and how many rounds of it this worker completed. */
+	struct wk_kept *kept;		/* [nparts], or NULL */
+};
+
+/* Failover: a partition's last reply as the server sent it (before any
+ * division), and its rounds completed (the round it pushes next). */
+struct wk_kept {
+	uint8_t *data;			/* count x esize, or NULL before the first reply */
+	uint32_t pulled;
 };
 
 /* A gathering collective's segments: counts[i] elements owned by machine
@@ -159,7 +171,7 @@ struct wk_op {
 	int join_rank;			/* the rank that joined, for the message */
 };
 
-enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL, JOB_RETIRE };
+enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL, JOB_RETIRE, JOB_RESTORE };
 
 struct wk_job {
 	struct sched_entry entry;	/* PUSH_PULL: priority, key, bytes, order */
@@ -177,7 +189,10 @@ struct wk_job {
 	uint32_t wire_op;		/* the collective, WIRE_OP(): the PUSH's aux */
 	struct compress_state *cs;	/* a compressed partition's state (the push is
 					 * encoded with it, the reply decoded), or NULL */
-	struct wk_op *op;		/* NULL for DECLARE jobs */
+	struct wk_kept *kept;		/* its partition's (failover), or NULL */
+	bool repushed;			/* routed again after a failover: its credit may
+					 * have come back from the lost server already */
+	struct wk_op *op;		/* NULL for DECLARE and RESTORE jobs */
 	char *name;			/* DECLARE jobs: the tensor's name (owned) ... */
 	int *ranks;			/* ... its process set's ranks (owned), or NULL ... */
 	int nranks;			/* ... and how many (0: the global set) ... */
@@ -218,6 +233,11 @@ struct wk_conn {
 	struct wk_job **pending;	/* key -> job, chained hash */
 	size_t npending_buckets;
 	bool dead;			/* the connection failed or closed */
+	bool handed_over;		/* ... and a failover moved its keys: jobs for it
+					 * go where their keys went (wk_route) */
+	bool parking;			/* ... which is under way: jobs for it wait in
+					 * `parked` until their keys are declared there */
+	struct wk_job *parked;		/* chained by pending_next */
 	bool closing;			/* unisum_shutdown() closed it */
 	bool threads_started;		/* both threads run; the receiver joins the sender */
 	char dead_why[700];		/* why, for the errors of later calls */
@@ -268,6 +288,20 @@ struct worker {
 	struct wk_op *tune_head, *tune_tail;
 	pthread_t push_thread;
 	bool push_started;
+	/* Server failover: every worker keeps its partitions' last replies
+	 * (wk_kept) when there are several servers and failover is on. */
+	bool keep_replies;
+	struct wk_moved {
+		uint64_t key;		/* 0: empty */
+		uint32_t server;
+	} *moved;			/* where each moved key lives now (open addressing) */
+	size_t nmoved, capmoved;
+	struct wk_lost {
+		bool known;		/* the scheduler's FAILOVER of this server came */
+		uint32_t n;
+		uint64_t *keys;		/* the keys it held, sorted ... */
+		uint32_t *to;		/* ... and where each went */
+	} *lost;			/* [nservers], or NULL before the first FAILOVER */
 	int failed;			/* the job failed: every call returns it */
 	char failed_why[512];
 	struct wk_poison {
@@ -304,6 +338,21 @@ void wk_job_sets(const struct wk_op *op, uint64_t offset, uint64_t count, bool *
 void wk_zero_pushed(const struct wk_op *op, const struct wk_layout *L);
 uint64_t wk_push_order(const struct wk_op *op, const struct wk_layout *L, uint32_t part);
 void wk_close_conns(struct worker *w);
+/* Failover: the server that holds `key` now (`placed` unless it moved;
+ * w->lock held), and the FAILOVER callback. */
+uint32_t wk_server_of(const struct worker *w, uint64_t key, uint32_t placed);
+void wk_on_failover(void *arg, const struct rdv_failover *f);
+/* A cut's kept replies, set up on the worker that pushes it: 0 or
+ * UNISUM_ENOMEM.  wk_kept_free frees them. */
+int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L);
+void wk_kept_free(struct wk_layout *L);
+/* On a lost server's connection thread, once its FAILOVER came: declares
+ * each of its partitions this worker pushes on the new server, with a
+ * RESTORE (see failover.c).  0 or an error. */
+int wk_hand_over(struct worker *w, int dead);
+/* Hands a PUSH_PULL job to the connection of its key's server, following
+ * failovers; fails it when that server is gone for good. */
+void wk_route(struct worker *w, struct wk_job *j);
 int wk_connect_servers(struct worker *w);
 int wk_enqueue(struct wk_conn *c, struct wk_job *j);
 /* The index of the first operation of w->ops not done, or w->nops (w->lock

@@ -67,7 +67,8 @@ _Static_assert(WIRE_IPC_PAYLOAD == 8, "WIRE_IPC_PAYLOAD is not a u64");
 static bool type_is_tensor(uint8_t type)
 {
 	return type == WIRE_PUSH || type == WIRE_PULL || type == WIRE_PULL_REPLY ||
-	       type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE || type == WIRE_ANNOUNCE;
+	       type == WIRE_RESTORE || type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE ||
+	       type == WIRE_ANNOUNCE;
 }
 
 /* Whether `type` never carries a payload.  DECLARE_CHECK is not one of
@@ -80,10 +81,11 @@ static bool type_is_payloadless(uint8_t type)
 }
 
 /* Whether `type` sends tensor data: count x dtype bytes unless ZERO
- * (none) or IPC (the data's u64 address in the sender). */
+ * (none) or IPC (the data's u64 address in the sender).  RESTORE is data
+ * that never takes a flag. */
 static bool type_is_data(uint8_t type)
 {
-	return type == WIRE_PUSH || type == WIRE_PULL_REPLY;
+	return type == WIRE_PUSH || type == WIRE_PULL_REPLY || type == WIRE_RESTORE;
 }
 
 /* Whether `flags` are ones `type` may carry: ZERO or IPC on the data
@@ -95,7 +97,7 @@ static bool flags_allowed(uint8_t type, uint16_t flags)
 	if (type == WIRE_PULL_REPLY)
 		return flags == 0 || flags == WIRE_FLAG_ZERO || flags == WIRE_FLAG_IPC ||
 		       flags == WIRE_FLAG_SKIP || flags == WIRE_FLAG_COMPRESSED;
-	if (!type_is_data(type))
+	if (!type_is_data(type) || type == WIRE_RESTORE)
 		return flags == 0;
 	return flags == 0 || flags == WIRE_FLAG_ZERO || flags == WIRE_FLAG_IPC ||
 	       flags == WIRE_FLAG_COMPRESSED;
@@ -557,6 +559,36 @@ static void parse_announce(const uint8_t *data, size_t len)
 	wire_buf_fini(&b);
 }
 
+/* FAILOVER (client.c, worker's failover.c): u32 n, n x {u64 key, u32
+ * server}, nothing after; what the codec takes re-encodes to the same
+ * bytes. */
+static void parse_failover(const uint8_t *data, size_t len)
+{
+	struct checked_reader c;
+	cr_init(&c, data, len);
+	uint32_t n = cr_u32(&c);
+	bool ok = !c.r.failed && c.r.left == 12ull * n;
+	struct wire_hdr h = {.type = WIRE_FAILOVER, .round = 3, .aux = 2};
+	struct rdv_failover f;
+	int rc = rdv_failover_decode(&h, data, len, &f);
+	CHECK(rc == 0 ? ok : !ok || rc == UNISUM_ENOMEM);
+	if (rc != 0)
+		return;
+	CHECK(f.n == n && f.number == 3 && f.dead == 2);
+	for (uint32_t i = 0; i < n; i++) {
+		CHECK(f.keys[i] == cr_u64(&c));
+		CHECK(f.servers[i] == cr_u32(&c));
+	}
+	struct wire_buf b;
+	struct wire_hdr out = {0};
+	wire_buf_init(&b);
+	rdv_failover_encode(&f, &out, &b);
+	check_rebuilt(&b, &c);
+	wire_buf_fini(&b);
+	free(f.keys);
+	free(f.servers);
+}
+
 /* DECLARE reply (client.c rdv_client_declare): u32 status, then str why
  * when it is not 0, or u32 nparts and nparts x (u64 count, u32 server);
  * the client reads the parts only when exactly that many bytes are left. */
@@ -641,6 +673,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	parse_declare_request(payload, payload_len);
 	parse_declare_check(payload, payload_len);
 	parse_announce(payload, payload_len);
+	parse_failover(payload, payload_len);
 	parse_declare_reply(payload, payload_len);
 	parse_error(payload, payload_len, 400);
 	parse_error(payload, payload_len, 512);

@@ -47,6 +47,10 @@
  *                             one-partition urgent tensor and lets the servers go
  *                             on (the send order is checked from the timeline by
  *                             test_pipeline.sh); both sums are checked
+ *   check_sums failover N     N rounds of three tensors (int64 in place, int32 out of
+ *                             place on many partitions, float32 averaged), all three
+ *                             in flight at once, every element checked: the servers
+ *                             may be killed meanwhile (server failover)
  *   check_sums compressed N   N rounds of compressed tensors (unisum_declare_ex), whose
  *                             exact results are known: fp16 with error feedback on
  *                             small integers (a sum of them is exact in fp16: every
@@ -330,6 +334,48 @@ static void mode_rounds(int n)
 		verify("rounds", UNISUM_INT64, 1000 + (uint64_t)r, buf, COUNT, false);
 	}
 	printf("rank %d: %d rounds ok\n", rank, n);
+}
+
+/* Server failover: N rounds of three tensors in flight at once (int64 in
+ * place, int32 out of place over many partitions, float32 averaged in
+ * place), every element checked, while the test kills servers.  Prints
+ * the bytes pushed to each server, in order (a server that took part
+ * after it joined has a non-zero count). */
+static void mode_failover(int n)
+{
+	enum { A = 37, B = 100003, C = 30011 };
+	int ta = unisum_declare("fo.a", UNISUM_INT64, A, 2);
+	int tb = unisum_declare("fo.b", UNISUM_INT32, B, 1);
+	int tc = unisum_declare("fo.c", UNISUM_FLOAT32, C, 0);
+	check(ta, "declare fo.a");
+	check(tb, "declare fo.b");
+	check(tc, "declare fo.c");
+	int64_t *a = malloc(A * sizeof *a);
+	int32_t *bin = malloc(B * sizeof *bin), *bout = malloc(B * sizeof *bout);
+	float *c = malloc(C * sizeof *c);
+	if (a == NULL || bin == NULL || bout == NULL || c == NULL)
+		FAIL("out of memory");
+	for (int r = 0; r < n; r++) {
+		fill(UNISUM_INT64, 5000 + 3 * (uint64_t)r, a, A);
+		fill(UNISUM_INT32, 5001 + 3 * (uint64_t)r, bin, B);
+		fill(UNISUM_FLOAT32, 5002 + 3 * (uint64_t)r, c, C);
+		unisum_handle h[3];
+		check(unisum_push_pull_async(ta, a, a, 0, &h[0]), "fo.a");
+		check(unisum_push_pull_async(tb, bin, bout, 0, &h[1]), "fo.b");
+		check(unisum_push_pull_async(tc, c, c, UNISUM_AVERAGE, &h[2]), "fo.c");
+		for (int i = 0; i < 3; i++)
+			check(unisum_wait(h[i]), "fo wait");
+		verify("fo.a", UNISUM_INT64, 5000 + 3 * (uint64_t)r, a, A, false);
+		verify("fo.b", UNISUM_INT32, 5001 + 3 * (uint64_t)r, bout, B, false);
+		verify("fo.c", UNISUM_FLOAT32, 5002 + 3 * (uint64_t)r, c, C, true);
+		if (rank == 0 && r % 100 == 0)
+			printf("rank 0: round %d ok\n", r);
+	}
+	free(a);
+	free(bin);
+	free(bout);
+	free(c);
+	printf("rank %d: %d failover rounds ok\n", rank, n);
 }
 
 /* Rank r's element i of compressed round `round`: a small integer. */
@@ -1064,6 +1110,8 @@ int main(int argc, char **argv)
 		mode_rounds(arg);
 	else if (strcmp(mode, "compressed") == 0)
 		mode_compressed(arg);
+	else if (strcmp(mode, "failover") == 0)
+		mode_failover(arg);
 	else if (strcmp(mode, "many") == 0)
 		mode_many(arg);
 	else if (strcmp(mode, "shuffle") == 0)

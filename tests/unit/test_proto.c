@@ -429,6 +429,53 @@ static void test_tune(void **state)
 	wire_buf_fini(&b);
 }
 
+static int decode_failover(const void *p, size_t len)
+{
+	struct wire_hdr h = {.type = WIRE_FAILOVER, .round = 2, .aux = 1};
+	struct rdv_failover f;
+	int rc = rdv_failover_decode(&h, p, len, &f);
+	if (rc == 0) {
+		free(f.keys);
+		free(f.servers);
+	}
+	return rc;
+}
+
+static void test_failover(void **state)
+{
+	(void)state;
+	uint64_t keys[] = {0x10000, 0x10001, 0xabcdef0000ull + 7};
+	uint32_t servers[] = {0, 2, 3};
+	struct rdv_failover in = {.number = 2, .dead = 1, .n = 3, .keys = keys, .servers = servers};
+	struct wire_buf b;
+	wire_buf_init(&b);
+	struct wire_hdr h = {0};
+	rdv_failover_encode(&in, &h, &b);
+	assert_int_equal(h.type, WIRE_FAILOVER);
+	assert_int_equal(h.round, 2);
+	assert_int_equal(h.aux, 1);
+	assert_true(h.payload_len == b.len);
+	struct rdv_failover out;
+	assert_int_equal(rdv_failover_decode(&h, b.data, b.len, &out), 0);
+	assert_int_equal(out.number, 2);
+	assert_int_equal(out.dead, 1);
+	assert_int_equal(out.n, 3);
+	for (int i = 0; i < 3; i++) {
+		assert_true(out.keys[i] == keys[i]);
+		assert_int_equal(out.servers[i], servers[i]);
+	}
+	free(out.keys);
+	free(out.servers);
+	refuses_every_cut(&b, decode_failover);
+	/* a count that promises more entries than follow */
+	struct wire_buf c;
+	wire_buf_init(&c);
+	wire_buf_u32(&c, 1000000);
+	assert_int_equal(decode_failover(c.data, c.len), UNISUM_EPROTO);
+	wire_buf_fini(&c);
+	wire_buf_fini(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -440,6 +487,7 @@ int main(void)
 		cmocka_unit_test(test_declare_request),
 		cmocka_unit_test(test_declare_reply),
 		cmocka_unit_test(test_tune),
+		cmocka_unit_test(test_failover),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,7 +25,7 @@ static void test_round_trip_every_type(void **state)
 	for (int type = 1; type <= WIRE_TYPE_MAX; type++) {
 		struct wire_hdr in = {.type = (uint8_t)type, .sender = 0xdeadbeef, .round = 0xfffffffe,
 				      .key = 0x0123456789abcdefull, .aux = 0x80000001u};
-		if (type == WIRE_PUSH || type == WIRE_PULL_REPLY) {
+		if (type == WIRE_PUSH || type == WIRE_PULL_REPLY || type == WIRE_RESTORE) {
 			in.dtype = UNISUM_BFLOAT16;
 			in.count = 12345;
 			in.payload_len = 12345 * 2;
@@ -288,6 +288,30 @@ static void test_skip_flag(void **state)
 	expect_reject(buf, "flags");
 }
 
+/* RESTORE (failover): a data message of count x dtype bytes, inline, with
+ * no flag at all. */
+static void test_restore(void **state)
+{
+	(void)state;
+	uint8_t buf[WIRE_HDR_SIZE];
+	struct wire_hdr r = {.type = WIRE_RESTORE, .dtype = UNISUM_INT32, .count = 5, .payload_len = 20,
+			     .round = 9, .key = 0x10002};
+	wire_encode(&r, buf);
+	struct wire_hdr h;
+	char why[256] = "";
+	assert_int_equal(decode(buf, &h, why), 0);
+	r.payload_len = 16;
+	wire_encode(&r, buf);
+	expect_reject(buf, "payload");
+	r.payload_len = 20;
+	for (unsigned f = 1; f <= WIRE_FLAG_COMPRESSED; f <<= 1) {
+		r.flags = (uint16_t)f;
+		r.payload_len = f == WIRE_FLAG_IPC ? 8 : 20;
+		wire_encode(&r, buf);
+		expect_reject(buf, "flags");
+	}
+}
+
 static void test_reader_bounds(void **state)
 {
 	(void)state;
@@ -344,6 +368,7 @@ int main(void)
 		cmocka_unit_test(test_ipc_flag),
 		cmocka_unit_test(test_push_collective),
 		cmocka_unit_test(test_skip_flag),
+		cmocka_unit_test(test_restore),
 		cmocka_unit_test(test_reader_bounds),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,260 @@
+/*
+ * failover.c - the worker's side of server failover
+ * (UNISUM_SERVER_FAILOVER): where moved keys live, the replies kept for
+ * a new server, and the hand-over of a lost server's work.
+ *
+ * DESIGN.  The scheduler answers a lost server with FAILOVER: the keys it
+ * held and the live server each one moved to (wk_on_failover records
+ * them in w->moved and w->lost[dead], and cuts this worker's connection
+ * to it, in case the server is only silent).  The connection's receiving
+ * thread then ends in wk_conn_fail, which waits for that FAILOVER (or the
+ * job's failure) and calls wk_hand_over: for every partition of a moved
+ * key that this worker pushes, a DECLARE_CHECK to its new server carrying
+ * the round the worker pushes next (wk_kept.pulled), then a RESTORE of
+ * the last sum it received from the lost server, if any; then every
+ * PUSH_PULL job that was waiting on the lost server goes to the new one,
+ * behind them on the same connection, and is pushed again.  The new server
+ * so learns, from each machine, the round it is at; a round that some
+ * machines completed (their RESTORE is its sum) is answered to the others
+ * from that sum, and a round that none completed is summed from the
+ * re-pushes.  Lock-step rounds keep the machines at most one round apart
+ * on a key, which is what makes this exact.  A reply goes into the kept
+ * buffer first and only then into the caller's output: a push made from
+ * the output (in place, the local path) stays intact if the server dies
+ * in the middle of its reply.  Jobs that reach a lost server's connection
+ * later follow w->moved (wk_route).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "log/log.h"
+#include "wire/wire.h"
+#include "worker/worker_int.h"
+
+static size_t wk_moved_slot(uint64_t key, size_t cap)
+{
+	key ^= key >> 31;
+	key *= 0x9e3779b97f4a7c15ull;
+	return (size_t)(key >> 17) & (cap - 1);
+}
+
+uint32_t wk_server_of(const struct worker *w, uint64_t key, uint32_t placed)
+{
+	if (w->nmoved == 0)
+		return placed;
+	for (size_t i = wk_moved_slot(key, w->capmoved);; i = (i + 1) & (w->capmoved - 1)) {
+		if (w->moved[i].key == key)
+			return w->moved[i].server;
+		if (w->moved[i].key == 0)
+			return placed;
+	}
+}
+
+/* Records that `key` lives on `server` now (w->lock held).  0 or
+ * UNISUM_ENOMEM. */
+static int wk_moved_put(struct worker *w, uint64_t key, uint32_t server)
+{
+	if (2 * (w->nmoved + 1) > w->capmoved) {
+		size_t cap = w->capmoved ? 2 * w->capmoved : 1024;
+		struct wk_moved *m = calloc(cap, sizeof *m);
+		if (m == NULL)
+			return UNISUM_ENOMEM;
+		for (size_t i = 0; i < w->capmoved; i++) {
+			if (w->moved[i].key == 0)
+				continue;
+			size_t j = wk_moved_slot(w->moved[i].key, cap);
+			while (m[j].key != 0)
+				j = (j + 1) & (cap - 1);
+			m[j] = w->moved[i];
+		}
+		free(w->moved);
+		w->moved = m;
+		w->capmoved = cap;
+	}
+	size_t i = wk_moved_slot(key, w->capmoved);
+	while (w->moved[i].key != 0 && w->moved[i].key != key)
+		i = (i + 1) & (w->capmoved - 1);
+	if (w->moved[i].key == 0)
+		w->nmoved++;
+	w->moved[i] = (struct wk_moved){.key = key, .server = server};
+	return 0;
+}
+
+struct wk_pair {
+	uint64_t key;
+	uint32_t to;
+};
+
+static int wk_pair_cmp(const void *a, const void *b)
+{
+	uint64_t x = ((const struct wk_pair *)a)->key, y = ((const struct wk_pair *)b)->key;
+	return x < y ? -1 : x > y;
+}
+
+void wk_on_failover(void *arg, const struct rdv_failover *f)
+{
+	struct worker *w = arg;
+	if (f->dead < 0 || f->dead >= w->nservers) {
+		LOG_ERROR("the scheduler sent a FAILOVER of server %d of %d", f->dead, w->nservers);
+		return;
+	}
+	struct wk_pair *pairs = malloc((f->n ? f->n : 1) * sizeof *pairs);
+	uint64_t *keys = malloc((f->n ? f->n : 1) * sizeof *keys);
+	uint32_t *to = malloc((f->n ? f->n : 1) * sizeof *to);
+	int rc = pairs != NULL && keys != NULL && to != NULL ? 0 : UNISUM_ENOMEM;
+	for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
+		if (f->servers[i] >= (uint32_t)w->nservers || (int)f->servers[i] == f->dead)
+			rc = UNISUM_EPROTO;
+		pairs[i] = (struct wk_pair){.key = f->keys[i], .to = f->servers[i]};
+	}
+	if (rc == 0)
+		qsort(pairs, f->n, sizeof *pairs, wk_pair_cmp);
+	for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
+		keys[i] = pairs[i].key;
+		to[i] = pairs[i].to;
+	}
+	free(pairs);
+	pthread_mutex_lock(&w->lock);
+	if (rc == 0 && w->lost == NULL &&
+	    (w->lost = calloc((size_t)w->nservers, sizeof *w->lost)) == NULL)
+		rc = UNISUM_ENOMEM;
+	for (uint32_t i = 0; rc == 0 && i < f->n; i++)
+		rc = wk_moved_put(w, keys[i], to[i]);
+	if (rc == 0) {
+		struct wk_lost *l = &w->lost[f->dead];
+		free(l->keys);
+		free(l->to);
+		*l = (struct wk_lost){.known = true, .n = f->n, .keys = keys, .to = to};
+		keys = NULL;
+		to = NULL;
+		LOG_WARN("worker %d: failover %u: server %d is lost, its %u partitions moved", w->rank,
+			 f->number, f->dead, f->n);
+	}
+	/* Whoever waits for it (wk_conn_fail) looks again. */
+	pthread_cond_broadcast(&w->failed_cond);
+	struct wk_conn *c = w->conns_live && w->conns != NULL ? &w->conns[f->dead] : NULL;
+	pthread_mutex_unlock(&w->lock);
+	free(keys);
+	free(to);
+	if (rc != 0) {
+		char why[200];
+		snprintf(why, sizeof why, "worker %d cannot follow failover %u of server %d: %s", w->rank,
+			 f->number, f->dead, rc == UNISUM_ENOMEM ? "out of memory" : "a malformed FAILOVER");
+		rdv_client_fail_job(w->rdv, rc, why);
+		return;
+	}
+	/* The server may only be silent: cut it off, so that its connection's
+	 * thread ends and hands its work over. */
+	if (c != NULL && c->conn != NULL)
+		c->tp->conn_shutdown(c->conn);
+}
+
+int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L)
+{
+	const struct worker *w = t->w;
+	bool pushes = t->nranks > 0 || w->to_servers;
+	if (!w->keep_replies || !pushes || L->nparts == 0)
+		return 0;
+	L->kept = calloc(L->nparts, sizeof *L->kept);
+	return L->kept != NULL ? 0 : UNISUM_ENOMEM;
+}
+
+void wk_kept_free(struct wk_layout *L)
+{
+	for (uint32_t i = 0; L->kept != NULL && i < L->nparts; i++)
+		free(L->kept[i].data);
+	free(L->kept);
+	L->kept = NULL;
+}
+
+/* The new server of `key`, moved from the lost server l, or -1. */
+static int wk_lost_to(const struct wk_lost *l, uint64_t key)
+{
+	size_t lo = 0, hi = l->n;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (l->keys[mid] < key)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < l->n && l->keys[lo] == key ? (int)l->to[lo] : -1;
+}
+
+/* Queues, on the new server of partition i of cut L of tensor t, the
+ * DECLARE_CHECK of its key at the round this worker pushes next, and the
+ * RESTORE of the last sum it received.  0 or an error (w->lock held). */
+static int wk_redeclare(struct worker *w, struct wk_tensor *t, struct wk_layout *L, uint32_t i,
+			int to, const char *wire_name)
+{
+	struct wk_kept *k = &L->kept[i];
+	struct wk_job *j = calloc(1, sizeof *j);
+	if (j == NULL)
+		return UNISUM_ENOMEM;
+	*j = (struct wk_job){.type = JOB_DECLARE, .key = L->key + i, .dtype = t->dtype,
+			     .count = L->parts[i].count, .round = k->pulled, .name = strdup(wire_name),
+			     .nranks = t->nranks, .sync = t->sync};
+	if (t->nranks > 0 && (j->ranks = malloc((size_t)t->nranks * sizeof *j->ranks)) != NULL)
+		memcpy(j->ranks, t->ranks, (size_t)t->nranks * sizeof *j->ranks);
+	int rc = j->name != NULL && (t->nranks == 0 || j->ranks != NULL)
+			 ? wk_enqueue(&w->conns[to], j) : UNISUM_ENOMEM;
+	if (rc != 0) {
+		free(j->name);
+		free(j->ranks);
+		free(j);
+		return rc;
+	}
+	if (k->pulled == 0 || k->data == NULL)
+		return 0;
+	j = calloc(1, sizeof *j);
+	if (j == NULL)
+		return UNISUM_ENOMEM;
+	/* k->data is not written again before this is sent: the next reply
+	 * of the key answers a push queued behind it. */
+	*j = (struct wk_job){.type = JOB_RESTORE, .key = L->key + i, .dtype = t->dtype,
+			     .count = L->parts[i].count, .round = k->pulled - 1, .in = k->data};
+	rc = wk_enqueue(&w->conns[to], j);
+	if (rc != 0)
+		free(j);
+	return rc;
+}
+
+/* The name a cut was declared under (as wk_cut's callers name it). */
+static void wk_cut_name(const struct wk_tensor *t, int c, char *buf, size_t len)
+{
+	if (c == 0)
+		snprintf(buf, len, "%s", t->name);
+	else
+		snprintf(buf, len, "%s@%llu", t->name, (unsigned long long)t->cuts[c].pbytes);
+}
+
+int wk_hand_over(struct worker *w, int dead)
+{
+	int rc = 0, n = 0;
+	pthread_mutex_lock(&w->lock);
+	const struct wk_lost *l = &w->lost[dead];
+	for (int ti = 0; ti < w->ntensors && rc == 0; ti++) {
+		struct wk_tensor *t = w->tensors[ti];
+		if (t == NULL)
+			continue;
+		for (int c = 0; c < t->ncuts && rc == 0; c++) {
+			struct wk_layout *L = &t->cuts[c];
+			if (L->kept == NULL || L->retired)
+				continue;
+			char name[WK_NAME_MAX + 32];
+			wk_cut_name(t, c, name, sizeof name);
+			for (uint32_t i = 0; i < L->nparts && rc == 0; i++) {
+				int to = wk_lost_to(l, L->key + i);
+				if (to < 0)
+					continue;
+				rc = wk_redeclare(w, t, L, i, to, name);
+				n++;
+			}
+		}
+	}
+	pthread_mutex_unlock(&w->lock);
+	if (rc == 0)
+		LOG_INFO("worker %d: %d partitions of lost server %d declared on their new servers",
+			 w->rank, n, dead);
+	return rc;
+}

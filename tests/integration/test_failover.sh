@@ -1,0 +1,165 @@
+# Integration, server failover (UNISUM_SERVER_FAILOVER=1, the default):
+# a lost server's partitions move to the others and every round still
+# completes with exact sums (check_sums failover verifies every element of
+# three tensors in flight at once).
+# - 10 jobs of 3 workers and 3 servers started by hand, as on a cluster,
+#   each losing a server to SIGKILL at a moment derived from the run
+#   number: every survivor exits 0 after all its rounds;
+# - 3 jobs whose victim kills itself right after the first reply of a
+#   round (UNISUM_TEST_CRASH_AFTER_REPLIES): one machine has that round
+#   and the others not, so the new server must serve them the sum that
+#   machine restores (RESTORE), and not sum their re-pushes twice;
+# - `unisum launch` with 2 workers per machine (the local path, whose root
+#   pushes from its output) losing a server the same way: the launcher
+#   carries on and exits 0;
+# - losing the last server fails the job, and every worker's error names
+#   it and says why;
+# - UNISUM_SERVER_FAILOVER=0: a lost server fails the job, as before.
+. "$(dirname "$0")/lib.sh"
+
+RUNS=${FAILOVER_RUNS:-10}
+ROUNDS=200
+# The sanitizer runs (UNISUM_TEST_LIGHT=1) look for races, not odds.
+[ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && RUNS=3 ROUNDS=120
+export UNISUM_SCHEDULER_HOST=127.0.0.1 UNISUM_HEARTBEAT_MS=200 UNISUM_TIMEOUT_MS=3000
+export UNISUM_START_TIMEOUT_MS=10000 UNISUM_PARTITION_BYTES=16384
+
+# job NSERVERS LOGDIR MODE... : starts a scheduler, NSERVERS servers and 3
+# workers running check_sums MODE, each under a hard timeout; pids in
+# LOGDIR/pid.*.  SERVER_ENV_<r> (a VAR=VALUE) goes to server r alone.
+job() {
+	ns=$1 log=$2
+	shift 2
+	export UNISUM_NUM_WORKER=3 UNISUM_NUM_SERVER=$ns UNISUM_SCHEDULER_PORT=$(free_port)
+	UNISUM_ROLE=scheduler timeout 90 "$UNISUM" scheduler >"$log/scheduler" 2>&1 &
+	echo $! >"$log/pid.scheduler"
+	for s in $(seq 0 $((ns - 1))); do
+		eval "extra=\${SERVER_ENV_$s:-UNISUM_TEST_CRASH_AFTER_REPLIES=0}"
+		env "$extra" UNISUM_ROLE=server UNISUM_SERVER_ID=$s timeout 90 "$UNISUM" server \
+			>"$log/server$s" 2>&1 &
+		echo $! >"$log/pid.server$s"
+	done
+	for w in 0 1 2; do
+		UNISUM_ROLE=worker UNISUM_WORKER_ID=$w timeout 90 "$CHECK" "$@" >"$log/worker$w" 2>&1 &
+		echo $! >"$log/pid.worker$w"
+	done
+}
+
+# kill_child LOGDIR NAME : SIGKILL the process `timeout` runs for NAME.
+kill_child() {
+	vpid=
+	for _ in $(seq 100); do
+		vpid=$(pgrep -P "$(cat "$1/pid.$2")" | head -n 1)
+		[ -n "$vpid" ] && break
+		sleep 0.05
+	done
+	kill -KILL "${vpid:-$(cat "$1/pid.$2")}" 2>/dev/null
+}
+
+# survived LOGDIR VICTIM NSERVERS : every process but VICTIM exited 0, every
+# worker after all its rounds, the scheduler moved the victim's partitions,
+# and no worker saw a wrong element.  Prints what went wrong.
+survived() {
+	good=true
+	procs="scheduler worker0 worker1 worker2"
+	for s in $(seq 0 $(($3 - 1))); do procs="$procs server$s"; done
+	for p in $procs; do
+		wait "$(cat "$1/pid.$p")"
+		rc=$?
+		[ "$p" = "$2" ] && continue
+		if [ $rc -ne 0 ]; then
+			echo "  $p exited $rc; its log ends:"
+			tail -n 4 "$1/$p" | sed 's/^/      /'
+			good=false
+		fi
+	done
+	for w in 0 1 2; do
+		grep -q "$ROUNDS failover rounds ok" "$1/worker$w" || {
+			echo "  worker $w did not finish its rounds"
+			good=false
+		}
+	done
+	grep -q "failover 1: server ${2#server} is lost" "$1/scheduler" || {
+		echo "  the scheduler's log has no failover of $2"
+		good=false
+	}
+	if grep -q "element" "$1"/worker*; then
+		echo "  a worker saw a wrong sum:"
+		grep -h "element" "$1"/worker* | head -n 3
+		good=false
+	fi
+	$good
+}
+
+for run in $(seq "$RUNS"); do
+	log=$(mktemp -d)
+	victim=server$((run % 3))
+	delay_ms=$((150 + run * 173 % 600))
+	job 3 "$log" failover $ROUNDS
+	sleep "$(awk -v ms=$delay_ms 'BEGIN { printf "%.3f", ms / 1000 }')"
+	kill_child "$log" "$victim"
+	expect "failover run $run: $victim killed after $delay_ms ms, every sum exact, every survivor done" \
+		survived "$log" "$victim" 3
+	drop_logs "$log"
+done
+
+# A machine has the round, the others not.
+for run in 1 2 3; do
+	log=$(mktemp -d)
+	victim=$((run % 3))
+	after=$((run * 211))
+	eval "SERVER_ENV_$victim=UNISUM_TEST_CRASH_AFTER_REPLIES=$after"
+	job 3 "$log" failover $ROUNDS
+	expect "failover after the first reply of a round (server $victim, after $after replies): exact" \
+		survived "$log" server$victim 3
+	restored=$(cat "$log"/server* | grep -c "killing this server after the first reply")
+	expect "  ... and the server did die half-way through a round ($restored)" [ "$restored" -ge 1 ]
+	drop_logs "$log"
+	unset "SERVER_ENV_$victim"
+done
+
+# Through the launcher, several workers per machine.
+check_job "launch: 4 workers on 2 machines, server 1 dies half-way through a round" \
+	env UNISUM_TEST_CRASH_AFTER_REPLIES=300:1 "$UNISUM" launch -w 4 -s 3 --local-size 2 -- \
+	"$CHECK" failover $ROUNDS
+expect "  ... the launcher went on without it" \
+	contains "$LAST" "server 1 .*killed by signal 9.*the job goes on without it"
+expect "  ... every worker finished" [ "$(printf '%s\n' "$LAST" | grep -c "$ROUNDS failover rounds ok")" -eq 4 ]
+
+# The last server.
+log=$(mktemp -d)
+job 2 "$log" rounds 1000000
+sleep 0.4
+kill_child "$log" server0
+sleep 0.6
+kill_child "$log" server1
+good=true
+for p in scheduler worker0 worker1 worker2; do
+	wait "$(cat "$log/pid.$p")"
+	rc=$?
+	[ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "  $p exited $rc"; good=false; }
+	grep -q "server 1.*last server" "$log/$p" || { echo "  $p does not name the last server"; good=false; }
+done
+wait "$(cat "$log/pid.server0")" "$(cat "$log/pid.server1")"
+grep -q "failover 1: server 0 is lost" "$log/scheduler" || { echo "  no failover of server 0"; good=false; }
+expect "losing the last server fails the job, naming it, on every survivor" $good
+drop_logs "$log"
+
+# Failover off.
+log=$(mktemp -d)
+export UNISUM_SERVER_FAILOVER=0
+job 3 "$log" rounds 1000000
+unset UNISUM_SERVER_FAILOVER
+sleep 0.4
+kill_child "$log" server2
+good=true
+for p in scheduler worker0 worker1 worker2 server0 server1; do
+	wait "$(cat "$log/pid.$p")"
+	rc=$?
+	[ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "  $p exited $rc"; good=false; }
+done
+wait "$(cat "$log/pid.server2")"
+grep -q "server 2" "$log/worker0" || { echo "  worker 0 does not name server 2"; good=false; }
+expect "UNISUM_SERVER_FAILOVER=0: a lost server fails the job, named" $good
+drop_logs "$log"
+finish
