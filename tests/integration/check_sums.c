@@ -50,7 +50,8 @@
  *   check_sums failover N     N rounds of three tensors (int64 in place, int32 out of
  *                             place on many partitions, float32 averaged), all three
  *                             in flight at once, every element checked: the servers
- *                             may be killed meanwhile (server failover)
+ *                             may be killed meanwhile (server failover); with
+ *                             CHECK_SUMS_TIMES=1 each round's completion time
  *   check_sums compressed N   N rounds of compressed tensors (unisum_declare_ex), whose
  *                             exact results are known: fp16 with error feedback on
  *                             small integers (a sum of them is exact in fp16: every
@@ -112,6 +113,14 @@ static _Noreturn void expected_failure(bool named)
 {
 	unisum_shutdown();
 	exit(named ? 3 : 1);
+}
+
+/* The wall clock in milliseconds (comparable across processes). */
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 static uint64_t mix(uint64_t x)
@@ -344,6 +353,9 @@ static void mode_rounds(int n)
 static void mode_failover(int n)
 {
 	enum { A = 37, B = 100003, C = 30011 };
+	/* CHECK_SUMS_TIMES=1: when each round completed (bench/failover.sh). */
+	const char *t_env = getenv("CHECK_SUMS_TIMES");
+	bool times = t_env != NULL && strcmp(t_env, "1") == 0;
 	int ta = unisum_declare("fo.a", UNISUM_INT64, A, 2);
 	int tb = unisum_declare("fo.b", UNISUM_INT32, B, 1);
 	int tc = unisum_declare("fo.c", UNISUM_FLOAT32, C, 0);
@@ -368,7 +380,9 @@ static void mode_failover(int n)
 		verify("fo.a", UNISUM_INT64, 5000 + 3 * (uint64_t)r, a, A, false);
 		verify("fo.b", UNISUM_INT32, 5001 + 3 * (uint64_t)r, bout, B, false);
 		verify("fo.c", UNISUM_FLOAT32, 5002 + 3 * (uint64_t)r, c, C, true);
-		if (rank == 0 && r % 100 == 0)
+		if (times)
+			printf("round %d done at %.3f ms\n", r, now_ms());
+		else if (rank == 0 && r % 100 == 0)
 			printf("rank 0: round %d ok\n", r);
 	}
 	free(a);
