@@ -20,7 +20,8 @@
 RUNS=${FAILOVER_RUNS:-10}
 ROUNDS=200
 # The sanitizer runs (UNISUM_TEST_LIGHT=1) look for races, not odds.
-[ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && RUNS=3 ROUNDS=120
+CRASHES="1 2 3"
+[ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && RUNS=2 ROUNDS=100 CRASHES=2
 export UNISUM_SCHEDULER_HOST=127.0.0.1 UNISUM_HEARTBEAT_MS=200 UNISUM_TIMEOUT_MS=3000
 export UNISUM_START_TIMEOUT_MS=10000 UNISUM_PARTITION_BYTES=16384
 
@@ -104,7 +105,7 @@ for run in $(seq "$RUNS"); do
 done
 
 # A machine has the round, the others not.
-for run in 1 2 3; do
+for run in $CRASHES; do
 	log=$(mktemp -d)
 	victim=$((run % 3))
 	after=$((run * 211))
