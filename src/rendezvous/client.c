@@ -56,6 +56,8 @@ struct rdv_client {
 	void *failover_arg;
 	struct rdv_failover *early_fo;	/* FAILOVERs that came before the callback */
 	int nearly_fo;
+	rdv_rejoin_fn rejoin;		/* REJOIN (workers), or NULL; under lock */
+	void *rejoin_arg;
 	pthread_t reader;		/* reads everything the scheduler sends */
 	pthread_t heartbeat;		/* says we are alive; watches the scheduler */
 	bool heartbeat_started;
@@ -220,6 +222,40 @@ void rdv_client_on_failover(struct rdv_client *c, rdv_failover_fn fn, void *arg)
 	pthread_mutex_unlock(&c->lock);
 }
 
+void rdv_client_on_rejoin(struct rdv_client *c, rdv_rejoin_fn fn, void *arg)
+{
+	pthread_mutex_lock(&c->lock);
+	c->rejoin_arg = arg;
+	c->rejoin = fn;
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* A REJOIN: the replacement's entry replaces the lost server's in the
+ * address book, then the callback hears of it.  0 or UNISUM_EPROTO. */
+static int rdv_on_rejoin(struct rdv_client *c, const struct wire_hdr *h, const void *payload)
+{
+	uint32_t id, local_size, n;
+	struct rdv_node *nodes = NULL;
+	if (rdv_book_decode(payload, h->payload_len, &id, &local_size, &nodes, &n) != 0)
+		return UNISUM_EPROTO;
+	int rc = n == 1 && nodes[0].role == CONFIG_ROLE_SERVER && nodes[0].rank == (int)h->aux
+			 ? 0 : UNISUM_EPROTO;
+	struct rdv_node *at = NULL;
+	pthread_mutex_lock(&c->lock);
+	for (int i = 0; rc == 0 && i < c->nnodes && at == NULL; i++)
+		if (c->nodes[i].role == CONFIG_ROLE_SERVER && c->nodes[i].rank == nodes[0].rank)
+			at = &c->nodes[i];
+	if (at != NULL)
+		*at = nodes[0];
+	rdv_rejoin_fn fn = c->rejoin;
+	void *arg = c->rejoin_arg;
+	pthread_mutex_unlock(&c->lock);
+	if (rc == 0 && at != NULL && fn != NULL)
+		fn(arg, &nodes[0]);
+	free(nodes);
+	return rc == 0 && at == NULL ? UNISUM_EPROTO : rc;
+}
+
 int rdv_client_join(struct rdv_client *c)
 {
 	struct wire_hdr h = {.type = WIRE_JOIN, .sender = c->id};
@@ -308,6 +344,16 @@ static void *rdv_reader_main(void *arg)
 				return NULL;
 			}
 			rdv_on_failover(c, &f);
+			break;
+		}
+		case WIRE_REJOIN: {
+			int bad = rdv_on_rejoin(c, &h, payload);
+			free(payload);
+			if (bad) {
+				rdv_fail(c, bad, "the scheduler sent a malformed REJOIN (is every node the "
+					 "same unisum version?)");
+				return NULL;
+			}
 			break;
 		}
 		case WIRE_SHUTDOWN:

@@ -158,6 +158,11 @@ struct rdv_failover {
  * the callee owns nothing of f. */
 typedef void (*rdv_failover_fn)(void *arg, const struct rdv_failover *f);
 void rdv_client_on_failover(struct rdv_client *c, rdv_failover_fn fn, void *arg);
+/* A replacement server took lost server `node->rank`'s place (REJOIN):
+ * the client's address book has its entry already.  On the reader thread
+ * (workers). */
+typedef void (*rdv_rejoin_fn)(void *arg, const struct rdv_node *node);
+void rdv_client_on_rejoin(struct rdv_client *c, rdv_rejoin_fn fn, void *arg);
 /* FAILOVER's codec: header round = number, aux = dead; payload u32 n,
  * n x {u64 key, u32 server}.  decode: 0, UNISUM_EPROTO or UNISUM_ENOMEM. */
 void rdv_failover_encode(const struct rdv_failover *f, struct wire_hdr *h, struct wire_buf *b);

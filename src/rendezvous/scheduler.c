@@ -201,7 +201,10 @@ static int sched_send_addrbook(struct rdv_scheduler *s)
 		wire_buf_fini(&b);
 	}
 	s->book_sent = true;
-	s->tp->listener_shutdown(s->listener);	/* wakes the accepting thread */
+	/* Wakes the accepting thread, unless replacement servers may come
+	 * (failover): it accepts them until the job ends. */
+	if (!(s->server_failover && s->num_servers > 1))
+		s->tp->listener_shutdown(s->listener);
 	sched_place_roles(s);
 	LOG_INFO("all %d servers and %d workers on %d machines registered", s->num_servers,
 		 s->num_workers, s->num_machines);
@@ -235,6 +238,87 @@ static int sched_check_local_size(struct rdv_scheduler *s, struct sched_node *n,
 	sched_send_error(n, UNISUM_ECONFIG, why);
 	sched_fail(s, UNISUM_ECONFIG, why);
 	return UNISUM_ECONFIG;
+}
+
+/* The address book entry of node n. */
+static struct rdv_node sched_entry_of(const struct sched_node *n)
+{
+	struct rdv_node e = {.id = n->id, .role = n->role, .rank = n->rank, .machine = n->machine,
+			     .local_rank = n->local_rank, .port = n->port, .pid = n->pid,
+			     .rack = n->rack};
+	snprintf(e.host, sizeof e.host, "%s", n->host);
+	snprintf(e.host_id, sizeof e.host_id, "%s", n->host_id);
+	return e;
+}
+
+/* A server registering after the address book went out: it takes the rank
+ * of a lost server (the one it asks for, or the lowest), gets the book of
+ * the live nodes, and every worker hears where it is (REJOIN): tensors
+ * placed from now on may go to it.  Called with s->lock held; 0, or an
+ * error (the connection closes) when no server was lost. */
+static int sched_on_replacement(struct rdv_scheduler *s, struct sched_node *n,
+				const struct rdv_register *m, char *why, size_t len)
+{
+	int r = -1;
+	for (int q = 0; q < s->num_servers && s->lost != NULL; q++)
+		if (s->lost[q] && (m->req_rank < 0 || m->req_rank == q) && r < 0)
+			r = q;
+	if (r < 0) {
+		snprintf(why, len, "a server at %s registered while the job runs, but %s",
+			 m->host, m->req_rank >= 0 ? "its UNISUM_SERVER_ID is not a lost server's"
+						   : "no server was lost");
+		return UNISUM_EPROTO;
+	}
+	n->role = CONFIG_ROLE_SERVER;
+	n->req_rank = m->req_rank;
+	n->rank = r;
+	n->machine = -1;
+	n->id = 1 + (uint32_t)r;
+	n->port = m->port;
+	n->local_rank = 0;
+	n->local_size = 1;
+	snprintf(n->host, sizeof n->host, "%s", m->host);
+	n->pid = m->pid;
+	snprintf(n->host_id, sizeof n->host_id, "%s", m->host_id);
+	n->rack = m->rack;
+	n->registered = true;
+	atomic_store(&n->last_seen_ms, timing_now_ms());
+	struct wire_buf b;
+	wire_buf_init(&b);
+	int live = 0;
+	for (int i = 0; i < s->nnodes; i++)
+		live += s->nodes[i]->registered && !s->nodes[i]->lost;
+	rdv_book_encode_head(&b, n->id, (uint32_t)s->local_size, (uint32_t)live);
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *o = s->nodes[i];
+		if (o->registered && !o->lost) {
+			struct rdv_node e = sched_entry_of(o);
+			rdv_book_encode_node(&b, &e);
+		}
+	}
+	struct wire_hdr h = {.type = WIRE_ADDRBOOK, .payload_len = b.len};
+	if (!b.failed)
+		sched_send(n, &h, b.data);
+	wire_buf_fini(&b);
+	/* Every worker connects to it; new placements may use it. */
+	wire_buf_init(&b);
+	rdv_book_encode_head(&b, 0, (uint32_t)s->local_size, 1);
+	struct rdv_node e = sched_entry_of(n);
+	rdv_book_encode_node(&b, &e);
+	h = (struct wire_hdr){.type = WIRE_REJOIN, .aux = (uint32_t)r, .payload_len = b.len};
+	for (int i = 0; i < s->nnodes && !b.failed; i++) {
+		struct sched_node *o = s->nodes[i];
+		if (o->registered && !o->gone && o->role == CONFIG_ROLE_WORKER)
+			sched_send(o, &h, b.data);
+	}
+	int rc = b.failed ? UNISUM_ENOMEM : 0;
+	wire_buf_fini(&b);
+	if (rc == 0) {
+		s->lost[r] = 0;
+		LOG_WARN("server %d is back (%s:%d): tensors placed from now on may go to it", r,
+			 n->host, n->port);
+	}
+	return rc;
 }
 
 static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, const void *payload,
@@ -278,6 +362,11 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 	if (rc != 0) {
 		pthread_mutex_unlock(&s->lock);
 		return UNISUM_EPROTO;	/* closes the connection, logging why */
+	}
+	if (server && !n->registered && s->book_sent) {
+		rc = sched_on_replacement(s, n, &m, why, why_len);
+		pthread_mutex_unlock(&s->lock);
+		return rc;
 	}
 	int have = 0;
 	for (int i = 0; i < s->nnodes; i++)
@@ -916,7 +1005,9 @@ static void *sched_main(void *arg)
 	 * registers takes no slot. */
 	for (;;) {
 		pthread_mutex_lock(&s->lock);
-		bool done = s->book_sent || s->aborted || (s->error != 0 && !sched_lingers(s));
+		/* With failover a replacement server may register later. */
+		bool late = s->server_failover && s->num_servers > 1 && !sched_is_finished(s);
+		bool done = (s->book_sent && !late) || s->aborted || (s->error != 0 && !sched_lingers(s));
 		pthread_mutex_unlock(&s->lock);
 		if (done)
 			break;

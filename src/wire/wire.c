@@ -76,6 +76,7 @@ static const char *const wire_type_names[] = {
 	[WIRE_RETIRE] = "RETIRE",	  [WIRE_JOIN] = "JOIN",
 	[WIRE_ANNOUNCE] = "ANNOUNCE",	  [WIRE_JOIN_DONE] = "JOIN_DONE",
 	[WIRE_FAILOVER] = "FAILOVER",	  [WIRE_RESTORE] = "RESTORE",
+	[WIRE_REJOIN] = "REJOIN",
 };
 
 const char *wire_type_name(int type)

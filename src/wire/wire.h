@@ -88,7 +88,10 @@ enum wire_type {
 				 * sum of `round` of the key, as this worker received it
 				 * from the lost server (count x dtype bytes, always
 				 * inline) */
-	WIRE_TYPE_MAX = 20,
+	WIRE_REJOIN = 21,	/* scheduler -> every worker: a replacement took lost server
+				 * `aux`'s rank; payload its address book (the head and
+				 * its one entry), new tensors may be placed on it */
+	WIRE_TYPE_MAX = 21,
 };
 
 /* PUSH: the contribution is all zeros and no payload follows (broadcast

@@ -773,6 +773,12 @@ void *wk_push_main(void *arg)
 void wk_route(struct worker *w, struct wk_job *j)
 {
 	for (int hops = 0;; hops++) {
+		if (atomic_load(&w->any_moved)) {
+			/* A failover moved keys: its key may live elsewhere. */
+			pthread_mutex_lock(&w->lock);
+			j->server = (int)wk_server_of(w, j->key, (uint32_t)j->server);
+			pthread_mutex_unlock(&w->lock);
+		}
 		struct wk_conn *c = &w->conns[j->server];
 		pthread_mutex_lock(&c->lock);
 		bool dead = c->dead, moved = c->handed_over;
@@ -794,7 +800,9 @@ void wk_route(struct worker *w, struct wk_job *j)
 			return;
 		pthread_mutex_lock(&w->lock);
 		int err = w->failed != 0 ? w->failed : UNISUM_ECONN;
-		uint32_t to = moved ? wk_server_of(w, j->key, (uint32_t)j->server) : (uint32_t)j->server;
+		uint32_t to = (uint32_t)j->server;
+		if (moved)
+			to = wk_server_of(w, j->key, to);
 		pthread_mutex_unlock(&w->lock);
 		if (to == (uint32_t)j->server || hops >= w->nservers) {
 			wk_job_finish(j, err, why);
@@ -829,6 +837,39 @@ static int wk_connect_one(struct worker *w, struct wk_conn *c, const struct rdv_
 	rc = c->tp->send(c->conn, &hello, NULL);
 	if (rc != 0)
 		return log_fail(rc, "worker %d lost %s while saying hello", w->rank, c->label);
+	return 0;
+}
+
+int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n)
+{
+	pthread_mutex_lock(&c->lock);
+	bool gone = c->dead && c->handed_over && !c->parking;
+	pthread_mutex_unlock(&c->lock);
+	if (!gone)
+		return log_fail(UNISUM_EPROTO, "server %d is not a lost one here", n->rank);
+	/* Its receiving thread handed its work over and ends (its sender has). */
+	if (c->threads_started)
+		pthread_join(c->recv_thread, NULL);
+	c->threads_started = false;
+	if (c->conn != NULL)
+		c->tp->conn_free(c->conn);
+	c->conn = NULL;
+	snprintf(c->label, sizeof c->label, "server %d (%s:%d)", c->server, n->host, n->port);
+	int rc = wk_connect_one(w, c, n);
+	if (rc != 0)
+		return rc;
+	/* Counted anew: the bytes this server got since it came back. */
+	atomic_store(&c->bytes_pushed, 0);
+	pthread_mutex_lock(&c->lock);
+	c->dead = false;
+	c->handed_over = false;
+	c->dead_why[0] = '\0';
+	pthread_mutex_unlock(&c->lock);
+	if (pthread_create(&c->send_thread, NULL, wk_send_main, c) != 0)
+		return UNISUM_ESYS;
+	if (pthread_create(&c->recv_thread, NULL, wk_recv_main, c) != 0)
+		return UNISUM_ESYS;	/* the sender ends with the job */
+	c->threads_started = true;
 	return 0;
 }
 

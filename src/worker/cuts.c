@@ -102,6 +102,9 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 				(unsigned long long)pbytes, PLACEMENT_MAX_PARTS);
 	*L = (struct wk_layout){.pbytes = pbytes, .homed = segs != NULL ? segs->hash : 0};
 	char why[768];
+	pthread_mutex_lock(&w->lock);
+	uint32_t failovers = w->failovers;
+	pthread_mutex_unlock(&w->lock);
 	/* The shape goes with the first cut, the tensor's own declaration. */
 	int rc = rdv_client_declare_homed(w->rdv, wire_name, t->dtype, t->count, pbytes,
 					  segs != NULL ? segs->n : 0, segs != NULL ? segs->counts : NULL,
@@ -114,6 +117,13 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 		rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, w->rank, why);
 		goto out_free;
 	}
+	/* A fresh placement: where earlier keys of this name had moved to no
+	 * longer matters (every worker forgets it alike), unless a failover
+	 * came meanwhile, which the placement may predate. */
+	pthread_mutex_lock(&w->lock);
+	if (w->failovers == failovers)
+		wk_moved_forget(w, L->key, L->nparts);
+	pthread_mutex_unlock(&w->lock);
 	for (uint32_t i = 0; i < L->nparts; i++) {
 		if (!w->to_servers && t->nranks == 0)
 			break;	/* the local root tells them; a process set's members each do */

@@ -44,15 +44,24 @@ uint32_t wk_server_of(const struct worker *w, uint64_t key, uint32_t placed)
 		return placed;
 	for (size_t i = wk_moved_slot(key, w->capmoved);; i = (i + 1) & (w->capmoved - 1)) {
 		if (w->moved[i].key == key)
-			return w->moved[i].server;
+			return w->moved[i].ready ? w->moved[i].server : w->moved[i].from;
 		if (w->moved[i].key == 0)
 			return placed;
 	}
 }
 
+/* Lost server `dead`'s hand-over is done: its keys' jobs go to their new
+ * servers from now on (w->lock held). */
+static void wk_moved_ready(struct worker *w, int dead)
+{
+	for (size_t i = 0; i < w->capmoved; i++)
+		if (w->moved[i].key != 0 && (int)w->moved[i].from == dead)
+			w->moved[i].ready = true;
+}
+
 /* Records that `key` lives on `server` now (w->lock held).  0 or
  * UNISUM_ENOMEM. */
-static int wk_moved_put(struct worker *w, uint64_t key, uint32_t server)
+static int wk_moved_put(struct worker *w, uint64_t key, uint32_t server, uint32_t from)
 {
 	if (2 * (w->nmoved + 1) > w->capmoved) {
 		size_t cap = w->capmoved ? 2 * w->capmoved : 1024;
@@ -76,8 +85,51 @@ static int wk_moved_put(struct worker *w, uint64_t key, uint32_t server)
 		i = (i + 1) & (w->capmoved - 1);
 	if (w->moved[i].key == 0)
 		w->nmoved++;
-	w->moved[i] = (struct wk_moved){.key = key, .server = server};
+	w->moved[i] = (struct wk_moved){.key = key, .server = server, .from = from};
 	return 0;
+}
+
+void wk_moved_forget(struct worker *w, uint64_t key, uint32_t n)
+{
+	for (uint32_t k = 0; w->nmoved > 0 && k < n; k++) {
+		size_t cap = w->capmoved, i = wk_moved_slot(key + k, cap);
+		while (w->moved[i].key != 0 && w->moved[i].key != key + k)
+			i = (i + 1) & (cap - 1);
+		if (w->moved[i].key == 0)
+			continue;
+		/* Backward-shift deletion keeps every probe chain whole. */
+		w->moved[i].key = 0;
+		w->nmoved--;
+		for (size_t j = (i + 1) & (cap - 1); w->moved[j].key != 0; j = (j + 1) & (cap - 1)) {
+			size_t home = wk_moved_slot(w->moved[j].key, cap);
+			bool between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+			if (!between) {
+				w->moved[i] = w->moved[j];
+				w->moved[j].key = 0;
+				i = j;
+			}
+		}
+	}
+}
+
+void wk_on_rejoin(void *arg, const struct rdv_node *node)
+{
+	struct worker *w = arg;
+	pthread_mutex_lock(&w->lock);
+	bool live = w->conns_live && w->conns != NULL && node->rank >= 0 && node->rank < w->nservers;
+	pthread_mutex_unlock(&w->lock);
+	if (!live)
+		return;	/* no connections (not a local root): nothing to do */
+	struct wk_conn *c = &w->conns[node->rank];
+	int rc = wk_reconnect(w, c, node);
+	if (rc != 0) {
+		char why[300];
+		snprintf(why, sizeof why, "worker %d cannot reach the replacement of server %d at %s:%d: "
+			 "%s", w->rank, node->rank, node->host, node->port, log_last_error());
+		rdv_client_fail_job(w->rdv, rc, why);
+		return;
+	}
+	LOG_INFO("worker %d: server %d is back at %s:%d", w->rank, node->rank, node->host, node->port);
 }
 
 struct wk_pair {
@@ -119,7 +171,11 @@ void wk_on_failover(void *arg, const struct rdv_failover *f)
 	    (w->lost = calloc((size_t)w->nservers, sizeof *w->lost)) == NULL)
 		rc = UNISUM_ENOMEM;
 	for (uint32_t i = 0; rc == 0 && i < f->n; i++)
-		rc = wk_moved_put(w, keys[i], to[i]);
+		rc = wk_moved_put(w, keys[i], to[i], (uint32_t)f->dead);
+	if (rc == 0 && f->n > 0)
+		atomic_store(&w->any_moved, true);
+	if (rc == 0)
+		w->failovers++;
 	if (rc == 0) {
 		struct wk_lost *l = &w->lost[f->dead];
 		free(l->keys);
@@ -252,6 +308,9 @@ int wk_hand_over(struct worker *w, int dead)
 			}
 		}
 	}
+	/* Jobs that come from now on go where their keys went, behind these
+	 * declarations. */
+	wk_moved_ready(w, dead);
 	pthread_mutex_unlock(&w->lock);
 	if (rc == 0)
 		LOG_INFO("worker %d: %d partitions of lost server %d declared on their new servers",

@@ -352,6 +352,7 @@ static int wk_join_job(struct worker *w)
 	/* Server failover: every worker keeps the last reply of what it pushes. */
 	w->keep_replies = w->cfg.server_failover && w->nservers > 1 && w->cfg.num_workers > 1;
 	rdv_client_on_failover(w->rdv, wk_on_failover, w);
+	rdv_client_on_rejoin(w->rdv, wk_on_rejoin, w);
 	if (rc == 0)
 		rc = sched_init(&w->push_q, w->cfg.credit_bytes);
 	if (rc != 0) {

@@ -293,9 +293,14 @@ struct worker {
 	bool keep_replies;
 	struct wk_moved {
 		uint64_t key;		/* 0: empty */
-		uint32_t server;
-	} *moved;			/* where each moved key lives now (open addressing) */
+		uint32_t server;	/* where it lives now ... */
+		uint32_t from;		/* ... the lost server it moved from ... */
+		bool ready;		/* ... and whether that one's hand-over is done:
+					 * until then its jobs wait on `from` */
+	} *moved;			/* where each moved key lives (open addressing) */
+	uint32_t failovers;		/* FAILOVERs followed so far */
 	size_t nmoved, capmoved;
+	atomic_bool any_moved;		/* a key ever moved: the PUSH stage looks them up */
 	struct wk_lost {
 		bool known;		/* the scheduler's FAILOVER of this server came */
 		uint32_t n;
@@ -338,10 +343,18 @@ void wk_job_sets(const struct wk_op *op, uint64_t offset, uint64_t count, bool *
 void wk_zero_pushed(const struct wk_op *op, const struct wk_layout *L);
 uint64_t wk_push_order(const struct wk_op *op, const struct wk_layout *L, uint32_t part);
 void wk_close_conns(struct worker *w);
-/* Failover: the server that holds `key` now (`placed` unless it moved;
- * w->lock held), and the FAILOVER callback. */
+/* Failover: the server to send `key`'s jobs to (`placed` unless it
+ * moved; while the hand-over of the server it moved from runs, that one,
+ * whose connection parks them; w->lock held), and the FAILOVER callback. */
 uint32_t wk_server_of(const struct worker *w, uint64_t key, uint32_t placed);
 void wk_on_failover(void *arg, const struct rdv_failover *f);
+/* A new placement of keys [key, key + n) holds from now on: forgets where
+ * earlier ones of those keys moved (w->lock held). */
+void wk_moved_forget(struct worker *w, uint64_t key, uint32_t n);
+/* A replacement of lost server node->rank: reconnects to it (the
+ * REJOIN callback; conns.c does the connecting). */
+void wk_on_rejoin(void *arg, const struct rdv_node *node);
+int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n);
 /* A cut's kept replies, set up on the worker that pushes it: 0 or
  * UNISUM_ENOMEM.  wk_kept_free frees them. */
 int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L);

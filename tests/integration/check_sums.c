@@ -49,8 +49,11 @@
  *                             test_pipeline.sh); both sums are checked
  *   check_sums failover N     N rounds of three tensors (int64 in place, int32 out of
  *                             place on many partitions, float32 averaged), all three
- *                             in flight at once, every element checked: the servers
- *                             may be killed meanwhile (server failover); with
+ *                             in flight at once, every element checked, and every 20
+ *                             rounds a one-shot tensor (declared, summed, undeclared):
+ *                             the servers may be killed meanwhile, and a replacement
+ *                             join (server failover); prints the bytes pushed to each
+ *                             server since it (re)connected; with
  *                             CHECK_SUMS_TIMES=1 each round's completion time
  *   check_sums compressed N   N rounds of compressed tensors (unisum_declare_ex), whose
  *                             exact results are known: fp16 with error feedback on
@@ -380,6 +383,19 @@ static void mode_failover(int n)
 		verify("fo.a", UNISUM_INT64, 5000 + 3 * (uint64_t)r, a, A, false);
 		verify("fo.b", UNISUM_INT32, 5001 + 3 * (uint64_t)r, bout, B, false);
 		verify("fo.c", UNISUM_FLOAT32, 5002 + 3 * (uint64_t)r, c, C, true);
+		if (r % 20 == 19) {
+			/* A one-shot tensor, placed now: on a replacement server
+			 * too, once one came back. */
+			enum { O = 20011 };
+			char name[64];
+			snprintf(name, sizeof name, "fo.once.%d", r);
+			int to = unisum_declare(name, UNISUM_INT32, O, 0);
+			check(to, "declare fo.once");
+			fill(UNISUM_INT32, 7000 + (uint64_t)r, bin, O);
+			check(unisum_push_pull(to, bin, bout, 0), "fo.once");
+			verify(name, UNISUM_INT32, 7000 + (uint64_t)r, bout, O, false);
+			check(unisum_undeclare(to), "undeclare fo.once");
+		}
 		if (times)
 			printf("round %d done at %.3f ms\n", r, now_ms());
 		else if (rank == 0 && r % 100 == 0)
@@ -389,6 +405,12 @@ static void mode_failover(int n)
 	free(bin);
 	free(bout);
 	free(c);
+	unisum_stats st;
+	check(unisum_get_stats(&st), "stats");
+	printf("rank %d: bytes to each server since it (re)connected:", rank);
+	for (int i = 0; i < st.nservers && i < UNISUM_STATS_SERVERS; i++)
+		printf(" %llu", (unsigned long long)st.server_bytes[i]);
+	printf("\n");
 	printf("rank %d: %d failover rounds ok\n", rank, n);
 }
 

@@ -12,6 +12,8 @@
 # - `unisum launch` with 2 workers per machine (the local path, whose root
 #   pushes from its output) losing a server the same way: the launcher
 #   carries on and exits 0;
+# - a replacement server started after a loss is taken back: the workers
+#   reconnect and push the tensors placed from then on to it too;
 # - losing the last server fails the job, and every worker's error names
 #   it and says why;
 # - UNISUM_SERVER_FAILOVER=0: a lost server fails the job, as before.
@@ -118,6 +120,27 @@ for run in $CRASHES; do
 	drop_logs "$log"
 	unset "SERVER_ENV_$victim"
 done
+
+# A replacement server, started after the loss with the lost one's
+# UNISUM_SERVER_ID: the scheduler takes it back, the workers reconnect,
+# and the tensors placed from then on (check_sums' one-shot tensors, every
+# 20 rounds) go to it too.
+log=$(mktemp -d)
+job 3 "$log" failover $ROUNDS
+sleep 0.4
+kill_child "$log" server1
+sleep 0.5
+UNISUM_ROLE=server UNISUM_SERVER_ID=1 timeout 90 "$UNISUM" server >"$log/server1b" 2>&1 &
+back=$!
+expect "a replacement of server 1 joins: every sum exact, every survivor done" \
+	survived "$log" server1 3
+wait $back
+expect "  ... the replacement exits 0 at the end" [ $? -eq 0 ]
+expect "  ... the scheduler took it back" grep -q "server 1 is back" "$log/scheduler"
+used=$(sed -n 's/.*bytes to each server since it (re)connected: [0-9]* \([0-9]*\) .*/\1/p' \
+	"$log"/worker* | awk '$1 > 0' | wc -l)
+expect "  ... and every worker pushed to it after it came back ($used of 3)" [ "$used" -eq 3 ]
+drop_logs "$log"
 
 # Through the launcher, several workers per machine.
 check_job "launch: 4 workers on 2 machines, server 1 dies half-way through a round" \
