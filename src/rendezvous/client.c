@@ -56,6 +56,8 @@ struct rdv_client {
 	void *failover_arg;
 	struct rdv_failover *early_fo;	/* FAILOVERs that came before the callback */
 	int nearly_fo;
+	rdv_failover_fn migrate;	/* MIGRATE (servers), or NULL; under lock */
+	void *migrate_arg;
 	rdv_rejoin_fn rejoin;		/* REJOIN (workers), or NULL; under lock */
 	void *rejoin_arg;
 	pthread_t reader;		/* reads everything the scheduler sends */
@@ -222,6 +224,14 @@ void rdv_client_on_failover(struct rdv_client *c, rdv_failover_fn fn, void *arg)
 	pthread_mutex_unlock(&c->lock);
 }
 
+void rdv_client_on_migrate(struct rdv_client *c, rdv_failover_fn fn, void *arg)
+{
+	pthread_mutex_lock(&c->lock);
+	c->migrate_arg = arg;
+	c->migrate = fn;
+	pthread_mutex_unlock(&c->lock);
+}
+
 void rdv_client_on_rejoin(struct rdv_client *c, rdv_rejoin_fn fn, void *arg)
 {
 	pthread_mutex_lock(&c->lock);
@@ -344,6 +354,24 @@ static void *rdv_reader_main(void *arg)
 				return NULL;
 			}
 			rdv_on_failover(c, &f);
+			break;
+		}
+		case WIRE_MIGRATE: {
+			struct rdv_failover f;
+			int bad = rdv_failover_decode(&h, payload, h.payload_len, &f);
+			free(payload);
+			if (bad) {
+				rdv_fail(c, bad, "the scheduler sent a malformed MIGRATE");
+				return NULL;
+			}
+			pthread_mutex_lock(&c->lock);
+			rdv_failover_fn fn = c->migrate;
+			void *arg = c->migrate_arg;
+			pthread_mutex_unlock(&c->lock);
+			if (fn != NULL)
+				fn(arg, &f);
+			free(f.keys);
+			free(f.servers);
 			break;
 		}
 		case WIRE_REJOIN: {

@@ -162,6 +162,9 @@ void rdv_client_on_failover(struct rdv_client *c, rdv_failover_fn fn, void *arg)
  * the client's address book has its entry already.  On the reader thread
  * (workers). */
 typedef void (*rdv_rejoin_fn)(void *arg, const struct rdv_node *node);
+/* Servers: MIGRATE (FAILOVER's payload, f->dead = the replacement the keys
+ * go to), on the reader thread. */
+void rdv_client_on_migrate(struct rdv_client *c, rdv_failover_fn fn, void *arg);
 void rdv_client_on_rejoin(struct rdv_client *c, rdv_rejoin_fn fn, void *arg);
 /* FAILOVER's codec: header round = number, aux = dead; payload u32 n,
  * n x {u64 key, u32 server}.  decode: 0, UNISUM_EPROTO or UNISUM_ENOMEM. */

@@ -120,6 +120,11 @@ struct rdv_scheduler {
 	int server_failover;		/* UNISUM_SERVER_FAILOVER */
 	uint8_t *lost;			/* [num_servers] lost and failed over, or NULL */
 	int failovers;			/* how many so far */
+	struct sched_moved_off {
+		uint32_t n;
+		uint64_t *keys;		/* the keys a failover moved off it, to move back
+					 * to its replacement (sched_migrate_back) */
+	} *moved_off;			/* [num_servers], or NULL */
 	uint8_t *joined;		/* [num_workers] joined (unisum_join) since the last
 					 * JOIN_DONE, or NULL before the first JOIN */
 	int njoined, join_last;
@@ -151,6 +156,10 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
  * FAILOVER.  0, or an error with why set when the job cannot go on
  * without it (the last server; a tensor whose state it took). */
 int sched_failover(struct rdv_scheduler *s, int dead, char *why, size_t len);
+/* Replacement server r registered: the keys the failover of r moved off
+ * it go back (MIGRATE to the servers that hold them now).  Called with
+ * s->lock held. */
+void sched_migrate_back(struct rdv_scheduler *s, int r);
 /* Moves every partition of a fresh placement that landed on a lost
  * server to a live one. */
 void sched_avoid_lost(struct rdv_scheduler *s, const struct placement_part *parts,

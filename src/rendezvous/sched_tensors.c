@@ -512,6 +512,16 @@ int sched_failover(struct rdv_scheduler *s, int dead, char *why, size_t len)
 		tensors += moved;
 	}
 	s->placement.loads[dead] = 0;
+	if (s->moved_off == NULL)
+		s->moved_off = calloc((size_t)s->num_servers, sizeof *s->moved_off);
+	if (s->moved_off != NULL) {
+		uint64_t *keys = malloc((f.n ? f.n : 1) * sizeof *keys);
+		if (keys != NULL) {
+			memcpy(keys, f.keys, f.n * sizeof *keys);
+			free(s->moved_off[dead].keys);
+			s->moved_off[dead] = (struct sched_moved_off){.n = f.n, .keys = keys};
+		}
+	}
 	struct wire_buf b;
 	wire_buf_init(&b);
 	struct wire_hdr h = {0};
@@ -539,6 +549,66 @@ int sched_failover(struct rdv_scheduler *s, int dead, char *why, size_t len)
 	free(f.keys);
 	free(f.servers);
 	return 0;
+}
+
+void sched_migrate_back(struct rdv_scheduler *s, int r)
+{
+	if (s->moved_off == NULL || s->moved_off[r].n == 0)
+		return;
+	struct sched_moved_off mo = s->moved_off[r];
+	s->moved_off[r] = (struct sched_moved_off){0};
+	struct rdv_failover *per = calloc((size_t)s->num_servers, sizeof *per);
+	for (int q = 0; per != NULL && q < s->num_servers; q++) {
+		per[q].keys = malloc(mo.n * sizeof *per[q].keys);
+		per[q].servers = malloc(mo.n * sizeof *per[q].servers);
+		per[q].dead = r;
+		per[q].number = (uint32_t)s->failovers;
+	}
+	uint32_t moved = 0;
+	for (uint32_t k = 0; per != NULL && k < mo.n; k++) {
+		uint64_t key = mo.keys[k];
+		for (int i = 0; i < s->ntensors; i++) {
+			struct sched_tensor *t = &s->tensors[i];
+			if (key < t->key || key - t->key >= t->nparts)
+				continue;
+			uint32_t p = (uint32_t)(key - t->key);
+			int from = (int)t->servers[p];
+			if (t->sync != 0 || t->comp[0] != '\0' || t->nsegs > 0 || from == r ||
+			    sched_server_lost(s, from) || per[from].keys == NULL || per[from].servers == NULL)
+				break;
+			uint64_t bytes = t->parts[p].count * unisum_dtype_size(t->dtype);
+			s->placement.loads[from] -= bytes <= s->placement.loads[from]
+						    ? bytes : s->placement.loads[from];
+			s->placement.loads[r] += bytes;
+			t->servers[p] = (uint32_t)r;
+			per[from].keys[per[from].n] = key;
+			per[from].servers[per[from].n++] = (uint32_t)r;
+			moved++;
+			break;
+		}
+	}
+	for (int q = 0; per != NULL && q < s->num_servers; q++) {
+		for (int i = 0; per[q].n > 0 && i < s->nnodes; i++) {
+			struct sched_node *m = s->nodes[i];
+			if (!m->registered || m->gone || m->lost || m->role != CONFIG_ROLE_SERVER ||
+			    m->rank != q)
+				continue;
+			struct wire_buf b;
+			wire_buf_init(&b);
+			struct wire_hdr h = {0};
+			rdv_failover_encode(&per[q], &h, &b);
+			h.type = WIRE_MIGRATE;
+			if (!b.failed)
+				sched_send(m, &h, b.data);
+			wire_buf_fini(&b);
+		}
+		free(per[q].keys);
+		free(per[q].servers);
+	}
+	free(per);
+	free(mo.keys);
+	LOG_WARN("%u partitions the failover of server %d had moved go back to its replacement "
+		 "from the next round", moved, r);
 }
 
 /* A new tensor: its cut and placement, filed in the table (*out); on the

@@ -317,6 +317,7 @@ static int sched_on_replacement(struct rdv_scheduler *s, struct sched_node *n,
 		s->lost[r] = 0;
 		LOG_WARN("server %d is back (%s:%d): tensors placed from now on may go to it", r,
 			 n->host, n->port);
+		sched_migrate_back(s, r);
 	}
 	return rc;
 }
@@ -1179,6 +1180,9 @@ void rdv_scheduler_free(struct rdv_scheduler *s)
 	free(s->home_server);
 	free(s->joined);
 	free(s->lost);
+	for (int i = 0; s->moved_off != NULL && i < s->num_servers; i++)
+		free(s->moved_off[i].keys);
+	free(s->moved_off);
 	sched_free_racks(s);
 	placement_fini(&s->placement);
 	pthread_mutex_destroy(&s->lock);

@@ -379,6 +379,43 @@ static int srv_refuse_push(struct server *srv, struct srv_conn *c, struct srv_ke
 	return rc;
 }
 
+/* MIGRATE: each key goes to a replacement server from the first round
+ * that no push here has been accepted for (nor any worker declared it
+ * completed). */
+void srv_on_migrate(void *arg, const struct rdv_failover *f)
+{
+	struct server *srv = arg;
+	int n = 0;
+	pthread_mutex_lock(&srv->lock);
+	for (uint32_t i = 0; i < f->n; i++) {
+		struct srv_key *k = srv_key_find(srv, f->keys[i]);
+		if (k == NULL || k->moved_to >= 0 || k->async || k->comp.kind != COMPRESS_NONE)
+			continue;
+		uint32_t at = k->claimed;
+		for (int w = 0; w < k->nc; w++)
+			if (k->next_round[w] > at)
+				at = k->next_round[w];
+		k->moved_at = at;
+		k->moved_to = (int)f->servers[i];
+		n++;
+	}
+	pthread_mutex_unlock(&srv->lock);
+	LOG_INFO("%d keys move to server %d from their next round", n, f->dead);
+}
+
+/* Whether a push or pull of key k, round `round`, goes to the server k
+ * moved to (the push is then refused with MOVED, the pull dropped); else,
+ * for a push, claims the round here.  Under srv->lock. */
+static bool srv_moved(struct server *srv, struct srv_key *k, uint32_t round, bool push)
+{
+	pthread_mutex_lock(&srv->lock);
+	bool moved = k->moved_to >= 0 && round >= k->moved_at;
+	if (!moved && push && round + 1 > k->claimed)
+		k->claimed = round + 1;
+	pthread_mutex_unlock(&srv->lock);
+	return moved;
+}
+
 static int srv_on_push_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
 			   char *why, size_t len)
 {
@@ -386,6 +423,14 @@ static int srv_on_push_msg(struct server *srv, struct srv_conn *c, const struct 
 	struct srv_key *k = srv_check_data(srv, c, h, &w, why, len);
 	if (k == NULL)
 		return UNISUM_EPROTO;
+	if (srv_moved(srv, k, h->round, true)) {
+		if (c->tp->recv_payload(c->conn, NULL, h->payload_len) != 0)
+			return UNISUM_ECONN;
+		struct wire_hdr moved = {.type = WIRE_MOVED, .sender = srv->id, .round = h->round,
+					 .key = h->key, .aux = (uint32_t)k->moved_to};
+		srv_conn_enqueue(c, &moved, NULL, NULL, NULL);
+		return 0;
+	}
 	if (srv_poison_of(srv, k->key) != NULL) {
 		/* Never summed; the pull that follows gets the error. */
 		k->next_round[w]++;
@@ -412,6 +457,12 @@ static int srv_on_push_msg(struct server *srv, struct srv_conn *c, const struct 
 static int srv_on_pull_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
 			   char *why, size_t len)
 {
+	pthread_mutex_lock(&srv->lock);
+	struct srv_key *mk = srv_key_find(srv, h->key);
+	bool moved = mk != NULL && mk->moved_to >= 0 && h->round >= mk->moved_at;
+	pthread_mutex_unlock(&srv->lock);
+	if (moved)
+		return 0;	/* its push was refused: the worker pulls it elsewhere */
 	int w;
 	struct srv_key *k = srv_check_data(srv, c, h, &w, why, len);
 	if (k == NULL)

@@ -240,6 +240,7 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 		goto out_unlock;
 	}
 	atomic_init(&k->pins, 1);
+	k->moved_to = -1;
 	k->nc = (int)W;
 	if (nranks > 0) {
 		k->peer = malloc(W * sizeof *k->peer);

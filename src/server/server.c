@@ -298,6 +298,7 @@ static int srv_join(struct server *srv, const char *bind_host, int port)
 	int rc = rdv_client_new(srv->cfg, port, srv_notice, srv_tensor_error, srv, &srv->rdv);
 	if (rc != 0)
 		return rc;
+	rdv_client_on_migrate(srv->rdv, srv_on_migrate, srv);
 	srv->id = rdv_client_id(srv->rdv);
 	srv->rank = rdv_client_rank(srv->rdv);
 	srv->local_size = rdv_client_local_size(srv->rdv);

@@ -98,6 +98,13 @@ struct srv_key {
 	uint8_t *value_waiting;	/* [W] pulled before the value was set: 1, or 2 with SKIP ... */
 	uint32_t *wait_round;	/* [W] ... that pull's round.  Until the value is set, slot[0]
 				 * stands for the wait (its stall reports name contributor 0) */
+	/* Moved back to a replacement server (MIGRATE), under srv->lock: a
+	 * push of round moved_at or later is refused (MOVED, to moved_to) and
+	 * its PULL dropped; rounds before it complete here.  claimed: one more
+	 * than the latest round a push was accepted of. */
+	int moved_to;		/* -1: stays */
+	uint32_t moved_at;
+	uint32_t claimed;
 	atomic_int pins;	/* the key table's 1, and 1 per queued reply pointing into
 				 * the key's memory: the last unpin frees it */
 	struct srv_key *next;	/* hash chain */
@@ -203,6 +210,9 @@ struct srv_poison {
 	char *why;		/* both shapes, for the workers' errors */
 	struct srv_poison *next;
 };
+
+/* conn.c: MIGRATE from the scheduler (the rdv client's callback). */
+void srv_on_migrate(void *arg, const struct rdv_failover *f);
 
 /* server.c */
 const char *srv_worker_name(const struct server *srv, int p, char *buf, size_t len);

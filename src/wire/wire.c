@@ -76,7 +76,8 @@ static const char *const wire_type_names[] = {
 	[WIRE_RETIRE] = "RETIRE",	  [WIRE_JOIN] = "JOIN",
 	[WIRE_ANNOUNCE] = "ANNOUNCE",	  [WIRE_JOIN_DONE] = "JOIN_DONE",
 	[WIRE_FAILOVER] = "FAILOVER",	  [WIRE_RESTORE] = "RESTORE",
-	[WIRE_REJOIN] = "REJOIN",
+	[WIRE_REJOIN] = "REJOIN",	  [WIRE_MIGRATE] = "MIGRATE",
+	[WIRE_MOVED] = "MOVED",
 };
 
 const char *wire_type_name(int type)
@@ -155,6 +156,7 @@ static int wire_check_payload(const struct wire_hdr *h, char *why, size_t why_le
 	case WIRE_RETIRE:
 	case WIRE_JOIN:
 	case WIRE_JOIN_DONE:
+	case WIRE_MOVED:
 		if (h->payload_len != 0) {
 			snprintf(why, why_len, "%s: carries no payload, got %llu bytes",
 				 wire_type_name(h->type), (unsigned long long)h->payload_len);

@@ -91,7 +91,13 @@ enum wire_type {
 	WIRE_REJOIN = 21,	/* scheduler -> every worker: a replacement took lost server
 				 * `aux`'s rank; payload its address book (the head and
 				 * its one entry), new tensors may be placed on it */
-	WIRE_TYPE_MAX = 21,
+	WIRE_MIGRATE = 22,	/* scheduler -> server: move these keys (FAILOVER's payload)
+				 * to server `aux`, a replacement, from the first round
+				 * nobody has pushed here yet */
+	WIRE_MOVED = 23,	/* server -> worker, instead of a PUSH_ACK: the push of key,
+				 * round went nowhere; that round and the next go to
+				 * server `aux` (the PULL after it is dropped) */
+	WIRE_TYPE_MAX = 23,
 };
 
 /* PUSH: the contribution is all zeros and no payload follows (broadcast

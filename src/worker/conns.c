@@ -701,6 +701,40 @@ static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *m
 	return 0;
 }
 
+/* A MOVED (the key went to a replacement server, failover.c): the push
+ * counts as acknowledged, the key is declared on its new server at this
+ * round and retired here, and the job goes there.  0, or 1 with msg set
+ * when nothing of this worker's was pushed under that key and round. */
+static int wk_on_moved(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
+{
+	struct worker *w = c->w;
+	pthread_mutex_lock(&c->lock);
+	struct wk_job *j = pending_take(c, h->key);
+	pthread_mutex_unlock(&c->lock);
+	if (j == NULL || j->round != h->round || h->aux >= (uint32_t)w->nservers ||
+	    (int)h->aux == c->server) {
+		snprintf(msg, len, "%s moved key 0x%llx round %u that this worker did not push there",
+			 c->label, (unsigned long long)h->key, h->round);
+		if (j != NULL)
+			wk_job_finish(j, UNISUM_EPROTO, msg);
+		return 1;
+	}
+	if (!j->credit_back) {
+		j->credit_back = true;
+		sched_release(&w->push_q, j->entry.bytes);
+	}
+	j->repushed = true;
+	int rc = wk_move_key(w, c, j, (int)h->aux);
+	if (rc != 0) {
+		snprintf(msg, len, "worker %d cannot move key 0x%llx to server %u: %s", w->rank,
+			 (unsigned long long)h->key, h->aux, log_last_error());
+		wk_job_finish(j, rc, msg);
+		return 0;
+	}
+	wk_route(w, j);
+	return 0;
+}
+
 /* The PULL stage of one server connection (see the DESIGN above). */
 static void *wk_recv_main(void *arg)
 {
@@ -720,6 +754,8 @@ static void *wk_recv_main(void *arg)
 			stop = wk_on_push_ack(c, &h, msg, sizeof msg);
 		else if (h.type == WIRE_PULL_REPLY)
 			stop = wk_on_pull_reply(c, &h, msg, sizeof msg);
+		else if (h.type == WIRE_MOVED)
+			stop = wk_on_moved(c, &h, msg, sizeof msg);
 		else {
 			snprintf(msg, sizeof msg, "%s sent an unexpected %s", c->label, wire_type_name(h.type));
 			stop = 1;
@@ -799,11 +835,24 @@ void wk_route(struct worker *w, struct wk_job *j)
 		if (!dead)
 			return;
 		pthread_mutex_lock(&w->lock);
-		int err = w->failed != 0 ? w->failed : UNISUM_ECONN;
 		uint32_t to = (uint32_t)j->server;
 		if (moved)
 			to = wk_server_of(w, j->key, to);
+		/* The key went back to a lost server's replacement (MIGRATE)
+		 * whose REJOIN this worker has not followed yet: wait for it. */
+		bool back = false;
+		struct timespec until = timing_deadline(w->cfg.timeout_ms);
+		while (moved && to == (uint32_t)j->server && w->failed == 0 && !back) {
+			if (pthread_cond_timedwait(&w->failed_cond, &w->lock, &until) != 0)
+				break;
+			pthread_mutex_lock(&c->lock);
+			back = !c->dead;
+			pthread_mutex_unlock(&c->lock);
+		}
+		int err = w->failed != 0 ? w->failed : UNISUM_ECONN;
 		pthread_mutex_unlock(&w->lock);
+		if (back && hops < w->nservers)
+			continue;
 		if (to == (uint32_t)j->server || hops >= w->nservers) {
 			wk_job_finish(j, err, why);
 			return;

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "log/log.h"
+#include "timing/timing.h"
 #include "wire/wire.h"
 #include "worker/worker_int.h"
 
@@ -129,7 +130,69 @@ void wk_on_rejoin(void *arg, const struct rdv_node *node)
 		rdv_client_fail_job(w->rdv, rc, why);
 		return;
 	}
+	pthread_mutex_lock(&w->lock);
+	pthread_cond_broadcast(&w->failed_cond);	/* jobs waiting for it (wk_route) */
+	pthread_mutex_unlock(&w->lock);
 	LOG_INFO("worker %d: server %d is back at %s:%d", w->rank, node->rank, node->host, node->port);
+}
+
+int wk_move_key(struct worker *w, struct wk_conn *c, struct wk_job *j, int to)
+{
+	struct wk_tensor *t = j->op->t;
+	struct wk_conn *dst = &w->conns[to];
+	pthread_mutex_lock(&w->lock);
+	int rc = wk_moved_put(w, j->key, (uint32_t)to, (uint32_t)c->server);
+	if (rc == 0) {
+		struct wk_moved *m = &w->moved[0];
+		for (size_t i = wk_moved_slot(j->key, w->capmoved);; i = (i + 1) & (w->capmoved - 1))
+			if ((m = &w->moved[i])->key == j->key)
+				break;
+		m->ready = true;
+		atomic_store(&w->any_moved, true);
+	}
+	/* The scheduler sent the replacement's REJOIN before its MIGRATE, but
+	 * on another connection: wait until this worker followed it. */
+	struct timespec until = timing_deadline(w->cfg.timeout_ms);
+	bool up = false;
+	while (rc == 0 && w->failed == 0) {
+		pthread_mutex_lock(&dst->lock);
+		up = !dst->dead;
+		pthread_mutex_unlock(&dst->lock);
+		if (up || pthread_cond_timedwait(&w->failed_cond, &w->lock, &until) != 0)
+			break;
+	}
+	pthread_mutex_unlock(&w->lock);
+	if (rc != 0)
+		return rc;
+	if (!up)
+		return log_fail(UNISUM_ECONN, "server %d, where key 0x%llx moved, is not back", to,
+				(unsigned long long)j->key);
+	struct wk_job *d = calloc(1, sizeof *d);
+	struct wk_job *r = calloc(1, sizeof *r);
+	if (d == NULL || r == NULL) {
+		free(d);
+		free(r);
+		return UNISUM_ENOMEM;
+	}
+	*d = (struct wk_job){.type = JOB_DECLARE, .key = j->key, .dtype = j->dtype, .count = j->count,
+			     .round = j->round, .name = strdup(t->name), .nranks = t->nranks,
+			     .sync = t->sync};
+	if (t->nranks > 0 && (d->ranks = malloc((size_t)t->nranks * sizeof *d->ranks)) != NULL)
+		memcpy(d->ranks, t->ranks, (size_t)t->nranks * sizeof *d->ranks);
+	rc = d->name != NULL && (t->nranks == 0 || d->ranks != NULL) ? wk_enqueue(dst, d)
+								      : UNISUM_ENOMEM;
+	if (rc != 0) {
+		free(d->name);
+		free(d->ranks);
+		free(d);
+		free(r);
+		return rc;
+	}
+	/* Every reply of the key from c's server has come: it may forget it. */
+	*r = (struct wk_job){.type = JOB_RETIRE, .key = j->key, .round = j->round};
+	if (wk_enqueue(c, r) != 0)
+		free(r);
+	return 0;
 }
 
 struct wk_pair {

@@ -355,6 +355,10 @@ void wk_moved_forget(struct worker *w, uint64_t key, uint32_t n);
  * REJOIN callback; conns.c does the connecting). */
 void wk_on_rejoin(void *arg, const struct rdv_node *node);
 int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n);
+/* MOVED on connection c: job j's key lives on server `to` from j's round
+ * on: declared there (after waiting for its REJOIN, if need be) and
+ * retired on c's server.  0 or an error. */
+int wk_move_key(struct worker *w, struct wk_conn *c, struct wk_job *j, int to);
 /* A cut's kept replies, set up on the worker that pushes it: 0 or
  * UNISUM_ENOMEM.  wk_kept_free frees them. */
 int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L);

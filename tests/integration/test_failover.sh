@@ -13,7 +13,8 @@
 #   pushes from its output) losing a server the same way: the launcher
 #   carries on and exits 0;
 # - a replacement server started after a loss is taken back: the workers
-#   reconnect and push the tensors placed from then on to it too;
+#   reconnect, the partitions moved off the lost one go back to it (at a
+#   round that no machine has pushed yet), and new tensors may go there;
 # - losing the last server fails the job, and every worker's error names
 #   it and says why;
 # - UNISUM_SERVER_FAILOVER=0: a lost server fails the job, as before.
@@ -123,8 +124,9 @@ done
 
 # A replacement server, started after the loss with the lost one's
 # UNISUM_SERVER_ID: the scheduler takes it back, the workers reconnect,
+# the partitions the loss had moved go back to it from their next round,
 # and the tensors placed from then on (check_sums' one-shot tensors, every
-# 20 rounds) go to it too.
+# 20 rounds) may go to it too.
 log=$(mktemp -d)
 job 3 "$log" failover $ROUNDS
 sleep 0.4
@@ -137,6 +139,8 @@ expect "a replacement of server 1 joins: every sum exact, every survivor done" \
 wait $back
 expect "  ... the replacement exits 0 at the end" [ $? -eq 0 ]
 expect "  ... the scheduler took it back" grep -q "server 1 is back" "$log/scheduler"
+expect "  ... and moved the partitions it had held back to it" \
+	grep -q "11 partitions the failover of server 1 had moved go back" "$log/scheduler"
 used=$(sed -n 's/.*bytes to each server since it (re)connected: [0-9]* \([0-9]*\) .*/\1/p' \
 	"$log"/worker* | awk '$1 > 0' | wc -l)
 expect "  ... and every worker pushed to it after it came back ($used of 3)" [ "$used" -eq 3 ]
