@@ -156,6 +156,17 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 			free(j->spec);
 			free(j->ranks);
 			free(j);
+			/* Placed on a server lost since, whose hand-over is under
+			 * way or done: the piece is declared where it moved once
+			 * the cut is filed (wk_hand_over, wk_redeclare_late). */
+			struct wk_conn *c = &w->conns[to];
+			pthread_mutex_lock(&c->lock);
+			bool moving = c->dead && (c->parking || c->handed_over);
+			pthread_mutex_unlock(&c->lock);
+			if (rc == UNISUM_ECONN && moving) {
+				rc = 0;
+				continue;
+			}
 			rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, w->rank,
 				      log_last_error());
 			goto out_free;
@@ -337,6 +348,7 @@ static const struct wk_layout *wk_add_cut(struct wk_tensor *t, const struct wk_l
 	t->cuts = cuts;
 	t->cuts[t->ncuts] = L;
 	const struct wk_layout *got = &t->cuts[t->ncuts++];
+	wk_redeclare_late(w, t, t->ncuts - 1);
 	pthread_mutex_unlock(&w->lock);
 	trace_name_tensor(t->index, t->name, L.nparts);
 	return got;

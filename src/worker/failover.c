@@ -347,6 +347,26 @@ static void wk_cut_name(const struct wk_tensor *t, int c, char *buf, size_t len)
 		snprintf(buf, len, "%s@%llu", t->name, (unsigned long long)t->cuts[c].pbytes);
 }
 
+void wk_redeclare_late(struct worker *w, struct wk_tensor *t, int c)
+{
+	struct wk_layout *L = &t->cuts[c];
+	if (w->lost == NULL || L->kept == NULL || L->homed != 0)
+		return;
+	char name[WK_NAME_MAX + 32];
+	wk_cut_name(t, c, name, sizeof name);
+	for (uint32_t i = 0; i < L->nparts; i++) {
+		uint32_t s = L->servers[i];
+		if (!w->lost[s].known)
+			continue;
+		/* Its hand-over is done (else it will find this cut itself):
+		 * the DECLARE_CHECK may have gone to the lost server. */
+		uint32_t to = wk_server_of(w, L->key + i, s);
+		if (to != s && wk_redeclare(w, t, L, i, (int)to, name) != 0)
+			LOG_WARN("worker %d cannot declare '%s' on server %u after a failover", w->rank,
+				 name, to);
+	}
+}
+
 int wk_hand_over(struct worker *w, int dead)
 {
 	int rc = 0, n = 0;

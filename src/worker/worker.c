@@ -518,6 +518,7 @@ static int wk_tensor_insert(struct wk_tensor *t, bool *filed)
 	t->life = wk_next_life(w, t->name);
 	w->tensors[id] = t;
 	*filed = true;
+	wk_redeclare_late(w, t, 0);
 	pthread_mutex_unlock(&w->lock);
 	return id;
 }

@@ -367,6 +367,10 @@ void wk_kept_free(struct wk_layout *L);
  * each of its partitions this worker pushes on the new server, with a
  * RESTORE (see failover.c).  0 or an error. */
 int wk_hand_over(struct worker *w, int dead);
+/* Cut c of t was just filed (w->lock held): its pieces placed on a lost
+ * server whose hand-over ran before it was filed (and so missed it) are
+ * declared where they moved. */
+void wk_redeclare_late(struct worker *w, struct wk_tensor *t, int c);
 /* Hands a PUSH_PULL job to the connection of its key's server, following
  * failovers; fails it when that server is gone for good. */
 void wk_route(struct worker *w, struct wk_job *j);
