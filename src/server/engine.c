@@ -377,7 +377,9 @@ static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slo
 		payload = s->result == RESULT_OWNED ? s->acc : k->push_buf[s->borrowed];
 	}
 	srv_queue_reply(srv, srv_key_peer(k, w), &h, k, payload);
+	const char *only = getenv("UNISUM_TEST_CRASH_KEY_NAME");	/* ... and keys of this name */
 	if (srv->crash_after > 0 && (srv->crash_rank < 0 || srv->crash_rank == srv->rank) &&
+	    (only == NULL || (k->name != NULL && strstr(k->name, only) != NULL)) &&
 	    atomic_fetch_add(&srv->replies_sent, 1) + 1 >= srv->crash_after &&
 	    s->replies == 0 && k->nc > 1 && !skip) {
 		/* The test hook: this reply reaches its worker, the others not. */

@@ -318,6 +318,7 @@ static void *wk_send_main(void *arg)
 					     .dtype = (uint8_t)j->dtype,
 					     .payload_len = j->count * unisum_dtype_size(j->dtype)};
 			rc = c->tp->send(c->conn, &h, j->in);
+			free(j->owned);
 			free(j);
 		} else if (j->type == JOB_RETIRE) {
 			struct wire_hdr h = {.type = WIRE_RETIRE, .sender = rdv_client_id(w->rdv),
@@ -441,6 +442,7 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	 * jobs are only queued. */
 	for (struct wk_job *j; (j = fifo_pop(c)) != NULL;) {
 		if (j->type != JOB_PUSH_PULL) {
+			free(j->owned);
 			free(j->name);
 			free(j->spec);
 			free(j->ranks);

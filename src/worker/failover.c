@@ -367,6 +367,94 @@ void wk_redeclare_late(struct worker *w, struct wk_tensor *t, int c)
 	}
 }
 
+/* At most this many gone pieces, and bytes, are kept (the oldest go). */
+#define WK_GONE_MAX 1024
+#define WK_GONE_BYTES (64u << 20)
+
+static void wk_gone_drop(struct worker *w, int i)
+{
+	w->gone_kept_bytes -= w->gone_kept[i].count * unisum_dtype_size(w->gone_kept[i].dtype);
+	free(w->gone_kept[i].data);
+	memmove(&w->gone_kept[i], &w->gone_kept[i + 1],
+		(size_t)(w->ngone_kept - i - 1) * sizeof *w->gone_kept);
+	w->ngone_kept--;
+}
+
+void wk_keep_gone(struct worker *w, struct wk_tensor *t)
+{
+	if (t->nranks > 0 || t->sync != 0)
+		return;	/* process sets and async: not restored (see wk_hand_over) */
+	for (int c = 0; c < t->ncuts; c++) {
+		struct wk_layout *L = &t->cuts[c];
+		for (uint32_t i = 0; L->kept != NULL && L->homed == 0 && i < L->nparts; i++) {
+			struct wk_kept *k = &L->kept[i];
+			size_t bytes = L->parts[i].count * t->esize;
+			if (k->data == NULL || k->pulled == 0 || bytes > WK_GONE_BYTES)
+				continue;
+			if (w->gone_kept == NULL &&
+			    (w->gone_kept = calloc(WK_GONE_MAX, sizeof *w->gone_kept)) == NULL)
+				return;
+			while (w->ngone_kept > 0 && (w->ngone_kept == WK_GONE_MAX ||
+						     w->gone_kept_bytes + bytes > WK_GONE_BYTES))
+				wk_gone_drop(w, 0);
+			w->gone_kept[w->ngone_kept++] = (struct wk_gone_kept){
+				.key = L->key + i, .count = L->parts[i].count, .dtype = t->dtype,
+				.pulled = k->pulled, .sync = t->sync, .data = k->data};
+			w->gone_kept_bytes += bytes;
+			k->data = NULL;
+		}
+	}
+}
+
+void wk_gone_kept_free(struct worker *w)
+{
+	while (w->ngone_kept > 0)
+		wk_gone_drop(w, w->ngone_kept - 1);
+	free(w->gone_kept);
+	w->gone_kept = NULL;
+}
+
+/* An undeclared tensor's piece that the lost server held: its new server
+ * gets the DECLARE_CHECK, the RESTORE of its last round, and this worker's
+ * RETIRE (it is done with it), for a worker that still waits for that
+ * round.  0 or an error (w->lock held). */
+static int wk_restore_gone(struct worker *w, const struct wk_gone_kept *g, int to)
+{
+	struct wk_job *d = calloc(1, sizeof *d), *r = calloc(1, sizeof *r),
+		      *x = calloc(1, sizeof *x);
+	uint8_t *copy = malloc(g->count * unisum_dtype_size(g->dtype) + 1);
+	if (d == NULL || r == NULL || x == NULL || copy == NULL) {
+		free(d);
+		free(r);
+		free(x);
+		free(copy);
+		return UNISUM_ENOMEM;
+	}
+	memcpy(copy, g->data, g->count * unisum_dtype_size(g->dtype));
+	*d = (struct wk_job){.type = JOB_DECLARE, .key = g->key, .dtype = g->dtype, .count = g->count,
+			     .round = g->pulled, .name = strdup("(undeclared)"), .sync = g->sync};
+	*r = (struct wk_job){.type = JOB_RESTORE, .key = g->key, .dtype = g->dtype, .count = g->count,
+			     .round = g->pulled - 1, .in = copy, .owned = copy};
+	*x = (struct wk_job){.type = JOB_RETIRE, .key = g->key, .round = g->pulled};
+	struct wk_conn *c = &w->conns[to];
+	int rc = d->name != NULL ? wk_enqueue(c, d) : UNISUM_ENOMEM;
+	if (rc != 0) {
+		free(d->name);
+		free(d);
+		free(r);
+		free(x);
+		free(copy);
+		return rc;
+	}
+	if (wk_enqueue(c, r) != 0) {
+		free(r);
+		free(copy);
+	}
+	if (wk_enqueue(c, x) != 0)
+		free(x);
+	return 0;
+}
+
 int wk_hand_over(struct worker *w, int dead)
 {
 	int rc = 0, n = 0;
@@ -390,6 +478,18 @@ int wk_hand_over(struct worker *w, int dead)
 				n++;
 			}
 		}
+	}
+	for (int i = 0; i < w->ngone_kept && rc == 0;) {
+		int to = wk_lost_to(l, w->gone_kept[i].key);
+		if (to < 0) {
+			i++;
+			continue;
+		}
+		LOG_DEBUG("worker %d: key 0x%llx, undeclared here, restored on server %d at round %u",
+			  w->rank, (unsigned long long)w->gone_kept[i].key, to, w->gone_kept[i].pulled - 1);
+		rc = wk_restore_gone(w, &w->gone_kept[i], to);
+		wk_gone_drop(w, i);
+		n++;
 	}
 	/* Jobs that come from now on go where their keys went, behind these
 	 * declarations. */

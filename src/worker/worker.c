@@ -305,6 +305,7 @@ void worker_free(struct worker *w)
 	free(w->announced);
 	free(w->retired);
 	free(w->moved);
+	wk_gone_kept_free(w);
 	for (int i = 0; w->lost != NULL && i < w->nservers; i++) {
 		free(w->lost[i].keys);
 		free(w->lost[i].to);
@@ -996,6 +997,7 @@ static int wk_undeclare(struct worker *w, int tensor, bool retire)
 	w->tensors[tensor] = NULL;
 	if (!t->dssync_group)	/* never announced: a joined worker runs no group */
 		wk_note_retired(w, t->name, t->life, t->round);
+	wk_keep_gone(w, t);
 	pthread_mutex_unlock(&w->lock);
 	/* Each cut is its own declaration: every place that holds it lets
 	 * go.  Nothing is in flight, so the servers' replies are all here. */

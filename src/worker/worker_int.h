@@ -190,6 +190,7 @@ struct wk_job {
 	struct compress_state *cs;	/* a compressed partition's state (the push is
 					 * encoded with it, the reply decoded), or NULL */
 	struct wk_kept *kept;		/* its partition's (failover), or NULL */
+	void *owned;			/* RESTORE jobs: what `in` points to, freed once sent */
 	bool repushed;			/* routed again after a failover: its credit may
 					 * have come back from the lost server already */
 	struct wk_op *op;		/* NULL for DECLARE and RESTORE jobs */
@@ -299,6 +300,19 @@ struct worker {
 					 * until then its jobs wait on `from` */
 	} *moved;			/* where each moved key lives (open addressing) */
 	uint32_t failovers;		/* FAILOVERs followed so far */
+	/* The kept replies of tensors this worker undeclared, newest last (a
+	 * bounded FIFO): another worker may still wait for the last round of
+	 * one from a server lost since, which then needs this RESTORE. */
+	struct wk_gone_kept {
+		uint64_t key;
+		uint64_t count;
+		unisum_dtype dtype;
+		uint32_t pulled;
+		uint32_t sync;
+		uint8_t *data;		/* owned */
+	} *gone_kept;
+	int ngone_kept;
+	size_t gone_kept_bytes;
 	size_t nmoved, capmoved;
 	atomic_bool any_moved;		/* a key ever moved: the PUSH stage looks them up */
 	struct wk_lost {
@@ -371,6 +385,10 @@ int wk_hand_over(struct worker *w, int dead);
  * server whose hand-over ran before it was filed (and so missed it) are
  * declared where they moved. */
 void wk_redeclare_late(struct worker *w, struct wk_tensor *t, int c);
+/* Tensor t is undeclared here: its kept replies move to w->gone_kept
+ * (w->lock held).  wk_gone_kept_free frees them all. */
+void wk_keep_gone(struct worker *w, struct wk_tensor *t);
+void wk_gone_kept_free(struct worker *w);
 /* Hands a PUSH_PULL job to the connection of its key's server, following
  * failovers; fails it when that server is gone for good. */
 void wk_route(struct worker *w, struct wk_job *j);

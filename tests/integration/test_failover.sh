@@ -122,6 +122,19 @@ for run in $CRASHES; do
 	unset "SERVER_ENV_$victim"
 done
 
+# The same on a one-shot tensor: the machine that has the round finishes
+# the operation and undeclares the tensor before the loss is noticed, and
+# must still restore that round for the others (its kept copy outlives
+# the tensor).
+log=$(mktemp -d)
+SERVER_ENV_1=UNISUM_TEST_CRASH_AFTER_REPLIES=9
+export UNISUM_TEST_CRASH_KEY_NAME=fo.once
+job 3 "$log" failover $ROUNDS
+expect "failover after the first reply of a one-shot tensor's round, undeclared meanwhile: exact" \
+	survived "$log" server1 3
+unset UNISUM_TEST_CRASH_KEY_NAME SERVER_ENV_1
+drop_logs "$log"
+
 # A replacement server, started after the loss with the lost one's
 # UNISUM_SERVER_ID: the scheduler takes it back, the workers reconnect,
 # the partitions the loss had moved go back to it from their next round,
