@@ -186,13 +186,15 @@ void rdv_client_on_join(struct rdv_client *c, rdv_join_fn fn, void *arg)
 	pthread_mutex_unlock(&c->lock);
 }
 
-/* A FAILOVER: handed to the callback, or kept for it (in order). */
-static void rdv_on_failover(struct rdv_client *c, struct rdv_failover *f)
+/* A FAILOVER (workers): handed to the callback, or kept for it (in
+ * order).  A MIGRATE (`migrate`, servers): to its callback, if any.
+ * Frees f's arrays. */
+static void rdv_on_failover(struct rdv_client *c, struct rdv_failover *f, bool migrate)
 {
 	pthread_mutex_lock(&c->lock);
-	rdv_failover_fn fn = c->failover;
-	void *arg = c->failover_arg;
-	if (fn == NULL) {
+	rdv_failover_fn fn = migrate ? c->migrate : c->failover;
+	void *arg = migrate ? c->migrate_arg : c->failover_arg;
+	if (fn == NULL && !migrate) {
 		struct rdv_failover *e = realloc(c->early_fo, (size_t)(c->nearly_fo + 1) * sizeof *e);
 		if (e != NULL) {
 			c->early_fo = e;
@@ -344,34 +346,17 @@ static void *rdv_reader_main(void *arg)
 			rdv_on_join_event(c, RDV_ANNOUNCED, -1, &a);
 			break;
 		}
-		case WIRE_FAILOVER: {
-			struct rdv_failover f;
-			int bad = rdv_failover_decode(&h, payload, h.payload_len, &f);
-			free(payload);
-			if (bad) {
-				rdv_fail(c, bad, "the scheduler sent a malformed FAILOVER (is every node "
-					 "the same unisum version?)");
-				return NULL;
-			}
-			rdv_on_failover(c, &f);
-			break;
-		}
+		case WIRE_FAILOVER:
 		case WIRE_MIGRATE: {
 			struct rdv_failover f;
 			int bad = rdv_failover_decode(&h, payload, h.payload_len, &f);
 			free(payload);
 			if (bad) {
-				rdv_fail(c, bad, "the scheduler sent a malformed MIGRATE");
+				rdv_fail(c, bad, "the scheduler sent a malformed FAILOVER or MIGRATE (is "
+					 "every node the same unisum version?)");
 				return NULL;
 			}
-			pthread_mutex_lock(&c->lock);
-			rdv_failover_fn fn = c->migrate;
-			void *arg = c->migrate_arg;
-			pthread_mutex_unlock(&c->lock);
-			if (fn != NULL)
-				fn(arg, &f);
-			free(f.keys);
-			free(f.servers);
+			rdv_on_failover(c, &f, h.type == WIRE_MIGRATE);
 			break;
 		}
 		case WIRE_REJOIN: {

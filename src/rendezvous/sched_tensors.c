@@ -432,6 +432,27 @@ static int sched_least_loaded(const struct rdv_scheduler *s)
 	return best;
 }
 
+/* Moves `bytes` of placement load from server `from` to server `to`. */
+static void sched_move_load(struct rdv_scheduler *s, uint32_t from, uint32_t to, uint64_t bytes)
+{
+	uint64_t *loads = s->placement.loads;
+	loads[from] -= bytes <= loads[from] ? bytes : loads[from];
+	loads[to] += bytes;
+}
+
+/* Why tensor t's pieces cannot change servers (its state would be lost),
+ * or NULL: a server of an async or SSP tensor holds its value; a
+ * compressed tensor's holds error feedback; a gathering collective's
+ * rows are only their owner's. */
+static const char *sched_unmovable(const struct sched_tensor *t)
+{
+	return t->sync != 0	    ? "an async or SSP tensor, whose value the server held"
+	       : t->comp[0] != '\0' ? "a compressed tensor"
+	       : t->nsegs > 0	    ? "a gathering collective's tensor (allgather, alltoall, "
+				      "reduce-scatter)"
+				    : NULL;
+}
+
 void sched_avoid_lost(struct rdv_scheduler *s, const struct placement_part *parts,
 		      uint32_t *servers, uint32_t nparts, size_t esize)
 {
@@ -441,10 +462,7 @@ void sched_avoid_lost(struct rdv_scheduler *s, const struct placement_part *part
 		int to = sched_least_loaded(s);
 		if (to < 0)
 			return;
-		uint64_t bytes = parts[i].count * esize;
-		s->placement.loads[servers[i]] -= bytes <= s->placement.loads[servers[i]]
-							  ? bytes : s->placement.loads[servers[i]];
-		s->placement.loads[to] += bytes;
+		sched_move_load(s, servers[i], (uint32_t)to, parts[i].count * esize);
 		servers[i] = (uint32_t)to;
 	}
 }
@@ -458,17 +476,9 @@ int sched_failover(struct rdv_scheduler *s, int dead, char *why, size_t len)
 		snprintf(why, len, "it was the last server of the job: nothing is left to sum on");
 		return UNISUM_ECONN;
 	}
-	/* What failover cannot move: a server that held a value (async,
-	 * SSP) took it with it; the others need state the workers do not
-	 * keep (compressed keys' error feedback, a gathering collective's
-	 * rows that only their owner had). */
 	for (int i = 0; i < s->ntensors; i++) {
 		const struct sched_tensor *t = &s->tensors[i];
-		const char *what = t->sync != 0 ? "an async or SSP tensor, whose value the server held"
-				   : t->comp[0] != '\0' ? "a compressed tensor"
-				   : t->nsegs > 0 ? "a gathering collective's tensor (allgather, alltoall, "
-						    "reduce-scatter)"
-						  : NULL;
+		const char *what = sched_unmovable(t);
 		for (uint32_t p = 0; what != NULL && p < t->nparts; p++) {
 			if ((int)t->servers[p] == dead) {
 				snprintf(why, len, "it held partitions of '%s', %s, which failover "
@@ -573,13 +583,11 @@ void sched_migrate_back(struct rdv_scheduler *s, int r)
 				continue;
 			uint32_t p = (uint32_t)(key - t->key);
 			int from = (int)t->servers[p];
-			if (t->sync != 0 || t->comp[0] != '\0' || t->nsegs > 0 || from == r ||
-			    sched_server_lost(s, from) || per[from].keys == NULL || per[from].servers == NULL)
+			if (sched_unmovable(t) != NULL || from == r || sched_server_lost(s, from) ||
+			    per[from].keys == NULL || per[from].servers == NULL)
 				break;
-			uint64_t bytes = t->parts[p].count * unisum_dtype_size(t->dtype);
-			s->placement.loads[from] -= bytes <= s->placement.loads[from]
-						    ? bytes : s->placement.loads[from];
-			s->placement.loads[r] += bytes;
+			sched_move_load(s, (uint32_t)from, (uint32_t)r,
+					t->parts[p].count * unisum_dtype_size(t->dtype));
 			t->servers[p] = (uint32_t)r;
 			per[from].keys[per[from].n] = key;
 			per[from].servers[per[from].n++] = (uint32_t)r;

@@ -158,6 +158,17 @@ out_free:
 	return rc;
 }
 
+/* The address book entry of node n. */
+static struct rdv_node sched_entry_of(const struct sched_node *n)
+{
+	struct rdv_node e = {.id = n->id, .role = n->role, .rank = n->rank, .machine = n->machine,
+			     .local_rank = n->local_rank, .port = n->port, .pid = n->pid,
+			     .rack = n->rack};
+	snprintf(e.host, sizeof e.host, "%s", n->host);
+	snprintf(e.host_id, sizeof e.host_id, "%s", n->host_id);
+	return e;
+}
+
 /* Assigns ranks and ids and sends every node the address book.  Called
  * with s->lock held once all nodes have registered. */
 static int sched_send_addrbook(struct rdv_scheduler *s)
@@ -186,11 +197,7 @@ static int sched_send_addrbook(struct rdv_scheduler *s)
 			struct sched_node *n = s->nodes[j];
 			if (!n->registered)
 				continue;
-			struct rdv_node entry = {.id = n->id, .role = n->role, .rank = n->rank,
-						 .machine = n->machine, .local_rank = n->local_rank,
-						 .port = n->port, .pid = n->pid, .rack = n->rack};
-			snprintf(entry.host, sizeof entry.host, "%s", n->host);
-			snprintf(entry.host_id, sizeof entry.host_id, "%s", n->host_id);
+			struct rdv_node entry = sched_entry_of(n);
 			rdv_book_encode_node(&b, &entry);
 		}
 		struct wire_hdr h = {.type = WIRE_ADDRBOOK, .payload_len = b.len};
@@ -238,17 +245,6 @@ static int sched_check_local_size(struct rdv_scheduler *s, struct sched_node *n,
 	sched_send_error(n, UNISUM_ECONFIG, why);
 	sched_fail(s, UNISUM_ECONFIG, why);
 	return UNISUM_ECONFIG;
-}
-
-/* The address book entry of node n. */
-static struct rdv_node sched_entry_of(const struct sched_node *n)
-{
-	struct rdv_node e = {.id = n->id, .role = n->role, .rank = n->rank, .machine = n->machine,
-			     .local_rank = n->local_rank, .port = n->port, .pid = n->pid,
-			     .rack = n->rack};
-	snprintf(e.host, sizeof e.host, "%s", n->host);
-	snprintf(e.host_id, sizeof e.host_id, "%s", n->host_id);
-	return e;
 }
 
 /* A server registering after the address book went out: it takes the rank

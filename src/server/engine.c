@@ -356,6 +356,23 @@ static void srv_slot_reset(struct srv_key *k, struct srv_slot *s)
 	memset(s->zero, 0, (size_t)k->nc);
 }
 
+/* UNISUM_TEST_CRASH_AFTER_REPLIES (failover tests only): once enough
+ * replies went out, the first reply of a round (of a key of the chosen
+ * name) reaches its worker and this server dies before the others. */
+static void srv_test_crash(struct server *srv, const struct srv_key *k, const struct srv_slot *s)
+{
+	if ((srv->crash_rank >= 0 && srv->crash_rank != srv->rank) ||
+	    (srv->crash_name != NULL && (k->name == NULL || strstr(k->name, srv->crash_name) == NULL)) ||
+	    atomic_fetch_add(&srv->replies_sent, 1) + 1 < srv->crash_after || s->replies != 0 ||
+	    k->nc < 2)
+		return;
+	LOG_WARN("UNISUM_TEST_CRASH_AFTER_REPLIES: killing this server after the first reply of key "
+		 "0x%llx round %u", (unsigned long long)k->key, s->round);
+	struct timespec pause = {.tv_sec = 0, .tv_nsec = 300 * 1000 * 1000};
+	nanosleep(&pause, NULL);
+	raise(SIGKILL);
+}
+
 /* Answers worker w's pull of the slot's round: the sum, or with skip
  * (a machine that wants none of this key's elements) only the header. */
 static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slot *s, int w,
@@ -377,20 +394,22 @@ static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slo
 		payload = s->result == RESULT_OWNED ? s->acc : k->push_buf[s->borrowed];
 	}
 	srv_queue_reply(srv, srv_key_peer(k, w), &h, k, payload);
-	const char *only = getenv("UNISUM_TEST_CRASH_KEY_NAME");	/* ... and keys of this name */
-	if (srv->crash_after > 0 && (srv->crash_rank < 0 || srv->crash_rank == srv->rank) &&
-	    (only == NULL || (k->name != NULL && strstr(k->name, only) != NULL)) &&
-	    atomic_fetch_add(&srv->replies_sent, 1) + 1 >= srv->crash_after &&
-	    s->replies == 0 && k->nc > 1 && !skip) {
-		/* The test hook: this reply reaches its worker, the others not. */
-		LOG_WARN("UNISUM_TEST_CRASH_AFTER_REPLIES: killing this server after the first reply of "
-			 "key 0x%llx round %u", (unsigned long long)k->key, s->round);
-		struct timespec pause = {.tv_sec = 0, .tv_nsec = 300 * 1000 * 1000};
-		nanosleep(&pause, NULL);
-		raise(SIGKILL);
-	}
+	if (srv->crash_after > 0 && !skip)
+		srv_test_crash(srv, k, s);
 	if (++s->replies == k->nc)
 		srv_slot_reset(k, s);	/* everyone has its reply: free for round + 2 */
+}
+
+/* The round of slot s is ready: answers the pulls that came before it. */
+static void srv_answer_waiting(struct server *srv, struct srv_key *k, struct srv_slot *s)
+{
+	for (int w = 0; w < k->nc; w++) {
+		if (s->pull_waiting[w]) {
+			bool skip = s->pull_waiting[w] == 2;
+			s->pull_waiting[w] = 0;
+			srv_reply_pull(srv, k, s, w, skip);
+		}
+	}
 }
 
 /* Answers peer p's pull of key `key` with an error instead of a sum (on
@@ -771,13 +790,7 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 		s->result = RESULT_OWNED;
 	}
 	s->ready = true;
-	for (int w = 0; w < k->nc; w++) {
-		if (s->pull_waiting[w]) {
-			bool skip = s->pull_waiting[w] == 2;
-			s->pull_waiting[w] = 0;
-			srv_reply_pull(srv, k, s, w, skip);
-		}
-	}
+	srv_answer_waiting(srv, k, s);
 }
 
 /* Failover: contributor w received round ev->round of key k from a server
@@ -811,17 +824,7 @@ static void srv_on_restore(struct server *srv, struct srv_key *k, const struct s
 		memset(s->arrived, 1, (size_t)k->nc);
 		LOG_DEBUG("key 0x%llx of '%s': round %u restored from %d's copy",
 			  (unsigned long long)k->key, k->name ? k->name : "?", ev->round, ev->worker);
-		for (int w = 0; w < k->nc; w++) {
-			if (s->pull_waiting[w]) {
-				LOG_DEBUG("key 0x%llx round %u: %d's pull answered from the restore",
-					  (unsigned long long)k->key, ev->round, w);
-				bool skip = s->pull_waiting[w] == 2;
-				s->pull_waiting[w] = 0;
-				srv_reply_pull(srv, k, s, w, skip);
-				if (!s->active)
-					return;
-			}
-		}
+		srv_answer_waiting(srv, k, s);
 	}
 	if (++s->replies == k->nc)
 		srv_slot_reset(k, s);

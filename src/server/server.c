@@ -203,6 +203,7 @@ static struct server *srv_new(const struct config *cfg)
 	char *end = NULL;
 	srv->crash_after = crash != NULL ? strtol(crash, &end, 10) : 0;
 	srv->crash_rank = end != NULL && *end == ':' ? (int)strtol(end + 1, NULL, 10) : -1;
+	srv->crash_name = getenv("UNISUM_TEST_CRASH_KEY_NAME");
 	srv->nengines = cfg->engine_threads;
 	pthread_mutex_init(&srv->lock, NULL);
 	timing_cond_init(&srv->key_gone);

@@ -199,7 +199,9 @@ struct server {
 	 * round, once N replies were sent, so that one machine has the round
 	 * and the others do not.  0: off. */
 	long crash_after;
-	int crash_rank;		/* ... on this server rank only (-1: any) */
+	int crash_rank;		/* ... on this server rank only (-1: any) ... */
+	const char *crash_name;	/* ... for keys of tensors whose name has this
+				 * (UNISUM_TEST_CRASH_KEY_NAME), or NULL: any */
 	atomic_long replies_sent;
 };
 

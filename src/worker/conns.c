@@ -417,11 +417,11 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	int wait_ms = w->keep_replies ? w->cfg.timeout_ms + 2000 : 2000;
 	if (w->failed == 0 && !closing) {
 		struct timespec until = timing_deadline(wait_ms);
-		while (w->failed == 0 && !(w->lost != NULL && w->lost[c->server].known) &&
+		while (w->failed == 0 && !(w->lost != NULL && w->lost[c->server]) &&
 		       pthread_cond_timedwait(&w->failed_cond, &w->lock, &until) == 0)
 			;
 	}
-	bool failover = w->failed == 0 && !closing && w->lost != NULL && w->lost[c->server].known;
+	bool failover = w->failed == 0 && !closing && w->lost != NULL && w->lost[c->server];
 	if (w->failed != 0) {
 		snprintf(root, sizeof root, "the job failed: %s", w->failed_why);
 		why = root;

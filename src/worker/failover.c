@@ -39,16 +39,23 @@ static size_t wk_moved_slot(uint64_t key, size_t cap)
 	return (size_t)(key >> 17) & (cap - 1);
 }
 
-uint32_t wk_server_of(const struct worker *w, uint64_t key, uint32_t placed)
+/* Where `key` moved (w->lock held), or NULL. */
+static struct wk_moved *wk_moved_find(const struct worker *w, uint64_t key)
 {
 	if (w->nmoved == 0)
-		return placed;
+		return NULL;
 	for (size_t i = wk_moved_slot(key, w->capmoved);; i = (i + 1) & (w->capmoved - 1)) {
 		if (w->moved[i].key == key)
-			return w->moved[i].ready ? w->moved[i].server : w->moved[i].from;
+			return &w->moved[i];
 		if (w->moved[i].key == 0)
-			return placed;
+			return NULL;
 	}
+}
+
+uint32_t wk_server_of(const struct worker *w, uint64_t key, uint32_t placed)
+{
+	const struct wk_moved *m = wk_moved_find(w, key);
+	return m == NULL ? placed : m->ready ? m->server : m->from;
 }
 
 /* Lost server `dead`'s hand-over is done: its keys' jobs go to their new
@@ -60,9 +67,9 @@ static void wk_moved_ready(struct worker *w, int dead)
 			w->moved[i].ready = true;
 }
 
-/* Records that `key` lives on `server` now (w->lock held).  0 or
- * UNISUM_ENOMEM. */
-static int wk_moved_put(struct worker *w, uint64_t key, uint32_t server, uint32_t from)
+/* Records that `key` moved from `from` to `server` (w->lock held), its
+ * jobs to follow once `ready`.  0 or UNISUM_ENOMEM. */
+static int wk_moved_put(struct worker *w, uint64_t key, uint32_t server, uint32_t from, bool ready)
 {
 	if (2 * (w->nmoved + 1) > w->capmoved) {
 		size_t cap = w->capmoved ? 2 * w->capmoved : 1024;
@@ -86,7 +93,8 @@ static int wk_moved_put(struct worker *w, uint64_t key, uint32_t server, uint32_
 		i = (i + 1) & (w->capmoved - 1);
 	if (w->moved[i].key == 0)
 		w->nmoved++;
-	w->moved[i] = (struct wk_moved){.key = key, .server = server, .from = from};
+	w->moved[i] = (struct wk_moved){.key = key, .server = server, .from = from, .ready = ready};
+	atomic_store(&w->any_moved, true);
 	return 0;
 }
 
@@ -136,20 +144,51 @@ void wk_on_rejoin(void *arg, const struct rdv_node *node)
 	LOG_INFO("worker %d: server %d is back at %s:%d", w->rank, node->rank, node->host, node->port);
 }
 
+/* Queues on c the DECLARE_CHECK of piece `key` at `round` (the round this
+ * worker pushes next there).  0 or an error, nothing left queued. */
+static int wk_queue_declare(struct wk_conn *c, uint64_t key, unisum_dtype dtype, uint64_t count,
+			    uint32_t round, const char *name, const int *ranks, int nranks,
+			    uint32_t sync)
+{
+	struct wk_job *d = calloc(1, sizeof *d);
+	if (d == NULL)
+		return UNISUM_ENOMEM;
+	*d = (struct wk_job){.type = JOB_DECLARE, .key = key, .dtype = dtype, .count = count,
+			     .round = round, .name = strdup(name), .nranks = nranks, .sync = sync};
+	if (nranks > 0 && (d->ranks = malloc((size_t)nranks * sizeof *d->ranks)) != NULL)
+		memcpy(d->ranks, ranks, (size_t)nranks * sizeof *d->ranks);
+	int rc = d->name != NULL && (nranks == 0 || d->ranks != NULL) ? wk_enqueue(c, d)
+								     : UNISUM_ENOMEM;
+	if (rc != 0) {
+		free(d->name);
+		free(d->ranks);
+		free(d);
+	}
+	return rc;
+}
+
+/* Queues on c a job of `type` (RESTORE, its payload `in` and what of it
+ * to free once sent, `owned`; RETIRE) for piece `key`.  0 or an error. */
+static int wk_queue_job(struct wk_conn *c, int type, uint64_t key, unisum_dtype dtype,
+			uint64_t count, uint32_t round, const void *in, void *owned)
+{
+	struct wk_job *j = calloc(1, sizeof *j);
+	if (j == NULL)
+		return UNISUM_ENOMEM;
+	*j = (struct wk_job){.type = type, .key = key, .dtype = dtype, .count = count, .round = round,
+			     .in = in, .owned = owned};
+	int rc = wk_enqueue(c, j);
+	if (rc != 0)
+		free(j);
+	return rc;
+}
+
 int wk_move_key(struct worker *w, struct wk_conn *c, struct wk_job *j, int to)
 {
 	struct wk_tensor *t = j->op->t;
 	struct wk_conn *dst = &w->conns[to];
 	pthread_mutex_lock(&w->lock);
-	int rc = wk_moved_put(w, j->key, (uint32_t)to, (uint32_t)c->server);
-	if (rc == 0) {
-		struct wk_moved *m = &w->moved[0];
-		for (size_t i = wk_moved_slot(j->key, w->capmoved);; i = (i + 1) & (w->capmoved - 1))
-			if ((m = &w->moved[i])->key == j->key)
-				break;
-		m->ready = true;
-		atomic_store(&w->any_moved, true);
-	}
+	int rc = wk_moved_put(w, j->key, (uint32_t)to, (uint32_t)c->server, true);
 	/* The scheduler sent the replacement's REJOIN before its MIGRATE, but
 	 * on another connection: wait until this worker followed it. */
 	struct timespec until = timing_deadline(w->cfg.timeout_ms);
@@ -167,43 +206,12 @@ int wk_move_key(struct worker *w, struct wk_conn *c, struct wk_job *j, int to)
 	if (!up)
 		return log_fail(UNISUM_ECONN, "server %d, where key 0x%llx moved, is not back", to,
 				(unsigned long long)j->key);
-	struct wk_job *d = calloc(1, sizeof *d);
-	struct wk_job *r = calloc(1, sizeof *r);
-	if (d == NULL || r == NULL) {
-		free(d);
-		free(r);
-		return UNISUM_ENOMEM;
-	}
-	*d = (struct wk_job){.type = JOB_DECLARE, .key = j->key, .dtype = j->dtype, .count = j->count,
-			     .round = j->round, .name = strdup(t->name), .nranks = t->nranks,
-			     .sync = t->sync};
-	if (t->nranks > 0 && (d->ranks = malloc((size_t)t->nranks * sizeof *d->ranks)) != NULL)
-		memcpy(d->ranks, t->ranks, (size_t)t->nranks * sizeof *d->ranks);
-	rc = d->name != NULL && (t->nranks == 0 || d->ranks != NULL) ? wk_enqueue(dst, d)
-								      : UNISUM_ENOMEM;
-	if (rc != 0) {
-		free(d->name);
-		free(d->ranks);
-		free(d);
-		free(r);
-		return rc;
-	}
+	rc = wk_queue_declare(dst, j->key, j->dtype, j->count, j->round, t->name, t->ranks,
+			      t->nranks, t->sync);
 	/* Every reply of the key from c's server has come: it may forget it. */
-	*r = (struct wk_job){.type = JOB_RETIRE, .key = j->key, .round = j->round};
-	if (wk_enqueue(c, r) != 0)
-		free(r);
-	return 0;
-}
-
-struct wk_pair {
-	uint64_t key;
-	uint32_t to;
-};
-
-static int wk_pair_cmp(const void *a, const void *b)
-{
-	uint64_t x = ((const struct wk_pair *)a)->key, y = ((const struct wk_pair *)b)->key;
-	return x < y ? -1 : x > y;
+	if (rc == 0)
+		wk_queue_job(c, JOB_RETIRE, j->key, 0, 0, j->round, NULL, NULL);
+	return rc;
 }
 
 void wk_on_failover(void *arg, const struct rdv_failover *f)
@@ -213,39 +221,19 @@ void wk_on_failover(void *arg, const struct rdv_failover *f)
 		LOG_ERROR("the scheduler sent a FAILOVER of server %d of %d", f->dead, w->nservers);
 		return;
 	}
-	struct wk_pair *pairs = malloc((f->n ? f->n : 1) * sizeof *pairs);
-	uint64_t *keys = malloc((f->n ? f->n : 1) * sizeof *keys);
-	uint32_t *to = malloc((f->n ? f->n : 1) * sizeof *to);
-	int rc = pairs != NULL && keys != NULL && to != NULL ? 0 : UNISUM_ENOMEM;
-	for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
+	int rc = 0;
+	for (uint32_t i = 0; i < f->n; i++)
 		if (f->servers[i] >= (uint32_t)w->nservers || (int)f->servers[i] == f->dead)
 			rc = UNISUM_EPROTO;
-		pairs[i] = (struct wk_pair){.key = f->keys[i], .to = f->servers[i]};
-	}
-	if (rc == 0)
-		qsort(pairs, f->n, sizeof *pairs, wk_pair_cmp);
-	for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
-		keys[i] = pairs[i].key;
-		to[i] = pairs[i].to;
-	}
-	free(pairs);
 	pthread_mutex_lock(&w->lock);
-	if (rc == 0 && w->lost == NULL &&
-	    (w->lost = calloc((size_t)w->nservers, sizeof *w->lost)) == NULL)
+	if (rc == 0 && w->lost == NULL && (w->lost = calloc((size_t)w->nservers, 1)) == NULL)
 		rc = UNISUM_ENOMEM;
+	/* Jobs follow once the lost server's hand-over is done (wk_hand_over). */
 	for (uint32_t i = 0; rc == 0 && i < f->n; i++)
-		rc = wk_moved_put(w, keys[i], to[i], (uint32_t)f->dead);
-	if (rc == 0 && f->n > 0)
-		atomic_store(&w->any_moved, true);
-	if (rc == 0)
-		w->failovers++;
+		rc = wk_moved_put(w, f->keys[i], f->servers[i], (uint32_t)f->dead, false);
 	if (rc == 0) {
-		struct wk_lost *l = &w->lost[f->dead];
-		free(l->keys);
-		free(l->to);
-		*l = (struct wk_lost){.known = true, .n = f->n, .keys = keys, .to = to};
-		keys = NULL;
-		to = NULL;
+		w->failovers++;
+		w->lost[f->dead] = true;
 		LOG_WARN("worker %d: failover %u: server %d is lost, its %u partitions moved", w->rank,
 			 f->number, f->dead, f->n);
 	}
@@ -253,8 +241,6 @@ void wk_on_failover(void *arg, const struct rdv_failover *f)
 	pthread_cond_broadcast(&w->failed_cond);
 	struct wk_conn *c = w->conns_live && w->conns != NULL ? &w->conns[f->dead] : NULL;
 	pthread_mutex_unlock(&w->lock);
-	free(keys);
-	free(to);
 	if (rc != 0) {
 		char why[200];
 		snprintf(why, sizeof why, "worker %d cannot follow failover %u of server %d: %s", w->rank,
@@ -286,18 +272,11 @@ void wk_kept_free(struct wk_layout *L)
 	L->kept = NULL;
 }
 
-/* The new server of `key`, moved from the lost server l, or -1. */
-static int wk_lost_to(const struct wk_lost *l, uint64_t key)
+/* The server `key` moved to from lost server `dead`, or -1 (w->lock held). */
+static int wk_moved_from(const struct worker *w, uint64_t key, int dead)
 {
-	size_t lo = 0, hi = l->n;
-	while (lo < hi) {
-		size_t mid = (lo + hi) / 2;
-		if (l->keys[mid] < key)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo < l->n && l->keys[lo] == key ? (int)l->to[lo] : -1;
+	const struct wk_moved *m = wk_moved_find(w, key);
+	return m != NULL && (int)m->from == dead ? (int)m->server : -1;
 }
 
 /* Queues, on the new server of partition i of cut L of tensor t, the
@@ -307,35 +286,15 @@ static int wk_redeclare(struct worker *w, struct wk_tensor *t, struct wk_layout 
 			int to, const char *wire_name)
 {
 	struct wk_kept *k = &L->kept[i];
-	struct wk_job *j = calloc(1, sizeof *j);
-	if (j == NULL)
-		return UNISUM_ENOMEM;
-	*j = (struct wk_job){.type = JOB_DECLARE, .key = L->key + i, .dtype = t->dtype,
-			     .count = L->parts[i].count, .round = k->pulled, .name = strdup(wire_name),
-			     .nranks = t->nranks, .sync = t->sync};
-	if (t->nranks > 0 && (j->ranks = malloc((size_t)t->nranks * sizeof *j->ranks)) != NULL)
-		memcpy(j->ranks, t->ranks, (size_t)t->nranks * sizeof *j->ranks);
-	int rc = j->name != NULL && (t->nranks == 0 || j->ranks != NULL)
-			 ? wk_enqueue(&w->conns[to], j) : UNISUM_ENOMEM;
-	if (rc != 0) {
-		free(j->name);
-		free(j->ranks);
-		free(j);
+	struct wk_conn *c = &w->conns[to];
+	int rc = wk_queue_declare(c, L->key + i, t->dtype, L->parts[i].count, k->pulled, wire_name,
+				  t->ranks, t->nranks, t->sync);
+	if (rc != 0 || k->pulled == 0 || k->data == NULL)
 		return rc;
-	}
-	if (k->pulled == 0 || k->data == NULL)
-		return 0;
-	j = calloc(1, sizeof *j);
-	if (j == NULL)
-		return UNISUM_ENOMEM;
 	/* k->data is not written again before this is sent: the next reply
 	 * of the key answers a push queued behind it. */
-	*j = (struct wk_job){.type = JOB_RESTORE, .key = L->key + i, .dtype = t->dtype,
-			     .count = L->parts[i].count, .round = k->pulled - 1, .in = k->data};
-	rc = wk_enqueue(&w->conns[to], j);
-	if (rc != 0)
-		free(j);
-	return rc;
+	return wk_queue_job(c, JOB_RESTORE, L->key + i, t->dtype, L->parts[i].count, k->pulled - 1,
+			    k->data, NULL);
 }
 
 /* The name a cut was declared under (as wk_cut's callers name it). */
@@ -356,7 +315,7 @@ void wk_redeclare_late(struct worker *w, struct wk_tensor *t, int c)
 	wk_cut_name(t, c, name, sizeof name);
 	for (uint32_t i = 0; i < L->nparts; i++) {
 		uint32_t s = L->servers[i];
-		if (!w->lost[s].known)
+		if (!w->lost[s])
 			continue;
 		/* Its hand-over is done (else it will find this cut itself):
 		 * the DECLARE_CHECK may have gone to the lost server. */
@@ -420,46 +379,27 @@ void wk_gone_kept_free(struct worker *w)
  * round.  0 or an error (w->lock held). */
 static int wk_restore_gone(struct worker *w, const struct wk_gone_kept *g, int to)
 {
-	struct wk_job *d = calloc(1, sizeof *d), *r = calloc(1, sizeof *r),
-		      *x = calloc(1, sizeof *x);
-	uint8_t *copy = malloc(g->count * unisum_dtype_size(g->dtype) + 1);
-	if (d == NULL || r == NULL || x == NULL || copy == NULL) {
-		free(d);
-		free(r);
-		free(x);
-		free(copy);
-		return UNISUM_ENOMEM;
-	}
-	memcpy(copy, g->data, g->count * unisum_dtype_size(g->dtype));
-	*d = (struct wk_job){.type = JOB_DECLARE, .key = g->key, .dtype = g->dtype, .count = g->count,
-			     .round = g->pulled, .name = strdup("(undeclared)"), .sync = g->sync};
-	*r = (struct wk_job){.type = JOB_RESTORE, .key = g->key, .dtype = g->dtype, .count = g->count,
-			     .round = g->pulled - 1, .in = copy, .owned = copy};
-	*x = (struct wk_job){.type = JOB_RETIRE, .key = g->key, .round = g->pulled};
 	struct wk_conn *c = &w->conns[to];
-	int rc = d->name != NULL ? wk_enqueue(c, d) : UNISUM_ENOMEM;
-	if (rc != 0) {
-		free(d->name);
-		free(d);
-		free(r);
-		free(x);
-		free(copy);
-		return rc;
-	}
-	if (wk_enqueue(c, r) != 0) {
-		free(r);
-		free(copy);
-	}
-	if (wk_enqueue(c, x) != 0)
-		free(x);
-	return 0;
+	size_t bytes = g->count * unisum_dtype_size(g->dtype);
+	uint8_t *copy = malloc(bytes + 1);
+	if (copy == NULL)
+		return UNISUM_ENOMEM;
+	memcpy(copy, g->data, bytes);
+	int rc = wk_queue_declare(c, g->key, g->dtype, g->count, g->pulled, "(undeclared)", NULL, 0,
+				  g->sync);
+	if (rc == 0 &&
+	    wk_queue_job(c, JOB_RESTORE, g->key, g->dtype, g->count, g->pulled - 1, copy, copy) == 0)
+		copy = NULL;
+	free(copy);
+	if (rc == 0)
+		wk_queue_job(c, JOB_RETIRE, g->key, 0, 0, g->pulled, NULL, NULL);
+	return rc;
 }
 
 int wk_hand_over(struct worker *w, int dead)
 {
 	int rc = 0, n = 0;
 	pthread_mutex_lock(&w->lock);
-	const struct wk_lost *l = &w->lost[dead];
 	for (int ti = 0; ti < w->ntensors && rc == 0; ti++) {
 		struct wk_tensor *t = w->tensors[ti];
 		if (t == NULL)
@@ -471,7 +411,7 @@ int wk_hand_over(struct worker *w, int dead)
 			char name[WK_NAME_MAX + 32];
 			wk_cut_name(t, c, name, sizeof name);
 			for (uint32_t i = 0; i < L->nparts && rc == 0; i++) {
-				int to = wk_lost_to(l, L->key + i);
+				int to = wk_moved_from(w, L->key + i, dead);
 				if (to < 0)
 					continue;
 				rc = wk_redeclare(w, t, L, i, to, name);
@@ -480,7 +420,7 @@ int wk_hand_over(struct worker *w, int dead)
 		}
 	}
 	for (int i = 0; i < w->ngone_kept && rc == 0;) {
-		int to = wk_lost_to(l, w->gone_kept[i].key);
+		int to = wk_moved_from(w, w->gone_kept[i].key, dead);
 		if (to < 0) {
 			i++;
 			continue;

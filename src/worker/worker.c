@@ -306,10 +306,6 @@ void worker_free(struct worker *w)
 	free(w->retired);
 	free(w->moved);
 	wk_gone_kept_free(w);
-	for (int i = 0; w->lost != NULL && i < w->nservers; i++) {
-		free(w->lost[i].keys);
-		free(w->lost[i].to);
-	}
 	free(w->lost);
 	pthread_cond_destroy(&w->tune_cond);
 	free(w);

@@ -315,12 +315,8 @@ struct worker {
 	size_t gone_kept_bytes;
 	size_t nmoved, capmoved;
 	atomic_bool any_moved;		/* a key ever moved: the PUSH stage looks them up */
-	struct wk_lost {
-		bool known;		/* the scheduler's FAILOVER of this server came */
-		uint32_t n;
-		uint64_t *keys;		/* the keys it held, sorted ... */
-		uint32_t *to;		/* ... and where each went */
-	} *lost;			/* [nservers], or NULL before the first FAILOVER */
+	bool *lost;			/* [nservers] its FAILOVER came (w->moved holds
+					 * where its keys went), or NULL before the first */
 	int failed;			/* the job failed: every call returns it */
 	char failed_why[512];
 	struct wk_poison {
