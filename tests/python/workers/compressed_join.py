@@ -28,6 +28,9 @@ def main():
     x = np.ones(N, np.float32)
     out = np.empty_like(x)
     assert lib.unisum_push_pull(tid, x.ctypes.data, out.ctypes.data, 0) == 0
+    # Every rank has the first round before the last joins: else the join
+    # may find a slower rank's first round still in flight and fail it.
+    assert lib.unisum_barrier() == 0
     if rank == size - 1:
         rc = lib.unisum_join()
     else:
