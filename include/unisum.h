@@ -53,6 +53,8 @@ enum {
 	UNISUM_ESYS = -11,	/* a system call failed (see errno in the log) */
 	UNISUM_ESHUTDOWN = -12,	/* the job is shutting down */
 	UNISUM_EAUTH = -13,	/* a peer failed the handshake of the job secret */
+	UNISUM_EMEMBERSHIP = -14, /* an elastic job's workers changed (one was lost, or
+				   * some join): call unisum_rejoin() */
 };
 
 /* Flags of unisum_push_pull(): at most one of them; none is the sum. */
@@ -80,6 +82,25 @@ int unisum_init(void);
  * leaves while others still wait on it (a round it never pushed, a
  * barrier) fails the job with its name on every rank. */
 int unisum_shutdown(void);
+
+/* Elastic jobs (UNISUM_ELASTIC=1, `unisum launch --elastic`).  When a
+ * worker is lost, or when workers wait to join and one worker calls
+ * unisum_rejoin(), the job re-forms: every operation of every worker then
+ * fails with UNISUM_EMEMBERSHIP.  unisum_rejoin() leaves the ended
+ * membership and joins the new one (blocking until it has formed):
+ * rank and size change, every tensor and handle of before is gone (declare
+ * again), and the servers start afresh.  Called while the membership
+ * still holds, it asks the scheduler to re-form the job now (taking the
+ * waiting workers in).  0, UNISUM_EINVAL when the job is not elastic, or
+ * the error that failed the job (fewer workers left than
+ * UNISUM_ELASTIC_MIN_WORKERS).  A worker that starts while the job runs
+ * waits in unisum_init() for the next re-form. */
+int unisum_rejoin(void);
+
+/* 1 when this worker should call unisum_rejoin() (its membership ended, or
+ * workers wait to join: poll it where the state is committed), 0 if not,
+ * or a negative error. */
+int unisum_membership_changed(void);
 
 /* Rank of this worker in [0, size), number of workers, and the rank and
  * count of workers on this machine.  Negative (UNISUM_ENOTINIT) before init. */

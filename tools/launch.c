@@ -265,6 +265,8 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 			"(UNISUM_SERVER_FAILOVER=1)\n", c->name, (int)c->pid, what);
 		return;
 	}
+	if (code != 0 && launch_elastic_absorbs(l, c, status, what))
+		return;
 	if (code != 0 && child_is_echo(l, c, status)) {
 		/* It failed on the news of another process's failure: that one
 		 * is blamed when it ends, within a second; this one only if
@@ -475,6 +477,8 @@ static int loop_timeout(const struct launcher *l, int64_t now)
 			next = l->echo_ms + LAUNCH_BLAME_GRACE_MS;
 		if (l->workers_done_ms && l->workers_done_ms + LAUNCH_SERVER_GRACE_MS < next)
 			next = l->workers_done_ms + LAUNCH_SERVER_GRACE_MS;
+		if (l->elastic && l->discovery_script && l->discovery_next_ms < next)
+			next = l->discovery_next_ms;
 	}
 	if (next == INT64_MAX)
 		return -1;
@@ -501,7 +505,8 @@ static void remote_stdin_check(struct launcher *l)
 /* Runs until every child is gone (or, after SIGKILL, given up on). */
 static int loop_run(struct launcher *l)
 {
-	size_t slots = 3 + 2 * (size_t)l->nchildren;
+	size_t slots = 3 + 2 * (size_t)(l->cap_children > l->nchildren ? l->cap_children
+									  : l->nchildren);
 	struct pollfd *fds = calloc(slots, sizeof(*fds));
 	struct stream **streams = calloc(slots, sizeof(*streams));
 	struct child **owners = calloc(slots, sizeof(*owners));
@@ -551,6 +556,7 @@ static int loop_run(struct launcher *l)
 			signals_handle(l);
 		children_reap(l);
 		deadlines_check(l, timing_now_ms());
+		launch_elastic_tick(l, timing_now_ms());
 	}
 out_free:
 	free(fds);

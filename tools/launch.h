@@ -63,6 +63,8 @@ struct child {
 	pid_t pid;			/* process id, also its process group; 0 until spawned */
 	bool running;			/* spawned and not yet reaped */
 	bool signalled;			/* the launcher sent it SIGTERM or SIGKILL */
+	bool removed;			/* elastic: stopped because the discovery script
+					 * no longer offers its slot */
 	char prefix[80];		/* "[worker 0] ", put before each line */
 	char name[96];			/* "worker 0", "host 1 (node1)": for messages */
 	char **argv;			/* an ssh child's command (malloc'd), else NULL */
@@ -198,6 +200,18 @@ struct launcher {
 	int sigfd;			/* signalfd of SIGCHLD, SIGINT, SIGTERM, SIGHUP */
 	sigset_t entry_mask;		/* the mask to give back to children */
 
+	/* Elastic (--elastic; launch_elastic.c): workers may be lost, and the
+	 * discovery script may add or remove some, between min_workers and
+	 * max_workers; the job re-forms (the scheduler) instead of failing. */
+	bool elastic;
+	int min_workers, max_workers;	/* 0 until given */
+	const char *discovery_script;	/* --host-discovery-script, or NULL */
+	int64_t discovery_next_ms;	/* when it runs next */
+	int cap_children;		/* children's room: servers + max_workers */
+	int next_worker;		/* the next new worker's number (names only) */
+	char discovery_warned[8][64];	/* hosts not this one, said once each */
+	int ndiscovery_warned;
+
 	/* The job's fate. */
 	int64_t start_ms;		/* when the children were started */
 	int64_t workers_done_ms;	/* when the last worker exited 0, 0 = not yet */
@@ -249,6 +263,26 @@ int launch_child_spawn(struct launcher *l, struct child *c);
 
 /* Sends `sig` to the process group of every running child. */
 void launch_children_signal(struct launcher *l, int sig);
+
+/* ---- launch_elastic.c ---------------------------------------------------- */
+
+/* Takes --elastic, --min-workers, --max-workers and
+ * --host-discovery-script.  0, 1 when argv[*i] is none of them, -1 after
+ * printing why. */
+int launch_elastic_option(struct launcher *l, int argc, char **argv, int *i);
+
+/* Checks them against the job's shape (the one-host whole-job form, one
+ * worker per machine).  0, or -1 after printing why. */
+int launch_elastic_check(struct launcher *l);
+
+/* Every loop round: runs the discovery script when due, and starts or
+ * stops workers to match the slots it offers on this host. */
+void launch_elastic_tick(struct launcher *l, int64_t now);
+
+/* Whether worker c's end (status, described as `what`) is the elastic
+ * job's to absorb: said so, and true. */
+bool launch_elastic_absorbs(struct launcher *l, const struct child *c, int status,
+			    const char *what);
 
 /* ---- launch_output.c ----------------------------------------------------- */
 

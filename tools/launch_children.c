@@ -97,7 +97,9 @@ int launch_children_init(struct launcher *l)
 	l->nchildren = l->nhosts > 0 ? l->nhosts : l->server_only ? 1
 		       : l->one_machine ? node_server + l->local_size
 		       : l->num_servers + l->num_workers;
-	l->children = calloc((size_t)l->nchildren, sizeof(*l->children));
+	l->children = calloc((size_t)(l->cap_children > l->nchildren ? l->cap_children
+								       : l->nchildren),
+			     sizeof(*l->children));
 	if (!l->children) {
 		fprintf(stderr, "unisum launch: out of memory for %d processes\n", l->nchildren);
 		return -1;
@@ -344,7 +346,9 @@ static struct child_env *env_build(const struct launcher *l, const struct child 
 	if (c->netns >= 0)
 		env_add(env, &own, "UNISUM_NODE_HOST=%s", l->netns[c->netns].addr);
 	env_add(env, &own, "UNISUM_SCHEDULER_PORT=%d", l->port);
-	if (c->role == CHILD_WORKER)
+	if (c->role == CHILD_WORKER && l->elastic)	/* ranked by arrival, then by the job */
+		env_add(env, &own, "UNISUM_WORKER_ID=-1");
+	else if (c->role == CHILD_WORKER)
 		env_add(env, &own, "UNISUM_WORKER_ID=%d", c->rank / l->local_size);
 	else
 		env_add(env, &own, "UNISUM_SERVER_ID=%d", c->rank);

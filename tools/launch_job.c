@@ -151,6 +151,11 @@ static int job_config(struct launcher *l, const struct config *env, struct confi
 	setenv("UNISUM_NUM_WORKER", num, 1);
 	snprintf(num, sizeof(num), "%d", l->num_servers);
 	setenv("UNISUM_NUM_SERVER", num, 1);
+	if (l->elastic) {
+		setenv("UNISUM_ELASTIC", "1", 1);
+		snprintf(num, sizeof(num), "%d", l->min_workers);
+		setenv("UNISUM_ELASTIC_MIN_WORKERS", num, 1);
+	}
 	if (l->no_secret) {
 		unsetenv("UNISUM_SECRET");
 		unsetenv("UNISUM_SECRET_FILE");

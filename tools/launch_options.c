@@ -26,6 +26,8 @@
 #define LAUNCH_USAGE_LINES \
 	"usage: unisum launch [-w N] [-s K] [--local-size L] [--timeout SEC] [--no-secret]\n" \
 	"                     [--] CMD [ARGS...]\n" \
+	"       unisum launch -w N -s K --elastic [--min-workers A] [--max-workers B]\n" \
+	"                     [--host-discovery-script S] [--] CMD [ARGS...]\n" \
 	"       unisum launch -H HOST:SLOTS,... | --hostfile FILE [--server-hosts HOST,...]\n" \
 	"                     [--no-colocated-servers] [--scheduler-host] [--ssh-args ARGS]\n" \
 	"                     [--start-timeout SEC] [--timeout SEC] [--no-secret] [--] CMD [ARGS...]\n" \
@@ -54,6 +56,16 @@ static void usage(FILE *out)
 	      "      --local-size L  workers per machine, a divisor of N (default N: all\n"
 	      "                      workers are one machine; 1: every worker's tensors\n"
 	      "                      go through the servers)\n"
+	      "      --elastic       an elastic job (one worker per machine): a worker that\n"
+	      "                      dies is reported and the others re-form the job at the\n"
+	      "                      new size (unisum.torch.elastic, unisum_rejoin)\n"
+	      "      --min-workers A the job fails when fewer are left (default 1)\n"
+	      "      --max-workers B at most this many workers (default N)\n"
+	      "      --host-discovery-script S\n"
+	      "                      run every second; its lines HOST[:SLOTS] give the\n"
+	      "                      workers to run on this host (up to B): missing ones\n"
+	      "                      are started and join at the next commit, surplus ones\n"
+	      "                      stopped\n"
 	      "      --nproc-per-node L\n"
 	      "                      start one machine of a job whose scheduler and\n"
 	      "                      servers run elsewhere: L workers of CMD, with\n"
@@ -386,6 +398,10 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 		*job_option = arg;
 	} else if (strcmp(arg, "--no-secret") == 0) {
 		l->no_secret = true;
+	} else if ((m = launch_elastic_option(l, argc, argv, i)) <= 0) {
+		if (m < 0)
+			return -1;
+		*job_option = l->elastic ? "--elastic" : *job_option;
 	} else {
 		return 1;
 	}
@@ -512,6 +528,8 @@ int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 		return -1;
 	}
 	l->machines = l->num_workers / l->local_size;
+	if (launch_elastic_check(l) < 0)
+		return -1;
 	if ((l->worker_netns_opt != NULL) != (l->server_netns_opt != NULL) ||
 	    (l->sched_netns_opt != NULL && l->worker_netns_opt == NULL)) {
 		fprintf(stderr, "unisum launch: --worker-netns and --server-netns go together (and "

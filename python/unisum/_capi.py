@@ -21,6 +21,7 @@ FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32, INT64 = range(6)
 # Error codes of unisum.h.
 EINVAL, ENOMEM, ECONFIG, ENOTINIT, EMISMATCH, ECONN = -1, -2, -3, -4, -5, -6
 EPROTO, ETIMEDOUT, EBUSY, EREMOTE, ESYS, ESHUTDOWN, EAUTH = -7, -8, -9, -10, -11, -12, -13
+EMEMBERSHIP = -14
 
 AVERAGE, MIN, MAX, PRODUCT = 0x1, 0x2, 0x4, 0x8
 
@@ -102,6 +103,8 @@ for _name, _args, _ret in [
     ("unisum_timeline_start", [ctypes.c_char_p], _c_int),
     ("unisum_timeline_stop", [], _c_int),
     ("unisum_join", [], _c_int),
+    ("unisum_rejoin", [], _c_int),
+    ("unisum_membership_changed", [], _c_int),
     ("unisum_undeclare", [_c_int], _c_int),
     ("unisum_poll", [_c_i64], _c_int),
     ("unisum_poll_timeout", [_c_i64, _c_int], _c_int),

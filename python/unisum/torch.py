@@ -72,7 +72,7 @@ __all__ = [
     "stop_timeline",
     "synchronize", "broadcast_parameters", "broadcast_optimizer_state",
     "broadcast_object", "barrier", "DistributedOptimizer", "Compression", "UnisumError",
-    "empty", "zeros_like", "get_stats",
+    "empty", "zeros_like", "get_stats", "membership_changed", "rejoin", "elastic",
 ]
 
 _DTYPES: Dict[torch.dtype, int] = {
@@ -96,6 +96,9 @@ _WAIT_SLICE_MS = 100          # a wait returns to the interpreter this often
 _joined = False               # the C library joined the job and has not left it
 _init_pid = 0                 # the process that joined (a fork of it must not leave)
 _at_exit_set = False          # _leave_at_exit is registered
+# Every DistributedOptimizer, to forget its operations when an elastic job
+# re-forms (rejoin).
+_optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 class _Op:
@@ -249,6 +252,50 @@ def shutdown() -> None:
         op.finish()
         first_error = first_error or rc
     _capi.check(first_error, "unisum.torch.shutdown: an operation in flight")
+
+
+def membership_changed() -> bool:
+    """Elastic jobs (``unisum launch --elastic``): whether this worker
+    should call :func:`rejoin`: its membership ended (a worker was lost,
+    the job re-forms) or workers wait to join.  ``elastic.State.commit()``
+    polls it.
+
+    Raises:
+        UnisumError: When the job failed, or before init().
+    """
+    _require_init()
+    return _capi.check(_capi.lib.unisum_membership_changed(),
+                       "unisum.torch.membership_changed") == 1
+
+
+def rejoin() -> None:
+    """Elastic jobs: leaves the ended membership and joins the new one
+    (blocking until it has formed; asks the scheduler to re-form when it
+    has not, taking in the workers that wait).  rank() and size() change;
+    every operation in flight and every declared tensor is forgotten, and
+    DistributedOptimizers start their next step afresh.  The model's state
+    is the caller's: ``elastic.run`` restores and broadcasts it.
+
+    Raises:
+        UnisumError: When the job is not elastic, or failed (fewer workers
+            left than ``--min-workers``).
+    """
+    _require_init()
+    with _lock:
+        pending = list(_ops.values())
+        _ops.clear()
+        _tensors.clear()
+        _specs.clear()
+        _calls.clear()
+    # The C library waits for every operation (each failed) and joins anew.
+    rc = _capi.lib.unisum_rejoin()
+    for op in pending:
+        if not op.done:
+            op.done = True
+            op.finish()
+    _capi.check(rc, "unisum.torch.rejoin")
+    for opt in list(_optimizers):
+        opt._unisum_reset()
 
 
 def get_stats() -> Dict[str, Any]:
@@ -1214,6 +1261,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._register_hooks()
         if shared_gradients and local_size() > 1:
             self._share_gradients()
+        _optimizers.add(self)
+
+    def _unisum_reset(self) -> None:
+        """The job re-formed (rejoin): what was in flight is gone, and an
+        average is over the new number of workers."""
+        self._handles.clear()
+        self._synchronized = False
+        for p in self._delay:
+            self._delay[p] = self._passes
+        if self._pset == 0:
+            self._members = size()
 
     def _exchange(self, items: List[Tuple[torch.Tensor, torch.Tensor]], flags: int) -> None:
         """push_pull of each (parameter, what to push) on the parameter's
@@ -1641,3 +1699,8 @@ from unisum._horovod import *  # noqa: E402,F401,F403
 from unisum._horovod import __all__ as _horovod_all  # noqa: E402
 
 __all__ += _horovod_all
+
+# Elastic training (Horovod's hvd.elastic): run, State, TorchState, ...
+from unisum import _elastic as elastic  # noqa: E402
+import sys as _sys  # noqa: E402
+_sys.modules[__name__ + ".elastic"] = elastic     # `import unisum.torch.elastic` too

@@ -99,6 +99,13 @@ static const struct knob config_knobs[] = {
 	{"UNISUM_SERVER_FAILOVER", NULL, NULL, KNOB_INT, FIELD(server_failover), "1", 0, 1,
 	 "1: when a server is lost, the scheduler moves its partitions to the others and the "
 	 "round completes with exact sums (lock-step tensors); 0: the job fails, naming it"},
+	{"UNISUM_ELASTIC", NULL, NULL, KNOB_INT, FIELD(elastic), "0", 0, 1,
+	 "1: an elastic job (`unisum launch --elastic`): a lost worker, or workers waiting to "
+	 "join, re-form the job at its new size (every worker's operations fail with "
+	 "UNISUM_EMEMBERSHIP and it calls unisum_rejoin) instead of failing it; one worker per "
+	 "machine, lock-step tensors only"},
+	{"UNISUM_ELASTIC_MIN_WORKERS", NULL, NULL, KNOB_INT, FIELD(elastic_min_workers), "1", 1,
+	 65535, "an elastic job fails when fewer workers than this are left"},
 	{"UNISUM_IPC", NULL, NULL, KNOB_INT, FIELD(ipc), "1", 0, 1,
 	 "1: a worker and a server on the same host pass the data by cross-memory attach (the "
 	 "socket carries headers only; BytePS's IPC mode); 0: through the socket"},
@@ -403,6 +410,17 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 	}
 	if (cfg->enable_async)
 		snprintf(cfg->sync, sizeof cfg->sync, "async");
+	if (cfg->elastic && cfg->local_size > 1) {
+		snprintf(err, err_len, "UNISUM_LOCAL_SIZE=%d: an elastic job (UNISUM_ELASTIC=1) runs one "
+			 "worker per machine (its machines come and go)", cfg->local_size);
+		return UNISUM_ECONFIG;
+	}
+	if (cfg->elastic && (wire_sync_held(sync_mode) || cfg->enable_async)) {
+		snprintf(err, err_len, "UNISUM_SYNC=%s: an elastic job (UNISUM_ELASTIC=1) is lock-step "
+			 "(sync or dssync:G): asynchronous servers hold the parameters, which a re-formed "
+			 "job would lose", cfg->sync);
+		return UNISUM_ECONFIG;
+	}
 	if (cfg->autotune == CONFIG_AUTOTUNE_AUTO)
 		config_resolve_autotune(cfg);
 	if (cfg->credit_bytes == 0)

@@ -84,6 +84,8 @@ struct config {
 	uint64_t local_arena_bytes;	/* shared memory per local worker for staging */
 	int ipc;			/* same-host servers: data by cross-memory attach */
 	int server_failover;		/* a lost server's partitions move to the others */
+	int elastic;			/* workers come and go: the job re-forms */
+	int elastic_min_workers;	/* ... and fails below this many */
 	int placement;			/* scheduler: enum placement_policy */
 };
 

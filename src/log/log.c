@@ -3,6 +3,7 @@
  * process never interleave mid-line.
  */
 #include "log/log.h"
+#include "unisum.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -92,8 +93,11 @@ int log_fail(int err, const char *fmt, ...)
 	va_start(ap, fmt);
 	log_vset_last(fmt, ap);
 	va_end(ap);
-	if (LOG_LEVEL_ERROR >= log_threshold)
-		log_write(LOG_LEVEL_ERROR, "%s", log_last);
+	/* An elastic job's re-form is news, said once (a warning), not a
+	 * failure of every operation it ends. */
+	int level = err == UNISUM_EMEMBERSHIP ? LOG_LEVEL_DEBUG : LOG_LEVEL_ERROR;
+	if (level >= log_threshold)
+		log_write(level, "%s", log_last);
 	return err;
 }
 

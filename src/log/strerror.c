@@ -35,6 +35,8 @@ const char *unisum_strerror(int err)
 		return "the job is shutting down";
 	case UNISUM_EAUTH:
 		return "a peer failed the handshake of the job secret";
+	case UNISUM_EMEMBERSHIP:
+		return "the job's workers changed: call unisum_rejoin()";
 	default:
 		return "unknown error";
 	}
@@ -42,7 +44,7 @@ const char *unisum_strerror(int err)
 
 int log_known_error(int code, int fallback)
 {
-	return code < 0 && code >= UNISUM_EAUTH ? code : fallback;
+	return code < 0 && code >= UNISUM_EMEMBERSHIP ? code : fallback;
 }
 
 const char *unisum_last_error(void)

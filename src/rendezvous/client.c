@@ -12,6 +12,7 @@
  * heartbeat_ms and declares the scheduler lost when it has been silent
  * for timeout_ms.  Lock order: request_lock, then lock.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -38,6 +39,8 @@ struct rdv_client {
 	int nnodes;
 	int local_size;			/* worker processes per machine (from the book) */
 	int num_machines;		/* worker machines (workers in the book / local_size) */
+	int num_servers;		/* servers in the book */
+	_Atomic int waiting;		/* elastic: workers waiting to join (RESIZE) */
 	rdv_notice_fn notice;		/* job-over callback */
 	rdv_tensor_error_fn tensor_error; /* poisoned-tensor callback, or NULL */
 	void *notice_arg;		/* both callbacks' argument */
@@ -369,6 +372,23 @@ static void *rdv_reader_main(void *arg)
 			}
 			break;
 		}
+		case WIRE_REFORM: {
+			/* Elastic: the job re-forms.  Say we come back (the
+			 * scheduler then waits for this node), and fail what
+			 * waits here with UNISUM_EMEMBERSHIP. */
+			char text[600], msg[700];
+			wire_error_decode(payload, h.payload_len, text, sizeof text);
+			free(payload);
+			struct wire_hdr ack = {.type = WIRE_REFORM, .sender = c->id, .aux = h.aux};
+			rdv_send(c, &ack, NULL);
+			snprintf(msg, sizeof msg, "the job re-forms (generation %u): %s", h.aux, text);
+			rdv_fail(c, UNISUM_EMEMBERSHIP, msg);
+			return NULL;
+		}
+		case WIRE_RESIZE:
+			free(payload);
+			atomic_store(&c->waiting, (int)h.aux);
+			break;
 		case WIRE_SHUTDOWN:
 			free(payload);
 			/* Servers take UNISUM_ESHUTDOWN as their clean stop. */
@@ -504,6 +524,7 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 	}
 	c->nnodes = (int)n;
 	c->num_machines = workers / L;
+	c->num_servers = (int)n - workers;
 	if (!consistent || workers % L != 0)
 		return log_fail(UNISUM_EPROTO, "the scheduler sent a malformed address book");
 	return 0;
@@ -565,6 +586,39 @@ int rdv_client_rank(const struct rdv_client *c)
 int rdv_client_local_size(const struct rdv_client *c)
 {
 	return c->local_size;
+}
+
+int rdv_client_num_servers(const struct rdv_client *c)
+{
+	return c->num_servers;
+}
+
+int rdv_client_waiting(struct rdv_client *c)
+{
+	return atomic_load(&c->waiting);
+}
+
+int rdv_client_resize(struct rdv_client *c)
+{
+	pthread_mutex_lock(&c->lock);
+	int rc = c->failed;
+	pthread_mutex_unlock(&c->lock);
+	if (rc != 0)
+		return rc;
+	struct wire_hdr h = {.type = WIRE_RESIZE, .sender = c->id};
+	return rdv_send(c, &h, NULL);
+}
+
+int rdv_client_wait_failed(struct rdv_client *c, int timeout_ms)
+{
+	struct timespec until = timing_deadline(timeout_ms);
+	pthread_mutex_lock(&c->lock);
+	while (c->failed == 0 &&
+	       pthread_cond_timedwait(&c->replied, &c->lock, &until) != ETIMEDOUT)
+		;
+	int rc = c->failed;
+	pthread_mutex_unlock(&c->lock);
+	return rc;
 }
 
 int rdv_client_num_machines(const struct rdv_client *c)

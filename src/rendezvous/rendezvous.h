@@ -119,6 +119,15 @@ int rdv_client_rank(const struct rdv_client *c);
  * of worker machines in the job. */
 int rdv_client_local_size(const struct rdv_client *c);
 int rdv_client_num_machines(const struct rdv_client *c);
+int rdv_client_num_servers(const struct rdv_client *c);
+/* Elastic jobs: how many workers wait to join (the scheduler's last
+ * RESIZE), and asking the scheduler to re-form the job now to take them
+ * in (0, or the error that already ended this membership). */
+int rdv_client_waiting(struct rdv_client *c);
+int rdv_client_resize(struct rdv_client *c);
+/* Waits up to timeout_ms for this client's membership to end (REFORM, or
+ * a failure); returns its error, 0 when it did not. */
+int rdv_client_wait_failed(struct rdv_client *c, int timeout_ms);
 const struct rdv_node *rdv_client_nodes(const struct rdv_client *c, int *count);
 const struct rdv_node *rdv_client_server(const struct rdv_client *c, int server_rank);
 const struct rdv_node *rdv_client_worker(const struct rdv_client *c, int rank);

@@ -27,6 +27,14 @@ struct sched_node {
 	bool gone;			/* connection closed (normally or not) */
 	bool said_goodbye;		/* worker sent SHUTDOWN / server was stopped */
 	bool lost;			/* a server failed over (sched_failover) */
+	/* Elastic jobs (sched_elastic.c): a node is of one generation. */
+	uint32_t gen;			/* the generation it registered for */
+	bool retired;			/* its generation ended (REFORM sent): out of the job */
+	bool coming_back;		/* ... and it answered that it registers again */
+	bool waiting;			/* a worker that registered while the job ran: it
+					 * joins the next generation */
+	int old_rank;			/* a returning node's rank in the last generation,
+					 * -1 for a newcomer */
 	int role, req_rank, rank, port;
 	int local_rank, local_size;	/* as registered (servers: 0 and 1) */
 	int machine;			/* workers: rank / local_size; servers: -1 */
@@ -128,12 +136,52 @@ struct rdv_scheduler {
 	uint8_t *joined;		/* [num_workers] joined (unisum_join) since the last
 					 * JOIN_DONE, or NULL before the first JOIN */
 	int njoined, join_last;
+	/* Elastic jobs (UNISUM_ELASTIC, sched_elastic.c). */
+	int elastic;			/* workers may be lost and join */
+	int min_workers;		/* UNISUM_ELASTIC_MIN_WORKERS */
+	int max_servers;		/* UNISUM_NUM_SERVER: a generation's servers at most */
+	uint32_t gen;			/* this generation (0: the first) */
+	bool reforming;			/* REFORM sent: waiting for the nodes of gen */
+	int64_t reform_since;		/* ... since then */
+	int nwaiting;			/* workers waiting to join the next generation */
 };
 
 /* scheduler.c */
 int sched_send(struct sched_node *n, const struct wire_hdr *h, const void *payload);
 void sched_fail(struct rdv_scheduler *s, int err, const char *why);
 const char *sched_node_label(const struct sched_node *n, char *buf, size_t len);
+
+/* sched_elastic.c.  Called with s->lock held. */
+/* Worker n of a running elastic job was lost (cause): the job re-forms
+ * without it.  false when it cannot (not elastic; too few workers left:
+ * why then says so), and the caller fails the job. */
+bool sched_elastic_lost(struct rdv_scheduler *s, struct sched_node *n, const char *cause,
+			char *why, size_t len);
+/* A REGISTER (m) that an elastic job takes outside its first
+ * registration: a worker waiting to join, or a node of the generation
+ * being formed.  1 when handled (rc into *rc), 0 when the usual
+ * registration applies. */
+int sched_elastic_register(struct rdv_scheduler *s, struct sched_node *n,
+			   const struct rdv_register *m, int *rc, char *why, size_t len);
+/* A message of a node whose generation ended: its REFORM answer counts,
+ * the rest is dropped. */
+void sched_elastic_retired_msg(struct rdv_scheduler *s, struct sched_node *n,
+			       const struct wire_hdr *h);
+/* A worker asks to re-form now (RESIZE): workers wait to join. */
+void sched_elastic_resize(struct rdv_scheduler *s, struct sched_node *n);
+/* A node of the generation being formed hung up before the address book. */
+void sched_elastic_gone(struct rdv_scheduler *s, struct sched_node *n);
+/* Sends the address book of the new generation once every node of the
+ * last one is back or lost (or UNISUM_TIMEOUT_MS passed); fails the job
+ * when it has too few workers or no server. */
+void sched_elastic_check(struct rdv_scheduler *s, int64_t now);
+/* Frees the nodes of ended generations (and strangers) whose
+ * connections have closed. */
+void sched_elastic_reap(struct rdv_scheduler *s);
+
+/* scheduler.c: the address book (ranks assigned) to every registered node */
+int sched_send_addrbook(struct rdv_scheduler *s);
+void sched_send_error(struct sched_node *n, int err, const char *why);
 
 /* sched_tensors.c.  Every function is called with s->lock held but
  * sched_on_declare, which takes it. */
@@ -160,6 +208,10 @@ int sched_failover(struct rdv_scheduler *s, int dead, char *why, size_t len);
  * it go back (MIGRATE to the servers that hold them now).  Called with
  * s->lock held. */
 void sched_migrate_back(struct rdv_scheduler *s, int r);
+/* A re-formed elastic job starts afresh: no tensor, no failover, and
+ * placement for its new numbers of servers and machines (their shares
+ * are set once it has ranks, sched_place_roles).  0 or UNISUM_ENOMEM. */
+int sched_tensors_reset(struct rdv_scheduler *s, int num_servers, int num_machines);
 /* Moves every partition of a fresh placement that landed on a lost
  * server to a live one. */
 void sched_avoid_lost(struct rdv_scheduler *s, const struct placement_part *parts,

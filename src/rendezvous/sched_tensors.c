@@ -780,3 +780,37 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 	return 0;
 }
 
+
+int sched_tensors_reset(struct rdv_scheduler *s, int num_servers, int num_machines)
+{
+	for (int i = 0; i < s->ntensors; i++) {
+		free(s->tensors[i].parts);
+		free(s->tensors[i].servers);
+		free(s->tensors[i].poison);
+		free(s->tensors[i].forgot);
+	}
+	s->ntensors = 0;
+	free(s->lost);
+	s->lost = NULL;
+	for (int i = 0; s->moved_off != NULL && i < s->num_servers; i++)
+		free(s->moved_off[i].keys);
+	free(s->moved_off);
+	s->moved_off = NULL;
+	s->failovers = 0;
+	s->placed_ms = 0;
+	sched_free_racks(s);
+	int policy = s->placement.policy;
+	placement_fini(&s->placement);
+	int *home = realloc(s->home_server, (size_t)(num_machines > 0 ? num_machines : 1) *
+						sizeof *home);
+	if (home != NULL)
+		s->home_server = home;
+	for (int m = 0; home != NULL && m < num_machines; m++)
+		home[m] = -1;
+	s->num_servers = num_servers;
+	s->num_machines = num_machines;
+	s->num_workers = num_machines * s->local_size;
+	return home == NULL || placement_init(&s->placement, policy, num_servers, NULL) != 0
+		       ? UNISUM_ENOMEM
+		       : 0;
+}

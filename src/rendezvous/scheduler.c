@@ -56,7 +56,7 @@ const char *sched_node_label(const struct sched_node *n, char *buf, size_t len)
 }
 
 /* Sends node n the job-level ERROR `err` with text `why`. */
-static void sched_send_error(struct sched_node *n, int err, const char *why)
+void sched_send_error(struct sched_node *n, int err, const char *why)
 {
 	struct wire_buf b;
 	wire_buf_init(&b);
@@ -84,9 +84,9 @@ void sched_fail(struct rdv_scheduler *s, int err, const char *why)
 		s->linger_until = timing_now_ms() + s->linger_ms;
 	for (int i = 0; i < s->nnodes; i++) {
 		struct sched_node *n = s->nodes[i];
-		if (!n->gone && n->registered)
+		if (!n->gone && (n->registered || n->waiting))
 			sched_send_error(n, err, why);
-		if (n->registered || !linger)
+		if (n->registered || n->waiting || !linger)
 			s->tp->conn_shutdown(n->conn);
 	}
 	if (!linger)
@@ -171,7 +171,7 @@ static struct rdv_node sched_entry_of(const struct sched_node *n)
 
 /* Assigns ranks and ids and sends every node the address book.  Called
  * with s->lock held once all nodes have registered. */
-static int sched_send_addrbook(struct rdv_scheduler *s)
+int sched_send_addrbook(struct rdv_scheduler *s)
 {
 	/* Requested ranks first, then everybody else by arrival. */
 	int rc = sched_assign_ranks(s, CONFIG_ROLE_SERVER, s->num_servers);
@@ -209,12 +209,14 @@ static int sched_send_addrbook(struct rdv_scheduler *s)
 	}
 	s->book_sent = true;
 	/* Wakes the accepting thread, unless replacement servers may come
-	 * (failover): it accepts them until the job ends. */
-	if (!(s->server_failover && s->num_servers > 1))
+	 * (failover) or workers join (elastic): it accepts them until the job
+	 * ends. */
+	if (!(s->server_failover && s->num_servers > 1) && !s->elastic)
 		s->tp->listener_shutdown(s->listener);
 	sched_place_roles(s);
-	LOG_INFO("all %d servers and %d workers on %d machines registered", s->num_servers,
-		 s->num_workers, s->num_machines);
+	if (s->gen == 0)
+		LOG_INFO("all %d servers and %d workers on %d machines registered", s->num_servers,
+			 s->num_workers, s->num_machines);
 	return rc;
 }
 
@@ -359,6 +361,11 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 	if (rc != 0) {
 		pthread_mutex_unlock(&s->lock);
 		return UNISUM_EPROTO;	/* closes the connection, logging why */
+	}
+	if (sched_elastic_register(s, n, &m, &rc, why, why_len)) {
+		pthread_cond_broadcast(&s->changed);
+		pthread_mutex_unlock(&s->lock);
+		return rc;
 	}
 	if (server && !n->registered && s->book_sent) {
 		rc = sched_on_replacement(s, n, &m, why, why_len);
@@ -594,6 +601,10 @@ static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 			}
 		}
 		LOG_INFO("every worker is done; servers told to stop");
+		for (int i = 0; i < s->nnodes; i++)
+			if (s->nodes[i]->waiting)
+				sched_send_error(s->nodes[i], UNISUM_ESHUTDOWN,
+						 "the elastic job ended before this worker could join it");
 	}
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
@@ -650,6 +661,12 @@ static int sched_dispatch(struct rdv_scheduler *s, struct sched_node *n, const s
 			  const void *payload, char *why, size_t len)
 {
 	int rc = 0;
+	if (n->retired) {
+		pthread_mutex_lock(&s->lock);
+		sched_elastic_retired_msg(s, n, h);
+		pthread_mutex_unlock(&s->lock);
+		return 0;
+	}
 	if (!n->registered && h->type != WIRE_REGISTER) {
 		snprintf(why, len, "%s before REGISTER", wire_type_name(h->type));
 		return UNISUM_EPROTO;
@@ -688,6 +705,11 @@ static int sched_dispatch(struct rdv_scheduler *s, struct sched_node *n, const s
 		return rc;
 	case WIRE_ERROR:
 		return sched_on_error(s, n, h, payload, why, len);
+	case WIRE_RESIZE:
+		pthread_mutex_lock(&s->lock);
+		sched_elastic_resize(s, n);
+		pthread_mutex_unlock(&s->lock);
+		return 0;
 	default:
 		snprintf(why, len, "unexpected %s", wire_type_name(h->type));
 		return UNISUM_EPROTO;
@@ -705,6 +727,20 @@ static void sched_node_gone(struct rdv_scheduler *s, struct sched_node *n, int r
 	if (rc == UNISUM_EPROTO || rc == UNISUM_EAUTH)
 		LOG_ERROR("closing the connection of %s: %s", label, why);
 	char fo_why[300] = "";
+	if (s->elastic && (n->waiting || n->retired || s->reforming)) {
+		sched_elastic_gone(s, n);
+		pthread_cond_broadcast(&s->changed);
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
+	char el_why[300] = "";
+	if (n->registered && !n->said_goodbye && s->error == 0 && !s->aborted &&
+	    sched_elastic_lost(s, n, rc == UNISUM_EPROTO ? why : "its connection closed without a goodbye",
+			       el_why, sizeof el_why)) {
+		pthread_cond_broadcast(&s->changed);
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
 	if (n->registered && !n->said_goodbye && !n->lost && s->error == 0 && !s->aborted &&
 	    n->role == CONFIG_ROLE_SERVER && rc != UNISUM_EPROTO && s->server_failover &&
 	    s->book_sent) {
@@ -717,6 +753,11 @@ static void sched_node_gone(struct rdv_scheduler *s, struct sched_node *n, int r
 			snprintf(msg, sizeof msg,
 				 "%s lost its connection to the scheduler without saying goodbye: it "
 				 "exited or crashed, and failover cannot replace it: %s", label, fo_why);
+		else if (el_why[0] != '\0')
+			snprintf(msg, sizeof msg,
+				 "%s lost its connection to the scheduler without saying goodbye (it "
+				 "exited or crashed), and the elastic job cannot go on without it: %s",
+				 label, el_why);
 		else if (rc == UNISUM_EPROTO)
 			snprintf(msg, sizeof msg, "%s broke the protocol: %s", label, why);
 		else
@@ -935,6 +976,10 @@ static void *sched_monitor_main(void *arg)
 		pthread_cond_timedwait(&s->changed, &s->lock, &until);
 		if (sched_is_finished(s))
 			continue;
+		if (s->reforming) {
+			sched_elastic_check(s, timing_now_ms());
+			continue;
+		}
 		if (!s->book_sent) {
 			sched_check_start(s, timing_now_ms());
 			continue;
@@ -956,6 +1001,21 @@ static void *sched_monitor_main(void *arg)
 					n->lost = true;
 					s->tp->conn_shutdown(n->conn);
 					continue;
+				}
+				char cause[160];
+				snprintf(cause, sizeof cause, "silent for %lld ms: hung, stopped or cut "
+					 "off", (long long)silent);
+				if (sched_elastic_lost(s, n, cause, fo_why, sizeof fo_why))
+					break;	/* the generation ended: nobody is watched */
+				if (fo_why[0] != '\0' && n->role == CONFIG_ROLE_WORKER) {
+					snprintf(msg, sizeof msg, "%s has sent nothing for %lld ms (hung, "
+						 "stopped or cut off), and the elastic job cannot go on "
+						 "without it: %s", sched_node_label(n, label, sizeof label),
+						 (long long)silent, fo_why);
+					sched_fail(s, UNISUM_ETIMEDOUT, msg);
+					s->culprit_role = n->role;
+					s->culprit_rank = n->rank;
+					break;
 				}
 				snprintf(msg, sizeof msg,
 					 "%s has sent nothing for %lld ms: it is hung, stopped or cut off "
@@ -1003,7 +1063,8 @@ static void *sched_main(void *arg)
 	for (;;) {
 		pthread_mutex_lock(&s->lock);
 		/* With failover a replacement server may register later. */
-		bool late = s->server_failover && s->num_servers > 1 && !sched_is_finished(s);
+		bool late = ((s->server_failover && s->num_servers > 1) || s->elastic) &&
+			    !sched_is_finished(s);
 		bool done = (s->book_sent && !late) || s->aborted || (s->error != 0 && !sched_lingers(s));
 		pthread_mutex_unlock(&s->lock);
 		if (done)
@@ -1013,6 +1074,7 @@ static void *sched_main(void *arg)
 		if (rc != 0)
 			break;
 		pthread_mutex_lock(&s->lock);
+		sched_elastic_reap(s);
 		if (s->nnodes >= sched_max_connections(s)) {
 			s->tp->conn_free(c);
 			pthread_mutex_unlock(&s->lock);
@@ -1081,6 +1143,9 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 	s->stall_warn_ms = cfg->stall_warn_ms;
 	s->stall_abort_ms = cfg->stall_abort_ms;
 	s->server_failover = cfg->server_failover;
+	s->elastic = cfg->elastic;
+	s->min_workers = cfg->elastic_min_workers;
+	s->max_servers = num_servers;
 	s->start_timeout_ms = cfg->start_timeout_ms;
 	s->started_ms = timing_now_ms();
 	/* Grows as connections come (see sched_max_connections). */

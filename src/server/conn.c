@@ -589,7 +589,9 @@ void *srv_recv_main(void *arg)
 	pthread_mutex_lock(&srv->lock);
 	if (c->worker >= 0 && srv->by_worker[c->worker] == c) {
 		srv->by_worker[c->worker] = NULL;
-		srv->left[c->worker] = true;	/* rounds still waiting for it never end */
+		/* Rounds still waiting for it never end; in an elastic job the
+		 * scheduler re-forms the job without it instead. */
+		srv->left[c->worker] = !srv->cfg->elastic;
 	}
 	pthread_mutex_unlock(&srv->lock);
 	/* Let the sender drain (the ERROR above goes out last), then hang up. */

@@ -94,7 +94,10 @@ const char *srv_worker_name(const struct server *srv, int m, char *buf, size_t l
 static void srv_notice(void *arg, int err, const char *why)
 {
 	struct server *srv = arg;
-	if (err != UNISUM_ESHUTDOWN) {
+	if (err == UNISUM_EMEMBERSHIP) {
+		LOG_INFO("%s", why);
+		atomic_store(&srv->job_error, err);
+	} else if (err != UNISUM_ESHUTDOWN) {
 		LOG_ERROR("stopping: %s", why);
 		int none = 0;
 		if (atomic_compare_exchange_strong(&srv->job_error, &none, err))
@@ -303,6 +306,8 @@ static int srv_join(struct server *srv, const char *bind_host, int port)
 	srv->id = rdv_client_id(srv->rdv);
 	srv->rank = rdv_client_rank(srv->rdv);
 	srv->local_size = rdv_client_local_size(srv->rdv);
+	if (srv->cfg->elastic)	/* the job's size is the generation's */
+		srv->nworkers = rdv_client_num_machines(srv->rdv);
 	log_set_identity("server", srv->rank);
 	/* Every rank may connect: a local root for its machine, the others for
 	 * their process sets' tensors. */
@@ -372,7 +377,9 @@ static void srv_hang_up(struct server *srv)
 	}
 }
 
-int server_run(const struct config *cfg, bool *elsewhere)
+/* One membership of the job: until it ends (UNISUM_EMEMBERSHIP: an
+ * elastic job re-forms). */
+static int srv_run_once(const struct config *cfg, bool *elsewhere)
 {
 	if (elsewhere != NULL)
 		*elsewhere = false;
@@ -415,5 +422,19 @@ out_free:
 	if (elsewhere != NULL && rc != 0)
 		*elsewhere = atomic_load(&srv->told);
 	srv_free(srv);
+	return rc;
+}
+
+int server_run(const struct config *cfg, bool *elsewhere)
+{
+	int rc = srv_run_once(cfg, elsewhere);
+	/* Elastic: register again for the new generation, which ranks the
+	 * servers afresh. */
+	struct config again = *cfg;
+	again.server_id = -1;
+	while (rc == UNISUM_EMEMBERSHIP && cfg->elastic) {
+		LOG_INFO("the job re-forms: registering again");
+		rc = srv_run_once(&again, elsewhere);
+	}
 	return rc;
 }

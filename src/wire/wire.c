@@ -77,7 +77,8 @@ static const char *const wire_type_names[] = {
 	[WIRE_ANNOUNCE] = "ANNOUNCE",	  [WIRE_JOIN_DONE] = "JOIN_DONE",
 	[WIRE_FAILOVER] = "FAILOVER",	  [WIRE_RESTORE] = "RESTORE",
 	[WIRE_REJOIN] = "REJOIN",	  [WIRE_MIGRATE] = "MIGRATE",
-	[WIRE_MOVED] = "MOVED",
+	[WIRE_MOVED] = "MOVED",		  [WIRE_REFORM] = "REFORM",
+	[WIRE_RESIZE] = "RESIZE",
 };
 
 const char *wire_type_name(int type)
@@ -157,6 +158,7 @@ static int wire_check_payload(const struct wire_hdr *h, char *why, size_t why_le
 	case WIRE_JOIN:
 	case WIRE_JOIN_DONE:
 	case WIRE_MOVED:
+	case WIRE_RESIZE:
 		if (h->payload_len != 0) {
 			snprintf(why, why_len, "%s: carries no payload, got %llu bytes",
 				 wire_type_name(h->type), (unsigned long long)h->payload_len);

@@ -45,7 +45,7 @@
 /* (A build may set another, to test that two versions refuse each other:
  * the test_wire_version program of CMakeLists.txt.) */
 #ifndef WIRE_VERSION
-#define WIRE_VERSION 12
+#define WIRE_VERSION 13
 #endif
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
@@ -97,7 +97,14 @@ enum wire_type {
 	WIRE_MOVED = 23,	/* server -> worker, instead of a PUSH_ACK: the push of key,
 				 * round went nowhere; that round and the next go to
 				 * server `aux` (the PULL after it is dropped) */
-	WIRE_TYPE_MAX = 23,
+	WIRE_REFORM = 24,	/* scheduler -> every node of an elastic job: the membership
+				 * changes (payload str why); leave and register again for
+				 * generation `aux`.  node -> scheduler: its answer, it will
+				 * (aux = that generation), before it hangs up */
+	WIRE_RESIZE = 25,	/* scheduler -> every worker of an elastic job: `aux`
+				 * workers wait to join (no payload); worker -> scheduler:
+				 * re-form the job now to take them in */
+	WIRE_TYPE_MAX = 25,
 };
 
 /* PUSH: the contribution is all zeros and no payload follows (broadcast

@@ -135,6 +135,35 @@ int unisum_shutdown(void)
 	return rc;
 }
 
+int unisum_rejoin(void)
+{
+	pthread_mutex_lock(&api_lock);
+	struct worker *w = api_left ? NULL : api();
+	int rc = w == NULL ? log_fail(UNISUM_ENOTINIT, "call unisum_init() first")
+			   : worker_end_membership(w);
+	if (rc != 0) {
+		pthread_mutex_unlock(&api_lock);
+		return rc;
+	}
+	struct config cfg = *worker_config(w);
+	atomic_store(&api_worker, NULL);
+	worker_leave(w);	/* its operations failed: nothing waits */
+	trace_close();
+	worker_free(w);
+	/* The scheduler ranks the new generation itself. */
+	cfg.worker_id = -1;
+	rc = api_join(&cfg);
+	if (rc != 0)
+		api_left = true;	/* calls answer UNISUM_ENOTINIT; init cannot retry */
+	pthread_mutex_unlock(&api_lock);
+	return rc;
+}
+
+int unisum_membership_changed(void)
+{
+	return worker_membership_changed(api());
+}
+
 int unisum_join(void)
 {
 	return worker_join_wait(api());

@@ -423,7 +423,8 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	}
 	bool failover = w->failed == 0 && !closing && w->lost != NULL && w->lost[c->server];
 	if (w->failed != 0) {
-		snprintf(root, sizeof root, "the job failed: %s", w->failed_why);
+		snprintf(root, sizeof root, "%s%s",
+			 w->failed == UNISUM_EMEMBERSHIP ? "" : "the job failed: ", w->failed_why);
 		why = root;
 	}
 	pthread_mutex_unlock(&w->lock);
@@ -489,11 +490,11 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 		}
 		return;
 	}
-	if (!closing && all != NULL)
-		LOG_ERROR("%s", c->dead_why);
 	pthread_mutex_lock(&w->lock);
 	int err = w->failed != 0 ? w->failed : UNISUM_ECONN;	/* the root cause's code */
 	pthread_mutex_unlock(&w->lock);
+	if (!closing && all != NULL && err != UNISUM_EMEMBERSHIP)
+		LOG_ERROR("%s", c->dead_why);
 	while (all) {
 		struct wk_job *j = all;
 		all = j->pending_next;

@@ -82,7 +82,10 @@ static void wk_notice(void *arg, int err, const char *why)
 		for (int s = 0; s < w->nservers; s++)
 			w->conns[s].tp->conn_shutdown(w->conns[s].conn);
 	pthread_mutex_unlock(&w->lock);
-	LOG_ERROR("%s", why);
+	if (err == UNISUM_EMEMBERSHIP)
+		LOG_WARN("%s: operations fail until unisum_rejoin()", why);
+	else
+		LOG_ERROR("%s", why);
 }
 
 
@@ -144,7 +147,8 @@ static int wk_local_failed(void *arg, char *why, size_t len)
 	pthread_mutex_lock(&w->lock);
 	int err = w->failed;
 	if (err != 0)
-		snprintf(why, len, "the job failed: %s", w->failed_why);
+		snprintf(why, len, "%s%s", err == UNISUM_EMEMBERSHIP ? "" : "the job failed: ",
+			 w->failed_why);
 	pthread_mutex_unlock(&w->lock);
 	return err;
 }
@@ -339,6 +343,11 @@ static int wk_join_job(struct worker *w)
 		return log_fail(rc, "unisum_init: cannot join the job through the scheduler at %s:%d: %s",
 				w->cfg.scheduler_host, w->cfg.scheduler_port, log_last_error());
 	w->rank = rdv_client_rank(w->rdv);
+	if (w->cfg.elastic) {
+		/* The generation's size, not the one the process started with. */
+		w->cfg.num_workers = rdv_client_num_machines(w->rdv);
+		w->cfg.num_servers = w->nservers = rdv_client_num_servers(w->rdv);
+	}
 	w->size = w->cfg.num_workers * w->cfg.local_size;
 	w->local = w->cfg.local_size > 1;
 	w->to_servers = !w->local || (w->cfg.num_workers > 1 && w->cfg.local_rank == 0);
@@ -444,6 +453,46 @@ int worker_leave(struct worker *w)
 	w->initialized = false;
 	pthread_mutex_unlock(&w->lock);
 	return failed;
+}
+
+const struct config *worker_config(const struct worker *w)
+{
+	return &w->cfg;
+}
+
+int worker_membership_changed(struct worker *w)
+{
+	if (wk_require_init(w) != 0)
+		return UNISUM_ENOTINIT;
+	pthread_mutex_lock(&w->lock);
+	int failed = w->failed;
+	pthread_mutex_unlock(&w->lock);
+	if (failed != 0)
+		return failed == UNISUM_EMEMBERSHIP ? 1 : failed;
+	return w->cfg.elastic && rdv_client_waiting(w->rdv) > 0;
+}
+
+int worker_end_membership(struct worker *w)
+{
+	if (wk_require_init(w) != 0)
+		return UNISUM_ENOTINIT;
+	if (!w->cfg.elastic)
+		return log_fail(UNISUM_EINVAL, "unisum_rejoin: this is not an elastic job (UNISUM_ELASTIC=1, "
+				"`unisum launch --elastic`)");
+	pthread_mutex_lock(&w->lock);
+	int failed = w->failed;
+	pthread_mutex_unlock(&w->lock);
+	if (failed == 0) {
+		/* Ask for the re-form (workers wait to join), and wait for it. */
+		rdv_client_resize(w->rdv);
+		failed = rdv_client_wait_failed(w->rdv, w->cfg.timeout_ms);
+	}
+	if (failed == UNISUM_EMEMBERSHIP)
+		return 0;
+	if (failed == 0)
+		return log_fail(UNISUM_ETIMEDOUT, "unisum_rejoin: the scheduler did not re-form the job "
+				"within UNISUM_TIMEOUT_MS=%d", w->cfg.timeout_ms);
+	return log_fail(failed, "unisum_rejoin: the job failed, it cannot re-form: %s", w->failed_why);
 }
 
 bool worker_busy(struct worker *w)

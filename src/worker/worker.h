@@ -29,9 +29,18 @@ int worker_join(const struct config *cfg, struct worker **out);
  * connections.  w stays allocated (its calls answer UNISUM_ENOTINIT) until
  * worker_free. */
 int worker_leave(struct worker *w);
+/* The configuration it joined with (sizes as the scheduler gave them). */
+const struct config *worker_config(const struct worker *w);
 /* Whether some operation of w has not completed (or the job failed):
  * leaving would wait for it. */
 bool worker_busy(struct worker *w);
+/* Elastic jobs: 1 when this membership ended or workers wait to join (call
+ * unisum_rejoin), 0 if not, or an error. */
+int worker_membership_changed(struct worker *w);
+/* Ends this worker's membership for unisum_rejoin: asks the scheduler to
+ * re-form when it has not yet, and waits for it.  0, or an error (not
+ * elastic, the job failed). */
+int worker_end_membership(struct worker *w);
 void worker_free(struct worker *w);
 
 int worker_rank(const struct worker *w);

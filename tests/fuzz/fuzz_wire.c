@@ -77,7 +77,8 @@ static bool type_is_payloadless(uint8_t type)
 {
 	return type == WIRE_PULL || type == WIRE_BARRIER || type == WIRE_BARRIER_DONE ||
 	       type == WIRE_HEARTBEAT || type == WIRE_PUSH_ACK || type == WIRE_RETIRE ||
-	       type == WIRE_JOIN || type == WIRE_JOIN_DONE || type == WIRE_MOVED;
+	       type == WIRE_JOIN || type == WIRE_JOIN_DONE || type == WIRE_MOVED ||
+	       type == WIRE_RESIZE;
 }
 
 /* Whether `type` sends tensor data: count x dtype bytes unless ZERO

@@ -34,6 +34,7 @@ assert HDR.size == 48
 (REGISTER, ADDRBOOK, BARRIER, BARRIER_DONE, HEARTBEAT, PUSH, PUSH_ACK, PULL,
  PULL_REPLY, DECLARE_CHECK, ERROR, SHUTDOWN, DECLARE, TUNE, RETIRE) = range(1, 16)
 FAILOVER, RESTORE, REJOIN, MIGRATE, MOVED = 19, 20, 21, 22, 23
+REFORM, RESIZE = 24, 25
 FLAG_ZERO, FLAG_IPC = 0x1, 0x2
 OP_SUM, OP_AVERAGE, OP_BROADCAST = range(3)  # a PUSH's aux: kind | root << 8
 IPC_PAYLOAD = 8  # WIRE_IPC_PAYLOAD: the u64 address of the data in the sender
@@ -162,6 +163,11 @@ def seeds():
         "20-restore": data_message(RESTORE, INT32, 5, key=0x70001, rnd=41),
         "22-migrate": message(MIGRATE, u32(1) + u64(0x70001) + u32(1), rnd=1, aux=1),
         "23-moved": header(MOVED, key=0x70001, rnd=42, aux=1),
+        # elastic: the job re-forms for generation 2 (the reason), a worker's
+        # answer, and 1 worker waiting to join
+        "24-reform": message(REFORM, wstr("worker 3 was lost"), aux=2),
+        "24-reform-answer": header(REFORM, aux=2),
+        "25-resize": header(RESIZE, aux=1),
         # server 1's replacement: a one-entry address book
         "21-rejoin": message(REJOIN, u32(0) + u32(1) + u32(1) + u32(2) + u32(ROLE_SERVER) + u32(1) +
                              u32(0xFFFFFFFF) + u32(0) + u32(4100) + wstr("10.0.0.9") + u32(77) +

@@ -37,7 +37,7 @@ static void test_round_trip_every_type(void **state)
 			in.count = 7;
 		} else if (type != WIRE_BARRIER && type != WIRE_BARRIER_DONE && type != WIRE_HEARTBEAT &&
 			   type != WIRE_PUSH_ACK && type != WIRE_RETIRE && type != WIRE_JOIN &&
-			   type != WIRE_JOIN_DONE && type != WIRE_MOVED) {
+			   type != WIRE_JOIN_DONE && type != WIRE_MOVED && type != WIRE_RESIZE) {
 			in.payload_len = 100;
 		}
 		uint8_t buf[WIRE_HDR_SIZE];

@@ -1,0 +1,127 @@
+# Integration, elastic jobs (UNISUM_ELASTIC=1, `unisum launch --elastic`):
+# a lost worker re-forms the job at its new size instead of failing it,
+# and workers that start while it runs join it.
+# - jobs of 4 workers and 2 servers started by hand (elastic_sums: every
+#   element of every sum checked against the size of its generation): one
+#   worker SIGKILLs itself at a step derived from the run, a fifth starts a
+#   moment later; every survivor and the newcomer finish every step, the
+#   scheduler re-formed at 3 and then at 4 workers, and the newcomer's rank
+#   is in the log;
+# - a loss that leaves fewer workers than UNISUM_ELASTIC_MIN_WORKERS fails
+#   the job, and every survivor's error says why;
+# - the digits CNN under `unisum launch --elastic --min-workers 2` (4
+#   workers, the discovery script offering 4 slots): one worker is killed
+#   mid-epoch, the launcher starts a fifth process in its slot, which
+#   joins; the accuracy is within 1 point of an uninterrupted run, and
+#   every final rank holds the same parameters.
+. "$(dirname "$0")/lib.sh"
+
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+ELASTIC="$BUILD/elastic_sums"
+RUNS=3
+[ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && RUNS=1
+export UNISUM_SCHEDULER_HOST=127.0.0.1 UNISUM_HEARTBEAT_MS=200 UNISUM_TIMEOUT_MS=3000
+export UNISUM_START_TIMEOUT_MS=10000 UNISUM_PARTITION_BYTES=16384 UNISUM_ELASTIC=1
+
+# job LOGDIR WORKERS STEPS : a scheduler, 2 servers and WORKERS workers
+# (worker$w.env holds each one's extra VAR=VALUE), each under a hard
+# timeout; pids in LOGDIR/pid.*.
+job() {
+	export UNISUM_NUM_WORKER=$2 UNISUM_NUM_SERVER=2 UNISUM_SCHEDULER_PORT=$(free_port)
+	UNISUM_ROLE=scheduler timeout 90 "$UNISUM" scheduler >"$1/scheduler" 2>&1 &
+	echo $! >"$1/pid.scheduler"
+	for s in 0 1; do
+		UNISUM_ROLE=server timeout 90 "$UNISUM" server >"$1/server$s" 2>&1 &
+		echo $! >"$1/pid.server$s"
+	done
+	for w in $(seq 0 $(($2 - 1))); do
+		worker "$1" "$w" "$3"
+	done
+}
+
+worker() {
+	eval "extra=\${WORKER_ENV_$2:-ELASTIC_NONE=1}"
+	env "$extra" UNISUM_ROLE=worker timeout 90 "$ELASTIC" "$3" >"$1/worker$2" 2>&1 &
+	echo $! >"$1/pid.worker$2"
+}
+
+# exited LOGDIR NAME : NAME's exit status.
+exited() {
+	wait "$(cat "$1/pid.$2")"
+}
+
+export ELASTIC_STEP_MS=5
+for run in $(seq "$RUNS"); do
+	log=$(mktemp -d)
+	die=$((30 + run * 17))
+	export WORKER_ENV_3=ELASTIC_DIE_AT=$die
+	job "$log" 4 400
+	sleep 1.5
+	worker "$log" 4 400
+	good=true
+	for p in worker0 worker1 worker2 worker4 server0 server1 scheduler; do
+		exited "$log" $p || { echo "  $p exited $?"; tail -n 3 "$log/$p"; good=false; }
+	done
+	expect "elastic run $run: worker 3 lost at step $die, a fifth joined: every sum exact, all done" \
+		$good
+	expect "  ... every survivor finished all 400 steps" \
+		[ "$(cat "$log"/worker[0124] | grep -c 'done: 400 steps')" -eq 4 ]
+	expect "  ... the job re-formed at 3 workers after the loss" \
+		grep -q "re-formed (generation 1) with 3 workers" "$log/scheduler"
+	expect "  ... and at 4 with the newcomer" grep -Eq "re-formed .* with 4 workers .*\(new\)" \
+		"$log/scheduler"
+	expect "  ... the newcomer's rank is in its log" grep -Eq "rank [0-3] of 4" "$log/worker4"
+	drop_logs "$log"
+	unset WORKER_ENV_3
+done
+
+# Below the minimum: the job fails, saying why, on every survivor.
+log=$(mktemp -d)
+export WORKER_ENV_2=ELASTIC_DIE_AT=20 UNISUM_ELASTIC_MIN_WORKERS=3
+job "$log" 3 200
+for p in worker0 worker1; do
+	exited "$log" $p
+	expect "below --min-workers: $p fails, naming the minimum" \
+		grep -q "fewer than the elastic job's minimum (UNISUM_ELASTIC_MIN_WORKERS=3)" "$log/$p"
+done
+exited "$log" scheduler
+expect "  ... and the scheduler fails the job" [ $? -ne 0 ]
+drop_logs "$log"
+unset WORKER_ENV_2 UNISUM_ELASTIC_MIN_WORKERS
+unset UNISUM_NUM_WORKER UNISUM_NUM_SERVER UNISUM_SCHEDULER_PORT UNISUM_ELASTIC ELASTIC_STEP_MS
+
+if [ "${UNISUM_TEST_LIGHT:-0}" = 1 ]; then
+	# The sanitizers look at the C library, which the jobs above ran.
+	echo "(the PyTorch digits part runs in the plain build, not under the sanitizers)"
+	finish
+fi
+
+# PyTorch: the digits CNN, uninterrupted and then losing a worker.
+export UNISUM_LIBRARY="$BUILD/libunisum.so"
+TRAIN="$REPO/examples/train_digits_elastic.py"
+hosts=$(mktemp)
+printf '#!/bin/sh\necho localhost:4\n' >"$hosts"
+chmod +x "$hosts"
+check_job "digits, 4 elastic workers, uninterrupted" "$UNISUM" launch -w 4 -s 2 --elastic \
+	--min-workers 2 -- /usr/bin/python3 "$TRAIN" --epochs 12
+base=$(printf '%s\n' "$LAST" | sed -n 's/.*final held-out accuracy: //p')
+check_job "digits, 4 elastic workers, one killed at step 20, a fifth process joins" \
+	"$UNISUM" launch -w 4 -s 2 --elastic --min-workers 2 --max-workers 4 \
+	--host-discovery-script "$hosts" -- /usr/bin/python3 "$TRAIN" --epochs 12 --die-at 20 \
+	--die-rank 1 --step-ms 40
+rm -f "$hosts"
+acc=$(printf '%s\n' "$LAST" | sed -n 's/.*final held-out accuracy: //p')
+echo "     accuracy: uninterrupted ${base:-?}, with the loss and the join ${acc:-?}"
+expect "  ... the accuracy is within 1 point of the uninterrupted run" \
+	awk -v a="${acc:-0}" -v b="${base:-1}" 'BEGIN { d = a - b; exit !(d < 0.01 && d > -0.01) }'
+expect "  ... the launcher went on without the killed worker" \
+	contains "$LAST" "killed by signal 9 .*the elastic job goes on without it"
+expect "  ... and started a fifth process, which joined" \
+	contains "$LAST" "^\[worker 4\] rank [0-3] of 4 \(started as"
+expect "  ... the job re-formed at 3, then at 4 workers" \
+	contains "$LAST" "re-formed \(generation 2\) with 4 workers"
+digests=$(printf '%s\n' "$LAST" | sed -n 's/.* of 4 (started as [0-9]*): parameters //p' | sort -u)
+expect "  ... every final rank holds the same parameters ($(printf '%s\n' "$LAST" |
+	grep -c 'of 4 (started as') ranks, digests: $(echo $digests))" \
+	[ "$(printf '%s\n' "$digests" | grep -c .)" -eq 1 ]
+finish

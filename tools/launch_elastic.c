@@ -1,0 +1,234 @@
+/*
+ * launch_elastic.c - `unisum launch --elastic`: a job whose workers may be
+ * lost and added (horovodrun's elastic mode, on this host).
+ *
+ * The scheduler re-forms the job (src/rendezvous/sched_elastic.c); the
+ * launcher only keeps the processes: a worker that dies is reported and
+ * the job goes on (the scheduler fails it when fewer than --min-workers
+ * are left), and with --host-discovery-script the script runs every
+ * second; the slots it offers on this host (lines "host" or "host:slots",
+ * horovodrun's format; this host is localhost, 127.0.0.1 or its name),
+ * at most --max-workers, are the number of workers to run: new ones are
+ * started (they wait in unisum_init until the job takes them in) and
+ * surplus ones, the newest first, are stopped (SIGTERM).  Other hosts are
+ * named once and skipped: the workers of an elastic job run on this host.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "launch.h"
+#include "timing/timing.h"
+
+#define DISCOVERY_EVERY_MS 1000
+
+static int parse_workers(const char *opt, const char *value, int *out)
+{
+	char *end;
+	long v = strtol(value, &end, 10);
+	if (*value == '\0' || *end != '\0' || v < 1 || v > 4096) {
+		fprintf(stderr, "unisum launch: %s '%s': expected a number of workers, 1 to 4096\n",
+			opt, value);
+		return -1;
+	}
+	*out = (int)v;
+	return 0;
+}
+
+int launch_elastic_option(struct launcher *l, int argc, char **argv, int *i)
+{
+	const char *arg = argv[*i];
+	if (strcmp(arg, "--elastic") == 0) {
+		l->elastic = true;
+		return 0;
+	}
+	const char *names[] = {"--min-workers", "--max-workers", "--host-discovery-script"};
+	for (int k = 0; k < 3; k++) {
+		size_t n = strlen(names[k]);
+		const char *value = NULL;
+		if (strcmp(arg, names[k]) == 0) {
+			if (*i + 1 >= argc) {
+				fprintf(stderr, "unisum launch: %s needs a value\n", arg);
+				return -1;
+			}
+			value = argv[++*i];
+		} else if (strncmp(arg, names[k], n) == 0 && arg[n] == '=') {
+			value = arg + n + 1;
+		} else {
+			continue;
+		}
+		if (k == 2) {
+			l->discovery_script = value;
+			return 0;
+		}
+		return parse_workers(names[k], value, k == 0 ? &l->min_workers : &l->max_workers);
+	}
+	return 1;
+}
+
+int launch_elastic_check(struct launcher *l)
+{
+	if (!l->elastic) {
+		if (l->min_workers || l->max_workers || l->discovery_script) {
+			fprintf(stderr, "unisum launch: --min-workers, --max-workers and "
+				"--host-discovery-script go with --elastic\n");
+			return -1;
+		}
+		return 0;
+	}
+	if (l->one_machine || l->nhosts > 0 || l->slurm || l->nnetns > 0 ||
+	    l->worker_netns_opt != NULL) {
+		fprintf(stderr, "unisum launch: --elastic runs a whole job on this host (-w, -s): it "
+			"does not go with -H, --slurm, --nproc-per-node or namespaces yet\n");
+		return -1;
+	}
+	if (l->local_size > 1 && l->local_size != l->num_workers) {
+		fprintf(stderr, "unisum launch: --elastic runs one worker per machine: --local-size "
+			"must be 1\n");
+		return -1;
+	}
+	l->local_size = 1;
+	l->machines = l->num_workers;
+	if (l->min_workers == 0)
+		l->min_workers = 1;
+	if (l->max_workers == 0)
+		l->max_workers = l->num_workers;
+	if (l->min_workers > l->num_workers || l->num_workers > l->max_workers) {
+		fprintf(stderr, "unisum launch: --elastic needs --min-workers %d <= -w %d <= "
+			"--max-workers %d\n", l->min_workers, l->num_workers, l->max_workers);
+		return -1;
+	}
+	l->cap_children = l->num_servers + l->max_workers;
+	l->next_worker = l->num_workers;
+	return 0;
+}
+
+/* Whether `host` (from the discovery script) is this host. */
+static bool host_is_here(const char *host)
+{
+	char name[256];
+	if (strcmp(host, "localhost") == 0 || strcmp(host, "127.0.0.1") == 0)
+		return true;
+	return gethostname(name, sizeof name) == 0 && strcmp(host, name) == 0;
+}
+
+/* Runs the script: the slots it offers here, or -1 when it failed. */
+static int discover(struct launcher *l)
+{
+	FILE *p = popen(l->discovery_script, "r");
+	if (p == NULL)
+		return -1;
+	char line[512];
+	int slots = 0;
+	while (fgets(line, sizeof line, p) != NULL) {
+		char *s = line + strspn(line, " \t");
+		s[strcspn(s, " \t\r\n")] = '\0';
+		if (*s == '\0' || *s == '#')
+			continue;
+		char *colon = strrchr(s, ':');
+		int n = 1;
+		if (colon != NULL) {
+			*colon = '\0';
+			n = atoi(colon + 1);
+		}
+		if (host_is_here(s)) {
+			slots += n > 0 ? n : 0;
+			continue;
+		}
+		bool said = false;
+		for (int i = 0; i < l->ndiscovery_warned && !said; i++)
+			said = strcmp(l->discovery_warned[i], s) == 0;
+		if (!said && l->ndiscovery_warned < 8) {
+			snprintf(l->discovery_warned[l->ndiscovery_warned++], 64, "%s", s);
+			fprintf(stderr, "unisum launch: the discovery script offers host %s: an elastic "
+				"job starts workers on this host only, so it is skipped\n", s);
+		}
+	}
+	int st = pclose(p);
+	return st == 0 ? slots : -1;
+}
+
+/* A slot for a new worker: a reaped worker's, or a fresh one; NULL when
+ * there is no room. */
+static struct child *free_slot(struct launcher *l)
+{
+	for (int i = 0; i < l->nchildren; i++) {
+		struct child *c = &l->children[i];
+		if (c->role == CHILD_WORKER && c->pid != 0 && !c->running)
+			return c;
+	}
+	return l->nchildren < l->cap_children ? &l->children[l->nchildren++] : NULL;
+}
+
+void launch_elastic_tick(struct launcher *l, int64_t now)
+{
+	if (!l->elastic || l->discovery_script == NULL || l->stopping || l->workers_done_ms ||
+	    now < l->discovery_next_ms)
+		return;
+	l->discovery_next_ms = now + DISCOVERY_EVERY_MS;
+	int want = discover(l);
+	if (want < 0) {
+		fprintf(stderr, "unisum launch: the discovery script %s failed; the workers stay as "
+			"they are\n", l->discovery_script);
+		return;
+	}
+	if (want > l->max_workers)
+		want = l->max_workers;
+	int live = 0;
+	for (int i = 0; i < l->nchildren; i++) {
+		const struct child *c = &l->children[i];
+		live += c->role == CHILD_WORKER && c->running && !c->removed;
+	}
+	while (live < want) {
+		struct child *c = free_slot(l);
+		if (c == NULL)
+			break;
+		memset(c, 0, sizeof *c);
+		c->role = CHILD_WORKER;
+		c->rank = l->next_worker++;
+		c->netns = -1;
+		c->stdin_fd = -1;
+		c->out.fd = c->err.fd = -1;
+		c->out.out_fd = STDOUT_FILENO;
+		c->err.out_fd = STDERR_FILENO;
+		snprintf(c->name, sizeof c->name, "worker %d", c->rank);
+		snprintf(c->prefix, sizeof c->prefix, "[%.64s] ", c->name);
+		int rc = launch_child_spawn(l, c);
+		if (rc < 0) {
+			fprintf(stderr, "unisum launch: cannot start another worker: %s\n",
+				strerror(-rc));
+			break;
+		}
+		fprintf(stderr, "unisum launch: the discovery script offers %d slots here: started "
+			"%s (pid %d); it joins at the job's next commit\n", want, c->name,
+			(int)c->pid);
+		live++;
+	}
+	for (int i = l->nchildren - 1; i >= 0 && live > want && live > l->min_workers; i--) {
+		struct child *c = &l->children[i];
+		if (c->role != CHILD_WORKER || !c->running || c->removed)
+			continue;
+		fprintf(stderr, "unisum launch: the discovery script offers %d slots here: stopping "
+			"%s (pid %d)\n", want, c->name, (int)c->pid);
+		c->removed = true;
+		kill(-c->pid, SIGTERM);
+		live--;
+	}
+}
+
+bool launch_elastic_absorbs(struct launcher *l, const struct child *c, int status,
+			    const char *what)
+{
+	(void)status;
+	if (!l->elastic || c->role != CHILD_WORKER)
+		return false;
+	if (c->removed)
+		fprintf(stderr, "unisum launch: %s (pid %d) %s, as asked\n", c->name, (int)c->pid,
+			what);
+	else
+		fprintf(stderr, "unisum launch: %s (pid %d) %s; the elastic job goes on without it "
+			"(--min-workers %d)\n", c->name, (int)c->pid, what, l->min_workers);
+	return true;
+}
