@@ -79,9 +79,10 @@ int launch_elastic_check(struct launcher *l)
 		return 0;
 	}
 	if (l->one_machine || l->nhosts > 0 || l->slurm || l->nnetns > 0 ||
-	    l->worker_netns_opt != NULL) {
+	    l->worker_netns_opt != NULL || l->worker_racks_opt != NULL ||
+	    l->server_racks_opt != NULL) {
 		fprintf(stderr, "unisum launch: --elastic runs a whole job on this host (-w, -s): it "
-			"does not go with -H, --slurm, --nproc-per-node or namespaces yet\n");
+			"does not go with -H, --slurm, --nproc-per-node, namespaces or racks yet\n");
 		return -1;
 	}
 	if (l->local_size > 1 && l->local_size != l->num_workers) {
@@ -156,7 +157,9 @@ static struct child *free_slot(struct launcher *l)
 {
 	for (int i = 0; i < l->nchildren; i++) {
 		struct child *c = &l->children[i];
-		if (c->role == CHILD_WORKER && c->pid != 0 && !c->running)
+		/* Its pipes must be drained and closed first (EOF read). */
+		if (c->role == CHILD_WORKER && c->pid != 0 && !c->running && c->out.fd < 0 &&
+		    c->err.fd < 0)
 			return c;
 	}
 	return l->nchildren < l->cap_children ? &l->children[l->nchildren++] : NULL;

@@ -420,6 +420,14 @@ out_bad_value:
  * prints the usage lines). */
 int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 {
+	if ((l->elastic || l->min_workers || l->max_workers || l->discovery_script) &&
+	    (l->hosts_opt || l->hostfile_opt || l->slurm || nproc > 0 || l->server_only ||
+	     l->remote)) {
+		fprintf(stderr, "unisum launch: --elastic (and --min-workers, --max-workers, "
+			"--host-discovery-script) runs a whole job on this host (-w, -s): it does not "
+			"go with -H, --hostfile, --slurm or --nproc-per-node yet\n");
+		return -1;
+	}
 	if (l->no_colocated && !(l->server_hosts_opt || l->cpu_server_nodes_opt || l->cpu_servers_opt)) {
 		fprintf(stderr, "unisum launch: --no-colocated-servers leaves the job the CPU-only "
 			"servers alone: give some (--server-hosts with -H, --cpu-server-nodes with "

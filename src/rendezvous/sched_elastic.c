@@ -134,24 +134,26 @@ int sched_elastic_register(struct rdv_scheduler *s, struct sched_node *n,
 			   const struct rdv_register *m, int *rc, char *why, size_t len)
 {
 	bool worker = m->role == CONFIG_ROLE_WORKER;
-	if (!s->elastic || (!s->book_sent && !s->reforming) || n->registered || n->waiting)
+	if (!s->elastic || n->registered || n->waiting)
+		return 0;
+	/* Before the first address book, workers beyond the job's number
+	 * (a discovery script offering more slots at once) wait too. */
+	bool surplus = !s->book_sent && !s->reforming && worker && s->num_workers > 0 &&
+		       el_count(s, CONFIG_ROLE_WORKER) >= s->num_workers;
+	if (!s->book_sent && !s->reforming && !surplus)
 		return 0;
 	*rc = 0;
 	if (s->book_sent && !worker)
 		return 0;	/* a replacement server (failover) */
-	if (s->book_sent) {
+	if (s->book_sent || surplus) {
 		/* The job runs: this worker waits for its next re-form. */
 		el_take(n, m);
 		n->waiting = true;
 		s->nwaiting++;
 		LOG_WARN("a worker at %s (pid %d) waits to join: the job takes it in at its next "
 			 "re-form (%d waiting)", m->host, m->pid, s->nwaiting);
-		struct wire_hdr h = {.type = WIRE_RESIZE, .aux = (uint32_t)s->nwaiting};
-		for (int i = 0; i < s->nnodes; i++) {
-			struct sched_node *o = s->nodes[i];
-			if (o->registered && !o->gone && o->role == CONFIG_ROLE_WORKER)
-				sched_send(o, &h, NULL);
-		}
+		if (s->book_sent)
+			sched_elastic_announce(s);
 		return 1;
 	}
 	if (!worker && el_count(s, CONFIG_ROLE_SERVER) >= s->max_servers) {
@@ -189,13 +191,29 @@ void sched_elastic_resize(struct rdv_scheduler *s, struct sched_node *n)
 	el_reform(s, text);
 }
 
+void sched_elastic_announce(struct rdv_scheduler *s)
+{
+	struct wire_hdr h = {.type = WIRE_RESIZE, .aux = (uint32_t)s->nwaiting};
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *o = s->nodes[i];
+		if (o->registered && !o->gone && o->role == CONFIG_ROLE_WORKER)
+			sched_send(o, &h, NULL);
+	}
+}
+
 void sched_elastic_gone(struct rdv_scheduler *s, struct sched_node *n)
 {
 	if (n->waiting) {
 		n->waiting = false;
 		s->nwaiting--;
+		if (s->book_sent)
+			sched_elastic_announce(s);	/* one fewer waits */
 	}
 	if (s->reforming && n->registered) {
+		/* Back, then died: not to be waited for any more. */
+		struct sched_node *o = el_former(s, n);
+		if (o != NULL)
+			o->coming_back = false;
 		n->registered = false;
 		s->registered--;
 	}
@@ -291,7 +309,7 @@ void sched_elastic_reap(struct rdv_scheduler *s)
 		 * new one has formed. */
 		bool needed = n->retired && s->reforming && n->gen + 1 == s->gen;
 		if (s->elastic && n->gone && !n->registered && !n->waiting && n->thread_started &&
-		    (n->retired || n->role == CONFIG_ROLE_NONE) && !needed) {
+		    !needed) {
 			pthread_join(n->thread, NULL);
 			s->tp->conn_free(n->conn);
 			pthread_mutex_destroy(&n->send_lock);

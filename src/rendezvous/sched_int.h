@@ -175,6 +175,8 @@ void sched_elastic_gone(struct rdv_scheduler *s, struct sched_node *n);
  * last one is back or lost (or UNISUM_TIMEOUT_MS passed); fails the job
  * when it has too few workers or no server. */
 void sched_elastic_check(struct rdv_scheduler *s, int64_t now);
+/* Tells every worker of the job how many wait to join (RESIZE). */
+void sched_elastic_announce(struct rdv_scheduler *s);
 /* Frees the nodes of ended generations (and strangers) whose
  * connections have closed. */
 void sched_elastic_reap(struct rdv_scheduler *s);

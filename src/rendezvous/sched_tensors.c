@@ -730,6 +730,14 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 	struct wire_buf b;
 	wire_buf_init(&b);
 	pthread_mutex_lock(&s->lock);
+	if (!n->registered) {
+		/* Retired by an elastic re-form while this was on its way: the
+		 * worker declares again in its new generation. */
+		pthread_mutex_unlock(&s->lock);
+		wire_buf_fini(&b);
+		rdv_segs_free(&segs);
+		return 0;
+	}
 	struct sched_tensor *t = sched_find_tensor(s, name, key);
 	char msg[768] = "";
 	int rc = 0, code = t != NULL ? sched_refusal(t, n, name, req, pbytes, &segs, &shape, comp,

@@ -208,6 +208,17 @@ int sched_send_addrbook(struct rdv_scheduler *s)
 		wire_buf_fini(&b);
 	}
 	s->book_sent = true;
+	/* Silence counts from now: a node that registered early sent nothing
+	 * while it waited for the book (an elastic re-form may take
+	 * UNISUM_TIMEOUT_MS). */
+	int64_t now = timing_now_ms();
+	for (int i = 0; i < s->nnodes; i++)
+		if (s->nodes[i]->registered)
+			atomic_store(&s->nodes[i]->last_seen_ms, now);
+	/* Workers that wait to join (elastic) are announced once the others
+	 * can read it. */
+	if (s->elastic && s->nwaiting > 0)
+		sched_elastic_announce(s);
 	/* Wakes the accepting thread, unless replacement servers may come
 	 * (failover) or workers join (elastic): it accepts them until the job
 	 * ends. */
@@ -452,6 +463,10 @@ static void sched_check_left_barriers(struct rdv_scheduler *s)
 static void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int group)
 {
 	pthread_mutex_lock(&s->lock);
+	if (!n->registered) {	/* retired (elastic re-form) since it sent it */
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
 	n->in_barrier[group] = true;
 	if (s->barrier_since[group] == 0) {
 		s->barrier_since[group] = timing_now_ms();
@@ -529,6 +544,10 @@ static int sched_on_join(struct rdv_scheduler *s, struct sched_node *n, char *wh
 {
 	pthread_mutex_lock(&s->lock);
 	int rc = 0;
+	if (!n->registered) {	/* retired (elastic re-form) since it sent it */
+		pthread_mutex_unlock(&s->lock);
+		return 0;
+	}
 	if (s->joined == NULL && s->num_workers > 0)
 		s->joined = calloc((size_t)s->num_workers, 1);
 	if (n->role != CONFIG_ROLE_WORKER || n->rank < 0 || n->rank >= s->num_workers) {
@@ -584,6 +603,10 @@ static int sched_on_announce(struct rdv_scheduler *s, struct sched_node *n,
 static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 {
 	pthread_mutex_lock(&s->lock);
+	if (!n->registered) {	/* retired (elastic re-form) since it sent it */
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
 	if (!n->said_goodbye) {
 		n->said_goodbye = true;
 		s->workers_done++;
@@ -661,13 +684,15 @@ static int sched_dispatch(struct rdv_scheduler *s, struct sched_node *n, const s
 			  const void *payload, char *why, size_t len)
 {
 	int rc = 0;
-	if (n->retired) {
-		pthread_mutex_lock(&s->lock);
+	/* An elastic re-form retires nodes from another node's thread. */
+	pthread_mutex_lock(&s->lock);
+	bool retired = n->retired, registered = n->registered;
+	if (retired)
 		sched_elastic_retired_msg(s, n, h);
-		pthread_mutex_unlock(&s->lock);
+	pthread_mutex_unlock(&s->lock);
+	if (retired)
 		return 0;
-	}
-	if (!n->registered && h->type != WIRE_REGISTER) {
+	if (!registered && h->type != WIRE_REGISTER) {
 		snprintf(why, len, "%s before REGISTER", wire_type_name(h->type));
 		return UNISUM_EPROTO;
 	}
@@ -700,7 +725,7 @@ static int sched_dispatch(struct rdv_scheduler *s, struct sched_node *n, const s
 		return sched_on_announce(s, n, h, payload, why, len);
 	case WIRE_RETIRE:
 		pthread_mutex_lock(&s->lock);
-		rc = sched_on_forget(s, n, h->key, why, len);
+		rc = n->registered ? sched_on_forget(s, n, h->key, why, len) : 0;
 		pthread_mutex_unlock(&s->lock);
 		return rc;
 	case WIRE_ERROR:

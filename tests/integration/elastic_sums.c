@@ -35,6 +35,7 @@ static int fail(const char *what, int rc)
 {
 	fprintf(stderr, "elastic_sums: %s: %s (%s)\n", what, unisum_strerror(rc),
 		unisum_last_error());
+	unisum_shutdown();	/* joins the library's threads */
 	return 1;
 }
 

@@ -11,6 +11,10 @@
 # before the victim reached the scheduler: the others are told after
 # UNISUM_START_TIMEOUT_MS, and a node that starts after the failure still
 # learns it (the scheduler lingers for UNISUM_TIMEOUT_MS).
+# Then the same with elastic jobs (UNISUM_ELASTIC=1, elastic_sums checking
+# every element against its generation's size): a worker's loss shrinks
+# the job and a server's is failed over; either way every survivor
+# finishes all its steps and exits 0.
 . "$(dirname "$0")/lib.sh"
 
 RUNS=${CHAOS_RUNS:-20}
@@ -109,4 +113,50 @@ for run in $(seq "$RUNS"); do
 	rm -rf "$log"
 done
 echo "chaos: $RUNS runs, worst time from the kill to the last exit: $worst ms (limit 10000)"
+
+ERUNS=${CHAOS_ELASTIC_RUNS:-10}
+[ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && ERUNS=${CHAOS_ELASTIC_RUNS:-3}
+export UNISUM_ELASTIC=1 UNISUM_PARTITION_BYTES=16384 ELASTIC_STEP_MS=2
+for run in $(seq "$ERUNS"); do
+	log=$(mktemp -d)
+	export UNISUM_SCHEDULER_PORT=$(free_port)
+	UNISUM_ROLE=scheduler timeout 60 "$UNISUM" scheduler >"$log/scheduler" 2>&1 &
+	echo $! >"$log/pid.scheduler"
+	for s in 0 1; do
+		UNISUM_ROLE=server timeout 60 "$UNISUM" server >"$log/server$s" 2>&1 &
+		echo $! >"$log/pid.server$s"
+	done
+	for w in 0 1 2; do
+		UNISUM_ROLE=worker timeout 60 "$BUILD/elastic_sums" 600 >"$log/worker$w" 2>&1 &
+		echo $! >"$log/pid.worker$w"
+	done
+	case $((run % 5)) in
+	[0-2]) victim=worker$((run % 5)) ;;
+	*) victim=server$((run % 5 - 3)) ;;
+	esac
+	delay_ms=$((300 + run * 137 % 600))
+	sleep "$(awk -v ms=$delay_ms 'BEGIN { printf "%.3f", ms / 1000 }')"
+	vpid=$(pgrep -P "$(cat "$log/pid.$victim")" | head -n 1)
+	kill -KILL "${vpid:-$(cat "$log/pid.$victim")}" 2>/dev/null
+	ok=true
+	for p in scheduler server0 server1 worker0 worker1 worker2; do
+		wait "$(cat "$log/pid.$p")"
+		rc=$?
+		[ "$p" = "$victim" ] && continue
+		if [ $rc -ne 0 ] || { [ "${p#worker}" != "$p" ] && ! grep -q "done: 600 steps" "$log/$p"; }
+		then
+			echo "  elastic run $run ($victim killed after $delay_ms ms): $p exited $rc; its log ends:"
+			tail -n 3 "$log/$p" | sed 's/^/      /'
+			ok=false
+		fi
+	done
+	case $victim in
+	worker*) grep -q "re-formed (generation 1) with 2 workers" "$log/scheduler" || {
+			echo "  elastic run $run: the scheduler did not re-form at 2 workers"
+			ok=false
+		} ;;
+	esac
+	expect "elastic chaos run $run: $victim killed after $delay_ms ms, every survivor finished" $ok
+	rm -rf "$log"
+done
 finish
