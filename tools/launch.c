@@ -292,12 +292,16 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 	}
 	/* A node's server serves the other nodes' workers too: it stops when
 	 * the scheduler says the whole job is done. */
-	if (c->role == CHILD_WORKER && l->workers_done_ms == 0 && !l->node_mode) {
+	/* A worker that finished: the training ends, so an elastic job
+	 * starts no worker in its place. */
+	if ((c->role == CHILD_WORKER || c->ehost[0]) && !c->removed)
+		l->elastic_ending = true;
+	if ((c->role == CHILD_WORKER || c->ehost[0]) && l->workers_done_ms == 0 && !l->node_mode) {
 		bool all = true;
 
 		for (int i = 0; i < l->nchildren && all; i++)
-			all = l->children[i].role != CHILD_WORKER || l->children[i].pid == 0 ||
-			      !l->children[i].running;
+			all = (l->children[i].role != CHILD_WORKER && !l->children[i].ehost[0]) ||
+			      l->children[i].pid == 0 || !l->children[i].running;
 		if (all)
 			l->workers_done_ms = timing_now_ms();
 	}

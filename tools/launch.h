@@ -65,6 +65,8 @@ struct child {
 	bool signalled;			/* the launcher sent it SIGTERM or SIGKILL */
 	bool removed;			/* elastic: stopped because the discovery script
 					 * no longer offers its slot */
+	char ehost[256];		/* elastic: the host of an ssh child running one
+					 * worker there ("" for every other child) */
 	char prefix[80];		/* "[worker 0] ", put before each line */
 	char name[96];			/* "worker 0", "host 1 (node1)": for messages */
 	char **argv;			/* an ssh child's command (malloc'd), else NULL */
@@ -209,8 +211,15 @@ struct launcher {
 	int64_t discovery_next_ms;	/* when it runs next */
 	int cap_children;		/* children's room: servers + max_workers */
 	int next_worker;		/* the next new worker's number (names only) */
+	bool elastic_ending;		/* a worker finished (exited 0): the job is ending,
+					 * no worker is started any more */
 	char discovery_warned[8][64];	/* hosts not this one, said once each */
 	int ndiscovery_warned;
+	struct launch_failing {
+		char host[256];		/* "" for this one */
+		int fails;		/* its workers that failed */
+	} failing[64];			/* at LAUNCH_ELASTIC_FAILS, none is started there */
+	int nfailing;
 
 	/* The job's fate. */
 	int64_t start_ms;		/* when the children were started */

@@ -253,8 +253,11 @@ bool launch_env_set_per_child(const char *var)
 void launch_env_clear(const struct launcher *l)
 {
 	for (size_t i = 0; i < LAUNCH_ENV_OWN_COUNT; i++)
-		if (!l->one_machine || env_own[i].scope == ENV_MACHINE ||
-		    (l->node_mode && env_own[i].scope == ENV_SERVER))
+		if ((!l->one_machine || env_own[i].scope == ENV_MACHINE ||
+		     (l->node_mode && env_own[i].scope == ENV_SERVER)) &&
+		    /* An elastic job listens where the user says (other hosts'
+		     * workers reach it there). */
+		    !(l->elastic && env_own[i].scope == ENV_NETNS))
 			unsetenv(env_own[i].name);
 }
 

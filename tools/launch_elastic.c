@@ -23,6 +23,24 @@
 #include "timing/timing.h"
 
 #define DISCOVERY_EVERY_MS 1000
+/* A host whose workers failed this many times gets no more
+ * (horovodrun blacklists such hosts too). */
+#define LAUNCH_ELASTIC_FAILS 3
+
+/* How many of host's workers failed (its entry, made when
+ * `add`, else NULL when none). */
+static struct launch_failing *failing_of(struct launcher *l, const char *host, bool add)
+{
+	for (int i = 0; i < l->nfailing; i++)
+		if (strcmp(l->failing[i].host, host) == 0)
+			return &l->failing[i];
+	if (!add || l->nfailing == 64)
+		return NULL;
+	struct launch_failing *f = &l->failing[l->nfailing++];
+	snprintf(f->host, sizeof f->host, "%s", host);
+	f->fails = 0;
+	return f;
+}
 
 static int parse_workers(const char *opt, const char *value, int *out)
 {
@@ -106,49 +124,69 @@ int launch_elastic_check(struct launcher *l)
 	return 0;
 }
 
-/* Whether `host` (from the discovery script) is this host. */
-static bool host_is_here(const char *host)
+/* Whether `host` (from the discovery script) is this host: localhost,
+ * 127.0.0.1, its name, or the address the job listens on. */
+static bool host_is_here(const struct launcher *l, const char *host)
 {
 	char name[256];
-	if (strcmp(host, "localhost") == 0 || strcmp(host, "127.0.0.1") == 0)
+	if (strcmp(host, "localhost") == 0 || strcmp(host, "127.0.0.1") == 0 ||
+	    strcmp(host, l->sched_addr) == 0)
 		return true;
 	return gethostname(name, sizeof name) == 0 && strcmp(host, name) == 0;
 }
 
-/* Runs the script: the slots it offers here, or -1 when it failed. */
-static int discover(struct launcher *l)
+#define DISCOVERY_HOSTS_MAX 64
+
+/* One host the script offers: "" for this one. */
+struct offer {
+	char host[256];
+	int slots;
+};
+
+/* Runs the script: the hosts it offers (this host's slots summed into
+ * offers[0]), or -1 when it failed. */
+static int discover(struct launcher *l, struct offer *offers)
 {
 	FILE *p = popen(l->discovery_script, "r");
 	if (p == NULL)
 		return -1;
 	char line[512];
-	int slots = 0;
+	int n = 1;
+	offers[0].host[0] = '\0';
+	offers[0].slots = 0;
 	while (fgets(line, sizeof line, p) != NULL) {
 		char *s = line + strspn(line, " \t");
 		s[strcspn(s, " \t\r\n")] = '\0';
 		if (*s == '\0' || *s == '#')
 			continue;
 		char *colon = strrchr(s, ':');
-		int n = 1;
+		int slots = 1;
 		if (colon != NULL) {
 			*colon = '\0';
-			n = atoi(colon + 1);
+			slots = atoi(colon + 1);
 		}
-		if (host_is_here(s)) {
-			slots += n > 0 ? n : 0;
-			continue;
-		}
-		bool said = false;
-		for (int i = 0; i < l->ndiscovery_warned && !said; i++)
-			said = strcmp(l->discovery_warned[i], s) == 0;
-		if (!said && l->ndiscovery_warned < 8) {
-			snprintf(l->discovery_warned[l->ndiscovery_warned++], 64, "%s", s);
-			fprintf(stderr, "unisum launch: the discovery script offers host %s: an elastic "
-				"job starts workers on this host only, so it is skipped\n", s);
+		if (slots < 0)
+			slots = 0;
+		if (host_is_here(l, s)) {
+			offers[0].slots += slots;
+		} else if (strcmp(l->sched_addr, "127.0.0.1") == 0) {
+			/* Nothing here listens where another host reaches. */
+			bool said = false;
+			for (int i = 0; i < l->ndiscovery_warned && !said; i++)
+				said = strcmp(l->discovery_warned[i], s) == 0;
+			if (!said && l->ndiscovery_warned < 8) {
+				snprintf(l->discovery_warned[l->ndiscovery_warned++], 64, "%s", s);
+				fprintf(stderr, "unisum launch: the discovery script offers host %s, but "
+					"this job listens on 127.0.0.1 only: set UNISUM_NODE_HOST to the "
+					"address of this host that the others reach; %s is skipped\n", s,
+					s);
+			}
+		} else if (n < DISCOVERY_HOSTS_MAX && strlen(s) < sizeof offers[0].host) {
+			snprintf(offers[n].host, sizeof offers[n].host, "%s", s);
+			offers[n++].slots = slots;
 		}
 	}
-	int st = pclose(p);
-	return st == 0 ? slots : -1;
+	return pclose(p) == 0 ? n : -1;
 }
 
 /* A slot for a new worker: a reaped worker's, or a fresh one; NULL when
@@ -157,67 +195,124 @@ static struct child *free_slot(struct launcher *l)
 {
 	for (int i = 0; i < l->nchildren; i++) {
 		struct child *c = &l->children[i];
+		if ((c->role != CHILD_WORKER && !c->ehost[0]) || c->pid == 0 || c->running)
+			continue;
+		if (c->stdin_fd >= 0) {	/* an ssh child's, reaped */
+			close(c->stdin_fd);
+			c->stdin_fd = -1;
+		}
 		/* Its pipes must be drained and closed first (EOF read). */
-		if (c->role == CHILD_WORKER && c->pid != 0 && !c->running && c->out.fd < 0 &&
-		    c->err.fd < 0)
+		if (c->out.fd < 0 && c->err.fd < 0)
 			return c;
 	}
 	return l->nchildren < l->cap_children ? &l->children[l->nchildren++] : NULL;
 }
 
+/* Whether child c is a live worker of the job on `host` ("" here). */
+static bool worker_on(const struct child *c, const char *host)
+{
+	return (c->role == CHILD_WORKER || c->ehost[0]) && c->running && !c->removed &&
+	       strcmp(c->ehost, host) == 0;
+}
+
+/* Starts one worker on `host` ("": here, else over ssh).  0 or -1. */
+static int start_worker(struct launcher *l, const char *host, int want)
+{
+	struct child *c = free_slot(l);
+	if (c == NULL)
+		return -1;
+	if (c->argv != NULL)
+		launch_ssh_free(c);
+	memset(c, 0, sizeof *c);
+	c->role = host[0] ? CHILD_SSH : CHILD_WORKER;
+	c->rank = l->next_worker++;
+	c->netns = -1;
+	c->stdin_fd = -1;
+	c->out.fd = c->err.fd = -1;
+	c->out.out_fd = STDOUT_FILENO;
+	c->err.out_fd = STDERR_FILENO;
+	snprintf(c->ehost, sizeof c->ehost, "%.255s", host);
+	if (host[0])
+		snprintf(c->name, sizeof c->name, "worker %d (%.64s)", c->rank, host);
+	else
+		snprintf(c->name, sizeof c->name, "worker %d", c->rank);
+	snprintf(c->prefix, sizeof c->prefix, "[%.72s] ", c->name);
+	int rc = launch_child_spawn(l, c);
+	if (rc < 0) {
+		fprintf(stderr, "unisum launch: cannot start another worker%s%s: %s\n",
+			host[0] ? " on " : "", host, strerror(-rc));
+		return -1;
+	}
+	fprintf(stderr, "unisum launch: the discovery script offers %d slot(s) on %s: started %s "
+		"(pid %d); it joins at the job's next commit\n", want, host[0] ? host : "this host",
+		c->name, (int)c->pid);
+	return 0;
+}
+
+/* Stops worker c: a local one with SIGTERM, one over ssh by closing its
+ * stdin (its host's launcher then stops it). */
+static void stop_worker(struct launcher *l, struct child *c, int want)
+{
+	(void)l;
+	fprintf(stderr, "unisum launch: the discovery script offers %d slot(s) on %s: stopping "
+		"%s (pid %d)\n", want, c->ehost[0] ? c->ehost : "this host", c->name, (int)c->pid);
+	c->removed = true;
+	if (c->ehost[0] && c->stdin_fd >= 0) {
+		close(c->stdin_fd);
+		c->stdin_fd = -1;
+	} else {
+		kill(-c->pid, SIGTERM);
+	}
+}
+
 void launch_elastic_tick(struct launcher *l, int64_t now)
 {
 	if (!l->elastic || l->discovery_script == NULL || l->stopping || l->workers_done_ms ||
-	    now < l->discovery_next_ms)
+	    l->elastic_ending || now < l->discovery_next_ms)
 		return;
 	l->discovery_next_ms = now + DISCOVERY_EVERY_MS;
-	int want = discover(l);
-	if (want < 0) {
+	struct offer offers[DISCOVERY_HOSTS_MAX];
+	int n = discover(l, offers);
+	if (n < 0) {
 		fprintf(stderr, "unisum launch: the discovery script %s failed; the workers stay as "
 			"they are\n", l->discovery_script);
 		return;
 	}
-	if (want > l->max_workers)
-		want = l->max_workers;
-	int live = 0;
-	for (int i = 0; i < l->nchildren; i++) {
-		const struct child *c = &l->children[i];
-		live += c->role == CHILD_WORKER && c->running && !c->removed;
+	/* Each host's share of at most --max-workers, this host first. */
+	int left = l->max_workers, live_total = 0;
+	for (int h = 0; h < n; h++) {
+		int want = offers[h].slots < left ? offers[h].slots : left;
+		left -= want;
+		offers[h].slots = want;
 	}
-	while (live < want) {
-		struct child *c = free_slot(l);
-		if (c == NULL)
-			break;
-		memset(c, 0, sizeof *c);
-		c->role = CHILD_WORKER;
-		c->rank = l->next_worker++;
-		c->netns = -1;
-		c->stdin_fd = -1;
-		c->out.fd = c->err.fd = -1;
-		c->out.out_fd = STDOUT_FILENO;
-		c->err.out_fd = STDERR_FILENO;
-		snprintf(c->name, sizeof c->name, "worker %d", c->rank);
-		snprintf(c->prefix, sizeof c->prefix, "[%.64s] ", c->name);
-		int rc = launch_child_spawn(l, c);
-		if (rc < 0) {
-			fprintf(stderr, "unisum launch: cannot start another worker: %s\n",
-				strerror(-rc));
-			break;
-		}
-		fprintf(stderr, "unisum launch: the discovery script offers %d slots here: started "
-			"%s (pid %d); it joins at the job's next commit\n", want, c->name,
-			(int)c->pid);
-		live++;
-	}
-	for (int i = l->nchildren - 1; i >= 0 && live > want && live > l->min_workers; i--) {
+	for (int i = 0; i < l->nchildren; i++)
+		live_total += worker_on(&l->children[i], l->children[i].ehost);
+	/* Surplus first (hosts gone from the list too), newest first, never
+	 * below --min-workers. */
+	for (int i = l->nchildren - 1; i >= 0 && live_total > l->min_workers; i--) {
 		struct child *c = &l->children[i];
-		if (c->role != CHILD_WORKER || !c->running || c->removed)
+		if (!worker_on(c, c->ehost))
 			continue;
-		fprintf(stderr, "unisum launch: the discovery script offers %d slots here: stopping "
-			"%s (pid %d)\n", want, c->name, (int)c->pid);
-		c->removed = true;
-		kill(-c->pid, SIGTERM);
-		live--;
+		int h = 0;
+		while (h < n && strcmp(offers[h].host, c->ehost) != 0)
+			h++;
+		int want = h < n ? offers[h].slots : 0, live = 0;
+		for (int j = 0; j < l->nchildren; j++)
+			live += worker_on(&l->children[j], c->ehost);
+		if (live > want) {
+			stop_worker(l, c, want);
+			live_total--;
+		}
+	}
+	for (int h = 0; h < n; h++) {
+		const struct launch_failing *f = failing_of(l, offers[h].host, false);
+		if (f != NULL && f->fails >= LAUNCH_ELASTIC_FAILS)
+			continue;
+		int live = 0;
+		for (int i = 0; i < l->nchildren; i++)
+			live += worker_on(&l->children[i], offers[h].host);
+		while (live < offers[h].slots && start_worker(l, offers[h].host, offers[h].slots) == 0)
+			live++;
 	}
 }
 
@@ -225,13 +320,18 @@ bool launch_elastic_absorbs(struct launcher *l, const struct child *c, int statu
 			    const char *what)
 {
 	(void)status;
-	if (!l->elastic || c->role != CHILD_WORKER)
+	if (!l->elastic || (c->role != CHILD_WORKER && !c->ehost[0]))
 		return false;
-	if (c->removed)
+	if (c->removed) {
 		fprintf(stderr, "unisum launch: %s (pid %d) %s, as asked\n", c->name, (int)c->pid,
 			what);
-	else
-		fprintf(stderr, "unisum launch: %s (pid %d) %s; the elastic job goes on without it "
-			"(--min-workers %d)\n", c->name, (int)c->pid, what, l->min_workers);
+		return true;
+	}
+	fprintf(stderr, "unisum launch: %s (pid %d) %s; the elastic job goes on without it "
+		"(--min-workers %d)\n", c->name, (int)c->pid, what, l->min_workers);
+	struct launch_failing *f = failing_of(l, c->ehost, true);
+	if (f != NULL && ++f->fails == LAUNCH_ELASTIC_FAILS && l->discovery_script != NULL)
+		fprintf(stderr, "unisum launch: %d workers on %s have failed: no more are "
+			"started there\n", f->fails, c->ehost[0] ? c->ehost : "this host");
 	return true;
 }

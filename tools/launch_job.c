@@ -21,6 +21,7 @@
  * without one); only if it has not within 2 s is it aborted.
  * rdv_scheduler_abort() is safe until rdv_scheduler_free(), which runs last.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -119,7 +120,10 @@ static int machine_config(struct launcher *l)
 		fprintf(stderr, "unisum launch --nproc-per-node: %s\n", err);
 		return -1;
 	}
-	if (cfg.worker_id < 0 || cfg.worker_id >= cfg.num_workers) {
+	/* An elastic job's worker (launch_elastic.c starts one per node)
+	 * is ranked by the scheduler. */
+	bool elastic = cfg.elastic && cfg.worker_id < 0 && cfg.local_size == 1;
+	if (!elastic && (cfg.worker_id < 0 || cfg.worker_id >= cfg.num_workers)) {
 		fprintf(stderr, "unisum launch --nproc-per-node: UNISUM_WORKER_ID (or "
 			"DMLC_WORKER_ID) must be this machine's index, from 0 to %d "
 			"(UNISUM_NUM_WORKER counts machines)%s\n", cfg.num_workers - 1,
@@ -127,7 +131,7 @@ static int machine_config(struct launcher *l)
 		return -1;
 	}
 	l->machines = cfg.num_workers;
-	l->machine = cfg.worker_id;
+	l->machine = elastic ? 0 : cfg.worker_id;
 	l->num_servers = cfg.num_servers;
 	snprintf(l->sched_host, sizeof(l->sched_host), "%s", cfg.scheduler_host);
 	l->sched_port = cfg.scheduler_port;
@@ -248,6 +252,22 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 		return rc;
 	if (launch_netns_setup(l) < 0 || launch_racks_setup(l) < 0)
 		return LAUNCH_EXIT_USAGE;
+	if (l->elastic) {
+		/* Workers the discovery script places on other hosts reach the
+		 * scheduler (and the servers) at UNISUM_NODE_HOST, and get the
+		 * secret on ssh's stdin as -H's hosts do. */
+		struct in_addr a;
+		if (inet_pton(AF_INET, cfg->node_host, &a) != 1) {
+			fprintf(stderr, "unisum launch: --elastic: UNISUM_NODE_HOST='%s' is not an IPv4 "
+				"address (the scheduler and the servers listen there)\n",
+				cfg->node_host);
+			return LAUNCH_EXIT_USAGE;
+		}
+		inet_ntop(AF_INET, &a, l->sched_addr, sizeof(l->sched_addr));
+		snprintf(l->secret, sizeof(l->secret), "%s", cfg->secret);
+		if (l->start_timeout_s < 0)
+			l->start_timeout_s = 30;
+	}
 	if (l->nhosts > 0) {
 		/* Over ssh: the hosts reach the scheduler here.  A host ssh
 		 * cannot reach is named by ssh within --start-timeout; the

@@ -220,7 +220,9 @@ int launch_node_environ(struct launcher *l)
 	snprintf(num, sizeof(num), "%d", l->node_servers);
 	setenv("UNISUM_NUM_SERVER", num, 1);	/* one colocated server per node, then CPU-only */
 	unsetenv("DMLC_NUM_SERVER");
-	snprintf(num, sizeof(num), "%d", l->node_rank);
+	/* An elastic job's scheduler ranks its workers itself. */
+	const char *elastic = getenv("UNISUM_ELASTIC");
+	snprintf(num, sizeof(num), "%d", elastic && strcmp(elastic, "1") == 0 ? -1 : l->node_rank);
 	if (!l->server_only)
 		setenv("UNISUM_WORKER_ID", num, 1);
 	unsetenv("DMLC_WORKER_ID");

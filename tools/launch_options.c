@@ -27,7 +27,7 @@
 	"usage: unisum launch [-w N] [-s K] [--local-size L] [--timeout SEC] [--no-secret]\n" \
 	"                     [--] CMD [ARGS...]\n" \
 	"       unisum launch -w N -s K --elastic [--min-workers A] [--max-workers B]\n" \
-	"                     [--host-discovery-script S] [--] CMD [ARGS...]\n" \
+	"                     [--host-discovery-script S] [--ssh-args ARGS] [--] CMD [ARGS...]\n" \
 	"       unisum launch -H HOST:SLOTS,... | --hostfile FILE [--server-hosts HOST,...]\n" \
 	"                     [--no-colocated-servers] [--scheduler-host] [--ssh-args ARGS]\n" \
 	"                     [--start-timeout SEC] [--timeout SEC] [--no-secret] [--] CMD [ARGS...]\n" \
@@ -63,9 +63,10 @@ static void usage(FILE *out)
 	      "      --max-workers B at most this many workers (default N)\n"
 	      "      --host-discovery-script S\n"
 	      "                      run every second; its lines HOST[:SLOTS] give the\n"
-	      "                      workers to run on this host (up to B): missing ones\n"
-	      "                      are started and join at the next commit, surplus ones\n"
-	      "                      stopped\n"
+	      "                      workers to run on each host (up to B in all): missing\n"
+	      "                      ones are started (other hosts over ssh: set\n"
+	      "                      UNISUM_NODE_HOST to this host's address) and join at\n"
+	      "                      the next commit, surplus ones stopped\n"
 	      "      --nproc-per-node L\n"
 	      "                      start one machine of a job whose scheduler and\n"
 	      "                      servers run elsewhere: L workers of CMD, with\n"
@@ -488,9 +489,9 @@ int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 		}
 		return launch_hosts_setup(l);
 	}
-	if (l->ssh_args_opt || l->start_timeout_s >= 0 || l->server_hosts_opt) {
+	if (l->server_hosts_opt || (!l->elastic && (l->ssh_args_opt || l->start_timeout_s >= 0))) {
 		fprintf(stderr, "unisum launch: --ssh-args, --start-timeout and --server-hosts go "
-			"with -H or --hostfile\n");
+			"with -H or --hostfile (the first two with --elastic too)\n");
 		return -1;
 	}
 	if (l->remote && (nproc == 0 || !(l->nnodes_opt && l->node_rank_opt && l->master_addr_opt &&

@@ -317,20 +317,57 @@ bool launch_env_stays_here(const char *var)
 	return false;
 }
 
-char *launch_remote_command(const struct launcher *l, int rank)
+/* "cd CWD && exec env VARS... UNISUM " into t. */
+static void remote_prefix(struct text *t)
 {
-	struct text t = { 0 };
-	char self[PATH_MAX], cwd[PATH_MAX], num[64];
+	char self[PATH_MAX], cwd[PATH_MAX];
 
 	if (!realpath("/proc/self/exe", self))
 		snprintf(self, sizeof(self), "unisum");
-	text_str(&t, "cd ");
-	text_quoted(&t, getcwd(cwd, sizeof(cwd)) ? cwd : "/");
-	text_str(&t, "&& exec env ");
+	text_str(t, "cd ");
+	text_quoted(t, getcwd(cwd, sizeof(cwd)) ? cwd : "/");
+	text_str(t, "&& exec env ");
 	for (char **e = environ; *e; e++)
 		if (env_travels(*e))
-			text_quoted(&t, *e);
-	text_quoted(&t, self);
+			text_quoted(t, *e);
+	text_quoted(t, self);
+}
+
+/* Elastic (launch_elastic.c): one worker of CMD on a host, as a node of
+ * one worker and no server (`launch --remote --nproc-per-node 1
+ * --no-colocated-servers`); node_rank only names it (the worker's rank is
+ * the scheduler's, UNISUM_ELASTIC travels). */
+static char *remote_worker_command(const struct launcher *l, int node_rank)
+{
+	struct text t = { 0 };
+	char num[160];
+
+	remote_prefix(&t);
+	snprintf(num, sizeof(num), "launch --remote --nproc-per-node 1 --node-rank %d --nnodes %d "
+		 "--no-colocated-servers --cpu-servers %d --master-addr ", node_rank, node_rank + 1,
+		 l->num_servers);
+	text_str(&t, num);
+	text_quoted(&t, l->sched_addr);
+	snprintf(num, sizeof(num), "--master-port %d ", l->port);
+	text_str(&t, num);
+	if (l->no_secret)
+		text_str(&t, "--no-secret ");
+	text_str(&t, "-- ");
+	for (char **a = l->cmd; *a; a++)
+		text_quoted(&t, *a);
+	if (t.failed) {
+		free(t.s);
+		return NULL;
+	}
+	return t.s;
+}
+
+char *launch_remote_command(const struct launcher *l, int rank)
+{
+	struct text t = { 0 };
+	char num[64];
+
+	remote_prefix(&t);
 	int nodes = l->nhosts - l->nserver_hosts;
 	if (rank < nodes) {
 		snprintf(num, sizeof(num), "launch --remote --nproc-per-node %d ", l->local_size);
@@ -409,7 +446,8 @@ out_nomem:
 int launch_ssh_argv(struct launcher *l, struct child *c)
 {
 	char timeout[64];
-	char *remote = launch_remote_command(l, c->rank);
+	char *remote = c->ehost[0] ? remote_worker_command(l, c->rank)
+				   : launch_remote_command(l, c->rank);
 
 	/* 0: no limit, as ssh's own ConnectTimeout 0. */
 	snprintf(timeout, sizeof(timeout), "ConnectTimeout=%d",
@@ -420,7 +458,8 @@ int launch_ssh_argv(struct launcher *l, struct child *c)
 				    "ControlPath=none", NULL };
 	/* No pty, whatever the user's config says: it would echo the secret
 	 * and keep stdin's end from reaching the remote launcher. */
-	const char *const post[] = { "-T", l->hosts[c->rank].name, remote, NULL };
+	const char *const post[] = { "-T", c->ehost[0] ? c->ehost : l->hosts[c->rank].name, remote,
+				     NULL };
 
 	return launch_transport_argv(c, pre, l->ssh_args_opt, post, connect, remote);
 }

@@ -3,7 +3,7 @@
  * integration tests: it runs STEPS lock-step rounds of one tensor and
  * checks every element of every sum, through re-forms.
  *
- *   elastic_sums STEPS
+ *   elastic_sums STEPS [STEP_MS]
  *
  * Worker `rank` of `size` pushes (rank + 1) * 1000 + step + i % 7 at index
  * i, so the sum is 1000 * size * (size + 1) / 2 + size * (step + i % 7):
@@ -15,7 +15,8 @@
  * (every worker goes on from it) and the tensor is declared again.
  *
  * ELASTIC_DIE_AT=K: this worker kills itself (SIGKILL) at the start of
- * step K.  ELASTIC_STEP_MS: a pause before each step.  Prints "step S
+ * step K.  ELASTIC_STEP_MS (or STEP_MS, which travels to other hosts):
+ * a pause before each step.  Prints "step S
  * rank R size N ok" every 25 steps and "rejoined as rank R of N at step
  * S in T ms" after each re-form (T: unisum_rejoin's time); exits 0 after the last step, 1 on a wrong
  * element or an unexpected error.
@@ -41,10 +42,12 @@ static int fail(const char *what, int rc)
 
 int main(int argc, char **argv)
 {
-	if (argc != 2)
-		return fprintf(stderr, "usage: elastic_sums STEPS\n"), 2;
+	if (argc != 2 && argc != 3)
+		return fprintf(stderr, "usage: elastic_sums STEPS [STEP_MS]\n"), 2;
 	long steps = atol(argv[1]);
 	const char *die = getenv("ELASTIC_DIE_AT"), *pause = getenv("ELASTIC_STEP_MS");
+	if (argc == 3)
+		pause = argv[2];
 	long die_at = die != NULL ? atol(die) : -1;
 	long pause_ms = pause != NULL ? atol(pause) : 0;
 	static int32_t in[COUNT], out[COUNT];
