@@ -28,7 +28,7 @@
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 ELASTIC="$BUILD/elastic_sums"
-RUNS=3
+RUNS=2
 [ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && RUNS=1
 export UNISUM_SCHEDULER_HOST=127.0.0.1 UNISUM_HEARTBEAT_MS=200 UNISUM_TIMEOUT_MS=3000
 export UNISUM_START_TIMEOUT_MS=10000 UNISUM_PARTITION_BYTES=16384 UNISUM_ELASTIC=1
@@ -164,7 +164,7 @@ chmod +x "$hosts"
 out=$(mktemp)
 UNISUM_NODE_HOST=$A0 sh "$NETNS" exec "$P" 0 timeout 120 "$UNISUM" launch -w 2 -s 1 --elastic \
 	--min-workers 2 --max-workers 4 --host-discovery-script "$hosts" --ssh-args "$SSH_ARGS" -- \
-	"$ELASTIC" 1500 10 >"$out" 2>&1 &
+	"$ELASTIC" 1000 10 >"$out" 2>&1 &
 launcher=$!
 # Host 1's worker joins first; then host 2's; then host 1's is killed and
 # replaced; then host 1 is dropped.
@@ -199,8 +199,8 @@ expect "  ... the launcher started another there, and the job grew back to 4" \
 expect "  ... then stopped it when the script dropped host 1" \
 	contains "$LAST" "offers 0 slot\(s\) on $A1: stopping worker"
 expect "  ... the 3 left finished every step, sums exact (2 here, host 2's)" \
-	[ "$(printf '%s\n' "$LAST" | grep -c 'done: 1500 steps, rank [0-2] of 3')" -eq 3 ]
-expect "  ... host 2's among them" contains "$LAST" "\($A2\)\] .*done: 1500 steps"
+	[ "$(printf '%s\n' "$LAST" | grep -c 'done: 1000 steps, rank [0-2] of 3')" -eq 3 ]
+expect "  ... host 2's among them" contains "$LAST" "\($A2\)\] .*done: 1000 steps"
 left=0
 for i in 0 1 2; do
 	for pid in $(ip netns pids "$P-h$i" 2>/dev/null); do
