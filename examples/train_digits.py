@@ -157,23 +157,30 @@ def report(rank, size, steps, seconds, sum_all):
         print("  timeline: off (UNISUM_TRACE_ON=1 writes one per rank to UNISUM_TRACE_DIR)")
 
 
-def train(args, rank, size, model, optimizer, how, sum_all, at_last_epoch=None):
-    """The training loop, on this rank's shard: `sum_all(tensor, name)`
-    sums a tensor over all ranks; `at_last_epoch` runs before the last
-    evaluation."""
-    torch.set_num_threads(1)
+def digits_split():
+    """The digits as tensors, shuffled the same way on every worker: the
+    training images and labels, then the held-out fifth's."""
     digits = load_digits()
     x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     y = torch.tensor(digits.target, dtype=torch.int64)
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
     x, y = x[perm], y[perm]
     n_test = len(x) // 5
-    x_test, y_test = x[:n_test], y[:n_test]
-    x_train, y_train = x[n_test:][rank::size], y[n_test:][rank::size]   # this worker's shard
+    return x[n_test:], y[n_test:], x[:n_test], y[:n_test]
+
+
+def train(args, rank, size, model, optimizer, how, sum_all, at_last_epoch=None):
+    """The training loop, on this rank's shard: `sum_all(tensor, name)`
+    sums a tensor over all ranks; `at_last_epoch` runs before the last
+    evaluation."""
+    torch.set_num_threads(1)
+    x_train, y_train, x_test, y_test = digits_split()
+    n_train, n_test = len(x_train), len(x_test)
+    x_train, y_train = x_train[rank::size], y_train[rank::size]   # this worker's shard
 
     if rank == 0:
         print("digits: %d training images in %d shards, %d held out, %d worker(s), %s"
-              % (len(x) - n_test, size, n_test, size, how), flush=True)
+              % (n_train, size, n_test, size, how), flush=True)
     steps = (len(x_train) + args.batch_size - 1) // args.batch_size
     # Every worker must take the same number of steps.
     steps = int(sum_all(torch.tensor([steps], dtype=torch.int64), "steps").item()) // size

@@ -32,12 +32,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
 
 import unisum.torch as us  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_digits import Net  # noqa: E402
+from train_digits import Net, digits_split  # noqa: E402
 
 
 def main():
@@ -57,14 +56,7 @@ def main():
     us.init()
     first_rank = us.rank()
     torch.manual_seed(args.seed + first_rank)    # different on purpose: sync fixes it
-    digits = load_digits()
-    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.int64)
-    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    x, y = x[perm], y[perm]
-    n_test = len(x) // 5
-    x_test, y_test = x[:n_test], y[:n_test]
-    x_train, y_train = x[n_test:], y[n_test:]
+    x_train, y_train, x_test, y_test = digits_split()
 
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * us.size(), momentum=0.9)

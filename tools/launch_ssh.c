@@ -333,6 +333,20 @@ static void remote_prefix(struct text *t)
 	text_quoted(t, self);
 }
 
+/* "-- CMD ARGS..." into t; t's text (the caller frees it), or NULL when
+ * out of memory. */
+static char *remote_command_end(struct text *t, const struct launcher *l)
+{
+	text_str(t, "-- ");
+	for (char **a = l->cmd; *a; a++)
+		text_quoted(t, *a);
+	if (t->failed) {
+		free(t->s);
+		return NULL;
+	}
+	return t->s;
+}
+
 /* Elastic (launch_elastic.c): one worker of CMD on a host, as a node of
  * one worker and no server (`launch --remote --nproc-per-node 1
  * --no-colocated-servers`); node_rank only names it (the worker's rank is
@@ -352,14 +366,7 @@ static char *remote_worker_command(const struct launcher *l, int node_rank)
 	text_str(&t, num);
 	if (l->no_secret)
 		text_str(&t, "--no-secret ");
-	text_str(&t, "-- ");
-	for (char **a = l->cmd; *a; a++)
-		text_quoted(&t, *a);
-	if (t.failed) {
-		free(t.s);
-		return NULL;
-	}
-	return t.s;
+	return remote_command_end(&t, l);
 }
 
 char *launch_remote_command(const struct launcher *l, int rank)
@@ -392,11 +399,8 @@ char *launch_remote_command(const struct launcher *l, int rank)
 		text_str(&t, "--no-colocated-servers ");
 	if (l->sched_on_host && rank == 0)
 		text_str(&t, "--run-scheduler ");
-	if (rank < nodes) {	/* a CPU-only server runs no command */
-		text_str(&t, "-- ");
-		for (char **a = l->cmd; *a; a++)
-			text_quoted(&t, *a);
-	}
+	if (rank < nodes)	/* a CPU-only server runs no command */
+		return remote_command_end(&t, l);
 	if (t.failed) {
 		free(t.s);
 		return NULL;

@@ -115,19 +115,12 @@ static struct sched_node *el_former(struct rdv_scheduler *s, const struct sched_
 	return NULL;
 }
 
+/* Node n is the one REGISTER m describes (one worker per machine). */
 static void el_take(struct sched_node *n, const struct rdv_register *m)
 {
-	n->role = m->role;
+	sched_take_register(n, m);
 	n->req_rank = -1;
-	n->port = m->port;
-	n->local_rank = 0;
-	n->local_size = 1;
-	snprintf(n->host, sizeof n->host, "%s", m->host);
-	n->pid = m->pid;
-	snprintf(n->host_id, sizeof n->host_id, "%s", m->host_id);
-	n->rack = m->rack;
 	n->old_rank = -1;
-	atomic_store(&n->last_seen_ms, timing_now_ms());
 }
 
 int sched_elastic_register(struct rdv_scheduler *s, struct sched_node *n,

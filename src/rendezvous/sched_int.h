@@ -181,6 +181,10 @@ void sched_elastic_announce(struct rdv_scheduler *s);
  * connections have closed. */
 void sched_elastic_reap(struct rdv_scheduler *s);
 
+/* scheduler.c: node n takes what REGISTER m says of it (role, address,
+ * process, rack; a local rank 0 of 1, a server's or an elastic worker's);
+ * the caller sets its rank */
+void sched_take_register(struct sched_node *n, const struct rdv_register *m);
 /* scheduler.c: the address book (ranks assigned) to every registered node */
 int sched_send_addrbook(struct rdv_scheduler *s);
 void sched_send_error(struct sched_node *n, int err, const char *why);

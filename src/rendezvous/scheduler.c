@@ -260,6 +260,19 @@ static int sched_check_local_size(struct rdv_scheduler *s, struct sched_node *n,
 	return UNISUM_ECONFIG;
 }
 
+void sched_take_register(struct sched_node *n, const struct rdv_register *m)
+{
+	n->role = m->role;
+	n->port = m->port;
+	n->local_rank = 0;
+	n->local_size = 1;
+	snprintf(n->host, sizeof n->host, "%s", m->host);
+	n->pid = m->pid;
+	snprintf(n->host_id, sizeof n->host_id, "%s", m->host_id);
+	n->rack = m->rack;
+	atomic_store(&n->last_seen_ms, timing_now_ms());
+}
+
 /* A server registering after the address book went out: it takes the rank
  * of a lost server (the one it asks for, or the lowest), gets the book of
  * the live nodes, and every worker hears where it is (REJOIN): tensors
@@ -278,20 +291,12 @@ static int sched_on_replacement(struct rdv_scheduler *s, struct sched_node *n,
 						   : "no server was lost");
 		return UNISUM_EPROTO;
 	}
-	n->role = CONFIG_ROLE_SERVER;
+	sched_take_register(n, m);
 	n->req_rank = m->req_rank;
 	n->rank = r;
 	n->machine = -1;
 	n->id = 1 + (uint32_t)r;
-	n->port = m->port;
-	n->local_rank = 0;
-	n->local_size = 1;
-	snprintf(n->host, sizeof n->host, "%s", m->host);
-	n->pid = m->pid;
-	snprintf(n->host_id, sizeof n->host_id, "%s", m->host_id);
-	n->rack = m->rack;
 	n->registered = true;
-	atomic_store(&n->last_seen_ms, timing_now_ms());
 	struct wire_buf b;
 	wire_buf_init(&b);
 	int live = 0;
@@ -684,12 +689,19 @@ static int sched_dispatch(struct rdv_scheduler *s, struct sched_node *n, const s
 			  const void *payload, char *why, size_t len)
 {
 	int rc = 0;
-	/* An elastic re-form retires nodes from another node's thread. */
-	pthread_mutex_lock(&s->lock);
-	bool retired = n->retired, registered = n->registered;
-	if (retired)
-		sched_elastic_retired_msg(s, n, h);
-	pthread_mutex_unlock(&s->lock);
+	/* An elastic re-form retires nodes from another node's thread;
+	 * otherwise only this thread registers n (s->elastic never changes). */
+	bool retired = false, registered;
+	if (s->elastic) {
+		pthread_mutex_lock(&s->lock);
+		retired = n->retired;
+		registered = n->registered;
+		if (retired)
+			sched_elastic_retired_msg(s, n, h);
+		pthread_mutex_unlock(&s->lock);
+	} else {
+		registered = n->registered;
+	}
 	if (retired)
 		return 0;
 	if (!registered && h->type != WIRE_REGISTER) {
