@@ -232,6 +232,8 @@ static struct server *srv_new(const struct config *cfg)
 /* Frees what srv_new made and every key left. */
 static void srv_free(struct server *srv)
 {
+	if (srv == NULL)
+		return;
 	for (size_t i = 0; i < srv->nbuckets; i++)
 		for (struct srv_key *k = srv->buckets[i]; k;) {
 			struct srv_key *next = k->next;
@@ -378,8 +380,13 @@ static void srv_hang_up(struct server *srv)
 }
 
 /* One membership of the job: until it ends (UNISUM_EMEMBERSHIP: an
- * elastic job re-forms). */
-static int srv_run_once(const struct config *cfg, bool *elsewhere)
+ * elastic job re-forms).  Then the server is kept in *ended, not freed: a
+ * worker of that generation may still be reading a sum from its memory
+ * (IPC passes them by address) before it hears of the re-form, and this
+ * process lives on.  It is freed once the next generation has formed
+ * (every worker of the last one rejoined, its connections closed, or was
+ * lost). */
+static int srv_run_once(const struct config *cfg, bool *elsewhere, struct server **ended)
 {
 	if (elsewhere != NULL)
 		*elsewhere = false;
@@ -397,6 +404,8 @@ static int srv_run_once(const struct config *cfg, bool *elsewhere)
 		rc = srv_join(srv, bind_host, port);
 	if (rc != 0)
 		goto out_stop_engines;
+	srv_free(*ended);	/* the new generation formed */
+	*ended = NULL;
 
 	if (srv->ipc_listener != NULL &&
 	    pthread_create(&srv->ipc_thread, NULL, srv_ipc_accept_main, srv) == 0)
@@ -421,20 +430,25 @@ out_stop_engines:
 out_free:
 	if (elsewhere != NULL && rc != 0)
 		*elsewhere = atomic_load(&srv->told);
-	srv_free(srv);
+	if (rc == UNISUM_EMEMBERSHIP && cfg->elastic && *ended == NULL)
+		*ended = srv;
+	else
+		srv_free(srv);
 	return rc;
 }
 
 int server_run(const struct config *cfg, bool *elsewhere)
 {
-	int rc = srv_run_once(cfg, elsewhere);
+	struct server *ended = NULL;
+	int rc = srv_run_once(cfg, elsewhere, &ended);
 	/* Elastic: register again for the new generation, which ranks the
 	 * servers afresh. */
 	struct config again = *cfg;
 	again.server_id = -1;
 	while (rc == UNISUM_EMEMBERSHIP && cfg->elastic) {
 		LOG_INFO("the job re-forms: registering again");
-		rc = srv_run_once(&again, elsewhere);
+		rc = srv_run_once(&again, elsewhere, &ended);
 	}
+	srv_free(ended);
 	return rc;
 }
