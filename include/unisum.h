@@ -94,7 +94,10 @@ int unisum_shutdown(void);
  * waiting workers in).  0, UNISUM_EINVAL when the job is not elastic, or
  * the error that failed the job (fewer workers left than
  * UNISUM_ELASTIC_MIN_WORKERS).  A worker that starts while the job runs
- * waits in unisum_init() for the next re-form. */
+ * waits in unisum_init() for the next re-form.  The buffers of operations
+ * that failed with UNISUM_EMEMBERSHIP stay in use until unisum_rejoin()
+ * returns: a server of the ended membership may still read an input (IPC
+ * reads it in place) until the new one has formed. */
 int unisum_rejoin(void);
 
 /* 1 when this worker should call unisum_rejoin() (its membership ended, or
