@@ -117,11 +117,11 @@ hosts=$(mktemp)
 printf '#!/bin/sh\necho localhost:4\n' >"$hosts"
 chmod +x "$hosts"
 check_job "digits, 4 elastic workers, uninterrupted" "$UNISUM" launch -w 4 -s 2 --elastic \
-	--min-workers 2 -- /usr/bin/python3 "$TRAIN" --epochs 12
+	--min-workers 2 -- /usr/bin/python3 "$TRAIN" --epochs 10
 base=$(printf '%s\n' "$LAST" | sed -n 's/.*final held-out accuracy: //p')
 check_job "digits, 4 elastic workers, one killed at step 20: finishes on 3" \
 	"$UNISUM" launch -w 4 -s 2 --elastic --min-workers 2 -- /usr/bin/python3 "$TRAIN" \
-	--epochs 12 --die-at 20 --die-rank 1
+	--epochs 10 --die-at 20 --die-rank 1
 acc=$(printf '%s\n' "$LAST" | sed -n 's/.*final held-out accuracy: //p')
 echo "     accuracy: uninterrupted ${base:-?}, losing a worker ${acc:-?}"
 expect "  ... the accuracy is within 1 point of the uninterrupted run" \
