@@ -102,14 +102,19 @@ bool sched_elastic_lost(struct rdv_scheduler *s, struct sched_node *n, const cha
 	return true;
 }
 
+/* Whether nodes a and b are the same process in the same role. */
+static bool el_same_process(const struct sched_node *a, const struct sched_node *b)
+{
+	return a->role == b->role && a->pid == b->pid && strcmp(a->host_id, b->host_id) == 0;
+}
+
 /* The node of the last generation that r (registering now) was: the same
  * host and process.  NULL for a newcomer. */
 static struct sched_node *el_former(struct rdv_scheduler *s, const struct sched_node *r)
 {
 	for (int i = 0; i < s->nnodes; i++) {
 		struct sched_node *o = s->nodes[i];
-		if (o != r && o->retired && o->gen + 1 == s->gen && o->role == r->role &&
-		    o->pid == r->pid && strcmp(o->host_id, r->host_id) == 0)
+		if (o != r && o->retired && o->gen + 1 == s->gen && el_same_process(o, r))
 			return o;
 	}
 	return NULL;
@@ -248,8 +253,7 @@ void sched_elastic_check(struct rdv_scheduler *s, int64_t now)
 		bool back = false;
 		for (int j = 0; j < s->nnodes && !back; j++) {
 			const struct sched_node *r = s->nodes[j];
-			back = r->registered && r->role == o->role && r->pid == o->pid &&
-			       strcmp(r->host_id, o->host_id) == 0;
+			back = r->registered && el_same_process(r, o);
 		}
 		if (!back)
 			return;
