@@ -124,7 +124,7 @@ def run(sys_, mib, iters, warmup):
     """Times the three collectives at `mib`; rank 0 prints their lines.
     Returns False when a result was wrong."""
     w, r = sys_.world, sys_.rank
-    n = mib * 1024 * 1024 // 4 // w * w          # elements of the whole tensor
+    n = int(mib * 1024 * 1024) // 4 // w * w          # elements of the whole tensor
     part = n // w
     ok = True
     cases = [
@@ -150,7 +150,7 @@ def run(sys_, mib, iters, warmup):
             print("%s %s: rank %d's result is wrong" % (sys_.name, label, r), file=sys.stderr)
             ok = False
         if r == 0:
-            print("%s %s mib=%d world=%d median_s=%.6f min_s=%.6f" % (
+            print("%s %s mib=%g world=%d median_s=%.6f min_s=%.6f" % (
                 sys_.name, label, mib, w, statistics.median(times), min(times)), flush=True)
     return ok
 
@@ -172,7 +172,7 @@ def main():
     torch.set_num_threads(1)
     sys_ = Gloo(a) if a.system == "gloo" else Unisum(a)
     ok = True
-    for mib in (int(m) for m in a.mib.split(",")):
+    for mib in (float(m) for m in a.mib.split(",")):
         ok = run(sys_, mib, a.iters, a.warmup) and ok
     sys_.close()
     sys.exit(0 if ok else 1)
