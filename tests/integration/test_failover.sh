@@ -20,7 +20,7 @@
 # - UNISUM_SERVER_FAILOVER=0: a lost server fails the job, as before.
 . "$(dirname "$0")/lib.sh"
 
-RUNS=${FAILOVER_RUNS:-10}
+RUNS=${FAILOVER_RUNS:-6}
 ROUNDS=200
 # The sanitizer runs (UNISUM_TEST_LIGHT=1) look for races, not odds.
 CRASHES="1 2 3"

@@ -62,7 +62,7 @@ $spec
 EOF2
 	UNISUM_PARTITION_BYTES=65536 run_local "every dtype, every tail" "$w" "$s" "$l" sums
 done
-# (Every dtype in 4 MB partitions on two machines of 2: the IPC pair of
+# (Every dtype in 1 MB partitions on two machines of 2: the IPC pair of
 # jobs below, which also compares them bit for bit with TCP.)
 # More one-shot tensors than a rank's table holds at once: entries of
 # undeclared tensors are reused.  (The sanitizer runs keep a few hundred.)
@@ -121,8 +121,12 @@ if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	CHECK_SUMS_ALLOC=all UNISUM_LOCAL_ARENA_BYTES=300000 UNISUM_PARTITION_BYTES=65536 \
 		run_local "unisum_alloc: arena full, the rest from malloc" 4 1 4 sums
 fi
+# 1 MB partitions: tensors of up to 3 MB span a dozen of the local reduce's
+# 256 KiB chunks, at a quarter of the default 4 MB partitions' cost (the
+# jobs above cover those).
 digest_of() { # ALLOC-MODE: the digests of a 4-worker one-machine job
-	CHECK_SUMS_ALLOC=$1 UNISUM_LOG_LEVEL=INFO UNISUM_JOB_ID="alloc$$-${1:-none}" timeout 120 \
+	CHECK_SUMS_ALLOC=$1 UNISUM_LOG_LEVEL=INFO UNISUM_JOB_ID="alloc$$-${1:-none}" \
+		UNISUM_PARTITION_BYTES=1048576 timeout 120 \
 		"$UNISUM" launch -w 4 -s 1 --local-size 4 -- "$CHECK" sums 2>&1 | tee "$log/alloc-${1:-none}" |
 		sed -n 's/.*sums ok, digest \([0-9a-f]*\).*/\1/p' | sort | uniq -c | tr -s ' '
 }
@@ -158,7 +162,7 @@ pport=$(free_port)
 log=$(mktemp -d)
 (
 	export UNISUM_NUM_WORKER=2 UNISUM_NUM_SERVER=1 UNISUM_SCHEDULER_HOST=127.0.0.1
-	export UNISUM_SCHEDULER_PORT=$pport
+	export UNISUM_SCHEDULER_PORT=$pport UNISUM_PARTITION_BYTES=1048576
 	UNISUM_ROLE=scheduler timeout 120 "$UNISUM" scheduler >"$log/scheduler" 2>&1 &
 	UNISUM_ROLE=server timeout 120 "$UNISUM" server >"$log/server" 2>&1 &
 	UNISUM_WORKER_ID=0 timeout 120 "$UNISUM" launch --nproc-per-node 2 -- "$CHECK" sums \
@@ -183,7 +187,8 @@ drop_logs "$log"
 # The same inputs and summation order give bit-identical results: one
 # digest of every result on every rank, the same in both modes.
 for ipc in 0 1; do
-	out=$(UNISUM_IPC=$ipc UNISUM_LOG_LEVEL=INFO UNISUM_JOB_ID="ipc$$-$ipc" timeout 120 \
+	out=$(UNISUM_IPC=$ipc UNISUM_LOG_LEVEL=INFO UNISUM_JOB_ID="ipc$$-$ipc" \
+		UNISUM_PARTITION_BYTES=1048576 timeout 120 \
 		"$UNISUM" launch -w 4 -s 2 --local-size 2 -- "$CHECK" sums 2>&1)
 	digests=$(printf '%s\n' "$out" | sed -n 's/.*sums ok, digest \([0-9a-f]*\).*/\1/p')
 	eval "ranks$ipc=\$(printf '%s\n' \"\$digests\" | grep -c .)"
