@@ -15,6 +15,11 @@
  * Buffers passed to an asynchronous call belong to the caller and must stay
  * valid, untouched, until the handle completes: that is what lets unisum
  * send from and receive into them without copies.
+ *
+ * Every buffer is host memory: the C API never reads or writes device
+ * (GPU) memory.  GPU tensors go through the PyTorch plugin (unisum.torch),
+ * which copies them to page-locked host memory on streams of its own and
+ * back (docs/ARCHITECTURE.md, "Python").
  */
 #ifndef UNISUM_H
 #define UNISUM_H

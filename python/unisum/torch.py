@@ -105,7 +105,8 @@ class _Op:
     """An operation in flight: keeps its tensors alive and knows how to
     finish (copy back into a non-contiguous destination, free a slot)."""
 
-    __slots__ = ("c_handle", "send", "recv", "output", "done", "finish", "then")
+    __slots__ = ("c_handle", "send", "recv", "output", "done", "finish", "then", "job",
+                 "failed")
 
     def __init__(self, c_handle: Optional[int], send: Optional[torch.Tensor],
                  recv: Optional[torch.Tensor], output: Any,
@@ -122,6 +123,8 @@ class _Op:
         # send, recv, output and finish, and returns its C handle, or
         # None when nothing is left to wait for.
         self.then = then
+        self.job: Any = None    # a CUDA tensor's push_pull (_cuda._Job), without c_handle
+        self.failed = False     # set before finish() runs: the operation failed
 
 
 def _advance(handle: int, op: _Op) -> None:
@@ -175,6 +178,7 @@ def init(lazy: bool = True, comm: Any = None, process_sets: Any = None) -> None:
     """
     del lazy
     _join()
+    _pick_device()
     if comm is not None and sorted(comm) != list(range(size())):
         raise ValueError("unisum.torch.init: comm=%r: a unisum job runs all of its ranks; "
                          "use a process set (add_process_set) for a subgroup" % (comm,))
@@ -182,6 +186,18 @@ def init(lazy: bool = True, comm: Any = None, process_sets: Any = None) -> None:
         from unisum import _horovod
         for ps in process_sets:
             _horovod.add_process_set(ps)
+
+
+def _pick_device() -> None:
+    """With several GPUs, this process's current device is the one of its
+    local rank ($LOCAL_RANK, which torchrun and `unisum launch` set, else
+    local_rank()), modulo their number, as torchrun users expect; with one,
+    every process of the machine shares it."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        return
+    env = os.environ.get("LOCAL_RANK", "")
+    lr = int(env) if env.isdigit() else local_rank()
+    torch.cuda.set_device(lr % torch.cuda.device_count())
 
 
 def _join() -> None:
@@ -237,6 +253,19 @@ def shutdown() -> None:
         UnisumError: When an operation that was still in flight failed.
     """
     global _initialized
+    # A CUDA tensor's push_pull waits on a C operation of its own (_cuda):
+    # those end first, their threads still seeing the C operations.
+    with _lock:
+        cuda_ops = [(h, op) for h, op in _ops.items() if op.job is not None] if _initialized else []
+    cuda_error: Optional[BaseException] = None
+    for h, op in cuda_ops:
+        from unisum import _cuda
+        while not _cuda.wait(op.job, _WAIT_SLICE_MS / 1000.0)[0]:
+            pass
+        try:
+            _cuda_end(h, op)
+        except UnisumError as e:
+            cuda_error = cuda_error or e
     with _lock:
         if not _initialized:
             return
@@ -252,6 +281,8 @@ def shutdown() -> None:
         op.finish()
         first_error = first_error or rc
     _capi.check(first_error, "unisum.torch.shutdown: an operation in flight")
+    if cuda_error is not None:
+        raise cuda_error
 
 
 def membership_changed() -> bool:
@@ -287,6 +318,9 @@ def rejoin() -> None:
         _tensors.clear()
         _specs.clear()
         _calls.clear()
+    if torch.cuda.is_available():
+        from unisum import _cuda
+        _cuda.forget()
     # The C library waits for every operation (each failed) and joins anew.
     rc = _capi.lib.unisum_rejoin()
     for op in pending:
@@ -441,8 +475,8 @@ def _tensor_id(name: str, tensor: torch.Tensor, priority: int,
                compression: Optional[str] = None) -> int:
     """The C tensor id of `name`, declared on first use with the tensor's
     dtype and element count (and compressed by the spec `compression`)."""
-    if tensor.device.type != "cpu":
-        raise TypeError("unisum.torch: tensor '%s' is on %s; this build sums CPU tensors" % (
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise TypeError("unisum.torch: tensor '%s' is on %s; unisum sums CPU and CUDA tensors" % (
             name, tensor.device))
     return _declared(name, tensor.dtype, tensor.numel(), priority, tuple(tensor.shape),
                      compression=compression)
@@ -611,6 +645,9 @@ def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: i
     _require_init()
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("unisum.torch: push_pull takes a torch.Tensor, got %s" % type(tensor).__name__)
+    if tensor.is_cuda:
+        return _start_cuda(tensor, average, name, priority, inplace, scale, flags, pset,
+                           compression)
     release: Optional[Callable[[], None]] = None
     if name is None:
         name = one_shot = _in_set(pset, _by_order("push_pull", pset=pset))
@@ -656,6 +693,76 @@ def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: i
             release()
         raise
     return _register(_Op(h.value, send, recv, output, finish))
+
+
+def _start_cuda(tensor: torch.Tensor, average: bool, name: Optional[str], priority: int,
+                inplace: bool, scale: float, flags: Optional[int], pset: int,
+                compression: Optional[str]) -> int:
+    """_start for a CUDA tensor (see _cuda's pipeline): declared here, in the
+    caller's order; its device-to-host copy queued behind the current
+    stream's work; the C push_pull of its staging buffer started by the
+    starter thread once the copy has landed; the sum copied back on the
+    second stream.  synchronize() makes the current stream wait for that
+    copy.  The result lands on the tensor's own device."""
+    from unisum import _cuda
+    one_shot = name is None
+    raw = _by_order("push_pull", pset=pset) if name is None else name
+    wire = _in_set(pset, raw)
+    src = tensor.detach()
+    send = src if src.is_contiguous() else src.contiguous()
+    _tensor_id(wire, send, priority, compression)   # a mismatch fails here, at once
+    if inplace:
+        output, dest = tensor, send
+    else:
+        output = dest = torch.empty_like(send, memory_format=torch.contiguous_format)
+    if send.numel() == 0:
+        if one_shot:
+            _undeclare(wire)
+        return _register(_Op(None, None, None, output, lambda: None), done=True)
+    host = _cuda.staging(wire, send)
+    try:
+        copied = _cuda.copy_out(send, host)
+    except BaseException:
+        _cuda.release(wire, drop=one_shot)
+        raise
+
+    def start() -> int:
+        return _start(host, average, raw, priority, True, scale, flags, pset, compression)
+
+    def wait(c_handle: int) -> None:
+        try:
+            synchronize(c_handle)
+        finally:
+            if one_shot:
+                _undeclare(wire)
+
+    def finish() -> None:
+        _cuda.release(wire, drop=one_shot)
+        if not op.failed and dest.data_ptr() != src.data_ptr() and output is tensor:
+            src.copy_(dest.view_as(src))    # on the current stream, after the copy back
+
+    op = _Op(None, send, dest, output, finish)
+    op.job = _cuda.submit(_cuda._Job(send.device, copied, start, wait,
+                                     lambda: _cuda.copy_back(host, dest)))
+    return _register(op)
+
+
+def _cuda_end(handle: int, op: _Op) -> Any:
+    """The end of a CUDA push_pull that has ended (see _cuda): takes the
+    handle, makes the current stream wait for the copy back, finishes;
+    returns the output or raises the operation's error."""
+    from unisum import _cuda
+    _, event, err = _cuda.wait(op.job, 0)
+    with _lock:
+        _ops.pop(handle, None)
+    op.done = True
+    if err is None:
+        torch.cuda.current_stream(op.output.device).wait_event(event)
+    op.failed = err is not None
+    op.finish()
+    if err is not None:
+        raise err
+    return op.output
 
 
 def _scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
@@ -756,6 +863,12 @@ def poll(handle: int) -> bool:
             handle is gone.
     """
     op = _take(handle)
+    if op.job is not None:
+        from unisum import _cuda
+        ended, _, err = _cuda.wait(op.job, 0)
+        if ended and err is not None:
+            _cuda_end(handle, op)   # raises it
+        return ended
     while not op.done:
         rc = _capi.lib.unisum_poll(op.c_handle)
         if rc == 0:
@@ -767,6 +880,7 @@ def poll(handle: int) -> bool:
         if rc < 0:
             with _lock:
                 _ops.pop(handle, None)
+            op.failed = True
             op.finish()
             raise _capi.error(rc, "unisum.torch: push_pull")
     return True
@@ -791,6 +905,12 @@ def synchronize(handle: int) -> torch.Tensor:
             message says why).
     """
     op = _take(handle)
+    if op.job is not None:
+        # In slices, as _wait, so that signal handlers run.
+        from unisum import _cuda
+        while not _cuda.wait(op.job, _WAIT_SLICE_MS / 1000.0)[0]:
+            pass
+        return cast(torch.Tensor, _cuda_end(handle, op))
     # An operation that is not done has a C handle (only empty tensors have
     # none, and they are done from the start).
     rc = 0 if op.done else _wait(cast(int, op.c_handle))
@@ -800,6 +920,7 @@ def synchronize(handle: int) -> torch.Tensor:
     err = _capi.error(rc, "unisum.torch: push_pull") if rc < 0 else None
     with _lock:
         _ops.pop(handle, None)
+    op.failed = err is not None
     op.finish()
     if err is not None:
         raise err
@@ -909,6 +1030,27 @@ def _broadcast_start(tensor: torch.Tensor, root_rank: int, name: Optional[str],
     _require_init()
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("unisum.torch: broadcast takes a torch.Tensor, got %s" % type(tensor).__name__)
+    if tensor.is_cuda:
+        # Broadcasts set up training (parameters, optimizer state, objects):
+        # through host memory, the host waiting for the copies.
+        host = tensor.detach().to("cpu")
+        h = _broadcast_start(host, root_rank, name, True, one_shot, pset)
+        with _lock:
+            op = _ops[h]
+        first = op.finish
+
+        def back() -> None:
+            first()
+            if op.failed:
+                return
+            if inplace:
+                tensor.copy_(host)
+            else:
+                op.output = host.to(tensor.device)
+        op.finish = back
+        if inplace:
+            op.output = tensor
+        return h
     if one_shot is None:
         one_shot = name is None
     name = _in_set(pset, _by_order("broadcast", pset=pset) if name is None else name)
@@ -1355,12 +1497,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _register_hooks(self) -> None:
         """Hooks every parameter that requires a gradient: its gradient is
         pushed when backward() has produced it for the last time before the
-        next step()."""
+        next step().  PyTorch 2.1 and later say so themselves
+        (register_post_accumulate_grad_hook); before, the hook goes on the
+        parameter's gradient accumulator, which runs at the same moment."""
         for group in self.param_groups:
             for p in group["params"]:
                 if not p.requires_grad:
                     continue
                 self._delay[p] = self._passes
+                if hasattr(p, "register_post_accumulate_grad_hook"):
+                    self._grad_accs.append(p.register_post_accumulate_grad_hook(
+                        self._make_hook(p)))
+                    continue
                 p_tmp = p.expand_as(p)
                 grad_acc = p_tmp.grad_fn.next_functions[0][0]
                 grad_acc.register_hook(self._make_hook(p))

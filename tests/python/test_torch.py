@@ -639,3 +639,17 @@ def test_shared_arena_tensors_and_gradients(nworkers, local_size):
     for r in range(nworkers):
         assert "shared ok" in worker_lines(out, r), describe(rc, out, err)
     assert "summing them with plain loads and stores" in err, describe(rc, out, err)
+
+
+# ---- CUDA checks, run on CPU tensors ------------------------------------------
+
+def test_cuda_checks_hold_on_cpu_tensors():
+    """workers/cuda_ops.py, the CUDA checks that test_cuda.py and
+    scripts/gpu-check.sh run on a GPU, on CPU tensors (--cpu): the checks
+    themselves (expected sums, the broadcasts' and the training's
+    references) hold, so a failure on a GPU is the GPU path's."""
+    out, _ = check_launch(2, 1, "cuda_ops.py", "--cpu", local_size=1)
+    for rank in range(2):
+        for what in ("cuda sums", "cuda in flight", "cuda mixed", "cuda broadcasts",
+                     "cuda training"):
+            assert "rank %d: %s ok" % (rank, what) in worker_lines(out, rank), out[-3000:]
