@@ -30,7 +30,8 @@ TABLE='
 # A minimal Debian 12.
 coreutils        base   basename cat cksum cp cut date dirname env head id ls mkdir mktemp nproc od
 coreutils        base   realpath rm seq sleep sort tail tee timeout touch tr uniq wc
-coreutils        base   chmod dd mv rmdir
+coreutils        base   chmod dd du mv rmdir
+libc-bin         base   ldd
 findutils        base   find
 apt              base   apt-cache apt-get
 dash             base   sh
