@@ -198,8 +198,7 @@ def main():
                 after_step=(lambda step: prof.step()) if prof is not None else None)
     total = float(us.push_pull(torch.tensor([ips]), average=False, name="bench.ips"))
     if us.rank() == 0:
-        print("RESULT mode=%s workers=%d images_per_s=%.1f" % (
-            "unisum_profiled" if a.profile else "unisum", us.size(), total), flush=True)
+        print("RESULT mode=unisum workers=%d images_per_s=%.1f" % (us.size(), total), flush=True)
     if prof is not None:
         prof.stop()
         path = os.path.join(a.profile, "rank0.json")

@@ -48,6 +48,7 @@ class _Streams:
 _lock = threading.Lock()
 _streams: Dict[int, _Streams] = {}
 _staging: Dict[Tuple[str, torch.dtype, int], torch.Tensor] = {}
+_last_back: Dict[str, Any] = {}     # name -> the event of its last copy back
 _busy: set = set()      # names whose staging buffer an operation holds
 _started = False
 _to_start: "queue.Queue[Optional[_Job]]" = queue.Queue()
@@ -99,6 +100,7 @@ def release(name: str, drop: bool = False) -> None:
         if drop:
             for key in [k for k in _staging if k[0] == name]:
                 del _staging[key]
+            _last_back.pop(name, None)
 
 
 def forget() -> None:
@@ -106,32 +108,65 @@ def forget() -> None:
     with _lock:
         _staging.clear()
         _busy.clear()
+        _last_back.clear()
+
+
+# The C library's calls from the threads hold the gate; rejoin() holds it
+# around unisum_rejoin, which frees and rebuilds the worker.  Jobs made
+# before the last rejoin (an older generation) never call the C library.
+_gate = threading.Lock()
+_generation = 0
+
+
+def new_generation() -> threading.Lock:
+    """rejoin(): the jobs in flight belong to the ended membership.  Returns
+    the gate, to hold around unisum_rejoin."""
+    global _generation
+    with _lock:
+        _generation += 1
+    return _gate
 
 
 class _Job:
-    """One CUDA push_pull in flight through the threads."""
+    """One CUDA push_pull in flight through the threads.  The callables
+    come from torch.py's _start_cuda: start() starts the C operation and
+    returns its handle, ready(h) says whether it is done (raising its
+    error), nap(h) waits for it a millisecond at most, end_c(h) finishes it
+    (synchronize), back() queues the copy back and returns its event, and
+    abort() undoes the declaration of a one-shot name that never ran."""
 
-    __slots__ = ("copied", "start", "wait", "back", "done", "error", "device", "cond",
-                 "handle")
+    __slots__ = ("copied", "start", "ready", "nap", "end_c", "back", "abort", "done", "error",
+                 "device", "cond", "handle", "gen")
 
-    def __init__(self, device: torch.device, copied: List[Any],
-                 start: Callable[[], int], wait: Callable[[int], None],
-                 back: Callable[[], Any]) -> None:
+    def __init__(self, device: torch.device, copied: List[Any], start: Callable[[], int],
+                 ready: Callable[[int], bool], nap: Callable[[int], None],
+                 end_c: Callable[[int], None], back: Callable[[], Any],
+                 abort: Callable[[], None]) -> None:
         self.device = device
         self.copied = copied        # events of the device-to-host copies
-        self.start = start          # starts the C operation: its handle
-        self.wait = wait            # waits for it (raises its error)
-        self.back = back            # queues the copy back; returns its event
+        self.start, self.ready, self.nap, self.end_c = start, ready, nap, end_c
+        self.back, self.abort = back, abort
         self.done: Optional[Any] = None     # the copy back's event, once queued
         self.error: Optional[BaseException] = None
         self.cond = threading.Condition()
         self.handle = 0             # the C operation's, once started
+        with _lock:
+            self.gen = _generation
 
 
 def _end(job: _Job, event: Any = None, error: Optional[BaseException] = None) -> None:
     with job.cond:
         job.done, job.error = event, error
         job.cond.notify_all()
+
+
+def _stale(job: _Job) -> None:
+    """Raises for a job of an ended membership (under the gate)."""
+    if job.gen != _generation:
+        from unisum import _capi
+        from unisum._capi import UnisumError
+        raise UnisumError("unisum.torch: the job re-formed (rejoin) while this CUDA "
+                          "push_pull was in flight", _capi.EMEMBERSHIP)
 
 
 def _starter() -> None:
@@ -143,26 +178,51 @@ def _starter() -> None:
             with torch.cuda.device(job.device):
                 for event in job.copied:
                     event.synchronize()
-            job.handle = job.start()
+            with _gate:
+                _stale(job)
+                job.handle = job.start()
         except BaseException as e:      # noqa: B902 - handed to the caller
-            _end(job, error=e)
+            try:
+                job.abort()
+            finally:
+                _end(job, error=e)
             continue
         _to_finish.put(job)
 
 
 def _finisher() -> None:
+    """Finishes the started jobs in whatever order their C operations end
+    (never one behind another: ranks may wait for them in other orders)."""
+    started: List[_Job] = []
     while True:
-        job = _to_finish.get()
-        if job is None:
-            return
         try:
-            job.wait(job.handle)
-            with torch.cuda.device(job.device):
-                event = job.back()
-        except BaseException as e:      # noqa: B902 - handed to the caller
-            _end(job, error=e)
-            continue
-        _end(job, event)
+            while True:
+                job = _to_finish.get_nowait() if started else _to_finish.get()
+                if job is None:
+                    return
+                started.append(job)
+        except queue.Empty:
+            pass
+        progressed = False
+        for job in list(started):
+            try:
+                with _gate:
+                    _stale(job)
+                    if not job.ready(job.handle):
+                        continue
+                    job.end_c(job.handle)
+                with torch.cuda.device(job.device):
+                    event = job.back()
+            except BaseException as e:  # noqa: B902 - handed to the caller
+                _end(job, error=e)
+            else:
+                _end(job, event)
+            started.remove(job)
+            progressed = True
+        if started and not progressed:
+            with _gate:
+                if started[0].gen == _generation:
+                    started[0].nap(started[0].handle)
 
 
 def _ensure_threads() -> None:
@@ -183,22 +243,28 @@ def submit(job: _Job) -> _Job:
     return job
 
 
-def copy_out(send: torch.Tensor, host: torch.Tensor) -> List[Any]:
-    """Queues the device-to-host copy of contiguous `send` into `host` (flat)
-    on the copy stream, behind everything queued so far on the current
-    stream; returns the events its pieces complete."""
+def copy_out(name: str, send: torch.Tensor, host: torch.Tensor) -> List[Any]:
+    """Queues the device-to-host copy of contiguous `send` into `host` (flat,
+    `name`'s staging buffer) on the copy stream, behind everything queued
+    so far on the current stream and behind the buffer's last copy back;
+    returns the events its pieces complete (blocking events: the starter
+    thread sleeps on them rather than spin)."""
     s = streams(send.device)
     ready = torch.cuda.Event()
     ready.record(torch.cuda.current_stream(send.device))
+    with _lock:
+        last = _last_back.get(name)
     flat = send.reshape(-1)
     piece = max(1, _PIECE_BYTES // max(1, send.element_size()))
     events = []
     with torch.cuda.stream(s.d2h):
         s.d2h.wait_event(ready)
+        if last is not None:
+            s.d2h.wait_event(last)
         for lo in range(0, flat.numel(), piece):
             hi = min(flat.numel(), lo + piece)
             host[lo:hi].copy_(flat[lo:hi], non_blocking=True)
-            e = torch.cuda.Event()
+            e = torch.cuda.Event(blocking=True)
             e.record(s.d2h)
             events.append(e)
     # The caching allocator must not hand send's memory out again before
@@ -207,15 +273,18 @@ def copy_out(send: torch.Tensor, host: torch.Tensor) -> List[Any]:
     return events
 
 
-def copy_back(host: torch.Tensor, dest: torch.Tensor) -> Any:
-    """Queues the host-to-device copy of `host` (flat) into contiguous
-    `dest` on the second stream; returns its event."""
+def copy_back(name: str, host: torch.Tensor, dest: torch.Tensor) -> Any:
+    """Queues the host-to-device copy of `host` (flat, `name`'s staging
+    buffer) into contiguous `dest` on the second stream; returns its
+    event."""
     s = streams(dest.device)
     with torch.cuda.stream(s.h2d):
         dest.reshape(-1).copy_(host, non_blocking=True)
         e = torch.cuda.Event()
         e.record(s.h2d)
     dest.record_stream(s.h2d)
+    with _lock:
+        _last_back[name] = e
     return e
 
 

@@ -538,6 +538,15 @@ def _held(name: Optional[str], what: str, start: Callable[[], int]) -> int:
     return handle
 
 
+def _host_only(tensor: torch.Tensor, what: str) -> None:
+    """The gathering collectives run on host tensors only, for now (issue
+    22 brought CUDA tensors to push_pull, the broadcasts and
+    DistributedOptimizer): a TypeError that says what to do."""
+    if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+        raise TypeError("unisum.torch: %s of a CUDA tensor is not supported yet; pass "
+                        "tensor.cpu() and move the result back with .to(device)" % what)
+
+
 def _busy_as_value_error(start: Callable[[], int]) -> int:
     """Runs start(); the C library's EBUSY (this name has an operation in
     flight) comes out as _NameInFlight, a ValueError as in Horovod."""
@@ -748,6 +757,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
             collective in flight.
     """
     grp = _Group(process_set)
+    _host_only(tensor, "allgather")
     src = tensor.detach().contiguous()
     release = _claim_name(name, "allgather")
     try:
@@ -845,6 +855,7 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
     ranks' rows.  With a `process_set`, over its members (their rows in
     the order of their ranks)."""
     grp = _Group(process_set)
+    _host_only(tensor, "reducescatter")
     if tensor.dim() == 0:
         raise ValueError("unisum.torch: reducescatter needs a tensor of at least one dimension")
     op = Average if op is None else op
@@ -954,6 +965,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     addressed to its ranks.  With a `process_set`, among its members:
     splits[j] rows go to its j-th rank."""
     grp = _Group(process_set)
+    _host_only(tensor, "alltoall")
     if tensor.dim() == 0:
         raise ValueError("unisum.torch: alltoall needs a tensor of at least one dimension")
     n, r, rows = grp.n, grp.k, tensor.shape[0]
@@ -1053,6 +1065,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str] = None,
     if op not in (Average, Sum):
         raise ValueError("unisum.torch: sparse_allreduce_async takes op=Average or op=Sum")
     grp = _Group(process_set)
+    _host_only(tensor, "sparse_allreduce")
     indices = tensor._indices().transpose(0, 1).contiguous()
     values = tensor._values()
     if op == Average:

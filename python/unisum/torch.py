@@ -229,7 +229,11 @@ def _leave_at_exit() -> None:
     with _lock:
         pending = [op for op in _ops.values() if not op.done]
     for op in pending:
-        if op.c_handle is not None:
+        if op.job is not None:
+            from unisum import _cuda
+            if not _cuda.wait(op.job, 0)[0]:
+                return      # a CUDA push_pull, its C operation still to start or end
+        elif op.c_handle is not None:
             rc = _capi.lib.unisum_poll(op.c_handle)
             if rc == 0:
                 return
@@ -321,11 +325,18 @@ def rejoin() -> None:
     if torch.cuda.is_available():
         from unisum import _cuda
         _cuda.forget()
-    # The C library waits for every operation (each failed) and joins anew.
-    rc = _capi.lib.unisum_rejoin()
+    # The C library waits for every operation (each failed) and joins anew;
+    # the CUDA threads' jobs in flight are of the ended membership, and make
+    # no C call while it does (_cuda's gate).
+    if torch.cuda.is_available():
+        from unisum import _cuda
+        with _cuda.new_generation():
+            rc = _capi.lib.unisum_rejoin()
+    else:
+        rc = _capi.lib.unisum_rejoin()
     for op in pending:
         if not op.done:
-            op.done = True
+            op.done = op.failed = True
             op.finish()
     _capi.check(rc, "unisum.torch.rejoin")
     for opt in list(_optimizers):
@@ -721,20 +732,29 @@ def _start_cuda(tensor: torch.Tensor, average: bool, name: Optional[str], priori
         return _register(_Op(None, None, None, output, lambda: None), done=True)
     host = _cuda.staging(wire, send)
     try:
-        copied = _cuda.copy_out(send, host)
+        copied = _cuda.copy_out(wire, send, host)
     except BaseException:
         _cuda.release(wire, drop=one_shot)
+        if one_shot:
+            _undeclare(wire)
         raise
 
     def start() -> int:
         return _start(host, average, raw, priority, True, scale, flags, pset, compression)
 
-    def wait(c_handle: int) -> None:
+    def end_c(c_handle: int) -> None:
         try:
             synchronize(c_handle)
         finally:
             if one_shot:
                 _undeclare(wire)
+
+    def abort() -> None:
+        if one_shot:
+            _undeclare(wire)
+
+    def nap(c_handle: int) -> None:
+        _capi.lib.unisum_poll_timeout(c_handle, 1)
 
     def finish() -> None:
         _cuda.release(wire, drop=one_shot)
@@ -742,8 +762,8 @@ def _start_cuda(tensor: torch.Tensor, average: bool, name: Optional[str], priori
             src.copy_(dest.view_as(src))    # on the current stream, after the copy back
 
     op = _Op(None, send, dest, output, finish)
-    op.job = _cuda.submit(_cuda._Job(send.device, copied, start, wait,
-                                     lambda: _cuda.copy_back(host, dest)))
+    op.job = _cuda.submit(_cuda._Job(send.device, copied, start, poll, nap, end_c,
+                                     lambda: _cuda.copy_back(wire, host, dest), abort))
     return _register(op)
 
 
@@ -759,7 +779,8 @@ def _cuda_end(handle: int, op: _Op) -> Any:
     if err is None:
         torch.cuda.current_stream(op.output.device).wait_event(event)
     op.failed = err is not None
-    op.finish()
+    finish, op.finish, op.job = op.finish, lambda: None, None    # no cycle through finish
+    finish()
     if err is not None:
         raise err
     return op.output
@@ -1421,6 +1442,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         result into the parameter (and, async, its last-known copy)."""
         started = []
         for p, push in items:
+            if p.is_cuda:
+                raise TypeError("unisum.torch: DistributedOptimizer(sync=%r) keeps parameters on "
+                                "the servers and takes CPU parameters only, for now; "
+                                "lock-step (sync='sync') takes CUDA ones" % self._mode)
             name = self._mode.split(":")[0] + "." + self._names[id(p)]
             tid = _declared(name, p.dtype, p.numel(), self._priority.get(id(p), 0),
                             sync=self._mode)

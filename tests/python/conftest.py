@@ -113,6 +113,11 @@ def run_launch(nworkers, nservers, script, *args, timeout=DEFAULT_TIMEOUT, env=N
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         return -9, out, err + "\n[conftest] launcher killed after %d s\n" % (timeout + 20)
+    except BaseException:
+        # pytest itself stopped (Ctrl-C, a `timeout -s INT`): the job, in a
+        # session of its own, must not outlive it.
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     return proc.returncode, out, err
 
 

@@ -29,6 +29,10 @@ import torch
 import common
 import unisum.torch as us
 
+# TF32 would round the distributed and the single-process training apart
+# (3 shards' losses are not a power of 2 from the whole batch's).
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cuda.matmul.allow_tf32 = False
 us.init()
 rank, size = us.rank(), us.size()
 dev = torch.device("cpu") if "--cpu" in sys.argv else torch.device("cuda", torch.cuda.current_device())
