@@ -55,11 +55,6 @@ _to_start: "queue.Queue[Optional[_Job]]" = queue.Queue()
 _to_finish: "queue.Queue[Optional[_Job]]" = queue.Queue()
 
 
-def available() -> bool:
-    """Whether this process can use CUDA tensors."""
-    return torch.cuda.is_available()
-
-
 def streams(device: torch.device) -> _Streams:
     """The copy streams of `device`, made on first use."""
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -286,6 +281,13 @@ def copy_back(name: str, host: torch.Tensor, dest: torch.Tensor) -> Any:
     with _lock:
         _last_back[name] = e
     return e
+
+
+def wait_end(job: _Job, slice_s: float) -> None:
+    """Waits for the job to end, returning to the interpreter every slice_s
+    seconds so that signal handlers (Ctrl-C) run."""
+    while not wait(job, slice_s)[0]:
+        pass
 
 
 def wait(job: _Job, slice_s: float) -> Tuple[bool, Optional[Any], Optional[BaseException]]:

@@ -264,8 +264,7 @@ def shutdown() -> None:
     cuda_error: Optional[BaseException] = None
     for h, op in cuda_ops:
         from unisum import _cuda
-        while not _cuda.wait(op.job, _WAIT_SLICE_MS / 1000.0)[0]:
-            pass
+        _cuda.wait_end(op.job, _WAIT_SLICE_MS / 1000.0)
         try:
             _cuda_end(h, op)
         except UnisumError as e:
@@ -929,8 +928,7 @@ def synchronize(handle: int) -> torch.Tensor:
     if op.job is not None:
         # In slices, as _wait, so that signal handlers run.
         from unisum import _cuda
-        while not _cuda.wait(op.job, _WAIT_SLICE_MS / 1000.0)[0]:
-            pass
+        _cuda.wait_end(op.job, _WAIT_SLICE_MS / 1000.0)
         return cast(torch.Tensor, _cuda_end(handle, op))
     # An operation that is not done has a C handle (only empty tensors have
     # none, and they are done from the start).
