@@ -773,8 +773,8 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
         trailing = list(src.shape[1:])
         per_row = math.prod(trailing)
         send = _widened(src)
-        recv = torch.empty([sum(rows)] + trailing, dtype=send.dtype)
-        output = recv if send is src else torch.empty(recv.shape, dtype=src.dtype)
+        recv = _t._result([sum(rows)] + trailing, send.dtype)
+        output = recv if send is src else _t._result(recv.shape, src.dtype)
 
         def after() -> None:
             if output is not recv:
@@ -875,7 +875,7 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
     base, extra = divmod(rows, n)
     counts = [(base + (1 if q < extra else 0)) * per_row for q in range(n)]
     _, mine = _my_rows(rows, grp)
-    recv = torch.empty([mine] + trailing, dtype=send.dtype)
+    recv = _t._result([mine] + trailing, send.dtype)
 
     def after() -> None:
         if postscale_factor != 1.0:
@@ -1001,8 +1001,8 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
         per_row = math.prod(trailing)
         send = _widened(src)
         recv_rows = [sent[q][r] for q in range(n)]
-        recv = torch.empty([sum(recv_rows)] + trailing, dtype=send.dtype)
-        out = recv if send is src else torch.empty(recv.shape, dtype=src.dtype)
+        recv = _t._result([sum(recv_rows)] + trailing, send.dtype)
+        out = recv if send is src else _t._result(recv.shape, src.dtype)
 
         def after() -> None:
             if out is not recv:

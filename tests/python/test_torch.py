@@ -478,6 +478,36 @@ def test_horovod_queries_without_init():
         us.allreduce(torch.ones(2), average=True, op=us.Sum)
 
 
+def test_results_reuse_only_dead_buffers():
+    """Large results of collectives (_result) take the buffer of an earlier
+    result once that result and all its views have died, never before;
+    the pool keeps at most _POOL_PER_SIZE of a size; small ones are
+    ordinary tensors."""
+    import gc
+    t = us._result((1 << 19,), torch.float32)           # 2 MiB
+    view = t[10:20]
+    first = t.data_ptr()
+    del t
+    gc.collect()
+    alive = us._result((1 << 19,), torch.float32)
+    assert alive.data_ptr() != first                    # `view` holds the first buffer
+    view.fill_(7)
+    assert torch.all(view == 7)
+    del view
+    gc.collect()
+    again = us._result((512, 1024), torch.float32)      # the same 2 MiB, another shape
+    assert again.data_ptr() == first and again.shape == (512, 1024)
+    assert again.data_ptr() != alive.data_ptr()
+    many = [us._result((1 << 19,), torch.float32) for _ in range(us._POOL_PER_SIZE + 2)]
+    assert len({m.data_ptr() for m in many}) == len(many)
+    del many, again, alive
+    gc.collect()
+    assert len(us._pool[2 << 20]) == us._POOL_PER_SIZE
+    small = us._result((4, 4), torch.int32)
+    small.resize_(8)                                     # an ordinary tensor: resizable
+    assert small.numel() == 8
+
+
 # ---- 7. before init() -----------------------------------------------------
 
 @pytest.mark.parametrize("call", [
