@@ -757,10 +757,18 @@ int wk_rank_rack(struct worker *w, int r)
 
 int wk_set_rack(struct worker *w, const int *ranks, int n)
 {
-	int rack = n > 0 ? wk_rank_rack(w, ranks[0]) : -1;
-	for (int i = 1; i < n && rack >= 0; i++)
-		rack = wk_rank_rack(w, ranks[i]) == rack ? rack : -1;
-	return rack;
+	/* Boyer-Moore: the only rack that can hold more than half. */
+	int cand = -1, votes = 0;
+	for (int i = 0; i < n; i++) {
+		int r = wk_rank_rack(w, ranks[i]);
+		if (votes == 0)
+			cand = r;
+		votes += r == cand ? 1 : -1;
+	}
+	int count = 0;
+	for (int i = 0; i < n && cand >= 0; i++)
+		count += wk_rank_rack(w, ranks[i]) == cand;
+	return cand >= 0 && 2 * count > n ? cand : -1;
 }
 
 /* The wire name of tensor `name` of the process set of sorted `ranks`
@@ -1220,52 +1228,111 @@ bool wk_dssync_crosses(const struct wk_dssync_topo *topo, uint64_t step)
 						     (step + 1) % topo->cross_every == 0);
 }
 
+/* Within racks: each rack's ranks (racks by id, ranks in order) shuffled
+ * on their own and cut in runs of g: gid[rank], and for each group its
+ * rack, its place among its rack's groups and its first member (in the
+ * shuffled order).  Returns the number of groups. */
+static int wk_dssync_by_rack(const struct wk_dssync_topo *topo, int n, int g, uint64_t *x,
+			     int *order, int *gid, int *grack, int *gplace, int *gfirst)
+{
+	int base = 0, done = 0, last = -1;
+	while (done < n) {
+		int next = -1;	/* the smallest rack id above `last` */
+		for (int i = 0; i < n; i++)
+			if (topo->rack[i] > last && (next < 0 || topo->rack[i] < next))
+				next = topo->rack[i];
+		int m = 0;
+		for (int i = 0; i < n; i++)
+			if (topo->rack[i] == next)
+				order[m++] = i;
+		wk_shuffle(order, m, x);
+		for (int i = 0; i < m; i++) {
+			int k = base + i / g;
+			gid[order[i]] = k;
+			if (i % g == 0) {
+				grack[k] = next;
+				gplace[k] = i / g;
+				gfirst[k] = order[i];
+			}
+		}
+		base += (m + g - 1) / g;
+		done += m;
+		last = next;
+	}
+	return base;
+}
+
 int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank,
 		    const struct wk_dssync_topo *topo, int *ranks)
 {
-	int *order = malloc((size_t)(n > 0 ? n : 1) * sizeof *order);
-	int *gid = malloc((size_t)(n > 0 ? n : 1) * sizeof *gid);
-	if (order == NULL || gid == NULL) {
-		free(order);
-		free(gid);
-		return UNISUM_ENOMEM;
+	size_t sz = (size_t)(n > 0 ? n : 1) * sizeof(int);
+	int *order = malloc(sz), *gid = malloc(sz), *grack = malloc(sz), *gplace = malloc(sz),
+	    *gfirst = malloc(sz), *ring = malloc(sz);
+	int rc = 0;
+	if (order == NULL || gid == NULL || grack == NULL || gplace == NULL || gfirst == NULL ||
+	    ring == NULL) {
+		rc = UNISUM_ENOMEM;
+		goto out;
 	}
 	uint64_t x = seed ^ (step * 0xd1b54a32d192ed03ull);
-	if (wk_dssync_crosses(topo, step)) {
+	bool crosses = wk_dssync_crosses(topo, step);
+	bool travel = false;
+	int ng = 0;
+	if (topo != NULL && topo->rack != NULL) {
+		ng = wk_dssync_by_rack(topo, n, g, &x, order, gid, grack, gplace, gfirst);
+		/* Across racks, one member of each group travels to the next
+		 * group in an order that alternates racks: every group keeps
+		 * all but one of its members and takes one from another rack,
+		 * so its sum crosses the uplink once each way (placed on its
+		 * majority's rack, wk_set_rack), where a shuffle of everyone
+		 * makes every group span the racks.  Unless a group has only
+		 * one member, or every group is of one rack: then the
+		 * shuffle of everyone. */
+		int *size = ring;
+		memset(size, 0, (size_t)ng * sizeof *size);
+		for (int i = 0; i < n; i++)
+			size[gid[i]]++;
+		travel = crosses && ng > 1;
+		for (int k = 0; travel && k < ng; k++)
+			travel = size[k] > 1;
+		bool racks = false;
+		for (int k = 1; k < ng; k++)
+			racks = racks || grack[k] != grack[0];
+		travel = travel && racks;
+	}
+	if (travel) {
+		/* ring[]: the groups by (place in their rack, rack); the groups
+		 * are numbered by rack, then place. */
+		int m = 0;
+		for (int place = 0; m < ng; place++)
+			for (int k = 0; k < ng; k++)
+				if (gplace[k] == place)
+					ring[m++] = k;
+		for (int i = ng - 1; i > 0; i--)
+			gid[gfirst[ring[i - 1]]] = ring[i];
+		gid[gfirst[ring[ng - 1]]] = ring[0];
+	} else if (crosses) {
 		/* Every rank with every other: one shuffle, cut in runs of g. */
+		x = seed ^ (step * 0xd1b54a32d192ed03ull);
 		for (int i = 0; i < n; i++)
 			order[i] = i;
 		wk_shuffle(order, n, &x);
 		for (int i = 0; i < n; i++)
 			gid[order[i]] = i / g;
-	} else {
-		/* Within racks: each rack's ranks (racks by id, ranks in order)
-		 * shuffled on their own and cut in runs of g. */
-		int base = 0, done = 0, last = -1;
-		while (done < n) {
-			int next = -1;	/* the smallest rack id above `last` */
-			for (int i = 0; i < n; i++)
-				if (topo->rack[i] > last && (next < 0 || topo->rack[i] < next))
-					next = topo->rack[i];
-			int m = 0;
-			for (int i = 0; i < n; i++)
-				if (topo->rack[i] == next)
-					order[m++] = i;
-			wk_shuffle(order, m, &x);
-			for (int i = 0; i < m; i++)
-				gid[order[i]] = base + i / g;
-			base += (m + g - 1) / g;
-			done += m;
-			last = next;
-		}
 	}
 	int m = 0;
 	for (int i = 0; i < n; i++)	/* ascending: the set's ranks are sorted */
 		if (gid[i] == gid[rank])
 			ranks[m++] = i;
+	rc = m;
+out:
 	free(order);
 	free(gid);
-	return m;
+	free(grack);
+	free(gplace);
+	free(gfirst);
+	free(ring);
+	return rc;
 }
 
 /* The racks of every rank (UNISUM_RACK, from the scheduler's address

@@ -1421,6 +1421,47 @@ static void test_dssync_groups(void **state)
 	}
 }
 
+/* With 2 racks of 4 and groups of 4 (bench/cluster/sync's cluster), a step
+ * that crosses racks moves one member of each rack's group to the other:
+ * every group has 3 of one rack and 1 of the other, a different one from
+ * step to step; and with 2 racks of 8 and groups of 4, each of the 4
+ * groups has 3 of one rack and 1 of the other, and the 2 groups of a rack
+ * send their travellers to different groups. */
+static void test_dssync_travellers(void **state)
+{
+	(void)state;
+	for (int per = 4; per <= 8; per += 4) {
+		int n = 2 * per, rack[16];
+		for (int r = 0; r < n; r++)
+			rack[r] = r / per;
+		const struct wk_dssync_topo topo = {.rack = rack, .cross_every = 2};
+		int travellers_seen[16] = {0};
+		for (uint64_t step = 1; step < 40; step += 2) {
+			assert_true(wk_dssync_crosses(&topo, step));
+			for (int r = 0; r < n; r++) {
+				int mine[16], m = wk_dssync_group(7, step, n, 4, r, &topo, mine);
+				assert_int_equal(m, 4);
+				int own = 0;
+				for (int k = 0; k < m; k++)
+					own += rack[mine[k]] == rack[r];
+				/* r is one of the 3 of the group's rack, or its traveller */
+				assert_true(own == 3 || own == 1);
+				if (own == 1)
+					travellers_seen[r] = 1;
+				int majority = own == 3 ? rack[r] : 1 - rack[r];
+				int count = 0;
+				for (int k = 0; k < m; k++)
+					count += rack[mine[k]] == majority;
+				assert_int_equal(count, 3);
+			}
+		}
+		int distinct = 0;
+		for (int r = 0; r < n; r++)
+			distinct += travellers_seen[r];
+		assert_true(distinct > 2);	/* not always the same members travel */
+	}
+}
+
 static void test_one_machine(void **state)
 {
 	(void)state;
@@ -1612,6 +1653,7 @@ int main(void)
 		cmocka_set_test_filter(getenv("TEST_JOB_FILTER"));
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_dssync_groups),
+		cmocka_unit_test(test_dssync_travellers),
 		cmocka_unit_test(test_one_machine),
 		cmocka_unit_test(test_machines_of_two_ipc),
 		cmocka_unit_test(test_one_per_machine_tcp),
