@@ -48,11 +48,13 @@ Choices where the references differ:
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import ctypes
 import math
 import os
 import pickle
+import queue
 import threading
 import warnings
 import weakref
@@ -275,6 +277,7 @@ def shutdown() -> None:
         _initialized = False
         pending = [op for op in _ops.values() if not op.done]
         _ops.clear()
+    _pool_drop()
     first_error = 0
     for op in pending:
         if op.c_handle is None:
@@ -473,46 +476,100 @@ def empty(*size: Union[int, Sequence[int]], dtype: torch.dtype = torch.float32) 
 # few MiB or more is fresh pages from the kernel (glibc maps such blocks
 # anew and unmaps them on free), and their first write costs page faults:
 # 30 ms of a 64 MiB allgather's 0.5 s on the emulated cluster, every call.
-# Smaller blocks come warm from malloc's heap anyway.
+# Smaller blocks come warm from malloc's heap anyway.  The pool keeps the
+# sizes used last (least recently used go first) and is emptied by
+# shutdown().
 _POOL_MIN = 1 << 20         # bytes: below, torch.empty
 _POOL_PER_SIZE = 4          # buffers kept of each size
-_POOL_BYTES = 512 << 20     # kept in all; beyond, a dying result's buffer is freed
+_POOL_BYTES = 512 << 20     # kept in all
 _pool_lock = threading.Lock()
-_pool: Dict[int, List[torch.Tensor]] = {}
+_pool: "collections.OrderedDict[int, List[torch.Tensor]]" = collections.OrderedDict()
 _pool_bytes = 0
+# A dying result's finalizer may run on any thread, inside the garbage
+# collector, even while that thread holds _pool_lock: it files its buffer
+# only when it gets the lock at once, else leaves it here for the next
+# _result() (SimpleQueue.put is safe there).
+_pool_returned: "queue.SimpleQueue[torch.Tensor]" = queue.SimpleQueue()
+
+
+def _pool_keep(backing: torch.Tensor) -> None:
+    """Files `backing` for the next result of its size, evicting the least
+    recently used sizes to stay within _POOL_BYTES (_pool_lock held)."""
+    global _pool_bytes
+    n = backing.numel()
+    if n > _POOL_BYTES or len(_pool.get(n, ())) >= _POOL_PER_SIZE:
+        return
+    while _pool_bytes + n > _POOL_BYTES:
+        size, free = next(iter(_pool.items()))
+        free.pop()
+        _pool_bytes -= size
+        if not free:
+            del _pool[size]
+    _pool.setdefault(n, []).append(backing)
+    _pool.move_to_end(n)
+    _pool_bytes += n
 
 
 def _pool_put(backing: torch.Tensor) -> None:
-    """Keeps `backing` (uint8) for the next result of its size, within the
-    pool's bounds; else lets it go."""
+    """The finalizer of a pooled result: gives its buffer back."""
+    if _pool_lock.acquire(blocking=False):
+        try:
+            _pool_keep(backing)
+        finally:
+            _pool_lock.release()
+    else:
+        _pool_returned.put(backing)
+
+
+def _pool_take(nbytes: int) -> Optional[torch.Tensor]:
+    """A kept buffer of nbytes, or None; files the returned ones first."""
     global _pool_bytes
-    n = backing.numel()
     with _pool_lock:
-        free = _pool.setdefault(n, [])
-        if len(free) < _POOL_PER_SIZE and _pool_bytes + n <= _POOL_BYTES:
-            free.append(backing)
-            _pool_bytes += n
+        while True:
+            try:
+                _pool_keep(_pool_returned.get_nowait())
+            except queue.Empty:
+                break
+        free = _pool.get(nbytes)
+        if not free:
+            return None
+        backing = free.pop()
+        _pool_bytes -= nbytes
+        if free:
+            _pool.move_to_end(nbytes)
+        else:
+            del _pool[nbytes]
+        return backing
+
+
+def _pool_drop() -> None:
+    """Lets every kept buffer go (shutdown)."""
+    global _pool_bytes
+    with _pool_lock:
+        _pool.clear()
+        _pool_bytes = 0
+        while True:
+            try:
+                _pool_returned.get_nowait()
+            except queue.Empty:
+                break
 
 
 def _result(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor of `shape` for a collective's result, from
     the pool when it is large (see _POOL_MIN); its buffer goes back to the
     pool when the tensor and every view of it have died."""
-    global _pool_bytes
     shape = tuple(shape)
     numel = math.prod(shape)
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if nbytes < _POOL_MIN:
         return torch.empty(shape, dtype=dtype)
-    with _pool_lock:
-        free = _pool.get(nbytes)
-        backing = free.pop() if free else None
-        if backing is not None:
-            _pool_bytes -= nbytes
+    backing = _pool_take(nbytes)
     if backing is None:
         backing = torch.empty(nbytes, dtype=torch.uint8)
     view = (ctypes.c_char * nbytes).from_address(backing.data_ptr())
-    weakref.finalize(view, _pool_put, backing)   # when the last tensor on it dies
+    # When the last tensor on it dies; not at exit, when results still live.
+    weakref.finalize(view, _pool_put, backing).atexit = False
     return torch.frombuffer(view, dtype=dtype, count=numel).view(shape)
 
 

@@ -768,7 +768,10 @@ int wk_set_rack(struct worker *w, const int *ranks, int n)
 	int count = 0;
 	for (int i = 0; i < n && cand >= 0; i++)
 		count += wk_rank_rack(w, ranks[i]) == cand;
-	return cand >= 0 && 2 * count > n ? cand : -1;
+	/* All but one at most: a DS-Sync group with its one traveller.  A
+	 * set spread wider keeps every server (racks of 5 and 3 on the first
+	 * rack's servers alone would send all of the 3's data across). */
+	return cand >= 0 && 2 * count > n && count >= n - 1 ? cand : -1;
 }
 
 /* The wire name of tensor `name` of the process set of sorted `ranks`
@@ -1281,36 +1284,44 @@ int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank,
 	if (topo != NULL && topo->rack != NULL) {
 		ng = wk_dssync_by_rack(topo, n, g, &x, order, gid, grack, gplace, gfirst);
 		/* Across racks, one member of each group travels to the next
-		 * group in an order that alternates racks: every group keeps
-		 * all but one of its members and takes one from another rack,
-		 * so its sum crosses the uplink once each way (placed on its
-		 * majority's rack, wk_set_rack), where a shuffle of everyone
-		 * makes every group span the racks.  Unless a group has only
-		 * one member, or every group is of one rack: then the
-		 * shuffle of everyone. */
+		 * group in an order that alternates racks while it can (by
+		 * place in their rack, then rack): every group keeps all but
+		 * one of its members and, with racks of as many groups, takes
+		 * one from another rack, so its sum crosses the uplink once
+		 * each way (placed on its rack, wk_set_rack), where a shuffle
+		 * of everyone makes every group span the racks.  A group of
+		 * one member stays as it is; with fewer than two groups to
+		 * travel between, or all of them in one rack, the shuffle of
+		 * everyone. */
 		int *size = ring;
 		memset(size, 0, (size_t)ng * sizeof *size);
 		for (int i = 0; i < n; i++)
 			size[gid[i]]++;
-		travel = crosses && ng > 1;
-		for (int k = 0; travel && k < ng; k++)
-			travel = size[k] > 1;
-		bool racks = false;
-		for (int k = 1; k < ng; k++)
-			racks = racks || grack[k] != grack[0];
-		travel = travel && racks;
+		for (int k = 0; k < ng; k++)
+			gplace[k] = size[k] > 1 ? gplace[k] : -1;	/* not travelling */
+		int first = -1;
+		for (int k = 0; crosses && k < ng; k++) {
+			if (gplace[k] < 0)
+				continue;
+			if (first < 0)
+				first = k;
+			else if (grack[k] != grack[first])
+				travel = true;
+		}
 	}
 	if (travel) {
-		/* ring[]: the groups by (place in their rack, rack); the groups
-		 * are numbered by rack, then place. */
-		int m = 0;
-		for (int place = 0; m < ng; place++)
+		/* ring[0..m): the travelling groups by (place in their rack,
+		 * rack); the groups are numbered by rack, then place. */
+		int m = 0, left = 0;
+		for (int k = 0; k < ng; k++)
+			left += gplace[k] >= 0;
+		for (int place = 0; m < left; place++)
 			for (int k = 0; k < ng; k++)
 				if (gplace[k] == place)
 					ring[m++] = k;
-		for (int i = ng - 1; i > 0; i--)
+		for (int i = m - 1; i > 0; i--)
 			gid[gfirst[ring[i - 1]]] = ring[i];
-		gid[gfirst[ring[ng - 1]]] = ring[0];
+		gid[gfirst[ring[m - 1]]] = ring[0];
 	} else if (crosses) {
 		/* Every rank with every other: one shuffle, cut in runs of g. */
 		x = seed ^ (step * 0xd1b54a32d192ed03ull);

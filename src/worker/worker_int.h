@@ -408,9 +408,9 @@ bool wk_dssync_crosses(const struct wk_dssync_topo *topo, uint64_t step);
  * `seed` and the step: the same on every worker, another at every step)
  * and cut into runs of g, the last maybe shorter; on a step that does not
  * cross racks, each rack (by id) on its own; on one that does, with racks,
- * the same, then one member of each group moves to the next group of an
- * order that alternates racks (the full shuffle when a group has one
- * member or all are of one rack). */
+ * the same, then one member of each group of two or more moves to the
+ * next such group of an order that alternates racks while it can (the
+ * full shuffle when fewer than two such groups, or all in one rack). */
 int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank,
 		    const struct wk_dssync_topo *topo, int *ranks);
 void *wk_push_main(void *arg);
@@ -428,8 +428,9 @@ void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a);
 void wk_join_poison(struct worker *w, uint64_t key, const char *tensor, int rank);
 
 /* Worker rank r's UNISUM_RACK as it registered (-1: none or unknown), and
- * the rack of more than half of ranks[0..n) (-1: none has): a process
- * set's tensors go on that rack's servers. */
+ * the rack of all of ranks[0..n) or of all but one, when that is more
+ * than half (-1: none is): a process set's tensors go on that rack's
+ * servers. */
 int wk_rank_rack(struct worker *w, int r);
 int wk_set_rack(struct worker *w, const int *ranks, int n);
 

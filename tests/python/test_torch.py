@@ -484,6 +484,7 @@ def test_results_reuse_only_dead_buffers():
     the pool keeps at most _POOL_PER_SIZE of a size; small ones are
     ordinary tensors."""
     import gc
+    us._pool_drop()
     t = us._result((1 << 19,), torch.float32)           # 2 MiB
     view = t[10:20]
     first = t.data_ptr()
@@ -506,6 +507,40 @@ def test_results_reuse_only_dead_buffers():
     small = us._result((4, 4), torch.int32)
     small.resize_(8)                                     # an ordinary tensor: resizable
     assert small.numel() == 8
+    us._pool_drop()
+    assert not us._pool and us._pool_bytes == 0
+
+
+def test_results_pool_evicts_and_defers(monkeypatch):
+    """Over its byte budget the pool lets the least recently used size go;
+    a result that dies while the pool's lock is held (a finalizer run by
+    the garbage collector inside the pool's own code) is filed later, not
+    waited for."""
+    import gc
+    us._pool_drop()
+    monkeypatch.setattr(us, "_POOL_BYTES", 5 << 20)
+    a = us._result((1 << 18,), torch.float32)           # 1 MiB
+    b = us._result((1 << 19,), torch.float32)           # 2 MiB
+    c = us._result((3 << 18,), torch.float32)           # 3 MiB
+    ptr_c = c.data_ptr()
+    del a
+    gc.collect()
+    del b
+    gc.collect()
+    assert sorted(us._pool) == [1 << 20, 2 << 20] and us._pool_bytes == 3 << 20
+    del c                                               # 3 more: the 1 MiB (oldest) goes
+    gc.collect()
+    assert sorted(us._pool) == [2 << 20, 3 << 20] and us._pool_bytes == 5 << 20
+    d = us._result((3 << 18,), torch.float32)
+    assert d.data_ptr() == ptr_c
+    ptr_d = d.data_ptr()
+    with us._pool_lock:
+        del d
+        gc.collect()                                    # its finalizer must not wait
+    assert us._pool_returned.qsize() == 1
+    e = us._result((3 << 18,), torch.float32)           # files the queued one, takes it
+    assert e.data_ptr() == ptr_d and us._pool_returned.qsize() == 0
+    us._pool_drop()
 
 
 # ---- 7. before init() -----------------------------------------------------

@@ -1426,7 +1426,8 @@ static void test_dssync_groups(void **state)
  * every group has 3 of one rack and 1 of the other, a different one from
  * step to step; and with 2 racks of 8 and groups of 4, each of the 4
  * groups has 3 of one rack and 1 of the other, and the 2 groups of a rack
- * send their travellers to different groups. */
+ * send their travellers to different groups; with racks of 5, the groups
+ * of one stay alone and the others still swap. */
 static void test_dssync_travellers(void **state)
 {
 	(void)state;
@@ -1459,6 +1460,28 @@ static void test_dssync_travellers(void **state)
 		for (int r = 0; r < n; r++)
 			distinct += travellers_seen[r];
 		assert_true(distinct > 2);	/* not always the same members travel */
+	}
+	/* Racks of 5, groups of 4: each rack's group of 4 swaps a member with
+	 * the other's, its group of one stays alone (it used to force the
+	 * full shuffle). */
+	int rack[10];
+	for (int r = 0; r < 10; r++)
+		rack[r] = r / 5;
+	const struct wk_dssync_topo topo = {.rack = rack, .cross_every = 1};
+	for (uint64_t step = 0; step < 20; step++) {
+		int fours = 0;
+		for (int r = 0; r < 10; r++) {
+			int mine[16], m = wk_dssync_group(9, step, 10, 4, r, &topo, mine);
+			assert_true(m == 4 || m == 1);
+			if (m == 1)
+				continue;
+			fours++;
+			int own = 0;
+			for (int k = 0; k < m; k++)
+				own += rack[mine[k]] == rack[r];
+			assert_true(own == 3 || own == 1);
+		}
+		assert_int_equal(fours, 8);
 	}
 }
 
