@@ -465,9 +465,17 @@ def empty(*size: Union[int, Sequence[int]], dtype: torch.dtype = torch.float32) 
     ptr = _capi.lib.unisum_alloc(nbytes)
     if not ptr:
         raise MemoryError("unisum.torch.empty: no memory for %d bytes" % nbytes)
+    return _tensor_at(ptr, nbytes, dtype, shape, _capi.lib.unisum_free, ptr)
+
+
+def _tensor_at(ptr: int, nbytes: int, dtype: torch.dtype, shape: Tuple[int, ...],
+               release: Callable[..., None], *args: Any) -> torch.Tensor:
+    """A tensor of `shape` over the nbytes at address ptr; release(*args)
+    runs once it and every view of it have died (not at exit, when
+    tensors still live)."""
     buf = (ctypes.c_char * nbytes).from_address(ptr)
-    weakref.finalize(buf, _capi.lib.unisum_free, ptr)   # when the last view dies
-    return torch.frombuffer(buf, dtype=dtype, count=numel).view(shape)
+    weakref.finalize(buf, release, *args).atexit = False
+    return torch.frombuffer(buf, dtype=dtype, count=math.prod(shape)).view(shape)
 
 
 # Results of collectives that return a new tensor (Horovod's allreduce,
@@ -521,15 +529,23 @@ def _pool_put(backing: torch.Tensor) -> None:
         _pool_returned.put(backing)
 
 
+def _pool_drain(keep: bool) -> None:
+    """Empties _pool_returned, filing its buffers when `keep` (_pool_lock
+    held)."""
+    while True:
+        try:
+            backing = _pool_returned.get_nowait()
+        except queue.Empty:
+            return
+        if keep:
+            _pool_keep(backing)
+
+
 def _pool_take(nbytes: int) -> Optional[torch.Tensor]:
     """A kept buffer of nbytes, or None; files the returned ones first."""
     global _pool_bytes
     with _pool_lock:
-        while True:
-            try:
-                _pool_keep(_pool_returned.get_nowait())
-            except queue.Empty:
-                break
+        _pool_drain(True)
         free = _pool.get(nbytes)
         if not free:
             return None
@@ -548,11 +564,7 @@ def _pool_drop() -> None:
     with _pool_lock:
         _pool.clear()
         _pool_bytes = 0
-        while True:
-            try:
-                _pool_returned.get_nowait()
-            except queue.Empty:
-                break
+        _pool_drain(False)
 
 
 def _result(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
@@ -567,10 +579,7 @@ def _result(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     backing = _pool_take(nbytes)
     if backing is None:
         backing = torch.empty(nbytes, dtype=torch.uint8)
-    view = (ctypes.c_char * nbytes).from_address(backing.data_ptr())
-    # When the last tensor on it dies; not at exit, when results still live.
-    weakref.finalize(view, _pool_put, backing).atexit = False
-    return torch.frombuffer(view, dtype=dtype, count=numel).view(shape)
+    return _tensor_at(backing.data_ptr(), nbytes, dtype, shape, _pool_put, backing)
 
 
 def zeros_like(tensor: torch.Tensor) -> torch.Tensor:

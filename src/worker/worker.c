@@ -1268,19 +1268,16 @@ static int wk_dssync_by_rack(const struct wk_dssync_topo *topo, int n, int g, ui
 int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank,
 		    const struct wk_dssync_topo *topo, int *ranks)
 {
-	size_t sz = (size_t)(n > 0 ? n : 1) * sizeof(int);
-	int *order = malloc(sz), *gid = malloc(sz), *grack = malloc(sz), *gplace = malloc(sz),
-	    *gfirst = malloc(sz), *ring = malloc(sz);
-	int rc = 0;
-	if (order == NULL || gid == NULL || grack == NULL || gplace == NULL || gfirst == NULL ||
-	    ring == NULL) {
-		rc = UNISUM_ENOMEM;
-		goto out;
-	}
+	size_t each = (size_t)(n > 0 ? n : 1);
+	int *order = malloc(6 * each * sizeof *order);
+	if (order == NULL)
+		return UNISUM_ENOMEM;
+	int *gid = order + each, *grack = gid + each, *gplace = grack + each,
+	    *gfirst = gplace + each, *ring = gfirst + each;
 	uint64_t x = seed ^ (step * 0xd1b54a32d192ed03ull);
 	bool crosses = wk_dssync_crosses(topo, step);
 	bool travel = false;
-	int ng = 0;
+	int ng = 0, left = 0;	/* groups, travelling groups */
 	if (topo != NULL && topo->rack != NULL) {
 		ng = wk_dssync_by_rack(topo, n, g, &x, order, gid, grack, gplace, gfirst);
 		/* Across racks, one member of each group travels to the next
@@ -1297,24 +1294,23 @@ int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank,
 		memset(size, 0, (size_t)ng * sizeof *size);
 		for (int i = 0; i < n; i++)
 			size[gid[i]]++;
-		for (int k = 0; k < ng; k++)
-			gplace[k] = size[k] > 1 ? gplace[k] : -1;	/* not travelling */
 		int first = -1;
-		for (int k = 0; crosses && k < ng; k++) {
-			if (gplace[k] < 0)
+		for (int k = 0; k < ng; k++) {
+			if (size[k] < 2) {
+				gplace[k] = -1;		/* not travelling */
 				continue;
+			}
+			left++;
 			if (first < 0)
 				first = k;
 			else if (grack[k] != grack[first])
-				travel = true;
+				travel = crosses;
 		}
 	}
 	if (travel) {
 		/* ring[0..m): the travelling groups by (place in their rack,
 		 * rack); the groups are numbered by rack, then place. */
-		int m = 0, left = 0;
-		for (int k = 0; k < ng; k++)
-			left += gplace[k] >= 0;
+		int m = 0;
 		for (int place = 0; m < left; place++)
 			for (int k = 0; k < ng; k++)
 				if (gplace[k] == place)
@@ -1335,15 +1331,8 @@ int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank,
 	for (int i = 0; i < n; i++)	/* ascending: the set's ranks are sorted */
 		if (gid[i] == gid[rank])
 			ranks[m++] = i;
-	rc = m;
-out:
 	free(order);
-	free(gid);
-	free(grack);
-	free(gplace);
-	free(gfirst);
-	free(ring);
-	return rc;
+	return m;
 }
 
 /* The racks of every rank (UNISUM_RACK, from the scheduler's address
