@@ -53,7 +53,7 @@ from __future__ import annotations
 import ctypes
 import math
 import pickle
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, cast
 
 import torch
 
@@ -558,10 +558,11 @@ def _busy_as_value_error(start: Callable[[], int]) -> int:
         raise
 
 
-def _shapes_start(tensor: torch.Tensor, what: str, grp: _Group) -> int:
+def _shapes_start(tensor: torch.Tensor, what: str, grp: _Group, call: int) -> int:
     """Starts the push_pull of every rank's shape record (rows, dimensions,
     dtype, trailing dimensions) that an allgather waits for, as Horovod's
-    coordinator does; returns its handle (_shapes_rows reads its output)."""
+    coordinator does; returns its handle (_shapes_rows reads its output).
+    In the global set it runs on the shape slot of call number `call`."""
     if tensor.dim() == 0:
         raise ValueError("unisum.torch: %s needs a tensor of at least one dimension" % what)
     if tensor.dtype not in _DTYPE_CODES or tensor.dim() > _RECORD - 3:
@@ -571,7 +572,7 @@ def _shapes_start(tensor: torch.Tensor, what: str, grp: _Group) -> int:
     dims = list(tensor.shape)
     rec[grp.k, :3] = torch.tensor([dims[0], len(dims), _DTYPE_CODES[tensor.dtype]])
     rec[grp.k, 3:3 + len(dims) - 1] = torch.tensor(dims[1:], dtype=torch.int64)
-    return _t._start(rec, False, None, 0, False, pset=grp.pset)
+    return _exchange_start(rec, grp, what, call)
 
 
 def _shapes_rows(recs_tensor: torch.Tensor, what: str) -> List[int]:
@@ -660,7 +661,7 @@ def _set_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
 def _gather_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
                    counts: List[int], after: Callable[[], None],
                    flags: int = 0, grp: Optional[_Group] = None,
-                   shape: Optional[Tuple[int, ...]] = None
+                   shape: Optional[Tuple[int, ...]] = None, keep: bool = False
                    ) -> Tuple[Optional[int], Callable[[], None]]:
     """Starts the C library's allgather, reduce-scatter or alltoall (`kind`)
     of `send` into `recv` with the layout `counts` on the one-shot tensor
@@ -670,23 +671,24 @@ def _gather_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
     process set (`grp`), see _set_launch.  `shape`: the dimensions every
     rank passes alike (reduce-scatter's input), declared with the tensor
     so that ranks whose dimensions differ fail even when the counts
-    agree."""
+    agree.  `keep`: `name` is a slot's tensor, left declared."""
     if grp is not None and grp.pset != 0:
         return _set_launch(kind, name, send, recv, counts, after, flags, grp)
     total = sum(counts)
     tid = _t._declared(name, send.dtype, total, 0, shape)
     # An empty side still needs an address; nothing is read or written there.
-    keep = torch.empty(1, dtype=send.dtype)
+    spare = torch.empty(1, dtype=send.dtype)
 
-    def finish(_alive: torch.Tensor = keep) -> None:
+    def finish(_alive: torch.Tensor = spare) -> None:
         after()
-        _t._undeclare(name)
+        if not keep:
+            _t._undeclare(name)
 
     if total == 0:
         finish()
         return None, lambda: None
-    in_ptr = send.data_ptr() if send.numel() else keep.data_ptr()
-    out_ptr = recv.data_ptr() if recv.numel() else keep.data_ptr()
+    in_ptr = send.data_ptr() if send.numel() else spare.data_ptr()
+    out_ptr = recv.data_ptr() if recv.numel() else spare.data_ptr()
     arr = (ctypes.c_uint64 * len(counts))(*counts)
     h = ctypes.c_int64(0)
     try:
@@ -699,9 +701,146 @@ def _gather_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
             rc = _capi.lib.unisum_alltoall_async(tid, in_ptr, out_ptr, arr, ctypes.byref(h))
         _capi.check(rc, "unisum.torch: " + kind)
     except BaseException:
-        _t._undeclare(name)
+        if not keep:
+            _t._undeclare(name)
         raise
     return h.value, finish
+
+
+# ---- the tensors that unnamed gathering collectives reuse ----
+#
+# A one-shot tensor costs three scheduler round trips a call (its
+# declaration, the homed cut's, its undeclaration) and fresh buffers on the
+# servers, whose first touch is page faults: 2-5 ms of a 4 MiB allgather's
+# 35 ms on the emulated cluster.  So the collectives of the global set that
+# the caller did not name take turns, by their call number, on _SLOTS
+# tensors per kind, each declared for the layout (dtype, counts, shape) it
+# last carried and declared anew under a new name when that changes; the
+# C library keeps each one's homed cut.  Every rank numbers its calls
+# alike and sees the same layouts (the shapes' push_pull said them), so
+# every rank names the same tensor for a call.  A slot is used in call
+# order: before a call takes it, every earlier call filed on it is brought
+# to its end here (_t._drive), which needs nothing the other ranks have
+# not started.  Results above _SLOT_BYTES stay one-shot (a slot's buffers
+# on the servers outlive the call).  The shapes' push_pulls take turns on
+# _SHAPE_SLOTS tensors the same way.
+_SLOTS = 4
+_SHAPE_SLOTS = 8
+_SLOT_BYTES = 64 << 20
+
+
+class _Slot:
+    """One reused tensor: its current name and layout, and the handles of
+    the calls filed on it, in call order."""
+
+    __slots__ = ("kind", "index", "gen", "name", "layout", "users")
+
+    def __init__(self, kind: str, index: int) -> None:
+        self.kind, self.index, self.gen = kind, index, 0
+        self.name: Optional[str] = None
+        self.layout: Any = None
+        self.users: List[int] = []
+
+
+_slots: dict = {}
+
+
+def _slot(kind: str, call: int, turns: int) -> _Slot:
+    """The slot of kind `kind` that call number `call` takes."""
+    with _t._lock:
+        key = (kind, call % turns)
+        got = _slots.get(key)
+        if got is None:
+            got = _slots[key] = _Slot(kind, call % turns)
+        return got
+
+
+def _call_number(by_order_name: str) -> int:
+    """N of the name _t._by_order gave ("kind.N")."""
+    return int(by_order_name.split(".")[1])
+
+
+def _slot_clear(slot: _Slot, until: Optional[int] = None) -> None:
+    """Brings every call filed on `slot` (those before handle `until`, when
+    given) to its end, and forgets them."""
+    while True:
+        with _t._lock:
+            if until is not None and until in slot.users:
+                earlier = slot.users[:slot.users.index(until)]
+            else:
+                earlier = list(slot.users)
+            if not earlier:
+                return
+        for h in earlier:
+            _t._drive(h)
+        with _t._lock:
+            slot.users = [h for h in slot.users if h not in earlier]
+
+
+def _slot_name(slot: _Slot, layout: Any) -> str:
+    """The name of `slot`'s tensor for a call of `layout`: its own, or when
+    the layout changed, a new one (the old undeclared)."""
+    if slot.name is not None and slot.layout == layout:
+        return slot.name
+    if slot.name is not None:
+        _t._undeclare(slot.name)
+    slot.gen += 1
+    slot.name = "unisum.%s.slot%d.%d" % (slot.kind, slot.index, slot.gen)
+    slot.layout = layout
+    return slot.name
+
+
+def _slot_wire(slot: Optional[_Slot], until: Optional[int], one_shot: str, dtype: torch.dtype,
+               counts: List[int], shape: Optional[Tuple[int, ...]] = None) -> Tuple[str, bool]:
+    """The tensor a gathering collective of `counts` runs on, and whether
+    it is a slot's (kept declared): `slot`'s, once the calls filed on it
+    before handle `until` have ended, unless the whole exceeds
+    _SLOT_BYTES or there is no slot (a process set); else `one_shot`."""
+    if slot is None:
+        return one_shot, False
+    _slot_clear(slot, until)
+    if sum(counts) * torch.empty(0, dtype=dtype).element_size() > _SLOT_BYTES:
+        return one_shot, False
+    return _slot_name(slot, (dtype, tuple(counts), shape)), True
+
+
+def _slot_file(slot: Optional[_Slot], handle: int) -> int:
+    """Files `handle` as `slot`'s latest user; returns it."""
+    if slot is not None:
+        with _t._lock:
+            slot.users.append(handle)
+    return handle
+
+
+def _exchange_start(table: torch.Tensor, grp: _Group, kind: str, call: int) -> int:
+    """Starts the small push_pull (a sum) of `table`, in which each rank
+    filled its own row, that a gathering collective waits for; in the
+    global set on the exchange slot of call number `call`."""
+    if grp.pset != 0:
+        return _t._start(table, False, None, 0, False, pset=grp.pset)
+    slot = _slot(kind + ".exchange", call, _SHAPE_SLOTS)
+    _slot_clear(slot)
+    return _slot_file(slot, _t._start(table, False, "unisum.%s.exchange.slot%d.%d"
+                                       % (kind, slot.index, table.numel()), 0, False))
+
+
+def _slots_forget(rejoin: bool) -> None:
+    """After rejoin() (the tensors gone with the membership, the calls
+    counted afresh), forgets every slot.  After join() (where every rank
+    calls it, none in a gathering collective), undeclares the collectives'
+    slot tensors, one of which join may have poisoned; the next use
+    declares a new generation.  The exchange slots stay: a joined rank ran
+    their push_pulls for the others, so their rounds are in step."""
+    with _t._lock:
+        if rejoin:
+            _slots.clear()
+            del _staged[:]
+            return
+        retired = [slot for slot in _slots.values()
+                   if not slot.kind.endswith(".exchange") and slot.name is not None]
+    for slot in retired:
+        name, slot.name, slot.layout, slot.users = slot.name, None, None, []
+        _t._undeclare(cast(str, name))
 
 
 def _chain(first: int, stage: Callable[[_t._Op], Optional[int]],
@@ -724,6 +863,7 @@ def _chain(first: int, stage: Callable[[_t._Op], Optional[int]],
     op.finish = end_first
 
     def then(op_: _t._Op) -> Optional[int]:
+        _stages_before(first)
         first_finish()          # the small push_pull's own clean-up
         op_.finish = release
         c, finish = stage(op_)
@@ -737,7 +877,30 @@ def _chain(first: int, stage: Callable[[_t._Op], Optional[int]],
         return c
 
     op.then = then
+    with _t._lock:
+        _staged.append(first)
     return first
+
+
+# Handles whose second stage has not run, in call order.  Second stages run
+# in call order on every rank (_stages_before), whichever handle a rank
+# synchronizes first: the declarations they make are rendezvous of every
+# rank, and a slot's users must come in the same order everywhere.
+_staged: List[int] = []
+
+
+def _stages_before(handle: int) -> None:
+    """Runs the second stage of every call before `handle` that has not
+    had it (waiting for their small push_pulls, which every rank started),
+    and forgets `handle` here: its own stage runs next."""
+    with _t._lock:
+        if handle not in _staged:
+            return      # driven by an earlier call's turn: those before it have run
+        at = _staged.index(handle)
+        earlier = _staged[:at]
+        del _staged[:at + 1]
+    for h in earlier:
+        _t._drive(h, whole=False)
 
 
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
@@ -760,13 +923,15 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     _host_only(tensor, "allgather")
     src = tensor.detach().contiguous()
     release = _claim_name(name, "allgather")
+    # Reserved now: every rank in the same order.
+    data_name = _t._by_order("allgather", pset=grp.pset)
+    call = _call_number(data_name)
+    slot = _slot("allgather", call, _SLOTS) if grp.pset == 0 else None
     try:
-        first = _shapes_start(src, "allgather", grp)
+        first = _shapes_start(src, "allgather", grp, call)
     except BaseException:
         release()
         raise
-    # Reserved now: every rank in the same order.
-    data_name = _t._by_order("allgather", pset=grp.pset)
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
         rows = _shapes_rows(op.output, "allgather")
@@ -781,10 +946,11 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                 output.copy_(recv)
 
         op.send, op.recv, op.output = send, recv, output
-        return _gather_launch("allgather", data_name, send, recv, [q * per_row for q in rows],
-                              after, 0, grp)
+        counts = [q * per_row for q in rows]
+        wire, keep = _slot_wire(slot, first, data_name, send.dtype, counts)
+        return _gather_launch("allgather", wire, send, recv, counts, after, 0, grp, keep=keep)
 
-    return _chain(first, stage, release)
+    return _slot_file(slot, _chain(first, stage, release))
 
 
 class _AllgatherFn(torch.autograd.Function):
@@ -883,9 +1049,13 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
 
     release = _claim_name(name, "reducescatter")
     try:
-        c, finish = _gather_launch("reducescatter", _t._by_order("reducescatter", pset=grp.pset),
-                                   send, recv, counts, after,
-                                   _capi.AVERAGE if op == Average else 0, grp, tuple(send.shape))
+        one_shot = _t._by_order("reducescatter", pset=grp.pset)
+        slot = (_slot("reducescatter", _call_number(one_shot), _SLOTS) if grp.pset == 0
+                else None)
+        wire, keep = _slot_wire(slot, None, one_shot, send.dtype, counts, tuple(send.shape))
+        c, finish = _gather_launch("reducescatter", wire, send, recv, counts, after,
+                                   _capi.AVERAGE if op == Average else 0, grp, tuple(send.shape),
+                                   keep=keep)
     except BaseException:
         release()
         raise
@@ -899,7 +1069,7 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
     if c is None:
         end()
         return _t._register(_t._Op(None, None, None, recv, lambda: None), done=True)
-    return _t._register(_t._Op(c, send, recv, recv, end))
+    return _slot_file(slot, _t._register(_t._Op(c, send, recv, recv, end)))
 
 
 class _ReducescatterFn(torch.autograd.Function):
@@ -987,13 +1157,15 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     table[r] = torch.tensor(mine, dtype=torch.int64)
     src = tensor.detach().contiguous()
     release = _claim_name(name, "alltoall")
+    # Reserved now: every rank in the same order.
+    data_name = _t._by_order("alltoall", pset=grp.pset)
+    call = _call_number(data_name)
+    slot = _slot("alltoall", call, _SLOTS) if grp.pset == 0 else None
     try:
-        first = _t._start(table, False, None, 0, False, pset=grp.pset)
+        first = _exchange_start(table, grp, "alltoall", call)
     except BaseException:
         release()
         raise
-    # Reserved now: every rank in the same order.
-    data_name = _t._by_order("alltoall", pset=grp.pset)
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
         sent = op.output.tolist()          # sent[q][j]: q's rows for j
@@ -1011,9 +1183,10 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
         op.send, op.recv = send, recv
         op.output = (out, torch.tensor(recv_rows, dtype=torch.int32))
         counts = [sent[q][j] * per_row for q in range(n) for j in range(n)]
-        return _gather_launch("alltoall", data_name, send, recv, counts, after, 0, grp)
+        wire, keep = _slot_wire(slot, first, data_name, send.dtype, counts)
+        return _gather_launch("alltoall", wire, send, recv, counts, after, 0, grp, keep=keep)
 
-    return _chain(first, stage, release)
+    return _slot_file(slot, _chain(first, stage, release))
 
 
 class _AlltoallFn(torch.autograd.Function):
@@ -1183,4 +1356,7 @@ def join(device: int = -1) -> int:
                                    flags=_capi.MAX))
     with _t._lock:
         _t._calls[0] = int(got.item())
+    # Every rank is here, none in a gathering collective: the slots start
+    # afresh (one may hold a tensor that join poisoned).
+    _slots_forget(rejoin=False)
     return int(last)

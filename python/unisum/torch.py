@@ -108,7 +108,7 @@ class _Op:
     finish (copy back into a non-contiguous destination, free a slot)."""
 
     __slots__ = ("c_handle", "send", "recv", "output", "done", "finish", "then", "job",
-                 "failed")
+                 "failed", "error")
 
     def __init__(self, c_handle: Optional[int], send: Optional[torch.Tensor],
                  recv: Optional[torch.Tensor], output: Any,
@@ -127,6 +127,8 @@ class _Op:
         self.then = then
         self.job: Any = None    # a CUDA tensor's push_pull (_cuda._Job), without c_handle
         self.failed = False     # set before finish() runs: the operation failed
+        # How it failed, when _drive() ended it: poll() and synchronize() raise it.
+        self.error: Optional[BaseException] = None
 
 
 def _advance(handle: int, op: _Op) -> None:
@@ -146,6 +148,37 @@ def _advance(handle: int, op: _Op) -> None:
         op.done = True
     else:
         op.c_handle = c_handle
+
+
+def _drive(handle: int, whole: bool = True) -> None:
+    """Brings the operation of `handle` to its end here without finishing
+    it: its C operations waited for, every stage run; poll() and
+    synchronize() then return at once (raising how it failed, if it did).
+    Without `whole`, only until its next stage has started.  For an
+    operation whose buffer a later one reuses, or whose stage must come
+    first (_horovod's slots); nothing for one that is unknown
+    (synchronized), done, or on a GPU."""
+    with _lock:
+        op = _ops.get(handle)
+    if op is None or op.job is not None:
+        return
+    while not op.done and (whole or op.then is not None):
+        rc = _wait(cast(int, op.c_handle))
+        if rc < 0:
+            op.then = None
+            op.error = _capi.error(rc, "unisum.torch: push_pull")
+        if op.then is None:
+            op.done = True
+            break
+        step, op.then = op.then, None
+        try:
+            c_handle = step(op)
+        except Exception as e:     # kept for the caller's synchronize()
+            op.error, c_handle = e, None
+        if c_handle is None:
+            op.done = True
+        else:
+            op.c_handle = c_handle
 
 
 def _require_init() -> None:
@@ -324,6 +357,8 @@ def rejoin() -> None:
         _tensors.clear()
         _specs.clear()
         _calls.clear()
+    from unisum import _horovod
+    _horovod._slots_forget(rejoin=True)
     if torch.cuda.is_available():
         from unisum import _cuda
         _cuda.forget()
@@ -1003,6 +1038,12 @@ def poll(handle: int) -> bool:
         if ended and err is not None:
             _cuda_end(handle, op)   # raises it
         return ended
+    if op.error is not None:
+        with _lock:
+            _ops.pop(handle, None)
+        op.failed = True
+        op.finish()
+        raise op.error
     while not op.done:
         rc = _capi.lib.unisum_poll(op.c_handle)
         if rc == 0:
@@ -1050,7 +1091,7 @@ def synchronize(handle: int) -> torch.Tensor:
     while rc == 0 and op.then is not None:
         _advance(handle, op)
         rc = 0 if op.done else _wait(cast(int, op.c_handle))
-    err = _capi.error(rc, "unisum.torch: push_pull") if rc < 0 else None
+    err = _capi.error(rc, "unisum.torch: push_pull") if rc < 0 else op.error
     with _lock:
         _ops.pop(handle, None)
     op.failed = err is not None

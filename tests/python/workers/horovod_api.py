@@ -119,6 +119,31 @@ def main():
            torch.tensor([q for q in range(n) for _ in range(2)]))
     assert hvd.allgather_object({"rank": r, "x": [r] * r}) == [{"rank": q, "x": [q] * q}
                                                                for q in range(n)]
+    # Unnamed allgathers reuse tensors in turn (_horovod's slots): more in
+    # flight than there are slots, layouts that change from call to call,
+    # and each rank synchronizing in an order of its own.
+    # So do reducescatters and alltoalls.
+    calls = []
+    for i in range(33):
+        if i % 3 == 0:      # allgather: rows that change with i, or not
+            rows = 1 + (i + r) % 3 if i % 2 else 2
+            calls.append((hvd.allgather_async(torch.full((rows, 2), 100 * i + r)),
+                          torch.cat([torch.full((1 + (i + q) % 3 if i % 2 else 2, 2), 100 * i + q)
+                                     for q in range(n)])))
+        elif i % 3 == 1:    # reducescatter of 2n or 2n + 1 rows
+            full = torch.arange(2 * n + i % 2).unsqueeze(1).repeat(1, 2) + 100 * i
+            calls.append((hvd.reducescatter_async(full + r, op=hvd.Sum),
+                          torch.tensor_split(full * n + ranks, n)[r]))
+        else:               # alltoall: rank q sends 1 + (q + j + i) % 2 rows to rank j
+            parts = [torch.full((1 + (r + j + i) % 2, 2), 100 * i + 10 * r + j) for j in range(n)]
+            calls.append((hvd.alltoall_async(torch.cat(parts), splits=[p.shape[0] for p in parts]),
+                          torch.cat([torch.full((1 + (q + r + i) % 2, 2), 100 * i + 10 * q + r)
+                                     for q in range(n)])))
+    order = list(range(len(calls)))
+    order = order[r::2] + order[1 - r % 2::2] if r % 2 else order[::-1]
+    for i in order:
+        got = hvd.synchronize(calls[i][0])
+        expect("collective %d of many in flight" % i, got[0] if i % 3 == 2 else got, calls[i][1])
     x = torch.ones(r + 1, requires_grad=True)
     (hvd.allgather(x) * torch.arange(float(n * (n + 1) // 2))).sum().backward()
     start = r * (r + 1) // 2

@@ -8,7 +8,8 @@ stand in for it: each step's result is the sum over the ranks that still
 had data (the Average divides by size(), as Horovod's).  The rank with the
 most steps then finds a broadcast and an allgather refused (RuntimeError),
 every rank gets the same last rank from join(), and unnamed collectives
-after it agree.  Prints "rank R: join ok".
+after it agree, allgathers on the reused tensors that join() retired
+included.  Prints "rank R: join ok".
 """
 
 import torch
@@ -43,6 +44,11 @@ def main():
         last = hvd.join()
         assert last == most, (rep, last, most)
         assert hvd.allgather_object((r, last)) == [(q, most) for q in range(n)]
+        # The gathering collectives' reused tensors work on after a join
+        # (unisum.torch retires them there: join may have poisoned one).
+        for i in range(5):
+            got = hvd.allgather(torch.full((2,), 10 * i + r))
+            assert torch.equal(got, torch.tensor([10 * i + q for q in range(n) for _ in "ab"])), got
     print("rank %d: join ok" % r, flush=True)
 
 
