@@ -28,7 +28,8 @@ What works as in Horovod, and what does not yet (issue 17):
   reduce-scatter and alltoall, which move only what each machine must
   (docs/ARCHITECTURE.md section 2), after one small push_pull: allgather's
   of every rank's shape (checked alike on every rank, as Horovod's
-  coordinator does), alltoall's of every rank's splits.
+  coordinator does), alltoall's of every rank's splits (and dimensions
+  and dtype, checked alike).
 * ``is_initialized``, ``cross_rank``, ``cross_size`` (the machines),
   ``is_homogeneous`` (always true: every machine runs UNISUM_LOCAL_SIZE
   workers), and ``HorovodInternalError`` (unisum's error type).
@@ -53,6 +54,7 @@ from __future__ import annotations
 import ctypes
 import math
 import pickle
+import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple, cast
 
 import torch
@@ -558,42 +560,44 @@ def _busy_as_value_error(start: Callable[[], int]) -> int:
         raise
 
 
-def _shapes_start(tensor: torch.Tensor, what: str, grp: _Group, call: int) -> int:
-    """Starts the push_pull of every rank's shape record (rows, dimensions,
-    dtype, trailing dimensions) that an allgather waits for, as Horovod's
-    coordinator does; returns its handle (_shapes_rows reads its output).
-    In the global set it runs on the shape slot of call number `call`."""
+def _records(tensor: torch.Tensor, what: str, grp: _Group, lead: List[int]) -> torch.Tensor:
+    """The table a gathering collective's exchange sums: a row per rank,
+    this rank's holding `lead` (allgather: its rows; alltoall: its splits)
+    then its tensor's dimensions, dtype and trailing dimensions, which
+    _agreed checks alike on every rank, as Horovod's coordinator does."""
     if tensor.dim() == 0:
         raise ValueError("unisum.torch: %s needs a tensor of at least one dimension" % what)
     if tensor.dtype not in _DTYPE_CODES or tensor.dim() > _RECORD - 3:
         raise TypeError("unisum.torch: %s of %s tensors of %d dimensions is not supported"
                         % (what, tensor.dtype, tensor.dim()))
-    rec = torch.zeros(grp.n, _RECORD, dtype=torch.int64)
+    at = len(lead)
+    rec = torch.zeros(grp.n, at + _RECORD - 1, dtype=torch.int64)
     dims = list(tensor.shape)
-    rec[grp.k, :3] = torch.tensor([dims[0], len(dims), _DTYPE_CODES[tensor.dtype]])
-    rec[grp.k, 3:3 + len(dims) - 1] = torch.tensor(dims[1:], dtype=torch.int64)
-    return _exchange_start(rec, grp, what, call)
+    rec[grp.k, :at + 2] = torch.tensor(lead + [len(dims), _DTYPE_CODES[tensor.dtype]])
+    rec[grp.k, at + 2:at + 1 + len(dims)] = torch.tensor(dims[1:], dtype=torch.int64)
+    return rec
 
 
-def _shapes_rows(recs_tensor: torch.Tensor, what: str) -> List[int]:
-    """Every rank's first dimension from the records, after checking (on
-    every rank alike) that dtypes and trailing dimensions agree.  Raises
-    HorovodInternalError naming two ranks that differ."""
+def _agreed(recs_tensor: torch.Tensor, what: str, at: int) -> List[List[int]]:
+    """The exchanged table's rows, after checking (on every rank alike) that
+    no rank has joined and that dtypes and trailing dimensions (from column
+    `at`) agree.  Raises HorovodInternalError naming two ranks that
+    differ."""
     recs = recs_tensor.tolist()
     for q in range(len(recs)):
-        if recs[q][1] == 0:     # no dimensions: its zeros came from join()
+        if recs[q][at] == 0:     # no dimensions: its zeros came from join()
             raise HorovodInternalError(
                 "unisum.torch: %s: rank %d has joined (join()), and until every rank has, a "
                 "gathering collective cannot run: it needs every rank's data" % (what, q))
     for q in range(len(recs)):
-        if recs[q][1:] != recs[0][1:]:
+        if recs[q][at:] != recs[0][at:]:
+            a, b = recs[0][at:], recs[q][at:]
             raise HorovodInternalError(
                 "unisum.torch: %s: rank 0 has a %d-dimensional tensor of dtype code %d and "
                 "trailing dimensions %s, rank %d one of %d dimensions, dtype code %d, trailing "
                 "%s: every rank must pass the same dtype and dimensions but the first" %
-                (what, recs[0][1], recs[0][2], recs[0][3:3 + recs[0][1] - 1], q, recs[q][1],
-                 recs[q][2], recs[q][3:3 + recs[q][1] - 1]))
-    return [rec_q[0] for rec_q in recs]
+                (what, a[0], a[1], a[2:1 + a[0]], q, b[0], b[1], b[2:1 + b[0]]))
+    return recs
 
 
 def _widened(tensor: torch.Tensor) -> torch.Tensor:
@@ -712,18 +716,22 @@ def _gather_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
 # A one-shot tensor costs three scheduler round trips a call (its
 # declaration, the homed cut's, its undeclaration) and fresh buffers on the
 # servers, whose first touch is page faults: 2-5 ms of a 4 MiB allgather's
-# 35 ms on the emulated cluster.  So the collectives of the global set that
-# the caller did not name take turns, by their call number, on _SLOTS
-# tensors per kind, each declared for the layout (dtype, counts, shape) it
-# last carried and declared anew under a new name when that changes; the
-# C library keeps each one's homed cut.  Every rank numbers its calls
-# alike and sees the same layouts (the shapes' push_pull said them), so
-# every rank names the same tensor for a call.  A slot is used in call
-# order: before a call takes it, every earlier call filed on it is brought
-# to its end here (_t._drive), which needs nothing the other ranks have
-# not started.  Results above _SLOT_BYTES stay one-shot (a slot's buffers
-# on the servers outlive the call).  The shapes' push_pulls take turns on
-# _SHAPE_SLOTS tensors the same way.
+# 35 ms on the emulated cluster.  So the allgathers and alltoalls of the
+# global set take turns, by call number (the count of unnamed collectives
+# that _t._by_order keeps), on _SLOTS tensors per kind.  A slot's tensor
+# carries one layout (dtype, counts); a call of another layout declares a
+# new one, named by its call number (which every rank agrees on, join()
+# included), and undeclares the old.  Every rank sees the same layouts (the
+# exchange said them, checked alike on every rank), and a call's stage runs
+# only once every earlier call on its slot has ended here (its gate,
+# _slot_free), so every rank runs a slot's calls in call order and names
+# the same tensor for a call.  The C library keeps each tensor's homed cut:
+# a call whose layout repeats declares nothing.  Results above _SLOT_BYTES
+# stay one-shot (a slot's buffers on the servers outlive the call), and so
+# do reducescatters: their layout comes from each rank's own tensor, so
+# ranks that disagree must meet on one name to be refused (EMISMATCH).
+# The exchanges take turns on _SHAPE_SLOTS tensors per kind; starting one
+# waits for the slot's last exchange, which needs only every rank's call.
 _SLOTS = 4
 _SHAPE_SLOTS = 8
 _SLOT_BYTES = 64 << 20
@@ -733,10 +741,10 @@ class _Slot:
     """One reused tensor: its current name and layout, and the handles of
     the calls filed on it, in call order."""
 
-    __slots__ = ("kind", "index", "gen", "name", "layout", "users")
+    __slots__ = ("kind", "index", "name", "layout", "users")
 
     def __init__(self, kind: str, index: int) -> None:
-        self.kind, self.index, self.gen = kind, index, 0
+        self.kind, self.index = kind, index
         self.name: Optional[str] = None
         self.layout: Any = None
         self.users: List[int] = []
@@ -760,50 +768,6 @@ def _call_number(by_order_name: str) -> int:
     return int(by_order_name.split(".")[1])
 
 
-def _slot_clear(slot: _Slot, until: Optional[int] = None) -> None:
-    """Brings every call filed on `slot` (those before handle `until`, when
-    given) to its end, and forgets them."""
-    while True:
-        with _t._lock:
-            if until is not None and until in slot.users:
-                earlier = slot.users[:slot.users.index(until)]
-            else:
-                earlier = list(slot.users)
-            if not earlier:
-                return
-        for h in earlier:
-            _t._drive(h)
-        with _t._lock:
-            slot.users = [h for h in slot.users if h not in earlier]
-
-
-def _slot_name(slot: _Slot, layout: Any) -> str:
-    """The name of `slot`'s tensor for a call of `layout`: its own, or when
-    the layout changed, a new one (the old undeclared)."""
-    if slot.name is not None and slot.layout == layout:
-        return slot.name
-    if slot.name is not None:
-        _t._undeclare(slot.name)
-    slot.gen += 1
-    slot.name = "unisum.%s.slot%d.%d" % (slot.kind, slot.index, slot.gen)
-    slot.layout = layout
-    return slot.name
-
-
-def _slot_wire(slot: Optional[_Slot], until: Optional[int], one_shot: str, dtype: torch.dtype,
-               counts: List[int], shape: Optional[Tuple[int, ...]] = None) -> Tuple[str, bool]:
-    """The tensor a gathering collective of `counts` runs on, and whether
-    it is a slot's (kept declared): `slot`'s, once the calls filed on it
-    before handle `until` have ended, unless the whole exceeds
-    _SLOT_BYTES or there is no slot (a process set); else `one_shot`."""
-    if slot is None:
-        return one_shot, False
-    _slot_clear(slot, until)
-    if sum(counts) * torch.empty(0, dtype=dtype).element_size() > _SLOT_BYTES:
-        return one_shot, False
-    return _slot_name(slot, (dtype, tuple(counts), shape)), True
-
-
 def _slot_file(slot: Optional[_Slot], handle: int) -> int:
     """Files `handle` as `slot`'s latest user; returns it."""
     if slot is not None:
@@ -812,29 +776,89 @@ def _slot_file(slot: Optional[_Slot], handle: int) -> int:
     return handle
 
 
+def _slot_free(slot: _Slot, handle: int) -> bool:
+    """The gate of call `handle` on `slot`: whether every call filed on it
+    before has ended here (polled, never waited for).  Caller holds
+    _t._stage_lock."""
+    with _t._lock:
+        earlier = slot.users[:slot.users.index(handle)] if handle in slot.users else []
+        ops = [(h, _t._ops.get(h)) for h in earlier]
+    ended = [h for h, op in ops if op is None or _t._poll_done(op)]
+    with _t._lock:
+        slot.users = [h for h in slot.users if h not in ended]
+    return len(ended) == len(ops)
+
+
+def _gate(slot: Optional[_Slot], handle: int) -> Optional[Callable[[], bool]]:
+    """The gate of call `handle`'s stage: `slot` free (None: no slot)."""
+    return None if slot is None else (lambda: _slot_free(slot, handle))
+
+
+def _slot_wire(slot: Optional[_Slot], call: int, one_shot: str, dtype: torch.dtype,
+               counts: List[int]) -> Tuple[str, bool]:
+    """The tensor call number `call` runs its `counts` on, and whether it
+    is a slot's (kept declared): `slot`'s, unless the whole exceeds
+    _SLOT_BYTES or there is no slot (a process set); else `one_shot`.
+    Runs in the call's stage, its gate open."""
+    if slot is None or sum(counts) * torch.empty(0, dtype=dtype).element_size() > _SLOT_BYTES:
+        return one_shot, False
+    layout = (dtype, tuple(counts))
+    if slot.name is None or slot.layout != layout:
+        if slot.name is not None:
+            _t._undeclare(slot.name)
+        slot.name = "unisum.%s.slot%d.%d" % (slot.kind, slot.index, call)
+        slot.layout = layout
+    return slot.name, True
+
+
 def _exchange_start(table: torch.Tensor, grp: _Group, kind: str, call: int) -> int:
     """Starts the small push_pull (a sum) of `table`, in which each rank
     filled its own row, that a gathering collective waits for; in the
-    global set on the exchange slot of call number `call`."""
+    global set on the exchange slot of call number `call`, once the slot's
+    last exchange is done (which needs only every rank's call)."""
     if grp.pset != 0:
         return _t._start(table, False, None, 0, False, pset=grp.pset)
     slot = _slot(kind + ".exchange", call, _SHAPE_SLOTS)
-    _slot_clear(slot)
+    with _t._lock:
+        earlier, slot.users = slot.users, []
+    for h in earlier:
+        with _t._lock:
+            op = _t._ops.get(h)
+        while op is not None:
+            with _t._stage_lock:
+                if op.then is None or op.ready or op.done:
+                    break
+                waiting, c_handle = op.waiting, op.c_handle
+                op.waiting = not waiting
+            if waiting:     # another thread waits on it: let it
+                time.sleep(_t._PENDING_SLICE_MS / 1000.0)
+                continue
+            rc = 0
+            try:
+                rc = _t._wait(cast(int, c_handle))
+            finally:
+                with _t._stage_lock:
+                    op.waiting = False
+                    if rc < 0:
+                        op.then, op.done = None, True
+                        op.error = _capi.error(rc, "unisum.torch: " + kind)
+                    else:
+                        op.ready = True
     return _slot_file(slot, _t._start(table, False, "unisum.%s.exchange.slot%d.%d"
                                        % (kind, slot.index, table.numel()), 0, False))
 
 
 def _slots_forget(rejoin: bool) -> None:
     """After rejoin() (the tensors gone with the membership, the calls
-    counted afresh), forgets every slot.  After join() (where every rank
-    calls it, none in a gathering collective), undeclares the collectives'
+    counted afresh), forgets every slot.  After join() (which every rank
+    calls, none in a gathering collective), undeclares the collectives'
     slot tensors, one of which join may have poisoned; the next use
-    declares a new generation.  The exchange slots stay: a joined rank ran
-    their push_pulls for the others, so their rounds are in step."""
+    declares a new one under its call number.  The exchange slots stay: a
+    joined rank ran their push_pulls for the others, so their rounds are
+    in step."""
     with _t._lock:
         if rejoin:
             _slots.clear()
-            del _staged[:]
             return
         retired = [slot for slot in _slots.values()
                    if not slot.kind.endswith(".exchange") and slot.name is not None]
@@ -844,12 +868,14 @@ def _slots_forget(rejoin: bool) -> None:
 
 
 def _chain(first: int, stage: Callable[[_t._Op], Optional[int]],
-           release: Callable[[], None]) -> int:
+           release: Callable[[], None], gate: Optional[Callable[[], bool]] = None) -> int:
     """Makes the operation of handle `first` (a small push_pull whose result
     the collective needs) run `stage` once it is done: `stage` sets the
     operation's buffers and output and returns the C handle of the
     collective itself (None: nothing to wait for).  `release` runs when the
-    whole operation ends, however it ends."""
+    whole operation ends, however it ends.  The stage runs in whichever
+    thread waits or polls next once the push_pull is done and `gate` (if
+    any) says it may run without waiting (_t._progress)."""
     with _t._lock:
         op = _t._ops[first]
     first_finish = op.finish
@@ -863,7 +889,6 @@ def _chain(first: int, stage: Callable[[_t._Op], Optional[int]],
     op.finish = end_first
 
     def then(op_: _t._Op) -> Optional[int]:
-        _stages_before(first)
         first_finish()          # the small push_pull's own clean-up
         op_.finish = release
         c, finish = stage(op_)
@@ -876,31 +901,9 @@ def _chain(first: int, stage: Callable[[_t._Op], Optional[int]],
         op_.finish = end
         return c
 
-    op.then = then
-    with _t._lock:
-        _staged.append(first)
+    op.then, op.gate = then, gate
+    _t._pend(first)
     return first
-
-
-# Handles whose second stage has not run, in call order.  Second stages run
-# in call order on every rank (_stages_before), whichever handle a rank
-# synchronizes first: the declarations they make are rendezvous of every
-# rank, and a slot's users must come in the same order everywhere.
-_staged: List[int] = []
-
-
-def _stages_before(handle: int) -> None:
-    """Runs the second stage of every call before `handle` that has not
-    had it (waiting for their small push_pulls, which every rank started),
-    and forgets `handle` here: its own stage runs next."""
-    with _t._lock:
-        if handle not in _staged:
-            return      # driven by an earlier call's turn: those before it have run
-        at = _staged.index(handle)
-        earlier = _staged[:at]
-        del _staged[:at + 1]
-    for h in earlier:
-        _t._drive(h, whole=False)
 
 
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
@@ -928,13 +931,14 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     call = _call_number(data_name)
     slot = _slot("allgather", call, _SLOTS) if grp.pset == 0 else None
     try:
-        first = _shapes_start(src, "allgather", grp, call)
+        first = _exchange_start(_records(src, "allgather", grp, [src.shape[0]]), grp,
+                                "allgather", call)
     except BaseException:
         release()
         raise
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
-        rows = _shapes_rows(op.output, "allgather")
+        rows = [rec[0] for rec in _agreed(op.output, "allgather", 1)]
         trailing = list(src.shape[1:])
         per_row = math.prod(trailing)
         send = _widened(src)
@@ -947,10 +951,10 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
 
         op.send, op.recv, op.output = send, recv, output
         counts = [q * per_row for q in rows]
-        wire, keep = _slot_wire(slot, first, data_name, send.dtype, counts)
+        wire, keep = _slot_wire(slot, call, data_name, send.dtype, counts)
         return _gather_launch("allgather", wire, send, recv, counts, after, 0, grp, keep=keep)
 
-    return _slot_file(slot, _chain(first, stage, release))
+    return _chain(_slot_file(slot, first), stage, release, _gate(slot, first))
 
 
 class _AllgatherFn(torch.autograd.Function):
@@ -1049,13 +1053,9 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
 
     release = _claim_name(name, "reducescatter")
     try:
-        one_shot = _t._by_order("reducescatter", pset=grp.pset)
-        slot = (_slot("reducescatter", _call_number(one_shot), _SLOTS) if grp.pset == 0
-                else None)
-        wire, keep = _slot_wire(slot, None, one_shot, send.dtype, counts, tuple(send.shape))
-        c, finish = _gather_launch("reducescatter", wire, send, recv, counts, after,
-                                   _capi.AVERAGE if op == Average else 0, grp, tuple(send.shape),
-                                   keep=keep)
+        c, finish = _gather_launch("reducescatter", _t._by_order("reducescatter", pset=grp.pset),
+                                   send, recv, counts, after,
+                                   _capi.AVERAGE if op == Average else 0, grp, tuple(send.shape))
     except BaseException:
         release()
         raise
@@ -1069,7 +1069,7 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
     if c is None:
         end()
         return _t._register(_t._Op(None, None, None, recv, lambda: None), done=True)
-    return _slot_file(slot, _t._register(_t._Op(c, send, recv, recv, end)))
+    return _t._register(_t._Op(c, send, recv, recv, end))
 
 
 class _ReducescatterFn(torch.autograd.Function):
@@ -1151,11 +1151,10 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
                              "non-negative counts that add up to the first dimension, %d"
                              % (mine, n, rows))
     # Every rank's splits first (without waiting: the rows follow once
-    # they are in).  Ranks whose trailing shapes differ pass different
-    # counts and fail in the C library, naming the layouts.
-    table = torch.zeros(n, n, dtype=torch.int64)
-    table[r] = torch.tensor(mine, dtype=torch.int64)
+    # they are in), with its dimensions and dtype, checked alike on every
+    # rank before the rows move.
     src = tensor.detach().contiguous()
+    table = _records(src, "alltoall", grp, mine)
     release = _claim_name(name, "alltoall")
     # Reserved now: every rank in the same order.
     data_name = _t._by_order("alltoall", pset=grp.pset)
@@ -1168,7 +1167,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
         raise
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
-        sent = op.output.tolist()          # sent[q][j]: q's rows for j
+        sent = _agreed(op.output, "alltoall", n)    # sent[q][j]: q's rows for j
         trailing = list(src.shape[1:])
         per_row = math.prod(trailing)
         send = _widened(src)
@@ -1183,10 +1182,10 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
         op.send, op.recv = send, recv
         op.output = (out, torch.tensor(recv_rows, dtype=torch.int32))
         counts = [sent[q][j] * per_row for q in range(n) for j in range(n)]
-        wire, keep = _slot_wire(slot, first, data_name, send.dtype, counts)
+        wire, keep = _slot_wire(slot, call, data_name, send.dtype, counts)
         return _gather_launch("alltoall", wire, send, recv, counts, after, 0, grp, keep=keep)
 
-    return _slot_file(slot, _chain(first, stage, release))
+    return _chain(_slot_file(slot, first), stage, release, _gate(slot, first))
 
 
 class _AlltoallFn(torch.autograd.Function):

@@ -27,7 +27,9 @@ Choices where the references differ:
   undeclared after it, so a worker whose tensor differs in shape or dtype
   fails at the declaration, together with every other worker, instead of
   waiting for a name nobody else uses; and a training loop never grows
-  the set of tensors.
+  the set of tensors.  (Horovod's allgather and alltoall instead reuse a
+  few tensors per kind, each declared for a layout the ranks have
+  exchanged and checked first: see ``_horovod``'s slots.)
 * Every wait (``synchronize``, ``barrier``, the broadcasts) returns to the
   interpreter every 100 ms, so Ctrl-C raises KeyboardInterrupt in a rank
   blocked there (the operation stays in flight).
@@ -56,6 +58,7 @@ import os
 import pickle
 import queue
 import threading
+import time
 import warnings
 import weakref
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Protocol,
@@ -108,7 +111,7 @@ class _Op:
     finish (copy back into a non-contiguous destination, free a slot)."""
 
     __slots__ = ("c_handle", "send", "recv", "output", "done", "finish", "then", "job",
-                 "failed", "error")
+                 "failed", "error", "ready", "gate", "waiting")
 
     def __init__(self, c_handle: Optional[int], send: Optional[torch.Tensor],
                  recv: Optional[torch.Tensor], output: Any,
@@ -127,58 +130,136 @@ class _Op:
         self.then = then
         self.job: Any = None    # a CUDA tensor's push_pull (_cuda._Job), without c_handle
         self.failed = False     # set before finish() runs: the operation failed
-        # How it failed, when _drive() ended it: poll() and synchronize() raise it.
+        # How it failed, when a stage or a wait that was not its caller's
+        # ended it: poll() and synchronize() raise it.
         self.error: Optional[BaseException] = None
+        # With `then` (under _stage_lock): `ready` once the C operation is
+        # done and its handle released; `gate` says whether `then` may run
+        # now without waiting (None: whenever ready); `waiting` while a
+        # thread waits on c_handle outside the lock (no one else polls it).
+        self.ready = False
+        self.gate: Optional[Callable[[], bool]] = None
+        self.waiting = False
 
 
-def _advance(handle: int, op: _Op) -> None:
-    """Starts op's next stage (its C operation is done); op.done when
-    none is left.  A stage that fails ends the operation (handle gone,
-    finished) and raises."""
-    step, op.then = op.then, None
+# Second stages (_Op.then) run as soon as they can, in whichever thread
+# waits or polls next: every wait (_settle) and every poll() first runs
+# each pending stage whose C operation is done and whose gate is open, in
+# call order, and while any is pending no wait blocks longer than
+# _PENDING_SLICE_MS.  So no rank's stage waits for the handle its caller
+# synchronizes, and ranks may synchronize in different orders.
+_stage_lock = threading.Lock()
+_pending: List[int] = []        # handles whose `then` has not run, in call order
+_PENDING_SLICE_MS = 2
+
+
+def _pend(handle: int) -> None:
+    """Files `handle` (its _Op has `then`) among the pending stages."""
+    with _stage_lock:
+        _pending.append(handle)
+
+
+def _run_stage(op: _Op) -> None:
+    """Runs op's `then` (its C operation is done): op.c_handle becomes the
+    stage's, or op is done (failed: op.error).  Caller holds _stage_lock."""
+    step, op.then, op.ready = op.then, None, False
     assert step is not None
     try:
         c_handle = step(op)
-    except BaseException:
-        with _lock:
-            _ops.pop(handle, None)
-        op.finish()
-        raise
+    except BaseException as e:  # synchronize() raises it
+        op.error, c_handle = e, None
+        if not isinstance(e, Exception):
+            op.done = True
+            raise
     if c_handle is None:
         op.done = True
     else:
         op.c_handle = c_handle
 
 
-def _drive(handle: int, whole: bool = True) -> None:
-    """Brings the operation of `handle` to its end here without finishing
-    it: its C operations waited for, every stage run; poll() and
-    synchronize() then return at once (raising how it failed, if it did).
-    Without `whole`, only until its next stage has started.  For an
-    operation whose buffer a later one reuses, or whose stage must come
-    first (_horovod's slots); nothing for one that is unknown
-    (synchronized), done, or on a GPU."""
-    with _lock:
-        op = _ops.get(handle)
-    if op is None or op.job is not None:
-        return
-    while not op.done and (whole or op.then is not None):
-        rc = _wait(cast(int, op.c_handle))
-        if rc < 0:
-            op.then = None
-            op.error = _capi.error(rc, "unisum.torch: push_pull")
-        if op.then is None:
-            op.done = True
-            break
-        step, op.then = op.then, None
-        try:
-            c_handle = step(op)
-        except Exception as e:     # kept for the caller's synchronize()
-            op.error, c_handle = e, None
+def _progress() -> None:
+    """Runs every pending stage that can run without waiting, in call
+    order.  Caller holds _stage_lock."""
+    i = 0
+    while i < len(_pending):
+        with _lock:
+            op = _ops.get(_pending[i])
+        if op is None or op.then is None:
+            del _pending[i]
+            continue
+        if not op.ready:
+            if op.waiting:
+                i += 1
+                continue
+            rc = _capi.lib.unisum_poll(cast(int, op.c_handle))
+            if rc == 0:
+                i += 1
+                continue
+            if rc < 0:
+                op.then, op.done = None, True
+                op.error = _capi.error(rc, "unisum.torch: push_pull")
+                del _pending[i]
+                continue
+            op.ready = True
+        if op.gate is not None and not op.gate():
+            i += 1
+            continue
+        del _pending[i]
+        _run_stage(op)
+
+
+def _poll_done(op: _Op) -> bool:
+    """Whether op (its stages run) is done, without waiting: its C
+    operation polled unless a thread waits on it.  Caller holds
+    _stage_lock."""
+    if op.done:
+        return True
+    if op.then is not None or op.waiting or op.c_handle is None:
+        return False
+    rc = _capi.lib.unisum_poll(op.c_handle)
+    if rc == 0:
+        return False
+    if rc < 0:
+        op.error = _capi.error(rc, "unisum.torch: push_pull")
+    op.done = True
+    return True
+
+
+def _settle(op: _Op) -> None:
+    """Waits until op is done, every stage run (op.error says whether it
+    failed), running other operations' pending stages meanwhile.  The
+    wait returns to the interpreter every _WAIT_SLICE_MS, so Ctrl-C's
+    KeyboardInterrupt can interrupt it; the operation stays as it was."""
+    while True:
+        with _stage_lock:
+            _progress()
+            if op.done:
+                return
+            slice_ms = _PENDING_SLICE_MS if _pending else _WAIT_SLICE_MS
+            gated = op.then is not None and op.ready
+            c_handle = None if gated else op.c_handle
+            op.waiting = not gated
         if c_handle is None:
-            op.done = True
-        else:
-            op.c_handle = c_handle
+            # Its stage waits for its gate (earlier users of a reused
+            # tensor, run by other ranks' progress).
+            time.sleep(_PENDING_SLICE_MS / 1000.0)
+            continue
+        rc = 0
+        try:
+            rc = _capi.lib.unisum_poll_timeout(c_handle, slice_ms)
+        finally:
+            # Also when a signal's exception comes right after the call:
+            # what the C library said is recorded either way.
+            with _stage_lock:
+                op.waiting = False
+                if rc < 0:
+                    op.then, op.done = None, True
+                    op.error = _capi.error(rc, "unisum.torch: push_pull")
+                elif rc > 0:
+                    if op.then is not None:
+                        op.ready = True
+                    else:
+                        op.done = True
 
 
 def _require_init() -> None:
@@ -268,7 +349,7 @@ def _leave_at_exit() -> None:
             from unisum import _cuda
             if not _cuda.wait(op.job, 0)[0]:
                 return      # a CUDA push_pull, its C operation still to start or end
-        elif op.c_handle is not None:
+        elif op.c_handle is not None and not op.ready:
             rc = _capi.lib.unisum_poll(op.c_handle)
             if rc == 0:
                 return
@@ -311,9 +392,15 @@ def shutdown() -> None:
         pending = [op for op in _ops.values() if not op.done]
         _ops.clear()
     _pool_drop()
+    with _stage_lock:
+        _pending.clear()
     first_error = 0
     for op in pending:
         if op.c_handle is None:
+            continue
+        if op.ready:    # its C operation done and released; its next stage never runs
+            op.done = True
+            op.finish()
             continue
         rc = _wait(op.c_handle)
         op.done = True
@@ -351,6 +438,8 @@ def rejoin() -> None:
             left than ``--min-workers``).
     """
     _require_init()
+    with _stage_lock:
+        _pending.clear()
     with _lock:
         pending = list(_ops.values())
         _ops.clear()
@@ -1038,27 +1127,16 @@ def poll(handle: int) -> bool:
         if ended and err is not None:
             _cuda_end(handle, op)   # raises it
         return ended
-    if op.error is not None:
+    with _stage_lock:
+        _progress()
+        done = _poll_done(op)
+    if done and op.error is not None:
         with _lock:
             _ops.pop(handle, None)
         op.failed = True
         op.finish()
         raise op.error
-    while not op.done:
-        rc = _capi.lib.unisum_poll(op.c_handle)
-        if rc == 0:
-            return False
-        if rc > 0 and op.then is not None:
-            _advance(handle, op)
-            continue
-        op.done = True
-        if rc < 0:
-            with _lock:
-                _ops.pop(handle, None)
-            op.failed = True
-            op.finish()
-            raise _capi.error(rc, "unisum.torch: push_pull")
-    return True
+    return done
 
 
 def synchronize(handle: int) -> torch.Tensor:
@@ -1087,11 +1165,8 @@ def synchronize(handle: int) -> torch.Tensor:
         return cast(torch.Tensor, _cuda_end(handle, op))
     # An operation that is not done has a C handle (only empty tensors have
     # none, and they are done from the start).
-    rc = 0 if op.done else _wait(cast(int, op.c_handle))
-    while rc == 0 and op.then is not None:
-        _advance(handle, op)
-        rc = 0 if op.done else _wait(cast(int, op.c_handle))
-    err = _capi.error(rc, "unisum.torch: push_pull") if rc < 0 else op.error
+    _settle(op)
+    err = op.error
     with _lock:
         _ops.pop(handle, None)
     op.failed = err is not None

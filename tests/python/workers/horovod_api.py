@@ -11,6 +11,7 @@ be exact in every dtype, so results compare with ==.  Prints
 """
 
 import os
+import time
 
 import torch
 
@@ -144,6 +145,16 @@ def main():
     for i in order:
         got = hvd.synchronize(calls[i][0])
         expect("collective %d of many in flight" % i, got[0] if i % 3 == 2 else got, calls[i][1])
+    # poll() runs every second stage it can and never waits: rank 0 polls
+    # only the last of several allgathers, the others synchronize them in
+    # order (each needs rank 0's stage of it).
+    hs = [hvd.allgather_async(torch.full((1 + i % 2,), 10 * i + r)) for i in range(6)]
+    if r == 0:
+        while not hvd.poll(hs[-1]):
+            time.sleep(0.001)
+    for i, h in enumerate(hs):
+        expect("polled allgather %d" % i, hvd.synchronize(h),
+               torch.tensor([10 * i + q for q in range(n) for _ in range(1 + i % 2)]))
     x = torch.ones(r + 1, requires_grad=True)
     (hvd.allgather(x) * torch.arange(float(n * (n + 1) // 2))).sum().backward()
     start = r * (r + 1) // 2

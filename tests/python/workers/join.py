@@ -6,7 +6,8 @@ Twice: rank q has 2 + q steps (then 2 + n-1-q), each a named Sum and an
 unnamed Average allreduce; a rank out of steps calls join(), and its zeros
 stand in for it: each step's result is the sum over the ranks that still
 had data (the Average divides by size(), as Horovod's).  The rank with the
-most steps then finds a broadcast and an allgather refused (RuntimeError),
+most steps then finds a broadcast, an allgather and an alltoall refused
+(RuntimeError),
 every rank gets the same last rank from join(), and unnamed collectives
 after it agree, allgathers on the reused tensors that join() retired
 included.  Prints "rank R: join ok".
@@ -34,7 +35,8 @@ def main():
                 (rep, s, got[0, 0], want / n)
         if r == most:
             for what, call in (("broadcast", lambda: hvd.broadcast(torch.ones(3), r, name="join.b")),
-                               ("allgather", lambda: hvd.allgather(torch.ones(2)))):
+                               ("allgather", lambda: hvd.allgather(torch.ones(2))),
+                               ("alltoall", lambda: hvd.alltoall(torch.ones(n)))):
                 try:
                     call()
                 except RuntimeError as e:
@@ -49,6 +51,8 @@ def main():
         for i in range(5):
             got = hvd.allgather(torch.full((2,), 10 * i + r))
             assert torch.equal(got, torch.tensor([10 * i + q for q in range(n) for _ in "ab"])), got
+            got = hvd.alltoall(torch.full((n,), 10 * i + r))
+            assert torch.equal(got, torch.tensor([10 * i + q for q in range(n)])), got
     print("rank %d: join ok" % r, flush=True)
 
 

@@ -115,6 +115,21 @@ def main():
         expect("global Sum %d" % i, hvd.allreduce(torch.full((3,), float(r)), op=hvd.Sum),
                torch.full((3,), float(n * (n - 1) // 2)))
     expect("global allgather", hvd.allgather(torch.tensor([r])), torch.arange(n))
+    # A set's allgather and the global set's, started in different orders
+    # on different ranks (each set in its own order, as Horovod asks): a
+    # rank waiting on one runs the other's second stage when it can.
+    members = a_ranks if mine is a else b_ranks
+    want_set = torch.tensor([10 + q for q in sorted(members)])
+    if r == min(members):
+        hs = hvd.allgather_async(torch.tensor([10 + r]), process_set=mine)
+        hg = hvd.allgather_async(torch.tensor([r]))
+        expect("global allgather after a set's", hvd.synchronize(hg), torch.arange(n))
+        expect("set allgather before the global", hvd.synchronize(hs), want_set)
+    else:
+        hg = hvd.allgather_async(torch.tensor([r]))
+        expect("global allgather before a set's", hvd.synchronize(hg), torch.arange(n))
+        hs = hvd.allgather_async(torch.tensor([10 + r]), process_set=mine)
+        expect("set allgather after the global", hvd.synchronize(hs), want_set)
     assert hvd.remove_process_set(a) and hvd.remove_process_set(b)
     assert not hvd.remove_process_set(a) and not hvd.remove_process_set(hvd.global_process_set)
     print("rank %d: process sets ok" % r, flush=True)
