@@ -54,7 +54,6 @@ from __future__ import annotations
 import ctypes
 import math
 import pickle
-import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple, cast
 
 import torch
@@ -763,6 +762,19 @@ def _slot(kind: str, call: int, turns: int) -> _Slot:
         return got
 
 
+_turns: dict = {}   # kind -> the global set's calls of that kind so far (slots' turns)
+
+
+def _turn(kind: str, grp: _Group) -> int:
+    """This call's number among the global set's calls of `kind` (0 in a
+    process set, which has no slots): which slots it takes."""
+    if grp.pset != 0:
+        return 0
+    with _t._lock:
+        n = _turns[kind] = _turns.get(kind, 0) + 1
+    return n
+
+
 def _call_number(by_order_name: str) -> int:
     """N of the name _t._by_order gave ("kind.N")."""
     return int(by_order_name.split(".")[1])
@@ -776,22 +788,30 @@ def _slot_file(slot: Optional[_Slot], handle: int) -> int:
     return handle
 
 
-def _slot_free(slot: _Slot, handle: int) -> bool:
+def _slot_free(slot: _Slot, handle: int, block: bool) -> bool:
     """The gate of call `handle` on `slot`: whether every call filed on it
-    before has ended here (polled, never waited for).  Caller holds
-    _t._stage_lock."""
+    before (their stages ran: they came first) has ended here; with
+    `block`, waits for them (each needs only the other ranks' stages,
+    which they start in call order too)."""
     with _t._lock:
         earlier = slot.users[:slot.users.index(handle)] if handle in slot.users else []
         ops = [(h, _t._ops.get(h)) for h in earlier]
-    ended = [h for h, op in ops if op is None or _t._poll_done(op)]
+    ended = []
+    for h, op in ops:
+        if op is not None and not op.done and op.then is not None:
+            _t._stages_through(h, block)
+        if op is None or op.done or (op.then is None and _t._step(op, block) and op.done):
+            ended.append(h)
+        elif not block:
+            break
     with _t._lock:
         slot.users = [h for h in slot.users if h not in ended]
     return len(ended) == len(ops)
 
 
-def _gate(slot: Optional[_Slot], handle: int) -> Optional[Callable[[], bool]]:
+def _gate(slot: Optional[_Slot], handle: int) -> Optional[Callable[[bool], bool]]:
     """The gate of call `handle`'s stage: `slot` free (None: no slot)."""
-    return None if slot is None else (lambda: _slot_free(slot, handle))
+    return None if slot is None else (lambda block: _slot_free(slot, handle, block))
 
 
 def _slot_wire(slot: Optional[_Slot], call: int, one_shot: str, dtype: torch.dtype,
@@ -811,39 +831,25 @@ def _slot_wire(slot: Optional[_Slot], call: int, one_shot: str, dtype: torch.dty
     return slot.name, True
 
 
-def _exchange_start(table: torch.Tensor, grp: _Group, kind: str, call: int) -> int:
+def _exchange_start(table: torch.Tensor, grp: _Group, kind: str, turn: int) -> int:
     """Starts the small push_pull (a sum) of `table`, in which each rank
     filled its own row, that a gathering collective waits for; in the
-    global set on the exchange slot of call number `call`, once the slot's
+    global set on the exchange slot of its `turn` (_turn), once the slot's
     last exchange is done (which needs only every rank's call)."""
     if grp.pset != 0:
         return _t._start(table, False, None, 0, False, pset=grp.pset)
-    slot = _slot(kind + ".exchange", call, _SHAPE_SLOTS)
+    slot = _slot(kind + ".exchange", turn, _SHAPE_SLOTS)
     with _t._lock:
-        earlier, slot.users = slot.users, []
+        earlier = list(slot.users)
     for h in earlier:
+        # Its push_pull done (released), unless its stage ran already:
+        # needs only every rank's call.
         with _t._lock:
             op = _t._ops.get(h)
-        while op is not None:
-            with _t._stage_lock:
-                if op.then is None or op.ready or op.done:
-                    break
-                waiting, c_handle = op.waiting, op.c_handle
-                op.waiting = not waiting
-            if waiting:     # another thread waits on it: let it
-                time.sleep(_t._PENDING_SLICE_MS / 1000.0)
-                continue
-            rc = 0
-            try:
-                rc = _t._wait(cast(int, c_handle))
-            finally:
-                with _t._stage_lock:
-                    op.waiting = False
-                    if rc < 0:
-                        op.then, op.done = None, True
-                        op.error = _capi.error(rc, "unisum.torch: " + kind)
-                    else:
-                        op.ready = True
+        if op is not None and op.then is not None:
+            _t._step(op, True)
+    with _t._lock:
+        slot.users = [h for h in slot.users if h not in earlier]
     return _slot_file(slot, _t._start(table, False, "unisum.%s.exchange.slot%d.%d"
                                        % (kind, slot.index, table.numel()), 0, False))
 
@@ -859,6 +865,7 @@ def _slots_forget(rejoin: bool) -> None:
     with _t._lock:
         if rejoin:
             _slots.clear()
+            _turns.clear()
             return
         retired = [slot for slot in _slots.values()
                    if not slot.kind.endswith(".exchange") and slot.name is not None]
@@ -868,14 +875,15 @@ def _slots_forget(rejoin: bool) -> None:
 
 
 def _chain(first: int, stage: Callable[[_t._Op], Optional[int]],
-           release: Callable[[], None], gate: Optional[Callable[[], bool]] = None) -> int:
+           release: Callable[[], None], pset: int,
+           gate: Optional[Callable[[bool], bool]] = None) -> int:
     """Makes the operation of handle `first` (a small push_pull whose result
     the collective needs) run `stage` once it is done: `stage` sets the
     operation's buffers and output and returns the C handle of the
     collective itself (None: nothing to wait for).  `release` runs when the
-    whole operation ends, however it ends.  The stage runs in whichever
-    thread waits or polls next once the push_pull is done and `gate` (if
-    any) says it may run without waiting (_t._progress)."""
+    whole operation ends, however it ends.  Stages run in call order per
+    process set `pset` (_t._stages_through), each once its push_pull is
+    done and `gate` (if any) lets it."""
     with _t._lock:
         op = _t._ops[first]
     first_finish = op.finish
@@ -902,7 +910,7 @@ def _chain(first: int, stage: Callable[[_t._Op], Optional[int]],
         return c
 
     op.then, op.gate = then, gate
-    _t._pend(first)
+    _t._pend(first, pset)
     return first
 
 
@@ -925,14 +933,14 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     grp = _Group(process_set)
     _host_only(tensor, "allgather")
     src = tensor.detach().contiguous()
+    table = _records(src, "allgather", grp, [src.shape[0]])
     release = _claim_name(name, "allgather")
     # Reserved now: every rank in the same order.
     data_name = _t._by_order("allgather", pset=grp.pset)
-    call = _call_number(data_name)
-    slot = _slot("allgather", call, _SLOTS) if grp.pset == 0 else None
+    call, turn = _call_number(data_name), _turn("allgather", grp)
+    slot = _slot("allgather", turn, _SLOTS) if grp.pset == 0 else None
     try:
-        first = _exchange_start(_records(src, "allgather", grp, [src.shape[0]]), grp,
-                                "allgather", call)
+        first = _exchange_start(table, grp, "allgather", turn)
     except BaseException:
         release()
         raise
@@ -954,7 +962,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
         wire, keep = _slot_wire(slot, call, data_name, send.dtype, counts)
         return _gather_launch("allgather", wire, send, recv, counts, after, 0, grp, keep=keep)
 
-    return _chain(_slot_file(slot, first), stage, release, _gate(slot, first))
+    return _chain(_slot_file(slot, first), stage, release, grp.pset, _gate(slot, first))
 
 
 class _AllgatherFn(torch.autograd.Function):
@@ -1158,10 +1166,10 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     release = _claim_name(name, "alltoall")
     # Reserved now: every rank in the same order.
     data_name = _t._by_order("alltoall", pset=grp.pset)
-    call = _call_number(data_name)
-    slot = _slot("alltoall", call, _SLOTS) if grp.pset == 0 else None
+    call, turn = _call_number(data_name), _turn("alltoall", grp)
+    slot = _slot("alltoall", turn, _SLOTS) if grp.pset == 0 else None
     try:
-        first = _exchange_start(table, grp, "alltoall", call)
+        first = _exchange_start(table, grp, "alltoall", turn)
     except BaseException:
         release()
         raise
@@ -1185,7 +1193,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
         wire, keep = _slot_wire(slot, call, data_name, send.dtype, counts)
         return _gather_launch("alltoall", wire, send, recv, counts, after, 0, grp, keep=keep)
 
-    return _chain(_slot_file(slot, first), stage, release, _gate(slot, first))
+    return _chain(_slot_file(slot, first), stage, release, grp.pset, _gate(slot, first))
 
 
 class _AlltoallFn(torch.autograd.Function):
@@ -1347,14 +1355,20 @@ def join(device: int = -1) -> int:
     """
     del device
     _t._require_init()
+    # This worker's collectives begin before it joins: every second stage
+    # runs first (the C library then waits for the operations themselves).
+    _t._settle_stages()
     last = _capi.check(_capi.lib.unisum_join(), "unisum.torch.join")
     # A joined worker ran none of the others' unnamed collectives: every
-    # worker takes the largest count, so the next names agree.
-    counts = torch.tensor([_t._calls.get(0, 0)], dtype=torch.int64)
-    got = _t.synchronize(_t._start(counts, False, "unisum.join.calls", 0, True,
-                                   flags=_capi.MAX))
+    # worker takes the largest counts, so the next names and slots agree.
+    kinds = ("allgather", "alltoall")
+    counts = torch.tensor([_t._calls.get(0, 0)] + [_turns.get(k, 0) for k in kinds],
+                          dtype=torch.int64)
+    got = _t.synchronize(_t._start(counts, False, "unisum.join.counts", 0, True,
+                                   flags=_capi.MAX)).tolist()
     with _t._lock:
-        _t._calls[0] = int(got.item())
+        _t._calls[0] = int(got[0])
+        _turns.update(zip(kinds, (int(v) for v in got[1:])))
     # Every rank is here, none in a gathering collective: the slots start
     # afresh (one may hold a tensor that join poisoned).
     _slots_forget(rejoin=False)

@@ -134,29 +134,81 @@ class _Op:
         # ended it: poll() and synchronize() raise it.
         self.error: Optional[BaseException] = None
         # With `then` (under _stage_lock): `ready` once the C operation is
-        # done and its handle released; `gate` says whether `then` may run
-        # now without waiting (None: whenever ready); `waiting` while a
-        # thread waits on c_handle outside the lock (no one else polls it).
+        # done and its handle released; `gate(block)` says whether `then`
+        # may run now, waiting for that when `block` (None: whenever
+        # ready); `waiting` while a thread waits on c_handle outside the
+        # lock (no one else polls it).
         self.ready = False
         self.gate: Optional[Callable[[], bool]] = None
         self.waiting = False
 
 
-# Second stages (_Op.then) run as soon as they can, in whichever thread
-# waits or polls next: every wait (_settle) and every poll() first runs
-# each pending stage whose C operation is done and whose gate is open, in
-# call order, and while any is pending no wait blocks longer than
-# _PENDING_SLICE_MS.  So no rank's stage waits for the handle its caller
-# synchronizes, and ranks may synchronize in different orders.
+# Second stages (_Op.then) run in call order, per process set, at points
+# every rank's program reaches alike: synchronize(h) runs every pending
+# stage of h's set up to h's own (waiting for their small push_pulls,
+# which need only every rank's call); poll(h) the same as far as it can
+# without waiting; join() and shutdown() all of them.  Never from a thread
+# of their own or at a moment that depends on timing: the workers of a
+# machine must start their operations in one order (the local reduce
+# takes them in order), so ranks that synchronize in different orders
+# still start every stage in call order.
 _stage_lock = threading.Lock()
-_pending: List[int] = []        # handles whose `then` has not run, in call order
-_PENDING_SLICE_MS = 2
+_pending: Dict[int, List[int]] = {}     # process set -> handles whose `then` has not run
+_GATE_SLICE_S = 0.002
 
 
-def _pend(handle: int) -> None:
-    """Files `handle` (its _Op has `then`) among the pending stages."""
+def _pend(handle: int, pset: int) -> None:
+    """Files `handle` (its _Op has `then`) among set `pset`'s pending stages."""
     with _stage_lock:
-        _pending.append(handle)
+        _pending.setdefault(pset, []).append(handle)
+
+
+def _record(op: _Op, rc: int) -> None:
+    """What the C library said of op's current handle (0: still in
+    flight): > 0 done and released (ready for its next stage, or done),
+    < 0 failed.  Caller holds _stage_lock."""
+    if rc < 0:
+        op.then, op.done = None, True
+        op.error = _capi.error(rc, "unisum.torch: push_pull")
+    elif rc > 0:
+        if op.then is not None:
+            op.ready = True
+        else:
+            op.done = True
+
+
+def _step(op: _Op, block: bool) -> bool:
+    """Brings op's current C operation to its end (op.ready, or op.done):
+    True once it has; without `block`, False while it is in flight.  Only
+    one thread polls a handle (the C library releases it when done); a
+    wait returns to the interpreter every _WAIT_SLICE_MS, so Ctrl-C can
+    interrupt it and leaves the operation as it was."""
+    while True:
+        with _stage_lock:
+            if op.done or (op.then is not None and op.ready):
+                return True
+            if op.c_handle is None:
+                op.done = True
+                return True
+            mine = not op.waiting
+            if mine and not block:
+                _record(op, _capi.lib.unisum_poll(op.c_handle))
+                return op.done or op.ready
+            if mine:
+                op.waiting = True
+                c_handle = op.c_handle
+        if not mine:        # another thread waits on it
+            if not block:
+                return False
+            time.sleep(_GATE_SLICE_S)
+            continue
+        rc = 0
+        try:
+            rc = _capi.lib.unisum_poll_timeout(c_handle, _WAIT_SLICE_MS)
+        finally:
+            with _stage_lock:
+                op.waiting = False
+                _record(op, rc)
 
 
 def _run_stage(op: _Op) -> None:
@@ -166,100 +218,54 @@ def _run_stage(op: _Op) -> None:
     assert step is not None
     try:
         c_handle = step(op)
-    except BaseException as e:  # synchronize() raises it
+    except Exception as e:      # synchronize() raises it
         op.error, c_handle = e, None
-        if not isinstance(e, Exception):
-            op.done = True
-            raise
     if c_handle is None:
         op.done = True
     else:
         op.c_handle = c_handle
 
 
-def _progress() -> None:
-    """Runs every pending stage that can run without waiting, in call
-    order.  Caller holds _stage_lock."""
-    i = 0
-    while i < len(_pending):
-        with _lock:
-            op = _ops.get(_pending[i])
-        if op is None or op.then is None:
-            del _pending[i]
-            continue
-        if not op.ready:
-            if op.waiting:
-                i += 1
-                continue
-            rc = _capi.lib.unisum_poll(cast(int, op.c_handle))
-            if rc == 0:
-                i += 1
-                continue
-            if rc < 0:
-                op.then, op.done = None, True
-                op.error = _capi.error(rc, "unisum.torch: push_pull")
-                del _pending[i]
-                continue
-            op.ready = True
-        if op.gate is not None and not op.gate():
-            i += 1
-            continue
-        del _pending[i]
-        _run_stage(op)
-
-
-def _poll_done(op: _Op) -> bool:
-    """Whether op (its stages run) is done, without waiting: its C
-    operation polled unless a thread waits on it.  Caller holds
-    _stage_lock."""
-    if op.done:
-        return True
-    if op.then is not None or op.waiting or op.c_handle is None:
-        return False
-    rc = _capi.lib.unisum_poll(op.c_handle)
-    if rc == 0:
-        return False
-    if rc < 0:
-        op.error = _capi.error(rc, "unisum.torch: push_pull")
-    op.done = True
-    return True
-
-
-def _settle(op: _Op) -> None:
-    """Waits until op is done, every stage run (op.error says whether it
-    failed), running other operations' pending stages meanwhile.  The
-    wait returns to the interpreter every _WAIT_SLICE_MS, so Ctrl-C's
-    KeyboardInterrupt can interrupt it; the operation stays as it was."""
+def _stages_through(handle: int, block: bool) -> bool:
+    """Runs, in call order, every pending stage of `handle`'s set up to
+    and including its own: True once they have run; without `block`,
+    False as soon as one would have to wait."""
     while True:
         with _stage_lock:
-            _progress()
-            if op.done:
-                return
-            slice_ms = _PENDING_SLICE_MS if _pending else _WAIT_SLICE_MS
-            gated = op.then is not None and op.ready
-            c_handle = None if gated else op.c_handle
-            op.waiting = not gated
-        if c_handle is None:
-            # Its stage waits for its gate (earlier users of a reused
-            # tensor, run by other ranks' progress).
-            time.sleep(_PENDING_SLICE_MS / 1000.0)
-            continue
-        rc = 0
-        try:
-            rc = _capi.lib.unisum_poll_timeout(c_handle, slice_ms)
-        finally:
-            # Also when a signal's exception comes right after the call:
-            # what the C library said is recorded either way.
-            with _stage_lock:
-                op.waiting = False
-                if rc < 0:
-                    op.then, op.done = None, True
-                    op.error = _capi.error(rc, "unisum.torch: push_pull")
-                elif rc > 0:
-                    if op.then is not None:
-                        op.ready = True
-                    else:
-                        op.done = True
+            line = next((v for v in _pending.values() if handle in v), None)
+            if line is None:
+                return True
+            first = line[0]
+        with _lock:
+            op = _ops.get(first)
+        if op is not None and op.then is not None:
+            if not _step(op, block):
+                return False
+            if op.then is not None and op.gate is not None and not op.gate(block):
+                return False
+        with _stage_lock:
+            if line and line[0] == first:
+                line.pop(0)
+                if op is not None and op.then is not None and op.ready:
+                    _run_stage(op)
+
+
+def _settle_stages() -> None:
+    """Runs every pending stage (join(), shutdown())."""
+    with _stage_lock:
+        lasts = [v[-1] for v in _pending.values() if v]
+    for handle in lasts:
+        _stages_through(handle, True)
+
+
+def _settle(handle: int, op: _Op) -> None:
+    """Waits until op is done, its stages (and the earlier ones of its set)
+    run; op.error says whether it failed."""
+    while not op.done:
+        if op.then is None:
+            _step(op, True)
+        elif not _stages_through(handle, True) and op.then is not None:
+            time.sleep(_GATE_SLICE_S)   # not reached: a blocking gate waits
 
 
 def _require_init() -> None:
@@ -349,7 +355,9 @@ def _leave_at_exit() -> None:
             from unisum import _cuda
             if not _cuda.wait(op.job, 0)[0]:
                 return      # a CUDA push_pull, its C operation still to start or end
-        elif op.c_handle is not None and not op.ready:
+        elif op.then is not None:
+            return          # a stage still to run: the others may wait on it
+        elif op.c_handle is not None:
             rc = _capi.lib.unisum_poll(op.c_handle)
             if rc == 0:
                 return
@@ -389,24 +397,27 @@ def shutdown() -> None:
         if not _initialized:
             return
         _initialized = False
-        pending = [op for op in _ops.values() if not op.done]
-        _ops.clear()
+        ops = sorted(((h, op) for h, op in _ops.items() if op.job is None),
+                     key=lambda kv: kv[0])
     _pool_drop()
+    # Every operation to its end, every stage run (the other ranks' ops
+    # may wait on them), in the order they began; then each is finished
+    # once, also those done but never synchronized.
+    for h, op in ops:
+        _settle(h, op)
     with _stage_lock:
         _pending.clear()
-    first_error = 0
-    for op in pending:
-        if op.c_handle is None:
-            continue
-        if op.ready:    # its C operation done and released; its next stage never runs
-            op.done = True
-            op.finish()
-            continue
-        rc = _wait(op.c_handle)
-        op.done = True
+    with _lock:
+        for h, _ in ops:
+            _ops.pop(h, None)
+    first_error: Optional[BaseException] = None
+    for _, op in ops:
+        op.failed = op.error is not None
         op.finish()
-        first_error = first_error or rc
-    _capi.check(first_error, "unisum.torch.shutdown: an operation in flight")
+        first_error = first_error or op.error
+    if first_error is not None:
+        raise UnisumError("unisum.torch.shutdown: an operation in flight failed: %s"
+                          % first_error, getattr(first_error, "code", _capi.EINVAL))
     if cuda_error is not None:
         raise cuda_error
 
@@ -461,9 +472,13 @@ def rejoin() -> None:
     else:
         rc = _capi.lib.unisum_rejoin()
     for op in pending:
-        if not op.done:
-            op.done = op.failed = True
-            op.finish()
+        if op.done and op.job is not None:
+            continue    # a CUDA push_pull that ended: its threads finished it
+        # Each finished once: failed when it had not ended (its C
+        # operation failed with the membership), else as it ended.
+        op.failed = not op.done or op.error is not None
+        op.done = True
+        op.finish()
     _capi.check(rc, "unisum.torch.rejoin")
     for opt in list(_optimizers):
         opt._unisum_reset()
@@ -1127,9 +1142,7 @@ def poll(handle: int) -> bool:
         if ended and err is not None:
             _cuda_end(handle, op)   # raises it
         return ended
-    with _stage_lock:
-        _progress()
-        done = _poll_done(op)
+    done = _stages_through(handle, False) and _step(op, False) and op.done
     if done and op.error is not None:
         with _lock:
             _ops.pop(handle, None)
@@ -1165,7 +1178,7 @@ def synchronize(handle: int) -> torch.Tensor:
         return cast(torch.Tensor, _cuda_end(handle, op))
     # An operation that is not done has a C handle (only empty tensors have
     # none, and they are done from the start).
-    _settle(op)
+    _settle(handle, op)
     err = op.error
     with _lock:
         _ops.pop(handle, None)

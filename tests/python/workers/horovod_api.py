@@ -155,6 +155,11 @@ def main():
     for i, h in enumerate(hs):
         expect("polled allgather %d" % i, hvd.synchronize(h),
                torch.tensor([10 * i + q for q in range(n) for _ in range(1 + i % 2)]))
+    # Ten in flight: the ninth and tenth take their turns on reused
+    # exchange tensors while the first two are still in flight.
+    hs = [hvd.allgather_async(torch.tensor([100 * i + r])) for i in range(10)]
+    for i in range(10):
+        expect("allgather %d of 10" % i, hvd.synchronize(hs[i]), torch.arange(n) + 100 * i)
     x = torch.ones(r + 1, requires_grad=True)
     (hvd.allgather(x) * torch.arange(float(n * (n + 1) // 2))).sum().backward()
     start = r * (r + 1) // 2
