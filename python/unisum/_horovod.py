@@ -765,13 +765,16 @@ def _slot(kind: str, call: int, turns: int) -> _Slot:
 _turns: dict = {}   # kind -> the global set's calls of that kind so far (slots' turns)
 
 
-def _turn(kind: str, grp: _Group) -> int:
+def _turn(kind: str, grp: _Group, peek: bool = False) -> int:
     """This call's number among the global set's calls of `kind` (0 in a
-    process set, which has no slots): which slots it takes."""
+    process set, which has no slots): which slots it takes.  With `peek`,
+    without counting it yet."""
     if grp.pset != 0:
         return 0
     with _t._lock:
-        n = _turns[kind] = _turns.get(kind, 0) + 1
+        n = _turns.get(kind, 0) + 1
+        if not peek:
+            _turns[kind] = n
     return n
 
 
@@ -870,6 +873,13 @@ def _slots_forget(rejoin: bool) -> None:
         retired = [slot for slot in _slots.values()
                    if not slot.kind.endswith(".exchange") and slot.name is not None]
     for slot in retired:
+        # Their operations ended (unisum_join waited for them); their
+        # handles are released here, or the tensor would still be busy.
+        for h in slot.users:
+            with _t._lock:
+                op = _t._ops.get(h)
+            if op is not None and op.then is None:
+                _t._step(op, True)
         name, slot.name, slot.layout, slot.users = slot.name, None, None, []
         _t._undeclare(cast(str, name))
 
@@ -935,15 +945,17 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     src = tensor.detach().contiguous()
     table = _records(src, "allgather", grp, [src.shape[0]])
     release = _claim_name(name, "allgather")
-    # Reserved now: every rank in the same order.
-    data_name = _t._by_order("allgather", pset=grp.pset)
-    call, turn = _call_number(data_name), _turn("allgather", grp)
-    slot = _slot("allgather", turn, _SLOTS) if grp.pset == 0 else None
     try:
+        turn = _turn("allgather", grp, peek=True)
         first = _exchange_start(table, grp, "allgather", turn)
     except BaseException:
         release()
         raise
+    # Reserved once it started: every rank in the same order.
+    _turn("allgather", grp)
+    data_name = _t._by_order("allgather", pset=grp.pset)
+    call = _call_number(data_name)
+    slot = _slot("allgather", turn, _SLOTS) if grp.pset == 0 else None
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
         rows = [rec[0] for rec in _agreed(op.output, "allgather", 1)]
@@ -1164,15 +1176,17 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     src = tensor.detach().contiguous()
     table = _records(src, "alltoall", grp, mine)
     release = _claim_name(name, "alltoall")
-    # Reserved now: every rank in the same order.
-    data_name = _t._by_order("alltoall", pset=grp.pset)
-    call, turn = _call_number(data_name), _turn("alltoall", grp)
-    slot = _slot("alltoall", turn, _SLOTS) if grp.pset == 0 else None
     try:
+        turn = _turn("alltoall", grp, peek=True)
         first = _exchange_start(table, grp, "alltoall", turn)
     except BaseException:
         release()
         raise
+    # Reserved once it started: every rank in the same order.
+    _turn("alltoall", grp)
+    data_name = _t._by_order("alltoall", pset=grp.pset)
+    call = _call_number(data_name)
+    slot = _slot("alltoall", turn, _SLOTS) if grp.pset == 0 else None
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
         sent = _agreed(op.output, "alltoall", n)    # sent[q][j]: q's rows for j

@@ -144,10 +144,10 @@ class _Op:
 
 
 # Second stages (_Op.then) run in call order, per process set, at points
-# every rank's program reaches alike: synchronize(h) runs every pending
-# stage of h's set up to h's own (waiting for their small push_pulls,
-# which need only every rank's call); poll(h) the same as far as it can
-# without waiting; join() and shutdown() all of them.  Never from a thread
+# every rank's program reaches alike: synchronize(h) and poll(h) run every
+# pending stage of h's set up to h's own (waiting for their small
+# push_pulls, which need only every rank's call); join() and shutdown()
+# all of them.  Never from a thread
 # of their own or at a moment that depends on timing: the workers of a
 # machine must start their operations in one order (the local reduce
 # takes them in order), so ranks that synchronize in different orders
@@ -211,6 +211,28 @@ def _step(op: _Op, block: bool) -> bool:
                 _record(op, rc)
 
 
+def _nap(handle: int, timeout_ms: int) -> None:
+    """Waits at most timeout_ms for the operation of `handle` (one whose
+    stages are all run), keeping what the C library says (a completion
+    releases its handle), unless a thread already waits on it."""
+    with _lock:
+        op = _ops.get(handle)
+    if op is None:
+        return
+    with _stage_lock:
+        if op.done or op.waiting or op.then is not None or op.c_handle is None:
+            return
+        op.waiting = True
+        c_handle = op.c_handle
+    rc = 0
+    try:
+        rc = _capi.lib.unisum_poll_timeout(c_handle, timeout_ms)
+    finally:
+        with _stage_lock:
+            op.waiting = False
+            _record(op, rc)
+
+
 def _run_stage(op: _Op) -> None:
     """Runs op's `then` (its C operation is done): op.c_handle becomes the
     stage's, or op is done (failed: op.error).  Caller holds _stage_lock."""
@@ -218,8 +240,11 @@ def _run_stage(op: _Op) -> None:
     assert step is not None
     try:
         c_handle = step(op)
-    except Exception as e:      # synchronize() raises it
-        op.error, c_handle = e, None
+    except BaseException as e:  # noqa: B902 (synchronize() raises it)
+        op.error, op.done = e, True
+        if not isinstance(e, Exception):
+            raise
+        return
     if c_handle is None:
         op.done = True
     else:
@@ -245,9 +270,10 @@ def _stages_through(handle: int, block: bool) -> bool:
                 return False
         with _stage_lock:
             if line and line[0] == first:
-                line.pop(0)
                 if op is not None and op.then is not None and op.ready:
                     _run_stage(op)
+                if op is None or op.then is None:
+                    line.pop(0)
 
 
 def _settle_stages() -> None:
@@ -264,8 +290,11 @@ def _settle(handle: int, op: _Op) -> None:
     while not op.done:
         if op.then is None:
             _step(op, True)
-        elif not _stages_through(handle, True) and op.then is not None:
-            time.sleep(_GATE_SLICE_S)   # not reached: a blocking gate waits
+        elif _stages_through(handle, True) and op.then is not None:
+            with _stage_lock:       # not reached: a stage that left its line
+                op.then, op.done = None, True
+                op.error = UnisumError("unisum.torch: an operation's second stage was lost "
+                                       "(interrupted while it started)", _capi.EINVAL)
 
 
 def _require_init() -> None:
@@ -1006,7 +1035,7 @@ def _start_cuda(tensor: torch.Tensor, average: bool, name: Optional[str], priori
             _undeclare(wire)
 
     def nap(c_handle: int) -> None:
-        _capi.lib.unisum_poll_timeout(c_handle, 1)
+        _nap(c_handle, 1)
 
     def finish() -> None:
         _cuda.release(wire, drop=one_shot)
@@ -1124,7 +1153,9 @@ def _take(handle: int) -> _Op:
 def poll(handle: int) -> bool:
     """True once the operation is done (then synchronize() returns at once).
 
-    Does not wait: False while the operation is still in flight.
+    Does not wait for the operation: False while it is still in flight.
+    A gathering collective's second stage (and those before it) starts
+    here, which may wait for its small push_pull, as synchronize() does.
 
     Args:
         handle: A handle from push_pull_async() or
@@ -1142,7 +1173,11 @@ def poll(handle: int) -> bool:
         if ended and err is not None:
             _cuda_end(handle, op)   # raises it
         return ended
-    done = _stages_through(handle, False) and _step(op, False) and op.done
+    # Its set's stages up to its own run here as in synchronize() (they may
+    # wait for their small push_pulls): at a point of the program, never
+    # at a moment that depends on timing.
+    _stages_through(handle, True)
+    done = op.then is None and _step(op, False) and op.done
     if done and op.error is not None:
         with _lock:
             _ops.pop(handle, None)

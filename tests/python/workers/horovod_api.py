@@ -145,9 +145,9 @@ def main():
     for i in order:
         got = hvd.synchronize(calls[i][0])
         expect("collective %d of many in flight" % i, got[0] if i % 3 == 2 else got, calls[i][1])
-    # poll() runs every second stage it can and never waits: rank 0 polls
-    # only the last of several allgathers, the others synchronize them in
-    # order (each needs rank 0's stage of it).
+    # poll() runs the second stages up to its handle's, as synchronize()
+    # does: rank 0 polls only the last of several allgathers, the others
+    # synchronize them in order (each needs rank 0's stage of it).
     hs = [hvd.allgather_async(torch.full((1 + i % 2,), 10 * i + r)) for i in range(6)]
     if r == 0:
         while not hvd.poll(hs[-1]):

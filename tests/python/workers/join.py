@@ -53,6 +53,12 @@ def main():
             assert torch.equal(got, torch.tensor([10 * i + q for q in range(n) for _ in "ab"])), got
             got = hvd.alltoall(torch.full((n,), 10 * i + r))
             assert torch.equal(got, torch.tensor([10 * i + q for q in range(n)])), got
+    # An allgather still unsynchronized at join(): its stage runs first, and
+    # its result survives the slots' retirement.
+    h = hvd.allgather_async(torch.tensor([r]))
+    hvd.join()
+    assert torch.equal(hvd.synchronize(h), torch.arange(n))
+    assert torch.equal(hvd.allgather(torch.tensor([r])), torch.arange(n))
     print("rank %d: join ok" % r, flush=True)
 
 
