@@ -716,8 +716,10 @@ def _gather_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
 # declaration, the homed cut's, its undeclaration) and fresh buffers on the
 # servers, whose first touch is page faults: 2-5 ms of a 4 MiB allgather's
 # 35 ms on the emulated cluster.  So the allgathers and alltoalls of the
-# global set take turns, by call number (the count of unnamed collectives
-# that _t._by_order keeps), on _SLOTS tensors per kind.  A slot's tensor
+# global set take turns, by their count per kind (_turn), on _SLOTS
+# tensors per kind (2: with 4, 64 MiB allgathers ran 20-30% slower for
+# their first 12 turns on the emulated cluster, cause not found; 2 still
+# lets one call's data start while the last one's is in flight).  A slot's tensor
 # carries one layout (dtype, counts); a call of another layout declares a
 # new one, named by its call number (which every rank agrees on, join()
 # included), and undeclares the old.  Every rank sees the same layouts (the
@@ -731,7 +733,7 @@ def _gather_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
 # ranks that disagree must meet on one name to be refused (EMISMATCH).
 # The exchanges take turns on _SHAPE_SLOTS tensors per kind; starting one
 # waits for the slot's last exchange, which needs only every rank's call.
-_SLOTS = 4
+_SLOTS = 2
 _SHAPE_SLOTS = 8
 _SLOT_BYTES = 64 << 20
 
