@@ -716,12 +716,12 @@ def _gather_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
 # declaration, the homed cut's, its undeclaration) and fresh buffers on the
 # servers, whose first touch is page faults: 2-5 ms of a 4 MiB allgather's
 # 35 ms on the emulated cluster.  So the allgathers and alltoalls of the
-# global set take turns, by their count per kind (_turn), on _SLOTS
+# global set take turns, by their count per kind (_exchange_start), on _SLOTS
 # tensors per kind (2: with 4, 64 MiB allgathers ran 20-30% slower for
 # their first 12 turns on the emulated cluster, cause not found; 2 still
 # lets one call's data start while the last one's is in flight).  A slot's tensor
 # carries one layout (dtype, counts); a call of another layout declares a
-# new one, named by its call number (which every rank agrees on, join()
+# new one, named after the call (which every rank agrees on, join()
 # included), and undeclares the old.  Every rank sees the same layouts (the
 # exchange said them, checked alike on every rank), and a call's stage runs
 # only once every earlier call on its slot has ended here (its gate,
@@ -767,24 +767,6 @@ def _slot(kind: str, call: int, turns: int) -> _Slot:
 _turns: dict = {}   # kind -> the global set's calls of that kind so far (slots' turns)
 
 
-def _turn(kind: str, grp: _Group, peek: bool = False) -> int:
-    """This call's number among the global set's calls of `kind` (0 in a
-    process set, which has no slots): which slots it takes.  With `peek`,
-    without counting it yet."""
-    if grp.pset != 0:
-        return 0
-    with _t._lock:
-        n = _turns.get(kind, 0) + 1
-        if not peek:
-            _turns[kind] = n
-    return n
-
-
-def _call_number(by_order_name: str) -> int:
-    """N of the name _t._by_order gave ("kind.N")."""
-    return int(by_order_name.split(".")[1])
-
-
 def _slot_file(slot: Optional[_Slot], handle: int) -> int:
     """Files `handle` as `slot`'s latest user; returns it."""
     if slot is not None:
@@ -793,56 +775,58 @@ def _slot_file(slot: Optional[_Slot], handle: int) -> int:
     return handle
 
 
-def _slot_free(slot: _Slot, handle: int, block: bool) -> bool:
-    """The gate of call `handle` on `slot`: whether every call filed on it
-    before (their stages ran: they came first) has ended here; with
-    `block`, waits for them (each needs only the other ranks' stages,
-    which they start in call order too)."""
+def _slot_free(slot: _Slot, handle: int) -> None:
+    """The gate of call `handle` on `slot`: waits until every call filed on
+    it before (their stages ran: they came first) has ended here (each
+    needs only the other ranks' stages, which they start in call order
+    too), and forgets them."""
     with _t._lock:
         earlier = slot.users[:slot.users.index(handle)] if handle in slot.users else []
-        ops = [(h, _t._ops.get(h)) for h in earlier]
-    ended = []
-    for h, op in ops:
-        if op is not None and not op.done and op.then is not None:
-            _t._stages_through(h, block)
-        if op is None or op.done or (op.then is None and _t._step(op, block) and op.done):
-            ended.append(h)
-        elif not block:
-            break
+    for h in earlier:
+        with _t._lock:
+            op = _t._ops.get(h)
+        if op is not None:
+            _t._settle(h, op)
     with _t._lock:
-        slot.users = [h for h in slot.users if h not in ended]
-    return len(ended) == len(ops)
+        slot.users = [h for h in slot.users if h not in earlier]
 
 
-def _gate(slot: Optional[_Slot], handle: int) -> Optional[Callable[[bool], bool]]:
+def _gate(slot: Optional[_Slot], handle: int) -> Optional[Callable[[], None]]:
     """The gate of call `handle`'s stage: `slot` free (None: no slot)."""
-    return None if slot is None else (lambda block: _slot_free(slot, handle, block))
+    return None if slot is None else (lambda: _slot_free(slot, handle))
 
 
-def _slot_wire(slot: Optional[_Slot], call: int, one_shot: str, dtype: torch.dtype,
+def _slot_wire(slot: Optional[_Slot], one_shot: str, send: torch.Tensor,
                counts: List[int]) -> Tuple[str, bool]:
-    """The tensor call number `call` runs its `counts` on, and whether it
-    is a slot's (kept declared): `slot`'s, unless the whole exceeds
-    _SLOT_BYTES or there is no slot (a process set); else `one_shot`.
+    """The tensor a call runs its `counts` of `send`'s dtype on, and
+    whether it is a slot's (kept declared): `slot`'s, unless the whole
+    exceeds _SLOT_BYTES or there is no slot (a process set); else
+    `one_shot`, the call's own name.  A slot's new tensor is named after
+    it, which every rank agrees on (join() included) and no call reuses.
     Runs in the call's stage, its gate open."""
-    if slot is None or sum(counts) * torch.empty(0, dtype=dtype).element_size() > _SLOT_BYTES:
+    if slot is None or sum(counts) * send.element_size() > _SLOT_BYTES:
         return one_shot, False
-    layout = (dtype, tuple(counts))
+    layout = (send.dtype, tuple(counts))
     if slot.name is None or slot.layout != layout:
         if slot.name is not None:
             _t._undeclare(slot.name)
-        slot.name = "unisum.%s.slot%d.%d" % (slot.kind, slot.index, call)
+        slot.name = "unisum.%s.slot%d" % (one_shot, slot.index)
         slot.layout = layout
     return slot.name, True
 
 
-def _exchange_start(table: torch.Tensor, grp: _Group, kind: str, turn: int) -> int:
+def _exchange_start(table: torch.Tensor, grp: _Group, kind: str) -> Tuple[int, int]:
     """Starts the small push_pull (a sum) of `table`, in which each rank
-    filled its own row, that a gathering collective waits for; in the
-    global set on the exchange slot of its `turn` (_turn), once the slot's
-    last exchange is done (which needs only every rank's call)."""
+    filled its own row, that a gathering collective waits for; returns its
+    handle and the call's turn, its number among the global set's calls of
+    `kind` (which slots it takes; 0 in a process set, which has none),
+    counted once the push_pull has started.  In the global set it runs on
+    the exchange slot of its turn, once the slot's last exchange is done
+    (which needs only every rank's call)."""
     if grp.pset != 0:
-        return _t._start(table, False, None, 0, False, pset=grp.pset)
+        return _t._start(table, False, None, 0, False, pset=grp.pset), 0
+    with _t._lock:
+        turn = _turns.get(kind, 0) + 1
     slot = _slot(kind + ".exchange", turn, _SHAPE_SLOTS)
     with _t._lock:
         earlier = list(slot.users)
@@ -855,8 +839,11 @@ def _exchange_start(table: torch.Tensor, grp: _Group, kind: str, turn: int) -> i
             _t._step(op, True)
     with _t._lock:
         slot.users = [h for h in slot.users if h not in earlier]
-    return _slot_file(slot, _t._start(table, False, "unisum.%s.exchange.slot%d.%d"
-                                       % (kind, slot.index, table.numel()), 0, False))
+    handle = _slot_file(slot, _t._start(table, False, "unisum.%s.exchange.slot%d.%d"
+                                         % (kind, slot.index, table.numel()), 0, False))
+    with _t._lock:
+        _turns[kind] = turn
+    return handle, turn
 
 
 def _slots_forget(rejoin: bool) -> None:
@@ -888,7 +875,7 @@ def _slots_forget(rejoin: bool) -> None:
 
 def _chain(first: int, stage: Callable[[_t._Op], Optional[int]],
            release: Callable[[], None], pset: int,
-           gate: Optional[Callable[[bool], bool]] = None) -> int:
+           gate: Optional[Callable[[], None]] = None) -> int:
     """Makes the operation of handle `first` (a small push_pull whose result
     the collective needs) run `stage` once it is done: `stage` sets the
     operation's buffers and output and returns the C handle of the
@@ -948,15 +935,12 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     table = _records(src, "allgather", grp, [src.shape[0]])
     release = _claim_name(name, "allgather")
     try:
-        turn = _turn("allgather", grp, peek=True)
-        first = _exchange_start(table, grp, "allgather", turn)
+        first, turn = _exchange_start(table, grp, "allgather")
     except BaseException:
         release()
         raise
     # Reserved once it started: every rank in the same order.
-    _turn("allgather", grp)
     data_name = _t._by_order("allgather", pset=grp.pset)
-    call = _call_number(data_name)
     slot = _slot("allgather", turn, _SLOTS) if grp.pset == 0 else None
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
@@ -973,7 +957,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
 
         op.send, op.recv, op.output = send, recv, output
         counts = [q * per_row for q in rows]
-        wire, keep = _slot_wire(slot, call, data_name, send.dtype, counts)
+        wire, keep = _slot_wire(slot, data_name, send, counts)
         return _gather_launch("allgather", wire, send, recv, counts, after, 0, grp, keep=keep)
 
     return _chain(_slot_file(slot, first), stage, release, grp.pset, _gate(slot, first))
@@ -1179,15 +1163,12 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     table = _records(src, "alltoall", grp, mine)
     release = _claim_name(name, "alltoall")
     try:
-        turn = _turn("alltoall", grp, peek=True)
-        first = _exchange_start(table, grp, "alltoall", turn)
+        first, turn = _exchange_start(table, grp, "alltoall")
     except BaseException:
         release()
         raise
     # Reserved once it started: every rank in the same order.
-    _turn("alltoall", grp)
     data_name = _t._by_order("alltoall", pset=grp.pset)
-    call = _call_number(data_name)
     slot = _slot("alltoall", turn, _SLOTS) if grp.pset == 0 else None
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
@@ -1206,7 +1187,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
         op.send, op.recv = send, recv
         op.output = (out, torch.tensor(recv_rows, dtype=torch.int32))
         counts = [sent[q][j] * per_row for q in range(n) for j in range(n)]
-        wire, keep = _slot_wire(slot, call, data_name, send.dtype, counts)
+        wire, keep = _slot_wire(slot, data_name, send, counts)
         return _gather_launch("alltoall", wire, send, recv, counts, after, 0, grp, keep=keep)
 
     return _chain(_slot_file(slot, first), stage, release, grp.pset, _gate(slot, first))

@@ -134,12 +134,11 @@ class _Op:
         # ended it: poll() and synchronize() raise it.
         self.error: Optional[BaseException] = None
         # With `then` (under _stage_lock): `ready` once the C operation is
-        # done and its handle released; `gate(block)` says whether `then`
-        # may run now, waiting for that when `block` (None: whenever
-        # ready); `waiting` while a thread waits on c_handle outside the
-        # lock (no one else polls it).
+        # done and its handle released; `gate()` waits until `then` may
+        # run (None: whenever ready); `waiting` while a thread waits on
+        # c_handle outside the lock (no one else polls it).
         self.ready = False
-        self.gate: Optional[Callable[[], bool]] = None
+        self.gate: Optional[Callable[[], None]] = None
         self.waiting = False
 
 
@@ -147,11 +146,10 @@ class _Op:
 # every rank's program reaches alike: synchronize(h) and poll(h) run every
 # pending stage of h's set up to h's own (waiting for their small
 # push_pulls, which need only every rank's call); join() and shutdown()
-# all of them.  Never from a thread
-# of their own or at a moment that depends on timing: the workers of a
-# machine must start their operations in one order (the local reduce
-# takes them in order), so ranks that synchronize in different orders
-# still start every stage in call order.
+# all of them.  Never from a thread of their own or at a moment that
+# depends on timing: the workers of a machine must start their operations
+# in one order (the local reduce takes them in order), so ranks that
+# synchronize in different orders still start every stage in call order.
 _stage_lock = threading.Lock()
 _pending: Dict[int, List[int]] = {}     # process set -> handles whose `then` has not run
 _GATE_SLICE_S = 0.002
@@ -202,13 +200,20 @@ def _step(op: _Op, block: bool) -> bool:
                 return False
             time.sleep(_GATE_SLICE_S)
             continue
-        rc = 0
-        try:
-            rc = _capi.lib.unisum_poll_timeout(c_handle, _WAIT_SLICE_MS)
-        finally:
-            with _stage_lock:
-                op.waiting = False
-                _record(op, rc)
+        _poll_for(op, c_handle, _WAIT_SLICE_MS)
+
+
+def _poll_for(op: _Op, c_handle: int, timeout_ms: int) -> None:
+    """Waits at most timeout_ms on op's C handle, which this thread has
+    taken (op.waiting), and records what the C library said, also when a
+    signal's exception comes right after the call."""
+    rc = 0
+    try:
+        rc = _capi.lib.unisum_poll_timeout(c_handle, timeout_ms)
+    finally:
+        with _stage_lock:
+            op.waiting = False
+            _record(op, rc)
 
 
 def _nap(handle: int, timeout_ms: int) -> None:
@@ -224,13 +229,7 @@ def _nap(handle: int, timeout_ms: int) -> None:
             return
         op.waiting = True
         c_handle = op.c_handle
-    rc = 0
-    try:
-        rc = _capi.lib.unisum_poll_timeout(c_handle, timeout_ms)
-    finally:
-        with _stage_lock:
-            op.waiting = False
-            _record(op, rc)
+    _poll_for(op, c_handle, timeout_ms)
 
 
 def _run_stage(op: _Op) -> None:
@@ -251,23 +250,21 @@ def _run_stage(op: _Op) -> None:
         op.c_handle = c_handle
 
 
-def _stages_through(handle: int, block: bool) -> bool:
+def _stages_through(handle: int) -> None:
     """Runs, in call order, every pending stage of `handle`'s set up to
-    and including its own: True once they have run; without `block`,
-    False as soon as one would have to wait."""
+    and including its own, waiting for their small push_pulls and gates."""
     while True:
         with _stage_lock:
             line = next((v for v in _pending.values() if handle in v), None)
             if line is None:
-                return True
+                return
             first = line[0]
         with _lock:
             op = _ops.get(first)
         if op is not None and op.then is not None:
-            if not _step(op, block):
-                return False
-            if op.then is not None and op.gate is not None and not op.gate(block):
-                return False
+            _step(op, True)
+            if op.then is not None and op.gate is not None:
+                op.gate()
         with _stage_lock:
             if line and line[0] == first:
                 if op is not None and op.then is not None and op.ready:
@@ -281,7 +278,7 @@ def _settle_stages() -> None:
     with _stage_lock:
         lasts = [v[-1] for v in _pending.values() if v]
     for handle in lasts:
-        _stages_through(handle, True)
+        _stages_through(handle)
 
 
 def _settle(handle: int, op: _Op) -> None:
@@ -290,7 +287,10 @@ def _settle(handle: int, op: _Op) -> None:
     while not op.done:
         if op.then is None:
             _step(op, True)
-        elif _stages_through(handle, True) and op.then is not None:
+        else:
+            _stages_through(handle)
+            if op.then is None:
+                continue
             with _stage_lock:       # not reached: a stage that left its line
                 op.then, op.done = None, True
                 op.error = UnisumError("unisum.torch: an operation's second stage was lost "
@@ -1176,7 +1176,7 @@ def poll(handle: int) -> bool:
     # Its set's stages up to its own run here as in synchronize() (they may
     # wait for their small push_pulls): at a point of the program, never
     # at a moment that depends on timing.
-    _stages_through(handle, True)
+    _stages_through(handle)
     done = op.then is None and _step(op, False) and op.done
     if done and op.error is not None:
         with _lock:
