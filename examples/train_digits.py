@@ -202,10 +202,12 @@ def train(args, rank, size, model, optimizer, how, sum_all, at_last_epoch=None):
         total = sum_all(total, "epoch.loss")
         if epoch == args.epochs and at_last_epoch is not None:
             at_last_epoch()
-        model.eval()
-        with torch.no_grad():
-            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
         if rank == 0:
+            # Rank 0's replica is the one reported; the others go on with
+            # the next epoch rather than each evaluate for nobody.
+            model.eval()
+            with torch.no_grad():
+                accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
             print("epoch %2d  loss %.4f  held-out accuracy %.4f"
                   % (epoch, (total[0] / total[1]).item(), accuracy), flush=True)
     if rank == 0:

@@ -19,6 +19,13 @@
  *                                   compute here), then compute fwd_i
  *   backward k:  for i = L-1 .. 0:  compute bwd_i, then push_pull_async(i)
  *
+ * With UNISUM_SYNC=dssync:G it replays DS-Sync's optimizer instead, which
+ * averages parameters: nothing can start before the update at the end of
+ * backward, where every tensor's push_pull starts.  Overlapped
+ * (UNISUM_DSSYNC_OVERLAP=1, the default) the step first waits for those
+ * the last step started, which ran during this step's forward and
+ * backward; with 0 it waits for its own.  The forward waits for nothing.
+ *
  * Compute is a sleep, not a busy loop: it stands for a GPU, and the CPU
  * must stay free for the network threads.  --compute-ms is split 1/3
  * forward, 2/3 backward, evenly over the tensors.  Sleeps run to absolute
@@ -493,6 +500,8 @@ struct trainer {
 					 * push is a delta); else bufs (in place) */
 	bool held;			/* UNISUM_SYNC is async or ssp:S */
 	bool exact;			/* lock-step: the averages are checked */
+	bool dssync;			/* UNISUM_SYNC is dssync:G: replays its optimizer */
+	bool overlap;			/* ... with UNISUM_DSSYNC_OVERLAP=1 */
 	int *ids;			/* [L]: tensor ids of the current mode */
 	unisum_handle *handles;		/* [L]: in-flight push_pull, 0 = none */
 	double fwd_s, bwd_s;		/* compute per tensor */
@@ -581,7 +590,7 @@ static int forward(struct trainer *t, double *ready_at)
 {
 	t->deadline = now_s();
 	for (int i = 0; i < t->params->n; i++) {
-		if (t->handles[i] != 0) {
+		if (t->handles[i] != 0 && !t->dssync) {
 			double t0 = now_s();
 			int rc = unisum_wait(t->handles[i]);
 			t->handles[i] = 0;
@@ -605,12 +614,48 @@ static int backward(struct trainer *t)
 	for (int i = t->params->n - 1; i >= 0; i--) {
 		t->deadline += t->bwd_s;
 		sleep_until(t->deadline);
+		if (t->dssync)
+			continue;	/* dssync_step() starts them */
 		/* Async and SSP take deltas and average nothing (flags 0). */
 		if (unisum_push_pull_async(t->ids[i], t->bufs[i], t->outs[i],
 					   t->held ? 0 : UNISUM_AVERAGE, &t->handles[i]) != 0)
 			return fail(t, "unisum_push_pull_async");
 	}
 	return 0;
+}
+
+/* Waits for every push_pull in flight.  Stores in *ready_at when the
+ * last returned. */
+static int wait_all(struct trainer *t, double *ready_at)
+{
+	for (int i = 0; i < t->params->n; i++) {
+		if (t->handles[i] == 0)
+			continue;
+		int rc = unisum_wait(t->handles[i]);
+		t->handles[i] = 0;
+		if (rc != 0)
+			return fail(t, "unisum_wait");
+	}
+	*ready_at = now_s();
+	return 0;
+}
+
+/* DS-Sync's optimizer step (unisum.torch, sync="dssync:G"), after the
+ * whole backward: the parameters are averaged, not the gradients, so
+ * nothing can start before the update.  Overlapped (UNISUM_DSSYNC_OVERLAP=1)
+ * it waits for the averages the last step started, which ran during this
+ * step's forward and backward, then starts this step's and goes on;
+ * otherwise it starts this step's and waits for them.  Stores in
+ * *ready_at when its waits returned. */
+static int dssync_step(struct trainer *t, double *ready_at)
+{
+	if (t->overlap && wait_all(t, ready_at) != 0)
+		return -1;
+	for (int i = 0; i < t->params->n; i++)
+		if (unisum_push_pull_async(t->ids[i], t->bufs[i], t->outs[i], UNISUM_AVERAGE,
+					   &t->handles[i]) != 0)
+			return fail(t, "unisum_push_pull_async");
+	return t->overlap ? 0 : wait_all(t, ready_at);
 }
 
 /* Checks the first, middle and last element of every tensor against the
@@ -652,7 +697,8 @@ static int mode_run(struct trainer *t, enum mode m)
 			return -1;
 		if (k > 0) {
 			t->iter_ms[k - 1] = (fwd_start - prev_start) * 1e3;
-			t->ready_ms[k - 1] = (ready_at - bwd_end) * 1e3;
+			if (!t->dssync)
+				t->ready_ms[k - 1] = (ready_at - bwd_end) * 1e3;
 		}
 		if (k == n)
 			break;
@@ -660,7 +706,17 @@ static int mode_run(struct trainer *t, enum mode m)
 		if (backward(t) != 0)
 			return -1;
 		bwd_end = now_s();
+		if (t->dssync) {
+			/* The step's own wait is its "ready" time. */
+			double ready = bwd_end;
+			if (dssync_step(t, &ready) != 0)
+				return -1;
+			t->ready_ms[k] = (ready - bwd_end) * 1e3;
+		}
 	}
+	double end_at;
+	if (t->dssync && wait_all(t, &end_at) != 0)
+		return -1;
 	if (t->rank == 0)
 		fprintf(stderr, "  ... %s %s: %d iterations in %.2f s\n", t->o->model->name, mode_names[m], n,
 			now_s() - start);
@@ -773,6 +829,8 @@ static int bench_model_worker(const struct options *o, const struct param_list *
 	if (wire_sync_parse(bench_config()->sync, &sync, &group) == 0) {
 		t.held = wire_sync_held(sync);
 		t.exact = !t.held && group == 0 && o->compressor == NULL;
+		t.dssync = group > 0;
+		t.overlap = bench_config()->dssync_overlap != 0;
 	}
 	t.fwd_s = o->compute_ms / 3.0 / params->n * 1e-3;
 	t.bwd_s = o->compute_ms * 2.0 / 3.0 / params->n * 1e-3;

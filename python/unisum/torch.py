@@ -62,7 +62,7 @@ import time
 import warnings
 import weakref
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Protocol,
-                    Sequence, Tuple, TypeVar, Union, cast)
+                    Sequence, Set, Tuple, TypeVar, Union, cast)
 
 import numpy
 import torch
@@ -104,6 +104,10 @@ _at_exit_set = False          # _leave_at_exit is registered
 # Every DistributedOptimizer, to forget its operations when an elastic job
 # re-forms (rejoin).
 _optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+# Overlapped DS-Sync optimizers whose group average is in flight, held
+# strongly: its buffers must outlive the operation even when the script
+# drops the optimizer (a main() that returns); exit and shutdown() load it.
+_dssync_flying: Set[Any] = set()
 
 
 class _Op:
@@ -377,6 +381,13 @@ def _leave_at_exit() -> None:
     global _joined
     if not _joined or os.getpid() != _init_pid:
         return
+    # A DS-Sync optimizer's last group average, which every member of the
+    # group started: it ends (or fails, naming a lost peer) in bounded time.
+    for opt in list(_dssync_flying):
+        try:
+            opt._dssync_settle()
+        except UnisumError:
+            return
     with _lock:
         pending = [op for op in _ops.values() if not op.done]
     for op in pending:
@@ -410,6 +421,15 @@ def shutdown() -> None:
         UnisumError: When an operation that was still in flight failed.
     """
     global _initialized
+    # A DS-Sync optimizer's group average in flight (every member started
+    # it), loaded into its parameters.
+    dssync_error: Optional[BaseException] = None
+    if _initialized:
+        for opt in list(_dssync_flying):
+            try:
+                opt._dssync_settle()
+            except UnisumError as e:
+                dssync_error = dssync_error or e
     # A CUDA tensor's push_pull waits on a C operation of its own (_cuda):
     # those end first, their threads still seeing the C operations.
     with _lock:
@@ -449,6 +469,8 @@ def shutdown() -> None:
                           % first_error, getattr(first_error, "code", _capi.EINVAL))
     if cuda_error is not None:
         raise cuda_error
+    if dssync_error is not None:
+        raise dssync_error
 
 
 def membership_changed() -> bool:
@@ -1692,6 +1714,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # async or ssp:S: the servers hold the values.
         self._async = self._mode != "sync" and not self._dssync
         self._async_old: Dict[torch.Tensor, torch.Tensor] = {}
+        # Overlapped dssync: the group average in flight since the last
+        # step() (_exchange_start's list), loaded by the next one.
+        # (UNISUM_DSSYNC_OVERLAP: unisum_init checked it is 0 or 1.)
+        self._dssync_overlap = os.environ.get("UNISUM_DSSYNC_OVERLAP", "1").strip() != "0"
+        self._dssync_inflight: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
         if self._async:
             self._async_start()
             return
@@ -1716,6 +1743,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """push_pull of each (parameter, what to push) on the parameter's
         tensor of this optimizer's sync mode, all at once; loads each
         result into the parameter (and, async, its last-known copy)."""
+        self._exchange_end(self._exchange_start(items, flags, copy=False))
+
+    def _exchange_start(self, items: List[Tuple[torch.Tensor, torch.Tensor]], flags: int,
+                        copy: bool) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
+        """Starts _exchange's push_pulls: (parameter, pushed, result,
+        handle) for _exchange_end.  `copy` pushes a copy, for a push that
+        stays in flight while the caller goes on with the parameters."""
         started = []
         for p, push in items:
             if p.is_cuda:
@@ -1725,13 +1759,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             name = self._mode.split(":")[0] + "." + self._names[id(p)]
             tid = _declared(name, p.dtype, p.numel(), self._priority.get(id(p), 0),
                             sync=self._mode)
-            src = push.detach().contiguous()
+            src = push.detach().clone() if copy else push.detach().contiguous()
             out = torch.empty_like(src)
             h = ctypes.c_int64(0)
             _capi.check(_capi.lib.unisum_push_pull_async(tid, src.data_ptr(), out.data_ptr(),
                                                          flags, ctypes.byref(h)),
                         "unisum.torch: push_pull of '%s'" % name)
             started.append((p, src, out, h.value))
+        return started
+
+    def _exchange_end(self, started: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]
+                      ) -> None:
+        """Waits for each of _exchange_start's push_pulls and loads its
+        result into its parameter (and, async, its last-known copy)."""
         errors = []
         for p, _src, out, handle in started:
             rc = _wait(handle)
@@ -1745,15 +1785,41 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if errors:
             _capi.check(errors[0], "unisum.torch: push_pull (sync=%s)" % self._mode)
 
+    def _dssync_settle(self) -> None:
+        """Overlapped DS-Sync: waits for the group average started by the
+        last step() and loads it into the parameters.  Nothing when none
+        is in flight."""
+        started, self._dssync_inflight = self._dssync_inflight, []
+        _dssync_flying.discard(self)
+        if started:
+            self._exchange_end(started)
+
     def _dssync_step(self, closure: Optional[Callable[[], float]]) -> Optional[float]:
         """The wrapped optimizer's step on this worker's own gradients, then
         each parameter becomes the average over this step's group (as in
         DS-Sync, parameters rather than gradients: the groups drift apart
         between global steps, and averaging what they hold is what pulls
-        them together), or over every worker on a global step."""
+        them together), or over every worker on a global step.
+
+        Overlapped (UNISUM_DSSYNC_OVERLAP=1, the default): the average of
+        what the parameters held when the last step() ended was summed
+        while this step's forward and backward ran on those same values;
+        it is loaded now and this step's update applied on top, and the
+        new values' average starts and is left in flight (D-PSGD's
+        x' = W x - lr g(x), where the sketch's form is W (x - lr g(x))).
+        The communication then hides behind the next step's compute, as
+        lock-step's gradient sums hide behind backward."""
+        if not self._dssync_overlap:
+            loss = super(self._unisum_class, self).step(closure)
+            self._exchange([(p, p.data) for group in self.param_groups for p in group["params"]],
+                           _capi.AVERAGE)
+            return loss
+        self._dssync_settle()
         loss = super(self._unisum_class, self).step(closure)
-        self._exchange([(p, p.data) for group in self.param_groups for p in group["params"]],
-                       _capi.AVERAGE)
+        self._dssync_inflight = self._exchange_start(
+            [(p, p.data) for group in self.param_groups for p in group["params"]],
+            _capi.AVERAGE, copy=True)
+        _dssync_flying.add(self)
         return loss
 
     def global_average(self) -> None:
@@ -1763,6 +1829,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         do."""
         if not self._dssync:
             return
+        self._dssync_settle()
         handles = [(p, push_pull_async(p.data, average=True,
                                        name="dssync.global." + self._names[id(p)]))
                    for group in self.param_groups for p in group["params"]]
@@ -1882,7 +1949,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             UnisumError: When a gradient's sum fails, or a gradient's name,
                 dtype or size differs between the workers.
         """
-        if self._async or self._dssync:
+        if self._dssync:
+            self._dssync_settle()   # the group average in flight, if any, loaded
+            return
+        if self._async:
             return      # nothing is summed: step() sends its changes
         for group in self.param_groups:
             for p in group["params"]:
@@ -2064,7 +2134,10 @@ def DistributedOptimizer(optimizer: _OptimizerT,
             then averages the parameters within a group of G workers,
             another every step, derived from the step and the job, and
             every UNISUM_DSSYNC_GLOBAL_EVERY-th step over all workers;
-            global_average() averages over all now).  None: UNISUM_SYNC,
+            global_average() averages over all now.  With
+            UNISUM_DSSYNC_OVERLAP=1, the default, a step's average runs
+            during the next step's forward and backward, which the next
+            step() loads before its update: D-PSGD's form).  None: UNISUM_SYNC,
             or BYTEPS_ENABLE_ASYNC=1, else "sync".
         compression_params: BytePS's gradient compression, done by the
             C library: the machine's root compresses each partition of the

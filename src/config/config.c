@@ -136,6 +136,9 @@ static const struct knob config_knobs[] = {
 	{"UNISUM_DSSYNC_CROSS_EVERY", NULL, NULL, KNOB_INT, FIELD(dssync_cross_every), "4", 0,
 	 1 << 30, "dssync:G with UNISUM_RACK: every this many steps the groups cross racks, the "
 	 "others stay within them (0: never)"},
+	{"UNISUM_DSSYNC_OVERLAP", NULL, NULL, KNOB_INT, FIELD(dssync_overlap), "1", 0, 1,
+	 "dssync:G in DistributedOptimizer: 1: a step's group average runs during the next step's "
+	 "compute and is loaded by the next step (D-PSGD's form); 0: each step waits for its own"},
 	{"UNISUM_DSSYNC_KEEP", NULL, NULL, KNOB_INT, FIELD(dssync_keep), "8", 0, 1 << 16,
 	 "dssync:G: a group's tensors stay declared while the group comes back within this many "
 	 "steps, else they go once waited for (bounds the servers' memory)"},

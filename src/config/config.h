@@ -66,6 +66,7 @@ struct config {
 	uint64_t min_compress_bytes;	/* smaller tensors go uncompressed (UNISUM_MIN_COMPRESS_BYTES) */
 	int dssync_every;		/* dssync: every this many steps is a global one (0: none) */
 	int dssync_cross_every;		/* ... and with racks, every this many groups across them */
+	int dssync_overlap;		/* read by unisum.torch's DistributedOptimizer */
 	int dssync_keep;		/* a group's tensor stays while it comes back within this
 					 * many steps */
 	int rack;			/* this worker's rack (UNISUM_RACK), -1: none */

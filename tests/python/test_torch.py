@@ -447,12 +447,15 @@ def test_ssp_optimizer():
     assert re.search(r"worker 2 holds the others back", out + err), describe(rc, out, err)
 
 
-def test_dssync_optimizer():
+@pytest.mark.parametrize("overlap", ["1", "0"])
+def test_dssync_optimizer(overlap):
     """DistributedOptimizer(sync="dssync:2") (issue 18) on 4 workers: group
     averages that keep the total, global steps every third step, and
     global_average() leaves every replica bitwise equal (the worker checks
-    every value; here the final bytes of every rank are compared)."""
-    env = worker_env({"UNISUM_DSSYNC_GLOBAL_EVERY": "3"})
+    every value; here the final bytes of every rank are compared).
+    Overlapped (UNISUM_DSSYNC_OVERLAP=1, the default), each step loads the
+    average the step before started; 0: each step waits for its own."""
+    env = worker_env({"UNISUM_DSSYNC_GLOBAL_EVERY": "3", "UNISUM_DSSYNC_OVERLAP": overlap})
     rc, out, err = run_launch(4, 1, "dssync_train.py", timeout=120, local_size=1, env=env)
     assert rc == 0, describe(rc, out, err)
     finals = set()
@@ -461,6 +464,19 @@ def test_dssync_optimizer():
         assert lines, describe(rc, out, err)
         finals.add(lines[0].split()[-1])
     assert len(finals) == 1, finals
+
+
+def test_dssync_overlap_exit():
+    """An overlapped DS-Sync script that simply ends after its last step
+    (no global_average(), no shutdown()) leaves the job normally: the
+    group average still in flight ends at exit, and the launcher exits 0."""
+    env = worker_env({"UNISUM_DSSYNC_GLOBAL_EVERY": "3"})
+    rc, out, err = run_launch(4, 1, "dssync_train.py", "exit", timeout=120, local_size=1,
+                              env=env)
+    assert rc == 0, describe(rc, out, err)
+    for r in range(4):
+        assert "rank %d: dssync exits" % r in worker_lines(out, r), describe(rc, out, err)
+    assert "without saying goodbye" not in out + err, describe(rc, out, err)
 
 
 def test_horovod_queries_without_init():
