@@ -24,7 +24,8 @@
  * backward, where every tensor's push_pull starts.  Overlapped
  * (UNISUM_DSSYNC_OVERLAP=1, the default) the step first waits for those
  * the last step started, which ran during this step's forward and
- * backward; with 0 it waits for its own.  The forward waits for nothing.
+ * backward; with 0 it waits for its own.  The forward waits for nothing,
+ * and the "first layer's wait" below is the step's wait.
  *
  * Compute is a sleep, not a busy loop: it stands for a GPU, and the CPU
  * must stay free for the network threads.  --compute-ms is split 1/3

@@ -104,10 +104,18 @@ _at_exit_set = False          # _leave_at_exit is registered
 # Every DistributedOptimizer, to forget its operations when an elastic job
 # re-forms (rejoin).
 _optimizers: "weakref.WeakSet[Any]" = weakref.WeakSet()
-# Overlapped DS-Sync optimizers whose group average is in flight, held
-# strongly: its buffers must outlive the operation even when the script
-# drops the optimizer (a main() that returns); exit and shutdown() load it.
-_dssync_flying: Set[Any] = set()
+# DistributedOptimizers with an exchange in flight (an overlapped DS-Sync
+# step's group average, or one a Ctrl-C interrupted), held strongly: its
+# buffers must outlive the operation even when the script drops the
+# optimizer (a main() that returns); exit and shutdown() end it.
+_flying: Set[Any] = set()
+
+
+def _land_flying() -> None:
+    """Ends every DistributedOptimizer's exchange in flight, loading what
+    it brought (before a broadcast of parameters, or a new optimizer)."""
+    for opt in list(_flying):
+        opt._exchange_end()
 
 
 class _Op:
@@ -383,9 +391,9 @@ def _leave_at_exit() -> None:
         return
     # A DS-Sync optimizer's last group average, which every member of the
     # group started: it ends (or fails, naming a lost peer) in bounded time.
-    for opt in list(_dssync_flying):
+    for opt in list(_flying):
         try:
-            opt._dssync_settle()
+            opt._exchange_end()
         except UnisumError:
             return
     with _lock:
@@ -425,9 +433,9 @@ def shutdown() -> None:
     # it), loaded into its parameters.
     dssync_error: Optional[BaseException] = None
     if _initialized:
-        for opt in list(_dssync_flying):
+        for opt in list(_flying):
             try:
-                opt._dssync_settle()
+                opt._exchange_end()
             except UnisumError as e:
                 dssync_error = dssync_error or e
     # A CUDA tensor's push_pull waits on a C operation of its own (_cuda):
@@ -1437,6 +1445,7 @@ def broadcast_parameters(params: Union[Dict[str, torch.Tensor],
             when a broadcast fails.
     """
     _require_init()
+    _land_flying()      # a DS-Sync average in flight would land on top later
     items = params.items() if isinstance(params, dict) else params
     call = _by_order("broadcast_parameters")
     for name, p in sorted(items, key=lambda kv: kv[0]):
@@ -1518,6 +1527,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
             parameter groups).
     """
     _require_init()
+    _land_flying()
     if len(optimizer.state_dict()["state"]) == 0:
         # As Horovod: an optimizer that has not stepped yet gets its state
         # made by one step on zero gradients, so that the state tensors
@@ -1660,6 +1670,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # for everything but the parameters, which torch.optim.Optimizer's
         # has not.
         super(self._unisum_class, self).__init__(params)  # type: ignore[call-arg]
+        # An earlier optimizer's exchange in flight, perhaps on these same
+        # parameters' tensors: it lands first.
+        _land_flying()
         self._compression = compression
         self._passes = backward_passes_per_step
         # How gradients are reduced (DistributedOptimizer's op,
@@ -1714,15 +1727,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # async or ssp:S: the servers hold the values.
         self._async = self._mode != "sync" and not self._dssync
         self._async_old: Dict[torch.Tensor, torch.Tensor] = {}
-        # Overlapped dssync: the group average in flight since the last
-        # step() (_exchange_start's list), loaded by the next one.
-        # (UNISUM_DSSYNC_OVERLAP: unisum_init checked it is 0 or 1.)
-        self._dssync_overlap = os.environ.get("UNISUM_DSSYNC_OVERLAP", "1").strip() != "0"
-        self._dssync_inflight: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
+        # Async and dssync: the exchanges in flight, (parameter, pushed,
+        # result, handle, the parameter's version when it started); an
+        # overlapped dssync step leaves its group average here for the
+        # next step() (UNISUM_DSSYNC_OVERLAP: unisum_init checked it).
+        self._dssync_overlap = int(os.environ.get("UNISUM_DSSYNC_OVERLAP", "1") or "1") != 0
+        self._inflight: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]] = []
         if self._async:
             self._async_start()
             return
         if self._dssync:
+            _optimizers.add(self)   # rejoin() forgets its exchange in flight
             return
         self._register_hooks()
         if shared_gradients and local_size() > 1:
@@ -1733,6 +1748,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The job re-formed (rejoin): what was in flight is gone, and an
         average is over the new number of workers."""
         self._handles.clear()
+        self._inflight = []     # unisum_rejoin() ended them; their buffers may go
+        _flying.discard(self)
         self._synchronized = False
         for p in self._delay:
             self._delay[p] = self._passes
@@ -1743,14 +1760,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """push_pull of each (parameter, what to push) on the parameter's
         tensor of this optimizer's sync mode, all at once; loads each
         result into the parameter (and, async, its last-known copy)."""
-        self._exchange_end(self._exchange_start(items, flags, copy=False))
+        self._exchange_start(items, flags, copy=False)
+        self._exchange_end()
 
     def _exchange_start(self, items: List[Tuple[torch.Tensor, torch.Tensor]], flags: int,
-                        copy: bool) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
-        """Starts _exchange's push_pulls: (parameter, pushed, result,
-        handle) for _exchange_end.  `copy` pushes a copy, for a push that
-        stays in flight while the caller goes on with the parameters."""
-        started = []
+                        copy: bool) -> None:
+        """Starts _exchange's push_pulls, each recorded in self._inflight
+        as soon as it started, for _exchange_end.  `copy` pushes a copy,
+        for a push that stays in flight while the caller goes on with the
+        parameters.  What an interrupted wait left in flight ends first."""
+        self._exchange_end()
         for p, push in items:
             if p.is_cuda:
                 raise TypeError("unisum.torch: DistributedOptimizer(sync=%r) keeps parameters on "
@@ -1759,40 +1778,41 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             name = self._mode.split(":")[0] + "." + self._names[id(p)]
             tid = _declared(name, p.dtype, p.numel(), self._priority.get(id(p), 0),
                             sync=self._mode)
-            src = push.detach().clone() if copy else push.detach().contiguous()
+            src = push.detach().clone(memory_format=torch.contiguous_format) if copy \
+                else push.detach().contiguous()
             out = torch.empty_like(src)
             h = ctypes.c_int64(0)
             _capi.check(_capi.lib.unisum_push_pull_async(tid, src.data_ptr(), out.data_ptr(),
                                                          flags, ctypes.byref(h)),
                         "unisum.torch: push_pull of '%s'" % name)
-            started.append((p, src, out, h.value))
-        return started
+            self._inflight.append((p, src, out, h.value, p._version))
+            _flying.add(self)
 
-    def _exchange_end(self, started: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]
-                      ) -> None:
-        """Waits for each of _exchange_start's push_pulls and loads its
-        result into its parameter (and, async, its last-known copy)."""
+    def _exchange_end(self) -> None:
+        """Waits for each exchange in flight, in the order they started,
+        and loads its result into its parameter (and, async, its
+        last-known copy), unless the parameter was written since the
+        push started (load_state_dict, a broadcast): the caller's values
+        win.  An interrupted wait (Ctrl-C) leaves the rest in flight, and
+        held, for the next call."""
         errors = []
-        for p, _src, out, handle in started:
-            rc = _wait(handle)
-            if rc != 0:
-                errors.append(rc)
-                continue
-            with torch.no_grad():
-                p.data.copy_(out.view_as(p))
-            if self._async:
-                self._async_old[p] = out.view_as(p).clone()
+        try:
+            while self._inflight:
+                p, _src, out, handle, version = self._inflight[0]
+                rc = _wait(handle)
+                self._inflight.pop(0)
+                if rc != 0:
+                    errors.append(rc)
+                elif p._version == version:
+                    with torch.no_grad():
+                        p.data.copy_(out.view_as(p))
+                    if self._async:
+                        self._async_old[p] = out.view_as(p).clone()
+        finally:
+            if not self._inflight:
+                _flying.discard(self)
         if errors:
             _capi.check(errors[0], "unisum.torch: push_pull (sync=%s)" % self._mode)
-
-    def _dssync_settle(self) -> None:
-        """Overlapped DS-Sync: waits for the group average started by the
-        last step() and loads it into the parameters.  Nothing when none
-        is in flight."""
-        started, self._dssync_inflight = self._dssync_inflight, []
-        _dssync_flying.discard(self)
-        if started:
-            self._exchange_end(started)
 
     def _dssync_step(self, closure: Optional[Callable[[], float]]) -> Optional[float]:
         """The wrapped optimizer's step on this worker's own gradients, then
@@ -1808,18 +1828,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         new values' average starts and is left in flight (D-PSGD's
         x' = W x - lr g(x), where the sketch's form is W (x - lr g(x))).
         The communication then hides behind the next step's compute, as
-        lock-step's gradient sums hide behind backward."""
+        lock-step's gradient sums hide behind backward.  With a closure
+        the average is loaded before the closure runs: its gradient is
+        taken at the average, and nothing overlaps."""
         if not self._dssync_overlap:
             loss = super(self._unisum_class, self).step(closure)
             self._exchange([(p, p.data) for group in self.param_groups for p in group["params"]],
                            _capi.AVERAGE)
             return loss
-        self._dssync_settle()
+        self._exchange_end()
         loss = super(self._unisum_class, self).step(closure)
-        self._dssync_inflight = self._exchange_start(
-            [(p, p.data) for group in self.param_groups for p in group["params"]],
-            _capi.AVERAGE, copy=True)
-        _dssync_flying.add(self)
+        self._exchange_start([(p, p.data) for group in self.param_groups for p in group["params"]],
+                             _capi.AVERAGE, copy=True)
         return loss
 
     def global_average(self) -> None:
@@ -1829,7 +1849,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         do."""
         if not self._dssync:
             return
-        self._dssync_settle()
+        self._exchange_end()
         handles = [(p, push_pull_async(p.data, average=True,
                                        name="dssync.global." + self._names[id(p)]))
                    for group in self.param_groups for p in group["params"]]
@@ -1950,7 +1970,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 dtype or size differs between the workers.
         """
         if self._dssync:
-            self._dssync_settle()   # the group average in flight, if any, loaded
+            self._exchange_end()    # the group average in flight, if any, loaded
             return
         if self._async:
             return      # nothing is summed: step() sends its changes

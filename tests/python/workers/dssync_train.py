@@ -14,8 +14,11 @@ less s + 1.
 UNISUM_DSSYNC_OVERLAP=0: step s ends holding B_s.  Overlapped (the
 default): step s loads B_{s-1} (the start for s = 0), subtracts 1 and
 leaves B_s in flight; so step 0 ends holding r, nothing averaged yet, and
-the step after a global one holds the mean less s + 1.  global_average()
-at the end gives every rank the mean less the steps, either way.  Prints
+the step after a global one holds the mean less s + 1.  synchronize()
+then loads the average in flight; a step after it and a write of the
+start values by the script, then global_average(), gives every rank the
+mean of the start: the average of that step, still in flight, must not
+land on the written values.  Prints
 "rank R: dssync ok <the final weight, as hex>".
 
 With "exit" the script drops the optimizer and ends after its steps
@@ -67,9 +70,22 @@ def main():
         assert held() is not None or not overlap, "an optimizer freed with its average in flight"
         print("rank %d: dssync exits" % r, flush=True)
         return
+    # synchronize() loads the average in flight: step 5 was global, so
+    # step 6's group average is every rank's mean less STEPS.
+    opt.synchronize()
+    w = model.weight.detach()
+    assert torch.equal(w, torch.full_like(w, mean - STEPS)), ("synchronize", w)
+    # One more step, then the script writes the parameters (as
+    # load_state_dict would): the average still in flight must not land
+    # on top of them, so the global average is of what was written.
+    opt.zero_grad()
+    model.weight.sum().backward()
+    opt.step()
+    with torch.no_grad():
+        model.weight.fill_(float(r + 1))
     opt.global_average()
     w = model.weight.detach()
-    assert torch.equal(w, torch.full_like(w, mean - STEPS)), w
+    assert torch.equal(w, torch.full_like(w, mean)), ("written values averaged", w)
     print("rank %d: dssync ok %s" % (r, w.numpy().tobytes().hex()), flush=True)
     hvd.shutdown()
 
