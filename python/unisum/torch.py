@@ -113,9 +113,21 @@ _flying: Set[Any] = set()
 
 def _land_flying() -> None:
     """Ends every DistributedOptimizer's exchange in flight, loading what
-    it brought (before a broadcast of parameters, or a new optimizer)."""
+    it brought (before a broadcast of parameters, a new optimizer,
+    shutdown or exit).  Every member of a DS-Sync group started its
+    average, so each ends, or fails naming a lost peer, in bounded time.
+
+    Raises:
+        UnisumError: The first that failed, once every one has ended.
+    """
+    first_error: Optional[UnisumError] = None
     for opt in list(_flying):
-        opt._exchange_end()
+        try:
+            opt._exchange_end()
+        except UnisumError as e:
+            first_error = first_error or e
+    if first_error is not None:
+        raise first_error
 
 
 class _Op:
@@ -389,13 +401,10 @@ def _leave_at_exit() -> None:
     global _joined
     if not _joined or os.getpid() != _init_pid:
         return
-    # A DS-Sync optimizer's last group average, which every member of the
-    # group started: it ends (or fails, naming a lost peer) in bounded time.
-    for opt in list(_flying):
-        try:
-            opt._exchange_end()
-        except UnisumError:
-            return
+    try:
+        _land_flying()      # a DS-Sync optimizer's last group average
+    except UnisumError:
+        return
     with _lock:
         pending = [op for op in _ops.values() if not op.done]
     for op in pending:
@@ -429,15 +438,13 @@ def shutdown() -> None:
         UnisumError: When an operation that was still in flight failed.
     """
     global _initialized
-    # A DS-Sync optimizer's group average in flight (every member started
-    # it), loaded into its parameters.
+    # A DS-Sync optimizer's group average in flight, loaded.
     dssync_error: Optional[BaseException] = None
     if _initialized:
-        for opt in list(_flying):
-            try:
-                opt._exchange_end()
-            except UnisumError as e:
-                dssync_error = dssync_error or e
+        try:
+            _land_flying()
+        except UnisumError as e:
+            dssync_error = e
     # A CUDA tensor's push_pull waits on a C operation of its own (_cuda):
     # those end first, their threads still seeing the C operations.
     with _lock:
@@ -1770,6 +1777,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for a push that stays in flight while the caller goes on with the
         parameters.  What an interrupted wait left in flight ends first."""
         self._exchange_end()
+        _flying.add(self)   # _exchange_end drops it once nothing is in flight
         for p, push in items:
             if p.is_cuda:
                 raise TypeError("unisum.torch: DistributedOptimizer(sync=%r) keeps parameters on "
@@ -1786,7 +1794,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                          flags, ctypes.byref(h)),
                         "unisum.torch: push_pull of '%s'" % name)
             self._inflight.append((p, src, out, h.value, p._version))
-            _flying.add(self)
 
     def _exchange_end(self) -> None:
         """Waits for each exchange in flight, in the order they started,
@@ -1831,15 +1838,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         lock-step's gradient sums hide behind backward.  With a closure
         the average is loaded before the closure runs: its gradient is
         taken at the average, and nothing overlaps."""
-        if not self._dssync_overlap:
-            loss = super(self._unisum_class, self).step(closure)
-            self._exchange([(p, p.data) for group in self.param_groups for p in group["params"]],
-                           _capi.AVERAGE)
-            return loss
         self._exchange_end()
         loss = super(self._unisum_class, self).step(closure)
         self._exchange_start([(p, p.data) for group in self.param_groups for p in group["params"]],
-                             _capi.AVERAGE, copy=True)
+                             _capi.AVERAGE, copy=self._dssync_overlap)
+        if not self._dssync_overlap:
+            self._exchange_end()
         return loss
 
     def global_average(self) -> None:
