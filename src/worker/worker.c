@@ -1160,6 +1160,10 @@ static int wk_start(struct worker *w, int tensor, const struct wk_op *tmpl, unis
 		wk_op_free(op);
 		return rc;
 	}
+	/* Only now: a refused call leaves `out` alone (it may be another
+	 * operation's, in flight). */
+	if (op->own_bytes > 0)
+		memmove(op->own_to, op->own_from, op->own_bytes);
 	if (announcing)
 		rdv_client_announce(w->rdv, &announce);
 
@@ -1721,13 +1725,19 @@ int worker_allgather_async(struct worker *w, int tensor, const void *in, void *o
 			return UNISUM_ENOMEM;
 		}
 		for (int r = 0; r < n; r++) {
-			/* Its own rows it copies here rather than pulls back from
-			 * the server (which still needs them, for the others). */
+			/* Its own rows it copies into `out` (wk_start) rather than
+			 * pulls back from the server, which still needs them, for
+			 * the others; they go out from there: `in` may lie inside
+			 * `out`, where the others' rows land. */
 			bool own = r == w->rank;
-			if (own && counts[r] > 0)
-				memmove((uint8_t *)out + lo * es, in, counts[r] * es);
-			tmpl.direct[r] = (struct wk_direct){lo, lo + counts[r], own ? in : NULL,
-							    own ? NULL : (uint8_t *)out + lo * es};
+			uint8_t *at = (uint8_t *)out + lo * es;
+			if (own) {
+				tmpl.own_from = in;
+				tmpl.own_to = at;
+				tmpl.own_bytes = counts[r] * es;
+			}
+			tmpl.direct[r] = (struct wk_direct){lo, lo + counts[r], own ? at : NULL,
+							    own ? NULL : at};
 			if (r == end)
 				tmpl.rot_offset = lo;
 			lo += counts[r];
@@ -1741,10 +1751,9 @@ int worker_allgather_async(struct worker *w, int tensor, const void *in, void *o
 		if (r == end)
 			rot = lo;
 		if (r == w->rank) {
-			/* This rank's rows in place; wk_launch zeroes the rest of
-			 * the partitions this machine pushes (OR with zero keeps
-			 * the others' bits). */
-			memmove((uint8_t *)out + lo * es, in, counts[r] * es);
+			/* This rank's rows in place (wk_start); wk_launch zeroes the
+			 * rest of the partitions this machine pushes (OR with zero
+			 * keeps the others' bits). */
 			own = (struct wk_span){lo, lo + counts[r]};
 		}
 		lo += counts[r];
@@ -1752,6 +1761,8 @@ int worker_allgather_async(struct worker *w, int tensor, const void *in, void *o
 			mhi = lo;
 	}
 	struct wk_op tmpl = {.in = out, .out = out, .rot_offset = rot,
+			     .own_from = in, .own_to = (uint8_t *)out + own.lo * es,
+			     .own_bytes = (own.hi - own.lo) * es,
 			     .wire_op = WIRE_OP(WIRE_OP_ALLGATHER, wk_layout_hash(counts, (size_t)n))};
 	tmpl.push_spans = wk_one_span(mlo, mhi, &tmpl.npush_spans);
 	tmpl.own_spans = wk_one_span(own.lo, own.hi, &tmpl.nown_spans);

@@ -146,6 +146,10 @@ struct wk_op {
 	int ndirect;
 	uint64_t rot_offset;		/* homed cut: the PUSH stage starts at the partition
 					 * holding this element and wraps around (wk_push_order) */
+	const void *own_from;		/* once accepted, before it starts: own_bytes */
+	void *own_to;			/* from own_from to own_to (an allgather's own rows
+					 * into the output; memmove: they may overlap) */
+	size_t own_bytes;
 	const void *copy_from;		/* when complete: copy_bytes from here ... */
 	void *copy_to;			/* ... to the caller's output */
 	size_t copy_bytes;

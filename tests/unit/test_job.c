@@ -1565,12 +1565,87 @@ static void test_fit_mode(void **state)
 }
 
 /* A credit of one partition: one push in flight per worker at a time. */
+/* An allgather whose `in` lies at the start of `out` on every rank (as
+ * unisum.h allows), where the other ranks' rows land: each rank's rows
+ * must go out as they were, though its pushes wait for credit while the
+ * pulls arrive.  Then a second allgather on the tensor while the first is
+ * in flight (rank 0, before the others start): refused with UNISUM_EBUSY,
+ * and the first's output untouched by it. */
+static atomic_int gather_busy_tried;
+
+static int work_gather_aliased(struct job *j, int rank, char *msg, size_t len)
+{
+	enum { N = 16 * PART_BYTES / 4 };	/* int32 rows per rank: 16 partitions */
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers;
+	int id = worker_declare(w, "gather.aliased", UNISUM_INT32, (size_t)N * n, 0);
+	if (id < 0)
+		FAIL(id, "declare: %s", unisum_last_error());
+	uint64_t counts[MAX_WORKERS];
+	for (int r = 0; r < n; r++)
+		counts[r] = N;
+	int32_t *out = malloc((size_t)N * n * 4), other[N];
+	int rc = 0;
+	for (int round = 0; round < 3 && rc == 0; round++) {
+		for (int i = 0; i < N; i++)
+			out[i] = value(rank, 70 + round, (size_t)i);
+		unisum_handle h;
+		if ((rc = worker_allgather_async(w, id, out, out, counts, &h)) == 0)
+			rc = worker_wait(w, h);
+		if (rc != 0)
+			FAIL(rc, "aliased allgather: %s", unisum_last_error());
+		for (int r = 0; r < n && rc == 0; r++)
+			for (int i = 0; i < N && rc == 0; i++)
+				if (out[(size_t)r * N + i] != value(r, 70 + round, (size_t)i))
+					FAIL(0, "aliased allgather round %d: rank %d's row %d is %d, not %d",
+					     round, r, i, out[(size_t)r * N + i], value(r, 70 + round, (size_t)i));
+	}
+	if (rank != 0) {
+		while (atomic_load(&gather_busy_tried) == 0)
+			sched_yield();
+	}
+	int32_t *in = malloc((size_t)N * 4);
+	for (int i = 0; i < N; i++) {
+		in[i] = value(rank, 80, (size_t)i);
+		other[i] = -1;
+	}
+	unisum_handle h, h2;
+	if ((rc = worker_allgather_async(w, id, in, out, counts, &h)) != 0)
+		FAIL(rc, "allgather: %s", unisum_last_error());
+	if (rank == 0) {
+		int rc2 = worker_allgather_async(w, id, other, out, counts, &h2);
+		atomic_store(&gather_busy_tried, 1);
+		if (rc2 != UNISUM_EBUSY) {
+			worker_wait(w, h);
+			FAIL(0, "a second allgather on a busy tensor returned %s, not UNISUM_EBUSY",
+			     unisum_strerror(rc2));
+		}
+	}
+	if ((rc = worker_wait(w, h)) != 0)
+		FAIL(rc, "allgather: %s", unisum_last_error());
+	for (int r = 0; r < n; r++)
+		for (int i = 0; i < N; i++)
+			if (out[(size_t)r * N + i] != value(r, 80, (size_t)i))
+				FAIL(0, "after a refused allgather: rank %d's row %d is %d, not %d", r, i,
+				     out[(size_t)r * N + i], value(r, 80, (size_t)i));
+	free(in);
+	free(out);
+	return 0;
+}
+
 static void test_credit_of_one_partition(void **state)
 {
 	(void)state;
 	struct job j;
 	job_start(&j, 2, 1, 2, PART_BYTES, 0);
 	each_rank(&j, work_main, work_many);
+	atomic_store(&gather_busy_tried, 0);
+	each_rank(&j, work_main, work_gather_aliased);
+	job_stop(&j);
+	/* Over IPC a push is read from the worker's memory later still. */
+	job_start(&j, 2, 1, 2, PART_BYTES, 1);
+	atomic_store(&gather_busy_tried, 0);
+	each_rank(&j, work_main, work_gather_aliased);
 	job_stop(&j);
 }
 
