@@ -296,14 +296,15 @@ const struct wk_layout *wk_homed_cut(struct wk_tensor *t, const struct wk_segs *
 			return &t->cuts[i];
 	/* Named by the order layouts come in, not by their hash: a rank that
 	 * passes another layout than the others then declares the same name
-	 * with other segments, and the scheduler refuses it on every rank. */
+	 * with other segments, and the scheduler refuses it on every rank.
+	 * A refused name counts too: the ranks whose declaration went through
+	 * and those refused go on to the same next name. */
 	char wire_name[256];
-	snprintf(wire_name, sizeof wire_name, "%.200s#%u", t->name, t->nhomed);
+	snprintf(wire_name, sizeof wire_name, "%.200s#%u", t->name, t->nhomed++);
 	struct wk_layout L;
 	*rc = wk_cut(t, wire_name, t->cuts[0].pbytes, segs, &L);
 	if (*rc != 0)
 		return NULL;
-	t->nhomed++;
 	return wk_add_cut(t, &L, rc);
 }
 

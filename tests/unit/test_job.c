@@ -770,6 +770,26 @@ static int work_layout_disagree(struct job *j, int rank, char *msg, size_t len)
 		     unisum_strerror(rc), unisum_last_error());
 	if (strstr(unisum_last_error(), "layout") == NULL)
 		FAIL(0, "the error does not name the layout: %s", unisum_last_error());
+	/* Then an agreed layout runs on every rank, whichever rank's
+	 * declaration of the refused one went through (its next cut has the
+	 * same name on all). */
+	in = malloc(N * sizeof(float));
+	out = malloc(N * sizeof(float));
+	for (int r = 0; r < n; r++)
+		counts[r] = N / n + (r == 0 ? N % n : 0);
+	for (uint64_t i = 0; i < counts[rank]; i++)
+		in[i] = (float)value(rank, 90, (size_t)i);
+	if ((rc = worker_allgather_async(w, id, in, out, counts, &h)) == 0)
+		rc = worker_wait(w, h);
+	for (int r = 0, base = 0; r < n && rc == 0; base += (int)counts[r], r++)
+		for (uint64_t i = 0; i < counts[r] && rc == 0; i++)
+			if (out[(uint64_t)base + i] != (float)value(r, 90, (size_t)i))
+				rc = UNISUM_EINVAL;
+	free(in);
+	free(out);
+	if (rc != 0)
+		FAIL(rc, "an agreed allgather after a refused layout: %s", rc == UNISUM_EINVAL ?
+		     "wrong rows" : unisum_last_error());
 	return 0;
 }
 
