@@ -381,11 +381,11 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 	int divisor = !(op->flags & UNISUM_AVERAGE) ? 1 : t->nranks > 0 ? t->nranks : w->size;
 	pthread_mutex_lock(&w->lock);
 	op->launched = true;
-	op->launched_key = L->key;
 	bool poison = op->join_poison;
+	uint64_t base = t->cuts[0].key;
 	pthread_mutex_unlock(&w->lock);
 	if (poison)
-		wk_join_poison(w, L->key, t->name, op->join_rank);
+		wk_join_poison(w, base, t->name, op->join_rank);
 	wk_zero_pushed(op, L);
 	/* A process set's members push on their own: no local reduce. */
 	if (w->local && L->nparts > 0 && t->nranks == 0) {

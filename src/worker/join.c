@@ -114,7 +114,7 @@ void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a)
 				op->join_poison = true;
 				op->join_rank = rank;
 				if (op->launched && poison != NULL && pnames != NULL) {
-					poison[np] = op->launched_key;
+					poison[np] = op->t->cuts[0].key;
 					snprintf(pnames[np++], WK_NAME_MAX, "%s", op->t->name);
 				}
 				continue;
@@ -164,6 +164,11 @@ void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a)
 
 /* Poisons the tensor of cut `key`: a gathering collective on it was in
  * flight when rank `rank` joined. */
+/* Poisons tensor `tensor` (its declaration's key), and with it every cut
+ * of it, its gathering collectives' homed cuts among them: the one in
+ * flight fails on every rank, and a later one is refused on every rank,
+ * rather than declared (NAME#K, counted per rank) by the ranks that ran
+ * this one and waited for by the rank that joined instead. */
 void wk_join_poison(struct worker *w, uint64_t key, const char *tensor, int rank)
 {
 	char why[WK_NAME_MAX + 256];

@@ -170,8 +170,7 @@ struct wk_op {
 	/* A gathering collective in flight when a rank joined: its tensor is
 	 * poisoned (every rank's wait fails) once its cut is known (join.c). */
 	bool join_poison;
-	bool launched;			/* wk_launch has run: launched_key is its cut's */
-	uint64_t launched_key;
+	bool launched;			/* wk_launch has run */
 	int join_rank;			/* the rank that joined, for the message */
 };
 

@@ -1060,6 +1060,28 @@ static int work_join_gather(struct job *j, int rank, char *msg, size_t len)
 		FAIL(last, "join: %s", unisum_last_error());
 	if (last >= n)
 		FAIL(0, "join returned %d, not a rank of %d", last, n);
+	/* The tensor died with that allgather: a later one, of a layout every
+	 * rank agrees on, fails on every rank (rank 0 would declare the
+	 * tensor's second layout, the others its first: it used to wait for
+	 * them for ever). */
+	int32_t *in = calloc(2 * N, sizeof *in), *out = malloc((size_t)N * n * sizeof *out);
+	uint64_t counts[MAX_WORKERS];
+	for (int q = 0; q < n; q++)
+		counts[q] = q == 0 ? 2 * N : q == 1 ? 0 : N;
+	unisum_handle h;
+	int rc = worker_allgather_async(w, id, in, out, counts, &h);
+	if (rc == 0) {
+		rc = worker_poll_timeout(w, h, 10000);
+		if (rc == 0)
+			FAIL(0, "an allgather of the tensor that died with a join is still waiting "
+			     "after 10 s");
+		rc = rc == 1 ? 0 : rc;
+	}
+	free(in);
+	free(out);
+	if (rc == 0 || strstr(unisum_last_error(), "joined") == NULL)
+		FAIL(0, "an allgather of the tensor that died with a join: %d (%s)", rc,
+		     unisum_last_error());
 	return 0;
 }
 
