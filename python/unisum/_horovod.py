@@ -655,7 +655,9 @@ def _set_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
     try:
         _capi.check(_capi.lib.unisum_push_pull_async(tid, buf.data_ptr(), buf.data_ptr(), flags,
                                                      ctypes.byref(h)), "unisum.torch: " + kind)
-    except BaseException:
+    except BaseException as e:
+        if _t._keep_started(h, e):
+            return h.value, finish   # the caller raises e once it is on record
         _t._undeclare(wire)
         raise
     return h.value, finish
@@ -703,7 +705,9 @@ def _gather_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
         else:
             rc = _capi.lib.unisum_alltoall_async(tid, in_ptr, out_ptr, arr, ctypes.byref(h))
         _capi.check(rc, "unisum.torch: " + kind)
-    except BaseException:
+    except BaseException as e:
+        if _t._keep_started(h, e):
+            return h.value, finish   # the caller raises e once it is on record
         if not keep:
             _t._undeclare(name)
         raise
@@ -1075,7 +1079,9 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
     if c is None:
         end()
         return _t._register(_t._Op(None, None, None, recv, lambda: None), done=True)
-    return _t._register(_t._Op(c, send, recv, recv, end))
+    handle = _t._register(_t._Op(c, send, recv, recv, end))
+    _t._raise_kept()   # a Ctrl-C as it started: it is on record now
+    return handle
 
 
 class _ReducescatterFn(torch.autograd.Function):

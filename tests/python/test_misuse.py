@@ -94,6 +94,20 @@ def test_sigint_reaches_a_rank_blocked_in_a_wait(tmp_path, local_size):
     assert sender["param"] == blocked["param"] == [7.0] * 8
 
 
+@pytest.mark.parametrize("mode", ["push_pull", "allgather"])
+@pytest.mark.parametrize("local_size", PATHS)
+def test_interrupt_as_an_operation_starts(mode, local_size):
+    """Ctrl-C's KeyboardInterrupt right as the C call that starts an
+    operation returns (before its handle is kept): the operation stays on
+    record, its result buffer held (not handed to a new result while the
+    C library writes into it), and synchronize() of an allgather so
+    interrupted returns its result when called again."""
+    rc, out, err = run_launch(2, 1, "interrupted.py", mode, timeout=60, local_size=local_size)
+    assert rc == 0, describe(rc, out, err)
+    for r in range(2):
+        assert "rank %d: interrupted %s ok" % (r, mode) in out, describe(rc, out, err)
+
+
 @pytest.mark.parametrize("local_size", PATHS)
 def test_init_after_shutdown_resumes_the_job(misuse, local_size):
     """init(), shutdown(), init(), as Horovod's own tests do: shutdown()

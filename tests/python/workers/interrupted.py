@@ -1,0 +1,111 @@
+"""Worker: a signal's exception (Ctrl-C's KeyboardInterrupt) that comes
+right as an operation starts.  CPython raises it when the C call that
+started the operation returns, before its result (the handle) is kept;
+here rank 0's C call is wrapped to raise KeyboardInterrupt just after the
+real call returns, which is where the interpreter raises it.
+
+    interrupted.py push_pull|allgather
+
+push_pull  rank 0's push_pull_async of 4 MiB is interrupted as it starts;
+           then it takes a new result buffer of the same size (from the
+           result pool) and fills it with -1.  Rank 1 pushes only after
+           that, so the sum lands after: the new buffer must still hold
+           -1 (before, the interrupted operation's buffer went back to the
+           pool while the C library still wrote into it).
+allgather  rank 0's allgather (its second stage, the C call) is
+           interrupted; synchronize() raises KeyboardInterrupt, and a
+           second synchronize() of the same handle returns every rank's
+           rows (before, it raised again and rank 1 waited for ever).
+           Then one more allgather, on every rank.
+
+Each rank prints "rank R: interrupted MODE ok".
+"""
+
+import sys
+import time
+
+import torch
+
+import unisum.torch as us
+from unisum import _capi
+
+N = 1 << 20     # float32: 4 MiB, a pooled result
+
+
+def interrupting(name):
+    """Wraps the C function `name` so that its next call raises
+    KeyboardInterrupt once the real call has returned; returns the
+    function that undoes it."""
+    real = getattr(_capi.lib, name)
+
+    def wrapped(*args):
+        setattr(_capi.lib, name, real)
+        real(*args)
+        raise KeyboardInterrupt
+
+    setattr(_capi.lib, name, wrapped)
+    return lambda: setattr(_capi.lib, name, real)
+
+
+def push_pull(rank):
+    t = torch.full((N,), float(rank + 1))
+    if rank == 0:
+        undo = interrupting("unisum_push_pull_async")
+        try:
+            us.push_pull_async(t, average=False, name="interrupted")
+            raise SystemExit("rank 0: push_pull_async was not interrupted")
+        except KeyboardInterrupt:
+            pass
+        undo()
+        fresh = us._result((N,), torch.float32)
+        fresh.fill_(-1.0)
+        us.barrier()                    # now rank 1 pushes
+        us.barrier()                    # and has its sum
+        time.sleep(0.5)
+        bad = int((fresh != -1.0).sum())
+        if bad:
+            raise SystemExit("rank 0: %d elements of a new result buffer were overwritten by "
+                             "the interrupted push_pull" % bad)
+    else:
+        us.barrier()
+        got = us.push_pull(t, average=False, name="interrupted")
+        if not torch.equal(got, torch.full((N,), 3.0)):
+            raise SystemExit("rank 1: wrong sum %s" % got[:4].tolist())
+        us.barrier()
+
+
+def allgather(rank, size):
+    t = torch.full((N // size,), float(rank + 1))
+    want = torch.cat([torch.full((N // size,), float(q + 1)) for q in range(size)])
+    h = us.allgather_async(t)
+    if rank == 0:
+        undo = interrupting("unisum_allgather_async")
+        try:
+            us.synchronize(h)
+            raise SystemExit("rank 0: the allgather was not interrupted")
+        except KeyboardInterrupt:
+            pass
+        undo()
+    got = us.synchronize(h)
+    if not torch.equal(got, want):
+        raise SystemExit("rank %d: wrong allgather %s" % (rank, got[[0, -1]].tolist()))
+    if not torch.equal(us.allgather(t), want):
+        raise SystemExit("rank %d: the next allgather is wrong" % rank)
+
+
+def main():
+    mode = sys.argv[1]
+    torch.set_num_threads(1)
+    us.init()
+    rank, size = us.rank(), us.size()
+    if mode == "push_pull":
+        push_pull(rank)
+    else:
+        allgather(rank, size)
+    us.barrier()
+    print("rank %d: interrupted %s ok" % (rank, mode), flush=True)
+    us.shutdown()
+
+
+if __name__ == "__main__":
+    main()
