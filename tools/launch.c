@@ -108,6 +108,12 @@
 /* From SIGTERM to SIGKILL when stopping the job. */
 #define LAUNCH_TERM_GRACE_MS 3000
 
+/* A node whose child died, on a host without the scheduler, stops its
+ * other children this much later: the scheduler must see the dead one's
+ * connection drop first, or it may blame a sibling that this node's
+ * SIGTERM took down (both drops can come in one of its polls). */
+#define LAUNCH_NODE_TERM_DELAY_MS 1000
+
 /* After SIGKILL, how long to wait for the children to be reaped before the
  * launcher gives up on them (a process stuck in the kernel). */
 #define LAUNCH_KILL_GRACE_MS 5000
@@ -164,9 +170,9 @@ static int describe_status(int status, char *buf, size_t len)
 
 /* Declares the job failed with `status`: prints the root cause's line (the
  * format's text after "unisum launch: "), then sends SIGTERM to every
- * child.  Only the first call acts. */
-__attribute__((format(printf, 3, 4)))
-static void job_fail(struct launcher *l, int status, const char *fmt, ...)
+ * child, after `delay_ms` (loop_run).  Only the first call acts. */
+__attribute__((format(printf, 4, 5)))
+static void job_fail_after(struct launcher *l, int64_t delay_ms, int status, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -181,11 +187,17 @@ static void job_fail(struct launcher *l, int status, const char *fmt, ...)
 	fputc('\n', stderr);
 	for (int i = l->echo_ms != 0 ? 0 : 1; i < l->nechoes; i++)
 		fprintf(stderr, "unisum launch: then %s\n", l->echoes[i]);
-	launch_children_signal(l, SIGTERM);
+	l->term_at_ms = timing_now_ms() + delay_ms;
+	l->termed = delay_ms <= 0;
+	if (l->termed)
+		launch_children_signal(l, SIGTERM);
 	/* A host's launcher gives its own children the same grace before it
 	 * kills them: wait for that too. */
-	l->kill_at_ms = timing_now_ms() + LAUNCH_TERM_GRACE_MS * (l->nhosts > 0 ? 2 : 1);
+	l->kill_at_ms = l->term_at_ms + LAUNCH_TERM_GRACE_MS * (l->nhosts > 0 ? 2 : 1);
 }
+
+/* job_fail_after with no delay: every other way a job fails. */
+#define job_fail(l, ...) job_fail_after((l), 0, __VA_ARGS__)
 
 /* Sends SIGKILL to every child still running, naming each. */
 static void job_kill(struct launcher *l)
@@ -281,8 +293,8 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 		return;
 	}
 	if (code != 0) {
-		job_fail(l, code, "%s (pid %d) %s; stopping the job",
-			 c->name, (int)c->pid, what);
+		job_fail_after(l, l->node_mode && l->sched == NULL ? LAUNCH_NODE_TERM_DELAY_MS : 0,
+			       code, "%s (pid %d) %s; stopping the job", c->name, (int)c->pid, what);
 		return;
 	}
 	if (l->echo_ms != 0 && child_is_culprit(l, c)) {
@@ -471,7 +483,8 @@ static int loop_timeout(const struct launcher *l, int64_t now)
 	int64_t next = INT64_MAX;
 
 	if (l->stopping) {
-		next = l->kill_at_ms + (l->killed ? LAUNCH_KILL_GRACE_MS : 0);
+		next = l->termed ? l->kill_at_ms + (l->killed ? LAUNCH_KILL_GRACE_MS : 0)
+				 : l->term_at_ms;
 	} else {
 		if (l->timeout_s > 0)
 			next = l->start_ms + (int64_t)(l->timeout_s * 1000);
@@ -524,6 +537,10 @@ static int loop_run(struct launcher *l)
 		int64_t now = timing_now_ms();
 		int n;
 
+		if (l->stopping && !l->termed && now >= l->term_at_ms) {
+			launch_children_signal(l, SIGTERM);
+			l->termed = true;
+		}
 		if (l->stopping && now >= l->kill_at_ms) {
 			if (!l->killed) {
 				job_kill(l);

@@ -227,6 +227,8 @@ struct launcher {
 	bool stopping;			/* a failure was declared; exit_status is set */
 	int exit_status;		/* the root cause's status */
 	int64_t kill_at_ms;		/* when stopping: when SIGKILL follows SIGTERM */
+	int64_t term_at_ms;		/* when stopping: when SIGTERM goes, unless termed */
+	bool termed;			/* SIGTERM was sent */
 	bool killed;			/* SIGKILL was sent */
 };
 

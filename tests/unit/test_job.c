@@ -1036,6 +1036,11 @@ static int work_join_gather(struct job *j, int rank, char *msg, size_t len)
 	int id = worker_declare(w, "join.gather", UNISUM_INT32, (size_t)N * n, 0);
 	if (id < 0)
 		FAIL(id, "declare: %s", unisum_last_error());
+	/* Every rank has declared it before it dies (a later declaration is
+	 * refused, and that rank would never join). */
+	int rc = worker_barrier(w);
+	if (rc != 0)
+		FAIL(rc, "barrier: %s", unisum_last_error());
 	if (rank == 0) {
 		int32_t in[N] = {0};
 		int32_t *out = malloc((size_t)N * n * sizeof *out);
@@ -1043,7 +1048,7 @@ static int work_join_gather(struct job *j, int rank, char *msg, size_t len)
 		for (int q = 0; q < n; q++)
 			counts[q] = N;
 		unisum_handle h;
-		int rc = worker_allgather_async(w, id, in, out, counts, &h);
+		rc = worker_allgather_async(w, id, in, out, counts, &h);
 		atomic_store(&gather_started, 1);
 		if (rc == 0)
 			rc = worker_wait(w, h);
@@ -1069,7 +1074,7 @@ static int work_join_gather(struct job *j, int rank, char *msg, size_t len)
 	for (int q = 0; q < n; q++)
 		counts[q] = q == 0 ? 2 * N : q == 1 ? 0 : N;
 	unisum_handle h;
-	int rc = worker_allgather_async(w, id, in, out, counts, &h);
+	rc = worker_allgather_async(w, id, in, out, counts, &h);
 	if (rc == 0) {
 		rc = worker_poll_timeout(w, h, 10000);
 		if (rc == 0)
