@@ -162,13 +162,12 @@ void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a)
 	pthread_mutex_unlock(&w->lock);
 }
 
-/* Poisons the tensor of cut `key`: a gathering collective on it was in
- * flight when rank `rank` joined. */
-/* Poisons tensor `tensor` (its declaration's key), and with it every cut
- * of it, its gathering collectives' homed cuts among them: the one in
- * flight fails on every rank, and a later one is refused on every rank,
- * rather than declared (NAME#K, counted per rank) by the ranks that ran
- * this one and waited for by the rank that joined instead. */
+/* Poisons tensor `tensor` (`key`: its declaration's), whose gathering
+ * collective was in flight when rank `rank` joined, and with it every cut
+ * of it, the collectives' homed cuts among them: the one in flight fails
+ * on every rank, and a later one is refused on every rank, rather than
+ * declared (NAME#K, counted per rank) by the ranks that ran this one and
+ * waited for by the rank that joined instead. */
 void wk_join_poison(struct worker *w, uint64_t key, const char *tensor, int rank)
 {
 	char why[WK_NAME_MAX + 256];
