@@ -108,10 +108,13 @@
 /* From SIGTERM to SIGKILL when stopping the job. */
 #define LAUNCH_TERM_GRACE_MS 3000
 
-/* A node whose child died, on a host without the scheduler, stops its
- * other children this much later: the scheduler must see the dead one's
- * connection drop first, or it may blame a sibling that this node's
- * SIGTERM took down (both drops can come in one of its polls). */
+/* A node of torchrun's kind (--nnodes, --node-rank) whose child died, on
+ * a host without the scheduler, stops its other children this much later:
+ * the scheduler must see the dead one's connection drop first, or it may
+ * blame a sibling that this node's SIGTERM took down (both drops can come
+ * in one of its polls).  Not a node that a launcher started (-H, --slurm:
+ * --remote): that launcher blames by the nodes' exits, the first of which
+ * must be this one's. */
 #define LAUNCH_NODE_TERM_DELAY_MS 1000
 
 /* After SIGKILL, how long to wait for the children to be reaped before the
@@ -293,8 +296,10 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 		return;
 	}
 	if (code != 0) {
-		job_fail_after(l, l->node_mode && l->sched == NULL ? LAUNCH_NODE_TERM_DELAY_MS : 0,
-			       code, "%s (pid %d) %s; stopping the job", c->name, (int)c->pid, what);
+		int64_t delay = l->node_mode && !l->remote && l->sched == NULL ?
+				LAUNCH_NODE_TERM_DELAY_MS : 0;
+		job_fail_after(l, delay, code, "%s (pid %d) %s; stopping the job", c->name,
+			       (int)c->pid, what);
 		return;
 	}
 	if (l->echo_ms != 0 && child_is_culprit(l, c)) {
