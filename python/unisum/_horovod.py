@@ -653,11 +653,11 @@ def _set_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
     tid = _t._declared(wire, buf.dtype, buf.numel(), 0)
     h = ctypes.c_int64(0)
     try:
-        _capi.check(_capi.lib.unisum_push_pull_async(tid, buf.data_ptr(), buf.data_ptr(), flags,
-                                                     ctypes.byref(h)), "unisum.torch: " + kind)
-    except BaseException as e:
-        if _t._keep_started(h, e):
-            return h.value, finish   # the caller raises e once it is on record
+        with _t._starting(h):   # the caller runs _t._raise_kept once it is on record
+            _capi.check(_capi.lib.unisum_push_pull_async(tid, buf.data_ptr(), buf.data_ptr(),
+                                                         flags, ctypes.byref(h)),
+                        "unisum.torch: " + kind)
+    except BaseException:
         _t._undeclare(wire)
         raise
     return h.value, finish
@@ -697,17 +697,16 @@ def _gather_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
     arr = (ctypes.c_uint64 * len(counts))(*counts)
     h = ctypes.c_int64(0)
     try:
-        if kind == "reducescatter":
-            rc = _capi.lib.unisum_reduce_scatter_async(tid, in_ptr, out_ptr, arr, flags,
-                                                       ctypes.byref(h))
-        elif kind == "allgather":
-            rc = _capi.lib.unisum_allgather_async(tid, in_ptr, out_ptr, arr, ctypes.byref(h))
-        else:
-            rc = _capi.lib.unisum_alltoall_async(tid, in_ptr, out_ptr, arr, ctypes.byref(h))
-        _capi.check(rc, "unisum.torch: " + kind)
-    except BaseException as e:
-        if _t._keep_started(h, e):
-            return h.value, finish   # the caller raises e once it is on record
+        with _t._starting(h):   # the caller runs _t._raise_kept once it is on record
+            if kind == "reducescatter":
+                rc = _capi.lib.unisum_reduce_scatter_async(tid, in_ptr, out_ptr, arr, flags,
+                                                           ctypes.byref(h))
+            elif kind == "allgather":
+                rc = _capi.lib.unisum_allgather_async(tid, in_ptr, out_ptr, arr, ctypes.byref(h))
+            else:
+                rc = _capi.lib.unisum_alltoall_async(tid, in_ptr, out_ptr, arr, ctypes.byref(h))
+            _capi.check(rc, "unisum.torch: " + kind)
+    except BaseException:
         if not keep:
             _t._undeclare(name)
         raise

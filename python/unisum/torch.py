@@ -98,7 +98,7 @@ _calls: Dict[int, int] = {}   # process set id -> its collectives named by order
 _optimizer_counter = 0        # DistributedOptimizers made so far
 _empty_handles = 0            # handles of empty tensors count down from -1
 _WAIT_SLICE_MS = 100          # a wait returns to the interpreter this often
-_kept = threading.local()     # .e: a signal's exception held back (_keep_started)
+_kept = threading.local()     # .e: a signal's exception held back (_starting)
 _joined = False               # the C library joined the job and has not left it
 _init_pid = 0                 # the process that joined (a fork of it must not leave)
 _at_exit_set = False          # _leave_at_exit is registered
@@ -228,22 +228,25 @@ def _step(op: _Op, block: bool) -> bool:
         _poll_for(op, c_handle, _WAIT_SLICE_MS)
 
 
-def _keep_started(h: "ctypes.c_int64", e: BaseException) -> bool:
-    """After `e` in a C call that starts an operation and writes its handle
-    into `h`: whether the operation started all the same.  A signal's
-    exception (Ctrl-C's KeyboardInterrupt) comes right after the call
-    returns, before its result is kept; the operation then runs, writing
-    into its buffers, which must stay held (not go back to the result
-    pool) and waitable.  `e` is then held back for _raise_kept, which the
-    caller runs once the operation is on record."""
-    if h.value == 0 or isinstance(e, Exception):
-        return False
-    _kept.e = e
-    return True
+@contextlib.contextmanager
+def _starting(h: "ctypes.c_int64") -> Iterator[None]:
+    """Around a C call that starts an operation and writes its handle into
+    `h`.  A signal's exception (Ctrl-C's KeyboardInterrupt) comes right
+    after the call returns, before its result is kept; when the operation
+    started all the same, it runs, writing into its buffers, which must
+    stay held (not go back to the result pool) and waitable.  Then the
+    exception is held back and the caller goes on: it records the
+    operation, then runs _raise_kept."""
+    try:
+        yield
+    except BaseException as e:  # noqa: B902 (raised again by _raise_kept)
+        if h.value == 0 or isinstance(e, Exception):
+            raise
+        _kept.e = e
 
 
 def _raise_kept() -> None:
-    """Raises the exception _keep_started held back, if any."""
+    """Raises the exception _starting held back, if any."""
     e = getattr(_kept, "e", None)
     if e is not None:
         _kept.e = None
@@ -1010,7 +1013,6 @@ def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: i
             _undeclare(one_shot)
     else:
         name = _in_set(pset, name)
-    h = ctypes.c_int64(0)
     try:
         # Declared even when empty: every worker's tensor is checked.
         tid = _tensor_id(name, tensor, priority, compression)
@@ -1038,18 +1040,18 @@ def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: i
 
         if flags is None:
             flags = _capi.AVERAGE if average else 0
-        _capi.check(_capi.lib.unisum_push_pull_async(tid, send.data_ptr(), recv.data_ptr(), flags,
-                                                     ctypes.byref(h)),
-                    "unisum.torch: push_pull")
-    except BaseException as e:
-        if _keep_started(h, e):
-            # In flight, held, and finished (released) with the others.
-            _register(_Op(h.value, send, recv, output, finish))
-            _raise_kept()
+        h = ctypes.c_int64(0)
+        with _starting(h):
+            _capi.check(_capi.lib.unisum_push_pull_async(tid, send.data_ptr(), recv.data_ptr(),
+                                                         flags, ctypes.byref(h)),
+                        "unisum.torch: push_pull")
+    except BaseException:
         if release is not None and name in _tensors:
             release()
         raise
-    return _register(_Op(h.value, send, recv, output, finish))
+    handle = _register(_Op(h.value, send, recv, output, finish))
+    _raise_kept()
+    return handle
 
 
 def _start_cuda(tensor: torch.Tensor, average: bool, name: Optional[str], priority: int,
@@ -1440,13 +1442,10 @@ def _broadcast_start(tensor: torch.Tensor, root_rank: int, name: Optional[str],
         finish()
         return _register(_Op(None, None, None, output, lambda: None), done=True)
     h = ctypes.c_int64(0)
-    try:
+    rc = 0
+    with _starting(h):
         rc = _capi.lib.unisum_broadcast_async(tid, buf.data_ptr(), int(root_rank),
                                               ctypes.byref(h))
-    except BaseException as e:
-        if not _keep_started(h, e):
-            raise
-        rc = 0
     if rc != 0 and one_shot:
         _undeclare(name)
     _capi.check(rc, "unisum.torch: broadcast")
@@ -1826,13 +1825,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 else push.detach().contiguous()
             out = torch.empty_like(src)
             h = ctypes.c_int64(0)
-            try:
+            with _starting(h):
                 _capi.check(_capi.lib.unisum_push_pull_async(tid, src.data_ptr(), out.data_ptr(),
                                                              flags, ctypes.byref(h)),
                             "unisum.torch: push_pull of '%s'" % name)
-            except BaseException as e:
-                if not _keep_started(h, e):
-                    raise
             self._inflight.append((p, src, out, h.value, p._version))
             _raise_kept()
 
