@@ -28,7 +28,8 @@ What works as in Horovod, and what does not yet (issue 17):
   reduce-scatter and alltoall, which move only what each machine must
   (docs/ARCHITECTURE.md section 2), after one small push_pull: allgather's
   of every rank's shape (checked alike on every rank, as Horovod's
-  coordinator does), alltoall's of every rank's splits (and dimensions
+  coordinator does; when the layout repeats, the rows start before it,
+  see _speculate), alltoall's of every rank's splits (and dimensions
   and dtype, checked alike).
 * ``is_initialized``, ``cross_rank``, ``cross_size`` (the machines),
   ``is_homogeneous`` (always true: every machine runs UNISUM_LOCAL_SIZE
@@ -736,6 +737,8 @@ def _gather_launch(kind: str, name: str, send: torch.Tensor, recv: torch.Tensor,
 # ranks that disagree must meet on one name to be refused (EMISMATCH).
 # The exchanges take turns on _SHAPE_SLOTS tensors per kind; starting one
 # waits for the slot's last exchange, which needs only every rank's call.
+# An allgather whose slot's layout repeated may start its rows before its
+# exchange (_speculate).
 _SLOTS = 2
 _SHAPE_SLOTS = 8
 _SLOT_BYTES = 64 << 20
@@ -745,13 +748,14 @@ class _Slot:
     """One reused tensor: its current name and layout, and the handles of
     the calls filed on it, in call order."""
 
-    __slots__ = ("kind", "index", "name", "layout", "users")
+    __slots__ = ("kind", "index", "name", "layout", "users", "hits")
 
     def __init__(self, kind: str, index: int) -> None:
         self.kind, self.index = kind, index
         self.name: Optional[str] = None
-        self.layout: Any = None
+        self.layout: Any = None         # (dtype, counts, the result's shape)
         self.users: List[int] = []
+        self.hits = 0                   # calls since the last new layout
 
 
 _slots: dict = {}
@@ -778,13 +782,16 @@ def _slot_file(slot: Optional[_Slot], handle: int) -> int:
     return handle
 
 
-def _slot_free(slot: _Slot, handle: int) -> None:
-    """The gate of call `handle` on `slot`: waits until every call filed on
-    it before (their stages ran: they came first) has ended here (each
-    needs only the other ranks' stages, which they start in call order
-    too), and forgets them."""
+def _slot_free(slot: _Slot, handle: Optional[int]) -> None:
+    """The gate of call `handle` on `slot` (None: a call not filed yet):
+    waits until every call filed on it before (their stages ran: they
+    came first) has ended here (each needs only the other ranks' stages,
+    which they start in call order too), and forgets them."""
     with _t._lock:
-        earlier = slot.users[:slot.users.index(handle)] if handle in slot.users else []
+        if handle is None:
+            earlier = list(slot.users)
+        else:
+            earlier = slot.users[:slot.users.index(handle)] if handle in slot.users else []
     for h in earlier:
         with _t._lock:
             op = _t._ops.get(h)
@@ -800,22 +807,121 @@ def _gate(slot: Optional[_Slot], handle: int) -> Optional[Callable[[], None]]:
 
 
 def _slot_wire(slot: Optional[_Slot], one_shot: str, send: torch.Tensor,
-               counts: List[int]) -> Tuple[str, bool]:
-    """The tensor a call runs its `counts` of `send`'s dtype on, and
-    whether it is a slot's (kept declared): `slot`'s, unless the whole
-    exceeds _SLOT_BYTES or there is no slot (a process set); else
-    `one_shot`, the call's own name.  A slot's new tensor is named after
-    it, which every rank agrees on (join() included) and no call reuses.
-    Runs in the call's stage, its gate open."""
+               counts: List[int], shape: Sequence[int]) -> Tuple[str, bool]:
+    """The tensor a call runs its `counts` of `send`'s dtype on (into a
+    result of `shape`), and whether it is a slot's (kept declared):
+    `slot`'s, unless the whole exceeds _SLOT_BYTES or there is no slot (a
+    process set); else `one_shot`, the call's own name.  A slot's new
+    tensor is named after it, which every rank agrees on (join() included)
+    and no call reuses.  Runs in the call's stage, its gate open."""
     if slot is None or sum(counts) * send.element_size() > _SLOT_BYTES:
         return one_shot, False
-    layout = (send.dtype, tuple(counts))
+    layout = (send.dtype, tuple(counts), tuple(shape))
     if slot.name is None or slot.layout != layout:
         if slot.name is not None:
             _t._undeclare(slot.name)
         slot.name = "unisum.%s.slot%d" % (one_shot, slot.index)
-        slot.layout = layout
+        slot.layout, slot.hits = layout, 0
+    else:
+        slot.hits += 1
     return slot.name, True
+
+
+class _Spec:
+    """An allgather started on its slot's layout before the shapes'
+    exchange has said whether that layout holds (allgather_async): its C
+    handle (None once its call took it over or it ended), buffers and
+    layout.  Until then it is in _specs, so its buffers live while the C
+    library writes into them, whatever happens to the call."""
+
+    __slots__ = ("handle", "send", "recv", "layout", "finish")
+
+    def __init__(self, handle: int, send: torch.Tensor, recv: torch.Tensor, layout: Any,
+                 finish: Callable[[], None]) -> None:
+        self.handle: Optional[int] = handle
+        self.send, self.recv, self.layout, self.finish = send, recv, layout, finish
+
+    def take(self) -> Tuple[Optional[int], Callable[[], None]]:
+        """Its C handle and finish, for the call's stage to wait on: the
+        layout held."""
+        handle, self.handle = self.handle, None
+        with _t._lock:
+            _specs.discard(self)
+        return handle, self.finish
+
+    def abandon(self) -> None:
+        """Lets it go when its call failed before its stage: released if
+        it has ended, else left in _specs (its buffers held) rather than
+        waited for, since the others may never run its round."""
+        if self.handle is not None and _capi.lib.unisum_poll(self.handle) != 0:
+            self.handle = None
+        if self.handle is None:
+            with _t._lock:
+                _specs.discard(self)
+
+    def drain(self) -> None:
+        """Waits until it has ended (every rank started it, so it ends or
+        fails in bounded time), unless taken over or ended: its result is
+        not used.  In slices, so that Ctrl-C can interrupt; the
+        operation then stays in flight and on record."""
+        while self.handle is not None:
+            if _capi.lib.unisum_poll_timeout(self.handle, _t._WAIT_SLICE_MS) != 0:
+                self.handle = None     # done or failed: released either way
+        with _t._lock:
+            _specs.discard(self)
+
+
+_specs: set = set()
+_spec_counts = {"started": 0, "held": 0}   # speculations, and those whose layout held
+
+
+def _speculate(slot: _Slot, src: torch.Tensor, grp: _Group) -> Optional[_Spec]:
+    """Starts an allgather of `src` on `slot`'s tensor before the shapes'
+    exchange has said the layout, when the slot's last call repeated the
+    layout before it (in training shapes rarely change): the rows then
+    need not wait for the exchange's round trip.  Only when the slot's
+    last call has ended here (its stage run, its operation done), so it
+    never waits: ranks may decide differently, and each says in its
+    exchange row whether it did.  Every rank's stage then knows (see
+    allgather_async): the layout held, and the others run that same round
+    of the tensor; or it changed, and they run it with zeros first, so
+    every speculation ends.  A rank whose tensor does not fit the layout
+    pushes zeros.  Only with one worker a machine (every machine has as
+    many): the workers of a machine start their operations in one order
+    (their local reduce takes them so), which decisions that differ would
+    break.  None: no speculation."""
+    if _capi.lib.unisum_local_size() > 1:
+        return None
+    with _t._lock:
+        if any(h in _t._ops and not _t._ops[h].done for h in slot.users):
+            return None
+    _slot_free(slot, None)      # forgets its ended calls
+    if slot.name is None or slot.hits < 1:
+        return None
+    dtype, counts, shape = slot.layout
+    send = _widened(src)
+    if send.dtype != dtype or send.numel() != counts[grp.k]:
+        send = torch.zeros(counts[grp.k], dtype=dtype)
+    try:
+        return _spec_launch(slot, send)
+    except _capi.UnisumError:
+        return None     # refused (a rank joined): the exchange says why
+
+
+def _spec_launch(slot: _Slot, send: torch.Tensor) -> Optional[_Spec]:
+    """Starts the allgather of `send` on `slot`'s tensor in its layout;
+    None when it has nothing to move."""
+    dtype, counts, shape = slot.layout
+    recv = _t._result(shape, dtype)
+    handle, finish = _gather_launch("allgather", cast(str, slot.name), send, recv,
+                                    list(counts), lambda: None, keep=True)
+    if handle is None:
+        return None
+    spec = _Spec(handle, send, recv, slot.layout, finish)
+    with _t._lock:
+        _specs.add(spec)
+        _spec_counts["started"] += 1
+    return spec
 
 
 def _exchange_start(table: torch.Tensor, grp: _Group, kind: str) -> Tuple[int, int]:
@@ -872,7 +978,7 @@ def _slots_forget(rejoin: bool) -> None:
                 op = _t._ops.get(h)
             if op is not None and op.then is None:
                 _t._step(op, True)
-        name, slot.name, slot.layout, slot.users = slot.name, None, None, []
+        name, slot.name, slot.layout, slot.users, slot.hits = slot.name, None, None, [], 0
         _t._undeclare(cast(str, name))
 
 
@@ -922,8 +1028,9 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     (which may differ by rank; the others and the dtype may not); returns
     a handle for synchronize(), which returns the result.  Does not wait:
     the ranks' shapes are exchanged first (as Horovod's coordinator does),
-    then the rows.  On the servers: each machine pushes only its rows and
-    pulls the others'.
+    then the rows (when the layout repeats, the rows start at once, and
+    the exchange confirms it: _speculate).  On the servers: each machine
+    pushes only its rows and pulls the others'.
 
     With a `process_set`, its members' tensors, in the order of their
     ranks.
@@ -935,35 +1042,97 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     grp = _Group(process_set)
     _host_only(tensor, "allgather")
     src = tensor.detach().contiguous()
-    table = _records(src, "allgather", grp, [src.shape[0]])
+    # Its rows, then whether it speculated (_speculate); checked first.
+    table = _records(src, "allgather", grp, [src.shape[0], 0])
     release = _claim_name(name, "allgather")
+    spec: Optional[_Spec] = None
+    slot: Optional[_Slot] = None
     try:
+        if grp.pset == 0:
+            with _t._lock:
+                turn = _turns.get("allgather", 0) + 1     # the exchange's, below
+            slot = _slot("allgather", turn, _SLOTS)
+            spec = _speculate(slot, src, grp)
+            table[grp.k, 1] = int(spec is not None)
+        # A Ctrl-C as the speculation started (it is on record, in
+        # _specs) is raised once the whole call is.
+        kept, _t._kept.e = getattr(_t._kept, "e", None), None
         first, turn = _exchange_start(table, grp, "allgather")
     except BaseException:
+        if spec is not None:
+            spec.abandon()
         release()
         raise
     # Reserved once it started: every rank in the same order.
     data_name = _t._by_order("allgather", pset=grp.pset)
-    slot = _slot("allgather", turn, _SLOTS) if grp.pset == 0 else None
+
+    def unspeculate() -> None:
+        """Some rank speculated on a layout that did not hold: before the
+        slot's tensor runs anything else, every rank ends that round (the
+        others run it with zeros)."""
+        assert slot is not None
+        if spec is not None:
+            spec.drain()
+            return
+        dtype, counts, _ = slot.layout
+        try:
+            other = _spec_launch(slot, torch.zeros(counts[grp.k], dtype=dtype))
+        except _capi.UnisumError:
+            return      # refused (a rank joined: the speculations fail too)
+        if other is not None:
+            other.drain()
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
-        rows = [rec[0] for rec in _agreed(op.output, "allgather", 1)]
+        speculated = bool(op.output[:, 1].any())
+        try:
+            rows = [rec[0] for rec in _agreed(op.output, "allgather", 2)]
+        except BaseException:
+            if speculated:
+                unspeculate()
+            raise
         trailing = list(src.shape[1:])
         per_row = math.prod(trailing)
         send = _widened(src)
-        recv = _t._result([sum(rows)] + trailing, send.dtype)
+        shape = [sum(rows)] + trailing
+        counts = [q * per_row for q in rows]
+        held = slot is not None and slot.layout == (send.dtype, tuple(counts), tuple(shape))
+        if speculated and not held:
+            unspeculate()
+        recv = spec.recv if spec is not None and held else _t._result(shape, send.dtype)
         output = recv if send is src else _t._result(recv.shape, src.dtype)
 
         def after() -> None:
             if output is not recv:
                 output.copy_(recv)
 
+        if spec is not None and held:
+            # The layout held: the others run (or ran) this same round.
+            assert slot is not None
+            slot.hits += 1
+            _spec_counts["held"] += 1
+            op.send, op.recv, op.output = spec.send, recv, output
+            handle, finish = spec.take()
+
+            def done() -> None:
+                finish()
+                after()
+            return handle, done
         op.send, op.recv, op.output = send, recv, output
-        counts = [q * per_row for q in rows]
-        wire, keep = _slot_wire(slot, data_name, send, counts)
+        wire, keep = _slot_wire(slot, data_name, send, counts, shape)
         return _gather_launch("allgather", wire, send, recv, counts, after, 0, grp, keep=keep)
 
-    return _chain(_slot_file(slot, first), stage, release, grp.pset, _gate(slot, first))
+    def end() -> None:
+        try:
+            if spec is not None:
+                spec.abandon()  # the call failed before its stage took it
+        finally:
+            release()
+
+    handle = _chain(_slot_file(slot, first), stage, end, grp.pset, _gate(slot, first))
+    if kept is not None:
+        _t._kept.e = kept
+    _t._raise_kept()
+    return handle
 
 
 class _AllgatherFn(torch.autograd.Function):
@@ -1192,7 +1361,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
         op.send, op.recv = send, recv
         op.output = (out, torch.tensor(recv_rows, dtype=torch.int32))
         counts = [sent[q][j] * per_row for q in range(n) for j in range(n)]
-        wire, keep = _slot_wire(slot, data_name, send, counts)
+        wire, keep = _slot_wire(slot, data_name, send, counts, recv.shape)
         return _gather_launch("alltoall", wire, send, recv, counts, after, 0, grp, keep=keep)
 
     return _chain(_slot_file(slot, first), stage, release, grp.pset, _gate(slot, first))

@@ -160,6 +160,7 @@ def main():
     hs = [hvd.allgather_async(torch.tensor([100 * i + r])) for i in range(10)]
     for i in range(10):
         expect("allgather %d of 10" % i, hvd.synchronize(hs[i]), torch.arange(n) + 100 * i)
+    repeated_layouts(r, n)
     x = torch.ones(r + 1, requires_grad=True)
     (hvd.allgather(x) * torch.arange(float(n * (n + 1) // 2))).sum().backward()
     start = r * (r + 1) // 2
@@ -264,6 +265,71 @@ def main():
         raise AssertionError("Adasum did not raise NotImplementedError")
     more(r, n)
     print("rank %d: horovod api ok" % r, flush=True)
+
+
+def repeated_layouts(r, n):
+    """Allgathers whose layout repeats start before the shapes' exchange
+    (_horovod's _speculate); every kind of change after a run of repeats
+    still gives every rank the right result: one rank's rows, the
+    trailing dimensions at the same element count, the dtype (also one
+    the C library widens), and a rank that speculates while another
+    cannot (its last call on the slot still in flight).  Then an error
+    after repeats: every rank raises, and the next call works."""
+    def want(i, rows, cols, dtype):
+        return torch.cat([torch.full((rows[q], cols), (i % 12) * 10 + q, dtype=dtype)
+                          for q in range(n)])
+
+    def mine(i, rows, cols, dtype):
+        return torch.full((rows[r], cols), (i % 12) * 10 + r, dtype=dtype)
+
+    f32, same = torch.float32, [2] * n
+    plan = [(same, 3, f32)] * 6
+    plan += [([2 + (q == n - 1) for q in range(n)], 3, f32)] + [(same, 3, f32)] * 5
+    plan += [([3] * n, 2, f32)] * 6                 # 6 elements a rank, as before
+    plan += [([3] * n, 2, torch.float64)] * 6
+    plan += [([3] * n, 2, torch.int8)] * 6
+    from unisum import _horovod
+    counts = dict(_horovod._spec_counts)
+    for i, (rows, cols, dtype) in enumerate(plan):
+        expect("allgather %d of repeated layouts" % i, hvd.allgather(mine(i, rows, cols, dtype)),
+               want(i, rows, cols, dtype))
+    started = _horovod._spec_counts["started"] - counts["started"]
+    held = _horovod._spec_counts["held"] - counts["held"]
+    if hvd.local_size() == 1:   # else it never speculates (_speculate)
+        # A call speculates when its slot's last two calls had one
+        # layout: in each run of 6 the 5th and 6th do, and held; after
+        # each of the 4 changes the first two did, in vain.  (20 and 11
+        # after the calls above, whose layouts repeat too.)
+        assert held >= 5 * 2 and started - held >= 4 * 2, (started, held)
+    # Rank 0 keeps its last call on each slot in flight (unsynchronized):
+    # it cannot speculate, the others can; then a layout change.  Only
+    # with one worker a machine: the workers of one machine must start
+    # their operations in one order (their local reduce takes them so), and
+    # a stage starts when synchronize() runs it, so they must synchronize
+    # alike (a limit of the plugin).
+    plan = [(same, 3, f32)] * 6 + [([1 + q for q in range(n)], 3, f32)] + [(same, 3, f32)] * 3
+    hs = []
+    for i, (rows, cols, dtype) in enumerate(plan if hvd.local_size() == 1 else []):
+        hs.append(hvd.allgather_async(mine(i, rows, cols, dtype)))
+        if r != 0 or i % 3 == 0:
+            for j, h in enumerate(hs):
+                if h is not None:
+                    expect("allgather %d, some ranks speculating" % j, hvd.synchronize(h),
+                           want(j, *plan[j]))
+                    hs[j] = None
+    for j, h in enumerate(hs):
+        if h is not None:
+            expect("allgather %d, some ranks speculating" % j, hvd.synchronize(h), want(j, *plan[j]))
+    for i in range(6):
+        expect("allgather %d before an error" % i, hvd.allgather(mine(i, same, 3, f32)),
+               want(i, same, 3, f32))
+    try:
+        hvd.allgather(mine(0, same, 3 if r else 4, f32))
+    except hvd.HorovodInternalError:
+        pass
+    else:
+        raise AssertionError("allgathers of different trailing dimensions did not raise")
+    expect("allgather after an error", hvd.allgather(mine(1, same, 3, f32)), want(1, same, 3, f32))
 
 
 def more(r, n):
