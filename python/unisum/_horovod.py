@@ -560,21 +560,26 @@ def _busy_as_value_error(start: Callable[[], int]) -> int:
         raise
 
 
-def _records(tensor: torch.Tensor, what: str, grp: _Group, lead: List[int]) -> torch.Tensor:
-    """The table a gathering collective's exchange sums: a row per rank,
-    this rank's holding `lead` (allgather: its rows; alltoall: its splits)
-    then its tensor's dimensions, dtype and trailing dimensions, which
-    _agreed checks alike on every rank, as Horovod's coordinator does."""
+def _record_check(tensor: torch.Tensor, what: str) -> None:
+    """Raises unless `tensor` can go in an exchange's table (_records)."""
     if tensor.dim() == 0:
         raise ValueError("unisum.torch: %s needs a tensor of at least one dimension" % what)
     if tensor.dtype not in _DTYPE_CODES or tensor.dim() > _RECORD - 3:
         raise TypeError("unisum.torch: %s of %s tensors of %d dimensions is not supported"
                         % (what, tensor.dtype, tensor.dim()))
-    at = len(lead)
-    rec = torch.zeros(grp.n, at + _RECORD - 1, dtype=torch.int64)
+
+
+def _records(tensor: torch.Tensor, what: str, grp: _Group, lead: List[int]) -> torch.Tensor:
+    """The table a gathering collective's exchange sums: a row per rank,
+    this rank's holding `lead` (allgather: its rows; alltoall: its splits)
+    then its tensor's dimensions, dtype and trailing dimensions, which
+    _agreed checks alike on every rank, as Horovod's coordinator does."""
+    _record_check(tensor, what)
+    width = len(lead) + _RECORD - 1
     dims = list(tensor.shape)
-    rec[grp.k, :at + 2] = torch.tensor(lead + [len(dims), _DTYPE_CODES[tensor.dtype]])
-    rec[grp.k, at + 2:at + 1 + len(dims)] = torch.tensor(dims[1:], dtype=torch.int64)
+    row = lead + [len(dims), _DTYPE_CODES[tensor.dtype]] + dims[1:]
+    rec = torch.zeros(grp.n, width, dtype=torch.int64)
+    rec[grp.k] = torch.tensor(row + [0] * (width - len(row)), dtype=torch.int64)
     return rec
 
 
@@ -807,16 +812,16 @@ def _gate(slot: Optional[_Slot], handle: int) -> Optional[Callable[[], None]]:
 
 
 def _slot_wire(slot: Optional[_Slot], one_shot: str, send: torch.Tensor,
-               counts: List[int], shape: Sequence[int]) -> Tuple[str, bool]:
+               counts: List[int], shape: Optional[Sequence[int]] = None) -> Tuple[str, bool]:
     """The tensor a call runs its `counts` of `send`'s dtype on (into a
-    result of `shape`), and whether it is a slot's (kept declared):
+    result of `shape`, when every rank's is the same), and whether it is a slot's (kept declared):
     `slot`'s, unless the whole exceeds _SLOT_BYTES or there is no slot (a
     process set); else `one_shot`, the call's own name.  A slot's new
     tensor is named after it, which every rank agrees on (join() included)
     and no call reuses.  Runs in the call's stage, its gate open."""
     if slot is None or sum(counts) * send.element_size() > _SLOT_BYTES:
         return one_shot, False
-    layout = (send.dtype, tuple(counts), tuple(shape))
+    layout = (send.dtype, tuple(counts), None if shape is None else tuple(shape))
     if slot.name is None or slot.layout != layout:
         if slot.name is not None:
             _t._undeclare(slot.name)
@@ -859,45 +864,38 @@ class _Spec:
             with _t._lock:
                 _specs.discard(self)
 
-    def drain(self) -> None:
-        """Waits until it has ended (every rank started it, so it ends or
-        fails in bounded time), unless taken over or ended: its result is
-        not used.  In slices, so that Ctrl-C can interrupt; the
-        operation then stays in flight and on record."""
-        while self.handle is not None:
-            if _capi.lib.unisum_poll_timeout(self.handle, _t._WAIT_SLICE_MS) != 0:
-                self.handle = None     # done or failed: released either way
-        with _t._lock:
-            _specs.discard(self)
-
 
 _specs: set = set()
 _spec_counts = {"started": 0, "held": 0}   # speculations, and those whose layout held
 
 
-def _speculate(slot: _Slot, src: torch.Tensor, grp: _Group) -> Optional[_Spec]:
-    """Starts an allgather of `src` on `slot`'s tensor before the shapes'
-    exchange has said the layout, when the slot's last call repeated the
-    layout before it (in training shapes rarely change): the rows then
-    need not wait for the exchange's round trip.  Only when the slot's
-    last call has ended here (its stage run, its operation done), so it
-    never waits: ranks may decide differently, and each says in its
-    exchange row whether it did.  Every rank's stage then knows (see
+def _may_speculate(slot: _Slot) -> bool:
+    """Whether an allgather on `slot` starts its rows before the shapes'
+    exchange has said the layout (_speculate): when the slot's last call
+    repeated the layout before it (in training shapes rarely change), so
+    the rows need not wait for the exchange's round trip.  Only once the
+    slot's last call has ended here (its stage run, its operation done),
+    so it never waits: ranks may decide differently, and each says in its
+    exchange row whether it does.  Every rank's stage then knows (see
     allgather_async): the layout held, and the others run that same round
-    of the tensor; or it changed, and they run it with zeros first, so
-    every speculation ends.  A rank whose tensor does not fit the layout
-    pushes zeros.  Only with one worker a machine (every machine has as
-    many): the workers of a machine start their operations in one order
-    (their local reduce takes them so), which decisions that differ would
-    break.  None: no speculation."""
+    of the tensor; or it changed, and they run that round with zeros, so
+    every speculation ends, before the new layout.  Only with one worker a
+    machine (every machine has as many): the workers of a machine start
+    their operations in one order (their local reduce takes them so),
+    which decisions that differ would break."""
     if _capi.lib.unisum_local_size() > 1:
-        return None
+        return False
     with _t._lock:
         if any(h in _t._ops and not _t._ops[h].done for h in slot.users):
-            return None
+            return False
     _slot_free(slot, None)      # forgets its ended calls
-    if slot.name is None or slot.hits < 1:
-        return None
+    return slot.name is not None and slot.hits >= 1
+
+
+def _speculate(slot: _Slot, src: torch.Tensor, grp: _Group) -> Optional[_Spec]:
+    """Starts the allgather of `src` on `slot`'s tensor in its layout (a
+    rank whose tensor does not fit it pushes zeros); None when refused (a
+    rank joined: the exchange says so) or there is nothing to move."""
     dtype, counts, shape = slot.layout
     send = _widened(src)
     if send.dtype != dtype or send.numel() != counts[grp.k]:
@@ -905,7 +903,7 @@ def _speculate(slot: _Slot, src: torch.Tensor, grp: _Group) -> Optional[_Spec]:
     try:
         return _spec_launch(slot, send)
     except _capi.UnisumError:
-        return None     # refused (a rank joined): the exchange says why
+        return None
 
 
 def _spec_launch(slot: _Slot, send: torch.Tensor) -> Optional[_Spec]:
@@ -920,7 +918,6 @@ def _spec_launch(slot: _Slot, send: torch.Tensor) -> Optional[_Spec]:
     spec = _Spec(handle, send, recv, slot.layout, finish)
     with _t._lock:
         _specs.add(spec)
-        _spec_counts["started"] += 1
     return spec
 
 
@@ -980,6 +977,25 @@ def _slots_forget(rejoin: bool) -> None:
                 _t._step(op, True)
         name, slot.name, slot.layout, slot.users, slot.hits = slot.name, None, None, [], 0
         _t._undeclare(cast(str, name))
+
+
+def _further(stage: Callable[[_t._Op], Tuple[Optional[int], Callable[[], None]]]
+             ) -> Callable[[_t._Op], Optional[int]]:
+    """`stage` as an operation's next `then`, set by a stage that returned
+    a C operation to run first: returns stage's C handle; its finish runs
+    before the operation's own."""
+    def then(op: _t._Op) -> Optional[int]:
+        c, finish = stage(op)
+        rest = op.finish
+
+        def both() -> None:
+            try:
+                finish()
+            finally:
+                rest()
+        op.finish = both
+        return c
+    return then
 
 
 def _chain(first: int, stage: Callable[[_t._Op], Optional[int]],
@@ -1042,62 +1058,65 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     grp = _Group(process_set)
     _host_only(tensor, "allgather")
     src = tensor.detach().contiguous()
-    # Its rows, then whether it speculated (_speculate); checked first.
-    table = _records(src, "allgather", grp, [src.shape[0], 0])
+    _record_check(src, "allgather")     # before anything starts
     release = _claim_name(name, "allgather")
-    spec: Optional[_Spec] = None
     slot: Optional[_Slot] = None
     try:
+        bet = False
         if grp.pset == 0:
             with _t._lock:
                 turn = _turns.get("allgather", 0) + 1     # the exchange's, below
             slot = _slot("allgather", turn, _SLOTS)
-            spec = _speculate(slot, src, grp)
-            table[grp.k, 1] = int(spec is not None)
-        # A Ctrl-C as the speculation started (it is on record, in
-        # _specs) is raised once the whole call is.
-        kept, _t._kept.e = getattr(_t._kept, "e", None), None
+            bet = _may_speculate(slot)
+        # Its rows, then whether it speculates.
+        table = _records(src, "allgather", grp, [src.shape[0], int(bet)])
         first, turn = _exchange_start(table, grp, "allgather")
     except BaseException:
-        if spec is not None:
-            spec.abandon()
         release()
         raise
     # Reserved once it started: every rank in the same order.
     data_name = _t._by_order("allgather", pset=grp.pset)
+    spec: Optional[_Spec] = None        # set below, once the call is on record
 
-    def unspeculate() -> None:
-        """Some rank speculated on a layout that did not hold: before the
-        slot's tensor runs anything else, every rank ends that round (the
-        others run it with zeros)."""
+    def unspeculate(op: _t._Op, then: Callable[[_t._Op], Tuple[Optional[int], Callable[[], None]]]
+                    ) -> Tuple[Optional[int], Callable[[], None]]:
+        """Some rank speculated on a layout that did not hold (or the call
+        fails): every rank runs that round of the slot's tensor to its end
+        (the others with zeros) before `then`, a further stage, which so
+        runs once the round is done, as a stage does (a Ctrl-C while
+        waiting for it leaves both as they were)."""
         assert slot is not None
         if spec is not None:
-            spec.drain()
-            return
-        dtype, counts, _ = slot.layout
-        try:
-            other = _spec_launch(slot, torch.zeros(counts[grp.k], dtype=dtype))
-        except _capi.UnisumError:
-            return      # refused (a rank joined: the speculations fail too)
-        if other is not None:
-            other.drain()
+            ahead: Optional[_Spec] = spec
+        else:
+            dtype, counts, _ = slot.layout
+            ahead = _speculate(slot, torch.zeros(counts[grp.k], dtype=dtype), grp)
+        handle = ahead.take()[0] if ahead is not None else None
+        if handle is None:
+            return then(op)
+        assert ahead is not None
+        op.send, op.recv = ahead.send, ahead.recv      # held while the round runs
+        op.then = _further(then)
+        return handle, lambda: None
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
         speculated = bool(op.output[:, 1].any())
         try:
             rows = [rec[0] for rec in _agreed(op.output, "allgather", 2)]
-        except BaseException:
-            if speculated:
-                unspeculate()
-            raise
+        except Exception as e:
+            if not speculated:
+                raise
+            err = e
+
+            def fail(op_: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
+                raise err
+            return unspeculate(op, fail)
         trailing = list(src.shape[1:])
         per_row = math.prod(trailing)
         send = _widened(src)
         shape = [sum(rows)] + trailing
         counts = [q * per_row for q in rows]
         held = slot is not None and slot.layout == (send.dtype, tuple(counts), tuple(shape))
-        if speculated and not held:
-            unspeculate()
         recv = spec.recv if spec is not None and held else _t._result(shape, send.dtype)
         output = recv if send is src else _t._result(recv.shape, src.dtype)
 
@@ -1105,21 +1124,27 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
             if output is not recv:
                 output.copy_(recv)
 
-        if spec is not None and held:
-            # The layout held: the others run (or ran) this same round.
-            assert slot is not None
-            slot.hits += 1
-            _spec_counts["held"] += 1
-            op.send, op.recv, op.output = spec.send, recv, output
-            handle, finish = spec.take()
+        def launch(op_: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
+            op_.send, op_.recv, op_.output = send, recv, output
+            wire, keep = _slot_wire(slot, data_name, send, counts, shape)
+            return _gather_launch("allgather", wire, send, recv, counts, after, 0, grp,
+                                  keep=keep)
 
-            def done() -> None:
-                finish()
-                after()
-            return handle, done
-        op.send, op.recv, op.output = send, recv, output
-        wire, keep = _slot_wire(slot, data_name, send, counts, shape)
-        return _gather_launch("allgather", wire, send, recv, counts, after, 0, grp, keep=keep)
+        if speculated and not held:
+            return unspeculate(op, launch)
+        if spec is None:
+            return launch(op)
+        # The layout held: the others run (or ran) this same round.
+        assert slot is not None
+        slot.hits += 1
+        _spec_counts["held"] += 1
+        op.send, op.recv, op.output = spec.send, recv, output
+        handle, finish = spec.take()
+
+        def done() -> None:
+            finish()
+            after()
+        return handle, done
 
     def end() -> None:
         try:
@@ -1129,9 +1154,15 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
             release()
 
     handle = _chain(_slot_file(slot, first), stage, end, grp.pset, _gate(slot, first))
-    if kept is not None:
-        _t._kept.e = kept
-    _t._raise_kept()
+    if bet:
+        # The rows start now, on the slot's layout, before the exchange has
+        # said it (kept in _specs: its buffers live whatever happens).  A
+        # rank that said it would and does not acts as one that did not.
+        spec = _speculate(cast(_Slot, slot), src, grp)
+        if spec is not None:
+            with _t._lock:
+                _spec_counts["started"] += 1
+        _t._raise_kept()    # a Ctrl-C as it started: it is on record
     return handle
 
 
@@ -1361,7 +1392,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
         op.send, op.recv = send, recv
         op.output = (out, torch.tensor(recv_rows, dtype=torch.int32))
         counts = [sent[q][j] * per_row for q in range(n) for j in range(n)]
-        wire, keep = _slot_wire(slot, data_name, send, counts, recv.shape)
+        wire, keep = _slot_wire(slot, data_name, send, counts)
         return _gather_launch("alltoall", wire, send, recv, counts, after, 0, grp, keep=keep)
 
     return _chain(_slot_file(slot, first), stage, release, grp.pset, _gate(slot, first))

@@ -4,7 +4,7 @@ started the operation returns, before its result (the handle) is kept;
 here rank 0's C call is wrapped to raise KeyboardInterrupt just after the
 real call returns, which is where the interpreter raises it.
 
-    interrupted.py push_pull|allgather
+    interrupted.py push_pull|allgather|speculated
 
 push_pull  rank 0's push_pull_async of 4 MiB is interrupted as it starts;
            then it takes a new result buffer of the same size (from the
@@ -17,6 +17,13 @@ allgather  rank 0's allgather (its second stage, the C call) is
            second synchronize() of the same handle returns every rank's
            rows (before, it raised again and rank 1 waited for ever).
            Then one more allgather, on every rank.
+speculated rank 0 speculates on its slot's layout (_horovod's
+           _speculate) while rank 1 cannot (its last call on the slot
+           unsynchronized), and rank 0's rows change, so the layout does
+           not hold: rank 1 runs that round with zeros first.  Rank 1's
+           start of it is interrupted, and rank 0's wait for it; each
+           synchronize() raises KeyboardInterrupt once, and a second
+           returns the right rows.  Then one more allgather.
 
 Each rank prints "rank R: interrupted MODE ok".
 """
@@ -93,6 +100,60 @@ def allgather(rank, size):
         raise SystemExit("rank %d: the next allgather is wrong" % rank)
 
 
+def interrupting_wait():
+    """Wraps unisum_poll_timeout so that its next call that finds the
+    operation still in flight raises KeyboardInterrupt (a Ctrl-C during
+    the wait); returns the function that undoes it."""
+    real = _capi.lib.unisum_poll_timeout
+
+    def wrapped(*args):
+        rc = real(*args)
+        if rc == 0:
+            setattr(_capi.lib, "unisum_poll_timeout", real)
+            raise KeyboardInterrupt
+        return rc
+
+    setattr(_capi.lib, "unisum_poll_timeout", wrapped)
+    return lambda: setattr(_capi.lib, "unisum_poll_timeout", real)
+
+
+def speculated(rank):
+    from unisum import _horovod
+
+    def rows(i, n=2):
+        return torch.full((n, 3), float(100 * i + rank))
+    for i in range(6):
+        us.allgather(rows(i))
+    if rank == 0:
+        us.synchronize(us.allgather_async(rows(6)))
+        us.synchronize(us.allgather_async(rows(7)))
+        before = _horovod._spec_counts["started"]
+        h = us.allgather_async(rows(8, 3))
+        if us.local_size() == 1 and _horovod._spec_counts["started"] != before + 1:
+            raise SystemExit("rank 0: call 8 did not speculate")
+        undo = interrupting_wait()
+    else:
+        h6 = us.allgather_async(rows(6))
+        us.synchronize(us.allgather_async(rows(7)))
+        h = us.allgather_async(rows(8))
+        us.synchronize(h6)
+        time.sleep(1)                   # rank 0 waits for the round meanwhile
+        undo = interrupting("unisum_allgather_async")
+    try:
+        us.synchronize(h)
+        raise SystemExit("rank %d: call 8 was not interrupted" % rank)
+    except KeyboardInterrupt:
+        pass
+    undo()
+    want = torch.cat([torch.full((3, 3), 800.0), torch.full((2, 3), 801.0)])
+    got = us.synchronize(h)
+    if not torch.equal(got, want):
+        raise SystemExit("rank %d: wrong allgather %s" % (rank, got.tolist()))
+    want = torch.cat([torch.full((2, 3), 900.0 + q) for q in range(2)])
+    if not torch.equal(us.allgather(rows(9)), want):
+        raise SystemExit("rank %d: the next allgather is wrong" % rank)
+
+
 def main():
     mode = sys.argv[1]
     torch.set_num_threads(1)
@@ -100,8 +161,10 @@ def main():
     rank, size = us.rank(), us.size()
     if mode == "push_pull":
         push_pull(rank)
-    else:
+    elif mode == "allgather":
         allgather(rank, size)
+    else:
+        speculated(rank)
     us.barrier()
     print("rank %d: interrupted %s ok" % (rank, mode), flush=True)
     us.shutdown()
