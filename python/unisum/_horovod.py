@@ -753,7 +753,7 @@ class _Slot:
     """One reused tensor: its current name and layout, and the handles of
     the calls filed on it, in call order."""
 
-    __slots__ = ("kind", "index", "name", "layout", "users", "hits")
+    __slots__ = ("kind", "index", "name", "layout", "users", "hits", "ahead", "retired")
 
     def __init__(self, kind: str, index: int) -> None:
         self.kind, self.index = kind, index
@@ -761,6 +761,10 @@ class _Slot:
         self.layout: Any = None         # (dtype, counts, the result's shape)
         self.users: List[int] = []
         self.hits = 0                   # calls since the last new layout
+        # A round of its tensor that no call waits for (a speculation whose
+        # layout did not hold), ended before the slot's next call runs.
+        self.ahead: Optional[_Spec] = None
+        self.retired: Optional[str] = None     # its old tensor, undeclared once ahead ends
 
 
 _slots: dict = {}
@@ -787,11 +791,23 @@ def _slot_file(slot: Optional[_Slot], handle: int) -> int:
     return handle
 
 
+def _slot_end_ahead(slot: _Slot) -> None:
+    """Waits for the slot's round that no call waits for, if any, and
+    undeclares the tensor it ran on."""
+    if slot.ahead is not None:
+        slot.ahead.drain()
+        slot.ahead = None
+    if slot.retired is not None:
+        retired, slot.retired = slot.retired, None
+        _t._undeclare(retired)
+
+
 def _slot_free(slot: _Slot, handle: Optional[int]) -> None:
     """The gate of call `handle` on `slot` (None: a call not filed yet):
     waits until every call filed on it before (their stages ran: they
     came first) has ended here (each needs only the other ranks' stages,
     which they start in call order too), and forgets them."""
+    _slot_end_ahead(slot)
     with _t._lock:
         if handle is None:
             earlier = list(slot.users)
@@ -865,6 +881,21 @@ class _Spec:
                 _specs.discard(self)
 
 
+    def drain(self) -> None:
+        """Waits until it has ended, unless taken over or ended (every rank
+        started its round, so it ends or fails in bounded time).  In
+        slices, so that Ctrl-C can interrupt; it then stays in flight."""
+        while self.handle is not None:
+            rc = 0
+            try:
+                rc = _capi.lib.unisum_poll_timeout(self.handle, _t._WAIT_SLICE_MS)
+            finally:
+                if rc != 0:
+                    self.handle = None  # done or failed: released either way
+        with _t._lock:
+            _specs.discard(self)
+
+
 _specs: set = set()
 _spec_counts = {"started": 0, "held": 0}   # speculations, and those whose layout held
 
@@ -885,6 +916,10 @@ def _may_speculate(slot: _Slot) -> bool:
     which decisions that differ would break."""
     if _capi.lib.unisum_local_size() > 1:
         return False
+    if slot.ahead is not None:
+        slot.ahead.abandon()    # released if it has ended
+        if slot.ahead.handle is not None:
+            return False
     with _t._lock:
         if any(h in _t._ops and not _t._ops[h].done for h in slot.users):
             return False
@@ -923,14 +958,16 @@ def _spec_launch(slot: _Slot, send: torch.Tensor) -> Optional[_Spec]:
 
 def _exchange_start(table: torch.Tensor, grp: _Group, kind: str) -> Tuple[int, int]:
     """Starts the small push_pull (a sum) of `table`, in which each rank
-    filled its own row, that a gathering collective waits for; returns its
+    filled its own row, that a gathering collective waits for (a Ctrl-C as
+    it starts stays held: the caller raises it with _t._raise_kept once
+    the call is chained); returns its
     handle and the call's turn, its number among the global set's calls of
     `kind` (which slots it takes; 0 in a process set, which has none),
     counted once the push_pull has started.  In the global set it runs on
     the exchange slot of its turn, once the slot's last exchange is done
     (which needs only every rank's call)."""
     if grp.pset != 0:
-        return _t._start(table, False, None, 0, False, pset=grp.pset), 0
+        return _t._start(table, False, None, 0, False, pset=grp.pset, raise_kept=False), 0
     with _t._lock:
         turn = _turns.get(kind, 0) + 1
     slot = _slot(kind + ".exchange", turn, _SHAPE_SLOTS)
@@ -946,7 +983,8 @@ def _exchange_start(table: torch.Tensor, grp: _Group, kind: str) -> Tuple[int, i
     with _t._lock:
         slot.users = [h for h in slot.users if h not in earlier]
     handle = _slot_file(slot, _t._start(table, False, "unisum.%s.exchange.slot%d.%d"
-                                         % (kind, slot.index, table.numel()), 0, False))
+                                         % (kind, slot.index, table.numel()), 0, False,
+                                         raise_kept=False))
     with _t._lock:
         _turns[kind] = turn
     return handle, turn
@@ -964,6 +1002,7 @@ def _slots_forget(rejoin: bool) -> None:
         if rejoin:
             _slots.clear()
             _turns.clear()
+            _specs.clear()      # rounds of the old membership's tensors
             return
         retired = [slot for slot in _slots.values()
                    if not slot.kind.endswith(".exchange") and slot.name is not None]
@@ -975,27 +1014,9 @@ def _slots_forget(rejoin: bool) -> None:
                 op = _t._ops.get(h)
             if op is not None and op.then is None:
                 _t._step(op, True)
+        _slot_end_ahead(slot)   # every rank started it (unisum_join waited too)
         name, slot.name, slot.layout, slot.users, slot.hits = slot.name, None, None, [], 0
         _t._undeclare(cast(str, name))
-
-
-def _further(stage: Callable[[_t._Op], Tuple[Optional[int], Callable[[], None]]]
-             ) -> Callable[[_t._Op], Optional[int]]:
-    """`stage` as an operation's next `then`, set by a stage that returned
-    a C operation to run first: returns stage's C handle; its finish runs
-    before the operation's own."""
-    def then(op: _t._Op) -> Optional[int]:
-        c, finish = stage(op)
-        rest = op.finish
-
-        def both() -> None:
-            try:
-                finish()
-            finally:
-                rest()
-        op.finish = both
-        return c
-    return then
 
 
 def _chain(first: int, stage: Callable[[_t._Op], Optional[int]],
@@ -1078,39 +1099,32 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     data_name = _t._by_order("allgather", pset=grp.pset)
     spec: Optional[_Spec] = None        # set below, once the call is on record
 
-    def unspeculate(op: _t._Op, then: Callable[[_t._Op], Tuple[Optional[int], Callable[[], None]]]
-                    ) -> Tuple[Optional[int], Callable[[], None]]:
+    def unspeculate() -> None:
         """Some rank speculated on a layout that did not hold (or the call
-        fails): every rank runs that round of the slot's tensor to its end
-        (the others with zeros) before `then`, a further stage, which so
-        runs once the round is done, as a stage does (a Ctrl-C while
-        waiting for it leaves both as they were)."""
+        fails): every rank runs that round of the slot's tensor (the
+        others with zeros), left in flight as the slot's `ahead`, which
+        the slot's next call ends first (its gate), and then undeclares
+        that tensor; this call goes on with a new one.  So no stage waits
+        on the others' stages, and poll() never waits for data."""
         assert slot is not None
         if spec is not None:
-            ahead: Optional[_Spec] = spec
+            slot.ahead = spec
         else:
             dtype, counts, _ = slot.layout
-            ahead = _speculate(slot, torch.zeros(counts[grp.k], dtype=dtype), grp)
-        handle = ahead.take()[0] if ahead is not None else None
-        if handle is None:
-            return then(op)
-        assert ahead is not None
-        op.send, op.recv = ahead.send, ahead.recv      # held while the round runs
-        op.then = _further(then)
-        return handle, lambda: None
+            slot.ahead = _speculate(slot, torch.zeros(counts[grp.k], dtype=dtype), grp)
+        slot.retired, slot.name = slot.name, None
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
         speculated = bool(op.output[:, 1].any())
         try:
             rows = [rec[0] for rec in _agreed(op.output, "allgather", 2)]
-        except Exception as e:
-            if not speculated:
-                raise
-            err = e
-
-            def fail(op_: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
-                raise err
-            return unspeculate(op, fail)
+        except Exception:
+            if speculated:
+                unspeculate()
+                # A Ctrl-C as the zero round started is not kept for a
+                # later call: this one raises already.
+                _t._kept.e = None
+            raise
         trailing = list(src.shape[1:])
         per_row = math.prod(trailing)
         send = _widened(src)
@@ -1124,16 +1138,13 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
             if output is not recv:
                 output.copy_(recv)
 
-        def launch(op_: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
-            op_.send, op_.recv, op_.output = send, recv, output
+        op.send, op.recv, op.output = send, recv, output
+        if speculated and not held:
+            unspeculate()
+        if spec is None or not held:
             wire, keep = _slot_wire(slot, data_name, send, counts, shape)
             return _gather_launch("allgather", wire, send, recv, counts, after, 0, grp,
                                   keep=keep)
-
-        if speculated and not held:
-            return unspeculate(op, launch)
-        if spec is None:
-            return launch(op)
         # The layout held: the others run (or ran) this same round.
         assert slot is not None
         slot.hits += 1
@@ -1162,7 +1173,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
         if spec is not None:
             with _t._lock:
                 _spec_counts["started"] += 1
-        _t._raise_kept()    # a Ctrl-C as it started: it is on record
+    _t._raise_kept()    # a Ctrl-C as the exchange or the rows started: on record now
     return handle
 
 
@@ -1395,7 +1406,9 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
         wire, keep = _slot_wire(slot, data_name, send, counts)
         return _gather_launch("alltoall", wire, send, recv, counts, after, 0, grp, keep=keep)
 
-    return _chain(_slot_file(slot, first), stage, release, grp.pset, _gate(slot, first))
+    handle = _chain(_slot_file(slot, first), stage, release, grp.pset, _gate(slot, first))
+    _t._raise_kept()    # a Ctrl-C as its exchange started: the call is on record now
+    return handle
 
 
 class _AlltoallFn(torch.autograd.Function):

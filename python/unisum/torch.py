@@ -991,9 +991,11 @@ def _undeclare(name: str) -> None:
 
 def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: int,
            inplace: bool, scale: float = 1.0, flags: Optional[int] = None,
-           pset: int = 0, compression: Optional[str] = None) -> int:
+           pset: int = 0, compression: Optional[str] = None, raise_kept: bool = True) -> int:
     """Starts push_pull_async (or, `inplace`, push_pull_async_inplace) and
-    returns the operation's handle; see push_pull_async.  The result is
+    returns the operation's handle; see push_pull_async.  Without
+    `raise_kept`, a Ctrl-C as it started stays held for the caller's
+    _raise_kept (a caller with more to put on record first).  The result is
     multiplied by `scale` when it completes (Horovod's postscale_factor).
     `flags`, when given, replaces `average` with the C call's flags
     (_capi.MIN, MAX, PRODUCT).  `pset`: the process set it runs in (its
@@ -1050,7 +1052,8 @@ def _start(tensor: torch.Tensor, average: bool, name: Optional[str], priority: i
             release()
         raise
     handle = _register(_Op(h.value, send, recv, output, finish))
-    _raise_kept()
+    if raise_kept:
+        _raise_kept()
     return handle
 
 

@@ -320,6 +320,25 @@ def repeated_layouts(r, n):
     for j, h in enumerate(hs):
         if h is not None:
             expect("allgather %d, some ranks speculating" % j, hvd.synchronize(h), want(j, *plan[j]))
+    if hvd.local_size() == 1:
+        # poll() waits for a call's exchange, never for its data: rank 0
+        # speculates on a layout that does not hold, polls, and enters a
+        # barrier; the others, which cannot speculate (their last call on
+        # that slot unsynchronized), enter the barrier before their stage.
+        hs = [hvd.allgather_async(mine(i, same, 3, f32)) for i in range(8)]
+        for i, h in enumerate(hs):
+            if r == 0 or i != 6:
+                expect("allgather %d before a poll" % i, hvd.synchronize(h), want(i, same, 3, f32))
+        plan = ([2 + q for q in range(n)], 3, f32)
+        before = _horovod._spec_counts["started"]
+        h = hvd.allgather_async(mine(8, *plan))
+        if r == 0:
+            assert _horovod._spec_counts["started"] == before + 1, "call 8 did not speculate"
+            hvd.poll(h)
+        hvd.barrier()
+        expect("allgather after a poll and a barrier", hvd.synchronize(h), want(8, *plan))
+        if r != 0:
+            expect("allgather 6 before a poll", hvd.synchronize(hs[6]), want(6, same, 3, f32))
     for i in range(6):
         expect("allgather %d before an error" % i, hvd.allgather(mine(i, same, 3, f32)),
                want(i, same, 3, f32))
