@@ -77,6 +77,9 @@ struct rdv_client {
 	void *reply_payload;		/* malloc'd; taken by the requester */
 	uint32_t barrier_entered[4];	/* per group: barriers entered ... */
 	uint32_t barrier_done[4];	/* ... and completed (BARRIER_DONE) */
+	bool barrier_waiting[4];	/* a timed wait ran out: the next call waits
+					 * for the same barrier, even when it ended
+					 * in between */
 	int failed;			/* 0, or why no reply will ever come */
 	char failed_why[512];
 	bool closing;			/* rdv_client_free() has started */
@@ -705,7 +708,8 @@ int rdv_client_barrier_wait(struct rdv_client *c, int group, int timeout_ms)
 {
 	pthread_mutex_lock(&c->lock);
 	int rc = c->failed;
-	bool enter = rc == 0 && c->barrier_done[group] == c->barrier_entered[group];
+	bool enter = rc == 0 && !c->barrier_waiting[group] &&
+		     c->barrier_done[group] == c->barrier_entered[group];
 	if (enter)
 		c->barrier_entered[group]++;
 	pthread_mutex_unlock(&c->lock);
@@ -733,6 +737,7 @@ int rdv_client_barrier_wait(struct rdv_client *c, int group, int timeout_ms)
 		log_set_last_error("%s", c->failed_why);
 	} else
 		rc = 0;
+	c->barrier_waiting[group] = rc == 0;
 	pthread_mutex_unlock(&c->lock);
 	return rc;
 }

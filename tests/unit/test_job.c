@@ -50,6 +50,7 @@
 #include <string.h>
 #include <pthread.h>
 #include <sched.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -737,6 +738,33 @@ static int work_shapes(struct job *j, int rank, char *msg, size_t len)
 		     unisum_strerror(rc), unisum_last_error());
 	if (strstr(unisum_last_error(), "[6, 7") == NULL)
 		FAIL(0, "the error does not name the shapes: %s", unisum_last_error());
+	return 0;
+}
+
+/* unisum_barrier_timeout in slices: a wait that ran out stays in its
+ * barrier, and the next call waits for that one, also when it ended in
+ * between (it used to enter a new barrier then, one ahead of the other
+ * workers for ever: a bench run hung so). */
+static int work_barrier_slices(struct job *j, int rank, char *msg, size_t len)
+{
+	struct worker *w = j->w[rank];
+	struct timespec pause = {.tv_sec = 0, .tv_nsec = 300 * 1000 * 1000};
+	int rc;
+	if (rank == 0) {
+		if ((rc = worker_barrier_timeout(w, 0)) != 0)
+			FAIL(rc, "a barrier the others had not entered returned %d, not 0", rc);
+		nanosleep(&pause, NULL);
+		nanosleep(&pause, NULL);	/* the others enter meanwhile: it ends */
+		if ((rc = worker_barrier_timeout(w, 0)) != 1)
+			FAIL(rc < 0 ? rc : 0, "a barrier that ended between two slices returned %d, "
+			     "not 1", rc);
+	} else {
+		nanosleep(&pause, NULL);
+		if ((rc = worker_barrier(w)) != 0)
+			FAIL(rc, "barrier: %s", unisum_last_error());
+	}
+	if ((rc = worker_barrier(w)) != 0)	/* and the next is one barrier on every rank */
+		FAIL(rc, "the barrier after: %s", unisum_last_error());
 	return 0;
 }
 
@@ -1732,6 +1760,7 @@ static void test_disagreement(void **state)
 	job_start(&j, 2, 2, 1, 4 * PART_BYTES, 1);
 	each_rank(&j, work_main, work_disagree);
 	each_rank(&j, work_main, work_layout_disagree);
+	each_rank(&j, work_main, work_barrier_slices);
 	each_rank(&j, work_main, work_shapes);
 	each_rank(&j, work_main, work_cut_of_poisoned);
 	job_stop(&j);
