@@ -880,7 +880,6 @@ class _Spec:
             with _t._lock:
                 _specs.discard(self)
 
-
     def drain(self) -> None:
         """Waits until it has ended, unless taken over or ended (every rank
         started its round, so it ends or fails in bounded time).  In
@@ -935,19 +934,12 @@ def _speculate(slot: _Slot, src: torch.Tensor, grp: _Group) -> Optional[_Spec]:
     send = _widened(src)
     if send.dtype != dtype or send.numel() != counts[grp.k]:
         send = torch.zeros(counts[grp.k], dtype=dtype)
+    recv = _t._result(shape, dtype)
     try:
-        return _spec_launch(slot, send)
+        handle, finish = _gather_launch("allgather", cast(str, slot.name), send, recv,
+                                        list(counts), lambda: None, keep=True)
     except _capi.UnisumError:
         return None
-
-
-def _spec_launch(slot: _Slot, send: torch.Tensor) -> Optional[_Spec]:
-    """Starts the allgather of `send` on `slot`'s tensor in its layout;
-    None when it has nothing to move."""
-    dtype, counts, shape = slot.layout
-    recv = _t._result(shape, dtype)
-    handle, finish = _gather_launch("allgather", cast(str, slot.name), send, recv,
-                                    list(counts), lambda: None, keep=True)
     if handle is None:
         return None
     spec = _Spec(handle, send, recv, slot.layout, finish)
