@@ -982,22 +982,25 @@ def _exchange_start(table: torch.Tensor, grp: _Group, kind: str) -> Tuple[int, i
     return handle, turn
 
 
-def _slots_forget(rejoin: bool) -> None:
+def _slots_forget(rejoin: bool) -> List[Any]:
     """After rejoin() (the tensors gone with the membership, the calls
     counted afresh), forgets every slot.  After join() (which every rank
     calls, none in a gathering collective), undeclares the collectives'
     slot tensors, one of which join may have poisoned; the next use
     declares a new one under its call number.  The exchange slots stay: a
     joined rank ran their push_pulls for the others, so their rounds are
-    in step."""
+    in step.  Returns what the caller holds until the C library has ended
+    the membership's operations (rejoin: the speculative rounds, whose
+    buffers it may still write)."""
     with _t._lock:
         if rejoin:
+            held = list(_specs) + [slot.ahead for slot in _slots.values()]
             _slots.clear()
             _turns.clear()
             _specs.clear()      # rounds of the old membership's tensors
-            return
-        retired = [slot for slot in _slots.values()
-                   if not slot.kind.endswith(".exchange") and slot.name is not None]
+            return held
+        retired = [slot for slot in _slots.values() if not slot.kind.endswith(".exchange")
+                   and (slot.name is not None or slot.retired is not None)]
     for slot in retired:
         # Their operations ended (unisum_join waited for them); their
         # handles are released here, or the tensor would still be busy.
@@ -1008,7 +1011,9 @@ def _slots_forget(rejoin: bool) -> None:
                 _t._step(op, True)
         _slot_end_ahead(slot)   # every rank started it (unisum_join waited too)
         name, slot.name, slot.layout, slot.users, slot.hits = slot.name, None, None, [], 0
-        _t._undeclare(cast(str, name))
+        if name is not None:
+            _t._undeclare(name)
+    return []
 
 
 def _chain(first: int, stage: Callable[[_t._Op], Optional[int]],

@@ -551,7 +551,9 @@ def rejoin() -> None:
         _specs.clear()
         _calls.clear()
     from unisum import _horovod
-    _horovod._slots_forget(rejoin=True)
+    # Held until unisum_rejoin has ended every operation: the speculative
+    # rounds' buffers (the C library may still write into them).
+    held = _horovod._slots_forget(rejoin=True)
     if torch.cuda.is_available():
         from unisum import _cuda
         _cuda.forget()
@@ -572,6 +574,7 @@ def rejoin() -> None:
         op.failed = not op.done or op.error is not None
         op.done = True
         op.finish()
+    del held
     _capi.check(rc, "unisum.torch.rejoin")
     for opt in list(_optimizers):
         opt._unisum_reset()
