@@ -851,16 +851,16 @@ def _slot_wire(slot: Optional[_Slot], one_shot: str, send: torch.Tensor,
 class _Spec:
     """An allgather started on its slot's layout before the shapes'
     exchange has said whether that layout holds (allgather_async): its C
-    handle (None once its call took it over or it ended), buffers and
-    layout.  Until then it is in _specs, so its buffers live while the C
+    handle (None once its call took it over or it ended) and buffers.
+    Until then it is in _specs, so its buffers live while the C
     library writes into them, whatever happens to the call."""
 
-    __slots__ = ("handle", "send", "recv", "layout", "finish")
+    __slots__ = ("handle", "send", "recv", "finish")
 
-    def __init__(self, handle: int, send: torch.Tensor, recv: torch.Tensor, layout: Any,
+    def __init__(self, handle: int, send: torch.Tensor, recv: torch.Tensor,
                  finish: Callable[[], None]) -> None:
         self.handle: Optional[int] = handle
-        self.send, self.recv, self.layout, self.finish = send, recv, layout, finish
+        self.send, self.recv, self.finish = send, recv, finish
 
     def take(self) -> Tuple[Optional[int], Callable[[], None]]:
         """Its C handle and finish, for the call's stage to wait on: the
@@ -942,7 +942,7 @@ def _speculate(slot: _Slot, src: torch.Tensor, grp: _Group) -> Optional[_Spec]:
         return None
     if handle is None:
         return None
-    spec = _Spec(handle, send, recv, slot.layout, finish)
+    spec = _Spec(handle, send, recv, finish)
     with _t._lock:
         _specs.add(spec)
     return spec
