@@ -62,7 +62,9 @@ struct srv_key {
 	int *peer;		/* [nc] each one's peer (srv_rank_peer); NULL: the global set */
 	int *ranks;		/* [nc] a process set's ranks, or NULL */
 	int engine;		/* engine thread that owns the key */
-	uint32_t *next_round;	/* [W] next round worker w may push; its conn thread's */
+	_Atomic uint32_t *next_round;	/* [W] next round worker w may push; written by its
+					 * conn thread (and a DECLARE_CHECK under srv->lock),
+					 * read by MIGRATE on the rendezvous thread */
 	uint8_t **push_buf;	/* [W] worker w's push buffer (wire_bytes for a compressed
 				 * key); written by its conn thread */
 	/* A compressed key (its DECLARE_CHECK's spec): every push and reply
