@@ -259,6 +259,14 @@ int unisum_wait(unisum_handle h);
  * interpreter that runs its signal handlers between calls. */
 int unisum_poll_timeout(unisum_handle h, int timeout_ms);
 
+/* unisum_poll_timeout that also stores its answer in *answer before it
+ * returns, for an interpreter that may run a signal handler between this
+ * call's return and the use of its value (CPython raises Ctrl-C's
+ * KeyboardInterrupt right there): a completion, which released the
+ * handle, is then still known to the caller.  *answer is written on every
+ * return, unless `answer` is NULL. */
+int unisum_poll_timeout_into(unisum_handle h, int timeout_ms, int *answer);
+
 /* Copies `buf` of rank `root_rank` into `buf` of every worker.  Every
  * worker must name the same root: when they disagree (as when they
  * disagree on UNISUM_AVERAGE in a push_pull), every worker's call fails
@@ -316,6 +324,11 @@ int unisum_barrier(void);
  * the barrier, and the next call waits for the same one); negative when
  * the job failed. */
 int unisum_barrier_timeout(int timeout_ms);
+
+/* unisum_barrier_timeout that also stores its answer in *answer before it
+ * returns (see unisum_poll_timeout_into): a barrier that ended is then
+ * not entered again by mistake. */
+int unisum_barrier_timeout_into(int timeout_ms, int *answer);
 
 /* Memory for tensors to push_pull, like malloc (uninitialised, 64-byte
  * aligned; NULL when out of memory).  After unisum_init() on a machine of

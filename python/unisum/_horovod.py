@@ -874,7 +874,7 @@ class _Spec:
         """Lets it go when its call failed before its stage: released if
         it has ended, else left in _specs (its buffers held) rather than
         waited for, since the others may never run its round."""
-        if self.handle is not None and _capi.lib.unisum_poll(self.handle) != 0:
+        if self.handle is not None and _t._poll(self.handle, 0) != 0:
             self.handle = None
         if self.handle is None:
             with _t._lock:
@@ -887,7 +887,7 @@ class _Spec:
         while self.handle is not None:
             rc = 0
             try:
-                rc = _capi.lib.unisum_poll_timeout(self.handle, _t._WAIT_SLICE_MS)
+                rc = _t._poll(self.handle, _t._WAIT_SLICE_MS)
             finally:
                 if rc != 0:
                     self.handle = None  # done or failed: released either way

@@ -200,6 +200,32 @@ def _record(op: _Op, rc: int) -> None:
             op.done = True
 
 
+# C handles whose answer (done, or failed: released either way) a signal's
+# exception cut off, for the next _poll of that handle (the C library
+# never numbers two operations of a process alike).
+_answers: Dict[int, int] = {}
+
+
+def _poll(c_handle: int, timeout_ms: int) -> int:
+    """unisum_poll_timeout (1 done, 0 in flight, < 0 failed) whose answer
+    survives a signal's exception: CPython raises Ctrl-C's
+    KeyboardInterrupt as a C call returns, before its value is kept, and a
+    completion has released the handle by then, so polling it again would
+    fail.  The C library writes the answer where this reads it after the
+    exception too; the next _poll of the handle returns it."""
+    kept = _answers.pop(c_handle, None)
+    if kept is not None:
+        return kept
+    answer = ctypes.c_int(0)
+    try:
+        _capi.lib.unisum_poll_timeout_into(c_handle, timeout_ms, ctypes.byref(answer))
+    except BaseException:
+        if answer.value != 0:
+            _answers[c_handle] = answer.value
+        raise
+    return answer.value
+
+
 def _step(op: _Op, block: bool) -> bool:
     """Brings op's current C operation to its end (op.ready, or op.done):
     True once it has; without `block`, False while it is in flight.  Only
@@ -215,7 +241,7 @@ def _step(op: _Op, block: bool) -> bool:
                 return True
             mine = not op.waiting
             if mine and not block:
-                _record(op, _capi.lib.unisum_poll(op.c_handle))
+                _record(op, _poll(op.c_handle, 0))
                 return op.done or op.ready
             if mine:
                 op.waiting = True
@@ -259,7 +285,7 @@ def _poll_for(op: _Op, c_handle: int, timeout_ms: int) -> None:
     signal's exception comes right after the call."""
     rc = 0
     try:
-        rc = _capi.lib.unisum_poll_timeout(c_handle, timeout_ms)
+        rc = _poll(c_handle, timeout_ms)
     finally:
         with _stage_lock:
             op.waiting = False
@@ -442,7 +468,7 @@ def _leave_at_exit() -> None:
         elif op.then is not None:
             return          # a stage still to run: the others may wait on it
         elif op.c_handle is not None:
-            rc = _capi.lib.unisum_poll(op.c_handle)
+            rc = _poll(op.c_handle, 0)
             if rc == 0:
                 return
             op.done = True
@@ -658,9 +684,28 @@ def barrier(process_set: Any = None) -> None:
     if pset != 0:
         synchronize(_start(torch.zeros(1, dtype=torch.int32), False, None, 0, True, pset=pset))
         return
+    global _barrier_ended
+    if _barrier_ended:
+        # The last call's barrier ended as a signal's exception cut it
+        # off: this call is that one, already met (a new barrier would be
+        # one ahead of every other worker's).
+        _barrier_ended = False
+        return
     # In slices, so that signal handlers run (see _wait).
-    while _capi.check(_capi.lib.unisum_barrier_timeout(_WAIT_SLICE_MS), "unisum.torch.barrier") == 0:
-        pass
+    answer = ctypes.c_int(0)
+    try:
+        while _capi.check(_capi.lib.unisum_barrier_timeout_into(_WAIT_SLICE_MS,
+                                                                ctypes.byref(answer)),
+                          "unisum.torch.barrier") == 0:
+            pass
+    except BaseException:
+        _barrier_ended = answer.value > 0
+        raise
+
+
+# barrier(): the barrier of the last call ended, but a signal's exception
+# came as its C call returned (see _poll).
+_barrier_ended = False
 
 
 def _wait(c_handle: int) -> int:
@@ -669,7 +714,7 @@ def _wait(c_handle: int) -> int:
     pytest-timeout's SIGALRM reach a rank blocked here; the operation then
     stays in flight.  Returns 0 or the negative error."""
     while True:
-        rc = _capi.lib.unisum_poll_timeout(c_handle, _WAIT_SLICE_MS)
+        rc = _poll(c_handle, _WAIT_SLICE_MS)
         if rc != 0:
             return 0 if rc > 0 else rc
 

@@ -340,6 +340,14 @@ int unisum_poll_timeout(unisum_handle h, int timeout_ms)
 	return worker_poll_timeout(api(), h, timeout_ms);
 }
 
+int unisum_poll_timeout_into(unisum_handle h, int timeout_ms, int *answer)
+{
+	int rc = unisum_poll_timeout(h, timeout_ms);
+	if (answer != NULL)
+		*answer = rc;
+	return rc;
+}
+
 int unisum_poll(unisum_handle h)
 {
 	return unisum_poll_timeout(h, 0);
@@ -358,6 +366,14 @@ int unisum_barrier(void)
 int unisum_barrier_timeout(int timeout_ms)
 {
 	return worker_barrier_timeout(api(), timeout_ms);
+}
+
+int unisum_barrier_timeout_into(int timeout_ms, int *answer)
+{
+	int rc = unisum_barrier_timeout(timeout_ms);
+	if (answer != NULL)
+		*answer = rc;
+	return rc;
 }
 
 int unisum_get_stats(unisum_stats *out)

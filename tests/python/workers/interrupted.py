@@ -4,7 +4,7 @@ started the operation returns, before its result (the handle) is kept;
 here rank 0's C call is wrapped to raise KeyboardInterrupt just after the
 real call returns, which is where the interpreter raises it.
 
-    interrupted.py push_pull|allgather|speculated
+    interrupted.py push_pull|allgather|completed|speculated
 
 push_pull  rank 0's push_pull_async of 4 MiB is interrupted as it starts;
            then it takes a new result buffer of the same size (from the
@@ -24,6 +24,16 @@ speculated rank 0 speculates on its slot's layout (_horovod's
            start of it is interrupted, and rank 0's wait for it; each
            synchronize() raises KeyboardInterrupt once, and a second
            returns the right rows.  Then one more allgather.
+
+completed  rank 0's waits are interrupted as they end (a Ctrl-C that
+           lands while the C library waits comes as its call returns):
+           a push_pull's, an allgather's (its shapes' exchange, whose
+           stage must still run) and a barrier's.  Each synchronize()
+           raises KeyboardInterrupt, and a second returns the right
+           result (before, the answer was lost with the handle: "unknown
+           or already released handle", and rank 1 waited for ever for
+           the allgather's rows); a second barrier() returns at once
+           instead of entering a barrier ahead of rank 1's.
 
 Each rank prints "rank R: interrupted MODE ok".
 """
@@ -101,20 +111,82 @@ def allgather(rank, size):
 
 
 def interrupting_wait():
-    """Wraps unisum_poll_timeout so that its next call that finds the
-    operation still in flight raises KeyboardInterrupt (a Ctrl-C during
-    the wait); returns the function that undoes it."""
-    real = _capi.lib.unisum_poll_timeout
+    """Wraps unisum_poll_timeout_into (every wait's) so that its next call
+    that finds the operation still in flight raises KeyboardInterrupt (a
+    Ctrl-C during the wait); returns the function that undoes it."""
+    name = "unisum_poll_timeout_into"
+    real = getattr(_capi.lib, name)
 
     def wrapped(*args):
         rc = real(*args)
         if rc == 0:
-            setattr(_capi.lib, "unisum_poll_timeout", real)
+            setattr(_capi.lib, name, real)
             raise KeyboardInterrupt
         return rc
 
-    setattr(_capi.lib, "unisum_poll_timeout", wrapped)
-    return lambda: setattr(_capi.lib, "unisum_poll_timeout", real)
+    setattr(_capi.lib, name, wrapped)
+    return lambda: setattr(_capi.lib, name, real)
+
+
+def interrupting_end(name):
+    """Wraps the C function `name` (a wait that writes its answer into its
+    last argument) so that its next call that ends the wait (a non-zero
+    answer) raises KeyboardInterrupt once the real call has returned;
+    returns the function that undoes it."""
+    real = getattr(_capi.lib, name)
+
+    def wrapped(*args):
+        rc = real(*args)
+        if rc != 0:
+            setattr(_capi.lib, name, real)
+            raise KeyboardInterrupt
+        return rc
+
+    setattr(_capi.lib, name, wrapped)
+    return lambda: setattr(_capi.lib, name, real)
+
+
+def interrupted_once(what, call):
+    """call() must raise KeyboardInterrupt."""
+    try:
+        call()
+    except KeyboardInterrupt:
+        return
+    raise SystemExit("rank 0: %s was not interrupted" % what)
+
+
+def completed(rank, size):
+    t = torch.full((N,), float(rank + 1))
+    h = us.push_pull_async(t, average=False, name="completed")
+    if rank == 0:
+        undo = interrupting_end("unisum_poll_timeout_into")
+        interrupted_once("the push_pull's wait", lambda: us.synchronize(h))
+        undo()
+    got = us.synchronize(h)
+    if not torch.equal(got, torch.full((N,), float(size * (size + 1) // 2))):
+        raise SystemExit("rank %d: wrong push_pull %s" % (rank, got[:2].tolist()))
+
+    rows = torch.full((3, 2), float(rank + 1))
+    want = torch.cat([torch.full((3, 2), float(q + 1)) for q in range(size)])
+    h = us.allgather_async(rows)
+    if rank == 0:
+        undo = interrupting_end("unisum_poll_timeout_into")
+        interrupted_once("the allgather's wait", lambda: us.synchronize(h))
+        undo()
+    got = us.synchronize(h)
+    if not torch.equal(got, want):
+        raise SystemExit("rank %d: wrong allgather %s" % (rank, got.tolist()))
+
+    if rank == 0:
+        undo = interrupting_end("unisum_barrier_timeout_into")
+        interrupted_once("the barrier", us.barrier)
+        undo()
+    us.barrier()        # rank 0: the same barrier, ended already
+    # Paired right: had rank 0's second barrier() entered a new barrier,
+    # it would wait there for rank 1's next one, and rank 1 here for it.
+    got = us.push_pull(torch.full((4,), float(rank + 1)), average=False, name="after")
+    if not torch.equal(got, torch.full((4,), float(size * (size + 1) // 2))):
+        raise SystemExit("rank %d: wrong push_pull after the barrier %s" % (rank, got.tolist()))
 
 
 def speculated(rank):
@@ -163,6 +235,8 @@ def main():
         push_pull(rank)
     elif mode == "allgather":
         allgather(rank, size)
+    elif mode == "completed":
+        completed(rank, size)
     else:
         speculated(rank)
     us.barrier()
