@@ -57,6 +57,7 @@ import math
 import os
 import pickle
 import queue
+import signal
 import threading
 import time
 import warnings
@@ -308,23 +309,54 @@ def _nap(handle: int, timeout_ms: int) -> None:
     _poll_for(op, c_handle, timeout_ms)
 
 
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Holds a Ctrl-C (SIGINT) that comes inside the block and delivers it
+    to the handler it was for once the block has ended: a stage's plain
+    Python code (the exchange read, a new layout's declaration) must not
+    stop half-way, or its collective never starts here while the other
+    ranks wait for it.  On the main thread only (where Python runs signal
+    handlers), and when the handler is Python's (getsignal() knows it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.getsignal(signal.SIGINT)
+    if old is None:
+        yield
+        return
+    came: List[Any] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: came.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if came:
+            if callable(old):
+                old(signal.SIGINT, came[0])     # Python's default: KeyboardInterrupt
+            elif old == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
+
+
 def _run_stage(op: _Op) -> None:
     """Runs op's `then` (its C operation is done): op.c_handle becomes the
-    stage's, or op is done (failed: op.error).  Caller holds _stage_lock."""
+    stage's, or op is done (failed: op.error).  A Ctrl-C meanwhile comes
+    once that is on record (_sigint_held).  Caller holds _stage_lock."""
     step, op.then, op.ready = op.then, None, False
     assert step is not None
-    try:
-        c_handle = step(op)
-    except BaseException as e:  # noqa: B902 (synchronize() raises it)
-        op.error, op.done = e, True
-        if not isinstance(e, Exception):
-            raise
-        return
-    if c_handle is None:
-        op.done = True
-    else:
-        op.c_handle = c_handle
-        _raise_kept()   # a Ctrl-C as the stage's operation started: it is on record now
+    with _sigint_held():
+        try:
+            c_handle = step(op)
+        except BaseException as e:  # noqa: B902 (synchronize() raises it)
+            op.error, op.done = e, True
+            if not isinstance(e, Exception):
+                raise
+            return
+        if c_handle is None:
+            op.done = True
+        else:
+            op.c_handle = c_handle
+    if c_handle is not None:
+        _raise_kept()   # a Ctrl-C as the stage's operation started (off the main thread)
 
 
 def _stages_through(handle: int) -> None:

@@ -4,7 +4,7 @@ started the operation returns, before its result (the handle) is kept;
 here rank 0's C call is wrapped to raise KeyboardInterrupt just after the
 real call returns, which is where the interpreter raises it.
 
-    interrupted.py push_pull|allgather|completed|speculated
+    interrupted.py push_pull|allgather|completed|stage|speculated
 
 push_pull  rank 0's push_pull_async of 4 MiB is interrupted as it starts;
            then it takes a new result buffer of the same size (from the
@@ -35,9 +35,18 @@ completed  rank 0's waits are interrupted as they end (a Ctrl-C that
            the allgather's rows); a second barrier() returns at once
            instead of entering a barrier ahead of rank 1's.
 
+stage      a real SIGINT reaches rank 0 inside an allgather's second
+           stage (as it reads the shapes' exchange), before its rows
+           start: synchronize() raises KeyboardInterrupt once the rows
+           are on their way, and a second returns every rank's rows
+           (before, the stage stopped there: the rows never started
+           here, a retry raised the same KeyboardInterrupt, and rank 1
+           waited for ever).  Then one more allgather.
+
 Each rank prints "rank R: interrupted MODE ok".
 """
 
+import signal
 import sys
 import time
 
@@ -189,6 +198,29 @@ def completed(rank, size):
         raise SystemExit("rank %d: wrong push_pull after the barrier %s" % (rank, got.tolist()))
 
 
+def stage(rank, size):
+    from unisum import _horovod
+    rows = torch.full((2, 3), float(rank + 1))
+    want = torch.cat([torch.full((2, 3), float(q + 1)) for q in range(size)])
+    h = us.allgather_async(rows)
+    if rank == 0:
+        real = _horovod._agreed
+
+        def signalled(*args):
+            _horovod._agreed = real
+            signal.raise_signal(signal.SIGINT)
+            return real(*args)
+        _horovod._agreed = signalled
+        interrupted_once("the allgather's stage", lambda: us.synchronize(h))
+        if _horovod._agreed is not real:
+            raise SystemExit("rank 0: the stage did not run")
+    got = us.synchronize(h)
+    if not torch.equal(got, want):
+        raise SystemExit("rank %d: wrong allgather %s" % (rank, got.tolist()))
+    if not torch.equal(us.allgather(rows), want):
+        raise SystemExit("rank %d: the next allgather is wrong" % rank)
+
+
 def speculated(rank):
     from unisum import _horovod
 
@@ -237,6 +269,8 @@ def main():
         allgather(rank, size)
     elif mode == "completed":
         completed(rank, size)
+    elif mode == "stage":
+        stage(rank, size)
     else:
         speculated(rank)
     us.barrier()
