@@ -1565,23 +1565,39 @@ def join(device: int = -1) -> int:
     Raises:
         UnisumError: When the job fails meanwhile.
     """
+    global _join_kept
     del device
     _t._require_init()
+    if _join_kept is not None:
+        # The last call's join ended as a Ctrl-C came: this call is that
+        # one (a new join would be one ahead of every other worker's).
+        last, _join_kept = _join_kept, None
+        return last
     # This worker's collectives begin before it joins: every second stage
     # runs first (the C library then waits for the operations themselves).
     _t._settle_stages()
-    last = _capi.check(_capi.lib.unisum_join(), "unisum.torch.join")
-    # A joined worker ran none of the others' unnamed collectives: every
-    # worker takes the largest counts, so the next names and slots agree.
-    kinds = ("allgather", "alltoall")
-    counts = torch.tensor([_t._calls.get(0, 0)] + [_turns.get(k, 0) for k in kinds],
-                          dtype=torch.int64)
-    got = _t.synchronize(_t._start(counts, False, "unisum.join.counts", 0, True,
-                                   flags=_capi.MAX)).tolist()
-    with _t._lock:
-        _t._calls[0] = int(got[0])
-        _turns.update(zip(kinds, (int(v) for v in got[1:])))
-    # Every rank is here, none in a gathering collective: the slots start
-    # afresh (one may hold a tensor that join poisoned).
-    _slots_forget(rejoin=False)
+    # unisum_join blocks until every worker has joined (a Ctrl-C cannot
+    # stop it), and what follows it must all run: a Ctrl-C comes after,
+    # and the next join() returns this one's answer.
+    with _t._sigint_held():
+        last = _capi.check(_capi.lib.unisum_join(), "unisum.torch.join")
+        # A joined worker ran none of the others' unnamed collectives: every
+        # worker takes the largest counts, so the next names and slots agree.
+        kinds = ("allgather", "alltoall")
+        counts = torch.tensor([_t._calls.get(0, 0)] + [_turns.get(k, 0) for k in kinds],
+                              dtype=torch.int64)
+        got = _t.synchronize(_t._start(counts, False, "unisum.join.counts", 0, True,
+                                       flags=_capi.MAX)).tolist()
+        with _t._lock:
+            _t._calls[0] = int(got[0])
+            _turns.update(zip(kinds, (int(v) for v in got[1:])))
+        # Every rank is here, none in a gathering collective: the slots start
+        # afresh (one may hold a tensor that join poisoned).
+        _slots_forget(rejoin=False)
+        _join_kept = int(last)      # until it is returned: a held Ctrl-C comes first
+    _join_kept = None
     return int(last)
+
+
+# join(): the last call's join ended, but a Ctrl-C came before it returned.
+_join_kept: Optional[int] = None

@@ -202,8 +202,8 @@ def _record(op: _Op, rc: int) -> None:
 
 
 # C handles whose answer (done, or failed: released either way) a signal's
-# exception cut off, for the next _poll of that handle (the C library
-# never numbers two operations of a process alike).
+# exception cut off, for the next _poll of that handle.  A membership
+# numbers its operations afresh: rejoin() empties it.
 _answers: Dict[int, int] = {}
 
 
@@ -600,6 +600,15 @@ def rejoin() -> None:
             left than ``--min-workers``).
     """
     _require_init()
+    # unisum_rejoin blocks until the job has re-formed (a Ctrl-C cannot
+    # stop it), and what follows it must all run: a Ctrl-C comes after.
+    with _sigint_held():
+        _rejoin()
+
+
+def _rejoin() -> None:
+    """rejoin()'s work."""
+    global _barrier_ended
     with _stage_lock:
         _pending.clear()
     with _lock:
@@ -608,7 +617,10 @@ def rejoin() -> None:
         _tensors.clear()
         _specs.clear()
         _calls.clear()
+        _answers.clear()
+        _barrier_ended = False      # of the ended membership: not the next barrier()
     from unisum import _horovod
+    _horovod._join_kept = None
     # Held until unisum_rejoin has ended every operation: the speculative
     # rounds' buffers (the C library may still write into them).
     held = _horovod._slots_forget(rejoin=True)

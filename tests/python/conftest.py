@@ -84,12 +84,12 @@ def worker_env(extra=None):
 
 
 def run_launch(nworkers, nservers, script, *args, timeout=DEFAULT_TIMEOUT, env=None,
-               cwd=None, python=None, local_size=None):
+               cwd=None, python=None, local_size=None, elastic=False):
     """Runs `unisum launch -w N -s K [--local-size L] --timeout T -- python
     script args...` and returns (returncode, stdout, stderr).  Without
     local_size the launcher's default applies, as for a user: all workers
     form one machine and sum in shared memory; local_size=1 sends every
-    tensor through the servers.  `script` is a path,
+    tensor through the servers; `elastic` adds --elastic.  `script` is a path,
     or a file name in tests/python/workers/.  The launcher's own --timeout
     stops the job (exit 124); a second, harder timeout kills the launcher's
     whole process group should the launcher itself hang, and returns -9."""
@@ -103,6 +103,8 @@ def run_launch(nworkers, nservers, script, *args, timeout=DEFAULT_TIMEOUT, env=N
     cmd = [LAUNCHER, "launch", "-w", str(nworkers), "-s", str(nservers)]
     if local_size is not None:
         cmd += ["--local-size", str(local_size)]
+    if elastic:
+        cmd += ["--elastic"]
     cmd += ["--timeout", str(int(timeout)), "--", python or PYTHON, script] + [str(a) for a in args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env if env is not None else worker_env(), cwd=cwd or REPO,

@@ -99,7 +99,8 @@ def test_sigint_reaches_a_rank_blocked_in_a_wait(tmp_path, local_size):
 # differently, which the workers of one machine must not).
 @pytest.mark.parametrize("mode,local_size", [
     pytest.param(m, p.values[0], id="%s-%s" % (p.id, m))
-    for m in ("push_pull", "allgather", "completed", "stage", "speculated") for p in PATHS
+    for m in ("push_pull", "allgather", "completed", "stage", "join", "speculated")
+    for p in PATHS
     if m != "speculated" or p.values[0] == 1])
 def test_interrupt_as_an_operation_starts(mode, local_size):
     """Ctrl-C's KeyboardInterrupt right as the C call that starts an
@@ -111,11 +112,25 @@ def test_interrupt_as_an_operation_starts(mode, local_size):
     A wait interrupted as it ends keeps the C library's answer: the
     retried synchronize() returns the result, a retried barrier() is the
     same barrier (completed).  A SIGINT inside an allgather's second
-    stage comes once its rows have started (stage)."""
+    stage comes once its rows have started (stage); one while join()
+    blocks comes once it has ended, and the next join() is that one
+    (join)."""
     rc, out, err = run_launch(2, 1, "interrupted.py", mode, timeout=60, local_size=local_size)
     assert rc == 0, describe(rc, out, err)
     for r in range(2):
         assert "rank %d: interrupted %s ok" % (r, mode) in out, describe(rc, out, err)
+
+
+def test_interrupted_answers_end_with_the_membership():
+    """Elastic: a wait and a barrier interrupted as they ended, neither
+    called again, then rejoin(): the new membership's operations, which
+    the C library numbers afresh, get their own answers (not the kept
+    ones), and its first barrier() is a barrier."""
+    rc, out, err = run_launch(2, 1, "interrupted.py", "rejoin", timeout=60, local_size=1,
+                              elastic=True)
+    assert rc == 0, describe(rc, out, err)
+    for r in range(2):
+        assert "rank %d: interrupted rejoin ok" % r in out, describe(rc, out, err)
 
 
 @pytest.mark.parametrize("local_size", PATHS)

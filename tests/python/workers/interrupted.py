@@ -4,7 +4,7 @@ started the operation returns, before its result (the handle) is kept;
 here rank 0's C call is wrapped to raise KeyboardInterrupt just after the
 real call returns, which is where the interpreter raises it.
 
-    interrupted.py push_pull|allgather|completed|stage|speculated
+    interrupted.py push_pull|allgather|completed|stage|join|rejoin|speculated
 
 push_pull  rank 0's push_pull_async of 4 MiB is interrupted as it starts;
            then it takes a new result buffer of the same size (from the
@@ -42,6 +42,19 @@ stage      a real SIGINT reaches rank 0 inside an allgather's second
            (before, the stage stopped there: the rows never started
            here, a retry raised the same KeyboardInterrupt, and rank 1
            waited for ever).  Then one more allgather.
+
+join       a SIGINT reaches rank 0 while join() blocks in the C library:
+           it comes once the join has ended and its bookkeeping is done,
+           and the next join() returns the last rank at once (before,
+           the answer was lost, and a second join() began a join of its
+           own: rank 1's allreduce got rank 0's zeros, then a hang).
+rejoin     (elastic) rank 0's wait of a push_pull and then its barrier
+           are interrupted as they end, and neither is called again:
+           the job re-forms (rejoin()) and runs on.  The new membership
+           numbers its operations afresh: its first push_pull must not
+           get the old one's kept answer (before: an unfilled buffer,
+           returned at once), nor its first barrier() pass as the old
+           one (before: a hang).
 
 Each rank prints "rank R: interrupted MODE ok".
 """
@@ -221,6 +234,55 @@ def stage(rank, size):
         raise SystemExit("rank %d: the next allgather is wrong" % rank)
 
 
+def join(rank, size):
+    want = float(size * (size + 1) // 2)
+    if rank == 0:
+        real = _capi.lib.unisum_join
+
+        def signalled():
+            _capi.lib.unisum_join = real
+            last = real()
+            signal.raise_signal(signal.SIGINT)     # a Ctrl-C while it blocked
+            return last
+        _capi.lib.unisum_join = signalled
+        interrupted_once("join()", us.join)
+        last = us.join()
+    else:
+        # Runs while rank 0 has joined: its zeros stand in.
+        got = us.allreduce(torch.full((3,), float(rank + 1)), op=us.Sum, name="joined")
+        if not torch.equal(got, torch.full((3,), float(rank + 1))):
+            raise SystemExit("rank %d: wrong allreduce while rank 0 joined %s" % (rank, got.tolist()))
+        last = us.join()
+    if last != size - 1:
+        raise SystemExit("rank %d: join() returned %s, not %d" % (rank, last, size - 1))
+    got = us.allreduce(torch.full((3,), float(rank + 1)), op=us.Sum, name="after")
+    if not torch.equal(got, torch.full((3,), want)):
+        raise SystemExit("rank %d: wrong allreduce after join %s" % (rank, got.tolist()))
+
+
+def rejoin(rank):
+    t = torch.full((N,), float(rank + 1))
+    h = us.push_pull_async(t, average=False, name="before")
+    if rank == 0:
+        undo = interrupting_end("unisum_poll_timeout_into")
+        interrupted_once("the push_pull's wait", lambda: us.synchronize(h))
+        undo()
+        undo = interrupting_end("unisum_barrier_timeout_into")
+        interrupted_once("the barrier", us.barrier)
+        undo()
+    else:
+        us.synchronize(h)
+        us.barrier()
+    us.rejoin()                         # neither is called again
+    rank, size = us.rank(), us.size()
+    us.barrier()
+    for i in range(3):
+        got = us.push_pull(torch.full((N,), float(i + 1)), average=False, name="after%d" % i)
+        if not torch.equal(got, torch.full((N,), float((i + 1) * size))):
+            raise SystemExit("rank %d: push_pull %d after rejoin() wrong: %s"
+                             % (rank, i, got[:2].tolist()))
+
+
 def speculated(rank):
     from unisum import _horovod
 
@@ -271,6 +333,11 @@ def main():
         completed(rank, size)
     elif mode == "stage":
         stage(rank, size)
+    elif mode == "join":
+        join(rank, size)
+    elif mode == "rejoin":
+        rejoin(rank)
+        rank = us.rank()
     else:
         speculated(rank)
     us.barrier()
