@@ -325,7 +325,11 @@ def _sigint_held() -> Iterator[None]:
         yield
         return
     came: List[Any] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: came.append(frame))
+    try:
+        signal.signal(signal.SIGINT, lambda signum, frame: came.append(frame))
+    except ValueError:      # not the main interpreter's main thread after all
+        yield
+        return
     try:
         yield
     finally:
