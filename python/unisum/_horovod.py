@@ -569,26 +569,53 @@ def _record_check(tensor: torch.Tensor, what: str) -> None:
                         % (what, tensor.dtype, tensor.dim()))
 
 
-def _records(tensor: torch.Tensor, what: str, grp: _Group, lead: List[int]) -> torch.Tensor:
+def _refusal(check: Callable[[], None]) -> Optional[Exception]:
+    """The ValueError or TypeError with which check() refuses this rank's
+    input, or None.  A gathering collective refused so still runs its
+    exchange, saying so in its row: every rank's call then fails at once
+    (_agreed) and the next calls stay paired, instead of this rank
+    raising alone while the others wait for it."""
+    try:
+        check()
+    except (ValueError, TypeError) as e:
+        return e
+    return None
+
+
+def _records(tensor: torch.Tensor, what: str, grp: _Group, lead: List[int],
+             refused: Optional[Exception] = None) -> torch.Tensor:
     """The table a gathering collective's exchange sums: a row per rank,
     this rank's holding `lead` (allgather: its rows; alltoall: its splits)
     then its tensor's dimensions, dtype and trailing dimensions, which
-    _agreed checks alike on every rank, as Horovod's coordinator does."""
-    _record_check(tensor, what)
+    _agreed checks alike on every rank, as Horovod's coordinator does.
+    A `refused` call's row says only that (-1 dimensions)."""
     width = len(lead) + _RECORD - 1
-    dims = list(tensor.shape)
-    row = lead + [len(dims), _DTYPE_CODES[tensor.dtype]] + dims[1:]
+    if refused is not None:
+        row = [0] * len(lead) + [-1]
+    else:
+        _record_check(tensor, what)
+        dims = list(tensor.shape)
+        row = lead + [len(dims), _DTYPE_CODES[tensor.dtype]] + dims[1:]
     rec = torch.zeros(grp.n, width, dtype=torch.int64)
     rec[grp.k] = torch.tensor(row + [0] * (width - len(row)), dtype=torch.int64)
     return rec
 
 
-def _agreed(recs_tensor: torch.Tensor, what: str, at: int) -> List[List[int]]:
+def _agreed(recs_tensor: torch.Tensor, what: str, at: int,
+            refused: Optional[Exception] = None) -> List[List[int]]:
     """The exchanged table's rows, after checking (on every rank alike) that
-    no rank has joined and that dtypes and trailing dimensions (from column
-    `at`) agree.  Raises HorovodInternalError naming two ranks that
-    differ."""
+    no rank refused its input (this rank raises its own `refused`, the
+    others HorovodInternalError naming it), that no rank has joined, and
+    that dtypes and trailing dimensions (from column `at`) agree.  Raises
+    HorovodInternalError naming two ranks that differ."""
     recs = recs_tensor.tolist()
+    if refused is not None:
+        raise refused
+    for q in range(len(recs)):
+        if recs[q][at] < 0:
+            raise HorovodInternalError(
+                "unisum.torch: %s: rank %d's input was refused (it raised its own error: see its "
+                "log), so this %s fails on every rank" % (what, q, what))
     for q in range(len(recs)):
         if recs[q][at] == 0:     # no dimensions: its zeros came from join()
             raise HorovodInternalError(
@@ -1070,13 +1097,15 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     ranks.
 
     Raises:
-        ValueError: For a tensor of no dimensions, or a `name` that has a
-            collective in flight.
+        ValueError: For a `name` that has a collective in flight.  A
+            tensor of no dimensions, or of a dtype that cannot be
+            gathered, fails at synchronize() on every rank (ValueError or
+            TypeError here, HorovodInternalError on the others).
     """
     grp = _Group(process_set)
     _host_only(tensor, "allgather")
     src = tensor.detach().contiguous()
-    _record_check(src, "allgather")     # before anything starts
+    refused = _refusal(lambda: _record_check(src, "allgather"))
     release = _claim_name(name, "allgather")
     slot: Optional[_Slot] = None
     try:
@@ -1085,9 +1114,10 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
             with _t._lock:
                 turn = _turns.get("allgather", 0) + 1     # the exchange's, below
             slot = _slot("allgather", turn, _SLOTS)
-            bet = _may_speculate(slot)
+            bet = refused is None and _may_speculate(slot)
         # Its rows, then whether it speculates.
-        table = _records(src, "allgather", grp, [src.shape[0], int(bet)])
+        table = _records(src, "allgather", grp,
+                         [src.shape[0] if src.dim() else 0, int(bet)], refused)
         first, turn = _exchange_start(table, grp, "allgather")
     except BaseException:
         release()
@@ -1114,7 +1144,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
         speculated = bool(op.output[:, 1].any())
         try:
-            rows = [rec[0] for rec in _agreed(op.output, "allgather", 2)]
+            rows = [rec[0] for rec in _agreed(op.output, "allgather", 2, refused)]
         except Exception:
             if speculated:
                 unspeculate()
@@ -1352,28 +1382,39 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     from each rank).  Without `splits` the rows are split evenly.  On the
     servers: each machine pushes only its rows and pulls only those
     addressed to its ranks.  With a `process_set`, among its members:
-    splits[j] rows go to its j-th rank."""
+    splits[j] rows go to its j-th rank.  A tensor of no dimensions, splits
+    that do not fit it, or a dtype that cannot be sent, fail at
+    synchronize() on every rank (ValueError or TypeError here,
+    HorovodInternalError on the others)."""
     grp = _Group(process_set)
     _host_only(tensor, "alltoall")
-    if tensor.dim() == 0:
-        raise ValueError("unisum.torch: alltoall needs a tensor of at least one dimension")
-    n, r, rows = grp.n, grp.k, tensor.shape[0]
-    if splits is None:
-        if rows % n:
-            raise ValueError("unisum.torch: alltoall without splits: the first dimension, %d, "
-                             "does not divide by size() = %d" % (rows, n))
-        mine = [rows // n] * n
-    else:
-        mine = [int(v) for v in torch.as_tensor(splits).flatten().tolist()]
-        if len(mine) != n or min(mine) < 0 or sum(mine) != rows:
-            raise ValueError("unisum.torch: alltoall: splits %s must hold size() = %d "
-                             "non-negative counts that add up to the first dimension, %d"
-                             % (mine, n, rows))
+    n, r = grp.n, grp.k
+    mine = [0] * n
+
+    def check() -> None:
+        nonlocal mine
+        if tensor.dim() == 0:
+            raise ValueError("unisum.torch: alltoall needs a tensor of at least one dimension")
+        rows = tensor.shape[0]
+        if splits is None:
+            if rows % n:
+                raise ValueError("unisum.torch: alltoall without splits: the first dimension, "
+                                 "%d, does not divide by size() = %d" % (rows, n))
+            mine = [rows // n] * n
+        else:
+            got = [int(v) for v in torch.as_tensor(splits).flatten().tolist()]
+            if len(got) != n or min(got) < 0 or sum(got) != rows:
+                raise ValueError("unisum.torch: alltoall: splits %s must hold size() = %d "
+                                 "non-negative counts that add up to the first dimension, %d"
+                                 % (got, n, rows))
+            mine = got
+        _record_check(tensor, "alltoall")
+    refused = _refusal(check)
     # Every rank's splits first (without waiting: the rows follow once
     # they are in), with its dimensions and dtype, checked alike on every
     # rank before the rows move.
     src = tensor.detach().contiguous()
-    table = _records(src, "alltoall", grp, mine)
+    table = _records(src, "alltoall", grp, mine, refused)
     release = _claim_name(name, "alltoall")
     try:
         first, turn = _exchange_start(table, grp, "alltoall")
@@ -1385,7 +1426,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     slot = _slot("alltoall", turn, _SLOTS) if grp.pset == 0 else None
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
-        sent = _agreed(op.output, "alltoall", n)    # sent[q][j]: q's rows for j
+        sent = _agreed(op.output, "alltoall", n, refused)   # sent[q][j]: q's rows for j
         trailing = list(src.shape[1:])
         per_row = math.prod(trailing)
         send = _widened(src)

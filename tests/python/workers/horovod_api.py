@@ -161,6 +161,7 @@ def main():
     for i in range(10):
         expect("allgather %d of 10" % i, hvd.synchronize(hs[i]), torch.arange(n) + 100 * i)
     repeated_layouts(r, n)
+    refused_on_one_rank(r, n)
     x = torch.ones(r + 1, requires_grad=True)
     (hvd.allgather(x) * torch.arange(float(n * (n + 1) // 2))).sum().backward()
     start = r * (r + 1) // 2
@@ -349,6 +350,39 @@ def repeated_layouts(r, n):
     else:
         raise AssertionError("allgathers of different trailing dimensions did not raise")
     expect("allgather after an error", hvd.allgather(mine(1, same, 3, f32)), want(1, same, 3, f32))
+
+
+def refused_on_one_rank(r, n):
+    """The last rank's own input is refused (a tensor of no dimensions, a
+    complex dtype; alltoall splits that do not add up) while the others'
+    is fine: every rank's call fails within 5 s, the last rank's with its
+    own error, the others' with HorovodInternalError naming it, and the
+    next calls stay paired (before, the last rank raised alone as it
+    called, and its next call met the others' refused one)."""
+    last = n - 1
+    rows = torch.full((2, 3), float(r))
+    want = torch.cat([torch.full((2, 3), float(q)) for q in range(n)])
+    for bad in (torch.tensor(5.0), rows.to(torch.complex64)):
+        for run in ("allgather", "alltoall"):
+            x = bad if r == last else rows if run == "allgather" else torch.ones(n, 3)
+            splits = [1] * n if run == "alltoall" else None
+            if run == "alltoall" and r == last and bad.dim() == 0:
+                x, splits = torch.ones(n, 3), [2] * n      # splits that do not add up
+            t0 = time.monotonic()
+            try:
+                if run == "allgather":
+                    hvd.allgather(x)
+                else:
+                    hvd.alltoall(x, splits)
+            except (ValueError, TypeError) as e:
+                assert r == last, "rank %d: %s: %r" % (r, run, e)
+            except hvd.HorovodInternalError as e:
+                assert r != last and "rank %d" % last in str(e), "rank %d: %s: %r" % (r, run, e)
+            else:
+                raise AssertionError("rank %d: a refused %s did not raise" % (r, run))
+            assert time.monotonic() - t0 < 5, "rank %d: %s took %.1f s" % (
+                r, run, time.monotonic() - t0)
+            expect("allgather after a refused %s" % run, hvd.allgather(rows), want)
 
 
 def more(r, n):
