@@ -1273,19 +1273,34 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
     the order of their ranks)."""
     grp = _Group(process_set)
     _host_only(tensor, "reducescatter")
-    if tensor.dim() == 0:
-        raise ValueError("unisum.torch: reducescatter needs a tensor of at least one dimension")
     op = Average if op is None else op
-    if op not in (Average, Sum):
-        raise NotImplementedError("unisum.torch: reducescatter takes op=Average or op=Sum, as "
-                                  "Horovod's does; got %s" % _OP_NAMES.get(op, op))
+    if op not in (Average, Sum) or tensor.dim() == 0 or tensor.dtype not in _t._DTYPES:
+        # Its call number is used up all the same: this rank's next call
+        # must not meet the others' call of this one (their sums would mix
+        # two calls' tensors).  In the global set this rank declares that
+        # call's tensor as one float16, which the others' is not unless it
+        # holds just that: the scheduler refuses it on every rank
+        # (EMISMATCH, naming both).  Else (or in a process set) the others
+        # wait for this rank until it exits, or name it in a stall report.
+        called = _t._by_order("reducescatter", pset=grp.pset)
+        if grp.pset == 0:
+            try:
+                _t._declared(called, torch.float16, 1, 0)
+                _t._undeclare(called)
+            except UnisumError:
+                pass    # another rank declared it first: refused here, and there
+        if op not in (Average, Sum):
+            raise NotImplementedError("unisum.torch: reducescatter takes op=Average or op=Sum, "
+                                      "as Horovod's does; got %s" % _OP_NAMES.get(op, op))
+        if tensor.dim() == 0:
+            raise ValueError("unisum.torch: reducescatter needs a tensor of at least one "
+                             "dimension")
+        raise TypeError("unisum.torch: reducescatter of %s tensors is not supported; use one of %s"
+                        % (tensor.dtype, ", ".join(str(d) for d in _t._DTYPES)))
     src = tensor.detach()
     if prescale_factor != 1.0:
         src = _t._scaled(src, prescale_factor)
     send = src.contiguous()
-    if send.dtype not in _t._DTYPES:
-        raise TypeError("unisum.torch: reducescatter of %s tensors is not supported; use one of %s"
-                        % (send.dtype, ", ".join(str(d) for d in _t._DTYPES)))
     n, rows = grp.n, send.shape[0]
     trailing = list(send.shape[1:])
     per_row = math.prod(trailing)

@@ -383,6 +383,24 @@ def refused_on_one_rank(r, n):
             assert time.monotonic() - t0 < 5, "rank %d: %s took %.1f s" % (
                 r, run, time.monotonic() - t0)
             expect("allgather after a refused %s" % run, hvd.allgather(rows), want)
+    # reducescatter: no exchange; the refused rank's declaration of that
+    # call's tensor makes the scheduler refuse it on every rank.
+    for bad in (torch.tensor(5.0), torch.ones(n, 2).to(torch.int8)):
+        x = bad if r == last else torch.ones(n, 2)
+        t0 = time.monotonic()
+        try:
+            hvd.reducescatter(x, op=hvd.Sum)
+        except (ValueError, TypeError) as e:
+            assert r == last, "rank %d: reducescatter: %r" % (r, e)
+        except hvd.HorovodInternalError as e:
+            assert r != last and "worker %d" % last in str(e), "rank %d: %r" % (r, e)
+        else:
+            raise AssertionError("rank %d: a refused reducescatter did not raise" % r)
+        assert time.monotonic() - t0 < 5, "rank %d: reducescatter took %.1f s" % (
+            r, time.monotonic() - t0)
+        expect("reducescatter after a refused one",
+               hvd.reducescatter(torch.full((n, 2), float(r + 1)), op=hvd.Sum),
+               torch.full((1, 2), float(n * (n + 1) // 2)))
 
 
 def more(r, n):
