@@ -1618,6 +1618,10 @@ def join(device: int = -1) -> int:
     collectives raise meanwhile.  Returns the rank that joined last, the
     same on every worker.  `device` is taken and unused (CPU tensors).
 
+    A Ctrl-C while it waits comes once the join has ended (the C call
+    cannot be stopped), and the next join() is taken for that one, retried:
+    it returns its answer at once.
+
     Raises:
         UnisumError: When the job fails meanwhile.
     """

@@ -309,58 +309,94 @@ def _nap(handle: int, timeout_ms: int) -> None:
     _poll_for(op, c_handle, timeout_ms)
 
 
-@contextlib.contextmanager
-def _sigint_held() -> Iterator[None]:
-    """Holds a Ctrl-C (SIGINT) that comes inside the block and delivers it
-    to the handler it was for once the block has ended: a stage's plain
-    Python code (the exchange read, a new layout's declaration) must not
-    stop half-way, or its collective never starts here while the other
-    ranks wait for it.  On the main thread only (where Python runs signal
-    handlers), and when the handler is Python's (getsignal() knows it)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.getsignal(signal.SIGINT)
-    if old is None:
-        yield
-        return
-    came: List[Any] = []
+def _sigint_c_handler() -> Optional[int]:
+    """The address of SIGINT's handler in the process's table (sigaction;
+    a glibc struct sigaction begins with it), or None when unreadable."""
     try:
-        signal.signal(signal.SIGINT, lambda signum, frame: came.append(frame))
-    except ValueError:      # not the main interpreter's main thread after all
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-        if came:
-            if callable(old):
-                old(signal.SIGINT, came[0])     # Python's default: KeyboardInterrupt
-            elif old == signal.SIG_DFL:
-                signal.raise_signal(signal.SIGINT)
+        buf = ctypes.create_string_buffer(256)
+        if _libc.sigaction(signal.SIGINT, None, buf) != 0:
+            return None
+        return ctypes.c_void_p.from_buffer(buf).value or 0
+    except (AttributeError, OSError, ctypes.ArgumentError):
+        return None
 
 
-def _run_stage(op: _Op) -> None:
+_libc = ctypes.CDLL(None, use_errno=True)
+# The C handler through which CPython runs a Python-level SIGINT handler:
+# a hold swaps only that one, never one a native library installed since.
+_PY_SIGINT = _sigint_c_handler() if callable(signal.getsignal(signal.SIGINT)) else None
+
+
+class _SigintHold:
+    """Holds a Ctrl-C (SIGINT) that comes inside its `with` block for the
+    Python handler it was for, which deliver() then runs (at the block's
+    end, unless `later`): a second stage's plain Python code (reading the
+    exchange, declaring a new layout), join() and rejoin() must not stop
+    half-way, or a collective never starts here while the other ranks wait
+    for it.  On the main thread only (where Python runs signal handlers),
+    and only while a Python handler is SIGINT's (not SIG_IGN, SIG_DFL or a
+    native library's)."""
+
+    def __init__(self, later: bool = False) -> None:
+        self.later = later
+        self.old: Any = None
+        self.came: List[Any] = []
+
+    def __enter__(self) -> "_SigintHold":
+        if threading.current_thread() is not threading.main_thread() or _PY_SIGINT is None:
+            return self
+        old = signal.getsignal(signal.SIGINT)
+        if not callable(old) or _sigint_c_handler() != _PY_SIGINT:
+            return self
+        try:
+            signal.signal(signal.SIGINT, lambda signum, frame: self.came.append(frame))
+        except ValueError:      # not the main interpreter's main thread after all
+            return self
+        self.old = old
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+        if not self.later:
+            self.deliver()
+
+    def deliver(self) -> None:
+        """Runs the handler for a Ctrl-C that came during the hold, once."""
+        if self.came and self.old is not None:
+            frame, old = self.came[0], self.old
+            self.came, self.old = [], None
+            old(signal.SIGINT, frame)     # Python's default: KeyboardInterrupt
+
+
+def _sigint_held() -> _SigintHold:
+    """A _SigintHold that delivers at the end of its block."""
+    return _SigintHold()
+
+
+def _run_stage(op: _Op) -> _SigintHold:
     """Runs op's `then` (its C operation is done): op.c_handle becomes the
-    stage's, or op is done (failed: op.error).  A Ctrl-C meanwhile comes
-    once that is on record (_sigint_held).  Caller holds _stage_lock."""
-    step, op.then, op.ready = op.then, None, False
-    assert step is not None
-    with _sigint_held():
+    stage's, or op is done (failed: op.error).  A Ctrl-C meanwhile is held
+    until that is on record; the caller delivers it (the hold returned)
+    once it has let go of _stage_lock, which it holds here."""
+    hold = _SigintHold(later=True)
+    with hold:
+        step, op.then, op.ready = op.then, None, False
+        assert step is not None
         try:
             c_handle = step(op)
         except BaseException as e:  # noqa: B902 (synchronize() raises it)
             op.error, op.done = e, True
             if not isinstance(e, Exception):
                 raise
-            return
+            return hold
         if c_handle is None:
             op.done = True
         else:
             op.c_handle = c_handle
     if c_handle is not None:
         _raise_kept()   # a Ctrl-C as the stage's operation started (off the main thread)
+    return hold
 
 
 def _stages_through(handle: int) -> None:
@@ -378,12 +414,15 @@ def _stages_through(handle: int) -> None:
             _step(op, True)
             if op.then is not None and op.gate is not None:
                 op.gate()
+        held: Optional[_SigintHold] = None
         with _stage_lock:
             if line and line[0] == first:
                 if op is not None and op.then is not None and op.ready:
-                    _run_stage(op)
+                    held = _run_stage(op)
                 if op is None or op.then is None:
                     line.pop(0)
+        if held is not None:
+            held.deliver()      # a Ctrl-C during the stage: the stage is on record
 
 
 def _settle_stages() -> None:

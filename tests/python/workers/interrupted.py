@@ -59,6 +59,7 @@ rejoin     (elastic) rank 0's wait of a push_pull and then its barrier
 Each rank prints "rank R: interrupted MODE ok".
 """
 
+import ctypes
 import signal
 import sys
 import time
@@ -230,8 +231,39 @@ def stage(rank, size):
     got = us.synchronize(h)
     if not torch.equal(got, want):
         raise SystemExit("rank %d: wrong allgather %s" % (rank, got.tolist()))
+    # Again, the SIGINT coming just before the hold begins (found in
+    # review: the stage was taken off the operation before that, and lost).
+    h = us.allgather_async(rows)
+    if rank == 0:
+        real_getsignal = signal.getsignal
+
+        def early(signum):
+            signal.getsignal = real_getsignal
+            signal.raise_signal(signal.SIGINT)
+            return real_getsignal(signum)
+        signal.getsignal = early
+        interrupted_once("the allgather's stage, as its hold began", lambda: us.synchronize(h))
+        if signal.getsignal is not real_getsignal:
+            raise SystemExit("rank 0: the stage's hold did not begin")
+    got = us.synchronize(h)
+    if not torch.equal(got, want):
+        raise SystemExit("rank %d: wrong allgather %s" % (rank, got.tolist()))
     if not torch.equal(us.allgather(rows), want):
         raise SystemExit("rank %d: the next allgather is wrong" % rank)
+    # A handler a native library installed (here: SIGINT ignored, set
+    # through libc) is not replaced by a stage's hold.
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.signal(signal.SIGINT, 1)           # SIG_IGN
+    if not torch.equal(us.allgather(rows), want):
+        raise SystemExit("rank %d: the allgather with SIGINT ignored is wrong" % rank)
+    try:
+        signal.raise_signal(signal.SIGINT)
+        time.sleep(0.01)
+    except KeyboardInterrupt:
+        raise SystemExit("rank %d: SIGINT, ignored from C, raised after a stage" % rank)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def join(rank, size):
