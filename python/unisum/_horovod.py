@@ -601,7 +601,7 @@ def _records(tensor: torch.Tensor, what: str, grp: _Group, lead: List[int],
     return rec
 
 
-def _agreed(recs_tensor: torch.Tensor, what: str, at: int,
+def _agreed(recs_tensor: torch.Tensor, what: str, at: int, grp: _Group,
             refused: Optional[Exception] = None) -> List[List[int]]:
     """The exchanged table's rows, after checking (on every rank alike) that
     no rank refused its input (this rank raises its own `refused`, the
@@ -615,20 +615,21 @@ def _agreed(recs_tensor: torch.Tensor, what: str, at: int,
         if recs[q][at] < 0:
             raise HorovodInternalError(
                 "unisum.torch: %s: rank %d's input was refused (it raised its own error: see its "
-                "log), so this %s fails on every rank" % (what, q, what))
+                "log), so this %s fails on every rank" % (what, grp.ranks[q], what))
     for q in range(len(recs)):
         if recs[q][at] == 0:     # no dimensions: its zeros came from join()
             raise HorovodInternalError(
                 "unisum.torch: %s: rank %d has joined (join()), and until every rank has, a "
-                "gathering collective cannot run: it needs every rank's data" % (what, q))
+                "gathering collective cannot run: it needs every rank's data" % (what, grp.ranks[q]))
     for q in range(len(recs)):
         if recs[q][at:] != recs[0][at:]:
             a, b = recs[0][at:], recs[q][at:]
             raise HorovodInternalError(
-                "unisum.torch: %s: rank 0 has a %d-dimensional tensor of dtype code %d and "
+                "unisum.torch: %s: rank %d has a %d-dimensional tensor of dtype code %d and "
                 "trailing dimensions %s, rank %d one of %d dimensions, dtype code %d, trailing "
                 "%s: every rank must pass the same dtype and dimensions but the first" %
-                (what, a[0], a[1], a[2:1 + a[0]], q, b[0], b[1], b[2:1 + b[0]]))
+                (what, grp.ranks[0], a[0], a[1], a[2:1 + a[0]], grp.ranks[q], b[0], b[1],
+                 b[2:1 + b[0]]))
     return recs
 
 
@@ -1144,7 +1145,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
         speculated = bool(op.output[:, 1].any())
         try:
-            rows = [rec[0] for rec in _agreed(op.output, "allgather", 2, refused)]
+            rows = [rec[0] for rec in _agreed(op.output, "allgather", 2, grp, refused)]
         except Exception:
             if speculated:
                 unspeculate()
@@ -1211,7 +1212,7 @@ class _AllgatherFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str],
                 process_set: Any) -> torch.Tensor:
-        ctx.dim, ctx.process_set = tensor.shape[0], process_set
+        ctx.dim, ctx.process_set = tensor.shape[0] if tensor.dim() else 0, process_set
         return _t.synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
@@ -1236,8 +1237,9 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None,
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                       process_set: Optional[ProcessSet] = None) -> List[torch.Tensor]:
     """allgather of each tensor of the list; returns the results in order."""
-    return [allgather(t, None if name is None else "%s.%d" % (name, i), process_set)
-            for i, t in enumerate(tensors)]
+    return _every([lambda i=i, t=t: allgather(t, None if name is None else "%s.%d" % (name, i),
+                                              process_set)
+                   for i, t in enumerate(tensors)])
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
@@ -1379,14 +1381,38 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] =
                           postscale_factor: float = 1.0) -> List[torch.Tensor]:
     """reducescatter of each tensor of the list, all in flight at once
     (one after the other, differentiable, when some tensor needs a grad)."""
+    def named(i: int) -> Optional[str]:
+        return None if name is None else "%s.%d" % (name, i)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return [reducescatter(t, None if name is None else "%s.%d" % (name, i), None, op,
-                              process_set, prescale_factor, postscale_factor)
-                for i, t in enumerate(tensors)]
-    handles = [reducescatter_async(t, None if name is None else "%s.%d" % (name, i), op,
-                                   process_set, prescale_factor, postscale_factor)
-               for i, t in enumerate(tensors)]
-    return [_t.synchronize(h) for h in handles]
+        return _every([lambda i=i, t=t: reducescatter(t, named(i), None, op, process_set,
+                                                       prescale_factor, postscale_factor)
+                       for i, t in enumerate(tensors)])
+    handles: List[int] = []
+    failed: Optional[Exception] = None
+    for i, t in enumerate(tensors):
+        try:
+            handles.append(reducescatter_async(t, named(i), op, process_set,
+                                               prescale_factor, postscale_factor))
+        except Exception as e:  # noqa: B902 (raised once the others are ended)
+            failed = failed or e
+    return _every([lambda h=h: _t.synchronize(h) for h in handles], failed)
+
+
+def _every(calls: List[Callable[[], Any]], failed: Optional[Exception] = None) -> List[Any]:
+    """Runs every call of a grouped collective, also after one raised: the
+    other ranks run every one (each a call number of its kind), so
+    skipping the rest would pair this rank's next calls with their earlier
+    ones.  Then raises `failed` (an earlier error of the group), or the
+    first exception; else returns the results."""
+    out: List[Any] = []
+    for call in calls:
+        try:
+            out.append(call())
+        except Exception as e:  # noqa: B902 (raised below)
+            failed = failed or e
+    if failed is not None:
+        raise failed
+    return out
 
 
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
@@ -1417,7 +1443,11 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
                                  "%d, does not divide by size() = %d" % (rows, n))
             mine = [rows // n] * n
         else:
-            got = [int(v) for v in torch.as_tensor(splits).flatten().tolist()]
+            try:
+                got = [int(v) for v in torch.as_tensor(splits).flatten().tolist()]
+            except (RuntimeError, TypeError, ValueError) as e:
+                raise ValueError("unisum.torch: alltoall: splits %r are not a list of counts: %s"
+                                 % (splits, e)) from None
             if len(got) != n or min(got) < 0 or sum(got) != rows:
                 raise ValueError("unisum.torch: alltoall: splits %s must hold size() = %d "
                                  "non-negative counts that add up to the first dimension, %d"
@@ -1441,7 +1471,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     slot = _slot("alltoall", turn, _SLOTS) if grp.pset == 0 else None
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
-        sent = _agreed(op.output, "alltoall", n, refused)   # sent[q][j]: q's rows for j
+        sent = _agreed(op.output, "alltoall", n, grp, refused)   # sent[q][j]: q's rows for j
         trailing = list(src.shape[1:])
         per_row = math.prod(trailing)
         send = _widened(src)

@@ -353,54 +353,81 @@ def repeated_layouts(r, n):
 
 
 def refused_on_one_rank(r, n):
-    """The last rank's own input is refused (a tensor of no dimensions, a
-    complex dtype; alltoall splits that do not add up) while the others'
-    is fine: every rank's call fails within 5 s, the last rank's with its
-    own error, the others' with HorovodInternalError naming it, and the
-    next calls stay paired (before, the last rank raised alone as it
-    called, and its next call met the others' refused one)."""
+    """The last rank's own input is refused while the others' is fine: a
+    tensor of no dimensions (also one that requires grad), a complex
+    dtype, alltoall splits that do not add up or are not counts, a
+    refused element of a grouped_reducescatter, an allgather in a process
+    set.  Every rank's call fails within 5 s, the last rank's with its own
+    error, the others' naming it (by its global rank), and the next calls
+    stay paired (before, the last rank raised alone as it called, and its
+    next call met the others' refused one: an allgather returned the
+    wrong call's rows, a reducescatter summed two calls' tensors)."""
     last = n - 1
     rows = torch.full((2, 3), float(r))
     want = torch.cat([torch.full((2, 3), float(q)) for q in range(n)])
-    for bad in (torch.tensor(5.0), rows.to(torch.complex64)):
-        for run in ("allgather", "alltoall"):
-            x = bad if r == last else rows if run == "allgather" else torch.ones(n, 3)
-            splits = [1] * n if run == "alltoall" else None
-            if run == "alltoall" and r == last and bad.dim() == 0:
-                x, splits = torch.ones(n, 3), [2] * n      # splits that do not add up
-            t0 = time.monotonic()
-            try:
-                if run == "allgather":
-                    hvd.allgather(x)
-                else:
-                    hvd.alltoall(x, splits)
-            except (ValueError, TypeError) as e:
-                assert r == last, "rank %d: %s: %r" % (r, run, e)
-            except hvd.HorovodInternalError as e:
-                assert r != last and "rank %d" % last in str(e), "rank %d: %s: %r" % (r, run, e)
-            else:
-                raise AssertionError("rank %d: a refused %s did not raise" % (r, run))
-            assert time.monotonic() - t0 < 5, "rank %d: %s took %.1f s" % (
-                r, run, time.monotonic() - t0)
-            expect("allgather after a refused %s" % run, hvd.allgather(rows), want)
-    # reducescatter: no exchange; the refused rank's declaration of that
-    # call's tensor makes the scheduler refuse it on every rank.
-    for bad in (torch.tensor(5.0), torch.ones(n, 2).to(torch.int8)):
-        x = bad if r == last else torch.ones(n, 2)
+
+    def fails(what, call, named="rank %d" % last):
         t0 = time.monotonic()
         try:
-            hvd.reducescatter(x, op=hvd.Sum)
+            call()
         except (ValueError, TypeError) as e:
-            assert r == last, "rank %d: reducescatter: %r" % (r, e)
+            assert r == last, "rank %d: %s: %r" % (r, what, e)
         except hvd.HorovodInternalError as e:
-            assert r != last and "worker %d" % last in str(e), "rank %d: %r" % (r, e)
+            assert r != last and named in str(e), "rank %d: %s: %r" % (r, what, e)
         else:
-            raise AssertionError("rank %d: a refused reducescatter did not raise" % r)
-        assert time.monotonic() - t0 < 5, "rank %d: reducescatter took %.1f s" % (
-            r, time.monotonic() - t0)
+            raise AssertionError("rank %d: a refused %s did not raise" % (r, what))
+        took = time.monotonic() - t0
+        assert took < 5, "rank %d: %s took %.1f s" % (r, what, took)
+
+    fine = torch.ones(n, 3)
+    cases = [
+        ("allgather of a 0-d tensor", lambda: hvd.allgather(torch.tensor(5.0) if r == last else rows)),
+        ("allgather of complex rows",
+         lambda: hvd.allgather(rows.to(torch.complex64) if r == last else rows)),
+        ("allgather of a 0-d tensor that requires grad",
+         lambda: hvd.allgather(torch.tensor(5.0, requires_grad=True) if r == last
+                               else rows.clone().requires_grad_())),
+        ("alltoall of a 0-d tensor", lambda: hvd.alltoall(torch.tensor(5.0) if r == last else fine)),
+        ("alltoall of complex rows",
+         lambda: hvd.alltoall(fine.to(torch.complex64) if r == last else fine, [1] * n)),
+        ("alltoall with splits that do not add up",
+         lambda: hvd.alltoall(fine, [2] * n if r == last else [1] * n)),
+        ("alltoall with splits that are not counts",
+         lambda: hvd.alltoall(fine, [1, None] + [1] * (n - 2) if r == last else [1] * n)),
+    ]
+    for what, call in cases:
+        fails(what, call)
+        expect("allgather after a refused %s" % what, hvd.allgather(rows), want)
+    # reducescatter: no exchange; the refused rank's declaration of that
+    # call's tensor makes the scheduler refuse it on every rank.
+    rs_want = torch.full((1, 2), float(n * (n + 1) // 2))
+    for bad in (torch.tensor(5.0), torch.ones(n, 2).to(torch.int8)):
+        fails("reducescatter", lambda: hvd.reducescatter(bad if r == last else torch.ones(n, 2),
+                                                         op=hvd.Sum), "worker %d" % last)
         expect("reducescatter after a refused one",
-               hvd.reducescatter(torch.full((n, 2), float(r + 1)), op=hvd.Sum),
-               torch.full((1, 2), float(n * (n + 1) // 2)))
+               hvd.reducescatter(torch.full((n, 2), float(r + 1)), op=hvd.Sum), rs_want)
+    # A grouped_reducescatter runs every element, also after a refused one.
+    group = [torch.ones(n, 2), torch.tensor(5.0) if r == last else torch.ones(n, 2),
+             torch.full((n, 2), 7.0)]
+    if r == last:
+        time.sleep(0.3)     # the others' whole group is in flight by then
+    fails("grouped_reducescatter", lambda: hvd.grouped_reducescatter(group, op=hvd.Sum),
+          "worker %d" % last)
+    for i in range(3):
+        expect("reducescatter %d after a refused grouped one" % i,
+               hvd.reducescatter(torch.full((n, 2), float(10 * i + r + 1)), op=hvd.Sum),
+               torch.full((1, 2), float(10 * i * n + n * (n + 1) // 2)))
+    if n >= 3:
+        # In a process set of the first and the last rank: the last is
+        # named by its rank in the job.
+        pair = hvd.add_process_set([0, last])
+        if r in (0, last):
+            fails("allgather in a process set",
+                  lambda: hvd.allgather(torch.tensor(5.0) if r == last else rows,
+                                        process_set=pair))
+            expect("allgather in a process set after a refused one",
+                   hvd.allgather(rows, process_set=pair), torch.cat([want[:2], want[-2:]]))
+        hvd.remove_process_set(pair)
 
 
 def more(r, n):
