@@ -1444,10 +1444,14 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
             mine = [rows // n] * n
         else:
             try:
-                got = [int(v) for v in torch.as_tensor(splits).flatten().tolist()]
-            except (RuntimeError, TypeError, ValueError) as e:
+                given = torch.as_tensor(splits).flatten()
+            except (RuntimeError, TypeError, ValueError, OverflowError) as e:
                 raise ValueError("unisum.torch: alltoall: splits %r are not a list of counts: %s"
                                  % (splits, e)) from None
+            if given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
+                raise ValueError("unisum.torch: alltoall: splits must be integers (as Horovod's "
+                                 "int32 splits), not %s" % given.dtype)
+            got = [int(v) for v in given.tolist()]
             if len(got) != n or min(got) < 0 or sum(got) != rows:
                 raise ValueError("unisum.torch: alltoall: splits %s must hold size() = %d "
                                  "non-negative counts that add up to the first dimension, %d"

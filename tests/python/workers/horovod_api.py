@@ -394,6 +394,9 @@ def refused_on_one_rank(r, n):
          lambda: hvd.alltoall(fine, [2] * n if r == last else [1] * n)),
         ("alltoall with splits that are not counts",
          lambda: hvd.alltoall(fine, [1, None] + [1] * (n - 2) if r == last else [1] * n)),
+        ("alltoall with float splits",
+         lambda: hvd.alltoall(fine, torch.tensor([float("inf")] + [1.0] * (n - 1)) if r == last
+                              else [1] * n)),
     ]
     for what, call in cases:
         fails(what, call)
