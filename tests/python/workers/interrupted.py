@@ -293,6 +293,12 @@ def join(rank, size):
 
 
 def rejoin(rank):
+    # A DistributedOptimizer whose gradients' push_pulls are in flight
+    # (backward ran, step did not): rejoin() must forget them.
+    model = torch.nn.Linear(4, 1, bias=False)
+    opt = us.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters())
+    model(torch.ones(2, 4)).sum().backward()
     t = torch.full((N,), float(rank + 1))
     h = us.push_pull_async(t, average=False, name="before")
     if rank == 0:
@@ -302,12 +308,32 @@ def rejoin(rank):
         undo = interrupting_end("unisum_barrier_timeout_into")
         interrupted_once("the barrier", us.barrier)
         undo()
+        # rejoin() itself, a SIGINT while it blocked in the C library: it
+        # comes once rejoin() has done all of its work.
+        real = _capi.lib.unisum_rejoin
+
+        def signalled():
+            _capi.lib.unisum_rejoin = real
+            rc = real()
+            signal.raise_signal(signal.SIGINT)
+            return rc
+        _capi.lib.unisum_rejoin = signalled
+        interrupted_once("rejoin()", us.rejoin)
+        if opt._handles:
+            raise SystemExit("rank 0: an interrupted rejoin() left the optimizer's handles of "
+                             "the ended membership")
     else:
         us.synchronize(h)
         us.barrier()
-    us.rejoin()                         # neither is called again
+        us.rejoin()                     # neither is called again
     rank, size = us.rank(), us.size()
     us.barrier()
+    # A step of the new membership: every rank's gradient is 4 x ones.
+    opt.zero_grad()
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    if not torch.equal(model.weight.grad, torch.full((1, 4), 2.0)):
+        raise SystemExit("rank %d: gradient after rejoin() %s" % (rank, model.weight.grad.tolist()))
     for i in range(3):
         got = us.push_pull(torch.full((N,), float(i + 1)), average=False, name="after%d" % i)
         if not torch.equal(got, torch.full((N,), float((i + 1) * size))):
