@@ -1443,14 +1443,17 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
                                  "%d, does not divide by size() = %d" % (rows, n))
             mine = [rows // n] * n
         else:
+            # As Horovod: other than a tensor, converted to int32 (floats
+            # truncated); a tensor must hold integers.
             try:
-                given = torch.as_tensor(splits).flatten()
+                given = (splits if isinstance(splits, torch.Tensor)
+                         else torch.tensor(splits, dtype=torch.int32)).flatten()
             except (RuntimeError, TypeError, ValueError, OverflowError) as e:
                 raise ValueError("unisum.torch: alltoall: splits %r are not a list of counts: %s"
                                  % (splits, e)) from None
             if given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
-                raise ValueError("unisum.torch: alltoall: splits must be integers (as Horovod's "
-                                 "int32 splits), not %s" % given.dtype)
+                raise ValueError("unisum.torch: alltoall: a splits tensor must hold integers (as "
+                                 "Horovod's int32 splits), not %s" % given.dtype)
             got = [int(v) for v in given.tolist()]
             if len(got) != n or min(got) < 0 or sum(got) != rows:
                 raise ValueError("unisum.torch: alltoall: splits %s must hold size() = %d "

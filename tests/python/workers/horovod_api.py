@@ -182,6 +182,10 @@ def main():
     got, recv = hvd.alltoall(sent, splits=torch.tensor([j + 1 for j in range(n)]))
     expect("alltoall", got, torch.cat([torch.full((r + 1, 2), 10 * q + r) for q in range(n)]))
     expect("alltoall's received splits", recv, torch.full((n,), r + 1, dtype=torch.int32))
+    # Splits other than a tensor go to int32 as in Horovod: floats truncated.
+    got, _ = hvd.alltoall(sent, splits=[j + 1.5 for j in range(n)])
+    expect("alltoall, splits as a list of floats", got,
+           torch.cat([torch.full((r + 1, 2), 10 * q + r) for q in range(n)]))
     expect("alltoall, even split", hvd.alltoall(torch.arange(2 * n) + 100 * r),
            torch.tensor([100 * q + 2 * r + i for q in range(n) for i in range(2)]))
     x = torch.ones(n, requires_grad=True)
@@ -394,9 +398,11 @@ def refused_on_one_rank(r, n):
          lambda: hvd.alltoall(fine, [2] * n if r == last else [1] * n)),
         ("alltoall with splits that are not counts",
          lambda: hvd.alltoall(fine, [1, None] + [1] * (n - 2) if r == last else [1] * n)),
-        ("alltoall with float splits",
+        ("alltoall with a float splits tensor",
          lambda: hvd.alltoall(fine, torch.tensor([float("inf")] + [1.0] * (n - 1)) if r == last
                               else [1] * n)),
+        ("alltoall with a split of inf",
+         lambda: hvd.alltoall(fine, [float("inf")] + [1.0] * (n - 1) if r == last else [1] * n)),
     ]
     for what, call in cases:
         fails(what, call)
