@@ -357,7 +357,14 @@ class _SigintHold:
 
     def __exit__(self, *exc: Any) -> None:
         if self.old is not None:
-            signal.signal(signal.SIGINT, self.old)
+            try:
+                signal.signal(signal.SIGINT, self.old)
+            finally:
+                # signal.signal() first runs the handlers of signals that
+                # came; one that raised (SIGALRM's timeout, say) left the
+                # hold's in place, which would swallow every Ctrl-C after.
+                if signal.getsignal(signal.SIGINT) is not self.old:
+                    signal.signal(signal.SIGINT, self.old)
         if not self.later:
             self.deliver()
 
