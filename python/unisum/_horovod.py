@@ -582,18 +582,18 @@ def _refusal(check: Callable[[], None]) -> Optional[Exception]:
     return None
 
 
-def _records(tensor: torch.Tensor, what: str, grp: _Group, lead: List[int],
+def _records(tensor: torch.Tensor, grp: _Group, lead: List[int],
              refused: Optional[Exception] = None) -> torch.Tensor:
     """The table a gathering collective's exchange sums: a row per rank,
     this rank's holding `lead` (allgather: its rows; alltoall: its splits)
     then its tensor's dimensions, dtype and trailing dimensions, which
     _agreed checks alike on every rank, as Horovod's coordinator does.
-    A `refused` call's row says only that (-1 dimensions)."""
+    The caller has checked the tensor (_refusal of _record_check): a
+    `refused` call's row says only that (-1 dimensions)."""
     width = len(lead) + _RECORD - 1
     if refused is not None:
         row = [0] * len(lead) + [-1]
     else:
-        _record_check(tensor, what)
         dims = list(tensor.shape)
         row = lead + [len(dims), _DTYPE_CODES[tensor.dtype]] + dims[1:]
     rec = torch.zeros(grp.n, width, dtype=torch.int64)
@@ -1117,7 +1117,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
             slot = _slot("allgather", turn, _SLOTS)
             bet = refused is None and _may_speculate(slot)
         # Its rows, then whether it speculates.
-        table = _records(src, "allgather", grp,
+        table = _records(src, grp,
                          [src.shape[0] if src.dim() else 0, int(bet)], refused)
         first, turn = _exchange_start(table, grp, "allgather")
     except BaseException:
@@ -1466,7 +1466,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     # they are in), with its dimensions and dtype, checked alike on every
     # rank before the rows move.
     src = tensor.detach().contiguous()
-    table = _records(src, "alltoall", grp, mine, refused)
+    table = _records(src, grp, mine, refused)
     release = _claim_name(name, "alltoall")
     try:
         first, turn = _exchange_start(table, grp, "alltoall")
@@ -1676,7 +1676,7 @@ def join(device: int = -1) -> int:
     # unisum_join blocks until every worker has joined (a Ctrl-C cannot
     # stop it), and what follows it must all run: a Ctrl-C comes after,
     # and the next join() returns this one's answer.
-    with _t._sigint_held():
+    with _t._SigintHold():
         last = _capi.check(_capi.lib.unisum_join(), "unisum.torch.join")
         # A joined worker ran none of the others' unnamed collectives: every
         # worker takes the largest counts, so the next names and slots agree.

@@ -376,11 +376,6 @@ class _SigintHold:
             old(signal.SIGINT, frame)     # Python's default: KeyboardInterrupt
 
 
-def _sigint_held() -> _SigintHold:
-    """A _SigintHold that delivers at the end of its block."""
-    return _SigintHold()
-
-
 def _run_stage(op: _Op) -> _SigintHold:
     """Runs op's `then` (its C operation is done): op.c_handle becomes the
     stage's, or op is done (failed: op.error).  A Ctrl-C meanwhile is held
@@ -652,7 +647,7 @@ def rejoin() -> None:
     _require_init()
     # unisum_rejoin blocks until the job has re-formed (a Ctrl-C cannot
     # stop it), and what follows it must all run: a Ctrl-C comes after.
-    with _sigint_held():
+    with _SigintHold():
         _rejoin()
 
 
