@@ -133,40 +133,42 @@ def allgather(rank, size):
         raise SystemExit("rank %d: the next allgather is wrong" % rank)
 
 
-def interrupting_wait():
-    """Wraps unisum_poll_timeout_into (every wait's) so that its next call
-    that finds the operation still in flight raises KeyboardInterrupt (a
-    Ctrl-C during the wait); returns the function that undoes it."""
-    name = "unisum_poll_timeout_into"
-    real = getattr(_capi.lib, name)
-
-    def wrapped(*args):
-        rc = real(*args)
-        if rc == 0:
-            setattr(_capi.lib, name, real)
-            raise KeyboardInterrupt
-        return rc
-
-    setattr(_capi.lib, name, wrapped)
-    return lambda: setattr(_capi.lib, name, real)
-
-
-def interrupting_end(name):
+def interrupting_answer(name, ended):
     """Wraps the C function `name` (a wait that writes its answer into its
     last argument) so that its next call that ends the wait (a non-zero
-    answer) raises KeyboardInterrupt once the real call has returned;
-    returns the function that undoes it."""
+    answer; with `ended` False, one that finds the operation still in
+    flight) raises KeyboardInterrupt once the real call has returned, as a
+    Ctrl-C then does; returns the function that undoes it."""
     real = getattr(_capi.lib, name)
 
     def wrapped(*args):
         rc = real(*args)
-        if rc != 0:
+        if (rc != 0) == ended:
             setattr(_capi.lib, name, real)
             raise KeyboardInterrupt
         return rc
 
     setattr(_capi.lib, name, wrapped)
     return lambda: setattr(_capi.lib, name, real)
+
+
+def signalling(owner, name, after=False):
+    """Wraps owner.name so that its next call gets a real SIGINT, before
+    the real call (after it, with `after`: one that came while it
+    blocked); returns whether that call has happened."""
+    real = getattr(owner, name)
+
+    def wrapped(*args):
+        setattr(owner, name, real)
+        if not after:
+            signal.raise_signal(signal.SIGINT)
+        got = real(*args)
+        if after:
+            signal.raise_signal(signal.SIGINT)
+        return got
+
+    setattr(owner, name, wrapped)
+    return lambda: getattr(owner, name) is real
 
 
 def interrupted_once(what, call):
@@ -182,7 +184,7 @@ def completed(rank, size):
     t = torch.full((N,), float(rank + 1))
     h = us.push_pull_async(t, average=False, name="completed")
     if rank == 0:
-        undo = interrupting_end("unisum_poll_timeout_into")
+        undo = interrupting_answer("unisum_poll_timeout_into", True)
         interrupted_once("the push_pull's wait", lambda: us.synchronize(h))
         undo()
     got = us.synchronize(h)
@@ -193,7 +195,7 @@ def completed(rank, size):
     want = torch.cat([torch.full((3, 2), float(q + 1)) for q in range(size)])
     h = us.allgather_async(rows)
     if rank == 0:
-        undo = interrupting_end("unisum_poll_timeout_into")
+        undo = interrupting_answer("unisum_poll_timeout_into", True)
         interrupted_once("the allgather's wait", lambda: us.synchronize(h))
         undo()
     got = us.synchronize(h)
@@ -201,7 +203,7 @@ def completed(rank, size):
         raise SystemExit("rank %d: wrong allgather %s" % (rank, got.tolist()))
 
     if rank == 0:
-        undo = interrupting_end("unisum_barrier_timeout_into")
+        undo = interrupting_answer("unisum_barrier_timeout_into", True)
         interrupted_once("the barrier", us.barrier)
         undo()
     us.barrier()        # rank 0: the same barrier, ended already
@@ -218,15 +220,9 @@ def stage(rank, size):
     want = torch.cat([torch.full((2, 3), float(q + 1)) for q in range(size)])
     h = us.allgather_async(rows)
     if rank == 0:
-        real = _horovod._agreed
-
-        def signalled(*args):
-            _horovod._agreed = real
-            signal.raise_signal(signal.SIGINT)
-            return real(*args)
-        _horovod._agreed = signalled
+        ran = signalling(_horovod, "_agreed")
         interrupted_once("the allgather's stage", lambda: us.synchronize(h))
-        if _horovod._agreed is not real:
+        if not ran():
             raise SystemExit("rank 0: the stage did not run")
     got = us.synchronize(h)
     if not torch.equal(got, want):
@@ -235,15 +231,9 @@ def stage(rank, size):
     # review: the stage was taken off the operation before that, and lost).
     h = us.allgather_async(rows)
     if rank == 0:
-        real_getsignal = signal.getsignal
-
-        def early(signum):
-            signal.getsignal = real_getsignal
-            signal.raise_signal(signal.SIGINT)
-            return real_getsignal(signum)
-        signal.getsignal = early
+        ran = signalling(signal, "getsignal")
         interrupted_once("the allgather's stage, as its hold began", lambda: us.synchronize(h))
-        if signal.getsignal is not real_getsignal:
+        if not ran():
             raise SystemExit("rank 0: the stage's hold did not begin")
     got = us.synchronize(h)
     if not torch.equal(got, want):
@@ -269,14 +259,7 @@ def stage(rank, size):
 def join(rank, size):
     want = float(size * (size + 1) // 2)
     if rank == 0:
-        real = _capi.lib.unisum_join
-
-        def signalled():
-            _capi.lib.unisum_join = real
-            last = real()
-            signal.raise_signal(signal.SIGINT)     # a Ctrl-C while it blocked
-            return last
-        _capi.lib.unisum_join = signalled
+        signalling(_capi.lib, "unisum_join", after=True)     # a Ctrl-C while it blocked
         interrupted_once("join()", us.join)
         last = us.join()
     else:
@@ -302,22 +285,15 @@ def rejoin(rank):
     t = torch.full((N,), float(rank + 1))
     h = us.push_pull_async(t, average=False, name="before")
     if rank == 0:
-        undo = interrupting_end("unisum_poll_timeout_into")
+        undo = interrupting_answer("unisum_poll_timeout_into", True)
         interrupted_once("the push_pull's wait", lambda: us.synchronize(h))
         undo()
-        undo = interrupting_end("unisum_barrier_timeout_into")
+        undo = interrupting_answer("unisum_barrier_timeout_into", True)
         interrupted_once("the barrier", us.barrier)
         undo()
         # rejoin() itself, a SIGINT while it blocked in the C library: it
         # comes once rejoin() has done all of its work.
-        real = _capi.lib.unisum_rejoin
-
-        def signalled():
-            _capi.lib.unisum_rejoin = real
-            rc = real()
-            signal.raise_signal(signal.SIGINT)
-            return rc
-        _capi.lib.unisum_rejoin = signalled
+        signalling(_capi.lib, "unisum_rejoin", after=True)
         interrupted_once("rejoin()", us.rejoin)
         if opt._handles:
             raise SystemExit("rank 0: an interrupted rejoin() left the optimizer's handles of "
@@ -355,7 +331,7 @@ def speculated(rank):
         h = us.allgather_async(rows(8, 3))
         if us.local_size() == 1 and _horovod._spec_counts["started"] != before + 1:
             raise SystemExit("rank 0: call 8 did not speculate")
-        undo = interrupting_wait()
+        undo = interrupting_answer("unisum_poll_timeout_into", False)
     else:
         h6 = us.allgather_async(rows(6))
         us.synchronize(us.allgather_async(rows(7)))
