@@ -298,6 +298,22 @@ int unisum_allgather_async(int tensor, const void *in, void *out, const uint64_t
 			   unisum_handle *h);
 int unisum_allgather(int tensor, const void *in, void *out, const uint64_t *counts);
 
+/* unisum_allgather_async in two steps, for a caller that knows the next
+ * call's layout before it has its rows (a training loop gathering a
+ * tensor of the same shape every step): begin sends this machine's pulls
+ * of the other ranks' rows now, so those arrive as soon as their ranks
+ * push them, even before this rank has its own; supply then copies this
+ * rank's counts[rank] elements from `in` (NULL when there are none) into
+ * their place in `out` and pushes them.  Until supplied the operation cannot complete (waiting on
+ * it fails with UNISUM_EINVAL instead of blocking for ever); every rank
+ * must supply (or call unisum_allgather_async) for any to complete.
+ * unisum_join and unisum_shutdown supply nothing for the operations
+ * begun and not supplied: their rows stay as they were in `out`, the
+ * others receive zeros.  With one worker a machine only
+ * (UNISUM_EINVAL otherwise). */
+int unisum_allgather_begin(int tensor, void *out, const uint64_t *counts, unisum_handle *h);
+int unisum_allgather_supply(unisum_handle h, const void *in);
+
 /* Sums `in` (the declared count) over all workers and leaves in `out` only
  * this rank's slice: counts[r] elements for rank r, the slices in rank
  * order.  Each machine pulls only its ranks' slices.  flags: 0 or

@@ -301,6 +301,16 @@ int unisum_allgather_async(int tensor, const void *in, void *out, const uint64_t
 	return worker_allgather_async(api(), tensor, in, out, counts, h);
 }
 
+int unisum_allgather_begin(int tensor, void *out, const uint64_t *counts, unisum_handle *h)
+{
+	return worker_allgather_begin(api(), tensor, out, counts, h);
+}
+
+int unisum_allgather_supply(unisum_handle h, const void *in)
+{
+	return worker_allgather_supply(api(), h, in);
+}
+
 int unisum_allgather(int tensor, const void *in, void *out, const uint64_t *counts)
 {
 	unisum_handle h;

@@ -214,6 +214,12 @@ static void wk_job_finish(struct wk_job *j, int err, const char *why)
 		if (released_now)
 			trace_span(TRACE_INFLIGHT, ti, 0, step, 0, inflight, 0, now, now);
 	}
+	if (j->nothing) {	/* failed before its acknowledgement */
+		j->nothing = false;
+		pthread_mutex_lock(&w->lock);
+		wk_nothing_pushed(w, op);
+		pthread_mutex_unlock(&w->lock);
+	}
 	if (op->local != NULL)
 		local_pulled(op->local, j->part, err, why);
 	else
@@ -559,11 +565,20 @@ static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg
 		j->credit_back = true;
 		j->repushed = false;
 	}
+	bool nothing = ok && j->nothing;
+	struct wk_op *nothing_op = nothing ? j->op : NULL;	/* in flight: its SKIP reply comes later */
+	if (nothing)
+		j->nothing = false;
 	size_t bytes = release ? j->entry.bytes : 0;
 	bool traced = ok && j->op->traced;
 	uint32_t step = ok ? j->op->round : 0;
 	int64_t sent = ok ? j->t_sent_us : 0;
 	pthread_mutex_unlock(&c->lock);
+	if (nothing_op != NULL) {
+		pthread_mutex_lock(&w->lock);
+		wk_nothing_pushed(w, nothing_op);
+		pthread_mutex_unlock(&w->lock);
+	}
 	if (!ok) {
 		snprintf(msg, len, "%s acknowledged a push of key 0x%llx round %u that this worker did "
 			 "not make", c->label, (unsigned long long)h->key, h->round);

@@ -454,6 +454,14 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 					     .in = push ? src : NULL, .out = dst, .divisor = divisor,
 					     .skip_pull = !pull, .wire_op = op->wire_op, .cs = cs, .op = op,
 					     .t_queued = op->t_start};
+			if (op->deferred && push) {
+				/* This rank's rows come later (worker_allgather_supply). */
+				pthread_mutex_lock(&w->lock);
+				j->next = op->held;
+				op->held = j;
+				pthread_mutex_unlock(&w->lock);
+				continue;
+			}
 			rc = sched_push(&w->push_q, &j->entry);
 		} else {
 			rc = UNISUM_ENOMEM;

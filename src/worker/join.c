@@ -369,8 +369,14 @@ int worker_join_wait(struct worker *w)
 		return log_fail(UNISUM_EINVAL, "unisum_join: worker %d is in unisum_join already",
 				w->rank);
 	}
-	/* Its own operations first (see DESIGN). */
-	while (wk_first_undone(w) < w->nops && w->failed == 0) {
+	/* Its own operations first (see DESIGN).  Those begun without their
+	 * rows get none (unisum_allgather_begin), and are not waited for: the
+	 * others' rows of that round come with the others' next call or
+	 * their join, while they may wait for this worker's join first. */
+	pthread_mutex_unlock(&w->lock);
+	wk_supply_nothing(w);
+	pthread_mutex_lock(&w->lock);
+	while (wk_busy_but_nothing(w, false) && w->failed == 0) {
 		struct timespec until = timing_deadline(100);
 		pthread_cond_timedwait(&w->done_cond, &w->lock, &until);
 	}

@@ -250,6 +250,11 @@ static void wk_op_free_owned(const struct wk_op *op)
 
 static void wk_op_free(struct wk_op *op)
 {
+	while (op->held != NULL) {	/* never supplied: its operation failed */
+		struct wk_job *j = op->held;
+		op->held = j->next;
+		free(j);
+	}
 	wk_op_free_owned(op);
 	free(op);
 }
@@ -421,14 +426,31 @@ int wk_first_undone(const struct worker *w)
 	return i;
 }
 
+bool wk_busy_but_nothing(const struct worker *w, bool pushed)
+{
+	for (int i = 0; i < w->nops; i++) {
+		const struct wk_op *op = w->ops[i];
+		if (!op->done && (!op->nothing || (pushed && op->nothing_unacked > 0)))
+			return true;
+	}
+	return false;
+}
+
+void wk_nothing_pushed(struct worker *w, struct wk_op *op)
+{
+	if (op->nothing_unacked > 0 && --op->nothing_unacked == 0)
+		pthread_cond_broadcast(&w->done_cond);
+}
+
 int worker_leave(struct worker *w)
 {
 	if (wk_require_init(w) != 0)
 		return UNISUM_ENOTINIT;
 	/* Operations the caller never waited on must finish before their
 	 * buffers' owner goes away. */
+	wk_supply_nothing(w);
 	pthread_mutex_lock(&w->lock);
-	while (wk_first_undone(w) < w->nops)
+	while (wk_busy_but_nothing(w, true))
 		pthread_cond_wait(&w->done_cond, &w->lock);
 	int failed = w->failed;
 	w->tune_stop = true;
@@ -1162,7 +1184,7 @@ static int wk_start(struct worker *w, int tensor, const struct wk_op *tmpl, unis
 	}
 	/* Only now: a refused call leaves `out` alone (it may be another
 	 * operation's, in flight). */
-	if (op->own_bytes > 0)
+	if (op->own_bytes > 0 && !op->deferred)
 		memmove(op->own_to, op->own_from, op->own_bytes);
 	if (announcing)
 		rdv_client_announce(w->rdv, &announce);
@@ -1699,15 +1721,24 @@ static struct wk_span *wk_one_span(uint64_t lo, uint64_t hi, int *n)
 	return sp;
 }
 
-int worker_allgather_async(struct worker *w, int tensor, const void *in, void *out,
-			   const uint64_t *counts, unisum_handle *h)
+static int wk_find_op(const struct worker *w, unisum_handle h);
+
+/* An allgather, or (`deferred`: unisum_allgather_begin, `in` NULL) one
+ * whose own rows come later (worker_allgather_supply). */
+static int wk_allgather(struct worker *w, int tensor, const void *in, void *out,
+			const uint64_t *counts, bool deferred, unisum_handle *h)
 {
 	uint64_t total;
 	size_t es;
-	int rc = wk_gather_args(w, tensor, in, out, counts, w != NULL ? (size_t)w->size : 0, h,
-				"unisum_allgather", &total, &es);
+	const char *what = deferred ? "unisum_allgather_begin" : "unisum_allgather";
+	int rc = wk_gather_args(w, tensor, deferred ? out : in, out, counts,
+				w != NULL ? (size_t)w->size : 0, h, what, &total, &es);
 	if (rc != 0)
 		return rc;
+	if (deferred && w->local)
+		return log_fail(UNISUM_EINVAL, "%s: runs with one worker a machine only (worker %d has "
+				"%d on its machine); use unisum_allgather_async", what, w->rank,
+				w->cfg.local_size);
 	int n = w->size, first, end;
 	wk_machine_ranks(w, &first, &end);
 	uint64_t lo = 0, mlo = 0, mhi = 0;
@@ -1716,7 +1747,7 @@ int worker_allgather_async(struct worker *w, int tensor, const void *in, void *o
 	if (!w->local) {
 		/* One worker per machine: this rank's rows go out from `in`,
 		 * every row comes straight into `out`. */
-		struct wk_op tmpl = {.in = in, .out = out,
+		struct wk_op tmpl = {.in = in, .out = out, .deferred = deferred,
 				     .wire_op = WIRE_OP(WIRE_OP_ALLGATHER,
 							wk_layout_hash(counts, (size_t)n))};
 		tmpl.direct = calloc((size_t)n, sizeof *tmpl.direct);
@@ -1773,6 +1804,99 @@ int worker_allgather_async(struct worker *w, int tensor, const void *in, void *o
 		return UNISUM_ENOMEM;
 	}
 	return wk_start(w, tensor, &tmpl, h);
+}
+
+int worker_allgather_async(struct worker *w, int tensor, const void *in, void *out,
+			   const uint64_t *counts, unisum_handle *h)
+{
+	return wk_allgather(w, tensor, in, out, counts, false, h);
+}
+
+int worker_allgather_begin(struct worker *w, int tensor, void *out, const uint64_t *counts,
+			   unisum_handle *h)
+{
+	return wk_allgather(w, tensor, NULL, out, counts, true, h);
+}
+
+/* Takes the held jobs of operation op, begun and not supplied, marking it
+ * supplied (w->lock held); NULL if it has none (a refused cut failed it). */
+static struct wk_job *wk_take_held(struct wk_op *op)
+{
+	struct wk_job *held = op->held;
+	op->held = NULL;
+	op->supplied = true;
+	return held;
+}
+
+/* Queues held jobs (from wk_take_held) on the PUSH stage. */
+static void wk_queue_held(struct worker *w, struct wk_op *op, struct wk_job *held)
+{
+	while (held != NULL) {
+		struct wk_job *j = held;
+		held = j->next;
+		j->next = NULL;
+		int rc = sched_push(&w->push_q, &j->entry);
+		if (rc != 0) {
+			free(j);
+			char why[512];
+			snprintf(why, sizeof why, "worker %d, tensor '%s': out of memory", w->rank,
+				 op->t->name);
+			wk_op_part_done(op, rc, why);
+		}
+	}
+}
+
+int worker_allgather_supply(struct worker *w, unisum_handle h, const void *in)
+{
+	if (wk_require_init(w) != 0)
+		return UNISUM_ENOTINIT;
+	pthread_mutex_lock(&w->lock);
+	int i = wk_find_op(w, h);
+	struct wk_op *op = i >= 0 ? w->ops[i] : NULL;
+	int rc = 0;
+	if (op == NULL || !op->deferred)
+		rc = log_fail(UNISUM_EINVAL, "unisum_allgather_supply: handle %lld is %s (worker %d)",
+			      (long long)h, op == NULL ? "unknown or already released" :
+			      "not an allgather begun with unisum_allgather_begin", w->rank);
+	else if (op->supplied)
+		rc = log_fail(UNISUM_EINVAL, "unisum_allgather_supply: handle %lld has its rows "
+			      "already (worker %d)", (long long)h, w->rank);
+	else if (in == NULL && op->own_bytes > 0)
+		rc = log_fail(UNISUM_EINVAL, "unisum_allgather_supply: in must not be NULL: this rank "
+			      "has %zu bytes of rows (worker %d)", op->own_bytes, w->rank);
+	struct wk_job *held = rc == 0 ? wk_take_held(op) : NULL;
+	pthread_mutex_unlock(&w->lock);
+	if (held == NULL)
+		return rc;
+	/* Its held jobs keep it in flight (so alive) until queued. */
+	memmove(op->own_to, in, op->own_bytes);
+	wk_queue_held(w, op, held);
+	return 0;
+}
+
+void wk_supply_nothing(struct worker *w)
+{
+	for (;;) {
+		pthread_mutex_lock(&w->lock);
+		struct wk_op *op = NULL;
+		for (int i = 0; i < w->nops && op == NULL; i++)
+			if (w->ops[i]->deferred && !w->ops[i]->supplied)
+				op = w->ops[i];
+		struct wk_job *held = op != NULL ? wk_take_held(op) : NULL;
+		if (op != NULL) {
+			op->nothing = true;
+			for (struct wk_job *j = held; j != NULL; j = j->next) {
+				j->in = NULL;	/* ZERO: nothing of this machine's */
+				j->entry.bytes = 0;
+				j->nothing = true;
+				op->nothing_unacked++;
+			}
+		}
+		pthread_mutex_unlock(&w->lock);
+		if (op == NULL)
+			return;
+		wk_queue_held(w, op, held);
+	}
 }
 
 int worker_reduce_scatter_async(struct worker *w, int tensor, const void *in, void *out,
@@ -2026,6 +2150,10 @@ int worker_poll_timeout(struct worker *w, unisum_handle h, int timeout_ms)
 	if (i < 0) {
 		rc = log_fail(UNISUM_EINVAL, "unisum_poll: unknown or already released handle %lld",
 			      (long long)h);
+	} else if (w->ops[i]->deferred && !w->ops[i]->supplied && !w->ops[i]->done) {
+		rc = log_fail(UNISUM_EINVAL, "unisum_poll: handle %lld is an allgather begun and not "
+			      "supplied (unisum_allgather_supply): it cannot complete until then",
+			      (long long)h);
 	} else {
 		struct wk_op *op = w->ops[i];
 		int timed_out = 0;
@@ -2052,6 +2180,10 @@ int worker_wait(struct worker *w, unisum_handle h)
 	int i = wk_find_op(w, h), rc, retire = -1;
 	if (i < 0) {
 		rc = log_fail(UNISUM_EINVAL, "unisum_wait: unknown or already released handle %lld",
+			      (long long)h);
+	} else if (w->ops[i]->deferred && !w->ops[i]->supplied && !w->ops[i]->done) {
+		rc = log_fail(UNISUM_EINVAL, "unisum_wait: handle %lld is an allgather begun and not "
+			      "supplied (unisum_allgather_supply): it cannot complete until then",
 			      (long long)h);
 	} else {
 		struct wk_op *op = w->ops[i];

@@ -70,6 +70,10 @@ int worker_broadcast_async(struct worker *w, int tensor, void *buf, int root_ran
 			   unisum_handle *h);
 int worker_allgather_async(struct worker *w, int tensor, const void *in, void *out,
 			   const uint64_t *counts, unisum_handle *h);
+/* unisum_allgather_begin / unisum_allgather_supply. */
+int worker_allgather_begin(struct worker *w, int tensor, void *out, const uint64_t *counts,
+			   unisum_handle *h);
+int worker_allgather_supply(struct worker *w, unisum_handle h, const void *in);
 int worker_reduce_scatter_async(struct worker *w, int tensor, const void *in, void *out,
 				const uint64_t *counts, int flags, unisum_handle *h);
 int worker_alltoall_async(struct worker *w, int tensor, const void *in, void *out,

@@ -171,6 +171,15 @@ struct wk_op {
 	 * poisoned (every rank's wait fails) once its cut is known (join.c). */
 	bool join_poison;
 	bool launched;			/* wk_launch has run */
+	/* An allgather begun without this rank's rows (unisum_allgather_begin):
+	 * its own partitions' jobs wait in `held` (chained by `next`, counted
+	 * in `remaining`) until supplied (wk_supply). */
+	bool deferred;
+	bool supplied;
+	bool nothing;			/* ... by wk_supply_nothing: none of its rows, */
+	int nothing_unacked;		/* ... and of those ZERO pushes, how many have no
+					 * PUSH_ACK yet (nor failed) */
+	struct wk_job *held;
 	int join_rank;			/* the rank that joined, for the message */
 };
 
@@ -209,6 +218,8 @@ struct wk_job {
 	int64_t t_sent_us;		/* metered conn: its PUSH went out (timing clock;
 					 * under the conn's lock), 0: not metered */
 	bool credit_back;		/* PUSH_ACK came: its bytes left the credit */
+	bool nothing;			/* a ZERO push of wk_supply_nothing's (counted in
+					 * its operation's nothing_unacked until acked) */
 };
 
 /* Fit mode (UNISUM_AUTOTUNE=2), worker 0: its data pushes over TCP, for
@@ -393,10 +404,23 @@ void wk_gone_kept_free(struct worker *w);
 void wk_route(struct worker *w, struct wk_job *j);
 int wk_connect_servers(struct worker *w);
 int wk_enqueue(struct wk_conn *c, struct wk_job *j);
+/* Whether an operation of w->ops is in flight but those supplied nothing
+ * (w->lock held): unisum_join waits for the others only; with `pushed`,
+ * for those too until their ZERO pushes are acknowledged (unisum_shutdown:
+ * their rounds need no more of this worker, and it must not wait for the
+ * others' rows, which may never come). */
+bool wk_busy_but_nothing(const struct worker *w, bool pushed);
+/* A ZERO push of wk_supply_nothing's for operation op was acknowledged,
+ * or its job failed first (w->lock held). */
+void wk_nothing_pushed(struct worker *w, struct wk_op *op);
 /* The index of the first operation of w->ops not done, or w->nops (w->lock
  * held).  Waiters rescan after each wait: a release moves the last
  * operation into the freed slot and frees the released one. */
 int wk_first_undone(const struct worker *w);
+/* Queues the held jobs of the operations begun and not supplied (unisum_
+ * allgather_begin) as ZERO pushes: unisum_join and unisum_shutdown wait
+ * for every operation, which those could never complete otherwise. */
+void wk_supply_nothing(struct worker *w);
 /* Divide-and-shuffle's topology: every rank's rack (UNISUM_RACK), or
  * NULL for none, and how often the groups cross racks. */
 struct wk_dssync_topo {

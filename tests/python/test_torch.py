@@ -403,6 +403,30 @@ def test_horovod_names(nworkers, local_size):
         assert "rank %d: horovod api ok" % r in worker_lines(out, r), describe(rc, out, err)
 
 
+@pytest.mark.parametrize("nworkers,mode", [(2, "rounds"), (3, "rounds"), (3, "join"),
+                                           (3, "shutdown"), (3, "leaves"), (2, "local")])
+def test_allgather_begin(nworkers, mode):
+    """The C API's allgather in two steps (unisum_allgather_begin, then
+    unisum_allgather_supply): exact results with the ranks' rows coming
+    late and in turns, clear errors for a wait before the rows and a
+    second supply; a round begun and never supplied neither holds up a
+    join (the others' allreduce needs the joined rank's zeros) nor the
+    end of the job, nor a rank that leaves early (the others' error names
+    it); with several workers a machine it is refused (the worker checks
+    every value)."""
+    t0 = time.monotonic()
+    rc, out, err = run_launch(nworkers, nworkers if mode != "local" else 1, "allgather_begin.py",
+                              mode, timeout=90, local_size=None if mode == "local" else 1)
+    if mode == "leaves":    # the job fails, naming rank 0, in bounded time
+        assert rc not in (0, 124, -9), describe(rc, out, err)
+        assert time.monotonic() - t0 < 45, describe(rc, out, err)
+    else:
+        assert rc == 0, describe(rc, out, err)
+    for r in range(nworkers):
+        assert re.search(r"rank %d: allgather begin (%s )?ok" % (r, mode),
+                         "\n".join(worker_lines(out, r))), describe(rc, out, err)
+
+
 @pytest.mark.parametrize("local_size", [1, None], ids=["3-machines", "3-one-machine"])
 def test_process_sets(local_size):
     """Horovod's process sets: {0, 2} and {1} run every collective at once,
