@@ -583,16 +583,18 @@ def _refusal(check: Callable[[], None]) -> Optional[Exception]:
 
 
 def _records(tensor: torch.Tensor, grp: _Group, lead: List[int],
-             refused: Optional[Exception] = None) -> torch.Tensor:
+             refused: Optional[Exception] = None,
+             refused_lead: Optional[List[int]] = None) -> torch.Tensor:
     """The table a gathering collective's exchange sums: a row per rank,
     this rank's holding `lead` (allgather: its rows; alltoall: its splits)
     then its tensor's dimensions, dtype and trailing dimensions, which
     _agreed checks alike on every rank, as Horovod's coordinator does.
     The caller has checked the tensor (_refusal of _record_check): a
-    `refused` call's row says only that (-1 dimensions)."""
+    `refused` call's row says only that (-1 dimensions), after
+    `refused_lead` (zeros if None)."""
     width = len(lead) + _RECORD - 1
     if refused is not None:
-        row = [0] * len(lead) + [-1]
+        row = (refused_lead if refused_lead is not None else [0] * len(lead)) + [-1]
     else:
         dims = list(tensor.shape)
         row = lead + [len(dims), _DTYPE_CODES[tensor.dtype]] + dims[1:]
@@ -781,7 +783,7 @@ class _Slot:
     """One reused tensor: its current name and layout, and the handles of
     the calls filed on it, in call order."""
 
-    __slots__ = ("kind", "index", "name", "layout", "users", "hits", "ahead", "retired")
+    __slots__ = ("kind", "index", "name", "layout", "users", "hits", "ahead", "retired", "next")
 
     def __init__(self, kind: str, index: int) -> None:
         self.kind, self.index = kind, index
@@ -793,6 +795,8 @@ class _Slot:
         # layout did not hold), ended before the slot's next call runs.
         self.ahead: Optional[_Spec] = None
         self.retired: Optional[str] = None     # its old tensor, undeclared once ahead ends
+        # Its next call's round, begun without this rank's rows (_slot_next).
+        self.next: Optional[_Spec] = None
 
 
 _slots: dict = {}
@@ -924,7 +928,8 @@ class _Spec:
 
 
 _specs: set = set()
-_spec_counts = {"started": 0, "held": 0}   # speculations, and those whose layout held
+# Speculations, those whose layout held, and those on a round begun before the call.
+_spec_counts = {"started": 0, "held": 0, "begun": 0}
 
 
 def _may_speculate(slot: _Slot) -> bool:
@@ -954,14 +959,25 @@ def _may_speculate(slot: _Slot) -> bool:
     return slot.name is not None and slot.hits >= 1
 
 
-def _speculate(slot: _Slot, src: torch.Tensor, grp: _Group) -> Optional[_Spec]:
+def _speculate(slot: _Slot, src: Optional[torch.Tensor], grp: _Group) -> Optional[_Spec]:
     """Starts the allgather of `src` on `slot`'s tensor in its layout (a
-    rank whose tensor does not fit it pushes zeros); None when refused (a
-    rank joined: the exchange says so) or there is nothing to move."""
+    rank whose tensor does not fit it, or without one, pushes zeros), or
+    supplies it to the round begun already (`slot.next`); None when
+    refused (a rank joined: the exchange says so) or there is nothing to
+    move."""
     dtype, counts, shape = slot.layout
-    send = _widened(src)
-    if send.dtype != dtype or send.numel() != counts[grp.k]:
+    send = _widened(src) if src is not None else None
+    if send is None or send.dtype != dtype or send.numel() != counts[grp.k]:
         send = torch.zeros(counts[grp.k], dtype=dtype)
+    if slot.next is not None:
+        spec = slot.next
+        spec.send = send
+        h = ctypes.c_int64(cast(int, spec.handle))
+        with _t._starting(h):   # the caller runs _t._raise_kept once it is on record
+            _capi.check(_capi.lib.unisum_allgather_supply(h.value, send.data_ptr()),
+                        "unisum.torch: allgather")
+        slot.next = None        # not before: an exception before the C call leaves it the slot's
+        return spec
     recv = _t._result(shape, dtype)
     try:
         handle, finish = _gather_launch("allgather", cast(str, slot.name), send, recv,
@@ -974,6 +990,43 @@ def _speculate(slot: _Slot, src: torch.Tensor, grp: _Group) -> Optional[_Spec]:
     with _t._lock:
         _specs.add(spec)
     return spec
+
+
+def _slot_next(slot: _Slot) -> None:
+    """Begins the round of `slot`'s next call now, without this rank's rows
+    (unisum_allgather_begin): this machine's pulls of the others' rows go
+    out at once, so a late rank's inbound data flows before its call
+    instead of after it (bench/README.md).  Its next call speculates on
+    it (_speculate supplies the rows, or zeros), and says so in its
+    exchange, so a layout that changed or a refused call still runs that
+    round on every rank.  Only when the slot's calls have all ended here
+    and the layout repeated (_may_speculate's conditions), one worker a
+    machine.  Run by synchronize() as the slot's last call returns (a
+    Ctrl-C as it starts is raised there, the call's handle kept for a
+    retry)."""
+    if (slot.next is not None or slot.ahead is not None or slot.retired is not None
+            or slot.name is None or slot.hits < 1 or not _t._initialized
+            or _capi.lib.unisum_local_size() > 1):
+        return
+    with _t._lock:
+        if any(h in _t._ops and not _t._ops[h].done for h in slot.users):
+            return
+    dtype, counts, shape = slot.layout
+    total = sum(counts)
+    if total == 0:
+        return
+    tid = _t._declared(slot.name, dtype, total, 0)
+    recv = _t._result(shape, dtype)
+    arr = (ctypes.c_uint64 * len(counts))(*counts)
+    h = ctypes.c_int64(0)
+    with _t._starting(h):
+        rc = _capi.lib.unisum_allgather_begin(tid, recv.data_ptr(), arr, ctypes.byref(h))
+    if rc != 0:
+        return      # the next call speculates as it would have
+    spec = _Spec(h.value, recv, recv, lambda: None)
+    with _t._lock:
+        _specs.add(spec)
+    slot.next = spec
 
 
 def _exchange_start(table: torch.Tensor, grp: _Group, kind: str) -> Tuple[int, int]:
@@ -1038,6 +1091,11 @@ def _slots_forget(rejoin: bool) -> List[Any]:
             if op is not None and op.then is None:
                 _t._step(op, True)
         _slot_end_ahead(slot)   # every rank started it (unisum_join waited too)
+        if slot.next is not None:
+            # Begun for a call that never came: unisum_join supplied
+            # nothing, on every rank, so it ends.
+            slot.next.drain()
+            slot.next = None
         name, slot.name, slot.layout, slot.users, slot.hits = slot.name, None, None, [], 0
         if name is not None:
             _t._undeclare(name)
@@ -1115,10 +1173,12 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
             with _t._lock:
                 turn = _turns.get("allgather", 0) + 1     # the exchange's, below
             slot = _slot("allgather", turn, _SLOTS)
-            bet = refused is None and _may_speculate(slot)
+            # A round begun for this call (_slot_next) is a speculation
+            # already, also for a refused call (it runs with zeros).
+            bet = slot.next is not None or (refused is None and _may_speculate(slot))
         # Its rows, then whether it speculates.
         table = _records(src, grp,
-                         [src.shape[0] if src.dim() else 0, int(bet)], refused)
+                         [src.shape[0] if src.dim() else 0, int(bet)], refused, [0, int(bet)])
         first, turn = _exchange_start(table, grp, "allgather")
     except BaseException:
         release()
@@ -1197,10 +1257,16 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
         # The rows start now, on the slot's layout, before the exchange has
         # said it (kept in _specs: its buffers live whatever happens).  A
         # rank that said it would and does not acts as one that did not.
-        spec = _speculate(cast(_Slot, slot), src, grp)
+        begun = cast(_Slot, slot).next is not None
+        spec = _speculate(cast(_Slot, slot), src if refused is None else None, grp)
         if spec is not None:
             with _t._lock:
                 _spec_counts["started"] += 1
+                _spec_counts["begun"] += int(begun)
+    if slot is not None:
+        # Once this call has ended, the slot's next call begins its round.
+        with _t._lock:
+            _t._ops[handle].settled = lambda: _slot_next(cast(_Slot, slot))
     _t._raise_kept()    # a Ctrl-C as the exchange or the rows started: on record now
     return handle
 

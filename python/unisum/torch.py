@@ -137,7 +137,7 @@ class _Op:
     finish (copy back into a non-contiguous destination, free a slot)."""
 
     __slots__ = ("c_handle", "send", "recv", "output", "done", "finish", "then", "job",
-                 "failed", "error", "ready", "gate", "waiting")
+                 "failed", "error", "ready", "gate", "waiting", "settled")
 
     def __init__(self, c_handle: Optional[int], send: Optional[torch.Tensor],
                  recv: Optional[torch.Tensor], output: Any,
@@ -166,6 +166,9 @@ class _Op:
         self.ready = False
         self.gate: Optional[Callable[[], None]] = None
         self.waiting = False
+        # Run by synchronize() once it has succeeded, before the handle is
+        # gone (a Ctrl-C it keeps is raised with the handle still there).
+        self.settled: Optional[Callable[[], None]] = None
 
 
 # Second stages (_Op.then) run in call order, per process set, at points
@@ -1422,6 +1425,10 @@ def synchronize(handle: int) -> torch.Tensor:
     # none, and they are done from the start).
     _settle(handle, op)
     err = op.error
+    if err is None and op.settled is not None:
+        settled, op.settled = op.settled, None
+        settled()
+        _raise_kept()
     with _lock:
         _ops.pop(handle, None)
     op.failed = err is not None
