@@ -310,7 +310,8 @@ int unisum_allgather(int tensor, const void *in, void *out, const uint64_t *coun
  * unisum_join and unisum_shutdown supply nothing for the operations
  * begun and not supplied: their rows stay as they were in `out`, the
  * others receive zeros.  With one worker a machine only
- * (UNISUM_EINVAL otherwise). */
+ * (UNISUM_EINVAL otherwise); while a rank has joined, begin fails with
+ * UNISUM_EINVAL without logging it (as a call would, which logs). */
 int unisum_allgather_begin(int tensor, void *out, const uint64_t *counts, unisum_handle *h);
 int unisum_allgather_supply(unisum_handle h, const void *in);
 

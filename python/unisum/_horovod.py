@@ -1019,14 +1019,16 @@ def _slot_next(slot: _Slot) -> None:
     recv = _t._result(shape, dtype)
     arr = (ctypes.c_uint64 * len(counts))(*counts)
     h = ctypes.c_int64(0)
-    with _t._starting(h):
+    # A Ctrl-C waits until the round is on record (the slot's), then
+    # comes from synchronize(), its call's handle still there.
+    with _t._SigintHold(later=True) as hold:
         rc = _capi.lib.unisum_allgather_begin(tid, recv.data_ptr(), arr, ctypes.byref(h))
-    if rc != 0:
-        return      # the next call speculates as it would have
-    spec = _Spec(h.value, recv, recv, lambda: None)
-    with _t._lock:
-        _specs.add(spec)
-    slot.next = spec
+        if rc == 0:
+            spec = _Spec(h.value, recv, recv, lambda: None)
+            with _t._lock:
+                _specs.add(spec)
+            slot.next = spec
+    hold.deliver()      # else the next call speculates as it would have
 
 
 def _exchange_start(table: torch.Tensor, grp: _Group, kind: str) -> Tuple[int, int]:
@@ -1161,6 +1163,28 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
             gathered, fails at synchronize() on every rank (ValueError or
             TypeError here, HorovodInternalError on the others).
     """
+    grp = _Group(process_set)
+    with _t._lock:
+        nxt = _slots.get(("allgather", (_turns.get("allgather", 0) + 1) % _SLOTS))
+    if grp.pset != 0 or nxt is None or nxt.next is None:
+        return _allgather_start(tensor, name, process_set)
+    # This call takes a round begun for it (_slot_next): from its
+    # exchange, which says this rank speculates, to the supply of its rows
+    # a Ctrl-C waits, or that round would never get them here (and the
+    # slot's next call would supply it with its own).  Its exchange may
+    # first wait for its slot's exchange 8 calls back, which every rank
+    # has made.
+    hold = _t._SigintHold(later=True)
+    try:
+        with hold:
+            return _allgather_start(tensor, name, process_set)
+    finally:
+        hold.deliver()
+
+
+def _allgather_start(tensor: torch.Tensor, name: Optional[str],
+                     process_set: Optional[ProcessSet]) -> int:
+    """allgather_async's work."""
     grp = _Group(process_set)
     _host_only(tensor, "allgather")
     src = tensor.detach().contiguous()
@@ -1747,13 +1771,23 @@ def join(device: int = -1) -> int:
         # A joined worker ran none of the others' unnamed collectives: every
         # worker takes the largest counts, so the next names and slots agree.
         kinds = ("allgather", "alltoall")
-        counts = torch.tensor([_t._calls.get(0, 0)] + [_turns.get(k, 0) for k in kinds],
+        with _t._lock:
+            begun = [int(_slots.get(("allgather", i)) is not None
+                         and _slots[("allgather", i)].next is not None) for i in range(_SLOTS)]
+        counts = torch.tensor([_t._calls.get(0, 0)] + [_turns.get(k, 0) for k in kinds] + begun,
                               dtype=torch.int64)
         got = _t.synchronize(_t._start(counts, False, "unisum.join.counts", 0, True,
                                        flags=_capi.MAX)).tolist()
         with _t._lock:
             _t._calls[0] = int(got[0])
-            _turns.update(zip(kinds, (int(v) for v in got[1:])))
+            _turns.update(zip(kinds, (int(v) for v in got[1:1 + len(kinds)])))
+        # A slot's next round that some rank began (_slot_next) and this
+        # one did not (its call ended after a rank had joined, say): this
+        # one runs it with zeros, so that every rank's ends.
+        for i, anyone in enumerate(got[1 + len(kinds):]):
+            slot = _slots.get(("allgather", i))
+            if anyone and slot is not None and slot.next is None and slot.name is not None:
+                slot.next = _speculate(slot, None, _Group(None))
         # Every rank is here, none in a gathering collective: the slots start
         # afresh (one may hold a tensor that join poisoned).
         _slots_forget(rejoin=False)

@@ -1739,6 +1739,19 @@ static int wk_allgather(struct worker *w, int tensor, const void *in, void *out,
 		return log_fail(UNISUM_EINVAL, "%s: runs with one worker a machine only (worker %d has "
 				"%d on its machine); use unisum_allgather_async", what, w->rank,
 				w->cfg.local_size);
+	if (deferred) {
+		/* Refused as every gathering collective is while a rank has
+		 * joined, but not logged: it is begun ahead of a call, which
+		 * says so itself if it comes. */
+		pthread_mutex_lock(&w->lock);
+		bool joining = w->join_seen && !w->joined;
+		pthread_mutex_unlock(&w->lock);
+		if (joining) {
+			log_set_last_error("%s: a rank has joined (unisum_join), and until every rank "
+					   "has, only push_pull runs (worker %d)", what, w->rank);
+			return UNISUM_EINVAL;
+		}
+	}
 	int n = w->size, first, end;
 	wk_machine_ranks(w, &first, &end);
 	uint64_t lo = 0, mlo = 0, mhi = 0;

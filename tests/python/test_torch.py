@@ -404,7 +404,8 @@ def test_horovod_names(nworkers, local_size):
 
 
 @pytest.mark.parametrize("nworkers,mode", [(2, "rounds"), (3, "rounds"), (3, "join"),
-                                           (3, "shutdown"), (3, "leaves"), (2, "local")])
+                                           (3, "shutdown"), (3, "leaves"), (2, "local"),
+                                           (2, "slots_join"), (3, "sigint")])
 def test_allgather_begin(nworkers, mode):
     """The C API's allgather in two steps (unisum_allgather_begin, then
     unisum_allgather_supply): exact results with the ranks' rows coming
@@ -412,8 +413,10 @@ def test_allgather_begin(nworkers, mode):
     second supply; a round begun and never supplied neither holds up a
     join (the others' allreduce needs the joined rank's zeros) nor the
     end of the job, nor a rank that leaves early (the others' error names
-    it); with several workers a machine it is refused (the worker checks
-    every value)."""
+    it); with several workers a machine it is refused.  Horovod's
+    allgather, which begins each slot's next round: a join while one rank
+    has begun it and the other could not still ends; a Ctrl-C as a round
+    is supplied or begun loses no row (the worker checks every value)."""
     t0 = time.monotonic()
     rc, out, err = run_launch(nworkers, nworkers if mode != "local" else 1, "allgather_begin.py",
                               mode, timeout=90, local_size=None if mode == "local" else 1)

@@ -12,9 +12,9 @@ through ctypes as a C program would.
                                   it; rank 0 joins at once while the others
                                   first run an allreduce, which needs its
                                   zeros (its join must not wait for the
-                                  round it began); the round then fails on
-                                  every rank, as an allgather in flight
-                                  when a rank joined does
+                                  round it began); once all have joined
+                                  the round ends with zeros (not supplied,
+                                  it was not in flight: not poisoned)
     allgather_begin.py shutdown   a round begun and never supplied: the
                                   workers shut down, and the job ends well
     allgather_begin.py leaves     the same, but rank 0 leaves while the
@@ -24,6 +24,17 @@ through ctypes as a C program would.
                                   names it
     allgather_begin.py local      with several workers a machine, begin
                                   refuses (UNISUM_EINVAL)
+    allgather_begin.py slots_join Horovod's allgather begins each slot's next
+                                  round as a call returns; rank 1 returns
+                                  from its last call only once rank 0 has
+                                  joined (its begin is refused then), then
+                                  joins: rank 0's join still returns
+    allgather_begin.py sigint     a real SIGINT on rank 0 as Horovod's
+                                  allgather supplies a begun round, and as
+                                  synchronize() begins one: KeyboardInterrupt
+                                  comes once each is on record, and every
+                                  call on every rank still gives the right
+                                  rows
 """
 
 import ctypes
@@ -100,8 +111,11 @@ def join(r, n):
         assert torch.equal(got, torch.full((3,), float(n - 1))), got   # rank 0's zeros
     last = hvd.join()
     assert 0 <= last < n
-    rc = _capi.lib.unisum_wait(h)
-    assert rc < 0, "the round begun before a join did not fail"
+    assert _capi.lib.unisum_wait(h) == 0
+    mine = slice(r * counts[r], (r + 1) * counts[r])
+    want = torch.zeros(sum(counts))
+    want[mine] = -1.0   # its own rows stay as they were
+    assert torch.equal(out, want), out
     print("rank %d: allgather begin join ok" % r, flush=True)
 
 
@@ -136,6 +150,70 @@ def leaves(r, n):
     raise AssertionError("an allreduce without rank 0 did not fail")
 
 
+def slots_join(r, n):
+    from unisum import _horovod
+    x = torch.arange(4, dtype=torch.float32) + 10 * r
+    want = torch.cat([torch.arange(4, dtype=torch.float32) + 10 * q for q in range(n)])
+    for _ in range(6):
+        assert torch.equal(hvd.allgather(x), want)
+    assert any(s.next is not None for s in _horovod._slots.values()), "no round was begun"
+    h = hvd.allgather_async(x)
+    if r == 0:
+        assert torch.equal(hvd.synchronize(h), want)
+    else:
+        time.sleep(1.5)     # rank 0 has joined: this rank's begin is refused
+        assert torch.equal(hvd.synchronize(h), want)
+    t0 = time.monotonic()
+    last = hvd.join()
+    took = time.monotonic() - t0
+    assert last == n - 1 and took < 15, (last, took)
+    assert torch.equal(hvd.allgather(x), want)      # the slots start afresh
+    print("rank %d: allgather begin slots_join ok" % r, flush=True)
+
+
+def sigint(r, n):
+    import signal
+    from unisum import _horovod
+    x = torch.arange(4, dtype=torch.float32) + 10 * r
+
+    def want(i):
+        return torch.cat([torch.arange(4, dtype=torch.float32) + 10 * q + 100 * i
+                          for q in range(n)])
+    for i in range(6):
+        assert torch.equal(hvd.allgather(x + 100 * i), want(i))
+    lib = _capi.lib
+    for point in ("supply", "begin"):
+        real = getattr(lib, "unisum_allgather_" + point)
+
+        def interrupted(*a, real=real, point=point):
+            setattr(lib, "unisum_allgather_" + point, real)
+            if point == "supply":
+                signal.raise_signal(signal.SIGINT)      # before the C call ...
+                return real(*a)
+            rc = real(*a)
+            signal.raise_signal(signal.SIGINT)          # ... or as it returns
+            return rc
+        if r == 0:
+            setattr(lib, "unisum_allgather_" + point, interrupted)
+        for i in range(6, 9):
+            try:
+                h = hvd.allgather_async(x + 100 * i)
+            except KeyboardInterrupt:
+                assert r == 0 and point == "supply" and i == 6, (point, i)
+                h = None
+            if h is None:
+                continue    # its rows are supplied: the others' call ends
+            try:
+                got = hvd.synchronize(h)
+            except KeyboardInterrupt:
+                assert r == 0 and point == "begin", (point, i)
+                got = hvd.synchronize(h)    # the same handle, retried
+            assert torch.equal(got, want(i)), (point, i, got)
+        assert getattr(lib, "unisum_allgather_" + point) is real, point + " was not called"
+    assert _horovod._spec_counts["begun"] > 0
+    print("rank %d: allgather begin sigint ok" % r, flush=True)
+
+
 def local(r, n):
     assert hvd.local_size() > 1
     tid = ut._declared("begin.local", torch.float32, 10 * n, 0)
@@ -147,7 +225,7 @@ def local(r, n):
 def main():
     hvd.init()
     {"rounds": rounds, "join": join, "shutdown": shutdown, "leaves": leaves,
-     "local": local}[sys.argv[1]](
+     "local": local, "slots_join": slots_join, "sigint": sigint}[sys.argv[1]](
         hvd.rank(), hvd.size())
 
 
