@@ -107,10 +107,12 @@ void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a)
 		int np = 0;
 		for (int i = 0; !w->joined && i < w->nops; i++) {
 			struct wk_op *op = w->ops[i];
-			/* An allgather begun and not supplied is not in flight
-			 * yet (unisum_allgather_begin): it ends with zeros once
-			 * every rank has joined or supplied it. */
-			if (op->done || op->t->nranks != 0 || (op->deferred && !op->supplied))
+			/* An allgather begun and not supplied (or supplied
+			 * nothing by this worker's own join) is not a call in
+			 * flight (unisum_allgather_begin): it ends with zeros
+			 * once every rank has joined or supplied it. */
+			if (op->done || op->t->nranks != 0 ||
+			    (op->deferred && (!op->supplied || op->nothing)))
 				continue;
 			if (!wk_join_runs(op->wire_op)) {
 				/* A gathering collective: it can never complete. */

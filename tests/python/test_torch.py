@@ -403,7 +403,7 @@ def test_horovod_names(nworkers, local_size):
         assert "rank %d: horovod api ok" % r in worker_lines(out, r), describe(rc, out, err)
 
 
-@pytest.mark.parametrize("nworkers,mode", [(2, "rounds"), (3, "rounds"), (3, "join"),
+@pytest.mark.parametrize("nworkers,mode", [(2, "rounds"), (3, "rounds"), (4, "join"),
                                            (3, "shutdown"), (3, "leaves"), (2, "local"),
                                            (2, "slots_join"), (3, "sigint")])
 def test_allgather_begin(nworkers, mode):

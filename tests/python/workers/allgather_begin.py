@@ -106,11 +106,22 @@ def join(r, n):
     rc, h = begin(tid, out, counts)
     assert rc == 0, rc
     hvd.barrier()       # every rank has begun it
+    late = None
     if r != 0:
         got = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="begin.before.join")
         assert torch.equal(got, torch.full((3,), float(n - 1))), got   # rank 0's zeros
+    if r == n - 1:
+        # Its join pushes nothing for the round, then waits for this
+        # allreduce, which the others' joins complete with zeros: rank 1's
+        # comes meanwhile, before rank 2 has pushed its part of the round
+        # (4 ranks), and must not poison that round.
+        late = hvd.allreduce_async(torch.ones(3), op=hvd.Sum, name="begin.in.join")
+    elif r != 0:
+        time.sleep(1.0 * r)
     last = hvd.join()
     assert 0 <= last < n
+    if late is not None:
+        assert torch.equal(hvd.synchronize(late), torch.ones(3))
     assert _capi.lib.unisum_wait(h) == 0
     mine = slice(r * counts[r], (r + 1) * counts[r])
     want = torch.zeros(sum(counts))
