@@ -144,7 +144,8 @@ def shutdown(r, n):
 def leaves(r, n):
     counts = [1000] * n
     tid = ut._declared("begin.leaves", torch.float32, sum(counts), 0)
-    rc, h = begin(tid, torch.empty(sum(counts)), counts)
+    out = torch.empty(sum(counts))      # alive while the C library writes into it
+    rc, h = begin(tid, out, counts)
     assert rc == 0, rc
     hvd.barrier()
     if r == 0:
