@@ -932,6 +932,12 @@ _specs: set = set()
 _spec_counts = {"started": 0, "held": 0, "begun": 0}
 
 
+def _slot_busy(slot: _Slot) -> bool:
+    """Whether a call filed on `slot` has not ended here."""
+    with _t._lock:
+        return any(h in _t._ops and not _t._ops[h].done for h in slot.users)
+
+
 def _may_speculate(slot: _Slot) -> bool:
     """Whether an allgather on `slot` starts its rows before the shapes'
     exchange has said the layout (_speculate): when the slot's last call
@@ -952,9 +958,8 @@ def _may_speculate(slot: _Slot) -> bool:
         slot.ahead.abandon()    # released if it has ended
         if slot.ahead.handle is not None:
             return False
-    with _t._lock:
-        if any(h in _t._ops and not _t._ops[h].done for h in slot.users):
-            return False
+    if _slot_busy(slot):
+        return False
     _slot_free(slot, None)      # forgets its ended calls
     return slot.name is not None and slot.hits >= 1
 
@@ -970,13 +975,13 @@ def _speculate(slot: _Slot, src: Optional[torch.Tensor], grp: _Group) -> Optiona
     if send is None or send.dtype != dtype or send.numel() != counts[grp.k]:
         send = torch.zeros(counts[grp.k], dtype=dtype)
     if slot.next is not None:
+        # Every caller holds SIGINT (allgather_async, a stage, join()):
+        # the round gets its rows here or stays the slot's.
         spec = slot.next
         spec.send = send
-        h = ctypes.c_int64(cast(int, spec.handle))
-        with _t._starting(h):   # the caller runs _t._raise_kept once it is on record
-            _capi.check(_capi.lib.unisum_allgather_supply(h.value, send.data_ptr()),
-                        "unisum.torch: allgather")
-        slot.next = None        # not before: an exception before the C call leaves it the slot's
+        _capi.check(_capi.lib.unisum_allgather_supply(cast(int, spec.handle), send.data_ptr()),
+                    "unisum.torch: allgather")
+        slot.next = None
         return spec
     recv = _t._result(shape, dtype)
     try:
@@ -1006,11 +1011,8 @@ def _slot_next(slot: _Slot) -> None:
     retry)."""
     if (slot.next is not None or slot.ahead is not None or slot.retired is not None
             or slot.name is None or slot.hits < 1 or not _t._initialized
-            or _capi.lib.unisum_local_size() > 1):
+            or _capi.lib.unisum_local_size() > 1 or _slot_busy(slot)):
         return
-    with _t._lock:
-        if any(h in _t._ops and not _t._ops[h].done for h in slot.users):
-            return
     dtype, counts, shape = slot.layout
     total = sum(counts)
     if total == 0:
@@ -1163,10 +1165,11 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
             gathered, fails at synchronize() on every rank (ValueError or
             TypeError here, HorovodInternalError on the others).
     """
-    grp = _Group(process_set)
+    if _Group(process_set).pset != 0:
+        return _allgather_start(tensor, name, process_set)
     with _t._lock:
-        nxt = _slots.get(("allgather", (_turns.get("allgather", 0) + 1) % _SLOTS))
-    if grp.pset != 0 or nxt is None or nxt.next is None:
+        turn = _turns.get("allgather", 0) + 1
+    if _slot("allgather", turn, _SLOTS).next is None:
         return _allgather_start(tensor, name, process_set)
     # This call takes a round begun for it (_slot_next): from its
     # exchange, which says this rank speculates, to the supply of its rows

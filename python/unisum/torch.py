@@ -167,7 +167,7 @@ class _Op:
         self.gate: Optional[Callable[[], None]] = None
         self.waiting = False
         # Run by synchronize() once it has succeeded, before the handle is
-        # gone (a Ctrl-C it keeps is raised with the handle still there).
+        # gone (a Ctrl-C it raises leaves the handle there, for a retry).
         self.settled: Optional[Callable[[], None]] = None
 
 
@@ -1428,7 +1428,6 @@ def synchronize(handle: int) -> torch.Tensor:
     if err is None and op.settled is not None:
         settled, op.settled = op.settled, None
         settled()
-        _raise_kept()
     with _lock:
         _ops.pop(handle, None)
     op.failed = err is not None

@@ -2150,6 +2150,24 @@ static int wk_release(struct worker *w, int i, int *retire)
 	return rc;
 }
 
+/* The index *i of handle h's operation, which a wait (`what`) may wait
+ * for: 0, or UNISUM_EINVAL (logged) for an unknown or released handle and
+ * for an allgather begun and not supplied, which could never end
+ * (w->lock held). */
+static int wk_waitable(const struct worker *w, unisum_handle h, const char *what, int *i)
+{
+	*i = wk_find_op(w, h);
+	if (*i < 0)
+		return log_fail(UNISUM_EINVAL, "%s: unknown or already released handle %lld", what,
+				(long long)h);
+	const struct wk_op *op = w->ops[*i];
+	if (op->deferred && !op->supplied && !op->done)
+		return log_fail(UNISUM_EINVAL, "%s: handle %lld is an allgather begun and not "
+				"supplied (unisum_allgather_supply): it cannot complete until then",
+				what, (long long)h);
+	return 0;
+}
+
 int worker_poll_timeout(struct worker *w, unisum_handle h, int timeout_ms)
 {
 	if (wk_require_init(w) != 0)
@@ -2159,15 +2177,8 @@ int worker_poll_timeout(struct worker *w, unisum_handle h, int timeout_ms)
 				"got %d", timeout_ms);
 	struct timespec until = timing_deadline(timeout_ms);
 	pthread_mutex_lock(&w->lock);
-	int i = wk_find_op(w, h), rc, retire = -1;
-	if (i < 0) {
-		rc = log_fail(UNISUM_EINVAL, "unisum_poll: unknown or already released handle %lld",
-			      (long long)h);
-	} else if (w->ops[i]->deferred && !w->ops[i]->supplied && !w->ops[i]->done) {
-		rc = log_fail(UNISUM_EINVAL, "unisum_poll: handle %lld is an allgather begun and not "
-			      "supplied (unisum_allgather_supply): it cannot complete until then",
-			      (long long)h);
-	} else {
+	int i, rc = wk_waitable(w, h, "unisum_poll", &i), retire = -1;
+	if (rc == 0) {
 		struct wk_op *op = w->ops[i];
 		int timed_out = 0;
 		while (!op->done && timeout_ms > 0 && !timed_out)
@@ -2190,15 +2201,8 @@ int worker_wait(struct worker *w, unisum_handle h)
 	if (wk_require_init(w) != 0)
 		return UNISUM_ENOTINIT;
 	pthread_mutex_lock(&w->lock);
-	int i = wk_find_op(w, h), rc, retire = -1;
-	if (i < 0) {
-		rc = log_fail(UNISUM_EINVAL, "unisum_wait: unknown or already released handle %lld",
-			      (long long)h);
-	} else if (w->ops[i]->deferred && !w->ops[i]->supplied && !w->ops[i]->done) {
-		rc = log_fail(UNISUM_EINVAL, "unisum_wait: handle %lld is an allgather begun and not "
-			      "supplied (unisum_allgather_supply): it cannot complete until then",
-			      (long long)h);
-	} else {
+	int i, rc = wk_waitable(w, h, "unisum_wait", &i), retire = -1;
+	if (rc == 0) {
 		struct wk_op *op = w->ops[i];
 		while (!op->done)
 			pthread_cond_wait(&w->done_cond, &w->lock);
