@@ -598,19 +598,19 @@ def _records(tensor: torch.Tensor, grp: _Group, lead: List[int],
     else:
         dims = list(tensor.shape)
         row = lead + [len(dims), _DTYPE_CODES[tensor.dtype]] + dims[1:]
-    rec = torch.zeros(grp.n, width, dtype=torch.int64)
-    rec[grp.k] = torch.tensor(row + [0] * (width - len(row)), dtype=torch.int64)
-    return rec
+    table = [[0] * width for _ in range(grp.n)]
+    table[grp.k] = row + [0] * (width - len(row))
+    return torch.tensor(table, dtype=torch.int64)
 
 
-def _agreed(recs_tensor: torch.Tensor, what: str, at: int, grp: _Group,
+def _agreed(recs: List[List[int]], what: str, at: int, grp: _Group,
             refused: Optional[Exception] = None) -> List[List[int]]:
-    """The exchanged table's rows, after checking (on every rank alike) that
-    no rank refused its input (this rank raises its own `refused`, the
-    others HorovodInternalError naming it), that no rank has joined, and
-    that dtypes and trailing dimensions (from column `at`) agree.  Raises
+    """The exchanged table's rows `recs` (its tolist()), after checking (on
+    every rank alike) that no rank refused its input (this rank raises its
+    own `refused`, the others HorovodInternalError naming it), that no
+    rank has joined, and that dtypes and trailing dimensions (from column
+    `at`) agree.  Raises
     HorovodInternalError naming two ranks that differ."""
-    recs = recs_tensor.tolist()
     if refused is not None:
         raise refused
     for q in range(len(recs)):
@@ -1230,9 +1230,10 @@ def _allgather_start(tensor: torch.Tensor, name: Optional[str],
         slot.retired, slot.name = slot.name, None
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
-        speculated = bool(op.output[:, 1].any())
+        recs = op.output.tolist()
+        speculated = any(rec[1] for rec in recs)
         try:
-            rows = [rec[0] for rec in _agreed(op.output, "allgather", 2, grp, refused)]
+            rows = [rec[0] for rec in _agreed(recs, "allgather", 2, grp, refused)]
         except Exception:
             if speculated:
                 unspeculate()
@@ -1571,7 +1572,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     slot = _slot("alltoall", turn, _SLOTS) if grp.pset == 0 else None
 
     def stage(op: _t._Op) -> Tuple[Optional[int], Callable[[], None]]:
-        sent = _agreed(op.output, "alltoall", n, grp, refused)   # sent[q][j]: q's rows for j
+        sent = _agreed(op.output.tolist(), "alltoall", n, grp, refused)   # sent[q][j]: q's rows for j
         trailing = list(src.shape[1:])
         per_row = math.prod(trailing)
         send = _widened(src)

@@ -314,20 +314,28 @@ def _nap(handle: int, timeout_ms: int) -> None:
 
 def _sigint_c_handler() -> Optional[int]:
     """The address of SIGINT's handler in the process's table (sigaction;
-    a glibc struct sigaction begins with it), or None when unreadable."""
+    a glibc struct sigaction begins with it), or None when unreadable.
+    (Called on the main thread only, after import: one buffer serves.)"""
     try:
-        buf = ctypes.create_string_buffer(256)
-        if _libc.sigaction(signal.SIGINT, None, buf) != 0:
+        if _libc.sigaction(_SIGINT, None, _sigaction_buf) != 0:
             return None
-        return ctypes.c_void_p.from_buffer(buf).value or 0
+        return ctypes.c_void_p.from_buffer(_sigaction_buf).value or 0
     except (AttributeError, OSError, ctypes.ArgumentError):
         return None
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_sigaction_buf = ctypes.create_string_buffer(256)
+# signal's functions without its enum conversions (12 a Horovod call, a
+# tenth of its CPU): handlers are the same objects either way.
+try:
+    from _signal import getsignal as _getsignal, signal as _setsignal
+except ImportError:     # not CPython
+    _getsignal, _setsignal = signal.getsignal, signal.signal
+_SIGINT = int(signal.SIGINT)
 # The C handler through which CPython runs a Python-level SIGINT handler:
 # a hold swaps only that one, never one a native library installed since.
-_PY_SIGINT = _sigint_c_handler() if callable(signal.getsignal(signal.SIGINT)) else None
+_PY_SIGINT = _sigint_c_handler() if callable(_getsignal(_SIGINT)) else None
 
 
 class _SigintHold:
@@ -348,11 +356,11 @@ class _SigintHold:
     def __enter__(self) -> "_SigintHold":
         if threading.current_thread() is not threading.main_thread() or _PY_SIGINT is None:
             return self
-        old = signal.getsignal(signal.SIGINT)
+        old = _getsignal(_SIGINT)
         if not callable(old) or _sigint_c_handler() != _PY_SIGINT:
             return self
         try:
-            signal.signal(signal.SIGINT, lambda signum, frame: self.came.append(frame))
+            _setsignal(_SIGINT, lambda signum, frame: self.came.append(frame))
         except ValueError:      # not the main interpreter's main thread after all
             return self
         self.old = old
@@ -361,13 +369,13 @@ class _SigintHold:
     def __exit__(self, *exc: Any) -> None:
         if self.old is not None:
             try:
-                signal.signal(signal.SIGINT, self.old)
+                _setsignal(_SIGINT, self.old)
             finally:
                 # signal.signal() first runs the handlers of signals that
                 # came; one that raised (SIGALRM's timeout, say) left the
                 # hold's in place, which would swallow every Ctrl-C after.
-                if signal.getsignal(signal.SIGINT) is not self.old:
-                    signal.signal(signal.SIGINT, self.old)
+                if _getsignal(_SIGINT) is not self.old:
+                    _setsignal(_SIGINT, self.old)
         if not self.later:
             self.deliver()
 
@@ -831,7 +839,7 @@ def empty(*size: Union[int, Sequence[int]], dtype: torch.dtype = torch.float32) 
         size = tuple(size[0])
     shape = cast(Tuple[int, ...], size)
     numel = math.prod(shape)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = numel * _itemsize(dtype)
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
     ptr = _capi.lib.unisum_alloc(nbytes)
@@ -939,13 +947,24 @@ def _pool_drop() -> None:
         _pool_drain(False)
 
 
+_itemsizes: Dict[torch.dtype, int] = {}
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    """Bytes per element of `dtype` (a tensor made to ask costs 5 us)."""
+    size = _itemsizes.get(dtype)
+    if size is None:
+        size = _itemsizes[dtype] = torch.empty((), dtype=dtype).element_size()
+    return size
+
+
 def _result(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor of `shape` for a collective's result, from
     the pool when it is large (see _POOL_MIN); its buffer goes back to the
     pool when the tensor and every view of it have died."""
     shape = tuple(shape)
     numel = math.prod(shape)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = numel * _itemsize(dtype)
     if nbytes < _POOL_MIN:
         return torch.empty(shape, dtype=dtype)
     backing = _pool_take(nbytes)

@@ -231,7 +231,7 @@ def stage(rank, size):
     # review: the stage was taken off the operation before that, and lost).
     h = us.allgather_async(rows)
     if rank == 0:
-        ran = signalling(signal, "getsignal")
+        ran = signalling(us, "_getsignal")       # the hold's first step
         interrupted_once("the allgather's stage, as its hold began", lambda: us.synchronize(h))
         if not ran():
             raise SystemExit("rank 0: the stage's hold did not begin")
