@@ -220,11 +220,36 @@ static void wk_job_finish(struct wk_job *j, int err, const char *why)
 		wk_nothing_pushed(w, op);
 		pthread_mutex_unlock(&w->lock);
 	}
+	if (j->phase > 0)
+		wk_phase_step(w, op, j->phase);
 	if (op->local != NULL)
 		local_pulled(op->local, j->part, err, why);
 	else
 		wk_op_part_done(op, err, why);
 	free(j);
+}
+
+void wk_phase_step(struct worker *w, struct wk_op *op, int done)
+{
+	pthread_mutex_lock(&w->lock);
+	if (done > 0)
+		op->phase_left[done]--;
+	int from = atomic_load(&op->phase_sent) + 1, to = from - 1;
+	while (to + 1 < op->nphases && op->phase_left[to] <= 1)
+		to++;
+	atomic_store(&op->phase_sent, to);
+	/* Their jobs were made ahead: nothing here can fail but a dead
+	 * connection, whose jobs a failover sends with their PULLs. */
+	for (int i = 0; to >= from && i < op->npulls; i++) {
+		struct wk_job *j = op->pulls[i];
+		if (j == NULL || j->phase < from || j->phase > to)
+			continue;
+		op->pulls[i] = NULL;
+		j->server = (int)wk_server_of(w, j->key, (uint32_t)j->server);
+		if (wk_enqueue(&w->conns[j->server], j) != 0)
+			free(j);
+	}
+	pthread_mutex_unlock(&w->lock);
 }
 
 /* ---- the meter of fit mode (UNISUM_AUTOTUNE=2) ---------------------------- */
@@ -326,6 +351,21 @@ static void *wk_send_main(void *arg)
 			rc = c->tp->send(c->conn, &h, j->in);
 			free(j->owned);
 			free(j);
+		} else if (j->type == JOB_PULL) {
+			/* A held PULL's phase came (wk_phase_step): it goes now
+			 * if its PUSH went out, else with its PUSH; not at all
+			 * if its job ended or moved (a failover sends them
+			 * together). */
+			pthread_mutex_lock(&c->lock);
+			struct wk_job *pj = pending_find(c, j->key);
+			bool go = pj != NULL && pj->round == j->round && pj->pull_state == PULL_WAITING;
+			if (go)
+				pj->pull_state = PULL_WITH_PUSH;
+			pthread_mutex_unlock(&c->lock);
+			struct wire_hdr h = {.type = WIRE_PULL, .sender = rdv_client_id(w->rdv),
+					     .key = j->key, .round = j->round, .dtype = (uint8_t)j->dtype};
+			free(j);
+			rc = go ? c->tp->send(c->conn, &h, NULL) : 0;
 		} else if (j->type == JOB_RETIRE) {
 			struct wire_hdr h = {.type = WIRE_RETIRE, .sender = rdv_client_id(w->rdv),
 					     .key = j->key, .round = j->round};
@@ -382,6 +422,12 @@ static void *wk_send_main(void *arg)
 			pull.count = 0;
 			pull.payload_len = 0;
 			bool traced = j->op->traced;
+			/* Its PULL's phase has not come: it stays back. */
+			pthread_mutex_lock(&c->lock);
+			bool held = j->phase > atomic_load(&j->op->phase_sent) && !j->repushed;
+			if (held)
+				j->pull_state = PULL_WAITING;
+			pthread_mutex_unlock(&c->lock);
 			if (wk_metering(w) && c->tp == transport_tcp() && payload != NULL)
 				wk_meter_sent(c, j);
 			rc = c->tp->send(c->conn, &push, payload);
@@ -395,7 +441,7 @@ static void *wk_send_main(void *arg)
 				j->t_pushed = trace_now_us();
 				pthread_mutex_unlock(&c->lock);
 			}
-			if (rc == 0)
+			if (rc == 0 && !held)
 				rc = c->tp->send(c->conn, &pull, NULL);
 		}
 		if (rc != 0) {
@@ -492,6 +538,7 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 			struct wk_job *j = all;
 			all = j->pending_next;
 			j->repushed = true;
+			j->pull_state = PULL_WITH_PUSH;		/* its phase's JOB_PULL finds nothing */
 			wk_route(w, j);
 		}
 		return;
@@ -756,6 +803,7 @@ static int wk_on_moved(struct wk_conn *c, const struct wire_hdr *h, char *msg, s
 		sched_release(&w->push_q, j->entry.bytes);
 	}
 	j->repushed = true;
+	j->pull_state = PULL_WITH_PUSH;
 	int rc = wk_move_key(w, c, j, (int)h->aux);
 	if (rc != 0) {
 		snprintf(msg, len, "worker %d cannot move key 0x%llx to server %u: %s", w->rank,

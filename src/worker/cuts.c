@@ -302,7 +302,7 @@ const struct wk_layout *wk_homed_cut(struct wk_tensor *t, const struct wk_segs *
 	char wire_name[256];
 	snprintf(wire_name, sizeof wire_name, "%.200s#%u", t->name, t->nhomed++);
 	struct wk_layout L;
-	*rc = wk_cut(t, wire_name, t->cuts[0].pbytes, segs, &L);
+	*rc = wk_cut(t, wire_name, segs->pbytes != 0 ? segs->pbytes : t->cuts[0].pbytes, segs, &L);
 	if (*rc != 0)
 		return NULL;
 	return wk_add_cut(t, &L, rc);
@@ -369,6 +369,56 @@ void wk_op_fail(struct wk_op *op, int err, const char *what)
 	pthread_mutex_unlock(&w->lock);
 }
 
+/* The ring phase of op's partition p, in segment d (wk_launch's walk):
+ * the rows of rank (this rank + phase) mod n; 0: none (no phases, or not
+ * pulled). */
+static int wk_phase_of(const struct wk_op *op, int d, const struct placement_part *p)
+{
+	if (op->nphases == 0 || op->direct == NULL || d >= op->ndirect)
+		return 0;
+	const struct wk_direct *g = &op->direct[d];
+	if (g->dst == NULL || g->lo > p->offset || p->offset + p->count > g->hi)
+		return 0;	/* this rank's own rows, or (never) across segments */
+	return (d - op->w->rank + op->nphases) % op->nphases;
+}
+
+/* Ring phases of op (nphases ranks, one worker per machine): counts each
+ * phase's pulled partitions and makes a JOB_PULL for each PULL of the
+ * phases that wait, before any job is queued (a reply may come at once).
+ * A phase goes once the one before has at most one partition left;
+ * phases of at most one partition go at once.  0 or UNISUM_ENOMEM. */
+static int wk_phases_plan(struct wk_op *op, const struct wk_layout *L, uint32_t round)
+{
+	int n = op->nphases;
+	op->phase_left = calloc((size_t)n, sizeof *op->phase_left);
+	op->pulls = calloc(L->nparts ? L->nparts : 1, sizeof *op->pulls);
+	if (op->phase_left == NULL || op->pulls == NULL)
+		return UNISUM_ENOMEM;
+	int d = 0;
+	for (uint32_t i = 0; i < L->nparts; i++) {
+		const struct placement_part *p = &L->parts[i];
+		while (d < op->ndirect && op->direct[d].hi <= p->offset)
+			d++;
+		int phase = wk_phase_of(op, d, p);
+		if (phase == 0)
+			continue;
+		op->phase_left[phase]++;
+		if (phase < 2)
+			continue;
+		struct wk_job *j = calloc(1, sizeof *j);
+		if (j == NULL)
+			return UNISUM_ENOMEM;
+		*j = (struct wk_job){.type = JOB_PULL, .server = (int)L->servers[i], .key = L->key + i,
+				     .round = round, .dtype = op->t->dtype, .phase = phase};
+		op->pulls[op->npulls++] = j;
+	}
+	int sent = 1;
+	while (sent + 1 < n && op->phase_left[sent] <= 1)
+		sent++;
+	atomic_store(&op->phase_sent, sent);
+	return 0;
+}
+
 /* Hands operation op, on cut L, to its first stage: LOCAL_REDUCE, or the
  * PUSH queue.  Never waits. */
 void wk_launch(struct wk_op *op, const struct wk_layout *L)
@@ -417,6 +467,11 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 		pthread_cond_broadcast(&w->done_cond);
 	pthread_mutex_unlock(&w->lock);
 
+	if (op->nphases > 0 && wk_phases_plan(op, L, wire_round) != 0) {
+		/* Out of memory: every PULL at once. */
+		op->nphases = 0;
+		atomic_store(&op->phase_sent, 0);
+	}
 	/* Once its last partition is queued the operation may complete and
 	 * the tensor's next round re-cut it: nothing of L is read after. */
 	uint32_t nparts = L->nparts;
@@ -442,6 +497,7 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 			push = src != NULL;
 			pull = dst != NULL;
 		}
+		int phase = wk_phase_of(op, d, p);
 		struct compress_state *cs = j != NULL ? wk_comp_state(t, L, i, &rc) : NULL;
 		if (j != NULL && rc == 0) {
 			*j = (struct wk_job){.entry = {.priority = t->priority,
@@ -453,7 +509,7 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 					     .count = p->count,
 					     .in = push ? src : NULL, .out = dst, .divisor = divisor,
 					     .skip_pull = !pull, .wire_op = op->wire_op, .cs = cs, .op = op,
-					     .t_queued = op->t_start};
+					     .t_queued = op->t_start, .phase = phase};
 			if (op->deferred && push) {
 				/* This rank's rows come later (worker_allgather_supply). */
 				pthread_mutex_lock(&w->lock);
@@ -469,6 +525,8 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 		if (rc != 0) {
 			/* The operation fails; partitions already queued finish on their own. */
 			free(j);
+			if (phase > 0)
+				wk_phase_step(w, op, phase);
 			char why[512];
 			snprintf(why, sizeof why, "worker %d, tensor '%s': %s", w->rank, t->name,
 				 rc == UNISUM_ENOMEM ? "out of memory" : log_last_error());

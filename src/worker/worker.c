@@ -246,6 +246,10 @@ static void wk_op_free_owned(const struct wk_op *op)
 	free(op->push_spans);
 	free(op->pull_spans);
 	free(op->scratch);
+	free(op->phase_left);
+	for (int i = 0; i < op->npulls; i++)
+		free(op->pulls[i]);
+	free(op->pulls);
 }
 
 static void wk_op_free(struct wk_op *op)
@@ -1682,7 +1686,7 @@ static void wk_machine_ranks(const struct worker *w, int *first, int *end)
  * counts[i] elements of rank ranks[i] (NULL: rank i), owned by its
  * machine.  0 or UNISUM_ENOMEM. */
 static int wk_segs_set(const struct worker *w, struct wk_segs *sg, uint32_t n,
-		       const uint64_t *counts, const int *ranks)
+		       const uint64_t *counts, const int *ranks, uint64_t pbytes)
 {
 	int L = w->cfg.local_size > 0 ? w->cfg.local_size : 1;
 	sg->counts = malloc((n ? n : 1) * sizeof *sg->counts);
@@ -1694,10 +1698,12 @@ static int wk_segs_set(const struct worker *w, struct wk_segs *sg, uint32_t n,
 		return UNISUM_ENOMEM;
 	}
 	uint64_t x = 0xcbf29ce484222325ull;
-	for (uint32_t i = 0; i < n; i++) {
-		sg->counts[i] = counts[i];
-		sg->owners[i] = (uint32_t)((ranks != NULL ? ranks[i] : (int)i) / L);
-		uint64_t v[2] = {sg->counts[i], sg->owners[i]};
+	for (uint32_t i = 0; i <= n; i++) {
+		if (i < n) {
+			sg->counts[i] = counts[i];
+			sg->owners[i] = (uint32_t)((ranks != NULL ? ranks[i] : (int)i) / L);
+		}
+		uint64_t v[2] = {i < n ? sg->counts[i] : pbytes, i < n ? sg->owners[i] : 0};
 		for (int k = 0; k < 2; k++)
 			for (int b = 0; b < 8; b++) {
 				x ^= (v[k] >> (8 * b)) & 0xff;
@@ -1705,6 +1711,7 @@ static int wk_segs_set(const struct worker *w, struct wk_segs *sg, uint32_t n,
 			}
 	}
 	sg->n = n;
+	sg->pbytes = pbytes;
 	sg->hash = x ? x : 1;
 	return 0;
 }
@@ -1722,6 +1729,31 @@ static struct wk_span *wk_one_span(uint64_t lo, uint64_t hi, int *n)
 }
 
 static int wk_find_op(const struct worker *w, unisum_handle h);
+
+/* The partition size of an allgather's homed cut on one worker per
+ * machine, whose pulls go in ring phases (wk_phases_plan), or 0 for no
+ * phases (the tensor's partition size).  A phase's PULLs go once the
+ * phase before has one partition left, so a phase should span several:
+ * partitions of WK_PHASE_BYTES (or UNISUM_PARTITION_BYTES when smaller),
+ * when the largest rank's rows make at most WK_PHASE_MOST of them.  On
+ * the emulated cluster (bench/README.md) such phases took 3.5-4% off
+ * allgathers of 1 to 4 MiB a rank, and cost 1-2% at 16 MiB, where the
+ * ranks' phases drift apart.  Fewer than 3 ranks have one phase.  Every
+ * rank computes the same from the same counts. */
+#define WK_PHASE_BYTES (256u << 10)
+#define WK_PHASE_MOST 16
+static uint64_t wk_phase_pbytes(const struct worker *w, const uint64_t *counts, size_t n,
+				size_t es)
+{
+	if (n < 3)
+		return 0;
+	uint64_t piece = w->cfg.partition_bytes < WK_PHASE_BYTES ? w->cfg.partition_bytes
+								  : WK_PHASE_BYTES;
+	uint64_t most = 0;
+	for (size_t r = 0; r < n; r++)
+		most = counts[r] > most ? counts[r] : most;
+	return most * es <= WK_PHASE_MOST * piece ? piece : 0;
+}
 
 /* An allgather, or (`deferred`: unisum_allgather_begin, `in` NULL) one
  * whose own rows come later (worker_allgather_supply). */
@@ -1764,7 +1796,8 @@ static int wk_allgather(struct worker *w, int tensor, const void *in, void *out,
 				     .wire_op = WIRE_OP(WIRE_OP_ALLGATHER,
 							wk_layout_hash(counts, (size_t)n))};
 		tmpl.direct = calloc((size_t)n, sizeof *tmpl.direct);
-		if (tmpl.direct == NULL || wk_segs_set(w, &tmpl.segs, (uint32_t)n, counts, NULL) != 0) {
+		if (tmpl.direct == NULL || wk_segs_set(w, &tmpl.segs, (uint32_t)n, counts, NULL,
+						   wk_phase_pbytes(w, counts, (size_t)n, es)) != 0) {
 			free(tmpl.direct);
 			return UNISUM_ENOMEM;
 		}
@@ -1787,6 +1820,9 @@ static int wk_allgather(struct worker *w, int tensor, const void *in, void *out,
 			lo += counts[r];
 		}
 		tmpl.ndirect = n;
+		/* Its pulls in ring phases (wk_phases_plan), for the global set. */
+		if (tmpl.segs.pbytes != 0)
+			tmpl.nphases = n;
 		return wk_start(w, tensor, &tmpl, h);
 	}
 	for (int r = 0; r < n; r++) {
@@ -1811,7 +1847,7 @@ static int wk_allgather(struct worker *w, int tensor, const void *in, void *out,
 	tmpl.push_spans = wk_one_span(mlo, mhi, &tmpl.npush_spans);
 	tmpl.own_spans = wk_one_span(own.lo, own.hi, &tmpl.nown_spans);
 	if (tmpl.push_spans == NULL || tmpl.own_spans == NULL ||
-	    wk_segs_set(w, &tmpl.segs, (uint32_t)n, counts, NULL) != 0) {
+	    wk_segs_set(w, &tmpl.segs, (uint32_t)n, counts, NULL, 0) != 0) {
 		free(tmpl.push_spans);
 		free(tmpl.own_spans);
 		return UNISUM_ENOMEM;
@@ -1946,7 +1982,7 @@ int worker_reduce_scatter_async(struct worker *w, int tensor, const void *in, vo
 		 * rank's slice comes straight into `out`. */
 		tmpl.out = out;
 		tmpl.direct = calloc((size_t)n, sizeof *tmpl.direct);
-		if (tmpl.direct == NULL || wk_segs_set(w, &tmpl.segs, (uint32_t)n, counts, NULL) != 0) {
+		if (tmpl.direct == NULL || wk_segs_set(w, &tmpl.segs, (uint32_t)n, counts, NULL, 0) != 0) {
 			free(tmpl.direct);
 			return UNISUM_ENOMEM;
 		}
@@ -1963,7 +1999,7 @@ int worker_reduce_scatter_async(struct worker *w, int tensor, const void *in, vo
 	tmpl.scratch = malloc(total * es > 0 ? total * es : 1);
 	tmpl.pull_spans = wk_one_span(mlo, mhi, &tmpl.npull_spans);
 	if (tmpl.scratch == NULL || tmpl.pull_spans == NULL ||
-	    wk_segs_set(w, &tmpl.segs, (uint32_t)n, counts, NULL) != 0) {
+	    wk_segs_set(w, &tmpl.segs, (uint32_t)n, counts, NULL, 0) != 0) {
 		free(tmpl.scratch);
 		free(tmpl.pull_spans);
 		return UNISUM_ENOMEM;
@@ -2011,7 +2047,7 @@ int worker_alltoall_async(struct worker *w, int tensor, const void *in, void *ou
 		}
 	}
 	if (rc == 0)
-		rc = wk_segs_set(w, &tmpl.segs, (uint32_t)(n * n), seg_counts, seg_ranks);
+		rc = wk_segs_set(w, &tmpl.segs, (uint32_t)(n * n), seg_counts, seg_ranks, 0);
 	free(seg_counts);
 	free(seg_ranks);
 	if (rc == 0)

@@ -61,7 +61,8 @@ struct wk_segs {
 	uint32_t n;
 	uint64_t *counts;
 	uint32_t *owners;
-	uint64_t hash;
+	uint64_t pbytes;	/* the cut's partition size; 0: the tensor's */
+	uint64_t hash;		/* of all the above */
 };
 
 #define WK_NAME_MAX 256
@@ -181,9 +182,25 @@ struct wk_op {
 					 * PUSH_ACK yet (nor failed) */
 	struct wk_job *held;
 	int join_rank;			/* the rank that joined, for the message */
+	/* An allgather on one worker per machine pulls the others' rows in
+	 * ring phases (wk_phases_plan): phase p the rows of rank + p.  Phase
+	 * p + 1's PULLs wait (JOB_PULL) until phase p has at most one
+	 * partition left, so each link carries one flow at a time. */
+	int nphases;			/* 0: no phases */
+	int *phase_left;		/* [nphases]: partitions not yet completed */
+	_Atomic int phase_sent;		/* the last phase whose PULLs may go (w->lock) */
+	struct wk_job **pulls;		/* a JOB_PULL for each PULL of phases 2 and on,
+					 * made ahead (owned until sent; NULL once sent) */
+	int npulls;
 };
 
-enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL, JOB_RETIRE, JOB_RESTORE };
+/* A job's PULL, in ring phases (wk_op's nphases): */
+enum wk_pull_state {
+	PULL_WITH_PUSH,		/* goes right after its PUSH */
+	PULL_WAITING,		/* its PUSH went out before its phase: a JOB_PULL sends it */
+};
+
+enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL, JOB_RETIRE, JOB_RESTORE, JOB_PULL };
 
 struct wk_job {
 	struct sched_entry entry;	/* PUSH_PULL: priority, key, bytes, order */
@@ -220,6 +237,8 @@ struct wk_job {
 	bool credit_back;		/* PUSH_ACK came: its bytes left the credit */
 	bool nothing;			/* a ZERO push of wk_supply_nothing's (counted in
 					 * its operation's nothing_unacked until acked) */
+	int phase;			/* its ring phase (wk_op's nphases), 0: none */
+	int pull_state;			/* enum wk_pull_state, under its conn's lock */
 };
 
 /* Fit mode (UNISUM_AUTOTUNE=2), worker 0: its data pushes over TCP, for
@@ -404,6 +423,9 @@ void wk_gone_kept_free(struct worker *w);
 void wk_route(struct worker *w, struct wk_job *j);
 int wk_connect_servers(struct worker *w);
 int wk_enqueue(struct wk_conn *c, struct wk_job *j);
+/* Ring phases: a partition of phase `done` (0: none) ended; sends the
+ * PULLs of the phases whose turn came. */
+void wk_phase_step(struct worker *w, struct wk_op *op, int done);
 /* Whether an operation of w->ops is in flight but those supplied nothing
  * (w->lock held): unisum_join waits for the others only; with `pushed`,
  * for those too until their ZERO pushes are acknowledged (unisum_shutdown:

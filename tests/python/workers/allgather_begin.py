@@ -62,7 +62,10 @@ def values(rank, i, count, dtype):
 
 def rounds(r, n):
     for dtype in (torch.float32, torch.int64):
-        for counts in ([5000] * n, [3 + 1000 * q for q in range(n)], [0] + [777] * (n - 1)):
+        # The last: rows of several 256 KiB partitions, whose pulls go in
+        # ring phases on 3 or more machines (src/worker/cuts.c).
+        for counts in ([5000] * n, [3 + 1000 * q for q in range(n)], [0] + [777] * (n - 1),
+                       [70000 * (q + 1) + q for q in range(n)]):
             total = sum(counts)
             tid = ut._declared("begin.%s.%d" % (str(dtype)[6:], counts[-1]), dtype, total, 0)
             for i in range(6):
