@@ -109,6 +109,11 @@ static const struct knob config_knobs[] = {
 	{"UNISUM_IPC", NULL, NULL, KNOB_INT, FIELD(ipc), "1", 0, 1,
 	 "1: a worker and a server on the same host pass the data by cross-memory attach (the "
 	 "socket carries headers only; BytePS's IPC mode); 0: through the socket"},
+	{"UNISUM_ALLGATHER_PHASES", NULL, NULL, KNOB_INT, FIELD(allgather_phases), "-1", -1, 1,
+	 "an allgather with one worker a machine and 3 ranks or more pulls the others' rows in "
+	 "ring phases, one rank's rows after another, on 256 KiB partitions (every worker must "
+	 "agree): -1 (auto) when the servers are on 3 hosts or more, whose links the phases "
+	 "spare; 1 always; 0 never"},
 	{"UNISUM_STALL_WARN_MS", NULL, NULL, KNOB_INT, FIELD(stall_warn_ms), "60000", 10, INT_MAX,
 	 "a round some workers pushed and others not (on a server or a machine's shared memory), "
 	 "or a barrier some entered and others not, this long (ms) is logged"},

@@ -84,6 +84,8 @@ struct config {
 	uint64_t local_stage_bytes;	/* one machine: stage tensors this large (0: never) */
 	uint64_t local_arena_bytes;	/* shared memory per local worker for staging */
 	int ipc;			/* same-host servers: data by cross-memory attach */
+	int allgather_phases;		/* -1 auto, 0 never, 1 always: an allgather's pulls in
+					 * ring phases (src/worker/cuts.c) */
 	int server_failover;		/* a lost server's partitions move to the others */
 	int elastic;			/* workers come and go: the job re-forms */
 	int elastic_min_workers;	/* ... and fails below this many */

@@ -1007,6 +1007,16 @@ int wk_connect_servers(struct worker *w)
 	w->conns = calloc((size_t)w->nservers, sizeof *w->conns);
 	if (w->conns == NULL)
 		return UNISUM_ENOMEM;
+	/* Every worker counts them from the same address book. */
+	w->server_hosts = 0;
+	for (int s = 0; s < w->nservers; s++) {
+		const struct rdv_node *n = rdv_client_server(w->rdv, s), *m;
+		bool seen = false;
+		for (int t = 0; n != NULL && t < s && !seen; t++)
+			seen = (m = rdv_client_server(w->rdv, t)) != NULL &&
+			       strcmp(m->host_id, n->host_id) == 0;
+		w->server_hosts += n != NULL && !seen;
+	}
 	for (int s = 0; s < w->nservers; s++) {
 		struct wk_conn *c = &w->conns[s];
 		const struct rdv_node *n = rdv_client_server(w->rdv, s);

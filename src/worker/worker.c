@@ -1738,14 +1738,18 @@ static int wk_find_op(const struct worker *w, unisum_handle h);
  * when the largest rank's rows make at most WK_PHASE_MOST of them.  On
  * the emulated cluster (bench/README.md) such phases took 3.5-4% off
  * allgathers of 1 to 4 MiB a rank, and cost 1-2% at 16 MiB, where the
- * ranks' phases drift apart.  Fewer than 3 ranks have one phase.  Every
- * rank computes the same from the same counts. */
+ * ranks' phases drift apart.  Fewer than 3 ranks have one phase.  By
+ * default (UNISUM_ALLGATHER_PHASES=-1) only when the servers are on 3
+ * hosts or more: on one host there are no links to spare, and the
+ * smaller partitions and the waits cost 15-20% (loopback, 4 workers).
+ * Every rank computes the same from the same counts and address book. */
 #define WK_PHASE_BYTES (256u << 10)
 #define WK_PHASE_MOST 16
 static uint64_t wk_phase_pbytes(const struct worker *w, const uint64_t *counts, size_t n,
 				size_t es)
 {
-	if (n < 3)
+	int on = w->cfg.allgather_phases;
+	if (n < 3 || on == 0 || (on < 0 && w->server_hosts < 3))
 		return 0;
 	uint64_t piece = w->cfg.partition_bytes < WK_PHASE_BYTES ? w->cfg.partition_bytes
 								  : WK_PHASE_BYTES;

@@ -299,6 +299,7 @@ struct worker {
 	bool local;			/* several workers on this machine: src/worker/local.c */
 	struct local *lc;		/* ... its local path (NULL once it left) */
 	bool to_servers;		/* this worker talks to the servers (a machine's root) */
+	int server_hosts;		/* how many hosts the servers are on (host_id) */
 	struct wk_conn *conns;		/* [nservers]; a worker that is not its machine's
 					 * root connects at its first process set tensor */
 	pthread_mutex_t connect_lock;	/* that connecting */
