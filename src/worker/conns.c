@@ -239,8 +239,11 @@ void wk_phase_step(struct worker *w, struct wk_op *op, int done)
 		to++;
 	atomic_store(&op->phase_sent, to);
 	/* Their jobs were made ahead: nothing here can fail but a dead
-	 * connection, whose jobs a failover sends with their PULLs. */
-	for (int i = 0; to >= from && i < op->npulls; i++) {
+	 * connection, whose jobs a failover sends with their PULLs.  Not
+	 * once the connections close (wk_close_conns, which destroys them
+	 * one by one while the others' jobs fail): the operation frees
+	 * what is left. */
+	for (int i = 0; to >= from && w->conns_live && i < op->npulls; i++) {
 		struct wk_job *j = op->pulls[i];
 		if (j == NULL || j->phase < from || j->phase > to)
 			continue;

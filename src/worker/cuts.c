@@ -459,6 +459,13 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 		pthread_mutex_unlock(&w->lock);
 		return;
 	}
+	/* Before the operation may be done (no partitions): then it is its
+	 * caller's to release. */
+	if (op->nphases > 0 && wk_phases_plan(op, L, wire_round) != 0) {
+		/* Out of memory: every PULL at once. */
+		op->nphases = 0;
+		atomic_store(&op->phase_sent, 0);
+	}
 	pthread_mutex_lock(&w->lock);
 	op->remaining = L->nparts;
 	op->done = L->nparts == 0;
@@ -467,11 +474,6 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 		pthread_cond_broadcast(&w->done_cond);
 	pthread_mutex_unlock(&w->lock);
 
-	if (op->nphases > 0 && wk_phases_plan(op, L, wire_round) != 0) {
-		/* Out of memory: every PULL at once. */
-		op->nphases = 0;
-		atomic_store(&op->phase_sent, 0);
-	}
 	/* Once its last partition is queued the operation may complete and
 	 * the tensor's next round re-cut it: nothing of L is read after. */
 	uint32_t nparts = L->nparts;
