@@ -397,11 +397,13 @@ static int sched_refusal(const struct sched_tensor *t, const struct sched_node *
 		snprintf(msg, len,
 			 "tensor '%s' declared as %s[%llu] (partition %llu bytes) by worker %d but as "
 			 "%s[%llu] (partition %llu bytes) by worker %d: every worker must declare a name "
-			 "with the same dtype, element count and UNISUM_PARTITION_BYTES",
+			 "with the same dtype, element count and UNISUM_PARTITION_BYTES%s",
 			 name, unisum_dtype_name(t->dtype), (unsigned long long)t->count,
 			 (unsigned long long)t->partition_bytes, t->first_rank,
 			 unisum_dtype_name(req->dtype), (unsigned long long)req->count,
-			 (unsigned long long)pbytes, n->rank);
+			 (unsigned long long)pbytes, n->rank,
+			 /* An allgather's cut: its partitions follow the ring phases. */
+			 t->nsegs > 0 ? " (an allgather's also the same UNISUM_ALLGATHER_PHASES)" : "");
 	}
 	return UNISUM_EMISMATCH;
 }
