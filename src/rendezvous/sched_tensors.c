@@ -402,7 +402,7 @@ static int sched_refusal(const struct sched_tensor *t, const struct sched_node *
 			 (unsigned long long)t->partition_bytes, t->first_rank,
 			 unisum_dtype_name(req->dtype), (unsigned long long)req->count,
 			 (unsigned long long)pbytes, n->rank,
-			 /* A gathering collective's cut: an allgather's partitions follow its ring phases. */
+			 /* A homed cut: an allgather's follows its ring phases. */
 			 t->nsegs > 0 ? " (and for an allgather the same UNISUM_ALLGATHER_PHASES)" : "");
 	}
 	return UNISUM_EMISMATCH;
