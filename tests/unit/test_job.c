@@ -717,6 +717,58 @@ static int work_traffic(struct job *j, int rank, char *msg, size_t len)
 	return 0;
 }
 
+/* An allgather whose pulls go in ring phases (3 machines or more, one
+ * worker each; test_job asks for the phases): rows of several partitions
+ * and a rank with none (an empty phase), four rounds on one tensor, the
+ * odd ones begun before their rows come (worker_allgather_begin, then
+ * the rows late and in turns): every element exact. */
+static int work_phases(struct job *j, int rank, char *msg, size_t len)
+{
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers;
+	const uint64_t p = PART_BYTES / sizeof(int32_t);
+	uint64_t counts[MAX_WORKERS], off[MAX_WORKERS + 1] = {0};
+	for (int r = 0; r < n; r++) {
+		counts[r] = r % 3 == 1 ? 0 : r % 3 == 0 ? 13 * p + 3 : 5 * p + 1;
+		off[r + 1] = off[r] + counts[r];
+	}
+	int id = worker_declare(w, "phases", UNISUM_INT32, off[n], 0);
+	if (id < 0)
+		FAIL(id, "declare phases: %s", unisum_last_error());
+	int32_t *in = malloc(counts[rank] * sizeof *in + 1), *out = malloc(off[n] * sizeof *out);
+	int rc = in == NULL || out == NULL ? UNISUM_ENOMEM : 0;
+	for (int round = 0; round < 4 && rc == 0; round++) {
+		for (uint64_t i = 0; i < counts[rank]; i++)
+			in[i] = value(rank, 70 + round, i);
+		memset(out, 0x5a, off[n] * sizeof *out);
+		unisum_handle h;
+		if (round % 2 == 1) {
+			rc = worker_allgather_begin(w, id, out, counts, &h);
+			if (rc == 0) {
+				usleep(1000 * (useconds_t)((rank + round) % n));
+				rc = worker_allgather_supply(w, h, counts[rank] > 0 ? in : NULL);
+			}
+		} else {
+			rc = worker_allgather_async(w, id, in, out, counts, &h);
+		}
+		if (rc == 0)
+			rc = worker_wait(w, h);
+		if (rc != 0)
+			snprintf(msg, len, "phases round %d: %s", round, unisum_last_error());
+		for (int r = 0; r < n && rc == 0; r++)
+			for (uint64_t i = 0; i < counts[r] && rc == 0; i++)
+				if (out[off[r] + i] != value(r, 70 + round, i)) {
+					snprintf(msg, len, "phases round %d: rank %d's element %llu is %d, "
+						 "not %d", round, r, (unsigned long long)i,
+						 out[off[r] + i], value(r, 70 + round, i));
+					rc = UNISUM_EINVAL;
+				}
+	}
+	free(in);
+	free(out);
+	return rc;
+}
+
 /* Shapes: the same dimensions agree, and so does a declaration without
  * any; another shape of as many elements fails on every rank, naming
  * both. */
@@ -1428,6 +1480,8 @@ static void run_all(int machines, int local, int servers, uint64_t credit, int i
 	each_rank(&j, work_main, work_once);
 	each_rank(&j, work_main, work_collectives);
 	each_rank(&j, work_main, work_traffic);
+	if (local == 1)		/* begin: one worker a machine */
+		each_rank(&j, work_main, work_phases);
 	each_rank(&j, work_main, work_process_sets);
 	each_rank(&j, work_main, work_join);
 	atomic_store(&gather_started, 0);
