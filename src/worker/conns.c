@@ -239,16 +239,14 @@ void wk_phase_step(struct worker *w, struct wk_op *op, int done)
 		to++;
 	atomic_store(&op->phase_sent, to);
 	/* Their jobs were made ahead: nothing here can fail but a dead
-	 * connection, whose jobs a failover sends with their PULLs.  Not
-	 * once the connections close (wk_close_conns, which destroys them
-	 * one by one while the others' jobs fail): the operation frees
-	 * what is left. */
+	 * connection, whose jobs fail with it.  Not once the connections
+	 * close (wk_close_conns, which destroys them one by one while the
+	 * others' jobs fail): the operation frees what is left. */
 	for (int i = 0; to >= from && w->conns_live && i < op->npulls; i++) {
 		struct wk_job *j = op->pulls[i];
 		if (j == NULL || j->phase < from || j->phase > to)
 			continue;
 		op->pulls[i] = NULL;
-		j->server = (int)wk_server_of(w, j->key, (uint32_t)j->server);
 		if (wk_enqueue(&w->conns[j->server], j) != 0)
 			free(j);
 	}
@@ -357,13 +355,12 @@ static void *wk_send_main(void *arg)
 		} else if (j->type == JOB_PULL) {
 			/* A held PULL's phase came (wk_phase_step): it goes now
 			 * if its PUSH went out, else with its PUSH; not at all
-			 * if its job ended or moved (a failover sends them
-			 * together). */
+			 * if its job ended. */
 			pthread_mutex_lock(&c->lock);
 			struct wk_job *pj = pending_find(c, j->key);
-			bool go = pj != NULL && pj->round == j->round && pj->pull_state == PULL_WAITING;
+			bool go = pj != NULL && pj->round == j->round && pj->pull_waiting;
 			if (go)
-				pj->pull_state = PULL_WITH_PUSH;
+				pj->pull_waiting = false;
 			pthread_mutex_unlock(&c->lock);
 			struct wire_hdr h = {.type = WIRE_PULL, .sender = rdv_client_id(w->rdv),
 					     .key = j->key, .round = j->round, .dtype = (uint8_t)j->dtype};
@@ -425,11 +422,12 @@ static void *wk_send_main(void *arg)
 			pull.count = 0;
 			pull.payload_len = 0;
 			bool traced = j->op->traced;
-			/* Its PULL's phase has not come: it stays back. */
+			/* Its PULL's phase has not come: it stays back.  (A
+			 * phased job is never routed again: failover does not
+			 * move a gathering collective's keys, it fails the job.) */
 			pthread_mutex_lock(&c->lock);
-			bool held = j->phase > atomic_load(&j->op->phase_sent) && !j->repushed;
-			if (held)
-				j->pull_state = PULL_WAITING;
+			bool held = j->phase > atomic_load(&j->op->phase_sent);
+			j->pull_waiting = held;
 			pthread_mutex_unlock(&c->lock);
 			if (wk_metering(w) && c->tp == transport_tcp() && payload != NULL)
 				wk_meter_sent(c, j);
@@ -541,7 +539,6 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 			struct wk_job *j = all;
 			all = j->pending_next;
 			j->repushed = true;
-			j->pull_state = PULL_WITH_PUSH;		/* its phase's JOB_PULL finds nothing */
 			wk_route(w, j);
 		}
 		return;
@@ -806,7 +803,6 @@ static int wk_on_moved(struct wk_conn *c, const struct wire_hdr *h, char *msg, s
 		sched_release(&w->push_q, j->entry.bytes);
 	}
 	j->repushed = true;
-	j->pull_state = PULL_WITH_PUSH;
 	int rc = wk_move_key(w, c, j, (int)h->aux);
 	if (rc != 0) {
 		snprintf(msg, len, "worker %d cannot move key 0x%llx to server %u: %s", w->rank,

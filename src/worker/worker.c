@@ -422,14 +422,6 @@ out_free:
 	return rc;
 }
 
-int wk_first_undone(const struct worker *w)
-{
-	int i = 0;
-	while (i < w->nops && w->ops[i]->done)
-		i++;
-	return i;
-}
-
 bool wk_busy_but_nothing(const struct worker *w, bool pushed)
 {
 	for (int i = 0; i < w->nops; i++) {
@@ -1698,7 +1690,7 @@ static int wk_segs_set(const struct worker *w, struct wk_segs *sg, uint32_t n,
 		return UNISUM_ENOMEM;
 	}
 	uint64_t x = 0xcbf29ce484222325ull;
-	for (uint32_t i = 0; i <= n; i++) {
+	for (uint32_t i = 0; i <= n; i++) {	/* the segments, then pbytes */
 		if (i < n) {
 			sg->counts[i] = counts[i];
 			sg->owners[i] = (uint32_t)((ranks != NULL ? ranks[i] : (int)i) / L);

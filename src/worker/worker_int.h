@@ -194,12 +194,6 @@ struct wk_op {
 	int npulls;
 };
 
-/* A job's PULL, in ring phases (wk_op's nphases): */
-enum wk_pull_state {
-	PULL_WITH_PUSH,		/* goes right after its PUSH */
-	PULL_WAITING,		/* its PUSH went out before its phase: a JOB_PULL sends it */
-};
-
 enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL, JOB_RETIRE, JOB_RESTORE, JOB_PULL };
 
 struct wk_job {
@@ -238,7 +232,8 @@ struct wk_job {
 	bool nothing;			/* a ZERO push of wk_supply_nothing's (counted in
 					 * its operation's nothing_unacked until acked) */
 	int phase;			/* its ring phase (wk_op's nphases), 0: none */
-	int pull_state;			/* enum wk_pull_state, under its conn's lock */
+	bool pull_waiting;		/* its PUSH went out before its phase: its PULL waits
+					 * for the phase's JOB_PULL (under its conn's lock) */
 };
 
 /* Fit mode (UNISUM_AUTOTUNE=2), worker 0: its data pushes over TCP, for
@@ -436,10 +431,6 @@ bool wk_busy_but_nothing(const struct worker *w, bool pushed);
 /* A ZERO push of wk_supply_nothing's for operation op was acknowledged,
  * or its job failed first (w->lock held). */
 void wk_nothing_pushed(struct worker *w, struct wk_op *op);
-/* The index of the first operation of w->ops not done, or w->nops (w->lock
- * held).  Waiters rescan after each wait: a release moves the last
- * operation into the freed slot and frees the released one. */
-int wk_first_undone(const struct worker *w);
 /* Queues the held jobs of the operations begun and not supplied (unisum_
  * allgather_begin) as ZERO pushes: unisum_join and unisum_shutdown wait
  * for every operation, which those could never complete otherwise. */
