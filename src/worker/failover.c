@@ -258,7 +258,10 @@ int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L)
 {
 	const struct worker *w = t->w;
 	bool pushes = t->nranks > 0 || w->to_servers;
-	if (!w->keep_replies || !pushes || L->nparts == 0)
+	/* A homed cut (a gathering collective's) is never moved (a failover
+	 * fails its job: sched_unmovable), so nothing is ever restored from
+	 * it; keeping its replies cost a second copy of every row pulled. */
+	if (!w->keep_replies || !pushes || L->nparts == 0 || L->homed != 0)
 		return 0;
 	L->kept = calloc(L->nparts, sizeof *L->kept);
 	return L->kept != NULL ? 0 : UNISUM_ENOMEM;

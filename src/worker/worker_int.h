@@ -44,7 +44,8 @@ struct wk_layout {
 	/* Server failover (UNISUM_SERVER_FAILOVER, several servers), on the
 	 * worker that pushes it: each partition's last reply, which a new
 	 * server gets (RESTORE) for the machines that did not receive it
-	 * from a lost one, and how many rounds of it this worker completed. */
+	 * from a lost one, and how many rounds of it this worker completed.
+	 * Never for a homed cut, which failover does not move. */
 	struct wk_kept *kept;		/* [nparts], or NULL */
 };
 
