@@ -1910,12 +1910,30 @@ int worker_allgather_supply(struct worker *w, unisum_handle h, const void *in)
 		rc = log_fail(UNISUM_EINVAL, "unisum_allgather_supply: in must not be NULL: this rank "
 			      "has %zu bytes of rows (worker %d)", op->own_bytes, w->rank);
 	struct wk_job *held = rc == 0 ? wk_take_held(op) : NULL;
+	/* Rows apart from `out` (the usual case) go out from `in` itself,
+	 * and are copied into their place in `out` while they flow, not
+	 * before: the copy counts as one more part, so the operation cannot
+	 * complete before it. */
+	const uint8_t *from = in, *out = op->out;
+	size_t total = (size_t)op->t->count * op->t->esize;
+	bool apart = held != NULL && op->own_bytes > 0 &&
+		     (from + op->own_bytes <= out || from >= out + total);
+	if (apart)
+		op->remaining++;
 	pthread_mutex_unlock(&w->lock);
 	if (held == NULL)
 		return rc;
-	/* Its held jobs keep it in flight (so alive) until queued. */
-	memmove(op->own_to, in, op->own_bytes);
+	if (!apart) {
+		/* Its held jobs keep it in flight (so alive) until queued. */
+		memmove(op->own_to, in, op->own_bytes);
+		wk_queue_held(w, op, held);
+		return 0;
+	}
+	for (struct wk_job *j = held; j != NULL; j = j->next)
+		j->in = from + ((const uint8_t *)j->in - (const uint8_t *)op->own_to);
 	wk_queue_held(w, op, held);
+	memcpy(op->own_to, in, op->own_bytes);
+	wk_op_part_done(op, 0, NULL);
 	return 0;
 }
 

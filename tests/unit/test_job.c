@@ -719,9 +719,11 @@ static int work_traffic(struct job *j, int rank, char *msg, size_t len)
 
 /* An allgather whose pulls go in ring phases (3 machines or more, one
  * worker each; test_job asks for the phases): rows of several partitions
- * and a rank with none (an empty phase), four rounds on one tensor, the
+ * and a rank with none (an empty phase), six rounds on one tensor, the
  * odd ones begun before their rows come (worker_allgather_begin, then
- * the rows late and in turns): every element exact. */
+ * the rows late and in turns; the last in place, from its own rows in
+ * `out`, the others from rows apart, which go out from `in` itself):
+ * every element exact. */
 static int work_phases(struct job *j, int rank, char *msg, size_t len)
 {
 	struct worker *w = j->w[rank];
@@ -737,16 +739,17 @@ static int work_phases(struct job *j, int rank, char *msg, size_t len)
 		FAIL(id, "declare phases: %s", unisum_last_error());
 	int32_t *in = malloc(counts[rank] * sizeof *in + 1), *out = malloc(off[n] * sizeof *out);
 	int rc = in == NULL || out == NULL ? UNISUM_ENOMEM : 0;
-	for (int round = 0; round < 4 && rc == 0; round++) {
-		for (uint64_t i = 0; i < counts[rank]; i++)
-			in[i] = value(rank, 70 + round, i);
+	for (int round = 0; round < 6 && rc == 0; round++) {
 		memset(out, 0x5a, off[n] * sizeof *out);
+		int32_t *rows = round == 5 ? out + off[rank] : in;
+		for (uint64_t i = 0; i < counts[rank]; i++)
+			rows[i] = value(rank, 70 + round, i);
 		unisum_handle h;
 		if (round % 2 == 1) {
 			rc = worker_allgather_begin(w, id, out, counts, &h);
 			if (rc == 0) {
 				usleep(1000 * (useconds_t)((rank + round) % n));
-				rc = worker_allgather_supply(w, h, counts[rank] > 0 ? in : NULL);
+				rc = worker_allgather_supply(w, h, counts[rank] > 0 ? rows : NULL);
 			}
 		} else {
 			rc = worker_allgather_async(w, id, in, out, counts, &h);
