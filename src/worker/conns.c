@@ -116,6 +116,7 @@ void wk_op_part_done(struct wk_op *op, int err, const char *why)
 		if (op->error == 0)
 			atomic_fetch_add(&w->operations, 1);
 		pthread_cond_broadcast(&w->done_cond);
+		wk_begun_release(w);
 	}
 	pthread_mutex_unlock(&w->lock);
 }
@@ -229,11 +230,11 @@ static void wk_job_finish(struct wk_job *j, int err, const char *why)
 	free(j);
 }
 
-void wk_phase_step(struct worker *w, struct wk_op *op, int done)
+/* Sends the PULLs of op's phases whose turn came (w->lock held). */
+static void wk_phases_send(struct worker *w, struct wk_op *op)
 {
-	pthread_mutex_lock(&w->lock);
-	if (done > 0)
-		op->phase_left[done]--;
+	if (op->pulls_held)
+		return;
 	int from = atomic_load(&op->phase_sent) + 1, to = from - 1;
 	while (to + 1 < op->nphases && op->phase_left[to] <= 1)
 		to++;
@@ -250,7 +251,39 @@ void wk_phase_step(struct worker *w, struct wk_op *op, int done)
 		if (wk_enqueue(&w->conns[j->server], j) != 0)
 			free(j);
 	}
+}
+
+void wk_phase_step(struct worker *w, struct wk_op *op, int done)
+{
+	pthread_mutex_lock(&w->lock);
+	if (done > 0)
+		op->phase_left[done]--;
+	wk_phases_send(w, op);
 	pthread_mutex_unlock(&w->lock);
+}
+
+void wk_begun_go(struct worker *w, struct wk_op *op)
+{
+	if (!op->pulls_held)
+		return;
+	op->pulls_held = false;
+	wk_phases_send(w, op);
+}
+
+void wk_begun_release(struct worker *w)
+{
+	struct wk_op *oldest = NULL;
+	for (int i = 0; i < w->nops; i++) {
+		struct wk_op *o = w->ops[i];
+		if (o->done)
+			continue;
+		if (!o->pulls_held)
+			return;		/* another round receives */
+		if (oldest == NULL || o->handle < oldest->handle)
+			oldest = o;
+	}
+	if (oldest != NULL)
+		wk_begun_go(w, oldest);
 }
 
 /* ---- the meter of fit mode (UNISUM_AUTOTUNE=2) ---------------------------- */

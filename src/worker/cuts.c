@@ -366,6 +366,7 @@ void wk_op_fail(struct wk_op *op, int err, const char *what)
 	op->done = true;
 	op->t->busy = false;
 	pthread_cond_broadcast(&w->done_cond);
+	wk_begun_release(w);
 	pthread_mutex_unlock(&w->lock);
 }
 
@@ -386,7 +387,8 @@ static int wk_phase_of(const struct wk_op *op, int d, const struct placement_par
  * phase's pulled partitions and makes a JOB_PULL for each PULL of the
  * phases that wait, before any job is queued (a reply may come at once).
  * A phase goes once the one before has at most one partition left;
- * phases of at most one partition go at once.  0 or UNISUM_ENOMEM. */
+ * phases of at most one partition go at once; a begun round's first
+ * phase waits as well (wk_begun_release).  0 or UNISUM_ENOMEM. */
 static int wk_phases_plan(struct wk_op *op, const struct wk_layout *L, uint32_t round)
 {
 	int n = op->nphases;
@@ -403,7 +405,7 @@ static int wk_phases_plan(struct wk_op *op, const struct wk_layout *L, uint32_t 
 		if (phase == 0)
 			continue;
 		op->phase_left[phase]++;
-		if (phase < 2)
+		if (phase < (op->deferred ? 1 : 2))
 			continue;
 		struct wk_job *j = calloc(1, sizeof *j);
 		if (j == NULL)
@@ -415,7 +417,9 @@ static int wk_phases_plan(struct wk_op *op, const struct wk_layout *L, uint32_t 
 	int sent = 1;
 	while (sent + 1 < n && op->phase_left[sent] <= 1)
 		sent++;
-	atomic_store(&op->phase_sent, sent);
+	/* A begun round's first phase waits too (wk_op.pulls_held). */
+	op->pulls_held = op->deferred;
+	atomic_store(&op->phase_sent, op->deferred ? 0 : sent);
 	return 0;
 }
 
@@ -472,6 +476,11 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 	t->busy = !op->done;
 	if (op->done)
 		pthread_cond_broadcast(&w->done_cond);
+	/* A begun round's first phase goes now if nothing else is in
+	 * flight (its JOB_PULLs find no PUSH yet: each PUSH takes its PULL
+	 * along). */
+	if (op->pulls_held)
+		wk_begun_release(w);
 	pthread_mutex_unlock(&w->lock);
 
 	/* Once its last partition is queued the operation may complete and

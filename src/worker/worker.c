@@ -1910,6 +1910,8 @@ int worker_allgather_supply(struct worker *w, unisum_handle h, const void *in)
 		rc = log_fail(UNISUM_EINVAL, "unisum_allgather_supply: in must not be NULL: this rank "
 			      "has %zu bytes of rows (worker %d)", op->own_bytes, w->rank);
 	struct wk_job *held = rc == 0 ? wk_take_held(op) : NULL;
+	if (rc == 0)
+		wk_begun_go(w, op);	/* its first phase, if it still waits */
 	/* Rows apart from `out` (the usual case) go out from `in` itself,
 	 * and are copied into their place in `out` while they flow, not
 	 * before: the copy counts as one more part, so the operation cannot
@@ -1948,6 +1950,7 @@ void wk_supply_nothing(struct worker *w)
 		struct wk_job *held = op != NULL ? wk_take_held(op) : NULL;
 		if (op != NULL) {
 			op->nothing = true;
+			wk_begun_go(w, op);
 			for (struct wk_job *j = held; j != NULL; j = j->next) {
 				j->in = NULL;	/* ZERO: nothing of this machine's */
 				j->entry.bytes = 0;
