@@ -20,7 +20,10 @@ all_reduce and a slice (the line says which: "reducescatter" or
 
 Each call is preceded by a barrier and timed on every rank; a call's time is
 the slowest rank's (an allreduce of Max over the ranks).  K warm-up calls
-are not counted.  Values are small integers, so every result is exact; the
+are not counted.  With --loop the calls run back to back instead, as a
+training loop's would with nothing between them: one barrier, then I calls
+timed together, and the slowest rank's time over I is the one figure
+(median_s and min_s alike).  Values are small integers, so every result is exact; the
 last result of each is checked on every rank (exit 1 when wrong).  Rank 0
 prints one line per collective and size:
 
@@ -120,9 +123,9 @@ class Unisum:
         self.hvd.shutdown()
 
 
-def run(sys_, mib, iters, warmup, ops):
-    """Times the collectives named in `ops` at `mib`; rank 0 prints their lines.
-    Returns False when a result was wrong."""
+def run(sys_, mib, iters, warmup, ops, loop=False):
+    """Times the collectives named in `ops` at `mib` (`loop`: back to back);
+    rank 0 prints their lines.  Returns False when a result was wrong."""
     w, r = sys_.world, sys_.rank
     n = int(mib * 1024 * 1024) // 4 // w * w          # elements of the whole tensor
     part = n // w
@@ -141,7 +144,15 @@ def run(sys_, mib, iters, warmup, ops):
         fn = getattr(sys_, label.split("=")[0])
         times = []
         got = None
-        for i in range(warmup + iters):
+        if loop:
+            for i in range(warmup):
+                got = fn(x, out)
+            sys_.barrier()
+            t0 = time.perf_counter()
+            for i in range(iters):
+                got = fn(x, out)
+            times.append(sys_.slowest(time.perf_counter() - t0) / iters)
+        for i in range(0 if loop else warmup + iters):
             sys_.barrier()
             t0 = time.perf_counter()
             got = fn(x, out)
@@ -170,6 +181,8 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--loop", action="store_true",
+                    help="time the calls back to back, not each after a barrier")
     a = ap.parse_args()
     if a.system == "gloo" and (a.rank is None or a.world is None or not a.master):
         ap.error("gloo needs --rank, --world and --master")
@@ -177,7 +190,7 @@ def main():
     sys_ = Gloo(a) if a.system == "gloo" else Unisum(a)
     ok = True
     for mib in (float(m) for m in a.mib.split(",")):
-        ok = run(sys_, mib, a.iters, a.warmup, a.ops.split(",")) and ok
+        ok = run(sys_, mib, a.iters, a.warmup, a.ops.split(","), a.loop) and ok
     sys_.close()
     sys.exit(0 if ok else 1)
 
