@@ -1037,6 +1037,19 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 		}
 	}
 	pthread_mutex_unlock(&srv->lock);
+	/* A machine's last push may still wait in this engine's queue: it is
+	 * acknowledged as it arrives, before it is summed, and the machine
+	 * may leave at the acknowledgement (unisum_shutdown pushes ZERO for
+	 * a begun allgather round and leaves once that is acknowledged).  It
+	 * was queued before its connection closed (one thread does both), so
+	 * with the queue empty, the round truly waits; else look again at
+	 * the next check, once the queue has been worked off. */
+	if (left_msg[0] != '\0') {
+		pthread_mutex_lock(&e->lock);
+		if (e->head != NULL)
+			left_msg[0] = '\0';
+		pthread_mutex_unlock(&e->lock);
+	}
 	/* Socket I/O after the lock is let go. */
 	if (left_msg[0] != '\0')
 		rdv_client_fail_job(srv->rdv, UNISUM_ECONN, left_msg);

@@ -1916,10 +1916,11 @@ int worker_allgather_supply(struct worker *w, unisum_handle h, const void *in)
 	 * and are copied into their place in `out` while they flow, not
 	 * before: the copy counts as one more part, so the operation cannot
 	 * complete before it. */
-	const uint8_t *from = in, *out = op->out;
+	const uint8_t *from = in;
+	uintptr_t lo = (uintptr_t)in, out = (uintptr_t)op->out;
 	size_t total = (size_t)op->t->count * op->t->esize;
 	bool apart = held != NULL && op->own_bytes > 0 &&
-		     (from + op->own_bytes <= out || from >= out + total);
+		     (lo + op->own_bytes <= out || lo >= out + total);
 	if (apart)
 		op->remaining++;
 	pthread_mutex_unlock(&w->lock);
