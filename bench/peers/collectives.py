@@ -152,13 +152,14 @@ def run(sys_, mib, iters, warmup, ops, loop=False):
             for i in range(iters):
                 got = fn(x, out)
             times.append(sys_.slowest(time.perf_counter() - t0) / iters)
-        for i in range(0 if loop else warmup + iters):
-            sys_.barrier()
-            t0 = time.perf_counter()
-            got = fn(x, out)
-            slowest = sys_.slowest(time.perf_counter() - t0)
-            if i >= warmup:
-                times.append(slowest)
+        else:
+            for i in range(warmup + iters):
+                sys_.barrier()
+                t0 = time.perf_counter()
+                got = fn(x, out)
+                slowest = sys_.slowest(time.perf_counter() - t0)
+                if i >= warmup:
+                    times.append(slowest)
         if not torch.equal(got, want):
             print("%s %s: rank %d's result is wrong" % (sys_.name, label, r), file=sys.stderr)
             ok = False

@@ -1916,7 +1916,6 @@ int worker_allgather_supply(struct worker *w, unisum_handle h, const void *in)
 	 * and are copied into their place in `out` while they flow, not
 	 * before: the copy counts as one more part, so the operation cannot
 	 * complete before it. */
-	const uint8_t *from = in;
 	uintptr_t lo = (uintptr_t)in, out = (uintptr_t)op->out;
 	size_t total = (size_t)op->t->count * op->t->esize;
 	bool apart = held != NULL && op->own_bytes > 0 &&
@@ -1933,7 +1932,7 @@ int worker_allgather_supply(struct worker *w, unisum_handle h, const void *in)
 		return 0;
 	}
 	for (struct wk_job *j = held; j != NULL; j = j->next)
-		j->in = from + ((const uint8_t *)j->in - (const uint8_t *)op->own_to);
+		j->in = (const uint8_t *)in + ((const uint8_t *)j->in - (const uint8_t *)op->own_to);
 	wk_queue_held(w, op, held);
 	memcpy(op->own_to, in, op->own_bytes);
 	wk_op_part_done(op, 0, NULL);
