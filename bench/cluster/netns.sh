@@ -39,6 +39,19 @@
 # 2 x DELAY, a ping round trip 4 x DELAY.  DELAY needs a kernel with netem
 # (CONFIG_NET_SCH_NETEM); `up` says so and fails when it is missing.
 #
+# TCP.  Every host runs the congestion control NETNS_CC (default cubic,
+# Linux's own default; NETNS_CC= keeps the machine's).  The machine's may
+# misread the emulated links: this VM's default, BBR v1, measured a 1gbit
+# link at 10-30 Gbit/s (tbf's burst lets 128 KiB through at memory speed)
+# and a minimum round trip of 8 us, so it did not pace; its flows queued
+# at the tbf, and each connection's ProbeRTT (a window of 4 segments for
+# 200 ms, every 10 s) then crawled through that queue: a 64 KiB reply took
+# 168 ms, and back-to-back collectives lost whole bursts of calls
+# (bench/README.md).  A real NIC serializes every frame, so BBR there
+# measures the link as it is.  A namespace may only take a congestion
+# control that tcp_allowed_congestion_control lists: `up` adds NETNS_CC to
+# that (global) list for as long as it sets the hosts, then restores it.
+#
 # Racks.  With NETNS_RACKS=R (R > 1) in the environment, `up` cuts the H
 # hosts into R racks of consecutive indices (rack r: hosts r*H/R up to
 # (r+1)*H/R - 1), each its own bridge br<r> in the switch namespace, and
@@ -177,6 +190,31 @@ shape() { # NS DEV
 		burst "$BURST" limit "$LIMIT"
 }
 
+# Make CC (NETNS_CC: see TCP above) the congestion control of namespaces
+# NS...; fails naming it when the kernel cannot.
+set_cc() { # CC NS...
+	cc=$1
+	shift
+	allowed=/proc/sys/net/ipv4/tcp_allowed_congestion_control
+	(
+		# One `up` at a time edits the allowed list (tests run in parallel).
+		flock 9
+		orig=$(cat "$allowed")
+		case " $orig " in
+		*" $cc "*) ;;
+		*) echo "$orig $cc" >"$allowed" 2>/dev/null || true ;;
+		esac
+		rc=0
+		for ns in "$@"; do
+			ip netns exec "$ns" sh -c "echo $cc >/proc/sys/net/ipv4/tcp_congestion_control" \
+				2>/dev/null || { rc=1; break; }
+		done
+		[ "$(cat "$allowed")" = "$orig" ] || echo "$orig" >"$allowed"
+		exit $rc
+	) 9>"${TMPDIR:-/tmp}/netns.sh.cc.lock" ||
+		die "NETNS_CC=$cc: this kernel cannot set it (available: $(cat /proc/sys/net/ipv4/tcp_available_congestion_control))"
+}
+
 cmd_up() { # PREFIX H RATE [DELAY]
 	[ $# -eq 3 ] || [ $# -eq 4 ] || usage
 	P=$1 H=$2 RATE=$3 DELAY=${4:-}
@@ -257,8 +295,14 @@ cmd_up() { # PREFIX H RATE [DELAY]
 		shape "$sw" "h$i"
 		i=$((i + 1))
 	done
+	CC=${NETNS_CC-cubic}
+	if [ -n "$CC" ]; then
+		# shellcheck disable=SC2046 # the host namespaces, one word each
+		set_cc "$CC" $(namespaces "$P" | grep -v -- "-sw$")
+	fi
+	CC=$(ip netns exec "$P-h0" cat /proc/sys/net/ipv4/tcp_congestion_control)
 	trap - EXIT INT TERM HUP
-	echo "$ME: up $P: $H hosts $(host_addr "$P" 0) .. $(host_addr "$P" $((H - 1))) /16, $RATE each way${DELAY:+, delay $DELAY per link direction}$([ "$R" -gt 1 ] && echo ", $R racks joined at $NETNS_UPLINK") (tbf burst $BURST limit $LIMIT)"
+	echo "$ME: up $P: $H hosts $(host_addr "$P" 0) .. $(host_addr "$P" $((H - 1))) /16, $RATE each way${DELAY:+, delay $DELAY per link direction}$([ "$R" -gt 1 ] && echo ", $R racks joined at $NETNS_UPLINK") (tbf burst $BURST limit $LIMIT, TCP $CC)"
 }
 
 cmd_down() { # PREFIX
