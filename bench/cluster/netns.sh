@@ -51,6 +51,8 @@
 # measures the link as it is.  A namespace may only take a congestion
 # control that tcp_allowed_congestion_control lists: `up` adds NETNS_CC to
 # that (global) list for as long as it sets the hosts, then restores it.
+# A NETNS_CC the kernel cannot set fails `up`; the default, cubic, only
+# warns, and the hosts keep the machine's.
 #
 # Racks.  With NETNS_RACKS=R (R > 1) in the environment, `up` cuts the H
 # hosts into R racks of consecutive indices (rack r: hosts r*H/R up to
@@ -191,7 +193,7 @@ shape() { # NS DEV
 }
 
 # Make CC (NETNS_CC: see TCP above) the congestion control of namespaces
-# NS...; fails naming it when the kernel cannot.
+# NS...; returns 1 when the kernel cannot.
 set_cc() { # CC NS...
 	cc=$1
 	shift
@@ -211,8 +213,7 @@ set_cc() { # CC NS...
 		done
 		[ "$(cat "$allowed")" = "$orig" ] || echo "$orig" >"$allowed"
 		exit $rc
-	) 9>"${TMPDIR:-/tmp}/netns.sh.cc.lock" ||
-		die "NETNS_CC=$cc: this kernel cannot set it (available: $(cat /proc/sys/net/ipv4/tcp_available_congestion_control))"
+	) 9>"${TMPDIR:-/tmp}/netns.sh.cc.lock"
 }
 
 cmd_up() { # PREFIX H RATE [DELAY]
@@ -296,9 +297,12 @@ cmd_up() { # PREFIX H RATE [DELAY]
 		i=$((i + 1))
 	done
 	CC=${NETNS_CC-cubic}
-	if [ -n "$CC" ]; then
-		# shellcheck disable=SC2046 # the host namespaces, one word each
-		set_cc "$CC" $(namespaces "$P" | grep -v -- "-sw$")
+	# shellcheck disable=SC2046 # the host namespaces, one word each
+	if [ -n "$CC" ] && ! set_cc "$CC" $(namespaces "$P" | grep -v -- "-sw$"); then
+		why="this kernel cannot set it (available: $(cat /proc/sys/net/ipv4/tcp_available_congestion_control))"
+		# Asked for: fail.  The default: say so, and go on with the machine's.
+		[ -z "${NETNS_CC+set}" ] || die "NETNS_CC=$CC: $why"
+		echo "$ME: warning: $CC: $why; the hosts keep the machine's congestion control" >&2
 	fi
 	CC=$(ip netns exec "$P-h0" cat /proc/sys/net/ipv4/tcp_congestion_control)
 	trap - EXIT INT TERM HUP
