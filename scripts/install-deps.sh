@@ -40,7 +40,7 @@ grep             base   grep
 mawk             base   awk
 mount            base   mount
 sed              base   sed
-util-linux       base   unshare nsenter
+util-linux       base   unshare nsenter flock
 
 # Build, demo and tests.
 build-essential  test
