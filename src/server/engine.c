@@ -906,7 +906,6 @@ static bool srv_slot_waits_for_left(const struct server *srv, const struct srv_k
 			 "rounds?",
 			 srv_worker_name(srv, srv_key_peer(k, w), name, sizeof name), k->name,
 			 (unsigned)(k->key & 0xffff), s->round);
-		LOG_ERROR("%s", msg);
 		return true;
 	}
 	return false;
@@ -923,28 +922,26 @@ static int srv_stall_level(const struct config *cfg, int64_t waited)
 
 /* SSP: a pull held for a slow contributor longer than the stall limits
  * is reported, naming the contributor that holds the others back (and
- * past UNISUM_STALL_ABORT_MS fails the job, into abort_msg).  Called with
+ * past UNISUM_STALL_ABORT_MS fails the job, into abort_msg); one that
+ * left can never catch up, and goes into left_msg (the job fails at
+ * once, as for a lock-step round waiting for a machine that left, unless
+ * its last push is still queued: srv_check_stalls).  Called with
  * srv->lock held, on the key's engine thread. */
 static void srv_ssp_stall(struct server *srv, struct srv_key *k, int64_t now, char *abort_msg,
-			  size_t len)
+			  char *left_msg, size_t len)
 {
 	const struct config *cfg = srv->cfg;
 	int64_t waited = now - k->held_since_ms;
 	int level = srv_stall_level(cfg, waited);
 	int slow = srv_ssp_slowest(k);
-	if (srv->left[srv_key_peer(k, slow)] && k->held_level < 2) {
-		/* It can never catch up: fail at once, as a lock-step round
-		 * waiting for a machine that left does. */
-		char name[64], msg[768];
-		snprintf(msg, sizeof msg, "%s closed its connection (it called shutdown, its program "
-			 "ended or it died) while it held back the others on tensor '%s' (partition %u, "
-			 "bounded staleness %u): they wait for its next step",
-			 srv_worker_name(srv, srv_key_peer(k, slow), name, sizeof name),
-			 k->name ? k->name : "?", (unsigned)(k->key & 0xffff), k->staleness);
-		LOG_ERROR("%s", msg);
-		if (abort_msg[0] == '\0')
-			snprintf(abort_msg, len, "%s", msg);
-		k->held_level = 2;
+	if (srv->left[srv_key_peer(k, slow)]) {
+		char name[64];
+		if (left_msg[0] == '\0')
+			snprintf(left_msg, len, "%s closed its connection (it called shutdown, its "
+				 "program ended or it died) while it held back the others on tensor "
+				 "'%s' (partition %u, bounded staleness %u): they wait for its next step",
+				 srv_worker_name(srv, srv_key_peer(k, slow), name, sizeof name),
+				 k->name ? k->name : "?", (unsigned)(k->key & 0xffff), k->staleness);
 		return;
 	}
 	if (level <= k->held_level)
@@ -989,7 +986,7 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 	for (size_t i = 0; i < e->nkeys; i++) {
 		struct srv_key *k = e->keys[i];
 		if (k->ssp && k->held_since_ms > 0 && k->poison == NULL)
-			srv_ssp_stall(srv, k, now, abort_msg, sizeof abort_msg);
+			srv_ssp_stall(srv, k, now, abort_msg, left_msg, sizeof abort_msg);
 		for (int j = 0; j < 2; j++) {
 			struct srv_slot *s = &k->slot[j];
 			if (!s->active || s->ready || k->poison != NULL)
@@ -1050,11 +1047,14 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 			left_msg[0] = '\0';
 		pthread_mutex_unlock(&e->lock);
 	}
-	/* Socket I/O after the lock is let go. */
-	if (left_msg[0] != '\0')
+	/* Socket I/O after the lock is let go; once for a machine that left. */
+	if (left_msg[0] != '\0' && !e->left_failed) {
+		e->left_failed = true;
+		LOG_ERROR("%s", left_msg);
 		rdv_client_fail_job(srv->rdv, UNISUM_ECONN, left_msg);
-	else if (abort_msg[0] != '\0')
+	} else if (abort_msg[0] != '\0' && left_msg[0] == '\0') {
 		rdv_client_fail_job(srv->rdv, UNISUM_ETIMEDOUT, abort_msg);
+	}
 }
 
 void *srv_engine_main(void *arg)

@@ -139,6 +139,7 @@ struct srv_engine {
 	struct srv_event *head, *tail;
 	bool stop;		/* finish the queue, then exit */
 	bool joined;		/* exited: posts are dropped */
+	bool left_failed;	/* failed the job for a machine that left (its thread only) */
 	uint64_t bytes;		/* bytes of keys pinned here (under srv->lock) */
 	struct srv_key **keys;	/* keys pinned here (under srv->lock) */
 	size_t nkeys, capkeys;

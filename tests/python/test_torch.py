@@ -479,6 +479,17 @@ def test_ssp_optimizer():
     assert re.search(r"worker 2 holds the others back", out + err), describe(rc, out, err)
 
 
+def test_ssp_leaves():
+    """DistributedOptimizer(sync="ssp:1"): a rank that shuts down after one
+    step while the others need its next one is named in their errors at
+    once (its last push is summed first: no step of theirs fails early)."""
+    rc, out, err = run_launch(3, 1, "ssp_train.py", "leaves", timeout=120, local_size=1)
+    for r in range(3):
+        assert any(l.startswith("rank %d: ssp leaves ok" % r) for l in worker_lines(out, r)), \
+            describe(rc, out, err)
+    assert "held back the others" in out + err, describe(rc, out, err)
+
+
 @pytest.mark.parametrize("overlap", ["1", "0"])
 def test_dssync_optimizer(overlap):
     """DistributedOptimizer(sync="dssync:2") (issue 18) on 4 workers: group
