@@ -42,7 +42,7 @@
 # TCP.  Every host runs the congestion control NETNS_CC (default cubic,
 # Linux's own default; NETNS_CC= keeps the machine's).  The machine's may
 # misread the emulated links: this VM's default, BBR v1, measured a 1gbit
-# link at 10-30 Gbit/s (tbf's burst lets 128 KiB through at memory speed)
+# link at 4-29 Gbit/s (tbf's burst lets 128 KiB through at memory speed)
 # and a minimum round trip of 8 us, so it did not pace; its flows queued
 # at the tbf, and each connection's ProbeRTT (a window of 4 segments for
 # 200 ms, every 10 s) then crawled through that queue: a 64 KiB reply took
