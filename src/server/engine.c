@@ -1048,11 +1048,13 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 		pthread_mutex_unlock(&e->lock);
 	}
 	/* Socket I/O after the lock is let go; once for a machine that left. */
-	if (left_msg[0] != '\0' && !e->left_failed) {
-		e->left_failed = true;
-		LOG_ERROR("%s", left_msg);
-		rdv_client_fail_job(srv->rdv, UNISUM_ECONN, left_msg);
-	} else if (abort_msg[0] != '\0' && left_msg[0] == '\0') {
+	if (left_msg[0] != '\0') {
+		if (!e->left_failed) {
+			e->left_failed = true;
+			LOG_ERROR("%s", left_msg);
+			rdv_client_fail_job(srv->rdv, UNISUM_ECONN, left_msg);
+		}
+	} else if (abort_msg[0] != '\0') {
 		rdv_client_fail_job(srv->rdv, UNISUM_ETIMEDOUT, abort_msg);
 	}
 }
