@@ -43,8 +43,10 @@ Choices where the references differ:
   gradient in the worker's shared arena (``unisum.torch.zeros_like``, the C
   library's ``unisum_alloc``) before the first backward, so the other
   workers of the machine read and write it directly: autograd accumulates
-  into an existing ``.grad`` in place.  ``shared_gradients=False`` keeps
-  PyTorch's own memory.
+  into an existing ``.grad`` in place.  A parameter whose first gradient
+  turns out sparse (``nn.Embedding(sparse=True)``) gives its home up as
+  that gradient arrives, and its gradients are summed as Horovod sums
+  sparse ones.  ``shared_gradients=False`` keeps PyTorch's own memory.
 """
 
 from __future__ import annotations
@@ -1888,6 +1890,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._sum = bool(reduce.get("sum", False))
         self._predivide = float(reduce.get("predivide", 1.0))
         self._sparse_as_dense = bool(reduce.get("sparse_as_dense", False))
+        self._process_set = reduce.get("process_set")   # Horovod's object, or None
+        self._sparse: Set[torch.Tensor] = set()     # parameters seen with a sparse gradient
         self._spec: Optional[str] = reduce.get("compression")
         self._pset = int(reduce.get("pset", 0))
         self._members = int(reduce.get("members", size()))
@@ -1947,6 +1951,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             _optimizers.add(self)   # rejoin() forgets its exchange in flight
             return
         self._register_hooks()
+        # Parameters whose home in the shared arena waits for its first
+        # gradient's check (_share_gradients), and the check's hook.
+        self._home_checks: Dict[torch.Tensor, Any] = {}
         if shared_gradients and local_size() > 1:
             self._share_gradients()
         _optimizers.add(self)
@@ -2081,12 +2088,33 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _share_gradients(self) -> None:
         """Gives every gradient that does not exist yet a zeroed home in the
-        shared arena; backward then accumulates into it in place."""
+        shared arena; backward then accumulates into it in place.
+
+        Only a dense gradient of the parameter's shape may live there, and
+        which kind a parameter gets shows only in backward (the weight of
+        nn.Embedding(sparse=True) gets a sparse one).  So a hook on each
+        homed parameter looks at its first gradient as it arrives, before
+        autograd adds it to ``.grad``: a gradient of another kind makes the
+        parameter give its home up, and autograd then keeps that gradient
+        as it came, as it would have without the arena."""
         for group in self.param_groups:
             for p in group["params"]:
                 if p.requires_grad and p.grad is None and p.device.type == "cpu" and \
                         p.dtype in _DTYPES and p.numel() > 0:
                     p.grad = zeros_like(p)
+                    self._home_checks[p] = p.register_hook(self._home_check(p))
+
+    def _home_check(self, p: torch.Tensor) -> Callable[[torch.Tensor], None]:
+        """The hook of _share_gradients on p, which runs once: on p's first
+        gradient, as it arrives."""
+        home = cast(torch.Tensor, p.grad).data_ptr()
+
+        def check(grad: torch.Tensor) -> None:
+            if grad.layout != torch.strided or grad.shape != p.shape or grad.dtype != p.dtype:
+                if p.grad is not None and p.grad.data_ptr() == home:
+                    p.grad = None       # still the untouched home: autograd stores grad as is
+            self._home_checks.pop(p).remove()
+        return check
 
     def _register_hooks(self) -> None:
         """Hooks every parameter that requires a gradient: its gradient is
@@ -2122,14 +2150,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             name = _shaped(name, tensor)
         return name
 
-    def _push_pull_grad(self, p: torch.Tensor) -> Tuple[int, Any, torch.Tensor]:
+    def _push_pull_grad(self, p: torch.Tensor) -> Tuple[Any, Any, Optional[torch.Tensor]]:
         """Starts summing p's gradient in place (compressed); returns the
-        handle, compress()'s context and the tensor being summed."""
+        handle, compress()'s context and the tensor being summed.  A
+        sparse gradient goes as Horovod's does: with sparse_as_dense, made
+        dense and summed (synchronize() makes the sum sparse again);
+        without, every worker's indices and values are allgathered, and
+        the handle is a function that waits for them and gives the sparse
+        sum (no compression, no predivision: Horovod's sparse path has
+        neither)."""
         grad = cast(torch.Tensor, p.grad)
         if grad.is_sparse:
-            # Summed dense (sparse_as_dense, or Horovod's sparse allreduce,
-            # whose result has the same values); synchronize() gives a
-            # sparse gradient back a sparse result.
+            self._sparse.add(p)
+            if not self._sparse_as_dense:
+                from unisum import _horovod
+                return _horovod.sparse_allreduce_async(
+                    grad, "gradient." + self._names[id(p)],
+                    _horovod.Sum if self._sum else _horovod.Average,
+                    self._process_set), None, None
             grad = grad.to_dense()
         compressed, ctx = self._compression.compress(grad)
         flags, scale = (0 if self._sum else _capi.AVERAGE), 1.0
@@ -2185,16 +2223,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if self._included and p.requires_grad and \
                         (p not in self._handles or self._handles[p][0] is None):
                     if p.grad is None:
+                        # Unused here: zeros of the kind the others send
+                        # (a sparse one known from an earlier step).
                         p.grad = torch.zeros_like(p)
+                        if p in self._sparse:
+                            p.grad = p.grad.to_sparse(p.dim())
                     self._handles[p] = self._push_pull_grad(p)
         for p, (handle, ctx, compressed) in self._handles.items():
             # Every handle is set now: the loop above started what was missing.
-            out = self._compression.decompress(synchronize(cast(int, handle)), ctx)
             grad = cast(torch.Tensor, p.grad)
-            if grad.is_sparse:
-                p.grad = out.reshape(grad.shape).to_sparse()
-            elif out.data_ptr() != grad.data_ptr():
-                grad.copy_(out.view_as(grad))
+            if callable(handle):
+                p.grad = handle()       # a sparse gradient's allgathered sum
+            elif grad.is_sparse:
+                out = self._compression.decompress(synchronize(handle), ctx)
+                p.grad = out.reshape(grad.shape).to_sparse(grad.sparse_dim())
+            else:
+                out = self._compression.decompress(synchronize(handle), ctx)
+                if out.data_ptr() != grad.data_ptr():
+                    grad.copy_(out.view_as(grad))
             self._delay[p] = self._passes
         self._handles.clear()
         self._synchronized = True
@@ -2338,9 +2384,12 @@ def DistributedOptimizer(optimizer: _OptimizerT,
         num_groups, groups: Horovod's fusion groups, which change how it
             batches, not what it computes; taken and checked, and unused:
             unisum's PUSH stage already batches by priority under a credit.
-        sparse_as_dense: Sparse gradients are summed dense either way (the
-            same values as Horovod's sparse allreduce); without this flag
-            a sparse gradient gets a sparse result back.
+        sparse_as_dense: A sparse gradient (nn.Embedding(sparse=True)'s)
+            is made dense and summed, and the sum made sparse again; by
+            default, as in Horovod, every worker's indices and values are
+            allgathered instead (sparse_allreduce_async), which moves
+            only the rows that changed.  Either way the gradient stays
+            sparse, and out of the shared arena.
         process_set: A Horovod process set (add_process_set): gradients
             are averaged over its members only; on other ranks the
             optimizer sums nothing (as in Horovod).  None: every worker.
@@ -2426,7 +2475,7 @@ def DistributedOptimizer(optimizer: _OptimizerT,
     pset = _pset_of(process_set, member=False)
     ranks = getattr(process_set, "ranks", None) if pset != 0 else None
     reduce = {"sum": op == 1, "predivide": float(gradient_predivide_factor),
-              "sparse_as_dense": sparse_as_dense, "pset": pset,
+              "sparse_as_dense": sparse_as_dense, "pset": pset, "process_set": process_set,
               "members": len(ranks) if ranks else size(),
               "included": ranks is None or rank() in ranks, "sync": mode,
               "compression": spec}

@@ -355,6 +355,35 @@ def test_parameter_unused_on_one_rank(tmp_path):
         assert torch.equal(p0[name], p1[name]), name
 
 
+@pytest.mark.parametrize("local_size", [1, None], ids=["servers", "one-machine"])
+def test_sparse_gradients(tmp_path, local_size):
+    """nn.Embedding(sparse=True) under DistributedOptimizer (issue 47),
+    through the servers and on one machine, where the other gradients live
+    in the shared arena: SparseAdam (sparse gradients only) and SGD (an
+    embedding and a dense layer) train to the parameters of one process
+    training on every rank's batches, with sparse_as_dense False
+    (allgathered indices and values) and True (summed dense)."""
+    import sparse_train as st
+    rc, out, err = run_launch(2, 1, "sparse_train.py", tmp_path, timeout=90,
+                              local_size=local_size)
+    assert rc == 0, describe(rc, out, err)
+    got = [torch.load(str(tmp_path / ("rank%d.pt" % r))) for r in range(2)]
+    for kind in ("adam", "sgd"):
+        model, opt = st.make(kind)
+        for step in range(st.STEPS):
+            opt.zero_grad()
+            loss = sum(st.loss_of(model, *st.batches(r, step)) for r in range(2)) / 2
+            loss.backward()
+            opt.step()
+        for dense in (False, True):
+            for name, p in model.named_parameters():
+                key = "%s.%s.%s" % (kind, dense, name)
+                for r in range(2):
+                    assert torch.allclose(got[r][key], p.detach(), atol=1e-6), \
+                        "%s on rank %d: max diff %g" % (key, r,
+                                                        (got[r][key] - p).abs().max())
+
+
 def test_script_ending_without_shutdown_ends_the_job_normally():
     """BytePS's and Horovod's scripts never call shutdown(): the plugin
     leaves at interpreter exit, so the launcher exits 0 (issue 17)."""
