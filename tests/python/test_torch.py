@@ -384,6 +384,17 @@ def test_sparse_gradients(tmp_path, local_size):
                                                         (got[r][key] - p).abs().max())
 
 
+def test_cross_barrier_trains_as_distributed_optimizer():
+    """BytePS's CrossBarrier (issue 47): step() returns with updates still
+    waiting, each landing before its module's next forward (a parameter of
+    no leaf module at step(); a layer one rank skips gets zeros), and the
+    parameters end equal to DistributedOptimizer's, bit for bit, for SGD
+    with momentum and weight decay and for Adam."""
+    out, err = check_launch(2, 1, "cross_barrier_train.py", timeout=90)
+    for r in range(2):
+        assert "cross_barrier ok" in worker_lines(out, r), out[-3000:]
+
+
 def test_script_ending_without_shutdown_ends_the_job_normally():
     """BytePS's and Horovod's scripts never call shutdown(): the plugin
     leaves at interpreter exit, so the launcher exits 0 (issue 17)."""

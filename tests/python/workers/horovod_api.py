@@ -492,6 +492,22 @@ def more(r, n):
            torch.full((6,), float(n * (n + 1) // 2)))
     expect("byteps_push_pull", hvd.byteps_push_pull(x, name="bps.raw", is_average=False),
            torch.full((6,), float(n * (n + 1) // 2)))
+    # BytePS's submodules: ops (with the group-sync count of its DDP) and
+    # compression.
+    import unisum.torch.compression as bps_compression
+    import unisum.torch.ops as bps_ops
+    assert bps_compression.Compression.fp16 is hvd.Compression.fp16
+    assert issubclass(bps_compression.FP16Compressor, bps_compression.Compressor)
+    assert bps_ops.push_pull is hvd.push_pull and bps_ops.poll is hvd.poll
+    assert bps_ops.byteps_torch_set_num_grads(2) == 0
+    group = [torch.full((3,), float(r + k)) for k in range(3)]
+    counts = []
+    for k, t in enumerate(group):
+        h, c = bps_ops.push_pull_group_sync_inplace(t, average=False, name="bps.group.%d" % k)
+        counts.append(c)
+        bps_ops.synchronize(h)
+        expect("push_pull_group_sync_inplace", t, torch.full((3,), float(n * (n - 1) // 2 + n * k)))
+    assert counts == [1, 2, 1], counts
     machines = hvd.cross_size()
     hvd.suspend()
     assert not hvd.is_initialized()

@@ -64,7 +64,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Protocol,
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional,
                     Sequence, Set, Tuple, TypeVar, Union, cast)
 
 import numpy
@@ -72,6 +72,7 @@ import torch
 
 from unisum import _capi
 from unisum._capi import UnisumError
+from unisum.torch.compression import Compression, Compressor
 
 __all__ = [
     "init", "shutdown", "size", "rank", "local_rank", "local_size", "declare",
@@ -1460,7 +1461,7 @@ def synchronize(handle: int) -> torch.Tensor:
 
 def push_pull(tensor: torch.Tensor, average: bool = True, name: Optional[str] = None,
               version: int = 0, priority: int = 0,
-              compression: Optional[_Compressor] = None) -> torch.Tensor:
+              compression: Optional[Compressor] = None) -> torch.Tensor:
     """Sums `tensor` over all workers into a new tensor and returns it.
 
     push_pull_async() followed by synchronize(); `tensor` is left as it is.
@@ -1508,8 +1509,11 @@ def suspend() -> None:
 def resume(num_workers: Optional[int] = None, num_servers: Optional[int] = None,
            global_rank: Optional[int] = None, context: Any = None) -> None:
     """BytePS's resume(): uses the job again after suspend() (init()).
-    Only the job as it was: another size is elastic training, which
-    unisum does not do yet.
+    Only the job as it was.  BytePS also resumes at another size, its
+    elastic training; unisum's elastic jobs change size another way, as
+    Horovod's do: ``unisum launch --elastic`` adds and loses workers, and
+    ``unisum.torch.elastic.run`` (or rejoin()) carries a training loop
+    across each change.
 
     Raises:
         NotImplementedError: For a number of workers or servers, or a rank,
@@ -1521,8 +1525,10 @@ def resume(num_workers: Optional[int] = None, num_servers: Optional[int] = None,
               "num_servers": (num_servers, None), "global_rank": (global_rank, rank())}
     for what, (asked, now) in wanted.items():
         if asked is not None and now is not None and int(asked) != now:
-            raise NotImplementedError("unisum.torch.resume(%s=%s): the job has %s; resuming at "
-                                      "another size is elastic training, not implemented yet"
+            raise NotImplementedError("unisum.torch.resume(%s=%s): the job has %s; resume() "
+                                      "resumes the job as it was: for a job that changes size "
+                                      "use `unisum launch --elastic` and "
+                                      "unisum.torch.elastic.run (or rejoin())"
                                       % (what, asked, now))
 
 
@@ -1737,6 +1743,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
     """
     _require_init()
     _land_flying()
+    # A CrossBarrier: the DistributedOptimizer it wraps.
+    optimizer = getattr(optimizer, "_unisum_wrapped", optimizer)
     if len(optimizer.state_dict()["state"]) == 0:
         # As Horovod: an optimizer that has not stepped yet gets its state
         # made by one step on zero gradients, so that the state tensors
@@ -1794,77 +1802,6 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
         optimizer.load_state_dict({"state": new_state, "param_groups": received["param_groups"]})
 
 
-class _Compressor(Protocol):
-    """What DistributedOptimizer's `compression` is: an object (such as the
-    classes in Compression) with these two functions."""
-
-    def compress(self, tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
-        """The tensor to sum instead of `tensor`, and a context for
-        decompress()."""
-
-    def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        """The gradient that the sum `tensor` of compressed tensors stands
-        for, given compress()'s context `ctx`."""
-
-
-class Compression:
-    """Gradient compression for DistributedOptimizer (Horovod's names).
-
-    Each member is a class whose static methods compress() and decompress()
-    DistributedOptimizer calls around the sum of each gradient; pass the
-    class itself, as in ``compression=Compression.fp16``.
-    """
-
-    class none:
-        """No compression: gradients are summed as they are."""
-
-        @staticmethod
-        def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, None]:
-            """Returns `tensor` itself and no context.
-
-            Args:
-                tensor: The gradient to sum.
-            """
-            return tensor, None
-
-        @staticmethod
-        def decompress(tensor: torch.Tensor, ctx: None) -> torch.Tensor:
-            """Returns `tensor` itself.
-
-            Args:
-                tensor: The summed gradient.
-                ctx: The context compress() returned (None).
-            """
-            return tensor
-
-    class fp16:
-        """Sends float gradients as float16: half the bytes."""
-
-        @staticmethod
-        def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.dtype]]:
-            """Returns a float16 copy of a floating-point `tensor` of another
-            dtype, with the original dtype as context; any other tensor
-            itself, with None.
-
-            Args:
-                tensor: The gradient to sum.
-            """
-            if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
-                return tensor.to(torch.float16), tensor.dtype
-            return tensor, None
-
-        @staticmethod
-        def decompress(tensor: torch.Tensor, ctx: Optional[torch.dtype]) -> torch.Tensor:
-            """Returns the summed `tensor` converted back to the dtype `ctx`,
-            or `tensor` itself when `ctx` is None.
-
-            Args:
-                tensor: The summed gradient, as compress() returned it.
-                ctx: The dtype compress() returned, or None.
-            """
-            return tensor if ctx is None else tensor.to(ctx)
-
-
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the user's optimizer class by DistributedOptimizer()."""
 
@@ -1872,7 +1809,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Dict[str, Any]],
                  named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]],
-                 compression: _Compressor, backward_passes_per_step: int,
+                 compression: Compressor, backward_passes_per_step: int,
                  shared_gradients: bool = True, reduce: Optional[Dict[str, Any]] = None) -> None:
         # self._unisum_class is the class DistributedOptimizer() made, whose
         # base is the user's optimizer class: its constructor has defaults
@@ -2218,6 +2155,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         if self._async:
             return      # nothing is summed: step() sends its changes
+        self._start_missing()
+        for p, (handle, ctx, _) in self._handles.items():
+            self._land(p, handle, ctx)
+        self._handles.clear()
+        self._synchronized = True
+
+    def _start_missing(self) -> None:
+        """Starts the sum of every gradient whose hook has not started it:
+        a parameter unused in this step's graph here (perhaps used on
+        others) contributes zeros, as in Horovod, so no worker waits
+        forever for it."""
         for group in self.param_groups:
             for p in group["params"]:
                 if self._included and p.requires_grad and \
@@ -2229,21 +2177,40 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         if p in self._sparse:
                             p.grad = p.grad.to_sparse(p.dim())
                     self._handles[p] = self._push_pull_grad(p)
-        for p, (handle, ctx, compressed) in self._handles.items():
-            # Every handle is set now: the loop above started what was missing.
-            grad = cast(torch.Tensor, p.grad)
-            if callable(handle):
-                p.grad = handle()       # a sparse gradient's allgathered sum
-            elif grad.is_sparse:
-                out = self._compression.decompress(synchronize(handle), ctx)
-                p.grad = out.reshape(grad.shape).to_sparse(grad.sparse_dim())
-            else:
-                out = self._compression.decompress(synchronize(handle), ctx)
-                if out.data_ptr() != grad.data_ptr():
-                    grad.copy_(out.view_as(grad))
-            self._delay[p] = self._passes
-        self._handles.clear()
-        self._synchronized = True
+
+    def _land(self, p: torch.Tensor, handle: Any, ctx: Any) -> None:
+        """Waits for the sum of p's gradient that `handle` stands for
+        (_push_pull_grad's, with compress()'s context `ctx`) and puts it in
+        p.grad."""
+        grad = cast(torch.Tensor, p.grad)
+        if callable(handle):
+            p.grad = handle()       # a sparse gradient's allgathered sum
+        elif grad.is_sparse:
+            out = self._compression.decompress(synchronize(handle), ctx)
+            p.grad = out.reshape(grad.shape).to_sparse(grad.sparse_dim())
+        else:
+            out = self._compression.decompress(synchronize(handle), ctx)
+            if out.data_ptr() != grad.data_ptr():
+                grad.copy_(out.view_as(grad))
+        self._delay[p] = self._passes
+
+    def _update_only(self, p: torch.Tensor) -> None:
+        """The wrapped optimizer's step for parameter p alone, on its
+        gradient as it stands (CrossBarrier's update as each sum lands):
+        the step sees one parameter group, p's own with p alone in it, so
+        an optimizer whose update of a parameter depends on that
+        parameter only (SGD, Adam, RMSprop, Adagrad, ...) updates it as a
+        whole step would."""
+        groups = self.param_groups
+        group = next(g for g in groups if any(q is p for q in g["params"]))
+        params = group["params"]
+        group["params"] = [p]
+        self.param_groups = [group]
+        try:
+            super(self._unisum_class, self).step()
+        finally:
+            group["params"] = params
+            self.param_groups = groups
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -2345,7 +2312,7 @@ def _compression_spec(params: Optional[Dict[str, Any]]) -> Optional[str]:
 
 def DistributedOptimizer(optimizer: _OptimizerT,
                          named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
-                         compression: _Compressor = Compression.none,
+                         compression: Compressor = Compression.none,
                          backward_passes_per_step: int = 1,
                          op: int = 0, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups: Any = None,
@@ -2498,6 +2465,4 @@ from unisum._horovod import __all__ as _horovod_all  # noqa: E402
 __all__ += _horovod_all
 
 # Elastic training (Horovod's hvd.elastic): run, State, TorchState, ...
-from unisum import _elastic as elastic  # noqa: E402
-import sys as _sys  # noqa: E402
-_sys.modules[__name__ + ".elastic"] = elastic     # `import unisum.torch.elastic` too
+from unisum.torch import elastic  # noqa: E402
