@@ -177,19 +177,32 @@ static int describe_status(int status, char *buf, size_t len)
 __attribute__((format(printf, 4, 5)))
 static void job_fail_after(struct launcher *l, int64_t delay_ms, int status, const char *fmt, ...)
 {
+	static const char *const stopping[] = { "; stopping the job", "; stopping it" };
+	char why[512];
 	va_list ap;
 
 	if (l->stopping)
 		return;
 	l->stopping = true;
 	l->exit_status = status;
-	fputs("unisum launch: ", stderr);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	vsnprintf(why, sizeof why, fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
+	fprintf(stderr, "unisum launch: %s\n", why);
 	for (int i = l->echo_ms != 0 ? 0 : 1; i < l->nechoes; i++)
 		fprintf(stderr, "unisum launch: then %s\n", l->echoes[i]);
+	/* The scheduler (when it runs here) tells every node this cause, so
+	 * that the connections the stop closes are not reported as failures
+	 * of their own. */
+	if (l->sched != NULL && !l->sched_done) {
+		for (size_t i = 0; i < sizeof stopping / sizeof stopping[0]; i++) {
+			size_t n = strlen(why), k = strlen(stopping[i]);
+
+			if (n > k && strcmp(why + n - k, stopping[i]) == 0)
+				why[n - k] = '\0';
+		}
+		rdv_scheduler_stop(l->sched, why);
+	}
 	l->term_at_ms = timing_now_ms() + delay_ms;
 	l->termed = delay_ms <= 0;
 	if (l->termed)
@@ -432,8 +445,7 @@ static void signals_handle(struct launcher *l)
 			continue;	/* children_reap() runs every round */
 		signal_name(sig, name, sizeof(name));
 		if (!l->stopping) {
-			if (!l->sched_done)
-				rdv_scheduler_abort(l->sched);
+			/* job_fail tells the scheduler: it blames nobody else. */
 			job_fail(l, 128 + sig, "received %s; stopping the job", name);
 		} else if (!l->killed) {
 			fprintf(stderr, "unisum launch: received %s while stopping; killing everything\n",
@@ -449,10 +461,8 @@ static void deadlines_check(struct launcher *l, int64_t now)
 	if (l->stopping)
 		return;
 	if (l->timeout_s > 0 && now - l->start_ms >= (int64_t)(l->timeout_s * 1000)) {
-		/* The launcher itself is the root cause: keep the scheduler from
-		 * blaming the processes it is about to stop. */
-		if (!l->sched_done)
-			rdv_scheduler_abort(l->sched);
+		/* The launcher itself is the root cause: job_fail tells the
+		 * scheduler, which then blames none of the processes it stops. */
 		job_fail(l, LAUNCH_EXIT_TIMEOUT,
 			 "the job ran longer than --timeout %g s; stopping it", l->timeout_s);
 		return;
@@ -568,6 +578,10 @@ static int loop_run(struct launcher *l)
 			goto out_free;
 		}
 
+		/* Output a worker wrote after a re-form gave it its new rank
+		 * has the new rank in its prefix (the scheduler has a new
+		 * address book before any worker hears of it). */
+		launch_elastic_prefixes(l);
 		for (int i = 3; i < n; i++)
 			if (fds[i].revents)
 				launch_stream_read(owners[i], streams[i]);

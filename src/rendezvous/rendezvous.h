@@ -72,6 +72,25 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
  * the protocol (the log names it).  Call once. */
 int rdv_scheduler_wait(struct rdv_scheduler *s);
 
+/* How many address books the scheduler has sent: one per membership (an
+ * elastic job's re-forms give its workers new ranks).  Safe from any
+ * thread before rdv_scheduler_free(). */
+unsigned rdv_scheduler_books(struct rdv_scheduler *s);
+
+/* The rank of the worker process `pid` in the current membership: true
+ * with *rank, false when no registered worker has that pid (still
+ * starting, waiting to be taken in, or gone).  Safe from any thread
+ * before rdv_scheduler_free(). */
+bool rdv_scheduler_worker_rank(struct rdv_scheduler *s, int pid, int *rank);
+
+/* The launcher that runs this scheduler is stopping the job, for `why` (a
+ * process it started failed, a signal, --timeout): unless the job failed
+ * already, that is its failure, which every node hears (as
+ * UNISUM_EREMOTE, its text naming `why`) instead of learning of the stop
+ * from the connections that the stop then closes.  Not logged here: the
+ * launcher said it.  Safe from any thread before rdv_scheduler_free(). */
+void rdv_scheduler_stop(struct rdv_scheduler *s, const char *why);
+
 /* Makes a running scheduler give up (the launcher calls it when a process
  * dies); rdv_scheduler_wait() then returns UNISUM_ESHUTDOWN.  Safe from any
  * thread at any time before rdv_scheduler_free(), also after wait returned. */

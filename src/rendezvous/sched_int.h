@@ -102,6 +102,7 @@ struct rdv_scheduler {
 					 * (0 before the first worker registered) */
 	int registered;			/* nodes that sent REGISTER */
 	bool book_sent;			/* address book distributed */
+	_Atomic unsigned books;		/* address books sent so far (each membership's) */
 	int workers_done;		/* worker processes that said goodbye */
 	bool servers_stopped;		/* SHUTDOWN sent to servers */
 	int error;			/* first failure, 0 if none */

@@ -66,15 +66,16 @@ void sched_send_error(struct sched_node *n, int err, const char *why)
 	wire_buf_fini(&b);
 }
 
-/* Records the first failure and tells every other live node.  Called with
- * s->lock held. */
-void sched_fail(struct rdv_scheduler *s, int err, const char *why)
+/* sched_fail; `logged`: the failure is logged as this scheduler's ERROR
+ * (not when the launcher that runs it has said it already). */
+static void sched_fail_logged(struct rdv_scheduler *s, int err, const char *why, bool logged)
 {
 	if (s->error != 0)
 		return;
 	s->error = err;
 	snprintf(s->error_why, sizeof s->error_why, "%s", why);
-	LOG_ERROR("job failed: %s", why);
+	if (logged)
+		LOG_ERROR("job failed: %s", why);
 	/* Nodes still starting would only find the port closed, and could
 	 * not say why: until linger_ms from now, a connection that has not
 	 * registered yet, and any new one, is answered with this failure
@@ -92,6 +93,13 @@ void sched_fail(struct rdv_scheduler *s, int err, const char *why)
 	if (!linger)
 		s->tp->listener_shutdown(s->listener);
 	pthread_cond_broadcast(&s->changed);
+}
+
+/* Records the first failure and tells every other live node.  Called with
+ * s->lock held. */
+void sched_fail(struct rdv_scheduler *s, int err, const char *why)
+{
+	sched_fail_logged(s, err, why, true);
 }
 
 /* Whether a failed job still answers nodes that come late (see
@@ -228,6 +236,7 @@ int sched_send_addrbook(struct rdv_scheduler *s)
 	if (s->gen == 0)
 		LOG_INFO("all %d servers and %d workers on %d machines registered", s->num_servers,
 			 s->num_workers, s->num_machines);
+	atomic_fetch_add(&s->books, 1);
 	return rc;
 }
 
@@ -1235,6 +1244,39 @@ bool rdv_scheduler_culprit(struct rdv_scheduler *s, int *role, int *rank)
 	*rank = s->culprit_rank;
 	pthread_mutex_unlock(&s->lock);
 	return known;
+}
+
+unsigned rdv_scheduler_books(struct rdv_scheduler *s)
+{
+	return atomic_load(&s->books);
+}
+
+bool rdv_scheduler_worker_rank(struct rdv_scheduler *s, int pid, int *rank)
+{
+	bool found = false;
+
+	pthread_mutex_lock(&s->lock);
+	for (int i = 0; i < s->nnodes && !found; i++) {
+		const struct sched_node *n = s->nodes[i];
+
+		found = n->registered && !n->retired && n->role == CONFIG_ROLE_WORKER &&
+			n->pid == pid && n->rank >= 0;
+		if (found)
+			*rank = n->rank;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return found;
+}
+
+void rdv_scheduler_stop(struct rdv_scheduler *s, const char *why)
+{
+	char msg[sizeof s->error_why];
+
+	snprintf(msg, sizeof msg, "the launcher stopped the job: %s", why);
+	pthread_mutex_lock(&s->lock);
+	if (!s->aborted)
+		sched_fail_logged(s, UNISUM_EREMOTE, msg, false);
+	pthread_mutex_unlock(&s->lock);
 }
 
 void rdv_scheduler_abort(struct rdv_scheduler *s)
