@@ -41,6 +41,7 @@ mawk             base   awk
 mount            base   mount
 sed              base   sed
 util-linux       base   unshare nsenter flock
+bsdutils         base   script
 
 # Build, demo and tests.
 build-essential  test

@@ -54,12 +54,21 @@ struct stream {
 	int out_fd;			/* where its lines go: 1 or 2 */
 	size_t len;			/* bytes in buf not yet forwarded */
 	char buf[LAUNCH_LINE_MAX];	/* the start of the current line */
+	/* A progress bar's frames ('\r') when out_fd is not a terminal
+	 * (launch_output.c): the latest one is held, to go out as a line of
+	 * its own at the next '\n'. */
+	char *frame;			/* the held frame (malloc'd), or NULL */
+	size_t frame_len;		/* ... its length; 0: none held */
+	int64_t frame_out_ms;		/* when this bar last had a frame written */
+	bool after_frame;		/* the last piece was a frame */
+	bool cleared;			/* ... and blank: the bar was cleared */
 };
 
 /* A server or worker process. */
 struct child {
 	int role;			/* enum child_role */
 	int rank;			/* server or worker index */
+	int job_rank;			/* elastic: the rank its prefix shows, + 1 (0: none) */
 	pid_t pid;			/* process id, also its process group; 0 until spawned */
 	bool running;			/* spawned and not yet reaped */
 	bool signalled;			/* the launcher sent it SIGTERM or SIGKILL */
@@ -211,6 +220,8 @@ struct launcher {
 	int64_t discovery_next_ms;	/* when it runs next */
 	int cap_children;		/* children's room: servers + max_workers */
 	int next_worker;		/* the next new worker's number (names only) */
+	unsigned prefix_books;		/* the scheduler's address books when the workers'
+					 * prefixes last followed their ranks */
 	bool elastic_ending;		/* a worker finished (exited 0): the job is ending,
 					 * no worker is started any more */
 	char discovery_warned[8][64];	/* hosts not this one, said once each */
@@ -289,6 +300,11 @@ int launch_elastic_check(struct launcher *l);
 /* Every loop round: runs the discovery script when due, and starts or
  * stops workers to match the slots it offers on this host. */
 void launch_elastic_tick(struct launcher *l, int64_t now);
+
+/* Each local worker's output prefix follows its rank, which a re-form
+ * changes ("[worker 0] " for the rank-0 worker whatever it was started as);
+ * a worker not (yet) in the job keeps the name it was started with. */
+void launch_elastic_prefixes(struct launcher *l);
 
 /* Whether worker c's end (status, described as `what`) is the elastic
  * job's to absorb: said so, and true. */

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "launch.h"
+#include "rendezvous/rendezvous.h"
 #include "timing/timing.h"
 
 #define DISCOVERY_EVERY_MS 1000
@@ -316,6 +317,29 @@ void launch_elastic_tick(struct launcher *l, int64_t now)
 	}
 }
 
+void launch_elastic_prefixes(struct launcher *l)
+{
+	if (!l->elastic || l->sched == NULL)
+		return;
+	unsigned books = rdv_scheduler_books(l->sched);
+	if (books == l->prefix_books)
+		return;
+	l->prefix_books = books;
+	for (int i = 0; i < l->nchildren; i++) {
+		struct child *c = &l->children[i];
+		int rank;
+		if (c->role != CHILD_WORKER || !c->running)
+			continue;
+		if (rdv_scheduler_worker_rank(l->sched, (int)c->pid, &rank)) {
+			snprintf(c->prefix, sizeof c->prefix, "[worker %d] ", rank);
+			c->job_rank = rank + 1;
+		} else {
+			snprintf(c->prefix, sizeof c->prefix, "[%.72s] ", c->name);
+			c->job_rank = 0;
+		}
+	}
+}
+
 bool launch_elastic_absorbs(struct launcher *l, const struct child *c, int status,
 			    const char *what)
 {
@@ -327,8 +351,11 @@ bool launch_elastic_absorbs(struct launcher *l, const struct child *c, int statu
 			what);
 		return true;
 	}
-	fprintf(stderr, "unisum launch: %s (pid %d) %s; the elastic job goes on without it "
-		"(--min-workers %d)\n", c->name, (int)c->pid, what, l->min_workers);
+	char rank[32] = "";
+	if (c->job_rank > 0 && c->job_rank - 1 != c->rank)
+		snprintf(rank, sizeof rank, "rank %d, ", c->job_rank - 1);
+	fprintf(stderr, "unisum launch: %s (%spid %d) %s; the elastic job goes on without it "
+		"(--min-workers %d)\n", c->name, rank, (int)c->pid, what, l->min_workers);
 	struct launch_failing *f = failing_of(l, c->ehost, true);
 	if (f != NULL && ++f->fails == LAUNCH_ELASTIC_FAILS && l->discovery_script != NULL)
 		fprintf(stderr, "unisum launch: %d workers on %s have failed: no more are "

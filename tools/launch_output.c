@@ -7,9 +7,18 @@
  * stderr); the lines of one read() go out in one write(), so a chatty child
  * costs few system calls.  A line longer than the buffer is cut into
  * buffer-sized pieces, each prefixed and ended with a newline, so that
- * another process's output never lands in the middle of it.  A progress bar
- * that redraws its line with '\r' has each frame forwarded, prefixed, as it
- * is drawn.
+ * another process's output never lands in the middle of it.
+ *
+ * A progress bar (tqdm) redraws its line: each frame starts with '\r' and
+ * has no newline.  On a terminal each frame is forwarded, prefixed, as it
+ * is drawn, and a frame another process's output would overwrite is first
+ * ended with a newline, so it stays on a line of its own.  Into a pipe or
+ * a file (`make demo | tee log`) frames would pile up into one line
+ * hundreds of frames long, so there the latest frame is held and goes out
+ * as a prefixed line of its own at the child's next newline: the bar's
+ * last state, then the line.  A frame the next line redraws (the bar's
+ * final frame, ended by its newline) replaces it; a bar that lasts long
+ * gets a line every LAUNCH_FRAME_EVERY_MS.
  *
  * Only the launcher's main thread calls these functions.
  */
@@ -26,6 +35,10 @@
 /* After every child is gone, how long to keep reading pipes that something
  * else (a grandchild) still holds open. */
 #define LAUNCH_DRAIN_MS 1000
+
+/* Into a pipe or a file, a progress bar that runs this long without a
+ * newline has its latest frame written as a line this often. */
+#define LAUNCH_FRAME_EVERY_MS 10000
 
 /* Writes all of buf to fd, retrying short writes.  Output that cannot be
  * written (our stdout was closed) is dropped: the job goes on. */
@@ -66,35 +79,136 @@ static void batch_flush(void)
 	batch.len = 0;
 }
 
-/* Queues one line (or a piece of a long one) of child `c`, adding the
- * newline when `data` ends with neither a newline nor a carriage return
- * (a progress bar redrawing its line ends each frame with '\r'). */
-static void stream_emit(const struct child *c, const struct stream *s, const char *data,
-			size_t len)
+/* Queues prefix + data (+ a newline when `newline`) for fd. */
+static void batch_put(int fd, const char *prefix, size_t plen, const char *data, size_t len,
+		      bool newline)
 {
-	size_t prefix = strlen(c->prefix);
-	bool newline = len == 0 || (data[len - 1] != '\n' && data[len - 1] != '\r');
-
-	if (len == 1 && data[0] == '\r')
-		prefix = 0;	/* a bare carriage return starting a frame: no prefix */
-	if (batch.len > 0 && (batch.fd != s->out_fd ||
-			      batch.len + prefix + len + 1 > sizeof(batch.data)))
+	if (batch.len > 0 && (batch.fd != fd || batch.len + plen + len + 1 > sizeof(batch.data)))
 		batch_flush();
-	batch.fd = s->out_fd;
-	memcpy(batch.data + batch.len, c->prefix, prefix);
-	memcpy(batch.data + batch.len + prefix, data, len);
-	batch.len += prefix + len;
+	batch.fd = fd;
+	memcpy(batch.data + batch.len, prefix, plen);
+	memcpy(batch.data + batch.len + plen, data, len);
+	batch.len += plen + len;
 	if (newline)
 		batch.data[batch.len++] = '\n';
 }
 
-/* Closes a stream, forwarding its unfinished last line. */
+/* Whether each of stdout and stderr is a terminal (asked once). */
+static bool out_is_tty(int fd)
+{
+	static int tty[3] = { -1, -1, -1 };
+
+	if (fd < 1 || fd > 2)
+		return false;
+	if (tty[fd] < 0)
+		tty[fd] = isatty(fd) == 1;
+	return tty[fd] == 1;
+}
+
+/* The stream whose frame the terminal shows last, its cursor at the
+ * frame's start: anything another stream writes ends that line first. */
+static const struct stream *frame_shown;
+
+/* A piece of a terminal's stream: as it came, prefixed (a bare '\r'
+ * starting a frame is not), with a newline added unless it ends with one
+ * or with '\r'. */
+static void tty_piece(const struct child *c, const struct stream *s, const char *data, size_t len)
+{
+	bool bare_cr = len == 1 && data[0] == '\r';
+	bool frame = len > 0 && data[len - 1] == '\r';
+
+	if (frame_shown != NULL && frame_shown != s) {
+		batch_put(s->out_fd, "", 0, "", 0, true);
+		frame_shown = NULL;
+	}
+	batch_put(s->out_fd, c->prefix, bare_cr ? 0 : strlen(c->prefix), data, len,
+		  len == 0 || (data[len - 1] != '\n' && !frame));
+	if (!bare_cr)
+		frame_shown = frame ? s : NULL;
+}
+
+/* Writes s's held frame as a line of its own. */
+static void frame_write(const struct child *c, struct stream *s)
+{
+	if (s->frame_len == 0)
+		return;
+	batch_put(s->out_fd, c->prefix, strlen(c->prefix), s->frame, s->frame_len, true);
+	s->frame_len = 0;
+	s->frame_out_ms = timing_now_ms();
+}
+
+/* Whether data[0, len) holds nothing but blanks (a bar clearing itself). */
+static bool is_blank(const char *data, size_t len)
+{
+	for (size_t i = 0; i < len; i++)
+		if (data[i] != ' ' && data[i] != '\t')
+			return false;
+	return true;
+}
+
+/* A frame (without its '\r') of a stream that is not a terminal's: held,
+ * replacing the one held before, unless the bar has had no line for
+ * LAUNCH_FRAME_EVERY_MS. */
+static void frame_hold(const struct child *c, struct stream *s, const char *data, size_t len)
+{
+	int64_t now = timing_now_ms();
+
+	if (!s->after_frame && s->frame_len == 0)
+		s->frame_out_ms = now;	/* a new bar */
+	s->after_frame = true;
+	s->cleared = is_blank(data, len);
+	if (s->cleared)
+		return;
+	if (s->frame == NULL && (s->frame = malloc(LAUNCH_LINE_MAX)) == NULL)
+		return;		/* no memory for it: the frame is dropped */
+	memcpy(s->frame, data, len);
+	s->frame_len = len;
+	if (now - s->frame_out_ms >= LAUNCH_FRAME_EVERY_MS)
+		frame_write(c, s);
+}
+
+/* A piece of a stream that is not a terminal's: frames held (see the
+ * header comment), a line written after the frame it follows, unless it
+ * is that bar's last redraw. */
+static void file_piece(const struct child *c, struct stream *s, const char *data, size_t len)
+{
+	if (len == 1 && data[0] == '\r')
+		return;		/* a frame starts */
+	if (len > 0 && data[len - 1] == '\r') {
+		frame_hold(c, s, data, len - 1);
+		return;
+	}
+	if (s->after_frame && !s->cleared)
+		s->frame_len = 0;	/* this line redraws the held frame */
+	frame_write(c, s);
+	s->after_frame = s->cleared = false;
+	batch_put(s->out_fd, c->prefix, strlen(c->prefix), data, len,
+		  len == 0 || data[len - 1] != '\n');
+}
+
+/* Queues one piece of child c's stream s: a line (ending with '\n'), a
+ * frame (ending with '\r'), a bare '\r' that starts a frame, or a piece
+ * of a line longer than the buffer (no ending). */
+static void stream_emit(const struct child *c, struct stream *s, const char *data, size_t len)
+{
+	if (out_is_tty(s->out_fd))
+		tty_piece(c, s, data, len);
+	else
+		file_piece(c, s, data, len);
+}
+
+/* Closes a stream, forwarding its unfinished last line (or frame). */
 static void stream_close(const struct child *c, struct stream *s)
 {
 	if (s->fd < 0)
 		return;
 	if (s->len > 0)
 		stream_emit(c, s, s->buf, s->len);
+	frame_write(c, s);
+	free(s->frame);
+	s->frame = NULL;
+	if (frame_shown == s)
+		frame_shown = NULL;
 	batch_flush();
 	s->len = 0;
 	close(s->fd);
