@@ -131,13 +131,23 @@ expect "  ... the launcher went on without the killed worker" \
 expect "  ... on 3 workers, each with the same parameters" \
 	[ "$(printf '%s\n' "$LAST" | sed -n 's/.* of 3 (started as [0-9]*): parameters //p' |
 	     sort | uniq -c | awk '{ print $1 }')" = 3 ]
+# prefixed_by_rank OUT : every "rank R of N" line of OUT carries "[worker R]"
+# (workers started as 2 and 3 are ranks 1 and 2 after the re-form).
+prefixed_by_rank() {
+	lines=$(printf '%s\n' "$1" | grep -E '^\[worker [0-9]+\] rank [0-9]+ of [0-9]+ \(started as')
+	[ -n "$lines" ] && ! printf '%s\n' "$lines" |
+		grep -Ev '^\[worker ([0-9]+)\] rank \1 of' >/dev/null
+}
+expect "  ... each rank's output carries its rank after the re-form ([worker R])" \
+	prefixed_by_rank "$LAST"
 check_job "digits, 4 elastic workers, one killed at step 20, a fifth process joins" \
 	"$UNISUM" launch -w 4 -s 2 --elastic --min-workers 2 --max-workers 4 \
 	--host-discovery-script "$hosts" -- /usr/bin/python3 "$TRAIN" --epochs 12 --die-at 20 \
 	--die-rank 1 --step-ms 40
 rm -f "$hosts"
 expect "  ... and started a fifth process, which joined" \
-	contains "$LAST" "^\[worker 4\] rank [0-3] of 4 \(started as"
+	contains "$LAST" "started worker 4 \(pid [0-9]+\); it joins"
+expect "  ... every rank's output carries its rank ([worker R])" prefixed_by_rank "$LAST"
 expect "  ... the job re-formed at 3, then at 4 workers" \
 	contains "$LAST" "re-formed \(generation 2\) with 4 workers"
 digests=$(printf '%s\n' "$LAST" | sed -n 's/.* of 4 (started as [0-9]*): parameters //p' | sort -u)
