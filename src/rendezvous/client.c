@@ -291,10 +291,91 @@ int rdv_client_announce(struct rdv_client *c, const struct rdv_announce *a)
 	return rc;
 }
 
+/* A TUNE, ANNOUNCE, FAILOVER, MIGRATE or REJOIN from the scheduler (its
+ * payload freed here): false, after failing the client, when it is
+ * malformed. */
+static bool rdv_on_decoded(struct rdv_client *c, const struct wire_hdr *h, void *payload)
+{
+	int bad = 0;
+	const char *what = "";
+
+	if (h->type == WIRE_TUNE) {
+		bad = rdv_on_tune(c, h, payload) ? UNISUM_EPROTO : 0;
+		what = "a malformed TUNE";
+	} else if (h->type == WIRE_ANNOUNCE) {
+		struct rdv_announce a;
+		bad = rdv_announce_decode(h, payload, h->payload_len, &a) ? UNISUM_EPROTO : 0;
+		what = "on a malformed ANNOUNCE";
+		if (!bad)
+			rdv_on_join_event(c, RDV_ANNOUNCED, -1, &a);
+	} else if (h->type == WIRE_REJOIN) {
+		bad = rdv_on_rejoin(c, h, payload);
+		what = "a malformed REJOIN";
+	} else {
+		struct rdv_failover f;
+		bad = rdv_failover_decode(h, payload, h->payload_len, &f);
+		what = "a malformed FAILOVER or MIGRATE";
+		if (!bad)
+			rdv_on_failover(c, &f, h->type == WIRE_MIGRATE);
+	}
+	free(payload);
+	if (bad) {
+		char msg[160];
+		snprintf(msg, sizeof msg, "the scheduler %s%s (is every node the same unisum "
+			 "version?)", h->type == WIRE_ANNOUNCE ? "passed " : "sent ", what);
+		rdv_fail(c, bad, msg);
+	}
+	return bad == 0;
+}
+
+/* A REFORM, SHUTDOWN or ERROR from the scheduler (its payload freed
+ * here): false when it ends this client's part in the job (the client
+ * failed with its reason), true for a tensor's ERROR, after which the job
+ * goes on. */
+static bool rdv_on_ending(struct rdv_client *c, const struct wire_hdr *h, void *payload)
+{
+	char text[768], msg[900];
+
+	if (h->type == WIRE_SHUTDOWN) {
+		free(payload);
+		/* Servers take UNISUM_ESHUTDOWN as their clean stop. */
+		rdv_fail(c, UNISUM_ESHUTDOWN, "the scheduler ended the job: every worker is done");
+		return false;
+	}
+	wire_error_decode(payload, h->payload_len, text, sizeof text);
+	free(payload);
+	if (h->type == WIRE_REFORM) {
+		/* Elastic: the job re-forms.  Say we come back (the scheduler
+		 * then waits for this node), and fail what waits here with
+		 * UNISUM_EMEMBERSHIP. */
+		struct wire_hdr ack = {.type = WIRE_REFORM, .sender = c->id, .aux = h->aux};
+		rdv_send(c, &ack, NULL);
+		snprintf(msg, sizeof msg, "the job re-forms (generation %u): %s", h->aux, text);
+		rdv_fail(c, UNISUM_EMEMBERSHIP, msg);
+		return false;
+	}
+	if (h->key != 0) {
+		/* One tensor is unusable; the job goes on. */
+		if (c->tensor_error != NULL)
+			c->tensor_error(c->notice_arg, h->key, text);
+		return true;
+	}
+	rdv_fail(c, log_known_error(-(int)h->aux, UNISUM_EREMOTE), text);
+	return false;
+}
+
+/* The reader thread of a node's connection to the scheduler: owns the
+ * receiving side of c->conn and every message the scheduler sends until
+ * the connection ends (answers to barriers and declarations, autotune
+ * settings, join and failover events, the end of the job), and blocks
+ * only in its receive.  Any end (a closed connection, a malformed
+ * message, SHUTDOWN, a job-level ERROR, REFORM) fails the client with its
+ * reason (rdv_fail), which wakes every waiter; then it returns. */
 static void *rdv_reader_main(void *arg)
 {
 	struct rdv_client *c = arg;
-	for (;;) {
+	bool go_on = true;
+	while (go_on) {
 		struct wire_hdr h;
 		void *payload;
 		char why[256];
@@ -325,96 +406,34 @@ static void *rdv_reader_main(void *arg)
 			pthread_cond_broadcast(&c->replied);
 			pthread_mutex_unlock(&c->lock);
 			break;
-		case WIRE_TUNE: {
-			int bad = rdv_on_tune(c, &h, payload);
-			free(payload);
-			if (bad) {
-				rdv_fail(c, UNISUM_EPROTO, "the scheduler sent a malformed TUNE (is every "
-					 "node the same unisum version?)");
-				return NULL;
-			}
-			break;
-		}
 		case WIRE_JOIN:
 		case WIRE_JOIN_DONE:
 			free(payload);
 			rdv_on_join_event(c, h.type == WIRE_JOIN ? RDV_JOINED : RDV_JOIN_DONE,
 					  (int)h.aux, NULL);
 			break;
-		case WIRE_ANNOUNCE: {
-			struct rdv_announce a;
-			int bad = rdv_announce_decode(&h, payload, h.payload_len, &a);
-			free(payload);
-			if (bad) {
-				rdv_fail(c, UNISUM_EPROTO, "the scheduler passed on a malformed ANNOUNCE");
-				return NULL;
-			}
-			rdv_on_join_event(c, RDV_ANNOUNCED, -1, &a);
-			break;
-		}
-		case WIRE_FAILOVER:
-		case WIRE_MIGRATE: {
-			struct rdv_failover f;
-			int bad = rdv_failover_decode(&h, payload, h.payload_len, &f);
-			free(payload);
-			if (bad) {
-				rdv_fail(c, bad, "the scheduler sent a malformed FAILOVER or MIGRATE (is "
-					 "every node the same unisum version?)");
-				return NULL;
-			}
-			rdv_on_failover(c, &f, h.type == WIRE_MIGRATE);
-			break;
-		}
-		case WIRE_REJOIN: {
-			int bad = rdv_on_rejoin(c, &h, payload);
-			free(payload);
-			if (bad) {
-				rdv_fail(c, bad, "the scheduler sent a malformed REJOIN (is every node the "
-					 "same unisum version?)");
-				return NULL;
-			}
-			break;
-		}
-		case WIRE_REFORM: {
-			/* Elastic: the job re-forms.  Say we come back (the
-			 * scheduler then waits for this node), and fail what
-			 * waits here with UNISUM_EMEMBERSHIP. */
-			char text[600], msg[700];
-			wire_error_decode(payload, h.payload_len, text, sizeof text);
-			free(payload);
-			struct wire_hdr ack = {.type = WIRE_REFORM, .sender = c->id, .aux = h.aux};
-			rdv_send(c, &ack, NULL);
-			snprintf(msg, sizeof msg, "the job re-forms (generation %u): %s", h.aux, text);
-			rdv_fail(c, UNISUM_EMEMBERSHIP, msg);
-			return NULL;
-		}
 		case WIRE_RESIZE:
 			free(payload);
 			atomic_store(&c->waiting, (int)h.aux);
 			break;
+		case WIRE_TUNE:
+		case WIRE_ANNOUNCE:
+		case WIRE_FAILOVER:
+		case WIRE_MIGRATE:
+		case WIRE_REJOIN:
+			go_on = rdv_on_decoded(c, &h, payload);
+			break;
+		case WIRE_REFORM:
 		case WIRE_SHUTDOWN:
-			free(payload);
-			/* Servers take UNISUM_ESHUTDOWN as their clean stop. */
-			rdv_fail(c, UNISUM_ESHUTDOWN, "the scheduler ended the job: every worker is done");
-			return NULL;
-		case WIRE_ERROR: {
-			char text[768];
-			wire_error_decode(payload, h.payload_len, text, sizeof text);
-			free(payload);
-			if (h.key != 0) {
-				/* One tensor is unusable; the job goes on. */
-				if (c->tensor_error != NULL)
-					c->tensor_error(c->notice_arg, h.key, text);
-				break;
-			}
-			rdv_fail(c, log_known_error(-(int)h.aux, UNISUM_EREMOTE), text);
-			return NULL;
-		}
+		case WIRE_ERROR:
+			go_on = rdv_on_ending(c, &h, payload);
+			break;
 		default:
 			free(payload);
 			break;
 		}
 	}
+	return NULL;
 }
 
 static void *rdv_heartbeat_main(void *arg)

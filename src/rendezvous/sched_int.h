@@ -1,8 +1,11 @@
 /*
  * sched_int.h - the scheduler's state and the functions its files share
- * (internal to src/rendezvous: scheduler.c runs the connections, the
- * barriers and the monitor; sched_tensors.c answers declarations and keeps
- * the tensor table and the placement).
+ * (internal to src/rendezvous: scheduler.c registers nodes, sends the
+ * address book and runs their threads; sched_nodes.c sends to and reads
+ * from one node; sched_barrier.c the barriers; sched_monitor.c the
+ * heartbeats and the checks of silence and stalls; sched_tensors.c
+ * answers declarations and keeps the tensor table and the placement;
+ * sched_elastic.c an elastic job's generations).
  */
 #ifndef UNISUM_SCHED_INT_H
 #define UNISUM_SCHED_INT_H
@@ -16,6 +19,8 @@
 #include "rendezvous/rendezvous.h"
 #include "transport/transport.h"
 #include "wire/wire.h"
+
+struct rdv_register;
 
 struct sched_node {
 	struct rdv_scheduler *s;	/* back pointer for the thread */
@@ -147,10 +152,24 @@ struct rdv_scheduler {
 	int nwaiting;			/* workers waiting to join the next generation */
 };
 
-/* scheduler.c */
+/* sched_nodes.c: a node's connection.  Sends h (and payload) to n under
+ * its send_lock: 0 or the transport's error. */
 int sched_send(struct sched_node *n, const struct wire_hdr *h, const void *payload);
-void sched_fail(struct rdv_scheduler *s, int err, const char *why);
+/* Node n as messages name it ("worker 2 (127.0.0.1:5000)", ...), in buf. */
 const char *sched_node_label(const struct sched_node *n, char *buf, size_t len);
+/* Sends node n the job-level ERROR `err` with text `why`. */
+void sched_send_error(struct sched_node *n, int err, const char *why);
+/* Reads node n's next message: its header into *h and its payload into
+ * *payload (malloc'd, NULL when empty; the caller frees it).  0 or an
+ * error with why set. */
+int sched_recv(struct sched_node *n, struct wire_hdr *h, void **payload, char *why, size_t len);
+/* Sends h (and payload) to every worker still connected, or with
+ * `joined_only` to those that joined.  Called with s->lock held. */
+void sched_send_workers(struct rdv_scheduler *s, const struct wire_hdr *h, const void *payload,
+			bool joined_only);
+
+/* scheduler.c */
+void sched_fail(struct rdv_scheduler *s, int err, const char *why);
 
 /* sched_elastic.c.  Called with s->lock held. */
 /* Worker n of a running elastic job was lost (cause): the job re-forms
@@ -188,7 +207,6 @@ void sched_elastic_reap(struct rdv_scheduler *s);
 void sched_take_register(struct sched_node *n, const struct rdv_register *m);
 /* scheduler.c: the address book (ranks assigned) to every registered node */
 int sched_send_addrbook(struct rdv_scheduler *s);
-void sched_send_error(struct sched_node *n, int err, const char *why);
 
 /* sched_tensors.c.  Every function is called with s->lock held but
  * sched_on_declare, which takes it. */
@@ -223,5 +241,26 @@ int sched_tensors_reset(struct rdv_scheduler *s, int num_servers, int num_machin
  * server to a live one. */
 void sched_avoid_lost(struct rdv_scheduler *s, const struct placement_part *parts,
 		      uint32_t *servers, uint32_t nparts, size_t esize);
+
+/* Barriers (sched_barrier.c).  Node n entered the barrier of `group`
+ * (takes s->lock). */
+void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int group);
+/* A worker barrier that a worker who said goodbye has not entered fails
+ * the job, naming it.  Called with s->lock held. */
+void sched_check_left_barriers(struct rdv_scheduler *s);
+/* A barrier some nodes entered long ago: reported at stall_warn_ms, the
+ * job failed at stall_abort_ms.  Called with s->lock held. */
+void sched_check_barriers(struct rdv_scheduler *s, int64_t now);
+
+/* Whether the job is over: every node gone after goodbye, or a failure.
+ * Called with s->lock held. */
+bool sched_is_finished(const struct rdv_scheduler *s);
+/* Whether a failed job still answers nodes that come late (see
+ * sched_fail).  Called with s->lock held. */
+bool sched_lingers(const struct rdv_scheduler *s);
+/* The monitor thread (sched_monitor.c): every heartbeat_ms a heartbeat to
+ * every live node; fails the job naming a node silent for timeout_ms, a
+ * barrier stalled past stall_abort_ms, or a start that never completes. */
+void *sched_monitor_main(void *arg);
 
 #endif /* UNISUM_SCHED_INT_H */

@@ -469,7 +469,10 @@ void sched_avoid_lost(struct rdv_scheduler *s, const struct placement_part *part
 	}
 }
 
-int sched_failover(struct rdv_scheduler *s, int dead, char *why, size_t len)
+/* Whether the job can go on without server `dead`: 0, or UNISUM_ECONN
+ * with why set when it was the last server or held partitions of a
+ * tensor whose state failover does not move. */
+static int sched_failover_refused(struct rdv_scheduler *s, int dead, char *why, size_t len)
 {
 	int live = 0;
 	for (int r = 0; r < s->num_servers; r++)
@@ -489,6 +492,77 @@ int sched_failover(struct rdv_scheduler *s, int dead, char *why, size_t len)
 			}
 		}
 	}
+	return 0;
+}
+
+/* Moves every partition on server `dead` to a live server, into f (keys
+ * and servers, room for all); remembers the keys moved off it, to move
+ * back to its replacement.  The number of tensors that moved. */
+static int sched_failover_move(struct rdv_scheduler *s, int dead, struct rdv_failover *f)
+{
+	int tensors = 0;
+	for (int i = 0; i < s->ntensors; i++) {
+		struct sched_tensor *t = &s->tensors[i];
+		size_t esize = unisum_dtype_size(t->dtype);
+		bool moved = false;
+		for (uint32_t p = 0; p < t->nparts; p++) {
+			if ((int)t->servers[p] != dead)
+				continue;
+			sched_avoid_lost(s, &t->parts[p], &t->servers[p], 1, esize);
+			f->keys[f->n] = t->key + p;
+			f->servers[f->n++] = t->servers[p];
+			moved = true;
+		}
+		tensors += moved;
+	}
+	s->placement.loads[dead] = 0;
+	if (s->moved_off == NULL)
+		s->moved_off = calloc((size_t)s->num_servers, sizeof *s->moved_off);
+	if (s->moved_off != NULL) {
+		uint64_t *keys = malloc((f->n ? f->n : 1) * sizeof *keys);
+		if (keys != NULL) {
+			memcpy(keys, f->keys, f->n * sizeof *keys);
+			free(s->moved_off[dead].keys);
+			s->moved_off[dead] = (struct sched_moved_off){.n = f->n, .keys = keys};
+		}
+	}
+	return tensors;
+}
+
+/* Logs failover f (tensors of them moved) and sends it to every worker.
+ * 0 or UNISUM_ENOMEM. */
+static int sched_failover_tell(struct rdv_scheduler *s, const struct rdv_failover *f,
+			       int tensors)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	struct wire_hdr h = {0};
+	rdv_failover_encode(f, &h, &b);
+	if (b.failed) {
+		wire_buf_fini(&b);
+		return UNISUM_ENOMEM;
+	}
+	char to[256] = "";
+	size_t used = 0;
+	for (int r = 0; r < s->num_servers && used < sizeof to - 16; r++)
+		if (!sched_server_lost(s, r))
+			used += (size_t)snprintf(to + used, sizeof to - used, "%s%d", used ? ", " : "", r);
+	LOG_WARN("failover %d: server %d is lost; its %u partitions of %d tensors move to servers "
+		 "%s (UNISUM_SERVER_FAILOVER=1)", s->failovers, f->dead, f->n, tensors, to);
+	for (int i = 0; i < s->nnodes; i++) {
+		struct sched_node *m = s->nodes[i];
+		if (m->registered && !m->gone && m->role == CONFIG_ROLE_WORKER)
+			sched_send(m, &h, b.data);
+	}
+	wire_buf_fini(&b);
+	return 0;
+}
+
+int sched_failover(struct rdv_scheduler *s, int dead, char *why, size_t len)
+{
+	int rc = sched_failover_refused(s, dead, why, len);
+	if (rc != 0)
+		return rc;
 	if (s->lost == NULL && (s->lost = calloc((size_t)s->num_servers, 1)) == NULL) {
 		snprintf(why, len, "out of memory");
 		return UNISUM_ENOMEM;
@@ -508,59 +582,12 @@ int sched_failover(struct rdv_scheduler *s, int dead, char *why, size_t len)
 	}
 	s->lost[dead] = 1;
 	s->failovers++;
-	int tensors = 0;
-	for (int i = 0; i < s->ntensors; i++) {
-		struct sched_tensor *t = &s->tensors[i];
-		size_t esize = unisum_dtype_size(t->dtype);
-		bool moved = false;
-		for (uint32_t p = 0; p < t->nparts; p++) {
-			if ((int)t->servers[p] != dead)
-				continue;
-			sched_avoid_lost(s, &t->parts[p], &t->servers[p], 1, esize);
-			f.keys[f.n] = t->key + p;
-			f.servers[f.n++] = t->servers[p];
-			moved = true;
-		}
-		tensors += moved;
-	}
-	s->placement.loads[dead] = 0;
-	if (s->moved_off == NULL)
-		s->moved_off = calloc((size_t)s->num_servers, sizeof *s->moved_off);
-	if (s->moved_off != NULL) {
-		uint64_t *keys = malloc((f.n ? f.n : 1) * sizeof *keys);
-		if (keys != NULL) {
-			memcpy(keys, f.keys, f.n * sizeof *keys);
-			free(s->moved_off[dead].keys);
-			s->moved_off[dead] = (struct sched_moved_off){.n = f.n, .keys = keys};
-		}
-	}
-	struct wire_buf b;
-	wire_buf_init(&b);
-	struct wire_hdr h = {0};
-	rdv_failover_encode(&f, &h, &b);
-	if (b.failed) {
-		wire_buf_fini(&b);
-		free(f.keys);
-		free(f.servers);
+	rc = sched_failover_tell(s, &f, sched_failover_move(s, dead, &f));
+	if (rc != 0)
 		snprintf(why, len, "out of memory");
-		return UNISUM_ENOMEM;
-	}
-	char to[256] = "";
-	size_t used = 0;
-	for (int r = 0; r < s->num_servers && used < sizeof to - 16; r++)
-		if (!sched_server_lost(s, r))
-			used += (size_t)snprintf(to + used, sizeof to - used, "%s%d", used ? ", " : "", r);
-	LOG_WARN("failover %d: server %d is lost; its %u partitions of %d tensors move to servers "
-		 "%s (UNISUM_SERVER_FAILOVER=1)", s->failovers, dead, f.n, tensors, to);
-	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *m = s->nodes[i];
-		if (m->registered && !m->gone && m->role == CONFIG_ROLE_WORKER)
-			sched_send(m, &h, b.data);
-	}
-	wire_buf_fini(&b);
 	free(f.keys);
 	free(f.servers);
-	return 0;
+	return rc;
 }
 
 void sched_migrate_back(struct rdv_scheduler *s, int r)
@@ -696,6 +723,28 @@ static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *
 	return 0;
 }
 
+/* Whether DECLARE req (partitions of pbytes, segments segs, shape) is
+ * well formed: segments that add up to the count, a shape whose product
+ * is the count, a known sync mode, and not too many partitions. */
+static bool sched_declare_valid(const struct wire_hdr *req, uint64_t pbytes,
+				const struct rdv_segs *segs, const struct rdv_shape *shape)
+{
+	size_t esize = unisum_dtype_size(req->dtype);
+	uint64_t seg_total = 0;
+	bool seg_ok = true;
+	for (uint32_t i = 0; i < segs->n && seg_ok; i++) {
+		seg_ok = segs->counts[i] <= req->count - seg_total &&
+			 placement_nparts(segs->counts[i], esize, pbytes) <= PLACEMENT_MAX_PARTS;
+		seg_total += seg_ok ? segs->counts[i] : 0;
+	}
+	uint64_t elements = shape->ndim > 0 ? 1 : req->count;
+	for (uint32_t i = 0; i < shape->ndim && seg_ok; i++)
+		seg_ok = !__builtin_mul_overflow(elements, shape->dims[i], &elements);
+	return pbytes >= esize && seg_ok && elements == req->count && wire_sync_valid(req->aux) &&
+	       !(segs->n > 0 && seg_total != req->count) &&
+	       !(segs->n == 0 && placement_nparts(req->count, esize, pbytes) > PLACEMENT_MAX_PARTS);
+}
+
 int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *req,
 		     const void *payload, size_t len)
 {
@@ -703,27 +752,13 @@ int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct
 	uint64_t pbytes;
 	struct rdv_segs segs;
 	struct rdv_shape shape;
-	size_t esize = unisum_dtype_size(req->dtype);
 	int rack;
 	char comp[WIRE_SPEC_MAX];
 	int drc = rdv_declare_decode(payload, len, name, sizeof name, &pbytes, &segs, &shape, &rack,
 				     comp, sizeof comp);
 	if (drc != 0)
 		return drc;
-	uint64_t seg_total = 0;
-	bool seg_ok = true;
-	for (uint32_t i = 0; i < segs.n && seg_ok; i++) {
-		seg_ok = segs.counts[i] <= req->count - seg_total &&
-			 placement_nparts(segs.counts[i], esize, pbytes) <= PLACEMENT_MAX_PARTS;
-		seg_total += seg_ok ? segs.counts[i] : 0;
-	}
-	uint64_t elements = shape.ndim > 0 ? 1 : req->count;
-	for (uint32_t i = 0; i < shape.ndim && seg_ok; i++)
-		seg_ok = !__builtin_mul_overflow(elements, shape.dims[i], &elements);
-	if (pbytes < esize || n->role != CONFIG_ROLE_WORKER || !seg_ok || elements != req->count ||
-	    !wire_sync_valid(req->aux) ||
-	    (segs.n > 0 && seg_total != req->count) ||
-	    (segs.n == 0 && placement_nparts(req->count, esize, pbytes) > PLACEMENT_MAX_PARTS)) {
+	if (n->role != CONFIG_ROLE_WORKER || !sched_declare_valid(req, pbytes, &segs, &shape)) {
 		rdv_segs_free(&segs);
 		return UNISUM_EPROTO;
 	}

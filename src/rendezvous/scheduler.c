@@ -8,10 +8,11 @@
  * them.  All shared state sits under one mutex (`lock`); a node's socket
  * has its own `send_lock` because a barrier or shutdown completed by one
  * node's thread writes to every other node.  Lock order: lock, then a
- * node's send_lock.  A monitor thread sends every node a heartbeat and
- * fails the job, naming the node, when one has been silent too long, and
- * reports barriers that some nodes entered and others not.  Traffic here is tiny (a few messages per tensor and
- * per barrier), so simplicity wins over throughput.
+ * node's send_lock.  A monitor thread (sched_monitor.c) sends every node
+ * a heartbeat and fails the job, naming the node, when one has been
+ * silent too long, and reports barriers that some nodes entered and
+ * others not.  Traffic here is tiny (a few messages per tensor and per
+ * barrier), so simplicity wins over throughput.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,45 +27,6 @@
 #include "rendezvous/sched_int.h"
 #include "timing/timing.h"
 #include "wire/wire.h"
-
-int sched_send(struct sched_node *n, const struct wire_hdr *h, const void *payload)
-{
-	pthread_mutex_lock(&n->send_lock);
-	int rc = n->s->tp->send(n->conn, h, payload);
-	pthread_mutex_unlock(&n->send_lock);
-	return rc;
-}
-
-const char *sched_node_label(const struct sched_node *n, char *buf, size_t len)
-{
-	const char *peer = n->s->tp->peer_name(n->conn);
-	if (!n->registered)
-		snprintf(buf, len, "unregistered peer %s", peer);
-	else if (n->role == CONFIG_ROLE_WORKER && n->local_size > 1 && !n->s->book_sent)
-		snprintf(buf, len, "the worker of machine %d, local rank %d (%s)", n->req_rank,
-			 n->local_rank, peer);
-	else if (!n->s->book_sent && n->req_rank >= 0)	/* its rank will be the one it asked */
-		snprintf(buf, len, "%s %d (%s)", config_role_name(n->role), n->req_rank, peer);
-	else if (!n->s->book_sent)
-		snprintf(buf, len, "a %s not given a rank yet (%s)", config_role_name(n->role), peer);
-	else if (n->role == CONFIG_ROLE_WORKER && n->local_size > 1)
-		snprintf(buf, len, "worker %d (machine %d, local rank %d; %s)", n->rank, n->machine,
-			 n->local_rank, peer);
-	else
-		snprintf(buf, len, "%s %d (%s)", config_role_name(n->role), n->rank, peer);
-	return buf;
-}
-
-/* Sends node n the job-level ERROR `err` with text `why`. */
-void sched_send_error(struct sched_node *n, int err, const char *why)
-{
-	struct wire_buf b;
-	wire_buf_init(&b);
-	struct wire_hdr h = {0};
-	if (wire_error_build(&h, &b, err, why) == 0)
-		sched_send(n, &h, b.data);
-	wire_buf_fini(&b);
-}
 
 /* sched_fail; `logged`: the failure is logged as this scheduler's ERROR
  * (not when the launcher that runs it has said it already). */
@@ -102,9 +64,7 @@ void sched_fail(struct rdv_scheduler *s, int err, const char *why)
 	sched_fail_logged(s, err, why, true);
 }
 
-/* Whether a failed job still answers nodes that come late (see
- * sched_fail).  Called with s->lock held. */
-static bool sched_lingers(const struct rdv_scheduler *s)
+bool sched_lingers(const struct rdv_scheduler *s)
 {
 	return s->error != 0 && !s->aborted && s->linger_until > timing_now_ms();
 }
@@ -345,22 +305,76 @@ static int sched_on_replacement(struct rdv_scheduler *s, struct sched_node *n,
 	return rc;
 }
 
+/* Whether REGISTER m is well formed for this job. */
+static bool sched_register_valid(const struct rdv_scheduler *s, const struct rdv_register *m)
+{
+	bool server = m->role == CONFIG_ROLE_SERVER, worker = m->role == CONFIG_ROLE_WORKER;
+	uint32_t local_rank = (uint32_t)m->local_rank, local_size = (uint32_t)m->local_size;
+	return (server || worker) && m->port >= 0 && m->port <= 65535 && m->req_rank >= -1 &&
+	       m->rack >= -1 && !(worker && m->req_rank >= s->num_machines) &&
+	       !(server && m->req_rank >= s->num_servers) &&
+	       !(server && (local_rank != 0 || local_size != 1)) && local_size >= 1 &&
+	       local_size <= RDV_MAX_LOCAL_SIZE && local_rank < local_size;
+}
+
+/* A worker's REGISTER m that the job cannot take (no machine named with
+ * several workers a machine, a local size unlike the others', UNISUM_RACK
+ * set unlike the first worker's): the job fails (the node hears why) and
+ * UNISUM_EPROTO closes the connection, logging why.  0 when it can.
+ * Called with s->lock held. */
+static int sched_worker_refused(struct rdv_scheduler *s, struct sched_node *n,
+				const struct rdv_register *m, char *why, size_t why_len)
+{
+	if (m->local_size > 1 && m->req_rank < 0) {
+		/* Its machine's other workers could never find it. */
+		snprintf(why, why_len,
+			 "a worker at %s (local rank %u of UNISUM_LOCAL_SIZE=%u) did not say which machine "
+			 "it is on: with several workers per machine each must set UNISUM_WORKER_ID "
+			 "(or DMLC_WORKER_ID)", m->host, (unsigned)m->local_rank,
+			 (unsigned)m->local_size);
+		sched_send_error(n, UNISUM_ECONFIG, why);
+		sched_fail(s, UNISUM_ECONFIG, why);
+		return UNISUM_EPROTO;
+	}
+	if (sched_check_local_size(s, n, m->local_size, m->host, why, why_len) != 0)
+		return UNISUM_EPROTO;
+	return 0;
+}
+
+/* Whether worker REGISTER m's UNISUM_RACK disagrees with the first
+ * worker's (set on every worker or on none): then the job fails (the node
+ * hears why) and UNISUM_EPROTO closes the connection.  Else the first
+ * worker's is noted.  Called with s->lock held. */
+static int sched_worker_rack(struct rdv_scheduler *s, struct sched_node *n,
+			     const struct rdv_register *m, char *why, size_t why_len)
+{
+	if (s->worker_rack != -2 && (s->worker_rack < 0) != (m->rack < 0)) {
+		snprintf(why, why_len,
+			 "a worker at %s (%s) %s UNISUM_RACK but the first worker %s: set it on every "
+			 "worker or on none", m->host, s->tp->peer_name(n->conn),
+			 m->rack < 0 ? "does not set" : "sets", s->worker_rack < 0 ? "did not" : "did");
+		sched_send_error(n, UNISUM_ECONFIG, why);
+		sched_fail(s, UNISUM_ECONFIG, why);
+		return UNISUM_EPROTO;
+	}
+	if (s->worker_rack == -2)
+		s->worker_rack = m->rack < 0 ? -1 : m->rack;
+	return 0;
+}
+
+/* A node's REGISTER: checked, then the node counts, or (elastic) waits
+ * for the next generation, or (failover) replaces a lost server; the
+ * address book goes out once every node has registered.  0, or an error
+ * with why set that closes the connection.  On the node's thread. */
 static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, const void *payload,
 			     size_t len, char *why, size_t why_len)
 {
 	struct rdv_register m;
-	int bad = rdv_register_decode(payload, len, &m);
-	int role = m.role, req = m.req_rank, port = m.port, pid = m.pid;
-	uint32_t local_rank = (uint32_t)m.local_rank, local_size = (uint32_t)m.local_size;
-	const char *host = m.host, *host_id = m.host_id;
-	bool server = role == CONFIG_ROLE_SERVER, worker = role == CONFIG_ROLE_WORKER;
-	if (bad || (!server && !worker) || port < 0 || port > 65535 || req < -1 || m.rack < -1 ||
-	    (worker && req >= s->num_machines) || (server && req >= s->num_servers) ||
-	    (server && (local_rank != 0 || local_size != 1)) || local_size < 1 ||
-	    local_size > RDV_MAX_LOCAL_SIZE || local_rank >= local_size) {
+	if (rdv_register_decode(payload, len, &m) != 0 || !sched_register_valid(s, &m)) {
 		snprintf(why, why_len, "malformed REGISTER");
 		return UNISUM_EPROTO;
 	}
+	bool server = m.role == CONFIG_ROLE_SERVER, worker = m.role == CONFIG_ROLE_WORKER;
 	pthread_mutex_lock(&s->lock);
 	if (s->error != 0) {
 		/* The job failed while this node was starting (sched_fail):
@@ -370,22 +384,10 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 		snprintf(why, why_len, "the job had failed");
 		return UNISUM_ESHUTDOWN;
 	}
-	int rc = 0;
-	if (worker && local_size > 1 && req < 0) {
-		/* Its machine's other workers could never find it. */
-		snprintf(why, why_len,
-			 "a worker at %s (local rank %u of UNISUM_LOCAL_SIZE=%u) did not say which machine "
-			 "it is on: with several workers per machine each must set UNISUM_WORKER_ID "
-			 "(or DMLC_WORKER_ID)", host, local_rank, local_size);
-		sched_send_error(n, UNISUM_ECONFIG, why);
-		sched_fail(s, UNISUM_ECONFIG, why);
-		rc = UNISUM_ECONFIG;
-	} else if (worker) {
-		rc = sched_check_local_size(s, n, (int)local_size, host, why, why_len);
-	}
+	int rc = worker ? sched_worker_refused(s, n, &m, why, why_len) : 0;
 	if (rc != 0) {
 		pthread_mutex_unlock(&s->lock);
-		return UNISUM_EPROTO;	/* closes the connection, logging why */
+		return rc;
 	}
 	if (sched_elastic_register(s, n, &m, &rc, why, why_len)) {
 		pthread_cond_broadcast(&s->changed);
@@ -399,115 +401,33 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 	}
 	int have = 0;
 	for (int i = 0; i < s->nnodes; i++)
-		if (s->nodes[i]->registered && s->nodes[i]->role == role)
+		if (s->nodes[i]->registered && s->nodes[i]->role == m.role)
 			have++;
 	int limit = server ? s->num_servers : s->num_workers;
 	if (n->registered || s->book_sent || have >= limit) {
 		pthread_mutex_unlock(&s->lock);
-		snprintf(why, why_len, "unexpected REGISTER of a %s: the job already has %d", config_role_name(role),
-			 limit);
+		snprintf(why, why_len, "unexpected REGISTER of a %s: the job already has %d",
+			 config_role_name(m.role), limit);
 		return UNISUM_EPROTO;
 	}
-	if (worker && s->worker_rack != -2 && (s->worker_rack < 0) != (m.rack < 0)) {
-		snprintf(why, why_len,
-			 "a worker at %s (%s) %s UNISUM_RACK but the first worker %s: set it on every "
-			 "worker or on none", host, s->tp->peer_name(n->conn),
-			 m.rack < 0 ? "does not set" : "sets", s->worker_rack < 0 ? "did not" : "did");
-		sched_send_error(n, UNISUM_ECONFIG, why);
-		sched_fail(s, UNISUM_ECONFIG, why);
+	if (worker && (rc = sched_worker_rack(s, n, &m, why, why_len)) != 0) {
 		pthread_mutex_unlock(&s->lock);
-		return UNISUM_EPROTO;	/* closes the connection, logging why */
+		return rc;
 	}
-	if (worker && s->worker_rack == -2)
-		s->worker_rack = m.rack < 0 ? -1 : m.rack;
-	n->role = role;
-	n->req_rank = req;
-	n->port = port;
-	n->local_rank = (int)local_rank;
-	n->local_size = (int)local_size;
-	snprintf(n->host, sizeof n->host, "%s", host);
-	n->pid = pid;
-	snprintf(n->host_id, sizeof n->host_id, "%s", host_id);
-	n->rack = m.rack;
+	sched_take_register(n, &m);
+	n->req_rank = m.req_rank;
+	n->local_rank = m.local_rank;
+	n->local_size = m.local_size;
 	n->registered = true;
 	s->registered++;
-	LOG_DEBUG("registered %s from %s (%d of %d so far)", config_role_name(role), host, s->registered,
-		  s->num_servers + s->num_workers);
+	LOG_DEBUG("registered %s from %s (%d of %d so far)", config_role_name(m.role), m.host,
+		  s->registered, s->num_servers + s->num_workers);
 	/* num_workers is 0 until the first worker told its local size. */
 	if (s->num_workers > 0 && s->registered == s->num_servers + s->num_workers)
 		rc = sched_send_addrbook(s);
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
 	return rc;
-}
-
-static bool group_has(int group, int role)
-{
-	return (role == CONFIG_ROLE_WORKER && (group & RDV_GROUP_WORKERS)) ||
-	       (role == CONFIG_ROLE_SERVER && (group & RDV_GROUP_SERVERS));
-}
-
-/* A barrier of workers that a worker who said goodbye has not entered can
- * never complete: fails the job naming it (and blames it).  Called with
- * s->lock held. */
-static void sched_check_left_barriers(struct rdv_scheduler *s)
-{
-	for (int g = 1; g < 4 && s->error == 0; g++) {
-		if (s->barrier_since[g] == 0 || !group_has(g, CONFIG_ROLE_WORKER))
-			continue;
-		for (int i = 0; i < s->nnodes; i++) {
-			struct sched_node *m = s->nodes[i];
-			if (!m->registered || m->role != CONFIG_ROLE_WORKER || !m->said_goodbye ||
-			    m->in_barrier[g])
-				continue;
-			char label[160], msg[400];
-			snprintf(msg, sizeof msg,
-				 "%s left the job (it called shutdown, or its program ended) while the "
-				 "other workers wait for it in a barrier: does every worker call "
-				 "barrier() the same number of times?",
-				 sched_node_label(m, label, sizeof label));
-			sched_fail(s, UNISUM_ECONN, msg);
-			s->culprit_role = m->role;
-			s->culprit_rank = m->rank;
-			return;
-		}
-	}
-}
-
-static void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int group)
-{
-	pthread_mutex_lock(&s->lock);
-	if (!n->registered) {	/* retired (elastic re-form) since it sent it */
-		pthread_mutex_unlock(&s->lock);
-		return;
-	}
-	n->in_barrier[group] = true;
-	if (s->barrier_since[group] == 0) {
-		s->barrier_since[group] = timing_now_ms();
-		s->barrier_stall[group] = 0;
-	}
-	int need = 0, have = 0;
-	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *m = s->nodes[i];
-		if (!m->registered || !group_has(group, m->role) || m->lost)
-			continue;
-		need++;
-		have += m->in_barrier[group];
-	}
-	if (have < need)
-		sched_check_left_barriers(s);
-	if (have == need) {
-		s->barrier_since[group] = 0;
-		struct wire_hdr h = {.type = WIRE_BARRIER_DONE, .aux = (uint32_t)group};
-		for (int i = 0; i < s->nnodes; i++) {
-			struct sched_node *m = s->nodes[i];
-			if (!m->registered || !group_has(group, m->role))
-				continue;
-			m->in_barrier[group] = false;
-			sched_send(m, &h, NULL);
-		}
-	}
-	pthread_mutex_unlock(&s->lock);
 }
 
 /* Worker 0's autotune setting for an epoch: checked, then passed to every
@@ -533,22 +453,6 @@ static int sched_on_tune(struct rdv_scheduler *s, struct sched_node *n, const st
 	}
 	pthread_mutex_unlock(&s->lock);
 	return 0;
-}
-
-/* Sends h (and payload) to every worker still connected, or with
- * `joined_only` to those that joined.  Called with s->lock held. */
-static void sched_send_workers(struct rdv_scheduler *s, const struct wire_hdr *h,
-			       const void *payload, bool joined_only)
-{
-	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *m = s->nodes[i];
-		if (!m->registered || m->gone || m->role != CONFIG_ROLE_WORKER)
-			continue;
-		if (joined_only && (s->joined == NULL || m->rank < 0 || m->rank >= s->num_workers ||
-				    !s->joined[m->rank]))
-			continue;
-		sched_send(m, h, payload);
-	}
 }
 
 /* Worker n joined (unisum_join): every worker hears of it (the others
@@ -645,31 +549,6 @@ static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 	}
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
-}
-
-/* Reads node n's next message: its header into *h and its payload into
- * *payload (malloc'd, NULL when empty; the caller frees it).  0 or an
- * error with why set. */
-static int sched_recv(struct sched_node *n, struct wire_hdr *h, void **payload, char *why,
-		      size_t len)
-{
-	struct rdv_scheduler *s = n->s;
-	*payload = NULL;
-	int rc = s->tp->recv_header(n->conn, h, why, len);
-	if (rc != 0)
-		return rc;
-	atomic_store(&n->last_seen_ms, timing_now_ms());
-	if (h->payload_len == 0)
-		return 0;
-	*payload = malloc(h->payload_len);
-	if (*payload == NULL) {
-		snprintf(why, len, "out of memory");
-		return UNISUM_ENOMEM;
-	}
-	rc = s->tp->recv_payload(n->conn, *payload, h->payload_len);
-	if (rc != 0)
-		snprintf(why, len, "connection closed");
-	return rc;
 }
 
 /* An ERROR from node n: fail the job for its reason (a stalled round or
@@ -848,8 +727,7 @@ static void *sched_node_main(void *arg)
 	return NULL;
 }
 
-/* Whether the job is over: every node gone after goodbye, or a failure. */
-static bool sched_is_finished(const struct rdv_scheduler *s)
+bool sched_is_finished(const struct rdv_scheduler *s)
 {
 	if (s->error != 0 || s->aborted)
 		return true;
@@ -859,233 +737,6 @@ static bool sched_is_finished(const struct rdv_scheduler *s)
 		if (s->nodes[i]->registered && !s->nodes[i]->gone)
 			return false;
 	return true;
-}
-
-/* Whether node n still has to prove it is alive. */
-static bool sched_node_is_watched(const struct sched_node *n)
-{
-	return n->registered && !n->gone && !n->said_goodbye && !n->lost;
-}
-
-/* Every heartbeat_ms: a heartbeat to every live node, and the job fails,
- * naming the node, when one has been silent for timeout_ms (hung, stopped
- * or cut off: a crash closes the connection and is caught sooner). */
-/* A barrier that some nodes entered and others not for UNISUM_STALL_WARN_MS
- * is logged with the missing ones; with UNISUM_STALL_ABORT_MS the job
- * fails with that message on every rank instead of waiting forever, as a
- * stalled round of a tensor does on the servers.  Called with s->lock
- * held. */
-static void sched_check_barriers(struct rdv_scheduler *s, int64_t now)
-{
-	for (int g = 1; g < 4 && s->error == 0; g++) {
-		if (s->barrier_since[g] == 0)
-			continue;
-		int64_t waited = now - s->barrier_since[g];
-		int level = s->stall_abort_ms > 0 && waited >= s->stall_abort_ms ? 2
-			    : waited >= s->stall_warn_ms			      ? 1
-										      : 0;
-		if (level <= s->barrier_stall[g])
-			continue;
-		s->barrier_stall[g] = level;
-		char missing[256] = "", msg[600];
-		size_t len = 0;
-		for (int i = 0; i < s->nnodes && len < sizeof missing - 40; i++) {
-			struct sched_node *m = s->nodes[i];
-			if (m->registered && group_has(g, m->role) && !m->in_barrier[g])
-				len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%s %d",
-							len ? ", " : "", config_role_name(m->role), m->rank);
-		}
-		snprintf(msg, sizeof msg,
-			 "stall: a barrier has waited %lld ms for %s, which have not entered it; the "
-			 "others have. Does every worker call barrier() (and every collective before "
-			 "it) the same number of times?",
-			 (long long)waited, missing);
-		if (level == 1) {
-			LOG_WARN("%s", msg);
-		} else {
-			LOG_ERROR("%s (UNISUM_STALL_ABORT_MS=%d: failing the job)", msg, s->stall_abort_ms);
-			sched_fail(s, UNISUM_ETIMEDOUT, msg);
-		}
-	}
-}
-
-/* Appends `text` to buf (of len, holding *used bytes), quietly cut. */
-static void sched_append(char *buf, size_t len, size_t *used, const char *text)
-{
-	if (*used < len)
-		*used += (size_t)snprintf(buf + *used, len - *used, "%s", text);
-}
-
-/* Names the nodes that have not registered yet into buf, as their labels
- * will read once they do; returns how many there are.  When exactly one
- * is missing and its rank is known, *role and *rank name it, else *role
- * is CONFIG_ROLE_NONE.  Called with s->lock held. */
-static int sched_missing(const struct rdv_scheduler *s, char *buf, size_t len, int *role, int *rank)
-{
-	size_t used = 0;
-	int missing = 0;
-	bool known = true;
-	buf[0] = '\0';
-	*role = CONFIG_ROLE_NONE;
-	*rank = -1;
-	for (int r = 0; r < 2; r++) {
-		int want = r == 0 ? CONFIG_ROLE_SERVER : CONFIG_ROLE_WORKER;
-		int L = r == 0 ? 1 : s->local_size;
-		int total = (r == 0 ? s->num_servers : s->num_machines) * L;
-		int have = 0, anonymous = 0;
-		for (int i = 0; i < s->nnodes; i++) {
-			const struct sched_node *n = s->nodes[i];
-			have += n->registered && n->role == want;
-			anonymous += n->registered && n->role == want && n->req_rank < 0;
-		}
-		char one[128];
-		if (L == 0) {	/* the local size comes with the first worker */
-			snprintf(one, sizeof one, "%severy worker (%d machines)", used ? ", " : "",
-				 s->num_machines);
-			sched_append(buf, len, &used, one);
-			missing += s->num_machines;
-			known = false;
-			continue;
-		}
-		if (anonymous > 0) {
-			/* Nodes without UNISUM_SERVER_ID / UNISUM_WORKER_ID take
-			 * free ranks: which ones are missing is not known yet. */
-			if (total > have) {
-				snprintf(one, sizeof one, "%s%d of %d %ss", used ? ", " : "", total - have,
-					 total, config_role_name(want));
-				sched_append(buf, len, &used, one);
-			}
-			missing += total - have;
-			known = false;
-			continue;
-		}
-		for (int slot = 0; slot < total; slot++) {
-			bool here = false;
-			for (int i = 0; i < s->nnodes && !here; i++) {
-				const struct sched_node *n = s->nodes[i];
-				here = n->registered && n->role == want &&
-				       n->req_rank * L + n->local_rank == slot;
-			}
-			if (here)
-				continue;
-			missing++;
-			*role = want;
-			*rank = slot;
-			if (L > 1)
-				snprintf(one, sizeof one, "%sthe worker of machine %d, local rank %d",
-					 used ? ", " : "", slot / L, slot % L);
-			else
-				snprintf(one, sizeof one, "%s%s %d", used ? ", " : "", config_role_name(want),
-					 slot);
-			sched_append(buf, len, &used, one);
-		}
-	}
-	if (missing != 1 || !known)
-		*role = CONFIG_ROLE_NONE;
-	return missing;
-}
-
-/* Registration that has not completed start_timeout_ms after the start
- * fails the job, naming who is missing; at stall_warn_ms it is logged
- * once.  Called with s->lock held, before the address book went out. */
-static void sched_check_start(struct rdv_scheduler *s, int64_t now)
-{
-	int64_t waited = now - s->started_ms;
-	bool fail = s->start_timeout_ms > 0 && waited >= s->start_timeout_ms;
-	if (!fail && (s->start_warned || s->stall_warn_ms <= 0 || waited < s->stall_warn_ms))
-		return;
-	char missing[768];
-	int role, rank;
-	sched_missing(s, missing, sizeof missing, &role, &rank);
-	if (!fail) {
-		s->start_warned = true;
-		LOG_WARN("still waiting after %lld ms for %s to register: not started yet, or unable "
-			 "to reach this scheduler?", (long long)waited, missing);
-		return;
-	}
-	char msg[1024];
-	snprintf(msg, sizeof msg,
-		 "the job did not start within %d ms (UNISUM_START_TIMEOUT_MS): %s never registered: "
-		 "not started, died before it reached the scheduler, or cannot reach it",
-		 s->start_timeout_ms, missing);
-	sched_fail(s, UNISUM_ETIMEDOUT, msg);
-	s->culprit_role = role;
-	s->culprit_rank = rank;
-}
-
-static void *sched_monitor_main(void *arg)
-{
-	struct rdv_scheduler *s = arg;
-	pthread_mutex_lock(&s->lock);
-	while (!sched_is_finished(s)) {
-		struct timespec until = timing_deadline(s->heartbeat_ms);
-		pthread_cond_timedwait(&s->changed, &s->lock, &until);
-		if (sched_is_finished(s))
-			continue;
-		if (s->reforming) {
-			sched_elastic_check(s, timing_now_ms());
-			continue;
-		}
-		if (!s->book_sent) {
-			sched_check_start(s, timing_now_ms());
-			continue;
-		}
-		int64_t now = timing_now_ms();
-		sched_log_loads(s, now);
-		sched_check_barriers(s, now);
-		struct wire_hdr hb = {.type = WIRE_HEARTBEAT};
-		for (int i = 0; i < s->nnodes && s->error == 0; i++) {
-			struct sched_node *n = s->nodes[i];
-			if (!sched_node_is_watched(n))
-				continue;
-			int64_t silent = now - atomic_load(&n->last_seen_ms);
-			if (silent >= s->timeout_ms) {
-				char label[160], msg[700], fo_why[300] = "";
-				if (n->role == CONFIG_ROLE_SERVER && s->server_failover &&
-				    sched_failover(s, n->rank, fo_why, sizeof fo_why) == 0) {
-					/* Its partitions live elsewhere now: cut it off. */
-					n->lost = true;
-					s->tp->conn_shutdown(n->conn);
-					continue;
-				}
-				char cause[160];
-				snprintf(cause, sizeof cause, "silent for %lld ms: hung, stopped or cut "
-					 "off", (long long)silent);
-				if (sched_elastic_lost(s, n, cause, fo_why, sizeof fo_why))
-					break;	/* the generation ended: nobody is watched */
-				if (fo_why[0] != '\0' && n->role == CONFIG_ROLE_WORKER) {
-					snprintf(msg, sizeof msg, "%s has sent nothing for %lld ms (hung, "
-						 "stopped or cut off), and the elastic job cannot go on "
-						 "without it: %s", sched_node_label(n, label, sizeof label),
-						 (long long)silent, fo_why);
-					sched_fail(s, UNISUM_ETIMEDOUT, msg);
-					s->culprit_role = n->role;
-					s->culprit_rank = n->rank;
-					break;
-				}
-				snprintf(msg, sizeof msg,
-					 "%s has sent nothing for %lld ms: it is hung, stopped or cut off "
-					 "(UNISUM_TIMEOUT_MS=%d)%s%s",
-					 sched_node_label(n, label, sizeof label), (long long)silent,
-					 s->timeout_ms, fo_why[0] ? "; failover cannot replace it: " : "",
-					 fo_why);
-				sched_fail(s, UNISUM_ETIMEDOUT, msg);
-				s->culprit_role = n->role;
-				s->culprit_rank = n->rank;
-				break;
-			}
-			sched_send(n, &hb, NULL);
-		}
-	}
-	/* A failure during registration keeps the door open a while (see
-	 * sched_fail); then the accepting thread is woken to finish. */
-	while (sched_lingers(s)) {
-		struct timespec until = timing_deadline((int)(s->linger_until - timing_now_ms()));
-		pthread_cond_timedwait(&s->changed, &s->lock, &until);
-	}
-	s->tp->listener_shutdown(s->listener);
-	pthread_mutex_unlock(&s->lock);
-	return NULL;
 }
 
 /* How many connections registration may take: every node plus strangers
