@@ -1,8 +1,8 @@
 /*
- * engine.c - the server's key table and its engines: every key is pinned
- * to one engine thread, which handles the key's events in order (pushes
- * folded in machine order, pulls answered, poison, retirement) and looks
- * for stalled rounds.  See server.c's DESIGN.
+ * engine.c - the server's engines: every key is pinned to one engine
+ * thread (key.c's table chooses it), which handles the key's events in
+ * order (pushes folded in machine order, pulls answered, poison,
+ * retirement) and looks for stalled rounds.  See server.c's DESIGN.
  */
 #include <endian.h>
 #include <errno.h>
@@ -22,314 +22,6 @@
 #include "timing/timing.h"
 #include "transport/transport.h"
 #include "wire/wire.h"
-
-/* ---- key table ---------------------------------------------------------- */
-
-static size_t srv_hash(uint64_t key, size_t n)
-{
-	key ^= key >> 33;
-	key *= 0xff51afd7ed558ccdull;
-	key ^= key >> 33;
-	return (size_t)(key & (n - 1));
-}
-
-/* Looks a key up; call with srv->lock held. */
-struct srv_key *srv_key_find(struct server *srv, uint64_t key)
-{
-	for (struct srv_key *k = srv->buckets[srv_hash(key, srv->nbuckets)]; k; k = k->next)
-		if (k->key == key)
-			return k;
-	return NULL;
-}
-
-static int srv_key_grow(struct server *srv)
-{
-	size_t n = srv->nbuckets * 2;
-	struct srv_key **b = calloc(n, sizeof *b);
-	if (b == NULL)
-		return UNISUM_ENOMEM;
-	for (size_t i = 0; i < srv->nbuckets; i++) {
-		struct srv_key *k = srv->buckets[i];
-		while (k) {
-			struct srv_key *next = k->next;
-			size_t h = srv_hash(k->key, n);
-			k->next = b[h];
-			b[h] = k;
-			k = next;
-		}
-	}
-	free(srv->buckets);
-	srv->buckets = b;
-	srv->nbuckets = n;
-	return 0;
-}
-
-/* Drops a pin of k (see srv_key.pins); the last frees it.  Only the
- * protocol, through the workers, orders a reply's sending before the last
- * RETIRE of its key; the pin keeps the key's memory regardless (and shows
- * ThreadSanitizer the order in the in-process tests). */
-void srv_key_unpin(struct srv_key *k)
-{
-	if (atomic_fetch_sub_explicit(&k->pins, 1, memory_order_acq_rel) == 1)
-		srv_key_free(k);
-}
-
-void srv_key_free(struct srv_key *k)
-{
-	if (k == NULL)
-		return;
-	if (k->push_buf)
-		for (int w = 0; w < k->nc; w++)
-			free(k->push_buf[w]);
-	for (int i = 0; i < 2; i++) {
-		free(k->slot[i].arrived);
-		free(k->slot[i].zero);
-		free(k->slot[i].pull_waiting);
-		free(k->slot[i].acc);
-		free(k->slot[i].enc);
-	}
-	compress_state_free(&k->cstate);
-	free(k->scratch);
-	free(k->comp_text);
-	free(k->push_buf);
-	free(k->value);
-	free(k->first_seen);
-	free(k->value_waiting);
-	free(k->wait_round);
-	free(k->clock);
-	for (int i = 0; k->snap != NULL && i < 2 * k->nc; i++)
-		free(k->snap[i]);
-	free(k->snap);
-	free(k->replies);
-	free(k->gone);
-	free(k->peer);
-	free(k->ranks);
-	free(k->next_round);
-	free(k->retired);
-	free(k->name);
-	free(k->own_poison);
-	free(k);
-}
-
-static int srv_engine_grow(struct srv_engine *e)
-{
-	size_t cap = e->capkeys ? 2 * e->capkeys : 64;
-	struct srv_key **keys = realloc(e->keys, cap * sizeof *keys);
-	if (keys == NULL)
-		return UNISUM_ENOMEM;
-	e->keys = keys;
-	e->capkeys = cap;
-	return 0;
-}
-
-/* Whether key k's contributors are the process set `ranks` (nranks 0:
- * the global set). */
-static bool srv_key_same_set(const struct srv_key *k, const int *ranks, int nranks)
-{
-	if (nranks == 0 || k->ranks == NULL)
-		return nranks == 0 && k->ranks == NULL;
-	return k->nc == nranks && memcmp(k->ranks, ranks, (size_t)nranks * sizeof *ranks) == 0;
-}
-
-/* Declares key h->key of tensor `name`, summed over the process set
- * `ranks` (nranks 0: the global set) in the sync mode h->aux (idempotent
- * when the shape, the set and the mode match).  Returns 0, or UNISUM_EMISMATCH / UNISUM_ENOMEM / UNISUM_EPROTO
- * with `why` set. */
-int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
-		    const char *name, const int *ranks, int nranks, const char *spec, char *why,
-		    size_t len)
-{
-	int rc = 0;
-	struct compress_spec comp = {.kind = COMPRESS_NONE};
-	char err[256];
-	if (spec[0] != '\0' && compress_spec_parse(spec, &comp, err, sizeof err) != 0) {
-		snprintf(why, len, "DECLARE_CHECK of key 0x%llx of '%s' with compression '%s': %s",
-			 (unsigned long long)h->key, name, spec, err);
-		return UNISUM_EPROTO;
-	}
-	if (comp.kind != COMPRESS_NONE && (h->dtype != UNISUM_FLOAT32 || h->aux != WIRE_SYNC_LOCKSTEP)) {
-		snprintf(why, len, "DECLARE_CHECK of key 0x%llx of '%s': compression '%s' takes "
-			 "lock-step float32 tensors", (unsigned long long)h->key, name, spec);
-		return UNISUM_EPROTO;
-	}
-	size_t W = nranks > 0 ? (size_t)nranks : (size_t)srv->nworkers;
-	pthread_mutex_lock(&srv->lock);
-	struct srv_key *k = srv_key_find(srv, h->key);
-	/* A worker that undeclared the key declares it again: it may do so
-	 * once every worker has undeclared it, and their RETIREs, sent before,
-	 * are on their way on their own connections.  Wait (bounded) for them
-	 * to free the old key; this connection's later messages wait too. */
-	int64_t until_ms = timing_now_ms() + srv->cfg->timeout_ms;
-	for (int w0; k != NULL && (w0 = srv_key_contrib(k, c->worker)) >= 0 && k->retired[w0] &&
-		     !atomic_load(&srv->stopping) && timing_now_ms() < until_ms;) {
-		struct timespec until = timing_deadline(100);
-		pthread_cond_timedwait(&srv->key_gone, &srv->lock, &until);
-		k = srv_key_find(srv, h->key);
-	}
-	if (h->count > WIRE_MAX_DATA_PAYLOAD / unisum_dtype_size(h->dtype)) {
-		snprintf(why, len, "key 0x%llx declared with %llu elements, more than one 1 GiB partition",
-			 (unsigned long long)h->key, (unsigned long long)h->count);
-		rc = UNISUM_EPROTO;
-		goto out_unlock;
-	}
-	if (!wire_sync_valid(h->aux)) {
-		snprintf(why, len, "DECLARE_CHECK of key 0x%llx with unknown sync mode %u",
-			 (unsigned long long)h->key, h->aux);
-		rc = UNISUM_EPROTO;
-		goto out_unlock;
-	}
-	if (k != NULL) {
-		int w = srv_key_contrib(k, c->worker);
-		if (k->sync != h->aux) {
-			char a[32], b[32];
-			snprintf(why, len, "key 0x%llx of '%s' is %s here but the worker declared it %s",
-				 (unsigned long long)h->key, name, wire_sync_text(k->sync, a, sizeof a),
-				 wire_sync_text(h->aux, b, sizeof b));
-			rc = UNISUM_EMISMATCH;
-		} else if (!srv_key_same_set(k, ranks, nranks)) {
-			snprintf(why, len, "key 0x%llx of '%s' is summed over %s here but the worker "
-				 "declared it for %s%d ranks", (unsigned long long)h->key, name,
-				 k->ranks ? "a process set" : "the global set",
-				 nranks ? "a process set of " : "the global set, not ", nranks);
-			rc = UNISUM_EMISMATCH;
-		} else if (w < 0) {
-			char who[64];
-			snprintf(why, len, "%s declared key 0x%llx of '%s', which it does not push",
-				 srv_worker_name(srv, c->worker, who, sizeof who), (unsigned long long)h->key,
-				 name);
-			rc = UNISUM_EPROTO;
-		} else if (k->retired[w]) {
-			snprintf(why, len, "key 0x%llx of '%s' declared again by a worker that undeclared it, "
-				 "before every worker had", (unsigned long long)h->key, name);
-			rc = UNISUM_EPROTO;
-		} else if (strcmp(k->comp_text ? k->comp_text : "", spec) != 0) {
-			snprintf(why, len, "key 0x%llx of '%s' is compressed '%s' here but the worker "
-				 "declared '%s'", (unsigned long long)h->key, name,
-				 k->comp_text ? k->comp_text : "none", spec[0] ? spec : "none");
-			rc = UNISUM_EMISMATCH;
-		} else if (k->dtype != h->dtype || k->count != h->count) {
-			snprintf(why, len, "key 0x%llx is %s[%llu] here but the worker declared %s[%llu]",
-				 (unsigned long long)h->key, unisum_dtype_name(k->dtype),
-				 (unsigned long long)k->count, unisum_dtype_name(h->dtype),
-				 (unsigned long long)h->count);
-			rc = UNISUM_EMISMATCH;
-		}
-		if (rc == 0)
-			k->next_round[w] = h->round;	/* 0, or after a failover the round it is at */
-		goto out_unlock;
-	}
-	bool pushes = nranks == 0 && c->worker < srv->nworkers;
-	for (int i = 0; i < nranks && !pushes; i++)
-		pushes = srv_rank_peer(srv, ranks[i]) == c->worker;
-	if (!pushes) {
-		char who[64];
-		snprintf(why, len, "%s declared key 0x%llx of '%s', which it does not push (%s)",
-			 srv_worker_name(srv, c->worker, who, sizeof who), (unsigned long long)h->key,
-			 name, nranks ? "it is not in the key's process set"
-				      : "only a machine's local root pushes the global set's tensors");
-		rc = UNISUM_EPROTO;
-		goto out_unlock;
-	}
-	if (srv->nkeys + 1 > srv->nbuckets && srv_key_grow(srv) != 0) {
-		rc = UNISUM_ENOMEM;
-		goto out_unlock;
-	}
-	k = calloc(1, sizeof *k);
-	if (k == NULL) {
-		rc = UNISUM_ENOMEM;
-		goto out_unlock;
-	}
-	atomic_init(&k->pins, 1);
-	k->moved_to = -1;
-	k->nc = (int)W;
-	if (nranks > 0) {
-		k->peer = malloc(W * sizeof *k->peer);
-		k->ranks = malloc(W * sizeof *k->ranks);
-		if (k->peer != NULL && k->ranks != NULL) {
-			memcpy(k->ranks, ranks, W * sizeof *ranks);
-			for (int w = 0; w < nranks; w++)
-				k->peer[w] = srv_rank_peer(srv, ranks[w]);
-		}
-	}
-	k->next_round = calloc(W, sizeof *k->next_round);
-	k->push_buf = calloc(W, sizeof *k->push_buf);
-	k->retired = calloc(W, 1);
-	bool ok = k->next_round && k->push_buf && k->retired && (nranks == 0 || (k->peer && k->ranks));
-	k->sync = h->aux;
-	k->async = wire_sync_held(h->aux);
-	k->ssp = WIRE_SYNC_KIND(h->aux) == WIRE_SYNC_SSP;
-	k->staleness = WIRE_SYNC_STALENESS(h->aux);
-	if (k->async) {
-		k->first_seen = calloc(W, 1);
-		k->value_waiting = calloc(W, 1);
-		k->wait_round = calloc(W, sizeof *k->wait_round);
-		k->clock = calloc(W, sizeof *k->clock);
-		k->snap = calloc(2 * W, sizeof *k->snap);
-		k->replies = calloc(W, sizeof *k->replies);
-		k->gone = calloc(W, 1);
-		ok = ok && k->first_seen && k->value_waiting && k->wait_round && k->clock && k->snap &&
-		     k->replies && k->gone;
-	}
-	for (int i = 0; i < 2; i++) {
-		k->slot[i].arrived = calloc(W, 1);
-		k->slot[i].zero = calloc(W, 1);
-		k->slot[i].pull_waiting = calloc(W, 1);
-		ok = ok && k->slot[i].arrived && k->slot[i].zero && k->slot[i].pull_waiting;
-	}
-	if (!ok) {
-		srv_key_free(k);
-		rc = UNISUM_ENOMEM;
-		goto out_unlock;
-	}
-	k->key = h->key;
-	k->dtype = h->dtype;
-	k->count = h->count;
-	k->bytes = h->count * unisum_dtype_size(h->dtype);
-	k->comp = comp;
-	if (comp.kind != COMPRESS_NONE) {
-		k->wire_bytes = compress_codec_of(comp.kind)->bytes(&comp, (size_t)h->count);
-		if (k->wire_bytes > WIRE_MAX_DATA_PAYLOAD) {
-			srv_key_free(k);
-			snprintf(why, len, "key 0x%llx of '%s': %llu elements compressed '%s' take more "
-				 "than the 1 GiB a message carries", (unsigned long long)h->key, name,
-				 (unsigned long long)h->count, spec);
-			rc = UNISUM_EPROTO;
-			goto out_unlock;
-		}
-		k->comp_text = strdup(spec);
-		k->scratch = malloc(k->bytes ? k->bytes : 1);
-		if (k->comp_text == NULL || k->scratch == NULL ||
-		    compress_state_init(&k->cstate, &comp, (size_t)h->count, false) != 0) {
-			srv_key_free(k);
-			rc = UNISUM_ENOMEM;
-			goto out_unlock;
-		}
-	}
-	int best = 0;
-	for (int e = 1; e < srv->nengines; e++)
-		if (srv->engines[e].bytes < srv->engines[best].bytes)
-			best = e;
-	struct srv_engine *e = &srv->engines[best];
-	k->name = strdup(name);
-	if (k->name == NULL || (e->nkeys == e->capkeys && srv_engine_grow(e) != 0)) {
-		srv_key_free(k);
-		rc = UNISUM_ENOMEM;
-		goto out_unlock;
-	}
-	e->keys[e->nkeys++] = k;
-	k->engine = best;
-	k->next_round[srv_key_contrib(k, c->worker)] = h->round;
-	e->bytes += k->bytes;
-	size_t b = srv_hash(k->key, srv->nbuckets);
-	k->next = srv->buckets[b];
-	srv->buckets[b] = k;
-	srv->nkeys++;
-out_unlock:
-	if (rc == UNISUM_ENOMEM)
-		snprintf(why, len, "out of memory declaring key 0x%llx", (unsigned long long)h->key);
-	pthread_mutex_unlock(&srv->lock);
-	return rc;
-}
 
 /* ---- engines ------------------------------------------------------------ */
 
@@ -864,23 +556,7 @@ static void srv_on_retire(struct server *srv, struct srv_key *k, int w)
 		return;
 	LOG_INFO("every worker retired '%s' (key 0x%llx): its %zu-byte buffers are freed",
 		 k->name ? k->name : "?", (unsigned long long)k->key, k->bytes);
-	pthread_mutex_lock(&srv->lock);
-	struct srv_key **at = &srv->buckets[srv_hash(k->key, srv->nbuckets)];
-	while (*at != NULL && *at != k)
-		at = &(*at)->next;
-	if (*at != NULL)
-		*at = k->next;
-	srv->nkeys--;
-	struct srv_engine *e = &srv->engines[k->engine];
-	for (size_t i = 0; i < e->nkeys; i++) {
-		if (e->keys[i] == k) {
-			e->keys[i] = e->keys[--e->nkeys];
-			break;
-		}
-	}
-	e->bytes -= k->bytes;
-	pthread_cond_broadcast(&srv->key_gone);	/* a worker may declare it again */
-	pthread_mutex_unlock(&srv->lock);
+	srv_key_remove(srv, k);
 	if (srv_post(srv, EVENT_FREE, k, 0, 0, false, 0, NULL) != 0) {
 		/* Out of memory for the event: keep the key's memory rather
 		 * than free it under a queued event. */
@@ -976,6 +652,36 @@ static void srv_ssp_stall(struct server *srv, struct srv_key *k, int64_t now, ch
 /* Reports rounds of this engine's keys that some workers pushed and others
  * have not, for longer than the stall limits (see DESIGN above), and fails
  * the job at once for a round that waits for a machine that left. */
+/* The contributors slot s of key k waits for, in `missing`: "1, 3", or
+ * with several workers per machine "1 (worker rank 4), 3 (worker rank
+ * 12)" (machines).  Called with srv->lock held. */
+static void srv_slot_missing(const struct server *srv, const struct srv_key *k,
+			     const struct srv_slot *s, char *missing, size_t len)
+{
+	size_t n = 0;
+	int L = srv->local_size;
+
+	missing[0] = '\0';
+	for (int w = 0; w < k->nc && n < len - 40; w++) {
+		if (s->arrived[w])
+			continue;
+		if (k->ranks != NULL)
+			n += (size_t)snprintf(missing + n, len - n, "%s%d", n ? ", " : "", k->ranks[w]);
+		else if (L > 1)
+			n += (size_t)snprintf(missing + n, len - n, "%s%d (worker rank %d)",
+					      n ? ", " : "", w, w * L);
+		else
+			n += (size_t)snprintf(missing + n, len - n, "%s%d", n ? ", " : "", w);
+	}
+}
+
+/* Engine e's look for stalls, every srv_stall_period_ms: a round of one
+ * of its keys that has waited past UNISUM_STALL_WARN_MS is logged, past
+ * UNISUM_STALL_ABORT_MS it fails the job (the first such message), and a
+ * round waiting for a machine that left fails it at once (once per
+ * engine), both naming who did not push.  Runs on the engine's thread;
+ * takes srv->lock to read the keys, then e->lock, and talks to the
+ * scheduler with neither held. */
 static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 {
 	int64_t now = timing_now_ms();
@@ -999,24 +705,9 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 			if (level <= s->stall_level)
 				continue;
 			s->stall_level = level;
-			/* "worker(s) 1, 3", or with several workers per machine
-			 * "machine(s) 1 (worker rank 4), 3 (worker rank 12)". */
-			char missing[256] = "", msg[768];
-			size_t n = 0;
+			char missing[256], msg[768];
 			int L = srv->local_size;
-			for (int w = 0; w < k->nc && n < sizeof missing - 40; w++) {
-				if (s->arrived[w])
-					continue;
-				if (k->ranks != NULL)
-					n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%d",
-							      n ? ", " : "", k->ranks[w]);
-				else if (L > 1)
-					n += (size_t)snprintf(missing + n, sizeof missing - n,
-							      "%s%d (worker rank %d)", n ? ", " : "", w, w * L);
-				else
-					n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%d",
-							      n ? ", " : "", w);
-			}
+			srv_slot_missing(srv, k, s, missing, sizeof missing);
 			snprintf(msg, sizeof msg,
 				 "stall: tensor '%s' (partition %u) round %u has waited %lld ms for %s %s, "
 				 "which have not pushed it; the others have. Does every worker push "

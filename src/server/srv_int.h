@@ -245,15 +245,18 @@ static inline int srv_key_contrib(const struct srv_key *k, int p)
 	return -1;
 }
 
-/* engine.c: the key table (call srv_key_find with srv->lock held) and the
- * engines' event queues */
-void *srv_engine_main(void *arg);
+/* key.c: the key table (call srv_key_find with srv->lock held; the others
+ * take it) */
 int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
 		    const char *name, const int *ranks, int nranks, const char *spec, char *why,
 		    size_t len);
 struct srv_key *srv_key_find(struct server *srv, uint64_t key);
+void srv_key_remove(struct server *srv, struct srv_key *k);
 void srv_key_free(struct srv_key *k);
 void srv_key_unpin(struct srv_key *k);
+
+/* engine.c: the engines' event queues */
+void *srv_engine_main(void *arg);
 int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
 	     uint32_t wire_op, const char *why);
 void srv_reply_error(struct server *srv, struct srv_conn *c, int p, uint64_t key, uint32_t round,

@@ -1,0 +1,417 @@
+/*
+ * key.c - the server's key table: a hash of every declared key (struct
+ * srv_key, srv_int.h), declaration (checked against what is known, or
+ * made and pinned to the engine with the fewest bytes), and the pins that
+ * free a key once nothing holds it.  The table is under srv->lock; a key's
+ * state is its engine's (engine.c).
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/srv_int.h"
+#include "timing/timing.h"
+#include "wire/wire.h"
+
+static size_t srv_hash(uint64_t key, size_t n)
+{
+	key ^= key >> 33;
+	key *= 0xff51afd7ed558ccdull;
+	key ^= key >> 33;
+	return (size_t)(key & (n - 1));
+}
+
+/* Looks a key up; call with srv->lock held. */
+struct srv_key *srv_key_find(struct server *srv, uint64_t key)
+{
+	for (struct srv_key *k = srv->buckets[srv_hash(key, srv->nbuckets)]; k; k = k->next)
+		if (k->key == key)
+			return k;
+	return NULL;
+}
+
+static int srv_key_grow(struct server *srv)
+{
+	size_t n = srv->nbuckets * 2;
+	struct srv_key **b = calloc(n, sizeof *b);
+	if (b == NULL)
+		return UNISUM_ENOMEM;
+	for (size_t i = 0; i < srv->nbuckets; i++) {
+		struct srv_key *k = srv->buckets[i];
+		while (k) {
+			struct srv_key *next = k->next;
+			size_t h = srv_hash(k->key, n);
+			k->next = b[h];
+			b[h] = k;
+			k = next;
+		}
+	}
+	free(srv->buckets);
+	srv->buckets = b;
+	srv->nbuckets = n;
+	return 0;
+}
+
+/* Drops a pin of k (see srv_key.pins); the last frees it.  Only the
+ * protocol, through the workers, orders a reply's sending before the last
+ * RETIRE of its key; the pin keeps the key's memory regardless (and shows
+ * ThreadSanitizer the order in the in-process tests). */
+void srv_key_unpin(struct srv_key *k)
+{
+	if (atomic_fetch_sub_explicit(&k->pins, 1, memory_order_acq_rel) == 1)
+		srv_key_free(k);
+}
+
+void srv_key_free(struct srv_key *k)
+{
+	if (k == NULL)
+		return;
+	if (k->push_buf)
+		for (int w = 0; w < k->nc; w++)
+			free(k->push_buf[w]);
+	for (int i = 0; i < 2; i++) {
+		free(k->slot[i].arrived);
+		free(k->slot[i].zero);
+		free(k->slot[i].pull_waiting);
+		free(k->slot[i].acc);
+		free(k->slot[i].enc);
+	}
+	compress_state_free(&k->cstate);
+	free(k->scratch);
+	free(k->comp_text);
+	free(k->push_buf);
+	free(k->value);
+	free(k->first_seen);
+	free(k->value_waiting);
+	free(k->wait_round);
+	free(k->clock);
+	for (int i = 0; k->snap != NULL && i < 2 * k->nc; i++)
+		free(k->snap[i]);
+	free(k->snap);
+	free(k->replies);
+	free(k->gone);
+	free(k->peer);
+	free(k->ranks);
+	free(k->next_round);
+	free(k->retired);
+	free(k->name);
+	free(k->own_poison);
+	free(k);
+}
+
+static int srv_engine_grow(struct srv_engine *e)
+{
+	size_t cap = e->capkeys ? 2 * e->capkeys : 64;
+	struct srv_key **keys = realloc(e->keys, cap * sizeof *keys);
+	if (keys == NULL)
+		return UNISUM_ENOMEM;
+	e->keys = keys;
+	e->capkeys = cap;
+	return 0;
+}
+
+/* Whether key k's contributors are the process set `ranks` (nranks 0:
+ * the global set). */
+static bool srv_key_same_set(const struct srv_key *k, const int *ranks, int nranks)
+{
+	if (nranks == 0 || k->ranks == NULL)
+		return nranks == 0 && k->ranks == NULL;
+	return k->nc == nranks && memcmp(k->ranks, ranks, (size_t)nranks * sizeof *ranks) == 0;
+}
+
+/* Whether declaring key h->key with compression `spec` can be taken at
+ * all: 0 with *comp parsed, or UNISUM_EPROTO with why set. */
+static int srv_declare_spec(const struct wire_hdr *h, const char *name, const char *spec,
+			    struct compress_spec *comp, char *why, size_t len)
+{
+	char err[256];
+
+	comp->kind = COMPRESS_NONE;
+	if (spec[0] != '\0' && compress_spec_parse(spec, comp, err, sizeof err) != 0) {
+		snprintf(why, len, "DECLARE_CHECK of key 0x%llx of '%s' with compression '%s': %s",
+			 (unsigned long long)h->key, name, spec, err);
+		return UNISUM_EPROTO;
+	}
+	if (comp->kind != COMPRESS_NONE &&
+	    (h->dtype != UNISUM_FLOAT32 || h->aux != WIRE_SYNC_LOCKSTEP)) {
+		snprintf(why, len, "DECLARE_CHECK of key 0x%llx of '%s': compression '%s' takes "
+			 "lock-step float32 tensors", (unsigned long long)h->key, name, spec);
+		return UNISUM_EPROTO;
+	}
+	if (h->count > WIRE_MAX_DATA_PAYLOAD / unisum_dtype_size(h->dtype)) {
+		snprintf(why, len, "key 0x%llx declared with %llu elements, more than one 1 GiB partition",
+			 (unsigned long long)h->key, (unsigned long long)h->count);
+		return UNISUM_EPROTO;
+	}
+	if (!wire_sync_valid(h->aux)) {
+		snprintf(why, len, "DECLARE_CHECK of key 0x%llx with unknown sync mode %u",
+			 (unsigned long long)h->key, h->aux);
+		return UNISUM_EPROTO;
+	}
+	return 0;
+}
+
+/* Key k, known here, declared again by connection c's worker: 0 when the
+ * declaration matches (its next round is then h->round: 0, or after a
+ * failover the round it is at), else UNISUM_EMISMATCH / UNISUM_EPROTO with
+ * why set.  Called with srv->lock held. */
+static int srv_key_redeclare(struct server *srv, struct srv_key *k, const struct srv_conn *c,
+			     const struct wire_hdr *h, const char *name, const int *ranks,
+			     int nranks, const char *spec, char *why, size_t len)
+{
+	int w = srv_key_contrib(k, c->worker);
+	unsigned long long key = (unsigned long long)h->key;
+
+	if (k->sync != h->aux) {
+		char a[32], b[32];
+		snprintf(why, len, "key 0x%llx of '%s' is %s here but the worker declared it %s", key,
+			 name, wire_sync_text(k->sync, a, sizeof a), wire_sync_text(h->aux, b, sizeof b));
+		return UNISUM_EMISMATCH;
+	}
+	if (!srv_key_same_set(k, ranks, nranks)) {
+		snprintf(why, len, "key 0x%llx of '%s' is summed over %s here but the worker "
+			 "declared it for %s%d ranks", key, name,
+			 k->ranks ? "a process set" : "the global set",
+			 nranks ? "a process set of " : "the global set, not ", nranks);
+		return UNISUM_EMISMATCH;
+	}
+	if (w < 0) {
+		char who[64];
+		snprintf(why, len, "%s declared key 0x%llx of '%s', which it does not push",
+			 srv_worker_name(srv, c->worker, who, sizeof who), key, name);
+		return UNISUM_EPROTO;
+	}
+	if (k->retired[w]) {
+		snprintf(why, len, "key 0x%llx of '%s' declared again by a worker that undeclared it, "
+			 "before every worker had", key, name);
+		return UNISUM_EPROTO;
+	}
+	if (strcmp(k->comp_text ? k->comp_text : "", spec) != 0) {
+		snprintf(why, len, "key 0x%llx of '%s' is compressed '%s' here but the worker "
+			 "declared '%s'", key, name, k->comp_text ? k->comp_text : "none",
+			 spec[0] ? spec : "none");
+		return UNISUM_EMISMATCH;
+	}
+	if (k->dtype != h->dtype || k->count != h->count) {
+		snprintf(why, len, "key 0x%llx is %s[%llu] here but the worker declared %s[%llu]", key,
+			 unisum_dtype_name(k->dtype), (unsigned long long)k->count,
+			 unisum_dtype_name(h->dtype), (unsigned long long)h->count);
+		return UNISUM_EMISMATCH;
+	}
+	k->next_round[w] = h->round;
+	return 0;
+}
+
+/* Whether connection c's worker pushes a key of the process set `ranks`
+ * (nranks 0: the global set, which a machine's local root pushes); else
+ * UNISUM_EPROTO with why set. */
+static int srv_declare_pusher(struct server *srv, const struct srv_conn *c,
+			      const struct wire_hdr *h, const char *name, const int *ranks,
+			      int nranks, char *why, size_t len)
+{
+	bool pushes = nranks == 0 && c->worker < srv->nworkers;
+	char who[64];
+
+	for (int i = 0; i < nranks && !pushes; i++)
+		pushes = srv_rank_peer(srv, ranks[i]) == c->worker;
+	if (pushes)
+		return 0;
+	snprintf(why, len, "%s declared key 0x%llx of '%s', which it does not push (%s)",
+		 srv_worker_name(srv, c->worker, who, sizeof who), (unsigned long long)h->key, name,
+		 nranks ? "it is not in the key's process set"
+			: "only a machine's local root pushes the global set's tensors");
+	return UNISUM_EPROTO;
+}
+
+/* A new key of W contributors (the process set `ranks`, nranks 0: the
+ * global set) in sync mode `sync`, with its per-contributor tables; NULL
+ * when out of memory. */
+static struct srv_key *srv_key_new(struct server *srv, size_t W, const int *ranks, int nranks,
+				   uint32_t sync)
+{
+	struct srv_key *k = calloc(1, sizeof *k);
+	if (k == NULL)
+		return NULL;
+	atomic_init(&k->pins, 1);
+	k->moved_to = -1;
+	k->nc = (int)W;
+	if (nranks > 0) {
+		k->peer = malloc(W * sizeof *k->peer);
+		k->ranks = malloc(W * sizeof *k->ranks);
+		if (k->peer != NULL && k->ranks != NULL) {
+			memcpy(k->ranks, ranks, W * sizeof *ranks);
+			for (int w = 0; w < nranks; w++)
+				k->peer[w] = srv_rank_peer(srv, ranks[w]);
+		}
+	}
+	k->next_round = calloc(W, sizeof *k->next_round);
+	k->push_buf = calloc(W, sizeof *k->push_buf);
+	k->retired = calloc(W, 1);
+	bool ok = k->next_round && k->push_buf && k->retired && (nranks == 0 || (k->peer && k->ranks));
+	k->sync = sync;
+	k->async = wire_sync_held(sync);
+	k->ssp = WIRE_SYNC_KIND(sync) == WIRE_SYNC_SSP;
+	k->staleness = WIRE_SYNC_STALENESS(sync);
+	if (k->async) {
+		k->first_seen = calloc(W, 1);
+		k->value_waiting = calloc(W, 1);
+		k->wait_round = calloc(W, sizeof *k->wait_round);
+		k->clock = calloc(W, sizeof *k->clock);
+		k->snap = calloc(2 * W, sizeof *k->snap);
+		k->replies = calloc(W, sizeof *k->replies);
+		k->gone = calloc(W, 1);
+		ok = ok && k->first_seen && k->value_waiting && k->wait_round && k->clock && k->snap &&
+		     k->replies && k->gone;
+	}
+	for (int i = 0; i < 2; i++) {
+		k->slot[i].arrived = calloc(W, 1);
+		k->slot[i].zero = calloc(W, 1);
+		k->slot[i].pull_waiting = calloc(W, 1);
+		ok = ok && k->slot[i].arrived && k->slot[i].zero && k->slot[i].pull_waiting;
+	}
+	if (!ok) {
+		srv_key_free(k);
+		return NULL;
+	}
+	return k;
+}
+
+/* Sets new key k's compression `comp` (spec text `spec`): its wire size,
+ * scratch and error-feedback state.  0, UNISUM_ENOMEM, or UNISUM_EPROTO
+ * with why set when a compressed partition would not fit a message. */
+static int srv_key_compress(struct srv_key *k, const struct compress_spec *comp,
+			    const char *name, const char *spec, char *why, size_t len)
+{
+	k->comp = *comp;
+	if (comp->kind == COMPRESS_NONE)
+		return 0;
+	k->wire_bytes = compress_codec_of(comp->kind)->bytes(comp, (size_t)k->count);
+	if (k->wire_bytes > WIRE_MAX_DATA_PAYLOAD) {
+		snprintf(why, len, "key 0x%llx of '%s': %llu elements compressed '%s' take more "
+			 "than the 1 GiB a message carries", (unsigned long long)k->key, name,
+			 (unsigned long long)k->count, spec);
+		return UNISUM_EPROTO;
+	}
+	k->comp_text = strdup(spec);
+	k->scratch = malloc(k->bytes ? k->bytes : 1);
+	if (k->comp_text == NULL || k->scratch == NULL ||
+	    compress_state_init(&k->cstate, comp, (size_t)k->count, false) != 0)
+		return UNISUM_ENOMEM;
+	return 0;
+}
+
+/* Files new key k (named `name`) in the table and pins it to the engine
+ * with the fewest bytes.  0 or UNISUM_ENOMEM.  Called with srv->lock held. */
+static int srv_key_insert(struct server *srv, struct srv_key *k, const char *name)
+{
+	int best = 0;
+	for (int e = 1; e < srv->nengines; e++)
+		if (srv->engines[e].bytes < srv->engines[best].bytes)
+			best = e;
+	struct srv_engine *e = &srv->engines[best];
+	k->name = strdup(name);
+	if (k->name == NULL || (e->nkeys == e->capkeys && srv_engine_grow(e) != 0))
+		return UNISUM_ENOMEM;
+	e->keys[e->nkeys++] = k;
+	k->engine = best;
+	e->bytes += k->bytes;
+	size_t b = srv_hash(k->key, srv->nbuckets);
+	k->next = srv->buckets[b];
+	srv->buckets[b] = k;
+	srv->nkeys++;
+	return 0;
+}
+
+/* Waits (bounded by UNISUM_TIMEOUT_MS) while key h->key is one that
+ * connection c's worker undeclared: it may declare it again once every
+ * worker has undeclared it, and their RETIREs, sent before, are on their
+ * way on their own connections, to free the old key; this connection's
+ * later messages wait too.  Returns the key as it then is (NULL: none).
+ * Called with srv->lock held. */
+static struct srv_key *srv_key_await_retired(struct server *srv, const struct srv_conn *c,
+					      uint64_t key)
+{
+	struct srv_key *k = srv_key_find(srv, key);
+	int64_t until_ms = timing_now_ms() + srv->cfg->timeout_ms;
+	for (int w0; k != NULL && (w0 = srv_key_contrib(k, c->worker)) >= 0 && k->retired[w0] &&
+		     !atomic_load(&srv->stopping) && timing_now_ms() < until_ms;) {
+		struct timespec until = timing_deadline(100);
+		pthread_cond_timedwait(&srv->key_gone, &srv->lock, &until);
+		k = srv_key_find(srv, key);
+	}
+	return k;
+}
+
+/* Declares key h->key of tensor `name`, summed over the process set
+ * `ranks` (nranks 0: the global set) in the sync mode h->aux (idempotent
+ * when the shape, the set and the mode match).  Returns 0, or
+ * UNISUM_EMISMATCH / UNISUM_ENOMEM / UNISUM_EPROTO with `why` set. */
+int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+		    const char *name, const int *ranks, int nranks, const char *spec, char *why,
+		    size_t len)
+{
+	struct compress_spec comp;
+	int rc = srv_declare_spec(h, name, spec, &comp, why, len);
+	if (rc != 0)
+		return rc;
+	size_t W = nranks > 0 ? (size_t)nranks : (size_t)srv->nworkers;
+	pthread_mutex_lock(&srv->lock);
+	struct srv_key *k = srv_key_await_retired(srv, c, h->key);
+	if (k != NULL) {
+		rc = srv_key_redeclare(srv, k, c, h, name, ranks, nranks, spec, why, len);
+		goto out_unlock;
+	}
+	rc = srv_declare_pusher(srv, c, h, name, ranks, nranks, why, len);
+	if (rc != 0)
+		goto out_unlock;
+	if (srv->nkeys + 1 > srv->nbuckets && srv_key_grow(srv) != 0) {
+		rc = UNISUM_ENOMEM;
+		goto out_unlock;
+	}
+	k = srv_key_new(srv, W, ranks, nranks, h->aux);
+	if (k == NULL) {
+		rc = UNISUM_ENOMEM;
+		goto out_unlock;
+	}
+	k->key = h->key;
+	k->dtype = h->dtype;
+	k->count = h->count;
+	k->bytes = h->count * unisum_dtype_size(h->dtype);
+	k->next_round[srv_key_contrib(k, c->worker)] = h->round;
+	rc = srv_key_compress(k, &comp, name, spec, why, len);
+	if (rc == 0)
+		rc = srv_key_insert(srv, k, name);
+	if (rc != 0)
+		srv_key_free(k);
+out_unlock:
+	if (rc == UNISUM_ENOMEM)
+		snprintf(why, len, "out of memory declaring key 0x%llx", (unsigned long long)h->key);
+	pthread_mutex_unlock(&srv->lock);
+	return rc;
+}
+
+/* Takes key k out of the table and its engine's list (nobody can post an
+ * event for it after that), and wakes a declaration waiting for it to go. */
+void srv_key_remove(struct server *srv, struct srv_key *k)
+{
+	pthread_mutex_lock(&srv->lock);
+	struct srv_key **at = &srv->buckets[srv_hash(k->key, srv->nbuckets)];
+	while (*at != NULL && *at != k)
+		at = &(*at)->next;
+	if (*at != NULL)
+		*at = k->next;
+	srv->nkeys--;
+	struct srv_engine *e = &srv->engines[k->engine];
+	for (size_t i = 0; i < e->nkeys; i++) {
+		if (e->keys[i] == k) {
+			e->keys[i] = e->keys[--e->nkeys];
+			break;
+		}
+	}
+	e->bytes -= k->bytes;
+	pthread_cond_broadcast(&srv->key_gone);	/* a worker may declare it again */
+	pthread_mutex_unlock(&srv->lock);
+}
