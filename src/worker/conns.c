@@ -3,8 +3,8 @@
  * taking partitions in priority order under the credit), each
  * connection's sending thread (PUSH, then PULL) and receiving thread (the
  * PULL stage: replies straight into the caller's output), the pending
- * table, and how an operation completes when its last partition does.
- * See worker.c's DESIGN.
+ * table, and how a job ends (op.c completes its operation when its last
+ * partition does).  See worker.c's DESIGN.
  */
 #include <endian.h>
 #include <errno.h>
@@ -89,108 +89,6 @@ static struct wk_job *pending_take(struct wk_conn *c, uint64_t key)
 	return NULL;
 }
 
-/* ---- completion --------------------------------------------------------- */
-
-/* Completes one partition of an operation (err 0 or negative). */
-void wk_op_part_done(struct wk_op *op, int err, const char *why)
-{
-	struct worker *w = op->w;
-	pthread_mutex_lock(&w->lock);
-	if (err != 0 && op->error == 0) {
-		op->error = err;
-		snprintf(op->why, sizeof op->why, "%s", why);
-	}
-	if (--op->remaining == 0) {
-		if (op->copy_bytes > 0 && op->error == 0) {
-			/* This rank's part of the result goes to the caller; no
-			 * other thread touches the operation until it is done. */
-			pthread_mutex_unlock(&w->lock);
-			memcpy(op->copy_to, op->copy_from, op->copy_bytes);
-			pthread_mutex_lock(&w->lock);
-		}
-		if (op->traced)
-			trace_span(TRACE_TENSOR, op->t->index, 0, op->round, op->t->cuts[0].key,
-				   op->t->count * op->t->esize, 0, op->t_start, trace_now_us());
-		op->done = true;
-		op->t->busy = false;
-		if (op->error == 0)
-			atomic_fetch_add(&w->operations, 1);
-		pthread_cond_broadcast(&w->done_cond);
-		wk_begun_release(w);
-	}
-	pthread_mutex_unlock(&w->lock);
-}
-
-/* Whether spans (sorted, disjoint; NULL: all) meet [lo, hi). */
-static bool wk_spans_meet(const struct wk_span *sp, int n, uint64_t lo, uint64_t hi)
-{
-	if (sp == NULL)
-		return true;
-	for (int i = 0; i < n && sp[i].lo < hi; i++)
-		if (sp[i].hi > lo)
-			return true;
-	return false;
-}
-
-/* Whether this machine pushes data for the partition of [offset, offset +
- * count) (else ZERO) and pulls its result (else a PULL with SKIP). */
-void wk_job_sets(const struct wk_op *op, uint64_t offset, uint64_t count, bool *push, bool *pull)
-{
-	*push = wk_spans_meet(op->push_spans, op->npush_spans, offset, offset + count);
-	*pull = wk_spans_meet(op->pull_spans, op->npull_spans, offset, offset + count);
-}
-
-/* Allgather and alltoall: zeroes what is not this rank's in every
- * partition of cut L that this machine pushes, so that the OR on the
- * servers (and in the local reduce) keeps the other ranks' bits.  Only
- * those partitions: the others are pushed ZERO and their bytes here never
- * read. */
-void wk_zero_pushed(const struct wk_op *op, const struct wk_layout *L)
-{
-	if (op->own_spans == NULL || op->direct != NULL)
-		return;	/* direct: every partition pushed is wholly this rank's */
-	size_t es = op->t->esize;
-	uint8_t *buf = (uint8_t *)op->in;	/* the operation's own buffer (out or scratch) */
-	const struct wk_span *own = op->own_spans;
-	int k = 0;
-	for (uint32_t i = 0; i < L->nparts; i++) {
-		uint64_t lo = L->parts[i].offset, hi = lo + L->parts[i].count;
-		bool push, pull;
-		wk_job_sets(op, lo, L->parts[i].count, &push, &pull);
-		if (!push)
-			continue;
-		while (k > 0 && own[k - 1].hi > lo)
-			k--;
-		uint64_t at = lo;
-		for (; k < op->nown_spans && own[k].lo < hi; k++) {
-			if (own[k].hi <= at)
-				continue;
-			if (own[k].lo > at)
-				memset(buf + at * es, 0, (own[k].lo - at) * es);
-			at = own[k].hi;
-		}
-		if (at < hi)
-			memset(buf + at * es, 0, (hi - at) * es);
-	}
-}
-
-/* Where partition `part` of cut L goes in the PUSH stage's order (its
- * sched key).  Ordinarily its key.  On a homed cut the partitions of one
- * machine's segments lie on one server, so if every machine pushed them
- * in key order, all would push to server 0's host at once, then all to
- * the next: one busy link at a time.  Machine m starts at the segments
- * of machine m + 1 instead (op->rot_offset) and wraps around, so at each
- * moment every machine pushes to another host, as a ring does. */
-uint64_t wk_push_order(const struct wk_op *op, const struct wk_layout *L, uint32_t part)
-{
-	if (L->homed == 0 || op->rot_offset == 0 || L->nparts == 0)
-		return L->key + part;
-	uint32_t start = 0;
-	while (start < L->nparts && L->parts[start].offset < op->rot_offset)
-		start++;
-	return L->key + (part + L->nparts - start % L->nparts) % L->nparts;
-}
-
 /* Ends a PUSH_PULL job taken from the PUSH stage, however it ended: gives
  * its credit back, puts its spans on the timeline, completes its part of
  * the operation and frees it. */
@@ -230,141 +128,140 @@ static void wk_job_finish(struct wk_job *j, int err, const char *why)
 	free(j);
 }
 
-/* Sends the PULLs of op's phases whose turn came (w->lock held). */
-static void wk_phases_send(struct worker *w, struct wk_op *op)
-{
-	if (op->pulls_held)
-		return;
-	int from = atomic_load(&op->phase_sent) + 1, to = from - 1;
-	while (to + 1 < op->nphases && op->phase_left[to] <= 1)
-		to++;
-	atomic_store(&op->phase_sent, to);
-	/* Their jobs were made ahead: nothing here can fail but a dead
-	 * connection, whose jobs fail with it.  Not once the connections
-	 * close (wk_close_conns, which destroys them one by one while the
-	 * others' jobs fail): the operation frees what is left. */
-	for (int i = 0; to >= from && w->conns_live && i < op->npulls; i++) {
-		struct wk_job *j = op->pulls[i];
-		if (j == NULL || j->phase < from || j->phase > to)
-			continue;
-		op->pulls[i] = NULL;
-		if (wk_enqueue(&w->conns[j->server], j) != 0)
-			free(j);
-	}
-}
-
-void wk_phase_step(struct worker *w, struct wk_op *op, int done)
-{
-	pthread_mutex_lock(&w->lock);
-	if (done > 0)
-		op->phase_left[done]--;
-	wk_phases_send(w, op);
-	pthread_mutex_unlock(&w->lock);
-}
-
-void wk_begun_go(struct worker *w, struct wk_op *op)
-{
-	if (!op->pulls_held)
-		return;
-	op->pulls_held = false;
-	wk_phases_send(w, op);
-}
-
-void wk_begun_release(struct worker *w)
-{
-	struct wk_op *oldest = NULL;
-	for (int i = 0; i < w->nops; i++) {
-		struct wk_op *o = w->ops[i];
-		if (o->done)
-			continue;
-		if (!o->pulls_held)
-			return;		/* another round receives */
-		if (oldest == NULL || o->handle < oldest->handle)
-			oldest = o;
-	}
-	if (oldest != NULL)
-		wk_begun_go(w, oldest);
-}
-
-/* ---- the meter of fit mode (UNISUM_AUTOTUNE=2) ---------------------------- */
-
-/* Fit mode: worker 0 measures what its pushes see of the network. */
-static bool wk_metering(const struct worker *w)
-{
-	return w->cfg.autotune == 2 && w->rank == 0;
-}
-
-/* Job j's data push is about to go out over TCP on connection c. */
-static void wk_meter_sent(struct wk_conn *c, struct wk_job *j)
-{
-	struct wk_meter *m = &c->w->meter;
-	int64_t now = timing_now_us();
-	pthread_mutex_lock(&c->lock);	/* the receiving thread reads it at the ack */
-	j->t_sent_us = now;
-	pthread_mutex_unlock(&c->lock);
-	pthread_mutex_lock(&m->lock);
-	if (m->inflight++ == 0)
-		m->busy_since = now;
-	pthread_mutex_unlock(&m->lock);
-}
-
-/* A metered push of `bytes`, sent at `sent`, was acknowledged. */
-static void wk_meter_acked(struct worker *w, size_t bytes, int64_t sent)
-{
-	struct wk_meter *m = &w->meter;
-	int64_t now = timing_now_us();
-	pthread_mutex_lock(&m->lock);
-	m->bytes += bytes;
-	if (m->inflight > 0 && --m->inflight == 0)
-		m->busy_us += now - m->busy_since;
-	if (m->min_ack_us == 0 || now - sent < m->min_ack_us)
-		m->min_ack_us = now - sent > 0 ? now - sent : 1;
-	pthread_mutex_unlock(&m->lock);
-}
-
-/* A push of `bytes` to this host's server (IPC) was acknowledged. */
-static void wk_meter_local(struct worker *w, size_t bytes)
-{
-	pthread_mutex_lock(&w->meter.lock);
-	w->meter.ipc_bytes += bytes;
-	pthread_mutex_unlock(&w->meter.lock);
-}
-
-/* The link's bandwidth from this worker's pushes over it.  A server on
- * this host (share s of the bytes, which this worker sends it over IPC)
- * sends its sums to the other machines over the same uplink as our
- * pushes, at the same time: our pushes, 1 - s of the bytes, get
- * (1 - s) / ((1 - s) + (n - 1) s) of the link.  On the emulated cluster
- * (4 machines at 1 Gbit/s, k = 2) pushes alone measured 75 MB/s. */
-void wk_meter_read(struct worker *w, double *bw, double *rtt, uint64_t *bytes)
-{
-	struct wk_meter *m = &w->meter;
-	int n = rdv_client_num_machines(w->rdv);
-	pthread_mutex_lock(&m->lock);
-	if (bw == NULL) {
-		/* Count anew from now. */
-		m->bytes = m->ipc_bytes = 0;
-		m->busy_us = m->min_ack_us = 0;
-		m->busy_since = timing_now_us();
-		pthread_mutex_unlock(&m->lock);
-		return;
-	}
-	int64_t busy = m->busy_us + (m->inflight > 0 ? timing_now_us() - m->busy_since : 0);
-	*bytes = m->bytes;
-	double s = m->bytes + m->ipc_bytes > 0
-			   ? (double)m->ipc_bytes / (double)(m->bytes + m->ipc_bytes) : 0;
-	double ours = (1 - s) / ((1 - s) + (n - 1) * s);
-	*bw = busy > 0 && ours > 0 ? (double)m->bytes / ((double)busy / 1e6) / ours : 0;
-	*rtt = (double)m->min_ack_us / 1e6;
-	pthread_mutex_unlock(&m->lock);
-}
-
 /* ---- connection threads ------------------------------------------------- */
 
+/* Sends job j, a RESTORE, a held PULL, a RETIRE or a DECLARE_CHECK, and
+ * frees it.  0 or the transport's error.  On c's sending thread. */
+static int wk_send_control(struct wk_conn *c, struct wk_job *j)
+{
+	struct worker *w = c->w;
+	int rc;
+
+	if (j->type == JOB_RESTORE) {
+		struct wire_hdr h = {.type = WIRE_RESTORE, .sender = rdv_client_id(w->rdv),
+				     .key = j->key, .round = j->round, .count = j->count,
+				     .dtype = (uint8_t)j->dtype,
+				     .payload_len = j->count * unisum_dtype_size(j->dtype)};
+		rc = c->tp->send(c->conn, &h, j->in);
+		free(j->owned);
+		free(j);
+	} else if (j->type == JOB_PULL) {
+		/* A held PULL's phase came (wk_phase_step): it goes now
+		 * if its PUSH went out, else with its PUSH; not at all
+		 * if its job ended. */
+		pthread_mutex_lock(&c->lock);
+		struct wk_job *pj = pending_find(c, j->key);
+		bool go = pj != NULL && pj->round == j->round && pj->pull_waiting;
+		if (go)
+			pj->pull_waiting = false;
+		pthread_mutex_unlock(&c->lock);
+		struct wire_hdr h = {.type = WIRE_PULL, .sender = rdv_client_id(w->rdv),
+				     .key = j->key, .round = j->round, .dtype = (uint8_t)j->dtype};
+		free(j);
+		rc = go ? c->tp->send(c->conn, &h, NULL) : 0;
+	} else if (j->type == JOB_RETIRE) {
+		struct wire_hdr h = {.type = WIRE_RETIRE, .sender = rdv_client_id(w->rdv),
+				     .key = j->key, .round = j->round};
+		rc = c->tp->send(c->conn, &h, NULL);
+		free(j);
+	} else {	/* JOB_DECLARE */
+		/* The name lets the server say which tensor stalls. */
+		struct wire_buf b;
+		wire_buf_init(&b);
+		wire_declare_check_encode(&b, j->name, j->ranks, j->nranks, j->spec);
+		struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = rdv_client_id(w->rdv),
+				     .key = j->key, .count = j->count, .dtype = (uint8_t)j->dtype,
+				     .aux = j->sync, .payload_len = b.len, .round = j->round};
+		rc = b.failed ? UNISUM_ENOMEM : c->tp->send(c->conn, &h, b.data);
+		wire_buf_fini(&b);
+		free(j->name);
+		free(j->spec);
+		free(j->ranks);
+		free(j);
+	}
+	return rc;
+}
+
+/* Sends PUSH_PULL job j: its PUSH (from the caller's buffer, or
+ * compressed, or ZERO), then its PULL unless the PULL's ring phase has
+ * not come.  The job stays in the pending table for the receiving thread,
+ * which may complete it as soon as its PULL is out.  0 or an error.  On
+ * c's sending thread. */
+static int wk_send_push(struct wk_conn *c, struct wk_job *j)
+{
+	struct worker *w = c->w;
+	int rc;
+
+	/* Build both headers first: once PULL is on its way the reply may
+	 * complete (and free) the job before send() returns. */
+	struct wire_hdr push = {.type = WIRE_PUSH, .sender = rdv_client_id(w->rdv),
+				.round = j->round, .key = j->key, .count = j->count,
+				.dtype = (uint8_t)j->dtype, .aux = j->wire_op};
+	/* Over IPC the transport passes j->in by address: it stays
+	 * as it is until the reply arrives. */
+	const void *payload = j->in;
+	void *encoded = NULL;
+	if (payload == NULL) {
+		push.flags = WIRE_FLAG_ZERO;
+	} else if (j->cs != NULL) {
+		/* A compressed partition: its encoding goes through
+		 * the socket (IPC too), so it is freed once sent. */
+		push.flags = WIRE_FLAG_COMPRESSED;
+		push.payload_len = wk_push_bytes(j->op->t, j->count, j->cs);
+		encoded = malloc(push.payload_len);
+		if (encoded == NULL) {
+			LOG_ERROR("%s: out of memory compressing a push", c->label);
+			return UNISUM_ENOMEM;
+		}
+		compress_state_encode(j->cs, j->in,
+				      encoded, compress_draw_seed(&j->cs->spec, j->key,
+							  j->round, w->rank));
+		payload = encoded;
+	} else {
+		push.payload_len = j->count * unisum_dtype_size(j->dtype);
+	}
+	struct wire_hdr pull = push;
+	pull.type = WIRE_PULL;
+	pull.flags = j->skip_pull ? WIRE_FLAG_SKIP : 0;
+	pull.aux = 0;
+	pull.count = 0;
+	pull.payload_len = 0;
+	bool traced = j->op->traced;
+	/* Its PULL's phase has not come: it stays back.  (A
+	 * phased job is never routed again: failover does not
+	 * move a gathering collective's keys, it fails the job.) */
+	pthread_mutex_lock(&c->lock);
+	bool held = j->phase > atomic_load(&j->op->phase_sent);
+	j->pull_waiting = held;
+	pthread_mutex_unlock(&c->lock);
+	if (wk_metering(w) && c->tp == transport_tcp() && payload != NULL)
+		wk_meter_sent(c, j);
+	rc = c->tp->send(c->conn, &push, payload);
+	free(encoded);
+	if (rc == 0 && payload != NULL)
+		atomic_fetch_add(&c->bytes_pushed, push.payload_len);
+	if (rc == 0 && traced) {
+		/* Under the lock: the receiving thread reads it after
+		 * taking the job from the pending table. */
+		pthread_mutex_lock(&c->lock);
+		j->t_pushed = trace_now_us();
+		pthread_mutex_unlock(&c->lock);
+	}
+	if (rc == 0 && !held)
+		rc = c->tp->send(c->conn, &pull, NULL);
+	return rc;
+}
+
+/* A connection's sending thread: owns the sending side of c->conn, takes
+ * c's queue in order (PUSH_PULL jobs the PUSH stage routed here, and the
+ * control jobs queued straight on it: DECLARE_CHECK, RETIRE, RESTORE, a
+ * held PULL) and writes each, with no lock held.  Blocks on c->cond while
+ * the queue is empty, and in the transport's send.  Ends when c is dead,
+ * or at the first failed send, shutting the socket down so that the
+ * receiving thread notices and fails what is pending. */
 static void *wk_send_main(void *arg)
 {
 	struct wk_conn *c = arg;
-	struct worker *w = c->w;
 	for (;;) {
 		pthread_mutex_lock(&c->lock);
 		while (c->qhead == NULL && !c->dead)
@@ -376,108 +273,7 @@ static void *wk_send_main(void *arg)
 		struct wk_job *j = fifo_pop(c);
 		pthread_mutex_unlock(&c->lock);
 
-		int rc;
-		if (j->type == JOB_RESTORE) {
-			struct wire_hdr h = {.type = WIRE_RESTORE, .sender = rdv_client_id(w->rdv),
-					     .key = j->key, .round = j->round, .count = j->count,
-					     .dtype = (uint8_t)j->dtype,
-					     .payload_len = j->count * unisum_dtype_size(j->dtype)};
-			rc = c->tp->send(c->conn, &h, j->in);
-			free(j->owned);
-			free(j);
-		} else if (j->type == JOB_PULL) {
-			/* A held PULL's phase came (wk_phase_step): it goes now
-			 * if its PUSH went out, else with its PUSH; not at all
-			 * if its job ended. */
-			pthread_mutex_lock(&c->lock);
-			struct wk_job *pj = pending_find(c, j->key);
-			bool go = pj != NULL && pj->round == j->round && pj->pull_waiting;
-			if (go)
-				pj->pull_waiting = false;
-			pthread_mutex_unlock(&c->lock);
-			struct wire_hdr h = {.type = WIRE_PULL, .sender = rdv_client_id(w->rdv),
-					     .key = j->key, .round = j->round, .dtype = (uint8_t)j->dtype};
-			free(j);
-			rc = go ? c->tp->send(c->conn, &h, NULL) : 0;
-		} else if (j->type == JOB_RETIRE) {
-			struct wire_hdr h = {.type = WIRE_RETIRE, .sender = rdv_client_id(w->rdv),
-					     .key = j->key, .round = j->round};
-			rc = c->tp->send(c->conn, &h, NULL);
-			free(j);
-		} else if (j->type == JOB_DECLARE) {
-			/* The name lets the server say which tensor stalls. */
-			struct wire_buf b;
-			wire_buf_init(&b);
-			wire_declare_check_encode(&b, j->name, j->ranks, j->nranks, j->spec);
-			struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = rdv_client_id(w->rdv),
-					     .key = j->key, .count = j->count, .dtype = (uint8_t)j->dtype,
-					     .aux = j->sync, .payload_len = b.len, .round = j->round};
-			rc = b.failed ? UNISUM_ENOMEM : c->tp->send(c->conn, &h, b.data);
-			wire_buf_fini(&b);
-			free(j->name);
-			free(j->spec);
-			free(j->ranks);
-			free(j);
-		} else {
-			/* Build both headers first: once PULL is on its way the reply may
-			 * complete (and free) the job before send() returns. */
-			struct wire_hdr push = {.type = WIRE_PUSH, .sender = rdv_client_id(w->rdv),
-						.round = j->round, .key = j->key, .count = j->count,
-						.dtype = (uint8_t)j->dtype, .aux = j->wire_op};
-			/* Over IPC the transport passes j->in by address: it stays
-			 * as it is until the reply arrives. */
-			const void *payload = j->in;
-			void *encoded = NULL;
-			if (payload == NULL) {
-				push.flags = WIRE_FLAG_ZERO;
-			} else if (j->cs != NULL) {
-				/* A compressed partition: its encoding goes through
-				 * the socket (IPC too), so it is freed once sent. */
-				push.flags = WIRE_FLAG_COMPRESSED;
-				push.payload_len = wk_push_bytes(j->op->t, j->count, j->cs);
-				encoded = malloc(push.payload_len);
-				if (encoded == NULL) {
-					LOG_ERROR("%s: out of memory compressing a push", c->label);
-					c->tp->conn_shutdown(c->conn);
-					return NULL;
-				}
-				compress_state_encode(j->cs, j->in,
-						      encoded, compress_draw_seed(&j->cs->spec, j->key,
-									  j->round, w->rank));
-				payload = encoded;
-			} else {
-				push.payload_len = j->count * unisum_dtype_size(j->dtype);
-			}
-			struct wire_hdr pull = push;
-			pull.type = WIRE_PULL;
-			pull.flags = j->skip_pull ? WIRE_FLAG_SKIP : 0;
-			pull.aux = 0;
-			pull.count = 0;
-			pull.payload_len = 0;
-			bool traced = j->op->traced;
-			/* Its PULL's phase has not come: it stays back.  (A
-			 * phased job is never routed again: failover does not
-			 * move a gathering collective's keys, it fails the job.) */
-			pthread_mutex_lock(&c->lock);
-			bool held = j->phase > atomic_load(&j->op->phase_sent);
-			j->pull_waiting = held;
-			pthread_mutex_unlock(&c->lock);
-			if (wk_metering(w) && c->tp == transport_tcp() && payload != NULL)
-				wk_meter_sent(c, j);
-			rc = c->tp->send(c->conn, &push, payload);
-			free(encoded);
-			if (rc == 0 && payload != NULL)
-				atomic_fetch_add(&c->bytes_pushed, push.payload_len);
-			if (rc == 0 && traced) {
-				/* Under the lock: the receiving thread reads it after
-				 * taking the job from the pending table. */
-				pthread_mutex_lock(&c->lock);
-				j->t_pushed = trace_now_us();
-				pthread_mutex_unlock(&c->lock);
-			}
-			if (rc == 0 && !held)
-				rc = c->tp->send(c->conn, &pull, NULL);
-		}
+		int rc = j->type == JOB_PUSH_PULL ? wk_send_push(c, j) : wk_send_control(c, j);
 		if (rc != 0) {
 			/* The receiving thread notices the broken socket and cleans up. */
 			c->tp->conn_shutdown(c->conn);
@@ -486,34 +282,107 @@ static void *wk_send_main(void *arg)
 	}
 }
 
-/* Marks the connection dead, stops its sender, fails every pending job. */
-static void wk_conn_fail(struct wk_conn *c, const char *why)
+/* The first step of wk_conn_fail: a server hanging up mid-job is usually
+ * the echo of another node's death, which the scheduler is about to
+ * announce: its notice gets a moment, so the error names the root cause
+ * (copied into root, and *why pointed at it) rather than the echo.  With
+ * failover the scheduler answers a lost server with FAILOVER (or fails the
+ * job); it notices within UNISUM_TIMEOUT_MS.  Returns whether c's server
+ * failed over; *closing: whether the worker is closing its connections. */
+static bool wk_conn_await_notice(struct wk_conn *c, const char **why, char *root, size_t len,
+				 bool *closing)
 {
 	struct worker *w = c->w;
-	/* A server hanging up mid-job is usually the echo of another node's
-	 * death, which the scheduler is about to announce: give its notice a
-	 * moment, so the error names the root cause rather than the echo. */
-	char root[640];
 	pthread_mutex_lock(&w->lock);
 	pthread_mutex_lock(&c->lock);
-	bool closing = c->closing;
+	*closing = c->closing;
 	pthread_mutex_unlock(&c->lock);
-	/* With failover the scheduler answers a lost server with FAILOVER
-	 * (or fails the job); it notices within UNISUM_TIMEOUT_MS. */
 	int wait_ms = w->keep_replies ? w->cfg.timeout_ms + 2000 : 2000;
-	if (w->failed == 0 && !closing) {
+	if (w->failed == 0 && !*closing) {
 		struct timespec until = timing_deadline(wait_ms);
 		while (w->failed == 0 && !(w->lost != NULL && w->lost[c->server]) &&
 		       pthread_cond_timedwait(&w->failed_cond, &w->lock, &until) == 0)
 			;
 	}
-	bool failover = w->failed == 0 && !closing && w->lost != NULL && w->lost[c->server];
+	bool failover = w->failed == 0 && !*closing && w->lost != NULL && w->lost[c->server];
 	if (w->failed != 0) {
-		snprintf(root, sizeof root, "%s%s",
+		snprintf(root, len, "%s%s",
 			 w->failed == UNISUM_EMEMBERSHIP ? "" : "the job failed: ", w->failed_why);
-		why = root;
+		*why = root;
 	}
 	pthread_mutex_unlock(&w->lock);
+	return failover;
+}
+
+/* Dead connection c (its sender stopped): frees the jobs only queued on
+ * it (DECLARE and the other control jobs; queued PUSH_PULL jobs are also
+ * pending) and returns every pending job, linked by pending_next. */
+static struct wk_job *wk_conn_drain(struct wk_conn *c)
+{
+	struct wk_job *all = NULL;
+	pthread_mutex_lock(&c->lock);
+	for (struct wk_job *j; (j = fifo_pop(c)) != NULL;) {
+		if (j->type != JOB_PUSH_PULL) {
+			free(j->owned);
+			free(j->name);
+			free(j->spec);
+			free(j->ranks);
+			free(j);
+		}
+	}
+	for (size_t i = 0; i < c->npending_buckets; i++) {
+		while (c->pending[i]) {
+			struct wk_job *j = c->pending[i];
+			c->pending[i] = j->pending_next;
+			j->pending_next = all;
+			all = j;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	return all;
+}
+
+/* c's server failed over: its keys live elsewhere now, declared there
+ * first (wk_hand_over), then every job of `all` and every job parked on c
+ * meanwhile goes there too, behind the declarations; from now on jobs for
+ * it follow their keys. */
+static void wk_conn_hand_over(struct wk_conn *c, struct wk_job *all)
+{
+	struct worker *w = c->w;
+	int rc = wk_hand_over(w, c->server);
+	if (rc != 0) {
+		char msg[300];
+		snprintf(msg, sizeof msg, "worker %d cannot move the work of lost %s: %s", w->rank,
+			 c->label, rc == UNISUM_ENOMEM ? "out of memory" : log_last_error());
+		rdv_client_fail_job(w->rdv, rc, msg);
+	}
+	pthread_mutex_lock(&c->lock);
+	c->handed_over = true;
+	c->parking = false;
+	while (c->parked != NULL) {
+		struct wk_job *j = c->parked;
+		c->parked = j->pending_next;
+		j->pending_next = all;
+		all = j;
+	}
+	pthread_mutex_unlock(&c->lock);
+	while (all) {
+		struct wk_job *j = all;
+		all = j->pending_next;
+		j->repushed = true;
+		wk_route(w, j);
+	}
+}
+
+/* Marks the connection dead, stops its sender, fails every pending job
+ * (or, when its server failed over, sends them where their keys went).
+ * On c's receiving thread, as it ends. */
+static void wk_conn_fail(struct wk_conn *c, const char *why)
+{
+	struct worker *w = c->w;
+	char root[640];
+	bool closing;
+	bool failover = wk_conn_await_notice(c, &why, root, sizeof root, &closing);
 	pthread_mutex_lock(&c->lock);
 	c->dead = true;
 	c->parking = failover;
@@ -524,56 +393,9 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	c->tp->conn_shutdown(c->conn);
 	pthread_join(c->send_thread, NULL);
 
-	pthread_mutex_lock(&c->lock);
-	/* Queued PUSH_PULL jobs are also pending and finished below; DECLARE
-	 * jobs are only queued. */
-	for (struct wk_job *j; (j = fifo_pop(c)) != NULL;) {
-		if (j->type != JOB_PUSH_PULL) {
-			free(j->owned);
-			free(j->name);
-			free(j->spec);
-			free(j->ranks);
-			free(j);
-		}
-	}
-	struct wk_job *all = NULL;
-	for (size_t i = 0; i < c->npending_buckets; i++) {
-		while (c->pending[i]) {
-			struct wk_job *j = c->pending[i];
-			c->pending[i] = j->pending_next;
-			j->pending_next = all;
-			all = j;
-		}
-	}
-	pthread_mutex_unlock(&c->lock);
+	struct wk_job *all = wk_conn_drain(c);
 	if (failover) {
-		/* Its keys live elsewhere now: declared there first, then every
-		 * job waiting on it goes there too, behind the declarations. */
-		int rc = wk_hand_over(w, c->server);
-		if (rc != 0) {
-			char msg[300];
-			snprintf(msg, sizeof msg, "worker %d cannot move the work of lost %s: %s", w->rank,
-				 c->label, rc == UNISUM_ENOMEM ? "out of memory" : log_last_error());
-			rdv_client_fail_job(w->rdv, rc, msg);
-		}
-		/* From now on jobs for it follow their keys; those that came
-		 * meanwhile go now, behind the declarations. */
-		pthread_mutex_lock(&c->lock);
-		c->handed_over = true;
-		c->parking = false;
-		while (c->parked != NULL) {
-			struct wk_job *j = c->parked;
-			c->parked = j->pending_next;
-			j->pending_next = all;
-			all = j;
-		}
-		pthread_mutex_unlock(&c->lock);
-		while (all) {
-			struct wk_job *j = all;
-			all = j->pending_next;
-			j->repushed = true;
-			wk_route(w, j);
-		}
+		wk_conn_hand_over(c, all);
 		return;
 	}
 	pthread_mutex_lock(&w->lock);

@@ -86,6 +86,49 @@ int wk_tuner_new(struct worker *w)
 	return 0;
 }
 
+/* Tells piece i of cut L of tensor t (named wire_name) to its server
+ * (DECLARE_CHECK), or to where it moved when that server was lost since.
+ * 0 or an error (logged). */
+static int wk_declare_piece(const struct wk_tensor *t, const char *wire_name,
+			    const struct wk_layout *L, uint32_t i)
+{
+	struct worker *w = t->w;
+	struct wk_job *j = calloc(1, sizeof *j);
+	if (j == NULL)
+		return UNISUM_ENOMEM;
+	*j = (struct wk_job){.type = JOB_DECLARE, .key = L->key + i, .dtype = t->dtype,
+			     .count = L->parts[i].count, .name = strdup(wire_name),
+			     .nranks = t->nranks, .sync = t->sync,
+			     .spec = t->comp_text[0] ? strdup(t->comp_text) : NULL};
+	if (t->nranks > 0 && (j->ranks = malloc((size_t)t->nranks * sizeof *j->ranks)) != NULL)
+		memcpy(j->ranks, t->ranks, (size_t)t->nranks * sizeof *j->ranks);
+	/* A piece placed on a server lost since goes where it moved. */
+	pthread_mutex_lock(&w->lock);
+	uint32_t to = wk_server_of(w, j->key, L->servers[i]);
+	pthread_mutex_unlock(&w->lock);
+	int rc = j->name != NULL && (t->nranks == 0 || j->ranks != NULL) &&
+				 (t->comp_text[0] == '\0' || j->spec != NULL)
+			 ? wk_enqueue(&w->conns[to], j)
+			 : UNISUM_ENOMEM;
+	if (rc == 0)
+		return 0;
+	free(j->name);
+	free(j->spec);
+	free(j->ranks);
+	free(j);
+	/* Placed on a server lost since, whose hand-over is under way or
+	 * done: the piece is declared where it moved once the cut is filed
+	 * (wk_hand_over, wk_redeclare_late). */
+	struct wk_conn *c = &w->conns[to];
+	pthread_mutex_lock(&c->lock);
+	bool moving = c->dead && (c->parking || c->handed_over);
+	pthread_mutex_unlock(&c->lock);
+	if (rc == UNISUM_ECONN && moving)
+		return 0;
+	return log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, w->rank,
+			log_last_error());
+}
+
 /* Cuts tensor t into partitions of at most `pbytes`, declares that cut
  * with the scheduler under `wire_name` (which places it and gives its
  * keys), and tells each partition's server what to expect, ahead of any
@@ -124,53 +167,16 @@ int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
 	if (w->failovers == failovers)
 		wk_moved_forget(w, L->key, L->nparts);
 	pthread_mutex_unlock(&w->lock);
-	for (uint32_t i = 0; i < L->nparts; i++) {
-		if (!w->to_servers && t->nranks == 0)
-			break;	/* the local root tells them; a process set's members each do */
+	for (uint32_t i = 0; i < L->nparts && (w->to_servers || t->nranks > 0); i++) {
+		/* (Else the local root tells them; a process set's members each do.) */
 		if (L->servers[i] >= (uint32_t)w->nservers) {
 			rc = log_fail(UNISUM_EPROTO, "the scheduler placed '%s' on server %u of %d",
 				      wire_name, L->servers[i], w->nservers);
 			goto out_free;
 		}
-		struct wk_job *j = calloc(1, sizeof *j);
-		if (j == NULL) {
-			rc = UNISUM_ENOMEM;
+		rc = wk_declare_piece(t, wire_name, L, i);
+		if (rc != 0)
 			goto out_free;
-		}
-		*j = (struct wk_job){.type = JOB_DECLARE, .key = L->key + i, .dtype = t->dtype,
-				     .count = L->parts[i].count, .name = strdup(wire_name),
-				     .nranks = t->nranks, .sync = t->sync,
-				     .spec = t->comp_text[0] ? strdup(t->comp_text) : NULL};
-		if (t->nranks > 0 && (j->ranks = malloc((size_t)t->nranks * sizeof *j->ranks)) != NULL)
-			memcpy(j->ranks, t->ranks, (size_t)t->nranks * sizeof *j->ranks);
-		/* A piece placed on a server lost since goes where it moved. */
-		pthread_mutex_lock(&w->lock);
-		uint32_t to = wk_server_of(w, j->key, L->servers[i]);
-		pthread_mutex_unlock(&w->lock);
-		rc = j->name != NULL && (t->nranks == 0 || j->ranks != NULL) &&
-				     (t->comp_text[0] == '\0' || j->spec != NULL)
-			     ? wk_enqueue(&w->conns[to], j)
-			     : UNISUM_ENOMEM;
-		if (rc != 0) {
-			free(j->name);
-			free(j->spec);
-			free(j->ranks);
-			free(j);
-			/* Placed on a server lost since, whose hand-over is under
-			 * way or done: the piece is declared where it moved once
-			 * the cut is filed (wk_hand_over, wk_redeclare_late). */
-			struct wk_conn *c = &w->conns[to];
-			pthread_mutex_lock(&c->lock);
-			bool moving = c->dead && (c->parking || c->handed_over);
-			pthread_mutex_unlock(&c->lock);
-			if (rc == UNISUM_ECONN && moving) {
-				rc = 0;
-				continue;
-			}
-			rc = log_fail(rc, "unisum_declare('%s') on worker %d: %s", wire_name, w->rank,
-				      log_last_error());
-			goto out_free;
-		}
 	}
 	rc = wk_kept_init(t, L);
 	if (rc == 0)
@@ -423,6 +429,78 @@ static int wk_phases_plan(struct wk_op *op, const struct wk_layout *L, uint32_t 
 	return 0;
 }
 
+/* wk_launch on a machine of several workers: the machine's local reduce
+ * takes op (its root then pushes the sum).  Under w->lock: the done hook
+ * may run before local_submit returns. */
+static void wk_launch_local(struct wk_op *op, const struct wk_layout *L, uint32_t wire_round,
+			    int divisor)
+{
+	struct worker *w = op->w;
+	struct wk_tensor *t = op->t;
+	op->L = L;
+	op->wire_round = wire_round;
+	struct local_req req = {.key = L->key, .round = wire_round, .dtype = t->dtype,
+				.in = op->in, .out = op->out, .nparts = L->nparts,
+				.parts = L->parts, .divisor = divisor, .priority = t->priority,
+				.ctx = op, .traced = op->traced, .tensor = t->index,
+				.step = op->round, .wire_op = op->wire_op, .name = t->name};
+	pthread_mutex_lock(&w->lock);
+	int rc = local_submit(w->lc, &req, &op->local);
+	if (rc != 0) {
+		op->error = rc;
+		snprintf(op->why, sizeof op->why, "%s", log_last_error());
+		op->done = true;
+		t->busy = false;
+		pthread_cond_broadcast(&w->done_cond);
+	}
+	pthread_mutex_unlock(&w->lock);
+}
+
+/* The PUSH_PULL job of partition i of op's cut L (round wire_round), or
+ * NULL with *rc set (out of memory).  *d walks op->direct across the
+ * partitions (the homed cut never puts a partition across segments);
+ * *push: whether it pushes data. */
+static struct wk_job *wk_job_make(struct wk_op *op, const struct wk_layout *L, uint32_t i,
+				  uint32_t wire_round, int divisor, int *d, bool *push, int *rc)
+{
+	struct wk_tensor *t = op->t;
+	const struct placement_part *p = &L->parts[i];
+	size_t off = p->offset * t->esize;
+	bool pull;
+	wk_job_sets(op, p->offset, p->count, push, &pull);
+	*push = *push && op->in != NULL;
+	const uint8_t *src = op->in ? (const uint8_t *)op->in + off : NULL;
+	uint8_t *dst = (uint8_t *)op->out + off;
+	if (op->direct != NULL) {
+		while (*d < op->ndirect && op->direct[*d].hi <= p->offset)
+			(*d)++;
+		const struct wk_direct *g = *d < op->ndirect ? &op->direct[*d] : NULL;
+		bool inside = g != NULL && g->lo <= p->offset && p->offset + p->count <= g->hi;
+		size_t at = inside ? (p->offset - g->lo) * t->esize : 0;
+		src = inside && g->src != NULL ? g->src + at : NULL;
+		dst = inside && g->dst != NULL ? g->dst + at : NULL;
+		*push = src != NULL;
+		pull = dst != NULL;
+	}
+	*rc = 0;
+	struct wk_job *j = malloc(sizeof *j);
+	struct compress_state *cs = j != NULL ? wk_comp_state(t, L, i, rc) : NULL;
+	if (j == NULL || *rc != 0) {
+		free(j);
+		*rc = UNISUM_ENOMEM;
+		return NULL;
+	}
+	*j = (struct wk_job){.entry = {.priority = t->priority, .key = wk_push_order(op, L, i),
+				       .bytes = *push ? wk_push_bytes(t, p->count, cs) : 0},
+			     .type = JOB_PUSH_PULL, .server = (int)L->servers[i], .part = i,
+			     .kept = L->kept != NULL ? &((struct wk_layout *)L)->kept[i] : NULL,
+			     .key = L->key + i, .round = wire_round, .dtype = t->dtype,
+			     .count = p->count, .in = *push ? src : NULL, .out = dst,
+			     .divisor = divisor, .skip_pull = !pull, .wire_op = op->wire_op, .cs = cs,
+			     .op = op, .t_queued = op->t_start, .phase = wk_phase_of(op, *d, p)};
+	return j;
+}
+
 /* Hands operation op, on cut L, to its first stage: LOCAL_REDUCE, or the
  * PUSH queue.  Never waits. */
 void wk_launch(struct wk_op *op, const struct wk_layout *L)
@@ -443,24 +521,7 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 	wk_zero_pushed(op, L);
 	/* A process set's members push on their own: no local reduce. */
 	if (w->local && L->nparts > 0 && t->nranks == 0) {
-		op->L = L;
-		op->wire_round = wire_round;
-		struct local_req req = {.key = L->key, .round = wire_round, .dtype = t->dtype,
-					.in = op->in, .out = op->out, .nparts = L->nparts,
-					.parts = L->parts, .divisor = divisor, .priority = t->priority,
-					.ctx = op, .traced = op->traced, .tensor = t->index,
-					.step = op->round, .wire_op = op->wire_op, .name = t->name};
-		/* Under w->lock: the done hook may run before local_submit returns. */
-		pthread_mutex_lock(&w->lock);
-		rc = local_submit(w->lc, &req, &op->local);
-		if (rc != 0) {
-			op->error = rc;
-			snprintf(op->why, sizeof op->why, "%s", log_last_error());
-			op->done = true;
-			t->busy = false;
-			pthread_cond_broadcast(&w->done_cond);
-		}
-		pthread_mutex_unlock(&w->lock);
+		wk_launch_local(op, L, wire_round, divisor);
 		return;
 	}
 	/* Before the operation may be done (no partitions): then it is its
@@ -488,51 +549,19 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 	uint32_t nparts = L->nparts;
 	int d = 0;
 	for (uint32_t i = 0; i < nparts; i++) {
-		struct wk_job *j = malloc(sizeof *j);
-		const struct placement_part *p = &L->parts[i];
-		size_t off = p->offset * t->esize;
-		bool push, pull;
-		wk_job_sets(op, p->offset, p->count, &push, &pull);
-		push = push && op->in != NULL;
-		const uint8_t *src = op->in ? (const uint8_t *)op->in + off : NULL;
-		uint8_t *dst = (uint8_t *)op->out + off;
-		if (op->direct != NULL) {
-			/* The homed cut never puts a partition across segments. */
-			while (d < op->ndirect && op->direct[d].hi <= p->offset)
-				d++;
-			const struct wk_direct *g = d < op->ndirect ? &op->direct[d] : NULL;
-			bool inside = g != NULL && g->lo <= p->offset && p->offset + p->count <= g->hi;
-			size_t at = inside ? (p->offset - g->lo) * t->esize : 0;
-			src = inside && g->src != NULL ? g->src + at : NULL;
-			dst = inside && g->dst != NULL ? g->dst + at : NULL;
-			push = src != NULL;
-			pull = dst != NULL;
+		bool push;
+		struct wk_job *j = wk_job_make(op, L, i, wire_round, divisor, &d, &push, &rc);
+		int phase = j != NULL ? j->phase : wk_phase_of(op, d, &L->parts[i]);
+		if (j != NULL && op->deferred && push) {
+			/* This rank's rows come later (worker_allgather_supply). */
+			pthread_mutex_lock(&w->lock);
+			j->next = op->held;
+			op->held = j;
+			pthread_mutex_unlock(&w->lock);
+			continue;
 		}
-		int phase = wk_phase_of(op, d, p);
-		struct compress_state *cs = j != NULL ? wk_comp_state(t, L, i, &rc) : NULL;
-		if (j != NULL && rc == 0) {
-			*j = (struct wk_job){.entry = {.priority = t->priority,
-						       .key = wk_push_order(op, L, i),
-						       .bytes = push ? wk_push_bytes(t, p->count, cs) : 0},
-					     .type = JOB_PUSH_PULL, .server = (int)L->servers[i], .part = i,
-					     .kept = L->kept != NULL ? &((struct wk_layout *)L)->kept[i] : NULL,
-					     .key = L->key + i, .round = wire_round, .dtype = t->dtype,
-					     .count = p->count,
-					     .in = push ? src : NULL, .out = dst, .divisor = divisor,
-					     .skip_pull = !pull, .wire_op = op->wire_op, .cs = cs, .op = op,
-					     .t_queued = op->t_start, .phase = phase};
-			if (op->deferred && push) {
-				/* This rank's rows come later (worker_allgather_supply). */
-				pthread_mutex_lock(&w->lock);
-				j->next = op->held;
-				op->held = j;
-				pthread_mutex_unlock(&w->lock);
-				continue;
-			}
+		if (j != NULL)
 			rc = sched_push(&w->push_q, &j->entry);
-		} else {
-			rc = UNISUM_ENOMEM;
-		}
 		if (rc != 0) {
 			/* The operation fails; partitions already queued finish on their own. */
 			free(j);

@@ -382,14 +382,29 @@ struct worker {
 	pthread_cond_t join_cond;	/* announced, join_done or failed changed */
 };
 
-/* conns.c: completing a partition of an operation; the connections to the
- * servers, their threads and the PUSH stage's thread; queueing a job on a
- * connection. */
+/* op.c: completing a partition of an operation (err 0 or negative);
+ * whether this machine pushes data for the partition [offset, offset +
+ * count) and pulls its result; zeroing what is not this rank's in the
+ * partitions it pushes (allgather, alltoall); a partition's place in the
+ * PUSH stage's order. */
 void wk_op_part_done(struct wk_op *op, int err, const char *why);
 void wk_job_sets(const struct wk_op *op, uint64_t offset, uint64_t count, bool *push,
 		 bool *pull);
 void wk_zero_pushed(const struct wk_op *op, const struct wk_layout *L);
 uint64_t wk_push_order(const struct wk_op *op, const struct wk_layout *L, uint32_t part);
+
+/* meter.c: fit mode's meter (worker 0 with UNISUM_AUTOTUNE=2): whether
+ * this worker meters; a data push about to go out on c; a metered push
+ * acknowledged; a push to this host's server acknowledged; the link's
+ * bandwidth and round trip so far (bw NULL: count anew from now). */
+bool wk_metering(const struct worker *w);
+void wk_meter_sent(struct wk_conn *c, struct wk_job *j);
+void wk_meter_acked(struct worker *w, size_t bytes, int64_t sent);
+void wk_meter_local(struct worker *w, size_t bytes);
+void wk_meter_read(struct worker *w, double *bw, double *rtt, uint64_t *bytes);
+
+/* conns.c: the connections to the servers, their threads and the PUSH
+ * stage's thread; queueing a job on a connection. */
 void wk_close_conns(struct worker *w);
 /* Failover: the server to send `key`'s jobs to (`placed` unless it
  * moved; while the hand-over of the server it moved from runs, that one,
@@ -428,7 +443,7 @@ void wk_gone_kept_free(struct worker *w);
 void wk_route(struct worker *w, struct wk_job *j);
 int wk_connect_servers(struct worker *w);
 int wk_enqueue(struct wk_conn *c, struct wk_job *j);
-/* Ring phases: a partition of phase `done` (0: none) ended; sends the
+/* gather.c: ring phases.  A partition of phase `done` (0: none) ended; sends the
  * PULLs of the phases whose turn came. */
 void wk_phase_step(struct worker *w, struct wk_op *op, int done);
 /* Sends the held first phase of the oldest begun round (pulls_held), if
@@ -501,7 +516,6 @@ void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L);
 void *wk_tune_main(void *arg);
 const struct wk_layout *wk_tuned_cut(struct wk_op *op, bool wait, int *rc);
 int wk_tuner_new(struct worker *w);
-void wk_meter_read(struct worker *w, double *bw, double *rtt, uint64_t *bytes);
 /* A compressed tensor's state of partition `part` of cut L, set up at its
  * first push (the layout's cs); NULL for an uncompressed tensor, or with
  * *rc = UNISUM_ENOMEM.  wk_layout_free_cs frees a cut's; wk_push_bytes is
@@ -510,5 +524,52 @@ struct compress_state *wk_comp_state(const struct wk_tensor *t, const struct wk_
 				     uint32_t part, int *rc);
 void wk_layout_free_cs(struct wk_layout *L);
 size_t wk_push_bytes(const struct wk_tensor *t, uint64_t count, const struct compress_state *cs);
+
+
+/* ---- the API's files: worker.c, tensor.c, pset.c, op.c, dssync.c, gather.c */
+
+/* The flags that choose a reduction other than the sum. */
+#define WK_OP_FLAGS (UNISUM_MIN | UNISUM_MAX | UNISUM_PRODUCT)
+
+/* worker.c: UNISUM_ENOTINIT (logged) unless w has joined its job. */
+int wk_require_init(const struct worker *w);
+
+/* tensor.c: the tensor table.  Files t under an id (see tensor.c). */
+int wk_tensor_insert(struct wk_tensor *t, bool *filed);
+/* The id of tensor `name` if w has it (UNISUM_EMISMATCH when with another
+ * shape or sync mode), or -1. */
+int wk_tensor_known(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
+		    uint32_t sync, const char *comp);
+/* Declares a tensor in the process set `ranks` (nranks 0: the global set):
+ * its id, or an error (logged). */
+int wk_declare(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
+	       const struct rdv_shape *shape, int priority, int *ranks, int nranks,
+	       uint32_t sync, const struct compress_spec *comp);
+/* Forgets tensor `tensor` here and, with `retire`, at the scheduler and
+ * servers once every worker has. */
+int wk_undeclare(struct worker *w, int tensor, bool retire);
+void wk_tensor_free(struct wk_tensor *t);
+
+/* pset.c: connections to every server for a rank that is no local root
+ * (a process set's member pushes itself), opened once. */
+int wk_ensure_conns(struct worker *w);
+/* A process set's wire name for the user's `name`: a prefix hashing its
+ * ranks.  0, or an error (logged) naming `what` when it does not fit. */
+int wk_set_wire_name(const int *ranks, int n, const char *name, char *wire, size_t len,
+		     const char *what);
+
+/* op.c: operations.  The index in w->ops of handle h, or -1. */
+int wk_find_op(const struct worker *w, unisum_handle h);
+/* Files and starts an operation of `tensor` shaped like *tmpl: its handle
+ * in *h, or an error (logged). */
+int wk_start(struct worker *w, int tensor, const struct wk_op *tmpl, unisum_handle *h);
+void wk_op_free_owned(const struct wk_op *op);
+void wk_op_free(struct wk_op *op);
+
+/* dssync.c: divide and shuffle.  The tensor this step's push_pull of
+ * `tensor` goes to (its group's), and the step it took. */
+int wk_dssync_target(struct worker *w, int tensor, int *target, uint64_t *taken);
+/* Undeclares dssync group set tensor `id` (-1: nothing) after its step. */
+void wk_dssync_retire(struct worker *w, int id);
 
 #endif /* UNISUM_WORKER_INT_H */
