@@ -424,6 +424,23 @@ static void child_exec(const struct launcher *l, const struct child *c, int in_r
 	_exit(127);
 }
 
+/* Gives ssh (or srun) child c its stdin, the write end `fd` of its pipe,
+ * and writes the job's secret on it as one line (the line fits the pipe:
+ * this does not block). */
+static void secret_send(struct launcher *l, struct child *c, int fd)
+{
+	size_t len = strlen(l->secret);
+	char line[sizeof(l->secret) + 1];
+
+	memcpy(line, l->secret, len);
+	line[len] = '\n';
+	c->stdin_fd = fd;
+	if (write(c->stdin_fd, line, len + 1) != (ssize_t)(len + 1))
+		fprintf(stderr, "unisum launch: cannot send host %d its secret: %s\n", c->rank,
+			strerror(errno));
+	explicit_bzero(line, sizeof(line));
+}
+
 int launch_child_spawn(struct launcher *l, struct child *c)
 {
 	static char *server_argv[] = { "unisum", "server", NULL };
@@ -478,18 +495,8 @@ int launch_child_spawn(struct launcher *l, struct child *c)
 	c->out.fd = out_pipe[0];
 	c->err.fd = err_pipe[0];
 	if (in_pipe[0] >= 0) {
-		/* The line fits the pipe: this does not block. */
-		size_t len = strlen(l->secret);
-		char line[sizeof(l->secret) + 1];
-
-		memcpy(line, l->secret, len);
-		line[len] = '\n';
 		close(in_pipe[0]);
-		c->stdin_fd = in_pipe[1];
-		if (write(c->stdin_fd, line, len + 1) != (ssize_t)(len + 1))
-			fprintf(stderr, "unisum launch: cannot send host %d its secret: %s\n", c->rank,
-				strerror(errno));
-		explicit_bzero(line, sizeof(line));
+		secret_send(l, c, in_pipe[1]);
 	}
 	goto out_free_env;
 

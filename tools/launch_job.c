@@ -203,6 +203,40 @@ static int node_sched_config(struct launcher *l, struct config *cfg)
 	return 0;
 }
 
+/* launch_job_configure for one machine of a job (--nproc-per-node, a
+ * node over ssh or srun, a CPU-only server): its environment, and the
+ * scheduler when this node runs it.  0, or LAUNCH_EXIT_USAGE after
+ * printing why. */
+static int machine_job_configure(struct launcher *l, struct config *cfg)
+{
+	if (l->remote && launch_remote_secret() < 0)
+		return LAUNCH_EXIT_USAGE;
+	if (l->remote)
+		launch_slurm_env_untask();
+	if (l->node_mode && launch_node_environ(l) < 0)
+		return LAUNCH_EXIT_USAGE;
+	if (l->no_secret && !l->node_mode) {
+		unsetenv("UNISUM_SECRET");
+		unsetenv("UNISUM_SECRET_FILE");
+	}
+	if (l->server_only) {
+		l->machines = l->nnodes;
+		l->num_servers = l->node_servers;
+		l->sched_done = true;	/* node 0 has the scheduler */
+		return 0;
+	}
+	if (machine_config(l) < 0)
+		return LAUNCH_EXIT_USAGE;
+	if (l->node_mode) {
+		l->num_servers = l->node_servers;
+		if (node_runs_scheduler(l))
+			return node_sched_config(l, cfg);
+	}
+	/* No scheduler here: nothing to wait for. */
+	l->sched_done = true;
+	return 0;
+}
+
 int launch_job_configure(struct launcher *l, struct config *cfg)
 {
 	int rc;
@@ -219,34 +253,8 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 	/* A server that dies is the scheduler's to replace, not a failure
 	 * of the job (unless its failover cannot: then it fails the job). */
 	l->server_failover = env.server_failover != 0 && l->num_servers > 1;
-	if (l->one_machine) {
-		if (l->remote && launch_remote_secret() < 0)
-			return LAUNCH_EXIT_USAGE;
-		if (l->remote)
-			launch_slurm_env_untask();
-		if (l->node_mode && launch_node_environ(l) < 0)
-			return LAUNCH_EXIT_USAGE;
-		if (l->no_secret && !l->node_mode) {
-			unsetenv("UNISUM_SECRET");
-			unsetenv("UNISUM_SECRET_FILE");
-		}
-		if (l->server_only) {
-			l->machines = l->nnodes;
-			l->num_servers = l->node_servers;
-			l->sched_done = true;	/* node 0 has the scheduler */
-			return 0;
-		}
-		if (machine_config(l) < 0)
-			return LAUNCH_EXIT_USAGE;
-		if (l->node_mode) {
-			l->num_servers = l->node_servers;
-			if (node_runs_scheduler(l))
-				return node_sched_config(l, cfg);
-		}
-		/* No scheduler here: nothing to wait for. */
-		l->sched_done = true;
-		return 0;
-	}
+	if (l->one_machine)
+		return machine_job_configure(l, cfg);
 	rc = job_config(l, &env, cfg);
 	if (rc != 0)
 		return rc;

@@ -23,6 +23,7 @@
 /* Most servers, and most workers of a job. */
 #define LAUNCH_PROCESSES_MAX 4096
 
+/* The usage lines, printed alone after a mistake and atop --help. */
 #define LAUNCH_USAGE_LINES \
 	"usage: unisum launch [-w N] [-s K] [--local-size L] [--timeout SEC] [--no-secret]\n" \
 	"                     [--] CMD [ARGS...]\n" \
@@ -37,6 +38,8 @@
 	"       unisum launch --nproc-per-node L [--nnodes N --node-rank R\n" \
 	"                     --master-addr A --master-port P] [--timeout SEC] [--] CMD [ARGS...]\n"
 
+/* `unisum launch --help`: one usage text, longer than 80 lines because it
+ * is text, not logic. */
 static void usage(FILE *out)
 {
 	fputs(LAUNCH_USAGE_LINES
@@ -281,6 +284,76 @@ static int parse_words(const char *option, const char *value)
 	return 0;
 }
 
+/* The options whose value is kept as given, and checked once every option
+ * is read (launch_options_check); `job`: they describe a whole job (the
+ * first form's), as -w does. */
+static const struct text_option {
+	const char *shortname, *longname;
+	size_t at;			/* offsetof(struct launcher, the const char * it sets) */
+	bool job;
+} text_options[] = {
+	{"-H", "--hosts", offsetof(struct launcher, hosts_opt), false},
+	{NULL, "--hostfile", offsetof(struct launcher, hostfile_opt), false},
+	{NULL, "--cpu-server-nodes", offsetof(struct launcher, cpu_server_nodes_opt), false},
+	{NULL, "--server-hosts", offsetof(struct launcher, server_hosts_opt), false},
+	{NULL, "--cpu-servers", offsetof(struct launcher, cpu_servers_opt), false},
+	{NULL, "--nnodes", offsetof(struct launcher, nnodes_opt), false},
+	{NULL, "--node-rank", offsetof(struct launcher, node_rank_opt), false},
+	{NULL, "--master-addr", offsetof(struct launcher, master_addr_opt), false},
+	{NULL, "--master-port", offsetof(struct launcher, master_port_opt), false},
+	{NULL, "--worker-netns", offsetof(struct launcher, worker_netns_opt), true},
+	{NULL, "--server-netns", offsetof(struct launcher, server_netns_opt), true},
+	{NULL, "--worker-racks", offsetof(struct launcher, worker_racks_opt), true},
+	{NULL, "--server-racks", offsetof(struct launcher, server_racks_opt), true},
+	{NULL, "--scheduler-netns", offsetof(struct launcher, sched_netns_opt), true},
+};
+
+/* The options without a value: each sets a bool of struct launcher. */
+static const struct flag_option {
+	const char *name;
+	size_t at;			/* offsetof(struct launcher, the bool it sets) */
+} flag_options[] = {
+	{"--scheduler-host", offsetof(struct launcher, sched_on_host)},
+	{"--run-scheduler", offsetof(struct launcher, run_scheduler)},
+	{"--no-colocated-servers", offsetof(struct launcher, no_colocated)},
+	{"--slurm", offsetof(struct launcher, slurm)},
+	{"--remote", offsetof(struct launcher, remote)},
+	{"--server-only", offsetof(struct launcher, server_only)},
+	{"--no-secret", offsetof(struct launcher, no_secret)},
+};
+
+/* argv[*i] as one of the tables' options: 1 when it is one (taken; a
+ * value's option also sets *job_option when it describes a whole job), 0
+ * when not, -1 when its value is missing (said). */
+static int options_take_tabled(struct launcher *l, int argc, char **argv, int *i,
+			       const char **job_option)
+{
+	const char *arg = argv[*i];
+	const char *value = NULL;
+
+	for (size_t k = 0; k < sizeof flag_options / sizeof flag_options[0]; k++) {
+		if (strcmp(arg, flag_options[k].name) == 0) {
+			*(bool *)((char *)l + flag_options[k].at) = true;
+			return 1;
+		}
+	}
+	for (size_t k = 0; k < sizeof text_options / sizeof text_options[0]; k++) {
+		const struct text_option *o = &text_options[k];
+		int m = option_match(argc, argv, i, o->shortname, o->longname, &value);
+		if (m == 0)
+			continue;
+		if (m < 0) {
+			fprintf(stderr, "unisum launch: %s needs a value\n", arg);
+			return -1;
+		}
+		*(const char **)((char *)l + o->at) = value;
+		if (o->job)
+			*job_option = arg;
+		return 1;
+	}
+	return 0;
+}
+
 /* Takes the option at argv[*i] and its value, moving *i past them; notes
  * in *job_option the last option seen that belongs to the whole-job form,
  * and in *nproc the value of --nproc-per-node.  Returns 0, 1 when it is no
@@ -292,6 +365,8 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 	const char *value = NULL;
 	int m;
 
+	if ((m = options_take_tabled(l, argc, argv, i, job_option)) != 0)
+		return m > 0 ? 0 : -1;
 	if ((m = option_match(argc, argv, i, "-w", "--workers", &value)) != 0) {
 		if (m < 0 || parse_count("--workers", value, LAUNCH_PROCESSES_MAX,
 					 &l->num_workers) < 0)
@@ -310,95 +385,20 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 	} else if ((m = option_match(argc, argv, i, NULL, "--nproc-per-node", &value)) != 0) {
 		if (m < 0 || parse_count("--nproc-per-node", value, LAUNCH_LOCAL_MAX, nproc) < 0)
 			goto out_bad_value;
-	} else if ((m = option_match(argc, argv, i, "-H", "--hosts", &value)) != 0) {
-		if (m < 0)
-			goto out_bad_value;
-		l->hosts_opt = value;
-	} else if ((m = option_match(argc, argv, i, NULL, "--hostfile", &value)) != 0) {
-		if (m < 0)
-			goto out_bad_value;
-		l->hostfile_opt = value;
 	} else if ((m = option_match(argc, argv, i, NULL, "--ssh-args", &value)) != 0) {
 		if (m < 0 || parse_words("--ssh-args", value) < 0)
 			goto out_bad_value;
 		l->ssh_args_opt = value;
-	} else if ((m = option_match(argc, argv, i, NULL, "--start-timeout", &value)) != 0) {
-		if (m < 0 || parse_seconds("--start-timeout", value, &l->start_timeout_s) < 0)
-			goto out_bad_value;
-	} else if (strcmp(arg, "--scheduler-host") == 0) {
-		l->sched_on_host = true;
-	} else if (strcmp(arg, "--run-scheduler") == 0) {
-		l->run_scheduler = true;
-	} else if (strcmp(arg, "--no-colocated-servers") == 0) {
-		l->no_colocated = true;
-	} else if (strcmp(arg, "--slurm") == 0) {
-		l->slurm = true;
 	} else if ((m = option_match(argc, argv, i, NULL, "--srun-args", &value)) != 0) {
 		if (m < 0 || parse_words("--srun-args", value) < 0)
 			goto out_bad_value;
 		l->srun_args_opt = value;
-	} else if ((m = option_match(argc, argv, i, NULL, "--cpu-server-nodes", &value)) != 0) {
-		if (m < 0)
+	} else if ((m = option_match(argc, argv, i, NULL, "--start-timeout", &value)) != 0) {
+		if (m < 0 || parse_seconds("--start-timeout", value, &l->start_timeout_s) < 0)
 			goto out_bad_value;
-		l->cpu_server_nodes_opt = value;
-	} else if (strcmp(arg, "--remote") == 0) {
-		l->remote = true;
-	} else if (strcmp(arg, "--server-only") == 0) {
-		l->server_only = true;
-	} else if ((m = option_match(argc, argv, i, NULL, "--server-hosts", &value)) != 0) {
-		if (m < 0)
-			goto out_bad_value;
-		l->server_hosts_opt = value;
-	} else if ((m = option_match(argc, argv, i, NULL, "--cpu-servers", &value)) != 0) {
-		if (m < 0)
-			goto out_bad_value;
-		l->cpu_servers_opt = value;
-	} else if ((m = option_match(argc, argv, i, NULL, "--nnodes", &value)) != 0) {
-		if (m < 0)
-			goto out_bad_value;
-		l->nnodes_opt = value;
-	} else if ((m = option_match(argc, argv, i, NULL, "--node-rank", &value)) != 0) {
-		if (m < 0)
-			goto out_bad_value;
-		l->node_rank_opt = value;
-	} else if ((m = option_match(argc, argv, i, NULL, "--master-addr", &value)) != 0) {
-		if (m < 0)
-			goto out_bad_value;
-		l->master_addr_opt = value;
-	} else if ((m = option_match(argc, argv, i, NULL, "--master-port", &value)) != 0) {
-		if (m < 0)
-			goto out_bad_value;
-		l->master_port_opt = value;
 	} else if ((m = option_match(argc, argv, i, NULL, "--timeout", &value)) != 0) {
 		if (m < 0 || parse_seconds("--timeout", value, &l->timeout_s) < 0)
 			goto out_bad_value;
-	} else if ((m = option_match(argc, argv, i, NULL, "--worker-netns", &value)) != 0) {
-		if (m < 0)
-			goto out_bad_value;
-		l->worker_netns_opt = value;
-		*job_option = arg;
-	} else if ((m = option_match(argc, argv, i, NULL, "--server-netns", &value)) != 0) {
-		if (m < 0)
-			goto out_bad_value;
-		l->server_netns_opt = value;
-		*job_option = arg;
-	} else if ((m = option_match(argc, argv, i, NULL, "--worker-racks", &value)) != 0) {
-		if (m < 0)
-			goto out_bad_value;
-		l->worker_racks_opt = value;
-		*job_option = arg;
-	} else if ((m = option_match(argc, argv, i, NULL, "--server-racks", &value)) != 0) {
-		if (m < 0)
-			goto out_bad_value;
-		l->server_racks_opt = value;
-		*job_option = arg;
-	} else if ((m = option_match(argc, argv, i, NULL, "--scheduler-netns", &value)) != 0) {
-		if (m < 0)
-			goto out_bad_value;
-		l->sched_netns_opt = value;
-		*job_option = arg;
-	} else if (strcmp(arg, "--no-secret") == 0) {
-		l->no_secret = true;
 	} else if ((m = launch_elastic_option(l, argc, argv, i)) <= 0) {
 		if (m < 0)
 			return -1;
@@ -415,11 +415,10 @@ out_bad_value:
 	return -1;
 }
 
-/* Checks that the options go together, and derives the job's shape from
- * them: one machine of a job (--nproc-per-node), or a whole job of
- * l->machines machines.  Returns 0, or -1 after printing why (the caller
- * prints the usage lines). */
-int launch_options_check(struct launcher *l, const char *job_option, int nproc)
+/* The options that need another one (--no-colocated-servers,
+ * --scheduler-host, --run-scheduler) or exclude some (--elastic): 0, or
+ * -1 after printing why. */
+static int options_check_pairs(const struct launcher *l, int nproc)
 {
 	if ((l->elastic || l->min_workers || l->max_workers || l->discovery_script) &&
 	    (l->hosts_opt || l->hostfile_opt || l->slurm || nproc > 0 || l->server_only ||
@@ -441,21 +440,71 @@ int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 			"(--run-scheduler is how such a launcher starts node 0)\n");
 		return -1;
 	}
-	if (l->server_only) {
-		/* A CPU-only server of a multi-node job: the node options, no
-		 * workers, no command. */
-		if (nproc > 0 || job_option || (l->cmd && l->cmd[0]) || !l->nnodes_opt || l->slurm ||
-		    !l->master_addr_opt || !l->master_port_opt || l->node_rank_opt || l->hosts_opt ||
-		    l->hostfile_opt || l->ssh_args_opt || l->server_hosts_opt || l->start_timeout_s >= 0) {
-			fprintf(stderr, "unisum launch: --server-only starts one CPU-only server of a "
-				"multi-node job: it needs --nnodes, --master-addr and --master-port (and "
-				"--cpu-servers), and takes no command\n");
+	return 0;
+}
+
+/* --server-only: one CPU-only server of a multi-node job, with the node
+ * options, no workers and no command.  0, or -1 after printing why. */
+static int options_check_server_only(struct launcher *l, const char *job_option, int nproc)
+{
+	/* A CPU-only server of a multi-node job: the node options, no
+	 * workers, no command. */
+	if (nproc > 0 || job_option || (l->cmd && l->cmd[0]) || !l->nnodes_opt || l->slurm ||
+	    !l->master_addr_opt || !l->master_port_opt || l->node_rank_opt || l->hosts_opt ||
+	    l->hostfile_opt || l->ssh_args_opt || l->server_hosts_opt || l->start_timeout_s >= 0) {
+		fprintf(stderr, "unisum launch: --server-only starts one CPU-only server of a "
+			"multi-node job: it needs --nnodes, --master-addr and --master-port (and "
+			"--cpu-servers), and takes no command\n");
+		return -1;
+	}
+	l->one_machine = true;
+	l->local_size = 1;	/* no worker is started: see launch_children_init */
+	return launch_node_resolve(l);
+}
+
+/* A whole job on this host (-w, -s, --local-size, an emulated cluster's
+ * namespaces): its machines.  0, or -1 after printing why. */
+static int options_check_whole_job(struct launcher *l)
+{
+	if (l->local_size == 0) {
+		/* One host, one machine: the shared-memory path by default. */
+		if (l->num_workers > LAUNCH_LOCAL_MAX) {
+			fprintf(stderr, "unisum launch: %d workers are too many for one machine "
+				"(at most %d); pass --local-size to split them\n", l->num_workers,
+				LAUNCH_LOCAL_MAX);
 			return -1;
 		}
-		l->one_machine = true;
-		l->local_size = 1;	/* no worker is started: see launch_children_init */
-		return launch_node_resolve(l);
+		l->local_size = l->num_workers;
 	}
+	if (l->num_workers % l->local_size != 0) {
+		fprintf(stderr, "unisum launch: --local-size %d does not divide --workers %d: "
+			"every machine holds the same number of workers\n", l->local_size,
+			l->num_workers);
+		return -1;
+	}
+	l->machines = l->num_workers / l->local_size;
+	if (launch_elastic_check(l) < 0)
+		return -1;
+	if ((l->worker_netns_opt != NULL) != (l->server_netns_opt != NULL) ||
+	    (l->sched_netns_opt != NULL && l->worker_netns_opt == NULL)) {
+		fprintf(stderr, "unisum launch: --worker-netns and --server-netns go together (and "
+			"--scheduler-netns needs them): every process of an emulated cluster runs in "
+			"a namespace\n");
+		return -1;
+	}
+	return 0;
+}
+
+/* Checks that the options go together, and derives the job's shape from
+ * them: one machine of a job (--nproc-per-node), or a whole job of
+ * l->machines machines.  Returns 0, or -1 after printing why (the caller
+ * prints the usage lines). */
+int launch_options_check(struct launcher *l, const char *job_option, int nproc)
+{
+	if (options_check_pairs(l, nproc) < 0)
+		return -1;
+	if (l->server_only)
+		return options_check_server_only(l, job_option, nproc);
 	if (!l->cmd || !l->cmd[0]) {
 		fprintf(stderr, "unisum launch: no command to run\n");
 		return -1;
@@ -520,33 +569,7 @@ int launch_options_check(struct launcher *l, const char *job_option, int nproc)
 			"with --nproc-per-node\n");
 		return -1;
 	}
-	if (l->local_size == 0) {
-		/* One host, one machine: the shared-memory path by default. */
-		if (l->num_workers > LAUNCH_LOCAL_MAX) {
-			fprintf(stderr, "unisum launch: %d workers are too many for one machine "
-				"(at most %d); pass --local-size to split them\n", l->num_workers,
-				LAUNCH_LOCAL_MAX);
-			return -1;
-		}
-		l->local_size = l->num_workers;
-	}
-	if (l->num_workers % l->local_size != 0) {
-		fprintf(stderr, "unisum launch: --local-size %d does not divide --workers %d: "
-			"every machine holds the same number of workers\n", l->local_size,
-			l->num_workers);
-		return -1;
-	}
-	l->machines = l->num_workers / l->local_size;
-	if (launch_elastic_check(l) < 0)
-		return -1;
-	if ((l->worker_netns_opt != NULL) != (l->server_netns_opt != NULL) ||
-	    (l->sched_netns_opt != NULL && l->worker_netns_opt == NULL)) {
-		fprintf(stderr, "unisum launch: --worker-netns and --server-netns go together (and "
-			"--scheduler-netns needs them): every process of an emulated cluster runs in "
-			"a namespace\n");
-		return -1;
-	}
-	return 0;
+	return options_check_whole_job(l);
 }
 
 int launch_options_parse(struct launcher *l, int argc, char **argv)

@@ -131,12 +131,77 @@ static int kind_of(const char *name, compress_kind *kind)
 	return -1;
 }
 
+/* Takes key=value (a key that applies to s->kind, with a value) into *s;
+ * *have_mu: mu (momentum_mu) was given.  0, or the error of fail() for
+ * spec `text`. */
+static int spec_take(struct compress_spec *s, const char *text, const char *key,
+		     const char *value, bool *have_mu, char *err, size_t errlen)
+{
+	double v;
+
+	if (strcmp(key, "scaling") == 0) {
+		if (!boolean(value, &s->scaling))
+			return fail(err, errlen, text, "scaling=%s: give 1 or 0", value);
+	} else if (strcmp(key, "k") == 0) {
+		if (!number(value, 1e-9, 4294967295.0, &v) || (v >= 1 && v != floor(v)))
+			return fail(err, errlen, text, "k=%s: give a count of elements (1 or "
+				    "more) or a fraction in (0, 1)", value);
+		s->k = v;
+	} else if (strcmp(key, "s") == 0) {
+		if (!number(value, 1, 127, &v) || v != floor(v))
+			return fail(err, errlen, text, "s=%s: give a number of levels from 1 to "
+				    "127", value);
+		s->s = (int)v;
+	} else if (strcmp(key, "normalize") == 0) {
+		if (strcmp(value, "max") != 0 && strcmp(value, "l2") != 0)
+			return fail(err, errlen, text, "normalize=%s: give max or l2", value);
+		s->l2 = strcmp(value, "l2") == 0;
+	} else if (strcmp(key, "partition") == 0) {
+		if (strcmp(value, "linear") != 0 && strcmp(value, "natural") != 0)
+			return fail(err, errlen, text, "partition=%s: give linear or natural",
+				    value);
+		s->natural = strcmp(value, "natural") == 0;
+	} else if (strcmp(key, "seed") == 0) {
+		char *end;
+
+		errno = 0;
+		s->seed = strtoull(value, &end, 0);
+		if (errno || *end || value[0] == '-')
+			return fail(err, errlen, text, "seed=%s: give a number from 0 to 2^64-1",
+				    value);
+	} else if (strcmp(key, "ef") == 0) {
+		if (strcmp(value, "none") == 0)
+			s->ef = COMPRESS_EF_NONE;
+		else if (strcmp(value, "vanilla") == 0)
+			s->ef = COMPRESS_EF_VANILLA;
+		else if (strcmp(value, "sparse") == 0 && s->kind == COMPRESS_RANDOMK)
+			s->ef = COMPRESS_EF_SPARSE;
+		else
+			return fail(err, errlen, text, "ef=%s: give none or vanilla (or sparse, "
+				    "for randomk)", value);
+	} else if (strcmp(key, "momentum") == 0) {
+		if (strcmp(value, "none") != 0 && strcmp(value, "nesterov") != 0)
+			return fail(err, errlen, text, "momentum=%s: give none or nesterov",
+				    value);
+		s->nesterov = strcmp(value, "nesterov") == 0;
+	} else if (strcmp(key, "mu") == 0 || strcmp(key, "momentum_mu") == 0) {
+		if (!number(value, 0, 1, &v) || v >= 1)
+			return fail(err, errlen, text, "%s=%s: give a number in [0, 1)", key,
+				    value);
+		s->mu = v;
+		*have_mu = true;
+	} else {
+		return fail(err, errlen, text, "unknown key '%s' (keys: compressor, scaling, "
+			    "k, s, normalize, partition, seed, ef, momentum, mu)", key);
+	}
+	return 0;
+}
+
 int compress_spec_parse(const char *text, struct compress_spec *out, char *err, size_t errlen)
 {
 	char buf[512];
 	struct compress_spec s;
 	bool have_kind = false, have_mu = false;
-	double v;
 
 	spec_default(&s);
 	if (strlen(text) >= sizeof(buf))
@@ -163,61 +228,9 @@ int compress_spec_parse(const char *text, struct compress_spec *out, char *err, 
 		if (!key_applies(s.kind, key))
 			return fail(err, errlen, text, "key '%s' does not apply to %s", key,
 				    kind_names[s.kind]);
-		if (strcmp(key, "scaling") == 0) {
-			if (!boolean(value, &s.scaling))
-				return fail(err, errlen, text, "scaling=%s: give 1 or 0", value);
-		} else if (strcmp(key, "k") == 0) {
-			if (!number(value, 1e-9, 4294967295.0, &v) || (v >= 1 && v != floor(v)))
-				return fail(err, errlen, text, "k=%s: give a count of elements (1 or "
-					    "more) or a fraction in (0, 1)", value);
-			s.k = v;
-		} else if (strcmp(key, "s") == 0) {
-			if (!number(value, 1, 127, &v) || v != floor(v))
-				return fail(err, errlen, text, "s=%s: give a number of levels from 1 to "
-					    "127", value);
-			s.s = (int)v;
-		} else if (strcmp(key, "normalize") == 0) {
-			if (strcmp(value, "max") != 0 && strcmp(value, "l2") != 0)
-				return fail(err, errlen, text, "normalize=%s: give max or l2", value);
-			s.l2 = strcmp(value, "l2") == 0;
-		} else if (strcmp(key, "partition") == 0) {
-			if (strcmp(value, "linear") != 0 && strcmp(value, "natural") != 0)
-				return fail(err, errlen, text, "partition=%s: give linear or natural",
-					    value);
-			s.natural = strcmp(value, "natural") == 0;
-		} else if (strcmp(key, "seed") == 0) {
-			char *end;
-
-			errno = 0;
-			s.seed = strtoull(value, &end, 0);
-			if (errno || *end || value[0] == '-')
-				return fail(err, errlen, text, "seed=%s: give a number from 0 to 2^64-1",
-					    value);
-		} else if (strcmp(key, "ef") == 0) {
-			if (strcmp(value, "none") == 0)
-				s.ef = COMPRESS_EF_NONE;
-			else if (strcmp(value, "vanilla") == 0)
-				s.ef = COMPRESS_EF_VANILLA;
-			else if (strcmp(value, "sparse") == 0 && s.kind == COMPRESS_RANDOMK)
-				s.ef = COMPRESS_EF_SPARSE;
-			else
-				return fail(err, errlen, text, "ef=%s: give none or vanilla (or sparse, "
-					    "for randomk)", value);
-		} else if (strcmp(key, "momentum") == 0) {
-			if (strcmp(value, "none") != 0 && strcmp(value, "nesterov") != 0)
-				return fail(err, errlen, text, "momentum=%s: give none or nesterov",
-					    value);
-			s.nesterov = strcmp(value, "nesterov") == 0;
-		} else if (strcmp(key, "mu") == 0 || strcmp(key, "momentum_mu") == 0) {
-			if (!number(value, 0, 1, &v) || v >= 1)
-				return fail(err, errlen, text, "%s=%s: give a number in [0, 1)", key,
-					    value);
-			s.mu = v;
-			have_mu = true;
-		} else {
-			return fail(err, errlen, text, "unknown key '%s' (keys: compressor, scaling, "
-				    "k, s, normalize, partition, seed, ef, momentum, mu)", key);
-		}
+		int rc = spec_take(&s, text, key, value, &have_mu, err, errlen);
+		if (rc != 0)
+			return rc;
 	}
 	if (!have_kind)
 		return fail(err, errlen, text, "no compressor named");

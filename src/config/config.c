@@ -355,23 +355,11 @@ static void config_resolve_autotune(struct config *cfg)
 	cfg->autotune_auto = 1;
 }
 
-int config_load(struct config *cfg, char *err, size_t err_len)
+/* The checks of knobs against each other (ranks below their counts, the
+ * job id, the secret file, the heartbeat below the timeout, the trace's
+ * steps): 0, or UNISUM_ECONFIG (or the secret file's error) with err set. */
+static int config_check_pairs(struct config *cfg, char *err, size_t err_len)
 {
-	memset(cfg, 0, sizeof *cfg);
-	for (size_t i = 0; i < KNOB_COUNT; i++) {
-		const struct knob *k = &config_knobs[i];
-		const char *text;
-		const char *var = knob_source(k, &text);
-		if (var == NULL) {
-			if (k->defval == NULL)
-				continue;
-			var = k->name;
-			text = k->defval;
-		}
-		int rc = config_parse_one(cfg, k, var, text, err, err_len);
-		if (rc != 0)
-			return rc;
-	}
 	if (cfg->local_rank >= cfg->local_size) {
 		snprintf(err, err_len, "UNISUM_LOCAL_RANK=%d must be below UNISUM_LOCAL_SIZE=%d",
 			 cfg->local_rank, cfg->local_size);
@@ -408,6 +396,14 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 			 (unsigned long long)cfg->trace_start_step);
 		return UNISUM_ECONFIG;
 	}
+	return 0;
+}
+
+/* UNISUM_SYNC (and BYTEPS_ENABLE_ASYNC) against the rest: a known mode,
+ * and lock-step with one worker a machine in an elastic job.  0, or
+ * UNISUM_ECONFIG with err set. */
+static int config_check_sync(struct config *cfg, char *err, size_t err_len)
+{
 	uint32_t sync_mode;
 	int group;
 	if (wire_sync_parse(cfg->sync, &sync_mode, &group) != 0) {
@@ -429,6 +425,31 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 			 "job would lose", cfg->sync);
 		return UNISUM_ECONFIG;
 	}
+	return 0;
+}
+
+int config_load(struct config *cfg, char *err, size_t err_len)
+{
+	memset(cfg, 0, sizeof *cfg);
+	for (size_t i = 0; i < KNOB_COUNT; i++) {
+		const struct knob *k = &config_knobs[i];
+		const char *text;
+		const char *var = knob_source(k, &text);
+		if (var == NULL) {
+			if (k->defval == NULL)
+				continue;
+			var = k->name;
+			text = k->defval;
+		}
+		int rc = config_parse_one(cfg, k, var, text, err, err_len);
+		if (rc != 0)
+			return rc;
+	}
+	int rc = config_check_pairs(cfg, err, err_len);
+	if (rc == 0)
+		rc = config_check_sync(cfg, err, err_len);
+	if (rc != 0)
+		return rc;
 	if (cfg->autotune == CONFIG_AUTOTUNE_AUTO)
 		config_resolve_autotune(cfg);
 	if (cfg->credit_bytes == 0)
