@@ -76,27 +76,30 @@ expect "killed worker: the job fails (exit $rc)" [ $rc -eq 137 ]
 judge "killed worker" "$out" "worker 1"
 
 # A server killed by SIGKILL mid-run (one server: no failover).
-"$UNISUM" launch -w 2 -s 1 --local-size 1 -- "$CHECK" rounds 100000007 >"$TMP/server.log" 2>&1 &
+timeout 60 "$UNISUM" launch -w 2 -s 1 --local-size 1 -- "$CHECK" rounds 100000007 \
+	>"$TMP/server.log" 2>&1 &
 lp=$!
-port=""
-for _ in $(seq 50); do
-	sleep 0.2
+# server_pid : the job's server process, once the launcher has started it.
+server_pid() {
 	port=$(sed -n 's/.*scheduler on 127.0.0.1:\([0-9]*\).*/\1/p' "$TMP/server.log")
-	[ -n "$port" ] && grep -q "rank" "$TMP/server.log" 2>/dev/null && break
+	[ -n "$port" ] || return 0
+	grep -l -a "UNISUM_SCHEDULER_PORT=$port" /proc/[0-9]*/environ 2>/dev/null |
+		while read -r f; do
+			tr '\0' '\n' <"$f" 2>/dev/null | grep -qx 'UNISUM_ROLE=server' &&
+				{ d=${f%/environ}; echo "${d#/proc/}"; }
+		done | head -n 1
+}
+victim=""
+for _ in $(seq 50); do
+	victim=$(server_pid)
+	[ -n "$victim" ] && break
+	sleep 0.2
 done
-sleep 1
-victim=$(grep -l -a "UNISUM_SCHEDULER_PORT=$port" /proc/[0-9]*/environ 2>/dev/null |
-	while read -r f; do
-		d=${f%/environ}
-		tr '\0' '\n' <"$f" | grep -qx 'UNISUM_ROLE=server' && echo "${d#/proc/}"
-	done | head -n 1)
+sleep 1		# the rounds run
 expect "killed server: found the server's process" [ -n "$victim" ]
 [ -n "$victim" ] && kill -KILL "$victim"
-( sleep 60; kill -KILL $lp 2>/dev/null ) &
-guard=$!
 wait $lp
 rc=$?
-kill $guard 2>/dev/null
 out=$(cat "$TMP/server.log")
 expect "killed server: the job fails (exit $rc)" [ $rc -eq 137 ]
 judge "killed server" "$out" "server 0"
