@@ -131,13 +131,12 @@ def test_distributed_optimizer_compression_params(tmp_path, params):
 
 
 def test_unknown_compression_key_is_refused():
-    import torch
-    import unisum.torch as us
+    from unisum.torch import optimizer as uopt
     with pytest.raises(ValueError, match="unknown key 'bogus'"):
-        us._compression_spec({"compressor": "onebit", "bogus": 1})
+        uopt._compression_spec({"compressor": "onebit", "bogus": 1})
     with pytest.raises(ValueError, match="needs a 'compressor'"):
-        us._compression_spec({"ef": "vanilla"})
-    assert us._compression_spec({"ef": "vanilla", "compressor": "onebit", "scaling": True}) == \
+        uopt._compression_spec({"ef": "vanilla"})
+    assert uopt._compression_spec({"ef": "vanilla", "compressor": "onebit", "scaling": True}) == \
         "compressor=onebit,ef=vanilla,scaling=1"
 
 
@@ -163,13 +162,13 @@ def test_join_refuses_a_compressed_tensor_in_flight(tmp_path):
 
 def test_python_refuses_a_name_with_another_compression():
     import unisum.torch as us
-    from unisum import _capi
-    us._specs["x.spec"] = "onebit"
-    us._tensors["x.spec"] = (0, None, 10)
+    from unisum.torch import _core as ucore, ops as uops
+    ucore._specs["x.spec"] = "onebit"
+    ucore._tensors["x.spec"] = (0, None, 10)
     try:
         with pytest.raises(us.UnisumError, match="compressed 'onebit' and is now used "
                                                  "uncompressed"):
-            us._declared("x.spec", None, 10, 0)
+            uops._declared("x.spec", None, 10, 0)
     finally:
-        us._specs.pop("x.spec")
-        us._tensors.pop("x.spec")
+        ucore._specs.pop("x.spec")
+        ucore._tensors.pop("x.spec")

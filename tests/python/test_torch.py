@@ -17,6 +17,7 @@ import torch
 import common                      # tests/python/workers/common.py (via conftest)
 import unisum
 import unisum.torch as us          # importing must not call init()
+from unisum.torch import _memory as umem
 from unisum import _capi
 from conftest import check_launch, final_accuracy, run_launch, describe, worker_env, worker_lines
 
@@ -583,31 +584,31 @@ def test_results_reuse_only_dead_buffers():
     the pool keeps at most _POOL_PER_SIZE of a size; small ones are
     ordinary tensors."""
     import gc
-    us._pool_drop()
-    t = us._result((1 << 19,), torch.float32)           # 2 MiB
+    umem._pool_drop()
+    t = umem._result((1 << 19,), torch.float32)           # 2 MiB
     view = t[10:20]
     first = t.data_ptr()
     del t
     gc.collect()
-    alive = us._result((1 << 19,), torch.float32)
+    alive = umem._result((1 << 19,), torch.float32)
     assert alive.data_ptr() != first                    # `view` holds the first buffer
     view.fill_(7)
     assert torch.all(view == 7)
     del view
     gc.collect()
-    again = us._result((512, 1024), torch.float32)      # the same 2 MiB, another shape
+    again = umem._result((512, 1024), torch.float32)      # the same 2 MiB, another shape
     assert again.data_ptr() == first and again.shape == (512, 1024)
     assert again.data_ptr() != alive.data_ptr()
-    many = [us._result((1 << 19,), torch.float32) for _ in range(us._POOL_PER_SIZE + 2)]
+    many = [umem._result((1 << 19,), torch.float32) for _ in range(umem._POOL_PER_SIZE + 2)]
     assert len({m.data_ptr() for m in many}) == len(many)
     del many, again, alive
     gc.collect()
-    assert len(us._pool[2 << 20]) == us._POOL_PER_SIZE
-    small = us._result((4, 4), torch.int32)
+    assert len(umem._pool[2 << 20]) == umem._POOL_PER_SIZE
+    small = umem._result((4, 4), torch.int32)
     small.resize_(8)                                     # an ordinary tensor: resizable
     assert small.numel() == 8
-    us._pool_drop()
-    assert not us._pool and us._pool_bytes == 0
+    umem._pool_drop()
+    assert not umem._pool and umem._pool_bytes == 0
 
 
 def test_results_pool_evicts_and_defers(monkeypatch):
@@ -616,30 +617,30 @@ def test_results_pool_evicts_and_defers(monkeypatch):
     the garbage collector inside the pool's own code) is filed later, not
     waited for."""
     import gc
-    us._pool_drop()
-    monkeypatch.setattr(us, "_POOL_BYTES", 5 << 20)
-    a = us._result((1 << 18,), torch.float32)           # 1 MiB
-    b = us._result((1 << 19,), torch.float32)           # 2 MiB
-    c = us._result((3 << 18,), torch.float32)           # 3 MiB
+    umem._pool_drop()
+    monkeypatch.setattr(umem, "_POOL_BYTES", 5 << 20)
+    a = umem._result((1 << 18,), torch.float32)           # 1 MiB
+    b = umem._result((1 << 19,), torch.float32)           # 2 MiB
+    c = umem._result((3 << 18,), torch.float32)           # 3 MiB
     ptr_c = c.data_ptr()
     del a
     gc.collect()
     del b
     gc.collect()
-    assert sorted(us._pool) == [1 << 20, 2 << 20] and us._pool_bytes == 3 << 20
+    assert sorted(umem._pool) == [1 << 20, 2 << 20] and umem._pool_bytes == 3 << 20
     del c                                               # 3 more: the 1 MiB (oldest) goes
     gc.collect()
-    assert sorted(us._pool) == [2 << 20, 3 << 20] and us._pool_bytes == 5 << 20
-    d = us._result((3 << 18,), torch.float32)
+    assert sorted(umem._pool) == [2 << 20, 3 << 20] and umem._pool_bytes == 5 << 20
+    d = umem._result((3 << 18,), torch.float32)
     assert d.data_ptr() == ptr_c
     ptr_d = d.data_ptr()
-    with us._pool_lock:
+    with umem._pool_lock:
         del d
         gc.collect()                                    # its finalizer must not wait
-    assert us._pool_returned.qsize() == 1
-    e = us._result((3 << 18,), torch.float32)           # files the queued one, takes it
-    assert e.data_ptr() == ptr_d and us._pool_returned.qsize() == 0
-    us._pool_drop()
+    assert umem._pool_returned.qsize() == 1
+    e = umem._result((3 << 18,), torch.float32)           # files the queued one, takes it
+    assert e.data_ptr() == ptr_d and umem._pool_returned.qsize() == 0
+    umem._pool_drop()
 
 
 # ---- 7. before init() -----------------------------------------------------

@@ -37,9 +37,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from unisum.torch import *  # noqa: F401,F403 (BytePS's module gives every name)
-from unisum.torch import (Compression, Compressor, DistributedOptimizer, _flying,
-                          _require_init)
+from unisum.torch import *  # noqa: F401, F403 (BytePS's module gives every name
+from unisum.torch._core import _flying, _require_init
+from unisum.torch.compression import Compression, Compressor
+from unisum.torch.optimizer import DistributedOptimizer
 
 
 class _CrossBarrier(torch.optim.Optimizer):

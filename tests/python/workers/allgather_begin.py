@@ -46,7 +46,7 @@ import torch
 
 import unisum.torch as hvd
 from unisum import _capi
-from unisum import torch as ut
+from unisum.torch import ops as ut
 
 
 def begin(tid, out, counts):
@@ -166,7 +166,7 @@ def leaves(r, n):
 
 
 def slots_join(r, n):
-    from unisum import _horovod
+    from unisum._horovod import slots as _horovod
     x = torch.arange(4, dtype=torch.float32) + 10 * r
     want = torch.cat([torch.arange(4, dtype=torch.float32) + 10 * q for q in range(n)])
     for _ in range(6):
@@ -188,7 +188,7 @@ def slots_join(r, n):
 
 def sigint(r, n):
     import signal
-    from unisum import _horovod
+    from unisum._horovod import slots as _horovod
     x = torch.arange(4, dtype=torch.float32) + 10 * r
 
     def want(i):

@@ -293,7 +293,7 @@ def repeated_layouts(r, n):
     plan += [([3] * n, 2, f32)] * 6                 # 6 elements a rank, as before
     plan += [([3] * n, 2, torch.float64)] * 6
     plan += [([3] * n, 2, torch.int8)] * 6
-    from unisum import _horovod
+    from unisum._horovod import slots as _horovod
     counts = dict(_horovod._spec_counts)
     for i, (rows, cols, dtype) in enumerate(plan):
         expect("allgather %d of repeated layouts" % i, hvd.allgather(mine(i, rows, cols, dtype)),

@@ -67,6 +67,7 @@ import time
 import torch
 
 import unisum.torch as us
+from unisum.torch import _memory as umem
 from unisum import _capi
 
 N = 1 << 20     # float32: 4 MiB, a pooled result
@@ -97,7 +98,7 @@ def push_pull(rank):
         except KeyboardInterrupt:
             pass
         undo()
-        fresh = us._result((N,), torch.float32)
+        fresh = umem._result((N,), torch.float32)
         fresh.fill_(-1.0)
         us.barrier()                    # now rank 1 pushes
         us.barrier()                    # and has its sum
@@ -215,12 +216,13 @@ def completed(rank, size):
 
 
 def stage(rank, size):
-    from unisum import _horovod
+    from unisum._horovod import gather as hgather
+    from unisum.torch import _core as ucore
     rows = torch.full((2, 3), float(rank + 1))
     want = torch.cat([torch.full((2, 3), float(q + 1)) for q in range(size)])
     h = us.allgather_async(rows)
     if rank == 0:
-        ran = signalling(_horovod, "_agreed")
+        ran = signalling(hgather, "_agreed")
         interrupted_once("the allgather's stage", lambda: us.synchronize(h))
         if not ran():
             raise SystemExit("rank 0: the stage did not run")
@@ -231,7 +233,7 @@ def stage(rank, size):
     # review: the stage was taken off the operation before that, and lost).
     h = us.allgather_async(rows)
     if rank == 0:
-        ran = signalling(us, "_getsignal")       # the hold's first step
+        ran = signalling(ucore, "_getsignal")       # the hold's first step
         interrupted_once("the allgather's stage, as its hold began", lambda: us.synchronize(h))
         if not ran():
             raise SystemExit("rank 0: the stage's hold did not begin")
@@ -318,7 +320,7 @@ def rejoin(rank):
 
 
 def speculated(rank):
-    from unisum import _horovod
+    from unisum._horovod import slots as _horovod
 
     def rows(i, n=2):
         return torch.full((n, 3), float(100 * i + rank))

@@ -29,6 +29,7 @@ import torch
 import common
 import unisum
 import unisum.torch as us
+from unisum.torch import optimizer as uopt
 
 
 def attempt(fn):
@@ -153,12 +154,12 @@ def skip_sync(rank, result):
     """push_pulls of gradients per step: after synchronize(), step() warns
     and sums every gradient again; inside skip_synchronize() it does not."""
     calls = [0]
-    real = us._start      # where every push_pull of the plugin begins
+    real = uopt._start    # where every push_pull of the optimizer begins
 
     def counting(*args, **kw):
         calls[0] += 1
         return real(*args, **kw)
-    us._start = counting
+    uopt._start = counting
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     opt = us.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -182,7 +183,7 @@ def skip_sync(rank, result):
                 opt.step()
         result[how] = {"push_pulls": calls[0],
                        "warnings": [str(w.message) for w in caught]}
-    us._start = real
+    uopt._start = real
     result["params"] = [p.tolist() for p in model.parameters()]
 
 
