@@ -55,7 +55,7 @@ test-sanitize: deps
 	sh tests/sanitize.sh asan
 	sh tests/sanitize.sh tsan
 
-# The fuzzers for ten minutes each (make test runs them for 30 s and 20 s).
+# The fuzzers for ten minutes each (make test runs them for 15 s and 10 s).
 fuzz: deps
 	sh tests/fuzz/run.sh 600 $(BUILD)/fuzz wire
 	sh tests/fuzz/run.sh 600 $(BUILD)/fuzz auth

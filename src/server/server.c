@@ -1,8 +1,8 @@
 /*
  * server.c - the Summation Service: receives pushes, sums them, answers
- * pulls.  This file runs a server (start, accept, stop); the key table and
- * the engines are in engine.c, a worker's connection in conn.c, the state
- * they share in srv_int.h.
+ * pulls.  This file runs a server (start, accept, stop); the key table is
+ * in key.c, the engines in engine.c, a worker's connection in conn.c, the
+ * state they share in srv_int.h.
  *
  * DESIGN.  Threads:
  *   - the main thread accepts worker connections;

@@ -1,7 +1,7 @@
 /*
  * srv_int.h - the server's state and the functions its files share
  * (internal to src/server): server.c runs a server (start, accept, stop);
- * engine.c keeps the key table and the engines that sum; conn.c a
+ * key.c keeps the key table; engine.c the engines that sum; conn.c a
  * worker's connection (receiving and validating every message, sending
  * replies).  See server.c's DESIGN.
  */

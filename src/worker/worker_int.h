@@ -1,11 +1,15 @@
 /*
  * worker_int.h - the worker's state and the functions its files share
- * (internal to src/worker).  worker.c is the C API: init and shutdown,
- * the tensor table, starting and completing operations, the local path's
- * hooks; conns.c the server connections, the PUSH stage and the PULL
- * stage; cuts.c the cuts of a tensor (its declaration with the scheduler),
- * autotune's thread and the hand-off of an operation to its first stage.
- * See worker.c's DESIGN for the data flow and the locks.
+ * (internal to src/worker).  worker.c joins and leaves the job and holds
+ * the local path's hooks; tensor.c the tensor table; pset.c process sets;
+ * op.c operations (filing, starting, waiting, completing); dssync.c and
+ * gather.c the collectives beyond push_pull; conns.c the server
+ * connections, the PUSH stage and the PULL stage; meter.c fit mode's
+ * meter; cuts.c the cuts of a tensor (its declaration with the scheduler),
+ * autotune's thread and the hand-off of an operation to its first stage;
+ * failover.c and join.c their features.  Each section below says which
+ * file defines what it declares.  See worker.c's DESIGN for the data flow
+ * and the locks.
  */
 #ifndef UNISUM_WORKER_INT_H
 #define UNISUM_WORKER_INT_H
@@ -404,9 +408,17 @@ void wk_meter_local(struct worker *w, size_t bytes);
 void wk_meter_read(struct worker *w, double *bw, double *rtt, uint64_t *bytes);
 
 /* conns.c: the connections to the servers, their threads and the PUSH
- * stage's thread; queueing a job on a connection. */
+ * stage's thread; queueing a job on a connection; reconnecting to a lost
+ * server's replacement. */
 void wk_close_conns(struct worker *w);
-/* Failover: the server to send `key`'s jobs to (`placed` unless it
+/* Hands a PUSH_PULL job to the connection of its key's server, following
+ * failovers; fails it when that server is gone for good. */
+void wk_route(struct worker *w, struct wk_job *j);
+int wk_connect_servers(struct worker *w);
+int wk_enqueue(struct wk_conn *c, struct wk_job *j);
+int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n);
+
+/* failover.c: the server to send `key`'s jobs to (`placed` unless it
  * moved; while the hand-over of the server it moved from runs, that one,
  * whose connection parks them; w->lock held), and the FAILOVER callback. */
 uint32_t wk_server_of(const struct worker *w, uint64_t key, uint32_t placed);
@@ -417,7 +429,6 @@ void wk_moved_forget(struct worker *w, uint64_t key, uint32_t n);
 /* A replacement of lost server node->rank: reconnects to it (the
  * REJOIN callback; conns.c does the connecting). */
 void wk_on_rejoin(void *arg, const struct rdv_node *node);
-int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n);
 /* MOVED on connection c: job j's key lives on server `to` from j's round
  * on: declared there (after waiting for its REJOIN, if need be) and
  * retired on c's server.  0 or an error. */
@@ -428,7 +439,7 @@ int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L);
 void wk_kept_free(struct wk_layout *L);
 /* On a lost server's connection thread, once its FAILOVER came: declares
  * each of its partitions this worker pushes on the new server, with a
- * RESTORE (see failover.c).  0 or an error. */
+ * RESTORE.  0 or an error. */
 int wk_hand_over(struct worker *w, int dead);
 /* Cut c of t was just filed (w->lock held): its pieces placed on a lost
  * server whose hand-over ran before it was filed (and so missed it) are
@@ -438,13 +449,9 @@ void wk_redeclare_late(struct worker *w, struct wk_tensor *t, int c);
  * (w->lock held).  wk_gone_kept_free frees them all. */
 void wk_keep_gone(struct worker *w, struct wk_tensor *t);
 void wk_gone_kept_free(struct worker *w);
-/* Hands a PUSH_PULL job to the connection of its key's server, following
- * failovers; fails it when that server is gone for good. */
-void wk_route(struct worker *w, struct wk_job *j);
-int wk_connect_servers(struct worker *w);
-int wk_enqueue(struct wk_conn *c, struct wk_job *j);
-/* gather.c: ring phases.  A partition of phase `done` (0: none) ended; sends the
- * PULLs of the phases whose turn came. */
+
+/* gather.c: ring phases.  A partition of phase `done` (0: none) ended;
+ * sends the PULLs of the phases whose turn came. */
 void wk_phase_step(struct worker *w, struct wk_op *op, int done);
 /* Sends the held first phase of the oldest begun round (pulls_held), if
  * no other operation is in flight (w->lock held). */

@@ -6,9 +6,12 @@
 The architecture document is the living design: every message type of
 src/wire/wire.h, every environment variable (and alias) of the knob table in
 src/config/config.c and every function of include/unisum.h must be named in
-it.  Fails naming each one that is not, and fails when it finds nothing to
-check (a parser that broke must not pass).
+it.  docs/START_HERE.md, the map a newcomer starts from, must name every
+source file of src/, tools/ and python/unisum/ (by its path), and no file
+that is gone.  Fails naming each one that is not, and fails when it finds
+nothing to check (a parser that broke must not pass).
 """
+import glob
 import os
 import re
 import sys
@@ -39,6 +42,37 @@ def functions():
     return sorted(set(re.findall(r"^[a-z][^\n(]*?\b(unisum_[a-z_]+)\(", read("include/unisum.h"), re.M)))
 
 
+def source_files():
+    paths = glob.glob(os.path.join(ROOT, "src", "**", "*.[ch]"), recursive=True)
+    paths += glob.glob(os.path.join(ROOT, "tools", "*.[ch]"))
+    paths += [p for p in glob.glob(os.path.join(ROOT, "python", "unisum", "**", "*.py"),
+                                   recursive=True) if not p.endswith("_version.py")]
+    return sorted(os.path.relpath(p, ROOT) for p in paths)
+
+
+def check_start_here():
+    """The number of problems of docs/START_HERE.md's map, each printed."""
+    doc = read("docs/START_HERE.md")
+    files = source_files()
+    named = set(re.findall(r"`((?:src|tools|python|include)/[\w./-]+)`", doc))
+    # A line may name a file of its directory by its name alone (`_capi.py`).
+    bare = set(re.findall(r"`([\w-]+\.(?:c|h|py))`", doc))
+    problems = 0
+    if not files or not named:
+        print("FAIL found no source files or no named files: the parser no longer matches")
+        return 1
+    for f in files:
+        if f not in named and os.path.basename(f) not in bare:
+            print("FAIL docs/START_HERE.md does not name %s" % f)
+            problems += 1
+    for n in sorted(named):
+        if not os.path.exists(os.path.join(ROOT, n)):
+            print("FAIL docs/START_HERE.md names %s, which is gone" % n)
+            problems += 1
+    print("%d source files in docs/START_HERE.md's map; %d problems" % (len(files), problems))
+    return problems
+
+
 def main():
     doc = read("docs/ARCHITECTURE.md")
     groups = [("message types", message_types()), ("environment variables", knobs()),
@@ -53,6 +87,7 @@ def main():
                 print("FAIL docs/ARCHITECTURE.md does not name %s (one of the %s)" % (name, what))
                 missing += 1
     print("%s; %d missing" % (", ".join("%d %s" % (len(n), w) for w, n in groups), missing))
+    missing += check_start_here()
     sys.exit(1 if missing else 0)
 
 

@@ -1697,6 +1697,20 @@ static void test_fit_mode(void **state)
 	struct job j;
 	job_start_with(&j, 2, 1, 2, 0, 0, fit_mode);
 	each_rank(&j, work_main, work_rounds);
+	/* What fit mode chose: not the configured setting (its credit is 8
+	 * partitions or twice the bandwidth-delay product, never the
+	 * configured 4), and the same on every worker. */
+	unisum_stats st[2];
+	for (int r = 0; r < 2; r++)
+		assert_int_equal(worker_get_stats(j.w[r], &st[r]), 0);
+	print_message("fit mode chose partitions of %llu bytes and a credit of %llu\n",
+		      (unsigned long long)st[0].partition_bytes,
+		      (unsigned long long)st[0].credit_bytes);
+	assert_true(st[0].partition_bytes <= 4096000 && st[0].partition_bytes >= 128 * 1024);
+	assert_true(st[0].credit_bytes != 4 * 4096000);
+	assert_true(st[0].credit_bytes >= 8 * st[0].partition_bytes);
+	assert_int_equal(st[1].partition_bytes, st[0].partition_bytes);
+	assert_int_equal(st[1].credit_bytes, st[0].credit_bytes);
 	job_stop(&j);
 }
 
