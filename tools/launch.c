@@ -171,13 +171,13 @@ static int describe_status(int status, char *buf, size_t len)
 
 /* ---- stopping the job ---------------------------------------------------- */
 
-/* Declares the job failed with `status`: prints the root cause's line (the
- * format's text after "unisum launch: "), then sends SIGTERM to every
- * child, after `delay_ms` (loop_run).  Only the first call acts. */
+/* Declares the job failed with `status`: prints the root cause's line
+ * ("unisum launch: <cause>; stopping the job", the cause being the
+ * format's text), tells the scheduler the cause, then sends SIGTERM to
+ * every child, after `delay_ms` (loop_run).  Only the first call acts. */
 __attribute__((format(printf, 4, 5)))
 static void job_fail_after(struct launcher *l, int64_t delay_ms, int status, const char *fmt, ...)
 {
-	static const char *const stopping[] = { "; stopping the job", "; stopping it" };
 	char why[512];
 	va_list ap;
 
@@ -188,21 +188,14 @@ static void job_fail_after(struct launcher *l, int64_t delay_ms, int status, con
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof why, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "unisum launch: %s\n", why);
+	fprintf(stderr, "unisum launch: %s; stopping the job\n", why);
 	for (int i = l->echo_ms != 0 ? 0 : 1; i < l->nechoes; i++)
 		fprintf(stderr, "unisum launch: then %s\n", l->echoes[i]);
 	/* The scheduler (when it runs here) tells every node this cause, so
 	 * that the connections the stop closes are not reported as failures
 	 * of their own. */
-	if (l->sched != NULL && !l->sched_done) {
-		for (size_t i = 0; i < sizeof stopping / sizeof stopping[0]; i++) {
-			size_t n = strlen(why), k = strlen(stopping[i]);
-
-			if (n > k && strcmp(why + n - k, stopping[i]) == 0)
-				why[n - k] = '\0';
-		}
+	if (l->sched != NULL && !l->sched_done)
 		rdv_scheduler_stop(l->sched, why);
-	}
 	l->term_at_ms = timing_now_ms() + delay_ms;
 	l->termed = delay_ms <= 0;
 	if (l->termed)
@@ -311,13 +304,13 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 	if (code != 0) {
 		int64_t delay = l->node_mode && !l->remote && l->sched == NULL ?
 				LAUNCH_NODE_TERM_DELAY_MS : 0;
-		job_fail_after(l, delay, code, "%s (pid %d) %s; stopping the job", c->name,
+		job_fail_after(l, delay, code, "%s (pid %d) %s", c->name,
 			       (int)c->pid, what);
 		return;
 	}
 	if (l->echo_ms != 0 && child_is_culprit(l, c)) {
 		job_fail(l, 1, "%s (pid %d) exited with status 0 but left the job without "
-			 "unisum_shutdown(); stopping the job", c->name, (int)c->pid);
+			 "unisum_shutdown()", c->name, (int)c->pid);
 		return;
 	}
 	/* A node's server serves the other nodes' workers too: it stops when
@@ -446,7 +439,7 @@ static void signals_handle(struct launcher *l)
 		signal_name(sig, name, sizeof(name));
 		if (!l->stopping) {
 			/* job_fail tells the scheduler: it blames nobody else. */
-			job_fail(l, 128 + sig, "received %s; stopping the job", name);
+			job_fail(l, 128 + sig, "received %s", name);
 		} else if (!l->killed) {
 			fprintf(stderr, "unisum launch: received %s while stopping; killing everything\n",
 				name);
@@ -464,16 +457,16 @@ static void deadlines_check(struct launcher *l, int64_t now)
 		/* The launcher itself is the root cause: job_fail tells the
 		 * scheduler, which then blames none of the processes it stops. */
 		job_fail(l, LAUNCH_EXIT_TIMEOUT,
-			 "the job ran longer than --timeout %g s; stopping it", l->timeout_s);
+			 "the job ran longer than --timeout %g s", l->timeout_s);
 		return;
 	}
 	if (l->echo_ms && now - l->echo_ms >= LAUNCH_BLAME_GRACE_MS) {
 		l->echo_ms = 0;	/* the summary names the first: no "then" line for it */
-		job_fail(l, l->echo_status, "%s; stopping the job", l->echoes[0]);
+		job_fail(l, l->echo_status, "%s", l->echoes[0]);
 		return;
 	}
 	if (l->sched_failed_ms && now - l->sched_failed_ms >= LAUNCH_BLAME_GRACE_MS) {
-		job_fail(l, 1, "the scheduler failed: %s; stopping the job",
+		job_fail(l, 1, "the scheduler failed: %s",
 			 unisum_strerror(l->sched_rc));
 		return;
 	}
@@ -483,7 +476,7 @@ static void deadlines_check(struct launcher *l, int64_t now)
 
 			if (c->running) {
 				job_fail(l, 1, "%s (pid %d) still runs %d s after every "
-					 "worker finished%s; stopping it", c->name, (int)c->pid, LAUNCH_SERVER_GRACE_MS / 1000,
+					 "worker finished%s", c->name, (int)c->pid, LAUNCH_SERVER_GRACE_MS / 1000,
 					 l->sched_done ? "" : " (the scheduler is still waiting "
 					 "for workers: did every worker call unisum_shutdown()?)");
 				return;
@@ -530,8 +523,7 @@ static void remote_stdin_check(struct launcher *l)
 	if (n > 0 || (n < 0 && (errno == EINTR || errno == EAGAIN)))
 		return;
 	l->remote_stdin_open = false;
-	job_fail(l, 1, "the connection to the launcher (ssh or srun) ended; stopping this "
-		 "host's processes");
+	job_fail(l, 1, "the connection to the launcher (ssh or srun) ended");
 }
 
 /* Runs until every child is gone (or, after SIGKILL, given up on). */
@@ -650,7 +642,7 @@ static void children_start(struct launcher *l)
 		int rc = launch_child_spawn(l, c);
 
 		if (rc < 0) {
-			job_fail(l, 1, "cannot start %s: %s; stopping the job", c->name,
+			job_fail(l, 1, "cannot start %s: %s", c->name,
 				 strerror(-rc));
 			break;
 		}
@@ -679,7 +671,7 @@ static int job_run(struct launcher *l, const struct config *cfg)
 	rc = loop_run(l);
 	if (rc < 0) {
 		/* poll() itself failed: nothing can be watched any more. */
-		job_fail(l, 1, "poll: %s; stopping the job", strerror(-rc));
+		job_fail(l, 1, "poll: %s", strerror(-rc));
 		launch_children_signal(l, SIGKILL);
 		for (int i = 0; i < l->nchildren; i++)
 			if (l->children[i].running)

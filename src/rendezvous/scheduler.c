@@ -318,10 +318,9 @@ static bool sched_register_valid(const struct rdv_scheduler *s, const struct rdv
 }
 
 /* A worker's REGISTER m that the job cannot take (no machine named with
- * several workers a machine, a local size unlike the others', UNISUM_RACK
- * set unlike the first worker's): the job fails (the node hears why) and
- * UNISUM_EPROTO closes the connection, logging why.  0 when it can.
- * Called with s->lock held. */
+ * several workers a machine, or a local size unlike the others'): the job
+ * fails (the node hears why) and UNISUM_EPROTO closes the connection,
+ * logging why.  0 when it can.  Called with s->lock held. */
 static int sched_worker_refused(struct rdv_scheduler *s, struct sched_node *n,
 				const struct rdv_register *m, char *why, size_t why_len)
 {
