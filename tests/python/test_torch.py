@@ -373,7 +373,7 @@ def test_sparse_gradients(tmp_path, local_size):
         model, opt = st.make(kind)
         for step in range(st.STEPS):
             opt.zero_grad()
-            loss = sum(st.loss_of(model, *st.batches(r, step)) for r in range(2)) / 2
+            loss = sum(st.loss_of(model, kind, r, step) for r in range(2)) / 2
             loss.backward()
             opt.step()
         for dense in (False, True):

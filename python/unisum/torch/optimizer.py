@@ -41,7 +41,7 @@ import contextlib
 import ctypes
 import os
 import warnings
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, TypeVar,
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar,
                     cast)
 
 import torch
@@ -118,7 +118,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._predivide = float(reduce.get("predivide", 1.0))
         self._sparse_as_dense = bool(reduce.get("sparse_as_dense", False))
         self._process_set = reduce.get("process_set")   # Horovod's object, or None
-        self._sparse: Set[torch.Tensor] = set()     # parameters seen with a sparse gradient
+        # Parameters seen with a sparse gradient, and its sparse_dim.
+        self._sparse: Dict[torch.Tensor, int] = {}
         self._spec: Optional[str] = reduce.get("compression")
         self._pset = int(reduce.get("pset", 0))
         self._members = int(reduce.get("members", size()))
@@ -369,7 +370,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         neither)."""
         grad = cast(torch.Tensor, p.grad)
         if grad.is_sparse:
-            self._sparse.add(p)
+            self._sparse.setdefault(p, grad.sparse_dim())
             if not self._sparse_as_dense:
                 from unisum import _horovod
                 return _horovod.sparse_allreduce_async(
@@ -441,12 +442,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if self._included and p.requires_grad and \
                         (p not in self._handles or self._handles[p][0] is None):
-                    if p.grad is None:
-                        # Unused here: zeros of the kind the others send
-                        # (a sparse one known from an earlier step).
-                        p.grad = torch.zeros_like(p)
-                        if p in self._sparse:
-                            p.grad = p.grad.to_sparse(p.dim())
+                    if p in self._sparse and (p.grad is None or p.grad._nnz() == 0):
+                        # Unused here: an empty sparse gradient shaped like
+                        # the others' (zero_grad leaves a sparse one with
+                        # every dimension sparse).
+                        sd = self._sparse[p]
+                        p.grad = torch.sparse_coo_tensor(
+                            torch.empty((sd, 0), dtype=torch.int64),
+                            torch.empty((0,) + tuple(p.shape[sd:]), dtype=p.dtype), p.shape)
+                    elif p.grad is None:
+                        p.grad = torch.zeros_like(p)    # unused here: zeros
                     self._handles[p] = self._push_pull_grad(p)
 
     def _land(self, p: torch.Tensor, handle: Any, ctx: Any) -> None:

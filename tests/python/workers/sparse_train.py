@@ -11,7 +11,9 @@ batches(), which the test also uses for its single-process reference):
     both kinds: the linear layer's gradient stays in the shared arena (on
     one machine) while the embedding's stays sparse.
 each once with sparse_as_dense=False (indices and values allgathered) and
-once with True (summed dense).  Checks that every sparse gradient is still
+once with True (summed dense).  In the "sgd" model rank 1 skips the
+embedding at one step (loss_of): its contribution is an empty sparse
+gradient shaped like the others'.  Checks that every sparse gradient is still
 sparse after step(), and writes OUTDIR/rank<r>.pt with every final
 parameter, by "<model>.<sparse_as_dense>.<name>".
 """
@@ -46,7 +48,13 @@ def make(kind):
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
 
-def loss_of(model, idx, target):
+def loss_of(model, kind, rank, step):
+    """Rank `rank`'s loss at `step`.  In the "sgd" model rank 1 skips the
+    embedding at step 2 (its linear layer gets zeros): it then sums empty
+    sparse gradients of the kind the others send."""
+    idx, target = batches(rank, step)
+    if kind == "sgd" and rank == 1 and step == 2:
+        return ((model[1](torch.zeros(2, 5, DIM)) - target) ** 2).mean()
     return ((model(idx) - target) ** 2).mean()
 
 
@@ -62,9 +70,8 @@ def main():
             opt = us.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                           sparse_as_dense=dense)
             for step in range(STEPS):
-                idx, target = batches(rank, step)
                 opt.zero_grad()
-                loss_of(model, idx, target).backward()
+                loss_of(model, kind, rank, step).backward()
                 opt.step()
                 assert model[0].weight.grad.is_sparse, (kind, dense, step)
                 if kind == "sgd":
