@@ -2,7 +2,8 @@
 summed over the workers as backward produces them, or the parameters kept
 on the servers (async, SSP) or averaged within groups (dssync).
 
-Sync modes (DistributedOptimizer's ``sync``):
+Sync modes (DistributedOptimizer's ``sync``; each is a strategy object of
+_sync_modes.py, which the optimizer hands step() and synchronize()):
 
 * "sync": lock-step; the gradients are averaged.
 * "async": BytePS's asynchronous training: each step() runs the wrapped
@@ -38,8 +39,6 @@ UNISUM_MIN_COMPRESS_BYTES (64 KiB) and of other dtypes go uncompressed.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
 import warnings
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, TypeVar,
                     cast)
@@ -49,11 +48,11 @@ import torch
 from unisum import _capi
 from unisum._capi import UnisumError
 from unisum.torch.compression import Compression, Compressor
-from unisum.torch._core import (_DTYPES, _flying, _land_flying, _lock, _optimizers, _raise_kept,
-                                _require_init, _starting, _tensors, _wait, local_size, rank, size)
+from unisum.torch._core import (_DTYPES, _land_flying, _lock, _optimizers, _require_init, _tensors,
+                                local_size, rank, size)
 from unisum.torch._memory import zeros_like
-from unisum.torch.ops import (_declared, _in_set, _pset_of, _scaled, _shaped, _start, _sync_mode,
-                              push_pull_async, synchronize)
+from unisum.torch._sync_modes import mode_of
+from unisum.torch.ops import _in_set, _pset_of, _scaled, _shaped, _start, _sync_mode, synchronize
 
 _optimizer_counter = 0        # DistributedOptimizers made so far
 
@@ -139,25 +138,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True  # False inside skip_synchronize()
         self._delay: Dict[torch.Tensor, int] = {}
         self._grad_accs: List[Any] = []
-        # Async (sync="async"): each parameter as this worker last had it
-        # from the servers; a step sends the change since.
-        self._mode = str(reduce.get("sync", "sync"))
-        # dssync:G: each step averages the parameters within a group.
-        self._dssync = self._mode.startswith("dssync:")
-        # async or ssp:S: the servers hold the values.
-        self._async = self._mode != "sync" and not self._dssync
-        self._async_old: Dict[torch.Tensor, torch.Tensor] = {}
-        # Async and dssync: the exchanges in flight, (parameter, pushed,
-        # result, handle, the parameter's version when it started); an
-        # overlapped dssync step leaves its group average here for the
-        # next step() (UNISUM_DSSYNC_OVERLAP: unisum_init checked it).
-        self._dssync_overlap = int(os.environ.get("UNISUM_DSSYNC_OVERLAP", "1") or "1") != 0
-        self._inflight: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]] = []
-        if self._async:
-            self._async_start()
-            return
-        if self._dssync:
-            _optimizers.add(self)   # rejoin() forgets its exchange in flight
+        # How the workers' parameters stay together: a strategy object of
+        # _sync_modes (lock-step, server-held or group-averaged).
+        self._sync = mode_of(self, str(reduce.get("sync", "sync")))
+        if not self._sync.sums_gradients:
             return
         self._register_hooks()
         # Parameters whose home in the shared arena waits for its first
@@ -171,129 +155,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The job re-formed (rejoin): what was in flight is gone, and an
         average is over the new number of workers."""
         self._handles.clear()
-        self._inflight = []     # unisum_rejoin() ended them; their buffers may go
-        _flying.discard(self)
+        self._sync.reset()
         self._synchronized = False
         for p in self._delay:
             self._delay[p] = self._passes
         if self._pset == 0:
             self._members = size()
 
-    def _exchange(self, items: List[Tuple[torch.Tensor, torch.Tensor]], flags: int) -> None:
-        """push_pull of each (parameter, what to push) on the parameter's
-        tensor of this optimizer's sync mode, all at once; loads each
-        result into the parameter (and, async, its last-known copy)."""
-        self._exchange_start(items, flags, copy=False)
-        self._exchange_end()
-
-    def _exchange_start(self, items: List[Tuple[torch.Tensor, torch.Tensor]], flags: int,
-                        copy: bool) -> None:
-        """Starts _exchange's push_pulls, each recorded in self._inflight
-        as soon as it started, for _exchange_end.  `copy` pushes a copy,
-        for a push that stays in flight while the caller goes on with the
-        parameters.  What an interrupted wait left in flight ends first."""
-        self._exchange_end()
-        _flying.add(self)   # _exchange_end drops it once nothing is in flight
-        for p, push in items:
-            if p.is_cuda:
-                raise TypeError("unisum.torch: DistributedOptimizer(sync=%r) keeps parameters on "
-                                "the servers and takes CPU parameters only, for now; "
-                                "lock-step (sync='sync') takes CUDA ones" % self._mode)
-            name = self._mode.split(":")[0] + "." + self._names[id(p)]
-            tid = _declared(name, p.dtype, p.numel(), self._priority.get(id(p), 0),
-                            sync=self._mode)
-            src = push.detach().clone(memory_format=torch.contiguous_format) if copy \
-                else push.detach().contiguous()
-            out = torch.empty_like(src)
-            h = ctypes.c_int64(0)
-            with _starting(h):
-                _capi.check(_capi.lib.unisum_push_pull_async(tid, src.data_ptr(), out.data_ptr(),
-                                                             flags, ctypes.byref(h)),
-                            "unisum.torch: push_pull of '%s'" % name)
-            self._inflight.append((p, src, out, h.value, p._version))
-            _raise_kept()
-
-    def _exchange_end(self) -> None:
-        """Waits for each exchange in flight, in the order they started,
-        and loads its result into its parameter (and, async, its
-        last-known copy), unless the parameter was written since the
-        push started (load_state_dict, a broadcast): the caller's values
-        win.  An interrupted wait (Ctrl-C) leaves the rest in flight, and
-        held, for the next call."""
-        errors = []
-        try:
-            while self._inflight:
-                p, _src, out, handle, version = self._inflight[0]
-                rc = _wait(handle)
-                self._inflight.pop(0)
-                if rc != 0:
-                    errors.append(rc)
-                elif p._version == version:
-                    with torch.no_grad():
-                        p.data.copy_(out.view_as(p))
-                    if self._async:
-                        self._async_old[p] = out.view_as(p).clone()
-        finally:
-            if not self._inflight:
-                _flying.discard(self)
-        if errors:
-            _capi.check(errors[0], "unisum.torch: push_pull (sync=%s)" % self._mode)
-
-    def _dssync_step(self, closure: Optional[Callable[[], float]]) -> Optional[float]:
-        """The wrapped optimizer's step on this worker's own gradients, then
-        each parameter becomes the average over this step's group (as in
-        DS-Sync, parameters rather than gradients: the groups drift apart
-        between global steps, and averaging what they hold is what pulls
-        them together), or over every worker on a global step.
-
-        Overlapped (UNISUM_DSSYNC_OVERLAP=1, the default): the average of
-        what the parameters held when the last step() ended was summed
-        while this step's forward and backward ran on those same values;
-        it is loaded now and this step's update applied on top, and the
-        new values' average starts and is left in flight (D-PSGD's
-        x' = W x - lr g(x), where the sketch's form is W (x - lr g(x))).
-        The communication then hides behind the next step's compute, as
-        lock-step's gradient sums hide behind backward.  With a closure
-        the average is loaded before the closure runs: its gradient is
-        taken at the average, and nothing overlaps."""
-        self._exchange_end()
-        loss = super(self._unisum_class, self).step(closure)
-        self._exchange_start([(p, p.data) for group in self.param_groups for p in group["params"]],
-                             _capi.AVERAGE, copy=self._dssync_overlap)
-        if not self._dssync_overlap:
-            self._exchange_end()
-        return loss
+    def _base_step(self, closure: Optional[Callable[[], float]]) -> Optional[float]:
+        """The wrapped optimizer's own step (for the sync modes)."""
+        return super(self._unisum_class, self).step(closure)
 
     def global_average(self) -> None:
         """Averages every parameter over all workers now (DS-Sync's global
         step, e.g. at the end of training): every replica is then the
         same, bit for bit.  Lock-step and async optimizers have nothing to
         do."""
-        if not self._dssync:
-            return
-        self._exchange_end()
-        handles = [(p, push_pull_async(p.data, average=True,
-                                       name="dssync.global." + self._names[id(p)]))
-                   for group in self.param_groups for p in group["params"]]
-        for p, h in handles:
-            out = synchronize(h)
-            with torch.no_grad():
-                p.data.copy_(out.view_as(p))
-
-    def _async_start(self) -> None:
-        """Every parameter's first push: rank 0's values become the servers'
-        (the others' are dropped), and every worker loads them."""
-        self._exchange([(p, p.data) for group in self.param_groups for p in group["params"]], 0)
-
-    def _async_step(self, closure: Optional[Callable[[], float]]) -> Optional[float]:
-        """The wrapped optimizer's step on this worker's own gradients, then
-        the change it made goes to the servers as a delta (added at once,
-        no worker waiting for another), and the parameters become the
-        servers' values as they stand."""
-        loss = super(self._unisum_class, self).step(closure)
-        self._exchange([(p, p.data - self._async_old[p]) for group in self.param_groups
-                        for p in group["params"]], 0)
-        return loss
+        self._sync.global_average()
 
     def _share_gradients(self) -> None:
         """Gives every gradient that does not exist yet a zeroed home in the
@@ -422,11 +300,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             UnisumError: When a gradient's sum fails, or a gradient's name,
                 dtype or size differs between the workers.
         """
-        if self._dssync:
-            self._exchange_end()    # the group average in flight, if any, loaded
-            return
-        if self._async:
-            return      # nothing is summed: step() sends its changes
+        self._sync.synchronize()
+
+    def _synchronize_gradients(self) -> None:
+        """synchronize() of lock-step (the sync mode's)."""
         self._start_missing()
         for p, (handle, ctx, _) in self._handles.items():
             self._land(p, handle, ctx)
@@ -522,10 +399,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Raises:
             UnisumError: When a gradient's sum fails (see synchronize()).
         """
-        if self._async:
-            return self._async_step(closure)
-        if self._dssync:
-            return self._dssync_step(closure)
+        return self._sync.step(closure)
+
+    def _lock_step(self, closure: Optional[Callable[[], float]]) -> Optional[float]:
+        """step() of lock-step (the sync mode's)."""
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
