@@ -96,7 +96,7 @@ static void wk_job_finish(struct wk_job *j, int err, const char *why)
 {
 	struct worker *w = j->op->w;
 	bool released_now = !j->credit_back;
-	size_t inflight = released_now ? sched_release(&w->push_q, j->entry.bytes) : 0;
+	size_t inflight = released_now ? pushq_release(&w->push_q, j->entry.bytes) : 0;
 	struct wk_op *op = j->op;
 	if (op->traced) {
 		int64_t now = trace_now_us();
@@ -116,15 +116,15 @@ static void wk_job_finish(struct wk_job *j, int err, const char *why)
 	if (j->nothing) {	/* failed before its acknowledgement */
 		j->nothing = false;
 		pthread_mutex_lock(&w->lock);
-		wk_nothing_pushed(w, op);
+		w->up->nothing_pushed(w, op);
 		pthread_mutex_unlock(&w->lock);
 	}
 	if (j->phase > 0)
-		wk_phase_step(w, op, j->phase);
+		w->up->phase_step(w, op, j->phase);
 	if (op->local != NULL)
 		local_pulled(op->local, j->part, err, why);
 	else
-		wk_op_part_done(op, err, why);
+		w->up->part_done(op, err, why);
 	free(j);
 }
 
@@ -349,7 +349,7 @@ static struct wk_job *wk_conn_drain(struct wk_conn *c)
 static void wk_conn_hand_over(struct wk_conn *c, struct wk_job *all)
 {
 	struct worker *w = c->w;
-	int rc = wk_hand_over(w, c->server);
+	int rc = w->up->hand_over(w, c->server);
 	if (rc != 0) {
 		char msg[300];
 		snprintf(msg, sizeof msg, "worker %d cannot move the work of lost %s: %s", w->rank,
@@ -478,7 +478,7 @@ static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg
 	pthread_mutex_unlock(&c->lock);
 	if (nothing_op != NULL) {
 		pthread_mutex_lock(&w->lock);
-		wk_nothing_pushed(w, nothing_op);
+		w->up->nothing_pushed(w, nothing_op);
 		pthread_mutex_unlock(&w->lock);
 	}
 	if (!ok) {
@@ -490,7 +490,7 @@ static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg
 		wk_meter_acked(w, bytes, sent);
 	else if (wk_metering(w) && c->tp == transport_ipc())
 		wk_meter_local(w, bytes);
-	size_t inflight = sched_release(&w->push_q, bytes);
+	size_t inflight = pushq_release(&w->push_q, bytes);
 	if (traced) {
 		int64_t now = trace_now_us();
 		trace_span(TRACE_INFLIGHT, 0, 0, step, 0, inflight, 0, now, now);
@@ -655,10 +655,10 @@ static int wk_on_moved(struct wk_conn *c, const struct wire_hdr *h, char *msg, s
 	}
 	if (!j->credit_back) {
 		j->credit_back = true;
-		sched_release(&w->push_q, j->entry.bytes);
+		pushq_release(&w->push_q, j->entry.bytes);
 	}
 	j->repushed = true;
-	int rc = wk_move_key(w, c, j, (int)h->aux);
+	int rc = w->up->move_key(w, c, j, (int)h->aux);
 	if (rc != 0) {
 		snprintf(msg, len, "worker %d cannot move key 0x%llx to server %u: %s", w->rank,
 			 (unsigned long long)h->key, h->aux, log_last_error());
@@ -723,7 +723,7 @@ void *wk_push_main(void *arg)
 {
 	struct worker *w = arg;
 	for (;;) {
-		struct sched_entry *e = sched_pop(&w->push_q);
+		struct pushq_entry *e = pushq_pop(&w->push_q);
 		if (e == NULL)
 			return NULL;
 		struct wk_job *j = (struct wk_job *)((char *)e - offsetof(struct wk_job, entry));
@@ -740,13 +740,20 @@ void *wk_push_main(void *arg)
 	}
 }
 
+size_t wk_push_bytes(const struct wk_tensor *t, uint64_t count, const struct compress_state *cs)
+{
+	if (cs == NULL)
+		return (size_t)count * t->esize;
+	return compress_codec_of(cs->spec.kind)->bytes(&cs->spec, (size_t)count);
+}
+
 void wk_route(struct worker *w, struct wk_job *j)
 {
 	for (int hops = 0;; hops++) {
 		if (atomic_load(&w->any_moved)) {
 			/* A failover moved keys: its key may live elsewhere. */
 			pthread_mutex_lock(&w->lock);
-			j->server = (int)wk_server_of(w, j->key, (uint32_t)j->server);
+			j->server = (int)w->up->server_of(w, j->key, (uint32_t)j->server);
 			pthread_mutex_unlock(&w->lock);
 		}
 		struct wk_conn *c = &w->conns[j->server];
@@ -771,7 +778,7 @@ void wk_route(struct worker *w, struct wk_job *j)
 		pthread_mutex_lock(&w->lock);
 		uint32_t to = (uint32_t)j->server;
 		if (moved)
-			to = wk_server_of(w, j->key, to);
+			to = w->up->server_of(w, j->key, to);
 		/* The key went back to a lost server's replacement (MIGRATE)
 		 * whose REJOIN this worker has not followed yet: wait for it. */
 		bool back = false;

@@ -47,7 +47,7 @@ static void wk_tune_fail_job(void *arg, int err, const char *why)
 static void wk_tune_set_credit(void *arg, uint64_t credit)
 {
 	struct worker *w = arg;
-	sched_set_credit(&w->push_q, credit);
+	pushq_set_credit(&w->push_q, credit);
 }
 
 static void wk_tune_measure(void *arg, double *bw, double *rtt, uint64_t *bytes)
@@ -228,13 +228,6 @@ void wk_layout_free_cs(struct wk_layout *L)
 		compress_state_free(&L->cs[i]);
 	free(L->cs);
 	L->cs = NULL;
-}
-
-size_t wk_push_bytes(const struct wk_tensor *t, uint64_t count, const struct compress_state *cs)
-{
-	if (cs == NULL)
-		return (size_t)count * t->esize;
-	return compress_codec_of(cs->spec.kind)->bytes(&cs->spec, (size_t)count);
 }
 
 /* ---- autotune ---------------------------------------------------------- */
@@ -561,7 +554,7 @@ void wk_launch(struct wk_op *op, const struct wk_layout *L)
 			continue;
 		}
 		if (j != NULL)
-			rc = sched_push(&w->push_q, &j->entry);
+			rc = pushq_push(&w->push_q, &j->entry);
 		if (rc != 0) {
 			/* The operation fails; partitions already queued finish on their own. */
 			free(j);

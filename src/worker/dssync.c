@@ -15,7 +15,7 @@
 #include "placement/placement.h"
 #include "reducer/reducer.h"
 #include "rendezvous/rendezvous.h"
-#include "sched/sched.h"
+#include "pushq/pushq.h"
 #include "trace/trace.h"
 #include "shm/shm.h"
 #include "timing/timing.h"

@@ -15,7 +15,7 @@
 #include "placement/placement.h"
 #include "reducer/reducer.h"
 #include "rendezvous/rendezvous.h"
-#include "sched/sched.h"
+#include "pushq/pushq.h"
 #include "trace/trace.h"
 #include "shm/shm.h"
 #include "timing/timing.h"
@@ -339,7 +339,7 @@ static void wk_queue_held(struct worker *w, struct wk_op *op, struct wk_job *hel
 		struct wk_job *j = held;
 		held = j->next;
 		j->next = NULL;
-		int rc = sched_push(&w->push_q, &j->entry);
+		int rc = pushq_push(&w->push_q, &j->entry);
 		if (rc != 0) {
 			free(j);
 			char why[512];
@@ -629,60 +629,4 @@ int worker_alltoall_async(struct worker *w, int tensor, const void *in, void *ou
 		return rc;
 	}
 	return wk_start(w, tensor, &tmpl, h);
-}
-
-/* Sends the PULLs of op's phases whose turn came (w->lock held). */
-static void wk_phases_send(struct worker *w, struct wk_op *op)
-{
-	if (op->pulls_held)
-		return;
-	int from = atomic_load(&op->phase_sent) + 1, to = from - 1;
-	while (to + 1 < op->nphases && op->phase_left[to] <= 1)
-		to++;
-	atomic_store(&op->phase_sent, to);
-	/* Their jobs were made ahead: nothing here can fail but a dead
-	 * connection, whose jobs fail with it.  Not once the connections
-	 * close (wk_close_conns, which destroys them one by one while the
-	 * others' jobs fail): the operation frees what is left. */
-	for (int i = 0; to >= from && w->conns_live && i < op->npulls; i++) {
-		struct wk_job *j = op->pulls[i];
-		if (j == NULL || j->phase < from || j->phase > to)
-			continue;
-		op->pulls[i] = NULL;
-		if (wk_enqueue(&w->conns[j->server], j) != 0)
-			free(j);
-	}
-}
-
-void wk_phase_step(struct worker *w, struct wk_op *op, int done)
-{
-	pthread_mutex_lock(&w->lock);
-	if (done > 0)
-		op->phase_left[done]--;
-	wk_phases_send(w, op);
-	pthread_mutex_unlock(&w->lock);
-}
-
-void wk_begun_go(struct worker *w, struct wk_op *op)
-{
-	if (!op->pulls_held)
-		return;
-	op->pulls_held = false;
-	wk_phases_send(w, op);
-}
-
-void wk_begun_release(struct worker *w)
-{
-	struct wk_op *oldest = NULL;
-	for (int i = 0; i < w->nops; i++) {
-		struct wk_op *o = w->ops[i];
-		if (o->done)
-			continue;
-		if (!o->pulls_held)
-			return;		/* another round receives */
-		if (oldest == NULL || o->handle < oldest->handle)
-			oldest = o;
-	}
-	if (oldest != NULL)
-		wk_begun_go(w, oldest);
 }

@@ -156,7 +156,15 @@ static inline int lc_rank_of(const struct local *lc, int q)
  * < 0 failed (op->why says why). */
 typedef int (*lc_cond_fn)(struct local_op *op, void *arg);
 
-/* local.c: errors and waits */
+/* local_wait.c: the table.  Rank q's entry of `key`, or NULL; freeing
+ * an entry every rank retired (lc_bury, and lc_reclaim for all such of
+ * this rank's); this rank's entry for `key`, a new one (*fresh) when it
+ * had none (lc_claim; NULL: the table is full).  Then a local
+ * operation's errors and its waits. */
+struct lc_entry *lc_find(struct local *lc, int q, uint64_t key);
+void lc_bury(struct local *lc, struct lc_entry *e);
+void lc_reclaim(struct local *lc);
+struct lc_entry *lc_claim(struct local *lc, uint64_t key, bool *fresh);
 int lc_cond_posted(struct local_op *op, void *arg);
 int lc_cond_reduced(struct local_op *op, void *arg);
 int lc_cond_staged(struct local_op *op, void *arg);

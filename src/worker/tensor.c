@@ -15,7 +15,7 @@
 #include "placement/placement.h"
 #include "reducer/reducer.h"
 #include "rendezvous/rendezvous.h"
-#include "sched/sched.h"
+#include "pushq/pushq.h"
 #include "trace/trace.h"
 #include "shm/shm.h"
 #include "timing/timing.h"
@@ -338,4 +338,24 @@ void wk_tensor_free(struct wk_tensor *t)
 	free(t->ranks);
 	free(t->dssync_live);
 	free(t);
+}
+
+int worker_declare_in(struct worker *w, int set, const char *name, unisum_dtype dtype,
+		      size_t count, const struct rdv_shape *shape, int priority)
+{
+	if (wk_require_init(w) != 0)
+		return UNISUM_ENOTINIT;
+	if (name == NULL || name[0] == '\0' || strlen(name) >= sizeof ((struct wk_tensor *)0)->name)
+		return log_fail(UNISUM_EINVAL, "unisum_declare: the name must have 1 to 255 characters");
+	char wire[sizeof ((struct wk_tensor *)0)->name];
+	int *ranks = NULL, nranks = 0;
+	if (set != 0) {
+		int rc;
+		ranks = wk_pset_for(w, set, name, wire, sizeof wire, &nranks, &rc);
+		if (ranks == NULL)
+			return rc;
+		name = wire;
+	}
+	return wk_declare(w, name, dtype, count, shape, priority, ranks, nranks, WIRE_SYNC_LOCKSTEP,
+			  NULL);
 }

@@ -18,7 +18,7 @@
  * local rank has the result; with one machine in the job nothing goes to
  * a server at all.  The PUSH stage is one thread taking partitions from a queue
  * ordered by (priority, key) and gated by the credit
- * (UNISUM_SCHEDULING_CREDIT bytes in flight, src/sched): a high-priority
+ * (UNISUM_SCHEDULING_CREDIT bytes in flight, src/pushq): a high-priority
  * partition queued behind a long low-priority backlog is the next one out
  * as soon as any credit comes back, and no more bytes than the credit ever
  * wait in the sockets.  It hands each partition to its server's
@@ -55,7 +55,7 @@
 #include "placement/placement.h"
 #include "reducer/reducer.h"
 #include "rendezvous/rendezvous.h"
-#include "sched/sched.h"
+#include "pushq/pushq.h"
 #include "trace/trace.h"
 #include "shm/shm.h"
 #include "timing/timing.h"
@@ -121,7 +121,7 @@ static void wk_local_push(void *ctx, uint32_t part)
 				     .divisor = (op->flags & UNISUM_AVERAGE) ? w->size : 1,
 				     .skip_pull = !pull, .wire_op = op->wire_op, .cs = cs, .op = op,
 				     .t_queued = op->traced ? trace_now_us() : 0};
-		rc = sched_push(&w->push_q, &j->entry);
+		rc = pushq_push(&w->push_q, &j->entry);
 	}
 	if (rc != 0) {
 		free(j);
@@ -217,12 +217,6 @@ static int wk_local_start(struct worker *w)
 
 /* ---- joining and leaving -------------------------------------------------- */
 
-/* 0 while w is in its job, else UNISUM_ENOTINIT with a message. */
-int wk_require_init(const struct worker *w)
-{
-	return w != NULL && w->initialized ? 0 : log_fail(UNISUM_ENOTINIT, "call unisum_init() first");
-}
-
 static void wk_free_all(struct worker *w)
 {
 	for (int i = 0; i < w->ntensors; i++)
@@ -247,8 +241,20 @@ static void wk_free_all(struct worker *w)
 	w->npsets = w->next_pset = 0;
 }
 
+/* The connection layer's calls up (worker_int.h): the worker is where
+ * the layers meet, so it is the one that knows them all. */
+static const struct wk_conn_upcalls wk_upcalls = {
+	.part_done = wk_op_part_done,
+	.phase_step = wk_phase_step,
+	.nothing_pushed = wk_nothing_pushed,
+	.hand_over = wk_hand_over,
+	.move_key = wk_move_key,
+	.server_of = wk_server_of,
+};
+
 /* A worker not yet in a job: its locks, and its conditions, whose timed
- * waits run on the monotonic clock.  NULL when out of memory. */
+ * waits run on the monotonic clock, and the connection layer's calls up.
+ * NULL when out of memory. */
 static struct worker *wk_new(const struct config *cfg)
 {
 	struct worker *w = calloc(1, sizeof *w);
@@ -262,6 +268,7 @@ static struct worker *wk_new(const struct config *cfg)
 	timing_cond_init(&w->join_cond);
 	pthread_cond_init(&w->tune_cond, NULL);
 	w->cfg = *cfg;
+	w->up = &wk_upcalls;
 	return w;
 }
 
@@ -329,7 +336,7 @@ static int wk_join_job(struct worker *w)
 	rdv_client_on_failover(w->rdv, wk_on_failover, w);
 	rdv_client_on_rejoin(w->rdv, wk_on_rejoin, w);
 	if (rc == 0)
-		rc = sched_init(&w->push_q, w->cfg.credit_bytes);
+		rc = pushq_init(&w->push_q, w->cfg.credit_bytes);
 	if (rc != 0) {
 		/* The client's reader thread hands TUNEs to the tuner: it goes first. */
 		rdv_client_free(w->rdv);
@@ -344,7 +351,7 @@ static int wk_join_job(struct worker *w)
 /* Undoes wk_join_job (every thread that uses them stopped). */
 static void wk_unjoin(struct worker *w)
 {
-	sched_fini(&w->push_q);
+	pushq_fini(&w->push_q);
 	rdv_client_free(w->rdv);	/* before the tuner: see wk_join_job */
 	w->rdv = NULL;
 	tune_free(w->tuner);
@@ -382,22 +389,6 @@ out_free:
 	return rc;
 }
 
-bool wk_busy_but_nothing(const struct worker *w, bool pushed)
-{
-	for (int i = 0; i < w->nops; i++) {
-		const struct wk_op *op = w->ops[i];
-		if (!op->done && (!op->nothing || (pushed && op->nothing_unacked > 0)))
-			return true;
-	}
-	return false;
-}
-
-void wk_nothing_pushed(struct worker *w, struct wk_op *op)
-{
-	if (op->nothing_unacked > 0 && --op->nothing_unacked == 0)
-		pthread_cond_broadcast(&w->done_cond);
-}
-
 int worker_leave(struct worker *w)
 {
 	if (wk_require_init(w) != 0)
@@ -420,7 +411,7 @@ int worker_leave(struct worker *w)
 		pthread_join(w->tune_thread, NULL);
 	w->tune_started = false;
 	local_stop(lc);
-	sched_close(&w->push_q);
+	pushq_close(&w->push_q);
 	if (w->push_started)
 		pthread_join(w->push_thread, NULL);
 	w->push_started = false;
@@ -513,8 +504,8 @@ int worker_get_stats(struct worker *w, unisum_stats *out)
 		return UNISUM_ENOTINIT;
 	if (out == NULL)
 		return log_fail(UNISUM_EINVAL, "unisum_get_stats: out must not be NULL");
-	struct sched_stats st;
-	sched_stats(&w->push_q, &st);
+	struct pushq_stats st;
+	pushq_stats(&w->push_q, &st);
 	uint64_t pbytes = tune_partition_bytes(w->tuner);
 	*out = (unisum_stats){.credit_bytes = st.credit, .partition_bytes = pbytes,
 			      .max_inflight_bytes = st.max_inflight, .partitions_sent = st.taken,

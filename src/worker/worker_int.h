@@ -21,9 +21,10 @@
 
 #include "compress/compress.h"
 #include "config/config.h"
+#include "log/log.h"
 #include "placement/placement.h"
 #include "rendezvous/rendezvous.h"
-#include "sched/sched.h"
+#include "pushq/pushq.h"
 #include "transport/transport.h"
 #include "unisum.h"
 #include "worker/local.h"
@@ -210,7 +211,7 @@ struct wk_op {
 enum wk_job_type { JOB_DECLARE, JOB_PUSH_PULL, JOB_RETIRE, JOB_RESTORE, JOB_PULL };
 
 struct wk_job {
-	struct sched_entry entry;	/* PUSH_PULL: priority, key, bytes, order */
+	struct pushq_entry entry;	/* PUSH_PULL: priority, key, bytes, order */
 	int type;			/* enum wk_job_type */
 	int server;			/* the connection it goes to */
 	uint32_t part;			/* partition index within its tensor */
@@ -294,6 +295,28 @@ struct wk_pset {
 	int *ranks;			/* sorted, owned */
 };
 
+/* What the connection layer (conns.c) tells the layers above it.  It
+ * calls them only through this table, which the worker fills as it is
+ * made (worker.c, wk_new), so conns.c needs nothing above it to build
+ * and the layers form no circle: failover.c, op.c, gather.c and join.c
+ * call down into conns.c, and conns.c calls up through here. */
+struct wk_conn_upcalls {
+	/* A partition of op ended (err 0 or negative): op.c's
+	 * wk_op_part_done. */
+	void (*part_done)(struct wk_op *op, int err, const char *why);
+	/* A partition of ring phase `done` ended: gather.c's wk_phase_step. */
+	void (*phase_step)(struct worker *w, struct wk_op *op, int done);
+	/* A ZERO push for op was acknowledged, or failed first (w->lock
+	 * held): worker.c's wk_nothing_pushed. */
+	void (*nothing_pushed)(struct worker *w, struct wk_op *op);
+	/* Failover (failover.c): a lost server's partitions declared where
+	 * they moved (wk_hand_over); a MOVED job's key declared on `to`
+	 * (wk_move_key); where a key lives now (wk_server_of, w->lock held). */
+	int (*hand_over)(struct worker *w, int dead);
+	int (*move_key)(struct worker *w, struct wk_conn *c, struct wk_job *j, int to);
+	uint32_t (*server_of)(const struct worker *w, uint64_t key, uint32_t placed);
+};
+
 /* One worker: a rank of the job.  The C API of unisum.h drives the
  * process's one; tests may run several in a process (worker.h). */
 struct worker {
@@ -302,6 +325,7 @@ struct worker {
 	pthread_cond_t failed_cond;	/* `failed` was set */
 	bool initialized;		/* in its job: between worker_join and worker_leave */
 	struct config cfg;
+	const struct wk_conn_upcalls *up;	/* conns.c's calls up (wk_new sets it) */
 	struct rdv_client *rdv;
 	int rank, size, nservers;
 	bool local;			/* several workers on this machine: src/worker/local.c */
@@ -319,7 +343,7 @@ struct worker {
 	struct wk_op **ops;		/* operations not yet released */
 	int nops, capops;
 	unisum_handle next_handle;
-	struct sched_queue push_q;	/* the PUSH stage: priority and credit */
+	struct pushq push_q;	/* the PUSH stage: priority and credit */
 	struct tuner *tuner;		/* the settings of each epoch (src/worker/tune.c) */
 	struct wk_meter meter;		/* fit mode: what crossed the network (conns.c) */
 	_Atomic uint64_t operations;	/* collectives completed without an error */
@@ -386,16 +410,24 @@ struct worker {
 	pthread_cond_t join_cond;	/* announced, join_done or failed changed */
 };
 
-/* op.c: completing a partition of an operation (err 0 or negative);
- * whether this machine pushes data for the partition [offset, offset +
- * count) and pulls its result; zeroing what is not this rank's in the
- * partitions it pushes (allgather, alltoall); a partition's place in the
- * PUSH stage's order. */
-void wk_op_part_done(struct wk_op *op, int err, const char *why);
-void wk_job_sets(const struct wk_op *op, uint64_t offset, uint64_t count, bool *push,
-		 bool *pull);
-void wk_zero_pushed(const struct wk_op *op, const struct wk_layout *L);
-uint64_t wk_push_order(const struct wk_op *op, const struct wk_layout *L, uint32_t part);
+/*
+ * The files below declare what they share in the order they are layered,
+ * lowest first: each calls only the files above it in this list (and the
+ * modules outside src/worker), never one further down.  The connection
+ * layer calls up only through w->up (struct wk_conn_upcalls).
+ *
+ *   meter.c, conns.c, failover.c, phase.c, part.c, members.c, announce.c,
+ *   cuts.c, tensor.c, dssync.c, op.c, gather.c, join.c, pset.c, worker.c
+ *
+ * api.c (unisum.h's functions) sits on top of them all; local*.c (the
+ * machine's shared memory) below them all.
+ */
+
+/* UNISUM_ENOTINIT (logged) unless w has joined its job. */
+static inline int wk_require_init(const struct worker *w)
+{
+	return w != NULL && w->initialized ? 0 : log_fail(UNISUM_ENOTINIT, "call unisum_init() first");
+}
 
 /* meter.c: fit mode's meter (worker 0 with UNISUM_AUTOTUNE=2): whether
  * this worker meters; a data push about to go out on c; a metered push
@@ -408,8 +440,8 @@ void wk_meter_local(struct worker *w, size_t bytes);
 void wk_meter_read(struct worker *w, double *bw, double *rtt, uint64_t *bytes);
 
 /* conns.c: the connections to the servers, their threads and the PUSH
- * stage's thread; queueing a job on a connection; reconnecting to a lost
- * server's replacement. */
+ * stage's thread (wk_push_main); queueing a job on a connection;
+ * reconnecting to a lost server's replacement. */
 void wk_close_conns(struct worker *w);
 /* Hands a PUSH_PULL job to the connection of its key's server, following
  * failovers; fails it when that server is gone for good. */
@@ -417,6 +449,9 @@ void wk_route(struct worker *w, struct wk_job *j);
 int wk_connect_servers(struct worker *w);
 int wk_enqueue(struct wk_conn *c, struct wk_job *j);
 int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n);
+void *wk_push_main(void *arg);
+/* What a push of count elements of t puts on the wire (cs NULL: raw). */
+size_t wk_push_bytes(const struct wk_tensor *t, uint64_t count, const struct compress_state *cs);
 
 /* failover.c: the server to send `key`'s jobs to (`placed` unless it
  * moved; while the hand-over of the server it moved from runs, that one,
@@ -450,7 +485,7 @@ void wk_redeclare_late(struct worker *w, struct wk_tensor *t, int c);
 void wk_keep_gone(struct worker *w, struct wk_tensor *t);
 void wk_gone_kept_free(struct worker *w);
 
-/* gather.c: ring phases.  A partition of phase `done` (0: none) ended;
+/* phase.c: ring phases.  A partition of phase `done` (0: none) ended;
  * sends the PULLs of the phases whose turn came. */
 void wk_phase_step(struct worker *w, struct wk_op *op, int done);
 /* Sends the held first phase of the oldest begun round (pulls_held), if
@@ -458,19 +493,98 @@ void wk_phase_step(struct worker *w, struct wk_op *op, int done);
 void wk_begun_release(struct worker *w);
 /* Sends begun round op's held first phase now (w->lock held). */
 void wk_begun_go(struct worker *w, struct wk_op *op);
-/* Whether an operation of w->ops is in flight but those supplied nothing
- * (w->lock held): unisum_join waits for the others only; with `pushed`,
- * for those too until their ZERO pushes are acknowledged (unisum_shutdown:
- * their rounds need no more of this worker, and it must not wait for the
- * others' rows, which may never come). */
-bool wk_busy_but_nothing(const struct worker *w, bool pushed);
+
+/* part.c: an operation's partitions.  Completing one (err 0 or negative);
+ * whether this machine pushes data for the partition [offset, offset +
+ * count) and pulls its result; zeroing what is not this rank's in the
+ * partitions it pushes (allgather, alltoall); a partition's place in the
+ * PUSH stage's order; freeing an operation (or what a template owns). */
+void wk_op_part_done(struct wk_op *op, int err, const char *why);
+void wk_job_sets(const struct wk_op *op, uint64_t offset, uint64_t count, bool *push,
+		 bool *pull);
+void wk_zero_pushed(const struct wk_op *op, const struct wk_layout *L);
+uint64_t wk_push_order(const struct wk_op *op, const struct wk_layout *L, uint32_t part);
 /* A ZERO push of wk_supply_nothing's for operation op was acknowledged,
  * or its job failed first (w->lock held). */
 void wk_nothing_pushed(struct worker *w, struct wk_op *op);
-/* Queues the held jobs of the operations begun and not supplied (unisum_
- * allgather_begin) as ZERO pushes: unisum_join and unisum_shutdown wait
- * for every operation, which those could never complete otherwise. */
-void wk_supply_nothing(struct worker *w);
+void wk_op_free_owned(const struct wk_op *op);
+void wk_op_free(struct wk_op *op);
+
+/* members.c: connections to every server for a rank that is no local root
+ * (a process set's member pushes itself), opened once. */
+int wk_ensure_conns(struct worker *w);
+/* A process set's wire name for the user's `name`: a prefix hashing its
+ * ranks.  0, or an error (logged) naming `what` when it does not fit. */
+int wk_set_wire_name(const int *ranks, int n, const char *name, char *wire, size_t len,
+		     const char *what);
+/* Worker rank r's UNISUM_RACK as it registered (-1: none or unknown), and
+ * the rack of all of ranks[0..n) or of all but one, when that is more
+ * than half (-1: none is): a process set's tensors go on that rack's
+ * servers. */
+int wk_rank_rack(struct worker *w, int r);
+int wk_set_rack(struct worker *w, const int *ranks, int n);
+/* The ranks of process set `set` (a copy, *n of them) for tensor `name`
+ * of it, with its wire name in wire (len bytes), its connections open;
+ * NULL with *rc set (logged). */
+int *wk_pset_for(struct worker *w, int set, const char *name, char *wire, size_t len,
+		 int *n, int *rc);
+
+/* announce.c: the scheduler's join events; which collectives a joined
+ * worker contributes to (the reductions), and their announcement; a
+ * stranded gathering collective's poison; the lives of names. */
+#define WK_RETIRED 4096
+uint64_t wk_name_hash(const char *name);
+void wk_note_retired(struct worker *w, const char *name, uint64_t life, uint32_t rounds);
+uint64_t wk_next_life(struct worker *w, const char *name);
+bool wk_reduces(uint32_t wire_op);
+bool wk_join_runs(uint32_t wire_op);
+void wk_announce_fill(const struct wk_op *op, struct rdv_announce *a);
+void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a);
+void wk_join_poison(struct worker *w, uint64_t key, const char *tensor, int rank);
+
+/* cuts.c: declaring a cut, retiring cuts, the autotune thread and its
+ * hooks, handing an operation to its first stage or failing it before. */
+int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
+	   const struct wk_segs *segs, struct wk_layout *L);
+const struct wk_layout *wk_homed_cut(struct wk_tensor *t, const struct wk_segs *segs, int *rc);
+void wk_launch(struct wk_op *op, const struct wk_layout *L);
+void wk_on_tune(void *arg, const struct rdv_tune *t);
+void wk_op_fail(struct wk_op *op, int err, const char *what);
+void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L);
+void *wk_tune_main(void *arg);
+const struct wk_layout *wk_tuned_cut(struct wk_op *op, bool wait, int *rc);
+int wk_tuner_new(struct worker *w);
+/* A compressed tensor's state of partition `part` of cut L, set up at its
+ * first push (the layout's cs); NULL for an uncompressed tensor, or with
+ * *rc = UNISUM_ENOMEM.  wk_layout_free_cs frees a cut's. */
+struct compress_state *wk_comp_state(const struct wk_tensor *t, const struct wk_layout *L,
+				     uint32_t part, int *rc);
+void wk_layout_free_cs(struct wk_layout *L);
+
+/* The flags that choose a reduction other than the sum. */
+#define WK_OP_FLAGS (UNISUM_MIN | UNISUM_MAX | UNISUM_PRODUCT)
+
+/* tensor.c: the tensor table.  Files t under an id (see tensor.c). */
+int wk_tensor_insert(struct wk_tensor *t, bool *filed);
+/* The id of tensor `name` if w has it (UNISUM_EMISMATCH when with another
+ * shape or sync mode), or -1. */
+int wk_tensor_known(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
+		    uint32_t sync, const char *comp);
+/* Declares a tensor in the process set `ranks` (nranks 0: the global set):
+ * its id, or an error (logged). */
+int wk_declare(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
+	       const struct rdv_shape *shape, int priority, int *ranks, int nranks,
+	       uint32_t sync, const struct compress_spec *comp);
+/* Forgets tensor `tensor` here and, with `retire`, at the scheduler and
+ * servers once every worker has. */
+int wk_undeclare(struct worker *w, int tensor, bool retire);
+void wk_tensor_free(struct wk_tensor *t);
+
+/* dssync.c: divide and shuffle.  The tensor this step's push_pull of
+ * `tensor` goes to (its group's), and the step it took. */
+int wk_dssync_target(struct worker *w, int tensor, int *target, uint64_t *taken);
+/* Undeclares dssync group set tensor `id` (-1: nothing) after its step. */
+void wk_dssync_retire(struct worker *w, int id);
 /* Divide-and-shuffle's topology: every rank's rack (UNISUM_RACK), or
  * NULL for none, and how often the groups cross racks. */
 struct wk_dssync_topo {
@@ -490,93 +604,25 @@ bool wk_dssync_crosses(const struct wk_dssync_topo *topo, uint64_t step);
  * full shuffle when fewer than two such groups, or all in one rack). */
 int wk_dssync_group(uint64_t seed, uint64_t step, int n, int g, int rank,
 		    const struct wk_dssync_topo *topo, int *ranks);
-void *wk_push_main(void *arg);
-
-/* join.c: unisum_join; the scheduler's join events; which collectives a
- * joined worker contributes to (the reductions), and their announcement. */
-#define WK_RETIRED 4096
-uint64_t wk_name_hash(const char *name);
-void wk_note_retired(struct worker *w, const char *name, uint64_t life, uint32_t rounds);
-uint64_t wk_next_life(struct worker *w, const char *name);
-bool wk_reduces(uint32_t wire_op);
-bool wk_join_runs(uint32_t wire_op);
-void wk_announce_fill(const struct wk_op *op, struct rdv_announce *a);
-void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a);
-void wk_join_poison(struct worker *w, uint64_t key, const char *tensor, int rank);
-
-/* Worker rank r's UNISUM_RACK as it registered (-1: none or unknown), and
- * the rack of all of ranks[0..n) or of all but one, when that is more
- * than half (-1: none is): a process set's tensors go on that rack's
- * servers. */
-int wk_rank_rack(struct worker *w, int r);
-int wk_set_rack(struct worker *w, const int *ranks, int n);
-
-/* cuts.c: declaring a cut, retiring cuts, the autotune thread and its
- * hooks, handing an operation to its first stage or failing it before. */
-int wk_cut(const struct wk_tensor *t, const char *wire_name, uint64_t pbytes,
-	   const struct wk_segs *segs, struct wk_layout *L);
-const struct wk_layout *wk_homed_cut(struct wk_tensor *t, const struct wk_segs *segs, int *rc);
-void wk_launch(struct wk_op *op, const struct wk_layout *L);
-void wk_on_tune(void *arg, const struct rdv_tune *t);
-void wk_op_fail(struct wk_op *op, int err, const char *what);
-void wk_retire_cuts(struct wk_tensor *t, const struct wk_layout *L);
-void *wk_tune_main(void *arg);
-const struct wk_layout *wk_tuned_cut(struct wk_op *op, bool wait, int *rc);
-int wk_tuner_new(struct worker *w);
-/* A compressed tensor's state of partition `part` of cut L, set up at its
- * first push (the layout's cs); NULL for an uncompressed tensor, or with
- * *rc = UNISUM_ENOMEM.  wk_layout_free_cs frees a cut's; wk_push_bytes is
- * what a push of count elements puts on the wire (cs NULL: raw). */
-struct compress_state *wk_comp_state(const struct wk_tensor *t, const struct wk_layout *L,
-				     uint32_t part, int *rc);
-void wk_layout_free_cs(struct wk_layout *L);
-size_t wk_push_bytes(const struct wk_tensor *t, uint64_t count, const struct compress_state *cs);
-
-
-/* ---- the API's files: worker.c, tensor.c, pset.c, op.c, dssync.c, gather.c */
-
-/* The flags that choose a reduction other than the sum. */
-#define WK_OP_FLAGS (UNISUM_MIN | UNISUM_MAX | UNISUM_PRODUCT)
-
-/* worker.c: UNISUM_ENOTINIT (logged) unless w has joined its job. */
-int wk_require_init(const struct worker *w);
-
-/* tensor.c: the tensor table.  Files t under an id (see tensor.c). */
-int wk_tensor_insert(struct wk_tensor *t, bool *filed);
-/* The id of tensor `name` if w has it (UNISUM_EMISMATCH when with another
- * shape or sync mode), or -1. */
-int wk_tensor_known(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
-		    uint32_t sync, const char *comp);
-/* Declares a tensor in the process set `ranks` (nranks 0: the global set):
- * its id, or an error (logged). */
-int wk_declare(struct worker *w, const char *name, unisum_dtype dtype, size_t count,
-	       const struct rdv_shape *shape, int priority, int *ranks, int nranks,
-	       uint32_t sync, const struct compress_spec *comp);
-/* Forgets tensor `tensor` here and, with `retire`, at the scheduler and
- * servers once every worker has. */
-int wk_undeclare(struct worker *w, int tensor, bool retire);
-void wk_tensor_free(struct wk_tensor *t);
-
-/* pset.c: connections to every server for a rank that is no local root
- * (a process set's member pushes itself), opened once. */
-int wk_ensure_conns(struct worker *w);
-/* A process set's wire name for the user's `name`: a prefix hashing its
- * ranks.  0, or an error (logged) naming `what` when it does not fit. */
-int wk_set_wire_name(const int *ranks, int n, const char *name, char *wire, size_t len,
-		     const char *what);
 
 /* op.c: operations.  The index in w->ops of handle h, or -1. */
 int wk_find_op(const struct worker *w, unisum_handle h);
 /* Files and starts an operation of `tensor` shaped like *tmpl: its handle
  * in *h, or an error (logged). */
 int wk_start(struct worker *w, int tensor, const struct wk_op *tmpl, unisum_handle *h);
-void wk_op_free_owned(const struct wk_op *op);
-void wk_op_free(struct wk_op *op);
 
-/* dssync.c: divide and shuffle.  The tensor this step's push_pull of
- * `tensor` goes to (its group's), and the step it took. */
-int wk_dssync_target(struct worker *w, int tensor, int *target, uint64_t *taken);
-/* Undeclares dssync group set tensor `id` (-1: nothing) after its step. */
-void wk_dssync_retire(struct worker *w, int id);
+/* gather.c: the gathering collectives.  Queues the held jobs of the
+ * operations begun and not supplied (unisum_allgather_begin) as ZERO
+ * pushes: unisum_join and unisum_shutdown wait for every operation, which
+ * those could never complete otherwise. */
+void wk_supply_nothing(struct worker *w);
+
+/* join.c: unisum_join.  Whether an operation of w->ops is in flight but
+ * those supplied nothing (w->lock held): unisum_join waits for the others
+ * only; with `pushed`, for those too until their ZERO pushes are
+ * acknowledged (unisum_shutdown: their rounds need no more of this
+ * worker, and it must not wait for the others' rows, which may never
+ * come). */
+bool wk_busy_but_nothing(const struct worker *w, bool pushed);
 
 #endif /* UNISUM_WORKER_INT_H */

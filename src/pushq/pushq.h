@@ -1,5 +1,5 @@
 /*
- * sched.h - a stage queue: partitions ordered by priority, gated by credit.
+ * pushq.h - the push queue (a stage queue): partitions ordered by priority, gated by credit.
  *
  * Every stage of the worker pipeline (docs/ARCHITECTURE.md section 2) takes its
  * partitions from one of these.  Entries come out highest priority first,
@@ -17,8 +17,8 @@
  * entries it lets out, so tests can assert the credit and the order
  * without timing anything.
  */
-#ifndef UNISUM_SCHED_H
-#define UNISUM_SCHED_H
+#ifndef UNISUM_PUSHQ_H
+#define UNISUM_PUSHQ_H
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 /* Embedded in whatever the stage moves. */
-struct sched_entry {
+struct pushq_entry {
 	int priority;		/* higher goes first */
 	uint64_t key;		/* then lower key */
 	size_t bytes;		/* counted against the credit */
@@ -34,10 +34,10 @@ struct sched_entry {
 	size_t inflight;	/* set when taken: bytes in flight with it */
 };
 
-struct sched_queue {
+struct pushq {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;		/* an entry came, credit came back, or closed */
-	struct sched_entry **heap;
+	struct pushq_entry **heap;
 	size_t n, cap;
 	size_t credit;			/* 0: no credit gate */
 	size_t inflight;		/* bytes taken and not released */
@@ -47,40 +47,40 @@ struct sched_queue {
 };
 
 /* credit 0 means "no gate". */
-int sched_init(struct sched_queue *q, size_t credit);
-void sched_fini(struct sched_queue *q);
+int pushq_init(struct pushq *q, size_t credit);
+void pushq_fini(struct pushq *q);
 
 /* Queues an entry.  Returns 0 or UNISUM_ENOMEM. */
-int sched_push(struct sched_queue *q, struct sched_entry *e);
+int pushq_push(struct pushq *q, struct pushq_entry *e);
 
 /* Takes the head once it fits the credit, waiting as long as needed; its
- * bytes count as in flight until sched_release().  Returns NULL once the
- * queue is closed (entries left in it stay there: see sched_drain). */
-struct sched_entry *sched_pop(struct sched_queue *q);
+ * bytes count as in flight until pushq_release().  Returns NULL once the
+ * queue is closed (entries left in it stay there: see pushq_drain). */
+struct pushq_entry *pushq_pop(struct pushq *q);
 
 /* The same without waiting: NULL when the queue is empty, closed, or its
  * head does not fit the credit now. */
-struct sched_entry *sched_try_pop(struct sched_queue *q);
+struct pushq_entry *pushq_try_pop(struct pushq *q);
 
 /* Gives back the credit of `bytes` taken earlier; returns the bytes still
  * in flight. */
-size_t sched_release(struct sched_queue *q, size_t bytes);
+size_t pushq_release(struct pushq *q, size_t bytes);
 
 /* Changes the credit (0: no gate); waiters re-check at once. */
-void sched_set_credit(struct sched_queue *q, size_t credit);
+void pushq_set_credit(struct pushq *q, size_t credit);
 
-/* Wakes every sched_pop() with NULL, now and later. */
-void sched_close(struct sched_queue *q);
+/* Wakes every pushq_pop() with NULL, now and later. */
+void pushq_close(struct pushq *q);
 
 /* Removes and returns the entry at the head, whatever the credit, or NULL
  * when empty: for failing what is left after a close. */
-struct sched_entry *sched_drain(struct sched_queue *q);
+struct pushq_entry *pushq_drain(struct pushq *q);
 
 /* Snapshot of the counters. */
-struct sched_stats {
+struct pushq_stats {
 	size_t credit, inflight, max_inflight, queued;
 	uint64_t taken;
 };
-void sched_stats(struct sched_queue *q, struct sched_stats *out);
+void pushq_stats(struct pushq *q, struct pushq_stats *out);
 
-#endif /* UNISUM_SCHED_H */
+#endif /* UNISUM_PUSHQ_H */

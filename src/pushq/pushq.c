@@ -1,23 +1,23 @@
 /*
- * sched.c - stage queues: a binary heap under a mutex, gated by credit
- * (see sched.h).
+ * pushq.c - the push queue: a binary heap under a mutex, gated by credit
+ * (see pushq.h).
  */
-#include "sched/sched.h"
+#include "pushq/pushq.h"
 
 #include <stdlib.h>
 
 #include "unisum.h"
 
-static bool entry_before(const struct sched_entry *a, const struct sched_entry *b)
+static bool entry_before(const struct pushq_entry *a, const struct pushq_entry *b)
 {
 	if (a->priority != b->priority)
 		return a->priority > b->priority;
 	return a->key < b->key;
 }
 
-int sched_init(struct sched_queue *q, size_t credit)
+int pushq_init(struct pushq *q, size_t credit)
 {
-	*q = (struct sched_queue){.credit = credit};
+	*q = (struct pushq){.credit = credit};
 	if (pthread_mutex_init(&q->lock, NULL) != 0)
 		return UNISUM_ESYS;
 	if (pthread_cond_init(&q->cond, NULL) != 0) {
@@ -27,19 +27,19 @@ int sched_init(struct sched_queue *q, size_t credit)
 	return 0;
 }
 
-void sched_fini(struct sched_queue *q)
+void pushq_fini(struct pushq *q)
 {
 	free(q->heap);
 	pthread_cond_destroy(&q->cond);
 	pthread_mutex_destroy(&q->lock);
 }
 
-int sched_push(struct sched_queue *q, struct sched_entry *e)
+int pushq_push(struct pushq *q, struct pushq_entry *e)
 {
 	pthread_mutex_lock(&q->lock);
 	if (q->n == q->cap) {
 		size_t cap = q->cap ? q->cap * 2 : 64;
-		struct sched_entry **h = realloc(q->heap, cap * sizeof *h);
+		struct pushq_entry **h = realloc(q->heap, cap * sizeof *h);
 		if (h == NULL) {
 			pthread_mutex_unlock(&q->lock);
 			return UNISUM_ENOMEM;
@@ -60,13 +60,13 @@ int sched_push(struct sched_queue *q, struct sched_entry *e)
 }
 
 /* Removes the head; the caller holds the lock and q->n > 0. */
-static struct sched_entry *heap_take(struct sched_queue *q)
+static struct pushq_entry *heap_take(struct pushq *q)
 {
-	struct sched_entry *top = q->heap[0], *last = q->heap[--q->n];
+	struct pushq_entry *top = q->heap[0], *last = q->heap[--q->n];
 	size_t i = 0;
 	for (;;) {
 		size_t l = 2 * i + 1, r = l + 1, m = i;
-		const struct sched_entry *best = last;
+		const struct pushq_entry *best = last;
 		if (l < q->n && entry_before(q->heap[l], best)) {
 			m = l;
 			best = q->heap[l];
@@ -83,7 +83,7 @@ static struct sched_entry *heap_take(struct sched_queue *q)
 	return top;
 }
 
-static bool head_fits(const struct sched_queue *q)
+static bool head_fits(const struct pushq *q)
 {
 	if (q->credit == 0 || q->inflight == 0)
 		return true;
@@ -91,9 +91,9 @@ static bool head_fits(const struct sched_queue *q)
 }
 
 /* Takes the head; the caller holds the lock and the head fits. */
-static struct sched_entry *take_head(struct sched_queue *q)
+static struct pushq_entry *take_head(struct pushq *q)
 {
-	struct sched_entry *e = heap_take(q);
+	struct pushq_entry *e = heap_take(q);
 	e->order = q->taken++;
 	q->inflight += e->bytes;
 	if (q->inflight > q->max_inflight)
@@ -102,25 +102,25 @@ static struct sched_entry *take_head(struct sched_queue *q)
 	return e;
 }
 
-struct sched_entry *sched_pop(struct sched_queue *q)
+struct pushq_entry *pushq_pop(struct pushq *q)
 {
 	pthread_mutex_lock(&q->lock);
 	while (!q->closed && (q->n == 0 || !head_fits(q)))
 		pthread_cond_wait(&q->cond, &q->lock);
-	struct sched_entry *e = q->closed ? NULL : take_head(q);
+	struct pushq_entry *e = q->closed ? NULL : take_head(q);
 	pthread_mutex_unlock(&q->lock);
 	return e;
 }
 
-struct sched_entry *sched_try_pop(struct sched_queue *q)
+struct pushq_entry *pushq_try_pop(struct pushq *q)
 {
 	pthread_mutex_lock(&q->lock);
-	struct sched_entry *e = !q->closed && q->n > 0 && head_fits(q) ? take_head(q) : NULL;
+	struct pushq_entry *e = !q->closed && q->n > 0 && head_fits(q) ? take_head(q) : NULL;
 	pthread_mutex_unlock(&q->lock);
 	return e;
 }
 
-size_t sched_release(struct sched_queue *q, size_t bytes)
+size_t pushq_release(struct pushq *q, size_t bytes)
 {
 	pthread_mutex_lock(&q->lock);
 	q->inflight = bytes <= q->inflight ? q->inflight - bytes : 0;
@@ -130,7 +130,7 @@ size_t sched_release(struct sched_queue *q, size_t bytes)
 	return left;
 }
 
-void sched_set_credit(struct sched_queue *q, size_t credit)
+void pushq_set_credit(struct pushq *q, size_t credit)
 {
 	pthread_mutex_lock(&q->lock);
 	q->credit = credit;
@@ -138,7 +138,7 @@ void sched_set_credit(struct sched_queue *q, size_t credit)
 	pthread_mutex_unlock(&q->lock);
 }
 
-void sched_close(struct sched_queue *q)
+void pushq_close(struct pushq *q)
 {
 	pthread_mutex_lock(&q->lock);
 	q->closed = true;
@@ -146,18 +146,18 @@ void sched_close(struct sched_queue *q)
 	pthread_mutex_unlock(&q->lock);
 }
 
-struct sched_entry *sched_drain(struct sched_queue *q)
+struct pushq_entry *pushq_drain(struct pushq *q)
 {
 	pthread_mutex_lock(&q->lock);
-	struct sched_entry *e = q->n > 0 ? heap_take(q) : NULL;
+	struct pushq_entry *e = q->n > 0 ? heap_take(q) : NULL;
 	pthread_mutex_unlock(&q->lock);
 	return e;
 }
 
-void sched_stats(struct sched_queue *q, struct sched_stats *out)
+void pushq_stats(struct pushq *q, struct pushq_stats *out)
 {
 	pthread_mutex_lock(&q->lock);
-	*out = (struct sched_stats){.credit = q->credit, .inflight = q->inflight,
+	*out = (struct pushq_stats){.credit = q->credit, .inflight = q->inflight,
 				    .max_inflight = q->max_inflight, .queued = q->n,
 				    .taken = q->taken};
 	pthread_mutex_unlock(&q->lock);

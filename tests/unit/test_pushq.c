@@ -1,5 +1,5 @@
 /*
- * test_sched.c - the stage queue: priority-then-key order, the credit gate
+ * test_pushq.c - the stage queue: priority-then-key order, the credit gate
  * (head-of-line, oversized entries, changing the credit), blocking pops,
  * close and drain, and the counters.
  */
@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "sched/sched.h"
+#include "pushq/pushq.h"
 
 /* A fixed-seed generator, so a failure reproduces. */
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -29,17 +29,17 @@ static uint64_t rng(void)
 	return rng_state;
 }
 
-static void shuffle(struct sched_entry **v, size_t n)
+static void shuffle(struct pushq_entry **v, size_t n)
 {
 	for (size_t i = n; i > 1; i--) {
 		size_t j = (size_t)(rng() % i);
-		struct sched_entry *t = v[i - 1];
+		struct pushq_entry *t = v[i - 1];
 		v[i - 1] = v[j];
 		v[j] = t;
 	}
 }
 
-static bool before(const struct sched_entry *a, const struct sched_entry *b)
+static bool before(const struct pushq_entry *a, const struct pushq_entry *b)
 {
 	if (a->priority != b->priority)
 		return a->priority > b->priority;
@@ -52,9 +52,9 @@ static void sleep_ms(long ms)
 	nanosleep(&ts, NULL);
 }
 
-static struct sched_entry entry(int priority, uint64_t key, size_t bytes)
+static struct pushq_entry entry(int priority, uint64_t key, size_t bytes)
 {
-	return (struct sched_entry){.priority = priority, .key = key, .bytes = bytes,
+	return (struct pushq_entry){.priority = priority, .key = key, .bytes = bytes,
 				    .order = UINT64_MAX};
 }
 
@@ -65,8 +65,8 @@ static void test_order(void **state)
 	(void)state;
 	enum { N = 200 };
 	static const int prios[] = {-3, 0, 1, 7, 42};
-	struct sched_entry *es = calloc(N, sizeof *es);
-	struct sched_entry **ptrs = calloc(N, sizeof *ptrs);
+	struct pushq_entry *es = calloc(N, sizeof *es);
+	struct pushq_entry **ptrs = calloc(N, sizeof *ptrs);
 	assert_true(es != NULL && ptrs != NULL);
 	for (size_t i = 0; i < N; i++) {
 		/* distinct keys, spread so key order and priority order disagree */
@@ -74,32 +74,32 @@ static void test_order(void **state)
 		ptrs[i] = &es[i];
 	}
 	for (int round = 0; round < 3; round++) {
-		struct sched_queue q;
-		assert_true(sched_init(&q, 0) == 0);
+		struct pushq q;
+		assert_true(pushq_init(&q, 0) == 0);
 		shuffle(ptrs, N);
 		for (size_t i = 0; i < N; i++) {
 			ptrs[i]->order = UINT64_MAX;
-			assert_true(sched_push(&q, ptrs[i]) == 0);
+			assert_true(pushq_push(&q, ptrs[i]) == 0);
 		}
-		struct sched_stats st;
-		sched_stats(&q, &st);
+		struct pushq_stats st;
+		pushq_stats(&q, &st);
 		assert_true(st.queued == N);
-		const struct sched_entry *prev = NULL;
+		const struct pushq_entry *prev = NULL;
 		for (size_t i = 0; i < N; i++) {
-			struct sched_entry *e = sched_try_pop(&q);	/* credit 0: never gated */
+			struct pushq_entry *e = pushq_try_pop(&q);	/* credit 0: never gated */
 			assert_true(e != NULL);
 			assert_true(e->order == i);
 			if (prev != NULL)
 				assert_true(before(prev, e));
 			prev = e;
 		}
-		assert_true(sched_try_pop(&q) == NULL);	/* empty */
+		assert_true(pushq_try_pop(&q) == NULL);	/* empty */
 		for (size_t i = 0; i < N; i++)
 			assert_true(es[i].order < N);	/* every entry came out once */
-		sched_stats(&q, &st);
+		pushq_stats(&q, &st);
 		assert_true(st.queued == 0);
 		assert_true(st.taken == N);
-		sched_fini(&q);
+		pushq_fini(&q);
 	}
 	free(ptrs);
 	free(es);
@@ -111,18 +111,18 @@ static void test_order_interleaved(void **state)
 {
 	(void)state;
 	enum { N = 2000 };
-	struct sched_entry *es = calloc(N, sizeof *es);
+	struct pushq_entry *es = calloc(N, sizeof *es);
 	bool *queued = calloc(N, sizeof *queued);
 	assert_true(es != NULL && queued != NULL);
-	struct sched_queue q;
-	assert_true(sched_init(&q, 0) == 0);
+	struct pushq q;
+	assert_true(pushq_init(&q, 0) == 0);
 	size_t pushed = 0, popped = 0;
 	while (popped < N) {
 		bool push = pushed < N && (pushed == popped || rng() % 3 != 0);
 		if (push) {
 			es[pushed] = entry((int)(rng() % 4), rng() % 100000 * N + pushed, 4);
 			queued[pushed] = true;
-			assert_true(sched_push(&q, &es[pushed]) == 0);
+			assert_true(pushq_push(&q, &es[pushed]) == 0);
 			pushed++;
 			continue;
 		}
@@ -130,14 +130,14 @@ static void test_order_interleaved(void **state)
 		for (size_t i = 0; i < pushed; i++)
 			if (queued[i] && (best == SIZE_MAX || before(&es[i], &es[best])))
 				best = i;
-		struct sched_entry *e = sched_try_pop(&q);
+		struct pushq_entry *e = pushq_try_pop(&q);
 		assert_true(e == &es[best]);
 		assert_true(e->order == popped);
 		queued[best] = false;
 		popped++;
 	}
-	assert_true(sched_try_pop(&q) == NULL);
-	sched_fini(&q);
+	assert_true(pushq_try_pop(&q) == NULL);
+	pushq_fini(&q);
 	free(queued);
 	free(es);
 }
@@ -146,42 +146,42 @@ static void test_order_interleaved(void **state)
 static void test_credit(void **state)
 {
 	(void)state;
-	struct sched_queue q;
-	assert_true(sched_init(&q, 10) == 0);
-	struct sched_entry es[5];
+	struct pushq q;
+	assert_true(pushq_init(&q, 10) == 0);
+	struct pushq_entry es[5];
 	for (int i = 0; i < 5; i++) {
 		es[i] = entry(0, (uint64_t)i, 4);
-		assert_true(sched_push(&q, &es[i]) == 0);
+		assert_true(pushq_push(&q, &es[i]) == 0);
 	}
-	struct sched_stats st;
-	struct sched_entry *e;
-	assert_true((e = sched_try_pop(&q)) == &es[0]);
+	struct pushq_stats st;
+	struct pushq_entry *e;
+	assert_true((e = pushq_try_pop(&q)) == &es[0]);
 	assert_true(e->inflight == 4);		/* in flight with it, itself included */
-	assert_true((e = sched_try_pop(&q)) == &es[1]);
+	assert_true((e = pushq_try_pop(&q)) == &es[1]);
 	assert_true(e->inflight == 8);
-	assert_true(sched_try_pop(&q) == NULL);	/* 8 in flight, 12 > 10 */
-	assert_true(sched_try_pop(&q) == NULL);	/* still */
-	sched_stats(&q, &st);
+	assert_true(pushq_try_pop(&q) == NULL);	/* 8 in flight, 12 > 10 */
+	assert_true(pushq_try_pop(&q) == NULL);	/* still */
+	pushq_stats(&q, &st);
 	assert_true(st.inflight == 8);
 	assert_true(st.max_inflight == 8);
 	assert_true(st.queued == 3);
-	assert_true(sched_release(&q, 4) == 4);	/* returns what is still in flight */
-	assert_true((e = sched_try_pop(&q)) == &es[2]);
+	assert_true(pushq_release(&q, 4) == 4);	/* returns what is still in flight */
+	assert_true((e = pushq_try_pop(&q)) == &es[2]);
 	assert_true(e->inflight == 8);
-	assert_true(sched_try_pop(&q) == NULL);
-	sched_stats(&q, &st);
+	assert_true(pushq_try_pop(&q) == NULL);
+	pushq_stats(&q, &st);
 	assert_true(st.inflight == 8);
 	assert_true(st.max_inflight == 8);
 	assert_true(st.max_inflight <= st.credit);
 	/* release everything: two more fit, the credit is never exceeded */
-	assert_true(sched_release(&q, 8) == 0);
-	assert_true(sched_try_pop(&q) == &es[3]);
-	assert_true(sched_try_pop(&q) == &es[4]);
-	assert_true(sched_try_pop(&q) == NULL);	/* empty */
-	sched_stats(&q, &st);
+	assert_true(pushq_release(&q, 8) == 0);
+	assert_true(pushq_try_pop(&q) == &es[3]);
+	assert_true(pushq_try_pop(&q) == &es[4]);
+	assert_true(pushq_try_pop(&q) == NULL);	/* empty */
+	pushq_stats(&q, &st);
 	assert_true(st.max_inflight == 8);
 	assert_true(st.taken == 5);
-	sched_fini(&q);
+	pushq_fini(&q);
 }
 
 /* max_inflight never exceeds the credit over a long random run. */
@@ -189,19 +189,19 @@ static void test_credit_random(void **state)
 {
 	(void)state;
 	enum { N = 1000, CREDIT = 64 };
-	struct sched_entry *es = calloc(N, sizeof *es);
-	struct sched_entry **out = calloc(N, sizeof *out);
+	struct pushq_entry *es = calloc(N, sizeof *es);
+	struct pushq_entry **out = calloc(N, sizeof *out);
 	assert_true(es != NULL && out != NULL);
-	struct sched_queue q;
-	assert_true(sched_init(&q, CREDIT) == 0);
+	struct pushq q;
+	assert_true(pushq_init(&q, CREDIT) == 0);
 	for (size_t i = 0; i < N; i++) {
 		es[i] = entry((int)(rng() % 3), i, 1 + rng() % CREDIT);
-		assert_true(sched_push(&q, &es[i]) == 0);
+		assert_true(pushq_push(&q, &es[i]) == 0);
 	}
 	size_t nout = 0, done = 0, inflight = 0;
 	while (done < N) {
-		struct sched_entry *e;
-		while ((e = sched_try_pop(&q)) != NULL) {
+		struct pushq_entry *e;
+		while ((e = pushq_try_pop(&q)) != NULL) {
 			inflight += e->bytes;
 			assert_true(inflight <= CREDIT);
 			out[nout++] = e;
@@ -209,18 +209,18 @@ static void test_credit_random(void **state)
 		assert_true(nout > done);	/* with nothing in flight the head goes out */
 		/* release a random one of those in flight */
 		size_t k = done + (size_t)(rng() % (nout - done));
-		struct sched_entry *t = out[k];
+		struct pushq_entry *t = out[k];
 		out[k] = out[done];
 		out[done++] = t;
 		inflight -= t->bytes;
-		sched_release(&q, t->bytes);
+		pushq_release(&q, t->bytes);
 	}
-	struct sched_stats st;
-	sched_stats(&q, &st);
+	struct pushq_stats st;
+	pushq_stats(&q, &st);
 	assert_true(st.max_inflight <= CREDIT);
 	assert_true(st.inflight == 0);
 	assert_true(st.taken == N);
-	sched_fini(&q);
+	pushq_fini(&q);
 	free(out);
 	free(es);
 }
@@ -231,27 +231,27 @@ static void test_head_of_line(void **state)
 {
 	(void)state;
 	enum { LOW = 50 };
-	struct sched_queue q;
-	assert_true(sched_init(&q, 8) == 0);
-	struct sched_entry low[LOW];
+	struct pushq q;
+	assert_true(pushq_init(&q, 8) == 0);
+	struct pushq_entry low[LOW];
 	for (int i = 0; i < LOW; i++) {
 		low[i] = entry(0, (uint64_t)i, 4);
-		assert_true(sched_push(&q, &low[i]) == 0);
+		assert_true(pushq_push(&q, &low[i]) == 0);
 	}
-	assert_true(sched_try_pop(&q) == &low[0]);
-	assert_true(sched_try_pop(&q) == &low[1]);
-	assert_true(sched_try_pop(&q) == NULL);	/* credit exhausted */
-	struct sched_entry high = entry(5, 1000, 4);	/* larger key: priority wins */
-	assert_true(sched_push(&q, &high) == 0);
-	assert_true(sched_try_pop(&q) == NULL);	/* still no credit */
-	sched_release(&q, 4);
-	struct sched_entry *e = sched_try_pop(&q);
+	assert_true(pushq_try_pop(&q) == &low[0]);
+	assert_true(pushq_try_pop(&q) == &low[1]);
+	assert_true(pushq_try_pop(&q) == NULL);	/* credit exhausted */
+	struct pushq_entry high = entry(5, 1000, 4);	/* larger key: priority wins */
+	assert_true(pushq_push(&q, &high) == 0);
+	assert_true(pushq_try_pop(&q) == NULL);	/* still no credit */
+	pushq_release(&q, 4);
+	struct pushq_entry *e = pushq_try_pop(&q);
 	assert_true(e == &high);
 	assert_true(e->order == 2);
-	assert_true(sched_try_pop(&q) == NULL);
-	sched_release(&q, 4);
-	assert_true(sched_try_pop(&q) == &low[2]);	/* then the backlog, in order */
-	sched_fini(&q);
+	assert_true(pushq_try_pop(&q) == NULL);
+	pushq_release(&q, 4);
+	assert_true(pushq_try_pop(&q) == &low[2]);	/* then the backlog, in order */
+	pushq_fini(&q);
 }
 
 /* 4. An entry bigger than the whole credit goes out only when nothing is
@@ -259,110 +259,110 @@ static void test_head_of_line(void **state)
 static void test_oversized(void **state)
 {
 	(void)state;
-	struct sched_queue q;
-	assert_true(sched_init(&q, 8) == 0);
-	struct sched_entry small0 = entry(9, 0, 2);
-	struct sched_entry big = entry(5, 1, 20);
-	struct sched_entry small1 = entry(1, 2, 1);
-	assert_true(sched_push(&q, &small1) == 0);
-	assert_true(sched_push(&q, &big) == 0);
-	assert_true(sched_push(&q, &small0) == 0);
-	assert_true(sched_try_pop(&q) == &small0);
-	assert_true(sched_try_pop(&q) == NULL);	/* 2 in flight: big waits */
-	sched_release(&q, 1);
-	assert_true(sched_try_pop(&q) == NULL);	/* 1 in flight: still waits */
-	sched_release(&q, 1);
-	assert_true(sched_try_pop(&q) == &big);	/* nothing in flight */
-	assert_true(sched_try_pop(&q) == NULL);	/* alone: even 1 byte waits */
-	struct sched_stats st;
-	sched_stats(&q, &st);
+	struct pushq q;
+	assert_true(pushq_init(&q, 8) == 0);
+	struct pushq_entry small0 = entry(9, 0, 2);
+	struct pushq_entry big = entry(5, 1, 20);
+	struct pushq_entry small1 = entry(1, 2, 1);
+	assert_true(pushq_push(&q, &small1) == 0);
+	assert_true(pushq_push(&q, &big) == 0);
+	assert_true(pushq_push(&q, &small0) == 0);
+	assert_true(pushq_try_pop(&q) == &small0);
+	assert_true(pushq_try_pop(&q) == NULL);	/* 2 in flight: big waits */
+	pushq_release(&q, 1);
+	assert_true(pushq_try_pop(&q) == NULL);	/* 1 in flight: still waits */
+	pushq_release(&q, 1);
+	assert_true(pushq_try_pop(&q) == &big);	/* nothing in flight */
+	assert_true(pushq_try_pop(&q) == NULL);	/* alone: even 1 byte waits */
+	struct pushq_stats st;
+	pushq_stats(&q, &st);
 	assert_true(st.inflight == 20);
 	assert_true(st.max_inflight == 20);	/* only the oversized entry went past the credit */
-	sched_release(&q, 20);
-	assert_true(sched_try_pop(&q) == &small1);
+	pushq_release(&q, 20);
+	assert_true(pushq_try_pop(&q) == &small1);
 	/* two oversized entries in a row: one at a time */
-	struct sched_entry big1 = entry(0, 10, 9), big2 = entry(0, 11, 30);
-	assert_true(sched_push(&q, &big2) == 0);
-	assert_true(sched_push(&q, &big1) == 0);
-	assert_true(sched_try_pop(&q) == NULL);	/* small1 in flight */
-	sched_release(&q, 1);
-	assert_true(sched_try_pop(&q) == &big1);
-	assert_true(sched_try_pop(&q) == NULL);
-	sched_release(&q, 9);
-	assert_true(sched_try_pop(&q) == &big2);
-	sched_stats(&q, &st);
+	struct pushq_entry big1 = entry(0, 10, 9), big2 = entry(0, 11, 30);
+	assert_true(pushq_push(&q, &big2) == 0);
+	assert_true(pushq_push(&q, &big1) == 0);
+	assert_true(pushq_try_pop(&q) == NULL);	/* small1 in flight */
+	pushq_release(&q, 1);
+	assert_true(pushq_try_pop(&q) == &big1);
+	assert_true(pushq_try_pop(&q) == NULL);
+	pushq_release(&q, 9);
+	assert_true(pushq_try_pop(&q) == &big2);
+	pushq_stats(&q, &st);
 	assert_true(st.max_inflight == 30);
-	sched_fini(&q);
+	pushq_fini(&q);
 }
 
 /* 5. The head is never skipped for a smaller entry behind it. */
 static void test_head_not_skipped(void **state)
 {
 	(void)state;
-	struct sched_queue q;
-	assert_true(sched_init(&q, 8) == 0);
-	struct sched_entry first = entry(3, 0, 4);
-	struct sched_entry head = entry(2, 1, 6);
-	struct sched_entry tail = entry(1, 2, 2);
-	assert_true(sched_push(&q, &tail) == 0);
-	assert_true(sched_push(&q, &head) == 0);
-	assert_true(sched_push(&q, &first) == 0);
-	assert_true(sched_try_pop(&q) == &first);	/* 4 in flight, 4 free */
-	assert_true(sched_try_pop(&q) == NULL);	/* 6 > 4, and the 2 behind must not pass */
-	struct sched_stats st;
-	sched_stats(&q, &st);
+	struct pushq q;
+	assert_true(pushq_init(&q, 8) == 0);
+	struct pushq_entry first = entry(3, 0, 4);
+	struct pushq_entry head = entry(2, 1, 6);
+	struct pushq_entry tail = entry(1, 2, 2);
+	assert_true(pushq_push(&q, &tail) == 0);
+	assert_true(pushq_push(&q, &head) == 0);
+	assert_true(pushq_push(&q, &first) == 0);
+	assert_true(pushq_try_pop(&q) == &first);	/* 4 in flight, 4 free */
+	assert_true(pushq_try_pop(&q) == NULL);	/* 6 > 4, and the 2 behind must not pass */
+	struct pushq_stats st;
+	pushq_stats(&q, &st);
 	assert_true(st.inflight == 4);
 	assert_true(st.queued == 2);
-	sched_release(&q, 2);
-	assert_true(sched_try_pop(&q) == &head);	/* 2 + 6 = 8 fits exactly */
-	assert_true(sched_try_pop(&q) == NULL);	/* 8 in flight */
-	sched_release(&q, 2);
-	assert_true(sched_try_pop(&q) == &tail);
-	sched_fini(&q);
+	pushq_release(&q, 2);
+	assert_true(pushq_try_pop(&q) == &head);	/* 2 + 6 = 8 fits exactly */
+	assert_true(pushq_try_pop(&q) == NULL);	/* 8 in flight */
+	pushq_release(&q, 2);
+	assert_true(pushq_try_pop(&q) == &tail);
+	pushq_fini(&q);
 }
 
 /* 6. Raising the credit lets more out; credit 0 removes the gate. */
 static void test_set_credit(void **state)
 {
 	(void)state;
-	struct sched_queue q;
-	assert_true(sched_init(&q, 4) == 0);
-	struct sched_entry es[8];
+	struct pushq q;
+	assert_true(pushq_init(&q, 4) == 0);
+	struct pushq_entry es[8];
 	for (int i = 0; i < 8; i++) {
 		es[i] = entry(0, (uint64_t)i, 4);
-		assert_true(sched_push(&q, &es[i]) == 0);
+		assert_true(pushq_push(&q, &es[i]) == 0);
 	}
-	assert_true(sched_try_pop(&q) == &es[0]);
-	assert_true(sched_try_pop(&q) == NULL);
-	sched_set_credit(&q, 12);
-	assert_true(sched_try_pop(&q) == &es[1]);
-	assert_true(sched_try_pop(&q) == &es[2]);
-	assert_true(sched_try_pop(&q) == NULL);	/* 12 in flight */
-	struct sched_stats st;
-	sched_stats(&q, &st);
+	assert_true(pushq_try_pop(&q) == &es[0]);
+	assert_true(pushq_try_pop(&q) == NULL);
+	pushq_set_credit(&q, 12);
+	assert_true(pushq_try_pop(&q) == &es[1]);
+	assert_true(pushq_try_pop(&q) == &es[2]);
+	assert_true(pushq_try_pop(&q) == NULL);	/* 12 in flight */
+	struct pushq_stats st;
+	pushq_stats(&q, &st);
 	assert_true(st.credit == 12);
 	assert_true(st.inflight == 12);
-	sched_set_credit(&q, 0);			/* no gate */
+	pushq_set_credit(&q, 0);			/* no gate */
 	for (int i = 3; i < 8; i++)
-		assert_true(sched_try_pop(&q) == &es[i]);
-	assert_true(sched_try_pop(&q) == NULL);	/* empty */
-	sched_stats(&q, &st);
+		assert_true(pushq_try_pop(&q) == &es[i]);
+	assert_true(pushq_try_pop(&q) == NULL);	/* empty */
+	pushq_stats(&q, &st);
 	assert_true(st.credit == 0);
 	assert_true(st.inflight == 32);
 	assert_true(st.max_inflight == 32);
 	/* lowering the credit gates again */
-	sched_set_credit(&q, 8);
-	struct sched_entry more = entry(0, 100, 1);
-	assert_true(sched_push(&q, &more) == 0);
-	assert_true(sched_try_pop(&q) == NULL);	/* 32 in flight > 8 */
-	sched_release(&q, 25);
-	assert_true(sched_try_pop(&q) == &more);	/* 7 + 1 = 8 */
-	sched_fini(&q);
+	pushq_set_credit(&q, 8);
+	struct pushq_entry more = entry(0, 100, 1);
+	assert_true(pushq_push(&q, &more) == 0);
+	assert_true(pushq_try_pop(&q) == NULL);	/* 32 in flight > 8 */
+	pushq_release(&q, 25);
+	assert_true(pushq_try_pop(&q) == &more);	/* 7 + 1 = 8 */
+	pushq_fini(&q);
 }
 
 struct popper {
-	struct sched_queue *q;
-	struct sched_entry *got;
+	struct pushq *q;
+	struct pushq_entry *got;
 	int done;			/* under lock */
 	pthread_mutex_t lock;
 };
@@ -370,7 +370,7 @@ struct popper {
 static void *pop_thread(void *arg)
 {
 	struct popper *p = arg;
-	struct sched_entry *e = sched_pop(p->q);
+	struct pushq_entry *e = pushq_pop(p->q);
 	pthread_mutex_lock(&p->lock);
 	p->got = e;
 	p->done = 1;
@@ -386,110 +386,110 @@ static int popper_done(struct popper *p)
 	return d;
 }
 
-static void popper_start(struct popper *p, struct sched_queue *q, pthread_t *t)
+static void popper_start(struct popper *p, struct pushq *q, pthread_t *t)
 {
 	*p = (struct popper){.q = q};
 	assert_true(pthread_mutex_init(&p->lock, NULL) == 0);
 	assert_true(pthread_create(t, NULL, pop_thread, p) == 0);
 }
 
-/* 7a. sched_pop waits for credit and returns once it comes back. */
+/* 7a. pushq_pop waits for credit and returns once it comes back. */
 static void test_pop_waits_for_credit(void **state)
 {
 	(void)state;
-	struct sched_queue q;
-	assert_true(sched_init(&q, 8) == 0);
-	struct sched_entry a = entry(1, 0, 8), b = entry(0, 1, 4);
-	assert_true(sched_push(&q, &a) == 0);
-	assert_true(sched_push(&q, &b) == 0);
-	assert_true(sched_pop(&q) == &a);		/* fits: does not block */
+	struct pushq q;
+	assert_true(pushq_init(&q, 8) == 0);
+	struct pushq_entry a = entry(1, 0, 8), b = entry(0, 1, 4);
+	assert_true(pushq_push(&q, &a) == 0);
+	assert_true(pushq_push(&q, &b) == 0);
+	assert_true(pushq_pop(&q) == &a);		/* fits: does not block */
 	struct popper p;
 	pthread_t t;
 	popper_start(&p, &q, &t);
 	sleep_ms(100);
 	assert_true(!popper_done(&p));		/* 8 in flight: b must wait */
-	sched_release(&q, 8);
+	pushq_release(&q, 8);
 	assert_true(pthread_join(t, NULL) == 0);
 	assert_true(p.got == &b);
 	assert_true(b.order == 1);
 	pthread_mutex_destroy(&p.lock);
 
-	/* sched_pop on an empty queue waits for a push */
-	struct sched_entry c = entry(0, 2, 4);
+	/* pushq_pop on an empty queue waits for a push */
+	struct pushq_entry c = entry(0, 2, 4);
 	popper_start(&p, &q, &t);
 	sleep_ms(50);
 	assert_true(!popper_done(&p));
-	assert_true(sched_push(&q, &c) == 0);
+	assert_true(pushq_push(&q, &c) == 0);
 	assert_true(pthread_join(t, NULL) == 0);
 	assert_true(p.got == &c);
 	pthread_mutex_destroy(&p.lock);
 
 	/* raising the credit also wakes it */
-	struct sched_entry d = entry(0, 3, 4);
-	assert_true(sched_push(&q, &d) == 0);	/* 8 in flight: d waits */
+	struct pushq_entry d = entry(0, 3, 4);
+	assert_true(pushq_push(&q, &d) == 0);	/* 8 in flight: d waits */
 	popper_start(&p, &q, &t);
 	sleep_ms(50);
 	assert_true(!popper_done(&p));
-	sched_set_credit(&q, 12);
+	pushq_set_credit(&q, 12);
 	assert_true(pthread_join(t, NULL) == 0);
 	assert_true(p.got == &d);
 	pthread_mutex_destroy(&p.lock);
-	sched_fini(&q);
+	pushq_fini(&q);
 }
 
-/* 7b. sched_close wakes a blocked sched_pop with NULL; sched_drain then
+/* 7b. pushq_close wakes a blocked pushq_pop with NULL; pushq_drain then
  * returns what is left, in order, whatever the credit. */
 static void test_close_and_drain(void **state)
 {
 	(void)state;
-	struct sched_queue q;
-	assert_true(sched_init(&q, 4) == 0);
-	struct sched_entry es[6];
+	struct pushq q;
+	assert_true(pushq_init(&q, 4) == 0);
+	struct pushq_entry es[6];
 	static const int prios[6] = {0, 2, 1, 2, 0, 1};
 	for (int i = 0; i < 6; i++) {
 		es[i] = entry(prios[i], (uint64_t)(10 - i), 4);
-		assert_true(sched_push(&q, &es[i]) == 0);
+		assert_true(pushq_push(&q, &es[i]) == 0);
 	}
-	struct sched_entry *first = sched_pop(&q);
+	struct pushq_entry *first = pushq_pop(&q);
 	assert_true(first == &es[3]);			/* priority 2, key 7 */
 	struct popper p;
 	pthread_t t;
 	popper_start(&p, &q, &t);			/* blocks: credit used up */
 	sleep_ms(100);
 	assert_true(!popper_done(&p));
-	sched_close(&q);
+	pushq_close(&q);
 	assert_true(pthread_join(t, NULL) == 0);
 	assert_true(p.got == NULL);
 	pthread_mutex_destroy(&p.lock);
 	/* after close: pops return NULL at once, even with credit back */
-	sched_release(&q, 4);
-	assert_true(sched_pop(&q) == NULL);
-	assert_true(sched_try_pop(&q) == NULL);
-	struct sched_stats st;
-	sched_stats(&q, &st);
+	pushq_release(&q, 4);
+	assert_true(pushq_pop(&q) == NULL);
+	assert_true(pushq_try_pop(&q) == NULL);
+	struct pushq_stats st;
+	pushq_stats(&q, &st);
 	assert_true(st.queued == 5);
 	assert_true(st.taken == 1);
 	/* drain: the rest, in order */
 	static const int want[5] = {1, 5, 2, 4, 0};	/* (2,9) (1,5) (1,8) (0,6) (0,10) */
 	for (int i = 0; i < 5; i++)
-		assert_true(sched_drain(&q) == &es[want[i]]);
-	assert_true(sched_drain(&q) == NULL);
-	assert_true(sched_drain(&q) == NULL);
-	sched_stats(&q, &st);
+		assert_true(pushq_drain(&q) == &es[want[i]]);
+	assert_true(pushq_drain(&q) == NULL);
+	assert_true(pushq_drain(&q) == NULL);
+	pushq_stats(&q, &st);
 	assert_true(st.queued == 0);
-	sched_fini(&q);
+	pushq_fini(&q);
 
 	/* close wakes a pop waiting on an empty queue too */
-	assert_true(sched_init(&q, 0) == 0);
+	assert_true(pushq_init(&q, 0) == 0);
 	popper_start(&p, &q, &t);
 	sleep_ms(50);
 	assert_true(!popper_done(&p));
-	sched_close(&q);
+	pushq_close(&q);
 	assert_true(pthread_join(t, NULL) == 0);
 	assert_true(p.got == NULL);
 	pthread_mutex_destroy(&p.lock);
-	assert_true(sched_drain(&q) == NULL);
-	sched_fini(&q);
+	assert_true(pushq_drain(&q) == NULL);
+	pushq_fini(&q);
 }
 
 /* Several blocked poppers each get a distinct entry as credit comes back. */
@@ -497,14 +497,14 @@ static void test_many_poppers(void **state)
 {
 	(void)state;
 	enum { T = 4 };
-	struct sched_queue q;
-	assert_true(sched_init(&q, 4) == 0);
-	struct sched_entry hold = entry(9, 0, 4), es[T];
-	assert_true(sched_push(&q, &hold) == 0);
-	assert_true(sched_try_pop(&q) == &hold);
+	struct pushq q;
+	assert_true(pushq_init(&q, 4) == 0);
+	struct pushq_entry hold = entry(9, 0, 4), es[T];
+	assert_true(pushq_push(&q, &hold) == 0);
+	assert_true(pushq_try_pop(&q) == &hold);
 	for (int i = 0; i < T; i++) {
 		es[i] = entry(0, (uint64_t)(i + 1), 4);
-		assert_true(sched_push(&q, &es[i]) == 0);
+		assert_true(pushq_push(&q, &es[i]) == 0);
 	}
 	struct popper p[T];
 	pthread_t t[T];
@@ -513,7 +513,7 @@ static void test_many_poppers(void **state)
 	sleep_ms(50);
 	for (int i = 0; i < T; i++) {
 		/* exactly one more popper finishes per release */
-		sched_release(&q, 4);
+		pushq_release(&q, 4);
 		int done = 0;
 		for (int spin = 0; spin < 2000 && done < i + 1; spin++) {
 			sleep_ms(1);
@@ -537,80 +537,80 @@ static void test_many_poppers(void **state)
 		seen[k] = true;
 		pthread_mutex_destroy(&p[i].lock);
 	}
-	struct sched_stats st;
-	sched_stats(&q, &st);
+	struct pushq_stats st;
+	pushq_stats(&q, &st);
 	assert_true(st.max_inflight == 4);
 	assert_true(st.taken == T + 1);
-	sched_fini(&q);
+	pushq_fini(&q);
 }
 
 /* 8. The counters after a known sequence. */
 static void test_stats(void **state)
 {
 	(void)state;
-	struct sched_queue q;
-	assert_true(sched_init(&q, 100) == 0);
-	struct sched_stats st;
-	sched_stats(&q, &st);
+	struct pushq q;
+	assert_true(pushq_init(&q, 100) == 0);
+	struct pushq_stats st;
+	pushq_stats(&q, &st);
 	assert_true(st.credit == 100);
 	assert_true(st.inflight == 0);
 	assert_true(st.max_inflight == 0);
 	assert_true(st.queued == 0);
 	assert_true(st.taken == 0);
-	struct sched_entry es[6];
+	struct pushq_entry es[6];
 	for (int i = 0; i < 6; i++) {
 		es[i] = entry(0, (uint64_t)i, (size_t)(10 * (i + 1)));	/* 10 .. 60 */
-		assert_true(sched_push(&q, &es[i]) == 0);
+		assert_true(pushq_push(&q, &es[i]) == 0);
 	}
-	sched_stats(&q, &st);
+	pushq_stats(&q, &st);
 	assert_true(st.queued == 6);
 	assert_true(st.taken == 0);
 	assert_true(st.inflight == 0);
-	assert_true(sched_try_pop(&q) == &es[0]);	/* 10 in flight */
-	assert_true(sched_try_pop(&q) == &es[1]);	/* 30 */
-	assert_true(sched_try_pop(&q) == &es[2]);	/* 60 */
-	assert_true(sched_try_pop(&q) == &es[3]);	/* 100: fits exactly */
-	assert_true(sched_try_pop(&q) == NULL);	/* 150 would not */
-	sched_stats(&q, &st);
+	assert_true(pushq_try_pop(&q) == &es[0]);	/* 10 in flight */
+	assert_true(pushq_try_pop(&q) == &es[1]);	/* 30 */
+	assert_true(pushq_try_pop(&q) == &es[2]);	/* 60 */
+	assert_true(pushq_try_pop(&q) == &es[3]);	/* 100: fits exactly */
+	assert_true(pushq_try_pop(&q) == NULL);	/* 150 would not */
+	pushq_stats(&q, &st);
 	assert_true(st.credit == 100);
 	assert_true(st.inflight == 100);
 	assert_true(st.max_inflight == 100);
 	assert_true(st.queued == 2);
 	assert_true(st.taken == 4);
 	assert_true(es[3].inflight == 100);
-	assert_true(sched_release(&q, 30) == 70);
-	assert_true(sched_try_pop(&q) == NULL);	/* 70 + 50 > 100 */
-	assert_true(sched_release(&q, 50) == 20);
-	assert_true(sched_try_pop(&q) == &es[4]);	/* 20 + 50 */
+	assert_true(pushq_release(&q, 30) == 70);
+	assert_true(pushq_try_pop(&q) == NULL);	/* 70 + 50 > 100 */
+	assert_true(pushq_release(&q, 50) == 20);
+	assert_true(pushq_try_pop(&q) == &es[4]);	/* 20 + 50 */
 	assert_true(es[4].inflight == 70);
-	sched_stats(&q, &st);
+	pushq_stats(&q, &st);
 	assert_true(st.inflight == 70);
 	assert_true(st.max_inflight == 100);	/* the peak stays */
 	assert_true(st.queued == 1);
 	assert_true(st.taken == 5);
 	/* drain takes without counting: neither taken nor in flight */
-	struct sched_entry extra = entry(1, 99, 7);
-	assert_true(sched_push(&q, &extra) == 0);
-	sched_stats(&q, &st);
+	struct pushq_entry extra = entry(1, 99, 7);
+	assert_true(pushq_push(&q, &extra) == 0);
+	pushq_stats(&q, &st);
 	assert_true(st.queued == 2);
-	assert_true(sched_drain(&q) == &extra);
-	sched_stats(&q, &st);
+	assert_true(pushq_drain(&q) == &extra);
+	pushq_stats(&q, &st);
 	assert_true(st.queued == 1);
 	assert_true(st.taken == 5);
 	assert_true(st.inflight == 70);
-	assert_true(sched_release(&q, 70) == 0);
-	assert_true(sched_try_pop(&q) == &es[5]);
+	assert_true(pushq_release(&q, 70) == 0);
+	assert_true(pushq_try_pop(&q) == &es[5]);
 	assert_true(es[5].order == 5);
 	assert_true(es[5].inflight == 60);
-	assert_true(sched_release(&q, 60) == 0);
-	sched_set_credit(&q, 50);
-	sched_stats(&q, &st);
+	assert_true(pushq_release(&q, 60) == 0);
+	pushq_set_credit(&q, 50);
+	pushq_stats(&q, &st);
 	assert_true(st.credit == 50);
 	assert_true(st.inflight == 0);
 	assert_true(st.max_inflight == 100);
 	assert_true(st.queued == 0);
 	assert_true(st.taken == 6);
-	sched_fini(&q);
+	pushq_fini(&q);
 }
 
 int main(void)
