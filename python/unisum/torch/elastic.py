@@ -41,6 +41,10 @@ import torch
 
 from unisum import _capi
 from unisum._capi import UnisumError
+from unisum.torch._core import rank, size
+from unisum.torch._runtime import membership_changed, rejoin
+from unisum.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from unisum._horovod.gather import allgather_object
 
 __all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler",
            "HostsUpdatedInterrupt", "HorovodInternalError"]
@@ -66,8 +70,14 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 def _us() -> Any:
-    import unisum.torch as us
-    return us
+    """The API names elastic training uses, each from its own module (the
+    unisum.torch façade imports this module, so it never imports that)."""
+    from types import SimpleNamespace
+    return SimpleNamespace(rank=rank, size=size, membership_changed=membership_changed,
+                           rejoin=rejoin, broadcast_object=broadcast_object,
+                           broadcast_parameters=broadcast_parameters,
+                           broadcast_optimizer_state=broadcast_optimizer_state,
+                           allgather_object=allgather_object)
 
 
 class State:

@@ -15,7 +15,6 @@ from unisum import _capi
 from unisum.torch._core import (_DTYPES, _Op, _land_flying, _lock, _ops, _raise_kept, _register,
                                 _require_init, _starting, rank)
 from unisum.torch.ops import _by_order, _in_set, _pset_of, _tensor_id, _undeclare, synchronize
-from unisum.torch.optimizer import _DistributedOptimizer
 
 def _broadcast_start(tensor: torch.Tensor, root_rank: int, name: Optional[str],
                      inplace: bool, one_shot: Optional[bool] = None, pset: int = 0) -> int:
@@ -195,7 +194,7 @@ def _make_state(optimizer: torch.optim.Optimizer) -> None:
                 if isinstance(optimizer, torch.optim.SparseAdam):
                     p.grad = p.grad.to_sparse()
     kept = [p.detach().clone() for group in optimizer.param_groups for p in group["params"]]
-    if type(optimizer).__dict__.get("synchronize") is _DistributedOptimizer.synchronize:
+    if "_unisum_class" in type(optimizer).__dict__:    # a DistributedOptimizer
         super(type(optimizer), optimizer).step()  # type: ignore[misc]
     else:
         optimizer.step()

@@ -52,6 +52,8 @@ from unisum.torch._core import (_DTYPES, _land_flying, _lock, _optimizers, _requ
                                 local_size, rank, size)
 from unisum.torch._memory import zeros_like
 from unisum.torch._sync_modes import mode_of
+from unisum._horovod.basics import Average, Sum
+from unisum._horovod.gather import sparse_allreduce_async
 from unisum.torch.ops import _in_set, _pset_of, _scaled, _shaped, _start, _sync_mode, synchronize
 
 _optimizer_counter = 0        # DistributedOptimizers made so far
@@ -250,10 +252,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if grad.is_sparse:
             self._sparse.setdefault(p, grad.sparse_dim())
             if not self._sparse_as_dense:
-                from unisum import _horovod
-                return _horovod.sparse_allreduce_async(
-                    grad, "gradient." + self._names[id(p)],
-                    _horovod.Sum if self._sum else _horovod.Average,
+                return sparse_allreduce_async(
+                    grad, "gradient." + self._names[id(p)], Sum if self._sum else Average,
                     self._process_set), None, None
             grad = grad.to_dense()
         compressed, ctx = self._compression.compress(grad)
