@@ -12,9 +12,11 @@ build directory is $UNISUM_BUILD_DIR if set, else <repo>/build.
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -67,6 +69,41 @@ for _p in (WORKERS_DIR, PYTHON_DIR):
 DEFAULT_TIMEOUT = 120
 
 
+# The fork server (forkserver.py): one per pytest process, started at its
+# first launch; UNISUM_TEST_FORKSERVER=0 launches every worker as a fresh
+# interpreter instead.
+FORKSERVER = os.path.join(HERE, "forkserver.py")
+_forkserver = {}
+
+
+def _forkserver_path():
+    """The socket of this process's fork server, started now if need be;
+    None when it is turned off or would not start."""
+    if os.environ.get("UNISUM_TEST_FORKSERVER", "1") == "0":
+        return None
+    if "path" not in _forkserver:
+        tmp = tempfile.mkdtemp(prefix="unisum-forkserver.")
+        path = os.path.join(tmp, "sock")
+        env = worker_env()
+        env.pop("UNISUM_TEST_FORKSERVER", None)
+        proc = subprocess.Popen([PYTHON, FORKSERVER, "--serve", path, "torch", "numpy",
+                                 "sklearn.datasets"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env=env, cwd=REPO)
+        ready = proc.stdout.readline().strip() == b"ready"
+        _forkserver.update(path=path if ready else None, proc=proc, tmp=tmp)
+        if not ready:
+            proc.kill()
+    return _forkserver["path"]
+
+
+def pytest_unconfigure(config):
+    proc = _forkserver.get("proc")
+    if proc is not None:
+        proc.stdin.close()      # the server kills what still runs, and exits
+        proc.wait(timeout=30)
+        shutil.rmtree(_forkserver["tmp"], ignore_errors=True)
+
+
 def worker_env(extra=None):
     """The environment of launched workers: unisum importable from the
     source tree, the library of the build directory the launcher comes from,
@@ -105,10 +142,19 @@ def run_launch(nworkers, nservers, script, *args, timeout=DEFAULT_TIMEOUT, env=N
         cmd += ["--local-size", str(local_size)]
     if elastic:
         cmd += ["--elastic"]
-    cmd += ["--timeout", str(int(timeout)), "--", python or PYTHON, script] + [str(a) for a in args]
+    env = dict(env if env is not None else worker_env())
+    served = _forkserver_path() if python is None else None
+    if served is not None:
+        # The workers forked from the fork server (forkserver.py), which
+        # has torch imported already; its client stands for each.
+        env["UNISUM_TEST_FORKSERVER"] = served
+        interp = [PYTHON, "-S", "-E", FORKSERVER]
+    else:
+        env.pop("UNISUM_TEST_FORKSERVER", None)
+        interp = [python or PYTHON]
+    cmd += ["--timeout", str(int(timeout)), "--"] + interp + [script] + [str(a) for a in args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env if env is not None else worker_env(), cwd=cwd or REPO,
-                            start_new_session=True)
+                            env=env, cwd=cwd or REPO, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout + 20)
     except subprocess.TimeoutExpired:
