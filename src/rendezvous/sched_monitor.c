@@ -134,6 +134,15 @@ static void sched_check_start(struct rdv_scheduler *s, int64_t now)
 	s->culprit_rank = rank;
 }
 
+/* The monitor thread, one per scheduler.  Serves: every heartbeat_ms it
+ * checks the start (every node registered within start_timeout_ms), an
+ * elastic re-form, stalled barriers and the load report, then sends each
+ * watched node a heartbeat and fails the job, or fails a server over,
+ * when a node has been silent for timeout_ms.  Owns nothing; works under
+ * s->lock, which it lets go only in its timed wait on s->changed.  May
+ * block on a node's send (sched_send, bounded by the transport's send
+ * timeout).  Once the job is finished it lingers while registration's
+ * door stays open, then shuts the listener to wake the accepting thread. */
 void *sched_monitor_main(void *arg)
 {
 	struct rdv_scheduler *s = arg;

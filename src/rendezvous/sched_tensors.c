@@ -745,6 +745,13 @@ static bool sched_declare_valid(const struct wire_hdr *req, uint64_t pbytes,
 	       !(segs->n == 0 && placement_nparts(req->count, esize, pbytes) > PLACEMENT_MAX_PARTS);
 }
 
+/* DECLARE from node n, on its reader thread.  Serves: decodes the
+ * request, refuses a bad one (the node's connection closes on an error
+ * returned), and files the tensor or checks it against the one already
+ * filed under its name; the first declaration cuts it and places the
+ * pieces (Theorem 1), and every declarer gets the same answer.  Takes
+ * s->lock itself; owns the tensor table's entries it makes.  Blocks only
+ * on the reply's send to n. */
 int sched_on_declare(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *req,
 		     const void *payload, size_t len)
 {

@@ -750,6 +750,14 @@ static int sched_max_connections(const struct rdv_scheduler *s)
 	return room < RDV_MAX_NODES ? room : RDV_MAX_NODES;
 }
 
+/* The accepting thread, one per scheduler.  Serves: accepts connections
+ * until every node registered (longer with server failover or an elastic
+ * job, whose replacements and newcomers register late), and gives each
+ * its own thread (sched_node_main), which takes the REGISTER; then waits
+ * for the job to finish, records its result and shuts every connection.
+ * Owns the listener and the node table's growth, under s->lock.  Blocks
+ * in accept, which the monitor thread ends by shutting the listener
+ * down, and on s->changed. */
 static void *sched_main(void *arg)
 {
 	struct rdv_scheduler *s = arg;

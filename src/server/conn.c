@@ -552,6 +552,13 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 	}
 }
 
+/* A worker connection's receiving thread, one per connection.  Serves:
+ * authenticates the peer, takes its HELLO, then reads each message and
+ * hands it to its handler (DECLARE_CHECK, PUSH into the key's buffer,
+ * PULL, RETIRE, RESTORE), which queues events for the key's engine.  Owns
+ * the connection's reading side; a malformed message or a read error
+ * closes this connection alone, naming the worker.  Blocks in
+ * recv_header and on the payloads it reads. */
 void *srv_recv_main(void *arg)
 {
 	struct srv_conn *c = arg;

@@ -404,6 +404,13 @@ static void srv_async_pull(struct server *srv, struct srv_key *k, const struct s
 
 /* ---- lock-step keys ---------------------------------------------------- */
 
+/* A PUSH event of key k, on its engine's thread.  Serves: an async key's
+ * delta goes to srv_async_push; a lock-step push is folded into the
+ * round's slot in machine order (a restored round's laggard, a ZERO push,
+ * the first push copies), and once every machine's push is in, the
+ * held PULLs of the round are answered.  Owns the key's slots (only its
+ * engine's thread touches them).  Never blocks: replies are queued on
+ * their connections' sending threads. */
 static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
 {
 	if (k->async) {
@@ -750,6 +757,12 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 	}
 }
 
+/* An engine's thread, one per engine (keys are spread over the engines).
+ * Serves: takes its queue's events in order (PUSH, PULL, RETIRE, FREE,
+ * RESTORE, REFUSE, POISON) and runs each on its key, and every stall
+ * period checks its keys for stalled rounds.  Owns its keys' sums;
+ * takes e->lock only to take an event.  Blocks only in the queue's timed
+ * wait (200 ms at most). */
 void *srv_engine_main(void *arg)
 {
 	struct srv_engine *e = arg;
