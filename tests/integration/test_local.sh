@@ -42,7 +42,7 @@ run_local() {
 # 4 MB ones (slices of many cross-memory chunks) follow.
 #
 # UNISUM_TEST_LIGHT=1 (the sanitizer runs, which look for memory and thread
-# errors rather than arithmetic, and run tests/unit/test_job.c's in-process
+# errors rather than arithmetic, and run tests/component/test_job.c's in-process
 # jobs of the same paths too) keeps one machine of 4 and two machines of 2,
 # leaves out the 8-process and the largest jobs, and cuts every tensor in
 # 64 KiB partitions.

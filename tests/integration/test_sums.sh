@@ -4,7 +4,7 @@
 #
 # Every dtype and boundary size on 1, 2 and 4 workers x 1, 2 and 3 servers,
 # with 64 KiB partitions (3 partitions are 192 KiB, so the matrix is cheap;
-# tests/unit/test_job.c runs the same corners in one process); the default
+# tests/component/test_job.c runs the same corners in one process); the default
 # 4 MB partitions on two of those, and the 64 MiB tensors (thousands of
 # partitions) on one.
 #
