@@ -143,7 +143,9 @@ def run_launch(nworkers, nservers, script, *args, timeout=DEFAULT_TIMEOUT, env=N
     if elastic:
         cmd += ["--elastic"]
     env = dict(env if env is not None else worker_env())
-    served = _forkserver_path() if python is None else None
+    # Not for an elastic job: its launcher knows a worker by the pid the
+    # worker registered, which is the forked worker's, not the client's.
+    served = _forkserver_path() if python is None and not elastic else None
     if served is not None:
         # The workers forked from the fork server (forkserver.py), which
         # has torch imported already; its client stands for each.

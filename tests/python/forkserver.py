@@ -25,9 +25,14 @@ without passing anything on (SIGKILL, as the launcher stops a job), the
 server kills the worker.  A signal sent to the worker's own pid (what a
 worker prints) reaches it directly.
 
-UNISUM_TEST_FORKSERVER=0 turns it off: every worker is then a fresh
-interpreter, as for a user.  A launch with another interpreter (the
-installed-package tests) never uses it.
+What differs from a user's job: the launcher's child is the client, so
+the pid the launcher prints for a worker is the client's, while the
+worker registers its own with the scheduler.  An elastic launcher matches
+the two (each worker's output follows its rank across re-forms), so an
+elastic launch never uses the fork server, and neither do the integration
+tests, which check such messages.  UNISUM_TEST_FORKSERVER=0 turns it off:
+every worker is then a fresh interpreter, as for a user.  A launch with
+another interpreter (the installed-package tests) never uses it.
 """
 
 import json
