@@ -3,8 +3,9 @@
  * taking partitions in priority order under the credit), each
  * connection's sending thread (PUSH, then PULL) and receiving thread (the
  * PULL stage: replies straight into the caller's output), the pending
- * table, and how a job ends (op.c completes its operation when its last
- * partition does).  See worker.c's DESIGN.
+ * table, and how a job ends (part.c completes its operation when its
+ * last partition does, through the upcall w->up->part_done).  See
+ * worker.c's DESIGN.
  */
 #include <endian.h>
 #include <errno.h>

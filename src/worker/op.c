@@ -1,5 +1,5 @@
 /*
- * op.c - operations: filing one, starting its partitions, waiting for it and completing it.
+ * op.c - operations: filing one, starting its partitions and waiting for it (part.c completes it).
  * The state it shares with the rest of the worker is in worker_int.h.
  */
 #include <endian.h>

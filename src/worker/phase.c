@@ -3,11 +3,12 @@
  * gathering collective's phases go out.
  *
  * An allgather on a homed cut pulls phase by phase (a ring's order,
- * gather.c plans it); a begun round (unisum_allgather_begin) holds even
+ * cuts.c's wk_phases_plan plans it); a begun round (unisum_allgather_begin) holds even
  * its first phase until no other operation is in flight.  The PULLs were
  * made ahead (op->pulls); this file only decides when each goes, and
- * queues it on its connection.  It calls nothing above conns.c, so the
- * connection layer (through its upcall), cuts.c and op.c may all call it.
+ * queues it on its connection.  It calls nothing later than conns.c in
+ * the layers, so the connection layer (through its upcall), cuts.c and
+ * op.c may all call it.
  * The state it shares with the rest of the worker is in worker_int.h.
  */
 #include <pthread.h>

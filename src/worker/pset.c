@@ -1,5 +1,5 @@
 /*
- * pset.c - process sets and racks: a set's own tensors (their wire names, their members' connections) and declaring a tensor in a set.
+ * pset.c - adding and removing process sets (a set's ranks, wire names, racks and connections are members.c's; declaring a tensor in a set is tensor.c's).
  * The state it shares with the rest of the worker is in worker_int.h.
  */
 #include <endian.h>

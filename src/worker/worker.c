@@ -3,11 +3,11 @@
  * its job, the scheduler's failure notice, the local path's hooks, stats,
  * barriers.  api.c puts unisum.h over the process's one worker; tests may
  * run several in one process.  The rest of the API is in tensor.c (the
- * tensor table), pset.c (process sets and racks), op.c (operations),
- * dssync.c (divide and shuffle) and gather.c (allgather, reduce-scatter,
- * alltoall); the server connections and the PUSH and PULL stages in
- * conns.c, cuts and autotune in cuts.c; the state they share in
- * worker_int.h.
+ * tensor table), pset.c (process sets), op.c (operations), dssync.c
+ * (divide and shuffle), gather.c (allgather, reduce-scatter, alltoall)
+ * and join.c; the server connections and the PUSH and PULL stages in
+ * conns.c, cuts and autotune in cuts.c; worker_int.h lists every file in
+ * its layer and holds the state they share.
  *
  * DESIGN.  Every partition of a push_pull goes through the stages of
  * docs/ARCHITECTURE.md section 2.  LOCAL_REDUCE and LOCAL_BROADCAST have work only

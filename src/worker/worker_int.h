@@ -1,15 +1,10 @@
 /*
  * worker_int.h - the worker's state and the functions its files share
- * (internal to src/worker).  worker.c joins and leaves the job and holds
- * the local path's hooks; tensor.c the tensor table; pset.c process sets;
- * op.c operations (filing, starting, waiting, completing); dssync.c and
- * gather.c the collectives beyond push_pull; conns.c the server
- * connections, the PUSH stage and the PULL stage; meter.c fit mode's
- * meter; cuts.c the cuts of a tensor (its declaration with the scheduler),
- * autotune's thread and the hand-off of an operation to its first stage;
- * failover.c and join.c their features.  Each section below says which
- * file defines what it declares.  See worker.c's DESIGN for the data flow
- * and the locks.
+ * (internal to src/worker).  The files are layered; the list of them,
+ * lowest first, and what each holds is above their declarations, below
+ * the structs.  Each section says which file defines what it declares.
+ * See worker.c's DESIGN for the data flow and the locks, and
+ * docs/START_HERE.md for one push_pull followed through the files.
  */
 #ifndef UNISUM_WORKER_INT_H
 #define UNISUM_WORKER_INT_H
@@ -180,7 +175,7 @@ struct wk_op {
 	bool launched;			/* wk_launch has run */
 	/* An allgather begun without this rank's rows (unisum_allgather_begin):
 	 * its own partitions' jobs wait in `held` (chained by `next`, counted
-	 * in `remaining`) until supplied (wk_supply). */
+	 * in `remaining`) until supplied (worker_allgather_supply). */
 	bool deferred;
 	bool supplied;
 	bool nothing;			/* ... by wk_supply_nothing: none of its rows, */
@@ -251,7 +246,7 @@ struct wk_job {
 };
 
 /* Fit mode (UNISUM_AUTOTUNE=2), worker 0: its data pushes over TCP, for
- * tune_fit (conns.c).  Times on the timing clock, in microseconds. */
+ * tune_fit (meter.c).  Times on the timing clock, in microseconds. */
 struct wk_meter {
 	pthread_mutex_t lock;
 	int inflight;			/* pushes sent, not acknowledged */
@@ -298,16 +293,18 @@ struct wk_pset {
 /* What the connection layer (conns.c) tells the layers above it.  It
  * calls them only through this table, which the worker fills as it is
  * made (worker.c, wk_new), so conns.c needs nothing above it to build
- * and the layers form no circle: failover.c, op.c, gather.c and join.c
- * call down into conns.c, and conns.c calls up through here. */
+ * and the layers form no circle: failover.c, phase.c, cuts.c, members.c
+ * and worker.c call down into conns.c, and conns.c calls up through here
+ * (a local operation's partitions end through local_pulled instead: the
+ * machine's local path completes them, worker.c's wk_local_done). */
 struct wk_conn_upcalls {
 	/* A partition of op ended (err 0 or negative): op.c's
-	 * wk_op_part_done. */
+	 * wk_op_part_done, in part.c. */
 	void (*part_done)(struct wk_op *op, int err, const char *why);
-	/* A partition of ring phase `done` ended: gather.c's wk_phase_step. */
+	/* A partition of ring phase `done` ended: phase.c's wk_phase_step. */
 	void (*phase_step)(struct worker *w, struct wk_op *op, int done);
 	/* A ZERO push for op was acknowledged, or failed first (w->lock
-	 * held): worker.c's wk_nothing_pushed. */
+	 * held): part.c's wk_nothing_pushed. */
 	void (*nothing_pushed)(struct worker *w, struct wk_op *op);
 	/* Failover (failover.c): a lost server's partitions declared where
 	 * they moved (wk_hand_over); a MOVED job's key declared on `to`
@@ -345,7 +342,7 @@ struct worker {
 	unisum_handle next_handle;
 	struct pushq push_q;	/* the PUSH stage: priority and credit */
 	struct tuner *tuner;		/* the settings of each epoch (src/worker/tune.c) */
-	struct wk_meter meter;		/* fit mode: what crossed the network (conns.c) */
+	struct wk_meter meter;		/* fit mode: what crossed the network (meter.c) */
 	_Atomic uint64_t operations;	/* collectives completed without an error */
 	_Atomic uint64_t bytes_pulled;	/* data payloads received from the servers (conns.c;
 					 * what was pushed: each wk_conn's bytes_pushed) */
@@ -412,15 +409,17 @@ struct worker {
 
 /*
  * The files below declare what they share in the order they are layered,
- * lowest first: each calls only the files above it in this list (and the
- * modules outside src/worker), never one further down.  The connection
- * layer calls up only through w->up (struct wk_conn_upcalls).
+ * lowest first: each calls only files earlier in this list (and the
+ * modules outside src/worker), never a later one; tests/docs/
+ * check_layers.py holds them to it.  The connection layer calls up only
+ * through w->up (struct wk_conn_upcalls).
  *
  *   meter.c, conns.c, failover.c, phase.c, part.c, members.c, announce.c,
  *   cuts.c, tensor.c, dssync.c, op.c, gather.c, join.c, pset.c, worker.c
  *
- * api.c (unisum.h's functions) sits on top of them all; local*.c (the
- * machine's shared memory) below them all.
+ * api.c (unisum.h's functions) comes after them all; the local path
+ * (local_arena.c, local_wait.c, local_reduce.c, local.c: the machine's
+ * shared memory) and tune.c (autotune's search) before them all.
  */
 
 /* UNISUM_ENOTINIT (logged) unless w has joined its job. */

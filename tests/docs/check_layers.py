@@ -9,6 +9,10 @@ file to the first; comments and strings are left out.  The connection
 layer's calls up go through a table of pointers (w->up) that worker.c
 fills, so they are no edge: that is the point of the table.
 
+src/worker is held to more: the order worker_int.h lists its files in,
+lowest first; a file may call only files earlier in it.  Before that list
+come the local path and tune.c, after it api.c (worker_int.h says so).
+
 Python: every import of a unisum module, at the top or inside a function,
 is an edge (an import inside `if TYPE_CHECKING:` is for the type checker
 only, and is none).  `from unisum.torch import _core` imports the module
@@ -52,6 +56,36 @@ def c_edges(folder):
             if defined[fn] != name:
                 edges.setdefault(name, {}).setdefault(defined[fn], []).append(fn)
     return edges
+
+
+# What worker_int.h's list leaves out: the local path and autotune's
+# search first, the C API last.
+_WORKER_FIRST = ["local_arena.c", "local_wait.c", "local_reduce.c", "local.c", "tune.c"]
+_WORKER_LAST = ["api.c"]
+
+
+def worker_order():
+    """src/worker's files, lowest first, as worker_int.h lists them."""
+    text = open(os.path.join(ROOT, "src", "worker", "worker_int.h")).read()
+    m = re.search(r"lowest first:.*?\n \*\n((?: \*   [^\n]*\n)+)", text, re.S)
+    if m is None:
+        return None
+    listed = re.findall(r"(\w+\.c)", m.group(1))
+    return _WORKER_FIRST + listed + _WORKER_LAST
+
+
+def order_breaks(edges, order):
+    """Each call of a file to one that comes later in `order`, and each
+    file of the folder that `order` leaves out."""
+    out = []
+    files = set(edges) | {b for a in edges for b in edges[a]}
+    for f in sorted(files - set(order)):
+        out.append("%s is in no layer of worker_int.h's list" % f)
+    for a in sorted(edges):
+        for b, via in sorted(edges[a].items()):
+            if a in order and b in order and order.index(b) > order.index(a):
+                out.append("%s calls %s, a later layer: %s" % (a, b, ", ".join(sorted(set(via)))))
+    return out
 
 
 def _module_of(path):
@@ -144,8 +178,18 @@ def main():
                      if os.path.isdir(d))
     for folder in folders:
         bad += report(folder, c_edges(folder), folder in HELD)
+    order = worker_order()
+    if order is None:
+        print("FAIL src/worker: worker_int.h's list of layers is not found")
+        bad += 1
+    else:
+        breaks = order_breaks(c_edges("src/worker"), order)
+        for b in breaks:
+            print("FAIL src/worker: " + b)
+        bad += len(breaks)
     bad += report("python/unisum", py_edges(), True)
-    print("%d circles where the layers are held (%s, python/unisum)" % (bad, ", ".join(HELD)))
+    print("%d circles or calls out of order where the layers are held (%s, python/unisum)"
+          % (bad, ", ".join(HELD)))
     return 1 if bad else 0
 
 

@@ -264,6 +264,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             compressed.copy_(_scaled(compressed, 1.0 / self._predivide))
             flags, scale = 0, self._predivide / self._members
         spec = self._spec if compressed.dtype == torch.float32 else None
+        # average=False: `flags` says whether the sum is averaged (it
+        # overrides `average`), and scale divides what predivision left.
         handle = _start(compressed, False, self._grad_name(p, compressed),
                         self._priority[id(p)], True, scale=scale, flags=flags, pset=self._pset,
                         compression=spec)
