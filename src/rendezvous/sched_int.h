@@ -2,7 +2,7 @@
  * sched_int.h - the scheduler's state and the functions its files share
  * (internal to src/rendezvous: scheduler.c registers nodes, sends the
  * address book and runs their threads; sched_nodes.c sends to and reads
- * from one node; sched_barrier.c the barriers; sched_monitor.c the
+ * from one node; sched_job.c keeps the job's fate (sched_fail); sched_barrier.c the barriers; sched_monitor.c the
  * heartbeats and the checks of silence and stalls; sched_tensors.c
  * answers declarations and keeps the tensor table and the placement;
  * sched_elastic.c an elastic job's generations).
@@ -168,8 +168,16 @@ int sched_recv(struct sched_node *n, struct wire_hdr *h, void **payload, char *w
 void sched_send_workers(struct rdv_scheduler *s, const struct wire_hdr *h, const void *payload,
 			bool joined_only);
 
-/* scheduler.c */
+/* sched_job.c: the job's fate (s->lock held).  Records the first failure
+ * and tells every other live node; sched_fail_logged with `logged` false
+ * does not log it as this scheduler's ERROR (the launcher said it). */
 void sched_fail(struct rdv_scheduler *s, int err, const char *why);
+void sched_fail_logged(struct rdv_scheduler *s, int err, const char *why, bool logged);
+/* Whether the job is over: every node gone after goodbye, or a failure. */
+bool sched_is_finished(const struct rdv_scheduler *s);
+/* Whether a failed job still answers nodes that come late (see
+ * sched_fail). */
+bool sched_lingers(const struct rdv_scheduler *s);
 
 /* sched_elastic.c.  Called with s->lock held. */
 /* Worker n of a running elastic job was lost (cause): the job re-forms
@@ -201,7 +209,7 @@ void sched_elastic_announce(struct rdv_scheduler *s);
  * connections have closed. */
 void sched_elastic_reap(struct rdv_scheduler *s);
 
-/* scheduler.c: node n takes what REGISTER m says of it (role, address,
+/* sched_nodes.c: node n takes what REGISTER m says of it (role, address,
  * process, rack; a local rank 0 of 1, a server's or an elastic worker's);
  * the caller sets its rank */
 void sched_take_register(struct sched_node *n, const struct rdv_register *m);
@@ -252,12 +260,6 @@ void sched_check_left_barriers(struct rdv_scheduler *s);
  * job failed at stall_abort_ms.  Called with s->lock held. */
 void sched_check_barriers(struct rdv_scheduler *s, int64_t now);
 
-/* Whether the job is over: every node gone after goodbye, or a failure.
- * Called with s->lock held. */
-bool sched_is_finished(const struct rdv_scheduler *s);
-/* Whether a failed job still answers nodes that come late (see
- * sched_fail).  Called with s->lock held. */
-bool sched_lingers(const struct rdv_scheduler *s);
 /* The monitor thread (sched_monitor.c): every heartbeat_ms a heartbeat to
  * every live node; fails the job naming a node silent for timeout_ms, a
  * barrier stalled past stall_abort_ms, or a start that never completes. */

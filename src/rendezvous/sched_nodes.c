@@ -1,13 +1,15 @@
 /*
  * sched_nodes.c - the scheduler's side of one node's connection: sending
  * to it (each node's send_lock serialises writes, taken after s->lock when
- * both are held), reading from it, and naming it in messages.
+ * both are held), reading from it, naming it in messages, and taking what
+ * its REGISTER says of it.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "rendezvous/rdv_proto.h"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/sched_int.h"
 #include "timing/timing.h"
@@ -91,4 +93,17 @@ void sched_send_workers(struct rdv_scheduler *s, const struct wire_hdr *h,
 			continue;
 		sched_send(m, h, payload);
 	}
+}
+
+void sched_take_register(struct sched_node *n, const struct rdv_register *m)
+{
+	n->role = m->role;
+	n->port = m->port;
+	n->local_rank = 0;
+	n->local_size = 1;
+	snprintf(n->host, sizeof n->host, "%s", m->host);
+	n->pid = m->pid;
+	snprintf(n->host_id, sizeof n->host_id, "%s", m->host_id);
+	n->rack = m->rack;
+	atomic_store(&n->last_seen_ms, timing_now_ms());
 }

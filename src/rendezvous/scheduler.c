@@ -28,47 +28,6 @@
 #include "timing/timing.h"
 #include "wire/wire.h"
 
-/* sched_fail; `logged`: the failure is logged as this scheduler's ERROR
- * (not when the launcher that runs it has said it already). */
-static void sched_fail_logged(struct rdv_scheduler *s, int err, const char *why, bool logged)
-{
-	if (s->error != 0)
-		return;
-	s->error = err;
-	snprintf(s->error_why, sizeof s->error_why, "%s", why);
-	if (logged)
-		LOG_ERROR("job failed: %s", why);
-	/* Nodes still starting would only find the port closed, and could
-	 * not say why: until linger_ms from now, a connection that has not
-	 * registered yet, and any new one, is answered with this failure
-	 * when its REGISTER comes (sched_on_register). */
-	bool linger = !s->book_sent && s->linger_ms > 0 && !s->aborted;
-	if (linger)
-		s->linger_until = timing_now_ms() + s->linger_ms;
-	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *n = s->nodes[i];
-		if (!n->gone && (n->registered || n->waiting))
-			sched_send_error(n, err, why);
-		if (n->registered || n->waiting || !linger)
-			s->tp->conn_shutdown(n->conn);
-	}
-	if (!linger)
-		s->tp->listener_shutdown(s->listener);
-	pthread_cond_broadcast(&s->changed);
-}
-
-/* Records the first failure and tells every other live node.  Called with
- * s->lock held. */
-void sched_fail(struct rdv_scheduler *s, int err, const char *why)
-{
-	sched_fail_logged(s, err, why, true);
-}
-
-bool sched_lingers(const struct rdv_scheduler *s)
-{
-	return s->error != 0 && !s->aborted && s->linger_until > timing_now_ms();
-}
-
 /* Gives every registered node of `role` its rank: the one it asked for
  * (UNISUM_SERVER_ID; for a worker machine x local_size + local rank, the
  * machine being UNISUM_WORKER_ID), else the lowest free one in arrival
@@ -227,19 +186,6 @@ static int sched_check_local_size(struct rdv_scheduler *s, struct sched_node *n,
 	sched_send_error(n, UNISUM_ECONFIG, why);
 	sched_fail(s, UNISUM_ECONFIG, why);
 	return UNISUM_ECONFIG;
-}
-
-void sched_take_register(struct sched_node *n, const struct rdv_register *m)
-{
-	n->role = m->role;
-	n->port = m->port;
-	n->local_rank = 0;
-	n->local_size = 1;
-	snprintf(n->host, sizeof n->host, "%s", m->host);
-	n->pid = m->pid;
-	snprintf(n->host_id, sizeof n->host_id, "%s", m->host_id);
-	n->rack = m->rack;
-	atomic_store(&n->last_seen_ms, timing_now_ms());
 }
 
 /* A server registering after the address book went out: it takes the rank
@@ -724,18 +670,6 @@ static void *sched_node_main(void *arg)
 	s->tp->conn_shutdown(n->conn);
 	sched_node_gone(s, n, rc, why);
 	return NULL;
-}
-
-bool sched_is_finished(const struct rdv_scheduler *s)
-{
-	if (s->error != 0 || s->aborted)
-		return true;
-	if (!s->servers_stopped)
-		return false;
-	for (int i = 0; i < s->nnodes; i++)
-		if (s->nodes[i]->registered && !s->nodes[i]->gone)
-			return false;
-	return true;
 }
 
 /* How many connections registration may take: every node plus strangers

@@ -614,3 +614,28 @@ void *srv_recv_main(void *arg)
 	atomic_store(&c->finished, true);
 	return NULL;
 }
+
+/* Answers peer p's pull of key `key` with an error instead of a sum (on
+ * connection c when the caller has it). */
+void srv_reply_error(struct server *srv, struct srv_conn *c, int p, uint64_t key, uint32_t round,
+			    int err, const char *why)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	struct wire_hdr h = {.sender = srv->id, .key = key, .round = round};
+	if (wire_error_build(&h, &b, err, why) == 0) {
+		if (c != NULL) {
+			srv_conn_enqueue(c, &h, b.data, b.data, NULL);
+		} else {
+			pthread_mutex_lock(&srv->lock);
+			struct srv_conn *to = srv->by_worker[p];
+			if (to != NULL)
+				srv_conn_enqueue(to, &h, b.data, b.data, NULL);
+			else
+				free(b.data);
+			pthread_mutex_unlock(&srv->lock);
+		}
+		b.data = NULL;
+	}
+	wire_buf_fini(&b);
+}

@@ -104,31 +104,6 @@ static void srv_answer_waiting(struct server *srv, struct srv_key *k, struct srv
 	}
 }
 
-/* Answers peer p's pull of key `key` with an error instead of a sum (on
- * connection c when the caller has it). */
-void srv_reply_error(struct server *srv, struct srv_conn *c, int p, uint64_t key, uint32_t round,
-			    int err, const char *why)
-{
-	struct wire_buf b;
-	wire_buf_init(&b);
-	struct wire_hdr h = {.sender = srv->id, .key = key, .round = round};
-	if (wire_error_build(&h, &b, err, why) == 0) {
-		if (c != NULL) {
-			srv_conn_enqueue(c, &h, b.data, b.data, NULL);
-		} else {
-			pthread_mutex_lock(&srv->lock);
-			struct srv_conn *to = srv->by_worker[p];
-			if (to != NULL)
-				srv_conn_enqueue(to, &h, b.data, b.data, NULL);
-			else
-				free(b.data);
-			pthread_mutex_unlock(&srv->lock);
-		}
-		b.data = NULL;
-	}
-	wire_buf_fini(&b);
-}
-
 static void srv_on_poison(struct server *srv, struct srv_key *k, const char *why)
 {
 	k->poison = why;
@@ -809,33 +784,4 @@ void *srv_engine_main(void *arg)
 			srv_on_poison(e->srv, ev->key, ev->why);
 		free(ev);
 	}
-}
-
-int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
-		    uint32_t wire_op, const char *why)
-{
-	struct srv_event *ev = malloc(sizeof *ev);
-	if (ev == NULL)
-		return UNISUM_ENOMEM;
-	*ev = (struct srv_event){.type = type, .key = k, .worker = w, .round = round, .zero = zero,
-				 .wire_op = wire_op, .why = why};
-	struct srv_engine *e = &srv->engines[k->engine];
-	pthread_mutex_lock(&e->lock);
-	if (e->joined) {
-		/* Shutting down (a late poison from the scheduler): nobody
-		 * would take it. */
-		pthread_mutex_unlock(&e->lock);
-		if (type == EVENT_REFUSE || type == EVENT_RESTORE)
-			free((char *)why);
-		free(ev);
-		return 0;
-	}
-	if (e->tail)
-		e->tail->next = ev;
-	else
-		e->head = ev;
-	e->tail = ev;
-	pthread_cond_signal(&e->cond);
-	pthread_mutex_unlock(&e->lock);
-	return 0;
 }

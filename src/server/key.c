@@ -415,3 +415,32 @@ void srv_key_remove(struct server *srv, struct srv_key *k)
 	pthread_cond_broadcast(&srv->key_gone);	/* a worker may declare it again */
 	pthread_mutex_unlock(&srv->lock);
 }
+
+int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
+		    uint32_t wire_op, const char *why)
+{
+	struct srv_event *ev = malloc(sizeof *ev);
+	if (ev == NULL)
+		return UNISUM_ENOMEM;
+	*ev = (struct srv_event){.type = type, .key = k, .worker = w, .round = round, .zero = zero,
+				 .wire_op = wire_op, .why = why};
+	struct srv_engine *e = &srv->engines[k->engine];
+	pthread_mutex_lock(&e->lock);
+	if (e->joined) {
+		/* Shutting down (a late poison from the scheduler): nobody
+		 * would take it. */
+		pthread_mutex_unlock(&e->lock);
+		if (type == EVENT_REFUSE || type == EVENT_RESTORE)
+			free((char *)why);
+		free(ev);
+		return 0;
+	}
+	if (e->tail)
+		e->tail->next = ev;
+	else
+		e->head = ev;
+	e->tail = ev;
+	pthread_cond_signal(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+	return 0;
+}

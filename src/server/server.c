@@ -72,23 +72,6 @@
 #include "transport/transport.h"
 #include "wire/wire.h"
 
-/* How messages name peer m (srv_int.h) so that a user can find it:
- * "worker N" with one worker per machine, else "machine M (worker rank
- * R)", R being the rank of its local root, or "worker rank R" for a rank
- * that is not one.  Writes and returns buf. */
-const char *srv_worker_name(const struct server *srv, int m, char *buf, size_t len)
-{
-	if (m < 0)
-		snprintf(buf, len, "a worker before its hello");
-	else if (m >= srv->nworkers)
-		snprintf(buf, len, "worker rank %d", m - srv->nworkers);
-	else if (srv->local_size > 1)
-		snprintf(buf, len, "machine %d (worker rank %d)", m, m * srv->local_size);
-	else
-		snprintf(buf, len, "worker %d", m);
-	return buf;
-}
-
 /* ---- lifecycle ---------------------------------------------------------- */
 
 static void srv_notice(void *arg, int err, const char *why)

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "compress/compress.h"
 #include "config/config.h"
@@ -219,8 +220,20 @@ struct srv_poison {
 /* conn.c: MIGRATE from the scheduler (the rdv client's callback). */
 void srv_on_migrate(void *arg, const struct rdv_failover *f);
 
-/* server.c */
-const char *srv_worker_name(const struct server *srv, int p, char *buf, size_t len);
+/* Peer p's name in messages, into buf (len bytes): a machine's root, a
+ * worker rank of a process set, or a worker before its HELLO. */
+static inline const char *srv_worker_name(const struct server *srv, int m, char *buf, size_t len)
+{
+	if (m < 0)
+		snprintf(buf, len, "a worker before its hello");
+	else if (m >= srv->nworkers)
+		snprintf(buf, len, "worker rank %d", m - srv->nworkers);
+	else if (srv->local_size > 1)
+		snprintf(buf, len, "machine %d (worker rank %d)", m, m * srv->local_size);
+	else
+		snprintf(buf, len, "worker %d", m);
+	return buf;
+}
 
 /* The peer through which worker rank r talks to this server. */
 static inline int srv_rank_peer(const struct server *srv, int r)
@@ -245,8 +258,13 @@ static inline int srv_key_contrib(const struct srv_key *k, int p)
 	return -1;
 }
 
-/* key.c: the key table (call srv_key_find with srv->lock held; the others
- * take it) */
+/* The server's files are layered, lowest first: key.c, conn.c,
+ * engine.c, server.c; each calls only files earlier in the list
+ * (tests/docs/check_layers.py holds them to it).
+ *
+ * key.c: the key table (call srv_key_find with srv->lock held; the others
+ * take it), and posting an event to a key's engine (srv_post: the queue
+ * the connections fill and the engine's thread drains). */
 int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
 		    const char *name, const int *ranks, int nranks, const char *spec, char *why,
 		    size_t len);
@@ -254,13 +272,11 @@ struct srv_key *srv_key_find(struct server *srv, uint64_t key);
 void srv_key_remove(struct server *srv, struct srv_key *k);
 void srv_key_free(struct srv_key *k);
 void srv_key_unpin(struct srv_key *k);
-
-/* engine.c: the engines' event queues */
-void *srv_engine_main(void *arg);
 int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
 	     uint32_t wire_op, const char *why);
-void srv_reply_error(struct server *srv, struct srv_conn *c, int p, uint64_t key, uint32_t round,
-		     int err, const char *why);
+
+/* engine.c: the engines' threads */
+void *srv_engine_main(void *arg);
 
 /* conn.c: a worker's connection threads and its send queue */
 void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *payload,
@@ -271,5 +287,7 @@ void *srv_recv_main(void *arg);
 void *srv_send_main(void *arg);
 void srv_reply_free(struct srv_reply *r);
 void srv_tensor_error(void *arg, uint64_t key, const char *why);
+void srv_reply_error(struct server *srv, struct srv_conn *c, int p, uint64_t key, uint32_t round,
+		     int err, const char *why);
 
 #endif /* UNISUM_SRV_INT_H */
