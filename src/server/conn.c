@@ -389,7 +389,7 @@ void srv_on_migrate(void *arg, const struct rdv_failover *f)
 	pthread_mutex_lock(&srv->lock);
 	for (uint32_t i = 0; i < f->n; i++) {
 		struct srv_key *k = srv_key_find(srv, f->keys[i]);
-		if (k == NULL || k->moved_to >= 0 || k->async || k->comp.kind != COMPRESS_NONE)
+		if (k == NULL || k->moved_to >= 0 || k->server_held || k->comp.kind != COMPRESS_NONE)
 			continue;
 		uint32_t at = k->claimed;
 		for (int w = 0; w < k->nc; w++)
@@ -485,9 +485,9 @@ static int srv_on_restore_msg(struct server *srv, struct srv_conn *c, const stru
 	struct srv_key *k = srv_check_data(srv, c, h, &w, why, len);
 	if (k == NULL)
 		return UNISUM_EPROTO;
-	if (k->comp.kind != COMPRESS_NONE || k->async) {
+	if (k->comp.kind != COMPRESS_NONE || k->server_held) {
 		snprintf(why, len, "RESTORE of key 0x%llx of '%s', which is %s", (unsigned long long)h->key,
-			 k->name, k->async ? "async" : "compressed");
+			 k->name, k->server_held ? "async" : "compressed");
 		return UNISUM_EPROTO;
 	}
 	uint8_t *data = malloc(k->bytes ? k->bytes : 1);

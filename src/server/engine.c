@@ -107,7 +107,7 @@ static void srv_answer_waiting(struct server *srv, struct srv_key *k, struct srv
 static void srv_on_poison(struct server *srv, struct srv_key *k, const char *why)
 {
 	k->poison = why;
-	for (int w = 0; k->async && w < k->nc; w++) {
+	for (int w = 0; k->server_held && w < k->nc; w++) {
 		if (k->value_waiting[w]) {
 			k->value_waiting[w] = 0;
 			srv_reply_error(srv, NULL, srv_key_peer(k, w), k->key, k->wait_round[w],
@@ -388,7 +388,7 @@ static void srv_async_pull(struct server *srv, struct srv_key *k, const struct s
  * their connections' sending threads. */
 static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
 {
-	if (k->async) {
+	if (k->server_held) {
 		if (k->poison == NULL)
 			srv_async_push(srv, k, ev);
 		return;
@@ -476,7 +476,7 @@ static void srv_on_restore(struct server *srv, struct srv_key *k, const struct s
 {
 	uint8_t *data = (uint8_t *)ev->why;
 	struct srv_slot *s = &k->slot[ev->round & 1];
-	if (k->poison != NULL || k->async || (s->active && s->round > ev->round)) {
+	if (k->poison != NULL || k->server_held || (s->active && s->round > ev->round)) {
 		free(data);
 		return;
 	}
@@ -506,7 +506,7 @@ static void srv_on_restore(struct server *srv, struct srv_key *k, const struct s
 
 static void srv_on_pull(struct server *srv, struct srv_key *k, const struct srv_event *ev)
 {
-	if (k->async) {
+	if (k->server_held) {
 		srv_async_pull(srv, k, ev);
 		return;
 	}
@@ -530,7 +530,7 @@ static void srv_on_pull(struct server *srv, struct srv_key *k, const struct srv_
  * were posted before. */
 static void srv_on_retire(struct server *srv, struct srv_key *k, int w)
 {
-	if (k->async && w >= 0 && w < k->nc) {
+	if (k->server_held && w >= 0 && w < k->nc) {
 		k->gone[w] = 1;	/* done with the key: it holds no one back (SSP) */
 		srv_ssp_release(srv, k);
 	}

@@ -252,10 +252,10 @@ static struct srv_key *srv_key_new(struct server *srv, size_t W, const int *rank
 	k->retired = calloc(W, 1);
 	bool ok = k->next_round && k->push_buf && k->retired && (nranks == 0 || (k->peer && k->ranks));
 	k->sync = sync;
-	k->async = wire_sync_held(sync);
+	k->server_held = wire_sync_held(sync);
 	k->ssp = WIRE_SYNC_KIND(sync) == WIRE_SYNC_SSP;
 	k->staleness = WIRE_SYNC_STALENESS(sync);
-	if (k->async) {
+	if (k->server_held) {
 		k->first_seen = calloc(W, 1);
 		k->value_waiting = calloc(W, 1);
 		k->wait_round = calloc(W, sizeof *k->wait_round);

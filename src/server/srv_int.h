@@ -86,7 +86,7 @@ struct srv_key {
 	/* Async and SSP (wire_sync_held): the server holds the value.
 	 * Engine-owned. */
 	uint32_t sync;		/* the mode, WIRE_SYNC() */
-	bool async;		/* the server holds the value */
+	bool server_held;	/* the server holds the value: async, and SSP (ssp below) */
 	bool ssp;		/* ... and a pull waits for the slowest beyond `staleness` */
 	uint32_t staleness;
 	uint32_t *clock;	/* [W] deltas contributor w has pushed */
