@@ -81,7 +81,8 @@ EXCLUDE='python_|fuzz_|deps_|docs_|integration_test_install'
 # (the same remote form over srun, much faster to start), and the ssh
 # host and word parsers have unit tests that ASan runs.
 [ "$KIND" = asan ] && EXCLUDE="$EXCLUDE|integration_test_ssh"
-(cd "$BUILD" && ctest --output-on-failure -j "$JOBS" -E "$EXCLUDE")
+# Slots are half-cores, as in make check (CMakeLists.txt's test loads).
+(cd "$BUILD" && ctest --output-on-failure -j $((2 * JOBS + 1)) -E "$EXCLUDE")
 rc=$?
 took=$(($(date +%s) - started))
 
