@@ -4,14 +4,14 @@
  * computed locally, and exits non-zero with a message on the first wrong
  * element.
  *
- * Every worker can compute every other worker's input (it is a function of
- * rank, tensor and index), so the reference is exact: the server folds
- * contributions in rank order, and the reference sums in the same order
- * with the same rounding (float16 / bfloat16 round to nearest-even after
- * every addition, as the server does).  Integer sums wrap.
+ * Six modes are the scenarios test_job.c runs too (tests/scenarios: sums,
+ * rounds, many, broadcast, once, disagree), with their one generator and
+ * reference: every worker can compute every other worker's input, and the
+ * reference sums as the servers do (each machine's ranks in rank order,
+ * then the machines), rounding as they do.  The other modes use the same.
  *
  *   check_sums sums [--big]   every dtype x boundary sizes (and 64 MiB with --big),
- *                             plain and averaged; prints a digest of every result
+ *                             summed, then averaged; prints a digest of every result
  *   check_sums rounds N       N rounds of a small tensor, inputs change every round
  *   check_sums many N         N tensors in flight at once
  *   check_sums shuffle        names declared in a different order on every worker
@@ -93,13 +93,12 @@
 #include <unistd.h>
 
 #include "config/config.h"
-#include "reducer/reducer.h"
 #include "transport/auth.h"
+#include "scenarios.h"
 #include "unisum.h"
 #include "wire/wire.h"
 
 static int rank, size;
-static uint64_t digest = 0xcbf29ce484222325ull;	/* FNV-1a of every result of `sums` */
 
 #define FAIL(...)                                                                                  \
 	do {                                                                                       \
@@ -126,174 +125,20 @@ static double now_ms(void)
 	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* The reference arithmetic below (mix, gen_bits, add_bits, expect_bits)
- * works on values in registers and on the stack only.  It is most of a
- * check_sums worker's time, so the sanitizer runs leave it uninstrumented;
- * every read and write of a buffer the library shares (fill, verify)
- * stays checked. */
-#if defined(__clang__)
-#define REFERENCE __attribute__((no_sanitize("address", "thread", "undefined")))
-#else
-#define REFERENCE
-#endif
+static struct scn_ops api;	/* this rank's view of the job, for the scenarios */
 
-static REFERENCE uint64_t mix(uint64_t x)
-{
-	x ^= x >> 31;
-	x *= 0x7fb5d329728ea185ull;
-	x ^= x >> 27;
-	x *= 0x81dadef4bc2dd44dull;
-	x ^= x >> 33;
-	return x;
-}
-
-/* Input element i of worker r for tensor `salt`: its bits, zero-extended. */
-static REFERENCE uint64_t gen_bits(unisum_dtype dt, uint64_t salt, int r, size_t i)
-{
-	uint64_t h = mix(salt * 0x9e3779b97f4a7c15ull + (uint64_t)r * 0x632be59bd9b4e019ull + i);
-	if (dt == UNISUM_INT64)
-		return h;
-	if (dt == UNISUM_INT32)
-		return (uint32_t)h;
-	double v = ((double)(h % 200001) - 100000.0) / 1024.0;	/* about +-98, many bits */
-	switch (dt) {
-	case UNISUM_FLOAT32: {
-		float f = (float)v;
-		uint32_t bits;
-		memcpy(&bits, &f, sizeof bits);
-		return bits;
-	}
-	case UNISUM_FLOAT64: {
-		double d = v / 3.0;
-		uint64_t bits;
-		memcpy(&bits, &d, sizeof bits);
-		return bits;
-	}
-	case UNISUM_FLOAT16:
-		return reducer_f32_to_f16((float)(v / 16.0));
-	case UNISUM_BFLOAT16:
-		return reducer_f32_to_bf16((float)v);
-	default:
-		return 0;
-	}
-}
-
-/* Stores an element's bits (gen_bits') as a dtype's element at dst. */
-static void put_bits(unisum_dtype dt, uint64_t bits, void *dst)
-{
-	uint16_t b16 = (uint16_t)bits;
-	uint32_t b32 = (uint32_t)bits;
-	switch (unisum_dtype_size(dt)) {
-	case 2:
-		memcpy(dst, &b16, sizeof b16);
-		break;
-	case 4:
-		memcpy(dst, &b32, sizeof b32);
-		break;
-	case 8:
-		memcpy(dst, &bits, sizeof bits);
-		break;
-	default:
-		break;
-	}
-}
-
-/* The element of dtype dt at src, as bits. */
-static uint64_t get_bits(unisum_dtype dt, const void *src)
-{
-	uint16_t b16;
-	uint32_t b32;
-	uint64_t b64;
-	switch (unisum_dtype_size(dt)) {
-	case 2:
-		memcpy(&b16, src, sizeof b16);
-		return b16;
-	case 4:
-		memcpy(&b32, src, sizeof b32);
-		return b32;
-	default:
-		memcpy(&b64, src, sizeof b64);
-		return b64;
-	}
-}
-
-/* acc + x in the server's arithmetic, as bits. */
-static REFERENCE uint64_t add_bits(unisum_dtype dt, uint64_t acc, uint64_t x)
-{
-	switch (dt) {
-	case UNISUM_FLOAT32: {
-		float a, b;
-		uint32_t a32 = (uint32_t)acc, b32 = (uint32_t)x;
-		memcpy(&a, &a32, sizeof a);
-		memcpy(&b, &b32, sizeof b);
-		a = a + b;
-		memcpy(&a32, &a, sizeof a32);
-		return a32;
-	}
-	case UNISUM_FLOAT64: {
-		double a, b;
-		memcpy(&a, &acc, sizeof a);
-		memcpy(&b, &x, sizeof b);
-		a = a + b;
-		memcpy(&acc, &a, sizeof acc);
-		return acc;
-	}
-	case UNISUM_FLOAT16:
-		return reducer_f32_to_f16(reducer_f16_to_f32((uint16_t)acc) +
-					  reducer_f16_to_f32((uint16_t)x));
-	case UNISUM_BFLOAT16:
-		return reducer_f32_to_bf16(reducer_bf16_to_f32((uint16_t)acc) +
-					   reducer_bf16_to_f32((uint16_t)x));
-	case UNISUM_INT32:
-		return (uint32_t)(acc + x);
-	case UNISUM_INT64:
-		return acc + x;
-	default:
-		return 0;
-	}
-}
-
-/* The expected element i (its bits), averaged if asked: each machine of L
- * local ranks sums them in rank order, then the server sums the machines
- * in order. */
-static REFERENCE uint64_t expect_bits(unisum_dtype dt, uint64_t salt, size_t i, int L,
-				      bool average)
-{
-	uint64_t acc = 0;
-	for (int m = 0; m < size / L; m++) {
-		uint64_t part = gen_bits(dt, salt, m * L, i);
-		for (int l = 1; l < L; l++)
-			part = add_bits(dt, part, gen_bits(dt, salt, m * L + l, i));
-		acc = m == 0 ? part : add_bits(dt, acc, part);
-	}
-	if (average) {
-		uint8_t el[8];
-		put_bits(dt, acc, el);
-		reducer_divide(el, 1, dt, size);
-		acc = get_bits(dt, el);
-	}
-	return acc;
-}
-
+/* The scenarios' input of this rank (scenarios.h's generator). */
 static void fill(unisum_dtype dt, uint64_t salt, void *buf, size_t count)
 {
-	size_t es = unisum_dtype_size(dt);
-	for (size_t i = 0; i < count; i++)
-		put_bits(dt, gen_bits(dt, salt, rank, i), (uint8_t *)buf + i * es);
+	scn_fill(&api, dt, salt, buf, count);
 }
 
 static void verify(const char *what, unisum_dtype dt, uint64_t salt, const void *buf, size_t count,
 		   bool average)
 {
-	size_t es = unisum_dtype_size(dt);
-	int L = unisum_local_size();
-	for (size_t i = 0; i < count; i++) {
-		uint64_t want = expect_bits(dt, salt, i, L, average);
-		uint64_t got = get_bits(dt, (const uint8_t *)buf + i * es);
-		if (got != want)
-			FAIL("%s: %s element %zu of %zu: got 0x%" PRIx64 ", expected 0x%" PRIx64, what,
-			     unisum_dtype_name(dt), i, count, got, want);
-	}
+	char msg[512];
+	if (scn_verify(&api, what, dt, salt, buf, count, average, msg, sizeof msg) != 0)
+		FAIL("%s", msg);
 }
 
 /* A call that failed: says why, then shuts the library down as a careful
@@ -325,82 +170,110 @@ static size_t partition_elems(unisum_dtype dt)
 	return pb / unisum_dtype_size(dt);
 }
 
-/* Where one_tensor's buffers come from (CHECK_SUMS_ALLOC): "all": both
- * from unisum_alloc; "mixed": even ranks take the input from unisum_alloc
- * and the output from malloc, odd ranks the other way round; unset: malloc. */
-static void *tensor_buf(size_t bytes, bool input)
+/* ---- the shared scenarios (tests/scenarios) on unisum.h ----------------- */
+
+static int api_declare(void *ctx, const char *name, unisum_dtype dt, size_t count, int priority)
 {
+	(void)ctx;
+	return unisum_declare(name, dt, count, priority);
+}
+
+static int api_push_pull_async(void *ctx, int t, const void *in, void *out, int flags,
+			       unisum_handle *h)
+{
+	(void)ctx;
+	return unisum_push_pull_async(t, in, out, flags, h);
+}
+
+static int api_poll(void *ctx, unisum_handle h)
+{
+	(void)ctx;
+	return unisum_poll(h);
+}
+
+static int api_wait(void *ctx, unisum_handle h)
+{
+	(void)ctx;
+	return unisum_wait(h);
+}
+
+static int api_broadcast_async(void *ctx, int t, void *buf, int root, unisum_handle *h)
+{
+	(void)ctx;
+	return unisum_broadcast_async(t, buf, root, h);
+}
+
+static int api_undeclare(void *ctx, int t)
+{
+	(void)ctx;
+	return unisum_undeclare(t);
+}
+
+/* Where the scenarios' buffers come from (CHECK_SUMS_ALLOC): "all": from
+ * unisum_alloc; "mixed": even ranks take inputs from unisum_alloc and
+ * outputs from malloc, odd ranks the other way round; unset: malloc. */
+static void *api_alloc(void *ctx, size_t bytes, bool input)
+{
+	(void)ctx;
 	const char *how = getenv("CHECK_SUMS_ALLOC");
 	bool shared = how != NULL && (strcmp(how, "all") == 0 ||
 				      (strcmp(how, "mixed") == 0 && (rank % 2 == 0) == input));
 	return shared ? unisum_alloc(bytes) : malloc(bytes);
 }
 
-static void tensor_free(void *p)
+static void api_free(void *ctx, void *p)
 {
-	const char *how = getenv("CHECK_SUMS_ALLOC");
-	if (how != NULL)
-		unisum_free(p);	/* also takes malloc's memory */
-	else
-		free(p);
+	(void)ctx;
+	unisum_free(p);	/* also takes malloc's memory */
 }
 
-/* One push_pull of a fresh tensor, checked; in place on odd salts. */
-static void one_tensor(unisum_dtype dt, size_t count, uint64_t salt, bool average)
+static void api_say(void *ctx, const char *line)
 {
-	char name[96];
-	snprintf(name, sizeof name, "sums.%s.%zu.%s", unisum_dtype_name(dt), count, average ? "avg" : "sum");
-	int t = unisum_declare(name, dt, count, 0);
-	check(t, name);
-	size_t es = unisum_dtype_size(dt);
-	uint8_t *in = tensor_buf(count * es + 1, true), *out = tensor_buf(count * es + 1, false);
-	if (in == NULL || out == NULL)
-		FAIL("out of memory");
-	fill(dt, salt, in, count);
-	bool in_place = salt & 1;
-	check(unisum_push_pull(t, in, in_place ? in : out, average ? UNISUM_AVERAGE : 0), name);
-	verify(name, dt, salt, in_place ? in : out, count, average);
-	const uint8_t *res = in_place ? in : out;
-	for (size_t i = 0; i < count * es; i++)
-		digest = (digest ^ res[i]) * 0x100000001b3ull;
-	tensor_free(in);
-	tensor_free(out);
+	(void)ctx;
+	printf("rank %d: %s\n", rank, line);
+}
+
+/* The table the scenarios call, after unisum_init. */
+static void api_setup(void)
+{
+	const char *p = getenv("UNISUM_PARTITION_BYTES");
+	api = (struct scn_ops){
+		.rank = rank, .size = size, .local_size = unisum_local_size(),
+		.machines = size / unisum_local_size(),
+		.partition_bytes = p ? strtoull(p, NULL, 10) : 4096000,
+		.declare = api_declare, .push_pull_async = api_push_pull_async, .poll = api_poll,
+		.wait = api_wait, .broadcast_async = api_broadcast_async, .undeclare = api_undeclare,
+		.alloc = api_alloc, .free = api_free, .say = api_say, .digest = SCN_DIGEST_START,
+	};
+}
+
+/* A scenario's end: on an error, says why, shuts the library down (a
+ * failed job must still join every thread) and exits 1. */
+static void scenario(int rc, const char *msg)
+{
+	if (rc == 0)
+		return;
+	fprintf(stderr, "check_sums[rank %d] FAILED: %s\n", rank, msg);
+	unisum_shutdown();
+	exit(1);
 }
 
 static void mode_sums(bool big)
 {
-	uint64_t salt = 1;
-	for (int d = 0; d < UNISUM_DTYPE_COUNT; d++) {
-		unisum_dtype dt = (unisum_dtype)d;
-		size_t p = partition_elems(dt);
-		size_t sizes[] = {0, 1, 2, 3, 17, 1000, p - 1, p, p + 1, 3 * p + 2, big ? (64u << 20) / unisum_dtype_size(dt) : 0};
-		for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
-			if (k > 0 && sizes[k] == 0)
-				continue;
-			one_tensor(dt, sizes[k], salt++, false);
-			if (sizes[k] < 100000)
-				one_tensor(dt, sizes[k], salt++, true);
-		}
-	}
-	printf("rank %d: sums ok, digest %016llx\n", rank, (unsigned long long)digest);
+	char msg[512];
+	scenario(scn_sums(&api, big, msg, sizeof msg), msg);
+	printf("rank %d: sums ok, digest %016llx\n", rank, (unsigned long long)api.digest);
 }
 
 /* CHECK_SUMS_EARLY=1: rank 0 runs one round only and ends, while the
  * others wait on it for the next. */
 static void mode_rounds(int n)
 {
-	enum { COUNT = 37 };
 	const char *early = getenv("CHECK_SUMS_EARLY");
 	if (rank == 0 && early != NULL && strcmp(early, "1") == 0 && n > 1)
 		n = 1;
-	int t = unisum_declare("rounds", UNISUM_INT64, COUNT, 0);
-	check(t, "declare rounds");
-	int64_t buf[COUNT];
-	for (int r = 0; r < n; r++) {
-		fill(UNISUM_INT64, 1000 + (uint64_t)r, buf, COUNT);
-		check(unisum_push_pull(t, buf, buf, 0), "rounds");
-		verify("rounds", UNISUM_INT64, 1000 + (uint64_t)r, buf, COUNT, false);
-	}
+	char msg[512];
+	scenario(scn_rounds(&api, UNISUM_INT64, 37, n, msg, sizeof msg), msg);
 	printf("rank %d: %d rounds ok\n", rank, n);
 }
 
@@ -530,35 +403,8 @@ static void mode_compressed(int n)
 
 static void mode_many(int n)
 {
-	int *ids = malloc(sizeof(int) * (size_t)n);
-	unisum_handle *hs = malloc(sizeof(unisum_handle) * (size_t)n);
-	float **bufs = malloc(sizeof(float *) * (size_t)n);
-	for (int i = 0; i < n; i++) {
-		char name[64];
-		snprintf(name, sizeof name, "many.%d", i);
-		size_t count = 1 + (size_t)(i * 37 % 2000);
-		ids[i] = unisum_declare(name, UNISUM_FLOAT32, count, i % 7);
-		check(ids[i], name);
-		bufs[i] = malloc(count * sizeof(float));
-		fill(UNISUM_FLOAT32, 5000 + (uint64_t)i, bufs[i], count);
-	}
-	for (int i = 0; i < n; i++)
-		check(unisum_push_pull_async(ids[i], bufs[i], bufs[i], 0, &hs[i]), "push_pull_async");
-	/* Poll some, wait for the rest, in reverse order. */
-	for (int i = n - 1; i >= 0; i--) {
-		int rc = i % 2 ? unisum_poll(hs[i]) : 0;
-		check(rc, "poll");
-		if (rc == 0)
-			check(unisum_wait(hs[i]), "wait");
-	}
-	for (int i = 0; i < n; i++) {
-		size_t count = 1 + (size_t)(i * 37 % 2000);
-		verify("many", UNISUM_FLOAT32, 5000 + (uint64_t)i, bufs[i], count, false);
-		free(bufs[i]);
-	}
-	free(ids);
-	free(hs);
-	free(bufs);
+	char msg[512];
+	scenario(scn_many(&api, n, msg, sizeof msg), msg);
 	printf("rank %d: %d tensors in flight ok\n", rank, n);
 }
 
@@ -594,23 +440,8 @@ static void mode_shuffle(void)
 
 static void mode_broadcast(void)
 {
-	size_t count = 3 * partition_elems(UNISUM_FLOAT32) / 2 + 5;
-	int t = unisum_declare("broadcast", UNISUM_FLOAT32, count, 0);
-	check(t, "declare broadcast");
-	float *buf = malloc(count * sizeof *buf);
-	for (int root = size - 1; root >= 0; root--) {
-		fill(UNISUM_FLOAT32, 9000 + (uint64_t)rank, buf, count);
-		check(unisum_broadcast(t, buf, root), "broadcast");
-		/* Every worker must now hold root's input exactly. */
-		for (size_t i = 0; i < count; i++) {
-			uint32_t bits = (uint32_t)gen_bits(UNISUM_FLOAT32, 9000 + (uint64_t)root, root, i);
-			float want;
-			memcpy(&want, &bits, sizeof want);
-			if (memcmp(&want, &buf[i], sizeof want) != 0)
-				FAIL("broadcast from root %d: element %zu is %g, expected %g", root, i, buf[i], want);
-		}
-	}
-	free(buf);
+	char msg[512];
+	scenario(scn_broadcast(&api, msg, sizeof msg), msg);
 	printf("rank %d: broadcast ok\n", rank);
 }
 
@@ -671,29 +502,9 @@ static void mode_mismatch(void)
 
 static void mode_once(int n)
 {
-	int32_t buf[64];
-	int first = -1;
-	for (int i = 0; i < n; i++) {
-		char name[32];
-		snprintf(name, sizeof name, "once.%d", i);
-		size_t count = 1 + (size_t)(i % 64);
-		int t = unisum_declare(name, UNISUM_INT32, count, 0);
-		check(t, "declare a one-shot tensor");
-		if (first < 0)
-			first = t;
-		else if (t != first)
-			FAIL("one-shot tensor %d got id %d, not the freed id %d", i, t, first);
-		fill(UNISUM_INT32, 40000 + (uint64_t)i, buf, count);
-		check(unisum_push_pull(t, buf, buf, 0), "push_pull a one-shot tensor");
-		verify(name, UNISUM_INT32, 40000 + (uint64_t)i, buf, count, false);
-		check(unisum_undeclare(t), "undeclare a one-shot tensor");
-	}
-	int rc = unisum_push_pull(first, buf, buf, 0);
-	if (rc != UNISUM_EINVAL)
-		FAIL("a push_pull of an undeclared id returned %d, not UNISUM_EINVAL", rc);
-	rc = unisum_undeclare(first);
-	if (rc != UNISUM_EINVAL)
-		FAIL("undeclaring an undeclared id returned %d, not UNISUM_EINVAL", rc);
+	char msg[512];
+	int32_t buf[8];
+	scenario(scn_once(&api, n, msg, sizeof msg), msg);
 	printf("rank %d: %d one-shot tensors ok\n", rank, n);
 
 	/* Rank 0 declares a name again while the others still hold it. */
@@ -703,7 +514,7 @@ static void mode_once(int n)
 	check(unisum_push_pull(t, buf, buf, 0), "push_pull again");
 	if (rank == 0) {
 		check(unisum_undeclare(t), "undeclare again");
-		rc = unisum_declare("again", UNISUM_INT32, 8, 0);
+		int rc = unisum_declare("again", UNISUM_INT32, 8, 0);
 		if (rc != UNISUM_EINVAL || strstr(unisum_last_error(), "new name") == NULL)
 			FAIL("declaring 'again' anew before the others undeclared it returned %d (%s)", rc,
 			     unisum_last_error());
@@ -715,87 +526,10 @@ static void mode_once(int n)
 	finish_round("after one-shot tensors");
 }
 
-static double seconds_since(const struct timespec *t0)
-{
-	struct timespec t1;
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) / 1e9;
-}
-
-/* One failed collective of the disagree mode: rc must be UNISUM_EMISMATCH
- * within 2 s, the message must name the tensor and both sides. */
-static void expect_disagreement(int rc, const struct timespec *t0, const char *tensor, const char *a,
-				const char *b)
-{
-	double took = seconds_since(t0);
-	const char *msg = unisum_last_error();
-	char quoted[64];
-	snprintf(quoted, sizeof quoted, "'%s'", tensor);
-	if (rc != UNISUM_EMISMATCH || strstr(msg, quoted) == NULL || strstr(msg, a) == NULL ||
-	    strstr(msg, b) == NULL)
-		FAIL("a disagreement on %s returned %d (%s)", tensor, rc, msg);
-	if (took > 2.0)
-		FAIL("the disagreement on %s took %.2f s to fail", tensor, took);
-	printf("rank %d: %s refused in %.3f s: %s\n", rank, tensor, took, msg);
-}
-
 static void mode_disagree(void)
 {
-	enum { N = 1000 };
-	int32_t buf[N], orig[N];
-	float in[N], out[N], sentinel[N];
-	struct timespec t0;
-	/* With several machines of several workers, a machine's local root
-	 * holds the machine's sum in its output before the servers see the
-	 * other machines (the one place a refused round leaves bytes). */
-	bool holds_local_sum = unisum_local_size() > 1 && unisum_local_size() < size &&
-			       unisum_local_rank() == 0;
-
-	/* Rank 0 broadcasts from root 0, every other rank from root 1.  A
-	 * rank that comes late may already find the tensor refused at its
-	 * declaration: that is the same error. */
-	fill(UNISUM_INT32, 31000 + (uint64_t)rank, buf, N);
-	memcpy(orig, buf, sizeof buf);
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	int rc = unisum_declare("disagree.root", UNISUM_INT32, N, 0);
-	if (rc >= 0)
-		rc = unisum_broadcast(rc, buf, rank == 0 ? 0 : 1);
-	expect_disagreement(rc, &t0, "disagree.root", "a broadcast from root 0", "a broadcast from root 1");
-	if (!holds_local_sum && memcmp(buf, orig, sizeof buf) != 0)
-		FAIL("the refused broadcast wrote into the buffer");
-
-	/* Rank 0 averages, the others sum. */
-	fill(UNISUM_FLOAT32, 32000 + (uint64_t)rank, in, N);
-	for (int i = 0; i < N; i++)
-		sentinel[i] = out[i] = -12345.0f;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	rc = unisum_declare("disagree.op", UNISUM_FLOAT32, N, 0);
-	if (rc >= 0)
-		rc = unisum_push_pull(rc, in, out, rank == 0 ? UNISUM_AVERAGE : 0);
-	expect_disagreement(rc, &t0, "disagree.op", "an average", "a sum");
-	if (!holds_local_sum && memcmp(out, sentinel, sizeof out) != 0)
-		FAIL("the refused push_pull wrote into its output");
-
-	/* Machine 0 against the rest, each machine agreeing within: only the
-	 * servers can see it. */
-	int L = unisum_local_size();
-	if (L < size) {
-		int machine0 = rank / L == 0;
-		clock_gettime(CLOCK_MONOTONIC, &t0);
-		rc = unisum_declare("disagree.machines.root", UNISUM_INT32, N, 0);
-		if (rc >= 0)
-			rc = unisum_broadcast(rc, buf, machine0 ? 0 : L);
-		char root_l[48];
-		snprintf(root_l, sizeof root_l, "a broadcast from root %d", L);
-		expect_disagreement(rc, &t0, "disagree.machines.root", "a broadcast from root 0", root_l);
-		clock_gettime(CLOCK_MONOTONIC, &t0);
-		rc = unisum_declare("disagree.machines.op", UNISUM_FLOAT32, N, 0);
-		if (rc >= 0)
-			rc = unisum_push_pull(rc, in, out, machine0 ? UNISUM_AVERAGE : 0);
-		expect_disagreement(rc, &t0, "disagree.machines.op", "an average", "a sum");
-	}
-
-	finish_round("after a disagreement");
+	char msg[512];
+	scenario(scn_disagree(&api, msg, sizeof msg), msg);
 	printf("rank %d: round after disagreement ok\n", rank);
 }
 
@@ -881,7 +615,7 @@ static void mode_auth(int port)
 		read_exact(fd, challenge, sizeof challenge, "wrong secret");
 		auth_nonce(answer);
 		for (size_t i = 0; i < AUTH_TAG_BYTES; i++)
-			answer[AUTH_NONCE_BYTES + i] = (uint8_t)mix(i);
+			answer[AUTH_NONCE_BYTES + i] = (uint8_t)scn_gen_bits(UNISUM_INT64, 0, 0, i);
 		send(fd, answer, sizeof answer, MSG_NOSIGNAL);
 		expect_closed(fd, "a client with a wrong secret");
 
@@ -911,7 +645,7 @@ static void mode_garbage(int port)
 	if (rank == 0) {
 		uint8_t junk[4096];
 		for (size_t i = 0; i < sizeof junk; i++)
-			junk[i] = (uint8_t)mix(i);
+			junk[i] = (uint8_t)scn_gen_bits(UNISUM_INT64, 0, 0, i);
 		expect_hangup(port, junk, sizeof junk, false, "random bytes");
 
 		uint8_t hdr[WIRE_HDR_SIZE];
@@ -1195,6 +929,7 @@ int main(int argc, char **argv)
 	rank = unisum_rank();
 	size = unisum_size();
 	check_launch_env();
+	api_setup();
 	const char *mode = argv[1];
 	int arg = argc > 2 ? atoi(argv[2]) : 0;
 	if (strcmp(mode, "sums") == 0)

@@ -1,0 +1,587 @@
+/*
+ * scenarios.c - the six scenarios test_job.c and check_sums.c share, and
+ * their one data generator and reference (scenarios.h says what each does).
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "reducer/reducer.h"
+#include "scenarios.h"
+
+/* The reference arithmetic below (mix, gen_bits, add_bits, expect_bits)
+ * works on values in registers and on the stack only.  It is most of a
+ * check_sums worker's time, so the sanitizer runs leave it uninstrumented;
+ * every read and write of a buffer the library shares (fill, verify)
+ * stays checked. */
+#if defined(__clang__)
+#define REFERENCE __attribute__((no_sanitize("address", "thread", "undefined")))
+#else
+#define REFERENCE
+#endif
+
+static REFERENCE uint64_t mix(uint64_t x)
+{
+	x ^= x >> 31;
+	x *= 0x7fb5d329728ea185ull;
+	x ^= x >> 27;
+	x *= 0x81dadef4bc2dd44dull;
+	x ^= x >> 33;
+	return x;
+}
+
+REFERENCE uint64_t scn_gen_bits(unisum_dtype dt, uint64_t salt, int r, size_t i)
+{
+	uint64_t h = mix(salt * 0x9e3779b97f4a7c15ull + (uint64_t)r * 0x632be59bd9b4e019ull + i);
+	if (dt == UNISUM_INT64)
+		return h;
+	if (dt == UNISUM_INT32)
+		return (uint32_t)h;
+	double v = ((double)(h % 200001) - 100000.0) / 1024.0;	/* about +-98, many bits */
+	switch (dt) {
+	case UNISUM_FLOAT32: {
+		float f = (float)v;
+		uint32_t bits;
+		memcpy(&bits, &f, sizeof bits);
+		return bits;
+	}
+	case UNISUM_FLOAT64: {
+		double d = v / 3.0;
+		uint64_t bits;
+		memcpy(&bits, &d, sizeof bits);
+		return bits;
+	}
+	case UNISUM_FLOAT16:
+		return reducer_f32_to_f16((float)(v / 16.0));
+	case UNISUM_BFLOAT16:
+		return reducer_f32_to_bf16((float)v);
+	default:
+		return 0;
+	}
+}
+
+/* Stores an element's bits (gen_bits') as a dtype's element at dst. */
+static void put_bits(unisum_dtype dt, uint64_t bits, void *dst)
+{
+	uint16_t b16 = (uint16_t)bits;
+	uint32_t b32 = (uint32_t)bits;
+	switch (unisum_dtype_size(dt)) {
+	case 2:
+		memcpy(dst, &b16, sizeof b16);
+		break;
+	case 4:
+		memcpy(dst, &b32, sizeof b32);
+		break;
+	case 8:
+		memcpy(dst, &bits, sizeof bits);
+		break;
+	default:
+		break;
+	}
+}
+
+/* The element of dtype dt at src, as bits. */
+static uint64_t get_bits(unisum_dtype dt, const void *src)
+{
+	uint16_t b16;
+	uint32_t b32;
+	uint64_t b64;
+	switch (unisum_dtype_size(dt)) {
+	case 2:
+		memcpy(&b16, src, sizeof b16);
+		return b16;
+	case 4:
+		memcpy(&b32, src, sizeof b32);
+		return b32;
+	default:
+		memcpy(&b64, src, sizeof b64);
+		return b64;
+	}
+}
+
+/* acc + x in the server's arithmetic, as bits. */
+static REFERENCE uint64_t add_bits(unisum_dtype dt, uint64_t acc, uint64_t x)
+{
+	switch (dt) {
+	case UNISUM_FLOAT32: {
+		float a, b;
+		uint32_t a32 = (uint32_t)acc, b32 = (uint32_t)x;
+		memcpy(&a, &a32, sizeof a);
+		memcpy(&b, &b32, sizeof b);
+		a = a + b;
+		memcpy(&a32, &a, sizeof a32);
+		return a32;
+	}
+	case UNISUM_FLOAT64: {
+		double a, b;
+		memcpy(&a, &acc, sizeof a);
+		memcpy(&b, &x, sizeof b);
+		a = a + b;
+		memcpy(&acc, &a, sizeof acc);
+		return acc;
+	}
+	case UNISUM_FLOAT16:
+		return reducer_f32_to_f16(reducer_f16_to_f32((uint16_t)acc) +
+					  reducer_f16_to_f32((uint16_t)x));
+	case UNISUM_BFLOAT16:
+		return reducer_f32_to_bf16(reducer_bf16_to_f32((uint16_t)acc) +
+					   reducer_bf16_to_f32((uint16_t)x));
+	case UNISUM_INT32:
+		return (uint32_t)(acc + x);
+	case UNISUM_INT64:
+		return acc + x;
+	default:
+		return 0;
+	}
+}
+
+/* The expected element i (its bits), averaged if asked: each machine of L
+ * local ranks sums them in rank order, then the server sums the machines
+ * in order. */
+static REFERENCE uint64_t expect_bits(unisum_dtype dt, uint64_t salt, size_t i, int size, int L,
+				      bool average)
+{
+	uint64_t acc = 0;
+	for (int m = 0; m < size / L; m++) {
+		uint64_t part = scn_gen_bits(dt, salt, m * L, i);
+		for (int l = 1; l < L; l++)
+			part = add_bits(dt, part, scn_gen_bits(dt, salt, m * L + l, i));
+		acc = m == 0 ? part : add_bits(dt, acc, part);
+	}
+	if (average) {
+		uint8_t el[8];
+		put_bits(dt, acc, el);
+		reducer_divide(el, 1, dt, size);
+		acc = get_bits(dt, el);
+	}
+	return acc;
+}
+
+void scn_fill(const struct scn_ops *o, unisum_dtype dt, uint64_t salt, void *buf, size_t count)
+{
+	size_t es = unisum_dtype_size(dt);
+	for (size_t i = 0; i < count; i++)
+		put_bits(dt, scn_gen_bits(dt, salt, o->rank, i), (uint8_t *)buf + i * es);
+}
+
+int scn_verify(const struct scn_ops *o, const char *what, unisum_dtype dt, uint64_t salt,
+	       const void *buf, size_t count, bool average, char *msg, size_t len)
+{
+	size_t es = unisum_dtype_size(dt);
+	for (size_t i = 0; i < count; i++) {
+		uint64_t want = expect_bits(dt, salt, i, o->size, o->local_size, average);
+		uint64_t got = get_bits(dt, (const uint8_t *)buf + i * es);
+		if (got != want) {
+			snprintf(msg, len, "%s: %s element %zu of %zu: got 0x%" PRIx64 ", expected 0x%" PRIx64,
+				 what, unisum_dtype_name(dt), i, count, got, want);
+			return UNISUM_EINVAL;
+		}
+	}
+	return 0;
+}
+
+/* ---- helpers ------------------------------------------------------------- */
+
+/* Sets msg from a format, then " (last error)" when rc is a library
+ * error; returns rc, or UNISUM_EINVAL for a wrong answer (rc 0). */
+static int fail(int rc, char *msg, size_t len, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, len, fmt, ap);
+	va_end(ap);
+	if (rc < 0) {
+		size_t at = strlen(msg);
+		if (at < len)
+			snprintf(msg + at, len - at, ": %s: %s", unisum_strerror(rc), unisum_last_error());
+	}
+	return rc < 0 ? rc : UNISUM_EINVAL;
+}
+
+static void say(const struct scn_ops *o, const char *fmt, ...)
+{
+	if (o->say == NULL)
+		return;
+	char line[768];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof line, fmt, ap);
+	va_end(ap);
+	o->say(o->ctx, line);
+}
+
+/* A push_pull, waited for. */
+static int push_pull(const struct scn_ops *o, int t, const void *in, void *out, int flags)
+{
+	unisum_handle h;
+	int rc = o->push_pull_async(o->ctx, t, in, out, flags, &h);
+	return rc != 0 ? rc : o->wait(o->ctx, h);
+}
+
+static void digest_add(struct scn_ops *o, const void *buf, size_t bytes)
+{
+	const uint8_t *p = buf;
+	for (size_t i = 0; i < bytes; i++)
+		o->digest = (o->digest ^ p[i]) * 0x100000001b3ull;
+}
+
+/* ---- sums ---------------------------------------------------------------- */
+
+/* Tensor `name` of count elements: summed out of place (salt), then, if
+ * small, averaged in place (salt + 1); every result in the digest. */
+static int sum_then_average(struct scn_ops *o, unisum_dtype dt, size_t count, uint64_t salt,
+			    char *msg, size_t len)
+{
+	char name[96];
+	snprintf(name, sizeof name, "sums.%s.%zu", unisum_dtype_name(dt), count);
+	int t = o->declare(o->ctx, name, dt, count, 0);
+	if (t < 0)
+		return fail(t, msg, len, "declare %s", name);
+	size_t bytes = count * unisum_dtype_size(dt);
+	uint8_t *in = o->alloc(o->ctx, bytes + 1, true), *out = o->alloc(o->ctx, bytes + 1, false);
+	int rc = 0;
+	if (in == NULL || out == NULL)
+		rc = fail(0, msg, len, "%s: out of memory", name);
+	if (rc == 0) {
+		scn_fill(o, dt, salt, in, count);
+		if ((rc = push_pull(o, t, in, out, 0)) != 0)
+			rc = fail(rc, msg, len, "push_pull %s", name);
+		else if ((rc = scn_verify(o, name, dt, salt, out, count, false, msg, len)) == 0)
+			digest_add(o, out, bytes);
+	}
+	if (rc == 0 && count < 100000) {
+		scn_fill(o, dt, salt + 1, in, count);
+		if ((rc = push_pull(o, t, in, in, UNISUM_AVERAGE)) != 0)
+			rc = fail(rc, msg, len, "average %s", name);
+		else if ((rc = scn_verify(o, name, dt, salt + 1, in, count, true, msg, len)) == 0)
+			digest_add(o, in, bytes);
+	}
+	o->free(o->ctx, in);
+	o->free(o->ctx, out);
+	return rc;
+}
+
+int scn_sums(struct scn_ops *o, bool big, char *msg, size_t len)
+{
+	uint64_t salt = 1;
+	for (int d = 0; d < UNISUM_DTYPE_COUNT; d++) {
+		unisum_dtype dt = (unisum_dtype)d;
+		size_t p = o->partition_bytes / unisum_dtype_size(dt);
+		size_t sizes[] = {0, 1, 2, 3, 17, 1000, p - 1, p, p + 1, 3 * p + 5,
+				  big ? (64u << 20) / unisum_dtype_size(dt) : 0};
+		for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++, salt += 2) {
+			if (k > 0 && sizes[k] == 0)
+				continue;
+			int rc = sum_then_average(o, dt, sizes[k], salt, msg, len);
+			if (rc != 0)
+				return rc;
+		}
+	}
+	return 0;
+}
+
+/* ---- many ---------------------------------------------------------------- */
+
+/* Tensor i of scn_many: some of one partition's size or less, the odd ones
+ * over several partitions. */
+static size_t many_count(const struct scn_ops *o, int i)
+{
+	size_t several = 3 * o->partition_bytes / sizeof(float) + 7;
+	return 1 + (size_t)i * 37 % 2000 + (i % 2 && several < 200000 ? several : 0);
+}
+
+/* Waits for n handles in reverse order, polling the odd ones first. */
+static int wait_reversed(struct scn_ops *o, const unisum_handle *hs, int n, char *msg, size_t len)
+{
+	for (int i = n - 1; i >= 0; i--) {
+		int rc = i % 2 && o->poll != NULL ? o->poll(o->ctx, hs[i]) : 0;
+		if (rc < 0)
+			return fail(rc, msg, len, "poll many.%d", i);
+		if (rc == 0 && (rc = o->wait(o->ctx, hs[i])) != 0)
+			return fail(rc, msg, len, "wait many.%d", i);
+	}
+	return 0;
+}
+
+/* n tensors in flight at once, each of another priority, even ones out of
+ * place; waited for in reverse order. */
+int scn_many(struct scn_ops *o, int n, char *msg, size_t len)
+{
+	int *ids = calloc((size_t)n + 1, sizeof *ids);
+	unisum_handle *hs = calloc((size_t)n + 1, sizeof *hs);
+	float **in = calloc((size_t)n + 1, sizeof *in), **out = calloc((size_t)n + 1, sizeof *out);
+	int rc = ids && hs && in && out ? 0 : fail(0, msg, len, "many: out of memory");
+	int started = 0;
+	for (int i = 0; i < n && rc == 0; i++) {
+		char name[64];
+		snprintf(name, sizeof name, "many.%d", i);
+		size_t count = many_count(o, i);
+		if ((ids[i] = o->declare(o->ctx, name, UNISUM_FLOAT32, count, i % 7)) < 0) {
+			rc = fail(ids[i], msg, len, "declare %s", name);
+			break;
+		}
+		in[i] = malloc(count * sizeof(float));
+		out[i] = i % 2 ? in[i] : calloc(count, sizeof(float));
+		if (in[i] == NULL || out[i] == NULL)
+			rc = fail(0, msg, len, "many: out of memory");
+		else
+			scn_fill(o, UNISUM_FLOAT32, 5000 + (uint64_t)i, in[i], count);
+	}
+	for (; started < n && rc == 0; started++)
+		if ((rc = o->push_pull_async(o->ctx, ids[started], in[started], out[started], 0,
+					     &hs[started])) != 0)
+			rc = fail(rc, msg, len, "push_pull many.%d", started);
+	if (rc == 0)
+		rc = wait_reversed(o, hs, n, msg, len);
+	for (int i = 0; i < n && rc == 0; i++)
+		rc = scn_verify(o, "many", UNISUM_FLOAT32, 5000 + (uint64_t)i, out[i], many_count(o, i),
+				false, msg, len);
+	for (int i = 0; i < n && in != NULL && out != NULL; i++) {
+		if (out[i] != in[i])
+			free(out[i]);
+		free(in[i]);
+	}
+	free(ids);
+	free(hs);
+	free(in);
+	free(out);
+	return rc;
+}
+
+/* ---- broadcast ----------------------------------------------------------- */
+
+/* A broadcast from every root, the last first: every rank ends with the
+ * root's input exactly. */
+int scn_broadcast(struct scn_ops *o, char *msg, size_t len)
+{
+	size_t count = 3 * o->partition_bytes / sizeof(float) / 2 + 5;
+	int t = o->declare(o->ctx, "broadcast", UNISUM_FLOAT32, count, 0);
+	if (t < 0)
+		return fail(t, msg, len, "declare broadcast");
+	float *buf = o->alloc(o->ctx, count * sizeof *buf + 1, true);
+	int rc = buf != NULL ? 0 : fail(0, msg, len, "broadcast: out of memory");
+	for (int root = o->size - 1; root >= 0 && rc == 0; root--) {
+		scn_fill(o, UNISUM_FLOAT32, 9000 + (uint64_t)o->rank, buf, count);
+		unisum_handle h;
+		if ((rc = o->broadcast_async(o->ctx, t, buf, root, &h)) == 0)
+			rc = o->wait(o->ctx, h);
+		if (rc != 0) {
+			rc = fail(rc, msg, len, "broadcast from root %d", root);
+			break;
+		}
+		for (size_t i = 0; i < count; i++) {
+			uint32_t bits = (uint32_t)scn_gen_bits(UNISUM_FLOAT32, 9000 + (uint64_t)root, root, i);
+			if (memcmp(&bits, &buf[i], sizeof bits) != 0) {
+				float want;
+				memcpy(&want, &bits, sizeof want);
+				rc = fail(0, msg, len, "broadcast from root %d: element %zu is %g, expected %g",
+					  root, i, buf[i], want);
+				break;
+			}
+		}
+	}
+	o->free(o->ctx, buf);
+	return rc;
+}
+
+/* ---- once ---------------------------------------------------------------- */
+
+/* One-shot tensor i: int64 on even i (out of place), int32 on odd (in
+ * place), of up to a few partitions. */
+static int one_shot(struct scn_ops *o, int i, int *first, int64_t *in, int64_t *out, char *msg,
+		    size_t len)
+{
+	char name[32];
+	snprintf(name, sizeof name, "once.%d", i);
+	unisum_dtype dt = i % 2 ? UNISUM_INT32 : UNISUM_INT64;
+	size_t count = 1 + (size_t)i * 97 % 1600;
+	int t = o->declare(o->ctx, name, dt, count, 0);
+	if (t < 0)
+		return fail(t, msg, len, "declare a one-shot tensor (%s)", name);
+	if (*first < 0)
+		*first = t;
+	else if (t != *first)
+		return fail(0, msg, len, "one-shot tensor %d got id %d, not the freed id %d", i, t, *first);
+	void *res = i % 2 ? (void *)in : (void *)out;
+	scn_fill(o, dt, 40000 + (uint64_t)i, in, count);
+	int rc = push_pull(o, t, in, res, 0);
+	if (rc != 0)
+		return fail(rc, msg, len, "push_pull a one-shot tensor (%s)", name);
+	if ((rc = scn_verify(o, name, dt, 40000 + (uint64_t)i, res, count, false, msg, len)) != 0)
+		return rc;
+	if ((rc = o->undeclare(o->ctx, t)) != 0)
+		return fail(rc, msg, len, "undeclare a one-shot tensor (%s)", name);
+	return 0;
+}
+
+int scn_once(struct scn_ops *o, int n, char *msg, size_t len)
+{
+	enum { MAX = 1600 };
+	int64_t *in = malloc(MAX * sizeof *in), *out = malloc(MAX * sizeof *out);
+	int first = -1, rc = in && out ? 0 : fail(0, msg, len, "once: out of memory");
+	for (int i = 0; i < n && rc == 0; i++)
+		rc = one_shot(o, i, &first, in, out, msg, len);
+	if (rc == 0 && first >= 0) {
+		int r = push_pull(o, first, in, in, 0);
+		if (r != UNISUM_EINVAL)
+			rc = fail(0, msg, len, "a push_pull of an undeclared id returned %d, not "
+				  "UNISUM_EINVAL", r);
+		else if ((r = o->undeclare(o->ctx, first)) != UNISUM_EINVAL)
+			rc = fail(0, msg, len, "undeclaring an undeclared id returned %d, not "
+				  "UNISUM_EINVAL", r);
+	}
+	free(in);
+	free(out);
+	return rc;
+}
+
+/* ---- disagree ------------------------------------------------------------ */
+
+static double seconds_since(const struct timespec *t0)
+{
+	struct timespec t1;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/* One refused collective: rc must be UNISUM_EMISMATCH within 2 s of t0,
+ * the message must name the tensor and both sides. */
+static int expect_disagreement(const struct scn_ops *o, int rc, const struct timespec *t0,
+			       const char *tensor, const char *a, const char *b, char *msg, size_t len)
+{
+	double took = seconds_since(t0);
+	const char *err = unisum_last_error();
+	char quoted[64];
+	snprintf(quoted, sizeof quoted, "'%s'", tensor);
+	if (rc != UNISUM_EMISMATCH || strstr(err, quoted) == NULL || strstr(err, a) == NULL ||
+	    strstr(err, b) == NULL)
+		return fail(0, msg, len, "a disagreement on %s returned %s (%s)", tensor,
+			    unisum_strerror(rc), err);
+	if (took > 2.0)
+		return fail(0, msg, len, "the disagreement on %s took %.2f s to fail", tensor, took);
+	say(o, "%s refused in %.3f s: %s", tensor, took, err);
+	return 0;
+}
+
+/* A broadcast of `tensor` (declared now) from root, or a push_pull
+ * (averaged when `average`) when root < 0; returns what it returned.  A
+ * rank that comes late may find the tensor refused at its declaration
+ * already: that is the same error. */
+static int refused(const struct scn_ops *o, const char *tensor, unisum_dtype dt, int root,
+		   void *in, void *out, bool average, size_t count)
+{
+	int rc = o->declare(o->ctx, tensor, dt, count, 0);
+	if (rc < 0)
+		return rc;
+	unisum_handle h;
+	int t = rc;
+	rc = root >= 0 ? o->broadcast_async(o->ctx, t, in, root, &h)
+		       : o->push_pull_async(o->ctx, t, in, out, average ? UNISUM_AVERAGE : 0, &h);
+	return rc != 0 ? rc : o->wait(o->ctx, h);
+}
+
+/* Machine 0 against the rest, each machine agreeing within: only the
+ * servers can see it. */
+static int disagree_machines(const struct scn_ops *o, int32_t *buf, float *in, float *out,
+			     size_t n, char *msg, size_t len)
+{
+	int L = o->local_size;
+	bool machine0 = o->rank / L == 0;
+	struct timespec t0;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int rc = refused(o, "disagree.machines.root", UNISUM_INT32, machine0 ? 0 : L, buf, NULL, false, n);
+	char root_l[48];
+	snprintf(root_l, sizeof root_l, "a broadcast from root %d", L);
+	rc = expect_disagreement(o, rc, &t0, "disagree.machines.root", "a broadcast from root 0",
+				 root_l, msg, len);
+	if (rc != 0)
+		return rc;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	rc = refused(o, "disagree.machines.op", UNISUM_FLOAT32, -1, in, out, machine0, n);
+	return expect_disagreement(o, rc, &t0, "disagree.machines.op", "an average", "a sum", msg, len);
+}
+
+/* Three rounds of a healthy tensor after the refusals. */
+static int healthy_rounds(const struct scn_ops *o, int32_t *buf, size_t n, char *msg, size_t len)
+{
+	int t = o->declare(o->ctx, "healthy", UNISUM_INT32, n, 0);
+	if (t < 0)
+		return fail(t, msg, len, "declare healthy");
+	for (int r = 0; r < 3; r++) {
+		scn_fill(o, UNISUM_INT32, 11000 + (uint64_t)r, buf, n);
+		int rc = push_pull(o, t, buf, buf, 0);
+		if (rc != 0)
+			return fail(rc, msg, len, "healthy push_pull after a disagreement");
+		if ((rc = scn_verify(o, "after a disagreement", UNISUM_INT32, 11000 + (uint64_t)r, buf,
+				     n, false, msg, len)) != 0)
+			return rc;
+	}
+	return 0;
+}
+
+/* Rank 0 broadcasts from root 0, the others from root 1; then rank 0
+ * averages what the others sum: every rank fails within 2 s naming both
+ * sides, its buffers untouched (as unisum.h says: but for the machine's
+ * sum a local root of a machine of several holds by then); with several
+ * machines the same again with every machine agreeing within; then a
+ * healthy tensor sums. */
+int scn_disagree(struct scn_ops *o, char *msg, size_t len)
+{
+	enum { N = 1000 };
+	int32_t buf[N], orig[N];
+	float in[N], out[N], sentinel[N];
+	struct timespec t0;
+	int L = o->local_size;
+	bool holds_local_sum = L > 1 && L < o->size && o->rank % L == 0;
+
+	scn_fill(o, UNISUM_INT32, 31000 + (uint64_t)o->rank, buf, N);
+	memcpy(orig, buf, sizeof buf);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int rc = refused(o, "disagree.root", UNISUM_INT32, o->rank == 0 ? 0 : 1, buf, NULL, false, N);
+	if ((rc = expect_disagreement(o, rc, &t0, "disagree.root", "a broadcast from root 0",
+				      "a broadcast from root 1", msg, len)) != 0)
+		return rc;
+	if (!holds_local_sum && memcmp(buf, orig, sizeof buf) != 0)
+		return fail(0, msg, len, "the refused broadcast wrote into the buffer");
+
+	scn_fill(o, UNISUM_FLOAT32, 32000 + (uint64_t)o->rank, in, N);
+	for (int i = 0; i < N; i++)
+		sentinel[i] = out[i] = -12345.0f;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	rc = refused(o, "disagree.op", UNISUM_FLOAT32, -1, in, out, o->rank == 0, N);
+	if ((rc = expect_disagreement(o, rc, &t0, "disagree.op", "an average", "a sum", msg, len)) != 0)
+		return rc;
+	for (int i = 0; i < N && !holds_local_sum; i++)
+		if (memcmp(&out[i], &sentinel[i], sizeof out[i]) != 0)
+			return fail(0, msg, len, "the refused push_pull wrote element %d of its output", i);
+
+	if (L < o->size && (rc = disagree_machines(o, buf, in, out, N, msg, len)) != 0)
+		return rc;
+	return healthy_rounds(o, buf, N, msg, len);
+}
+
+/* ---- rounds -------------------------------------------------------------- */
+
+int scn_rounds(struct scn_ops *o, unisum_dtype dt, size_t count, int n, char *msg, size_t len)
+{
+	int t = o->declare(o->ctx, "rounds", dt, count, 0);
+	if (t < 0)
+		return fail(t, msg, len, "declare rounds");
+	size_t bytes = count * unisum_dtype_size(dt);
+	uint8_t *in = o->alloc(o->ctx, bytes + 1, true), *out = o->alloc(o->ctx, bytes + 1, false);
+	int rc = in && out ? 0 : fail(0, msg, len, "rounds: out of memory");
+	for (int r = 0; r < n && rc == 0; r++) {
+		uint8_t *res = r % 2 == 0 ? in : out;
+		scn_fill(o, dt, 1000 + (uint64_t)r, in, count);
+		if ((rc = push_pull(o, t, in, res, 0)) != 0)
+			rc = fail(rc, msg, len, "rounds: round %d", r);
+		else
+			rc = scn_verify(o, "rounds", dt, 1000 + (uint64_t)r, res, count, false, msg, len);
+	}
+	o->free(o->ctx, in);
+	o->free(o->ctx, out);
+	return rc;
+}
