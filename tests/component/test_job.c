@@ -10,7 +10,7 @@
  *
  * tests/scenarios (shared with check_sums, on worker handles here):
  *   - every dtype, at sizes on each side of the partition boundaries,
- *     summed out of place, then averaged in place, on one machine (the
+ *     summed and averaged, in place and out of place, on one machine (the
  *     local reduce only), on machines of several workers (the local
  *     reduce, then the servers over IPC) and one worker per machine over
  *     TCP and over IPC; the same staged through the ranks' arenas, and

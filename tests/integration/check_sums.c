@@ -11,7 +11,8 @@
  * then the machines), rounding as they do.  The other modes use the same.
  *
  *   check_sums sums [--big]   every dtype x boundary sizes (and 64 MiB with --big),
- *                             summed, then averaged; prints a digest of every result
+ *                             summed and averaged, in place and out of place;
+ *                             prints a digest of every result
  *   check_sums rounds N       N rounds of a small tensor, inputs change every round
  *   check_sums many N         N tensors in flight at once
  *   check_sums shuffle        names declared in a different order on every worker

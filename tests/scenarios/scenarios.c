@@ -230,10 +230,29 @@ static void digest_add(struct scn_ops *o, const void *buf, size_t bytes)
 
 /* ---- sums ---------------------------------------------------------------- */
 
-/* Tensor `name` of count elements: summed out of place (salt), then, if
- * small, averaged in place (salt + 1); every result in the digest. */
-static int sum_then_average(struct scn_ops *o, unisum_dtype dt, size_t count, uint64_t salt,
-			    char *msg, size_t len)
+/* One push_pull of tensor t (name), from `in` into `out` (in place when
+ * they are one buffer), of rank inputs `salt`, checked and added to the
+ * digest. */
+static int one_round(struct scn_ops *o, int t, const char *name, unisum_dtype dt, size_t count,
+		     uint64_t salt, bool average, uint8_t *in, uint8_t *out, char *msg, size_t len)
+{
+	scn_fill(o, dt, salt, in, count);
+	int rc = push_pull(o, t, in, out, average ? UNISUM_AVERAGE : 0);
+	if (rc != 0)
+		return fail(rc, msg, len, "%s %s %s", average ? "average" : "push_pull", name,
+			    in == out ? "in place" : "out of place");
+	if ((rc = scn_verify(o, name, dt, salt, out, count, average, msg, len)) == 0)
+		digest_add(o, out, count * unisum_dtype_size(dt));
+	return rc;
+}
+
+/* Tensor `name` of count elements, the k-th size of its dtype: summed
+ * (salt), then, if small, averaged (salt + 1), every result in the
+ * digest.  Even k sums out of place and averages in place, odd k the
+ * other way round and averages first (the tensor's first round), so that
+ * both run both ways and both as a tensor's first round. */
+static int sum_then_average(struct scn_ops *o, unisum_dtype dt, size_t count, size_t k,
+			    uint64_t salt, char *msg, size_t len)
 {
 	char name[96];
 	snprintf(name, sizeof name, "sums.%s.%zu", unisum_dtype_name(dt), count);
@@ -242,23 +261,14 @@ static int sum_then_average(struct scn_ops *o, unisum_dtype dt, size_t count, ui
 		return fail(t, msg, len, "declare %s", name);
 	size_t bytes = count * unisum_dtype_size(dt);
 	uint8_t *in = o->alloc(o->ctx, bytes + 1, true), *out = o->alloc(o->ctx, bytes + 1, false);
-	int rc = 0;
-	if (in == NULL || out == NULL)
-		rc = fail(0, msg, len, "%s: out of memory", name);
-	if (rc == 0) {
-		scn_fill(o, dt, salt, in, count);
-		if ((rc = push_pull(o, t, in, out, 0)) != 0)
-			rc = fail(rc, msg, len, "push_pull %s", name);
-		else if ((rc = scn_verify(o, name, dt, salt, out, count, false, msg, len)) == 0)
-			digest_add(o, out, bytes);
-	}
-	if (rc == 0 && count < 100000) {
-		scn_fill(o, dt, salt + 1, in, count);
-		if ((rc = push_pull(o, t, in, in, UNISUM_AVERAGE)) != 0)
-			rc = fail(rc, msg, len, "average %s", name);
-		else if ((rc = scn_verify(o, name, dt, salt + 1, in, count, true, msg, len)) == 0)
-			digest_add(o, in, bytes);
-	}
+	bool odd = k % 2 == 1, average = count < 100000;
+	int rc = in != NULL && out != NULL ? 0 : fail(0, msg, len, "%s: out of memory", name);
+	if (rc == 0 && average && odd)
+		rc = one_round(o, t, name, dt, count, salt + 1, true, in, out, msg, len);
+	if (rc == 0)
+		rc = one_round(o, t, name, dt, count, salt, false, in, odd ? in : out, msg, len);
+	if (rc == 0 && average && !odd)
+		rc = one_round(o, t, name, dt, count, salt + 1, true, in, in, msg, len);
 	o->free(o->ctx, in);
 	o->free(o->ctx, out);
 	return rc;
@@ -275,7 +285,7 @@ int scn_sums(struct scn_ops *o, bool big, char *msg, size_t len)
 		for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++, salt += 2) {
 			if (k > 0 && sizes[k] == 0)
 				continue;
-			int rc = sum_then_average(o, dt, sizes[k], salt, msg, len);
+			int rc = sum_then_average(o, dt, sizes[k], k, salt, msg, len);
 			if (rc != 0)
 				return rc;
 		}

@@ -6,7 +6,8 @@
  * need, with one data generator and one reference:
  *
  *   scn_sums       every dtype at sizes around the partition boundaries,
- *                  summed out of place, then averaged in place
+ *                  summed and (below 100000 elements) averaged, each in
+ *                  place at some sizes and out of place at the others
  *   scn_many       many tensors in flight at once
  *   scn_broadcast  a broadcast from every root
  *   scn_once       one-shot tensors: declared, summed, undeclared, ids reused
