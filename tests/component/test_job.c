@@ -21,9 +21,10 @@
  *   - one-shot tensors (a new name each), declared, summed and
  *     undeclared, ids reused;
  *   - ranks that disagree on a collective mid-job (within a machine, on a
- *     job of two machines): every rank fails with UNISUM_EMISMATCH, its
- *     output untouched (as unisum.h says: but for a local root's machine
- *     sum), and the next tensor sums;
+ *     job of two machines): every rank fails with UNISUM_EMISMATCH, soon
+ *     (within half the job's stall limit: no refusal waits it out), naming
+ *     both sides, its output untouched (as unisum.h says: but for a local
+ *     root's machine sum), and the next tensor sums;
  *   - fit mode (UNISUM_AUTOTUNE=2) over TCP: the setting changes after
  *     the first rounds, every sum stays exact.
  * Their inputs and reference are the scenarios' (exact bits, summed in
@@ -122,6 +123,7 @@ static struct scn_ops job_ops(struct job_rank *c, struct job *j, int rank)
 	return (struct scn_ops){
 		.ctx = c, .rank = rank, .size = j->nworkers, .local_size = j->local,
 		.machines = j->machines, .partition_bytes = PART_BYTES,
+		.refuse_ms = scn_refuse_ms(j->cfg.timeout_ms, j->cfg.stall_abort_ms),
 		.declare = jr_declare, .push_pull_async = jr_push_pull_async, .poll = jr_poll,
 		.wait = jr_wait, .broadcast_async = jr_broadcast_async, .undeclare = jr_undeclare,
 		.alloc = jr_alloc, .free = jr_free, .digest = SCN_DIGEST_START,

@@ -24,8 +24,9 @@
  *                             are reused; declaring a name again before every rank
  *                             undeclared it is refused
  *   check_sums disagree       the ranks disagree on a broadcast's root, then on sum
- *                             against average: every rank fails within 2 s naming
- *                             both, its buffers untouched; with several machines
+ *                             against average: every rank fails soon (half the
+ *                             shorter of UNISUM_TIMEOUT_MS and UNISUM_STALL_ABORT_MS)
+ *                             naming both, its buffers untouched; with several machines
  *                             the same again with every machine agreeing within;
  *                             then a healthy round
  *   check_sums garbage PORT   rank 0 sends malformed streams to the server at
@@ -155,20 +156,11 @@ static void check(int rc, const char *what)
 	exit(1);
 }
 
-/* Whether autotune may change the credit: the library's own reading of
- * the environment (UNISUM_AUTOTUNE 1 or 2, or auto resolved to fit). */
-static bool autotuned(void)
-{
-	struct config cfg;
-	char err[512];
-	return config_load(&cfg, err, sizeof err) == 0 && cfg.autotune != 0;
-}
+static struct config cfg;	/* the library's own reading of the environment */
 
 static size_t partition_elems(unisum_dtype dt)
 {
-	const char *p = getenv("UNISUM_PARTITION_BYTES");
-	size_t pb = p ? strtoull(p, NULL, 10) : 4096000;
-	return pb / unisum_dtype_size(dt);
+	return api.partition_bytes / unisum_dtype_size(dt);
 }
 
 /* ---- the shared scenarios (tests/scenarios) on unisum.h ----------------- */
@@ -234,14 +226,19 @@ static void api_say(void *ctx, const char *line)
 	printf("rank %d: %s\n", rank, line);
 }
 
-/* The table the scenarios call, after unisum_init. */
+/* The table the scenarios call, after unisum_init; its refusals' bound
+ * from the job's timeouts (cfg, loaded here). */
 static void api_setup(void)
 {
 	const char *p = getenv("UNISUM_PARTITION_BYTES");
+	char err[512];
+	if (config_load(&cfg, err, sizeof err) != 0)
+		FAIL("the configuration: %s", err);
 	api = (struct scn_ops){
 		.rank = rank, .size = size, .local_size = unisum_local_size(),
 		.machines = size / unisum_local_size(),
 		.partition_bytes = p ? strtoull(p, NULL, 10) : 4096000,
+		.refuse_ms = scn_refuse_ms(cfg.timeout_ms, cfg.stall_abort_ms),
 		.declare = api_declare, .push_pull_async = api_push_pull_async, .poll = api_poll,
 		.wait = api_wait, .broadcast_async = api_broadcast_async, .undeclare = api_undeclare,
 		.alloc = api_alloc, .free = api_free, .say = api_say, .digest = SCN_DIGEST_START,
@@ -980,9 +977,10 @@ int main(int argc, char **argv)
 	unisum_stats st;
 	check(unisum_get_stats(&st), "unisum_get_stats");
 	uint64_t bound = st.credit_bytes > st.partition_bytes ? st.credit_bytes : st.partition_bytes;
-	/* Under autotune (search or fit) the credit changed meanwhile: what
-	 * was in flight under a larger one drains under the smaller. */
-	if (!autotuned() && st.max_inflight_bytes > bound)
+	/* Under autotune (search or fit, UNISUM_AUTOTUNE's auto resolved by
+	 * config_load) the credit changed meanwhile: what was in flight under
+	 * a larger one drains under the smaller. */
+	if (cfg.autotune == 0 && st.max_inflight_bytes > bound)
 		FAIL("%" PRIu64 " bytes were in flight at once, above the credit of %" PRIu64,
 		     st.max_inflight_bytes, st.credit_bytes);
 	printf("rank %d: at most %" PRIu64 " bytes in flight (credit %" PRIu64 "), %" PRIu64

@@ -457,8 +457,14 @@ static double seconds_since(const struct timespec *t0)
 	return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) / 1e9;
 }
 
-/* One refused collective: rc must be UNISUM_EMISMATCH within 2 s of t0,
- * the message must name the tensor and both sides. */
+int scn_refuse_ms(int timeout_ms, int stall_abort_ms)
+{
+	int shorter = stall_abort_ms > 0 && stall_abort_ms < timeout_ms ? stall_abort_ms : timeout_ms;
+	return shorter / 2;
+}
+
+/* One refused collective: rc must be UNISUM_EMISMATCH within o->refuse_ms
+ * of t0, the message must name the tensor and both sides. */
 static int expect_disagreement(const struct scn_ops *o, int rc, const struct timespec *t0,
 			       const char *tensor, const char *a, const char *b, char *msg, size_t len)
 {
@@ -470,8 +476,9 @@ static int expect_disagreement(const struct scn_ops *o, int rc, const struct tim
 	    strstr(err, b) == NULL)
 		return fail(0, msg, len, "a disagreement on %s returned %s (%s)", tensor,
 			    unisum_strerror(rc), err);
-	if (took > 2.0)
-		return fail(0, msg, len, "the disagreement on %s took %.2f s to fail", tensor, took);
+	if (took * 1000.0 > o->refuse_ms)
+		return fail(0, msg, len, "the disagreement on %s took %.2f s to fail, over %.2f s",
+			    tensor, took, o->refuse_ms / 1000.0);
 	say(o, "%s refused in %.3f s: %s", tensor, took, err);
 	return 0;
 }
@@ -533,7 +540,7 @@ static int healthy_rounds(const struct scn_ops *o, int32_t *buf, size_t n, char 
 }
 
 /* Rank 0 broadcasts from root 0, the others from root 1; then rank 0
- * averages what the others sum: every rank fails within 2 s naming both
+ * averages what the others sum: every rank fails within refuse_ms naming both
  * sides, its buffers untouched (as unisum.h says: but for the machine's
  * sum a local root of a machine of several holds by then); with several
  * machines the same again with every machine agreeing within; then a

@@ -12,8 +12,8 @@
  *   scn_broadcast  a broadcast from every root
  *   scn_once       one-shot tensors: declared, summed, undeclared, ids reused
  *   scn_disagree   the ranks disagree on a collective: every rank fails with
- *                  UNISUM_EMISMATCH, its buffers untouched; then a healthy
- *                  tensor sums
+ *                  UNISUM_EMISMATCH within refuse_ms, its buffers
+ *                  untouched; then a healthy tensor sums
  *   scn_rounds     rounds of a tensor whose inputs change every round
  *
  * Every rank can compute every other rank's input (scn_gen_bits: a
@@ -41,6 +41,7 @@ struct scn_ops {
 	int local_size;			/* ranks per machine */
 	int machines;
 	size_t partition_bytes;
+	int refuse_ms;			/* scn_disagree: a refusal fails within this (scn_refuse_ms) */
 	int (*declare)(void *ctx, const char *name, unisum_dtype dt, size_t count, int priority);
 	int (*push_pull_async)(void *ctx, int tensor, const void *in, void *out, int flags,
 			       unisum_handle *h);
@@ -53,6 +54,15 @@ struct scn_ops {
 	void (*say)(void *ctx, const char *line);	/* may be NULL: a line of progress */
 	uint64_t digest;		/* scn_sums: FNV-1a of every result, updated */
 };
+
+/* How soon scn_disagree's refusals must fail, for a job whose silent peer
+ * is dead after timeout_ms and whose stalled operation fails after
+ * stall_abort_ms (0: never): half the shorter.  A refusal takes a few
+ * messages (a server or worker tells the scheduler, which poisons the
+ * tensor on every node): milliseconds, and never seconds even under a
+ * sanitizer on a loaded machine; one that came only by a peer's death or
+ * the stall limit came too late, and fails the scenario. */
+int scn_refuse_ms(int timeout_ms, int stall_abort_ms);
 
 /* The digest's start (FNV-1a's offset basis). */
 #define SCN_DIGEST_START 0xcbf29ce484222325ull
