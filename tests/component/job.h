@@ -1,6 +1,6 @@
 /*
  * job.h - whole jobs in one process, for the component tests
- * (test_job.c, test_job_collectives.c): a scheduler, servers on threads
+ * (test_job.c, test_job_training.c): a scheduler, servers on threads
  * (server_run) and every worker a handle (worker.h) on its own thread,
  * over real loopback sockets, the IPC transport and the machines' shared
  * memory; and the small-integer values and references of the tests that

@@ -170,134 +170,162 @@ static uint64_t layout_count(int r, int t, size_t p)
 	return (r + t) % 4 == 1 ? 0 : (uint64_t)((size_t)(r * 7 + t) % 3 * p + (size_t)(r * 131 + t * 17) % p);
 }
 
-/* Min, max and product of every dtype, then an uneven allgather,
- * reduce-scatter (sum and average) and alltoall of every dtype, checked
- * exactly against references computed here. */
-static int work_collectives(struct job *j, int rank, char *msg, size_t len)
+/* Min, max and product of dtype d on tensor ops.d, checked exactly. */
+static int collective_ops(struct job *j, int rank, int d, char *msg, size_t len)
 {
 	struct worker *w = j->w[rank];
 	const int n = j->nworkers;
+	unisum_dtype dt = (unisum_dtype)d;
+	size_t es = unisum_dtype_size(dt), N = 3 * (PART_BYTES / es) + 5;
+	char name[64];
+	int rc = 0;
+	/* min, max, product: values in [-2, 2] keep every product exact */
+	static const int ops[3] = {UNISUM_MIN, UNISUM_MAX, UNISUM_PRODUCT};
+	snprintf(name, sizeof name, "ops.%d", d);
+	int id = worker_declare(w, name, dt, N, 0);
+	if (id < 0)
+		FAIL(id, "declare %s: %s", name, unisum_last_error());
+	uint8_t *in = malloc(N * es + 1), *out = malloc(N * es + 1), *want = malloc(N * es + 1);
+	for (int o = 0; o < 3 && rc == 0; o++) {
+		for (size_t i = 0; i < N; i++) {
+			int acc = 0;
+			for (int r = 0; r < n; r++) {
+				int v = value(r, o, i) % 3;
+				if (o == 2 && v == 0)
+					v = 1;	/* products of floats: -0 and +0 differ */
+				if (r == rank)
+					put(in, dt, i, v);
+				acc = r == 0 ? v : o == 0 ? (v < acc ? v : acc)
+						 : o == 1 ? (v > acc ? v : acc) : acc * v;
+			}
+			put(want, dt, i, acc);
+		}
+		if ((rc = push_pull(w, id, in, out, ops[o])) != 0)
+			snprintf(msg, len, "push_pull %s op %d: %s", name, o, unisum_last_error());
+		else
+			rc = same(out, want, dt, N, o == 0 ? "min" : o == 1 ? "max" : "product", msg, len);
+	}
+	free(in);
+	free(out);
+	free(want);
+	return rc;
+}
+
+/* An allgather of dtype d in one uneven layout on tensor gather.d, then a
+ * reduce-scatter (sum and average) of the same layout, checked exactly. */
+static int collective_gather(struct job *j, int rank, int d, char *msg, size_t len)
+{
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers;
+	unisum_dtype dt = (unisum_dtype)d;
+	size_t es = unisum_dtype_size(dt), p = PART_BYTES / es;
+	char name[64];
+	int rc = 0;
+	uint64_t counts[MAX_WORKERS], total = 0, off[MAX_WORKERS + 1] = {0};
+	for (int r = 0; r < n; r++) {
+		counts[r] = layout_count(r, d, p);
+		off[r + 1] = off[r] + counts[r];
+	}
+	total = off[n];
+	snprintf(name, sizeof name, "gather.%d", d);
+	int id = worker_declare(w, name, dt, total, 0);
+	if (id < 0)
+		FAIL(id, "declare %s: %s", name, unisum_last_error());
+	uint8_t *in = malloc(total * es + 1), *out = malloc(total * es + 1);
+	uint8_t *want = malloc(total * es + 1);
+	for (size_t i = 0; i < counts[rank]; i++)
+		put(in, dt, i, value(rank, 50 + d, i));
+	for (int r = 0; r < n; r++)
+		for (size_t i = 0; i < counts[r]; i++)
+			put(want, dt, off[r] + i, value(r, 50 + d, i));
+	memset(out, 0x5a, total * es);
+	unisum_handle h;
+	if ((rc = worker_allgather_async(w, id, in, out, counts, &h)) == 0)
+		rc = worker_wait(w, h);
+	if (rc != 0)
+		snprintf(msg, len, "allgather %s: %s", name, unisum_last_error());
+	else
+		rc = same(out, want, dt, total, "allgather", msg, len);
+	/* reduce-scatter: the sum's slice of this rank, then the average's */
+	for (int avg = 0; avg < 2 && rc == 0; avg++) {
+		fill(in, dt, total, rank, 60 + d);
+		void *ref = reference(j, dt, total, 60 + d, avg);
+		memset(out, 0x5a, total * es);
+		if ((rc = worker_reduce_scatter_async(w, id, in, out, counts,
+						      avg ? UNISUM_AVERAGE : 0, &h)) == 0)
+			rc = worker_wait(w, h);
+		if (rc != 0)
+			snprintf(msg, len, "reduce_scatter %s: %s", name, unisum_last_error());
+		else
+			rc = same(out, (uint8_t *)ref + off[rank] * es, dt, counts[rank],
+				  avg ? "reduce_scatter average" : "reduce_scatter", msg, len);
+		free(ref);
+	}
+	free(in);
+	free(out);
+	free(want);
+	return rc;
+}
+
+/* An alltoall of dtype d on tensor alltoall.d: rank s sends a2a[s][d2]
+ * elements to rank d2, some none; checked exactly. */
+static int collective_alltoall(struct job *j, int rank, int d, char *msg, size_t len)
+{
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers;
+	unisum_dtype dt = (unisum_dtype)d;
+	size_t es = unisum_dtype_size(dt), p = PART_BYTES / es;
+	char name[64];
+	int rc = 0;
+	uint64_t a2a[MAX_WORKERS * MAX_WORKERS], a2a_total = 0, sent = 0, got = 0;
+	for (int s2 = 0; s2 < n; s2++)
+		for (int d2 = 0; d2 < n; d2++) {
+			a2a[s2 * n + d2] = (uint64_t)((s2 * 5 + d2 * 3 + d) % 4 == 0 ? 0 :
+						      (size_t)(s2 * 97 + d2 * 41 + d) % (p + p / 2));
+			a2a_total += a2a[s2 * n + d2];
+		}
+	for (int d2 = 0; d2 < n; d2++)
+		sent += a2a[rank * n + d2];
+	for (int s2 = 0; s2 < n; s2++)
+		got += a2a[s2 * n + rank];
+	snprintf(name, sizeof name, "alltoall.%d", d);
+	int id = worker_declare(w, name, dt, a2a_total, 0);
+	if (id < 0)
+		FAIL(id, "declare %s: %s", name, unisum_last_error());
+	uint8_t *in = malloc(sent * es + 1), *out = malloc(got * es + 1), *want = malloc(got * es + 1);
+	size_t at = 0;
+	for (int d2 = 0; d2 < n; d2++)
+		for (size_t i = 0; i < a2a[rank * n + d2]; i++)
+			put(in, dt, at++, value(rank * 3 + d2, 70 + d, i));
+	at = 0;
+	for (int s2 = 0; s2 < n; s2++)
+		for (size_t i = 0; i < a2a[s2 * n + rank]; i++)
+			put(want, dt, at++, value(s2 * 3 + rank, 70 + d, i));
+	unisum_handle h;
+	if ((rc = worker_alltoall_async(w, id, in, out, a2a, &h)) == 0)
+		rc = worker_wait(w, h);
+	if (rc != 0)
+		snprintf(msg, len, "alltoall %s: %s", name, unisum_last_error());
+	else
+		rc = same(out, want, dt, got, "alltoall", msg, len);
+	free(in);
+	free(out);
+	free(want);
+	return rc;
+}
+
+/* Min, max and product of every dtype, then an uneven allgather,
+ * reduce-scatter (sum and average) and alltoall of every dtype, checked
+ * exactly against references computed here; dtype by dtype. */
+static int work_collectives(struct job *j, int rank, char *msg, size_t len)
+{
 	int rc = 0;
 	for (int d = 0; d < UNISUM_DTYPE_COUNT && rc == 0; d++) {
-		unisum_dtype dt = (unisum_dtype)d;
-		size_t es = unisum_dtype_size(dt), p = PART_BYTES / es, N = 3 * p + 5;
-		char name[64];
-		/* min, max, product: values in [-2, 2] keep every product exact */
-		static const int ops[3] = {UNISUM_MIN, UNISUM_MAX, UNISUM_PRODUCT};
-		snprintf(name, sizeof name, "ops.%d", d);
-		int id = worker_declare(w, name, dt, N, 0);
-		if (id < 0)
-			FAIL(id, "declare %s: %s", name, unisum_last_error());
-		uint8_t *in = malloc(N * es + 1), *out = malloc(N * es + 1), *want = malloc(N * es + 1);
-		for (int o = 0; o < 3 && rc == 0; o++) {
-			for (size_t i = 0; i < N; i++) {
-				int acc = 0;
-				for (int r = 0; r < n; r++) {
-					int v = value(r, o, i) % 3;
-					if (o == 2 && v == 0)
-						v = 1;	/* products of floats: -0 and +0 differ */
-					if (r == rank)
-						put(in, dt, i, v);
-					acc = r == 0 ? v : o == 0 ? (v < acc ? v : acc)
-							 : o == 1 ? (v > acc ? v : acc) : acc * v;
-				}
-				put(want, dt, i, acc);
-			}
-			if ((rc = push_pull(w, id, in, out, ops[o])) != 0)
-				snprintf(msg, len, "push_pull %s op %d: %s", name, o, unisum_last_error());
-			else
-				rc = same(out, want, dt, N, o == 0 ? "min" : o == 1 ? "max" : "product", msg, len);
-		}
-		free(in);
-		free(out);
-		free(want);
-		if (rc != 0)
-			return rc;
-
-		/* allgather and reduce-scatter of one uneven layout */
-		uint64_t counts[MAX_WORKERS], total = 0, off[MAX_WORKERS + 1] = {0};
-		for (int r = 0; r < n; r++) {
-			counts[r] = layout_count(r, d, p);
-			off[r + 1] = off[r] + counts[r];
-		}
-		total = off[n];
-		snprintf(name, sizeof name, "gather.%d", d);
-		id = worker_declare(w, name, dt, total, 0);
-		if (id < 0)
-			FAIL(id, "declare %s: %s", name, unisum_last_error());
-		in = malloc(total * es + 1);
-		out = malloc(total * es + 1);
-		want = malloc(total * es + 1);
-		for (size_t i = 0; i < counts[rank]; i++)
-			put(in, dt, i, value(rank, 50 + d, i));
-		for (int r = 0; r < n; r++)
-			for (size_t i = 0; i < counts[r]; i++)
-				put(want, dt, off[r] + i, value(r, 50 + d, i));
-		memset(out, 0x5a, total * es);
-		unisum_handle h;
-		if ((rc = worker_allgather_async(w, id, in, out, counts, &h)) == 0)
-			rc = worker_wait(w, h);
-		if (rc != 0)
-			FAIL(rc, "allgather %s: %s", name, unisum_last_error());
-		if ((rc = same(out, want, dt, total, "allgather", msg, len)) != 0)
-			return rc;
-		/* reduce-scatter: the sum's slice of this rank, then the average's */
-		for (int avg = 0; avg < 2 && rc == 0; avg++) {
-			fill(in, dt, total, rank, 60 + d);
-			void *ref = reference(j, dt, total, 60 + d, avg);
-			memset(out, 0x5a, total * es);
-			if ((rc = worker_reduce_scatter_async(w, id, in, out, counts,
-							      avg ? UNISUM_AVERAGE : 0, &h)) == 0)
-				rc = worker_wait(w, h);
-			if (rc != 0)
-				snprintf(msg, len, "reduce_scatter %s: %s", name, unisum_last_error());
-			else
-				rc = same(out, (uint8_t *)ref + off[rank] * es, dt, counts[rank],
-					  avg ? "reduce_scatter average" : "reduce_scatter", msg, len);
-			free(ref);
-		}
-		free(in);
-		free(out);
-		free(want);
-		if (rc != 0)
-			return rc;
-
-		/* alltoall: rank s sends counts[s][d] elements to rank d */
-		uint64_t a2a[MAX_WORKERS * MAX_WORKERS], a2a_total = 0, sent = 0, got = 0;
-		for (int s2 = 0; s2 < n; s2++)
-			for (int d2 = 0; d2 < n; d2++) {
-				a2a[s2 * n + d2] = (uint64_t)((s2 * 5 + d2 * 3 + d) % 4 == 0 ? 0 :
-							      (size_t)(s2 * 97 + d2 * 41 + d) % (p + p / 2));
-				a2a_total += a2a[s2 * n + d2];
-			}
-		for (int d2 = 0; d2 < n; d2++)
-			sent += a2a[rank * n + d2];
-		for (int s2 = 0; s2 < n; s2++)
-			got += a2a[s2 * n + rank];
-		snprintf(name, sizeof name, "alltoall.%d", d);
-		id = worker_declare(w, name, dt, a2a_total, 0);
-		if (id < 0)
-			FAIL(id, "declare %s: %s", name, unisum_last_error());
-		in = malloc(sent * es + 1);
-		out = malloc(got * es + 1);
-		want = malloc(got * es + 1);
-		size_t at = 0;
-		for (int d2 = 0; d2 < n; d2++)
-			for (size_t i = 0; i < a2a[rank * n + d2]; i++)
-				put(in, dt, at++, value(rank * 3 + d2, 70 + d, i));
-		at = 0;
-		for (int s2 = 0; s2 < n; s2++)
-			for (size_t i = 0; i < a2a[s2 * n + rank]; i++)
-				put(want, dt, at++, value(s2 * 3 + rank, 70 + d, i));
-		if ((rc = worker_alltoall_async(w, id, in, out, a2a, &h)) == 0)
-			rc = worker_wait(w, h);
-		if (rc != 0)
-			snprintf(msg, len, "alltoall %s: %s", name, unisum_last_error());
-		else
-			rc = same(out, want, dt, got, "alltoall", msg, len);
-		free(in);
-		free(out);
-		free(want);
+		rc = collective_ops(j, rank, d, msg, len);
+		if (rc == 0)
+			rc = collective_gather(j, rank, d, msg, len);
+		if (rc == 0)
+			rc = collective_alltoall(j, rank, d, msg, len);
 	}
 	return rc;
 }

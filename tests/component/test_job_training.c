@@ -172,6 +172,44 @@ static int work_process_sets(struct job *j, int rank, char *msg, size_t len)
 	return 0;
 }
 
+/* What a step of work_join pulled: its sum, average, max and product. */
+struct join_out {
+	const int32_t *sum;
+	const double *avg;
+	const float *max;
+	const int64_t *prod;
+};
+
+/* 0 when step s of pass `pass` (tensor 500 + 10 * pass + s) pulled the
+ * sums, averages, maxima and products of the ranks that still had data
+ * (steps[q] > s), else an error in msg. */
+static int join_check(const struct join_out *got, size_t N, int n, const int *steps, int pass,
+		      int s, char *msg, size_t len)
+{
+	int t = 500 + 10 * pass + s;
+	for (size_t i = 0; i < N; i++) {
+		int sum = 0;
+		float max = -INFINITY;
+		int64_t prod = 1;
+		for (int q = 0; q < n; q++) {
+			if (steps[q] <= s)
+				continue;
+			sum += value(q, t, i);
+			float v = -7.0f - (float)value(q, t, i);
+			max = v > max ? v : max;
+			prod *= 1 + (value(q, t, i) & 1);
+		}
+		if (got->sum[i] != sum || got->avg[i] != (double)sum / n)
+			FAIL(0, "pass %d step %d element %zu: %d and %g, want %d and %g", pass, s, i,
+			     got->sum[i], got->avg[i], sum, (double)sum / n);
+		if (got->max[i] != max || got->prod[i] != prod)
+			FAIL(0, "pass %d step %d element %zu: max %g and product %lld, want %g and "
+			     "%lld", pass, s, i, got->max[i], (long long)got->prod[i], max,
+			     (long long)prod);
+	}
+	return 0;
+}
+
 /* Join with uneven data: in pass p, rank r has 2 + (p ? n-1-r : r) steps
  * of a sum and an average; a rank out of steps joins, and its zeros stand
  * in for its data: every step's result is the sum over the ranks that
@@ -194,7 +232,7 @@ static int work_join(struct job *j, int rank, char *msg, size_t len)
 	for (int k = 0; k < 4; k++)
 		if (ids[k] < 0)
 			FAIL(ids[k], "declare: %s", unisum_last_error());
-	int32_t in[N], out[N], want[N];
+	int32_t in[N], out[N];
 	double din[N], dout[N];
 	float fin[N], fout[N];
 	int64_t lin[N], lout[N];
@@ -221,27 +259,9 @@ static int work_join(struct job *j, int rank, char *msg, size_t len)
 				rc = push_pull(w, ids[3], lin, lout, UNISUM_PRODUCT);
 			if (rc != 0)
 				FAIL(rc, "pass %d step %d: %s", pass, s, unisum_last_error());
-			for (size_t i = 0; i < N; i++) {
-				int sum = 0;
-				float max = -INFINITY;
-				int64_t prod = 1;
-				for (int q = 0; q < n; q++) {
-					if (steps[q] <= s)
-						continue;
-					sum += value(q, t, i);
-					float v = -7.0f - (float)value(q, t, i);
-					max = v > max ? v : max;
-					prod *= 1 + (value(q, t, i) & 1);
-				}
-				want[i] = sum;
-				if (out[i] != want[i] || dout[i] != (double)sum / n)
-					FAIL(0, "pass %d step %d element %zu: %d and %g, want %d and %g", pass,
-					     s, i, out[i], dout[i], sum, (double)sum / n);
-				if (fout[i] != max || lout[i] != prod)
-					FAIL(0, "pass %d step %d element %zu: max %g and product %lld, want "
-					     "%g and %lld", pass, s, i, fout[i], (long long)lout[i], max,
-					     (long long)prod);
-			}
+			struct join_out got = {out, dout, fout, lout};
+			if ((rc = join_check(&got, N, n, steps, pass, s, msg, len)) != 0)
+				return rc;
 		}
 		if (rank == most) {
 			unisum_handle h;
@@ -380,6 +400,71 @@ static int work_join_relife(struct job *j, int rank, char *msg, size_t len)
 	return 0;
 }
 
+/* work_async's tensor async.d of dtype dt (see there). */
+static int async_tensor(struct job *j, int rank, int d, unisum_dtype dt, char *msg, size_t len)
+{
+	enum { ROUNDS = 30 };
+	struct worker *w = j->w[rank];
+	const int n = j->nworkers;
+	size_t es = unisum_dtype_size(dt), N = 3 * (PART_BYTES / es) + 5;
+	char name[32];
+	snprintf(name, sizeof name, "async.%d", d);
+	int id = worker_declare_sync(w, name, dt, N, 0, "async");
+	if (id < 0)
+		FAIL(id, "declare %s async: %s", name, unisum_last_error());
+	uint8_t *in = malloc(N * es), *out = malloc(N * es);
+	for (size_t i = 0; i < N; i++)
+		put(in, dt, i, rank == 0 ? 1000 : -77);
+	int rc = push_pull(w, id, in, out, 0);
+	/* Rank 0's value, plus whatever deltas others added already. */
+	for (size_t i = 0; rc == 0 && i < N; i++)
+		if (get(out, dt, i) < 1000)
+			FAIL(0, "%s: the first pull gave %lld at %zu, not rank 0's 1000 (plus "
+			     "deltas)", name, (long long)get(out, dt, i), i);
+	pthread_mutex_lock(&w->lock);
+	const struct wk_layout *L = &w->tensors[id]->cuts[0];
+	pthread_mutex_unlock(&w->lock);
+	for (int s = 0; rc == 0 && s <= ROUNDS; s++) {
+		if (s > 0) {	/* round 0 checks the first pull */
+			for (size_t i = 0; i < N; i++)
+				put(in, dt, i, (rank + 1) * s);
+			rc = push_pull(w, id, in, out, 0);
+		}
+		for (uint32_t p = 0; rc == 0 && p < L->nparts; p++) {
+			uint64_t lo = L->parts[p].offset, hi = lo + L->parts[p].count;
+			for (uint64_t i = lo + 1; i < hi; i++)
+				if (get(out, dt, i) != get(out, dt, lo))
+					FAIL(0, "%s round %d: partition %u is torn: %lld at %llu, %lld at "
+					     "%llu", name, s, p, (long long)get(out, dt, lo),
+					     (unsigned long long)lo, (long long)get(out, dt, i),
+					     (unsigned long long)i);
+		}
+	}
+	if (rc == 0)
+		rc = worker_barrier(w);	/* every delta is in */
+	for (size_t i = 0; i < N; i++)
+		put(in, dt, i, 0);
+	if (rc == 0)
+		rc = push_pull(w, id, in, out, 0);
+	long long want = 1000 + (long long)n * (n + 1) / 2 * (ROUNDS * (ROUNDS + 1) / 2);
+	for (size_t i = 0; rc == 0 && i < N; i++)
+		if (get(out, dt, i) != want)
+			FAIL(0, "%s: the final value is %lld at %zu, want %lld", name,
+			     (long long)get(out, dt, i), i, want);
+	unisum_handle h;
+	if (rc == 0 && (push_pull(w, id, in, out, UNISUM_AVERAGE) != UNISUM_EINVAL ||
+			worker_broadcast_async(w, id, in, 0, &h) != UNISUM_EINVAL ||
+			strstr(unisum_last_error(), "async") == NULL))
+		FAIL(0, "%s: an average or a broadcast on an async tensor was taken", name);
+	if (rc == 0 && worker_declare(w, name, dt, N, 0) != UNISUM_EMISMATCH)
+		FAIL(0, "%s: declared lock-step after async on one worker", name);
+	free(in);
+	free(out);
+	if (rc != 0)
+		FAIL(rc, "%s: %s", name, unisum_last_error());
+	return 0;
+}
+
 /* Async: rank 0's first push sets the value (the others' are dropped, and
  * every rank gets rank 0's); then every rank adds its deltas for ROUNDS
  * rounds, all at once, no rank waiting for another.  Every pulled value is
@@ -390,68 +475,12 @@ static int work_join_relife(struct job *j, int rank, char *msg, size_t len)
  * async tensor, and so is a name declared in two modes. */
 static int work_async(struct job *j, int rank, char *msg, size_t len)
 {
-	enum { ROUNDS = 30 };
 	struct worker *w = j->w[rank];
-	const int n = j->nworkers;
 	const unisum_dtype dts[2] = {UNISUM_INT64, UNISUM_FLOAT32};
 	for (int d = 0; d < 2; d++) {
-		unisum_dtype dt = dts[d];
-		size_t es = unisum_dtype_size(dt), N = 3 * (PART_BYTES / es) + 5;
-		char name[32];
-		snprintf(name, sizeof name, "async.%d", d);
-		int id = worker_declare_sync(w, name, dt, N, 0, "async");
-		if (id < 0)
-			FAIL(id, "declare %s async: %s", name, unisum_last_error());
-		uint8_t *in = malloc(N * es), *out = malloc(N * es);
-		for (size_t i = 0; i < N; i++)
-			put(in, dt, i, rank == 0 ? 1000 : -77);
-		int rc = push_pull(w, id, in, out, 0);
-		/* Rank 0's value, plus whatever deltas others added already. */
-		for (size_t i = 0; rc == 0 && i < N; i++)
-			if (get(out, dt, i) < 1000)
-				FAIL(0, "%s: the first pull gave %lld at %zu, not rank 0's 1000 (plus "
-				     "deltas)", name, (long long)get(out, dt, i), i);
-		pthread_mutex_lock(&w->lock);
-		const struct wk_layout *L = &w->tensors[id]->cuts[0];
-		pthread_mutex_unlock(&w->lock);
-		for (int s = 0; rc == 0 && s <= ROUNDS; s++) {
-			if (s > 0) {	/* round 0 checks the first pull */
-				for (size_t i = 0; i < N; i++)
-					put(in, dt, i, (rank + 1) * s);
-				rc = push_pull(w, id, in, out, 0);
-			}
-			for (uint32_t p = 0; rc == 0 && p < L->nparts; p++) {
-				uint64_t lo = L->parts[p].offset, hi = lo + L->parts[p].count;
-				for (uint64_t i = lo + 1; i < hi; i++)
-					if (get(out, dt, i) != get(out, dt, lo))
-						FAIL(0, "%s round %d: partition %u is torn: %lld at %llu, %lld at "
-						     "%llu", name, s, p, (long long)get(out, dt, lo),
-						     (unsigned long long)lo, (long long)get(out, dt, i),
-						     (unsigned long long)i);
-			}
-		}
-		if (rc == 0)
-			rc = worker_barrier(w);	/* every delta is in */
-		for (size_t i = 0; i < N; i++)
-			put(in, dt, i, 0);
-		if (rc == 0)
-			rc = push_pull(w, id, in, out, 0);
-		long long want = 1000 + (long long)n * (n + 1) / 2 * (ROUNDS * (ROUNDS + 1) / 2);
-		for (size_t i = 0; rc == 0 && i < N; i++)
-			if (get(out, dt, i) != want)
-				FAIL(0, "%s: the final value is %lld at %zu, want %lld", name,
-				     (long long)get(out, dt, i), i, want);
-		unisum_handle h;
-		if (rc == 0 && (push_pull(w, id, in, out, UNISUM_AVERAGE) != UNISUM_EINVAL ||
-				worker_broadcast_async(w, id, in, 0, &h) != UNISUM_EINVAL ||
-				strstr(unisum_last_error(), "async") == NULL))
-			FAIL(0, "%s: an average or a broadcast on an async tensor was taken", name);
-		if (rc == 0 && worker_declare(w, name, dt, N, 0) != UNISUM_EMISMATCH)
-			FAIL(0, "%s: declared lock-step after async on one worker", name);
-		free(in);
-		free(out);
+		int rc = async_tensor(j, rank, d, dts[d], msg, len);
 		if (rc != 0)
-			FAIL(rc, "%s: %s", name, unisum_last_error());
+			return rc;
 	}
 	/* Two workers, two modes: the scheduler refuses the later. */
 	int rc = 0;
