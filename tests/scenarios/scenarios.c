@@ -9,179 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "reducer/reducer.h"
 #include "scenarios.h"
-
-/* The reference arithmetic below (mix, gen_bits, add_bits, expect_bits)
- * works on values in registers and on the stack only.  It is most of a
- * check_sums worker's time, so the sanitizer runs leave it uninstrumented;
- * every read and write of a buffer the library shares (fill, verify)
- * stays checked. */
-#if defined(__clang__)
-#define REFERENCE __attribute__((no_sanitize("address", "thread", "undefined")))
-#else
-#define REFERENCE
-#endif
-
-static REFERENCE uint64_t mix(uint64_t x)
-{
-	x ^= x >> 31;
-	x *= 0x7fb5d329728ea185ull;
-	x ^= x >> 27;
-	x *= 0x81dadef4bc2dd44dull;
-	x ^= x >> 33;
-	return x;
-}
-
-REFERENCE uint64_t scn_gen_bits(unisum_dtype dt, uint64_t salt, int r, size_t i)
-{
-	uint64_t h = mix(salt * 0x9e3779b97f4a7c15ull + (uint64_t)r * 0x632be59bd9b4e019ull + i);
-	if (dt == UNISUM_INT64)
-		return h;
-	if (dt == UNISUM_INT32)
-		return (uint32_t)h;
-	double v = ((double)(h % 200001) - 100000.0) / 1024.0;	/* about +-98, many bits */
-	switch (dt) {
-	case UNISUM_FLOAT32: {
-		float f = (float)v;
-		uint32_t bits;
-		memcpy(&bits, &f, sizeof bits);
-		return bits;
-	}
-	case UNISUM_FLOAT64: {
-		double d = v / 3.0;
-		uint64_t bits;
-		memcpy(&bits, &d, sizeof bits);
-		return bits;
-	}
-	case UNISUM_FLOAT16:
-		return reducer_f32_to_f16((float)(v / 16.0));
-	case UNISUM_BFLOAT16:
-		return reducer_f32_to_bf16((float)v);
-	default:
-		return 0;
-	}
-}
-
-/* Stores an element's bits (gen_bits') as a dtype's element at dst. */
-static void put_bits(unisum_dtype dt, uint64_t bits, void *dst)
-{
-	uint16_t b16 = (uint16_t)bits;
-	uint32_t b32 = (uint32_t)bits;
-	switch (unisum_dtype_size(dt)) {
-	case 2:
-		memcpy(dst, &b16, sizeof b16);
-		break;
-	case 4:
-		memcpy(dst, &b32, sizeof b32);
-		break;
-	case 8:
-		memcpy(dst, &bits, sizeof bits);
-		break;
-	default:
-		break;
-	}
-}
-
-/* The element of dtype dt at src, as bits. */
-static uint64_t get_bits(unisum_dtype dt, const void *src)
-{
-	uint16_t b16;
-	uint32_t b32;
-	uint64_t b64;
-	switch (unisum_dtype_size(dt)) {
-	case 2:
-		memcpy(&b16, src, sizeof b16);
-		return b16;
-	case 4:
-		memcpy(&b32, src, sizeof b32);
-		return b32;
-	default:
-		memcpy(&b64, src, sizeof b64);
-		return b64;
-	}
-}
-
-/* acc + x in the server's arithmetic, as bits. */
-static REFERENCE uint64_t add_bits(unisum_dtype dt, uint64_t acc, uint64_t x)
-{
-	switch (dt) {
-	case UNISUM_FLOAT32: {
-		float a, b;
-		uint32_t a32 = (uint32_t)acc, b32 = (uint32_t)x;
-		memcpy(&a, &a32, sizeof a);
-		memcpy(&b, &b32, sizeof b);
-		a = a + b;
-		memcpy(&a32, &a, sizeof a32);
-		return a32;
-	}
-	case UNISUM_FLOAT64: {
-		double a, b;
-		memcpy(&a, &acc, sizeof a);
-		memcpy(&b, &x, sizeof b);
-		a = a + b;
-		memcpy(&acc, &a, sizeof acc);
-		return acc;
-	}
-	case UNISUM_FLOAT16:
-		return reducer_f32_to_f16(reducer_f16_to_f32((uint16_t)acc) +
-					  reducer_f16_to_f32((uint16_t)x));
-	case UNISUM_BFLOAT16:
-		return reducer_f32_to_bf16(reducer_bf16_to_f32((uint16_t)acc) +
-					   reducer_bf16_to_f32((uint16_t)x));
-	case UNISUM_INT32:
-		return (uint32_t)(acc + x);
-	case UNISUM_INT64:
-		return acc + x;
-	default:
-		return 0;
-	}
-}
-
-/* The expected element i (its bits), averaged if asked: each machine of L
- * local ranks sums them in rank order, then the server sums the machines
- * in order. */
-static REFERENCE uint64_t expect_bits(unisum_dtype dt, uint64_t salt, size_t i, int size, int L,
-				      bool average)
-{
-	uint64_t acc = 0;
-	for (int m = 0; m < size / L; m++) {
-		uint64_t part = scn_gen_bits(dt, salt, m * L, i);
-		for (int l = 1; l < L; l++)
-			part = add_bits(dt, part, scn_gen_bits(dt, salt, m * L + l, i));
-		acc = m == 0 ? part : add_bits(dt, acc, part);
-	}
-	if (average) {
-		uint8_t el[8];
-		put_bits(dt, acc, el);
-		reducer_divide(el, 1, dt, size);
-		acc = get_bits(dt, el);
-	}
-	return acc;
-}
-
-void scn_fill(const struct scn_ops *o, unisum_dtype dt, uint64_t salt, void *buf, size_t count)
-{
-	size_t es = unisum_dtype_size(dt);
-	for (size_t i = 0; i < count; i++)
-		put_bits(dt, scn_gen_bits(dt, salt, o->rank, i), (uint8_t *)buf + i * es);
-}
-
-int scn_verify(const struct scn_ops *o, const char *what, unisum_dtype dt, uint64_t salt,
-	       const void *buf, size_t count, bool average, char *msg, size_t len)
-{
-	size_t es = unisum_dtype_size(dt);
-	for (size_t i = 0; i < count; i++) {
-		uint64_t want = expect_bits(dt, salt, i, o->size, o->local_size, average);
-		uint64_t got = get_bits(dt, (const uint8_t *)buf + i * es);
-		if (got != want) {
-			snprintf(msg, len, "%s: %s element %zu of %zu: got 0x%" PRIx64 ", expected 0x%" PRIx64,
-				 what, unisum_dtype_name(dt), i, count, got, want);
-			return UNISUM_EINVAL;
-		}
-	}
-	return 0;
-}
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -221,10 +49,17 @@ static int push_pull(const struct scn_ops *o, int t, const void *in, void *out, 
 	return rc != 0 ? rc : o->wait(o->ctx, h);
 }
 
+/* FNV-1a over 8-byte words (then the last bytes), as byte-wise FNV-1a
+ * would cost a multiplication per byte of every result. */
 static void digest_add(struct scn_ops *o, const void *buf, size_t bytes)
 {
 	const uint8_t *p = buf;
-	for (size_t i = 0; i < bytes; i++)
+	size_t i = 0;
+	for (uint64_t w; i + 8 <= bytes; i += 8) {
+		memcpy(&w, p + i, sizeof w);
+		o->digest = (o->digest ^ w) * 0x100000001b3ull;
+	}
+	for (; i < bytes; i++)
 		o->digest = (o->digest ^ p[i]) * 0x100000001b3ull;
 }
 
