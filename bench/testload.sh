@@ -23,12 +23,12 @@ for t in $(cd "$BUILD" && ctest -N -R "$REGEX" | awk '/Test +#/ { print $3 }'); 
 	(cd "$BUILD" && ctest -R "^$t\$" >/dev/null 2>&1) || echo "# $t FAILED"
 	t1=$(now)
 	b1=$(busy)
-	awk -v t="$t" -v w="$(echo "$t1 - $t0" | bc)" -v c="$(echo "$b1 - $b0" | bc)" 'BEGIN {
+	awk -v t="$t" -v w="$(awk "BEGIN { print $t1 - $t0 }")" -v c="$(awk "BEGIN { print $b1 - $b0 }")" 'BEGIN {
 		k = w > 0 ? c / w : 0
 		# both cores: 4; one and a half: 3; one: 2; waiting: 1
 		load = k >= 1.4 ? 4 : k >= 1.1 ? 3 : k >= 0.5 ? 2 : 1
 		printf "  %-32s %8.1f %8.1f %7.2f %5d\n", t, w, c, k, load }'
-	total_wall=$(echo "$total_wall + $t1 - $t0" | bc)
-	total_cpu=$(echo "$total_cpu + $b1 - $b0" | bc)
+	total_wall=$(awk "BEGIN { print $total_wall + $t1 - $t0 }")
+	total_cpu=$(awk "BEGIN { print $total_cpu + $b1 - $b0 }")
 done
 printf '# %-32s %8.1f %8.1f\n' "all, one after another" "$total_wall" "$total_cpu"
