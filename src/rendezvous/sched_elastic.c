@@ -151,7 +151,7 @@ int sched_elastic_register(struct rdv_scheduler *s, struct sched_node *n,
 		LOG_WARN("a worker at %s (pid %d) waits to join: the job takes it in at its next "
 			 "re-form (%d waiting)", m->host, m->pid, s->nwaiting);
 		if (s->book_sent)
-			sched_elastic_announce(s);
+			sched_announce_waiting(s);
 		return 1;
 	}
 	if (!worker && el_count(s, CONFIG_ROLE_SERVER) >= s->max_servers) {
@@ -189,23 +189,13 @@ void sched_elastic_resize(struct rdv_scheduler *s, struct sched_node *n)
 	el_reform(s, text);
 }
 
-void sched_elastic_announce(struct rdv_scheduler *s)
-{
-	struct wire_hdr h = {.type = WIRE_RESIZE, .aux = (uint32_t)s->nwaiting};
-	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *o = s->nodes[i];
-		if (o->registered && !o->gone && o->role == CONFIG_ROLE_WORKER)
-			sched_send(o, &h, NULL);
-	}
-}
-
 void sched_elastic_gone(struct rdv_scheduler *s, struct sched_node *n)
 {
 	if (n->waiting) {
 		n->waiting = false;
 		s->nwaiting--;
 		if (s->book_sent)
-			sched_elastic_announce(s);	/* one fewer waits */
+			sched_announce_waiting(s);	/* one fewer waits */
 	}
 	if (s->reforming && n->registered) {
 		/* Back, then died: not to be waited for any more. */

@@ -203,8 +203,6 @@ void sched_elastic_gone(struct rdv_scheduler *s, struct sched_node *n);
  * last one is back or lost (or UNISUM_TIMEOUT_MS passed); fails the job
  * when it has too few workers or no server. */
 void sched_elastic_check(struct rdv_scheduler *s, int64_t now);
-/* Tells every worker of the job how many wait to join (RESIZE). */
-void sched_elastic_announce(struct rdv_scheduler *s);
 /* Frees the nodes of ended generations (and strangers) whose
  * connections have closed. */
 void sched_elastic_reap(struct rdv_scheduler *s);
@@ -213,8 +211,13 @@ void sched_elastic_reap(struct rdv_scheduler *s);
  * process, rack; a local rank 0 of 1, a server's or an elastic worker's);
  * the caller sets its rank */
 void sched_take_register(struct sched_node *n, const struct rdv_register *m);
-/* scheduler.c: the address book (ranks assigned) to every registered node */
+/* sched_book.c: the address book (ranks assigned) to every registered
+ * node */
 int sched_send_addrbook(struct rdv_scheduler *s);
+/* The address book entry of node n. */
+struct rdv_node sched_entry_of(const struct sched_node *n);
+/* Tells every worker of the job how many wait to join (RESIZE). */
+void sched_announce_waiting(struct rdv_scheduler *s);
 
 /* sched_tensors.c.  Every function is called with s->lock held but
  * sched_on_declare, which takes it. */
