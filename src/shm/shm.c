@@ -187,6 +187,25 @@ int shm_vm_copy(pid_t pid, bool write, void *local, uint64_t remote, size_t n)
 	return 0;
 }
 
+int shm_vm_read_guarded(pid_t pid, void *local, uint64_t remote, size_t n, uint64_t guard,
+			uint64_t *word)
+{
+	struct iovec l[2] = {{local, n}, {word, sizeof *word}};
+	struct iovec r[2] = {{(void *)(uintptr_t)remote, n}, {(void *)(uintptr_t)guard, sizeof *word}};
+	ssize_t got;
+	do
+		got = process_vm_readv(pid, l, 2, r, 2, 0);
+	while (got < 0 && errno == EINTR);
+	if (got == (ssize_t)(n + sizeof *word))
+		return 0;	/* the kernel copies the iovecs in order */
+	if (got < 0 && errno != EFAULT)
+		return -errno;
+	/* Cut short: the rest of the data, then the guard, one by one. */
+	size_t done = got > 0 && (size_t)got < n ? (size_t)got : 0;
+	int rc = shm_vm_copy(pid, false, (char *)local + done, remote + done, n - done);
+	return rc != 0 ? rc : shm_vm_copy(pid, false, word, guard, sizeof *word);
+}
+
 bool shm_pid_is_alive(pid_t pid)
 {
 	return pid <= 0 || creator_is_alive(pid, 0);

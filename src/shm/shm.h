@@ -154,6 +154,14 @@ bool shm_pid_is_alive(pid_t pid);
  * to; -EFAULT: a bad address or nothing copied). */
 int shm_vm_copy(pid_t pid, bool write, void *local, uint64_t remote, size_t n);
 
+/* Reads n bytes at `remote` of process `pid` into `local`, then the u64 at
+ * `guard` of that process into *word, in that order (one
+ * process_vm_readv when nothing is cut short): a lender that changes the
+ * guard before it lets go of the data tells the reader whether what it
+ * read was still lent.  0 or -errno, as shm_vm_copy. */
+int shm_vm_read_guarded(pid_t pid, void *local, uint64_t remote, size_t n, uint64_t guard,
+			uint64_t *word);
+
 /* A wake-up flag shared between processes; place it in a segment, 4-byte
  * aligned (better: alone in its 64-byte line when it is hot). */
 struct shm_flag {

@@ -128,7 +128,7 @@ static int wire_check_data(const struct wire_hdr *h, char *why, size_t why_len)
 		want = h->flags & WIRE_FLAG_IPC ? WIRE_IPC_PAYLOAD : h->count * dtype_bytes(h->dtype);
 	}
 	if (h->payload_len != want && (h->flags & WIRE_FLAG_IPC)) {
-		snprintf(why, why_len, "%s: an IPC payload is an %u-byte address, got %llu bytes",
+		snprintf(why, why_len, "%s: an IPC payload is %u bytes (an address and a guard), got %llu bytes",
 			 wire_type_name(h->type), WIRE_IPC_PAYLOAD, (unsigned long long)h->payload_len);
 		return UNISUM_EPROTO;
 	}

@@ -45,7 +45,7 @@
 /* (A build may set another, to test that two versions refuse each other:
  * the test_wire_version program of CMakeLists.txt.) */
 #ifndef WIRE_VERSION
-#define WIRE_VERSION 13
+#define WIRE_VERSION 14
 #endif
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
@@ -113,12 +113,15 @@ enum wire_type {
 
 /* PUSH and PULL_REPLY over the IPC transport (src/transport/ipc; a Unix
  * socket between processes of one host): the payload is not the data but
- * the u64 address of the count elements in the sender's memory
- * (WIRE_IPC_PAYLOAD bytes); the receiver copies them with process_vm_readv,
- * in one copy instead of a socket's two.  Set and consumed by that
+ * three u64s (WIRE_IPC_PAYLOAD bytes): the address of the count elements
+ * in the sender's memory, the address of the sender's guard word, and the
+ * guard's value as sent.  The receiver copies the data with
+ * process_vm_readv, in one copy instead of a socket's two, then the guard:
+ * another value means the sender let go of the data meanwhile (it failed
+ * the operation) and the copy is not used.  Set and consumed by that
  * transport only: callers never see it, and TCP refuses it. */
 #define WIRE_FLAG_IPC 0x2u
-#define WIRE_IPC_PAYLOAD 8u
+#define WIRE_IPC_PAYLOAD 24u
 
 /* PULL: this machine does not want the round's result of this key (a
  * reduce-scatter or alltoall whose elements here belong to other

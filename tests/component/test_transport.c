@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "log/log.h"
 #include "transport/transport.h"
 #include "wire/wire.h"
 
@@ -172,6 +173,34 @@ static void test_ipc_is_by_address(void **state)
 	pair_close(&p);
 }
 
+/* A sender that gives up on the connection (its operation failed, its
+ * caller may free the buffer) before the data was read: the receiver does
+ * not use what it reads, it sees a lost connection.  A later connection
+ * (which may reuse the guard) lends as before. */
+static void test_ipc_sender_let_go(void **state)
+{
+	(void)state;
+	for (int i = 0; i < 2; i++) {
+		struct pair p;
+		pair_open(&p, transport_ipc());
+		int32_t buf[4] = {1, 2, 3, 4}, out[4] = {0};
+		struct wire_hdr push = data_hdr(WIRE_PUSH, 4), h;
+		push.dtype = UNISUM_INT32;
+		char why[256];
+		assert_int_equal(transport_ipc()->send(p.a, &push, buf), 0);
+		assert_int_equal(transport_ipc()->recv_header(p.b, &h, why, sizeof why), 0);
+		assert_int_equal(transport_ipc()->recv_payload(p.b, out, sizeof out), 0);
+		assert_int_equal(out[3], 4);
+		assert_int_equal(transport_ipc()->send(p.a, &push, buf), 0);
+		transport_ipc()->conn_shutdown(p.a);
+		buf[0] = -1;	/* what a freed buffer may hold */
+		assert_int_equal(transport_ipc()->recv_header(p.b, &h, why, sizeof why), 0);
+		assert_int_equal(transport_ipc()->recv_payload(p.b, out, sizeof out), UNISUM_ECONN);
+		assert_non_null(strstr(log_last_error(), "let go"));
+		pair_close(&p);
+	}
+}
+
 /* A sender that exits before its data was read: the read fails as a lost
  * connection, not with garbage. */
 static void test_ipc_sender_gone(void **state)
@@ -248,6 +277,7 @@ int main(void)
 		cmocka_unit_test(test_tcp_messages),
 		cmocka_unit_test(test_ipc_messages),
 		cmocka_unit_test(test_ipc_is_by_address),
+		cmocka_unit_test(test_ipc_sender_let_go),
 		cmocka_unit_test(test_ipc_sender_gone),
 		cmocka_unit_test(test_tcp_refuses_ipc_flag),
 		cmocka_unit_test(test_ipc_nobody_listening),

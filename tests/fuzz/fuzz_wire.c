@@ -16,7 +16,7 @@
  * COMPRESSED on PUSH and PULL_REPLY, at most one, none elsewhere); the
  * dtype is valid where the type carries one and 0 elsewhere; PUSH and
  * PULL_REPLY carry count x dtype size bytes (0 with the ZERO flag,
- * WIRE_IPC_PAYLOAD = the u64 address with the IPC flag; with COMPRESSED,
+ * WIRE_IPC_PAYLOAD = three u64s with the IPC flag; with COMPRESSED,
  * float32 only, 1 to 8 count + 8 bytes), count x dtype size never
  * overflowing nor passing WIRE_MAX_DATA_PAYLOAD unless ZERO; payload-less types carry
  * 0 bytes; control types at most WIRE_MAX_CONTROL_PAYLOAD.  A rejected header
@@ -60,8 +60,9 @@ static uint64_t le_bytes(const uint8_t *p, int n)
 
 /* ---- header ---- */
 
-/* The IPC payload is one u64 address (wire.h); the model below says 8. */
-_Static_assert(WIRE_IPC_PAYLOAD == 8, "WIRE_IPC_PAYLOAD is not a u64");
+/* The IPC payload is three u64s: the data's address, the guard's address
+ * and its value (wire.h); the model below says 24. */
+_Static_assert(WIRE_IPC_PAYLOAD == 24, "WIRE_IPC_PAYLOAD is not three u64s");
 
 /* Whether `type` carries a tensor dtype (wire.h's layout table). */
 static bool type_is_tensor(uint8_t type)
@@ -82,7 +83,8 @@ static bool type_is_payloadless(uint8_t type)
 }
 
 /* Whether `type` sends tensor data: count x dtype bytes unless ZERO
- * (none) or IPC (the data's u64 address in the sender).  RESTORE is data
+ * (none) or IPC (the reference: the data's address in the sender, its
+ * guard's address and value).  RESTORE is data
  * that never takes a flag. */
 static bool type_is_data(uint8_t type)
 {
@@ -150,8 +152,9 @@ static bool model_accepts(const uint8_t in[WIRE_HDR_SIZE])
 		    bytes > WIRE_MAX_DATA_PAYLOAD)
 			return false;
 		/* With IPC the count elements stay in the sender: only their
-		 * address travels, but they still must fit one partition. */
-		return payload_len == ((flags & WIRE_FLAG_IPC) ? 8 : bytes);
+		 * reference travels (three u64s), but they still must fit one
+		 * partition. */
+		return payload_len == ((flags & WIRE_FLAG_IPC) ? 24 : bytes);
 	}
 	if (type_is_payloadless(type))
 		return payload_len == 0;

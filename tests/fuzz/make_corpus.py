@@ -37,7 +37,8 @@ FAILOVER, RESTORE, REJOIN, MIGRATE, MOVED = 19, 20, 21, 22, 23
 REFORM, RESIZE = 24, 25
 FLAG_ZERO, FLAG_IPC = 0x1, 0x2
 OP_SUM, OP_AVERAGE, OP_BROADCAST = range(3)  # a PUSH's aux: kind | root << 8
-IPC_PAYLOAD = 8  # WIRE_IPC_PAYLOAD: the u64 address of the data in the sender
+IPC_PAYLOAD = 24  # WIRE_IPC_PAYLOAD: the addresses of the data and of the guard, the guard
+IPC_REF = struct.pack("<QQQ", 0x7F3A5C001000, 0x7F3A5C000040, 7)  # such a payload
 FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32, INT64 = range(6)
 DTYPE_SIZE = {FLOAT32: 4, FLOAT64: 8, FLOAT16: 2, BFLOAT16: 2, INT32: 4, INT64: 8}
 ROLE_SERVER, ROLE_WORKER = 2, 3
@@ -72,11 +73,12 @@ def message(mtype, payload=b"", **fields):
 
 def data_message(mtype, dtype, count, flags=0, address=0x7F3A5C001000, **fields):
     """A PUSH or PULL_REPLY carrying count elements (none with ZERO; with
-    IPC the u64 address of the elements in the sender)."""
+    IPC the address of the elements in the sender, its guard's address and
+    value)."""
     if flags & FLAG_ZERO:
         payload = b""
     elif flags & FLAG_IPC:
-        payload = u64(address)
+        payload = u64(address) + IPC_REF[8:]
     else:
         payload = bytes((i * 37 + 11) & 0xFF for i in range(count * DTYPE_SIZE[dtype]))
     return (header(mtype, flags=flags, dtype=dtype, count=count, payload_len=len(payload),
@@ -182,13 +184,13 @@ def seeds():
         "bad-push-collective": data_message(PUSH, FLOAT32, 1, aux=OP_SUM | 1 << 8),
         # ZERO and IPC together; a valid IPC push but for the ZERO bit
         "bad-flags-zero-ipc": header(PUSH, flags=FLAG_ZERO | FLAG_IPC, dtype=FLOAT32, count=256,
-                                     payload_len=IPC_PAYLOAD) + u64(0x7F3A5C001000),
+                                     payload_len=IPC_PAYLOAD) + IPC_REF,
         "bad-flags-ipc-pull": header(PULL, flags=FLAG_IPC, dtype=FLOAT32, key=0x10000, rnd=1),
-        # IPC carries the 8-byte address, not 4 bytes (nor count x dtype)
+        # IPC carries the 24-byte reference, not 4 bytes (nor count x dtype)
         "bad-push-ipc-length": header(PUSH, flags=FLAG_IPC, dtype=FLOAT32, count=1,
                                       payload_len=4) + u32(0x5C001000),
         "bad-push-ipc-overflow": header(PUSH, flags=FLAG_IPC, dtype=FLOAT32, count=(1 << 28) + 1,
-                                        payload_len=IPC_PAYLOAD) + u64(0x7F3A5C001000),
+                                        payload_len=IPC_PAYLOAD) + IPC_REF,
         "bad-register-host-too-long": message(REGISTER, reg_head + wstr("h" * 64) + reg_tail),
         "bad-register-host-nul": message(REGISTER, reg_head + wstr(b"10.0\x00.0.7") + reg_tail),
         "bad-register-host-id-too-long": message(REGISTER, reg_head + wstr("10.0.0.7") +

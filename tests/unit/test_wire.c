@@ -179,7 +179,7 @@ static void test_ipc_flag(void **state)
 	uint8_t buf[WIRE_HDR_SIZE];
 	struct wire_hdr out;
 	char why[256];
-	/* IPC: the payload is an 8-byte address whatever the count */
+	/* IPC: the payload is a 24-byte reference whatever the count */
 	struct wire_hdr h = {.type = WIRE_PULL_REPLY, .flags = WIRE_FLAG_IPC, .dtype = UNISUM_FLOAT32,
 			     .count = 1000, .payload_len = WIRE_IPC_PAYLOAD};
 	wire_encode(&h, buf);

@@ -25,9 +25,24 @@
  * protocol says the peer is done with it.  unisum's protocol already does:
  * a worker's input stays until the reply of its push has arrived, and a
  * server's sum stays until that worker's next push of the key.
+ *
+ * Letting go early.  A sender that gives up on a connection (the job
+ * failed: conn_shutdown, conn_free) fails its operations at once and
+ * their buffers go back to their callers, who may free them, while the
+ * peer may still be reading, or not yet have read, a PUSH already sent.
+ * So every connection has a guard word, and a by-address payload carries
+ * the guard's address and value as sent.  The sender changes the guard
+ * before it lets go; the reader copies the data, then the guard (one
+ * process_vm_readv, in that order), and uses the copy only if the guard
+ * is unchanged: then the data was still lent when it was read.  A changed
+ * guard reads as a closed connection.  Guards are never freed (a reader
+ * may check one after its connection closed): a closed connection's guard
+ * goes back to a pool, its value counting on.
  */
 #include <endian.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -47,17 +62,57 @@ struct tp_listener {
 	struct stream_listener s;
 };
 
+/* A connection's guard (see "Letting go early"). */
+struct ipc_guard {
+	_Atomic uint64_t value;
+	struct ipc_guard *next;	/* in the pool */
+};
+
 struct tp_conn {
 	int fd;
 	pid_t peer_pid;		/* whose memory the data is read from */
 	char peer[80];		/* "pid N", for log lines */
+	struct ipc_guard *guard;	/* this side's, for the data it lends */
 	uint64_t ref;		/* the received message's data, in the peer ... */
 	size_t ref_left;	/* ... and how much of it recv_payload() has not read */
+	uint64_t ref_guard;	/* ... the peer's guard ... */
+	uint64_t ref_value;	/* ... and its value when the peer sent it */
 	bool by_ref;		/* the received message's data is by address */
 	uint64_t tx, rx;	/* each direction's token (stream_sync_release) */
 };
 
 static void ipc_conn_free(struct tp_conn *c);
+
+/* ---- guards ---------------------------------------------------------------- */
+
+static pthread_mutex_t guard_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ipc_guard *guard_pool;
+
+static struct ipc_guard *guard_take(void)
+{
+	pthread_mutex_lock(&guard_lock);
+	struct ipc_guard *g = guard_pool;
+	if (g != NULL)
+		guard_pool = g->next;
+	pthread_mutex_unlock(&guard_lock);
+	return g != NULL ? g : calloc(1, sizeof *g);
+}
+
+/* The data lent through the guard's connection is let go: a peer that
+ * reads it from now on does not use it. */
+static void guard_let_go(struct ipc_guard *g)
+{
+	atomic_fetch_add(&g->value, 1);
+}
+
+static void guard_give_back(struct ipc_guard *g)
+{
+	guard_let_go(g);
+	pthread_mutex_lock(&guard_lock);
+	g->next = guard_pool;
+	guard_pool = g;
+	pthread_mutex_unlock(&guard_lock);
+}
 
 /* The socket's address for the TCP address host:port. */
 static int ipc_address(const char *host, int port, struct sockaddr_un *sa, socklen_t *len)
@@ -81,8 +136,10 @@ static struct tp_conn *ipc_conn_new(int fd, bool acceptor)
 		return NULL;
 	}
 	struct tp_conn *c = calloc(1, sizeof *c);
-	if (c == NULL)
+	if (c == NULL || (c->guard = guard_take()) == NULL) {
+		free(c);
 		return NULL;
+	}
 	c->fd = fd;
 	c->peer_pid = cred.pid;
 	snprintf(c->peer, sizeof c->peer, "pid %d (IPC)", (int)cred.pid);
@@ -201,8 +258,10 @@ static int ipc_send(struct tp_conn *c, const struct wire_hdr *hdr, const void *p
 	struct wire_hdr h = *hdr;
 	h.flags |= WIRE_FLAG_IPC;
 	h.payload_len = WIRE_IPC_PAYLOAD;
-	uint64_t addr = htole64((uint64_t)(uintptr_t)payload);
-	return stream_send(c->fd, &h, &addr);
+	uint64_t ref[3] = {htole64((uint64_t)(uintptr_t)payload),
+			   htole64((uint64_t)(uintptr_t)&c->guard->value),
+			   htole64(atomic_load(&c->guard->value))};
+	return stream_send(c->fd, &h, ref);
 }
 
 static int ipc_recv_header(struct tp_conn *c, struct wire_hdr *hdr, char *why, size_t why_len)
@@ -214,15 +273,17 @@ static int ipc_recv_header(struct tp_conn *c, struct wire_hdr *hdr, char *why, s
 		stream_sync_acquire(c->rx);
 	if (rc != 0 || !(hdr->flags & WIRE_FLAG_IPC))
 		return rc;
-	/* wire_decode allowed the flag only on PUSH and PULL_REPLY, with an
-	 * address for payload. */
-	uint64_t addr;
-	if (stream_read_full(c->fd, &addr, sizeof addr) != 0) {
+	/* wire_decode allowed the flag only on PUSH and PULL_REPLY, with a
+	 * reference for payload. */
+	uint64_t ref[3];
+	if (stream_read_full(c->fd, ref, sizeof ref) != 0) {
 		snprintf(why, why_len, "connection closed");
 		return UNISUM_ECONN;
 	}
 	c->by_ref = true;
-	c->ref = le64toh(addr);
+	c->ref = le64toh(ref[0]);
+	c->ref_guard = le64toh(ref[1]);
+	c->ref_value = le64toh(ref[2]);
 	c->ref_left = (size_t)hdr->count * unisum_dtype_size((unisum_dtype)hdr->dtype);
 	hdr->flags &= ~WIRE_FLAG_IPC;
 	hdr->payload_len = c->ref_left;
@@ -235,9 +296,17 @@ static int ipc_recv_payload(struct tp_conn *c, void *dst, size_t len)
 		return stream_recv_payload(c->fd, dst, len);
 	if (len > c->ref_left)
 		return UNISUM_ECONN;
-	int rc = dst != NULL ? shm_vm_copy(c->peer_pid, false, dst, c->ref, len) : 0;
+	uint64_t value = c->ref_value;
+	int rc = dst != NULL ? shm_vm_read_guarded(c->peer_pid, dst, c->ref, len, c->ref_guard, &value)
+			     : 0;
 	c->ref += len;
 	c->ref_left -= len;
+	if (rc == 0 && value != c->ref_value) {
+		/* The sender failed the operation while this copy ran. */
+		log_set_last_error("pid %d let go of the data it lent (it gave up on the "
+				   "connection) before it was read", (int)c->peer_pid);
+		return UNISUM_ECONN;
+	}
 	if (rc == 0)
 		return 0;
 	log_set_last_error("cannot read %zu bytes from the memory of pid %d (same host, "
@@ -249,6 +318,7 @@ static int ipc_recv_payload(struct tp_conn *c, void *dst, size_t len)
 
 static void ipc_conn_shutdown(struct tp_conn *c)
 {
+	guard_let_go(c->guard);
 	shutdown(c->fd, SHUT_RDWR);
 }
 
@@ -256,6 +326,7 @@ static void ipc_conn_free(struct tp_conn *c)
 {
 	if (c == NULL)
 		return;
+	guard_give_back(c->guard);
 	close(c->fd);
 	free(c);
 }
