@@ -314,6 +314,9 @@ static void lc_quiesce(struct local_op *op)
 	atomic_store(&op->mine->err, err != 0 ? err : UNISUM_ECONN);
 	atomic_store_explicit(&op->mine->bcast, lc_pack(op->req.round, 1), memory_order_release);
 	lc_post(lc);
+	/* A peer that has not posted this round yet is not waited for: it
+	 * sees this error before it reads anything here (lc_cond_posted). */
+	atomic_thread_fence(memory_order_seq_cst);
 	int64_t until = timing_now_ms() + LC_QUIESCE_MS;
 	while (timing_now_ms() < until) {
 		bool busy = false;

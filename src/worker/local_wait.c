@@ -228,6 +228,43 @@ int lc_peer_failed(struct local_op *op, int q)
 	return err;
 }
 
+/* Every peer has posted this round and the collectives agree: takes the
+ * peers' buffers (1), or fails (the error) when a peer has given up on
+ * the round already (the job failed): it may have its buffers back, so
+ * none of them is touched.  That peer set its error before it looked
+ * whether this rank had posted the round (lc_quiesce), and this rank
+ * posted before it looks at the errors: one of the two sees the other. */
+static int lc_take_buffers(struct local_op *op)
+{
+	struct local *lc = op->lc;
+	atomic_thread_fence(memory_order_seq_cst);
+	for (int q = 0; q < lc->cfg.local_size; q++) {
+		int err = q != lc->cfg.local_rank ? lc_peer_failed(op, q) : 0;
+		if (err != 0)
+			return err;
+	}
+	for (int q = 0; q < lc->cfg.local_size; q++) {
+		struct lc_peer *p = &op->peers[q];
+		p->pid = atomic_load(&lc->seg->ranks[q].pid);
+		p->in = atomic_load(&p->e->in);
+		p->out = atomic_load(&p->e->out);
+		uint64_t region = atomic_load(&p->e->region);
+		p->region = region != 0 && lc->arenas != NULL
+				    ? (uint8_t *)shm_seg_data(&lc->arenas[q]) + region - 1
+				    : NULL;
+		uint64_t in_arena = atomic_load(&p->e->in_arena);
+		uint64_t out_arena = atomic_load(&p->e->out_arena);
+		uint8_t *base = lc->arenas != NULL ? shm_seg_data(&lc->arenas[q]) : NULL;
+		p->in_map = in_arena != 0 && base != NULL ? base + in_arena - 1 : NULL;
+		p->out_map = out_arena != 0 && base != NULL ? base + out_arena - 1 : NULL;
+		if ((p->in_map != NULL || p->out_map != NULL) && q != lc->cfg.local_rank &&
+		    !atomic_exchange(&lc->said_direct, true))
+			LOG_INFO("worker %d: worker %d's buffers lie in its shared arena (unisum_alloc): "
+				 "summing them with plain loads and stores", lc->cfg.rank, lc_rank_of(lc, q));
+	}
+	return 1;
+}
+
 /* Every peer has posted this round: their buffers are known. */
 int lc_cond_posted(struct local_op *op, void *arg)
 {
@@ -281,26 +318,7 @@ int lc_cond_posted(struct local_op *op, void *arg)
 			return UNISUM_EMISMATCH;
 		}
 	}
-	for (int q = 0; q < lc->cfg.local_size; q++) {
-		struct lc_peer *p = &op->peers[q];
-		p->pid = atomic_load(&lc->seg->ranks[q].pid);
-		p->in = atomic_load(&p->e->in);
-		p->out = atomic_load(&p->e->out);
-		uint64_t region = atomic_load(&p->e->region);
-		p->region = region != 0 && lc->arenas != NULL
-				    ? (uint8_t *)shm_seg_data(&lc->arenas[q]) + region - 1
-				    : NULL;
-		uint64_t in_arena = atomic_load(&p->e->in_arena);
-		uint64_t out_arena = atomic_load(&p->e->out_arena);
-		uint8_t *base = lc->arenas != NULL ? shm_seg_data(&lc->arenas[q]) : NULL;
-		p->in_map = in_arena != 0 && base != NULL ? base + in_arena - 1 : NULL;
-		p->out_map = out_arena != 0 && base != NULL ? base + out_arena - 1 : NULL;
-		if ((p->in_map != NULL || p->out_map != NULL) && q != lc->cfg.local_rank &&
-		    !atomic_exchange(&lc->said_direct, true))
-			LOG_INFO("worker %d: worker %d's buffers lie in its shared arena (unisum_alloc): "
-				 "summing them with plain loads and stores", lc->cfg.rank, lc_rank_of(lc, q));
-	}
-	return 1;
+	return lc_take_buffers(op);
 }
 
 /* Every rank (stagers_only: every other rank that stages its input) has
