@@ -190,7 +190,10 @@ static int wk_release(struct worker *w, int i, int *retire)
 /* The index *i of handle h's operation, which a wait (`what`) may wait
  * for: 0, or UNISUM_EINVAL (logged) for an unknown or released handle and
  * for an allgather begun and not supplied, which could never end
- * (w->lock held). */
+ * (w->lock held).  Also when it did end: a rank with no rows of its own
+ * may have every other row before it supplies (unisum.h's contract is
+ * still "not until supplied", whatever the timing); a failure, though, is
+ * its answer. */
 static int wk_waitable(const struct worker *w, unisum_handle h, const char *what, int *i)
 {
 	*i = wk_find_op(w, h);
@@ -198,7 +201,7 @@ static int wk_waitable(const struct worker *w, unisum_handle h, const char *what
 		return log_fail(UNISUM_EINVAL, "%s: unknown or already released handle %lld", what,
 				(long long)h);
 	const struct wk_op *op = w->ops[*i];
-	if (op->deferred && !op->supplied && !op->done)
+	if (op->deferred && !op->supplied && !(op->done && op->error != 0))
 		return log_fail(UNISUM_EINVAL, "%s: handle %lld is an allgather begun and not "
 				"supplied (unisum_allgather_supply): it cannot complete until then",
 				what, (long long)h);
