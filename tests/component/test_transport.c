@@ -245,8 +245,9 @@ static void test_tcp_refuses_ipc_flag(void **state)
 	struct wire_hdr push = data_hdr(WIRE_PUSH, 4);
 	push.flags = WIRE_FLAG_IPC;
 	push.payload_len = WIRE_IPC_PAYLOAD;
-	uint64_t addr = 0x1000;
-	assert_int_equal(transport_tcp()->send(p.a, &push, &addr), 0);
+	uint64_t ref[3] = {0x1000, 0x2000, 7};	/* data, guard, its value */
+	_Static_assert(sizeof ref == WIRE_IPC_PAYLOAD, "an IPC reference is three u64s");
+	assert_int_equal(transport_tcp()->send(p.a, &push, ref), 0);
 	struct wire_hdr h;
 	char why[256];
 	assert_int_equal(transport_tcp()->recv_header(p.b, &h, why, sizeof why), UNISUM_EPROTO);
