@@ -302,7 +302,7 @@ static int ipc_recv_payload(struct tp_conn *c, void *dst, size_t len)
 	c->ref += len;
 	c->ref_left -= len;
 	if (rc == 0 && value != c->ref_value) {
-		/* The sender failed the operation while this copy ran. */
+		/* The sender gave up on the connection before or while this ran. */
 		log_set_last_error("pid %d let go of the data it lent (it gave up on the "
 				   "connection) before it was read", (int)c->peer_pid);
 		return UNISUM_ECONN;
