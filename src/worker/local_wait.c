@@ -163,6 +163,13 @@ int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *what)
 			int q = op->blocker;
 			pid_t pid = atomic_load(&lc->seg->ranks[q].pid);
 			if (!shm_pid_is_alive(pid)) {
+				/* It may have done its part and exited since cond
+				 * looked (this thread was preempted): its stores
+				 * came before its exit, so look once more. */
+				if ((rc = cond(op, arg)) != 0)
+					return rc > 0 ? 0 : rc;
+				if (op->blocker != q)
+					continue;	/* held up by another rank now */
 				lc_fail(op, UNISUM_ECONN, "worker %d (local rank %d of machine %d, pid %d) "
 					"exited or died while worker %d was waiting for %s", lc_rank_of(lc, q),
 					q, lc->cfg.machine, (int)pid, lc->cfg.rank, what);
