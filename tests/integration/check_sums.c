@@ -82,6 +82,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -926,6 +927,12 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "free-port") == 0)
 		return print_free_port();
+	/* Keep freed buffers for the next tensor, as a framework's caching
+	 * allocator does: glibc would otherwise map every large buffer anew
+	 * and the kernel zero it page by page, a sixth of the suite's
+	 * check_sums time. */
+	mallopt(M_MMAP_THRESHOLD, 1 << 30);
+	mallopt(M_TRIM_THRESHOLD, INT32_MAX);
 	check(unisum_init(), "unisum_init");
 	rank = unisum_rank();
 	size = unisum_size();
