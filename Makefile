@@ -56,7 +56,7 @@ test-sanitize: deps
 	sh tests/sanitize.sh asan
 	sh tests/sanitize.sh tsan
 
-# The fuzzers for ten minutes each (make test runs them for 15 s and 10 s).
+# The fuzzers for ten minutes each (make test runs them for 15 s and 3 s).
 fuzz: deps
 	sh tests/fuzz/run.sh 600 $(BUILD)/fuzz wire
 	sh tests/fuzz/run.sh 600 $(BUILD)/fuzz auth
