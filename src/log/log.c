@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 int log_threshold = LOG_LEVEL_WARNING;
@@ -112,4 +113,69 @@ void log_set_last_error(const char *fmt, ...)
 const char *log_last_error(void)
 {
 	return log_last;
+}
+
+/* The first line of `path` as a number, or -1. */
+static long log_read_number(const char *path, const char *key)
+{
+	FILE *f = fopen(path, "r");
+	if (f == NULL)
+		return -1;
+	char line[256];
+	long v = -1;
+	size_t klen = key != NULL ? strlen(key) : 0;
+	while (fgets(line, sizeof line, f) != NULL) {
+		if (key != NULL && strncmp(line, key, klen) != 0)
+			continue;
+		char *end;
+		long n = strtol(line + klen, &end, 10);
+		v = end != line + klen ? n : -1;	/* "max" reads as no limit */
+		break;
+	}
+	fclose(f);
+	return v;
+}
+
+/* The pids cgroup's limit of this process (v1 or v2), or -1 for none. */
+static long log_pids_max(void)
+{
+	FILE *f = fopen("/proc/self/cgroup", "r");
+	if (f == NULL)
+		return -1;
+	char line[512], path[700];
+	long v = -1;
+	while (v < 0 && fgets(line, sizeof line, f) != NULL) {
+		line[strcspn(line, "\n")] = '\0';
+		char *a = strchr(line, ':'), *b = a != NULL ? strchr(a + 1, ':') : NULL;
+		if (b == NULL)
+			continue;
+		*b = '\0';
+		if (strcmp(a + 1, "pids") == 0)
+			snprintf(path, sizeof path, "/sys/fs/cgroup/pids%s/pids.max", b + 1);
+		else if (a[1] == '\0')
+			snprintf(path, sizeof path, "/sys/fs/cgroup%s/pids.max", b + 1);
+		else
+			continue;
+		v = log_read_number(path, NULL);
+	}
+	fclose(f);
+	return v;
+}
+
+void log_thread_limits(int rc, char *buf, size_t len)
+{
+	struct rlimit r;
+	char nproc[32] = "unlimited";
+	if (getrlimit(RLIMIT_NPROC, &r) == 0 && r.rlim_cur != RLIM_INFINITY)
+		snprintf(nproc, sizeof nproc, "%llu", (unsigned long long)r.rlim_cur);
+	long pids = log_pids_max();
+	char cg[64] = "";
+	if (pids >= 0)
+		snprintf(cg, sizeof cg, ", its pids cgroup's pids.max %ld", pids);
+	snprintf(buf, len, "pthread_create: %s: this process runs %ld threads; RLIMIT_NPROC %s "
+		 "(every process and thread of the user counts), kernel.pid_max %ld, "
+		 "kernel.threads-max %ld%s",
+		 strerror(rc), log_read_number("/proc/self/status", "Threads:"), nproc,
+		 log_read_number("/proc/sys/kernel/pid_max", NULL),
+		 log_read_number("/proc/sys/kernel/threads-max", NULL), cg);
 }

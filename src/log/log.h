@@ -10,6 +10,7 @@
 #define UNISUM_LOG_H
 
 #include <stdarg.h>
+#include <stddef.h>
 
 enum log_level {
 	LOG_LEVEL_TRACE = 0,
@@ -58,5 +59,10 @@ const char *log_last_error(void);
 /* `code` when it is one of unisum's error codes (a peer sent it as a
  * number), else `fallback`. */
 int log_known_error(int code, int fallback);
+
+/* Why a thread could not start (pthread_create's error rc), with the
+ * limits that count threads: this process's threads, RLIMIT_NPROC,
+ * kernel.pid_max, kernel.threads-max and its pids cgroup's pids.max. */
+void log_thread_limits(int rc, char *buf, size_t len);
 
 #endif /* UNISUM_LOG_H */

@@ -61,6 +61,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "log/log.h"
@@ -131,6 +132,21 @@ static void srv_reap(struct server *srv)
 	pthread_mutex_unlock(&srv->lock);
 }
 
+/* A connection's threads could not start: the limit that was hit is
+ * named here and, through the scheduler, to every process of the job
+ * (its worker would otherwise see no handshake, and the others a worker
+ * that left). */
+static void srv_out_of_threads(struct server *srv, int rc, const char *peer)
+{
+	char limits[384], why[640];
+	log_thread_limits(rc, limits, sizeof limits);
+	snprintf(why, sizeof why, "server %d (pid %d) cannot start the threads for the connection "
+		 "from %s: %s", srv->rank, (int)getpid(), peer, limits);
+	LOG_ERROR("%s", why);
+	if (srv->rdv != NULL)
+		rdv_client_fail_job(srv->rdv, UNISUM_ESYS, why);
+}
+
 /* Accepts connections on listener l of transport tp until it shuts down,
  * each served by a receiving and a sending thread. */
 static void srv_accept_loop(struct server *srv, const struct transport_ops *tp,
@@ -154,10 +170,12 @@ static void srv_accept_loop(struct server *srv, const struct transport_ops *tp,
 		pthread_mutex_init(&c->qlock, NULL);
 		pthread_cond_init(&c->qcond, NULL);
 		atomic_init(&c->finished, false);
-		if (pthread_create(&c->send_thread, NULL, srv_send_main, c) == 0)
-			c->send_started = true;
-		if (!c->send_started || pthread_create(&c->recv_thread, NULL, srv_recv_main, c) != 0) {
-			LOG_ERROR("cannot start threads for a connection from %s", tp->peer_name(tc));
+		int trc = pthread_create(&c->send_thread, NULL, srv_send_main, c);
+		c->send_started = trc == 0;
+		if (c->send_started)
+			trc = pthread_create(&c->recv_thread, NULL, srv_recv_main, c);
+		if (trc != 0) {
+			srv_out_of_threads(srv, trc, tp->peer_name(tc));
 			pthread_mutex_lock(&c->qlock);
 			c->closing = true;
 			pthread_cond_signal(&c->qcond);

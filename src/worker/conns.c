@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "compress/compress.h"
 #include "log/log.h"
@@ -831,6 +832,19 @@ static int wk_connect_one(struct worker *w, struct wk_conn *c, const struct rdv_
 	return 0;
 }
 
+/* A connection's threads could not start (pthread_create's rc): names
+ * the limits here and, through the scheduler, to every process of the
+ * job, which would otherwise see this worker leave. */
+static int wk_no_thread(const struct wk_conn *c, int rc)
+{
+	char limits[384], why[640];
+	log_thread_limits(rc, limits, sizeof limits);
+	snprintf(why, sizeof why, "worker %d (pid %d) cannot start the threads for its connection "
+		 "to %s: %s", c->w->rank, (int)getpid(), c->label, limits);
+	rdv_client_fail_job(c->w->rdv, UNISUM_ESYS, why);
+	return log_fail(UNISUM_ESYS, "%s", why);
+}
+
 int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n)
 {
 	pthread_mutex_lock(&c->lock);
@@ -856,10 +870,10 @@ int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n)
 	c->handed_over = false;
 	c->dead_why[0] = '\0';
 	pthread_mutex_unlock(&c->lock);
-	if (pthread_create(&c->send_thread, NULL, wk_send_main, c) != 0)
-		return UNISUM_ESYS;
-	if (pthread_create(&c->recv_thread, NULL, wk_recv_main, c) != 0)
-		return UNISUM_ESYS;	/* the sender ends with the job */
+	if ((rc = pthread_create(&c->send_thread, NULL, wk_send_main, c)) != 0)
+		return wk_no_thread(c, rc);
+	if ((rc = pthread_create(&c->recv_thread, NULL, wk_recv_main, c)) != 0)
+		return wk_no_thread(c, rc);	/* the sender ends with the job */
 	c->threads_started = true;
 	return 0;
 }
@@ -894,16 +908,16 @@ int wk_connect_servers(struct worker *w)
 		int rc = wk_connect_one(w, c, n);
 		if (rc != 0)
 			return rc;
-		if (pthread_create(&c->send_thread, NULL, wk_send_main, c) != 0)
-			return UNISUM_ESYS;
-		if (pthread_create(&c->recv_thread, NULL, wk_recv_main, c) != 0) {
+		if ((rc = pthread_create(&c->send_thread, NULL, wk_send_main, c)) != 0)
+			return wk_no_thread(c, rc);
+		if ((rc = pthread_create(&c->recv_thread, NULL, wk_recv_main, c)) != 0) {
 			/* Stop the sender we just started. */
 			pthread_mutex_lock(&c->lock);
 			c->dead = true;
 			pthread_cond_broadcast(&c->cond);
 			pthread_mutex_unlock(&c->lock);
 			pthread_join(c->send_thread, NULL);
-			return UNISUM_ESYS;
+			return wk_no_thread(c, rc);
 		}
 		c->threads_started = true;
 	}

@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "config/config.h"
 #include "log/log.h"
@@ -294,8 +295,15 @@ void worker_free(struct worker *w)
 /* Starts the PUSH stage's thread and, under autotune, the tuner's. */
 static int wk_start_threads(struct worker *w)
 {
-	if (pthread_create(&w->push_thread, NULL, wk_push_main, w) != 0)
-		return log_fail(UNISUM_ESYS, "worker %d cannot start its PUSH thread", w->rank);
+	int rc = pthread_create(&w->push_thread, NULL, wk_push_main, w);
+	if (rc != 0) {
+		char limits[384], why[640];
+		log_thread_limits(rc, limits, sizeof limits);
+		snprintf(why, sizeof why, "worker %d (pid %d) cannot start its PUSH thread: %s",
+			 w->rank, (int)getpid(), limits);
+		rdv_client_fail_job(w->rdv, UNISUM_ESYS, why);
+		return log_fail(UNISUM_ESYS, "%s", why);
+	}
 	w->push_started = true;
 	w->tune_stop = false;
 	w->tune_started = w->cfg.autotune &&
