@@ -5,6 +5,7 @@
 #include "log/log.h"
 #include "unisum.h"
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,4 +179,21 @@ void log_thread_limits(int rc, char *buf, size_t len)
 		 strerror(rc), log_read_number("/proc/self/status", "Threads:"), nproc,
 		 log_read_number("/proc/sys/kernel/pid_max", NULL),
 		 log_read_number("/proc/sys/kernel/threads-max", NULL), cg);
+}
+
+void log_fd_limits(int err, char *buf, size_t len)
+{
+	if (err == ENFILE) {
+		snprintf(buf, len, "%s: the system's limit of open files (fs.file-max %ld) is "
+			 "reached", strerror(err), log_read_number("/proc/sys/fs/file-max", NULL));
+		return;
+	}
+	struct rlimit r = {0};
+	getrlimit(RLIMIT_NOFILE, &r);
+	char hard[32] = "unlimited";
+	if (r.rlim_max != RLIM_INFINITY)
+		snprintf(hard, sizeof hard, "%llu", (unsigned long long)r.rlim_max);
+	snprintf(buf, len, "%s: this process has all of its RLIMIT_NOFILE=%llu descriptors open "
+		 "(the hard limit is %s; `ulimit -n` raises the soft one up to it)",
+		 strerror(err), (unsigned long long)r.rlim_cur, hard);
 }

@@ -65,4 +65,9 @@ int log_known_error(int code, int fallback);
  * kernel.pid_max, kernel.threads-max and its pids cgroup's pids.max. */
 void log_thread_limits(int rc, char *buf, size_t len);
 
+/* Why a descriptor could not be had (errno `err`: EMFILE, ENFILE), with
+ * the limit that was reached: RLIMIT_NOFILE's soft and hard values, or
+ * the system's fs.file-max. */
+void log_fd_limits(int err, char *buf, size_t len);
+
 #endif /* UNISUM_LOG_H */

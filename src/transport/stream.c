@@ -7,6 +7,7 @@
  * payload with MSG_WAITALL straight into the destination the caller chose.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -42,7 +43,15 @@ int stream_accept(struct stream_listener *l, struct sockaddr *sa, socklen_t *sa_
 		}
 		if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
 			continue;
-		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+		if (errno == EMFILE || errno == ENFILE) {
+			/* Retrying would not help while the limit holds: the
+			 * caller names it and fails the job. */
+			char why[300];
+			log_fd_limits(errno, why, sizeof why);
+			log_set_last_error("accept(): %s", why);
+			return UNISUM_ESYS;
+		}
+		if (errno == ENOBUFS || errno == ENOMEM) {
 			LOG_ERROR("accept(): %s; retrying in 100 ms", strerror(errno));
 			nanosleep(&(struct timespec){0, 100000000}, NULL);
 			continue;
@@ -69,6 +78,11 @@ int stream_connect(int family, const struct sockaddr *sa, socklen_t sa_len, int 
 	int delay_ms = 10;
 	for (;;) {
 		int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+			char why[300];
+			log_fd_limits(errno, why, sizeof why);
+			return log_fail(UNISUM_ESYS, "cannot connect to %s: socket(): %s", peer, why);
+		}
 		if (fd < 0)
 			return log_fail(UNISUM_ESYS, "socket(): %s", strerror(errno));
 		if (connect(fd, sa, sa_len) == 0) {
@@ -208,6 +222,165 @@ int stream_authenticate(int fd, bool acceptor, const char *peer, char *why, size
 			  : auth_handshake_connector(&io, peer, why, len);
 	stream_recv_timeout(fd, 0);
 	return rc;
+}
+
+/* ---- the non-blocking form ------------------------------------------------ */
+
+int stream_set_nonblocking(int fd)
+{
+	int flags = fcntl(fd, F_GETFL);
+	if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0)
+		return log_fail(UNISUM_ESYS, "fcntl(O_NONBLOCK): %s", strerror(errno));
+	return 0;
+}
+
+int stream_accept_nb(struct stream_listener *l, struct sockaddr *sa, socklen_t *sa_len, int *fd_out)
+{
+	int fd = accept4(l->fd, sa, sa_len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+	if (atomic_load(&l->closing)) {
+		if (fd >= 0)
+			close(fd);
+		return UNISUM_ESHUTDOWN;
+	}
+	if (fd >= 0) {
+		*fd_out = fd;
+		return 0;
+	}
+	int e = errno;
+	if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR || e == ECONNABORTED || e == EPROTO)
+		return TP_AGAIN;
+	char why[300];
+	if (e == EMFILE || e == ENFILE)
+		log_fd_limits(e, why, sizeof why);
+	else if (e == ENOBUFS || e == ENOMEM)
+		snprintf(why, sizeof why, "%s: the kernel is out of memory for sockets", strerror(e));
+	else
+		snprintf(why, sizeof why, "%s", strerror(e));
+	log_set_last_error("cannot accept a connection: accept(): %s", why);
+	return UNISUM_ESYS;
+}
+
+int stream_read_nb(int fd, void *dst, size_t len, size_t *got)
+{
+	while (*got < len) {
+		ssize_t n = recv(fd, (uint8_t *)dst + *got, len - *got, 0);
+		if (n > 0) {
+			*got += (size_t)n;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return TP_AGAIN;
+		return UNISUM_ECONN;
+	}
+	return 0;
+}
+
+int stream_recv_header_nb(int fd, struct tp_rx *rx, char *why, size_t why_len)
+{
+	int rc = stream_read_nb(fd, rx->buf, WIRE_HDR_SIZE, &rx->got);
+	if (rc == UNISUM_ECONN)
+		snprintf(why, why_len, "connection closed");
+	if (rc != 0)
+		return rc;
+	rx->got = 0;
+	return wire_decode(rx->buf, &rx->hdr, why, why_len);
+}
+
+int stream_recv_payload_nb(int fd, struct tp_rx *rx)
+{
+	size_t len = rx->hdr.payload_len;
+	if (rx->dst != NULL)
+		return stream_read_nb(fd, rx->dst, len, &rx->got);
+	uint8_t sink[4096];
+	while (rx->got < len) {
+		size_t part = 0, want = len - rx->got < sizeof sink ? len - rx->got : sizeof sink;
+		int rc = stream_read_nb(fd, sink, want, &part);
+		rx->got += part;
+		if (rc != 0)
+			return rc;
+	}
+	return 0;
+}
+
+int stream_send_nb(int fd, struct tp_tx *tx, const void *payload, size_t len)
+{
+	if (!tx->begun) {
+		wire_encode(&tx->hdr, tx->head);
+		tx->begun = true;
+		tx->off = 0;
+	}
+	size_t total = WIRE_HDR_SIZE + (payload != NULL ? len : 0);
+	while (tx->off < total) {
+		struct iovec iov[2];
+		int n = 0;
+		if (tx->off < WIRE_HDR_SIZE)
+			iov[n++] = (struct iovec){tx->head + tx->off, WIRE_HDR_SIZE - tx->off};
+		size_t poff = tx->off > WIRE_HDR_SIZE ? tx->off - WIRE_HDR_SIZE : 0;
+		if (payload != NULL && len > poff)
+			iov[n++] = (struct iovec){(uint8_t *)payload + poff, len - poff};
+		struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+		ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+		if (sent < 0 && errno == EINTR)
+			continue;
+		if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return TP_AGAIN;
+		if (sent <= 0)
+			return UNISUM_ECONN;
+		tx->off += (size_t)sent;
+	}
+	return 0;
+}
+
+/* Writes src from *off up to len: 0 once all is out, TP_AGAIN, or
+ * UNISUM_ECONN when the peer hung up. */
+static int stream_write_nb(int fd, const uint8_t *src, size_t len, size_t *off)
+{
+	while (*off < len) {
+		ssize_t n = send(fd, src + *off, len - *off, MSG_NOSIGNAL);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return TP_AGAIN;
+		if (n <= 0)
+			return UNISUM_ECONN;
+		*off += (size_t)n;
+	}
+	return 0;
+}
+
+int stream_auth_nb(int fd, struct tp_auth *a, char *why, size_t len)
+{
+	if (!auth_is_enabled())
+		return 0;
+	int rc = 0;
+	if (a->stage == 0 && a->off == 0) {
+		memcpy(a->challenge, AUTH_MAGIC, 4);
+		auth_nonce(a->challenge + 4);
+	}
+	if (a->stage == 0 && (rc = stream_write_nb(fd, a->challenge, sizeof a->challenge, &a->off)) == 0)
+		a->stage = 1, a->off = 0;
+	if (a->stage == 1 && (rc = stream_read_nb(fd, a->buf, 64, &a->off)) == 0) {
+		if (!auth_tag_is_valid("connector", a->challenge + 4, a->buf, a->buf + AUTH_NONCE_BYTES)) {
+			snprintf(why, len, "wrong or missing job secret (or a replayed handshake)");
+			return UNISUM_EAUTH;
+		}
+		uint8_t nonce_c[AUTH_NONCE_BYTES];
+		memcpy(nonce_c, a->buf, sizeof nonce_c);
+		auth_tag("acceptor", nonce_c, a->challenge + 4, a->buf);
+		a->stage = 2, a->off = 0;
+	}
+	if (a->stage == 2 && (rc = stream_write_nb(fd, a->buf, AUTH_TAG_BYTES, &a->off)) == 0)
+		a->stage = 3;
+	if (rc == TP_AGAIN)
+		return TP_AGAIN;
+	if (rc != 0) {
+		snprintf(why, len, a->stage == 1 ? "no answer to the authentication challenge"
+						 : "hung up during the handshake");
+		return UNISUM_EAUTH;
+	}
+	return 0;
 }
 
 /* ---- telling ThreadSanitizer about messages ------------------------------- */

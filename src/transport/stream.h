@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include "transport/transport.h"
 #include "wire/wire.h"
 
 /* A listening socket and whether listener_shutdown() was called. */
@@ -23,8 +24,10 @@ struct stream_listener {
 };
 
 /* Blocks in accept() until a peer connects: 0 and *fd_out, UNISUM_ESHUTDOWN
- * once closing, or UNISUM_ESYS.  Retries interruptions and (after 100 ms)
- * running out of descriptors or memory.  sa/sa_len as for accept(). */
+ * once closing, or UNISUM_ESYS (logged; when descriptors ran out, not
+ * logged: the reason, naming RLIMIT_NOFILE, is in log_last_error()).
+ * Retries interruptions and (after 100 ms) running out of kernel memory.
+ * sa/sa_len as for accept(). */
 int stream_accept(struct stream_listener *l, struct sockaddr *sa, socklen_t *sa_len, int *fd_out);
 
 /* listener_shutdown() and listener_free() of a stream transport. */
@@ -55,6 +58,29 @@ int stream_recv_payload(int fd, void *dst, size_t len);
 /* Runs one side of the job-secret handshake (auth.h) on fd, the peer
  * given at most a few seconds for each answer; 0 when no secret is set. */
 int stream_authenticate(int fd, bool acceptor, const char *peer, char *why, size_t len);
+
+/* ---- the non-blocking form (transport.h) ---- */
+
+/* Makes fd non-blocking: 0 or UNISUM_ESYS. */
+int stream_set_nonblocking(int fd);
+/* Accepts without blocking: 0 and *fd_out (non-blocking), TP_AGAIN,
+ * UNISUM_ESHUTDOWN once closing, or UNISUM_ESYS with the reason (the limit
+ * when descriptors ran out) in log_last_error(). */
+int stream_accept_nb(struct stream_listener *l, struct sockaddr *sa, socklen_t *sa_len, int *fd_out);
+/* Reads into dst until *got reaches len: 0, TP_AGAIN or UNISUM_ECONN. */
+int stream_read_nb(int fd, void *dst, size_t len, size_t *got);
+/* recv_nb's first stage, the header into rx->hdr (decoded, validated):
+ * 0, TP_AGAIN, UNISUM_ECONN or UNISUM_EPROTO with why. */
+int stream_recv_header_nb(int fd, struct tp_rx *rx, char *why, size_t why_len);
+/* recv_nb's payload stage: rx->hdr.payload_len bytes into rx->dst (NULL:
+ * discarded), rx->got counting them.  0, TP_AGAIN or UNISUM_ECONN. */
+int stream_recv_payload_nb(int fd, struct tp_rx *rx);
+/* send_nb of tx's header (encoded into tx->head at the first call) and
+ * `len` bytes of `payload`: 0, TP_AGAIN or UNISUM_ECONN. */
+int stream_send_nb(int fd, struct tp_tx *tx, const void *payload, size_t len);
+/* The acceptor's handshake (auth.h) without blocking: 0 when done or no
+ * secret is set, TP_AGAIN, or UNISUM_EAUTH with why. */
+int stream_auth_nb(int fd, struct tp_auth *a, char *why, size_t len);
 
 /* ThreadSanitizer does not see that a message sent on one socket is what
  * another thread receives on its peer, so a job run in one process (the

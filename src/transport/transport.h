@@ -13,6 +13,14 @@
  * receives at a time; the two may run concurrently.  All calls block; the
  * only way to unblock a receiver is conn_shutdown() from another thread.
  *
+ * The non-blocking form (readiness).  A connection given to an event loop
+ * (src/loop/conn.h) is made non-blocking with nb_fd(), and from then on
+ * moved only with auth_nb(), recv_nb() and send_nb(): each goes as far as
+ * the descriptor allows and returns TP_AGAIN where it would block, keeping
+ * its place in a state the caller owns (struct tp_rx, tp_tx, tp_auth), so
+ * the next call, once epoll says the descriptor is ready, goes on from
+ * there.  The zero-copy contracts below hold for it as well.
+ *
  * Zero-copy contract: send() transmits straight from the caller's payload
  * buffer, which the caller may reuse as soon as send() returns.  A receiver
  * first reads the header with recv_header(), decides where the payload
@@ -23,12 +31,48 @@
 #ifndef UNISUM_TRANSPORT_H
 #define UNISUM_TRANSPORT_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "wire/wire.h"
 
 struct tp_listener;
 struct tp_conn;
+
+/* The non-blocking calls' answers beside 0 (done) and the errors. */
+#define TP_AGAIN 1	/* no further until the descriptor is ready */
+#define TP_HEADER 2	/* recv_nb: a header with a payload came: set rx->dst, call again */
+
+/* A message being received (recv_nb).  The caller zeroes it for each new
+ * message, reads hdr after TP_HEADER (or 0) and sets dst. */
+struct tp_rx {
+	struct wire_hdr hdr;	/* the message's header, payload_len its data's size */
+	void *dst;		/* where its payload goes; NULL discards it */
+	int stage;		/* the transport's: 0 header, 1 the IPC reference, 2 payload */
+	size_t got;		/* ... bytes of this stage so far */
+	uint8_t buf[WIRE_HDR_SIZE];
+};
+
+/* A message being sent (send_nb): the caller fills hdr and payload (which
+ * stays unchanged until the send is done) and zeroes the rest. */
+struct tp_tx {
+	struct wire_hdr hdr;
+	const void *payload;	/* hdr.payload_len bytes, or NULL */
+	bool begun;		/* the transport's: head encoded, sent so far */
+	size_t off;
+	uint8_t head[WIRE_HDR_SIZE];
+	uint64_t ref[3];	/* IPC: the data's address and guard, as sent */
+};
+
+/* The acceptor's side of the job-secret handshake in progress (auth_nb);
+ * zeroed by the caller. */
+struct tp_auth {
+	int stage;		/* 0 challenge out, 1 answer in, 2 tag out, 3 done */
+	size_t off;
+	uint8_t challenge[36];	/* "USAU" and the nonce */
+	uint8_t buf[64];	/* the answer, then the tag */
+};
 
 struct transport_ops {
 	const char *name;
@@ -37,8 +81,10 @@ struct transport_ops {
 	 * *port_out).  Returns 0 or a negative error. */
 	int (*listen)(const char *host, int port, struct tp_listener **out, int *port_out);
 
-	/* Blocks until a peer connects; 0 and a new connection, or
-	 * UNISUM_ESHUTDOWN once listener_close() was called. */
+	/* Blocks until a peer connects; 0 and a new connection,
+	 * UNISUM_ESHUTDOWN once listener_close() was called, or UNISUM_ESYS
+	 * (out of descriptors: the reason, naming RLIMIT_NOFILE, in
+	 * log_last_error(), not logged). */
 	int (*accept)(struct tp_listener *l, struct tp_conn **out);
 
 	/* listener_shutdown() makes a blocked or later accept() return
@@ -83,6 +129,36 @@ struct transport_ops {
 
 	/* "host:port" of the peer, for log lines; valid until conn_free. */
 	const char *(*peer_name)(const struct tp_conn *c);
+
+	/* ---- the non-blocking form (see the top of this file) ---- */
+
+	/* The listener's descriptor, made non-blocking: readable when a peer
+	 * waits to be accepted. */
+	int (*listener_fd)(struct tp_listener *l);
+
+	/* Accepts a waiting peer without blocking: 0 and a connection
+	 * (already non-blocking), TP_AGAIN when none waits, or UNISUM_ESYS
+	 * with the reason, naming the limit (RLIMIT_NOFILE) when descriptors
+	 * ran out, in log_last_error() (not logged). */
+	int (*accept_nb)(struct tp_listener *l, struct tp_conn **out);
+
+	/* Makes the connection non-blocking; returns the descriptor whose
+	 * readiness moves it. */
+	int (*nb_fd)(struct tp_conn *c);
+
+	/* The acceptor's handshake of the job secret: 0 once done (at once
+	 * with no secret), TP_AGAIN, or UNISUM_EAUTH with why. */
+	int (*auth_nb)(struct tp_conn *c, struct tp_auth *a, char *why, size_t len);
+
+	/* Receives the next message into rx: TP_HEADER once its header is in
+	 * (rx->hdr; the caller sets rx->dst and calls again), 0 once the whole
+	 * message is (at once for one without payload), TP_AGAIN, or an error
+	 * as recv_header() and recv_payload() give. */
+	int (*recv_nb)(struct tp_conn *c, struct tp_rx *rx, char *why, size_t why_len);
+
+	/* Sends tx: 0 once all of it is with the kernel, TP_AGAIN, or
+	 * UNISUM_ECONN. */
+	int (*send_nb)(struct tp_conn *c, struct tp_tx *tx);
 };
 
 /* The TCP transport (blocking sockets, one thread per

@@ -336,6 +336,108 @@ static const char *ipc_peer_name(const struct tp_conn *c)
 	return c->peer;
 }
 
+/* ---- the non-blocking form ---- */
+
+static int ipc_listener_fd(struct tp_listener *l)
+{
+	stream_set_nonblocking(l->s.fd);
+	return l->s.fd;
+}
+
+static int ipc_accept_nb(struct tp_listener *l, struct tp_conn **out)
+{
+	struct sockaddr_un sa;
+	socklen_t len = sizeof sa;
+	int fd;
+	int rc = stream_accept_nb(&l->s, (struct sockaddr *)&sa, &len, &fd);
+	if (rc != 0)
+		return rc;
+	*out = ipc_conn_new(fd, true);
+	if (*out != NULL)
+		return 0;
+	close(fd);
+	return TP_AGAIN;	/* a peer gone before its credentials were read */
+}
+
+static int ipc_nb_fd(struct tp_conn *c)
+{
+	stream_set_nonblocking(c->fd);
+	return c->fd;
+}
+
+static int ipc_auth_nb(struct tp_conn *c, struct tp_auth *a, char *why, size_t len)
+{
+	return stream_auth_nb(c->fd, a, why, len);
+}
+
+/* recv_nb's header stages: the header, and for data by address the
+ * reference that follows it (then the header reads as TCP's would). */
+static int ipc_recv_head_nb(struct tp_conn *c, struct tp_rx *rx, char *why, size_t why_len)
+{
+	if (rx->stage == 0) {
+		c->by_ref = false;
+		c->ref_left = 0;
+		int rc = stream_recv_header_nb(c->fd, rx, why, why_len);
+		if (rc != 0)
+			return rc;
+		stream_sync_acquire(c->rx);
+		rx->stage = (rx->hdr.flags & WIRE_FLAG_IPC) ? 1 : 2;
+	}
+	if (rx->stage == 1) {
+		uint64_t ref[3];
+		int rc = stream_read_nb(c->fd, rx->buf, WIRE_IPC_PAYLOAD, &rx->got);
+		if (rc == UNISUM_ECONN)
+			snprintf(why, why_len, "connection closed");
+		if (rc != 0)
+			return rc;
+		rx->got = 0;
+		memcpy(ref, rx->buf, sizeof ref);
+		c->by_ref = true;
+		c->ref = le64toh(ref[0]);
+		c->ref_guard = le64toh(ref[1]);
+		c->ref_value = le64toh(ref[2]);
+		c->ref_left = (size_t)rx->hdr.count * unisum_dtype_size((unisum_dtype)rx->hdr.dtype);
+		rx->hdr.flags &= ~WIRE_FLAG_IPC;
+		rx->hdr.payload_len = c->ref_left;
+		rx->stage = 2;
+	}
+	return 0;
+}
+
+static int ipc_recv_nb(struct tp_conn *c, struct tp_rx *rx, char *why, size_t why_len)
+{
+	if (rx->stage < 2) {
+		int rc = ipc_recv_head_nb(c, rx, why, why_len);
+		if (rc != 0)
+			return rc;
+		if (rx->hdr.payload_len > 0)
+			return TP_HEADER;
+	}
+	if (!c->by_ref)
+		return stream_recv_payload_nb(c->fd, rx);
+	/* The copy from the peer's memory does not wait for the socket. */
+	int rc = ipc_recv_payload(c, rx->dst, rx->hdr.payload_len);
+	if (rc != 0)
+		snprintf(why, why_len, "%s", log_last_error());
+	return rc;
+}
+
+static int ipc_send_nb(struct tp_conn *c, struct tp_tx *tx)
+{
+	if (!tx->begun) {
+		stream_sync_release(c->tx);
+		if (ipc_by_ref(&tx->hdr, tx->payload)) {
+			tx->hdr.flags |= WIRE_FLAG_IPC;
+			tx->hdr.payload_len = WIRE_IPC_PAYLOAD;
+			tx->ref[0] = htole64((uint64_t)(uintptr_t)tx->payload);
+			tx->ref[1] = htole64((uint64_t)(uintptr_t)&c->guard->value);
+			tx->ref[2] = htole64(atomic_load(&c->guard->value));
+			tx->payload = tx->ref;
+		}
+	}
+	return stream_send_nb(c->fd, tx, tx->payload, tx->hdr.payload_len);
+}
+
 static const struct transport_ops ipc_ops = {
 	.name = "ipc",
 	.listen = ipc_listen,
@@ -350,6 +452,12 @@ static const struct transport_ops ipc_ops = {
 	.conn_shutdown = ipc_conn_shutdown,
 	.conn_free = ipc_conn_free,
 	.peer_name = ipc_peer_name,
+	.listener_fd = ipc_listener_fd,
+	.accept_nb = ipc_accept_nb,
+	.nb_fd = ipc_nb_fd,
+	.auth_nb = ipc_auth_nb,
+	.recv_nb = ipc_recv_nb,
+	.send_nb = ipc_send_nb,
 };
 
 const struct transport_ops *transport_ipc(void)

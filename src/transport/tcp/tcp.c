@@ -230,6 +230,60 @@ static const char *tcp_peer_name(const struct tp_conn *c)
 	return c->peer;
 }
 
+/* ---- the non-blocking form ---- */
+
+static int tcp_listener_fd(struct tp_listener *l)
+{
+	stream_set_nonblocking(l->s.fd);
+	return l->s.fd;
+}
+
+static int tcp_accept_nb(struct tp_listener *l, struct tp_conn **out)
+{
+	struct sockaddr_in sa;
+	socklen_t len = sizeof sa;
+	int fd;
+	int rc = stream_accept_nb(&l->s, (struct sockaddr *)&sa, &len, &fd);
+	return rc != 0 ? rc : tcp_adopt(fd, &sa, out);
+}
+
+static int tcp_nb_fd(struct tp_conn *c)
+{
+	stream_set_nonblocking(c->fd);
+	return c->fd;
+}
+
+static int tcp_auth_nb(struct tp_conn *c, struct tp_auth *a, char *why, size_t len)
+{
+	return stream_auth_nb(c->fd, a, why, len);
+}
+
+static int tcp_recv_nb(struct tp_conn *c, struct tp_rx *rx, char *why, size_t why_len)
+{
+	if (rx->stage == 0) {
+		int rc = stream_recv_header_nb(c->fd, rx, why, why_len);
+		if (rc != 0)
+			return rc;
+		stream_sync_acquire(c->rx);
+		if (rx->hdr.flags & WIRE_FLAG_IPC) {
+			snprintf(why, why_len, "%s: data by address (the IPC flag) on a TCP connection",
+				 wire_type_name(rx->hdr.type));
+			return UNISUM_EPROTO;
+		}
+		rx->stage = 2;
+		if (rx->hdr.payload_len > 0)
+			return TP_HEADER;
+	}
+	return stream_recv_payload_nb(c->fd, rx);
+}
+
+static int tcp_send_nb(struct tp_conn *c, struct tp_tx *tx)
+{
+	if (!tx->begun)
+		stream_sync_release(c->tx);
+	return stream_send_nb(c->fd, tx, tx->payload, tx->hdr.payload_len);
+}
+
 static const struct transport_ops tcp_ops = {
 	.name = "tcp",
 	.listen = tcp_listen,
@@ -244,6 +298,12 @@ static const struct transport_ops tcp_ops = {
 	.conn_shutdown = tcp_conn_shutdown,
 	.conn_free = tcp_conn_free,
 	.peer_name = tcp_peer_name,
+	.listener_fd = tcp_listener_fd,
+	.accept_nb = tcp_accept_nb,
+	.nb_fd = tcp_nb_fd,
+	.auth_nb = tcp_auth_nb,
+	.recv_nb = tcp_recv_nb,
+	.send_nb = tcp_send_nb,
 };
 
 const struct transport_ops *transport_tcp(void)

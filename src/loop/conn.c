@@ -1,0 +1,341 @@
+/*
+ * conn.c - a transport connection served by an event loop (see conn.h).
+ *
+ * DESIGN.  The descriptor is watched for reading always and for writing
+ * only while the send queue holds something.  A readable descriptor
+ * gives up to LOOP_CONN_BURST messages a round (level-triggered: the
+ * rest come next round, after the other connections had theirs).  A send
+ * appends to the queue under `txlock` and, when the queue was empty,
+ * writes at once from the sending thread, so a small message costs no
+ * wake-up of the loop; only what the socket does not take waits for
+ * EPOLLOUT.  Nothing goes out before the handshake is done.
+ */
+#include "loop/conn.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+
+#include "log/log.h"
+#include "timing/timing.h"
+#include "unisum.h"
+
+#define LOOP_CONN_BURST 16
+#define LOOP_CONN_AUTH_MS 10000
+
+struct loop_conn_item {
+	struct tp_tx tx;
+	struct loop_conn_item *next;
+	size_t bytes;			/* its header and payload */
+	uint8_t data[];			/* the payload's copy */
+};
+
+struct loop_conn {
+	struct loop *loop;
+	const struct transport_ops *tp;
+	struct tp_conn *c;
+	const struct loop_conn_ops *ops;
+	void *arg;
+	struct loop_io io;
+	struct loop_timer auth_timer;
+	struct tp_auth auth;
+	bool authed;			/* the handshake is done (or was not needed) */
+	struct tp_rx rx;		/* the message being received */
+	void *own;			/* rx.dst when the connection owns it */
+	pthread_mutex_t txlock;		/* everything below */
+	struct loop_conn_item *head, **tail;
+	size_t queued, cap;
+	bool want_out;			/* EPOLLOUT is watched */
+	bool closed;			/* no more sends */
+	bool closing;			/* loop_conn_close ran (the loop's thread) */
+};
+
+void *loop_conn_arg(const struct loop_conn *lc)
+{
+	return lc->arg;
+}
+
+struct tp_conn *loop_conn_tp(const struct loop_conn *lc)
+{
+	return lc->c;
+}
+
+const char *loop_conn_peer(const struct loop_conn *lc)
+{
+	return lc->tp->peer_name(lc->c);
+}
+
+void loop_conn_set_cap(struct loop_conn *lc, size_t cap)
+{
+	pthread_mutex_lock(&lc->txlock);
+	lc->cap = cap;
+	pthread_mutex_unlock(&lc->txlock);
+}
+
+/* Sends queued messages until the socket is full: 0 (queue empty),
+ * TP_AGAIN, or UNISUM_ECONN.  txlock held. */
+static int conn_push_out(struct loop_conn *lc)
+{
+	while (lc->head != NULL && lc->authed) {
+		struct loop_conn_item *it = lc->head;
+		int rc = lc->tp->send_nb(lc->c, &it->tx);
+		if (rc != 0)
+			return rc;
+		lc->head = it->next;
+		if (lc->head == NULL)
+			lc->tail = &lc->head;
+		lc->queued -= it->bytes;
+		free(it);
+	}
+	return lc->head != NULL ? TP_AGAIN : 0;
+}
+
+/* Watches EPOLLOUT while something waits to go.  txlock held. */
+static void conn_watch_out(struct loop_conn *lc)
+{
+	bool want = lc->head != NULL && lc->authed && !lc->closed;
+	if (want == lc->want_out || lc->closed || lc->io.loop == NULL)
+		return;
+	lc->want_out = want;
+	loop_io_set(&lc->io, EPOLLIN | (want ? EPOLLOUT : 0));
+}
+
+int loop_conn_send(struct loop_conn *lc, const struct wire_hdr *hdr, const void *payload)
+{
+	size_t plen = payload != NULL ? hdr->payload_len : 0;
+	size_t bytes = WIRE_HDR_SIZE + plen;
+	pthread_mutex_lock(&lc->txlock);
+	int rc = 0;
+	if (lc->closed) {
+		rc = UNISUM_ECONN;
+	} else if (lc->queued + bytes > lc->cap && lc->queued > 0) {
+		rc = TP_AGAIN;
+	} else {
+		struct loop_conn_item *it = malloc(sizeof *it + plen);
+		if (it == NULL) {
+			rc = UNISUM_ENOMEM;
+		} else {
+			memset(&it->tx, 0, sizeof it->tx);
+			it->tx.hdr = *hdr;
+			if (plen > 0)
+				memcpy(it->data, payload, plen);
+			it->tx.payload = plen > 0 ? it->data : NULL;
+			it->next = NULL;
+			it->bytes = bytes;
+			*lc->tail = it;
+			lc->tail = &it->next;
+			lc->queued += bytes;
+			rc = conn_push_out(lc);
+			if (rc == UNISUM_ECONN)
+				lc->tp->conn_shutdown(lc->c);	/* the loop sees the end */
+			else
+				rc = 0;
+			conn_watch_out(lc);
+		}
+	}
+	pthread_mutex_unlock(&lc->txlock);
+	return rc;
+}
+
+size_t loop_conn_queued(struct loop_conn *lc)
+{
+	pthread_mutex_lock(&lc->txlock);
+	size_t n = lc->queued;
+	pthread_mutex_unlock(&lc->txlock);
+	return n;
+}
+
+int loop_conn_flush(struct loop_conn *lc, int timeout_ms)
+{
+	int64_t until = timing_now_ms() + timeout_ms;
+	pthread_mutex_lock(&lc->txlock);
+	int rc;
+	while ((rc = lc->closed ? UNISUM_ECONN : conn_push_out(lc)) == TP_AGAIN) {
+		int64_t left = until - timing_now_ms();
+		if (left <= 0 || !lc->authed) {
+			rc = UNISUM_ETIMEDOUT;
+			break;
+		}
+		struct pollfd p = {.fd = lc->io.fd, .events = POLLOUT};
+		poll(&p, 1, (int)left);
+	}
+	pthread_mutex_unlock(&lc->txlock);
+	return rc;
+}
+
+void loop_conn_shutdown(struct loop_conn *lc)
+{
+	lc->tp->conn_shutdown(lc->c);
+}
+
+bool loop_conn_closed(struct loop_conn *lc)
+{
+	pthread_mutex_lock(&lc->txlock);
+	bool closed = lc->closed;
+	pthread_mutex_unlock(&lc->txlock);
+	return closed;
+}
+
+void loop_conn_close(struct loop_conn *lc, int rc, const char *why)
+{
+	if (lc->closing)
+		return;
+	lc->closing = true;
+	pthread_mutex_lock(&lc->txlock);	/* a sender's conn_watch_out */
+	loop_io_del(&lc->io);
+	pthread_mutex_unlock(&lc->txlock);
+	loop_timer_stop(lc->loop, &lc->auth_timer);
+	free(lc->own);
+	lc->own = NULL;
+	/* Its owner may still say a last word (loop_conn_send, then
+	 * loop_conn_flush) before the connection is shut. */
+	if (lc->ops->on_closed != NULL)
+		lc->ops->on_closed(lc, rc, why);
+	pthread_mutex_lock(&lc->txlock);
+	lc->closed = true;
+	pthread_mutex_unlock(&lc->txlock);
+	lc->tp->conn_shutdown(lc->c);
+}
+
+/* A message's header came: where its payload goes.  0 or an error. */
+static int conn_place(struct loop_conn *lc, char *why, size_t len)
+{
+	if (lc->ops->on_header != NULL)
+		return lc->ops->on_header(lc, &lc->rx, why, len);
+	lc->own = malloc(lc->rx.hdr.payload_len);
+	if (lc->own == NULL) {
+		snprintf(why, len, "out of memory for a %llu-byte payload",
+			 (unsigned long long)lc->rx.hdr.payload_len);
+		return UNISUM_ENOMEM;
+	}
+	lc->rx.dst = lc->own;
+	return 0;
+}
+
+/* Receives up to LOOP_CONN_BURST messages: 0 (come back when readable),
+ * or the error that ends the connection, with why. */
+static int conn_receive(struct loop_conn *lc, char *why, size_t len)
+{
+	for (int n = 0; n < LOOP_CONN_BURST; n++) {
+		int rc = lc->tp->recv_nb(lc->c, &lc->rx, why, len);
+		if (rc == TP_HEADER && (rc = conn_place(lc, why, len)) == 0)
+			continue;	/* its payload next */
+		if (rc == TP_AGAIN)
+			return 0;
+		if (rc != 0)
+			return rc;
+		struct wire_hdr h = lc->rx.hdr;
+		void *payload = lc->rx.dst, *own = lc->own;
+		memset(&lc->rx, 0, sizeof lc->rx);
+		lc->own = NULL;
+		rc = lc->ops->on_message(lc, &h, payload, why, len);
+		free(own);
+		if (rc != 0)
+			return rc;
+		if (lc->closing)	/* the owner closed it */
+			return 0;
+	}
+	return 0;
+}
+
+/* The acceptor's handshake: 0 when done, TP_AGAIN, or UNISUM_EAUTH. */
+static int conn_authenticate(struct loop_conn *lc, char *why, size_t len)
+{
+	int rc = lc->tp->auth_nb(lc->c, &lc->auth, why, len);
+	if (rc != 0)
+		return rc;
+	loop_timer_stop(lc->loop, &lc->auth_timer);
+	pthread_mutex_lock(&lc->txlock);
+	lc->authed = true;
+	if (conn_push_out(lc) == UNISUM_ECONN)
+		lc->tp->conn_shutdown(lc->c);
+	conn_watch_out(lc);
+	pthread_mutex_unlock(&lc->txlock);
+	return 0;
+}
+
+static void conn_ready(struct loop_io *io, uint32_t events)
+{
+	struct loop_conn *lc = io->arg;
+	char why[512] = "";
+	int rc = 0;
+	if (!lc->authed)
+		rc = conn_authenticate(lc, why, sizeof why);
+	if (rc == 0 && lc->authed && (events & EPOLLOUT)) {
+		pthread_mutex_lock(&lc->txlock);
+		if (conn_push_out(lc) == UNISUM_ECONN)
+			lc->tp->conn_shutdown(lc->c);
+		conn_watch_out(lc);
+		pthread_mutex_unlock(&lc->txlock);
+	}
+	if (rc == 0 && lc->authed && (events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+		rc = conn_receive(lc, why, sizeof why);
+	if (rc == TP_AGAIN)
+		rc = 0;
+	if (rc != 0)
+		loop_conn_close(lc, rc, why);
+}
+
+static void conn_auth_late(struct loop_timer *t)
+{
+	struct loop_conn *lc = t->arg;
+	char why[128];
+	snprintf(why, sizeof why, "no answer to the authentication challenge within %d s",
+		 LOOP_CONN_AUTH_MS / 1000);
+	loop_conn_close(lc, UNISUM_EAUTH, why);
+}
+
+int loop_conn_new(struct loop *l, const struct transport_ops *tp, struct tp_conn *c,
+		  bool acceptor, const struct loop_conn_ops *ops, void *arg, struct loop_conn **out)
+{
+	struct loop_conn *lc = calloc(1, sizeof *lc);
+	if (lc == NULL)
+		return UNISUM_ENOMEM;
+	lc->loop = l;
+	lc->tp = tp;
+	lc->c = c;
+	lc->ops = ops;
+	lc->arg = arg;
+	lc->cap = LOOP_CONN_CAP;
+	lc->tail = &lc->head;
+	lc->auth_timer.slot = -1;
+	lc->authed = !acceptor;
+	pthread_mutex_init(&lc->txlock, NULL);
+	int rc = loop_io_add(l, &lc->io, tp->nb_fd(c), EPOLLIN, conn_ready, lc);
+	if (rc != 0) {
+		pthread_mutex_destroy(&lc->txlock);
+		free(lc);
+		return rc;
+	}
+	if (acceptor) {
+		loop_timer_start(l, &lc->auth_timer, LOOP_CONN_AUTH_MS, 0, conn_auth_late, lc);
+		/* The challenge goes out now: the peer speaks only after it. */
+		char why[256] = "";
+		if (conn_authenticate(lc, why, sizeof why) == UNISUM_EAUTH)
+			tp->conn_shutdown(c);
+	}
+	*out = lc;
+	return 0;
+}
+
+void loop_conn_free(struct loop_conn *lc)
+{
+	if (lc == NULL)
+		return;
+	if (lc->io.loop != NULL)
+		loop_io_del(&lc->io);
+	loop_timer_stop(lc->loop, &lc->auth_timer);
+	while (lc->head != NULL) {
+		struct loop_conn_item *it = lc->head;
+		lc->head = it->next;
+		free(it);
+	}
+	free(lc->own);
+	lc->tp->conn_free(lc->c);
+	pthread_mutex_destroy(&lc->txlock);
+	free(lc);
+}

@@ -1,0 +1,446 @@
+/*
+ * test_loop.c - the event loop (src/loop) over real sockets: many
+ * connections served by one thread, a peer that sends one byte at a time,
+ * a peer that never reads (the queue stops at its cap, nothing grows
+ * without bound, and the others are still served), a peer that hangs up
+ * mid-message, a malformed message that closes one connection only,
+ * timers that fire while every connection is idle, and the job-secret
+ * handshake run by the loop (a peer without the secret is refused).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "log/log.h"
+#include "loop/conn.h"
+#include "loop/loop.h"
+#include "timing/timing.h"
+#include "transport/auth.h"
+#include "transport/transport.h"
+#include "wire/wire.h"
+
+#define MAX_CONNS 600
+
+/* A server on a loop of its own thread: accepts, counts, echoes. */
+struct srv {
+	const struct transport_ops *tp;
+	struct loop *loop;
+	struct tp_listener *l;
+	struct loop_io lio;
+	pthread_t thread;
+	int port;
+	pthread_mutex_t mu;		/* below */
+	struct loop_conn *conns[MAX_CONNS];
+	int nconns, messages, closed, last_rc;
+	char last_why[256];
+	bool echo;
+};
+
+static void srv_closed(struct loop_conn *lc, int rc, const char *why)
+{
+	struct srv *s = loop_conn_arg(lc);
+	pthread_mutex_lock(&s->mu);
+	s->closed++;
+	s->last_rc = rc;
+	snprintf(s->last_why, sizeof s->last_why, "%s", why);
+	pthread_mutex_unlock(&s->mu);
+}
+
+static int srv_message(struct loop_conn *lc, const struct wire_hdr *h, void *payload, char *why,
+		       size_t len)
+{
+	(void)why, (void)len;
+	struct srv *s = loop_conn_arg(lc);
+	pthread_mutex_lock(&s->mu);
+	s->messages++;
+	bool echo = s->echo;
+	pthread_mutex_unlock(&s->mu);
+	if (echo)
+		assert_int_equal(loop_conn_send(lc, h, payload), 0);
+	return 0;
+}
+
+static const struct loop_conn_ops srv_ops = {
+	.on_message = srv_message,
+	.on_closed = srv_closed,
+};
+
+static void srv_accept(struct loop_io *io, uint32_t events)
+{
+	(void)events;
+	struct srv *s = io->arg;
+	struct tp_conn *c;
+	while (s->tp->accept_nb(s->l, &c) == 0) {
+		struct loop_conn *lc;
+		assert_int_equal(loop_conn_new(s->loop, s->tp, c, true, &srv_ops, s, &lc), 0);
+		pthread_mutex_lock(&s->mu);
+		assert_true(s->nconns < MAX_CONNS);
+		s->conns[s->nconns++] = lc;
+		pthread_mutex_unlock(&s->mu);
+	}
+}
+
+static void *srv_main(void *arg)
+{
+	struct srv *s = arg;
+	loop_run(s->loop, NULL, NULL);
+	return NULL;
+}
+
+static void srv_start(struct srv *s)
+{
+	memset(s, 0, sizeof *s);
+	s->tp = transport_tcp();
+	s->echo = true;
+	pthread_mutex_init(&s->mu, NULL);
+	assert_int_equal(loop_new(&s->loop), 0);
+	assert_int_equal(s->tp->listen("127.0.0.1", 0, &s->l, &s->port), 0);
+	assert_int_equal(loop_io_add(s->loop, &s->lio, s->tp->listener_fd(s->l), EPOLLIN, srv_accept, s), 0);
+	assert_int_equal(pthread_create(&s->thread, NULL, srv_main, s), 0);
+}
+
+static void srv_stop(struct srv *s)
+{
+	loop_stop(s->loop);
+	pthread_join(s->thread, NULL);
+	for (int i = 0; i < s->nconns; i++)
+		loop_conn_free(s->conns[i]);
+	loop_io_del(&s->lio);
+	s->tp->listener_free(s->l);
+	loop_free(s->loop);
+	pthread_mutex_destroy(&s->mu);
+}
+
+static int srv_get(struct srv *s, int *field)
+{
+	pthread_mutex_lock(&s->mu);
+	int v = *field;
+	pthread_mutex_unlock(&s->mu);
+	return v;
+}
+
+/* Waits up to 5 s for *field to reach want. */
+static void srv_wait(struct srv *s, int *field, int want)
+{
+	for (int i = 0; i < 500 && srv_get(s, field) < want; i++)
+		usleep(10000);
+	assert_int_equal(srv_get(s, field), want);
+}
+
+static long threads_now(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	long n = -1;
+	while (f != NULL && fgets(line, sizeof line, f) != NULL)
+		if (strncmp(line, "Threads:", 8) == 0)
+			n = strtol(line + 8, NULL, 10);
+	if (f != NULL)
+		fclose(f);
+	return n;
+}
+
+/* A PUSH of n floats, value i + seed at element i. */
+static struct wire_hdr push_hdr(uint64_t n, uint64_t key)
+{
+	return (struct wire_hdr){.type = WIRE_PUSH, .dtype = UNISUM_FLOAT32, .count = n,
+				 .payload_len = 4 * n, .key = key};
+}
+
+static float *floats(uint64_t n, int seed)
+{
+	float *v = malloc(4 * (n ? n : 1));
+	for (uint64_t i = 0; i < n; i++)
+		v[i] = (float)(i + (uint64_t)seed);
+	return v;
+}
+
+/* Reads one message on a blocking client connection and checks it is the
+ * echo of a PUSH of n floats with key and seed. */
+static void expect_echo(const struct transport_ops *tp, struct tp_conn *c, uint64_t n, uint64_t key,
+			int seed)
+{
+	struct wire_hdr h;
+	char why[256];
+	assert_int_equal(tp->recv_header(c, &h, why, sizeof why), 0);
+	assert_int_equal(h.type, WIRE_PUSH);
+	assert_int_equal(h.key, key);
+	assert_int_equal(h.count, n);
+	float *got = malloc(4 * (n ? n : 1)), *want = floats(n, seed);
+	assert_int_equal(tp->recv_payload(c, got, 4 * n), 0);
+	assert_memory_equal(got, want, 4 * n);
+	free(got);
+	free(want);
+}
+
+static void test_many_connections(void **state)
+{
+	(void)state;
+	struct srv s;
+	srv_start(&s);
+	enum { N = 250 };
+	static struct tp_conn *c[N];
+	static const uint64_t sizes[3] = {0, 25, 30000};
+	for (int i = 0; i < N; i++)
+		assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &c[i]), 0);
+	srv_wait(&s, &s.nconns, N);
+	/* Every connection served by the loop's one thread. */
+	assert_int_equal(threads_now(), 2);
+	for (int m = 0; m < 3; m++) {
+		for (int i = 0; i < N; i++) {
+			float *v = floats(sizes[m], i);
+			struct wire_hdr h = push_hdr(sizes[m], (uint64_t)(i * 3 + m));
+			assert_int_equal(s.tp->send(c[i], &h, sizes[m] ? v : NULL), 0);
+			free(v);
+		}
+		for (int i = 0; i < N; i++)
+			expect_echo(s.tp, c[i], sizes[m], (uint64_t)(i * 3 + m), i);
+	}
+	assert_int_equal(srv_get(&s, &s.messages), 3 * N);
+	for (int i = 0; i < N; i++)
+		s.tp->conn_free(c[i]);
+	srv_wait(&s, &s.closed, N);
+	assert_int_equal(s.last_rc, UNISUM_ECONN);
+	srv_stop(&s);
+}
+
+/* A raw socket connected to the server (no handshake: no secret is set). */
+static int raw_connect(int port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+	return fd;
+}
+
+static void test_one_byte_at_a_time(void **state)
+{
+	(void)state;
+	struct srv s;
+	srv_start(&s);
+	s.echo = false;
+	int fd = raw_connect(s.port);
+	uint8_t msg[WIRE_HDR_SIZE + 64];
+	struct wire_hdr h = push_hdr(16, 7);
+	wire_encode(&h, msg);
+	float *v = floats(16, 3);
+	memcpy(msg + WIRE_HDR_SIZE, v, 64);
+	free(v);
+	for (size_t i = 0; i < sizeof msg; i++) {
+		assert_int_equal(send(fd, msg + i, 1, MSG_NOSIGNAL), 1);
+		usleep(300);
+		if (i + 1 < sizeof msg)	/* not before its last byte */
+			assert_int_equal(srv_get(&s, &s.messages), 0);
+	}
+	srv_wait(&s, &s.messages, 1);
+	close(fd);
+	srv_wait(&s, &s.closed, 1);
+	srv_stop(&s);
+}
+
+static void test_never_reads(void **state)
+{
+	(void)state;
+	struct srv s;
+	srv_start(&s);
+	struct tp_conn *deaf, *other;
+	assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &deaf), 0);
+	srv_wait(&s, &s.nconns, 1);
+	struct loop_conn *lc = s.conns[0];
+	size_t cap = 4u << 20;
+	loop_conn_set_cap(lc, cap);
+	/* 1 MiB messages to a peer that never reads: the kernel's buffers
+	 * fill, then the queue up to its cap, then sends are refused. */
+	float *v = floats(1 << 18, 1);
+	struct wire_hdr h = push_hdr(1 << 18, 1);
+	int sent = 0, rc = 0;
+	while (sent < 200 && (rc = loop_conn_send(lc, &h, v)) == 0)
+		sent++;
+	assert_int_equal(rc, TP_AGAIN);
+	assert_true(sent < 100);
+	assert_true(loop_conn_queued(lc) <= cap);
+	assert_true(loop_conn_queued(lc) > 0);
+	/* The loop serves another connection meanwhile. */
+	assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &other), 0);
+	struct wire_hdr small = push_hdr(4, 9);
+	float *w = floats(4, 5);
+	assert_int_equal(s.tp->send(other, &small, w), 0);
+	expect_echo(s.tp, other, 4, 9, 5);
+	free(w);
+	free(v);
+	s.tp->conn_free(deaf);
+	s.tp->conn_free(other);
+	srv_wait(&s, &s.closed, 2);
+	srv_stop(&s);
+}
+
+static void test_disconnect_mid_message(void **state)
+{
+	(void)state;
+	struct srv s;
+	srv_start(&s);
+	int fd = raw_connect(s.port);
+	uint8_t head[WIRE_HDR_SIZE];
+	struct wire_hdr h = push_hdr(250, 1);
+	wire_encode(&h, head);
+	assert_int_equal(send(fd, head, sizeof head, MSG_NOSIGNAL), (ssize_t)sizeof head);
+	assert_int_equal(send(fd, "0123456789", 10, MSG_NOSIGNAL), 10);
+	usleep(20000);
+	close(fd);
+	srv_wait(&s, &s.closed, 1);
+	assert_int_equal(s.last_rc, UNISUM_ECONN);
+	assert_int_equal(srv_get(&s, &s.messages), 0);
+	srv_stop(&s);
+}
+
+static void test_malformed_closes_one(void **state)
+{
+	(void)state;
+	struct srv s;
+	srv_start(&s);
+	struct tp_conn *good;
+	assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &good), 0);
+	int fd = raw_connect(s.port);
+	uint8_t junk[WIRE_HDR_SIZE];
+	memset(junk, 0x5a, sizeof junk);
+	assert_int_equal(send(fd, junk, sizeof junk, MSG_NOSIGNAL), (ssize_t)sizeof junk);
+	srv_wait(&s, &s.closed, 1);
+	assert_int_equal(s.last_rc, UNISUM_EPROTO);
+	assert_non_null(strstr(s.last_why, "bad magic"));
+	char b;
+	assert_int_equal(recv(fd, &b, 1, 0), 0);	/* it hung up on the bad one */
+	close(fd);
+	struct wire_hdr h = push_hdr(8, 2);
+	float *v = floats(8, 4);
+	assert_int_equal(s.tp->send(good, &h, v), 0);
+	expect_echo(s.tp, good, 8, 2, 4);
+	free(v);
+	s.tp->conn_free(good);
+	srv_wait(&s, &s.closed, 2);
+	srv_stop(&s);
+}
+
+/* ---- timers while every connection is idle ---- */
+
+struct ticks {
+	struct srv *s;
+	struct loop_timer every, once;
+	atomic_int n_every, n_once;
+};
+
+static void tick_every(struct loop_timer *t)
+{
+	struct ticks *k = t->arg;
+	atomic_fetch_add(&k->n_every, 1);
+}
+
+static void tick_once(struct loop_timer *t)
+{
+	struct ticks *k = t->arg;
+	atomic_fetch_add(&k->n_once, 1);
+}
+
+static void ticks_start(void *arg)
+{
+	struct ticks *k = arg;
+	loop_timer_start(k->s->loop, &k->every, 50, 50, tick_every, k);
+	loop_timer_start(k->s->loop, &k->once, 120, 0, tick_once, k);
+}
+
+static void ticks_stop(void *arg)
+{
+	struct ticks *k = arg;
+	loop_timer_stop(k->s->loop, &k->every);
+}
+
+static void test_timer_while_idle(void **state)
+{
+	(void)state;
+	struct srv s;
+	srv_start(&s);
+	struct tp_conn *c[3];
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &c[i]), 0);
+	srv_wait(&s, &s.nconns, 3);
+	static struct ticks k;
+	memset(&k, 0, sizeof k);
+	k.s = &s;
+	k.every.slot = k.once.slot = -1;
+	assert_int_equal(loop_post(s.loop, ticks_start, &k), 0);
+	usleep(600000);
+	assert_true(atomic_load(&k.n_every) >= 4);
+	assert_int_equal(atomic_load(&k.n_once), 1);
+	assert_int_equal(loop_post(s.loop, ticks_stop, &k), 0);
+	usleep(100000);
+	int n = atomic_load(&k.n_every);
+	usleep(200000);
+	assert_int_equal(atomic_load(&k.n_every), n);	/* stopped */
+	assert_int_equal(srv_get(&s, &s.messages), 0);
+	for (int i = 0; i < 3; i++)
+		s.tp->conn_free(c[i]);
+	srv_wait(&s, &s.closed, 3);
+	srv_stop(&s);
+}
+
+static void test_handshake_on_the_loop(void **state)
+{
+	(void)state;
+	assert_int_equal(auth_set_secret("loop-secret"), 0);
+	struct srv s;
+	srv_start(&s);
+	struct tp_conn *c;
+	assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &c), 0);
+	struct wire_hdr h = push_hdr(5, 3);
+	float *v = floats(5, 2);
+	assert_int_equal(s.tp->send(c, &h, v), 0);
+	expect_echo(s.tp, c, 5, 3, 2);
+	free(v);
+	/* No secret: a message where the answer should be is refused. */
+	int fd = raw_connect(s.port);
+	uint8_t junk[64] = {0};
+	assert_int_equal(send(fd, junk, sizeof junk, MSG_NOSIGNAL), 64);
+	srv_wait(&s, &s.closed, 1);
+	assert_int_equal(s.last_rc, UNISUM_EAUTH);
+	assert_int_equal(srv_get(&s, &s.messages), 1);
+	close(fd);
+	s.tp->conn_free(c);
+	srv_wait(&s, &s.closed, 2);
+	srv_stop(&s);
+	auth_set_secret(NULL);
+}
+
+int main(void)
+{
+	struct rlimit r;
+	getrlimit(RLIMIT_NOFILE, &r);
+	if (r.rlim_cur < 2 * MAX_CONNS && r.rlim_max >= 2 * MAX_CONNS) {
+		r.rlim_cur = 2 * MAX_CONNS;
+		setrlimit(RLIMIT_NOFILE, &r);
+	}
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_many_connections),
+		cmocka_unit_test(test_one_byte_at_a_time),
+		cmocka_unit_test(test_never_reads),
+		cmocka_unit_test(test_disconnect_mid_message),
+		cmocka_unit_test(test_malformed_closes_one),
+		cmocka_unit_test(test_timer_while_idle),
+		cmocka_unit_test(test_handshake_on_the_loop),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
