@@ -98,7 +98,7 @@ bool sched_elastic_lost(struct rdv_scheduler *s, struct sched_node *n, const cha
 	n->registered = false;	/* not one of those el_reform retires */
 	n->retired = true;
 	el_reform(s, text);
-	s->tp->conn_shutdown(n->conn);	/* a hung one is cut off */
+	sched_hangup(n);	/* a hung one is cut off */
 	return true;
 }
 
@@ -262,7 +262,7 @@ void sched_elastic_check(struct rdv_scheduler *s, int64_t now)
 	for (int i = 0; i < s->nnodes; i++) {
 		struct sched_node *n = s->nodes[i];
 		if (n->retired && n->gen + 1 == s->gen && !n->gone)
-			s->tp->conn_shutdown(n->conn);	/* late: cut off */
+			sched_hangup(n);	/* late: cut off */
 		if (n->registered)
 			n->req_rank = -1;
 	}
@@ -295,11 +295,8 @@ void sched_elastic_reap(struct rdv_scheduler *s)
 		/* The last generation's nodes tell who is back until the
 		 * new one has formed. */
 		bool needed = n->retired && s->reforming && n->gen + 1 == s->gen;
-		if (s->elastic && n->gone && !n->registered && !n->waiting && n->thread_started &&
-		    !needed) {
-			pthread_join(n->thread, NULL);
-			s->tp->conn_free(n->conn);
-			pthread_mutex_destroy(&n->send_lock);
+		if (s->elastic && n->gone && !n->registered && !n->waiting && !needed) {
+			loop_conn_free(n->lc);	/* closed: gone is set as it closes */
 			free(n);
 			continue;
 		}

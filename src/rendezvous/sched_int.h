@@ -1,7 +1,7 @@
 /*
  * sched_int.h - the scheduler's state and the functions its files share
  * (internal to src/rendezvous: scheduler.c registers nodes, sends the
- * address book and runs their threads; sched_nodes.c sends to and reads
+ * address book and runs the loop that serves them all; sched_nodes.c sends to and reads
  * from one node; sched_job.c keeps the job's fate (sched_fail); sched_barrier.c the barriers; sched_monitor.c the
  * heartbeats and the checks of silence and stalls; sched_tensors.c
  * answers declarations and keeps the tensor table and the placement;
@@ -15,6 +15,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "loop/conn.h"
+#include "loop/loop.h"
 #include "placement/placement.h"
 #include "rendezvous/rendezvous.h"
 #include "transport/transport.h"
@@ -23,11 +25,9 @@
 struct rdv_register;
 
 struct sched_node {
-	struct rdv_scheduler *s;	/* back pointer for the thread */
-	struct tp_conn *conn;		/* its connection */
-	pthread_t thread;		/* reads its requests */
-	bool thread_started;
-	pthread_mutex_t send_lock;	/* serialises writes to conn */
+	struct rdv_scheduler *s;	/* back pointer for the loop's calls */
+	struct loop_conn *lc;		/* its connection on the scheduler's loop ... */
+	struct tp_conn *conn;		/* ... and that connection's transport end */
 	bool registered;		/* REGISTER received */
 	bool gone;			/* connection closed (normally or not) */
 	bool said_goodbye;		/* worker sent SHUTDOWN / server was stopped */
@@ -93,9 +93,14 @@ struct rdv_scheduler {
 	int start_timeout_ms;		/* UNISUM_START_TIMEOUT_MS */
 	int64_t started_ms;		/* when it started listening */
 	bool start_warned;		/* a slow registration was logged */
-	pthread_t thread;		/* accepts, then waits for the end */
-	pthread_t monitor;		/* heartbeats and silence detection */
-	bool monitor_started;
+	pthread_t thread;		/* runs the loop: every connection, the monitor */
+	struct loop *loop;
+	struct loop_io lio;		/* the listener on the loop, while accepting */
+	bool accepting;
+	struct loop_timer monitor;	/* heartbeats and silence detection */
+	struct loop_timer accept_pause;	/* accepting again after running out of descriptors */
+	struct loop_timer linger;	/* wakes the loop when lingering ends */
+	bool done;			/* the loop is told to stop */
 	pthread_mutex_t lock;		/* everything below */
 	pthread_cond_t changed;		/* registration, goodbyes, failure */
 	struct sched_node **nodes;	/* accepted connections (each its own allocation:
@@ -152,17 +157,17 @@ struct rdv_scheduler {
 	int nwaiting;			/* workers waiting to join the next generation */
 };
 
-/* sched_nodes.c: a node's connection.  Sends h (and payload) to n under
- * its send_lock: 0 or the transport's error. */
+/* sched_nodes.c: a node's connection.  Queues h (and a copy of payload)
+ * for n; never blocks.  0 or an error (a node whose queue is full is not
+ * reading: it is cut off). */
 int sched_send(struct sched_node *n, const struct wire_hdr *h, const void *payload);
+/* Hangs up on n once what is queued for it went out (a short wait at
+ * most): its connection's end comes through the loop. */
+void sched_hangup(struct sched_node *n);
 /* Node n as messages name it ("worker 2 (127.0.0.1:5000)", ...), in buf. */
 const char *sched_node_label(const struct sched_node *n, char *buf, size_t len);
 /* Sends node n the job-level ERROR `err` with text `why`. */
 void sched_send_error(struct sched_node *n, int err, const char *why);
-/* Reads node n's next message: its header into *h and its payload into
- * *payload (malloc'd, NULL when empty; the caller frees it).  0 or an
- * error with why set. */
-int sched_recv(struct sched_node *n, struct wire_hdr *h, void **payload, char *why, size_t len);
 /* Sends h (and payload) to every worker still connected, or with
  * `joined_only` to those that joined.  Called with s->lock held. */
 void sched_send_workers(struct rdv_scheduler *s, const struct wire_hdr *h, const void *payload,
@@ -263,9 +268,10 @@ void sched_check_left_barriers(struct rdv_scheduler *s);
  * job failed at stall_abort_ms.  Called with s->lock held. */
 void sched_check_barriers(struct rdv_scheduler *s, int64_t now);
 
-/* The monitor thread (sched_monitor.c): every heartbeat_ms a heartbeat to
- * every live node; fails the job naming a node silent for timeout_ms, a
- * barrier stalled past stall_abort_ms, or a start that never completes. */
-void *sched_monitor_main(void *arg);
+/* The monitor (sched_monitor.c), a timer of the scheduler's loop: every
+ * heartbeat_ms a heartbeat to every live node; fails the job naming a
+ * node silent for timeout_ms, a barrier stalled past stall_abort_ms, or a
+ * start that never completes.  Takes s->lock. */
+void sched_monitor_tick(struct loop_timer *t);
 
 #endif /* UNISUM_SCHED_INT_H */

@@ -35,7 +35,7 @@ void sched_fail_logged(struct rdv_scheduler *s, int err, const char *why, bool l
 		if (!n->gone && (n->registered || n->waiting))
 			sched_send_error(n, err, why);
 		if (n->registered || n->waiting || !linger)
-			s->tp->conn_shutdown(n->conn);
+			sched_hangup(n);
 	}
 	if (!linger)
 		s->tp->listener_shutdown(s->listener);

@@ -1,12 +1,12 @@
 /*
- * sched_monitor.c - the scheduler's monitor thread: heartbeats, silence,
- * stalled barriers and a start that never completes (see scheduler.c for
- * the rest of the scheduler, and sched_int.h for the state they share).
+ * sched_monitor.c - the scheduler's monitor: heartbeats, silence, stalled
+ * barriers and a start that never completes (see scheduler.c for the rest
+ * of the scheduler, and sched_int.h for the state they share).
  *
- * The thread wakes every heartbeat_ms.  It owns nothing: everything it
- * reads and changes is under s->lock, which it takes once a round; it
- * writes to nodes with sched_send (each node's send_lock, after s->lock).
- * It never blocks but on the lock and its own sleep.
+ * It is a timer of the scheduler's loop, every heartbeat_ms.  It owns
+ * nothing: everything it reads and changes is under s->lock, which it
+ * takes once a round; it writes to nodes with sched_send, which queues
+ * and never blocks.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -134,33 +134,58 @@ static void sched_check_start(struct rdv_scheduler *s, int64_t now)
 	s->culprit_rank = rank;
 }
 
-/* The monitor thread, one per scheduler.  Serves: every heartbeat_ms it
- * checks the start (every node registered within start_timeout_ms), an
- * elastic re-form, stalled barriers and the load report, then sends each
- * watched node a heartbeat and fails the job, or fails a server over,
- * when a node has been silent for timeout_ms.  Owns nothing; works under
- * s->lock, which it lets go only in its timed wait on s->changed.  May
- * block on a node's send (sched_send, bounded by the transport's send
- * timeout).  Once the job is finished it lingers while registration's
- * door stays open, then shuts the listener to wake the accepting thread. */
-void *sched_monitor_main(void *arg)
+/* Node n has been silent for `silent` ms: it is failed over (a server),
+ * the elastic job goes on without it, or the job fails naming it.  Returns
+ * whether the round of checks ends here.  Called with s->lock held. */
+static bool sched_silent(struct rdv_scheduler *s, struct sched_node *n, int64_t silent)
 {
-	struct rdv_scheduler *s = arg;
+	char label[160], msg[700], fo_why[300] = "";
+	if (n->role == CONFIG_ROLE_SERVER && s->server_failover &&
+	    sched_failover(s, n->rank, fo_why, sizeof fo_why) == 0) {
+		/* Its partitions live elsewhere now: cut it off. */
+		n->lost = true;
+		sched_hangup(n);
+		return false;
+	}
+	char cause[160];
+	snprintf(cause, sizeof cause, "silent for %lld ms: hung, stopped or cut off",
+		 (long long)silent);
+	if (sched_elastic_lost(s, n, cause, fo_why, sizeof fo_why))
+		return true;	/* the generation ended: nobody is watched */
+	if (fo_why[0] != '\0' && n->role == CONFIG_ROLE_WORKER)
+		snprintf(msg, sizeof msg, "%s has sent nothing for %lld ms (hung, stopped or cut "
+			 "off), and the elastic job cannot go on without it: %s",
+			 sched_node_label(n, label, sizeof label), (long long)silent, fo_why);
+	else
+		snprintf(msg, sizeof msg,
+			 "%s has sent nothing for %lld ms: it is hung, stopped or cut off "
+			 "(UNISUM_TIMEOUT_MS=%d)%s%s",
+			 sched_node_label(n, label, sizeof label), (long long)silent, s->timeout_ms,
+			 fo_why[0] ? "; failover cannot replace it: " : "", fo_why);
+	sched_fail(s, UNISUM_ETIMEDOUT, msg);
+	s->culprit_role = n->role;
+	s->culprit_rank = n->rank;
+	return true;
+}
+
+/* The monitor, a timer of the scheduler's loop, every heartbeat_ms.
+ * Serves: the start (every node registered within start_timeout_ms), an
+ * elastic re-form, stalled barriers and the load report, then a heartbeat
+ * to each watched node; fails the job, or fails a server over, when a
+ * node has been silent for timeout_ms.  Owns nothing; works under
+ * s->lock.  Never blocks: sends are queued. */
+void sched_monitor_tick(struct loop_timer *t)
+{
+	struct rdv_scheduler *s = t->arg;
 	pthread_mutex_lock(&s->lock);
-	while (!sched_is_finished(s)) {
-		struct timespec until = timing_deadline(s->heartbeat_ms);
-		pthread_cond_timedwait(&s->changed, &s->lock, &until);
-		if (sched_is_finished(s))
-			continue;
-		if (s->reforming) {
-			sched_elastic_check(s, timing_now_ms());
-			continue;
-		}
-		if (!s->book_sent) {
-			sched_check_start(s, timing_now_ms());
-			continue;
-		}
-		int64_t now = timing_now_ms();
+	int64_t now = timing_now_ms();
+	if (sched_is_finished(s)) {
+		/* Nothing to watch; the loop ends once lingering is over. */
+	} else if (s->reforming) {
+		sched_elastic_check(s, now);
+	} else if (!s->book_sent) {
+		sched_check_start(s, now);
+	} else {
 		sched_log_loads(s, now);
 		sched_check_barriers(s, now);
 		struct wire_hdr hb = {.type = WIRE_HEARTBEAT};
@@ -170,50 +195,12 @@ void *sched_monitor_main(void *arg)
 				continue;
 			int64_t silent = now - atomic_load(&n->last_seen_ms);
 			if (silent >= s->timeout_ms) {
-				char label[160], msg[700], fo_why[300] = "";
-				if (n->role == CONFIG_ROLE_SERVER && s->server_failover &&
-				    sched_failover(s, n->rank, fo_why, sizeof fo_why) == 0) {
-					/* Its partitions live elsewhere now: cut it off. */
-					n->lost = true;
-					s->tp->conn_shutdown(n->conn);
-					continue;
-				}
-				char cause[160];
-				snprintf(cause, sizeof cause, "silent for %lld ms: hung, stopped or cut "
-					 "off", (long long)silent);
-				if (sched_elastic_lost(s, n, cause, fo_why, sizeof fo_why))
-					break;	/* the generation ended: nobody is watched */
-				if (fo_why[0] != '\0' && n->role == CONFIG_ROLE_WORKER) {
-					snprintf(msg, sizeof msg, "%s has sent nothing for %lld ms (hung, "
-						 "stopped or cut off), and the elastic job cannot go on "
-						 "without it: %s", sched_node_label(n, label, sizeof label),
-						 (long long)silent, fo_why);
-					sched_fail(s, UNISUM_ETIMEDOUT, msg);
-					s->culprit_role = n->role;
-					s->culprit_rank = n->rank;
+				if (sched_silent(s, n, silent))
 					break;
-				}
-				snprintf(msg, sizeof msg,
-					 "%s has sent nothing for %lld ms: it is hung, stopped or cut off "
-					 "(UNISUM_TIMEOUT_MS=%d)%s%s",
-					 sched_node_label(n, label, sizeof label), (long long)silent,
-					 s->timeout_ms, fo_why[0] ? "; failover cannot replace it: " : "",
-					 fo_why);
-				sched_fail(s, UNISUM_ETIMEDOUT, msg);
-				s->culprit_role = n->role;
-				s->culprit_rank = n->rank;
-				break;
+				continue;
 			}
 			sched_send(n, &hb, NULL);
 		}
 	}
-	/* A failure during registration keeps the door open a while (see
-	 * sched_fail); then the accepting thread is woken to finish. */
-	while (sched_lingers(s)) {
-		struct timespec until = timing_deadline((int)(s->linger_until - timing_now_ms()));
-		pthread_cond_timedwait(&s->changed, &s->lock, &until);
-	}
-	s->tp->listener_shutdown(s->listener);
 	pthread_mutex_unlock(&s->lock);
-	return NULL;
 }

@@ -1,14 +1,15 @@
 /*
  * sched_nodes.c - the scheduler's side of one node's connection: sending
- * to it (each node's send_lock serialises writes, taken after s->lock when
- * both are held), reading from it, naming it in messages, and taking what
- * its REGISTER says of it.
+ * to it (queued on its loop connection, which any thread may do, and
+ * never blocking), hanging up, naming it in messages, and taking what its
+ * REGISTER says of it.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "log/log.h"
 #include "rendezvous/rdv_proto.h"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/sched_int.h"
@@ -17,10 +18,25 @@
 
 int sched_send(struct sched_node *n, const struct wire_hdr *h, const void *payload)
 {
-	pthread_mutex_lock(&n->send_lock);
-	int rc = n->s->tp->send(n->conn, h, payload);
-	pthread_mutex_unlock(&n->send_lock);
+	int rc = loop_conn_send(n->lc, h, payload);
+	if (rc == TP_AGAIN) {
+		/* LOOP_CONN_CAP of control messages unread: it is hung. */
+		char label[160];
+		LOG_ERROR("%s reads nothing the scheduler sends (%zu bytes wait for it): cutting it off",
+			  sched_node_label(n, label, sizeof label), loop_conn_queued(n->lc));
+		loop_conn_shutdown(n->lc);
+		rc = UNISUM_ECONN;
+	}
 	return rc;
+}
+
+/* How long a last word may wait for a node's socket to take it. */
+#define SCHED_HANGUP_FLUSH_MS 200
+
+void sched_hangup(struct sched_node *n)
+{
+	loop_conn_flush(n->lc, SCHED_HANGUP_FLUSH_MS);
+	loop_conn_shutdown(n->lc);
 }
 
 const char *sched_node_label(const struct sched_node *n, char *buf, size_t len)
@@ -52,31 +68,6 @@ void sched_send_error(struct sched_node *n, int err, const char *why)
 	if (wire_error_build(&h, &b, err, why) == 0)
 		sched_send(n, &h, b.data);
 	wire_buf_fini(&b);
-}
-
-/* Reads node n's next message: its header into *h and its payload into
- * *payload (malloc'd, NULL when empty; the caller frees it).  0 or an
- * error with why set. */
-int sched_recv(struct sched_node *n, struct wire_hdr *h, void **payload, char *why,
-		      size_t len)
-{
-	struct rdv_scheduler *s = n->s;
-	*payload = NULL;
-	int rc = s->tp->recv_header(n->conn, h, why, len);
-	if (rc != 0)
-		return rc;
-	atomic_store(&n->last_seen_ms, timing_now_ms());
-	if (h->payload_len == 0)
-		return 0;
-	*payload = malloc(h->payload_len);
-	if (*payload == NULL) {
-		snprintf(why, len, "out of memory");
-		return UNISUM_ENOMEM;
-	}
-	rc = s->tp->recv_payload(n->conn, *payload, h->payload_len);
-	if (rc != 0)
-		snprintf(why, len, "connection closed");
-	return rc;
 }
 
 /* Sends h (and payload) to every worker still connected, or with

@@ -3,18 +3,23 @@
  * liveness and shutdown (see rendezvous.h); its tensors are in
  * sched_tensors.c, the state both share in sched_int.h.
  *
- * DESIGN.  One thread accepts connections until every node has registered;
- * each connection then has its own thread that reads requests and answers
- * them.  All shared state sits under one mutex (`lock`); a node's socket
- * has its own `send_lock` because a barrier or shutdown completed by one
- * node's thread writes to every other node.  Lock order: lock, then a
- * node's send_lock.  A monitor thread (sched_monitor.c) sends every node
- * a heartbeat and fails the job, naming the node, when one has been
- * silent too long, and reports barriers that some nodes entered and
- * others not.  Traffic here is tiny (a few messages per tensor and per
- * barrier), so simplicity wins over throughput.
+ * DESIGN.  One thread runs one event loop (src/loop) that serves every
+ * node: it accepts connections until every node has registered (longer
+ * with failover or an elastic job), runs each one's handshake, reads its
+ * requests and answers them, and runs the monitor (sched_monitor.c) as a
+ * timer: heartbeats to every node, the job failed naming a node silent
+ * too long, barriers some nodes entered and others not.  So the scheduler
+ * has one thread whatever the number of nodes.  Sends are queued on the
+ * node's connection and never block, so a node that does not read holds
+ * up no one.  All shared state sits under one mutex (`lock`), which the
+ * launcher's calls (rdv_scheduler_stop, _abort, ...) take from their own
+ * thread; they wake the loop, whose `after` step (sched_after) looks at
+ * the job as a whole after every round: whether accepting is over, and
+ * whether the job is.  Traffic here is tiny (a few messages per tensor
+ * and per barrier), so simplicity wins over throughput.
  */
 #include <pthread.h>
+#include <sys/epoll.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -512,34 +517,34 @@ static void sched_node_gone(struct rdv_scheduler *s, struct sched_node *n, int r
 	pthread_mutex_unlock(&s->lock);
 }
 
-/* A node's thread: reads and handles its messages until its connection
- * ends. */
-static void *sched_node_main(void *arg)
+/* A node's message (its loop connection's on_message): handled, or the
+ * connection closes with why.  A peer that proved the secret but whose
+ * first message broke the protocol (another wire version, say) is told
+ * why first, in this version's header: its own decoder then names both
+ * versions. */
+static int sched_node_message(struct loop_conn *lc, const struct wire_hdr *h, void *payload,
+			      char *why, size_t len)
 {
-	struct sched_node *n = arg;
-	struct rdv_scheduler *s = n->s;
-	char why[256] = "";
-	/* Nobody without the job secret gets a byte read as a message. */
-	int rc = s->tp->authenticate(n->conn, why, sizeof why);
-	while (rc == 0) {
-		struct wire_hdr h;
-		void *payload;
-		rc = sched_recv(n, &h, &payload, why, sizeof why);
-		if (rc == 0)
-			rc = sched_dispatch(s, n, &h, payload, why, sizeof why);
-		free(payload);
-	}
-	/* A peer that proved the secret but whose first message broke the
-	 * protocol (another wire version, say) is told why, in this version's
-	 * header: its own decoder then names both versions. */
-	if (rc == UNISUM_EPROTO && !n->registered)
-		sched_send_error(n, rc, why);
-	/* Hang up now (the connection is freed with the scheduler), so a
-	 * rejected stranger learns it at once. */
-	s->tp->conn_shutdown(n->conn);
-	sched_node_gone(s, n, rc, why);
-	return NULL;
+	struct sched_node *n = loop_conn_arg(lc);
+	atomic_store(&n->last_seen_ms, timing_now_ms());
+	return sched_dispatch(n->s, n, h, payload, why, len);
 }
+
+/* Node n's connection ended (on_closed): it is gone (sched_node_gone). */
+static void sched_node_closed(struct loop_conn *lc, int rc, const char *why)
+{
+	struct sched_node *n = loop_conn_arg(lc);
+	if (rc == UNISUM_EPROTO && !n->registered) {
+		sched_send_error(n, rc, why);
+		loop_conn_flush(lc, 200);
+	}
+	sched_node_gone(n->s, n, rc, why);
+}
+
+static const struct loop_conn_ops sched_node_ops = {
+	.on_message = sched_node_message,
+	.on_closed = sched_node_closed,
+};
 
 /* How many connections registration may take: every node plus strangers
  * that connect and fail, at most RDV_MAX_NODES.  Before the first worker
@@ -553,81 +558,137 @@ static int sched_max_connections(const struct rdv_scheduler *s)
 	return room < RDV_MAX_NODES ? room : RDV_MAX_NODES;
 }
 
-/* The accepting thread, one per scheduler.  Serves: accepts connections
- * until every node registered (longer with server failover or an elastic
- * job, whose replacements and newcomers register late), and gives each
- * its own thread (sched_node_main), which takes the REGISTER; then waits
- * for the job to finish, records its result and shuts every connection.
- * Owns the listener and the node table's growth, under s->lock.  Blocks
- * in accept, which the monitor thread ends by shutting the listener
- * down, and on s->changed. */
+/* Takes accepted connection c as a new node: 0, or the reason it was
+ * refused (c freed).  Called with s->lock held, on the loop. */
+static int sched_take_conn(struct rdv_scheduler *s, struct tp_conn *c)
+{
+	sched_elastic_reap(s);
+	if (s->nnodes >= sched_max_connections(s)) {
+		s->tp->conn_free(c);
+		LOG_ERROR("too many connections before registration completed (%d); refusing one",
+			  s->nnodes);
+		return UNISUM_EPROTO;
+	}
+	if (s->nnodes == s->cap_nodes) {
+		int cap = s->cap_nodes * 2;
+		struct sched_node **grown = realloc(s->nodes, (size_t)cap * sizeof *grown);
+		if (grown != NULL) {
+			s->nodes = grown;
+			s->cap_nodes = cap;
+		}
+	}
+	struct sched_node *n = s->nnodes < s->cap_nodes ? calloc(1, sizeof *n) : NULL;
+	if (n == NULL || loop_conn_new(s->loop, s->tp, c, true, &sched_node_ops, n, &n->lc) != 0) {
+		free(n);
+		s->tp->conn_free(c);
+		LOG_ERROR("out of memory accepting a connection; refusing it");
+		return UNISUM_ENOMEM;
+	}
+	n->s = s;
+	n->conn = c;
+	s->nodes[s->nnodes++] = n;
+	return 0;
+}
+
+/* The listener is watched again (after running out of descriptors). */
+static void sched_accept_resume(struct loop_timer *t)
+{
+	struct rdv_scheduler *s = t->arg;
+	if (s->accepting && s->lio.loop == NULL &&
+	    loop_io_add(s->loop, &s->lio, s->lio.fd, EPOLLIN, s->lio.fn, s) != 0)
+		LOG_ERROR("cannot watch the listener again: no more nodes can connect");
+}
+
+/* The listener is readable: accepts every waiting peer.  Running out of
+ * descriptors fails the job, naming the limit (a scheduler that cannot
+ * hold a connection per node cannot run the job); accepting pauses a
+ * moment so that the lingering door stays open to tell nodes why. */
+static void sched_accept(struct loop_io *io, uint32_t events)
+{
+	(void)events;
+	struct rdv_scheduler *s = io->arg;
+	for (;;) {
+		struct tp_conn *c;
+		int rc = s->tp->accept_nb(s->listener, &c);
+		if (rc == TP_AGAIN)
+			return;
+		if (rc == UNISUM_ESHUTDOWN) {
+			loop_io_del(&s->lio);
+			return;
+		}
+		pthread_mutex_lock(&s->lock);
+		if (rc != 0) {
+			char why[600];
+			snprintf(why, sizeof why, "the scheduler %s: every node needs a connection to "
+				 "it, so the job needs about %d descriptors there",
+				 log_last_error(), s->num_machines * (s->local_size ? s->local_size : 1) +
+				 s->num_servers + 16);
+			sched_fail(s, UNISUM_ESYS, why);
+			loop_io_del(&s->lio);
+			loop_timer_start(s->loop, &s->accept_pause, 100, 0, sched_accept_resume, s);
+		} else {
+			sched_take_conn(s, c);
+		}
+		pthread_mutex_unlock(&s->lock);
+		if (rc != 0)
+			return;
+	}
+}
+
+/* Whether accepting is over: every node registered (with failover or an
+ * elastic job, replacement servers and newcomers may still come until it
+ * ends), or the job failed and no longer lingers.  s->lock held. */
+static bool sched_accept_done(const struct rdv_scheduler *s)
+{
+	bool late = ((s->server_failover && s->num_servers > 1) || s->elastic) &&
+		    !sched_is_finished(s);
+	return (s->book_sent && !late) || s->aborted || (s->error != 0 && !sched_lingers(s));
+}
+
+/* Lingering ended: sched_after, which runs next, sees it. */
+static void sched_linger_over(struct loop_timer *t)
+{
+	(void)t;
+}
+
+/* After every round of the loop: stops accepting once that is over, and
+ * the loop once the job is finished (and no longer lingers to tell late
+ * nodes why it failed), recording its result and hanging up on every
+ * node. */
+static void sched_after(void *arg)
+{
+	struct rdv_scheduler *s = arg;
+	pthread_mutex_lock(&s->lock);
+	if (s->accepting && sched_accept_done(s)) {
+		s->accepting = false;
+		loop_io_del(&s->lio);
+		loop_timer_stop(s->loop, &s->accept_pause);
+		s->tp->listener_shutdown(s->listener);
+	}
+	if (sched_lingers(s) && s->linger.slot < 0)
+		loop_timer_start(s->loop, &s->linger, (int)(s->linger_until - timing_now_ms()), 0,
+				 sched_linger_over, s);
+	bool stop = !s->done && sched_is_finished(s) && !sched_lingers(s);
+	if (stop) {
+		s->done = true;
+		s->result = s->error != 0 ? s->error : s->aborted ? UNISUM_ESHUTDOWN : 0;
+		for (int i = 0; i < s->nnodes; i++)
+			sched_hangup(s->nodes[i]);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (stop)
+		loop_stop(s->loop);
+}
+
+/* The scheduler's one thread.  Serves every node and the monitor on the
+ * loop until the job is finished (sched_after). */
 static void *sched_main(void *arg)
 {
 	struct rdv_scheduler *s = arg;
-
-	/* Accept until every node registered; a connection that never
-	 * registers takes no slot. */
-	for (;;) {
-		pthread_mutex_lock(&s->lock);
-		/* With failover a replacement server may register later. */
-		bool late = ((s->server_failover && s->num_servers > 1) || s->elastic) &&
-			    !sched_is_finished(s);
-		bool done = (s->book_sent && !late) || s->aborted || (s->error != 0 && !sched_lingers(s));
-		pthread_mutex_unlock(&s->lock);
-		if (done)
-			break;
-		struct tp_conn *c;
-		int rc = s->tp->accept(s->listener, &c);
-		if (rc != 0)
-			break;
-		pthread_mutex_lock(&s->lock);
-		sched_elastic_reap(s);
-		if (s->nnodes >= sched_max_connections(s)) {
-			s->tp->conn_free(c);
-			pthread_mutex_unlock(&s->lock);
-			LOG_ERROR("too many connections before registration completed (%d); refusing one",
-				  s->nnodes);
-			continue;
-		}
-		struct sched_node *n = NULL;
-		if (s->nnodes == s->cap_nodes) {
-			int cap = s->cap_nodes * 2;
-			struct sched_node **grown = realloc(s->nodes, (size_t)cap * sizeof *grown);
-			if (grown != NULL) {
-				s->nodes = grown;
-				s->cap_nodes = cap;
-			}
-		}
-		if (s->nnodes < s->cap_nodes)
-			n = calloc(1, sizeof *n);
-		if (n == NULL) {
-			s->tp->conn_free(c);
-			pthread_mutex_unlock(&s->lock);
-			LOG_ERROR("out of memory accepting a connection; refusing it");
-			continue;
-		}
-		n->s = s;
-		n->conn = c;
-		pthread_mutex_init(&n->send_lock, NULL);
-		if (pthread_create(&n->thread, NULL, sched_node_main, n) == 0) {
-			n->thread_started = true;
-			s->nodes[s->nnodes++] = n;
-		} else {
-			pthread_mutex_destroy(&n->send_lock);
-			free(n);
-			s->tp->conn_free(c);
-		}
-		pthread_mutex_unlock(&s->lock);
-	}
-	s->tp->listener_shutdown(s->listener);
-
-	pthread_mutex_lock(&s->lock);
-	while (!sched_is_finished(s))
-		pthread_cond_wait(&s->changed, &s->lock);
-	s->result = s->error != 0 ? s->error : s->aborted ? UNISUM_ESHUTDOWN : 0;
-	for (int i = 0; i < s->nnodes; i++)
-		s->tp->conn_shutdown(s->nodes[i]->conn);
-	pthread_mutex_unlock(&s->lock);
+	loop_run(s->loop, sched_after, s);
+	loop_timer_stop(s->loop, &s->monitor);
+	loop_timer_stop(s->loop, &s->accept_pause);
+	loop_timer_stop(s->loop, &s->linger);
 	return NULL;
 }
 
@@ -668,27 +729,38 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 	s->worker_rack = -2;
 	pthread_mutex_init(&s->lock, NULL);
 	timing_cond_init(&s->changed);
-	rc = tp->listen(host, port, &s->listener, port_out);
+	s->linger_ms = cfg->linger_ms;
+	s->monitor.slot = s->accept_pause.slot = s->linger.slot = -1;
+	rc = loop_new(&s->loop);
 	if (rc != 0)
 		goto out_free;
-	if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
-		rc = UNISUM_ESYS;
+	rc = tp->listen(host, port, &s->listener, port_out);
+	if (rc != 0)
+		goto out_loop;
+	rc = loop_io_add(s->loop, &s->lio, tp->listener_fd(s->listener), EPOLLIN, sched_accept, s);
+	if (rc != 0)
 		goto out_listener;
+	s->accepting = true;
+	loop_timer_start(s->loop, &s->monitor, s->heartbeat_ms, s->heartbeat_ms, sched_monitor_tick, s);
+	int e = pthread_create(&s->thread, NULL, sched_main, s);
+	if (e != 0) {
+		char why[400];
+		log_thread_limits(e, why, sizeof why);
+		rc = log_fail(UNISUM_ESYS, "cannot start the scheduler's thread: %s", why);
+		goto out_io;
 	}
-	bool monitor = pthread_create(&s->monitor, NULL, sched_monitor_main, s) == 0;
-	if (!monitor)
-		LOG_WARN("cannot start the heartbeat monitor: silent nodes will not be detected");
-	pthread_mutex_lock(&s->lock);
-	s->monitor_started = monitor;
-	s->linger_ms = monitor ? cfg->linger_ms : 0;	/* the monitor ends the lingering */
-	pthread_mutex_unlock(&s->lock);
 	LOG_INFO("scheduler listening on %s:%d for %d servers and %d worker machines", host, *port_out,
 		 num_servers, num_machines);
 	*out = s;
 	return 0;
 
+out_io:
+	loop_timer_stop(s->loop, &s->monitor);
+	loop_io_del(&s->lio);
 out_listener:
 	tp->listener_free(s->listener);
+out_loop:
+	loop_free(s->loop);
 out_free:
 	free(s->nodes);
 	free(s->home_server);
@@ -738,6 +810,7 @@ void rdv_scheduler_stop(struct rdv_scheduler *s, const char *why)
 	if (!s->aborted)
 		sched_fail_logged(s, UNISUM_EREMOTE, msg, false);
 	pthread_mutex_unlock(&s->lock);
+	loop_wake(s->loop);
 }
 
 void rdv_scheduler_abort(struct rdv_scheduler *s)
@@ -747,16 +820,12 @@ void rdv_scheduler_abort(struct rdv_scheduler *s)
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
 	s->tp->listener_shutdown(s->listener);
+	loop_wake(s->loop);
 }
 
 int rdv_scheduler_wait(struct rdv_scheduler *s)
 {
 	pthread_join(s->thread, NULL);
-	if (s->monitor_started)
-		pthread_join(s->monitor, NULL);
-	for (int i = 0; i < s->nnodes; i++)
-		if (s->nodes[i]->thread_started)
-			pthread_join(s->nodes[i]->thread, NULL);
 	return s->result;
 }
 
@@ -765,11 +834,12 @@ void rdv_scheduler_free(struct rdv_scheduler *s)
 	if (s == NULL)
 		return;
 	for (int i = 0; i < s->nnodes; i++) {
-		s->tp->conn_free(s->nodes[i]->conn);
-		pthread_mutex_destroy(&s->nodes[i]->send_lock);
+		loop_conn_free(s->nodes[i]->lc);
 		free(s->nodes[i]);
 	}
+	loop_io_del(&s->lio);
 	s->tp->listener_free(s->listener);
+	loop_free(s->loop);
 	for (int i = 0; i < s->ntensors; i++) {
 		free(s->tensors[i].parts);
 		free(s->tensors[i].servers);
