@@ -705,24 +705,33 @@ static struct launcher *launcher_new(void)
 	return l;
 }
 
-/* Raises the soft limit on descriptors to what the job needs here (each
- * child's pipes; the in-process scheduler's connection to every server
- * and worker), within the hard limit: a job of hundreds of hosts needs
- * more than the usual 1024.  Says so when even the hard limit is short. */
+/* Raises the soft limit on descriptors to the hard limit, for the
+ * launcher and every child it starts (as a cluster's own launchers do): a
+ * job of hundreds of hosts needs more than the usual 1024 (each child's
+ * pipes here, the in-process scheduler's connection to every server and
+ * worker, a server's connection to every worker).  Says what the job
+ * needs when even the hard limit is short. */
 static void fds_limit_raise(const struct launcher *l)
 {
 	struct rlimit r;
-	rlim_t need = 64 + 3 * (rlim_t)l->nchildren +
-		      (l->sched_done ? 0 : 2 * (rlim_t)(l->num_servers + l->num_workers));
-
-	if (getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur >= need)
+	rlim_t nodes = (rlim_t)(l->num_servers + l->num_workers);
+	rlim_t need = 64 + 3 * (rlim_t)l->nchildren + (l->sched_done ? 0 : 2 * nodes);
+	if (need < 64 + 2 * nodes)	/* a server: a connection per worker, IPC and TCP */
+		need = 64 + 2 * nodes;
+	if (getrlimit(RLIMIT_NOFILE, &r) != 0)
 		return;
 	if (r.rlim_max != RLIM_INFINITY && r.rlim_max < need)
-		fprintf(stderr, "unisum launch: warning: this job needs about %llu descriptors here, "
-			"and the hard limit is %llu (ulimit -Hn)\n", (unsigned long long)need,
-			(unsigned long long)r.rlim_max);
-	r.rlim_cur = r.rlim_max != RLIM_INFINITY && r.rlim_max < need ? r.rlim_max : need;
-	setrlimit(RLIMIT_NOFILE, &r);
+		fprintf(stderr, "unisum launch: warning: this job needs about %llu descriptors in a "
+			"process here, and the hard limit is %llu (ulimit -Hn; raise it in "
+			"/etc/security/limits.conf or the service's LimitNOFILE)\n",
+			(unsigned long long)need, (unsigned long long)r.rlim_max);
+	if (r.rlim_max != RLIM_INFINITY && r.rlim_cur < r.rlim_max) {
+		r.rlim_cur = r.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &r);
+	} else if (r.rlim_cur < need) {
+		r.rlim_cur = need;
+		setrlimit(RLIMIT_NOFILE, &r);
+	}
 }
 
 /* Runs the job of launcher l, whose options are set and checked, and

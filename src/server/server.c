@@ -147,6 +147,22 @@ static void srv_out_of_threads(struct server *srv, int rc, const char *peer)
 		rdv_client_fail_job(srv->rdv, UNISUM_ESYS, why);
 }
 
+/* The server could not accept a worker's connection (descriptors ran
+ * out): the limit is named here and, once, through the scheduler to every
+ * process of the job (the worker would otherwise see no handshake). */
+static void srv_out_of_fds(struct server *srv, const struct transport_ops *tp)
+{
+	char why[640];
+	snprintf(why, sizeof why, "server %d (pid %d) cannot take a worker's %s connection: %s",
+		 srv->rank, (int)getpid(), tp->name, log_last_error());
+	if (!atomic_exchange(&srv->fds_failed, true)) {
+		LOG_ERROR("%s", why);
+		if (srv->rdv != NULL)
+			rdv_client_fail_job(srv->rdv, UNISUM_ESYS, why);
+	}
+	nanosleep(&(struct timespec){0, 100000000}, NULL);
+}
+
 /* Accepts connections on listener l of transport tp until it shuts down,
  * each served by a receiving and a sending thread. */
 static void srv_accept_loop(struct server *srv, const struct transport_ops *tp,
@@ -155,6 +171,10 @@ static void srv_accept_loop(struct server *srv, const struct transport_ops *tp,
 	for (;;) {
 		struct tp_conn *tc;
 		int rc = tp->accept(l, &tc);
+		if (rc == UNISUM_ESYS) {	/* not once shut: that is UNISUM_ESHUTDOWN */
+			srv_out_of_fds(srv, tp);
+			continue;
+		}
 		if (rc != 0)
 			return;
 		srv_reap(srv);

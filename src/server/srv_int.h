@@ -171,6 +171,7 @@ struct srv_conn {
 };
 
 struct server {
+	atomic_bool fds_failed;		/* accept() ran out of descriptors (told once) */
 	const struct config *cfg;
 	struct rdv_client *rdv;
 	struct tp_listener *listener;	/* TCP, on the main thread */

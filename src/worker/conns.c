@@ -823,6 +823,15 @@ static int wk_connect_one(struct worker *w, struct wk_conn *c, const struct rdv_
 		c->tp = transport_tcp();
 		rc = c->tp->connect(n->host, n->port, w->cfg.timeout_ms, &c->conn);
 	}
+	if (rc == UNISUM_ESYS) {
+		/* Out of descriptors (named in the last error): every process
+		 * of the job hears it, not of a worker that left. */
+		char why[640];
+		snprintf(why, sizeof why, "worker %d (pid %d) cannot open its connection to %s: %s",
+			 w->rank, (int)getpid(), c->label, log_last_error());
+		rdv_client_fail_job(w->rdv, UNISUM_ESYS, why);
+		return log_fail(rc, "%s", why);
+	}
 	if (rc != 0)
 		return log_fail(rc, "worker %d cannot reach %s: %s", w->rank, c->label, log_last_error());
 	struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(w->rdv)};
