@@ -27,10 +27,9 @@
 #define LOOP_CONN_BURST 16
 #define LOOP_CONN_AUTH_MS 10000
 
+/* A message loop_conn_send() copied. */
 struct loop_conn_item {
-	struct tp_tx tx;
-	struct loop_conn_item *next;
-	size_t bytes;			/* its header and payload */
+	struct loop_conn_msg m;
 	uint8_t data[];			/* the payload's copy */
 };
 
@@ -47,7 +46,8 @@ struct loop_conn {
 	struct tp_rx rx;		/* the message being received */
 	void *own;			/* rx.dst when the connection owns it */
 	pthread_mutex_t txlock;		/* everything below */
-	struct loop_conn_item *head, **tail;
+	struct loop_conn_msg *head, **tail;
+	struct loop_conn_msg *last_urgent;	/* the last urgent one queued, or NULL */
 	size_t queued, cap;
 	bool want_out;			/* EPOLLOUT is watched */
 	bool closed;			/* no more sends */
@@ -76,22 +76,55 @@ void loop_conn_set_cap(struct loop_conn *lc, size_t cap)
 	pthread_mutex_unlock(&lc->txlock);
 }
 
+static void conn_watch_out(struct loop_conn *lc);
+
+/* Takes the first queued message off the queue.  txlock held. */
+static struct loop_conn_msg *conn_pop(struct loop_conn *lc)
+{
+	struct loop_conn_msg *m = lc->head;
+	lc->head = m->next;
+	if (lc->head == NULL)
+		lc->tail = &lc->head;
+	if (lc->last_urgent == m)
+		lc->last_urgent = NULL;
+	lc->queued -= m->bytes;
+	m->next = NULL;
+	return m;
+}
+
+/* Releases the messages of a list (sent or dropped); no lock held. */
+static void conn_release(struct loop_conn_msg *m)
+{
+	while (m != NULL) {
+		struct loop_conn_msg *next = m->next;
+		m->release(m);
+		m = next;
+	}
+}
+
 /* Sends queued messages until the socket is full: 0 (queue empty),
- * TP_AGAIN, or UNISUM_ECONN.  txlock held. */
-static int conn_push_out(struct loop_conn *lc)
+ * TP_AGAIN, or UNISUM_ECONN.  Those sent go onto *done, to be released
+ * once txlock is let go.  txlock held. */
+static int conn_push_out(struct loop_conn *lc, struct loop_conn_msg **done)
 {
 	while (lc->head != NULL && lc->authed) {
-		struct loop_conn_item *it = lc->head;
-		int rc = lc->tp->send_nb(lc->c, &it->tx);
+		int rc = lc->tp->send_nb(lc->c, &lc->head->tx);
 		if (rc != 0)
 			return rc;
-		lc->head = it->next;
-		if (lc->head == NULL)
-			lc->tail = &lc->head;
-		lc->queued -= it->bytes;
-		free(it);
+		struct loop_conn_msg *m = conn_pop(lc);
+		m->next = *done;
+		*done = m;
 	}
 	return lc->head != NULL ? TP_AGAIN : 0;
+}
+
+/* Sends what is queued and watches EPOLLOUT for the rest; a broken
+ * connection is shut (the loop then sees its end).  txlock held. */
+static void conn_kick(struct loop_conn *lc, struct loop_conn_msg **done)
+{
+	if (conn_push_out(lc, done) == UNISUM_ECONN)
+		lc->tp->conn_shutdown(lc->c);
+	conn_watch_out(lc);
 }
 
 /* Watches EPOLLOUT while something waits to go.  txlock held. */
@@ -104,40 +137,70 @@ static void conn_watch_out(struct loop_conn *lc)
 	loop_io_set(&lc->io, EPOLLIN | (want ? EPOLLOUT : 0));
 }
 
+/* Queues m: an urgent one behind the urgent ones queued (ahead of the
+ * rest, but never ahead of a message partly sent), any other at the end.
+ * txlock held. */
+static void conn_enqueue(struct loop_conn *lc, struct loop_conn_msg *m)
+{
+	m->bytes = WIRE_HDR_SIZE + (m->tx.payload != NULL ? m->tx.hdr.payload_len : 0);
+	lc->queued += m->bytes;
+	struct loop_conn_msg **at = lc->tail;
+	if (m->urgent) {
+		if (lc->last_urgent != NULL)
+			at = &lc->last_urgent->next;
+		else if (lc->head != NULL && lc->head->tx.begun)
+			at = &lc->head->next;
+		else
+			at = &lc->head;
+		lc->last_urgent = m;
+	}
+	m->next = *at;
+	*at = m;
+	if (m->next == NULL)
+		lc->tail = &m->next;
+}
+
+static void conn_item_free(struct loop_conn_msg *m)
+{
+	free(m);	/* the item: m is its first member */
+}
+
 int loop_conn_send(struct loop_conn *lc, const struct wire_hdr *hdr, const void *payload)
 {
 	size_t plen = payload != NULL ? hdr->payload_len : 0;
 	size_t bytes = WIRE_HDR_SIZE + plen;
 	pthread_mutex_lock(&lc->txlock);
+	bool full = lc->queued + bytes > lc->cap && lc->queued > 0;
+	pthread_mutex_unlock(&lc->txlock);
+	if (full)
+		return TP_AGAIN;
+	struct loop_conn_item *it = malloc(sizeof *it + plen);
+	if (it == NULL)
+		return UNISUM_ENOMEM;
+	memset(&it->m, 0, sizeof it->m);
+	it->m.tx.hdr = *hdr;
+	if (plen > 0)
+		memcpy(it->data, payload, plen);
+	it->m.tx.payload = plen > 0 ? it->data : NULL;
+	it->m.release = conn_item_free;
+	return loop_conn_send_msg(lc, &it->m);
+}
+
+int loop_conn_send_msg(struct loop_conn *lc, struct loop_conn_msg *m)
+{
+	struct loop_conn_msg *done = NULL;
 	int rc = 0;
+	m->next = NULL;
+	pthread_mutex_lock(&lc->txlock);
 	if (lc->closed) {
 		rc = UNISUM_ECONN;
-	} else if (lc->queued + bytes > lc->cap && lc->queued > 0) {
-		rc = TP_AGAIN;
+		done = m;
 	} else {
-		struct loop_conn_item *it = malloc(sizeof *it + plen);
-		if (it == NULL) {
-			rc = UNISUM_ENOMEM;
-		} else {
-			memset(&it->tx, 0, sizeof it->tx);
-			it->tx.hdr = *hdr;
-			if (plen > 0)
-				memcpy(it->data, payload, plen);
-			it->tx.payload = plen > 0 ? it->data : NULL;
-			it->next = NULL;
-			it->bytes = bytes;
-			*lc->tail = it;
-			lc->tail = &it->next;
-			lc->queued += bytes;
-			rc = conn_push_out(lc);
-			if (rc == UNISUM_ECONN)
-				lc->tp->conn_shutdown(lc->c);	/* the loop sees the end */
-			else
-				rc = 0;
-			conn_watch_out(lc);
-		}
+		conn_enqueue(lc, m);
+		conn_kick(lc, &done);
 	}
 	pthread_mutex_unlock(&lc->txlock);
+	conn_release(done);
 	return rc;
 }
 
@@ -152,9 +215,10 @@ size_t loop_conn_queued(struct loop_conn *lc)
 int loop_conn_flush(struct loop_conn *lc, int timeout_ms)
 {
 	int64_t until = timing_now_ms() + timeout_ms;
+	struct loop_conn_msg *done = NULL;
 	pthread_mutex_lock(&lc->txlock);
 	int rc;
-	while ((rc = lc->closed ? UNISUM_ECONN : conn_push_out(lc)) == TP_AGAIN) {
+	while ((rc = lc->closed ? UNISUM_ECONN : conn_push_out(lc, &done)) == TP_AGAIN) {
 		int64_t left = until - timing_now_ms();
 		if (left <= 0 || !lc->authed) {
 			rc = UNISUM_ETIMEDOUT;
@@ -164,6 +228,7 @@ int loop_conn_flush(struct loop_conn *lc, int timeout_ms)
 		poll(&p, 1, (int)left);
 	}
 	pthread_mutex_unlock(&lc->txlock);
+	conn_release(done);
 	return rc;
 }
 
@@ -197,7 +262,12 @@ void loop_conn_close(struct loop_conn *lc, int rc, const char *why)
 		lc->ops->on_closed(lc, rc, why);
 	pthread_mutex_lock(&lc->txlock);
 	lc->closed = true;
+	struct loop_conn_msg *left = lc->head;	/* never to go out */
+	lc->head = lc->last_urgent = NULL;
+	lc->tail = &lc->head;
+	lc->queued = 0;
 	pthread_mutex_unlock(&lc->txlock);
+	conn_release(left);
 	lc->tp->conn_shutdown(lc->c);
 }
 
@@ -249,12 +319,12 @@ static int conn_authenticate(struct loop_conn *lc, char *why, size_t len)
 	if (rc != 0)
 		return rc;
 	loop_timer_stop(lc->loop, &lc->auth_timer);
+	struct loop_conn_msg *done = NULL;
 	pthread_mutex_lock(&lc->txlock);
 	lc->authed = true;
-	if (conn_push_out(lc) == UNISUM_ECONN)
-		lc->tp->conn_shutdown(lc->c);
-	conn_watch_out(lc);
+	conn_kick(lc, &done);
 	pthread_mutex_unlock(&lc->txlock);
+	conn_release(done);
 	return 0;
 }
 
@@ -266,11 +336,11 @@ static void conn_ready(struct loop_io *io, uint32_t events)
 	if (!lc->authed)
 		rc = conn_authenticate(lc, why, sizeof why);
 	if (rc == 0 && lc->authed && (events & EPOLLOUT)) {
+		struct loop_conn_msg *done = NULL;
 		pthread_mutex_lock(&lc->txlock);
-		if (conn_push_out(lc) == UNISUM_ECONN)
-			lc->tp->conn_shutdown(lc->c);
-		conn_watch_out(lc);
+		conn_kick(lc, &done);
 		pthread_mutex_unlock(&lc->txlock);
+		conn_release(done);
 	}
 	if (rc == 0 && lc->authed && (events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
 		rc = conn_receive(lc, why, sizeof why);
@@ -329,11 +399,9 @@ void loop_conn_free(struct loop_conn *lc)
 	if (lc->io.loop != NULL)
 		loop_io_del(&lc->io);
 	loop_timer_stop(lc->loop, &lc->auth_timer);
-	while (lc->head != NULL) {
-		struct loop_conn_item *it = lc->head;
-		lc->head = it->next;
-		free(it);
-	}
+	struct loop_conn_msg *left = lc->head;
+	lc->head = NULL;
+	conn_release(left);
 	free(lc->own);
 	lc->tp->conn_free(lc->c);
 	pthread_mutex_destroy(&lc->txlock);

@@ -67,6 +67,25 @@ void loop_conn_set_cap(struct loop_conn *lc, size_t cap);
  * sends what the socket takes at once.  0, TP_AGAIN when the queue would
  * pass its cap (nothing queued), or UNISUM_ECONN / UNISUM_ENOMEM. */
 int loop_conn_send(struct loop_conn *lc, const struct wire_hdr *hdr, const void *payload);
+/* A message sent without a copy, embedded in its owner's structure: the
+ * owner sets tx.hdr and tx.payload (zeroing the rest of tx), urgent and
+ * release.  The payload stays as it is until release(m) is called, once,
+ * on whatever thread sent the last of it or dropped it (the connection
+ * closed), with no lock of the connection held. */
+struct loop_conn_msg {
+	struct tp_tx tx;
+	bool urgent;		/* ahead of every queued message that is not urgent
+				 * (behind the urgent ones, and behind one partly sent) */
+	void (*release)(struct loop_conn_msg *m);
+	size_t bytes;		/* the connection's */
+	struct loop_conn_msg *next;
+};
+
+/* Queues m and sends what the socket takes at once.  The cap does not
+ * apply: the owner bounds what it sends this way.  0, or UNISUM_ECONN
+ * (closed: m was released). */
+int loop_conn_send_msg(struct loop_conn *lc, struct loop_conn_msg *m);
+
 /* Bytes queued and not yet with the kernel. */
 size_t loop_conn_queued(struct loop_conn *lc);
 /* Waits up to timeout_ms for the queue to go out (a last word before
