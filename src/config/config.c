@@ -79,6 +79,9 @@ static const struct knob config_knobs[] = {
 	 8, 1LL << 30, "largest partition a tensor is cut into, in bytes"},
 	{"UNISUM_SERVER_ENGINE_THREAD", "BYTEPS_SERVER_ENGINE_THREAD", NULL, KNOB_INT, FIELD(engine_threads),
 	 "0", 0, 256, "summation threads per server (0: one per core, at most 4)"},
+	{"UNISUM_IO_THREADS", NULL, NULL, KNOB_INT, FIELD(io_threads), "0", 0, 64,
+	 "event-loop threads that serve a server's connections, whatever the number of workers "
+	 "(0: one per 8 cores, 1 to 4)"},
 	{"UNISUM_LOG_LEVEL", "BYTEPS_LOG_LEVEL", NULL, KNOB_LOG_LEVEL, FIELD(log_level), "WARNING", 0, 0,
 	 "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL"},
 	{"UNISUM_TIMEOUT_MS", NULL, NULL, KNOB_INT, FIELD(timeout_ms), "30000", 100, INT_MAX,
@@ -457,6 +460,10 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 	if (cfg->engine_threads == 0) {
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
 		cfg->engine_threads = n < 1 ? 1 : n > 4 ? 4 : (int)n;
+	}
+	if (cfg->io_threads == 0) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN) / 8;
+		cfg->io_threads = n < 1 ? 1 : n > 4 ? 4 : (int)n;
 	}
 	return 0;
 }

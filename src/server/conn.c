@@ -1,9 +1,11 @@
 /*
- * conn.c - a worker's connection to the server: the receiving thread
- * (authenticates, validates every message against the key's state,
- * receives pushes straight into the key's buffers or reads them by
- * address, hands events to the engines) and the sending thread (acks
- * first, then replies straight from the sums).  See server.c's DESIGN.
+ * conn.c - a worker's connection to the server, served by one of the
+ * server's event loops (loop/conn.h): the loop authenticates, checks
+ * every message's header against the key's state before its payload is
+ * read, receives pushes straight into the key's buffers (or reads them
+ * by address), and hands events to the engines; replies go out without
+ * a copy, acks first, then sums straight from the keys' buffers.  See
+ * server.c's DESIGN.
  */
 #include <endian.h>
 #include <errno.h>
@@ -26,22 +28,24 @@
 /* ---- sending ------------------------------------------------------------ */
 
 /* A reply sent or dropped: what it owned goes, its key is unpinned. */
-void srv_reply_free(struct srv_reply *r)
+static void srv_reply_release(struct loop_conn_msg *m)
 {
+	struct srv_reply *r = (struct srv_reply *)m;	/* msg is its first member */
 	free(r->owned);
 	if (r->pin != NULL)
 		srv_key_unpin(r->pin);
 	free(r);
 }
 
-/* Appends a reply to a connection's queue, unless it is closing.  `owned`
- * (may be NULL) is freed once the reply is sent or dropped; `pin` (may be
- * NULL), the key whose memory the payload is, stays allocated until then.  A PUSH_ACK
- * goes ahead of every queued sum (behind earlier acks): the worker's credit
- * waits on it, and behind megabytes of replies on a slow link the pushes
- * would stall while the replies drain, so pushing and pulling would take
- * turns instead of sharing the full-duplex link.  The ack of a key still
- * precedes that key's reply, which is queued only after this push. */
+/* Sends a reply on a connection (queued behind what is not yet out).
+ * `owned` (may be NULL) is freed once the reply is sent or dropped; `pin`
+ * (may be NULL), the key whose memory the payload is, stays allocated
+ * until then.  A PUSH_ACK goes ahead of every queued sum (behind earlier
+ * acks): the worker's credit waits on it, and behind megabytes of replies
+ * on a slow link the pushes would stall while the replies drain, so
+ * pushing and pulling would take turns instead of sharing the
+ * full-duplex link.  The ack of a key still precedes that key's reply,
+ * which is queued only after this push.  Any thread. */
 void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *payload,
 			     void *owned, struct srv_key *pin)
 {
@@ -55,27 +59,12 @@ void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *
 	}
 	if (pin != NULL)
 		atomic_fetch_add(&pin->pins, 1);
-	*r = (struct srv_reply){.hdr = *h, .payload = payload, .owned = owned, .pin = pin};
-	pthread_mutex_lock(&c->qlock);
-	if (c->closing) {
-		srv_reply_free(r);
-	} else if (h->type == WIRE_PUSH_ACK) {
-		struct srv_reply **at = c->last_ack ? &c->last_ack->next : &c->head;
-		r->next = *at;
-		*at = r;
-		if (r->next == NULL)
-			c->tail = r;
-		c->last_ack = r;
-		pthread_cond_signal(&c->qcond);
-	} else {
-		if (c->tail)
-			c->tail->next = r;
-		else
-			c->head = r;
-		c->tail = r;
-		pthread_cond_signal(&c->qcond);
-	}
-	pthread_mutex_unlock(&c->qlock);
+	*r = (struct srv_reply){.owned = owned, .pin = pin};
+	r->msg.tx.hdr = *h;
+	r->msg.tx.payload = payload;
+	r->msg.urgent = h->type == WIRE_PUSH_ACK;
+	r->msg.release = srv_reply_release;
+	loop_conn_send_msg(c->lc, &r->msg);	/* a closed one releases it */
 }
 
 /* Tells a worker its PUSH arrived (it counts the bytes against its credit
@@ -87,49 +76,34 @@ static void srv_ack_push(struct server *srv, struct srv_conn *c, const struct wi
 	srv_conn_enqueue(c, &ack, NULL, NULL, NULL);
 }
 
-/* Queues a reply to peer p (srv_int.h); dropped when its connection is gone. */
-void srv_queue_reply(struct server *srv, int p, const struct wire_hdr *h, struct srv_key *k,
-		     const void *payload)
+/* Peer p's connection, held until srv_conn_put (it is not freed while
+ * a reply is being sent on it), or NULL when it is gone. */
+static struct srv_conn *srv_conn_get(struct server *srv, int p)
 {
 	pthread_mutex_lock(&srv->lock);
 	struct srv_conn *c = srv->by_worker[p];
-	/* Over IPC the worker copies the sum from the payload itself: the
-	 * buffer stays as it is until that worker's next push of the key. */
 	if (c != NULL)
-		srv_conn_enqueue(c, h, payload, NULL, payload != NULL ? k : NULL);
+		atomic_fetch_add(&c->refs, 1);
 	pthread_mutex_unlock(&srv->lock);
+	return c;
 }
 
-/* Writes queued replies in order; after `closing` it drains what is left
- * (an ERROR explaining the close goes out last) and exits. */
-void *srv_send_main(void *arg)
+static void srv_conn_put(struct srv_conn *c)
 {
-	struct srv_conn *c = arg;
-	struct server *srv = c->srv;
-	bool broken = false;
-	for (;;) {
-		pthread_mutex_lock(&c->qlock);
-		while (c->head == NULL && !c->closing)
-			pthread_cond_wait(&c->qcond, &c->qlock);
-		struct srv_reply *r = c->head;
-		if (r == NULL) {
-			pthread_mutex_unlock(&c->qlock);
-			return NULL;
-		}
-		c->head = r->next;
-		if (c->head == NULL)
-			c->tail = NULL;
-		if (c->last_ack == r)
-			c->last_ack = NULL;
-		pthread_mutex_unlock(&c->qlock);
-		if (!broken && c->tp->send(c->conn, &r->hdr, r->payload) != 0) {
-			broken = true;
-			char name[64];
-			LOG_INFO("sending to %s (%s) failed; closing its connection",
-				 srv_worker_name(srv, c->worker, name, sizeof name), c->tp->peer_name(c->conn));
-			c->tp->conn_shutdown(c->conn);
-		}
-		srv_reply_free(r);
+	atomic_fetch_sub(&c->refs, 1);
+}
+
+/* Queues a reply to peer p (srv_int.h); dropped when its connection is
+ * gone.  No lock is held while the socket takes it. */
+void srv_queue_reply(struct server *srv, int p, const struct wire_hdr *h, struct srv_key *k,
+		     const void *payload)
+{
+	struct srv_conn *c = srv_conn_get(srv, p);
+	/* Over IPC the worker copies the sum from the payload itself: the
+	 * buffer stays as it is until that worker's next push of the key. */
+	if (c != NULL) {
+		srv_conn_enqueue(c, h, payload, NULL, payload != NULL ? k : NULL);
+		srv_conn_put(c);
 	}
 }
 
@@ -276,31 +250,18 @@ static struct srv_key *srv_check_data(struct server *srv, struct srv_conn *c, co
 	return k;
 }
 
-/* A DECLARE_CHECK: the piece's key, dtype, count and its tensor's name. */
+/* A DECLARE_CHECK (its payload p): the piece's key, dtype, count and its
+ * tensor's name. */
 static int srv_on_declare_check(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
-				char *why, size_t len)
+				const void *p, char *why, size_t len)
 {
 	char name[256] = "", spec[WIRE_SPEC_MAX] = "";
 	int R = srv->nworkers * srv->local_size, n = 0;
 	int *members = malloc((size_t)R * sizeof *members);
-	void *p = h->payload_len ? malloc(h->payload_len) : NULL;
-	if (members == NULL) {
-		free(p);
+	if (members == NULL)
 		return UNISUM_ENOMEM;
-	}
-	if (h->payload_len && p == NULL) {
-		free(members);
-		return UNISUM_ENOMEM;
-	}
-	if (h->payload_len && c->tp->recv_payload(c->conn, p, h->payload_len) != 0) {
-		free(p);
-		free(members);
-		snprintf(why, len, "connection closed in the middle of a declaration");
-		return UNISUM_ECONN;
-	}
 	int bad = wire_declare_check_decode(p, h->payload_len, name, sizeof name, members, R, &n,
 					    spec, sizeof spec);
-	free(p);
 	if (bad || (n > 0 && members[n - 1] >= R)) {
 		free(members);
 		snprintf(why, len, "DECLARE_CHECK of key 0x%llx without a valid tensor name and process "
@@ -312,25 +273,18 @@ static int srv_on_declare_check(struct server *srv, struct srv_conn *c, const st
 	return rc;
 }
 
-/* Receives a push's data into worker c's buffer of key k: straight off
- * the socket (zero-copy receive), or, over IPC, read from the worker's
- * memory by the transport. */
-static int srv_receive_push(struct srv_conn *c, struct srv_key *k, int w,
-			    const struct wire_hdr *h, char *why, size_t len)
+/* Contributor w's buffer of key k, where its pushes are received:
+ * straight off the socket (zero-copy receive), or, over IPC, read from
+ * the worker's memory by the transport.  NULL with why when out of
+ * memory. */
+static uint8_t *srv_push_buf(struct srv_key *k, int w, char *why, size_t len)
 {
 	size_t bytes = k->comp.kind != COMPRESS_NONE ? k->wire_bytes : k->bytes;
 	if (k->push_buf[w] == NULL)
 		k->push_buf[w] = malloc(bytes ? bytes : 1);
-	if (k->push_buf[w] == NULL) {
+	if (k->push_buf[w] == NULL)
 		snprintf(why, len, "out of memory for a %zu-byte push", bytes);
-		return UNISUM_ENOMEM;
-	}
-	int rc = c->tp->recv_payload(c->conn, k->push_buf[w], h->payload_len);
-	if (rc == UNISUM_ECONN)
-		snprintf(why, len, "connection closed in the middle of a push");
-	else if (rc != 0)
-		snprintf(why, len, "%s", log_last_error());
-	return rc;
+	return k->push_buf[w];
 }
 
 /* Whether a push of key k is what the key takes as compressed bytes: a
@@ -350,9 +304,7 @@ static bool srv_push_encoding_fits(const struct srv_key *k, const struct wire_hd
 static int srv_refuse_push(struct server *srv, struct srv_conn *c, struct srv_key *k, int w,
 			   const struct wire_hdr *h)
 {
-	int rc = c->tp->recv_payload(c->conn, NULL, h->payload_len);
-	if (rc != 0)
-		return rc;
+	int rc;
 	k->next_round[w]++;
 	srv_ack_push(srv, c, h);
 	char msg[512], who[64];
@@ -416,35 +368,47 @@ static bool srv_moved(struct server *srv, struct srv_key *k, uint32_t round, boo
 	return moved;
 }
 
-static int srv_on_push_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
-			   char *why, size_t len)
+/* A PUSH's header: checked, and what its payload is for (c->pend). */
+static int srv_push_head(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+			 char *why, size_t len)
 {
 	int w;
 	struct srv_key *k = srv_check_data(srv, c, h, &w, why, len);
 	if (k == NULL)
 		return UNISUM_EPROTO;
-	if (srv_moved(srv, k, h->round, true)) {
-		if (c->tp->recv_payload(c->conn, NULL, h->payload_len) != 0)
-			return UNISUM_ECONN;
+	c->pend = (struct srv_pend){.kind = PEND_PUSH, .k = k, .w = w};
+	if (srv_moved(srv, k, h->round, true))
+		c->pend.kind = PEND_MOVED;
+	else if (srv_poison_of(srv, k->key) != NULL)
+		c->pend.kind = PEND_POISON;	/* never summed; the pull that follows gets the error */
+	else if (!srv_push_encoding_fits(k, h))
+		c->pend.kind = PEND_REFUSE;
+	else if (!(h->flags & WIRE_FLAG_ZERO) && h->payload_len > 0 &&
+		 (c->pend.buf = srv_push_buf(k, w, why, len)) == NULL)
+		return UNISUM_ENOMEM;
+	return 0;
+}
+
+/* A whole PUSH (srv_push_head said what it is for). */
+static int srv_push_done(struct server *srv, struct srv_conn *c, const struct wire_hdr *h)
+{
+	struct srv_key *k = c->pend.k;
+	int w = c->pend.w;
+	switch (c->pend.kind) {
+	case PEND_MOVED: {
 		struct wire_hdr moved = {.type = WIRE_MOVED, .sender = srv->id, .round = h->round,
 					 .key = h->key, .aux = (uint32_t)k->moved_to};
 		srv_conn_enqueue(c, &moved, NULL, NULL, NULL);
 		return 0;
 	}
-	if (srv_poison_of(srv, k->key) != NULL) {
-		/* Never summed; the pull that follows gets the error. */
+	case PEND_POISON:
 		k->next_round[w]++;
-		if (c->tp->recv_payload(c->conn, NULL, h->payload_len) != 0)
-			return UNISUM_ECONN;
 		srv_ack_push(srv, c, h);
 		return 0;
-	}
-	if (!srv_push_encoding_fits(k, h))
+	case PEND_REFUSE:
 		return srv_refuse_push(srv, c, k, w, h);
-	if (!(h->flags & WIRE_FLAG_ZERO)) {
-		int rc = srv_receive_push(c, k, w, h, why, len);
-		if (rc != 0)
-			return rc;
+	default:
+		break;
 	}
 	k->next_round[w]++;
 	/* The worker's credit comes back now, whatever the other workers
@@ -476,32 +440,38 @@ static int srv_on_pull_msg(struct server *srv, struct srv_conn *c, const struct 
 	return srv_post(srv, EVENT_PULL, k, w, h->round, (h->flags & WIRE_FLAG_SKIP) != 0, 0, NULL);
 }
 
-/* A RESTORE (failover): the sum of the round this worker last received
- * from a lost server, for the workers that did not. */
-static int srv_on_restore_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
-			      char *why, size_t len)
+/* A RESTORE's header (failover: the sum of the round this worker last
+ * received from a lost server, for the workers that did not): checked,
+ * and a buffer for the sum (c->pend). */
+static int srv_restore_head(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+			    char *why, size_t len)
 {
 	int w;
 	struct srv_key *k = srv_check_data(srv, c, h, &w, why, len);
 	if (k == NULL)
 		return UNISUM_EPROTO;
-	if (k->comp.kind != COMPRESS_NONE || k->server_held) {
+	if (k->comp.kind != COMPRESS_NONE || k->server_held || h->payload_len != k->bytes) {
 		snprintf(why, len, "RESTORE of key 0x%llx of '%s', which is %s", (unsigned long long)h->key,
-			 k->name, k->server_held ? "async" : "compressed");
+			 k->name, k->server_held ? "async" : k->comp.kind != COMPRESS_NONE ?
+			 "compressed" : "of another size");
 		return UNISUM_EPROTO;
 	}
-	uint8_t *data = malloc(k->bytes ? k->bytes : 1);
-	if (data == NULL) {
+	c->pend = (struct srv_pend){.kind = PEND_BUF, .k = k, .w = w};
+	c->pend.buf = malloc(k->bytes ? k->bytes : 1);
+	if (c->pend.buf == NULL) {
 		snprintf(why, len, "out of memory for a %zu-byte RESTORE", k->bytes);
 		return UNISUM_ENOMEM;
 	}
-	int rc = c->tp->recv_payload(c->conn, data, h->payload_len);
-	if (rc != 0) {
-		free(data);
-		snprintf(why, len, "connection closed in the middle of a RESTORE");
-		return rc;
-	}
-	rc = srv_post(srv, EVENT_RESTORE, k, w, h->round, false, 0, (const char *)data);
+	return 0;
+}
+
+/* A whole RESTORE: its sum goes to the key's engine. */
+static int srv_restore_done(struct server *srv, struct srv_conn *c, const struct wire_hdr *h)
+{
+	uint8_t *data = c->pend.buf;
+	c->pend.buf = NULL;
+	int rc = srv_post(srv, EVENT_RESTORE, c->pend.k, c->pend.w, h->round, false, 0,
+			  (const char *)data);
 	if (rc != 0)
 		free(data);
 	return rc;
@@ -530,20 +500,45 @@ static int srv_on_retire_msg(struct server *srv, struct srv_conn *c, const struc
 	return srv_post(srv, EVENT_RETIRE, k, w, h->round, false, 0, NULL);
 }
 
+/* A message's header came (c->pend is clear): checked where its payload
+ * decides where that goes, and what the payload is for (c->pend). */
+static int srv_head(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
+		    size_t len)
+{
+	switch (h->type) {
+	case WIRE_PUSH:
+		return srv_push_head(srv, c, h, why, len);
+	case WIRE_RESTORE:
+		return srv_restore_head(srv, c, h, why, len);
+	case WIRE_DECLARE_CHECK:
+		c->pend.kind = PEND_BUF;
+		c->pend.buf = malloc(h->payload_len ? h->payload_len : 1);
+		if (c->pend.buf == NULL) {
+			snprintf(why, len, "out of memory for a %llu-byte declaration",
+				 (unsigned long long)h->payload_len);
+			return UNISUM_ENOMEM;
+		}
+		return 0;
+	default:
+		return 0;	/* nothing to place: a payload is dropped */
+	}
+}
+
+/* A whole message from worker c (srv_head ran on its header). */
 static int srv_on_message(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
 			  size_t len)
 {
 	switch (h->type) {
 	case WIRE_DECLARE_CHECK:
-		return srv_on_declare_check(srv, c, h, why, len);
+		return srv_on_declare_check(srv, c, h, c->pend.buf, why, len);
 	case WIRE_PUSH:
-		return srv_on_push_msg(srv, c, h, why, len);
+		return srv_push_done(srv, c, h);
 	case WIRE_PULL:
 		return srv_on_pull_msg(srv, c, h, why, len);
 	case WIRE_RETIRE:
 		return srv_on_retire_msg(srv, c, h, why, len);
 	case WIRE_RESTORE:
-		return srv_on_restore_msg(srv, c, h, why, len);
+		return srv_restore_done(srv, c, h);
 	case WIRE_HEARTBEAT:
 		return 0;
 	default:
@@ -552,46 +547,76 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 	}
 }
 
-/* A worker connection's receiving thread, one per connection.  Serves:
- * authenticates the peer, takes its HELLO, then reads each message and
- * hands it to its handler (DECLARE_CHECK, PUSH into the key's buffer,
- * PULL, RETIRE, RESTORE), which queues events for the key's engine.  Owns
- * the connection's reading side; a malformed message or a read error
- * closes this connection alone, naming the worker.  Blocks in
- * recv_header and on the payloads it reads. */
-void *srv_recv_main(void *arg)
+/* ---- the connection on its loop ------------------------------------------ */
+
+/* The loop serves a worker's connection: it authenticates the peer (no
+ * byte of one without the job secret is read as a message), takes its
+ * HELLO, then reads each message and hands it to its handler
+ * (DECLARE_CHECK, PUSH into the key's buffer, PULL, RETIRE, RESTORE),
+ * which queues events for the key's engine.  A message's header is
+ * checked before its payload is read (srv_head), so a push goes straight
+ * into the key's buffer.  A malformed message or a read error closes this
+ * connection alone, naming the worker. */
+static int srv_on_header(struct loop_conn *lc, struct tp_rx *rx, char *why, size_t len)
+{
+	struct srv_conn *c = loop_conn_arg(lc);
+	if (c->worker < 0)
+		return srv_on_hello(c->srv, c, &rx->hdr, why, len);	/* no payload: refused */
+	int rc = srv_head(c->srv, c, &rx->hdr, why, len);
+	rx->dst = c->pend.kind == PEND_PUSH || c->pend.kind == PEND_BUF ? c->pend.buf : NULL;
+	return rc;
+}
+
+static int srv_on_msg(struct loop_conn *lc, const struct wire_hdr *h, void *payload, char *why,
+		      size_t len)
+{
+	(void)payload;	/* where srv_on_header put it */
+	struct srv_conn *c = loop_conn_arg(lc);
+	struct server *srv = c->srv;
+	if (c->worker < 0)
+		return srv_on_hello(srv, c, h, why, len);
+	int rc = 0;
+	if (h->payload_len == 0)	/* srv_on_header was not called */
+		rc = srv_head(srv, c, h, why, len);
+	if (rc == 0)
+		rc = srv_on_message(srv, c, h, why, len);
+	if (c->pend.kind == PEND_BUF)
+		free(c->pend.buf);
+	c->pend = (struct srv_pend){0};
+	return rc;
+}
+
+/* The loop is done with c (posted by srv_on_closed): it may be freed. */
+static void srv_conn_done(void *arg)
 {
 	struct srv_conn *c = arg;
+	atomic_store(&c->finished, true);
+}
+
+/* The connection ended: logged, a last word to the worker (why it was
+ * closed: a worker of another wire version then names both versions),
+ * and its peer no longer served. */
+static void srv_on_closed(struct loop_conn *lc, int rc, const char *why)
+{
+	struct srv_conn *c = loop_conn_arg(lc);
 	struct server *srv = c->srv;
-	char why[512] = "";
-	/* Nobody without the job secret gets a byte read as a message. */
-	int rc = c->tp->authenticate(c->conn, why, sizeof why);
-	for (; rc == 0;) {
-		struct wire_hdr h;
-		rc = c->tp->recv_header(c->conn, &h, why, sizeof why);
-		if (rc != 0)
-			break;
-		if (c->worker < 0)
-			rc = srv_on_hello(srv, c, &h, why, sizeof why);
-		else
-			rc = srv_on_message(srv, c, &h, why, sizeof why);
-		if (rc != 0)
-			break;
-	}
+	if (c->pend.kind == PEND_BUF)
+		free(c->pend.buf);
+	c->pend = (struct srv_pend){0};
 	const char *peer = c->tp->peer_name(c->conn);
 	char name[64];
 	srv_worker_name(srv, c->worker, name, sizeof name);
-	if (rc == UNISUM_ECONN && !atomic_load(&srv->stopping))
+	if (rc == UNISUM_ECONN && !atomic_load(&srv->stopping)) {
 		LOG_INFO("%s (%s) disconnected", name, peer);
-	else if (rc != UNISUM_ECONN && rc != 0) {
+	} else if (rc != UNISUM_ECONN && rc != 0) {
 		if (c->worker >= 0)
 			LOG_ERROR("closing the connection of %s (%s): %s", name, peer, why);
 		else
 			LOG_ERROR("closing a connection from %s: %s", peer, why);
-		/* Tell the worker why before hanging up (a worker of another
-		 * wire version then names both versions). */
-		if (rc != UNISUM_EAUTH)
+		if (rc != UNISUM_EAUTH) {
 			srv_reply_error(srv, c, c->worker, 0, 0, rc, why);
+			loop_conn_flush(lc, 200);
+		}
 	}
 	pthread_mutex_lock(&srv->lock);
 	if (c->worker >= 0 && srv->by_worker[c->worker] == c) {
@@ -601,18 +626,27 @@ void *srv_recv_main(void *arg)
 		srv->left[c->worker] = !srv->cfg->elastic;
 	}
 	pthread_mutex_unlock(&srv->lock);
-	/* Let the sender drain (the ERROR above goes out last), then hang up. */
-	pthread_mutex_lock(&c->qlock);
-	c->closing = true;
-	pthread_cond_signal(&c->qcond);
-	pthread_mutex_unlock(&c->qlock);
-	if (rc == UNISUM_ECONN)
-		c->tp->conn_shutdown(c->conn);
-	pthread_join(c->send_thread, NULL);
-	c->send_started = false;
-	c->tp->conn_shutdown(c->conn);
-	atomic_store(&c->finished, true);
-	return NULL;
+	if (loop_post(c->loop, srv_conn_done, c) != 0)
+		LOG_ERROR("out of memory: the connection of %s is kept until the server stops", name);
+}
+
+static const struct loop_conn_ops srv_conn_ops = {
+	.on_header = srv_on_header,
+	.on_message = srv_on_msg,
+	.on_closed = srv_on_closed,
+};
+
+void srv_conn_start(void *arg)
+{
+	struct srv_conn *c = arg;
+	int rc = loop_conn_new(c->loop, c->tp, c->conn, true, &srv_conn_ops, c, &c->lc);
+	if (rc != 0) {
+		LOG_ERROR("cannot serve the connection from %s: %s", c->tp->peer_name(c->conn),
+			  unisum_strerror(rc));
+		c->tp->conn_free(c->conn);
+		c->conn = NULL;
+		atomic_store(&c->finished, true);
+	}
 }
 
 /* Answers peer p's pull of key `key` with an error instead of a sum (on
@@ -627,13 +661,13 @@ void srv_reply_error(struct server *srv, struct srv_conn *c, int p, uint64_t key
 		if (c != NULL) {
 			srv_conn_enqueue(c, &h, b.data, b.data, NULL);
 		} else {
-			pthread_mutex_lock(&srv->lock);
-			struct srv_conn *to = srv->by_worker[p];
-			if (to != NULL)
+			struct srv_conn *to = srv_conn_get(srv, p);
+			if (to != NULL) {
 				srv_conn_enqueue(to, &h, b.data, b.data, NULL);
-			else
+				srv_conn_put(to);
+			} else {
 				free(b.data);
-			pthread_mutex_unlock(&srv->lock);
+			}
 		}
 		b.data = NULL;
 	}

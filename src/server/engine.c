@@ -385,7 +385,8 @@ static void srv_async_pull(struct server *srv, struct srv_key *k, const struct s
  * the first push copies), and once every machine's push is in, the
  * held PULLs of the round are answered.  Owns the key's slots (only its
  * engine's thread touches them).  Never blocks: replies are queued on
- * their connections' sending threads. */
+ * their connections (written at once when the socket takes them, else
+ * by the connection's loop). */
 static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
 {
 	if (k->server_held) {

@@ -5,11 +5,14 @@
  * state they share in srv_int.h.
  *
  * DESIGN.  Threads:
- *   - the main thread accepts worker connections;
- *   - each connection has a receiving thread (validates every message,
- *     receives PUSH payloads straight into the key's per-worker buffer,
- *     hands events to the key's engine) and a sending thread (writes
- *     PULL_REPLYs straight from the key's sum buffer);
+ *   - the main thread accepts worker connections over TCP, another over
+ *     IPC, and hands each to one of the I/O loops, in turn;
+ *   - the I/O loops (UNISUM_IO_THREADS, a fixed number whatever the
+ *     number of workers) serve every connection: they validate every
+ *     message, receive PUSH payloads straight into the key's per-worker
+ *     buffer, hand events to the key's engine, and write what the
+ *     engines' replies left queued (PULL_REPLYs straight from the key's
+ *     sum buffer);
  *   - engine threads sum.  Every key is pinned to one engine, chosen by
  *     byte balance when it is declared, so one key's events are handled in
  *     order by one thread and its sums need no lock.
@@ -38,8 +41,8 @@
  * its next push of that key, which comes after that worker received the
  * previous sum, which is after every push of that round was folded.  A
  * slot's accumulator is rewritten two rounds later, after every worker
- * received it (same argument).  So the sending threads can write straight
- * from these buffers without copies.
+ * received it (same argument).  So replies are sent straight from these
+ * buffers without copies.
  *
  * Stalls.  Each engine looks over its keys about once a second: a round
  * that some workers pushed and others not for UNISUM_STALL_WARN_MS is
@@ -48,9 +51,10 @@
  * every rank gets that message instead of waiting forever.
  *
  * Locks.  `srv->lock` guards the key table and the worker -> connection
- * table; a connection's `qlock` guards its send queue; an engine's `lock`
- * its event queue.  Order: srv->lock, then qlock.  No lock is held while
- * summing or doing socket I/O.
+ * table; a connection's send queue has its own lock (loop/conn.c); an
+ * engine's `lock` its event queue.  Order: srv->lock, then the queue's.
+ * No lock is held while summing; an engine holds a connection (refs),
+ * not srv->lock, while its reply goes to the socket.
  */
 #include "server/server.h"
 
@@ -95,31 +99,25 @@ static void srv_notice(void *arg, int err, const char *why)
 		transport_ipc()->listener_shutdown(srv->ipc_listener);
 }
 
+/* Frees c: when it is finished, or once the loops stopped. */
 static void srv_conn_free(struct srv_conn *c)
 {
-	pthread_join(c->recv_thread, NULL);
-	if (c->send_started)
-		pthread_join(c->send_thread, NULL);
-	for (struct srv_reply *r = c->head; r;) {
-		struct srv_reply *next = r->next;
-		srv_reply_free(r);
-		r = next;
-	}
-	c->tp->conn_free(c->conn);
-	pthread_mutex_destroy(&c->qlock);
-	pthread_cond_destroy(&c->qcond);
+	if (c->lc != NULL)
+		loop_conn_free(c->lc);	/* its transport connection too */
+	else if (c->conn != NULL)
+		c->tp->conn_free(c->conn);	/* its loop never took it */
 	free(c);
 }
 
-/* Frees connections whose threads have ended (strangers that were
- * rejected), so a stream of bad connections cannot grow memory. */
+/* Frees connections that have ended (strangers that were rejected,
+ * workers gone), so a stream of bad connections cannot grow memory. */
 static void srv_reap(struct server *srv)
 {
 	pthread_mutex_lock(&srv->lock);
 	struct srv_conn **pp = &srv->conns;
 	while (*pp) {
 		struct srv_conn *c = *pp;
-		if (atomic_load(&c->finished)) {
+		if (atomic_load(&c->finished) && atomic_load(&c->refs) == 0) {
 			*pp = c->next;
 			pthread_mutex_unlock(&srv->lock);
 			srv_conn_free(c);
@@ -132,16 +130,16 @@ static void srv_reap(struct server *srv)
 	pthread_mutex_unlock(&srv->lock);
 }
 
-/* A connection's threads could not start: the limit that was hit is
+/* A thread of the server could not start: the limit that was hit is
  * named here and, through the scheduler, to every process of the job
- * (its worker would otherwise see no handshake, and the others a worker
+ * (its workers would otherwise see no handshake, and the others a worker
  * that left). */
-static void srv_out_of_threads(struct server *srv, int rc, const char *peer)
+static void srv_out_of_threads(struct server *srv, int rc, const char *what)
 {
 	char limits[384], why[640];
 	log_thread_limits(rc, limits, sizeof limits);
-	snprintf(why, sizeof why, "server %d (pid %d) cannot start the threads for the connection "
-		 "from %s: %s", srv->rank, (int)getpid(), peer, limits);
+	snprintf(why, sizeof why, "server %d (pid %d) cannot start %s: %s", srv->rank,
+		 (int)getpid(), what, limits);
 	LOG_ERROR("%s", why);
 	if (srv->rdv != NULL)
 		rdv_client_fail_job(srv->rdv, UNISUM_ESYS, why);
@@ -164,7 +162,7 @@ static void srv_out_of_fds(struct server *srv, const struct transport_ops *tp)
 }
 
 /* Accepts connections on listener l of transport tp until it shuts down,
- * each served by a receiving and a sending thread. */
+ * each handed to one of the loops, in turn. */
 static void srv_accept_loop(struct server *srv, const struct transport_ops *tp,
 			    struct tp_listener *l)
 {
@@ -187,30 +185,75 @@ static void srv_accept_loop(struct server *srv, const struct transport_ops *tp,
 		c->tp = tp;
 		c->conn = tc;
 		c->worker = -1;
-		pthread_mutex_init(&c->qlock, NULL);
-		pthread_cond_init(&c->qcond, NULL);
+		c->loop = srv->loops[atomic_fetch_add(&srv->next_loop, 1) % (unsigned)srv->nloops];
 		atomic_init(&c->finished, false);
-		int trc = pthread_create(&c->send_thread, NULL, srv_send_main, c);
-		c->send_started = trc == 0;
-		if (c->send_started)
-			trc = pthread_create(&c->recv_thread, NULL, srv_recv_main, c);
-		if (trc != 0) {
-			srv_out_of_threads(srv, trc, tp->peer_name(tc));
-			pthread_mutex_lock(&c->qlock);
-			c->closing = true;
-			pthread_cond_signal(&c->qcond);
-			pthread_mutex_unlock(&c->qlock);
-			if (c->send_started)
-				pthread_join(c->send_thread, NULL);
-			tp->conn_free(tc);
-			free(c);
-			continue;
-		}
 		pthread_mutex_lock(&srv->lock);
 		c->next = srv->conns;
 		srv->conns = c;
 		pthread_mutex_unlock(&srv->lock);
+		if (loop_post(c->loop, srv_conn_start, c) != 0) {
+			LOG_ERROR("out of memory: refusing the connection from %s", tp->peer_name(tc));
+			tp->conn_shutdown(tc);
+			atomic_store(&c->finished, true);
+		}
 	}
+}
+
+static void *srv_loop_main(void *arg)
+{
+	loop_run(arg, NULL, NULL);
+	return NULL;
+}
+
+/* Starts the loops that serve the connections (UNISUM_IO_THREADS).  0 or
+ * an error, named (srv_stop_loops undoes it either way). */
+static int srv_start_loops(struct server *srv)
+{
+	srv->nloops = srv->cfg->io_threads > 0 ? srv->cfg->io_threads : 1;
+	srv->loops = calloc((size_t)srv->nloops, sizeof *srv->loops);
+	srv->loop_threads = calloc((size_t)srv->nloops, sizeof *srv->loop_threads);
+	if (srv->loops == NULL || srv->loop_threads == NULL)
+		return log_fail(UNISUM_ENOMEM, "server: out of memory");
+	for (; srv->loops_started < srv->nloops; srv->loops_started++) {
+		int i = srv->loops_started;
+		int rc = loop_new(&srv->loops[i]);
+		if (rc != 0)
+			return rc;
+		rc = pthread_create(&srv->loop_threads[i], NULL, srv_loop_main, srv->loops[i]);
+		if (rc != 0) {
+			srv_out_of_threads(srv, rc, "its I/O threads");
+			loop_free(srv->loops[i]);
+			srv->loops[i] = NULL;
+			return UNISUM_ESYS;
+		}
+	}
+	return 0;
+}
+
+/* Stops the loops and joins their threads: the connections are no longer
+ * served. */
+static void srv_halt_loops(struct server *srv)
+{
+	if (srv->loops_halted)
+		return;
+	srv->loops_halted = true;
+	for (int i = 0; i < srv->loops_started; i++)
+		loop_stop(srv->loops[i]);
+	for (int i = 0; i < srv->loops_started; i++)
+		pthread_join(srv->loop_threads[i], NULL);
+}
+
+/* Frees the loops, halted, once their connections are freed. */
+static void srv_stop_loops(struct server *srv)
+{
+	srv_halt_loops(srv);
+	for (int i = 0; i < srv->loops_started; i++)
+		loop_free(srv->loops[i]);
+	srv->loops_started = 0;
+	free(srv->loops);
+	free(srv->loop_threads);
+	srv->loops = NULL;
+	srv->loop_threads = NULL;
 }
 
 /* A server for cfg, with its tables and no thread yet; NULL when out of
@@ -385,19 +428,30 @@ static void *srv_ipc_accept_main(void *arg)
 	return NULL;
 }
 
-/* The job ended: hangs up on every worker and joins its threads. */
+/* The job ended: hangs up on every worker, stops the loops and frees the
+ * connections. */
 static void srv_hang_up(struct server *srv)
 {
 	atomic_store(&srv->stopping, true);
+	srv_halt_loops(srv);
+	/* The engines still run: they find no connection from now on, and
+	 * those sending on one finish before it is freed. */
 	pthread_mutex_lock(&srv->lock);
 	for (struct srv_conn *c = srv->conns; c; c = c->next)
-		c->tp->conn_shutdown(c->conn);
+		if (c->conn != NULL)
+			c->tp->conn_shutdown(c->conn);
+	for (int p = 0; p < srv->npeers; p++)
+		srv->by_worker[p] = NULL;
 	pthread_mutex_unlock(&srv->lock);
+	for (struct srv_conn *c = srv->conns; c; c = c->next)
+		while (atomic_load(&c->refs) > 0)
+			nanosleep(&(struct timespec){0, 1000000}, NULL);
 	while (srv->conns) {
 		struct srv_conn *c = srv->conns;
 		srv->conns = c->next;
 		srv_conn_free(c);
 	}
+	srv_stop_loops(srv);
 }
 
 /* One membership of the job: until it ends (UNISUM_EMEMBERSHIP: an
@@ -423,14 +477,22 @@ static int srv_run_once(const struct config *cfg, bool *elsewhere, struct server
 	rc = srv_start_engines(srv, &started);
 	if (rc == 0)
 		rc = srv_join(srv, bind_host, port);
+	if (rc == 0 && (rc = srv_start_loops(srv)) != 0) {
+		rdv_client_free(srv->rdv);	/* the job was told (srv_out_of_threads) */
+		srv->rdv = NULL;
+	}
 	if (rc != 0)
 		goto out_stop_engines;
 	srv_free(*ended);	/* the new generation formed */
 	*ended = NULL;
 
-	if (srv->ipc_listener != NULL &&
-	    pthread_create(&srv->ipc_thread, NULL, srv_ipc_accept_main, srv) == 0)
-		srv->ipc_started = true;
+	if (srv->ipc_listener != NULL) {
+		/* Without it this host's workers would wait for a handshake. */
+		int trc = pthread_create(&srv->ipc_thread, NULL, srv_ipc_accept_main, srv);
+		srv->ipc_started = trc == 0;
+		if (trc != 0)
+			srv_out_of_threads(srv, trc, "its thread accepting IPC connections");
+	}
 	srv_accept_loop(srv, transport_tcp(), srv->listener);
 	if (srv->ipc_started) {
 		transport_ipc()->listener_shutdown(srv->ipc_listener);
@@ -445,6 +507,7 @@ static int srv_run_once(const struct config *cfg, bool *elsewhere, struct server
 	rc = atomic_load(&srv->job_error);
 	started = 0;
 out_stop_engines:
+	srv_stop_loops(srv);
 	srv_stop_engines(srv, started);
 	transport_ipc()->listener_free(srv->ipc_listener);
 	transport_tcp()->listener_free(srv->listener);

@@ -17,6 +17,8 @@
 
 #include "compress/compress.h"
 #include "config/config.h"
+#include "loop/conn.h"
+#include "loop/loop.h"
 #include "rendezvous/rendezvous.h"
 #include "transport/transport.h"
 #include "wire/wire.h"
@@ -146,27 +148,42 @@ struct srv_engine {
 	size_t nkeys, capkeys;
 };
 
+/* A reply on its way: sent from its payload without a copy (msg.tx). */
 struct srv_reply {
-	struct wire_hdr hdr;
-	const void *payload;	/* what follows the header */
+	struct loop_conn_msg msg;	/* a PUSH_ACK is urgent: ahead of queued sums */
 	void *owned;		/* freed after sending (error texts), or NULL */
-	struct srv_key *pin;	/* the key payload points into, pinned until sent, or NULL */
-	struct srv_reply *next;
+	struct srv_key *pin;	/* the key the payload points into, pinned until sent, or NULL */
 };
 
+/* What the payload of the message being received is for (its header came
+ * and was checked; srv_on_header). */
+enum srv_pend_kind {
+	PEND_NONE,	/* nothing: dropped */
+	PEND_PUSH,	/* into the key's buffer of contributor w, then summed */
+	PEND_MOVED,	/* the key moved (failover): dropped, answered MOVED */
+	PEND_POISON,	/* the tensor is poisoned: dropped, acknowledged */
+	PEND_REFUSE,	/* not the key's encoding: dropped, the key refused */
+	PEND_BUF,	/* into buf (a DECLARE_CHECK's, a RESTORE's sum) */
+};
+
+struct srv_pend {
+	int kind;		/* enum srv_pend_kind */
+	struct srv_key *k;
+	int w;
+	uint8_t *buf;		/* PEND_BUF: malloc'd, taken by the handler */
+};
+
+/* A worker's connection, served by one of the server's event loops. */
 struct srv_conn {
 	struct server *srv;
-	struct tp_conn *conn;
-	pthread_t recv_thread, send_thread;
-	bool send_started;
+	struct loop *loop;	/* the loop that serves it */
+	struct loop_conn *lc;	/* NULL until the loop took it */
+	struct tp_conn *conn;	/* lc's transport connection */
 	int worker;		/* its machine after hello, -1 before */
 	const struct transport_ops *tp;	/* the listener's that accepted it: TCP or IPC */
-	pthread_mutex_t qlock;	/* the reply queue */
-	pthread_cond_t qcond;
-	struct srv_reply *head, *tail;
-	struct srv_reply *last_ack;	/* the last PUSH_ACK still queued, or NULL */
-	bool closing;		/* no more replies; the sender exits */
-	atomic_bool finished;	/* the receiving thread has ended */
+	struct srv_pend pend;	/* the loop's thread's */
+	atomic_bool finished;	/* closed, and the loop is done with it */
+	atomic_int refs;	/* engines sending to it now (srv_conn_get): not freed */
 	struct srv_conn *next;	/* all connections, for the final join */
 };
 
@@ -176,6 +193,11 @@ struct server {
 	struct rdv_client *rdv;
 	struct tp_listener *listener;	/* TCP, on the main thread */
 	struct tp_listener *ipc_listener;	/* IPC for workers of this host, or NULL */
+	struct loop **loops;		/* [nloops] serving the connections (UNISUM_IO_THREADS) */
+	pthread_t *loop_threads;
+	int nloops, loops_started;
+	bool loops_halted;		/* their threads joined */
+	atomic_uint next_loop;		/* round robin over the loops */
 	pthread_t ipc_thread;		/* accepting IPC connections */
 	bool ipc_started;
 	int nworkers;		/* worker machines: one push each per key and round */
@@ -279,14 +301,13 @@ int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t ro
 /* engine.c: the engines' threads */
 void *srv_engine_main(void *arg);
 
-/* conn.c: a worker's connection threads and its send queue */
+/* conn.c: a worker's connection on its loop, and its replies */
 void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *payload,
 		      void *owned, struct srv_key *pin);
 void srv_queue_reply(struct server *srv, int p, const struct wire_hdr *h, struct srv_key *k,
 		     const void *payload);
-void *srv_recv_main(void *arg);
-void *srv_send_main(void *arg);
-void srv_reply_free(struct srv_reply *r);
+/* Serves c on c->loop (a loop_post call: arg is c). */
+void srv_conn_start(void *arg);
 void srv_tensor_error(void *arg, uint64_t key, const char *why);
 void srv_reply_error(struct server *srv, struct srv_conn *c, int p, uint64_t key, uint32_t round,
 		     int err, const char *why);

@@ -41,6 +41,55 @@ run_job() {
 		"$CHECK" "$@"
 }
 
+# run_by_hand LOGDIR WORKERS SERVERS WHO WRAP... : a job of WORKERS
+# check_sums workers (`sums`, or $HAND_MODE) and SERVERS servers started one by one, not
+# by a launcher, each under a 60 s timeout, their logs in LOGDIR
+# (scheduler, server0, worker0, ...); WHO (server0, worker1, ...) runs
+# under WRAP, a command that ends by exec'ing the arguments it is given.
+# The caller exports UNISUM_SCHEDULER_HOST and any limits.
+run_by_hand() {
+	log=$1 nw=$2 ns=$3 who=$4
+	shift 4
+	export UNISUM_NUM_WORKER=$nw UNISUM_NUM_SERVER=$ns UNISUM_SCHEDULER_PORT=$(free_port)
+	UNISUM_ROLE=scheduler timeout 60 "$UNISUM" scheduler >"$log/scheduler" 2>&1 &
+	for r in $(seq 0 $((nw + ns - 1))); do
+		role=server rank=$r
+		[ "$r" -ge "$ns" ] && role=worker rank=$((r - ns))
+		if [ "$role$rank" = "$who" ]; then
+			run_wrapped "$role" "$rank" "$@" >"$log/$role$rank" 2>&1 &
+		else
+			run_wrapped "$role" "$rank" >"$log/$role$rank" 2>&1 &
+		fi
+	done
+	wait
+}
+
+# run_wrapped ROLE RANK [WRAP...] : run_by_hand's one process.
+run_wrapped() {
+	role=$1 rank=$2
+	shift 2
+	if [ "$role" = server ]; then
+		UNISUM_ROLE=server UNISUM_SERVER_ID=$rank "$@" timeout 60 "$UNISUM" server
+	else
+		UNISUM_ROLE=worker UNISUM_WORKER_ID=$rank "$@" timeout 60 "$CHECK" ${HAND_MODE:-sums}
+	fi
+}
+
+# named_everywhere LOGDIR WHO REGEX : every log in LOGDIR names WHO
+# (server0, worker1, ...) as "server 0 (pid N) " followed by REGEX (an
+# extended regular expression); prints the logs that do not.
+named_everywhere() {
+	role=${2%%[0-9]*} rank=${2#"$role"} ok=0
+	for f in "$1"/*; do
+		if ! grep -Eq "$role $rank \(pid [0-9]+\) $3" "$f"; then
+			echo "  $(basename "$f") does not name $2's failure:"
+			sed 's/^/    /' "$f" | tail -n 5
+			ok=1
+		fi
+	done
+	return $ok
+}
+
 # expect NAME CONDITION-COMMAND... : counts a named assertion.
 expect() {
 	name=$1

@@ -4,13 +4,18 @@
 # pids.max leaves it too few threads for its connections (a real kernel
 # limit: RLIMIT_NPROC does not bind root, a cgroup does).
 #
-# Checked in each case: the limited process names itself, pthread_create's
-# error and pids.max; the scheduler, every server and every worker name
-# that process (role, rank and pid) and the limit, instead of a missing
-# handshake or a worker that left; and no process hangs.
+# Checked: a server's threads do not grow with its workers (its
+# connections are served by its event loops); and, where a process cannot
+# start a thread, it names itself, pthread_create's error and pids.max,
+# and the scheduler, every server and every worker name that process
+# (role, rank and pid) and the limit, instead of a missing handshake or a
+# worker that left; and no process hangs.
 . "$(dirname "$0")/lib.sh"
 
 export UNISUM_SCHEDULER_HOST=127.0.0.1 UNISUM_TIMEOUT_MS=5000 UNISUM_START_TIMEOUT_MS=10000
+# A server's threads: the main one, 2 engines, the scheduler client's, one
+# I/O loop and the IPC acceptor (the cgroup also holds `timeout`).
+export UNISUM_SERVER_ENGINE_THREAD=2 UNISUM_IO_THREADS=1
 
 # The pids controller's folder, cgroup v1 or v2, or nothing.
 pids_root() {
@@ -36,51 +41,42 @@ if ! mkdir "$CG" 2>/dev/null; then
 fi
 trap 'rmdir "$CG" 2>/dev/null' EXIT
 
-# run_limited LOGDIR WORKERS SERVERS WHO MAX : a job of WORKERS check_sums
-# workers and SERVERS servers; WHO (server0 or worker0) runs in the cgroup
-# with pids.max MAX.
-run_limited() {
-	log=$1 nw=$2 ns=$3 who=$4
-	echo "$5" >"$CG/pids.max"
-	export UNISUM_NUM_WORKER=$nw UNISUM_NUM_SERVER=$ns UNISUM_SCHEDULER_PORT=$(free_port)
-	UNISUM_ROLE=scheduler timeout 60 "$UNISUM" scheduler >"$log/scheduler" 2>&1 &
-	for s in $(seq 0 $((ns - 1))); do
-		set -- timeout 60 "$UNISUM" server
-		[ "server$s" = "$who" ] && set -- sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG" "$@"
-		UNISUM_ROLE=server UNISUM_SERVER_ID=$s "$@" >"$log/server$s" 2>&1 &
-	done
-	for w in $(seq 0 $((nw - 1))); do
-		set -- timeout 60 "$CHECK" sums
-		[ "worker$w" = "$who" ] && set -- sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG" "$@"
-		UNISUM_ROLE=worker UNISUM_WORKER_ID=$w "$@" >"$log/worker$w" 2>&1 &
-	done
-	wait
+# The wrapper (run_by_hand's WRAP, given "$CG") that runs a process in the
+# cgroup; in_cgroup MAX sets the cgroup's pids.max.
+INTO_CG='echo $$ >"$0/cgroup.procs" && exec "$@"'
+in_cgroup() {
+	echo "$1" >"$CG/pids.max"
 }
 
-# named LOGDIR WHO : every log names WHO's failure to start a thread, with
-# its pid and the cgroup's limit; prints the logs that do not.
-named() {
-	role=${2%%[0-9]*} rank=${2#"$role"} ok=0
-	for f in "$1"/*; do
-		if ! grep -Eq "$role $rank \(pid [0-9]+\) cannot start the threads.*pthread_create: .*pids\.max [0-9]+" "$f"; then
-			echo "  $(basename "$f") does not name $2's limit:"
-			sed 's/^/    /' "$f" | tail -n 5
-			ok=1
-		fi
-	done
-	return $ok
+# all_summed LOGDIR WORKERS : every worker's rounds came out right.
+all_summed() {
+	n=$(grep -l "rounds ok" "$1"/worker* | wc -l)
+	[ "$n" = "$2" ] || { echo "  $n of $2 workers summed"; tail -n 3 "$1"/server0; return 1; }
 }
 
-# A server with room for one worker's connection threads, not four.
+# Eight workers through a server allowed 12 tasks: it spends none per
+# connection (two threads each once made it need 23).
 log=$(mktemp -d)
-run_limited "$log" 4 1 server0 9
-expect "a server out of threads: it and every other process name it and pids.max" named "$log" server0
+in_cgroup 12
+HAND_MODE="rounds 3" run_by_hand "$log" 8 1 server0 sh -c "$INTO_CG" "$CG"
+expect "a server's threads do not grow with its workers: 8 served within pids.max 12" \
+	all_summed "$log" 8
+rm -rf "$log"
+
+# A server without room for its I/O loop's thread.
+log=$(mktemp -d)
+in_cgroup 6
+run_by_hand "$log" 4 1 server0 sh -c "$INTO_CG" "$CG"
+expect "a server out of threads: it and every other process name it and pids.max" \
+	named_everywhere "$log" server0 "cannot start its I/O threads.*pthread_create: .*pids\\.max [0-9]+"
 rm -rf "$log"
 
 # A worker with room for its first server connection, not its third.
 log=$(mktemp -d)
-run_limited "$log" 2 3 worker0 6
-expect "a worker out of threads: it and every other process name it and pids.max" named "$log" worker0
+in_cgroup 6
+run_by_hand "$log" 2 3 worker0 sh -c "$INTO_CG" "$CG"
+expect "a worker out of threads: it and every other process name it and pids.max" \
+	named_everywhere "$log" worker0 "cannot start the threads.*pthread_create: .*pids\\.max [0-9]+"
 rm -rf "$log"
 
 finish
