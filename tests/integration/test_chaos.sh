@@ -33,15 +33,19 @@ for run in $(seq "$RUNS"); do
 	export UNISUM_SCHEDULER_PORT=$(free_port)
 	UNISUM_ROLE=scheduler timeout 60 "$UNISUM" scheduler >"$log/scheduler" 2>&1 &
 	echo $! >"$log/pid.scheduler"
-	for s in 0 1; do
-		UNISUM_ROLE=server UNISUM_SERVER_ID=$s timeout 60 "$UNISUM" server >"$log/server$s" 2>&1 &
-		echo $! >"$log/pid.server$s"
-	done
 	case $((run % 3)) in
 	0) victim=scheduler; label="scheduler" ;;
 	1) victim=server$((run / 3 % 2)); label="server $((run / 3 % 2))" ;;
 	*) victim=worker$((run / 3 % 3)); label="worker $((run / 3 % 3))" ;;
 	esac
+	for s in 0 1; do
+		# A server to be killed says when it has joined (see the kill).
+		level=WARNING
+		[ "$victim" = "server$s" ] && level=INFO
+		UNISUM_LOG_LEVEL=$level UNISUM_ROLE=server UNISUM_SERVER_ID=$s timeout 60 "$UNISUM" server \
+			>"$log/server$s" 2>&1 &
+		echo $! >"$log/pid.server$s"
+	done
 	# A server's loss is survived: the workers then run a bounded loop
 	# (several seconds) that must end well.
 	case $victim in
@@ -54,6 +58,16 @@ for run in $(seq "$RUNS"); do
 	done
 	delay_ms=$((100 + run * 137 % 700))
 	sleep "$(awk -v ms=$delay_ms 'BEGIN { printf "%.3f", ms / 1000 }')"
+	# A server killed before it joined the job is a job that never
+	# started, not a failover: on a loaded machine (the sanitizer runs)
+	# wait until it has registered.
+	case $victim in
+	server*)
+		for _ in $(seq 200); do
+			grep -q "listening on" "$log/$victim" && break
+			sleep 0.05
+		done ;;
+	esac
 	# `timeout` runs the process as its child: kill the real process.  On
 	# a loaded machine (the sanitizer runs) `timeout` may not have forked
 	# it yet: killing `timeout` then would leave the victim alive, and the
