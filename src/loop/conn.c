@@ -286,14 +286,18 @@ static int conn_place(struct loop_conn *lc, char *why, size_t len)
 	return 0;
 }
 
-/* Receives up to LOOP_CONN_BURST messages: 0 (come back when readable),
- * or the error that ends the connection, with why. */
+/* Receives up to LOOP_CONN_BURST whole messages (a message begun is
+ * finished: over IPC its data is read from the peer's memory, and the
+ * socket may not become readable again): 0 (come back when readable), or
+ * the error that ends the connection, with why. */
 static int conn_receive(struct loop_conn *lc, char *why, size_t len)
 {
-	for (int n = 0; n < LOOP_CONN_BURST; n++) {
+	for (int n = 0; n < LOOP_CONN_BURST;) {
 		int rc = lc->tp->recv_nb(lc->c, &lc->rx, why, len);
+		/* Its payload next, in this round: over IPC it is not on the
+		 * socket, which may not be readable again. */
 		if (rc == TP_HEADER && (rc = conn_place(lc, why, len)) == 0)
-			continue;	/* its payload next */
+			continue;
 		if (rc == TP_AGAIN)
 			return 0;
 		if (rc != 0)
@@ -304,6 +308,7 @@ static int conn_receive(struct loop_conn *lc, char *why, size_t len)
 		lc->own = NULL;
 		rc = lc->ops->on_message(lc, &h, payload, why, len);
 		free(own);
+		n++;
 		if (rc != 0)
 			return rc;
 		if (lc->closing)	/* the owner closed it */

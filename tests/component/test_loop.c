@@ -102,16 +102,31 @@ static void *srv_main(void *arg)
 	return NULL;
 }
 
-static void srv_start(struct srv *s)
+static void srv_start_on(struct srv *s, const struct transport_ops *tp)
 {
 	memset(s, 0, sizeof *s);
-	s->tp = transport_tcp();
+	s->tp = tp;
 	s->echo = true;
 	pthread_mutex_init(&s->mu, NULL);
 	assert_int_equal(loop_new(&s->loop), 0);
-	assert_int_equal(s->tp->listen("127.0.0.1", 0, &s->l, &s->port), 0);
+	if (tp == transport_ipc()) {
+		/* Named after a TCP port: this process holds one meanwhile. */
+		struct tp_listener *tcp;
+		int port;
+		assert_int_equal(transport_tcp()->listen("127.0.0.1", 0, &tcp, &port), 0);
+		assert_int_equal(tp->listen("127.0.0.1", port, &s->l, &s->port), 0);
+		transport_tcp()->listener_free(tcp);
+		s->port = port;
+	} else {
+		assert_int_equal(s->tp->listen("127.0.0.1", 0, &s->l, &s->port), 0);
+	}
 	assert_int_equal(loop_io_add(s->loop, &s->lio, s->tp->listener_fd(s->l), EPOLLIN, srv_accept, s), 0);
 	assert_int_equal(pthread_create(&s->thread, NULL, srv_main, s), 0);
+}
+
+static void srv_start(struct srv *s)
+{
+	srv_start_on(s, transport_tcp());
 }
 
 static void srv_stop(struct srv *s)
@@ -360,6 +375,34 @@ static void test_urgent_goes_ahead(void **state)
 	srv_stop(&s);
 }
 
+/* Over IPC a message's data is read from the sender's memory, not from
+ * the socket: a message whose header ends a round's burst is finished in
+ * that round, or nothing would wake the loop for it (one message without
+ * data, then eight with: the eighth's header is the burst's sixteenth
+ * step). */
+static void test_ipc_data_at_the_burst_end(void **state)
+{
+	(void)state;
+	struct srv s;
+	srv_start_on(&s, transport_ipc());
+	s.echo = false;
+	struct tp_conn *c;
+	assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &c), 0);
+	struct wire_hdr none = {.type = WIRE_HEARTBEAT};
+	assert_int_equal(s.tp->send(c, &none, NULL), 0);
+	float *v = floats(1000, 7);
+	for (int i = 0; i < 8; i++) {
+		struct wire_hdr h = push_hdr(1000, (uint64_t)(2 + i));
+		assert_int_equal(s.tp->send(c, &h, v), 0);
+	}
+	srv_wait(&s, &s.messages, 9);
+	assert_int_equal(srv_get(&s, &s.messages), 9);
+	s.tp->conn_free(c);
+	srv_wait(&s, &s.closed, 1);
+	free(v);
+	srv_stop(&s);
+}
+
 static void test_disconnect_mid_message(void **state)
 {
 	(void)state;
@@ -508,6 +551,7 @@ int main(void)
 		cmocka_unit_test(test_one_byte_at_a_time),
 		cmocka_unit_test(test_never_reads),
 		cmocka_unit_test(test_urgent_goes_ahead),
+		cmocka_unit_test(test_ipc_data_at_the_burst_end),
 		cmocka_unit_test(test_disconnect_mid_message),
 		cmocka_unit_test(test_malformed_closes_one),
 		cmocka_unit_test(test_timer_while_idle),
