@@ -80,8 +80,8 @@ static const struct knob config_knobs[] = {
 	{"UNISUM_SERVER_ENGINE_THREAD", "BYTEPS_SERVER_ENGINE_THREAD", NULL, KNOB_INT, FIELD(engine_threads),
 	 "0", 0, 256, "summation threads per server (0: one per core, at most 4)"},
 	{"UNISUM_IO_THREADS", NULL, NULL, KNOB_INT, FIELD(io_threads), "0", 0, 64,
-	 "event-loop threads that serve a server's connections, whatever the number of workers "
-	 "(0: one per 8 cores, 1 to 4)"},
+	 "event-loop threads that serve a process's connections (a server's to its workers, a "
+	 "worker's to the servers), whatever their number (0: one per 8 cores, 1 to 4)"},
 	{"UNISUM_LOG_LEVEL", "BYTEPS_LOG_LEVEL", NULL, KNOB_LOG_LEVEL, FIELD(log_level), "WARNING", 0, 0,
 	 "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL"},
 	{"UNISUM_TIMEOUT_MS", NULL, NULL, KNOB_INT, FIELD(timeout_ms), "30000", 100, INT_MAX,

@@ -217,6 +217,12 @@ static int srv_start_loops(struct server *srv)
 	for (; srv->loops_started < srv->nloops; srv->loops_started++) {
 		int i = srv->loops_started;
 		int rc = loop_new(&srv->loops[i]);
+		if (rc == UNISUM_ESYS && srv->rdv != NULL) {	/* out of descriptors: named */
+			char why[640];
+			snprintf(why, sizeof why, "server %d (pid %d) cannot make its I/O loop: %s",
+				 srv->rank, (int)getpid(), log_last_error());
+			rdv_client_fail_job(srv->rdv, rc, why);
+		}
 		if (rc != 0)
 			return rc;
 		rc = pthread_create(&srv->loop_threads[i], NULL, srv_loop_main, srv->loops[i]);

@@ -1,11 +1,13 @@
 /*
  * conns.c - the worker's server connections: the PUSH stage (one thread
- * taking partitions in priority order under the credit), each
- * connection's sending thread (PUSH, then PULL) and receiving thread (the
- * PULL stage: replies straight into the caller's output), the pending
- * table, and how a job ends (part.c completes its operation when its
- * last partition does, through the upcall w->up->part_done).  See
- * worker.c's DESIGN.
+ * taking partitions in priority order under the credit), sending a job
+ * (PUSH, then PULL) from whichever thread routes or queues it, the
+ * replies as the connection's I/O loop receives them (the PULL stage:
+ * straight into the caller's output), the pending table, how a job ends
+ * (part.c completes its operation when its last partition does, through
+ * the upcall w->up->part_done), and how a connection ends
+ * (wk_conn_fail, on the reaper's thread).  links.c opens, serves and
+ * closes the connections.  See worker.c's DESIGN.
  */
 #include <endian.h>
 #include <errno.h>
@@ -30,28 +32,6 @@
 #define WK_COPY_SLICE 65536u
 
 /* ---- send queue and pending table --------------------------------------- */
-
-/* Appends to a connection's send queue; the caller holds its lock. */
-static void fifo_push(struct wk_conn *c, struct wk_job *j)
-{
-	j->next = NULL;
-	if (c->qtail != NULL)
-		c->qtail->next = j;
-	else
-		c->qhead = j;
-	c->qtail = j;
-}
-
-static struct wk_job *fifo_pop(struct wk_conn *c)
-{
-	struct wk_job *j = c->qhead;
-	if (j != NULL) {
-		c->qhead = j->next;
-		if (c->qhead == NULL)
-			c->qtail = NULL;
-	}
-	return j;
-}
 
 static size_t pending_slot(const struct wk_conn *c, uint64_t key)
 {
@@ -130,10 +110,42 @@ static void wk_job_finish(struct wk_job *j, int err, const char *why)
 	free(j);
 }
 
-/* ---- connection threads ------------------------------------------------- */
+/* ---- sending -------------------------------------------------------------- */
+
+/* A message to a server, queued on its connection without a copy. */
+struct wk_msg {
+	struct loop_conn_msg m;		/* first */
+	void *owned;			/* freed once sent or dropped */
+};
+
+static void wk_msg_release(struct loop_conn_msg *m)
+{
+	struct wk_msg *x = (struct wk_msg *)m;
+	free(x->owned);
+	free(x);
+}
+
+/* Sends h and its payload on c: not copied, so the payload stays as it is
+ * until the message is sent (`owned`, which may be it, is freed then).
+ * The socket takes what it can at once, the loop the rest.  0, or
+ * UNISUM_ECONN (the connection ended: its loop tells the reaper) /
+ * UNISUM_ENOMEM.  c->lock held. */
+static int wk_send(struct wk_conn *c, const struct wire_hdr *h, const void *payload, void *owned)
+{
+	struct wk_msg *x = calloc(1, sizeof *x);
+	if (x == NULL) {
+		free(owned);
+		return UNISUM_ENOMEM;
+	}
+	x->m.tx.hdr = *h;
+	x->m.tx.payload = h->payload_len > 0 ? payload : NULL;
+	x->m.release = wk_msg_release;
+	x->owned = owned;
+	return loop_conn_send_msg(c->lc, &x->m);
+}
 
 /* Sends job j, a RESTORE, a held PULL, a RETIRE or a DECLARE_CHECK, and
- * frees it.  0 or the transport's error.  On c's sending thread. */
+ * frees it.  0 or the transport's error.  c->lock held. */
 static int wk_send_control(struct wk_conn *c, struct wk_job *j)
 {
 	struct worker *w = c->w;
@@ -144,27 +156,24 @@ static int wk_send_control(struct wk_conn *c, struct wk_job *j)
 				     .key = j->key, .round = j->round, .count = j->count,
 				     .dtype = (uint8_t)j->dtype,
 				     .payload_len = j->count * unisum_dtype_size(j->dtype)};
-		rc = c->tp->send(c->conn, &h, j->in);
-		free(j->owned);
+		rc = wk_send(c, &h, j->in, j->owned);
 		free(j);
 	} else if (j->type == JOB_PULL) {
 		/* A held PULL's phase came (wk_phase_step): it goes now
 		 * if its PUSH went out, else with its PUSH; not at all
 		 * if its job ended. */
-		pthread_mutex_lock(&c->lock);
 		struct wk_job *pj = pending_find(c, j->key);
 		bool go = pj != NULL && pj->round == j->round && pj->pull_waiting;
 		if (go)
 			pj->pull_waiting = false;
-		pthread_mutex_unlock(&c->lock);
 		struct wire_hdr h = {.type = WIRE_PULL, .sender = rdv_client_id(w->rdv),
 				     .key = j->key, .round = j->round, .dtype = (uint8_t)j->dtype};
 		free(j);
-		rc = go ? c->tp->send(c->conn, &h, NULL) : 0;
+		rc = go ? wk_send(c, &h, NULL, NULL) : 0;
 	} else if (j->type == JOB_RETIRE) {
 		struct wire_hdr h = {.type = WIRE_RETIRE, .sender = rdv_client_id(w->rdv),
 				     .key = j->key, .round = j->round};
-		rc = c->tp->send(c->conn, &h, NULL);
+		rc = wk_send(c, &h, NULL, NULL);
 		free(j);
 	} else {	/* JOB_DECLARE */
 		/* The name lets the server say which tensor stalls. */
@@ -174,7 +183,12 @@ static int wk_send_control(struct wk_conn *c, struct wk_job *j)
 		struct wire_hdr h = {.type = WIRE_DECLARE_CHECK, .sender = rdv_client_id(w->rdv),
 				     .key = j->key, .count = j->count, .dtype = (uint8_t)j->dtype,
 				     .aux = j->sync, .payload_len = b.len, .round = j->round};
-		rc = b.failed ? UNISUM_ENOMEM : c->tp->send(c->conn, &h, b.data);
+		if (b.failed) {
+			rc = UNISUM_ENOMEM;
+		} else {
+			rc = wk_send(c, &h, b.data, b.data);
+			b.data = NULL;
+		}
 		wire_buf_fini(&b);
 		free(j->name);
 		free(j->spec);
@@ -186,16 +200,14 @@ static int wk_send_control(struct wk_conn *c, struct wk_job *j)
 
 /* Sends PUSH_PULL job j: its PUSH (from the caller's buffer, or
  * compressed, or ZERO), then its PULL unless the PULL's ring phase has
- * not come.  The job stays in the pending table for the receiving thread,
- * which may complete it as soon as its PULL is out.  0 or an error.  On
- * c's sending thread. */
+ * not come.  The job stays in the pending table for the reply, which
+ * may complete it once c->lock is let go.  0 or an error.  c->lock
+ * held. */
 static int wk_send_push(struct wk_conn *c, struct wk_job *j)
 {
 	struct worker *w = c->w;
 	int rc;
 
-	/* Build both headers first: once PULL is on its way the reply may
-	 * complete (and free) the job before send() returns. */
 	struct wire_hdr push = {.type = WIRE_PUSH, .sender = rdv_client_id(w->rdv),
 				.round = j->round, .key = j->key, .count = j->count,
 				.dtype = (uint8_t)j->dtype, .aux = j->wire_op};
@@ -207,10 +219,10 @@ static int wk_send_push(struct wk_conn *c, struct wk_job *j)
 		push.flags = WIRE_FLAG_ZERO;
 	} else if (j->cs != NULL) {
 		/* A compressed partition: its encoding goes through
-		 * the socket (IPC too), so it is freed once sent. */
+		 * the socket (IPC too), and is freed once sent. */
 		push.flags = WIRE_FLAG_COMPRESSED;
 		push.payload_len = wk_push_bytes(j->op->t, j->count, j->cs);
-		encoded = malloc(push.payload_len);
+		encoded = malloc(push.payload_len ? push.payload_len : 1);
 		if (encoded == NULL) {
 			LOG_ERROR("%s: out of memory compressing a push", c->label);
 			return UNISUM_ENOMEM;
@@ -232,56 +244,21 @@ static int wk_send_push(struct wk_conn *c, struct wk_job *j)
 	/* Its PULL's phase has not come: it stays back.  (A
 	 * phased job is never routed again: failover does not
 	 * move a gathering collective's keys, it fails the job.) */
-	pthread_mutex_lock(&c->lock);
 	bool held = j->phase > atomic_load(&j->op->phase_sent);
 	j->pull_waiting = held;
-	pthread_mutex_unlock(&c->lock);
 	if (wk_metering(w) && c->tp == transport_tcp() && payload != NULL)
 		wk_meter_sent(c, j);
-	rc = c->tp->send(c->conn, &push, payload);
-	free(encoded);
+	/* Over IPC the transport passes j->in by address, over TCP the
+	 * socket takes it as it can: either way it stays as it is until
+	 * the reply, which comes after the whole push. */
+	rc = wk_send(c, &push, payload, encoded);
 	if (rc == 0 && payload != NULL)
 		atomic_fetch_add(&c->bytes_pushed, push.payload_len);
-	if (rc == 0 && traced) {
-		/* Under the lock: the receiving thread reads it after
-		 * taking the job from the pending table. */
-		pthread_mutex_lock(&c->lock);
-		j->t_pushed = trace_now_us();
-		pthread_mutex_unlock(&c->lock);
-	}
+	if (rc == 0 && traced)
+		j->t_pushed = trace_now_us();	/* the reply reads it under c->lock */
 	if (rc == 0 && !held)
-		rc = c->tp->send(c->conn, &pull, NULL);
+		rc = wk_send(c, &pull, NULL, NULL);
 	return rc;
-}
-
-/* A connection's sending thread: owns the sending side of c->conn, takes
- * c's queue in order (PUSH_PULL jobs the PUSH stage routed here, and the
- * control jobs queued straight on it: DECLARE_CHECK, RETIRE, RESTORE, a
- * held PULL) and writes each, with no lock held.  Blocks on c->cond while
- * the queue is empty, and in the transport's send.  Ends when c is dead,
- * or at the first failed send, shutting the socket down so that the
- * receiving thread notices and fails what is pending. */
-static void *wk_send_main(void *arg)
-{
-	struct wk_conn *c = arg;
-	for (;;) {
-		pthread_mutex_lock(&c->lock);
-		while (c->qhead == NULL && !c->dead)
-			pthread_cond_wait(&c->cond, &c->lock);
-		if (c->dead) {
-			pthread_mutex_unlock(&c->lock);
-			return NULL;
-		}
-		struct wk_job *j = fifo_pop(c);
-		pthread_mutex_unlock(&c->lock);
-
-		int rc = j->type == JOB_PUSH_PULL ? wk_send_push(c, j) : wk_send_control(c, j);
-		if (rc != 0) {
-			/* The receiving thread notices the broken socket and cleans up. */
-			c->tp->conn_shutdown(c->conn);
-			return NULL;
-		}
-	}
 }
 
 /* The first step of wk_conn_fail: a server hanging up mid-job is usually
@@ -316,22 +293,12 @@ static bool wk_conn_await_notice(struct wk_conn *c, const char **why, char *root
 	return failover;
 }
 
-/* Dead connection c (its sender stopped): frees the jobs only queued on
- * it (DECLARE and the other control jobs; queued PUSH_PULL jobs are also
- * pending) and returns every pending job, linked by pending_next. */
+/* Dead connection c: returns every pending job, linked by
+ * pending_next. */
 static struct wk_job *wk_conn_drain(struct wk_conn *c)
 {
 	struct wk_job *all = NULL;
 	pthread_mutex_lock(&c->lock);
-	for (struct wk_job *j; (j = fifo_pop(c)) != NULL;) {
-		if (j->type != JOB_PUSH_PULL) {
-			free(j->owned);
-			free(j->name);
-			free(j->spec);
-			free(j->ranks);
-			free(j);
-		}
-	}
 	for (size_t i = 0; i < c->npending_buckets; i++) {
 		while (c->pending[i]) {
 			struct wk_job *j = c->pending[i];
@@ -376,10 +343,10 @@ static void wk_conn_hand_over(struct wk_conn *c, struct wk_job *all)
 	}
 }
 
-/* Marks the connection dead, stops its sender, fails every pending job
- * (or, when its server failed over, sends them where their keys went).
- * On c's receiving thread, as it ends. */
-static void wk_conn_fail(struct wk_conn *c, const char *why)
+/* Marks the connection dead, fails every pending job (or, when its
+ * server failed over, sends them where their keys went), then marks it
+ * reaped.  On the reaper's thread, once the connection ended. */
+static void wk_conn_fail_jobs(struct wk_conn *c, const char *why)
 {
 	struct worker *w = c->w;
 	char root[640];
@@ -390,10 +357,7 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 	c->parking = failover;
 	if (c->dead_why[0] == '\0')
 		snprintf(c->dead_why, sizeof c->dead_why, "%s", why);
-	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->lock);
-	c->tp->conn_shutdown(c->conn);
-	pthread_join(c->send_thread, NULL);
 
 	struct wk_job *all = wk_conn_drain(c);
 	if (failover) {
@@ -411,6 +375,64 @@ static void wk_conn_fail(struct wk_conn *c, const char *why)
 		wk_job_finish(j, err, c->dead_why);
 	}
 }
+
+/* Moved job j goes on to server `to`, declared there first. */
+static void wk_job_move(struct wk_conn *c, struct wk_job *j, int to)
+{
+	struct worker *w = c->w;
+	uint64_t key = j->key;
+	int rc = w->up->move_key(w, c, j, to);
+	if (rc != 0) {
+		char msg[512];
+		snprintf(msg, sizeof msg, "worker %d cannot move key 0x%llx to server %d: %s", w->rank,
+			 (unsigned long long)key, to, log_last_error());
+		wk_job_finish(j, rc, msg);
+		return;
+	}
+	wk_route(w, j);
+}
+
+static void wk_task_do(const struct wk_task *t)
+{
+	struct wk_conn *c = t->c;
+	struct worker *w = c->w;
+	if (t->j != NULL) {
+		wk_job_move(c, t->j, t->to);
+		return;
+	}
+	wk_conn_fail_jobs(c, c->end_why);
+	pthread_mutex_lock(&w->lock);
+	c->reaped = true;
+	pthread_cond_broadcast(&w->reap_cond);
+	pthread_mutex_unlock(&w->lock);
+}
+
+void wk_task_run(struct wk_task *t)
+{
+	wk_task_do(t);
+	free(t);
+}
+
+/* Queues task (c, j, to) for the reaper; 0 or UNISUM_ENOMEM. */
+static int wk_task_queue(struct wk_conn *c, struct wk_job *j, int to)
+{
+	struct worker *w = c->w;
+	struct wk_task *t = calloc(1, sizeof *t);
+	if (t == NULL)
+		return UNISUM_ENOMEM;
+	*t = (struct wk_task){.c = c, .j = j, .to = to};
+	pthread_mutex_lock(&w->lock);
+	if (w->tasks_tail != NULL)
+		w->tasks_tail->next = t;
+	else
+		w->tasks = t;
+	w->tasks_tail = t;
+	pthread_cond_broadcast(&w->reap_cond);
+	pthread_mutex_unlock(&w->lock);
+	return 0;
+}
+
+/* ---- replies, on the connection's loop ------------------------------------ */
 
 /* Takes the pending job that a PULL_REPLY or per-key ERROR answers.  When
  * this worker never asked for it (unknown key, other round, other shape),
@@ -433,16 +455,15 @@ static struct wk_job *wk_take_answered(struct wk_conn *c, const struct wire_hdr 
 	return NULL;
 }
 
-/* An ERROR from the server of c: with key 0 it refused this worker (1,
- * msg set: the connection ends); with a key one partition failed (its
- * tensor is poisoned) and the connection goes on (0). */
+/* An ERROR from the server of c (its payload in c->rx_buf): with key 0
+ * it refused this worker (1, msg set: the connection ends); with a key
+ * one partition failed (its tensor is poisoned) and the connection goes
+ * on (0). */
 static int wk_on_error(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
 {
 	char text[400] = "";
-	void *p = malloc(h->payload_len + 1);
-	if (p != NULL && c->tp->recv_payload(c->conn, p, h->payload_len) == 0)
-		wire_error_decode(p, h->payload_len, text, sizeof text);
-	free(p);
+	if (c->rx_buf != NULL)
+		wire_error_decode(c->rx_buf, h->payload_len, text, sizeof text);
 	if (h->key == 0) {
 		snprintf(msg, len, "%s rejected this worker: %s", c->label, text);
 		return 1;
@@ -500,11 +521,12 @@ static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg
 	return 0;
 }
 
-/* A compressed PULL_REPLY of job j: its encoding, checked, decoded into
- * the job's output.  0; -1 when the job failed on it and the connection
- * goes on (the payload was read: a wrong length, bytes that are not an
- * encoding); 1 with msg set when the connection cannot go on. */
-static int wk_take_compressed(struct wk_conn *c, const struct wire_hdr *h, struct wk_job *j,
+/* A compressed PULL_REPLY's header, for job j: whether the reply and the
+ * tensor agree on being compressed (else j fails, 1 with msg set: the
+ * connection cannot go on), and a buffer for an encoding of the right
+ * length (c->rx_buf; none for another length, which then fails j
+ * alone).  0, or 1. */
+static int wk_compressed_head(struct wk_conn *c, const struct wire_hdr *h, struct wk_job *j,
 			      char *msg, size_t len)
 {
 	if (j->cs == NULL || !(h->flags & WIRE_FLAG_COMPRESSED)) {
@@ -516,22 +538,21 @@ static int wk_take_compressed(struct wk_conn *c, const struct wire_hdr *h, struc
 		return 1;
 	}
 	const struct compress_spec *spec = &j->cs->spec;
+	size_t want = compress_codec_of(spec->kind)->bytes(spec, (size_t)j->count);
+	c->rx_buf = h->payload_len == want ? malloc(want ? want : 1) : NULL;
+	return 0;
+}
+
+/* A compressed PULL_REPLY of job j, received into c->rx_buf: checked and
+ * decoded into the job's output.  0; -1 when the job failed on it and
+ * the connection goes on (a wrong length, bytes that are not an
+ * encoding). */
+static int wk_take_compressed(struct wk_conn *c, const struct wire_hdr *h, struct wk_job *j)
+{
+	const struct compress_spec *spec = &j->cs->spec;
 	const struct compress_codec *codec = compress_codec_of(spec->kind);
 	size_t want = codec->bytes(spec, (size_t)j->count);
-	void *enc = h->payload_len == want ? malloc(want ? want : 1) : NULL;
-	int rc = c->tp->recv_payload(c->conn, enc, h->payload_len);
-	if (rc != 0) {
-		free(enc);
-		if (rc == UNISUM_ECONN) {
-			pthread_mutex_lock(&c->lock);
-			pending_add(c, j);
-			pthread_mutex_unlock(&c->lock);
-		} else {
-			wk_job_finish(j, rc, log_last_error());
-		}
-		snprintf(msg, len, "%s: the connection closed in the middle of a reply", c->label);
-		return 1;
-	}
+	void *enc = c->rx_buf;
 	char why[512];
 	if (h->payload_len != want)
 		snprintf(why, sizeof why, "%s sent a %s sum of %llu bytes for key 0x%llx round %u, "
@@ -548,7 +569,6 @@ static int wk_take_compressed(struct wk_conn *c, const struct wire_hdr *h, struc
 	else
 		why[0] = '\0';
 	int code = enc == NULL && h->payload_len == want ? UNISUM_ENOMEM : UNISUM_EPROTO;
-	free(enc);
 	if (why[0] != '\0') {
 		LOG_ERROR("%s", why);
 		wk_job_finish(j, code, why);
@@ -557,16 +577,14 @@ static int wk_take_compressed(struct wk_conn *c, const struct wire_hdr *h, struc
 	return 0;
 }
 
-/* A PULL_REPLY: the sum goes straight into the caller's output (read from
- * the server's memory over IPC), divided there for an average.  0, or
- * 1 with msg set when the connection cannot go on. */
-static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
+/* A PULL_REPLY's header: takes its job and says where the sum goes
+ * (c->rx_job, c->rx_into; a compressed one into c->rx_buf).  0, or 1
+ * with msg set when the connection cannot go on. */
+static int wk_pull_reply_head(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
 {
-	struct worker *w = c->w;
 	struct wk_job *j = wk_take_answered(c, h, msg, len);
 	if (j == NULL)
 		return 1;
-	size_t bytes = j->count * unisum_dtype_size(j->dtype);
 	if ((h->flags & WIRE_FLAG_SKIP) != j->skip_pull * WIRE_FLAG_SKIP) {
 		snprintf(msg, len, "%s answered a pull of key 0x%llx round %u %s", c->label,
 			 (unsigned long long)h->key, h->round,
@@ -574,46 +592,61 @@ static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *m
 		wk_job_finish(j, UNISUM_EPROTO, msg);
 		return 1;
 	}
-	if (j->skip_pull) {
-		if (j->kept != NULL)
-			j->kept->pulled = j->round + 1;
-		wk_job_finish(j, 0, NULL);
+	c->rx_job = j;
+	if (j->skip_pull || (h->flags & WIRE_FLAG_ZERO))
+		return 0;
+	if (h->flags & WIRE_FLAG_COMPRESSED || j->cs != NULL) {
+		c->rx_job = NULL;
+		if (wk_compressed_head(c, h, j, msg, len) != 0)
+			return 1;
+		c->rx_job = j;
 		return 0;
 	}
 	/* Failover: the reply lands in the kept buffer, then in the output
 	 * (which a push may come from: a lost server's half reply must not
 	 * overwrite it). */
-	uint8_t *into = j->out;
-	if (j->kept != NULL && j->cs == NULL) {
+	size_t bytes = j->count * unisum_dtype_size(j->dtype);
+	c->rx_into = j->out;
+	if (j->kept != NULL) {
 		if (j->kept->data == NULL)
 			j->kept->data = malloc(bytes ? bytes : 1);
 		if (j->kept->data != NULL)
-			into = j->kept->data;
+			c->rx_into = j->kept->data;
+	}
+	if (h->payload_len != bytes) {
+		snprintf(msg, len, "%s sent %llu bytes for key 0x%llx round %u, expected %zu", c->label,
+			 (unsigned long long)h->payload_len, (unsigned long long)h->key, h->round, bytes);
+		c->rx_job = NULL;
+		wk_job_finish(j, UNISUM_EPROTO, msg);
+		return 1;
+	}
+	return 0;
+}
+
+/* A whole PULL_REPLY (wk_pull_reply_head took its job): the sum went
+ * straight into the caller's output (read from the server's memory over
+ * IPC), divided there for an average, and the job ends. */
+static void wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h)
+{
+	struct worker *w = c->w;
+	struct wk_job *j = c->rx_job;
+	uint8_t *into = c->rx_into;
+	c->rx_job = NULL;
+	size_t bytes = j->count * unisum_dtype_size(j->dtype);
+	if (j->skip_pull) {
+		if (j->kept != NULL)
+			j->kept->pulled = j->round + 1;
+		wk_job_finish(j, 0, NULL);
+		return;
 	}
 	if (h->flags & WIRE_FLAG_COMPRESSED || j->cs != NULL) {
-		int rc = wk_take_compressed(c, h, j, msg, len);
-		if (rc != 0)
-			return rc > 0;
+		if (wk_take_compressed(c, h, j) != 0)
+			return;
 		bytes = h->payload_len;
+		into = j->out;
 	} else if (h->flags & WIRE_FLAG_ZERO) {
+		into = j->out;
 		memset(into, 0, bytes);
-	} else {
-		int rc = c->tp->recv_payload(c->conn, into, bytes);
-		if (rc == UNISUM_ECONN) {
-			/* The server is gone: its job fails with the others, named
-			 * by the root cause (wk_conn_fail). */
-			pthread_mutex_lock(&c->lock);
-			pending_add(c, j);
-			pthread_mutex_unlock(&c->lock);
-			snprintf(msg, len, "%s: the connection closed in the middle of a reply", c->label);
-			return 1;
-		}
-		if (rc != 0) {
-			snprintf(msg, len, "worker %d cannot take a reply of %s: %s", w->rank, c->label,
-				 log_last_error());
-			wk_job_finish(j, rc, msg);
-			return 1;
-		}
 	}
 	if (!(h->flags & WIRE_FLAG_ZERO))
 		atomic_fetch_add(&w->bytes_pulled, bytes);
@@ -634,7 +667,6 @@ static int wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h, char *m
 		reducer_divide(j->out, j->count, j->dtype, j->divisor);
 	}
 	wk_job_finish(j, 0, NULL);
-	return 0;
 }
 
 /* A MOVED (the key went to a replacement server, failover.c): the push
@@ -660,60 +692,119 @@ static int wk_on_moved(struct wk_conn *c, const struct wire_hdr *h, char *msg, s
 		pushq_release(&w->push_q, j->entry.bytes);
 	}
 	j->repushed = true;
-	int rc = w->up->move_key(w, c, j, (int)h->aux);
-	if (rc != 0) {
-		snprintf(msg, len, "worker %d cannot move key 0x%llx to server %u: %s", w->rank,
-			 (unsigned long long)h->key, h->aux, log_last_error());
-		wk_job_finish(j, rc, msg);
-		return 0;
-	}
-	wk_route(w, j);
+	/* Declaring it there may wait for the server's REJOIN: the reaper's. */
+	if (wk_task_queue(c, j, (int)h->aux) != 0)
+		wk_job_finish(j, UNISUM_ENOMEM, "out of memory moving a key");
 	return 0;
 }
 
-/* The PULL stage of one server connection (see the DESIGN above). */
-static void *wk_recv_main(void *arg)
+/* A message's header came (with a payload): where the payload goes.  A
+ * reply to this worker it never asked for ends the connection (why). */
+static int wk_head(struct wk_conn *c, const struct wire_hdr *h, void **dst, char *why, size_t len)
 {
-	struct wk_conn *c = arg;
-	char why[400] = "", msg[512];
-	for (int stop = 0; !stop;) {
-		struct wire_hdr h;
-		int rc = c->tp->recv_header(c->conn, &h, why, sizeof why);
-		if (rc != 0) {
-			snprintf(msg, sizeof msg, "%s: %s", c->label,
-				 rc == UNISUM_EPROTO ? why : "the connection closed (did the server exit?)");
-			break;
-		}
-		if (h.type == WIRE_ERROR)
-			stop = wk_on_error(c, &h, msg, sizeof msg);
-		else if (h.type == WIRE_PUSH_ACK)
-			stop = wk_on_push_ack(c, &h, msg, sizeof msg);
-		else if (h.type == WIRE_PULL_REPLY)
-			stop = wk_on_pull_reply(c, &h, msg, sizeof msg);
-		else if (h.type == WIRE_MOVED)
-			stop = wk_on_moved(c, &h, msg, sizeof msg);
-		else {
-			snprintf(msg, sizeof msg, "%s sent an unexpected %s", c->label, wire_type_name(h.type));
-			stop = 1;
-		}
+	*dst = NULL;
+	if (h->type == WIRE_ERROR) {
+		c->rx_buf = malloc(h->payload_len + 1);
+		*dst = c->rx_buf;
+	} else if (h->type == WIRE_PULL_REPLY) {
+		if (wk_pull_reply_head(c, h, why, len) != 0)
+			return UNISUM_EPROTO;
+		*dst = c->rx_buf != NULL ? c->rx_buf : c->rx_job != NULL ? c->rx_into : NULL;
 	}
-	wk_conn_fail(c, msg);
-	return NULL;
+	return 0;
 }
 
-/* Queues a DECLARE job straight on its server's connection (ahead of
- * every push the PUSH stage hands over later).  Returns UNISUM_ECONN (with
- * the reason in the last error) when the connection is dead. */
+static int wk_on_header(struct loop_conn *lc, struct tp_rx *rx, char *why, size_t len)
+{
+	return wk_head(loop_conn_arg(lc), &rx->hdr, &rx->dst, why, len);
+}
+
+/* The PULL stage of one server connection: each message from the server
+ * (see the DESIGN above), on the connection's loop. */
+static int wk_on_message(struct loop_conn *lc, const struct wire_hdr *h, void *payload, char *why,
+			 size_t len)
+{
+	(void)payload;	/* where wk_head put it */
+	struct wk_conn *c = loop_conn_arg(lc);
+	void *dst;
+	int stop = 0;
+	if (h->payload_len == 0 && wk_head(c, h, &dst, why, len) != 0)
+		return UNISUM_EPROTO;
+	if (h->type == WIRE_ERROR)
+		stop = wk_on_error(c, h, why, len);
+	else if (h->type == WIRE_PUSH_ACK)
+		stop = wk_on_push_ack(c, h, why, len);
+	else if (h->type == WIRE_PULL_REPLY && c->rx_job != NULL)
+		wk_on_pull_reply(c, h);
+	else if (h->type == WIRE_MOVED)
+		stop = wk_on_moved(c, h, why, len);
+	else if (h->type != WIRE_PULL_REPLY) {
+		snprintf(why, len, "%s sent an unexpected %s", c->label, wire_type_name(h->type));
+		stop = 1;
+	}
+	free(c->rx_buf);
+	c->rx_buf = NULL;
+	return stop ? UNISUM_EPROTO : 0;
+}
+
+/* Queues ended connection c for the reaper. */
+static void wk_conn_to_reaper(void *arg)
+{
+	struct wk_conn *c = arg;
+	if (wk_task_queue(c, NULL, 0) != 0) {
+		LOG_ERROR("out of memory: %s", c->end_why);
+		wk_task_do(&(struct wk_task){.c = c});
+	}
+}
+
+/* The connection ended (on its loop's thread): a reply half received
+ * goes back to the pending table, so that it fails with the others,
+ * named by the root cause; the reaper takes the connection (wk_conn_fail
+ * may wait for the scheduler's word, which no loop may). */
+static void wk_on_closed(struct loop_conn *lc, int rc, const char *why)
+{
+	struct wk_conn *c = loop_conn_arg(lc);
+	if (c->rx_job != NULL) {
+		pthread_mutex_lock(&c->lock);
+		pending_add(c, c->rx_job);
+		pthread_mutex_unlock(&c->lock);
+		c->rx_job = NULL;
+	}
+	free(c->rx_buf);
+	c->rx_buf = NULL;
+	if (rc == UNISUM_ECONN)
+		snprintf(c->end_why, sizeof c->end_why, "%s: the connection closed (did the server "
+			 "exit?)", c->label);
+	else if (strstr(why, c->label) != NULL)
+		snprintf(c->end_why, sizeof c->end_why, "%s", why);
+	else
+		snprintf(c->end_why, sizeof c->end_why, "%s: %s", c->label, why);
+	/* Once the loop is done with it (a posted call runs after this one
+	 * has returned): the reaper may then free it. */
+	if (loop_post(c->loop, wk_conn_to_reaper, c) != 0)
+		wk_conn_to_reaper(c);
+}
+
+const struct loop_conn_ops wk_conn_ops = {
+	.on_header = wk_on_header,
+	.on_message = wk_on_message,
+	.on_closed = wk_on_closed,
+};
+
+/* Sends a control job (DECLARE, RESTORE, RETIRE, a held PULL) on its
+ * server's connection now (ahead of every push the PUSH stage hands over
+ * later), and frees it.  Returns UNISUM_ECONN (with the reason in the last
+ * error) when the connection is dead: the job is then the caller's. */
 int wk_enqueue(struct wk_conn *c, struct wk_job *j)
 {
 	pthread_mutex_lock(&c->lock);
 	int rc = 0;
 	if (c->dead) {
 		log_set_last_error("%s", c->dead_why);
-		rc = UNISUM_ECONN;
-	} else {
-		fifo_push(c, j);
-		pthread_cond_signal(&c->cond);
+		rc = UNISUM_ECONN;	/* j stays the caller's */
+	} else if (wk_send_control(c, j) != 0) {
+		/* Its loop sees the end and the reaper fails what is pending. */
+		c->tp->conn_shutdown(c->conn);
 	}
 	pthread_mutex_unlock(&c->lock);
 	return rc;
@@ -763,8 +854,10 @@ void wk_route(struct worker *w, struct wk_job *j)
 		bool dead = c->dead, moved = c->handed_over;
 		if (!dead) {
 			pending_add(c, j);
-			fifo_push(c, j);
-			pthread_cond_signal(&c->cond);
+			/* A failed send: its loop sees the end, and the
+			 * reaper fails j with what else is pending. */
+			if (wk_send_push(c, j) != 0)
+				c->tp->conn_shutdown(c->conn);
 		} else if (c->parking) {
 			/* Its hand-over is under way (wk_conn_fail). */
 			j->pending_next = c->parked;
@@ -802,167 +895,4 @@ void wk_route(struct worker *w, struct wk_job *j)
 		}
 		j->server = (int)to;
 	}
-}
-
-/* Connects c to server n and says hello: over IPC when n shares this
- * host (same boot, network and pid namespaces) and UNISUM_IPC allows,
- * else (or when n does not listen for IPC) over TCP. */
-static int wk_connect_one(struct worker *w, struct wk_conn *c, const struct rdv_node *n)
-{
-	int rc = UNISUM_ECONN;
-	if (w->cfg.ipc && rdv_client_same_host(w->rdv, n)) {
-		c->tp = transport_ipc();
-		rc = c->tp->connect(n->host, n->port, 0, &c->conn);
-		if (rc == 0)
-			LOG_INFO("worker %d passes data to %s by address (IPC: same host)", w->rank,
-				 c->label);
-		else
-			LOG_INFO("worker %d reaches %s over TCP: %s", w->rank, c->label, log_last_error());
-	}
-	if (rc != 0) {
-		c->tp = transport_tcp();
-		rc = c->tp->connect(n->host, n->port, w->cfg.timeout_ms, &c->conn);
-	}
-	if (rc == UNISUM_ESYS) {
-		/* Out of descriptors (named in the last error): every process
-		 * of the job hears it, not of a worker that left. */
-		char why[640];
-		snprintf(why, sizeof why, "worker %d (pid %d) cannot open its connection to %s: %s",
-			 w->rank, (int)getpid(), c->label, log_last_error());
-		rdv_client_fail_job(w->rdv, UNISUM_ESYS, why);
-		return log_fail(rc, "%s", why);
-	}
-	if (rc != 0)
-		return log_fail(rc, "worker %d cannot reach %s: %s", w->rank, c->label, log_last_error());
-	struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(w->rdv)};
-	rc = c->tp->send(c->conn, &hello, NULL);
-	if (rc != 0)
-		return log_fail(rc, "worker %d lost %s while saying hello", w->rank, c->label);
-	return 0;
-}
-
-/* A connection's threads could not start (pthread_create's rc): names
- * the limits here and, through the scheduler, to every process of the
- * job, which would otherwise see this worker leave. */
-static int wk_no_thread(const struct wk_conn *c, int rc)
-{
-	char limits[384], why[640];
-	log_thread_limits(rc, limits, sizeof limits);
-	snprintf(why, sizeof why, "worker %d (pid %d) cannot start the threads for its connection "
-		 "to %s: %s", c->w->rank, (int)getpid(), c->label, limits);
-	rdv_client_fail_job(c->w->rdv, UNISUM_ESYS, why);
-	return log_fail(UNISUM_ESYS, "%s", why);
-}
-
-int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n)
-{
-	pthread_mutex_lock(&c->lock);
-	bool gone = c->dead && c->handed_over && !c->parking;
-	pthread_mutex_unlock(&c->lock);
-	if (!gone)
-		return log_fail(UNISUM_EPROTO, "server %d is not a lost one here", n->rank);
-	/* Its receiving thread handed its work over and ends (its sender has). */
-	if (c->threads_started)
-		pthread_join(c->recv_thread, NULL);
-	c->threads_started = false;
-	if (c->conn != NULL)
-		c->tp->conn_free(c->conn);
-	c->conn = NULL;
-	snprintf(c->label, sizeof c->label, "server %d (%s:%d)", c->server, n->host, n->port);
-	int rc = wk_connect_one(w, c, n);
-	if (rc != 0)
-		return rc;
-	/* Counted anew: the bytes this server got since it came back. */
-	atomic_store(&c->bytes_pushed, 0);
-	pthread_mutex_lock(&c->lock);
-	c->dead = false;
-	c->handed_over = false;
-	c->dead_why[0] = '\0';
-	pthread_mutex_unlock(&c->lock);
-	if ((rc = pthread_create(&c->send_thread, NULL, wk_send_main, c)) != 0)
-		return wk_no_thread(c, rc);
-	if ((rc = pthread_create(&c->recv_thread, NULL, wk_recv_main, c)) != 0)
-		return wk_no_thread(c, rc);	/* the sender ends with the job */
-	c->threads_started = true;
-	return 0;
-}
-
-int wk_connect_servers(struct worker *w)
-{
-	w->conns = calloc((size_t)w->nservers, sizeof *w->conns);
-	if (w->conns == NULL)
-		return UNISUM_ENOMEM;
-	/* Every worker counts them from the same address book. */
-	w->server_hosts = 0;
-	for (int s = 0; s < w->nservers; s++) {
-		const struct rdv_node *n = rdv_client_server(w->rdv, s), *m;
-		bool seen = false;
-		for (int t = 0; n != NULL && t < s && !seen; t++)
-			seen = (m = rdv_client_server(w->rdv, t)) != NULL &&
-			       strcmp(m->host_id, n->host_id) == 0;
-		w->server_hosts += n != NULL && !seen;
-	}
-	for (int s = 0; s < w->nservers; s++) {
-		struct wk_conn *c = &w->conns[s];
-		const struct rdv_node *n = rdv_client_server(w->rdv, s);
-		c->w = w;
-		c->server = s;
-		c->npending_buckets = 1024;
-		c->pending = calloc(c->npending_buckets, sizeof *c->pending);
-		if (n == NULL || c->pending == NULL)
-			return UNISUM_ENOMEM;
-		snprintf(c->label, sizeof c->label, "server %d (%s:%d)", s, n->host, n->port);
-		pthread_mutex_init(&c->lock, NULL);
-		pthread_cond_init(&c->cond, NULL);
-		int rc = wk_connect_one(w, c, n);
-		if (rc != 0)
-			return rc;
-		if ((rc = pthread_create(&c->send_thread, NULL, wk_send_main, c)) != 0)
-			return wk_no_thread(c, rc);
-		if ((rc = pthread_create(&c->recv_thread, NULL, wk_recv_main, c)) != 0) {
-			/* Stop the sender we just started. */
-			pthread_mutex_lock(&c->lock);
-			c->dead = true;
-			pthread_cond_broadcast(&c->cond);
-			pthread_mutex_unlock(&c->lock);
-			pthread_join(c->send_thread, NULL);
-			return wk_no_thread(c, rc);
-		}
-		c->threads_started = true;
-	}
-	pthread_mutex_lock(&w->lock);
-	w->conns_live = true;
-	pthread_mutex_unlock(&w->lock);
-	return 0;
-}
-
-/* Stops and frees every server connection (after their threads ran). */
-void wk_close_conns(struct worker *w)
-{
-	pthread_mutex_lock(&w->lock);
-	w->conns_live = false;	/* the scheduler's notice keeps off from now on */
-	pthread_mutex_unlock(&w->lock);
-	if (w->conns == NULL)
-		return;
-	for (int s = 0; s < w->nservers; s++) {
-		struct wk_conn *c = &w->conns[s];
-		if (c->conn != NULL) {
-			pthread_mutex_lock(&c->lock);
-			c->closing = true;
-			pthread_mutex_unlock(&c->lock);
-			c->tp->conn_shutdown(c->conn);
-			if (c->threads_started)
-				pthread_join(c->recv_thread, NULL);
-			c->tp->conn_free(c->conn);
-			pthread_mutex_destroy(&c->lock);
-			pthread_cond_destroy(&c->cond);
-		}
-		free(c->pending);
-	}
-	/* Under the lock: unisum_get_stats reads the counters under it. */
-	pthread_mutex_lock(&w->lock);
-	struct wk_conn *conns = w->conns;
-	w->conns = NULL;
-	pthread_mutex_unlock(&w->lock);
-	free(conns);
 }

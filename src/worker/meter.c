@@ -23,9 +23,7 @@ void wk_meter_sent(struct wk_conn *c, struct wk_job *j)
 {
 	struct wk_meter *m = &c->w->meter;
 	int64_t now = timing_now_us();
-	pthread_mutex_lock(&c->lock);	/* the receiving thread reads it at the ack */
-	j->t_sent_us = now;
-	pthread_mutex_unlock(&c->lock);
+	j->t_sent_us = now;	/* under c->lock (the caller's): the ack reads it */
 	pthread_mutex_lock(&m->lock);
 	if (m->inflight++ == 0)
 		m->busy_since = now;

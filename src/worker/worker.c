@@ -22,24 +22,28 @@
  * partition queued behind a long low-priority backlog is the next one out
  * as soon as any credit comes back, and no more bytes than the credit ever
  * wait in the sockets.  It hands each partition to its server's
- * connection, whose sending thread writes PUSH (straight from the caller's
- * input buffer) followed by PULL.  The PULL stage is the connection's
- * receiving thread: it reads the PULL_REPLY straight into the caller's
+ * connection and writes PUSH (straight from the caller's input buffer)
+ * followed by PULL; what the socket does not take at once, the
+ * connection's I/O loop writes later.  The PULL stage is that loop: it
+ * reads the PULL_REPLY straight into the caller's
  * output buffer, divides for UNISUM_AVERAGE while the data is hot in
  * cache, gives the credit back, and completes the operation when its last
  * partition arrives.  With UNISUM_TRACE_ON every stage's span goes to the
  * timeline (src/trace).
  *
  * A job lives in its connection's pending table from the moment the PUSH
- * stage hands it over until its reply arrives or the connection dies; only the
- * receiving thread completes jobs, so once an operation is reported done
- * no thread touches the caller's buffers again.  When a connection dies,
- * its receiving thread first stops the sending thread, then fails every
- * pending job with an error that names the server.
+ * stage hands it over until its reply arrives or the connection dies; only
+ * the connection's loop (its replies) and the reaper (its end) complete
+ * jobs, so once an operation is reported done no thread touches the
+ * caller's buffers again.  When a connection dies, its loop hands it to
+ * the reaper (links.c), which fails every pending job with an error that
+ * names the server, or hands them to where a failover moved their keys.
  *
  * Locks.  `w->lock` guards the tensor table, the operations and `failed`;
- * a connection's `lock` guards its queue and pending table.  Order:
- * w->lock, then a connection's lock.  No lock is held during socket I/O.
+ * a connection's `lock` guards its pending table, and is held while a job
+ * is written (non-blocking: what the socket does not take waits in the
+ * connection's queue, under its own lock).  Order: w->lock, then a
+ * connection's lock, then its queue's.
  */
 #include <endian.h>
 #include <errno.h>
@@ -84,7 +88,8 @@ static void wk_notice(void *arg, int err, const char *why)
 	 * unless they are still being set up or already being torn down. */
 	if (w->conns_live)
 		for (int s = 0; s < w->nservers; s++)
-			w->conns[s].tp->conn_shutdown(w->conns[s].conn);
+			if (w->conns[s].conn != NULL)
+				w->conns[s].tp->conn_shutdown(w->conns[s].conn);
 	pthread_mutex_unlock(&w->lock);
 	if (err == UNISUM_EMEMBERSHIP)
 		LOG_WARN("%s: operations fail until unisum_rejoin()", why);
@@ -268,6 +273,7 @@ static struct worker *wk_new(const struct config *cfg)
 	timing_cond_init(&w->failed_cond);
 	timing_cond_init(&w->join_cond);
 	pthread_cond_init(&w->tune_cond, NULL);
+	pthread_cond_init(&w->reap_cond, NULL);
 	w->cfg = *cfg;
 	w->up = &wk_upcalls;
 	return w;
@@ -283,6 +289,7 @@ void worker_free(struct worker *w)
 	pthread_cond_destroy(&w->done_cond);
 	pthread_cond_destroy(&w->failed_cond);
 	pthread_cond_destroy(&w->join_cond);
+	pthread_cond_destroy(&w->reap_cond);
 	free(w->announced);
 	free(w->retired);
 	free(w->moved);

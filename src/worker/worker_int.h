@@ -17,6 +17,8 @@
 #include "compress/compress.h"
 #include "config/config.h"
 #include "log/log.h"
+#include "loop/conn.h"
+#include "loop/loop.h"
 #include "placement/placement.h"
 #include "rendezvous/rendezvous.h"
 #include "pushq/pushq.h"
@@ -262,12 +264,11 @@ struct wk_conn {
 	int server;			/* server rank */
 	_Atomic uint64_t bytes_pushed;	/* data payloads sent to this server */
 	char label[128];		/* "server 0 (127.0.0.1:4000)" */
-	struct tp_conn *conn;
+	struct tp_conn *conn;		/* lc's transport connection */
 	const struct transport_ops *tp;	/* IPC (a server of this host) or TCP */
-	pthread_t send_thread, recv_thread;
-	pthread_mutex_t lock;		/* queue, pending, dead */
-	pthread_cond_t cond;		/* queue non-empty or dead */
-	struct wk_job *qhead, *qtail;	/* send queue, in the PUSH stage's order */
+	struct loop *loop;		/* the I/O loop that serves it (links.c) */
+	struct loop_conn *lc;		/* NULL while not served */
+	pthread_mutex_t lock;		/* pending, dead; held while sending */
 	struct wk_job **pending;	/* key -> job, chained hash */
 	size_t npending_buckets;
 	bool dead;			/* the connection failed or closed */
@@ -277,8 +278,25 @@ struct wk_conn {
 					 * `parked` until their keys are declared there */
 	struct wk_job *parked;		/* chained by pending_next */
 	bool closing;			/* unisum_shutdown() closed it */
-	bool threads_started;		/* both threads run; the receiver joins the sender */
+	bool reaped;			/* it ended and wk_conn_fail is done with it */
 	char dead_why[700];		/* why, for the errors of later calls */
+	/* The reply being received (its loop's thread's): its job, where
+	 * its data goes, a buffer of its own (a compressed sum, an error's
+	 * text). */
+	struct wk_job *rx_job;
+	uint8_t *rx_into;
+	void *rx_buf;
+	char end_why[640];		/* why it ended, for wk_conn_fail (the reaper's) */
+};
+
+/* Work a connection's loop leaves to the reaper, which may wait: the end
+ * of connection c (j NULL), or job j, whose key moved to server `to`
+ * (MOVED), to be declared there and sent on. */
+struct wk_task {
+	struct wk_conn *c;
+	struct wk_job *j;
+	int to;
+	struct wk_task *next;
 };
 
 /* A process set (unisum_process_set_add): a subgroup of the ranks whose
@@ -351,6 +369,17 @@ struct worker {
 	pthread_cond_t tune_cond;	/* its queue is not empty, or it is to stop */
 	struct wk_op *tune_head, *tune_tail;
 	pthread_t push_thread;
+	/* links.c: the I/O loops that serve the server connections
+	 * (UNISUM_IO_THREADS), and the reaper, which runs wk_conn_fail for
+	 * the connections that ended (it may wait for the scheduler's word,
+	 * which no loop may). */
+	struct loop **loops;
+	pthread_t *loop_threads;
+	int nloops, loops_started;
+	pthread_t reaper;
+	bool reaper_started, reaper_stop;
+	pthread_cond_t reap_cond;	/* under w->lock: a task queued, or a conn reaped */
+	struct wk_task *tasks, *tasks_tail;	/* the reaper's, in order; under w->lock */
 	bool push_started;
 	/* Server failover: every worker keeps its partitions' last replies
 	 * (wk_kept) when there are several servers and failover is on. */
@@ -414,8 +443,9 @@ struct worker {
  * check_layers.py holds them to it.  The connection layer calls up only
  * through w->up (struct wk_conn_upcalls).
  *
- *   meter.c, conns.c, failover.c, phase.c, part.c, members.c, announce.c,
- *   cuts.c, tensor.c, dssync.c, op.c, gather.c, join.c, pset.c, worker.c
+ *   meter.c, conns.c, links.c, failover.c, phase.c, part.c, members.c,
+ *   announce.c, cuts.c, tensor.c, dssync.c, op.c, gather.c, join.c, pset.c,
+ *   worker.c
  *
  * api.c (unisum.h's functions) comes after them all; the local path
  * (local_arena.c, local_wait.c, local_reduce.c, local.c: the machine's
@@ -429,7 +459,7 @@ static inline int wk_require_init(const struct worker *w)
 }
 
 /* meter.c: fit mode's meter (worker 0 with UNISUM_AUTOTUNE=2): whether
- * this worker meters; a data push about to go out on c; a metered push
+ * this worker meters; a data push about to go out on c (c->lock held); a metered push
  * acknowledged; a push to this host's server acknowledged; the link's
  * bandwidth and round trip so far (bw NULL: count anew from now). */
 bool wk_metering(const struct worker *w);
@@ -438,17 +468,29 @@ void wk_meter_acked(struct worker *w, size_t bytes, int64_t sent);
 void wk_meter_local(struct worker *w, size_t bytes);
 void wk_meter_read(struct worker *w, double *bw, double *rtt, uint64_t *bytes);
 
-/* conns.c: the connections to the servers, their threads and the PUSH
- * stage's thread (wk_push_main); queueing a job on a connection;
- * reconnecting to a lost server's replacement. */
-void wk_close_conns(struct worker *w);
+/* conns.c: the connections to the servers: sending a job (from the
+ * thread that routes or queues it), the replies (loop callbacks,
+ * wk_conn_ops), the end of a connection (wk_conn_fail), and the PUSH
+ * stage's thread (wk_push_main). */
 /* Hands a PUSH_PULL job to the connection of its key's server, following
  * failovers; fails it when that server is gone for good. */
 void wk_route(struct worker *w, struct wk_job *j);
-int wk_connect_servers(struct worker *w);
 int wk_enqueue(struct wk_conn *c, struct wk_job *j);
-int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n);
 void *wk_push_main(void *arg);
+/* How a server connection is served on its loop. */
+extern const struct loop_conn_ops wk_conn_ops;
+/* Runs and frees task t (the end of a connection: it is marked dead,
+ * every pending job fails or goes where its keys went, and it is marked
+ * reaped; or a moved job).  May wait for the scheduler's word: the
+ * reaper's thread. */
+void wk_task_run(struct wk_task *t);
+
+/* links.c: opening the server connections, serving them on the I/O
+ * loops, the reaper, closing them; reconnecting to a lost server's
+ * replacement. */
+int wk_connect_servers(struct worker *w);
+void wk_close_conns(struct worker *w);
+int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n);
 /* What a push of count elements of t puts on the wire (cs NULL: raw). */
 size_t wk_push_bytes(const struct wk_tensor *t, uint64_t count, const struct compress_state *cs);
 

@@ -1,0 +1,372 @@
+/*
+ * links.c - the worker's server connections as links: opening them (a
+ * blocking connect and hello, then the connection is handed to one of the
+ * worker's I/O loops), the loops themselves (UNISUM_IO_THREADS, a fixed
+ * number whatever the number of servers), the reaper (one thread that
+ * runs wk_conn_fail for every connection that ended: it may wait for the
+ * scheduler's word on a failover, which no loop may), closing them, and
+ * reconnecting to a lost server's replacement.  conns.c sends and
+ * receives on them.  See worker.c's DESIGN.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log/log.h"
+#include "timing/timing.h"
+#include "wire/wire.h"
+#include "worker/worker_int.h"
+
+/* ---- the loops and the reaper --------------------------------------------- */
+
+static void *wk_loop_main(void *arg)
+{
+	loop_run(arg, NULL, NULL);
+	return NULL;
+}
+
+/* The reaper: the tasks the loops leave it (a connection that ended, a
+ * moved job), in order, until the worker closes its connections. */
+static void *wk_reaper_main(void *arg)
+{
+	struct worker *w = arg;
+	pthread_mutex_lock(&w->lock);
+	for (;;) {
+		while (w->tasks == NULL && !w->reaper_stop)
+			pthread_cond_wait(&w->reap_cond, &w->lock);
+		struct wk_task *t = w->tasks;
+		if (t == NULL)
+			break;
+		w->tasks = t->next;
+		if (w->tasks == NULL)
+			w->tasks_tail = NULL;
+		pthread_mutex_unlock(&w->lock);
+		wk_task_run(t);
+		pthread_mutex_lock(&w->lock);
+	}
+	pthread_mutex_unlock(&w->lock);
+	return NULL;
+}
+
+/* A thread of the worker's links could not start (pthread_create's rc):
+ * names the limits here and, through the scheduler, to every process of
+ * the job, which would otherwise see this worker leave. */
+static int wk_no_thread(struct worker *w, int rc, const char *what)
+{
+	char limits[384], why[640];
+	log_thread_limits(rc, limits, sizeof limits);
+	snprintf(why, sizeof why, "worker %d (pid %d) cannot start %s: %s", w->rank, (int)getpid(),
+		 what, limits);
+	rdv_client_fail_job(w->rdv, UNISUM_ESYS, why);
+	return log_fail(UNISUM_ESYS, "%s", why);
+}
+
+/* Starts the loops and the reaper.  0 or an error, named (wk_stop_links
+ * undoes what was started). */
+static int wk_start_links(struct worker *w)
+{
+	w->nloops = w->cfg.io_threads > 0 ? w->cfg.io_threads : 1;
+	w->loops = calloc((size_t)w->nloops, sizeof *w->loops);
+	w->loop_threads = calloc((size_t)w->nloops, sizeof *w->loop_threads);
+	if (w->loops == NULL || w->loop_threads == NULL)
+		return log_fail(UNISUM_ENOMEM, "worker %d: out of memory", w->rank);
+	for (; w->loops_started < w->nloops; w->loops_started++) {
+		int i = w->loops_started;
+		int rc = loop_new(&w->loops[i]);
+		if (rc == UNISUM_ESYS) {	/* out of descriptors: the limit is named */
+			char why[640];
+			snprintf(why, sizeof why, "worker %d (pid %d) cannot make its I/O loop: %s",
+				 w->rank, (int)getpid(), log_last_error());
+			rdv_client_fail_job(w->rdv, rc, why);
+			return log_fail(rc, "%s", why);
+		}
+		if (rc != 0)
+			return rc;
+		rc = pthread_create(&w->loop_threads[i], NULL, wk_loop_main, w->loops[i]);
+		if (rc != 0) {
+			loop_free(w->loops[i]);
+			w->loops[i] = NULL;
+			return wk_no_thread(w, rc, "its I/O threads");
+		}
+	}
+	w->reaper_stop = false;
+	int rc = pthread_create(&w->reaper, NULL, wk_reaper_main, w);
+	if (rc != 0)
+		return wk_no_thread(w, rc, "its thread for connections that end");
+	w->reaper_started = true;
+	return 0;
+}
+
+/* Stops the reaper and the loops; their connections are freed already. */
+static void wk_stop_links(struct worker *w)
+{
+	if (w->reaper_started) {
+		pthread_mutex_lock(&w->lock);
+		w->reaper_stop = true;
+		pthread_cond_broadcast(&w->reap_cond);
+		pthread_mutex_unlock(&w->lock);
+		pthread_join(w->reaper, NULL);
+		w->reaper_started = false;
+	}
+	for (int i = 0; i < w->loops_started; i++)
+		loop_stop(w->loops[i]);
+	for (int i = 0; i < w->loops_started; i++) {
+		pthread_join(w->loop_threads[i], NULL);
+		loop_free(w->loops[i]);
+	}
+	w->loops_started = 0;
+	free(w->loops);
+	free(w->loop_threads);
+	w->loops = NULL;
+	w->loop_threads = NULL;
+}
+
+/* ---- one link ------------------------------------------------------------- */
+
+/* Connects c to server n and says hello: over IPC when n shares this
+ * host (same boot, network and pid namespaces) and UNISUM_IPC allows,
+ * else (or when n does not listen for IPC) over TCP. */
+static int wk_connect_one(struct worker *w, struct wk_conn *c, const struct rdv_node *n)
+{
+	int rc = UNISUM_ECONN;
+	if (w->cfg.ipc && rdv_client_same_host(w->rdv, n)) {
+		c->tp = transport_ipc();
+		rc = c->tp->connect(n->host, n->port, 0, &c->conn);
+		if (rc == 0)
+			LOG_INFO("worker %d passes data to %s by address (IPC: same host)", w->rank,
+				 c->label);
+		else
+			LOG_INFO("worker %d reaches %s over TCP: %s", w->rank, c->label, log_last_error());
+	}
+	if (rc != 0) {
+		c->tp = transport_tcp();
+		rc = c->tp->connect(n->host, n->port, w->cfg.timeout_ms, &c->conn);
+	}
+	if (rc == UNISUM_ESYS) {
+		/* Out of descriptors (named in the last error): every process
+		 * of the job hears it, not of a worker that left. */
+		char why[640];
+		snprintf(why, sizeof why, "worker %d (pid %d) cannot open its connection to %s: %s",
+			 w->rank, (int)getpid(), c->label, log_last_error());
+		rdv_client_fail_job(w->rdv, UNISUM_ESYS, why);
+		return log_fail(rc, "%s", why);
+	}
+	if (rc != 0)
+		return log_fail(rc, "worker %d cannot reach %s: %s", w->rank, c->label, log_last_error());
+	struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(w->rdv)};
+	rc = c->tp->send(c->conn, &hello, NULL);
+	if (rc != 0)
+		return log_fail(rc, "worker %d lost %s while saying hello", w->rank, c->label);
+	return 0;
+}
+
+/* Handing a connection to its loop (loop_conn_new runs there), waited
+ * for by the thread that connected it. */
+struct wk_serve {
+	struct wk_conn *c;
+	int rc;
+	bool done;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+};
+
+static void wk_serve_on_loop(void *arg)
+{
+	struct wk_serve *sv = arg;
+	struct wk_conn *c = sv->c;
+	int rc = loop_conn_new(c->loop, c->tp, c->conn, false, &wk_conn_ops, c, &c->lc);
+	pthread_mutex_lock(&sv->lock);
+	sv->rc = rc;
+	sv->done = true;
+	pthread_cond_signal(&sv->cond);
+	pthread_mutex_unlock(&sv->lock);
+}
+
+/* Serves connected c on the next loop, in turn.  0 or an error. */
+static int wk_serve(struct worker *w, struct wk_conn *c)
+{
+	c->loop = w->loops[c->server % w->nloops];
+	c->reaped = false;
+	struct wk_serve sv = {.c = c};
+	pthread_mutex_init(&sv.lock, NULL);
+	pthread_cond_init(&sv.cond, NULL);
+	int rc = loop_post(c->loop, wk_serve_on_loop, &sv);
+	pthread_mutex_lock(&sv.lock);
+	while (rc == 0 && !sv.done)
+		pthread_cond_wait(&sv.cond, &sv.lock);
+	pthread_mutex_unlock(&sv.lock);
+	pthread_cond_destroy(&sv.cond);
+	pthread_mutex_destroy(&sv.lock);
+	if (rc == 0)
+		rc = sv.rc;
+	if (rc != 0)
+		return log_fail(rc, "worker %d cannot serve its connection to %s: %s", w->rank,
+				c->label, unisum_strerror(rc));
+	return 0;
+}
+
+/* Frees c's link: its loop connection (and transport connection), or the
+ * transport connection its loop never took. */
+static void wk_link_free(struct wk_conn *c)
+{
+	if (c->lc != NULL)
+		loop_conn_free(c->lc);
+	else if (c->conn != NULL)
+		c->tp->conn_free(c->conn);
+	c->lc = NULL;
+	c->conn = NULL;
+}
+
+/* Waits until the reaper is done with ended connection c. */
+static void wk_await_reaped(struct worker *w, struct wk_conn *c)
+{
+	pthread_mutex_lock(&w->lock);
+	while (!c->reaped)
+		pthread_cond_wait(&w->reap_cond, &w->lock);
+	pthread_mutex_unlock(&w->lock);
+}
+
+int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n)
+{
+	pthread_mutex_lock(&c->lock);
+	bool gone = c->dead && c->handed_over && !c->parking;
+	pthread_mutex_unlock(&c->lock);
+	if (!gone)
+		return log_fail(UNISUM_EPROTO, "server %d is not a lost one here", n->rank);
+	/* Its work was handed over; the reaper is done with it, or about to be. */
+	if (c->lc != NULL)
+		wk_await_reaped(w, c);
+	wk_link_free(c);
+	snprintf(c->label, sizeof c->label, "server %d (%s:%d)", c->server, n->host, n->port);
+	int rc = wk_connect_one(w, c, n);
+	if (rc == 0)
+		rc = wk_serve(w, c);
+	if (rc != 0)
+		return rc;
+	/* Counted anew: the bytes this server got since it came back. */
+	atomic_store(&c->bytes_pushed, 0);
+	pthread_mutex_lock(&c->lock);
+	c->dead = false;
+	c->handed_over = false;
+	c->dead_why[0] = '\0';
+	pthread_mutex_unlock(&c->lock);
+	return 0;
+}
+
+/* How many hosts the servers are on, from the address book every worker
+ * has. */
+static int wk_count_server_hosts(struct worker *w)
+{
+	int hosts = 0;
+	for (int s = 0; s < w->nservers; s++) {
+		const struct rdv_node *n = rdv_client_server(w->rdv, s), *m;
+		bool seen = false;
+		for (int t = 0; n != NULL && t < s && !seen; t++)
+			seen = (m = rdv_client_server(w->rdv, t)) != NULL &&
+			       strcmp(m->host_id, n->host_id) == 0;
+		hosts += n != NULL && !seen;
+	}
+	return hosts;
+}
+
+/* Server c refused this worker's first connection: with failover on it
+ * may have died after it joined, and the scheduler then says so (its
+ * FAILOVER, within UNISUM_TIMEOUT_MS).  Whether it did: c is then dead
+ * and handed over (it held nothing of this worker's), and the job goes
+ * on without it, as for a server lost later. */
+static bool wk_lost_at_start(struct worker *w, struct wk_conn *c)
+{
+	if (!w->keep_replies)
+		return false;
+	pthread_mutex_lock(&w->lock);
+	struct timespec until = timing_deadline(w->cfg.timeout_ms + 2000);
+	while (w->failed == 0 && !(w->lost != NULL && w->lost[c->server]) &&
+	       pthread_cond_timedwait(&w->failed_cond, &w->lock, &until) == 0)
+		;
+	bool lost = w->failed == 0 && w->lost != NULL && w->lost[c->server];
+	c->reaped = lost;
+	pthread_mutex_unlock(&w->lock);
+	if (!lost)
+		return false;
+	pthread_mutex_lock(&c->lock);
+	c->dead = true;
+	c->handed_over = true;
+	snprintf(c->dead_why, sizeof c->dead_why, "%s was lost before worker %d reached it", c->label,
+		 w->rank);
+	pthread_mutex_unlock(&c->lock);
+	LOG_WARN("%s", c->dead_why);
+	return true;
+}
+
+int wk_connect_servers(struct worker *w)
+{
+	w->conns = calloc((size_t)w->nservers, sizeof *w->conns);
+	if (w->conns == NULL)
+		return UNISUM_ENOMEM;
+	w->server_hosts = wk_count_server_hosts(w);
+	int rc = wk_start_links(w);
+	for (int s = 0; rc == 0 && s < w->nservers; s++) {
+		struct wk_conn *c = &w->conns[s];
+		const struct rdv_node *n = rdv_client_server(w->rdv, s);
+		c->w = w;
+		c->server = s;
+		c->npending_buckets = 1024;
+		c->pending = calloc(c->npending_buckets, sizeof *c->pending);
+		if (n == NULL || c->pending == NULL)
+			return UNISUM_ENOMEM;
+		snprintf(c->label, sizeof c->label, "server %d (%s:%d)", s, n->host, n->port);
+		pthread_mutex_init(&c->lock, NULL);
+		rc = wk_connect_one(w, c, n);
+		if (rc != 0 && rc != UNISUM_ESYS && wk_lost_at_start(w, c))
+			rc = 0;
+		else if (rc == 0)
+			rc = wk_serve(w, c);
+	}
+	if (rc != 0)
+		return rc;
+	pthread_mutex_lock(&w->lock);
+	w->conns_live = true;
+	pthread_mutex_unlock(&w->lock);
+	return 0;
+}
+
+/* Stops and frees every server connection: each is shut, the reaper
+ * fails what was pending on it, then the links go. */
+void wk_close_conns(struct worker *w)
+{
+	pthread_mutex_lock(&w->lock);
+	w->conns_live = false;	/* the scheduler's notice keeps off from now on */
+	pthread_mutex_unlock(&w->lock);
+	if (w->conns == NULL) {
+		wk_stop_links(w);
+		return;
+	}
+	for (int s = 0; s < w->nservers; s++) {
+		struct wk_conn *c = &w->conns[s];
+		if (c->lc == NULL)
+			continue;
+		pthread_mutex_lock(&c->lock);
+		c->closing = true;
+		pthread_mutex_unlock(&c->lock);
+		loop_conn_shutdown(c->lc);
+	}
+	for (int s = 0; s < w->nservers; s++)
+		if (w->conns[s].lc != NULL)
+			wk_await_reaped(w, &w->conns[s]);
+	wk_stop_links(w);
+	for (int s = 0; s < w->nservers; s++) {
+		struct wk_conn *c = &w->conns[s];
+		if (c->lc != NULL || c->conn != NULL)
+			pthread_mutex_destroy(&c->lock);
+		wk_link_free(c);
+		free(c->pending);
+	}
+	/* Under the lock: unisum_get_stats reads the counters under it. */
+	pthread_mutex_lock(&w->lock);
+	struct wk_conn *conns = w->conns;
+	w->conns = NULL;
+	pthread_mutex_unlock(&w->lock);
+	free(conns);
+}
