@@ -8,7 +8,7 @@
 # threads seen in one server, in one worker and in the launcher, which
 # runs the scheduler (sampled from /proc every 0.2 s while the job runs).
 #
-#   sh bench/scale.sh [BUILD_DIR] [WxS ...]    (defaults: build, 16x4 64x8 128x16 256x32)
+#   sh bench/scale.sh [BUILD_DIR] [WxS ...]    (defaults: build, 16x4 ... 256x32, 1024x32)
 #   BASE=OTHER_BUILD sh bench/scale.sh ...     (each size with OTHER_BUILD too, right after)
 #
 # With BASE (a build of another commit: `git worktree add /tmp/base REV`,
@@ -21,7 +21,7 @@ set -eu
 ARGS="$*"
 BUILD=${1:-build}
 [ $# -gt 0 ] && shift
-SIZES=${*:-16x4 64x8 128x16 256x32}
+SIZES=${*:-16x4 64x8 128x16 256x32 1024x32}
 BASE=${BASE:-}
 
 # peak_threads PATTERN FILE : appends, every 0.2 s until FILE.stop exists,
