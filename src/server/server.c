@@ -5,10 +5,11 @@
  * state they share in srv_int.h.
  *
  * DESIGN.  Threads:
- *   - the main thread accepts worker connections over TCP, another over
- *     IPC, and hands each to one of the I/O loops, in turn;
+ *   - the main thread waits for the job's end;
  *   - the I/O loops (UNISUM_IO_THREADS, a fixed number whatever the
- *     number of workers) serve every connection: they validate every
+ *     number of workers) serve every connection: loop 0 accepts them
+ *     (TCP, and IPC for this host's workers) and hands each to a loop in
+ *     turn; each loop runs its connections' handshakes, validates every
  *     message, receive PUSH payloads straight into the key's per-worker
  *     buffer, hand events to the key's engine, and write what the
  *     engines' replies left queued (PULL_REPLYs straight from the key's
@@ -65,6 +66,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 #include <time.h>
 
@@ -93,10 +95,10 @@ static void srv_notice(void *arg, int err, const char *why)
 	} else {
 		LOG_INFO("stopping: %s", why);
 	}
+	pthread_mutex_lock(&srv->lock);
 	atomic_store(&srv->stopping, true);
-	transport_tcp()->listener_shutdown(srv->listener);
-	if (srv->ipc_listener != NULL)
-		transport_ipc()->listener_shutdown(srv->ipc_listener);
+	pthread_cond_broadcast(&srv->stop_cond);
+	pthread_mutex_unlock(&srv->lock);
 }
 
 /* Frees c: when it is finished, or once the loops stopped. */
@@ -158,45 +160,103 @@ static void srv_out_of_fds(struct server *srv, const struct transport_ops *tp)
 		if (srv->rdv != NULL)
 			rdv_client_fail_job(srv->rdv, UNISUM_ESYS, why);
 	}
-	nanosleep(&(struct timespec){0, 100000000}, NULL);
 }
 
-/* Accepts connections on listener l of transport tp until it shuts down,
- * each handed to one of the loops, in turn. */
-static void srv_accept_loop(struct server *srv, const struct transport_ops *tp,
-			    struct tp_listener *l)
+/* Takes accepted connection tc (of transport tp): served by one of the
+ * loops, in turn.  On loop 0's thread. */
+static void srv_take_conn(struct server *srv, const struct transport_ops *tp, struct tp_conn *tc)
 {
-	for (;;) {
+	struct srv_conn *c = calloc(1, sizeof *c);
+	if (c == NULL) {
+		tp->conn_free(tc);
+		return;
+	}
+	c->srv = srv;
+	c->tp = tp;
+	c->conn = tc;
+	c->worker = -1;
+	c->loop = srv->loops[atomic_fetch_add(&srv->next_loop, 1) % (unsigned)srv->nloops];
+	atomic_init(&c->finished, false);
+	pthread_mutex_lock(&srv->lock);
+	c->next = srv->conns;
+	srv->conns = c;
+	pthread_mutex_unlock(&srv->lock);
+	if (c->loop == srv->loops[0]) {
+		srv_conn_start(c);
+	} else if (loop_post(c->loop, srv_conn_start, c) != 0) {
+		LOG_ERROR("out of memory: refusing the connection from %s", tp->peer_name(tc));
+		tp->conn_shutdown(tc);
+		atomic_store(&c->finished, true);
+	}
+}
+
+static void srv_accept_resume(struct loop_timer *t)
+{
+	struct srv_acceptor *a = t->arg;
+	loop_io_set(&a->io, EPOLLIN);
+}
+
+/* A listener is readable: accepts what waits.  Out of descriptors, it is
+ * named (srv_out_of_fds) and accepting pauses for 100 ms. */
+static void srv_accept_ready(struct loop_io *io, uint32_t events)
+{
+	(void)events;
+	struct srv_acceptor *a = io->arg;
+	struct server *srv = a->srv;
+	for (int n = 0; n < 64; n++) {
 		struct tp_conn *tc;
-		int rc = tp->accept(l, &tc);
-		if (rc == UNISUM_ESYS) {	/* not once shut: that is UNISUM_ESHUTDOWN */
-			srv_out_of_fds(srv, tp);
-			continue;
+		int rc = a->tp->accept_nb(a->l, &tc);
+		if (rc == UNISUM_ESYS) {
+			srv_out_of_fds(srv, a->tp);
+			loop_io_set(&a->io, 0);
+			loop_timer_start(io->loop, &a->resume, 100, 0, srv_accept_resume, a);
+			return;
 		}
-		if (rc != 0)
+		if (rc != 0)	/* TP_AGAIN: none waits */
 			return;
 		srv_reap(srv);
-		struct srv_conn *c = calloc(1, sizeof *c);
-		if (c == NULL) {
-			tp->conn_free(tc);
-			continue;
-		}
-		c->srv = srv;
-		c->tp = tp;
-		c->conn = tc;
-		c->worker = -1;
-		c->loop = srv->loops[atomic_fetch_add(&srv->next_loop, 1) % (unsigned)srv->nloops];
-		atomic_init(&c->finished, false);
-		pthread_mutex_lock(&srv->lock);
-		c->next = srv->conns;
-		srv->conns = c;
-		pthread_mutex_unlock(&srv->lock);
-		if (loop_post(c->loop, srv_conn_start, c) != 0) {
-			LOG_ERROR("out of memory: refusing the connection from %s", tp->peer_name(tc));
-			tp->conn_shutdown(tc);
-			atomic_store(&c->finished, true);
-		}
+		srv_take_conn(srv, a->tp, tc);
 	}
+}
+
+/* Watches the listeners on loop 0 (a loop_post call). */
+static void srv_watch_listeners(void *arg)
+{
+	struct server *srv = arg;
+	for (int i = 0; i < srv->nacceptors; i++) {
+		struct srv_acceptor *a = &srv->acceptors[i];
+		if (loop_io_add(srv->loops[0], &a->io, a->tp->listener_fd(a->l), EPOLLIN,
+				srv_accept_ready, a) != 0)
+			LOG_ERROR("server %d cannot watch its %s listener: %s", srv->rank, a->tp->name,
+				  log_last_error());
+	}
+}
+
+/* Accepts workers on loop 0 until the job ends (srv_notice). */
+static void srv_serve(struct server *srv)
+{
+	srv->acceptors[0] = (struct srv_acceptor){.srv = srv, .tp = transport_tcp(),
+						   .l = srv->listener, .resume.slot = -1};
+	srv->nacceptors = 1;
+	if (srv->ipc_listener != NULL)
+		srv->acceptors[srv->nacceptors++] = (struct srv_acceptor){
+			.srv = srv, .tp = transport_ipc(), .l = srv->ipc_listener, .resume.slot = -1};
+	if (loop_post(srv->loops[0], srv_watch_listeners, srv) != 0)
+		rdv_client_fail_job(srv->rdv, UNISUM_ENOMEM, "a server is out of memory");
+	pthread_mutex_lock(&srv->lock);
+	while (!atomic_load(&srv->stopping))
+		pthread_cond_wait(&srv->stop_cond, &srv->lock);
+	pthread_mutex_unlock(&srv->lock);
+}
+
+/* After the loops halted: the listeners are no longer watched. */
+static void srv_unwatch_listeners(struct server *srv)
+{
+	for (int i = 0; i < srv->nacceptors; i++) {
+		loop_io_del(&srv->acceptors[i].io);
+		loop_timer_stop(srv->loops[0], &srv->acceptors[i].resume);
+	}
+	srv->nacceptors = 0;
 }
 
 static void *srv_loop_main(void *arg)
@@ -280,6 +340,7 @@ static struct server *srv_new(const struct config *cfg)
 	srv->nengines = cfg->engine_threads;
 	pthread_mutex_init(&srv->lock, NULL);
 	timing_cond_init(&srv->key_gone);
+	pthread_cond_init(&srv->stop_cond, NULL);
 	srv->nbuckets = 1024;
 	srv->buckets = calloc(srv->nbuckets, sizeof *srv->buckets);
 	srv->by_worker = calloc((size_t)srv->nworkers, sizeof *srv->by_worker);
@@ -292,6 +353,7 @@ static struct server *srv_new(const struct config *cfg)
 		free(srv->left);
 		free(srv->engines);
 		pthread_cond_destroy(&srv->key_gone);
+		pthread_cond_destroy(&srv->stop_cond);
 		pthread_mutex_destroy(&srv->lock);
 		free(srv);
 		return NULL;
@@ -321,6 +383,7 @@ static void srv_free(struct server *srv)
 	free(srv->left);
 	free(srv->engines);
 	pthread_cond_destroy(&srv->key_gone);
+	pthread_cond_destroy(&srv->stop_cond);
 	pthread_mutex_destroy(&srv->lock);
 	free(srv);
 }
@@ -372,8 +435,9 @@ static void srv_stop_engines(struct server *srv, int started)
 static int srv_join(struct server *srv, const char *bind_host, int port)
 {
 	int rc = rdv_client_new(srv->cfg, port, srv_notice, srv_tensor_error, srv, &srv->rdv);
-	if (rc != 0)
-		return rc;
+	if (rc != 0)	/* named as a worker names it: the scheduler may be what died */
+		return log_fail(rc, "server: cannot join the job through the scheduler at %s:%d: %s",
+				srv->cfg->scheduler_host, srv->cfg->scheduler_port, log_last_error());
 	rdv_client_on_migrate(srv->rdv, srv_on_migrate, srv);
 	srv->id = rdv_client_id(srv->rdv);
 	srv->rank = rdv_client_rank(srv->rdv);
@@ -427,12 +491,6 @@ static void srv_listen_ipc(struct server *srv, int port)
 	}
 }
 
-static void *srv_ipc_accept_main(void *arg)
-{
-	struct server *srv = arg;
-	srv_accept_loop(srv, transport_ipc(), srv->ipc_listener);
-	return NULL;
-}
 
 /* The job ended: hangs up on every worker, stops the loops and frees the
  * connections. */
@@ -440,6 +498,7 @@ static void srv_hang_up(struct server *srv)
 {
 	atomic_store(&srv->stopping, true);
 	srv_halt_loops(srv);
+	srv_unwatch_listeners(srv);
 	/* The engines still run: they find no connection from now on, and
 	 * those sending on one finish before it is freed. */
 	pthread_mutex_lock(&srv->lock);
@@ -492,18 +551,7 @@ static int srv_run_once(const struct config *cfg, bool *elsewhere, struct server
 	srv_free(*ended);	/* the new generation formed */
 	*ended = NULL;
 
-	if (srv->ipc_listener != NULL) {
-		/* Without it this host's workers would wait for a handshake. */
-		int trc = pthread_create(&srv->ipc_thread, NULL, srv_ipc_accept_main, srv);
-		srv->ipc_started = trc == 0;
-		if (trc != 0)
-			srv_out_of_threads(srv, trc, "its thread accepting IPC connections");
-	}
-	srv_accept_loop(srv, transport_tcp(), srv->listener);
-	if (srv->ipc_started) {
-		transport_ipc()->listener_shutdown(srv->ipc_listener);
-		pthread_join(srv->ipc_thread, NULL);
-	}
+	srv_serve(srv);
 
 	/* Engines tell the scheduler of stalls and disagreements: they stop
 	 * before its client goes. */

@@ -198,8 +198,16 @@ struct server {
 	int nloops, loops_started;
 	bool loops_halted;		/* their threads joined */
 	atomic_uint next_loop;		/* round robin over the loops */
-	pthread_t ipc_thread;		/* accepting IPC connections */
-	bool ipc_started;
+	/* The listeners (TCP, and IPC when there is one), watched by loop 0. */
+	struct srv_acceptor {
+		struct server *srv;
+		const struct transport_ops *tp;
+		struct tp_listener *l;
+		struct loop_io io;
+		struct loop_timer resume;	/* accepting again after descriptors ran out */
+	} acceptors[2];
+	int nacceptors;
+	pthread_cond_t stop_cond;	/* under lock: `stopping` was set */
 	int nworkers;		/* worker machines: one push each per key and round */
 	int local_size;		/* workers per machine (names in messages) */
 	uint32_t id;		/* this server's node id */

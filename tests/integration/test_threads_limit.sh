@@ -14,8 +14,8 @@
 . "$(dirname "$0")/lib.sh"
 
 export UNISUM_SCHEDULER_HOST=127.0.0.1 UNISUM_TIMEOUT_MS=5000 UNISUM_START_TIMEOUT_MS=10000
-# A server's threads: the main one, 2 engines, the scheduler client's, one
-# I/O loop and the IPC acceptor (the cgroup also holds `timeout`).
+# A server's threads: the main one, 2 engines, the scheduler client's two
+# and one I/O loop, which accepts too (the cgroup also holds `timeout`).
 export UNISUM_SERVER_ENGINE_THREAD=2 UNISUM_IO_THREADS=1
 
 # The pids controller's folder, cgroup v1 or v2, or nothing.
