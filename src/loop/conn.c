@@ -50,6 +50,7 @@ struct loop_conn {
 	struct loop_conn_msg *last_urgent;	/* the last urgent one queued, or NULL */
 	size_t queued, cap;
 	bool want_out;			/* EPOLLOUT is watched */
+	bool paused;			/* nothing is read (loop_conn_pause) */
 	bool closed;			/* no more sends */
 	bool closing;			/* loop_conn_close ran (the loop's thread) */
 };
@@ -134,7 +135,27 @@ static void conn_watch_out(struct loop_conn *lc)
 	if (want == lc->want_out || lc->closed || lc->io.loop == NULL)
 		return;
 	lc->want_out = want;
-	loop_io_set(&lc->io, EPOLLIN | (want ? EPOLLOUT : 0));
+	loop_io_set(&lc->io, (lc->paused ? 0 : EPOLLIN) | (want ? EPOLLOUT : 0));
+}
+
+/* Stops or resumes reading: txlock for the watch. */
+static void conn_set_paused(struct loop_conn *lc, bool paused)
+{
+	pthread_mutex_lock(&lc->txlock);
+	lc->paused = paused;
+	if (!lc->closed && lc->io.loop != NULL)
+		loop_io_set(&lc->io, (paused ? 0 : EPOLLIN) | (lc->want_out ? EPOLLOUT : 0));
+	pthread_mutex_unlock(&lc->txlock);
+}
+
+void loop_conn_pause(struct loop_conn *lc)
+{
+	conn_set_paused(lc, true);
+}
+
+void loop_conn_resume(struct loop_conn *lc)
+{
+	conn_set_paused(lc, false);
 }
 
 /* Queues m: an urgent one behind the urgent ones queued (ahead of the
@@ -311,7 +332,7 @@ static int conn_receive(struct loop_conn *lc, char *why, size_t len)
 		n++;
 		if (rc != 0)
 			return rc;
-		if (lc->closing)	/* the owner closed it */
+		if (lc->closing || lc->paused)	/* the owner closed it, or waits */
 			return 0;
 	}
 	return 0;
@@ -347,7 +368,9 @@ static void conn_ready(struct loop_io *io, uint32_t events)
 		pthread_mutex_unlock(&lc->txlock);
 		conn_release(done);
 	}
-	if (rc == 0 && lc->authed && (events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+	/* A paused connection still hears of its end (HUP is always
+	 * reported): reading then finds it. */
+	if (rc == 0 && lc->authed && (events & (EPOLLHUP | EPOLLERR | (lc->paused ? 0 : EPOLLIN))))
 		rc = conn_receive(lc, why, sizeof why);
 	if (rc == TP_AGAIN)
 		rc = 0;

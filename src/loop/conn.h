@@ -96,6 +96,12 @@ void loop_conn_shutdown(struct loop_conn *lc);
 /* Closes lc now with rc and why (on_closed is called); the loop's
  * thread. */
 void loop_conn_close(struct loop_conn *lc, int rc, const char *why);
+/* Stops reading lc's messages until loop_conn_resume (from on_message:
+ * the messages after this one wait, in order, while the owner waits for
+ * something else); its end is still noticed.  The loop's thread. */
+void loop_conn_pause(struct loop_conn *lc);
+void loop_conn_resume(struct loop_conn *lc);
+
 /* Whether it closed. */
 bool loop_conn_closed(struct loop_conn *lc);
 

@@ -567,6 +567,44 @@ static int srv_on_header(struct loop_conn *lc, struct tp_rx *rx, char *why, size
 	return rc;
 }
 
+/* The held DECLARE_CHECK's timer: once the key is gone (or the wait is
+ * over), it is handled, and reading resumes. */
+static void srv_held_retry(struct loop_timer *t)
+{
+	struct srv_conn *c = t->arg;
+	struct server *srv = c->srv;
+	if (srv_key_awaits_retires(srv, c, c->held_h.key) && !atomic_load(&srv->stopping) &&
+	    timing_now_ms() < c->held_until_ms)
+		return;
+	loop_timer_stop(c->loop, &c->held_timer);
+	char why[512] = "";
+	c->pend = (struct srv_pend){.kind = PEND_BUF, .buf = c->held};
+	c->held = NULL;
+	int rc = srv_on_message(srv, c, &c->held_h, why, sizeof why);
+	free(c->pend.buf);
+	c->pend = (struct srv_pend){0};
+	if (rc != 0)
+		loop_conn_close(c->lc, rc, why);
+	else
+		loop_conn_resume(c->lc);
+}
+
+/* A DECLARE_CHECK of a key this worker undeclared while the others have
+ * not all: held (the loop serves the others meanwhile, whose RETIREs free
+ * the key).  Whether it was. */
+static bool srv_hold_declare(struct server *srv, struct srv_conn *c, const struct wire_hdr *h)
+{
+	if (h->type != WIRE_DECLARE_CHECK || !srv_key_awaits_retires(srv, c, h->key))
+		return false;
+	c->held_h = *h;
+	c->held = c->pend.buf;
+	c->pend = (struct srv_pend){0};
+	c->held_until_ms = timing_now_ms() + srv->cfg->timeout_ms;
+	loop_conn_pause(c->lc);
+	loop_timer_start(c->loop, &c->held_timer, 10, 10, srv_held_retry, c);
+	return true;
+}
+
 static int srv_on_msg(struct loop_conn *lc, const struct wire_hdr *h, void *payload, char *why,
 		      size_t len)
 {
@@ -578,6 +616,8 @@ static int srv_on_msg(struct loop_conn *lc, const struct wire_hdr *h, void *payl
 	int rc = 0;
 	if (h->payload_len == 0)	/* srv_on_header was not called */
 		rc = srv_head(srv, c, h, why, len);
+	if (rc == 0 && srv_hold_declare(srv, c, h))
+		return 0;
 	if (rc == 0)
 		rc = srv_on_message(srv, c, h, why, len);
 	if (c->pend.kind == PEND_BUF)
@@ -603,6 +643,9 @@ static void srv_on_closed(struct loop_conn *lc, int rc, const char *why)
 	if (c->pend.kind == PEND_BUF)
 		free(c->pend.buf);
 	c->pend = (struct srv_pend){0};
+	loop_timer_stop(c->loop, &c->held_timer);
+	free(c->held);
+	c->held = NULL;
 	const char *peer = c->tp->peer_name(c->conn);
 	char name[64];
 	srv_worker_name(srv, c->worker, name, sizeof name);
@@ -639,6 +682,7 @@ static const struct loop_conn_ops srv_conn_ops = {
 void srv_conn_start(void *arg)
 {
 	struct srv_conn *c = arg;
+	c->held_timer.slot = -1;
 	int rc = loop_conn_new(c->loop, c->tp, c->conn, true, &srv_conn_ops, c, &c->lc);
 	if (rc != 0) {
 		LOG_ERROR("cannot serve the connection from %s: %s", c->tp->peer_name(c->conn),

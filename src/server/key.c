@@ -325,6 +325,16 @@ static int srv_key_insert(struct server *srv, struct srv_key *k, const char *nam
 	return 0;
 }
 
+bool srv_key_awaits_retires(struct server *srv, const struct srv_conn *c, uint64_t key)
+{
+	pthread_mutex_lock(&srv->lock);
+	struct srv_key *k = srv_key_find(srv, key);
+	int w0 = k != NULL ? srv_key_contrib(k, c->worker) : -1;
+	bool awaits = w0 >= 0 && k->retired[w0];
+	pthread_mutex_unlock(&srv->lock);
+	return awaits;
+}
+
 /* Waits (bounded by UNISUM_TIMEOUT_MS) while key h->key is one that
  * connection c's worker undeclared: it may declare it again once every
  * worker has undeclared it, and their RETIREs, sent before, are on their

@@ -104,6 +104,7 @@ static void srv_notice(void *arg, int err, const char *why)
 /* Frees c: when it is finished, or once the loops stopped. */
 static void srv_conn_free(struct srv_conn *c)
 {
+	free(c->held);	/* a DECLARE_CHECK held when the job ended */
 	if (c->lc != NULL)
 		loop_conn_free(c->lc);	/* its transport connection too */
 	else if (c->conn != NULL)

@@ -182,6 +182,14 @@ struct srv_conn {
 	int worker;		/* its machine after hello, -1 before */
 	const struct transport_ops *tp;	/* the listener's that accepted it: TCP or IPC */
 	struct srv_pend pend;	/* the loop's thread's */
+	/* A DECLARE_CHECK of a key this worker undeclared, before the others
+	 * all had: it waits (reading paused, so what follows waits too),
+	 * looked at again every 10 ms, until the key is gone or
+	 * UNISUM_TIMEOUT_MS. */
+	struct wire_hdr held_h;
+	uint8_t *held;		/* its payload, or NULL: none waits */
+	int64_t held_until_ms;
+	struct loop_timer held_timer;
 	atomic_bool finished;	/* closed, and the loop is done with it */
 	atomic_int refs;	/* engines sending to it now (srv_conn_get): not freed */
 	struct srv_conn *next;	/* all connections, for the final join */
@@ -300,6 +308,10 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 		    const char *name, const int *ranks, int nranks, const char *spec, char *why,
 		    size_t len);
 struct srv_key *srv_key_find(struct server *srv, uint64_t key);
+/* Whether connection c's worker undeclared key `key`, which is still in
+ * the table: the others have not all undeclared it yet, and a new
+ * declaration of it by this worker must wait. */
+bool srv_key_awaits_retires(struct server *srv, const struct srv_conn *c, uint64_t key);
 void srv_key_remove(struct server *srv, struct srv_key *k);
 void srv_key_free(struct srv_key *k);
 void srv_key_unpin(struct srv_key *k);
