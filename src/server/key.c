@@ -335,26 +335,6 @@ bool srv_key_awaits_retires(struct server *srv, const struct srv_conn *c, uint64
 	return awaits;
 }
 
-/* Waits (bounded by UNISUM_TIMEOUT_MS) while key h->key is one that
- * connection c's worker undeclared: it may declare it again once every
- * worker has undeclared it, and their RETIREs, sent before, are on their
- * way on their own connections, to free the old key; this connection's
- * later messages wait too.  Returns the key as it then is (NULL: none).
- * Called with srv->lock held. */
-static struct srv_key *srv_key_await_retired(struct server *srv, const struct srv_conn *c,
-					      uint64_t key)
-{
-	struct srv_key *k = srv_key_find(srv, key);
-	int64_t until_ms = timing_now_ms() + srv->cfg->timeout_ms;
-	for (int w0; k != NULL && (w0 = srv_key_contrib(k, c->worker)) >= 0 && k->retired[w0] &&
-		     !atomic_load(&srv->stopping) && timing_now_ms() < until_ms;) {
-		struct timespec until = timing_deadline(100);
-		pthread_cond_timedwait(&srv->key_gone, &srv->lock, &until);
-		k = srv_key_find(srv, key);
-	}
-	return k;
-}
-
 /* Declares key h->key of tensor `name`, summed over the process set
  * `ranks` (nranks 0: the global set) in the sync mode h->aux (idempotent
  * when the shape, the set and the mode match).  Returns 0, or
@@ -369,7 +349,7 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 		return rc;
 	size_t W = nranks > 0 ? (size_t)nranks : (size_t)srv->nworkers;
 	pthread_mutex_lock(&srv->lock);
-	struct srv_key *k = srv_key_await_retired(srv, c, h->key);
+	struct srv_key *k = srv_key_find(srv, h->key);	/* held until retired: conn.c */
 	if (k != NULL) {
 		rc = srv_key_redeclare(srv, k, c, h, name, ranks, nranks, spec, why, len);
 		goto out_unlock;
@@ -422,7 +402,6 @@ void srv_key_remove(struct server *srv, struct srv_key *k)
 		}
 	}
 	e->bytes -= k->bytes;
-	pthread_cond_broadcast(&srv->key_gone);	/* a worker may declare it again */
 	pthread_mutex_unlock(&srv->lock);
 }
 

@@ -340,7 +340,6 @@ static struct server *srv_new(const struct config *cfg)
 	srv->crash_name = getenv("UNISUM_TEST_CRASH_KEY_NAME");
 	srv->nengines = cfg->engine_threads;
 	pthread_mutex_init(&srv->lock, NULL);
-	timing_cond_init(&srv->key_gone);
 	pthread_cond_init(&srv->stop_cond, NULL);
 	srv->nbuckets = 1024;
 	srv->buckets = calloc(srv->nbuckets, sizeof *srv->buckets);
@@ -353,7 +352,6 @@ static struct server *srv_new(const struct config *cfg)
 		free(srv->by_worker);
 		free(srv->left);
 		free(srv->engines);
-		pthread_cond_destroy(&srv->key_gone);
 		pthread_cond_destroy(&srv->stop_cond);
 		pthread_mutex_destroy(&srv->lock);
 		free(srv);
@@ -383,7 +381,6 @@ static void srv_free(struct server *srv)
 	free(srv->by_worker);
 	free(srv->left);
 	free(srv->engines);
-	pthread_cond_destroy(&srv->key_gone);
 	pthread_cond_destroy(&srv->stop_cond);
 	pthread_mutex_destroy(&srv->lock);
 	free(srv);

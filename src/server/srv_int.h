@@ -221,7 +221,6 @@ struct server {
 	uint32_t id;		/* this server's node id */
 	int rank;
 	pthread_mutex_t lock;	/* keys, by_worker, conns, stop state */
-	pthread_cond_t key_gone;	/* a key left the table (every worker retired it) */
 	struct srv_key **buckets;	/* key hash table */
 	size_t nbuckets, nkeys;
 	/* Peers: p < nworkers is machine p's local root, which pushes for the
