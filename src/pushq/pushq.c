@@ -34,6 +34,15 @@ void pushq_fini(struct pushq *q)
 	pthread_mutex_destroy(&q->lock);
 }
 
+/* Whether the head may go under the credit; the caller holds the lock and
+ * q->n > 0. */
+static bool head_fits(const struct pushq *q)
+{
+	if (q->credit == 0 || q->inflight == 0)
+		return true;
+	return q->heap[0]->bytes <= q->credit && q->inflight + q->heap[0]->bytes <= q->credit;
+}
+
 int pushq_push(struct pushq *q, struct pushq_entry *e)
 {
 	pthread_mutex_lock(&q->lock);
@@ -53,7 +62,7 @@ int pushq_push(struct pushq *q, struct pushq_entry *e)
 		i = (i - 1) / 2;
 	}
 	q->heap[i] = e;
-	if (i == 0)
+	if (i == 0 && head_fits(q))
 		pthread_cond_broadcast(&q->cond);
 	pthread_mutex_unlock(&q->lock);
 	return 0;
@@ -81,13 +90,6 @@ static struct pushq_entry *heap_take(struct pushq *q)
 	if (q->n > 0)
 		q->heap[i] = last;
 	return top;
-}
-
-static bool head_fits(const struct pushq *q)
-{
-	if (q->credit == 0 || q->inflight == 0)
-		return true;
-	return q->heap[0]->bytes <= q->credit && q->inflight + q->heap[0]->bytes <= q->credit;
 }
 
 /* Takes the head; the caller holds the lock and the head fits. */
@@ -125,7 +127,10 @@ size_t pushq_release(struct pushq *q, size_t bytes)
 	pthread_mutex_lock(&q->lock);
 	q->inflight = bytes <= q->inflight ? q->inflight - bytes : 0;
 	size_t left = q->inflight;
-	pthread_cond_broadcast(&q->cond);
+	/* Only when the head may go now: a wake-up of the PUSH stage for
+	 * nothing costs two context switches (issue 49). */
+	if (q->n > 0 && head_fits(q))
+		pthread_cond_broadcast(&q->cond);
 	pthread_mutex_unlock(&q->lock);
 	return left;
 }

@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/prctl.h>
 
 #include "log/log.h"
 #include "rendezvous/rdv_proto.h"
@@ -72,6 +73,7 @@ struct rdv_client {
 	pthread_mutex_t send_lock;	/* serialises writes to conn */
 	pthread_mutex_t lock;		/* the reply slot and `failed` */
 	pthread_cond_t replied;
+	pthread_cond_t beat;		/* the heartbeat thread: closing or failed */
 	bool have_reply;		/* reply_hdr / reply_payload are set */
 	struct wire_hdr reply_hdr;
 	void *reply_payload;		/* malloc'd; taken by the requester */
@@ -124,6 +126,7 @@ static void rdv_fail(struct rdv_client *c, int err, const char *why)
 		snprintf(c->failed_why, sizeof c->failed_why, "%s", why);
 	}
 	pthread_cond_broadcast(&c->replied);
+	pthread_cond_broadcast(&c->beat);
 	bool closing = c->closing;
 	pthread_mutex_unlock(&c->lock);
 	if (first && c->notice != NULL && !(closing && err == UNISUM_ECONN))
@@ -373,6 +376,7 @@ static bool rdv_on_ending(struct rdv_client *c, const struct wire_hdr *h, void *
  * reason (rdv_fail), which wakes every waiter; then it returns. */
 static void *rdv_reader_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-rdv"); /* for top -H, perf and gdb */
 	struct rdv_client *c = arg;
 	bool go_on = true;
 	while (go_on) {
@@ -438,12 +442,14 @@ static void *rdv_reader_main(void *arg)
 
 static void *rdv_heartbeat_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-beat"); /* for top -H, perf and gdb */
 	struct rdv_client *c = arg;
 	struct wire_hdr hb = {.type = WIRE_HEARTBEAT, .sender = c->id};
 	pthread_mutex_lock(&c->lock);
 	while (!c->closing && c->failed == 0) {
 		struct timespec until = timing_deadline(c->heartbeat_ms);
-		pthread_cond_timedwait(&c->replied, &c->lock, &until);
+		/* Not on `replied`: every reply would wake it for nothing. */
+		pthread_cond_timedwait(&c->beat, &c->lock, &until);
 		if (c->closing || c->failed != 0)
 			break;
 		pthread_mutex_unlock(&c->lock);
@@ -567,6 +573,7 @@ int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn noti
 	pthread_mutex_init(&c->send_lock, NULL);
 	pthread_mutex_init(&c->lock, NULL);
 	timing_cond_init(&c->replied);
+	timing_cond_init(&c->beat);
 
 	int rc = c->tp->connect(cfg->scheduler_host, cfg->scheduler_port, cfg->timeout_ms, &c->conn);
 	if (rc != 0)
@@ -901,7 +908,8 @@ void rdv_client_free(struct rdv_client *c)
 	pthread_mutex_lock(&c->lock);
 	c->closing = true;
 	bool failed = c->failed != 0;
-	pthread_cond_broadcast(&c->replied);	/* wakes the heartbeat thread */
+	pthread_cond_broadcast(&c->replied);
+	pthread_cond_broadcast(&c->beat);	/* wakes the heartbeat thread */
 	pthread_mutex_unlock(&c->lock);
 	if (c->heartbeat_started)
 		pthread_join(c->heartbeat, NULL);
@@ -925,5 +933,6 @@ void rdv_client_free(struct rdv_client *c)
 	pthread_mutex_destroy(&c->send_lock);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->replied);
+	pthread_cond_destroy(&c->beat);
 	free(c);
 }

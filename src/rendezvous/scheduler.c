@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/prctl.h>
 
 #include "log/log.h"
 #include "placement/placement.h"
@@ -684,6 +685,7 @@ static void sched_after(void *arg)
  * loop until the job is finished (sched_after). */
 static void *sched_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-sched"); /* for top -H, perf and gdb */
 	struct rdv_scheduler *s = arg;
 	loop_run(s->loop, sched_after, s);
 	loop_timer_stop(s->loop, &s->monitor);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/prctl.h>
 
 #include "log/log.h"
 #include "reducer/reducer.h"
@@ -738,9 +739,10 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
  * RESTORE, REFUSE, POISON) and runs each on its key, and every stall
  * period checks its keys for stalled rounds.  Owns its keys' sums;
  * takes e->lock only to take an event.  Blocks only in the queue's timed
- * wait (200 ms at most). */
+ * wait, until the next stall check at most. */
 void *srv_engine_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-engine"); /* for top -H, perf and gdb */
 	struct srv_engine *e = arg;
 	int64_t next_check = timing_now_ms() + srv_stall_period_ms(e->srv);
 	for (;;) {
@@ -749,8 +751,11 @@ void *srv_engine_main(void *arg)
 			next_check = timing_now_ms() + srv_stall_period_ms(e->srv);
 		}
 		pthread_mutex_lock(&e->lock);
-		while (e->head == NULL && !e->stop && timing_now_ms() < next_check) {
-			struct timespec until = timing_deadline(200);
+		/* Asleep until an event, the stop or the next stall check: an
+		 * idle engine wakes once a stall period, not more (issue 49). */
+		int64_t left;
+		while (e->head == NULL && !e->stop && (left = next_check - timing_now_ms()) > 0) {
+			struct timespec until = timing_deadline((int)left);
 			pthread_cond_timedwait(&e->cond, &e->lock, &until);
 		}
 		struct srv_event *ev = e->head;

@@ -69,6 +69,7 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 #include <time.h>
+#include <sys/prctl.h>
 
 #include "log/log.h"
 #include "reducer/reducer.h"
@@ -262,6 +263,7 @@ static void srv_unwatch_listeners(struct server *srv)
 
 static void *srv_loop_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-sloop"); /* for top -H, perf and gdb */
 	loop_run(arg, NULL, NULL);
 	return NULL;
 }

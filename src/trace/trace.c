@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <sys/prctl.h>
 
 #include "config/config.h"
 #include "log/log.h"
@@ -233,6 +234,7 @@ static void write_rec(const struct trace_rec *r)
 
 static void *trace_writer_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-trace"); /* for top -H, perf and gdb */
 	(void)arg;
 	struct trace_rec *batch = malloc(TRACE_RING * sizeof *batch);
 	if (batch == NULL) {

@@ -65,31 +65,49 @@ void auth_nonce(uint8_t nonce[AUTH_NONCE_BYTES])
 	randombytes_buf(nonce, AUTH_NONCE_BYTES);
 }
 
-int auth_handshake_connector(const struct auth_io *io, const char *peer, char *why, size_t len)
+int auth_connector_answer(const uint8_t *challenge, uint8_t *answer, const char *peer, char *why,
+			  size_t len)
 {
-	uint8_t challenge[4 + AUTH_NONCE_BYTES], answer[AUTH_NONCE_BYTES + AUTH_TAG_BYTES],
-		tag[AUTH_TAG_BYTES];
-	if (io->read_full(io->ctx, challenge, sizeof challenge) != 0 ||
-	    memcmp(challenge, AUTH_MAGIC, 4) != 0) {
+	if (memcmp(challenge, AUTH_MAGIC, 4) != 0) {
 		snprintf(why, len, "%s sent no authentication challenge: is UNISUM_SECRET set on every "
 			 "node of the job (and only there)?", peer);
 		return UNISUM_EAUTH;
 	}
-	const uint8_t *nonce_a = challenge + 4;
-	uint8_t *nonce_c = answer;
-	auth_nonce(nonce_c);
-	auth_tag("connector", nonce_a, nonce_c, answer + AUTH_NONCE_BYTES);
-	if (io->write_full(io->ctx, answer, sizeof answer) != 0 ||
-	    io->read_full(io->ctx, tag, sizeof tag) != 0) {
-		snprintf(why, len, "%s hung up during the handshake: it holds another UNISUM_SECRET",
-			 peer);
-		return UNISUM_EAUTH;
-	}
-	if (!auth_tag_is_valid("acceptor", nonce_c, nonce_a, tag)) {
+	auth_nonce(answer);
+	auth_tag("connector", challenge + 4, answer, answer + AUTH_NONCE_BYTES);
+	return 0;
+}
+
+int auth_connector_check(const uint8_t *challenge, const uint8_t *answer, const uint8_t *tag,
+			 const char *peer, char *why, size_t len)
+{
+	if (!auth_tag_is_valid("acceptor", answer, challenge + 4, tag)) {
 		snprintf(why, len, "%s does not know the job secret (UNISUM_SECRET differs)", peer);
 		return UNISUM_EAUTH;
 	}
 	return 0;
+}
+
+void auth_connector_hung_up(const char *peer, char *why, size_t len)
+{
+	snprintf(why, len, "%s hung up during the handshake: it holds another UNISUM_SECRET", peer);
+}
+
+int auth_handshake_connector(const struct auth_io *io, const char *peer, char *why, size_t len)
+{
+	uint8_t challenge[4 + AUTH_NONCE_BYTES], answer[AUTH_NONCE_BYTES + AUTH_TAG_BYTES],
+		tag[AUTH_TAG_BYTES];
+	if (io->read_full(io->ctx, challenge, sizeof challenge) != 0)
+		memset(challenge, 0, sizeof challenge);	/* no challenge: named below */
+	int rc = auth_connector_answer(challenge, answer, peer, why, len);
+	if (rc != 0)
+		return rc;
+	if (io->write_full(io->ctx, answer, sizeof answer) != 0 ||
+	    io->read_full(io->ctx, tag, sizeof tag) != 0) {
+		auth_connector_hung_up(peer, why, len);
+		return UNISUM_EAUTH;
+	}
+	return auth_connector_check(challenge, answer, tag, peer, why, len);
 }
 
 int auth_handshake_acceptor(const struct auth_io *io, char *why, size_t len)

@@ -59,4 +59,15 @@ struct auth_io {
 int auth_handshake_connector(const struct auth_io *io, const char *peer, char *why, size_t len);
 int auth_handshake_acceptor(const struct auth_io *io, char *why, size_t len);
 
+/* The connector's two steps, for a handshake driven without blocking:
+ * the answer (AUTH_NONCE_BYTES + AUTH_TAG_BYTES) to a challenge (4 +
+ * AUTH_NONCE_BYTES), and the check of the acceptor's tag.  0, or
+ * UNISUM_EAUTH with the reason, naming `peer`, in `why`. */
+int auth_connector_answer(const uint8_t *challenge, uint8_t *answer, const char *peer, char *why,
+			  size_t len);
+int auth_connector_check(const uint8_t *challenge, const uint8_t *answer, const uint8_t *tag,
+			 const char *peer, char *why, size_t len);
+/* Why a connector's peer hung up in the middle. */
+void auth_connector_hung_up(const char *peer, char *why, size_t len);
+
 #endif /* UNISUM_AUTH_H */

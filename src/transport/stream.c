@@ -350,10 +350,45 @@ static int stream_write_nb(int fd, const uint8_t *src, size_t len, size_t *off)
 	return 0;
 }
 
-int stream_auth_nb(int fd, struct tp_auth *a, char *why, size_t len)
+/* The connector's side of stream_auth_nb: a->challenge in, the answer
+ * (a->buf) out, the acceptor's tag in (a->tag: the check needs the
+ * answer still). */
+static int stream_auth_connector_nb(int fd, const char *peer, struct tp_auth *a, char *why,
+				    size_t len)
+{
+	int rc = 0;
+	if (a->stage == 0 && (rc = stream_read_nb(fd, a->challenge, sizeof a->challenge, &a->off)) == 0) {
+		if (auth_connector_answer(a->challenge, a->buf, peer, why, len) != 0)
+			return UNISUM_EAUTH;
+		a->stage = 1, a->off = 0;
+	}
+	if (a->stage == 1 && (rc = stream_write_nb(fd, a->buf, 64, &a->off)) == 0)
+		a->stage = 2, a->off = 0;
+	if (a->stage == 2 && (rc = stream_read_nb(fd, a->tag, AUTH_TAG_BYTES, &a->off)) == 0) {
+		if (auth_connector_check(a->challenge, a->buf, a->tag, peer, why, len) != 0)
+			return UNISUM_EAUTH;
+		a->stage = 3;
+	}
+	if (rc == TP_AGAIN)
+		return TP_AGAIN;
+	if (rc != 0) {
+		if (a->stage == 0) {
+			memset(a->challenge, 0, sizeof a->challenge);	/* names it */
+			auth_connector_answer(a->challenge, a->buf, peer, why, len);
+		} else {
+			auth_connector_hung_up(peer, why, len);
+		}
+		return UNISUM_EAUTH;
+	}
+	return 0;
+}
+
+int stream_auth_nb(int fd, const char *peer, struct tp_auth *a, char *why, size_t len)
 {
 	if (!auth_is_enabled())
 		return 0;
+	if (a->connector)
+		return stream_auth_connector_nb(fd, peer, a, why, len);
 	int rc = 0;
 	if (a->stage == 0 && a->off == 0) {
 		memcpy(a->challenge, AUTH_MAGIC, 4);

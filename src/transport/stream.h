@@ -78,9 +78,10 @@ int stream_recv_payload_nb(int fd, struct tp_rx *rx);
 /* send_nb of tx's header (encoded into tx->head at the first call) and
  * `len` bytes of `payload`: 0, TP_AGAIN or UNISUM_ECONN. */
 int stream_send_nb(int fd, struct tp_tx *tx, const void *payload, size_t len);
-/* The acceptor's handshake (auth.h) without blocking: 0 when done or no
- * secret is set, TP_AGAIN, or UNISUM_EAUTH with why. */
-int stream_auth_nb(int fd, struct tp_auth *a, char *why, size_t len);
+/* Either side's handshake (auth.h; a->connector) without blocking: 0 when
+ * done or no secret is set, TP_AGAIN, or UNISUM_EAUTH with why (naming
+ * `peer` on the connector's side). */
+int stream_auth_nb(int fd, const char *peer, struct tp_auth *a, char *why, size_t len);
 
 /* ThreadSanitizer does not see that a message sent on one socket is what
  * another thread receives on its peer, so a job run in one process (the

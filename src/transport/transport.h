@@ -65,13 +65,16 @@ struct tp_tx {
 	uint64_t ref[3];	/* IPC: the data's address and guard, as sent */
 };
 
-/* The acceptor's side of the job-secret handshake in progress (auth_nb);
- * zeroed by the caller. */
+/* One side of the job-secret handshake in progress (auth_nb); zeroed by
+ * the caller, who sets `connector` on the connecting side. */
 struct tp_auth {
-	int stage;		/* 0 challenge out, 1 answer in, 2 tag out, 3 done */
+	bool connector;
+	int stage;		/* acceptor: 0 challenge out, 1 answer in, 2 tag out, 3 done;
+				 * connector: 0 challenge in, 1 answer out, 2 tag in, 3 done */
 	size_t off;
 	uint8_t challenge[36];	/* "USAU" and the nonce */
-	uint8_t buf[64];	/* the answer, then the tag */
+	uint8_t buf[64];	/* the answer, then (acceptor) the tag */
+	uint8_t tag[32];	/* the connector's: the acceptor's tag */
 };
 
 struct transport_ops {
@@ -96,6 +99,11 @@ struct transport_ops {
 	/* Connects to host:port, retrying refused attempts until timeout_ms
 	 * has passed.  0 and a connection, or a negative error. */
 	int (*connect)(const char *host, int port, int timeout_ms, struct tp_conn **out);
+
+	/* As connect(), but without the handshake: the caller runs the
+	 * connector's side with auth_nb() (a->connector set), so that one
+	 * thread can shake hands with many peers at once. */
+	int (*dial)(const char *host, int port, int timeout_ms, struct tp_conn **out);
 
 	/* Sends `hdr` followed by hdr->payload_len bytes of `payload` (NULL
 	 * when the length is 0).  Returns when everything was handed to the
@@ -146,8 +154,8 @@ struct transport_ops {
 	 * readiness moves it. */
 	int (*nb_fd)(struct tp_conn *c);
 
-	/* The acceptor's handshake of the job secret: 0 once done (at once
-	 * with no secret), TP_AGAIN, or UNISUM_EAUTH with why. */
+	/* Either side's handshake of the job secret (a->connector): 0 once
+	 * done (at once with no secret), TP_AGAIN, or UNISUM_EAUTH with why. */
 	int (*auth_nb)(struct tp_conn *c, struct tp_auth *a, char *why, size_t len);
 
 	/* Receives the next message into rx: TP_HEADER once its header is in

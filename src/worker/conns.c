@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/prctl.h>
 
 #include "compress/compress.h"
 #include "log/log.h"
@@ -814,6 +815,7 @@ int wk_enqueue(struct wk_conn *c, struct wk_job *j)
  * allows and hands each to its server's connection. */
 void *wk_push_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-push"); /* for top -H, perf and gdb */
 	struct worker *w = arg;
 	for (;;) {
 		struct pushq_entry *e = pushq_pop(&w->push_q);

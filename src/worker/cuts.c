@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/prctl.h>
 
 #include "log/log.h"
 #include "reducer/reducer.h"
@@ -599,6 +600,7 @@ const struct wk_layout *wk_tuned_cut(struct wk_op *op, bool wait, int *rc)
  * starting an operation never waits on the network. */
 void *wk_tune_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-tune"); /* for top -H, perf and gdb */
 	struct worker *w = arg;
 	for (;;) {
 		pthread_mutex_lock(&w->lock);

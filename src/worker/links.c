@@ -1,18 +1,20 @@
 /*
- * links.c - the worker's server connections as links: opening them (a
- * blocking connect and hello, then the connection is handed to one of the
- * worker's I/O loops), the loops themselves (UNISUM_IO_THREADS, a fixed
+ * links.c - the worker's server connections as links: opening them (to
+ * every server at once: dial, the handshake without blocking, then each
+ * is handed to one of the worker's I/O loops and says hello), the loops themselves (UNISUM_IO_THREADS, a fixed
  * number whatever the number of servers), the reaper (one thread that
  * runs wk_conn_fail for every connection that ended: it may wait for the
  * scheduler's word on a failover, which no loop may), closing them, and
  * reconnecting to a lost server's replacement.  conns.c sends and
  * receives on them.  See worker.c's DESIGN.
  */
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/prctl.h>
 
 #include "log/log.h"
 #include "timing/timing.h"
@@ -23,6 +25,7 @@
 
 static void *wk_loop_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-wloop"); /* for top -H, perf and gdb */
 	loop_run(arg, NULL, NULL);
 	return NULL;
 }
@@ -31,6 +34,7 @@ static void *wk_loop_main(void *arg)
  * moved job), in order, until the worker closes its connections. */
 static void *wk_reaper_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-reaper"); /* for top -H, perf and gdb */
 	struct worker *w = arg;
 	pthread_mutex_lock(&w->lock);
 	for (;;) {
@@ -125,15 +129,16 @@ static void wk_stop_links(struct worker *w)
 
 /* ---- one link ------------------------------------------------------------- */
 
-/* Connects c to server n and says hello: over IPC when n shares this
- * host (same boot, network and pid namespaces) and UNISUM_IPC allows,
- * else (or when n does not listen for IPC) over TCP. */
-static int wk_connect_one(struct worker *w, struct wk_conn *c, const struct rdv_node *n)
+/* Dials server n for c, without the handshake (wk_handshake does it):
+ * over IPC when n shares this host (same boot, network and pid
+ * namespaces) and UNISUM_IPC allows, else (or when n does not listen for
+ * IPC) over TCP. */
+static int wk_dial_one(struct worker *w, struct wk_conn *c, const struct rdv_node *n)
 {
 	int rc = UNISUM_ECONN;
 	if (w->cfg.ipc && rdv_client_same_host(w->rdv, n)) {
 		c->tp = transport_ipc();
-		rc = c->tp->connect(n->host, n->port, 0, &c->conn);
+		rc = c->tp->dial(n->host, n->port, 0, &c->conn);
 		if (rc == 0)
 			LOG_INFO("worker %d passes data to %s by address (IPC: same host)", w->rank,
 				 c->label);
@@ -142,7 +147,7 @@ static int wk_connect_one(struct worker *w, struct wk_conn *c, const struct rdv_
 	}
 	if (rc != 0) {
 		c->tp = transport_tcp();
-		rc = c->tp->connect(n->host, n->port, w->cfg.timeout_ms, &c->conn);
+		rc = c->tp->dial(n->host, n->port, w->cfg.timeout_ms, &c->conn);
 	}
 	if (rc == UNISUM_ESYS) {
 		/* Out of descriptors (named in the last error): every process
@@ -155,55 +160,117 @@ static int wk_connect_one(struct worker *w, struct wk_conn *c, const struct rdv_
 	}
 	if (rc != 0)
 		return log_fail(rc, "worker %d cannot reach %s: %s", w->rank, c->label, log_last_error());
-	struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(w->rdv)};
-	rc = c->tp->send(c->conn, &hello, NULL);
-	if (rc != 0)
-		return log_fail(rc, "worker %d lost %s while saying hello", w->rank, c->label);
 	return 0;
 }
 
-/* Handing a connection to its loop (loop_conn_new runs there), waited
- * for by the thread that connected it. */
+/* Shakes hands (the job secret, as the connector) with every dialled link
+ * of cs[0..n) at once, from this thread: the non-blocking form, driven by
+ * poll, so that n servers cost one wait, not 2n.  rcs[i] is 0, or
+ * UNISUM_EAUTH with the reason in cs[i]->dead_why. */
+static void wk_handshake(struct worker *w, struct wk_conn **cs, int *rcs, int n)
+{
+	struct tp_auth *a = calloc((size_t)n, sizeof *a);
+	struct pollfd *p = calloc((size_t)n, sizeof *p);
+	int left = 0;
+	for (int i = 0; i < n; i++) {
+		rcs[i] = a == NULL || p == NULL ? UNISUM_ENOMEM : TP_AGAIN;
+		if (rcs[i] == TP_AGAIN) {
+			a[i].connector = true;
+			p[i] = (struct pollfd){.fd = cs[i]->tp->nb_fd(cs[i]->conn), .events = POLLIN};
+			left++;
+		} else {
+			snprintf(cs[i]->dead_why, sizeof cs[i]->dead_why, "out of memory");
+		}
+	}
+	int64_t until = timing_now_ms() + w->cfg.timeout_ms;
+	while (left > 0) {
+		for (int i = 0; i < n; i++) {
+			if (rcs[i] != TP_AGAIN)
+				continue;
+			rcs[i] = cs[i]->tp->auth_nb(cs[i]->conn, &a[i], cs[i]->dead_why,
+						    sizeof cs[i]->dead_why);
+			/* Its answer is the one thing it writes: wait to read. */
+			p[i].fd = rcs[i] == TP_AGAIN ? p[i].fd : -1;
+			left -= rcs[i] != TP_AGAIN;
+		}
+		int64_t wait = until - timing_now_ms();
+		if (left > 0 && (wait <= 0 || poll(p, (nfds_t)n, (int)wait) == 0))
+			break;
+	}
+	for (int i = 0; i < n; i++)
+		if (rcs[i] == TP_AGAIN) {
+			rcs[i] = UNISUM_EAUTH;
+			snprintf(cs[i]->dead_why, sizeof cs[i]->dead_why,
+				 "%s did not finish the handshake within UNISUM_TIMEOUT_MS=%d",
+				 cs[i]->label, w->cfg.timeout_ms);
+		}
+	free(a);
+	free(p);
+}
+
+/* Handing connections to their loops (loop_conn_new runs there), waited
+ * for by the thread that connected them. */
 struct wk_serve {
-	struct wk_conn *c;
-	int rc;
-	bool done;
+	int left, rc;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 };
 
+struct wk_serve_one {
+	struct wk_serve *sv;
+	struct wk_conn *c;
+};
+
 static void wk_serve_on_loop(void *arg)
 {
-	struct wk_serve *sv = arg;
-	struct wk_conn *c = sv->c;
+	struct wk_serve_one *one = arg;
+	struct wk_conn *c = one->c;
 	int rc = loop_conn_new(c->loop, c->tp, c->conn, false, &wk_conn_ops, c, &c->lc);
+	struct wk_serve *sv = one->sv;
 	pthread_mutex_lock(&sv->lock);
-	sv->rc = rc;
-	sv->done = true;
-	pthread_cond_signal(&sv->cond);
+	if (rc != 0 && sv->rc == 0)
+		sv->rc = rc;
+	if (--sv->left == 0)
+		pthread_cond_signal(&sv->cond);
 	pthread_mutex_unlock(&sv->lock);
 }
 
-/* Serves connected c on the next loop, in turn.  0 or an error. */
-static int wk_serve(struct worker *w, struct wk_conn *c)
+/* Serves cs[0..n) (connected and authenticated), each on its loop, and
+ * says hello on each.  0 or an error. */
+static int wk_serve(struct worker *w, struct wk_conn **cs, int n)
 {
-	c->loop = w->loops[c->server % w->nloops];
-	c->reaped = false;
-	struct wk_serve sv = {.c = c};
+	struct wk_serve sv = {0};
+	struct wk_serve_one *ones = calloc((size_t)n + 1, sizeof *ones);
+	if (ones == NULL)
+		return log_fail(UNISUM_ENOMEM, "worker %d: out of memory", w->rank);
 	pthread_mutex_init(&sv.lock, NULL);
 	pthread_cond_init(&sv.cond, NULL);
-	int rc = loop_post(c->loop, wk_serve_on_loop, &sv);
+	for (int i = 0; i < n; i++) {
+		struct wk_conn *c = cs[i];
+		c->loop = w->loops[c->server % w->nloops];
+		c->reaped = false;
+		ones[i] = (struct wk_serve_one){.sv = &sv, .c = c};
+		pthread_mutex_lock(&sv.lock);
+		int rc = loop_post(c->loop, wk_serve_on_loop, &ones[i]);
+		sv.left += rc == 0;
+		sv.rc = rc != 0 && sv.rc == 0 ? rc : sv.rc;
+		pthread_mutex_unlock(&sv.lock);
+	}
 	pthread_mutex_lock(&sv.lock);
-	while (rc == 0 && !sv.done)
+	while (sv.left > 0)
 		pthread_cond_wait(&sv.cond, &sv.lock);
+	int rc = sv.rc;
 	pthread_mutex_unlock(&sv.lock);
 	pthread_cond_destroy(&sv.cond);
 	pthread_mutex_destroy(&sv.lock);
-	if (rc == 0)
-		rc = sv.rc;
+	free(ones);
+	struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(w->rdv)};
+	for (int i = 0; rc == 0 && i < n; i++)
+		if ((rc = loop_conn_send(cs[i]->lc, &hello, NULL)) != 0)
+			rc = log_fail(rc, "worker %d lost %s while saying hello", w->rank, cs[i]->label);
 	if (rc != 0)
-		return log_fail(rc, "worker %d cannot serve its connection to %s: %s", w->rank,
-				c->label, unisum_strerror(rc));
+		return log_fail(rc, "worker %d cannot serve its connections to the servers: %s",
+				w->rank, unisum_strerror(rc));
 	return 0;
 }
 
@@ -240,9 +307,15 @@ int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n)
 		wk_await_reaped(w, c);
 	wk_link_free(c);
 	snprintf(c->label, sizeof c->label, "server %d (%s:%d)", c->server, n->host, n->port);
-	int rc = wk_connect_one(w, c, n);
+	int rc = wk_dial_one(w, c, n);
+	if (rc == 0) {
+		wk_handshake(w, &c, &rc, 1);
+		if (rc != 0)
+			rc = log_fail(rc, "worker %d cannot reach %s: %s", w->rank, c->label,
+				      c->dead_why);
+	}
 	if (rc == 0)
-		rc = wk_serve(w, c);
+		rc = wk_serve(w, &c, 1);
 	if (rc != 0)
 		return rc;
 	/* Counted anew: the bytes this server got since it came back. */
@@ -300,30 +373,68 @@ static bool wk_lost_at_start(struct worker *w, struct wk_conn *c)
 	return true;
 }
 
+/* Sets c up as the link to server s (not yet connected).  0 or an error. */
+static int wk_link_init(struct worker *w, struct wk_conn *c, int s)
+{
+	const struct rdv_node *n = rdv_client_server(w->rdv, s);
+	c->w = w;
+	c->server = s;
+	c->npending_buckets = 1024;
+	c->pending = calloc(c->npending_buckets, sizeof *c->pending);
+	if (n == NULL || c->pending == NULL)
+		return UNISUM_ENOMEM;
+	snprintf(c->label, sizeof c->label, "server %d (%s:%d)", s, n->host, n->port);
+	pthread_mutex_init(&c->lock, NULL);
+	return 0;
+}
+
+/* A link that could not open (rc, not out of descriptors): fine when its
+ * server was lost at the start (wk_lost_at_start), else the error. */
+static int wk_link_failed(struct worker *w, struct wk_conn *c, int rc)
+{
+	if (rc == UNISUM_ESYS || !wk_lost_at_start(w, c))
+		return rc;
+	return 0;
+}
+
+/* Opens the links to every server in three steps, each over all servers
+ * at once: dial, shake hands (one thread, poll), hand to the loops. */
 int wk_connect_servers(struct worker *w)
 {
 	w->conns = calloc((size_t)w->nservers, sizeof *w->conns);
-	if (w->conns == NULL)
-		return UNISUM_ENOMEM;
-	w->server_hosts = wk_count_server_hosts(w);
-	int rc = wk_start_links(w);
+	struct wk_conn **cs = calloc((size_t)w->nservers + 1, sizeof *cs);
+	int *rcs = calloc((size_t)w->nservers + 1, sizeof *rcs);
+	int rc = w->conns == NULL || cs == NULL || rcs == NULL ? UNISUM_ENOMEM : 0, n = 0;
+	w->server_hosts = rc == 0 ? wk_count_server_hosts(w) : 0;
+	if (rc == 0)
+		rc = wk_start_links(w);
 	for (int s = 0; rc == 0 && s < w->nservers; s++) {
 		struct wk_conn *c = &w->conns[s];
-		const struct rdv_node *n = rdv_client_server(w->rdv, s);
-		c->w = w;
-		c->server = s;
-		c->npending_buckets = 1024;
-		c->pending = calloc(c->npending_buckets, sizeof *c->pending);
-		if (n == NULL || c->pending == NULL)
-			return UNISUM_ENOMEM;
-		snprintf(c->label, sizeof c->label, "server %d (%s:%d)", s, n->host, n->port);
-		pthread_mutex_init(&c->lock, NULL);
-		rc = wk_connect_one(w, c, n);
-		if (rc != 0 && rc != UNISUM_ESYS && wk_lost_at_start(w, c))
-			rc = 0;
-		else if (rc == 0)
-			rc = wk_serve(w, c);
+		if ((rc = wk_link_init(w, c, s)) != 0)
+			break;
+		rc = wk_dial_one(w, c, rdv_client_server(w->rdv, s));
+		if (rc == 0)
+			cs[n++] = c;
+		else
+			rc = wk_link_failed(w, c, rc);
 	}
+	if (rc == 0)
+		wk_handshake(w, cs, rcs, n);
+	int m = 0;
+	for (int i = 0; rc == 0 && i < n; i++) {
+		if (rcs[i] == 0) {
+			cs[m++] = cs[i];
+			continue;
+		}
+		log_fail(rcs[i], "worker %d cannot reach %s: %s", w->rank, cs[i]->label,
+			 cs[i]->dead_why);
+		cs[i]->dead_why[0] = '\0';
+		rc = wk_link_failed(w, cs[i], rcs[i]);
+	}
+	if (rc == 0)
+		rc = wk_serve(w, cs, m);
+	free(cs);
+	free(rcs);
 	if (rc != 0)
 		return rc;
 	pthread_mutex_lock(&w->lock);

@@ -104,6 +104,7 @@ static struct local_op *q_pop(struct local *lc, struct lc_queue *q)
 
 static void *lc_reduce_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-lreduce"); /* for top -H, perf and gdb */
 	struct local *lc = arg;
 	struct local_op *op;
 	while ((op = q_pop(lc, &lc->reduce_q)) != NULL) {
@@ -121,6 +122,7 @@ static void *lc_reduce_main(void *arg)
  * peer that waits for it. */
 static void *lc_stage_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-lstage"); /* for top -H, perf and gdb */
 	struct local *lc = arg;
 	for (;;) {
 		pthread_mutex_lock(&lc->lock);
@@ -166,6 +168,7 @@ static bool lc_lent(const struct local_op *op)
 
 static void *lc_bcast_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-lbcast"); /* for top -H, perf and gdb */
 	struct local *lc = arg;
 	struct local_op *op;
 	while ((op = q_pop(lc, &lc->bcast_q)) != NULL) {
@@ -189,6 +192,7 @@ static void *lc_bcast_main(void *arg)
  * dead rank has), in whatever order that happens. */
 static void *lc_finish_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-lfinish"); /* for top -H, perf and gdb */
 	struct local *lc = arg;
 	int64_t failed_at = 0;
 	for (;;) {

@@ -8,6 +8,7 @@
  * handshake run by the loop (a peer without the secret is refused).
  */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -538,6 +539,82 @@ static void test_handshake_on_the_loop(void **state)
 	auth_set_secret(NULL);
 }
 
+/* Drives the connector's handshake on c without blocking (poll), as a
+ * worker does for all its servers at once: its result, the reason in why. */
+static int connector_auth(const struct transport_ops *tp, struct tp_conn *c, char *why, size_t len)
+{
+	struct tp_auth a = {.connector = true};
+	struct pollfd p = {.fd = tp->nb_fd(c), .events = POLLIN};
+	int rc;
+	while ((rc = tp->auth_nb(c, &a, why, len)) == TP_AGAIN)
+		assert_true(poll(&p, 1, 2000) == 1);
+	return rc;
+}
+
+/* A fake acceptor on a raw socket: what it sends in place of the
+ * challenge and the tag; the connector's side must name each failure. */
+static int fake_acceptor(int lfd, const struct transport_ops *tp, int port, int how, char *why,
+			 size_t len)
+{
+	struct tp_conn *c;
+	assert_int_equal(tp->dial("127.0.0.1", port, 1000, &c), 0);
+	int fd = accept(lfd, NULL, NULL);
+	assert_true(fd >= 0);
+	uint8_t challenge[36], tag[32];
+	memcpy(challenge, how == 0 ? "JUNK" : AUTH_MAGIC, 4);
+	auth_nonce(challenge + 4);
+	assert_int_equal(send(fd, challenge, sizeof challenge, MSG_NOSIGNAL), 36);
+	if (how == 1)
+		close(fd);		/* hangs up after the challenge */
+	if (how == 2) {			/* a tag made without the secret (sent
+					 * ahead: this test has one thread) */
+		memset(tag, 7, sizeof tag);
+		assert_int_equal(send(fd, tag, sizeof tag, MSG_NOSIGNAL), 32);
+	}
+	int rc = connector_auth(tp, c, why, len);
+	if (how != 1)
+		close(fd);
+	tp->conn_free(c);
+	return rc;
+}
+
+static void test_connector_handshake_without_blocking(void **state)
+{
+	(void)state;
+	assert_int_equal(auth_set_secret("loop-secret"), 0);
+	struct srv s;
+	srv_start(&s);
+	struct tp_conn *c;
+	char why[256] = "";
+	assert_int_equal(s.tp->dial("127.0.0.1", s.port, 2000, &c), 0);
+	assert_int_equal(connector_auth(s.tp, c, why, sizeof why), 0);
+	struct wire_hdr h = push_hdr(5, 3);
+	float *v = floats(5, 2);
+	assert_int_equal(s.tp->send(c, &h, v), 0);
+	free(v);
+	srv_wait(&s, &s.messages, 1);
+	s.tp->conn_free(c);
+	srv_wait(&s, &s.closed, 1);
+	srv_stop(&s);
+
+	int lfd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof sa;
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+	assert_int_equal(listen(lfd, 4), 0);
+	assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+	int port = ntohs(sa.sin_port);
+	assert_int_equal(fake_acceptor(lfd, s.tp, port, 0, why, sizeof why), UNISUM_EAUTH);
+	assert_non_null(strstr(why, "sent no authentication challenge"));
+	assert_int_equal(fake_acceptor(lfd, s.tp, port, 1, why, sizeof why), UNISUM_EAUTH);
+	assert_non_null(strstr(why, "hung up during the handshake"));
+	assert_int_equal(fake_acceptor(lfd, s.tp, port, 2, why, sizeof why), UNISUM_EAUTH);
+	assert_non_null(strstr(why, "does not know the job secret"));
+	close(lfd);
+	auth_set_secret(NULL);
+}
+
 int main(void)
 {
 	struct rlimit r;
@@ -556,6 +633,7 @@ int main(void)
 		cmocka_unit_test(test_malformed_closes_one),
 		cmocka_unit_test(test_timer_while_idle),
 		cmocka_unit_test(test_handshake_on_the_loop),
+		cmocka_unit_test(test_connector_handshake_without_blocking),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

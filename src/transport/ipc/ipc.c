@@ -208,7 +208,7 @@ static void ipc_listener_free(struct tp_listener *l)
 	free(l);
 }
 
-static int ipc_connect(const char *host, int port, int timeout_ms, struct tp_conn **out)
+static int ipc_dial(const char *host, int port, int timeout_ms, struct tp_conn **out)
 {
 	struct sockaddr_un sa;
 	socklen_t sa_len;
@@ -227,6 +227,16 @@ static int ipc_connect(const char *host, int port, int timeout_ms, struct tp_con
 		log_set_last_error("cannot set up the IPC connection to %s", peer);
 		return UNISUM_ECONN;
 	}
+	*out = c;
+	return 0;
+}
+
+static int ipc_connect(const char *host, int port, int timeout_ms, struct tp_conn **out)
+{
+	struct tp_conn *c;
+	int rc = ipc_dial(host, port, timeout_ms, &c);
+	if (rc != 0)
+		return rc;
 	char why[256];
 	rc = stream_authenticate(c->fd, false, c->peer, why, sizeof why);
 	if (rc != 0) {
@@ -367,7 +377,7 @@ static int ipc_nb_fd(struct tp_conn *c)
 
 static int ipc_auth_nb(struct tp_conn *c, struct tp_auth *a, char *why, size_t len)
 {
-	return stream_auth_nb(c->fd, a, why, len);
+	return stream_auth_nb(c->fd, c->peer, a, why, len);
 }
 
 /* recv_nb's header stages: the header, and for data by address the
@@ -445,6 +455,7 @@ static const struct transport_ops ipc_ops = {
 	.listener_shutdown = ipc_listener_shutdown,
 	.listener_free = ipc_listener_free,
 	.connect = ipc_connect,
+	.dial = ipc_dial,
 	.send = ipc_send,
 	.authenticate = ipc_authenticate,
 	.recv_header = ipc_recv_header,

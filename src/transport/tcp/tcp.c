@@ -154,7 +154,7 @@ static void tcp_listener_free(struct tp_listener *l)
 	free(l);
 }
 
-static int tcp_connect(const char *host, int port, int timeout_ms, struct tp_conn **out)
+static int tcp_dial(const char *host, int port, int timeout_ms, struct tp_conn **out)
 {
 	struct sockaddr_in sa;
 	int rc = tcp_resolve(host, port, &sa);
@@ -169,8 +169,16 @@ static int tcp_connect(const char *host, int port, int timeout_ms, struct tp_con
 		snprintf(why, sizeof why, "%s", log_last_error());
 		return log_fail(rc, "%s", why);
 	}
+	if (rc != 0)
+		return rc;
+	return tcp_adopt(fd, &sa, out);
+}
+
+static int tcp_connect(const char *host, int port, int timeout_ms, struct tp_conn **out)
+{
 	struct tp_conn *c;
-	if (rc != 0 || (rc = tcp_adopt(fd, &sa, &c)) != 0)
+	int rc = tcp_dial(host, port, timeout_ms, &c);
+	if (rc != 0)
 		return rc;
 	char why[256];
 	rc = stream_authenticate(c->fd, false, c->peer, why, sizeof why);
@@ -255,7 +263,7 @@ static int tcp_nb_fd(struct tp_conn *c)
 
 static int tcp_auth_nb(struct tp_conn *c, struct tp_auth *a, char *why, size_t len)
 {
-	return stream_auth_nb(c->fd, a, why, len);
+	return stream_auth_nb(c->fd, c->peer, a, why, len);
 }
 
 static int tcp_recv_nb(struct tp_conn *c, struct tp_rx *rx, char *why, size_t why_len)
@@ -291,6 +299,7 @@ static const struct transport_ops tcp_ops = {
 	.listener_shutdown = tcp_listener_shutdown,
 	.listener_free = tcp_listener_free,
 	.connect = tcp_connect,
+	.dial = tcp_dial,
 	.send = tcp_send,
 	.authenticate = tcp_authenticate,
 	.recv_header = tcp_recv_header,
