@@ -186,6 +186,7 @@ lat_unisum() {
 	fi
 }
 lat_unisum "$BUILD" unisum
+THIS_P50=$UNI_P50
 [ -n "$BASE" ] && lat_unisum "$BASE" "unisum (base)"
 line=$(timeout 300 $PY "$HERE/peers/gloo_allreduce.py" 2 4 "$LAT_ITERS" 100 2>&1 | grep -m 1 '^gloo') || true
 printf '%-14s %8s %8s\n' gloo "$(field median_ms "$line")" "$(field p99_ms "$line")"
@@ -197,6 +198,6 @@ else
 	echo "OpenMPI: mpicc is missing (apt-get install openmpi-bin libopenmpi-dev)"
 fi
 rm -rf "$peers"
-if [ -n "${UNI_P50:-}" ] && [ -n "${GLOO_P50:-}" ]; then
-	echo "$UNI_P50 $GLOO_P50" | awk '{ printf "unisum p50 / gloo p50: %.2f\n", $1 * 1000 / $2 }'
+if [ -n "${THIS_P50:-}" ] && [ -n "${GLOO_P50:-}" ]; then
+	echo "$THIS_P50 $GLOO_P50" | awk '{ printf "unisum p50 / gloo p50: %.2f\n", $1 * 1000 / $2 }'
 fi

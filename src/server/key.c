@@ -405,6 +405,44 @@ void srv_key_remove(struct server *srv, struct srv_key *k)
 	pthread_mutex_unlock(&srv->lock);
 }
 
+/* The engines a loop thread owes a signal (srv_wake_engines), at most
+ * SRV_DUE_MAX; a post that finds no room signals at once. */
+#define SRV_DUE_MAX 64
+#define SRV_DEFER_BYTES 65536	/* below: summing costs less than a wake-up */
+static _Thread_local struct {
+	struct server *srv;	/* set on a loop thread by its first round */
+	int n;
+	struct srv_engine *e[SRV_DUE_MAX];
+} srv_due;
+
+void srv_wake_engines(void *arg)
+{
+	srv_due.srv = arg;
+	for (int i = 0; i < srv_due.n; i++) {
+		struct srv_engine *e = srv_due.e[i];
+		pthread_mutex_lock(&e->lock);
+		e->wake_due = false;
+		pthread_cond_signal(&e->cond);
+		pthread_mutex_unlock(&e->lock);
+	}
+	srv_due.n = 0;
+}
+
+/* Whether a post of k's event from this thread may leave its engine's
+ * wake-up to the end of the loop's round; the caller holds e->lock. */
+static bool srv_defer_wake(struct server *srv, struct srv_engine *e, const struct srv_key *k)
+{
+	if (srv_due.srv != srv || k->bytes >= SRV_DEFER_BYTES)
+		return false;
+	if (e->wake_due)
+		return true;
+	if (srv_due.n == SRV_DUE_MAX)
+		return false;
+	srv_due.e[srv_due.n++] = e;
+	e->wake_due = true;
+	return true;
+}
+
 int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
 		    uint32_t wire_op, const char *why)
 {
@@ -429,7 +467,8 @@ int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t ro
 	else
 		e->head = ev;
 	e->tail = ev;
-	pthread_cond_signal(&e->cond);
+	if (!srv_defer_wake(srv, e, k))
+		pthread_cond_signal(&e->cond);
 	pthread_mutex_unlock(&e->lock);
 	return 0;
 }

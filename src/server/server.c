@@ -264,7 +264,8 @@ static void srv_unwatch_listeners(struct server *srv)
 static void *srv_loop_main(void *arg)
 {
 	prctl(PR_SET_NAME, "unisum-sloop"); /* for top -H, perf and gdb */
-	loop_run(arg, NULL, NULL);
+	struct srv_loop_arg *a = arg;
+	loop_run(a->loop, srv_wake_engines, a->srv);
 	return NULL;
 }
 
@@ -275,7 +276,8 @@ static int srv_start_loops(struct server *srv)
 	srv->nloops = srv->cfg->io_threads > 0 ? srv->cfg->io_threads : 1;
 	srv->loops = calloc((size_t)srv->nloops, sizeof *srv->loops);
 	srv->loop_threads = calloc((size_t)srv->nloops, sizeof *srv->loop_threads);
-	if (srv->loops == NULL || srv->loop_threads == NULL)
+	srv->loop_args = calloc((size_t)srv->nloops, sizeof *srv->loop_args);
+	if (srv->loops == NULL || srv->loop_threads == NULL || srv->loop_args == NULL)
 		return log_fail(UNISUM_ENOMEM, "server: out of memory");
 	for (; srv->loops_started < srv->nloops; srv->loops_started++) {
 		int i = srv->loops_started;
@@ -288,7 +290,8 @@ static int srv_start_loops(struct server *srv)
 		}
 		if (rc != 0)
 			return rc;
-		rc = pthread_create(&srv->loop_threads[i], NULL, srv_loop_main, srv->loops[i]);
+		srv->loop_args[i] = (struct srv_loop_arg){.srv = srv, .loop = srv->loops[i]};
+		rc = pthread_create(&srv->loop_threads[i], NULL, srv_loop_main, &srv->loop_args[i]);
 		if (rc != 0) {
 			srv_out_of_threads(srv, rc, "its I/O threads");
 			loop_free(srv->loops[i]);
@@ -321,8 +324,10 @@ static void srv_stop_loops(struct server *srv)
 	srv->loops_started = 0;
 	free(srv->loops);
 	free(srv->loop_threads);
+	free(srv->loop_args);
 	srv->loops = NULL;
 	srv->loop_threads = NULL;
+	srv->loop_args = NULL;
 }
 
 /* A server for cfg, with its tables and no thread yet; NULL when out of

@@ -141,6 +141,7 @@ struct srv_engine {
 	pthread_cond_t cond;
 	struct srv_event *head, *tail;
 	bool stop;		/* finish the queue, then exit */
+	bool wake_due;		/* a loop owes it a signal at the end of its round */
 	bool joined;		/* exited: posts are dropped */
 	bool left_failed;	/* failed the job for a machine that left (its thread only) */
 	uint64_t bytes;		/* bytes of keys pinned here (under srv->lock) */
@@ -203,6 +204,10 @@ struct server {
 	struct tp_listener *ipc_listener;	/* IPC for workers of this host, or NULL */
 	struct loop **loops;		/* [nloops] serving the connections (UNISUM_IO_THREADS) */
 	pthread_t *loop_threads;
+	struct srv_loop_arg {		/* [nloops] what each loop's thread is given */
+		struct server *srv;
+		struct loop *loop;
+	} *loop_args;
 	int nloops, loops_started;
 	bool loops_halted;		/* their threads joined */
 	atomic_uint next_loop;		/* round robin over the loops */
@@ -314,6 +319,11 @@ bool srv_key_awaits_retires(struct server *srv, const struct srv_conn *c, uint64
 void srv_key_remove(struct server *srv, struct srv_key *k);
 void srv_key_free(struct srv_key *k);
 void srv_key_unpin(struct srv_key *k);
+/* Signals the engines that this loop thread's posts of its round left
+ * waiting (srv_post defers the wake-up of an engine for a small key's
+ * event to the end of the loop's round: one wake-up for all the round's
+ * pushes, not one each).  The `after` of every server loop. */
+void srv_wake_engines(void *srv);
 int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
 	     uint32_t wire_op, const char *why);
 
