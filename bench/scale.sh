@@ -126,7 +126,7 @@ run_one() {
 	big=$(grep -m 1 'pushpull workers=' "$tmp/log" || true)
 	small=$(grep -m 1 'pushpull_small' "$tmp/log" || true)
 	first=$(grep -m 1 'pushpull_launch' "$tmp/log" || true)
-	iters=$((1 + ITERS + 1 + SMALL))
+	iters=$((1 + ITERS + (SMALL > 0 ? SMALL + 1 : 0)))
 	echo "$1 $result $(v first_max_s "$first") $(v median_s "$big") $(v p99_s "$big")" \
 		"$(v median_s "$small") $(v p99_s "$small") $2 $3 $4 $5 $iters $6 $7 $8 $9 ${10} ${11}" |
 		awk '{ ms = 1000; cpu = $9 + $10
@@ -148,7 +148,7 @@ echo "cpu: $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo), $(npro
 	"(unisum launch raises the soft one to the hard one)"
 echo "each job: W workers (one per machine) x S servers; 1 + $ITERS push_pulls of 1 MiB float32, then 1 + $SMALL of 4 bytes"
 echo "launch: from just before \`unisum launch\` to the end of the first push_pull, the slowest rank"
-echo "CPU: user + system of the whole job; per it.: over all $((1 + ITERS + 1 + SMALL)) iterations, the launch included"
+echo "CPU: user + system of the whole job; per it.: over all $((1 + ITERS + (SMALL > 0 ? SMALL + 1 : 0))) iterations, the launch included"
 echo "threads, RSS (MiB): the most in one server / one worker / the launcher (its scheduler's)"
 printf '%-11s %-6s %7s %8s %7s %8s %7s %6s %7s %7s %9s %s %s\n' "W_x_S" result launch_s \
 	1MiB_p50 p99_ms 4B_p50 p99_ms wall_s CPU_s CPU/it. ctxsw/it. threads RSS | sed 's/_/ /g'

@@ -81,7 +81,8 @@ static const struct knob config_knobs[] = {
 	 "0", 0, 256, "summation threads per server (0: one per core, at most 4)"},
 	{"UNISUM_IO_THREADS", NULL, NULL, KNOB_INT, FIELD(io_threads), "0", 0, 64,
 	 "event-loop threads that serve a process's connections (a server's to its workers, a "
-	 "worker's to the servers), whatever their number (0: one per 8 cores, 1 to 4)"},
+	 "worker's to the servers), whatever their number (0: a server one per core, a worker one "
+	 "per 8 cores; 1 to 4)"},
 	{"UNISUM_LOG_LEVEL", "BYTEPS_LOG_LEVEL", NULL, KNOB_LOG_LEVEL, FIELD(log_level), "WARNING", 0, 0,
 	 "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL"},
 	{"UNISUM_TIMEOUT_MS", NULL, NULL, KNOB_INT, FIELD(timeout_ms), "30000", 100, INT_MAX,
@@ -460,10 +461,6 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 	if (cfg->engine_threads == 0) {
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
 		cfg->engine_threads = n < 1 ? 1 : n > 4 ? 4 : (int)n;
-	}
-	if (cfg->io_threads == 0) {
-		long n = sysconf(_SC_NPROCESSORS_ONLN) / 8;
-		cfg->io_threads = n < 1 ? 1 : n > 4 ? 4 : (int)n;
 	}
 	return 0;
 }

@@ -48,7 +48,8 @@ struct config {
 					 * (see config_job_id) */
 	uint64_t partition_bytes;	/* largest partition of a tensor */
 	int engine_threads;		/* summation threads per server, 0 = one per core */
-	int io_threads;			/* event loops serving a process's connections, 0 = from the cores */
+	int io_threads;			/* event loops serving a process's connections, 0 = from the
+					 * cores, by role (server.c, links.c) */
 	int log_level;			/* enum log_level */
 	int timeout_ms;			/* a peer silent this long is dead; also bounds connecting */
 	int start_timeout_ms;		/* registration must complete within this (0: no limit) */

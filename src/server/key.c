@@ -417,7 +417,7 @@ static _Thread_local struct {
 
 void srv_wake_engines(void *arg)
 {
-	srv_due.srv = arg;
+	srv_due.srv = arg;	/* NULL: this thread's loop ended */
 	for (int i = 0; i < srv_due.n; i++) {
 		struct srv_engine *e = srv_due.e[i];
 		pthread_mutex_lock(&e->lock);

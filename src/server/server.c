@@ -99,6 +99,8 @@ static void srv_notice(void *arg, int err, const char *why)
 	pthread_mutex_lock(&srv->lock);
 	atomic_store(&srv->stopping, true);
 	pthread_cond_broadcast(&srv->stop_cond);
+	if (srv->main_loop != NULL)
+		loop_stop(srv->main_loop);
 	pthread_mutex_unlock(&srv->lock);
 }
 
@@ -245,10 +247,18 @@ static void srv_serve(struct server *srv)
 			.srv = srv, .tp = transport_ipc(), .l = srv->ipc_listener, .resume.slot = -1};
 	if (loop_post(srv->loops[0], srv_watch_listeners, srv) != 0)
 		rdv_client_fail_job(srv->rdv, UNISUM_ENOMEM, "a server is out of memory");
+	/* This thread runs loop 0 (one thread fewer than waiting here),
+	 * until the job ends (srv_notice stops it). */
 	pthread_mutex_lock(&srv->lock);
-	while (!atomic_load(&srv->stopping))
-		pthread_cond_wait(&srv->stop_cond, &srv->lock);
+	bool run = !atomic_load(&srv->stopping);
+	srv->main_loop = run ? srv->loops[0] : NULL;
 	pthread_mutex_unlock(&srv->lock);
+	if (run)
+		loop_run(srv->loops[0], srv_wake_engines, srv);
+	pthread_mutex_lock(&srv->lock);
+	srv->main_loop = NULL;
+	pthread_mutex_unlock(&srv->lock);
+	srv_wake_engines(NULL);	/* no longer a loop: posts signal at once */
 }
 
 /* After the loops halted: the listeners are no longer watched. */
@@ -273,7 +283,10 @@ static void *srv_loop_main(void *arg)
  * an error, named (srv_stop_loops undoes it either way). */
 static int srv_start_loops(struct server *srv)
 {
-	srv->nloops = srv->cfg->io_threads > 0 ? srv->cfg->io_threads : 1;
+	/* A server's loops copy every push in: one per core, 1 to 4. */
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	srv->nloops = srv->cfg->io_threads > 0 ? srv->cfg->io_threads
+		      : cores < 1 ? 1 : cores > 4 ? 4 : (int)cores;
 	srv->loops = calloc((size_t)srv->nloops, sizeof *srv->loops);
 	srv->loop_threads = calloc((size_t)srv->nloops, sizeof *srv->loop_threads);
 	srv->loop_args = calloc((size_t)srv->nloops, sizeof *srv->loop_args);
@@ -291,6 +304,8 @@ static int srv_start_loops(struct server *srv)
 		if (rc != 0)
 			return rc;
 		srv->loop_args[i] = (struct srv_loop_arg){.srv = srv, .loop = srv->loops[i]};
+		if (i == 0)
+			continue;	/* server_run's own thread runs it (srv_serve) */
 		rc = pthread_create(&srv->loop_threads[i], NULL, srv_loop_main, &srv->loop_args[i]);
 		if (rc != 0) {
 			srv_out_of_threads(srv, rc, "its I/O threads");
@@ -311,7 +326,7 @@ static void srv_halt_loops(struct server *srv)
 	srv->loops_halted = true;
 	for (int i = 0; i < srv->loops_started; i++)
 		loop_stop(srv->loops[i]);
-	for (int i = 0; i < srv->loops_started; i++)
+	for (int i = 1; i < srv->loops_started; i++)	/* loop 0 ran on server_run's */
 		pthread_join(srv->loop_threads[i], NULL);
 }
 

@@ -210,6 +210,7 @@ struct server {
 	} *loop_args;
 	int nloops, loops_started;
 	bool loops_halted;		/* their threads joined */
+	struct loop *main_loop;		/* loop 0 while server_run's thread runs it (srv->lock) */
 	atomic_uint next_loop;		/* round robin over the loops */
 	/* The listeners (TCP, and IPC when there is one), watched by loop 0. */
 	struct srv_acceptor {

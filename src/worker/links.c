@@ -71,7 +71,9 @@ static int wk_no_thread(struct worker *w, int rc, const char *what)
  * undoes what was started). */
 static int wk_start_links(struct worker *w)
 {
-	w->nloops = w->cfg.io_threads > 0 ? w->cfg.io_threads : 1;
+	/* A worker's loops receive its own replies: one per 8 cores. */
+	long cores = sysconf(_SC_NPROCESSORS_ONLN) / 8;
+	w->nloops = w->cfg.io_threads > 0 ? w->cfg.io_threads : cores < 1 ? 1 : cores > 4 ? 4 : (int)cores;
 	w->loops = calloc((size_t)w->nloops, sizeof *w->loops);
 	w->loop_threads = calloc((size_t)w->nloops, sizeof *w->loop_threads);
 	if (w->loops == NULL || w->loop_threads == NULL)
