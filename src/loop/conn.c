@@ -41,7 +41,7 @@ struct loop_conn {
 	void *arg;
 	struct loop_io io;
 	struct loop_timer auth_timer;
-	struct tp_auth auth;
+	struct auth_state auth;
 	bool authed;			/* the handshake is done (or was not needed) */
 	struct tp_rx rx;		/* the message being received */
 	void *own;			/* rx.dst when the connection owns it */

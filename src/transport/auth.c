@@ -65,72 +65,74 @@ void auth_nonce(uint8_t nonce[AUTH_NONCE_BYTES])
 	randombytes_buf(nonce, AUTH_NONCE_BYTES);
 }
 
-int auth_connector_answer(const uint8_t *challenge, uint8_t *answer, const char *peer, char *why,
-			  size_t len)
+/* The acceptor's side of auth_step. */
+static int auth_acceptor_step(struct auth_state *a, const struct auth_io *io, char *why, size_t len)
 {
-	if (memcmp(challenge, AUTH_MAGIC, 4) != 0) {
+	int rc = 0;
+	if (a->stage == 0 && a->off == 0) {
+		memcpy(a->challenge, AUTH_MAGIC, 4);
+		auth_nonce(a->challenge + 4);
+	}
+	if (a->stage == 0 && (rc = io->write(io->ctx, a->challenge, sizeof a->challenge, &a->off)) == 0)
+		a->stage = 1, a->off = 0;
+	if (a->stage == 1 && (rc = io->read(io->ctx, a->answer, sizeof a->answer, &a->off)) == 0) {
+		if (!auth_tag_is_valid("connector", a->challenge + 4, a->answer,
+				       a->answer + AUTH_NONCE_BYTES)) {
+			snprintf(why, len, "wrong or missing job secret (or a replayed handshake)");
+			return UNISUM_EAUTH;
+		}
+		auth_tag("acceptor", a->answer, a->challenge + 4, a->tag);
+		a->stage = 2, a->off = 0;
+	}
+	if (a->stage == 2 && (rc = io->write(io->ctx, a->tag, sizeof a->tag, &a->off)) == 0)
+		a->stage = 3;
+	if (rc == AUTH_AGAIN)
+		return AUTH_AGAIN;
+	if (rc != 0) {
+		snprintf(why, len, a->stage <= 1 ? "no answer to the authentication challenge"
+						 : "hung up during the handshake");
+		return UNISUM_EAUTH;
+	}
+	return 0;
+}
+
+/* The connector's side of auth_step. */
+static int auth_connector_step(struct auth_state *a, const struct auth_io *io, const char *peer,
+			       char *why, size_t len)
+{
+	int rc = 0;
+	if (a->stage == 0 && (rc = io->read(io->ctx, a->challenge, sizeof a->challenge, &a->off)) == 0) {
+		if (memcmp(a->challenge, AUTH_MAGIC, 4) != 0) {
+			rc = UNISUM_EAUTH;	/* no challenge: named below */
+		} else {
+			auth_nonce(a->answer);
+			auth_tag("connector", a->challenge + 4, a->answer, a->answer + AUTH_NONCE_BYTES);
+			a->stage = 1, a->off = 0;
+		}
+	}
+	if (a->stage == 1 && (rc = io->write(io->ctx, a->answer, sizeof a->answer, &a->off)) == 0)
+		a->stage = 2, a->off = 0;
+	if (a->stage == 2 && (rc = io->read(io->ctx, a->tag, sizeof a->tag, &a->off)) == 0) {
+		if (!auth_tag_is_valid("acceptor", a->answer, a->challenge + 4, a->tag)) {
+			snprintf(why, len, "%s does not know the job secret (UNISUM_SECRET differs)", peer);
+			return UNISUM_EAUTH;
+		}
+		a->stage = 3;
+	}
+	if (rc == AUTH_AGAIN)
+		return AUTH_AGAIN;
+	if (rc != 0 && a->stage == 0)
 		snprintf(why, len, "%s sent no authentication challenge: is UNISUM_SECRET set on every "
 			 "node of the job (and only there)?", peer);
-		return UNISUM_EAUTH;
-	}
-	auth_nonce(answer);
-	auth_tag("connector", challenge + 4, answer, answer + AUTH_NONCE_BYTES);
-	return 0;
+	else if (rc != 0)
+		snprintf(why, len, "%s hung up during the handshake: it holds another UNISUM_SECRET",
+			 peer);
+	return rc != 0 ? UNISUM_EAUTH : 0;
 }
 
-int auth_connector_check(const uint8_t *challenge, const uint8_t *answer, const uint8_t *tag,
-			 const char *peer, char *why, size_t len)
+int auth_step(struct auth_state *a, const struct auth_io *io, const char *peer, char *why,
+	      size_t len)
 {
-	if (!auth_tag_is_valid("acceptor", answer, challenge + 4, tag)) {
-		snprintf(why, len, "%s does not know the job secret (UNISUM_SECRET differs)", peer);
-		return UNISUM_EAUTH;
-	}
-	return 0;
-}
-
-void auth_connector_hung_up(const char *peer, char *why, size_t len)
-{
-	snprintf(why, len, "%s hung up during the handshake: it holds another UNISUM_SECRET", peer);
-}
-
-int auth_handshake_connector(const struct auth_io *io, const char *peer, char *why, size_t len)
-{
-	uint8_t challenge[4 + AUTH_NONCE_BYTES], answer[AUTH_NONCE_BYTES + AUTH_TAG_BYTES],
-		tag[AUTH_TAG_BYTES];
-	if (io->read_full(io->ctx, challenge, sizeof challenge) != 0)
-		memset(challenge, 0, sizeof challenge);	/* no challenge: named below */
-	int rc = auth_connector_answer(challenge, answer, peer, why, len);
-	if (rc != 0)
-		return rc;
-	if (io->write_full(io->ctx, answer, sizeof answer) != 0 ||
-	    io->read_full(io->ctx, tag, sizeof tag) != 0) {
-		auth_connector_hung_up(peer, why, len);
-		return UNISUM_EAUTH;
-	}
-	return auth_connector_check(challenge, answer, tag, peer, why, len);
-}
-
-int auth_handshake_acceptor(const struct auth_io *io, char *why, size_t len)
-{
-	uint8_t challenge[4 + AUTH_NONCE_BYTES], answer[AUTH_NONCE_BYTES + AUTH_TAG_BYTES],
-		tag[AUTH_TAG_BYTES];
-	memcpy(challenge, AUTH_MAGIC, 4);
-	uint8_t *nonce_a = challenge + 4;
-	auth_nonce(nonce_a);
-	if (io->write_full(io->ctx, challenge, sizeof challenge) != 0 ||
-	    io->read_full(io->ctx, answer, sizeof answer) != 0) {
-		snprintf(why, len, "no answer to the authentication challenge");
-		return UNISUM_EAUTH;
-	}
-	const uint8_t *nonce_c = answer;
-	if (!auth_tag_is_valid("connector", nonce_a, nonce_c, answer + AUTH_NONCE_BYTES)) {
-		snprintf(why, len, "wrong or missing job secret (or a replayed handshake)");
-		return UNISUM_EAUTH;
-	}
-	auth_tag("acceptor", nonce_c, nonce_a, tag);
-	if (io->write_full(io->ctx, tag, sizeof tag) != 0) {
-		snprintf(why, len, "hung up during the handshake");
-		return UNISUM_EAUTH;
-	}
-	return 0;
+	return a->connector ? auth_connector_step(a, io, peer, why, len)
+			    : auth_acceptor_step(a, io, why, len);
 }

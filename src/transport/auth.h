@@ -41,33 +41,40 @@ bool auth_tag_is_valid(const char *label, const uint8_t *first, const uint8_t *s
 /* Fills `nonce` with fresh random bytes. */
 void auth_nonce(uint8_t nonce[AUTH_NONCE_BYTES]);
 
-/* The bytes a handshake moves, whatever carries them: read_full() fills
- * exactly `len` bytes and write_full() sends exactly `len`; each returns 0,
- * or non-zero when the peer hung up, timed out or failed.  The handshake
- * reads at most AUTH_MAX_READ bytes from the peer, whatever it sends. */
+/* The bytes a handshake moves, whatever carries them (a blocking or a
+ * non-blocking socket, the fuzzer's peer): each call moves what it can
+ * of bytes [*off, len), advancing *off, and returns 0 once all of them
+ * moved, AUTH_AGAIN when it would block (the caller calls auth_step
+ * again once it can go on), or another non-zero value when the peer hung
+ * up, timed out or failed.  A handshake reads at most AUTH_MAX_READ bytes
+ * from the peer, whatever it sends. */
 struct auth_io {
 	void *ctx;
-	int (*read_full)(void *ctx, void *dst, size_t len);
-	int (*write_full)(void *ctx, const void *src, size_t len);
+	int (*read)(void *ctx, void *dst, size_t len, size_t *off);
+	int (*write)(void *ctx, const void *src, size_t len, size_t *off);
 };
 
+#define AUTH_AGAIN 1
 #define AUTH_MAX_READ (4 + AUTH_NONCE_BYTES + AUTH_TAG_BYTES)
 
-/* Runs one side of the handshake over `io`.  `peer` names the other end in
- * messages.  Returns 0 when both sides proved they hold the secret, or
- * UNISUM_EAUTH with the reason in `why` (never empty, always terminated). */
-int auth_handshake_connector(const struct auth_io *io, const char *peer, char *why, size_t len);
-int auth_handshake_acceptor(const struct auth_io *io, char *why, size_t len);
+/* One side of a handshake in progress, the only implementation of either
+ * side: zeroed by the caller, who sets `connector` on the connecting
+ * side. */
+struct auth_state {
+	bool connector;
+	int stage;	/* acceptor: 0 challenge out, 1 answer in, 2 tag out, 3 done;
+			 * connector: 0 challenge in, 1 answer out, 2 tag in, 3 done */
+	size_t off;	/* of the current stage's bytes */
+	uint8_t challenge[4 + AUTH_NONCE_BYTES];		/* "USAU", nonce_a */
+	uint8_t answer[AUTH_NONCE_BYTES + AUTH_TAG_BYTES];	/* nonce_c, its tag */
+	uint8_t tag[AUTH_TAG_BYTES];				/* the acceptor's */
+};
 
-/* The connector's two steps, for a handshake driven without blocking:
- * the answer (AUTH_NONCE_BYTES + AUTH_TAG_BYTES) to a challenge (4 +
- * AUTH_NONCE_BYTES), and the check of the acceptor's tag.  0, or
- * UNISUM_EAUTH with the reason, naming `peer`, in `why`. */
-int auth_connector_answer(const uint8_t *challenge, uint8_t *answer, const char *peer, char *why,
-			  size_t len);
-int auth_connector_check(const uint8_t *challenge, const uint8_t *answer, const uint8_t *tag,
-			 const char *peer, char *why, size_t len);
-/* Why a connector's peer hung up in the middle. */
-void auth_connector_hung_up(const char *peer, char *why, size_t len);
+/* Moves a's handshake on as far as io allows (the caller has checked that
+ * a secret is set).  Returns 0 once both sides proved they hold the
+ * secret, AUTH_AGAIN, or UNISUM_EAUTH with the reason in `why` (never
+ * empty, always terminated; naming `peer` on the connector's side). */
+int auth_step(struct auth_state *a, const struct auth_io *io, const char *peer, char *why,
+	      size_t len);
 
 #endif /* UNISUM_AUTH_H */

@@ -107,21 +107,6 @@ int stream_connect(int family, const struct sockaddr *sa, socklen_t sa_len, int 
 	}
 }
 
-static int stream_write_full(int fd, const void *src, size_t len)
-{
-	const uint8_t *p = src;
-	while (len > 0) {
-		ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return UNISUM_ECONN;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 int stream_send(int fd, const struct wire_hdr *hdr, const void *payload)
 {
 	uint8_t head[WIRE_HDR_SIZE];
@@ -202,14 +187,27 @@ static void stream_recv_timeout(int fd, int seconds)
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 }
 
-static int stream_io_read(void *ctx, void *dst, size_t len)
+static int stream_write_nb(int fd, const uint8_t *src, size_t len, size_t *off);
+
+/* The handshake's bytes on a socket (struct auth_io), blocking or not:
+ * the same calls.  On a blocking socket a read that timed out
+ * (SO_RCVTIMEO) is the peer's failure (stream_auth_read_blocking). */
+_Static_assert(AUTH_AGAIN == TP_AGAIN, "the handshake's AGAIN is the transports'");
+
+static int stream_auth_read(void *ctx, void *dst, size_t len, size_t *off)
 {
-	return stream_read_full(*(int *)ctx, dst, len);
+	return stream_read_nb(*(int *)ctx, dst, len, off);
 }
 
-static int stream_io_write(void *ctx, const void *src, size_t len)
+static int stream_auth_read_blocking(void *ctx, void *dst, size_t len, size_t *off)
 {
-	return stream_write_full(*(int *)ctx, src, len);
+	int rc = stream_read_nb(*(int *)ctx, dst, len, off);
+	return rc == TP_AGAIN ? UNISUM_ETIMEDOUT : rc;
+}
+
+static int stream_auth_write(void *ctx, const void *src, size_t len, size_t *off)
+{
+	return stream_write_nb(*(int *)ctx, src, len, off);
 }
 
 int stream_authenticate(int fd, bool acceptor, const char *peer, char *why, size_t len)
@@ -217,9 +215,9 @@ int stream_authenticate(int fd, bool acceptor, const char *peer, char *why, size
 	if (!auth_is_enabled())
 		return 0;
 	stream_recv_timeout(fd, STREAM_AUTH_TIMEOUT_S);
-	struct auth_io io = {&fd, stream_io_read, stream_io_write};
-	int rc = acceptor ? auth_handshake_acceptor(&io, why, len)
-			  : auth_handshake_connector(&io, peer, why, len);
+	struct auth_io io = {&fd, stream_auth_read_blocking, stream_auth_write};
+	struct auth_state a = {.connector = !acceptor};
+	int rc = auth_step(&a, &io, peer, why, len);
 	stream_recv_timeout(fd, 0);
 	return rc;
 }
@@ -350,72 +348,12 @@ static int stream_write_nb(int fd, const uint8_t *src, size_t len, size_t *off)
 	return 0;
 }
 
-/* The connector's side of stream_auth_nb: a->challenge in, the answer
- * (a->buf) out, the acceptor's tag in (a->tag: the check needs the
- * answer still). */
-static int stream_auth_connector_nb(int fd, const char *peer, struct tp_auth *a, char *why,
-				    size_t len)
-{
-	int rc = 0;
-	if (a->stage == 0 && (rc = stream_read_nb(fd, a->challenge, sizeof a->challenge, &a->off)) == 0) {
-		if (auth_connector_answer(a->challenge, a->buf, peer, why, len) != 0)
-			return UNISUM_EAUTH;
-		a->stage = 1, a->off = 0;
-	}
-	if (a->stage == 1 && (rc = stream_write_nb(fd, a->buf, 64, &a->off)) == 0)
-		a->stage = 2, a->off = 0;
-	if (a->stage == 2 && (rc = stream_read_nb(fd, a->tag, AUTH_TAG_BYTES, &a->off)) == 0) {
-		if (auth_connector_check(a->challenge, a->buf, a->tag, peer, why, len) != 0)
-			return UNISUM_EAUTH;
-		a->stage = 3;
-	}
-	if (rc == TP_AGAIN)
-		return TP_AGAIN;
-	if (rc != 0) {
-		if (a->stage == 0) {
-			memset(a->challenge, 0, sizeof a->challenge);	/* names it */
-			auth_connector_answer(a->challenge, a->buf, peer, why, len);
-		} else {
-			auth_connector_hung_up(peer, why, len);
-		}
-		return UNISUM_EAUTH;
-	}
-	return 0;
-}
-
-int stream_auth_nb(int fd, const char *peer, struct tp_auth *a, char *why, size_t len)
+int stream_auth_nb(int fd, const char *peer, struct auth_state *a, char *why, size_t len)
 {
 	if (!auth_is_enabled())
 		return 0;
-	if (a->connector)
-		return stream_auth_connector_nb(fd, peer, a, why, len);
-	int rc = 0;
-	if (a->stage == 0 && a->off == 0) {
-		memcpy(a->challenge, AUTH_MAGIC, 4);
-		auth_nonce(a->challenge + 4);
-	}
-	if (a->stage == 0 && (rc = stream_write_nb(fd, a->challenge, sizeof a->challenge, &a->off)) == 0)
-		a->stage = 1, a->off = 0;
-	if (a->stage == 1 && (rc = stream_read_nb(fd, a->buf, 64, &a->off)) == 0) {
-		if (!auth_tag_is_valid("connector", a->challenge + 4, a->buf, a->buf + AUTH_NONCE_BYTES)) {
-			snprintf(why, len, "wrong or missing job secret (or a replayed handshake)");
-			return UNISUM_EAUTH;
-		}
-		uint8_t nonce_c[AUTH_NONCE_BYTES];
-		memcpy(nonce_c, a->buf, sizeof nonce_c);
-		auth_tag("acceptor", nonce_c, a->challenge + 4, a->buf);
-		a->stage = 2, a->off = 0;
-	}
-	if (a->stage == 2 && (rc = stream_write_nb(fd, a->buf, AUTH_TAG_BYTES, &a->off)) == 0)
-		a->stage = 3;
-	if (rc == TP_AGAIN)
-		return TP_AGAIN;
-	if (rc != 0) {
-		snprintf(why, len, a->stage == 1 ? "no answer to the authentication challenge"
-						 : "hung up during the handshake");
-		return UNISUM_EAUTH;
-	}
-	return 0;
+	struct auth_io io = {&fd, stream_auth_read, stream_auth_write};
+	return auth_step(a, &io, peer, why, len);
 }
 
 /* ---- telling ThreadSanitizer about messages ------------------------------- */

@@ -81,7 +81,7 @@ int stream_send_nb(int fd, struct tp_tx *tx, const void *payload, size_t len);
 /* Either side's handshake (auth.h; a->connector) without blocking: 0 when
  * done or no secret is set, TP_AGAIN, or UNISUM_EAUTH with why (naming
  * `peer` on the connector's side). */
-int stream_auth_nb(int fd, const char *peer, struct tp_auth *a, char *why, size_t len);
+int stream_auth_nb(int fd, const char *peer, struct auth_state *a, char *why, size_t len);
 
 /* ThreadSanitizer does not see that a message sent on one socket is what
  * another thread receives on its peer, so a job run in one process (the

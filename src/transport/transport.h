@@ -17,7 +17,7 @@
  * (src/loop/conn.h) is made non-blocking with nb_fd(), and from then on
  * moved only with auth_nb(), recv_nb() and send_nb(): each goes as far as
  * the descriptor allows and returns TP_AGAIN where it would block, keeping
- * its place in a state the caller owns (struct tp_rx, tp_tx, tp_auth), so
+ * its place in a state the caller owns (struct tp_rx, tp_tx, auth_state), so
  * the next call, once epoll says the descriptor is ready, goes on from
  * there.  The zero-copy contracts below hold for it as well.
  *
@@ -35,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "transport/auth.h"
 #include "wire/wire.h"
 
 struct tp_listener;
@@ -63,18 +64,6 @@ struct tp_tx {
 	size_t off;
 	uint8_t head[WIRE_HDR_SIZE];
 	uint64_t ref[3];	/* IPC: the data's address and guard, as sent */
-};
-
-/* One side of the job-secret handshake in progress (auth_nb); zeroed by
- * the caller, who sets `connector` on the connecting side. */
-struct tp_auth {
-	bool connector;
-	int stage;		/* acceptor: 0 challenge out, 1 answer in, 2 tag out, 3 done;
-				 * connector: 0 challenge in, 1 answer out, 2 tag in, 3 done */
-	size_t off;
-	uint8_t challenge[36];	/* "USAU" and the nonce */
-	uint8_t buf[64];	/* the answer, then (acceptor) the tag */
-	uint8_t tag[32];	/* the connector's: the acceptor's tag */
 };
 
 struct transport_ops {
@@ -156,7 +145,7 @@ struct transport_ops {
 
 	/* Either side's handshake of the job secret (a->connector): 0 once
 	 * done (at once with no secret), TP_AGAIN, or UNISUM_EAUTH with why. */
-	int (*auth_nb)(struct tp_conn *c, struct tp_auth *a, char *why, size_t len);
+	int (*auth_nb)(struct tp_conn *c, struct auth_state *a, char *why, size_t len);
 
 	/* Receives the next message into rx: TP_HEADER once its header is in
 	 * (rx->hdr; the caller sets rx->dst and calls again), 0 once the whole

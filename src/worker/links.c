@@ -171,7 +171,7 @@ static int wk_dial_one(struct worker *w, struct wk_conn *c, const struct rdv_nod
  * UNISUM_EAUTH with the reason in cs[i]->dead_why. */
 static void wk_handshake(struct worker *w, struct wk_conn **cs, int *rcs, int n)
 {
-	struct tp_auth *a = calloc((size_t)n, sizeof *a);
+	struct auth_state *a = calloc((size_t)n, sizeof *a);
 	struct pollfd *p = calloc((size_t)n, sizeof *p);
 	int left = 0;
 	for (int i = 0; i < n; i++) {

@@ -543,7 +543,7 @@ static void test_handshake_on_the_loop(void **state)
  * worker does for all its servers at once: its result, the reason in why. */
 static int connector_auth(const struct transport_ops *tp, struct tp_conn *c, char *why, size_t len)
 {
-	struct tp_auth a = {.connector = true};
+	struct auth_state a = {.connector = true};
 	struct pollfd p = {.fd = tp->nb_fd(c), .events = POLLIN};
 	int rc;
 	while ((rc = tp->auth_nb(c, &a, why, len)) == TP_AGAIN)

@@ -2,8 +2,9 @@
  * fuzz_auth.c - libFuzzer target for the connection handshake
  * (src/transport/auth.c, protocol in auth.h).
  *
- * The side under test talks to a peer played by this harness through the
- * auth_io callbacks, so no socket is needed and every byte the peer sends
+ * The side under test (auth_step, the one implementation that both the
+ * blocking and the non-blocking transports drive) talks to a peer played
+ * by this harness through the auth_io callbacks, so no socket is needed and every byte the peer sends
  * comes from the fuzzer.  Input layout:
  *
  *   byte 0      mode: bit 0 the side under test (0 acceptor, 1 connector);
@@ -12,7 +13,10 @@
  *               rather than raw (the fuzzer's bytes are sent as they are);
  *               bit 2 (honest acceptor test) replay: after a first honest
  *               handshake, the captured answer is sent again to a second
- *               acceptor; bit 3 the peer holds another secret.
+ *               acceptor; bit 3 the peer holds another secret; bit 4
+ *               trickle: the side under test gets and gives at most 7
+ *               bytes a call, then AUTH_AGAIN, and is called again (the
+ *               non-blocking path the event loop takes).
  *   byte 1      the size of the caller's reason buffer, 1..256
  *   byte 2      n, the length of the secret (1..32); then n secret bytes
  *   byte 3+n    t, how many bytes the peer sends before hanging up
@@ -71,6 +75,8 @@ struct peer {
 	int writes;
 	/* A replayed answer, when set, is sent as it is. */
 	const uint8_t *replay;
+	bool trickle;			   /* at most TRICKLE bytes a call */
+	uint8_t msg[128];		   /* the message being read, whole */
 };
 
 static void tag_of(const uint8_t key[crypto_auth_KEYBYTES], const char *label,
@@ -110,7 +116,9 @@ static void honest_bytes(struct peer *p, uint8_t *out, size_t len)
 	memcpy(out, msg, len);
 }
 
-static int peer_read(void *ctx, void *dst, size_t len)
+#define TRICKLE 7
+
+static int peer_read_all(void *ctx, void *dst, size_t len)
 {
 	struct peer *p = ctx;
 	uint8_t *out = dst;
@@ -143,7 +151,7 @@ static int peer_read(void *ctx, void *dst, size_t len)
 	return 0;
 }
 
-static int peer_write(void *ctx, const void *src, size_t len)
+static int peer_write_all(void *ctx, const void *src, size_t len)
 {
 	struct peer *p = ctx;
 	const uint8_t *in = src;
@@ -193,6 +201,33 @@ static void key_of(const uint8_t *secret, size_t n, uint8_t key[crypto_auth_KEYB
 	crypto_generichash(key, crypto_auth_KEYBYTES, secret, n, NULL, 0);
 }
 
+/* auth_io's read: the whole message is made when its first byte is
+ * asked for (peer_read_all), then handed over all at once or, trickling,
+ * TRICKLE bytes a call. */
+static int peer_read(void *ctx, void *dst, size_t len, size_t *off)
+{
+	struct peer *p = ctx;
+	CHECK(len <= sizeof p->msg && *off < len);
+	if (*off == 0 && peer_read_all(p, p->msg, len) != 0)
+		return -1;
+	size_t n = p->trickle && len - *off > TRICKLE ? TRICKLE : len - *off;
+	memcpy((uint8_t *)dst + *off, p->msg + *off, n);
+	*off += n;
+	return *off == len ? 0 : AUTH_AGAIN;
+}
+
+/* auth_io's write: taken all at once or, trickling, TRICKLE bytes a call;
+ * checked whole once all of it came (peer_write_all). */
+static int peer_write(void *ctx, const void *src, size_t len, size_t *off)
+{
+	struct peer *p = ctx;
+	CHECK(*off < len);
+	*off += p->trickle && len - *off > TRICKLE ? TRICKLE : len - *off;
+	if (*off < len)
+		return AUTH_AGAIN;
+	return peer_write_all(p, src, len);
+}
+
 /* Runs the side under test against `p`; checks the reason; returns rc. */
 static int run_side(struct peer *p, size_t why_size)
 {
@@ -200,8 +235,10 @@ static int run_side(struct peer *p, size_t why_size)
 	CHECK(why != NULL);
 	memset(why, 'x', why_size);
 	struct auth_io io = {p, peer_read, peer_write};
-	int rc = p->acceptor_under_test ? auth_handshake_acceptor(&io, why, why_size)
-					: auth_handshake_connector(&io, "10.0.0.1:9000", why, why_size);
+	struct auth_state a = {.connector = !p->acceptor_under_test};
+	int rc, calls = 0;
+	while ((rc = auth_step(&a, &io, "10.0.0.1:9000", why, why_size)) == AUTH_AGAIN)
+		CHECK(p->trickle && ++calls < 64);	/* every call moved a byte */
 	CHECK(rc == 0 || rc == UNISUM_EAUTH);
 	if (rc != 0) {
 		CHECK(memchr(why, '\0', why_size) != NULL);
@@ -239,6 +276,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct peer p = {0};
 	p.acceptor_under_test = (mode & 1) == 0;
 	p.honest = (mode & 2) != 0;
+	p.trickle = (mode & 16) != 0;
 	p.limit = t == 255 ? SIZE_MAX : t;
 	key_of((const uint8_t *)our_secret, n, p.our_key);
 	if (mode & 8) {

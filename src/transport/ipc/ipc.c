@@ -375,7 +375,7 @@ static int ipc_nb_fd(struct tp_conn *c)
 	return c->fd;
 }
 
-static int ipc_auth_nb(struct tp_conn *c, struct tp_auth *a, char *why, size_t len)
+static int ipc_auth_nb(struct tp_conn *c, struct auth_state *a, char *why, size_t len)
 {
 	return stream_auth_nb(c->fd, c->peer, a, why, len);
 }

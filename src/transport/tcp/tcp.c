@@ -261,7 +261,7 @@ static int tcp_nb_fd(struct tp_conn *c)
 	return c->fd;
 }
 
-static int tcp_auth_nb(struct tp_conn *c, struct tp_auth *a, char *why, size_t len)
+static int tcp_auth_nb(struct tp_conn *c, struct auth_state *a, char *why, size_t len)
 {
 	return stream_auth_nb(c->fd, c->peer, a, why, len);
 }
