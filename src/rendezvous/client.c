@@ -575,7 +575,7 @@ int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn noti
 	timing_cond_init(&c->replied);
 	timing_cond_init(&c->beat);
 
-	int rc = c->tp->connect(cfg->scheduler_host, cfg->scheduler_port, cfg->timeout_ms, &c->conn);
+	int rc = transport_connect(c->tp, cfg->scheduler_host, cfg->scheduler_port, cfg->timeout_ms, &c->conn);
 	if (rc != 0)
 		goto out_free;
 	rc = rdv_register(c, cfg, listen_port);

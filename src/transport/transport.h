@@ -86,12 +86,10 @@ struct transport_ops {
 	void (*listener_free)(struct tp_listener *l);
 
 	/* Connects to host:port, retrying refused attempts until timeout_ms
-	 * has passed.  0 and a connection, or a negative error. */
-	int (*connect)(const char *host, int port, int timeout_ms, struct tp_conn **out);
-
-	/* As connect(), but without the handshake: the caller runs the
-	 * connector's side with auth_nb() (a->connector set), so that one
-	 * thread can shake hands with many peers at once. */
+	 * has passed, without the handshake: transport_connect() runs it
+	 * blocking (authenticate), or the caller without blocking (auth_nb
+	 * with a->connector set), so that one thread can shake hands with
+	 * many peers at once.  0 and a connection, or a negative error. */
 	int (*dial)(const char *host, int port, int timeout_ms, struct tp_conn **out);
 
 	/* Sends `hdr` followed by hdr->payload_len bytes of `payload` (NULL
@@ -99,12 +97,11 @@ struct transport_ops {
 	 * kernel: 0, or UNISUM_ECONN. */
 	int (*send)(struct tp_conn *c, const struct wire_hdr *hdr, const void *payload);
 
-	/* Runs the handshake of the job secret (auth.h) on a fresh connection;
-	 * a no-op when no secret is set.  The acceptor calls it, on the
-	 * connection's own thread, before receiving any message; connect()
-	 * runs the connector's side itself.  0, or UNISUM_EAUTH with the
-	 * reason in `why` (the caller closes the connection). */
-	int (*authenticate)(struct tp_conn *c, char *why, size_t why_len);
+	/* Runs one side of the handshake of the job secret (auth.h) on a
+	 * fresh, blocking connection; a no-op when no secret is set.  0, or
+	 * UNISUM_EAUTH with the reason in `why` (the caller closes the
+	 * connection). */
+	int (*authenticate)(struct tp_conn *c, bool connector, char *why, size_t why_len);
 
 	/* Receives and validates (wire_decode) the next header.  0, or
 	 * UNISUM_ECONN when the peer closed or the connection broke, or
@@ -158,6 +155,12 @@ struct transport_ops {
 	int (*send_nb)(struct tp_conn *c, struct tp_tx *tx);
 };
 
+/* Dials host:port over tp and runs the connector's side of the handshake,
+ * blocking: a connection ready for messages.  0, or a negative error
+ * with the reason in log_last_error() (the connection is freed). */
+int transport_connect(const struct transport_ops *tp, const char *host, int port, int timeout_ms,
+		      struct tp_conn **out);
+
 /* The TCP transport (blocking sockets, one thread per
  * direction; see transport/tcp/tcp.c). */
 const struct transport_ops *transport_tcp(void);
@@ -166,10 +169,10 @@ const struct transport_ops *transport_tcp(void);
  * namespace): a Unix socket named after the listener's TCP address, with
  * the data of PUSH and PULL_REPLY passed by address and copied by the
  * receiver from the sender's memory (transport/ipc/ipc.c).  listen() and
- * connect() take the TCP host and port the listener's owner advertises.
+ * dial() take the TCP host and port the listener's owner advertises.
  * Its send() of tensor data returns before the peer read it: the buffer
  * must stay unchanged until the protocol says the peer is done with it.
- * Its connect() fails without logging (the caller falls back to TCP). */
+ * Its dial() fails without logging (the caller falls back to TCP). */
 const struct transport_ops *transport_ipc(void);
 
 #endif /* UNISUM_TRANSPORT_H */

@@ -214,7 +214,7 @@ static void test_many_connections(void **state)
 	static struct tp_conn *c[N];
 	static const uint64_t sizes[3] = {0, 25, 30000};
 	for (int i = 0; i < N; i++)
-		assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &c[i]), 0);
+		assert_int_equal(transport_connect(s.tp, "127.0.0.1", s.port, 2000, &c[i]), 0);
 	srv_wait(&s, &s.nconns, N);
 	/* Every connection served by the loop's one thread. */
 	assert_int_equal(threads_now(), before);
@@ -277,7 +277,7 @@ static void test_never_reads(void **state)
 	struct srv s;
 	srv_start(&s);
 	struct tp_conn *deaf, *other;
-	assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &deaf), 0);
+	assert_int_equal(transport_connect(s.tp, "127.0.0.1", s.port, 2000, &deaf), 0);
 	srv_wait(&s, &s.nconns, 1);
 	struct loop_conn *lc = s.conns[0];
 	size_t cap = 4u << 20;
@@ -294,7 +294,7 @@ static void test_never_reads(void **state)
 	assert_true(loop_conn_queued(lc) <= cap);
 	assert_true(loop_conn_queued(lc) > 0);
 	/* The loop serves another connection meanwhile. */
-	assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &other), 0);
+	assert_int_equal(transport_connect(s.tp, "127.0.0.1", s.port, 2000, &other), 0);
 	struct wire_hdr small = push_hdr(4, 9);
 	float *w = floats(4, 5);
 	assert_int_equal(s.tp->send(other, &small, w), 0);
@@ -340,7 +340,7 @@ static void test_urgent_goes_ahead(void **state)
 	struct srv s;
 	srv_start(&s);
 	struct tp_conn *peer;
-	assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &peer), 0);
+	assert_int_equal(transport_connect(s.tp, "127.0.0.1", s.port, 2000, &peer), 0);
 	srv_wait(&s, &s.nconns, 1);
 	struct loop_conn *lc = s.conns[0];
 	/* 16 MiB to a peer not reading yet: partly sent, the rest queued. */
@@ -388,7 +388,7 @@ static void test_ipc_data_at_the_burst_end(void **state)
 	srv_start_on(&s, transport_ipc());
 	s.echo = false;
 	struct tp_conn *c;
-	assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &c), 0);
+	assert_int_equal(transport_connect(s.tp, "127.0.0.1", s.port, 2000, &c), 0);
 	struct wire_hdr none = {.type = WIRE_HEARTBEAT};
 	assert_int_equal(s.tp->send(c, &none, NULL), 0);
 	float *v = floats(1000, 7);
@@ -429,7 +429,7 @@ static void test_malformed_closes_one(void **state)
 	struct srv s;
 	srv_start(&s);
 	struct tp_conn *good;
-	assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &good), 0);
+	assert_int_equal(transport_connect(s.tp, "127.0.0.1", s.port, 2000, &good), 0);
 	int fd = raw_connect(s.port);
 	uint8_t junk[WIRE_HDR_SIZE];
 	memset(junk, 0x5a, sizeof junk);
@@ -490,7 +490,7 @@ static void test_timer_while_idle(void **state)
 	srv_start(&s);
 	struct tp_conn *c[3];
 	for (int i = 0; i < 3; i++)
-		assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &c[i]), 0);
+		assert_int_equal(transport_connect(s.tp, "127.0.0.1", s.port, 2000, &c[i]), 0);
 	srv_wait(&s, &s.nconns, 3);
 	static struct ticks k;
 	memset(&k, 0, sizeof k);
@@ -519,7 +519,7 @@ static void test_handshake_on_the_loop(void **state)
 	struct srv s;
 	srv_start(&s);
 	struct tp_conn *c;
-	assert_int_equal(s.tp->connect("127.0.0.1", s.port, 2000, &c), 0);
+	assert_int_equal(transport_connect(s.tp, "127.0.0.1", s.port, 2000, &c), 0);
 	struct wire_hdr h = push_hdr(5, 3);
 	float *v = floats(5, 2);
 	assert_int_equal(s.tp->send(c, &h, v), 0);

@@ -454,7 +454,7 @@ static struct tp_conn *hello(const struct rdv_node *at, uint32_t id, bool expect
 {
 	const struct transport_ops *tp = transport_tcp();
 	struct tp_conn *conn;
-	assert_int_equal(tp->connect(at->host, at->port, 5000, &conn), 0);
+	assert_int_equal(transport_connect(tp, at->host, at->port, 5000, &conn), 0);
 	struct wire_hdr h = {.type = WIRE_REGISTER, .sender = id};
 	assert_int_equal(tp->send(conn, &h, NULL), 0);
 	if (!expect_hangup)

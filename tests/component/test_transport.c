@@ -43,10 +43,10 @@ static void pair_open(struct pair *p, const struct transport_ops *tp)
 	else
 		p->l = p->tcp_l, p->tcp_l = NULL, got = port;
 	assert_int_equal(got, port);
-	assert_int_equal(tp->connect("127.0.0.1", port, 1000, &p->a), 0);
+	assert_int_equal(transport_connect(tp, "127.0.0.1", port, 1000, &p->a), 0);
 	assert_int_equal(tp->accept(p->l, &p->b), 0);
 	char why[256];
-	assert_int_equal(tp->authenticate(p->b, why, sizeof why), 0);
+	assert_int_equal(tp->authenticate(p->b, false, why, sizeof why), 0);
 }
 
 static void pair_close(struct pair *p)
@@ -216,7 +216,7 @@ static void test_ipc_sender_gone(void **state)
 		struct tp_conn *c;
 		static float data[1024];
 		struct wire_hdr push = data_hdr(WIRE_PUSH, 1024);
-		if (transport_ipc()->connect("127.0.0.1", port, 1000, &c) != 0 ||
+		if (transport_connect(transport_ipc(), "127.0.0.1", port, 1000, &c) != 0 ||
 		    transport_ipc()->send(c, &push, data) != 0)
 			_exit(1);
 		_exit(0);
@@ -264,7 +264,7 @@ static void test_ipc_nobody_listening(void **state)
 	struct tp_listener *tcp_l;
 	assert_int_equal(transport_tcp()->listen("127.0.0.1", 0, &tcp_l, &port), 0);
 	struct tp_conn *c = NULL;
-	assert_int_equal(transport_ipc()->connect("127.0.0.1", port, 0, &c), UNISUM_ECONN);
+	assert_int_equal(transport_connect(transport_ipc(), "127.0.0.1", port, 0, &c), UNISUM_ECONN);
 	assert_null(c);
 	struct tp_listener *l;
 	int got;

@@ -231,25 +231,9 @@ static int ipc_dial(const char *host, int port, int timeout_ms, struct tp_conn *
 	return 0;
 }
 
-static int ipc_connect(const char *host, int port, int timeout_ms, struct tp_conn **out)
+static int ipc_authenticate(struct tp_conn *c, bool connector, char *why, size_t len)
 {
-	struct tp_conn *c;
-	int rc = ipc_dial(host, port, timeout_ms, &c);
-	if (rc != 0)
-		return rc;
-	char why[256];
-	rc = stream_authenticate(c->fd, false, c->peer, why, sizeof why);
-	if (rc != 0) {
-		ipc_conn_free(c);
-		return log_fail(rc, "%s", why);
-	}
-	*out = c;
-	return 0;
-}
-
-static int ipc_authenticate(struct tp_conn *c, char *why, size_t len)
-{
-	return stream_authenticate(c->fd, true, c->peer, why, len);
+	return stream_authenticate(c->fd, !connector, c->peer, why, len);
 }
 
 /* Whether a message's payload goes by address: tensor data, not zeros,
@@ -454,7 +438,6 @@ static const struct transport_ops ipc_ops = {
 	.accept = ipc_accept,
 	.listener_shutdown = ipc_listener_shutdown,
 	.listener_free = ipc_listener_free,
-	.connect = ipc_connect,
 	.dial = ipc_dial,
 	.send = ipc_send,
 	.authenticate = ipc_authenticate,

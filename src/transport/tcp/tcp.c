@@ -174,25 +174,9 @@ static int tcp_dial(const char *host, int port, int timeout_ms, struct tp_conn *
 	return tcp_adopt(fd, &sa, out);
 }
 
-static int tcp_connect(const char *host, int port, int timeout_ms, struct tp_conn **out)
+static int tcp_authenticate(struct tp_conn *c, bool connector, char *why, size_t len)
 {
-	struct tp_conn *c;
-	int rc = tcp_dial(host, port, timeout_ms, &c);
-	if (rc != 0)
-		return rc;
-	char why[256];
-	rc = stream_authenticate(c->fd, false, c->peer, why, sizeof why);
-	if (rc != 0) {
-		tcp_conn_free(c);
-		return log_fail(rc, "%s", why);
-	}
-	*out = c;
-	return 0;
-}
-
-static int tcp_authenticate(struct tp_conn *c, char *why, size_t len)
-{
-	return stream_authenticate(c->fd, true, c->peer, why, len);
+	return stream_authenticate(c->fd, !connector, c->peer, why, len);
 }
 
 static int tcp_send(struct tp_conn *c, const struct wire_hdr *hdr, const void *payload)
@@ -298,7 +282,6 @@ static const struct transport_ops tcp_ops = {
 	.accept = tcp_accept,
 	.listener_shutdown = tcp_listener_shutdown,
 	.listener_free = tcp_listener_free,
-	.connect = tcp_connect,
 	.dial = tcp_dial,
 	.send = tcp_send,
 	.authenticate = tcp_authenticate,
