@@ -56,12 +56,12 @@ out = sys.argv[1]
 roles = {"server": (0, 0), "worker": (0, 0), "launcher": (0, 0)}
 t0 = time.monotonic()
 def role(cmd):
-    if cmd.startswith(b"unisum launch") or b"/unisum\0launch" in cmd or cmd.startswith(b"unisum\0launch"):
-        return "launcher"
-    if b"unisum\0server" in cmd:
-        return "server"
-    if b"bench_pushpull" in cmd.split(b"\0")[0]:
+    argv = cmd.split(b"\0") + [b""]
+    prog = os.path.basename(argv[0])
+    if prog == b"bench_pushpull":
         return "worker"
+    if prog == b"unisum":
+        return {b"launch": "launcher", b"server": "server"}.get(argv[1])
     return None
 while not os.path.exists(out + ".stop"):
     for pid in os.listdir("/proc"):

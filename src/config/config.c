@@ -458,11 +458,15 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 		config_resolve_autotune(cfg);
 	if (cfg->credit_bytes == 0)
 		cfg->credit_bytes = (cfg->credit_parts ? cfg->credit_parts : 4) * cfg->partition_bytes;
-	if (cfg->engine_threads == 0) {
-		long n = sysconf(_SC_NPROCESSORS_ONLN);
-		cfg->engine_threads = n < 1 ? 1 : n > 4 ? 4 : (int)n;
-	}
+	if (cfg->engine_threads == 0)
+		cfg->engine_threads = config_per_cores(1);
 	return 0;
+}
+
+int config_per_cores(int cores_each)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN) / cores_each;
+	return n < 1 ? 1 : n > 4 ? 4 : (int)n;
 }
 
 int config_require(const struct config *cfg, int role, char *err, size_t err_len)

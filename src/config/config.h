@@ -113,6 +113,11 @@ int config_require(const struct config *cfg, int role, char *err, size_t err_len
  * when len >= 65. */
 void config_job_id(const struct config *cfg, char *out, size_t len);
 
+/* One per `cores_each` cores of this machine, 1 to 4: the default of a
+ * pool of threads (engines; a server's loops one per core, a worker's
+ * one per 8, for UNISUM_IO_THREADS=0). */
+int config_per_cores(int cores_each);
+
 /* Name of a role: "scheduler", "server", "worker" or "none". */
 const char *config_role_name(int role);
 

@@ -284,9 +284,7 @@ static void *srv_loop_main(void *arg)
 static int srv_start_loops(struct server *srv)
 {
 	/* A server's loops copy every push in: one per core, 1 to 4. */
-	long cores = sysconf(_SC_NPROCESSORS_ONLN);
-	srv->nloops = srv->cfg->io_threads > 0 ? srv->cfg->io_threads
-		      : cores < 1 ? 1 : cores > 4 ? 4 : (int)cores;
+	srv->nloops = srv->cfg->io_threads > 0 ? srv->cfg->io_threads : config_per_cores(1);
 	srv->loops = calloc((size_t)srv->nloops, sizeof *srv->loops);
 	srv->loop_threads = calloc((size_t)srv->nloops, sizeof *srv->loop_threads);
 	srv->loop_args = calloc((size_t)srv->nloops, sizeof *srv->loop_args);

@@ -72,8 +72,7 @@ static int wk_no_thread(struct worker *w, int rc, const char *what)
 static int wk_start_links(struct worker *w)
 {
 	/* A worker's loops receive its own replies: one per 8 cores. */
-	long cores = sysconf(_SC_NPROCESSORS_ONLN) / 8;
-	w->nloops = w->cfg.io_threads > 0 ? w->cfg.io_threads : cores < 1 ? 1 : cores > 4 ? 4 : (int)cores;
+	w->nloops = w->cfg.io_threads > 0 ? w->cfg.io_threads : config_per_cores(8);
 	w->loops = calloc((size_t)w->nloops, sizeof *w->loops);
 	w->loop_threads = calloc((size_t)w->nloops, sizeof *w->loop_threads);
 	if (w->loops == NULL || w->loop_threads == NULL)
@@ -254,8 +253,10 @@ static int wk_serve(struct worker *w, struct wk_conn **cs, int n)
 		ones[i] = (struct wk_serve_one){.sv = &sv, .c = c};
 		pthread_mutex_lock(&sv.lock);
 		int rc = loop_post(c->loop, wk_serve_on_loop, &ones[i]);
-		sv.left += rc == 0;
-		sv.rc = rc != 0 && sv.rc == 0 ? rc : sv.rc;
+		if (rc == 0)
+			sv.left++;
+		else if (sv.rc == 0)
+			sv.rc = rc;
 		pthread_mutex_unlock(&sv.lock);
 	}
 	pthread_mutex_lock(&sv.lock);
@@ -266,13 +267,14 @@ static int wk_serve(struct worker *w, struct wk_conn **cs, int n)
 	pthread_cond_destroy(&sv.cond);
 	pthread_mutex_destroy(&sv.lock);
 	free(ones);
-	struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(w->rdv)};
-	for (int i = 0; rc == 0 && i < n; i++)
-		if ((rc = loop_conn_send(cs[i]->lc, &hello, NULL)) != 0)
-			rc = log_fail(rc, "worker %d lost %s while saying hello", w->rank, cs[i]->label);
 	if (rc != 0)
 		return log_fail(rc, "worker %d cannot serve its connections to the servers: %s",
 				w->rank, unisum_strerror(rc));
+	struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(w->rdv)};
+	for (int i = 0; i < n; i++)
+		if ((rc = loop_conn_send(cs[i]->lc, &hello, NULL)) != 0)
+			return log_fail(rc, "worker %d lost %s while saying hello", w->rank,
+					cs[i]->label);
 	return 0;
 }
 
