@@ -22,6 +22,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#include <sys/prctl.h>
 
 #include "log/log.h"
 #include "timing/timing.h"
@@ -317,4 +318,63 @@ void loop_run(struct loop *l, void (*after)(void *arg), void *arg)
 	}
 	atomic_store(&l->running, false);
 	atomic_store(&l->stop, false);
+}
+
+/* ---- a pool of loops ---------------------------------------------------------- */
+
+static void *loop_pool_main(void *arg)
+{
+	struct loop_pool_thread *t = arg;
+	prctl(PR_SET_NAME, t->pool->name); /* for top -H, perf and gdb */
+	loop_run(t->loop, t->pool->after, t->pool->arg);
+	return NULL;
+}
+
+int loop_pool_start(struct loop_pool *p, int n, int *thread_rc)
+{
+	*thread_rc = 0;
+	p->n = n;
+	p->loops = calloc((size_t)n, sizeof *p->loops);
+	p->threads = calloc((size_t)n, sizeof *p->threads);
+	if (p->loops == NULL || p->threads == NULL)
+		return log_fail(UNISUM_ENOMEM, "out of memory");
+	for (; p->made < n; p->made++) {
+		int i = p->made, rc = loop_new(&p->loops[i]);
+		if (rc != 0)
+			return rc;
+		p->threads[i] = (struct loop_pool_thread){.pool = p, .loop = p->loops[i]};
+		if (i == 0 && p->on_caller)
+			continue;
+		rc = pthread_create(&p->threads[i].thread, NULL, loop_pool_main, &p->threads[i]);
+		if (rc != 0) {
+			loop_free(p->loops[i]);
+			p->loops[i] = NULL;
+			*thread_rc = rc;
+			return UNISUM_ESYS;
+		}
+	}
+	return 0;
+}
+
+void loop_pool_halt(struct loop_pool *p)
+{
+	if (p->halted)
+		return;
+	p->halted = true;
+	for (int i = 0; i < p->made; i++)
+		loop_stop(p->loops[i]);
+	for (int i = p->on_caller ? 1 : 0; i < p->made; i++)
+		pthread_join(p->threads[i].thread, NULL);
+}
+
+void loop_pool_free(struct loop_pool *p)
+{
+	loop_pool_halt(p);
+	for (int i = 0; i < p->made; i++)
+		loop_free(p->loops[i]);
+	free(p->loops);
+	free(p->threads);
+	p->loops = NULL;
+	p->threads = NULL;
+	p->n = p->made = 0;
 }

@@ -14,6 +14,7 @@
 #ifndef UNISUM_LOOP_H
 #define UNISUM_LOOP_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -74,5 +75,34 @@ void loop_timer_stop(struct loop *l, struct loop_timer *t);
 int loop_post(struct loop *l, void (*fn)(void *arg), void *arg);
 /* Wakes the loop so that its `after` runs; any thread. */
 void loop_wake(struct loop *l);
+
+/* A process's fixed pool of loops (a server's, a worker's): each on a
+ * thread of its own named `name`, running loop_run(loop, after, arg),
+ * except loop 0 when `on_caller` (its owner runs it on a thread it has). */
+struct loop_pool {
+	struct loop **loops;	/* [n] */
+	int n, made;		/* loops, and how many were made (with their threads) */
+	bool on_caller, halted;
+	const char *name;
+	void (*after)(void *arg);
+	void *arg;
+	struct loop_pool_thread {
+		struct loop_pool *pool;
+		struct loop *loop;
+		pthread_t thread;
+	} *threads;		/* [n] */
+};
+
+/* Makes p's n loops and starts their threads (p zeroed, then name, after,
+ * arg and on_caller set by the caller).  0, UNISUM_ENOMEM, or UNISUM_ESYS:
+ * a loop could not be made (out of descriptors, the limit named in
+ * log_last_error()), or a thread could not start (pthread_create's error
+ * in *thread_rc, else 0).  loop_pool_free undoes whatever was made. */
+int loop_pool_start(struct loop_pool *p, int n, int *thread_rc);
+/* Stops every loop and joins their threads; its connections are no longer
+ * served.  Once only, whatever the number of calls. */
+void loop_pool_halt(struct loop_pool *p);
+/* Halts p, then frees its loops. */
+void loop_pool_free(struct loop_pool *p);
 
 #endif /* UNISUM_LOOP_H */

@@ -69,7 +69,6 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 #include <time.h>
-#include <sys/prctl.h>
 
 #include "log/log.h"
 #include "reducer/reducer.h"
@@ -179,13 +178,13 @@ static void srv_take_conn(struct server *srv, const struct transport_ops *tp, st
 	c->tp = tp;
 	c->conn = tc;
 	c->worker = -1;
-	c->loop = srv->loops[atomic_fetch_add(&srv->next_loop, 1) % (unsigned)srv->nloops];
+	c->loop = srv->pool.loops[atomic_fetch_add(&srv->next_loop, 1) % (unsigned)srv->pool.n];
 	atomic_init(&c->finished, false);
 	pthread_mutex_lock(&srv->lock);
 	c->next = srv->conns;
 	srv->conns = c;
 	pthread_mutex_unlock(&srv->lock);
-	if (c->loop == srv->loops[0]) {
+	if (c->loop == srv->pool.loops[0]) {
 		srv_conn_start(c);
 	} else if (loop_post(c->loop, srv_conn_start, c) != 0) {
 		LOG_ERROR("out of memory: refusing the connection from %s", tp->peer_name(tc));
@@ -229,7 +228,7 @@ static void srv_watch_listeners(void *arg)
 	struct server *srv = arg;
 	for (int i = 0; i < srv->nacceptors; i++) {
 		struct srv_acceptor *a = &srv->acceptors[i];
-		if (loop_io_add(srv->loops[0], &a->io, a->tp->listener_fd(a->l), EPOLLIN,
+		if (loop_io_add(srv->pool.loops[0], &a->io, a->tp->listener_fd(a->l), EPOLLIN,
 				srv_accept_ready, a) != 0)
 			LOG_ERROR("server %d cannot watch its %s listener: %s", srv->rank, a->tp->name,
 				  log_last_error());
@@ -245,16 +244,16 @@ static void srv_serve(struct server *srv)
 	if (srv->ipc_listener != NULL)
 		srv->acceptors[srv->nacceptors++] = (struct srv_acceptor){
 			.srv = srv, .tp = transport_ipc(), .l = srv->ipc_listener, .resume.slot = -1};
-	if (loop_post(srv->loops[0], srv_watch_listeners, srv) != 0)
+	if (loop_post(srv->pool.loops[0], srv_watch_listeners, srv) != 0)
 		rdv_client_fail_job(srv->rdv, UNISUM_ENOMEM, "a server is out of memory");
 	/* This thread runs loop 0 (one thread fewer than waiting here),
 	 * until the job ends (srv_notice stops it). */
 	pthread_mutex_lock(&srv->lock);
 	bool run = !atomic_load(&srv->stopping);
-	srv->main_loop = run ? srv->loops[0] : NULL;
+	srv->main_loop = run ? srv->pool.loops[0] : NULL;
 	pthread_mutex_unlock(&srv->lock);
 	if (run)
-		loop_run(srv->loops[0], srv_wake_engines, srv);
+		loop_run(srv->pool.loops[0], srv_wake_engines, srv);
 	pthread_mutex_lock(&srv->lock);
 	srv->main_loop = NULL;
 	pthread_mutex_unlock(&srv->lock);
@@ -266,81 +265,29 @@ static void srv_unwatch_listeners(struct server *srv)
 {
 	for (int i = 0; i < srv->nacceptors; i++) {
 		loop_io_del(&srv->acceptors[i].io);
-		loop_timer_stop(srv->loops[0], &srv->acceptors[i].resume);
+		loop_timer_stop(srv->pool.loops[0], &srv->acceptors[i].resume);
 	}
 	srv->nacceptors = 0;
 }
 
-static void *srv_loop_main(void *arg)
-{
-	prctl(PR_SET_NAME, "unisum-sloop"); /* for top -H, perf and gdb */
-	struct srv_loop_arg *a = arg;
-	loop_run(a->loop, srv_wake_engines, a->srv);
-	return NULL;
-}
-
-/* Starts the loops that serve the connections (UNISUM_IO_THREADS).  0 or
- * an error, named (srv_stop_loops undoes it either way). */
+/* Starts the loops that serve the connections (UNISUM_IO_THREADS; by
+ * default one per core: a server's loops copy every push in).  0 or an
+ * error, named (loop_pool_free undoes it either way). */
 static int srv_start_loops(struct server *srv)
 {
-	/* A server's loops copy every push in: one per core, 1 to 4. */
-	srv->nloops = srv->cfg->io_threads > 0 ? srv->cfg->io_threads : config_per_cores(1);
-	srv->loops = calloc((size_t)srv->nloops, sizeof *srv->loops);
-	srv->loop_threads = calloc((size_t)srv->nloops, sizeof *srv->loop_threads);
-	srv->loop_args = calloc((size_t)srv->nloops, sizeof *srv->loop_args);
-	if (srv->loops == NULL || srv->loop_threads == NULL || srv->loop_args == NULL)
-		return log_fail(UNISUM_ENOMEM, "server: out of memory");
-	for (; srv->loops_started < srv->nloops; srv->loops_started++) {
-		int i = srv->loops_started;
-		int rc = loop_new(&srv->loops[i]);
-		if (rc == UNISUM_ESYS && srv->rdv != NULL) {	/* out of descriptors: named */
-			char why[640];
-			snprintf(why, sizeof why, "server %d (pid %d) cannot make its I/O loop: %s",
-				 srv->rank, (int)getpid(), log_last_error());
-			rdv_client_fail_job(srv->rdv, rc, why);
-		}
-		if (rc != 0)
-			return rc;
-		srv->loop_args[i] = (struct srv_loop_arg){.srv = srv, .loop = srv->loops[i]};
-		if (i == 0)
-			continue;	/* server_run's own thread runs it (srv_serve) */
-		rc = pthread_create(&srv->loop_threads[i], NULL, srv_loop_main, &srv->loop_args[i]);
-		if (rc != 0) {
-			srv_out_of_threads(srv, rc, "its I/O threads");
-			loop_free(srv->loops[i]);
-			srv->loops[i] = NULL;
-			return UNISUM_ESYS;
-		}
+	srv->pool = (struct loop_pool){.name = "unisum-sloop", .after = srv_wake_engines,
+				       .arg = srv, .on_caller = true};
+	int thread_rc, n = srv->cfg->io_threads > 0 ? srv->cfg->io_threads : config_per_cores(1);
+	int rc = loop_pool_start(&srv->pool, n, &thread_rc);
+	if (thread_rc != 0) {
+		srv_out_of_threads(srv, thread_rc, "its I/O threads");
+	} else if (rc == UNISUM_ESYS && srv->rdv != NULL) {	/* out of descriptors: named */
+		char why[640];
+		snprintf(why, sizeof why, "server %d (pid %d) cannot make its I/O loop: %s",
+			 srv->rank, (int)getpid(), log_last_error());
+		rdv_client_fail_job(srv->rdv, rc, why);
 	}
-	return 0;
-}
-
-/* Stops the loops and joins their threads: the connections are no longer
- * served. */
-static void srv_halt_loops(struct server *srv)
-{
-	if (srv->loops_halted)
-		return;
-	srv->loops_halted = true;
-	for (int i = 0; i < srv->loops_started; i++)
-		loop_stop(srv->loops[i]);
-	for (int i = 1; i < srv->loops_started; i++)	/* loop 0 ran on server_run's */
-		pthread_join(srv->loop_threads[i], NULL);
-}
-
-/* Frees the loops, halted, once their connections are freed. */
-static void srv_stop_loops(struct server *srv)
-{
-	srv_halt_loops(srv);
-	for (int i = 0; i < srv->loops_started; i++)
-		loop_free(srv->loops[i]);
-	srv->loops_started = 0;
-	free(srv->loops);
-	free(srv->loop_threads);
-	free(srv->loop_args);
-	srv->loops = NULL;
-	srv->loop_threads = NULL;
-	srv->loop_args = NULL;
+	return rc;
 }
 
 /* A server for cfg, with its tables and no thread yet; NULL when out of
@@ -515,7 +462,7 @@ static void srv_listen_ipc(struct server *srv, int port)
 static void srv_hang_up(struct server *srv)
 {
 	atomic_store(&srv->stopping, true);
-	srv_halt_loops(srv);
+	loop_pool_halt(&srv->pool);
 	srv_unwatch_listeners(srv);
 	/* The engines still run: they find no connection from now on, and
 	 * those sending on one finish before it is freed. */
@@ -534,7 +481,7 @@ static void srv_hang_up(struct server *srv)
 		srv->conns = c->next;
 		srv_conn_free(c);
 	}
-	srv_stop_loops(srv);
+	loop_pool_free(&srv->pool);
 }
 
 /* One membership of the job: until it ends (UNISUM_EMEMBERSHIP: an
@@ -579,7 +526,7 @@ static int srv_run_once(const struct config *cfg, bool *elsewhere, struct server
 	rc = atomic_load(&srv->job_error);
 	started = 0;
 out_stop_engines:
-	srv_stop_loops(srv);
+	loop_pool_free(&srv->pool);
 	srv_stop_engines(srv, started);
 	transport_ipc()->listener_free(srv->ipc_listener);
 	transport_tcp()->listener_free(srv->listener);

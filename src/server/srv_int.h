@@ -202,14 +202,8 @@ struct server {
 	struct rdv_client *rdv;
 	struct tp_listener *listener;	/* TCP, on the main thread */
 	struct tp_listener *ipc_listener;	/* IPC for workers of this host, or NULL */
-	struct loop **loops;		/* [nloops] serving the connections (UNISUM_IO_THREADS) */
-	pthread_t *loop_threads;
-	struct srv_loop_arg {		/* [nloops] what each loop's thread is given */
-		struct server *srv;
-		struct loop *loop;
-	} *loop_args;
-	int nloops, loops_started;
-	bool loops_halted;		/* their threads joined */
+	struct loop_pool pool;		/* serving the connections (UNISUM_IO_THREADS); loop 0
+					 * runs on server_run's thread (srv_serve) */
 	struct loop *main_loop;		/* loop 0 while server_run's thread runs it (srv->lock) */
 	atomic_uint next_loop;		/* round robin over the loops */
 	/* The listeners (TCP, and IPC when there is one), watched by loop 0. */

@@ -23,13 +23,6 @@
 
 /* ---- the loops and the reaper --------------------------------------------- */
 
-static void *wk_loop_main(void *arg)
-{
-	prctl(PR_SET_NAME, "unisum-wloop"); /* for top -H, perf and gdb */
-	loop_run(arg, NULL, NULL);
-	return NULL;
-}
-
 /* The reaper: the tasks the loops leave it (a connection that ended, a
  * moved job), in order, until the worker closes its connections. */
 static void *wk_reaper_main(void *arg)
@@ -72,32 +65,22 @@ static int wk_no_thread(struct worker *w, int rc, const char *what)
 static int wk_start_links(struct worker *w)
 {
 	/* A worker's loops receive its own replies: one per 8 cores. */
-	w->nloops = w->cfg.io_threads > 0 ? w->cfg.io_threads : config_per_cores(8);
-	w->loops = calloc((size_t)w->nloops, sizeof *w->loops);
-	w->loop_threads = calloc((size_t)w->nloops, sizeof *w->loop_threads);
-	if (w->loops == NULL || w->loop_threads == NULL)
-		return log_fail(UNISUM_ENOMEM, "worker %d: out of memory", w->rank);
-	for (; w->loops_started < w->nloops; w->loops_started++) {
-		int i = w->loops_started;
-		int rc = loop_new(&w->loops[i]);
-		if (rc == UNISUM_ESYS) {	/* out of descriptors: the limit is named */
-			char why[640];
-			snprintf(why, sizeof why, "worker %d (pid %d) cannot make its I/O loop: %s",
-				 w->rank, (int)getpid(), log_last_error());
-			rdv_client_fail_job(w->rdv, rc, why);
-			return log_fail(rc, "%s", why);
-		}
-		if (rc != 0)
-			return rc;
-		rc = pthread_create(&w->loop_threads[i], NULL, wk_loop_main, w->loops[i]);
-		if (rc != 0) {
-			loop_free(w->loops[i]);
-			w->loops[i] = NULL;
-			return wk_no_thread(w, rc, "its I/O threads");
-		}
+	w->pool = (struct loop_pool){.name = "unisum-wloop"};
+	int thread_rc, n = w->cfg.io_threads > 0 ? w->cfg.io_threads : config_per_cores(8);
+	int rc = loop_pool_start(&w->pool, n, &thread_rc);
+	if (thread_rc != 0)
+		return wk_no_thread(w, thread_rc, "its I/O threads");
+	if (rc == UNISUM_ESYS) {	/* out of descriptors: the limit is named */
+		char why[640];
+		snprintf(why, sizeof why, "worker %d (pid %d) cannot make its I/O loop: %s", w->rank,
+			 (int)getpid(), log_last_error());
+		rdv_client_fail_job(w->rdv, rc, why);
+		return log_fail(rc, "%s", why);
 	}
+	if (rc != 0)
+		return rc;
 	w->reaper_stop = false;
-	int rc = pthread_create(&w->reaper, NULL, wk_reaper_main, w);
+	rc = pthread_create(&w->reaper, NULL, wk_reaper_main, w);
 	if (rc != 0)
 		return wk_no_thread(w, rc, "its thread for connections that end");
 	w->reaper_started = true;
@@ -115,17 +98,7 @@ static void wk_stop_links(struct worker *w)
 		pthread_join(w->reaper, NULL);
 		w->reaper_started = false;
 	}
-	for (int i = 0; i < w->loops_started; i++)
-		loop_stop(w->loops[i]);
-	for (int i = 0; i < w->loops_started; i++) {
-		pthread_join(w->loop_threads[i], NULL);
-		loop_free(w->loops[i]);
-	}
-	w->loops_started = 0;
-	free(w->loops);
-	free(w->loop_threads);
-	w->loops = NULL;
-	w->loop_threads = NULL;
+	loop_pool_free(&w->pool);
 }
 
 /* ---- one link ------------------------------------------------------------- */
@@ -248,7 +221,7 @@ static int wk_serve(struct worker *w, struct wk_conn **cs, int n)
 	pthread_cond_init(&sv.cond, NULL);
 	for (int i = 0; i < n; i++) {
 		struct wk_conn *c = cs[i];
-		c->loop = w->loops[c->server % w->nloops];
+		c->loop = w->pool.loops[c->server % w->pool.n];
 		c->reaped = false;
 		ones[i] = (struct wk_serve_one){.sv = &sv, .c = c};
 		pthread_mutex_lock(&sv.lock);

@@ -373,9 +373,7 @@ struct worker {
 	 * (UNISUM_IO_THREADS), and the reaper, which runs wk_conn_fail for
 	 * the connections that ended (it may wait for the scheduler's word,
 	 * which no loop may). */
-	struct loop **loops;
-	pthread_t *loop_threads;
-	int nloops, loops_started;
+	struct loop_pool pool;
 	pthread_t reaper;
 	bool reaper_started, reaper_stop;
 	pthread_cond_t reap_cond;	/* under w->lock: a task queued, or a conn reaped */
