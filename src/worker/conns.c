@@ -269,6 +269,15 @@ static int wk_send_push(struct wk_conn *c, struct wk_job *j)
  * failover the scheduler answers a lost server with FAILOVER (or fails the
  * job); it notices within UNISUM_TIMEOUT_MS.  Returns whether c's server
  * failed over; *closing: whether the worker is closing its connections. */
+bool wk_await_lost(struct worker *w, int s, int wait_ms)
+{
+	struct timespec until = timing_deadline(wait_ms);
+	while (w->failed == 0 && !(w->lost != NULL && w->lost[s]) &&
+	       pthread_cond_timedwait(&w->failed_cond, &w->lock, &until) == 0)
+		;
+	return w->failed == 0 && w->lost != NULL && w->lost[s];
+}
+
 static bool wk_conn_await_notice(struct wk_conn *c, const char **why, char *root, size_t len,
 				 bool *closing)
 {
@@ -278,13 +287,7 @@ static bool wk_conn_await_notice(struct wk_conn *c, const char **why, char *root
 	*closing = c->closing;
 	pthread_mutex_unlock(&c->lock);
 	int wait_ms = w->keep_replies ? w->cfg.timeout_ms + 2000 : 2000;
-	if (w->failed == 0 && !*closing) {
-		struct timespec until = timing_deadline(wait_ms);
-		while (w->failed == 0 && !(w->lost != NULL && w->lost[c->server]) &&
-		       pthread_cond_timedwait(&w->failed_cond, &w->lock, &until) == 0)
-			;
-	}
-	bool failover = w->failed == 0 && !*closing && w->lost != NULL && w->lost[c->server];
+	bool failover = !*closing && wk_await_lost(w, c->server, wait_ms);
 	if (w->failed != 0) {
 		snprintf(root, len, "%s%s",
 			 w->failed == UNISUM_EMEMBERSHIP ? "" : "the job failed: ", w->failed_why);

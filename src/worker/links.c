@@ -331,11 +331,7 @@ static bool wk_lost_at_start(struct worker *w, struct wk_conn *c)
 	if (!w->keep_replies)
 		return false;
 	pthread_mutex_lock(&w->lock);
-	struct timespec until = timing_deadline(w->cfg.timeout_ms + 2000);
-	while (w->failed == 0 && !(w->lost != NULL && w->lost[c->server]) &&
-	       pthread_cond_timedwait(&w->failed_cond, &w->lock, &until) == 0)
-		;
-	bool lost = w->failed == 0 && w->lost != NULL && w->lost[c->server];
+	bool lost = wk_await_lost(w, c->server, w->cfg.timeout_ms + 2000);
 	c->reaped = lost;
 	pthread_mutex_unlock(&w->lock);
 	if (!lost)

@@ -474,6 +474,10 @@ void wk_meter_read(struct worker *w, double *bw, double *rtt, uint64_t *bytes);
  * failovers; fails it when that server is gone for good. */
 void wk_route(struct worker *w, struct wk_job *j);
 int wk_enqueue(struct wk_conn *c, struct wk_job *j);
+/* Waits, w->lock held, up to wait_ms for the scheduler's word on server
+ * s: the job failed, or s was lost (its FAILOVER).  Whether s was lost
+ * and the job goes on. */
+bool wk_await_lost(struct worker *w, int s, int wait_ms);
 void *wk_push_main(void *arg);
 /* How a server connection is served on its loop. */
 extern const struct loop_conn_ops wk_conn_ops;
