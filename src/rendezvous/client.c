@@ -1,16 +1,18 @@
 /*
  * client.c - a node's side of the rendezvous (see rendezvous.h).
  *
- * DESIGN.  Registration is synchronous in rdv_client_new().  Afterwards a
- * reader thread owns the receiving side of the scheduler connection: it
- * hands DECLARE replies to the one request in flight (requests are
- * serialised by `request_lock`), counts BARRIER_DONEs for the barrier
- * this node is in (a barrier is no request: a caller may stop waiting and
- * come back, while declarations go on), and turns SHUTDOWN and ERROR
- * notices, or a lost scheduler, into a call of the notice callback.  A
- * heartbeat thread tells the scheduler this node is alive every
- * heartbeat_ms and declares the scheduler lost when it has been silent
- * for timeout_ms.  Lock order: request_lock, then lock.
+ * DESIGN.  Registration is synchronous in rdv_client_new().  Afterwards
+ * the client's one event loop (a thread named unisum-rdv) serves the
+ * scheduler connection: it hands DECLARE replies to the one request in
+ * flight (requests are serialised by `request_lock`), counts
+ * BARRIER_DONEs for the barrier this node is in (a barrier is no request:
+ * a caller may stop waiting and come back, while declarations go on), and
+ * turns SHUTDOWN and ERROR notices, or a lost scheduler, into a call of
+ * the notice callback.  A timer of the same loop tells the scheduler this
+ * node is alive every heartbeat_ms and declares the scheduler lost when
+ * it has been silent for timeout_ms.  Every thread sends through the
+ * connection's queue (loop_conn_send: never blocking, at most
+ * LOOP_CONN_CAP unread).  Lock order: request_lock, then lock.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -21,9 +23,10 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <sys/prctl.h>
 
 #include "log/log.h"
+#include "loop/conn.h"
+#include "loop/loop.h"
 #include "rendezvous/rdv_proto.h"
 #include "rendezvous/rendezvous.h"
 #include "placement/placement.h"
@@ -64,16 +67,15 @@ struct rdv_client {
 	void *migrate_arg;
 	rdv_rejoin_fn rejoin;		/* REJOIN (workers), or NULL; under lock */
 	void *rejoin_arg;
-	pthread_t reader;		/* reads everything the scheduler sends */
-	pthread_t heartbeat;		/* says we are alive; watches the scheduler */
-	bool heartbeat_started;
+	struct loop_pool pool;		/* one loop: the connection and the heartbeat */
+	struct loop_conn *lc;		/* conn, served by it after registration */
+	struct loop_timer beat;		/* says we are alive; watches the scheduler */
 	int heartbeat_ms, timeout_ms;
+	int serving;			/* rdv_serve: 0 not yet, 1 done, else its error */
 	_Atomic int64_t last_rx_ms;	/* when the scheduler last sent anything */
 	pthread_mutex_t request_lock;	/* one request in flight */
-	pthread_mutex_t send_lock;	/* serialises writes to conn */
 	pthread_mutex_t lock;		/* the reply slot and `failed` */
 	pthread_cond_t replied;
-	pthread_cond_t beat;		/* the heartbeat thread: closing or failed */
 	bool have_reply;		/* reply_hdr / reply_payload are set */
 	struct wire_hdr reply_hdr;
 	void *reply_payload;		/* malloc'd; taken by the requester */
@@ -88,12 +90,12 @@ struct rdv_client {
 };
 
 
+/* Queues a message for the scheduler; any thread, after registration.
+ * A scheduler that left LOOP_CONN_CAP bytes unread is as good as lost. */
 static int rdv_send(struct rdv_client *c, const struct wire_hdr *h, const void *payload)
 {
-	pthread_mutex_lock(&c->send_lock);
-	int rc = c->tp->send(c->conn, h, payload);
-	pthread_mutex_unlock(&c->send_lock);
-	return rc;
+	int rc = loop_conn_send(c->lc, h, payload);
+	return rc == TP_AGAIN ? UNISUM_ECONN : rc;
 }
 
 /* Reads one message with its payload (malloc'd, NULL when empty). */
@@ -126,7 +128,6 @@ static void rdv_fail(struct rdv_client *c, int err, const char *why)
 		snprintf(c->failed_why, sizeof c->failed_why, "%s", why);
 	}
 	pthread_cond_broadcast(&c->replied);
-	pthread_cond_broadcast(&c->beat);
 	bool closing = c->closing;
 	pthread_mutex_unlock(&c->lock);
 	if (first && c->notice != NULL && !(closing && err == UNISUM_ECONN))
@@ -367,108 +368,129 @@ static bool rdv_on_ending(struct rdv_client *c, const struct wire_hdr *h, void *
 	return false;
 }
 
-/* The reader thread of a node's connection to the scheduler: owns the
- * receiving side of c->conn and every message the scheduler sends until
- * the connection ends (answers to barriers and declarations, autotune
- * settings, join and failover events, the end of the job), and blocks
- * only in its receive.  Any end (a closed connection, a malformed
- * message, SHUTDOWN, a job-level ERROR, REFORM) fails the client with its
- * reason (rdv_fail), which wakes every waiter; then it returns. */
-static void *rdv_reader_main(void *arg)
+/* A message from the scheduler (on the client's loop): answers to
+ * barriers and declarations, autotune settings, join and failover events,
+ * the end of the job.  Any end (SHUTDOWN, a job-level ERROR, REFORM)
+ * fails the client with its reason (rdv_fail), which wakes every waiter;
+ * then the connection is read no more, and stays open until
+ * rdv_client_free. */
+static int rdv_on_message(struct loop_conn *lc, const struct wire_hdr *hp, void *data, char *why,
+			  size_t len)
 {
-	prctl(PR_SET_NAME, "unisum-rdv"); /* for top -H, perf and gdb */
-	struct rdv_client *c = arg;
-	bool go_on = true;
-	while (go_on) {
-		struct wire_hdr h;
-		void *payload;
-		char why[256];
-		int rc = rdv_recv(c, &h, &payload, why, sizeof why);
-		atomic_store(&c->last_rx_ms, timing_now_ms());
-		if (rc != 0) {
-			char msg[400];
-			snprintf(msg, sizeof msg, "lost the scheduler at %s: %s (did the scheduler or "
-				 "launcher exit?)", c->tp->peer_name(c->conn), why);
-			rdv_fail(c, rc == UNISUM_EPROTO ? UNISUM_EPROTO : UNISUM_ECONN, msg);
-			return NULL;
-		}
-		switch (h.type) {
-		case WIRE_BARRIER_DONE:
-			free(payload);
-			pthread_mutex_lock(&c->lock);
-			if (h.aux < 4 && c->barrier_done[h.aux] != c->barrier_entered[h.aux])
-				c->barrier_done[h.aux]++;
-			pthread_cond_broadcast(&c->replied);
-			pthread_mutex_unlock(&c->lock);
-			break;
-		case WIRE_DECLARE:
-			pthread_mutex_lock(&c->lock);
-			free(c->reply_payload);
-			c->reply_hdr = h;
-			c->reply_payload = payload;
-			c->have_reply = true;
-			pthread_cond_broadcast(&c->replied);
-			pthread_mutex_unlock(&c->lock);
-			break;
-		case WIRE_JOIN:
-		case WIRE_JOIN_DONE:
-			free(payload);
-			rdv_on_join_event(c, h.type == WIRE_JOIN ? RDV_JOINED : RDV_JOIN_DONE,
-					  (int)h.aux, NULL);
-			break;
-		case WIRE_RESIZE:
-			free(payload);
-			atomic_store(&c->waiting, (int)h.aux);
-			break;
-		case WIRE_TUNE:
-		case WIRE_ANNOUNCE:
-		case WIRE_FAILOVER:
-		case WIRE_MIGRATE:
-		case WIRE_REJOIN:
-			go_on = rdv_on_decoded(c, &h, payload);
-			break;
-		case WIRE_REFORM:
-		case WIRE_SHUTDOWN:
-		case WIRE_ERROR:
-			go_on = rdv_on_ending(c, &h, payload);
-			break;
-		default:
-			free(payload);
-			break;
-		}
+	struct rdv_client *c = loop_conn_arg(lc);
+	atomic_store(&c->last_rx_ms, timing_now_ms());
+	struct wire_hdr h = *hp;
+	void *payload = NULL;	/* its own: kept by what it answers */
+	if (h.payload_len > 0 && (payload = malloc(h.payload_len)) == NULL) {
+		snprintf(why, len, "out of memory for a %u-byte message", (unsigned)h.payload_len);
+		return UNISUM_ENOMEM;
 	}
-	return NULL;
+	if (payload != NULL)
+		memcpy(payload, data, h.payload_len);
+	bool go_on = true;
+	switch (h.type) {
+	case WIRE_BARRIER_DONE:
+		free(payload);
+		pthread_mutex_lock(&c->lock);
+		if (h.aux < 4 && c->barrier_done[h.aux] != c->barrier_entered[h.aux])
+			c->barrier_done[h.aux]++;
+		pthread_cond_broadcast(&c->replied);
+		pthread_mutex_unlock(&c->lock);
+		break;
+	case WIRE_DECLARE:
+		pthread_mutex_lock(&c->lock);
+		free(c->reply_payload);
+		c->reply_hdr = h;
+		c->reply_payload = payload;
+		c->have_reply = true;
+		pthread_cond_broadcast(&c->replied);
+		pthread_mutex_unlock(&c->lock);
+		break;
+	case WIRE_JOIN:
+	case WIRE_JOIN_DONE:
+		free(payload);
+		rdv_on_join_event(c, h.type == WIRE_JOIN ? RDV_JOINED : RDV_JOIN_DONE,
+				  (int)h.aux, NULL);
+		break;
+	case WIRE_RESIZE:
+		free(payload);
+		atomic_store(&c->waiting, (int)h.aux);
+		break;
+	case WIRE_TUNE:
+	case WIRE_ANNOUNCE:
+	case WIRE_FAILOVER:
+	case WIRE_MIGRATE:
+	case WIRE_REJOIN:
+		go_on = rdv_on_decoded(c, &h, payload);
+		break;
+	case WIRE_REFORM:
+	case WIRE_SHUTDOWN:
+	case WIRE_ERROR:
+		go_on = rdv_on_ending(c, &h, payload);
+		break;
+	default:
+		free(payload);
+		break;
+	}
+	if (!go_on)
+		loop_conn_pause(lc);
+	return 0;
 }
 
-static void *rdv_heartbeat_main(void *arg)
+/* The scheduler connection ended: the scheduler is lost, unless this
+ * client failed or closes already (rdv_fail keeps the first reason). */
+static void rdv_on_closed(struct loop_conn *lc, int rc, const char *why)
 {
-	prctl(PR_SET_NAME, "unisum-beat"); /* for top -H, perf and gdb */
-	struct rdv_client *c = arg;
-	struct wire_hdr hb = {.type = WIRE_HEARTBEAT, .sender = c->id};
+	struct rdv_client *c = loop_conn_arg(lc);
+	char msg[400];
+	snprintf(msg, sizeof msg, "lost the scheduler at %s: %s (did the scheduler or launcher exit?)",
+		 loop_conn_peer(lc), why);
+	rdv_fail(c, rc == UNISUM_EPROTO || rc == UNISUM_ENOMEM ? rc : UNISUM_ECONN, msg);
+}
+
+static const struct loop_conn_ops rdv_conn_ops = {.on_message = rdv_on_message,
+						   .on_closed = rdv_on_closed};
+
+/* The heartbeat, a timer of the client's loop: says this node is alive,
+ * or declares the scheduler lost when it has been silent too long. */
+static void rdv_beat(struct loop_timer *t)
+{
+	struct rdv_client *c = t->arg;
 	pthread_mutex_lock(&c->lock);
-	while (!c->closing && c->failed == 0) {
-		struct timespec until = timing_deadline(c->heartbeat_ms);
-		/* Not on `replied`: every reply would wake it for nothing. */
-		pthread_cond_timedwait(&c->beat, &c->lock, &until);
-		if (c->closing || c->failed != 0)
-			break;
-		pthread_mutex_unlock(&c->lock);
-		int64_t silent = timing_now_ms() - atomic_load(&c->last_rx_ms);
-		if (silent >= c->timeout_ms) {
-			char msg[400];
-			snprintf(msg, sizeof msg,
-				 "the scheduler at %s has sent nothing for %lld ms: it is hung, stopped "
-				 "or cut off (UNISUM_TIMEOUT_MS=%d)",
-				 c->tp->peer_name(c->conn), (long long)silent, c->timeout_ms);
-			rdv_fail(c, UNISUM_ETIMEDOUT, msg);
-			c->tp->conn_shutdown(c->conn);
-			return NULL;
-		}
-		rdv_send(c, &hb, NULL);
-		pthread_mutex_lock(&c->lock);
-	}
+	bool over = c->closing || c->failed != 0;
 	pthread_mutex_unlock(&c->lock);
-	return NULL;
+	if (over) {
+		loop_timer_stop(c->pool.loops[0], t);
+		return;
+	}
+	int64_t silent = timing_now_ms() - atomic_load(&c->last_rx_ms);
+	if (silent >= c->timeout_ms) {
+		char msg[400];
+		snprintf(msg, sizeof msg,
+			 "the scheduler at %s has sent nothing for %lld ms: it is hung, stopped "
+			 "or cut off (UNISUM_TIMEOUT_MS=%d)",
+			 loop_conn_peer(c->lc), (long long)silent, c->timeout_ms);
+		rdv_fail(c, UNISUM_ETIMEDOUT, msg);
+		loop_conn_close(c->lc, UNISUM_ETIMEDOUT, msg);
+		return;
+	}
+	struct wire_hdr hb = {.type = WIRE_HEARTBEAT, .sender = c->id};
+	rdv_send(c, &hb, NULL);
+}
+
+/* Posted to the client's loop: serve the connection and start the
+ * heartbeat there, so that nothing it calls runs before c->lc is set. */
+static void rdv_serve(void *arg)
+{
+	struct rdv_client *c = arg;
+	struct loop *l = c->pool.loops[0];
+	int rc = loop_conn_new(l, c->tp, c->conn, false, &rdv_conn_ops, c, &c->lc);
+	if (rc == 0)
+		loop_timer_start(l, &c->beat, c->heartbeat_ms, c->heartbeat_ms, rdv_beat, c);
+	pthread_mutex_lock(&c->lock);
+	c->serving = rc == 0 ? 1 : rc;
+	pthread_cond_broadcast(&c->replied);
+	pthread_mutex_unlock(&c->lock);
 }
 
 /* Names this process's host for shared memory (see struct rdv_node). */
@@ -558,6 +580,40 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 	return 0;
 }
 
+/* Starts the client's loop and hands it the connection.  0, or an error
+ * (logged; a thread that cannot start is named to the scheduler with the
+ * limit, while the connection is still blocking). */
+static int rdv_start_loop(struct rdv_client *c)
+{
+	int thread_rc;
+	c->pool = (struct loop_pool){.name = "unisum-rdv"};
+	int rc = loop_pool_start(&c->pool, 1, &thread_rc);
+	if (thread_rc != 0) {
+		char limits[384], why[640];
+		log_thread_limits(thread_rc, limits, sizeof limits);
+		snprintf(why, sizeof why, "%s %d (pid %d) cannot start its scheduler thread: %s",
+			 c->role == CONFIG_ROLE_WORKER ? "worker" : "server", c->rank, (int)getpid(),
+			 limits);
+		struct wire_buf b;
+		wire_buf_init(&b);
+		struct wire_hdr h = {.sender = c->id};
+		if (wire_error_build(&h, &b, UNISUM_ESYS, why) == 0)
+			c->tp->send(c->conn, &h, b.data);
+		wire_buf_fini(&b);
+		return log_fail(UNISUM_ESYS, "%s", why);
+	}
+	if (rc == 0)
+		rc = loop_post(c->pool.loops[0], rdv_serve, c);
+	if (rc != 0)
+		return log_fail(rc, "cannot start the scheduler connection's loop: %s", log_last_error());
+	pthread_mutex_lock(&c->lock);
+	while (c->serving == 0)
+		pthread_cond_wait(&c->replied, &c->lock);
+	rc = c->serving == 1 ? 0 : c->serving;
+	pthread_mutex_unlock(&c->lock);
+	return rc != 0 ? log_fail(rc, "cannot watch the scheduler connection") : 0;
+}
+
 int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn notice,
 		   rdv_tensor_error_fn tensor_error, void *notice_arg, struct rdv_client **out)
 {
@@ -570,10 +626,9 @@ int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn noti
 	c->tensor_error = tensor_error;
 	c->notice_arg = notice_arg;
 	pthread_mutex_init(&c->request_lock, NULL);
-	pthread_mutex_init(&c->send_lock, NULL);
 	pthread_mutex_init(&c->lock, NULL);
 	timing_cond_init(&c->replied);
-	timing_cond_init(&c->beat);
+	c->beat.slot = -1;
 
 	int rc = transport_connect(c->tp, cfg->scheduler_host, cfg->scheduler_port, cfg->timeout_ms, &c->conn);
 	if (rc != 0)
@@ -584,18 +639,18 @@ int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn noti
 	c->heartbeat_ms = cfg->heartbeat_ms;
 	c->timeout_ms = cfg->timeout_ms;
 	atomic_store(&c->last_rx_ms, timing_now_ms());
-	if (pthread_create(&c->reader, NULL, rdv_reader_main, c) != 0) {
-		rc = UNISUM_ESYS;
+	rc = rdv_start_loop(c);
+	if (rc != 0)
 		goto out_conn;
-	}
-	c->heartbeat_started = pthread_create(&c->heartbeat, NULL, rdv_heartbeat_main, c) == 0;
-	if (!c->heartbeat_started)
-		LOG_WARN("cannot start the heartbeat thread: the scheduler may declare this node dead");
 	*out = c;
 	return 0;
 
 out_conn:
-	c->tp->conn_free(c->conn);
+	loop_pool_free(&c->pool);
+	if (c->lc != NULL)
+		loop_conn_free(c->lc);	/* c->conn too */
+	else
+		c->tp->conn_free(c->conn);
 out_free:
 	free(c->nodes);
 	free(c);
@@ -909,17 +964,17 @@ void rdv_client_free(struct rdv_client *c)
 	c->closing = true;
 	bool failed = c->failed != 0;
 	pthread_cond_broadcast(&c->replied);
-	pthread_cond_broadcast(&c->beat);	/* wakes the heartbeat thread */
 	pthread_mutex_unlock(&c->lock);
-	if (c->heartbeat_started)
-		pthread_join(c->heartbeat, NULL);
 	if (c->role == CONFIG_ROLE_WORKER && !failed) {
 		struct wire_hdr h = {.type = WIRE_SHUTDOWN, .sender = c->id};
-		rdv_send(c, &h, NULL);
+		if (rdv_send(c, &h, NULL) == 0)
+			loop_conn_flush(c->lc, 1000);
 	}
-	c->tp->conn_shutdown(c->conn);
-	pthread_join(c->reader, NULL);
-	c->tp->conn_free(c->conn);
+	loop_conn_shutdown(c->lc);
+	loop_pool_halt(&c->pool);	/* its thread joined: nothing else runs */
+	loop_timer_stop(c->pool.loops[0], &c->beat);
+	loop_conn_free(c->lc);		/* c->conn too */
+	loop_pool_free(&c->pool);
 	free(c->reply_payload);
 	free(c->early);
 	free(c->early_join);
@@ -930,9 +985,7 @@ void rdv_client_free(struct rdv_client *c)
 	free(c->early_fo);
 	free(c->nodes);
 	pthread_mutex_destroy(&c->request_lock);
-	pthread_mutex_destroy(&c->send_lock);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->replied);
-	pthread_cond_destroy(&c->beat);
 	free(c);
 }

@@ -110,13 +110,13 @@ void rdv_scheduler_free(struct rdv_scheduler *s);
 
 struct rdv_client;
 
-/* Called once, on the client's reader thread, when the scheduler announces
+/* Called once, on the client's loop thread, when the scheduler announces
  * that the job is over: `err` is UNISUM_ESHUTDOWN for a clean stop (servers
  * get it when every worker is done), another negative code when a node
  * failed or the scheduler was lost, with `why` naming the culprit. */
 typedef void (*rdv_notice_fn)(void *arg, int err, const char *why);
 
-/* Called on the reader thread (servers and workers) when the scheduler finds that
+/* Called on the client's loop thread (servers and workers) when the scheduler finds that
  * the workers disagree on the shape of the tensor with key `key`, or a
  * worker found them disagreeing on its collective: it can never be summed,
  * and `why` names both sides. */
@@ -168,7 +168,7 @@ struct rdv_tune {
 	uint32_t steps;		/* ... and its rounds per epoch (fit mode: 1) */
 };
 
-/* Called on the reader thread (workers) for every setting worker 0
+/* Called on the client's loop thread (workers) for every setting worker 0
  * posts, in the order posted. */
 typedef void (*rdv_tune_fn)(void *arg, const struct rdv_tune *t);
 
@@ -182,16 +182,16 @@ struct rdv_failover {
 	uint64_t *keys;			/* [n], malloc'd by the decoder */
 	uint32_t *servers;		/* [n] */
 };
-/* Called on the reader thread (workers) for every FAILOVER, in order;
+/* Called on the client's loop thread (workers) for every FAILOVER, in order;
  * the callee owns nothing of f. */
 typedef void (*rdv_failover_fn)(void *arg, const struct rdv_failover *f);
 void rdv_client_on_failover(struct rdv_client *c, rdv_failover_fn fn, void *arg);
 /* A replacement server took lost server `node->rank`'s place (REJOIN):
- * the client's address book has its entry already.  On the reader thread
+ * the client's address book has its entry already.  On the client's loop thread
  * (workers). */
 typedef void (*rdv_rejoin_fn)(void *arg, const struct rdv_node *node);
 /* Servers: MIGRATE (FAILOVER's payload, f->dead = the replacement the keys
- * go to), on the reader thread. */
+ * go to), on the client's loop thread. */
 void rdv_client_on_migrate(struct rdv_client *c, rdv_failover_fn fn, void *arg);
 void rdv_client_on_rejoin(struct rdv_client *c, rdv_rejoin_fn fn, void *arg);
 /* FAILOVER's codec: header round = number, aux = dead; payload u32 n,
@@ -292,7 +292,7 @@ struct rdv_announce {
 };
 enum rdv_join_event { RDV_JOINED, RDV_ANNOUNCED, RDV_JOIN_DONE };
 /* `rank`: who joined (RDV_JOINED), the last (RDV_JOIN_DONE); `a`: the
- * announcement (RDV_ANNOUNCED), else NULL.  On the reader thread. */
+ * announcement (RDV_ANNOUNCED), else NULL.  On the client's loop thread. */
 typedef void (*rdv_join_fn)(void *arg, int event, int rank, const struct rdv_announce *a);
 /* Sets the callback; events that came before it are handed to it now. */
 void rdv_client_on_join(struct rdv_client *c, rdv_join_fn fn, void *arg);

@@ -745,7 +745,7 @@ static bool sched_declare_valid(const struct wire_hdr *req, uint64_t pbytes,
 	       !(segs->n == 0 && placement_nparts(req->count, esize, pbytes) > PLACEMENT_MAX_PARTS);
 }
 
-/* DECLARE from node n, on its reader thread.  Serves: decodes the
+/* DECLARE from node n, on the scheduler's loop.  Serves: decodes the
  * request, refuses a bad one (the node's connection closes on an error
  * returned), and files the tensor or checks it against the one already
  * filed under its name; the first declaration cuts it and places the

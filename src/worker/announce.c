@@ -4,7 +4,7 @@
  * a joined worker, poisoning a gathering collective a join strands, and
  * the lives of names (which declaration of a name a round belongs to).
  *
- * It runs on the scheduler client's reader thread (wk_on_join) and under
+ * It runs on the scheduler client's loop thread (wk_on_join) and under
  * the worker's lock, and calls nothing but the scheduler client, so that
  * op.c, tensor.c and cuts.c below join.c may use it.  unisum_join itself
  * (contributing zeros, waiting for the others) is join.c's.
@@ -53,7 +53,7 @@ void wk_announce_fill(const struct wk_op *op, struct rdv_announce *a)
 	a->shape = t->shape;
 }
 
-/* The scheduler's join events (the client's reader thread). */
+/* The scheduler's join events (the client's loop thread). */
 void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a)
 {
 	struct worker *w = arg;
@@ -123,7 +123,7 @@ void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a)
 		}
 		w->announced[w->nannounced++] = *a;
 	} else if (event == RDV_JOIN_DONE) {
-		/* Here, on the reader thread, in order with the JOINED of a
+		/* Here, on the client's loop thread, in order with the JOINED of a
 		 * next join, which sets it again. */
 		w->join_seen = false;
 		w->join_done = true;

@@ -26,7 +26,7 @@
 
 /* ---- autotune (src/worker/tune.c) ----------------------------------------- */
 
-/* A setting worker 0 posted, passed on by the scheduler (reader thread). */
+/* A setting worker 0 posted, passed on by the scheduler (the client's loop thread). */
 void wk_on_tune(void *arg, const struct rdv_tune *t)
 {
 	struct worker *w = arg;
@@ -73,7 +73,7 @@ int wk_tuner_new(struct worker *w)
 		LOG_INFO("UNISUM_AUTOTUNE is not set and %s is: partition %llu B and credit %llu B "
 			 "hold for good", w->cfg.autotune_set_by, (unsigned long long)cfg.first.pbytes,
 			 (unsigned long long)cfg.first.credit);
-	/* The client's reader thread may already be failing the job
+	/* The client's loop thread may already be failing the job
 	 * (wk_notice stops the tuner under w->lock): publish it there. */
 	struct tuner *tu;
 	int rc = tune_new(&cfg, &hooks, &tu);
@@ -233,7 +233,7 @@ void wk_layout_free_cs(struct wk_layout *L)
 
 /* ---- autotune ---------------------------------------------------------- */
 
-/* A setting worker 0 posted, passed on by the scheduler (reader thread). */
+/* A setting worker 0 posted, passed on by the scheduler (the client's loop thread). */
 /* Autotune has settled on cut L of tensor t (or t is undeclared: L is
  * NULL): tells the servers of every other cut that this worker is done
  * with it, so once every worker is they free its buffers.  This worker's

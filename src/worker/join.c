@@ -258,7 +258,7 @@ int worker_join_wait(struct worker *w)
 	free(zs);
 	pthread_mutex_lock(&w->lock);
 	int last = w->join_last;
-	/* join_seen stays: the reader thread cleared it at JOIN_DONE, and a
+	/* join_seen stays: the client's loop thread cleared it at JOIN_DONE, and a
 	 * JOINED of the next join may have set it again since. */
 	w->joined = false;
 	w->join_done = false;

@@ -162,7 +162,7 @@ static int wk_local_failed(void *arg, char *why, size_t len)
 	return err;
 }
 
-/* The scheduler says tensor `key` can never be summed (reader thread). */
+/* The scheduler says tensor `key` can never be summed (the client's loop thread). */
 static void wk_tensor_error(void *arg, uint64_t key, const char *why)
 {
 	struct worker *w = arg;
@@ -353,7 +353,7 @@ static int wk_join_job(struct worker *w)
 	if (rc == 0)
 		rc = pushq_init(&w->push_q, w->cfg.credit_bytes);
 	if (rc != 0) {
-		/* The client's reader thread hands TUNEs to the tuner: it goes first. */
+		/* The client's loop thread hands TUNEs to the tuner: it goes first. */
 		rdv_client_free(w->rdv);
 		w->rdv = NULL;
 		tune_free(w->tuner);

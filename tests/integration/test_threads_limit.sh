@@ -14,8 +14,9 @@
 . "$(dirname "$0")/lib.sh"
 
 export UNISUM_SCHEDULER_HOST=127.0.0.1 UNISUM_TIMEOUT_MS=5000 UNISUM_START_TIMEOUT_MS=10000
-# A server's threads: the main one, 2 engines, the scheduler client's two
-# and one I/O loop, which accepts too (the cgroup also holds `timeout`).
+# A server's threads: the main one, which runs its one I/O loop (it
+# accepts too), 2 engines and the scheduler client's loop (the cgroup also
+# holds `timeout`).
 export UNISUM_SERVER_ENGINE_THREAD=2 UNISUM_IO_THREADS=1
 
 # The pids controller's folder, cgroup v1 or v2, or nothing.
@@ -55,19 +56,19 @@ all_summed() {
 	[ "$n" = "$2" ] || { echo "  $n of $2 workers summed"; tail -n 3 "$1"/server0 "$1"/worker0; return 1; }
 }
 
-# Eight workers through a server allowed 12 tasks: it spends none per
+# Eight workers through a server allowed 10 tasks: it spends none per
 # connection (two threads each once made it need 23).
 log=$(mktemp -d)
-in_cgroup 12
+in_cgroup 10
 HAND_MODE="rounds 3" run_by_hand "$log" 8 1 server0 sh -c "$INTO_CG" "$CG"
-expect "a server's threads do not grow with its workers: 8 served within pids.max 12" \
+expect "a server's threads do not grow with its workers: 8 served within pids.max 10" \
 	all_summed "$log" 8
 rm -rf "$log"
 
 # A server without room for its second I/O loop's thread (the first runs
 # on its main thread).
 log=$(mktemp -d)
-in_cgroup 6
+in_cgroup 5
 UNISUM_IO_THREADS=2 run_by_hand "$log" 4 1 server0 sh -c "$INTO_CG" "$CG"
 expect "a server out of threads: it and every other process name it and pids.max" \
 	named_everywhere "$log" server0 "cannot start its I/O threads.*pthread_create: .*pids\\.max [0-9]+"
