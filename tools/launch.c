@@ -101,6 +101,7 @@
 #include "unisum.h"
 #include "config/config.h"
 #include "launch.h"
+#include "log/log.h"
 #include "rendezvous/rendezvous.h"
 #include "timing/timing.h"
 #include "tools.h"
@@ -145,8 +146,10 @@ static void signal_name(int sig, char *buf, size_t len)
 }
 
 /* Describes a waitpid() status: "exited with status 3", "killed by signal
- * 9 (SIGKILL)".  Returns the matching exit status for the launcher. */
-static int describe_status(int status, char *buf, size_t len)
+ * 9 (SIGKILL)", and for a SIGKILL while the kernel's out-of-memory killer
+ * struck, that it probably was.  Returns the matching exit status for the
+ * launcher. */
+static int describe_status(const struct launcher *l, int status, char *buf, size_t len)
 {
 	char name[32];
 
@@ -159,10 +162,13 @@ static int describe_status(int status, char *buf, size_t len)
 	}
 	if (WIFSIGNALED(status)) {
 		int sig = WTERMSIG(status);
+		char killer[200] = "";
 
+		if (sig == SIGKILL)
+			log_oom_note(l->oom_kills, killer, sizeof killer);
 		signal_name(sig, name, sizeof(name));
-		snprintf(buf, len, "killed by signal %d (%s)%s", sig, name,
-			 WCOREDUMP(status) ? ", core dumped" : "");
+		snprintf(buf, len, "killed by signal %d (%s)%s%s", sig, name,
+			 WCOREDUMP(status) ? ", core dumped" : "", killer);
 		return 128 + sig;
 	}
 	snprintf(buf, len, "ended with wait status 0x%x", (unsigned)status);
@@ -263,8 +269,8 @@ static bool child_is_echo(const struct launcher *l, const struct child *c, int s
 /* Judges a child that just exited, with its last output already forwarded. */
 static void child_ended(struct launcher *l, struct child *c, int status)
 {
-	char what[96];
-	int code = describe_status(status, what, sizeof(what));
+	char what[320];
+	int code = describe_status(l, status, what, sizeof(what));
 
 	if (l->stopping) {
 		/* The cascade: quiet when it is our own SIGTERM/SIGKILL at work. */
@@ -297,7 +303,7 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 			l->echo_status = code;
 		}
 		if (l->nechoes < LAUNCH_MAX_ECHOES)
-			snprintf(l->echoes[l->nechoes++], sizeof l->echoes[0], "%s (pid %d) %s, on the "
+			snprintf(l->echoes[l->nechoes++], sizeof l->echoes[0], "%.64s (pid %d) %.140s, on the "
 				 "news of the failure", c->name, (int)c->pid, what);
 		return;
 	}
@@ -702,6 +708,7 @@ static struct launcher *launcher_new(void)
 	l->start_timeout_s = -1;	/* --start-timeout not given */
 	l->waiter_pipe[0] = l->waiter_pipe[1] = -1;
 	l->self = getpid();
+	l->oom_kills = log_oom_kills();
 	return l;
 }
 

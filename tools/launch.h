@@ -96,6 +96,7 @@ struct netns {
 
 /* Everything the launcher knows. */
 struct launcher {
+	long oom_kills;			/* /proc/vmstat's oom_kill when it started */
 	/* Options. */
 	int num_workers;		/* -w: worker processes of the whole job */
 	int num_servers;		/* -s */

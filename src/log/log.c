@@ -137,30 +137,31 @@ static long log_read_number(const char *path, const char *key)
 	return v;
 }
 
-/* The pids cgroup's limit of this process (v1 or v2), or -1 for none. */
-static long log_pids_max(void)
+/* A limit of this process's cgroup, v1 (controller `ctl`, file `v1`) or
+ * v2 (file `v2`), or -1 for none ("max", or v1's near-2^63 no limit). */
+static long long log_cgroup_limit(const char *ctl, const char *v1, const char *v2)
 {
 	FILE *f = fopen("/proc/self/cgroup", "r");
 	if (f == NULL)
 		return -1;
 	char line[512], path[700];
-	long v = -1;
+	long long v = -1;
 	while (v < 0 && fgets(line, sizeof line, f) != NULL) {
 		line[strcspn(line, "\n")] = '\0';
 		char *a = strchr(line, ':'), *b = a != NULL ? strchr(a + 1, ':') : NULL;
 		if (b == NULL)
 			continue;
 		*b = '\0';
-		if (strcmp(a + 1, "pids") == 0)
-			snprintf(path, sizeof path, "/sys/fs/cgroup/pids%s/pids.max", b + 1);
+		if (strstr(a + 1, ctl) != NULL)
+			snprintf(path, sizeof path, "/sys/fs/cgroup/%s%s/%s", ctl, b + 1, v1);
 		else if (a[1] == '\0')
-			snprintf(path, sizeof path, "/sys/fs/cgroup%s/pids.max", b + 1);
+			snprintf(path, sizeof path, "/sys/fs/cgroup%s/%s", b + 1, v2);
 		else
 			continue;
 		v = log_read_number(path, NULL);
 	}
 	fclose(f);
-	return v;
+	return v >= (1LL << 60) ? -1 : v;
 }
 
 void log_thread_limits(int rc, char *buf, size_t len)
@@ -169,10 +170,10 @@ void log_thread_limits(int rc, char *buf, size_t len)
 	char nproc[32] = "unlimited";
 	if (getrlimit(RLIMIT_NPROC, &r) == 0 && r.rlim_cur != RLIM_INFINITY)
 		snprintf(nproc, sizeof nproc, "%llu", (unsigned long long)r.rlim_cur);
-	long pids = log_pids_max();
+	long long pids = log_cgroup_limit("pids", "pids.max", "pids.max");
 	char cg[64] = "";
 	if (pids >= 0)
-		snprintf(cg, sizeof cg, ", its pids cgroup's pids.max %ld", pids);
+		snprintf(cg, sizeof cg, ", its pids cgroup's pids.max %lld", pids);
 	snprintf(buf, len, "pthread_create: %s: this process runs %ld threads; RLIMIT_NPROC %s "
 		 "(every process and thread of the user counts), kernel.pid_max %ld, "
 		 "kernel.threads-max %ld%s",
@@ -196,4 +197,42 @@ void log_fd_limits(int err, char *buf, size_t len)
 	snprintf(buf, len, "%s: this process has all of its RLIMIT_NOFILE=%llu descriptors open "
 		 "(the hard limit is %s; `ulimit -n` raises the soft one up to it)",
 		 strerror(err), (unsigned long long)r.rlim_cur, hard);
+}
+
+/* " LIMIT=n MiB" for a resource limit that is set, else nothing. */
+static void log_rlimit_mib(char *buf, size_t len, int resource, const char *name)
+{
+	struct rlimit r;
+	if (getrlimit(resource, &r) == 0 && r.rlim_cur != RLIM_INFINITY)
+		snprintf(buf, len, "; %s=%llu MiB", name, (unsigned long long)(r.rlim_cur >> 20));
+}
+
+void log_memory_limits(char *buf, size_t len)
+{
+	char as[64] = "", data[64] = "", cg[80] = "";
+	log_rlimit_mib(as, sizeof as, RLIMIT_AS, "RLIMIT_AS (`ulimit -v`)");
+	log_rlimit_mib(data, sizeof data, RLIMIT_DATA, "RLIMIT_DATA (`ulimit -d`)");
+	long long mem = log_cgroup_limit("memory", "memory.limit_in_bytes", "memory.max");
+	if (mem >= 0)
+		snprintf(cg, sizeof cg, "; its memory cgroup's limit %lld MiB", mem >> 20);
+	snprintf(buf, len, "this process maps %ld MiB and holds %ld MiB%s%s%s; the machine has "
+		 "%ld MiB available",
+		 log_read_number("/proc/self/status", "VmSize:") >> 10,
+		 log_read_number("/proc/self/status", "VmRSS:") >> 10, as, data, cg,
+		 log_read_number("/proc/meminfo", "MemAvailable:") >> 10);
+}
+
+long log_oom_kills(void)
+{
+	return log_read_number("/proc/vmstat", "oom_kill ");
+}
+
+void log_oom_note(long before, char *buf, size_t len)
+{
+	long now = log_oom_kills();
+	buf[0] = '\0';
+	if (before >= 0 && now > before)
+		snprintf(buf, len, ": out of memory, by the kernel's OOM killer (oom_kill in "
+			 "/proc/vmstat rose from %ld to %ld during the job; `dmesg` names the process "
+			 "and its memory cgroup)", before, now);
 }

@@ -70,4 +70,17 @@ void log_thread_limits(int rc, char *buf, size_t len);
  * the system's fs.file-max. */
 void log_fd_limits(int err, char *buf, size_t len);
 
+/* What bounds this process's memory, for an allocation that failed: what
+ * it maps and holds, the limits that are set (RLIMIT_AS, RLIMIT_DATA, its
+ * memory cgroup's) and what the machine has available. */
+void log_memory_limits(char *buf, size_t len);
+
+/* The kernel's count of processes its out-of-memory killer ended
+ * (/proc/vmstat's oom_kill, since Linux 4.13), or -1. */
+long log_oom_kills(void);
+/* For a process killed by SIGKILL: ": out of memory, by the kernel's OOM
+ * killer (...)" when that count rose above `before` (taken when the job
+ * started), else "". */
+void log_oom_note(long before, char *buf, size_t len);
+
 #endif /* UNISUM_LOG_H */

@@ -493,23 +493,6 @@ static void rdv_serve(void *arg)
 	pthread_mutex_unlock(&c->lock);
 }
 
-/* Names this process's host for shared memory (see struct rdv_node). */
-static void rdv_host_identity(char *out, size_t len)
-{
-	char boot[64] = "?";
-	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-	if (f != NULL) {
-		if (fgets(boot, sizeof boot, f) == NULL)
-			snprintf(boot, sizeof boot, "?");
-		fclose(f);
-	}
-	boot[strcspn(boot, "\n")] = '\0';
-	struct stat net, pid;
-	unsigned long long net_ino = stat("/proc/self/ns/net", &net) == 0 ? (unsigned long long)net.st_ino : 0;
-	unsigned long long pid_ino = stat("/proc/self/ns/pid", &pid) == 0 ? (unsigned long long)pid.st_ino : 0;
-	snprintf(out, len, "%.36s/%llx/%llx", boot, net_ino, pid_ino);
-}
-
 static int rdv_register(struct rdv_client *c, const struct config *cfg, int listen_port)
 {
 	bool worker = cfg->role == CONFIG_ROLE_WORKER;

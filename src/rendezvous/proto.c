@@ -3,9 +3,12 @@
  * one encoder and one decoder per payload, shared by the scheduler and its
  * client.  A decoder checks the shape (every field there, nothing left
  * over, strings that fit); what the values mean is the receiver's to check.
+ * And the host identity that both compare (rdv_host_identity).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "rendezvous/rdv_proto.h"
 #include "unisum.h"
@@ -326,4 +329,21 @@ int rdv_announce_decode(const struct wire_hdr *h, const void *payload, size_t le
 	a->wire_op = h->aux;
 	a->life = h->key;
 	return 0;
+}
+
+/* Names this process's host for shared memory (see struct rdv_node). */
+void rdv_host_identity(char *out, size_t len)
+{
+	char boot[64] = "?";
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+	if (f != NULL) {
+		if (fgets(boot, sizeof boot, f) == NULL)
+			snprintf(boot, sizeof boot, "?");
+		fclose(f);
+	}
+	boot[strcspn(boot, "\n")] = '\0';
+	struct stat net, pid;
+	unsigned long long net_ino = stat("/proc/self/ns/net", &net) == 0 ? (unsigned long long)net.st_ino : 0;
+	unsigned long long pid_ino = stat("/proc/self/ns/pid", &pid) == 0 ? (unsigned long long)pid.st_ino : 0;
+	snprintf(out, len, "%.36s/%llx/%llx", boot, net_ino, pid_ino);
 }

@@ -108,4 +108,8 @@ int rdv_declare_reply_decode(const void *payload, size_t len, int *status, char 
 /* TUNE: rdv_tune_encode / rdv_tune_decode in rendezvous.h (worker.c's
  * tuner uses them too). */
 
+/* This process's host for shared memory and for its processes' pids:
+ * the boot id and the network and pid namespaces (see struct rdv_node). */
+void rdv_host_identity(char *out, size_t len);
+
 #endif /* UNISUM_RDV_PROTO_H */

@@ -92,6 +92,7 @@ struct rdv_scheduler {
 	int stall_warn_ms, stall_abort_ms; /* barriers (UNISUM_STALL_WARN_MS, _ABORT_MS) */
 	int start_timeout_ms;		/* UNISUM_START_TIMEOUT_MS */
 	int64_t started_ms;		/* when it started listening */
+	long oom_kills;			/* log_oom_kills() then */
 	bool start_warned;		/* a slow registration was logged */
 	pthread_t thread;		/* runs the loop: every connection, the monitor */
 	struct loop *loop;
@@ -168,6 +169,12 @@ void sched_hangup(struct sched_node *n);
 const char *sched_node_label(const struct sched_node *n, char *buf, size_t len);
 /* Sends node n the job-level ERROR `err` with text `why`. */
 void sched_send_error(struct sched_node *n, int err, const char *why);
+/* How node n's process ended, into buf ("was killed by signal 9
+ * (SIGKILL)...", "exited with status 3"), when it was a child of this
+ * process (the scheduler of `unisum launch`) on this host and has ended
+ * or ends within 200 ms; else false at once. */
+bool sched_node_end(const struct rdv_scheduler *s, const struct sched_node *n, char *buf,
+		    size_t len);
 /* Sends h (and payload) to every worker still connected, or with
  * `joined_only` to those that joined.  Called with s->lock held. */
 void sched_send_workers(struct rdv_scheduler *s, const struct wire_hdr *h, const void *payload,

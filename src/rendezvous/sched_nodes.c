@@ -1,10 +1,15 @@
 /*
  * sched_nodes.c - the scheduler's side of one node's connection: sending
  * to it (queued on its loop connection, which any thread may do, and
- * never blocking), hanging up, naming it in messages, and taking what its
- * REGISTER says of it.
+ * never blocking), hanging up, naming it in messages, how its process
+ * ended when it was this one's child, and taking what its REGISTER says
+ * of it.
  */
 #include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,4 +102,34 @@ void sched_take_register(struct sched_node *n, const struct rdv_register *m)
 	snprintf(n->host_id, sizeof n->host_id, "%s", m->host_id);
 	n->rack = m->rack;
 	atomic_store(&n->last_seen_ms, timing_now_ms());
+}
+
+bool sched_node_end(const struct rdv_scheduler *s, const struct sched_node *n, char *buf,
+		    size_t len)
+{
+	char me[64];
+	rdv_host_identity(me, sizeof me);
+	if (n->pid <= 0 || strcmp(me, n->host_id) != 0)
+		return false;
+	siginfo_t info = {0};
+	/* Its socket closes a moment before it can be waited for. */
+	for (int i = 0; i < 100 && info.si_pid == 0; i++) {
+		if (waitid(P_PID, (id_t)n->pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0)
+			return false;	/* not a child of this process */
+		if (info.si_pid == 0)
+			usleep(2000);
+	}
+	if (info.si_pid == 0)
+		return false;
+	if (info.si_code == CLD_EXITED) {
+		snprintf(buf, len, "exited with status %d", info.si_status);
+		return true;
+	}
+	char note[240] = "";
+	if (info.si_status == SIGKILL)
+		log_oom_note(s->oom_kills, note, sizeof note);
+	const char *abbrev = sigabbrev_np(info.si_status);
+	snprintf(buf, len, "was killed by signal %d (SIG%s)%s", info.si_status,
+		 abbrev != NULL ? abbrev : "?", note);
+	return true;
 }

@@ -465,6 +465,12 @@ static int sched_dispatch(struct rdv_scheduler *s, struct sched_node *n, const s
  * job fails naming it, and it is the culprit the launcher blames. */
 static void sched_node_gone(struct rdv_scheduler *s, struct sched_node *n, int rc, const char *why)
 {
+	/* How it ended, where this process launched it: looked at before the
+	 * lock (this loop's thread is the one that changes n). */
+	char end[400] = "";
+	if (n->registered && !n->said_goodbye && rc != UNISUM_EPROTO &&
+	    !sched_node_end(s, n, end, sizeof end))
+		end[0] = '\0';
 	pthread_mutex_lock(&s->lock);
 	n->gone = true;
 	char label[160];
@@ -505,6 +511,9 @@ static void sched_node_gone(struct rdv_scheduler *s, struct sched_node *n, int r
 				 label, el_why);
 		else if (rc == UNISUM_EPROTO)
 			snprintf(msg, sizeof msg, "%s broke the protocol: %s", label, why);
+		else if (end[0] != '\0')
+			snprintf(msg, sizeof msg, "%s lost its connection to the scheduler without "
+				 "saying goodbye: it %s", label, end);
 		else
 			snprintf(msg, sizeof msg,
 				 "%s lost its connection to the scheduler without saying goodbye: it "
@@ -718,6 +727,7 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 	s->max_servers = num_servers;
 	s->start_timeout_ms = cfg->start_timeout_ms;
 	s->started_ms = timing_now_ms();
+	s->oom_kills = log_oom_kills();
 	/* Grows as connections come (see sched_max_connections). */
 	s->cap_nodes = 2 * (num_machines + num_servers) + 64;
 	s->nodes = calloc((size_t)s->cap_nodes, sizeof *s->nodes);

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <unistd.h>
+
 #include "log/log.h"
 #include "reducer/reducer.h"
 #include "rendezvous/rendezvous.h"
@@ -626,6 +628,19 @@ static int srv_on_msg(struct loop_conn *lc, const struct wire_hdr *h, void *payl
 	return rc;
 }
 
+void srv_out_of_memory(struct server *srv, const char *what)
+{
+	if (atomic_exchange(&srv->oom_told, true))
+		return;
+	char limits[400], why[1000];
+	log_memory_limits(limits, sizeof limits);
+	snprintf(why, sizeof why, "server %d (pid %d) is out of memory: %s (%s)", srv->rank,
+		 (int)getpid(), what, limits);
+	LOG_ERROR("%s", why);
+	if (srv->rdv != NULL)
+		rdv_client_fail_job(srv->rdv, UNISUM_ENOMEM, why);
+}
+
 /* The loop is done with c (posted by srv_on_closed): it may be freed. */
 static void srv_conn_done(void *arg)
 {
@@ -649,6 +664,8 @@ static void srv_on_closed(struct loop_conn *lc, int rc, const char *why)
 	const char *peer = c->tp->peer_name(c->conn);
 	char name[64];
 	srv_worker_name(srv, c->worker, name, sizeof name);
+	if (rc == UNISUM_ENOMEM)	/* the job ends: every process names this one */
+		srv_out_of_memory(srv, why);
 	if (rc == UNISUM_ECONN && !atomic_load(&srv->stopping)) {
 		LOG_INFO("%s (%s) disconnected", name, peer);
 	} else if (rc != UNISUM_ECONN && rc != 0) {

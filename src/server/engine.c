@@ -26,6 +26,17 @@
 
 /* ---- engines ------------------------------------------------------------ */
 
+/* Out of memory `doing` what key k needs: the job fails, naming this
+ * server and the limits (srv_out_of_memory). */
+static void srv_engine_oom(struct server *srv, const struct srv_key *k, const char *doing)
+{
+	char what[300];
+	snprintf(what, sizeof what, "%s key 0x%llx of tensor '%s' (%zu bytes)", doing,
+		 (unsigned long long)k->key, k->name != NULL ? k->name : "?", k->bytes);
+	atomic_store(&srv->job_error, UNISUM_ENOMEM);
+	srv_out_of_memory(srv, what);
+}
+
 /* How often an engine looks for stalls: a quarter of the shortest limit,
  * at most once a second. */
 static int srv_stall_period_ms(const struct server *srv)
@@ -306,8 +317,7 @@ static void srv_async_push(struct server *srv, struct srv_key *k, const struct s
 		}
 		k->value = malloc(k->bytes ? k->bytes : 1);
 		if (k->value == NULL) {
-			LOG_ERROR("out of memory for async key 0x%llx", (unsigned long long)k->key);
-			atomic_store(&srv->job_error, UNISUM_ENOMEM);
+			srv_engine_oom(srv, k, "for the value of async");
 			return;
 		}
 		memcpy(k->value, k->push_buf[0], k->bytes);
@@ -432,8 +442,7 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 			return;
 		}
 		if (rc != 0) {
-			LOG_ERROR("out of memory summing key 0x%llx", (unsigned long long)k->key);
-			atomic_store(&srv->job_error, UNISUM_ENOMEM);
+			srv_engine_oom(srv, k, "summing");
 			return;
 		}
 		s->next++;
@@ -443,8 +452,7 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 	if (k->comp.kind != COMPRESS_NONE && s->result == RESULT_OWNED) {
 		/* The sum is encoded once, for every worker's reply. */
 		if (s->enc == NULL && (s->enc = malloc(k->wire_bytes)) == NULL) {
-			LOG_ERROR("out of memory compressing key 0x%llx", (unsigned long long)k->key);
-			atomic_store(&srv->job_error, UNISUM_ENOMEM);
+			srv_engine_oom(srv, k, "compressing");
 			return;
 		}
 		compress_state_encode(&k->cstate, (const float *)s->acc, s->enc,

@@ -198,6 +198,7 @@ struct srv_conn {
 
 struct server {
 	atomic_bool fds_failed;		/* accept() ran out of descriptors (told once) */
+	atomic_bool oom_told;		/* out of memory (told once: srv_out_of_memory) */
 	const struct config *cfg;
 	struct rdv_client *rdv;
 	struct tp_listener *listener;	/* TCP, on the main thread */
@@ -335,5 +336,8 @@ void srv_conn_start(void *arg);
 void srv_tensor_error(void *arg, uint64_t key, const char *why);
 void srv_reply_error(struct server *srv, struct srv_conn *c, int p, uint64_t key, uint32_t round,
 		     int err, const char *why);
+/* The server could not allocate `what`: named here with the limits on
+ * memory and, once, through the scheduler to every process of the job. */
+void srv_out_of_memory(struct server *srv, const char *what);
 
 #endif /* UNISUM_SRV_INT_H */

@@ -7,6 +7,12 @@
  * UNISUM_ESHUTDOWN.  No call may run concurrently with unisum_init or
  * unisum_shutdown but unisum_alloc and unisum_free, which take the
  * process's lock.
+ *
+ * A call that declares or starts work and finds no memory for it
+ * (UNISUM_ENOMEM) fails the job through the scheduler, naming this worker
+ * and the limits (worker_out_of_memory), as a thread or a descriptor that
+ * cannot be had does: the other processes would otherwise see a worker
+ * that left.  unisum_alloc returns NULL instead, as malloc does.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -211,7 +217,7 @@ int unisum_local_size(void)
 
 int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int priority)
 {
-	return worker_declare(api(), name, dtype, count, priority);
+	return worker_out_of_memory(api(), worker_declare(api(), name, dtype, count, priority));
 }
 
 /* unisum_declare_shaped and unisum_declare_in, in process set `set`. */
@@ -229,7 +235,8 @@ static int api_declare_shaped(int set, const char *name, unisum_dtype dtype, int
 					"%lld", name ? name : "", i, (long long)dims[i]);
 		shape.dims[i] = (uint64_t)dims[i];
 	}
-	return worker_declare_in(api(), set, name, dtype, (size_t)count, &shape, priority);
+	return worker_out_of_memory(api(), worker_declare_in(api(), set, name, dtype, (size_t)count,
+							     &shape, priority));
 }
 
 int unisum_declare_shaped(const char *name, unisum_dtype dtype, int ndim, const int64_t *dims,
@@ -241,13 +248,13 @@ int unisum_declare_shaped(const char *name, unisum_dtype dtype, int ndim, const 
 int unisum_declare_sync(const char *name, unisum_dtype dtype, size_t count, int priority,
 			const char *sync)
 {
-	return worker_declare_sync(api(), name, dtype, count, priority, sync);
+	return worker_out_of_memory(api(), worker_declare_sync(api(), name, dtype, count, priority, sync));
 }
 
 int unisum_declare_ex(const char *name, unisum_dtype dtype, size_t count, int priority,
 		      const char *compression)
 {
-	return worker_declare_ex(api(), name, dtype, count, priority, compression);
+	return worker_out_of_memory(api(), worker_declare_ex(api(), name, dtype, count, priority, compression));
 }
 
 int unisum_declare_in(int set, const char *name, unisum_dtype dtype, int ndim,
@@ -258,7 +265,7 @@ int unisum_declare_in(int set, const char *name, unisum_dtype dtype, int ndim,
 
 int unisum_process_set_add(const int *ranks, int nranks)
 {
-	return worker_process_set_add(api(), ranks, nranks);
+	return worker_out_of_memory(api(), worker_process_set_add(api(), ranks, nranks));
 }
 
 int unisum_process_set_remove(int set)
@@ -273,7 +280,7 @@ int unisum_undeclare(int tensor)
 
 int unisum_push_pull_async(int tensor, const void *in, void *out, int flags, unisum_handle *h)
 {
-	return worker_push_pull_async(api(), tensor, in, out, flags, h);
+	return worker_out_of_memory(api(), worker_push_pull_async(api(), tensor, in, out, flags, h));
 }
 
 int unisum_push_pull(int tensor, const void *in, void *out, int flags)
@@ -285,7 +292,7 @@ int unisum_push_pull(int tensor, const void *in, void *out, int flags)
 
 int unisum_broadcast_async(int tensor, void *buf, int root_rank, unisum_handle *h)
 {
-	return worker_broadcast_async(api(), tensor, buf, root_rank, h);
+	return worker_out_of_memory(api(), worker_broadcast_async(api(), tensor, buf, root_rank, h));
 }
 
 int unisum_broadcast(int tensor, void *buf, int root_rank)
@@ -298,17 +305,17 @@ int unisum_broadcast(int tensor, void *buf, int root_rank)
 int unisum_allgather_async(int tensor, const void *in, void *out, const uint64_t *counts,
 			   unisum_handle *h)
 {
-	return worker_allgather_async(api(), tensor, in, out, counts, h);
+	return worker_out_of_memory(api(), worker_allgather_async(api(), tensor, in, out, counts, h));
 }
 
 int unisum_allgather_begin(int tensor, void *out, const uint64_t *counts, unisum_handle *h)
 {
-	return worker_allgather_begin(api(), tensor, out, counts, h);
+	return worker_out_of_memory(api(), worker_allgather_begin(api(), tensor, out, counts, h));
 }
 
 int unisum_allgather_supply(unisum_handle h, const void *in)
 {
-	return worker_allgather_supply(api(), h, in);
+	return worker_out_of_memory(api(), worker_allgather_supply(api(), h, in));
 }
 
 int unisum_allgather(int tensor, const void *in, void *out, const uint64_t *counts)
@@ -321,7 +328,8 @@ int unisum_allgather(int tensor, const void *in, void *out, const uint64_t *coun
 int unisum_reduce_scatter_async(int tensor, const void *in, void *out, const uint64_t *counts,
 				int flags, unisum_handle *h)
 {
-	return worker_reduce_scatter_async(api(), tensor, in, out, counts, flags, h);
+	return worker_out_of_memory(api(), worker_reduce_scatter_async(api(), tensor, in, out, counts,
+									flags, h));
 }
 
 int unisum_reduce_scatter(int tensor, const void *in, void *out, const uint64_t *counts,
@@ -335,7 +343,7 @@ int unisum_reduce_scatter(int tensor, const void *in, void *out, const uint64_t 
 int unisum_alltoall_async(int tensor, const void *in, void *out, const uint64_t *counts,
 			  unisum_handle *h)
 {
-	return worker_alltoall_async(api(), tensor, in, out, counts, h);
+	return worker_out_of_memory(api(), worker_alltoall_async(api(), tensor, in, out, counts, h));
 }
 
 int unisum_alltoall(int tensor, const void *in, void *out, const uint64_t *counts)

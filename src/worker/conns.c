@@ -475,7 +475,10 @@ static int wk_on_error(struct wk_conn *c, const struct wire_hdr *h, char *msg, s
 	struct wk_job *j = wk_take_answered(c, h, msg, len);
 	if (j == NULL)
 		return 1;
-	wk_job_finish(j, log_known_error(-(int)h->aux, UNISUM_EREMOTE), text);
+	/* A server out of memory is no allocation of this process's: its
+	 * callers get UNISUM_EREMOTE, not UNISUM_ENOMEM (worker_out_of_memory). */
+	int err = log_known_error(-(int)h->aux, UNISUM_EREMOTE);
+	wk_job_finish(j, err == UNISUM_ENOMEM ? UNISUM_EREMOTE : err, text);
 	return 0;
 }
 

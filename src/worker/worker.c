@@ -479,6 +479,24 @@ int worker_end_membership(struct worker *w)
 	return log_fail(failed, "unisum_rejoin: the job failed, it cannot re-form: %s", w->failed_why);
 }
 
+int worker_out_of_memory(struct worker *w, int rc)
+{
+	if (w == NULL || rc != UNISUM_ENOMEM)
+		return rc;
+	pthread_mutex_lock(&w->lock);
+	bool first = w->failed == 0 && !w->oom_told;	/* not the job's failure, told */
+	w->oom_told = true;
+	pthread_mutex_unlock(&w->lock);
+	if (!first)
+		return rc;
+	char limits[400], why[1200];
+	log_memory_limits(limits, sizeof limits);
+	snprintf(why, sizeof why, "worker %d (pid %d) is out of memory: %s (%s)", w->rank,
+		 (int)getpid(), log_last_error(), limits);
+	rdv_client_fail_job(w->rdv, UNISUM_ENOMEM, why);
+	return log_fail(rc, "%s", why);
+}
+
 bool worker_busy(struct worker *w)
 {
 	if (w == NULL)

@@ -34,6 +34,11 @@ const struct config *worker_config(const struct worker *w);
 /* Whether some operation of w has not completed (or the job failed):
  * leaving would wait for it. */
 bool worker_busy(struct worker *w);
+/* rc, a call's result: when it is UNISUM_ENOMEM and the job has not
+ * failed (this worker's own allocation failed, not a peer's), the worker
+ * names itself, the failed allocation (log_last_error) and the limits on
+ * memory, once, through the scheduler to every process of the job. */
+int worker_out_of_memory(struct worker *w, int rc);
 /* Elastic jobs: 1 when this membership ended or workers wait to join (call
  * unisum_rejoin), 0 if not, or an error. */
 int worker_membership_changed(struct worker *w);

@@ -408,6 +408,7 @@ struct worker {
 	bool *lost;			/* [nservers] its FAILOVER came (w->moved holds
 					 * where its keys went), or NULL before the first */
 	int failed;			/* the job failed: every call returns it */
+	bool oom_told;			/* worker_out_of_memory told the job */
 	char failed_why[512];
 	struct wk_poison {
 		uint64_t key;
