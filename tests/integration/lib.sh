@@ -144,6 +144,36 @@ finish() {
 	exit 0
 }
 
+# cgroup_root CONTROLLER : the folder of a cgroup controller (pids,
+# memory), cgroup v1 or v2, or nothing.
+cgroup_root() {
+	if [ -f "/sys/fs/cgroup/$1/cgroup.procs" ]; then
+		echo "/sys/fs/cgroup/$1"
+	elif grep -qw "$1" /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+		echo /sys/fs/cgroup
+	elif grep -qw "$1" /sys/fs/cgroup/unified/cgroup.controllers 2>/dev/null; then
+		echo /sys/fs/cgroup/unified
+	fi
+}
+
+# new_cgroup CONTROLLER : a cgroup of CONTROLLER for this test in $CG,
+# removed at exit; without root or the controller the test skips (a
+# failure as root) and finishes.
+new_cgroup() {
+	cg_root=$(cgroup_root "$1")
+	if [ "$(id -u)" != 0 ] || [ -z "$cg_root" ]; then
+		skip "a $1 cgroup is needed (root: $(id -un), $1 controller: ${cg_root:-none})"
+		finish
+	fi
+	CG="$cg_root/unisum-test-$$"
+	if ! mkdir "$CG" 2>/dev/null; then
+		FAILS=$((FAILS + 1))
+		echo "FAIL cannot make the cgroup $CG"
+		finish
+	fi
+	trap 'rmdir "$CG" 2>/dev/null' EXIT
+}
+
 # free_port : a TCP port nobody listens on right now.
 free_port() {
 	"$BUILD/check_sums" free-port

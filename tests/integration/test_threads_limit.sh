@@ -19,29 +19,7 @@ export UNISUM_SCHEDULER_HOST=127.0.0.1 UNISUM_TIMEOUT_MS=5000 UNISUM_START_TIMEO
 # holds `timeout`).
 export UNISUM_SERVER_ENGINE_THREAD=2 UNISUM_IO_THREADS=1
 
-# The pids controller's folder, cgroup v1 or v2, or nothing.
-pids_root() {
-	if [ -f /sys/fs/cgroup/pids/cgroup.procs ]; then
-		echo /sys/fs/cgroup/pids
-	elif grep -qw pids /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
-		echo /sys/fs/cgroup
-	elif grep -qw pids /sys/fs/cgroup/unified/cgroup.controllers 2>/dev/null; then
-		echo /sys/fs/cgroup/unified
-	fi
-}
-
-ROOT=$(pids_root)
-if [ "$(id -u)" != 0 ] || [ -z "$ROOT" ]; then
-	skip "a pids cgroup is needed (root: $(id -un), pids controller: ${ROOT:-none})"
-	finish
-fi
-CG="$ROOT/unisum-test-$$"
-if ! mkdir "$CG" 2>/dev/null; then
-	FAILS=$((FAILS + 1))
-	echo "FAIL cannot make the cgroup $CG"
-	finish
-fi
-trap 'rmdir "$CG" 2>/dev/null' EXIT
+new_cgroup pids
 
 # The wrapper (run_by_hand's WRAP, given "$CG") that runs a process in the
 # cgroup; in_cgroup MAX sets the cgroup's pids.max.
