@@ -1,7 +1,7 @@
 #!/bin/sh
 # Two builds of unisum side by side, for changes that must not move a
 # figure (refactors): the same jobs, alternating old and new, each repeat
-# seconds apart, so the drift of a shared VM hits both alike.
+# seconds apart, in ABBA order, so the drift of a shared VM hits both alike.
 #
 #   sh bench/builds.sh OLD_BUILD NEW_BUILD [REPEATS]     (default 5)
 #
@@ -34,8 +34,13 @@ local_reduce() {
 		sed -n 's/.*median_ms=\([0-9.]*\).*/\1/p' | head -1
 }
 
+# ABBA: odd repeats run old first, even ones new first, so that whatever
+# favours the first or the second of a pair (a VM's drift, caches) falls
+# on both builds alike.
 for rep in $(seq "$REPEATS"); do
-	for which in old new; do
+	order="old new"
+	[ $((rep % 2)) = 0 ] && order="new old"
+	for which in $order; do
 		[ $which = old ] && b=$OLD || b=$NEW
 		bench "$b" 1 | while read -r size ms; do echo "$which ipc $size $ms"; done >>"$RAW"
 		bench "$b" 0 | while read -r size ms; do echo "$which tcp $size $ms"; done >>"$RAW"
@@ -54,7 +59,7 @@ for line in open(sys.argv[1]):
     f = line.split()
     if len(f) == 4 and f[3]:
         runs[(f[0], f[1], f[2])].append(float(f[3]))
-print(f"2 workers, float32; ms per round, median of {sys.argv[2]} repeats (old and new alternating)")
+print(f"2 workers, float32; ms per round, median of {sys.argv[2]} repeats (old and new alternating, ABBA)")
 print(f"{'job':<6} {'size':>7} {'old ms':>9} {'new ms':>9} {'old/new':>8}")
 for job in ("ipc", "tcp", "local"):
     for size in ("4", "64"):

@@ -43,7 +43,28 @@ struct tp_conn {
 	int fd;			/* connected socket */
 	char peer[80];		/* "host:port" of the peer */
 	uint64_t tx, rx;	/* each direction's token (stream_sync_release) */
+	int lowat;		/* SO_RCVLOWAT as set (0: the kernel's 1) */
 };
+
+/* A large payload wakes its loop once per TCP_LOWAT bytes queued, not once
+ * per segment that arrives: each wake-up then costs one epoll_wait and
+ * a few large recv calls instead of dozens of small ones (a blocking
+ * reader got the same from MSG_WAITALL).  The mark never exceeds what is
+ * still to come, so it is always reached; the kernel grows the receive
+ * buffer to hold it, and wakes the reader anyway under memory pressure,
+ * at the end of the stream or on an error. */
+#define TCP_LOWAT (256u << 10)
+
+/* Sets the connection's SO_RCVLOWAT for `remaining` bytes still to come
+ * (1 when none or few). */
+static void tcp_lowat(struct tp_conn *c, size_t remaining)
+{
+	int v = remaining >= TCP_LOWAT ? (int)TCP_LOWAT : remaining > 16384 ? (int)remaining : 1;
+	if (v == (c->lowat > 0 ? c->lowat : 1))
+		return;
+	if (setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0)
+		c->lowat = v;
+}
 
 static void tcp_tune(int fd)
 {
@@ -266,7 +287,9 @@ static int tcp_recv_nb(struct tp_conn *c, struct tp_rx *rx, char *why, size_t wh
 		if (rx->hdr.payload_len > 0)
 			return TP_HEADER;
 	}
-	return stream_recv_payload_nb(c->fd, rx);
+	int rc = stream_recv_payload_nb(c->fd, rx);
+	tcp_lowat(c, rc == TP_AGAIN ? rx->hdr.payload_len - rx->got : 0);
+	return rc;
 }
 
 static int tcp_send_nb(struct tp_conn *c, struct tp_tx *tx)
