@@ -42,9 +42,9 @@ for rep in $(seq "$REPEATS"); do
 	[ $((rep % 2)) = 0 ] && order="new old"
 	for which in $order; do
 		[ $which = old ] && b=$OLD || b=$NEW
-		bench "$b" 1 | while read -r size ms; do echo "$which ipc $size $ms"; done >>"$RAW"
-		bench "$b" 0 | while read -r size ms; do echo "$which tcp $size $ms"; done >>"$RAW"
-		echo "$which local 64 $(local_reduce "$b")" >>"$RAW"
+		bench "$b" 1 | while read -r size ms; do echo "$which ipc $size $ms $rep"; done >>"$RAW"
+		bench "$b" 0 | while read -r size ms; do echo "$which tcp $size $ms $rep"; done >>"$RAW"
+		echo "$which local 64 $(local_reduce "$b") $rep" >>"$RAW"
 	done
 	echo "builds.sh: repeat $rep of $REPEATS done" >&2
 done
@@ -54,18 +54,21 @@ echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores," \
 echo "command: sh bench/builds.sh $*"
 /usr/bin/python3 - "$RAW" "$REPEATS" <<'EOF'
 import collections, statistics, sys
-runs = collections.defaultdict(list)
+runs = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
     f = line.split()
-    if len(f) == 4 and f[3]:
-        runs[(f[0], f[1], f[2])].append(float(f[3]))
-print(f"2 workers, float32; ms per round, median of {sys.argv[2]} repeats (old and new alternating, ABBA)")
-print(f"{'job':<6} {'size':>7} {'old ms':>9} {'new ms':>9} {'old/new':>8}")
+    if len(f) == 5:
+        runs[(f[0], f[1], f[2])][f[4]] = float(f[3])
+print(f"2 workers, float32; ms per round, median of {sys.argv[2]} repeats (old and new alternating, ABBA);")
+print("paired: the median of each repeat's old/new, with the lowest and highest")
+print(f"{'job':<6} {'size':>7} {'old ms':>9} {'new ms':>9} {'old/new':>8} {'paired':>7} {'range':>11}")
 for job in ("ipc", "tcp", "local"):
     for size in ("4", "64"):
         old, new = runs.get(("old", job, size)), runs.get(("new", job, size))
         if not old or not new:
             continue
-        o, n = statistics.median(old), statistics.median(new)
-        print(f"{job:<6} {size + ' MiB':>7} {o:9.3f} {n:9.3f} {o / n:8.2f}")
+        o, n = statistics.median(old.values()), statistics.median(new.values())
+        r = sorted(old[k] / new[k] for k in old if k in new)
+        print(f"{job:<6} {size + ' MiB':>7} {o:9.3f} {n:9.3f} {o / n:8.2f} {statistics.median(r):7.2f}"
+              f" {r[0]:5.2f}-{r[-1]:.2f}")
 EOF
