@@ -85,6 +85,7 @@ libopenmpi-dev   bench
 gnuplot-nox      bench  gnuplot
 chromium         bench  chromium
 nodejs           bench  node npm
+time             bench  time
 
 # The Horovod test suite only.
 python3-cloudpickle suite
