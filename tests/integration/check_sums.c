@@ -781,6 +781,16 @@ static void check_launch_env(void)
 	}
 }
 
+/* Keeps freed buffers for the next tensor, as a framework's caching
+ * allocator does: glibc would otherwise map every large buffer anew and
+ * the kernel zero it page by page, a sixth of the suite's check_sums
+ * time. */
+static void keep_freed_buffers(void)
+{
+	mallopt(M_MMAP_THRESHOLD, 1 << 30);
+	mallopt(M_TRIM_THRESHOLD, INT32_MAX);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -789,12 +799,7 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "free-port") == 0)
 		return strangers_free_port();
-	/* Keep freed buffers for the next tensor, as a framework's caching
-	 * allocator does: glibc would otherwise map every large buffer anew
-	 * and the kernel zero it page by page, a sixth of the suite's
-	 * check_sums time. */
-	mallopt(M_MMAP_THRESHOLD, 1 << 30);
-	mallopt(M_TRIM_THRESHOLD, INT32_MAX);
+	keep_freed_buffers();
 	check(unisum_init(), "unisum_init");
 	rank = unisum_rank();
 	size = unisum_size();
