@@ -151,8 +151,6 @@ static void signal_name(int sig, char *buf, size_t len)
  * launcher. */
 static int describe_status(const struct launcher *l, int status, char *buf, size_t len)
 {
-	char name[32];
-
 	if (WIFEXITED(status)) {
 		int code = WEXITSTATUS(status);
 
@@ -161,15 +159,8 @@ static int describe_status(const struct launcher *l, int status, char *buf, size
 		return code;
 	}
 	if (WIFSIGNALED(status)) {
-		int sig = WTERMSIG(status);
-		char killer[200] = "";
-
-		if (sig == SIGKILL)
-			log_oom_note(l->oom_kills, killer, sizeof killer);
-		signal_name(sig, name, sizeof(name));
-		snprintf(buf, len, "killed by signal %d (%s)%s%s", sig, name,
-			 WCOREDUMP(status) ? ", core dumped" : "", killer);
-		return 128 + sig;
+		log_killed(WTERMSIG(status), WCOREDUMP(status), l->oom_kills, buf, len);
+		return 128 + WTERMSIG(status);
 	}
 	snprintf(buf, len, "ended with wait status 0x%x", (unsigned)status);
 	return 1;

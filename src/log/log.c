@@ -6,6 +6,7 @@
 #include "unisum.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,7 +228,9 @@ long log_oom_kills(void)
 	return log_read_number("/proc/vmstat", "oom_kill ");
 }
 
-void log_oom_note(long before, char *buf, size_t len)
+/* ": out of memory, by the kernel's OOM killer (...)" when its count rose
+ * above `before`, else "". */
+static void log_oom_note(long before, char *buf, size_t len)
 {
 	long now = log_oom_kills();
 	buf[0] = '\0';
@@ -235,4 +238,18 @@ void log_oom_note(long before, char *buf, size_t len)
 		snprintf(buf, len, ": out of memory, by the kernel's OOM killer (oom_kill in "
 			 "/proc/vmstat rose from %ld to %ld during the job; `dmesg` names the process "
 			 "and its memory cgroup)", before, now);
+}
+
+void log_killed(int sig, bool core, long oom_before, char *buf, size_t len)
+{
+	char name[32], note[240] = "";
+	const char *abbrev = sigabbrev_np(sig);
+	if (abbrev != NULL)
+		snprintf(name, sizeof name, "SIG%s", abbrev);
+	else
+		snprintf(name, sizeof name, "signal %d", sig);
+	if (sig == SIGKILL)
+		log_oom_note(oom_before, note, sizeof note);
+	snprintf(buf, len, "killed by signal %d (%s)%s%s", sig, name, core ? ", core dumped" : "",
+		 note);
 }

@@ -10,6 +10,7 @@
 #define UNISUM_LOG_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 enum log_level {
@@ -78,9 +79,10 @@ void log_memory_limits(char *buf, size_t len);
 /* The kernel's count of processes its out-of-memory killer ended
  * (/proc/vmstat's oom_kill, since Linux 4.13), or -1. */
 long log_oom_kills(void);
-/* For a process killed by SIGKILL: ": out of memory, by the kernel's OOM
- * killer (...)" when that count rose above `before` (taken when the job
- * started), else "". */
-void log_oom_note(long before, char *buf, size_t len);
+/* How a process killed by signal `sig` ended: "killed by signal 9
+ * (SIGKILL)", ", core dumped" when it did, and for a SIGKILL while the
+ * OOM killer's count rose above `oom_before` (log_oom_kills() when the
+ * job started) ": out of memory, by the kernel's OOM killer (...)". */
+void log_killed(int sig, bool core, long oom_before, char *buf, size_t len);
 
 #endif /* UNISUM_LOG_H */

@@ -90,12 +90,26 @@ struct rdv_client {
 };
 
 
-/* Queues a message for the scheduler; any thread, after registration.
- * A scheduler that left LOOP_CONN_CAP bytes unread is as good as lost. */
+/* Sends a message to the scheduler: blocking while the connection is
+ * not yet the loop's (registration), else queued, from any thread.  A
+ * scheduler that left LOOP_CONN_CAP bytes unread is as good as lost. */
 static int rdv_send(struct rdv_client *c, const struct wire_hdr *h, const void *payload)
 {
+	if (c->lc == NULL)
+		return c->tp->send(c->conn, h, payload);
 	int rc = loop_conn_send(c->lc, h, payload);
 	return rc == TP_AGAIN ? UNISUM_ECONN : rc;
+}
+
+/* Sends an ERROR about the job (key 0) or about the tensor of `key`. */
+static void rdv_send_error(struct rdv_client *c, uint64_t key, int err, const char *why)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	struct wire_hdr h = {.sender = c->id, .key = key};
+	if (wire_error_build(&h, &b, err, why) == 0)
+		rdv_send(c, &h, b.data);
+	wire_buf_fini(&b);
 }
 
 /* Reads one message with its payload (malloc'd, NULL when empty). */
@@ -513,7 +527,7 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 		return UNISUM_ENOMEM;
 	}
 	struct wire_hdr h = {.type = WIRE_REGISTER, .payload_len = b.len};
-	int rc = c->tp->send(c->conn, &h, b.data);
+	int rc = rdv_send(c, &h, b.data);
 	wire_buf_fini(&b);
 	if (rc != 0)
 		return log_fail(rc, "lost the scheduler at %s while registering", c->tp->peer_name(c->conn));
@@ -577,12 +591,7 @@ static int rdv_start_loop(struct rdv_client *c)
 		snprintf(why, sizeof why, "%s %d (pid %d) cannot start its scheduler thread: %s",
 			 c->role == CONFIG_ROLE_WORKER ? "worker" : "server", c->rank, (int)getpid(),
 			 limits);
-		struct wire_buf b;
-		wire_buf_init(&b);
-		struct wire_hdr h = {.sender = c->id};
-		if (wire_error_build(&h, &b, UNISUM_ESYS, why) == 0)
-			c->tp->send(c->conn, &h, b.data);
-		wire_buf_fini(&b);
+		rdv_send_error(c, 0, UNISUM_ESYS, why);	/* blocking: no loop serves it */
 		return log_fail(UNISUM_ESYS, "%s", why);
 	}
 	if (rc == 0)
@@ -613,7 +622,8 @@ int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn noti
 	timing_cond_init(&c->replied);
 	c->beat.slot = -1;
 
-	int rc = transport_connect(c->tp, cfg->scheduler_host, cfg->scheduler_port, cfg->timeout_ms, &c->conn);
+	int rc = transport_connect(c->tp, cfg->scheduler_host, cfg->scheduler_port, cfg->timeout_ms,
+				   &c->conn);
 	if (rc != 0)
 		goto out_free;
 	rc = rdv_register(c, cfg, listen_port);
@@ -910,17 +920,6 @@ int rdv_client_post_tune(struct rdv_client *c, const struct rdv_tune *t)
 	int rc = b.failed ? UNISUM_ENOMEM : rdv_send(c, &h, b.data);
 	wire_buf_fini(&b);
 	return rc;
-}
-
-/* Sends an ERROR about the job (key 0) or about the tensor of `key`. */
-static void rdv_send_error(struct rdv_client *c, uint64_t key, int err, const char *why)
-{
-	struct wire_buf b;
-	wire_buf_init(&b);
-	struct wire_hdr h = {.sender = c->id, .key = key};
-	if (wire_error_build(&h, &b, err, why) == 0)
-		rdv_send(c, &h, b.data);
-	wire_buf_fini(&b);
 }
 
 void rdv_client_fail_job(struct rdv_client *c, int err, const char *why)

@@ -6,7 +6,6 @@
  * of it.
  */
 #include <pthread.h>
-#include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -125,11 +124,8 @@ bool sched_node_end(const struct rdv_scheduler *s, const struct sched_node *n, c
 		snprintf(buf, len, "exited with status %d", info.si_status);
 		return true;
 	}
-	char note[240] = "";
-	if (info.si_status == SIGKILL)
-		log_oom_note(s->oom_kills, note, sizeof note);
-	const char *abbrev = sigabbrev_np(info.si_status);
-	snprintf(buf, len, "was killed by signal %d (SIG%s)%s", info.si_status,
-		 abbrev != NULL ? abbrev : "?", note);
+	char killed[400];
+	log_killed(info.si_status, info.si_code == CLD_DUMPED, s->oom_kills, killed, sizeof killed);
+	snprintf(buf, len, "was %s", killed);
 	return true;
 }

@@ -468,9 +468,8 @@ static void sched_node_gone(struct rdv_scheduler *s, struct sched_node *n, int r
 	/* How it ended, where this process launched it: looked at before the
 	 * lock (this loop's thread is the one that changes n). */
 	char end[400] = "";
-	if (n->registered && !n->said_goodbye && rc != UNISUM_EPROTO &&
-	    !sched_node_end(s, n, end, sizeof end))
-		end[0] = '\0';
+	if (n->registered && !n->said_goodbye && rc != UNISUM_EPROTO)
+		sched_node_end(s, n, end, sizeof end);
 	pthread_mutex_lock(&s->lock);
 	n->gone = true;
 	char label[160];

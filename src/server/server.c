@@ -5,9 +5,9 @@
  * state they share in srv_int.h.
  *
  * DESIGN.  Threads:
- *   - the main thread waits for the job's end;
  *   - the I/O loops (UNISUM_IO_THREADS, a fixed number whatever the
- *     number of workers) serve every connection: loop 0 accepts them
+ *     number of workers; loop 0 on the main thread, until the job's end)
+ *     serve every connection: loop 0 accepts them
  *     (TCP, and IPC for this host's workers) and hands each to a loop in
  *     turn; each loop runs its connections' handshakes, validates every
  *     message, receive PUSH payloads straight into the key's per-worker
@@ -97,7 +97,6 @@ static void srv_notice(void *arg, int err, const char *why)
 	}
 	pthread_mutex_lock(&srv->lock);
 	atomic_store(&srv->stopping, true);
-	pthread_cond_broadcast(&srv->stop_cond);
 	if (srv->main_loop != NULL)
 		loop_stop(srv->main_loop);
 	pthread_mutex_unlock(&srv->lock);
@@ -307,7 +306,6 @@ static struct server *srv_new(const struct config *cfg)
 	srv->crash_name = getenv("UNISUM_TEST_CRASH_KEY_NAME");
 	srv->nengines = cfg->engine_threads;
 	pthread_mutex_init(&srv->lock, NULL);
-	pthread_cond_init(&srv->stop_cond, NULL);
 	srv->nbuckets = 1024;
 	srv->buckets = calloc(srv->nbuckets, sizeof *srv->buckets);
 	srv->by_worker = calloc((size_t)srv->nworkers, sizeof *srv->by_worker);
@@ -319,7 +317,6 @@ static struct server *srv_new(const struct config *cfg)
 		free(srv->by_worker);
 		free(srv->left);
 		free(srv->engines);
-		pthread_cond_destroy(&srv->stop_cond);
 		pthread_mutex_destroy(&srv->lock);
 		free(srv);
 		return NULL;
@@ -348,7 +345,6 @@ static void srv_free(struct server *srv)
 	free(srv->by_worker);
 	free(srv->left);
 	free(srv->engines);
-	pthread_cond_destroy(&srv->stop_cond);
 	pthread_mutex_destroy(&srv->lock);
 	free(srv);
 }

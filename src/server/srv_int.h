@@ -201,7 +201,7 @@ struct server {
 	atomic_bool oom_told;		/* out of memory (told once: srv_out_of_memory) */
 	const struct config *cfg;
 	struct rdv_client *rdv;
-	struct tp_listener *listener;	/* TCP, on the main thread */
+	struct tp_listener *listener;	/* TCP, watched by loop 0 */
 	struct tp_listener *ipc_listener;	/* IPC for workers of this host, or NULL */
 	struct loop_pool pool;		/* serving the connections (UNISUM_IO_THREADS); loop 0
 					 * runs on server_run's thread (srv_serve) */
@@ -216,7 +216,6 @@ struct server {
 		struct loop_timer resume;	/* accepting again after descriptors ran out */
 	} acceptors[2];
 	int nacceptors;
-	pthread_cond_t stop_cond;	/* under lock: `stopping` was set */
 	int nworkers;		/* worker machines: one push each per key and round */
 	int local_size;		/* workers per machine (names in messages) */
 	uint32_t id;		/* this server's node id */

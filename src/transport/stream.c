@@ -187,41 +187,6 @@ static void stream_recv_timeout(int fd, int seconds)
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 }
 
-static int stream_write_nb(int fd, const uint8_t *src, size_t len, size_t *off);
-
-/* The handshake's bytes on a socket (struct auth_io), blocking or not:
- * the same calls.  On a blocking socket a read that timed out
- * (SO_RCVTIMEO) is the peer's failure (stream_auth_read_blocking). */
-_Static_assert(AUTH_AGAIN == TP_AGAIN, "the handshake's AGAIN is the transports'");
-
-static int stream_auth_read(void *ctx, void *dst, size_t len, size_t *off)
-{
-	return stream_read_nb(*(int *)ctx, dst, len, off);
-}
-
-static int stream_auth_read_blocking(void *ctx, void *dst, size_t len, size_t *off)
-{
-	int rc = stream_read_nb(*(int *)ctx, dst, len, off);
-	return rc == TP_AGAIN ? UNISUM_ETIMEDOUT : rc;
-}
-
-static int stream_auth_write(void *ctx, const void *src, size_t len, size_t *off)
-{
-	return stream_write_nb(*(int *)ctx, src, len, off);
-}
-
-int stream_authenticate(int fd, bool acceptor, const char *peer, char *why, size_t len)
-{
-	if (!auth_is_enabled())
-		return 0;
-	stream_recv_timeout(fd, STREAM_AUTH_TIMEOUT_S);
-	struct auth_io io = {&fd, stream_auth_read_blocking, stream_auth_write};
-	struct auth_state a = {.connector = !acceptor};
-	int rc = auth_step(&a, &io, peer, why, len);
-	stream_recv_timeout(fd, 0);
-	return rc;
-}
-
 /* ---- the non-blocking form ------------------------------------------------ */
 
 int stream_set_nonblocking(int fd)
@@ -346,6 +311,41 @@ static int stream_write_nb(int fd, const uint8_t *src, size_t len, size_t *off)
 		*off += (size_t)n;
 	}
 	return 0;
+}
+
+/* ---- the handshake, blocking or not -------------------------------------- */
+
+/* The handshake's bytes on a socket (struct auth_io), blocking or not:
+ * the same calls.  On a blocking socket a read that timed out
+ * (SO_RCVTIMEO) is the peer's failure (stream_auth_read_blocking). */
+_Static_assert(AUTH_AGAIN == TP_AGAIN, "the handshake's AGAIN is the transports'");
+
+static int stream_auth_read(void *ctx, void *dst, size_t len, size_t *off)
+{
+	return stream_read_nb(*(int *)ctx, dst, len, off);
+}
+
+static int stream_auth_read_blocking(void *ctx, void *dst, size_t len, size_t *off)
+{
+	int rc = stream_read_nb(*(int *)ctx, dst, len, off);
+	return rc == TP_AGAIN ? UNISUM_ETIMEDOUT : rc;
+}
+
+static int stream_auth_write(void *ctx, const void *src, size_t len, size_t *off)
+{
+	return stream_write_nb(*(int *)ctx, src, len, off);
+}
+
+int stream_authenticate(int fd, bool acceptor, const char *peer, char *why, size_t len)
+{
+	if (!auth_is_enabled())
+		return 0;
+	stream_recv_timeout(fd, STREAM_AUTH_TIMEOUT_S);
+	struct auth_io io = {&fd, stream_auth_read_blocking, stream_auth_write};
+	struct auth_state a = {.connector = !acceptor};
+	int rc = auth_step(&a, &io, peer, why, len);
+	stream_recv_timeout(fd, 0);
+	return rc;
 }
 
 int stream_auth_nb(int fd, const char *peer, struct auth_state *a, char *why, size_t len)

@@ -161,8 +161,9 @@ struct transport_ops {
 int transport_connect(const struct transport_ops *tp, const char *host, int port, int timeout_ms,
 		      struct tp_conn **out);
 
-/* The TCP transport (blocking sockets, one thread per
- * direction; see transport/tcp/tcp.c). */
+/* The TCP transport (a socket, blocking for the scheduler connection's
+ * registration and the tests, served by a loop otherwise; see
+ * transport/tcp/tcp.c). */
 const struct transport_ops *transport_tcp(void);
 
 /* The IPC transport, between processes of one host (one network

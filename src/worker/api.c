@@ -39,6 +39,12 @@ static struct worker *api(void)
 	return atomic_load(&api_worker);
 }
 
+/* rc, a call's result, after worker_out_of_memory (see the top). */
+static int api_rc(int rc)
+{
+	return worker_out_of_memory(api(), rc);
+}
+
 /* Reads the worker's configuration from the environment.  0, or an error
  * with err naming the variable. */
 static int api_configure(struct config *cfg, char *err, size_t len)
@@ -217,7 +223,7 @@ int unisum_local_size(void)
 
 int unisum_declare(const char *name, unisum_dtype dtype, size_t count, int priority)
 {
-	return worker_out_of_memory(api(), worker_declare(api(), name, dtype, count, priority));
+	return api_rc(worker_declare(api(), name, dtype, count, priority));
 }
 
 /* unisum_declare_shaped and unisum_declare_in, in process set `set`. */
@@ -235,8 +241,7 @@ static int api_declare_shaped(int set, const char *name, unisum_dtype dtype, int
 					"%lld", name ? name : "", i, (long long)dims[i]);
 		shape.dims[i] = (uint64_t)dims[i];
 	}
-	return worker_out_of_memory(api(), worker_declare_in(api(), set, name, dtype, (size_t)count,
-							     &shape, priority));
+	return api_rc(worker_declare_in(api(), set, name, dtype, (size_t)count, &shape, priority));
 }
 
 int unisum_declare_shaped(const char *name, unisum_dtype dtype, int ndim, const int64_t *dims,
@@ -248,13 +253,13 @@ int unisum_declare_shaped(const char *name, unisum_dtype dtype, int ndim, const 
 int unisum_declare_sync(const char *name, unisum_dtype dtype, size_t count, int priority,
 			const char *sync)
 {
-	return worker_out_of_memory(api(), worker_declare_sync(api(), name, dtype, count, priority, sync));
+	return api_rc(worker_declare_sync(api(), name, dtype, count, priority, sync));
 }
 
 int unisum_declare_ex(const char *name, unisum_dtype dtype, size_t count, int priority,
 		      const char *compression)
 {
-	return worker_out_of_memory(api(), worker_declare_ex(api(), name, dtype, count, priority, compression));
+	return api_rc(worker_declare_ex(api(), name, dtype, count, priority, compression));
 }
 
 int unisum_declare_in(int set, const char *name, unisum_dtype dtype, int ndim,
@@ -265,7 +270,7 @@ int unisum_declare_in(int set, const char *name, unisum_dtype dtype, int ndim,
 
 int unisum_process_set_add(const int *ranks, int nranks)
 {
-	return worker_out_of_memory(api(), worker_process_set_add(api(), ranks, nranks));
+	return api_rc(worker_process_set_add(api(), ranks, nranks));
 }
 
 int unisum_process_set_remove(int set)
@@ -280,7 +285,7 @@ int unisum_undeclare(int tensor)
 
 int unisum_push_pull_async(int tensor, const void *in, void *out, int flags, unisum_handle *h)
 {
-	return worker_out_of_memory(api(), worker_push_pull_async(api(), tensor, in, out, flags, h));
+	return api_rc(worker_push_pull_async(api(), tensor, in, out, flags, h));
 }
 
 int unisum_push_pull(int tensor, const void *in, void *out, int flags)
@@ -292,7 +297,7 @@ int unisum_push_pull(int tensor, const void *in, void *out, int flags)
 
 int unisum_broadcast_async(int tensor, void *buf, int root_rank, unisum_handle *h)
 {
-	return worker_out_of_memory(api(), worker_broadcast_async(api(), tensor, buf, root_rank, h));
+	return api_rc(worker_broadcast_async(api(), tensor, buf, root_rank, h));
 }
 
 int unisum_broadcast(int tensor, void *buf, int root_rank)
@@ -305,17 +310,17 @@ int unisum_broadcast(int tensor, void *buf, int root_rank)
 int unisum_allgather_async(int tensor, const void *in, void *out, const uint64_t *counts,
 			   unisum_handle *h)
 {
-	return worker_out_of_memory(api(), worker_allgather_async(api(), tensor, in, out, counts, h));
+	return api_rc(worker_allgather_async(api(), tensor, in, out, counts, h));
 }
 
 int unisum_allgather_begin(int tensor, void *out, const uint64_t *counts, unisum_handle *h)
 {
-	return worker_out_of_memory(api(), worker_allgather_begin(api(), tensor, out, counts, h));
+	return api_rc(worker_allgather_begin(api(), tensor, out, counts, h));
 }
 
 int unisum_allgather_supply(unisum_handle h, const void *in)
 {
-	return worker_out_of_memory(api(), worker_allgather_supply(api(), h, in));
+	return api_rc(worker_allgather_supply(api(), h, in));
 }
 
 int unisum_allgather(int tensor, const void *in, void *out, const uint64_t *counts)
@@ -328,8 +333,7 @@ int unisum_allgather(int tensor, const void *in, void *out, const uint64_t *coun
 int unisum_reduce_scatter_async(int tensor, const void *in, void *out, const uint64_t *counts,
 				int flags, unisum_handle *h)
 {
-	return worker_out_of_memory(api(), worker_reduce_scatter_async(api(), tensor, in, out, counts,
-									flags, h));
+	return api_rc(worker_reduce_scatter_async(api(), tensor, in, out, counts, flags, h));
 }
 
 int unisum_reduce_scatter(int tensor, const void *in, void *out, const uint64_t *counts,
@@ -343,7 +347,7 @@ int unisum_reduce_scatter(int tensor, const void *in, void *out, const uint64_t 
 int unisum_alltoall_async(int tensor, const void *in, void *out, const uint64_t *counts,
 			  unisum_handle *h)
 {
-	return worker_out_of_memory(api(), worker_alltoall_async(api(), tensor, in, out, counts, h));
+	return api_rc(worker_alltoall_async(api(), tensor, in, out, counts, h));
 }
 
 int unisum_alltoall(int tensor, const void *in, void *out, const uint64_t *counts)

@@ -262,13 +262,6 @@ static int wk_send_push(struct wk_conn *c, struct wk_job *j)
 	return rc;
 }
 
-/* The first step of wk_conn_fail: a server hanging up mid-job is usually
- * the echo of another node's death, which the scheduler is about to
- * announce: its notice gets a moment, so the error names the root cause
- * (copied into root, and *why pointed at it) rather than the echo.  With
- * failover the scheduler answers a lost server with FAILOVER (or fails the
- * job); it notices within UNISUM_TIMEOUT_MS.  Returns whether c's server
- * failed over; *closing: whether the worker is closing its connections. */
 bool wk_await_lost(struct worker *w, int s, int wait_ms)
 {
 	struct timespec until = timing_deadline(wait_ms);
@@ -278,6 +271,13 @@ bool wk_await_lost(struct worker *w, int s, int wait_ms)
 	return w->failed == 0 && w->lost != NULL && w->lost[s];
 }
 
+/* The first step of wk_conn_fail: a server hanging up mid-job is usually
+ * the echo of another node's death, which the scheduler is about to
+ * announce: its notice gets a moment, so the error names the root cause
+ * (copied into root, and *why pointed at it) rather than the echo.  With
+ * failover the scheduler answers a lost server with FAILOVER (or fails the
+ * job); it notices within UNISUM_TIMEOUT_MS.  Returns whether c's server
+ * failed over; *closing: whether the worker is closing its connections. */
 static bool wk_conn_await_notice(struct wk_conn *c, const char **why, char *root, size_t len,
 				 bool *closing)
 {

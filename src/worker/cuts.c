@@ -233,7 +233,6 @@ void wk_layout_free_cs(struct wk_layout *L)
 
 /* ---- autotune ---------------------------------------------------------- */
 
-/* A setting worker 0 posted, passed on by the scheduler (the client's loop thread). */
 /* Autotune has settled on cut L of tensor t (or t is undeclared: L is
  * NULL): tells the servers of every other cut that this worker is done
  * with it, so once every worker is they free its buffers.  This worker's

@@ -1,8 +1,9 @@
 /*
  * links.c - the worker's server connections as links: opening them (to
  * every server at once: dial, the handshake without blocking, then each
- * is handed to one of the worker's I/O loops and says hello), the loops themselves (UNISUM_IO_THREADS, a fixed
- * number whatever the number of servers), the reaper (one thread that
+ * is handed to one of the worker's I/O loops and says hello), the loops
+ * themselves (UNISUM_IO_THREADS, a fixed number whatever the number of
+ * servers), the reaper (one thread that
  * runs wk_conn_fail for every connection that ended: it may wait for the
  * scheduler's word on a failover, which no loop may), closing them, and
  * reconnecting to a lost server's replacement.  conns.c sends and

@@ -4,8 +4,8 @@
  *
  * The side under test (auth_step, the one implementation that both the
  * blocking and the non-blocking transports drive) talks to a peer played
- * by this harness through the auth_io callbacks, so no socket is needed and every byte the peer sends
- * comes from the fuzzer.  Input layout:
+ * by this harness through the auth_io callbacks, so no socket is needed
+ * and every byte the peer sends comes from the fuzzer.  Input layout:
  *
  *   byte 0      mode: bit 0 the side under test (0 acceptor, 1 connector);
  *               bit 1 the peer is honest (computes its messages with its
