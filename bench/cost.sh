@@ -6,11 +6,12 @@
 #   sh bench/cost.sh [BUILD_DIR]         (default: build)
 #
 # Environment: MIB (64, the gradient), LONG (40) and SHORT (5) rounds,
+# SERVERS (1; issue 50's loopback row is 2),
 # TRANSPORTS ("tcp ipc"; ipc is a server reading its workers' memory,
 # UNISUM_IPC=1, tcp the loopback socket, UNISUM_IPC=0).
 #
-# The job: 2 workers, each its own machine (UNISUM_LOCAL_SIZE=1), and 1
-# server, started by hand with the scheduler, every process under
+# The job: 2 workers, each its own machine (UNISUM_LOCAL_SIZE=1), and
+# SERVERS servers, started by hand with the scheduler, every process under
 # /usr/bin/time: user and system CPU-seconds, voluntary and involuntary
 # context switches (getrusage, as wait4 returns it).  The workers run
 # bench_pushpull --mib MIB (one float32 tensor, every sum checked).  gloo:
@@ -26,6 +27,7 @@ MIB=${MIB:-64}
 LONG=${LONG:-40}
 SHORT=${SHORT:-5}
 TRANSPORTS=${TRANSPORTS:-tcp ipc}
+SERVERS=${SERVERS:-1}
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=/usr/bin/python3
 TMP=$(mktemp -d)
@@ -40,12 +42,16 @@ TIMEFMT='%U %S %w %c'
 unisum_job() {
 	ipc=1
 	[ "$1" = tcp ] && ipc=0
-	export UNISUM_IPC=$ipc UNISUM_NUM_WORKER=2 UNISUM_NUM_SERVER=1 UNISUM_LOCAL_SIZE=1
+	export UNISUM_IPC=$ipc UNISUM_NUM_WORKER=2 UNISUM_NUM_SERVER=$SERVERS UNISUM_LOCAL_SIZE=1
 	export UNISUM_SCHEDULER_HOST=127.0.0.1 UNISUM_SCHEDULER_PORT=$("$BUILD/check_sums" free-port)
 	UNISUM_ROLE=scheduler /usr/bin/time -f "$TIMEFMT" -o "$TMP/scheduler.$2" \
 		timeout 300 "$BUILD/unisum" scheduler >"$TMP/log.scheduler" 2>&1 &
-	UNISUM_ROLE=server UNISUM_SERVER_ID=0 /usr/bin/time -f "$TIMEFMT" -o "$TMP/server.$2" \
-		timeout 300 "$BUILD/unisum" server >"$TMP/log.server" 2>&1 &
+	s=0
+	while [ "$s" -lt "$SERVERS" ]; do
+		UNISUM_ROLE=server UNISUM_SERVER_ID=$s /usr/bin/time -f "$TIMEFMT" -o "$TMP/server$s.$2" \
+			timeout 300 "$BUILD/unisum" server >"$TMP/log.server$s" 2>&1 &
+		s=$((s + 1))
+	done
 	for w in 0 1; do
 		UNISUM_ROLE=worker UNISUM_WORKER_ID=$w /usr/bin/time -f "$TIMEFMT" \
 			-o "$TMP/worker$w.$2" timeout 300 "$BUILD/bench_pushpull" --mib "$MIB" \
@@ -96,7 +102,7 @@ EOF
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores," \
 	"$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
 echo "command: sh bench/cost.sh $*  (MIB=$MIB LONG=$LONG SHORT=$SHORT)"
-echo "2 workers, float32 $MIB MiB; per GiB of gradient summed, start-up cancelled (LONG - SHORT rounds)"
+echo "2 workers, $SERVERS server(s), float32 $MIB MiB; per GiB of gradient summed, start-up cancelled (LONG - SHORT rounds)"
 echo
 echo "| job, role | user s/GiB | sys s/GiB | CPU s/GiB | voluntary cs/round | involuntary cs/round |"
 echo "|---|---|---|---|---|---|"
@@ -111,9 +117,10 @@ for t in $TRANSPORTS; do
 	done
 	row "unisum $t: worker 0" "$TMP/worker0"
 	row "unisum $t: both workers" "$TMP/worker0" "$TMP/worker1"
-	row "unisum $t: server" "$TMP/server"
+	servers=$(ls "$TMP"/server*."$LONG" | sed "s/\.$LONG\$//")
+	row "unisum $t: servers" $servers
 	row "unisum $t: scheduler" "$TMP/scheduler"
-	all=$(row "unisum $t: all roles" "$TMP/worker0" "$TMP/worker1" "$TMP/server" "$TMP/scheduler")
+	all=$(row "unisum $t: all roles" "$TMP/worker0" "$TMP/worker1" $servers "$TMP/scheduler")
 	echo "$all"
 	echo "$all $gloo" | awk -F'|' -v t="$t" '{ r[t] = $5 / $12 } END { printf "ratio %s %.2f\n", t, r[t] }' >>"$TMP/ratios"
 done

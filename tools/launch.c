@@ -394,7 +394,7 @@ static void children_reap(struct launcher *l)
 					continue;	/* exited: the second pass */
 			}
 			do
-				r = waitpid(c->pid, &status, WNOHANG);
+				r = wait4(c->pid, &status, WNOHANG, &c->ru);
 			while (r < 0 && errno == EINTR);
 			if (r == 0)
 				continue;
@@ -675,6 +675,8 @@ static int job_run(struct launcher *l, const struct config *cfg)
 				waitpid(l->children[i].pid, NULL, 0);
 	}
 	launch_output_finish(l);
+	if (l->cpu_report)
+		launch_cpu_report(l);
 	launch_sched_finish(l);
 	launch_shm_finish(l);
 	status = l->stopping ? l->exit_status : 0;

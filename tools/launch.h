@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include "config/config.h"
@@ -85,6 +86,7 @@ struct child {
 	int netns;			/* index in launcher.netns, -1 = the launcher's */
 	struct stream out;		/* its stdout */
 	struct stream err;		/* its stderr */
+	struct rusage ru;		/* its CPU and switches, once reaped (wait4) */
 };
 
 /* A named network namespace a process runs in (an emulated host). */
@@ -106,6 +108,7 @@ struct launcher {
 					 * scheduler and no servers here */
 	double timeout_s;		/* --timeout, 0 = none */
 	bool no_secret;			/* --no-secret: run without a job secret */
+	bool cpu_report;		/* --cpu-report: each process's CPU at the end */
 	char **cmd;			/* CMD ARGS..., NULL-terminated (argv's) */
 	const char *worker_netns_opt;	/* --worker-netns list, or NULL */
 	const char *server_netns_opt;	/* --server-netns list, or NULL */
@@ -331,6 +334,7 @@ int launch_output_fds(struct launcher *l, struct pollfd *fds, int first,
  * a grandchild still holds open is read for LAUNCH_DRAIN_MS at most.  Then
  * closes every pipe. */
 void launch_output_finish(struct launcher *l);
+void launch_cpu_report(const struct launcher *l);
 
 /* ---- launch_netns.c ------------------------------------------------------ */
 

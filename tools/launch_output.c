@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -316,4 +317,66 @@ void launch_output_finish(struct launcher *l)
 	free(fds);
 	free(streams);
 	free(owners);
+}
+
+/* ---- --cpu-report ------------------------------------------------------ */
+
+struct cpu_sum {
+	double user, sys;
+	long vcs, ivcs;
+	int n;
+};
+
+static double tv_s(struct timeval tv)
+{
+	return (double)tv.tv_sec + (double)tv.tv_usec / 1e6;
+}
+
+static void cpu_add(struct cpu_sum *s, const struct rusage *ru)
+{
+	s->user += tv_s(ru->ru_utime);
+	s->sys += tv_s(ru->ru_stime);
+	s->vcs += ru->ru_nvcsw;
+	s->ivcs += ru->ru_nivcsw;
+	s->n++;
+}
+
+static void cpu_line(const char *what, const struct cpu_sum *s)
+{
+	fprintf(stderr, "unisum launch: cpu %-22s user %8.3f s  system %8.3f s  switches %ld "
+		"voluntary, %ld involuntary\n", what, s->user, s->sys, s->vcs, s->ivcs);
+}
+
+/* --cpu-report: what each reaped process used (wait4's rusage, which also
+ * counts the children it reaped), then the sums by role and of the whole
+ * job.  A child still running (killed and never reaped) has no line.  The
+ * launcher's own line (RUSAGE_SELF) includes the scheduler it runs. */
+void launch_cpu_report(const struct launcher *l)
+{
+	static const char *const roles[] = {"servers", "workers", "ssh clients"};
+	struct cpu_sum role[3] = {{0}}, all = {0}, self = {0};
+	struct rusage ru;
+	char what[64];
+
+	for (int i = 0; i < l->nchildren; i++) {
+		const struct child *c = &l->children[i];
+		if (c->pid == 0 || c->running || c->role < 0 || c->role > 2)
+			continue;
+		struct cpu_sum one = {0};
+		cpu_add(&one, &c->ru);
+		cpu_add(&role[c->role], &c->ru);
+		cpu_add(&all, &c->ru);
+		cpu_line(c->name, &one);
+	}
+	getrusage(RUSAGE_SELF, &ru);
+	cpu_add(&self, &ru);
+	cpu_add(&all, &ru);
+	cpu_line("launcher+scheduler", &self);
+	for (int r = 0; r < 3; r++) {
+		if (role[r].n == 0)
+			continue;
+		snprintf(what, sizeof what, "all %d %s", role[r].n, roles[r]);
+		cpu_line(what, &role[r]);
+	}
+	cpu_line("the whole job", &all);
 }

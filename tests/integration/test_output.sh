@@ -3,7 +3,8 @@
 # '\r' frames: into a pipe each bar leaves one prefixed line (its last
 # frame) at the child's next newline, never a line hundreds of frames
 # long; on a terminal (a pty, from script(1)) the frames redraw in place,
-# and another process's line never lands on a frame's line.
+# and another process's line never lands on a frame's line.  Then
+# --cpu-report's lines (issue 50).
 . "$(dirname "$0")/lib.sh"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -52,4 +53,28 @@ else
 	skip "script(1) (bsdutils) is missing: the terminal part cannot run"
 fi
 [ "$FAILS" -eq 0 ] || printf '%s\n' "--- pipe:" "$out" "--- terminal:" "${tty:-}"
+
+# --cpu-report: what each process used, by role and in all, as wait4 gives
+# it.  Worker 1 spins for a while first, so its line must show it.
+cat >"$TMP/spin.sh" <<'EOF'
+if [ "$RANK" = 1 ]; then
+	i=0
+	while [ $i -lt 300000 ]; do i=$((i + 1)); done
+fi
+exec "$CHECK" rounds 2 >/dev/null
+EOF
+cpu=$(timeout 60 "$UNISUM" launch --cpu-report -w 2 -s 1 --local-size 1 -- sh "$TMP/spin.sh" 2>&1 >/dev/null)
+num='[0-9]+\.[0-9]{3} s'
+for who in 'server 0' 'worker 0' 'worker 1' 'launcher\+scheduler' 'all 1 servers' 'all 2 workers' \
+	'the whole job'; do
+	expect "--cpu-report: a line for $who" contains "$cpu" \
+		"^unisum launch: cpu $who +user +$num +system +$num +switches [0-9]+ voluntary, [0-9]+ involuntary$"
+done
+user_of() { printf '%s\n' "$cpu" | sed -n "s/^unisum launch: cpu $1 *user *\([0-9.]*\) s.*/\1/p"; }
+expect "... worker 1 spun: at least 0.1 s of user CPU ($(user_of 'worker 1') s)" \
+	awk -v u="$(user_of 'worker 1')" 'BEGIN { exit !(u >= 0.1) }'
+expect "... the workers' sum is worker 0's and worker 1's" \
+	awk -v a="$(user_of 'worker 0')" -v b="$(user_of 'worker 1')" -v s="$(user_of 'all 2 workers')" \
+	'BEGIN { d = a + b - s; exit !(d < 0.002 && d > -0.002) }'
+[ "$FAILS" -eq 0 ] || printf '%s\n' "--- cpu report:" "$cpu"
 finish
