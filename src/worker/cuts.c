@@ -51,9 +51,9 @@ static void wk_tune_set_credit(void *arg, uint64_t credit)
 	pushq_set_credit(&w->push_q, credit);
 }
 
-static void wk_tune_measure(void *arg, double *bw, double *rtt, uint64_t *bytes)
+static void wk_tune_measure(void *arg, struct tune_meas *m)
 {
-	wk_meter_read(arg, bw, rtt, bytes);
+	wk_meter_read(arg, m);
 }
 
 int wk_tuner_new(struct worker *w)

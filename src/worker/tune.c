@@ -40,6 +40,7 @@ struct tuner {
 	int phase;			/* 0 partition sizes, 1 credits, 2 settled (under both locks) */
 	uint32_t fit_epoch;		/* fit mode: the epoch that posted the first fit, 0: none */
 	struct tune_setting fit_first;	/* ... and that fit */
+	struct tune_meas fit_meas;	/* ... and what it was fitted from (the configured setting) */
 	uint32_t last_posted;		/* the latest epoch posted (0: none) */
 	struct tune_setting last_setting; /* ... and its setting */
 };
@@ -66,6 +67,46 @@ struct tune_setting tune_fit(double bw, double rtt, struct tune_setting first)
 	double bdp2 = 2 * bw * (rtt > 0 && !isnan(rtt) ? rtt : 0);
 	if (bdp2 > (double)credit && bdp2 < (double)(1ull << 40))
 		credit = ((uint64_t)bdp2 + p - 1) / p * p;
+	return (struct tune_setting){p, credit};
+}
+
+double tune_msg_cpu(const struct tune_meas *a, const struct tune_meas *b)
+{
+	if (a->pushes == 0 || b->pushes == 0 || a->all_bytes == 0 || b->all_bytes == 0)
+		return 0;
+	double sa = (double)a->all_bytes / (double)a->pushes;
+	double sb = (double)b->all_bytes / (double)b->pushes;
+	if (sb > sa) {
+		const struct tune_meas *t = a;
+		a = b;
+		b = t;
+		double u = sa;
+		sa = sb;
+		sb = u;
+	}
+	/* Under 1.5 times apart, the difference is noise. */
+	if (sb * 1.5 > sa)
+		return 0;
+	double cpb_a = a->cpu_s / (double)a->all_bytes, cpb_b = b->cpu_s / (double)b->all_bytes;
+	double c = (cpb_b - cpb_a) / (1 / sb - 1 / sa);
+	return c > 0 && isfinite(c) ? c : 0;
+}
+
+struct tune_setting tune_fit_cpu(struct tune_setting fit, double bw, double msg_cpu_s,
+				 struct tune_setting first)
+{
+	if (!(msg_cpu_s > 0) || !(bw > 0) || isinf(bw) || fit.pbytes >= first.pbytes)
+		return fit;
+	double want = msg_cpu_s * bw / TUNE_FIT_CPU_SHARE;
+	uint64_t p = fit.pbytes;
+	while (p * 2 <= first.pbytes && (double)p < want)
+		p *= 2;
+	if ((double)p < want)
+		p = first.pbytes;
+	if (p == fit.pbytes)
+		return fit;
+	uint64_t credit = fit.credit > TUNE_FIT_CREDIT_PARTS * p ? (fit.credit + p - 1) / p * p
+								  : TUNE_FIT_CREDIT_PARTS * p;
 	return (struct tune_setting){p, credit};
 }
 
@@ -293,6 +334,25 @@ static struct tune_setting tune_plan_credits(struct tuner *tu, const struct tune
  * that setting stays (a job on one host has nothing to measure). */
 #define TUNE_FIT_MIN_BYTES (2u << 20)
 #define TUNE_FIT_TRIES 4
+static void tune_fit_log(struct tuner *tu, uint32_t e, const struct tune_meas *m,
+			 const struct rdv_tune *next, bool enough, double msg_cpu)
+{
+	char cpu[160] = "";
+	if (msg_cpu > 0)
+		snprintf(cpu, sizeof cpu, ", this host's CPU %.1f us a message beside its bytes "
+			 "(partitions of at least %.0f B keep that under %.0f%% of the link's time)",
+			 msg_cpu * 1e6, msg_cpu * m->bw / TUNE_FIT_CPU_SHARE, TUNE_FIT_CPU_SHARE * 100);
+	LOG_INFO("autotune fit%s: %llu bytes pushed over TCP, the link at %.1f MB/s, shortest push "
+		 "to acknowledgement %.3f ms%s: partition %llu B, credit %llu B from step %u%s "
+		 "(configured: %llu B, %llu B)%s",
+		 next->final ? "" : " (first)", (unsigned long long)m->bytes, m->bw / 1e6,
+		 m->rtt * 1e3, cpu, (unsigned long long)next->partition_bytes,
+		 (unsigned long long)next->credit_bytes, (e + 1) * tu->cfg.steps,
+		 next->final ? " for good" : "", (unsigned long long)tu->cfg.first.pbytes,
+		 (unsigned long long)tu->cfg.first.credit,
+		 enough ? "" : " (too little crossed a network to measure: kept)");
+}
+
 static bool tune_decide_fit(struct tuner *tu, uint32_t e, struct rdv_tune *next)
 {
 	struct tune_setting cur = tu->fit_epoch != 0 ? tu->fit_first : tu->cfg.first;
@@ -300,21 +360,32 @@ static bool tune_decide_fit(struct tuner *tu, uint32_t e, struct rdv_tune *next)
 				  .credit_bytes = cur.credit};
 	if (e == 0)
 		return true;
+	if (e == 1 && tu->fit_epoch == 0) {
+		/* Round 0 paid for first touches (every buffer's pages, every
+		 * connection's start): measure from round 1. */
+		tu->hooks.measure(tu->hooks.arg, NULL);
+		return true;
+	}
 	if (tu->fit_epoch != 0 && e <= tu->fit_epoch + 2) {
 		/* Epoch e - 1 still ran the configured setting, or was the first
 		 * under the first fit, which pays for its new cuts: measure from
 		 * now. */
-		tu->hooks.measure(tu->hooks.arg, NULL, NULL, NULL);
+		tu->hooks.measure(tu->hooks.arg, NULL);
 		return true;
 	}
-	double bw = 0, rtt = 0;
-	uint64_t bytes = 0;
-	tu->hooks.measure(tu->hooks.arg, &bw, &rtt, &bytes);
+	struct tune_meas m = {0};
+	tu->hooks.measure(tu->hooks.arg, &m);
 	uint32_t since = tu->fit_epoch != 0 ? tu->fit_epoch + 2 : 0;
-	bool enough = bytes >= TUNE_FIT_MIN_BYTES;
+	bool enough = m.bytes >= TUNE_FIT_MIN_BYTES;
 	if (!enough && e < since + TUNE_FIT_TRIES)
 		return true;	/* keep counting */
-	struct tune_setting fit = enough ? tune_fit(bw, rtt, tu->cfg.first) : cur;
+	struct tune_setting fit = enough ? tune_fit(m.bw, m.rtt, tu->cfg.first) : cur;
+	double msg_cpu = 0;
+	if (enough && tu->fit_epoch != 0) {
+		/* The second fit: what a message costs, from both settings. */
+		msg_cpu = tune_msg_cpu(&tu->fit_meas, &m);
+		fit = tune_fit_cpu(fit, m.bw, msg_cpu, tu->cfg.first);
+	}
 	next->partition_bytes = fit.pbytes;
 	next->credit_bytes = fit.credit;
 	next->final = tu->fit_epoch != 0 || !enough;
@@ -323,16 +394,10 @@ static bool tune_decide_fit(struct tuner *tu, uint32_t e, struct rdv_tune *next)
 	} else {
 		tu->fit_epoch = e;
 		tu->fit_first = fit;
-		tu->hooks.measure(tu->hooks.arg, NULL, NULL, NULL);
+		tu->fit_meas = m;
+		tu->hooks.measure(tu->hooks.arg, NULL);
 	}
-	LOG_INFO("autotune fit%s: %llu bytes pushed over TCP, the link at %.1f MB/s, shortest push "
-		 "to acknowledgement %.3f ms: partition %llu B, credit %llu B from step %u%s "
-		 "(configured: %llu B, %llu B)%s",
-		 next->final ? "" : " (first)", (unsigned long long)bytes, bw / 1e6, rtt * 1e3,
-		 (unsigned long long)fit.pbytes, (unsigned long long)fit.credit,
-		 (e + 1) * tu->cfg.steps, next->final ? " for good" : "",
-		 (unsigned long long)tu->cfg.first.pbytes, (unsigned long long)tu->cfg.first.credit,
-		 enough ? "" : " (too little crossed a network to measure: kept)");
+	tune_fit_log(tu, e, &m, next, enough, msg_cpu);
 	return true;
 }
 

@@ -41,6 +41,16 @@ struct tune_cfg {
 
 /* What the tuner needs from its worker.  Each may be called on any
  * thread, never with a lock of the tuner's held. */
+/* What fit mode's meter saw (worker 0, tune_hooks.measure). */
+struct tune_meas {
+	double bw;		/* the link, as this worker's pushes over TCP saw it, bytes/s */
+	double rtt;		/* the shortest push-to-acknowledgement, seconds */
+	uint64_t bytes;		/* acknowledged push bytes over TCP: what bw is from */
+	uint64_t all_bytes;	/* push bytes acknowledged over TCP and IPC */
+	uint64_t pushes;	/* ... and how many pushes they were */
+	double cpu_s;		/* CPU-seconds the host's cores were busy meanwhile */
+};
+
 struct tune_hooks {
 	void *arg;
 	/* Worker 0: hands a setting to the scheduler, which passes it on to
@@ -51,11 +61,8 @@ struct tune_hooks {
 	/* The credit of the epoch now in force. */
 	void (*set_credit)(void *arg, uint64_t credit);
 	/* Fit mode, worker 0: what the network did since the last call that
-	 * passed NULLs (which only starts counting anew): the link's
-	 * bandwidth as this worker's pushes over TCP saw it (*bw, bytes/s),
-	 * the shortest push-to-acknowledgement time (*rtt, seconds), and how
-	 * many bytes that is from (*bytes). */
-	void (*measure)(void *arg, double *bw, double *rtt, uint64_t *bytes);
+	 * passed NULL (which only starts counting anew). */
+	void (*measure)(void *arg, struct tune_meas *m);
 };
 
 /* Fit mode: the setting for a network of bandwidth bw (bytes/s) and round
@@ -72,6 +79,27 @@ struct tune_hooks {
 #define TUNE_FIT_MIN_PART 131072
 #define TUNE_FIT_CREDIT_PARTS 8
 struct tune_setting tune_fit(double bw, double rtt, struct tune_setting first);
+
+/* The CPU a message costs, weighed in (issue 50).  Measured under two
+ * settings A and B (the configured one, from round 1 on: round 0 pays for
+ * first touches; then the first fit), this host's busy CPU per byte the
+ * worker pushed is c_m / s + c_b for messages of s bytes on average; c_m,
+ * what a message costs beside its bytes (its syscalls, wake-ups, the
+ * server's side of it when the server is here), is (cpb_B - cpb_A) /
+ * (1/s_B - 1/s_A).  The partition is then at least what keeps that under
+ * TUNE_FIT_CPU_SHARE of the link's time for it: p >= c_m bw / share.  On
+ * the emulated cluster (n = 4, k = 0, 1 Gbit/s, 2 cores for every host)
+ * c_m measured 0.3-0.6 ms, and 512 KiB to 1 MiB partitions ran as fast
+ * as 128 KiB with a quarter to a third less CPU.  Returns c_m (s), or 0
+ * when the two say nothing (messages under 1.5 times apart; more CPU per
+ * byte with the larger ones: noise). */
+#define TUNE_FIT_CPU_SHARE 0.25
+double tune_msg_cpu(const struct tune_meas *a, const struct tune_meas *b);
+/* fit (from tune_fit) with partitions of at least c_m bw /
+ * TUNE_FIT_CPU_SHARE (the next power of two, up to first.pbytes), and its
+ * credit grown to TUNE_FIT_CREDIT_PARTS of them. */
+struct tune_setting tune_fit_cpu(struct tune_setting fit, double bw, double msg_cpu_s,
+				 struct tune_setting first);
 
 struct tuner;
 

@@ -257,6 +257,8 @@ struct wk_meter {
 	uint64_t bytes;			/* acknowledged push bytes over TCP */
 	uint64_t ipc_bytes;		/* ... and to this host's server, over IPC */
 	int64_t min_ack_us;		/* shortest push-to-acknowledgement, 0: none */
+	uint64_t pushes;		/* acknowledged pushes, over TCP and IPC */
+	double cpu0_s;			/* the host's busy CPU-seconds when counting began */
 };
 
 struct wk_conn {
@@ -465,7 +467,7 @@ bool wk_metering(const struct worker *w);
 void wk_meter_sent(struct wk_conn *c, struct wk_job *j);
 void wk_meter_acked(struct worker *w, size_t bytes, int64_t sent);
 void wk_meter_local(struct worker *w, size_t bytes);
-void wk_meter_read(struct worker *w, double *bw, double *rtt, uint64_t *bytes);
+void wk_meter_read(struct worker *w, struct tune_meas *out);
 
 /* conns.c: the connections to the servers: sending a job (from the
  * thread that routes or queues it), the replies (loop callbacks,
