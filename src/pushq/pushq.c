@@ -135,6 +135,15 @@ size_t pushq_release(struct pushq *q, size_t bytes)
 	return left;
 }
 
+size_t pushq_release_quiet(struct pushq *q, size_t bytes)
+{
+	pthread_mutex_lock(&q->lock);
+	q->inflight = bytes <= q->inflight ? q->inflight - bytes : 0;
+	size_t left = q->inflight;
+	pthread_mutex_unlock(&q->lock);
+	return left;
+}
+
 void pushq_set_credit(struct pushq *q, size_t credit)
 {
 	pthread_mutex_lock(&q->lock);

@@ -66,6 +66,11 @@ struct pushq_entry *pushq_try_pop(struct pushq *q);
  * in flight. */
 size_t pushq_release(struct pushq *q, size_t bytes);
 
+/* The same, waking no pushq_pop(): for a caller that then takes what fits
+ * itself (pushq_try_pop until NULL), so that nothing that fits is left
+ * waiting. */
+size_t pushq_release_quiet(struct pushq *q, size_t bytes);
+
 /* Changes the credit (0: no gate); waiters re-check at once. */
 void pushq_set_credit(struct pushq *q, size_t credit);
 

@@ -742,60 +742,97 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 	}
 }
 
+/* Runs one event on its key (the engine's thread, or a loop's). */
+static void srv_engine_run(struct srv_engine *e, struct srv_event *ev)
+{
+	if (ev->type == EVENT_PUSH)
+		srv_on_push(e->srv, ev->key, ev);
+	else if (ev->type == EVENT_PULL)
+		srv_on_pull(e->srv, ev->key, ev);
+	else if (ev->type == EVENT_RETIRE)
+		srv_on_retire(e->srv, ev->key, ev->worker);
+	else if (ev->type == EVENT_FREE)
+		srv_key_unpin(ev->key);
+	else if (ev->type == EVENT_RESTORE)
+		srv_on_restore(e->srv, ev->key, ev);
+	else if (ev->type == EVENT_REFUSE) {
+		if (ev->key->poison == NULL)
+			srv_refuse_key(e->srv, ev->key, ev->why);
+		free((char *)ev->why);
+	}
+	else
+		srv_on_poison(e->srv, ev->key, ev->why);
+	free(ev);
+}
+
+/* Runs e's events in order until none is left (those posted meanwhile
+ * too: a post to a busy engine signals nobody).  Called with e->lock held
+ * and e->busy set; returns with both let go. */
+void srv_engine_drain(struct srv_engine *e)
+{
+	struct srv_event *ev;
+	while ((ev = e->head) != NULL) {
+		e->head = ev->next;
+		if (e->head == NULL)
+			e->tail = NULL;
+		pthread_mutex_unlock(&e->lock);
+		srv_engine_run(e, ev);
+		pthread_mutex_lock(&e->lock);
+	}
+	e->busy = false;
+	pthread_mutex_unlock(&e->lock);
+}
+
+/* The stall check, unless a loop is running e's events (then later). */
+static bool srv_engine_check(struct srv_engine *e)
+{
+	pthread_mutex_lock(&e->lock);
+	bool mine = !e->busy;
+	e->busy = true;
+	pthread_mutex_unlock(&e->lock);
+	if (!mine)
+		return false;
+	srv_check_stalls(e->srv, e);
+	pthread_mutex_lock(&e->lock);
+	srv_engine_drain(e);
+	return true;
+}
+
 /* An engine's thread, one per engine (keys are spread over the engines).
  * Serves: takes its queue's events in order (PUSH, PULL, RETIRE, FREE,
  * RESTORE, REFUSE, POISON) and runs each on its key, and every stall
- * period checks its keys for stalled rounds.  Owns its keys' sums;
- * takes e->lock only to take an event.  Blocks only in the queue's timed
- * wait, until the next stall check at most. */
+ * period checks its keys for stalled rounds.  Owns its keys' sums, but
+ * for the events a loop runs at the end of its round while the engine is
+ * idle (srv_wake_engines): e->busy says who runs them.  Takes e->lock
+ * only to take an event.  Blocks only in the queue's timed wait, until
+ * the next stall check at most. */
 void *srv_engine_main(void *arg)
 {
 	prctl(PR_SET_NAME, "unisum-engine"); /* for top -H, perf and gdb */
 	struct srv_engine *e = arg;
 	int64_t next_check = timing_now_ms() + srv_stall_period_ms(e->srv);
 	for (;;) {
-		if (timing_now_ms() >= next_check) {
-			srv_check_stalls(e->srv, e);
-			next_check = timing_now_ms() + srv_stall_period_ms(e->srv);
-		}
+		if (timing_now_ms() >= next_check)	/* a loop running e's events: soon */
+			next_check = timing_now_ms() + (srv_engine_check(e) ?
+							srv_stall_period_ms(e->srv) : 10);
 		pthread_mutex_lock(&e->lock);
 		/* Asleep until an event, the stop or the next stall check: an
 		 * idle engine wakes once a stall period, not more (issue 49). */
 		int64_t left;
-		while (e->head == NULL && !e->stop && (left = next_check - timing_now_ms()) > 0) {
+		while ((e->head == NULL || e->busy) && !e->stop &&
+		       (left = next_check - timing_now_ms()) > 0) {
 			struct timespec until = timing_deadline((int)left);
 			pthread_cond_timedwait(&e->cond, &e->lock, &until);
 		}
-		struct srv_event *ev = e->head;
-		if (ev == NULL && e->stop) {
+		if (e->head == NULL && e->stop && !e->busy) {
 			pthread_mutex_unlock(&e->lock);
 			return NULL;
 		}
-		if (ev == NULL) {
+		if (e->head == NULL || e->busy) {
 			pthread_mutex_unlock(&e->lock);
 			continue;
 		}
-		e->head = ev->next;
-		if (e->head == NULL)
-			e->tail = NULL;
-		pthread_mutex_unlock(&e->lock);
-		if (ev->type == EVENT_PUSH)
-			srv_on_push(e->srv, ev->key, ev);
-		else if (ev->type == EVENT_PULL)
-			srv_on_pull(e->srv, ev->key, ev);
-		else if (ev->type == EVENT_RETIRE)
-			srv_on_retire(e->srv, ev->key, ev->worker);
-		else if (ev->type == EVENT_FREE)
-			srv_key_unpin(ev->key);
-		else if (ev->type == EVENT_RESTORE)
-			srv_on_restore(e->srv, ev->key, ev);
-		else if (ev->type == EVENT_REFUSE) {
-			if (ev->key->poison == NULL)
-				srv_refuse_key(e->srv, ev->key, ev->why);
-			free((char *)ev->why);
-		}
-		else
-			srv_on_poison(e->srv, ev->key, ev->why);
-		free(ev);
+		e->busy = true;
+		srv_engine_drain(e);
 	}
 }

@@ -405,10 +405,17 @@ void srv_key_remove(struct server *srv, struct srv_key *k)
 	pthread_mutex_unlock(&srv->lock);
 }
 
-/* The engines a loop thread owes a signal (srv_wake_engines), at most
- * SRV_DUE_MAX; a post that finds no room signals at once. */
+/* The engines a loop thread owes a run (srv_wake_engines), at most
+ * SRV_DUE_MAX; a post that finds no room signals at once.  A piece under
+ * SRV_INLINE_BYTES waits for the end of the loop's round, and then the
+ * loop runs the engine's events itself when no one else is (issue 50:
+ * with 128-512 KiB partitions, waking an engine thread for every push
+ * cost two context switches and two futex calls a push, a third of the
+ * server's CPU on the 2-core emulated cluster); a larger piece wakes the
+ * engine's thread at once, so that summing it overlaps the loop's next
+ * copy. */
 #define SRV_DUE_MAX 64
-#define SRV_DEFER_BYTES 65536	/* below: summing costs less than a wake-up */
+#define SRV_INLINE_BYTES (1u << 20)
 static _Thread_local struct {
 	struct server *srv;	/* set on a loop thread by its first round */
 	int n;
@@ -422,17 +429,23 @@ void srv_wake_engines(void *arg)
 		struct srv_engine *e = srv_due.e[i];
 		pthread_mutex_lock(&e->lock);
 		e->wake_due = false;
-		pthread_cond_signal(&e->cond);
+		if (arg != NULL && !e->busy && e->head != NULL && !e->stop) {
+			e->busy = true;
+			((struct server *)arg)->drain(e);	/* lets the lock go */
+			continue;
+		}
+		if (!e->busy)
+			pthread_cond_signal(&e->cond);
 		pthread_mutex_unlock(&e->lock);
 	}
 	srv_due.n = 0;
 }
 
-/* Whether a post of k's event from this thread may leave its engine's
- * wake-up to the end of the loop's round; the caller holds e->lock. */
+/* Whether a post of k's event from this thread may leave its engine to
+ * the end of the loop's round; the caller holds e->lock. */
 static bool srv_defer_wake(struct server *srv, struct srv_engine *e, const struct srv_key *k)
 {
-	if (srv_due.srv != srv || k->bytes >= SRV_DEFER_BYTES)
+	if (srv_due.srv != srv || k->bytes >= SRV_INLINE_BYTES)
 		return false;
 	if (e->wake_due)
 		return true;
@@ -467,7 +480,9 @@ int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t ro
 	else
 		e->head = ev;
 	e->tail = ev;
-	if (!srv_defer_wake(srv, e, k))
+	/* A busy engine (its thread, or a loop at its round's end) runs
+	 * this event before it lets go: no signal. */
+	if (!e->busy && !srv_defer_wake(srv, e, k))
 		pthread_cond_signal(&e->cond);
 	pthread_mutex_unlock(&e->lock);
 	return 0;

@@ -310,6 +310,7 @@ static struct server *srv_new(const struct config *cfg)
 	srv->buckets = calloc(srv->nbuckets, sizeof *srv->buckets);
 	srv->by_worker = calloc((size_t)srv->nworkers, sizeof *srv->by_worker);
 	srv->left = calloc((size_t)srv->nworkers, sizeof *srv->left);
+	srv->drain = srv_engine_drain;
 	srv->engines = calloc((size_t)srv->nengines, sizeof *srv->engines);
 	if (srv->buckets == NULL || srv->by_worker == NULL || srv->left == NULL ||
 	    srv->engines == NULL) {

@@ -142,6 +142,9 @@ struct srv_engine {
 	struct srv_event *head, *tail;
 	bool stop;		/* finish the queue, then exit */
 	bool wake_due;		/* a loop owes it a signal at the end of its round */
+	bool busy;		/* its events are being run, by its thread or, at the end
+				 * of a round, by a loop's (srv_wake_engines): one at a
+				 * time, so a key's state still needs no lock */
 	bool joined;		/* exited: posts are dropped */
 	bool left_failed;	/* failed the job for a machine that left (its thread only) */
 	uint64_t bytes;		/* bytes of keys pinned here (under srv->lock) */
@@ -201,6 +204,10 @@ struct server {
 	atomic_bool oom_told;		/* out of memory (told once: srv_out_of_memory) */
 	const struct config *cfg;
 	struct rdv_client *rdv;
+	/* engine.c's srv_engine_drain, for key.c's loops below it: runs e's
+	 * queued events; called with e->lock held and e->busy set, returns
+	 * with the queue empty, e->busy clear and the lock let go. */
+	void (*drain)(struct srv_engine *e);
 	struct tp_listener *listener;	/* TCP, watched by loop 0 */
 	struct tp_listener *ipc_listener;	/* IPC for workers of this host, or NULL */
 	struct loop_pool pool;		/* serving the connections (UNISUM_IO_THREADS); loop 0
@@ -324,6 +331,7 @@ int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t ro
 
 /* engine.c: the engines' threads */
 void *srv_engine_main(void *arg);
+void srv_engine_drain(struct srv_engine *e);
 
 /* conn.c: a worker's connection on its loop, and its replies */
 void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *payload,

@@ -482,6 +482,22 @@ static int wk_on_error(struct wk_conn *c, const struct wire_hdr *h, char *msg, s
 	return 0;
 }
 
+/* Sends the job of entry e, taken from the PUSH queue, to its server. */
+static void wk_push_one(struct worker *w, struct pushq_entry *e)
+{
+	struct wk_job *j = (struct wk_job *)((char *)e - offsetof(struct wk_job, entry));
+	/* Once handed over, the job may complete and be freed at any
+	 * moment: keep what the timeline needs. */
+	bool traced = j->op->traced;
+	uint32_t round = j->op->round;
+	size_t inflight = e->inflight;
+	int64_t now = traced ? trace_now_us() : 0;
+	j->t_taken = now;
+	wk_route(w, j);
+	if (traced)
+		trace_span(TRACE_INFLIGHT, 0, 0, round, 0, inflight, 0, now, now);
+}
+
 /* A PUSH_ACK: the server has the push, its bytes leave the credit.  0, or
  * 1 with msg set for an ack of nothing this worker pushed. */
 static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg, size_t len)
@@ -520,11 +536,19 @@ static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg
 		wk_meter_acked(w, bytes, sent);
 	else if (wk_metering(w) && c->tp == transport_ipc())
 		wk_meter_local(w, bytes);
-	size_t inflight = pushq_release(&w->push_q, bytes);
+	/* The loop sends what the credit now lets go itself, rather than
+	 * wake the PUSH thread: two context switches and two futex calls a
+	 * partition (issue 50).  Not once a failover moved keys: routing may
+	 * then wait for a replacement server, which no loop may. */
+	bool here = !atomic_load(&w->any_moved);
+	size_t inflight = here ? pushq_release_quiet(&w->push_q, bytes)
+			       : pushq_release(&w->push_q, bytes);
 	if (traced) {
 		int64_t now = trace_now_us();
 		trace_span(TRACE_INFLIGHT, 0, 0, step, 0, inflight, 0, now, now);
 	}
+	for (struct pushq_entry *e; here && (e = pushq_try_pop(&w->push_q)) != NULL;)
+		wk_push_one(w, e);
 	return 0;
 }
 
@@ -827,17 +851,7 @@ void *wk_push_main(void *arg)
 		struct pushq_entry *e = pushq_pop(&w->push_q);
 		if (e == NULL)
 			return NULL;
-		struct wk_job *j = (struct wk_job *)((char *)e - offsetof(struct wk_job, entry));
-		/* Once handed over, the job may complete and be freed at any
-		 * moment: keep what the timeline needs. */
-		bool traced = j->op->traced;
-		uint32_t round = j->op->round;
-		size_t inflight = e->inflight;
-		int64_t now = traced ? trace_now_us() : 0;
-		j->t_taken = now;
-		wk_route(w, j);
-		if (traced)
-			trace_span(TRACE_INFLIGHT, 0, 0, round, 0, inflight, 0, now, now);
+		wk_push_one(w, e);
 	}
 }
 
