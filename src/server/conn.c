@@ -391,8 +391,30 @@ static int srv_push_head(struct server *srv, struct srv_conn *c, const struct wi
 	return 0;
 }
 
-/* A whole PUSH (srv_push_head said what it is for). */
-static int srv_push_done(struct server *srv, struct srv_conn *c, const struct wire_hdr *h)
+static int srv_on_pull_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+			   char *why, size_t len);
+static int srv_push_handle(struct server *srv, struct srv_conn *c, const struct wire_hdr *h);
+
+/* A whole PUSH (srv_push_head said what it is for), and the PULL it
+ * carries (WIRE_FLAG_PULL): handled as the PULL the worker would have
+ * sent right after it. */
+static int srv_push_done(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+			 char *why, size_t len)
+{
+	int rc = srv_push_handle(srv, c, h);
+	if (rc != 0 || !(h->flags & WIRE_FLAG_PULL))
+		return rc;
+	struct wire_hdr pull = *h;
+	pull.type = WIRE_PULL;
+	pull.flags = 0;
+	pull.aux = 0;
+	pull.count = 0;
+	pull.payload_len = 0;
+	return srv_on_pull_msg(srv, c, &pull, why, len);
+}
+
+/* A whole PUSH's own part: summed, acknowledged, or refused. */
+static int srv_push_handle(struct server *srv, struct srv_conn *c, const struct wire_hdr *h)
 {
 	struct srv_key *k = c->pend.k;
 	int w = c->pend.w;
@@ -534,7 +556,7 @@ static int srv_on_message(struct server *srv, struct srv_conn *c, const struct w
 	case WIRE_DECLARE_CHECK:
 		return srv_on_declare_check(srv, c, h, c->pend.buf, why, len);
 	case WIRE_PUSH:
-		return srv_push_done(srv, c, h);
+		return srv_push_done(srv, c, h, why, len);
 	case WIRE_PULL:
 		return srv_on_pull_msg(srv, c, h, why, len);
 	case WIRE_RETIRE:

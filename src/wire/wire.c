@@ -206,7 +206,7 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 		return UNISUM_EPROTO;
 	}
 	uint16_t data = WIRE_FLAG_ZERO | WIRE_FLAG_IPC | WIRE_FLAG_COMPRESSED;
-	uint16_t allowed = h->type == WIRE_PUSH		? data
+	uint16_t allowed = h->type == WIRE_PUSH		? data | WIRE_FLAG_PULL
 			   : h->type == WIRE_PULL_REPLY ? data | WIRE_FLAG_SKIP
 			   : h->type == WIRE_PULL	? WIRE_FLAG_SKIP
 							: 0;

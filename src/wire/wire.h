@@ -45,7 +45,7 @@
 /* (A build may set another, to test that two versions refuse each other:
  * the test_wire_version program of CMakeLists.txt.) */
 #ifndef WIRE_VERSION
-#define WIRE_VERSION 14
+#define WIRE_VERSION 15
 #endif
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
@@ -138,6 +138,14 @@ enum wire_type {
  * It goes through the socket even over IPC (the length is the codec's,
  * not count x dtype).  Exclusive with every other flag. */
 #define WIRE_FLAG_COMPRESSED 0x8u
+
+/* PUSH: the worker also pulls this round of the key, as if a PULL (no
+ * flag) followed the push on the same connection (issue 50: one message
+ * and one send a partition fewer).  The server answers it exactly as that
+ * PULL.  Goes with any one of the flags above; a worker whose PULL must
+ * wait (a ring phase) or wants none of the result (SKIP) sends its PULL
+ * apart instead. */
+#define WIRE_FLAG_PULL 0x10u
 #define WIRE_COMPRESSED_MAX(count) (8ull * (count) + 8)
 /* The longest compression spec a DECLARE or DECLARE_CHECK carries, with
  * its NUL (compress.h's COMPRESS_SPEC_MAX is below it). */

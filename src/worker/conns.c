@@ -247,6 +247,11 @@ static int wk_send_push(struct wk_conn *c, struct wk_job *j)
 	 * move a gathering collective's keys, it fails the job.) */
 	bool held = j->phase > atomic_load(&j->op->phase_sent);
 	j->pull_waiting = held;
+	/* The PULL rides on the PUSH (one message, one send fewer) unless
+	 * it waits for its phase or wants nothing back. */
+	bool with_pull = !held && !j->skip_pull;
+	if (with_pull)
+		push.flags |= WIRE_FLAG_PULL;
 	if (wk_metering(w) && c->tp == transport_tcp() && payload != NULL)
 		wk_meter_sent(c, j);
 	/* Over IPC the transport passes j->in by address, over TCP the
@@ -257,7 +262,7 @@ static int wk_send_push(struct wk_conn *c, struct wk_job *j)
 		atomic_fetch_add(&c->bytes_pushed, push.payload_len);
 	if (rc == 0 && traced)
 		j->t_pushed = trace_now_us();	/* the reply reads it under c->lock */
-	if (rc == 0 && !held)
+	if (rc == 0 && !held && !with_pull)
 		rc = wk_send(c, &pull, NULL, NULL);
 	return rc;
 }

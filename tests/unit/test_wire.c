@@ -288,6 +288,47 @@ static void test_skip_flag(void **state)
 	expect_reject(buf, "flags");
 }
 
+/* PULL (issue 50): a PUSH that carries its PULL, with any one of the
+ * data flags or none; on nothing but a PUSH. */
+static void test_pull_flag(void **state)
+{
+	(void)state;
+	uint8_t buf[WIRE_HDR_SIZE];
+	struct wire_hdr out;
+	char why[256];
+	struct wire_hdr u = {.type = WIRE_PUSH, .flags = WIRE_FLAG_PULL, .dtype = UNISUM_FLOAT32,
+			     .count = 10, .payload_len = 40, .key = 7, .round = 3};
+	wire_encode(&u, buf);
+	assert_int_equal(decode(buf, &out, why), 0);
+	assert_int_equal(out.flags, WIRE_FLAG_PULL);
+	assert_int_equal(out.payload_len, 40);
+	u.flags = WIRE_FLAG_PULL | WIRE_FLAG_IPC;
+	u.payload_len = WIRE_IPC_PAYLOAD;
+	wire_encode(&u, buf);
+	assert_int_equal(decode(buf, &out, why), 0);
+	assert_int_equal(out.flags, WIRE_FLAG_PULL | WIRE_FLAG_IPC);
+	u.flags = WIRE_FLAG_PULL | WIRE_FLAG_ZERO;
+	u.aux = WIRE_OP(WIRE_OP_BROADCAST, 1);
+	u.payload_len = 0;
+	wire_encode(&u, buf);
+	assert_int_equal(decode(buf, &out, why), 0);
+	/* still never two data flags */
+	u.flags = WIRE_FLAG_PULL | WIRE_FLAG_ZERO | WIRE_FLAG_IPC;
+	wire_encode(&u, buf);
+	expect_reject(buf, "flags");
+	/* never on a PULL, its reply, or a RESTORE */
+	struct wire_hdr p = {.type = WIRE_PULL, .flags = WIRE_FLAG_PULL, .dtype = UNISUM_FLOAT32};
+	wire_encode(&p, buf);
+	expect_reject(buf, "flags");
+	struct wire_hdr r = {.type = WIRE_PULL_REPLY, .flags = WIRE_FLAG_PULL, .dtype = UNISUM_FLOAT32,
+			     .count = 1, .payload_len = 4};
+	wire_encode(&r, buf);
+	expect_reject(buf, "flags");
+	r.type = WIRE_RESTORE;
+	wire_encode(&r, buf);
+	expect_reject(buf, "flags");
+}
+
 /* RESTORE (failover): a data message of count x dtype bytes, inline, with
  * no flag at all. */
 static void test_restore(void **state)
@@ -368,6 +409,7 @@ int main(void)
 		cmocka_unit_test(test_ipc_flag),
 		cmocka_unit_test(test_push_collective),
 		cmocka_unit_test(test_skip_flag),
+		cmocka_unit_test(test_pull_flag),
 		cmocka_unit_test(test_restore),
 		cmocka_unit_test(test_reader_bounds),
 	};
