@@ -1,18 +1,15 @@
 /*
- * tcp.c - the TCP transport: blocking sockets, one thread per direction.
- *
- * DESIGN.  Loopback and LAN TCP on small machines is bound by the kernel's
- * copies, so the socket work has to spread over every core.  A prototype
- * measured a single event-loop thread at 0.84x of iperf3 and one thread
- * per connection at 0.91-0.97x, so this transport is deliberately simple:
- * every connection is a blocking socket, its owner runs one receiving and
- * one sending thread on it, and the scheduler of the operating system
- * spreads them over the cores.  MSG_ZEROCOPY made loopback slower and is
- * not used.
+ * tcp.c - the TCP transport: a socket, blocking for the scheduler
+ * connection's registration and the tests, non-blocking and served by an
+ * event loop otherwise (src/loop; ARCHITECTURE.md section 3).
  *
  * The socket I/O (one sendmsg() of header + payload; payloads received
  * straight into the caller's destination) is stream.c's, shared with the
- * IPC transport.
+ * IPC transport.  On a loop, SO_RCVLOWAT while a payload is still to come
+ * (tcp_lowat) wakes the loop once per 256 KiB, not once per segment.
+ * MSG_ZEROCOPY does not pay on loopback or veth, where the kernel copies
+ * anyway (bench/zerocopy.c: 1.35 times the CPU of a plain send, every
+ * completion flagged as copied), and is not used.
  */
 #include <arpa/inet.h>
 #include <errno.h>
