@@ -55,7 +55,7 @@ unisum_job() {
 	for w in 0 1; do
 		UNISUM_ROLE=worker UNISUM_WORKER_ID=$w /usr/bin/time -f "$TIMEFMT" \
 			-o "$TMP/worker$w.$2" timeout 300 "$BUILD/bench_pushpull" --mib "$MIB" \
-			--iters "$2" --warmup 1 >"$TMP/log.worker$w" 2>&1 &
+			--iters "$2" --warmup 9 >"$TMP/log.worker$w" 2>&1 &
 	done
 	if ! wait; then
 		echo "cost.sh: the unisum job failed ($1, $2 rounds):" >&2

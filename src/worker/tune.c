@@ -333,6 +333,9 @@ static struct tune_setting tune_plan_credits(struct tuner *tu, const struct tune
  * on, the setting in force kept, for up to TUNE_FIT_TRIES epochs; then
  * that setting stays (a job on one host has nothing to measure). */
 #define TUNE_FIT_MIN_BYTES (2u << 20)
+/* Rounds measured under each setting: one alone let the CPU a message
+ * costs come out anywhere from 20 to 500 us on the emulated cluster. */
+#define TUNE_FIT_ROUNDS 2
 #define TUNE_FIT_TRIES 4
 static void tune_fit_log(struct tuner *tu, uint32_t e, const struct tune_meas *m,
 			 const struct rdv_tune *next, bool enough, double msg_cpu)
@@ -366,6 +369,8 @@ static bool tune_decide_fit(struct tuner *tu, uint32_t e, struct rdv_tune *next)
 		tu->hooks.measure(tu->hooks.arg, NULL);
 		return true;
 	}
+	if (tu->fit_epoch == 0 && e < 1 + TUNE_FIT_ROUNDS)
+		return true;	/* the configured setting's rounds go on */
 	if (tu->fit_epoch != 0 && e <= tu->fit_epoch + 2) {
 		/* Epoch e - 1 still ran the configured setting, or was the first
 		 * under the first fit, which pays for its new cuts: measure from
@@ -373,6 +378,8 @@ static bool tune_decide_fit(struct tuner *tu, uint32_t e, struct rdv_tune *next)
 		tu->hooks.measure(tu->hooks.arg, NULL);
 		return true;
 	}
+	if (tu->fit_epoch != 0 && e < tu->fit_epoch + 2 + TUNE_FIT_ROUNDS)
+		return true;	/* the first fit's rounds go on */
 	struct tune_meas m = {0};
 	tu->hooks.measure(tu->hooks.arg, &m);
 	uint32_t since = tu->fit_epoch != 0 ? tu->fit_epoch + 2 : 0;

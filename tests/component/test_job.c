@@ -645,7 +645,7 @@ static void test_arena_buffers(void **state)
 }
 
 /* Fit mode over TCP: worker 0 meters its pushes, the partition size and
- * credit change from the third round on, every sum stays exact. */
+ * credit change from the fourth round on, every sum stays exact. */
 static void fit_mode(struct config *cfg)
 {
 	cfg->autotune = 2;
