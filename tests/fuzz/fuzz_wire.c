@@ -92,9 +92,14 @@ static bool type_is_data(uint8_t type)
 }
 
 /* Whether `flags` are ones `type` may carry: ZERO or IPC on the data
- * types, never the two together; nothing on any other type. */
+ * types, never the two together; PULL on a PUSH beside any one of them;
+ * nothing on any other type. */
 static bool flags_allowed(uint8_t type, uint16_t flags)
 {
+	if (type == WIRE_PUSH && (flags & WIRE_FLAG_PULL))
+		flags &= (uint16_t)~WIRE_FLAG_PULL;
+	else if (flags & WIRE_FLAG_PULL)
+		return false;
 	if (type == WIRE_PULL)
 		return flags == 0 || flags == WIRE_FLAG_SKIP;
 	if (type == WIRE_PULL_REPLY)

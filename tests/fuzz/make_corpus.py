@@ -36,6 +36,7 @@ assert HDR.size == 48
 FAILOVER, RESTORE, REJOIN, MIGRATE, MOVED = 19, 20, 21, 22, 23
 REFORM, RESIZE = 24, 25
 FLAG_ZERO, FLAG_IPC = 0x1, 0x2
+FLAG_PULL = 0x10  # a PUSH that carries its PULL (wire 15)
 OP_SUM, OP_AVERAGE, OP_BROADCAST = range(3)  # a PUSH's aux: kind | root << 8
 IPC_PAYLOAD = 24  # WIRE_IPC_PAYLOAD: the addresses of the data and of the guard, the guard
 IPC_REF = struct.pack("<QQQ", 0x7F3A5C001000, 0x7F3A5C000040, 7)  # such a payload
@@ -138,6 +139,10 @@ def seeds():
         "06-push-average": data_message(PUSH, FLOAT64, 2, rnd=4, key=0x10003, aux=OP_AVERAGE),
         "06-push-ipc": data_message(PUSH, FLOAT32, 1 << 20, flags=FLAG_IPC, sender=3, rnd=1,
                                     key=0x10002),
+        "06-push-with-pull": data_message(PUSH, FLOAT32, 4, flags=FLAG_PULL, sender=3, rnd=1,
+                                          key=0x10000),
+        "06-push-ipc-with-pull": data_message(PUSH, FLOAT32, 1 << 20, flags=FLAG_IPC | FLAG_PULL,
+                                              sender=3, rnd=1, key=0x10002),
         "07-push-ack": header(PUSH_ACK, key=0x10000, rnd=1),
         "08-pull": header(PULL, dtype=FLOAT16, key=0x10000, rnd=1),
         "09-pull-reply-bfloat16": data_message(PULL_REPLY, BFLOAT16, 3, key=0x10000, rnd=1),
@@ -179,6 +184,7 @@ def seeds():
         "bad-version": header(HEARTBEAT, version=VERSION - 1),
         "bad-reserved": header(HEARTBEAT)[:41] + b"\x01" + header(HEARTBEAT)[42:],
         "bad-flags-pull": header(PULL, flags=FLAG_ZERO),
+        "bad-flags-pull-on-pull": header(PULL, flags=FLAG_PULL, dtype=FLOAT32, key=0x10000, rnd=1),
         "bad-push-length": header(PUSH, dtype=FLOAT32, count=10, payload_len=41),
         "bad-push-overflow": header(PUSH, dtype=FLOAT64, count=1 << 61, payload_len=0),
         "bad-push-collective": data_message(PUSH, FLOAT32, 1, aux=OP_SUM | 1 << 8),

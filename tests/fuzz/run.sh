@@ -76,6 +76,10 @@ fi
 # A scratch corpus, so new inputs never land in the committed seeds.
 SEEDS="$ROOT/tests/fuzz/corpus/$TARGET"
 [ -d "$SEEDS" ] || die "FAIL: no seed corpus at $SEEDS (run tests/fuzz/make_corpus.py)"
+# Seeds of another wire version stop at the version check: a fuzzer fed
+# them tests almost nothing, and says nothing of it.
+/usr/bin/python3 "$ROOT/tests/fuzz/make_corpus.py" --check "$ROOT/tests/fuzz/corpus" >&2 ||
+	die "FAIL: the seed corpus is not what make_corpus.py writes (WIRE_VERSION changed?): run tests/fuzz/make_corpus.py"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/$NAME.XXXXXX") || die "cannot create a scratch directory"
 trap 'rm -rf "$WORK"' EXIT
 mkdir "$WORK/corpus" "$WORK/artifacts"
