@@ -766,12 +766,14 @@ static void srv_engine_run(struct srv_engine *e, struct srv_event *ev)
 }
 
 /* Runs e's events in order until none is left (those posted meanwhile
- * too: a post to a busy engine signals nobody).  Called with e->lock held
- * and e->busy set; returns with both let go. */
-void srv_engine_drain(struct srv_engine *e)
+ * too: a post to a busy engine signals nobody), or `max` of them (0: no
+ * limit), after which the engine's thread is woken for the rest: a loop
+ * that drains for other loops' posts serves its own connections again.
+ * Called with e->lock held and e->busy set; returns with both let go. */
+void srv_engine_drain(struct srv_engine *e, int max)
 {
 	struct srv_event *ev;
-	while ((ev = e->head) != NULL) {
+	for (int n = 0; (ev = e->head) != NULL && (max == 0 || n < max); n++) {
 		e->head = ev->next;
 		if (e->head == NULL)
 			e->tail = NULL;
@@ -780,6 +782,8 @@ void srv_engine_drain(struct srv_engine *e)
 		pthread_mutex_lock(&e->lock);
 	}
 	e->busy = false;
+	if (e->head != NULL)
+		pthread_cond_signal(&e->cond);
 	pthread_mutex_unlock(&e->lock);
 }
 
@@ -794,7 +798,7 @@ static bool srv_engine_check(struct srv_engine *e)
 		return false;
 	srv_check_stalls(e->srv, e);
 	pthread_mutex_lock(&e->lock);
-	srv_engine_drain(e);
+	srv_engine_drain(e, 0);
 	return true;
 }
 
@@ -833,6 +837,6 @@ void *srv_engine_main(void *arg)
 			continue;
 		}
 		e->busy = true;
-		srv_engine_drain(e);
+		srv_engine_drain(e, 0);
 	}
 }

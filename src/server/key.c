@@ -416,6 +416,7 @@ void srv_key_remove(struct server *srv, struct srv_key *k)
  * copy. */
 #define SRV_DUE_MAX 64
 #define SRV_INLINE_BYTES (1u << 20)
+#define SRV_INLINE_MAX 64	/* events a loop runs for an engine at a time */
 static _Thread_local struct {
 	struct server *srv;	/* set on a loop thread by its first round */
 	int n;
@@ -431,7 +432,7 @@ void srv_wake_engines(void *arg)
 		e->wake_due = false;
 		if (arg != NULL && !e->busy && e->head != NULL && !e->stop) {
 			e->busy = true;
-			((struct server *)arg)->drain(e);	/* lets the lock go */
+			((struct server *)arg)->drain(e, SRV_INLINE_MAX);	/* lets the lock go */
 			continue;
 		}
 		if (!e->busy)

@@ -204,10 +204,11 @@ struct server {
 	atomic_bool oom_told;		/* out of memory (told once: srv_out_of_memory) */
 	const struct config *cfg;
 	struct rdv_client *rdv;
-	/* engine.c's srv_engine_drain, for key.c's loops below it: runs e's
-	 * queued events; called with e->lock held and e->busy set, returns
-	 * with the queue empty, e->busy clear and the lock let go. */
-	void (*drain)(struct srv_engine *e);
+	/* engine.c's srv_engine_drain, for key.c's loops below it: runs up
+	 * to max of e's queued events; called with e->lock held and e->busy
+	 * set, returns with e->busy clear and the lock let go (the engine's
+	 * thread woken for what is left). */
+	void (*drain)(struct srv_engine *e, int max);
 	struct tp_listener *listener;	/* TCP, watched by loop 0 */
 	struct tp_listener *ipc_listener;	/* IPC for workers of this host, or NULL */
 	struct loop_pool pool;		/* serving the connections (UNISUM_IO_THREADS); loop 0
@@ -331,7 +332,7 @@ int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t ro
 
 /* engine.c: the engines' threads */
 void *srv_engine_main(void *arg);
-void srv_engine_drain(struct srv_engine *e);
+void srv_engine_drain(struct srv_engine *e, int max);
 
 /* conn.c: a worker's connection on its loop, and its replies */
 void srv_conn_enqueue(struct srv_conn *c, const struct wire_hdr *h, const void *payload,
