@@ -122,26 +122,27 @@ struct pushq_entry *pushq_try_pop(struct pushq *q)
 	return e;
 }
 
-size_t pushq_release(struct pushq *q, size_t bytes)
+static size_t release(struct pushq *q, size_t bytes, bool wake)
 {
 	pthread_mutex_lock(&q->lock);
 	q->inflight = bytes <= q->inflight ? q->inflight - bytes : 0;
 	size_t left = q->inflight;
 	/* Only when the head may go now: a wake-up of the PUSH stage for
 	 * nothing costs two context switches (issue 49). */
-	if (q->n > 0 && head_fits(q))
+	if (wake && q->n > 0 && head_fits(q))
 		pthread_cond_broadcast(&q->cond);
 	pthread_mutex_unlock(&q->lock);
 	return left;
 }
 
+size_t pushq_release(struct pushq *q, size_t bytes)
+{
+	return release(q, bytes, true);
+}
+
 size_t pushq_release_quiet(struct pushq *q, size_t bytes)
 {
-	pthread_mutex_lock(&q->lock);
-	q->inflight = bytes <= q->inflight ? q->inflight - bytes : 0;
-	size_t left = q->inflight;
-	pthread_mutex_unlock(&q->lock);
-	return left;
+	return release(q, bytes, false);
 }
 
 void pushq_set_credit(struct pushq *q, size_t credit)

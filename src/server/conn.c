@@ -391,28 +391,6 @@ static int srv_push_head(struct server *srv, struct srv_conn *c, const struct wi
 	return 0;
 }
 
-static int srv_on_pull_msg(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
-			   char *why, size_t len);
-static int srv_push_handle(struct server *srv, struct srv_conn *c, const struct wire_hdr *h);
-
-/* A whole PUSH (srv_push_head said what it is for), and the PULL it
- * carries (WIRE_FLAG_PULL): handled as the PULL the worker would have
- * sent right after it. */
-static int srv_push_done(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
-			 char *why, size_t len)
-{
-	int rc = srv_push_handle(srv, c, h);
-	if (rc != 0 || !(h->flags & WIRE_FLAG_PULL))
-		return rc;
-	struct wire_hdr pull = *h;
-	pull.type = WIRE_PULL;
-	pull.flags = 0;
-	pull.aux = 0;
-	pull.count = 0;
-	pull.payload_len = 0;
-	return srv_on_pull_msg(srv, c, &pull, why, len);
-}
-
 /* A whole PUSH's own part: summed, acknowledged, or refused. */
 static int srv_push_handle(struct server *srv, struct srv_conn *c, const struct wire_hdr *h)
 {
@@ -462,6 +440,24 @@ static int srv_on_pull_msg(struct server *srv, struct srv_conn *c, const struct 
 	}
 	/* The event's `zero` says SKIP: answer without the data. */
 	return srv_post(srv, EVENT_PULL, k, w, h->round, (h->flags & WIRE_FLAG_SKIP) != 0, 0, NULL);
+}
+
+/* A whole PUSH (srv_push_head said what it is for), and the PULL it
+ * carries (WIRE_FLAG_PULL): handled as the PULL the worker would have
+ * sent right after it. */
+static int srv_push_done(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
+			 char *why, size_t len)
+{
+	int rc = srv_push_handle(srv, c, h);
+	if (rc != 0 || !(h->flags & WIRE_FLAG_PULL))
+		return rc;
+	struct wire_hdr pull = *h;
+	pull.type = WIRE_PULL;
+	pull.flags = 0;
+	pull.aux = 0;
+	pull.count = 0;
+	pull.payload_len = 0;
+	return srv_on_pull_msg(srv, c, &pull, why, len);
 }
 
 /* A RESTORE's header (failover: the sum of the round this worker last

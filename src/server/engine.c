@@ -792,7 +792,8 @@ static bool srv_engine_check(struct srv_engine *e)
 {
 	pthread_mutex_lock(&e->lock);
 	bool mine = !e->busy;
-	e->busy = true;
+	if (mine)
+		e->busy = true;
 	pthread_mutex_unlock(&e->lock);
 	if (!mine)
 		return false;

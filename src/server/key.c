@@ -410,8 +410,8 @@ void srv_key_remove(struct server *srv, struct srv_key *k)
  * SRV_INLINE_BYTES waits for the end of the loop's round, and then the
  * loop runs the engine's events itself when no one else is (issue 50:
  * with 128-512 KiB partitions, waking an engine thread for every push
- * cost two context switches and two futex calls a push, a third of the
- * server's CPU on the 2-core emulated cluster); a larger piece wakes the
+ * cost two context switches and two futex calls a push, a fifth of the
+ * servers' CPU on the 2-core emulated cluster); a larger piece wakes the
  * engine's thread at once, so that summing it overlaps the loop's next
  * copy. */
 #define SRV_DUE_MAX 64

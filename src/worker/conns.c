@@ -544,16 +544,18 @@ static int wk_on_push_ack(struct wk_conn *c, const struct wire_hdr *h, char *msg
 	/* The loop sends what the credit now lets go itself, rather than
 	 * wake the PUSH thread: two context switches and two futex calls a
 	 * partition (issue 50).  Not once a failover moved keys: routing may
-	 * then wait for a replacement server, which no loop may. */
-	bool here = !atomic_load(&w->any_moved);
-	size_t inflight = here ? pushq_release_quiet(&w->push_q, bytes)
-			       : pushq_release(&w->push_q, bytes);
+	 * then wait for a replacement server, which no loop may; the PUSH
+	 * thread is woken for what fits (a release of nothing). */
+	size_t inflight = pushq_release_quiet(&w->push_q, bytes);
 	if (traced) {
 		int64_t now = trace_now_us();
 		trace_span(TRACE_INFLIGHT, 0, 0, step, 0, inflight, 0, now, now);
 	}
-	for (struct pushq_entry *e; here && (e = pushq_try_pop(&w->push_q)) != NULL;)
+	struct pushq_entry *e;
+	while (!atomic_load(&w->any_moved) && (e = pushq_try_pop(&w->push_q)) != NULL)
 		wk_push_one(w, e);
+	if (atomic_load(&w->any_moved))
+		pushq_release(&w->push_q, 0);
 	return 0;
 }
 

@@ -76,16 +76,9 @@ double tune_msg_cpu(const struct tune_meas *a, const struct tune_meas *b)
 		return 0;
 	double sa = (double)a->all_bytes / (double)a->pushes;
 	double sb = (double)b->all_bytes / (double)b->pushes;
-	if (sb > sa) {
-		const struct tune_meas *t = a;
-		a = b;
-		b = t;
-		double u = sa;
-		sa = sb;
-		sb = u;
-	}
-	/* Under 1.5 times apart, the difference is noise. */
-	if (sb * 1.5 > sa)
+	/* Under 1.5 times apart, the difference is noise.  (The solution
+	 * below is the same whichever setting had the larger messages.) */
+	if (fmin(sa, sb) * 1.5 > fmax(sa, sb))
 		return 0;
 	double cpb_a = a->cpu_s / (double)a->all_bytes, cpb_b = b->cpu_s / (double)b->all_bytes;
 	double c = (cpb_b - cpb_a) / (1 / sb - 1 / sa);
