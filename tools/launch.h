@@ -132,6 +132,11 @@ struct launcher {
 					 * the CPU-only servers are the job's servers */
 	char master_addr[256];		/* where the scheduler listens (node 0) */
 	int master_port;
+	/* torchrun's MASTER_ADDR and MASTER_PORT for the workers (where rank 0
+	 * serves torch.distributed's store); torch_port 0: left as inherited.
+	 * Set by launch_torch_master(). */
+	char torch_addr[256];
+	int torch_port;
 	const char *nnodes_opt, *node_rank_opt, *master_addr_opt, *master_port_opt;
 	bool server_only;		/* --server-only: a CPU-only server of such a job, no
 					 * workers, its rank taken by arrival */
@@ -262,6 +267,13 @@ int launch_options_check(struct launcher *l, const char *job_option, int nproc);
 
 /* "server" or "worker". */
 const char *launch_role_name(int role);
+/* Chooses the workers' MASTER_ADDR and MASTER_PORT (l->torch_addr,
+ * l->torch_port): a node of a multi-node job, the master's address and
+ * the scheduler's port + 1 (the scheduler has the master's own); a job on
+ * this machine, worker 0's address (127.0.0.1, or its namespace's) and a
+ * port free here.  Elastic jobs and jobs over ssh leave them as they are
+ * (their nodes choose).  Call once the namespaces are set up. */
+void launch_torch_master(struct launcher *l);
 
 /* Allocates l->children and describes every child, none spawned yet:
  * servers first, then workers (only workers with --nproc-per-node), with

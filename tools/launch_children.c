@@ -14,9 +14,11 @@
  * threads are running, so the child calls only async-signal-safe functions
  * until exec.
  */
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -25,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -33,7 +36,7 @@
 extern char **environ;
 
 /* The child environment: environ minus the names we set, plus ours. */
-#define LAUNCH_ENV_OWN 24
+#define LAUNCH_ENV_OWN 28
 struct child_env {
 	char **envp;				/* NULL-terminated, for execve */
 	char vars[LAUNCH_ENV_OWN][96];		/* storage of our NAME=value strings */
@@ -47,6 +50,7 @@ enum env_scope {
 	ENV_NETNS,	/* the job form when it places processes in namespaces */
 	ENV_RACKS,	/* the job form with --worker-racks or --server-racks */
 	ENV_SERVER,	/* the forms that start servers: the job form, a node */
+	ENV_TORCH,	/* where launch_torch_master() chose torchrun's master */
 };
 
 /* The variables the launcher sets (or clears) for its children. */
@@ -82,6 +86,8 @@ static const struct {
 	{ "WORLD_SIZE", ENV_MACHINE },
 	{ "LOCAL_RANK", ENV_MACHINE },
 	{ "LOCAL_WORLD_SIZE", ENV_MACHINE },
+	{ "MASTER_ADDR", ENV_TORCH },
+	{ "MASTER_PORT", ENV_TORCH },
 };
 #define LAUNCH_ENV_OWN_COUNT (sizeof(env_own) / sizeof(env_own[0]))
 
@@ -222,6 +228,8 @@ static bool env_scope_is_ours(const struct launcher *l, enum env_scope scope)
 		return !l->one_machine && (l->machine_rack != NULL || l->server_rack != NULL);
 	case ENV_SERVER:
 		return !l->one_machine || l->node_mode;
+	case ENV_TORCH:
+		return l->torch_port > 0;
 	}
 	return false;
 }
@@ -299,6 +307,42 @@ static void env_add_ranks(const struct launcher *l, const struct child *c, struc
 	env_add(env, own, "WORLD_SIZE=%d", size);
 	env_add(env, own, "LOCAL_RANK=%d", local);
 	env_add(env, own, "LOCAL_WORLD_SIZE=%d", L);
+	if (l->torch_port > 0) {
+		env_add(env, own, "MASTER_ADDR=%s", l->torch_addr);
+		env_add(env, own, "MASTER_PORT=%d", l->torch_port);
+	}
+}
+
+/* A TCP port free on this machine now (0: none found). */
+static int free_tcp_port(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY) };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = 0;
+
+	if (fd < 0)
+		return 0;
+	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+		port = ntohs(a.sin_port);
+	close(fd);
+	return port;
+}
+
+void launch_torch_master(struct launcher *l)
+{
+	l->torch_port = 0;
+	if (l->node_mode) {
+		snprintf(l->torch_addr, sizeof(l->torch_addr), "%s", l->master_addr);
+		l->torch_port = l->master_port < 65535 ? l->master_port + 1 : 0;
+		return;
+	}
+	if (l->one_machine || l->nhosts > 0 || l->elastic || l->slurm)
+		return;
+	const char *addr = l->nnetns > 0 && l->machine_netns != NULL
+				   ? l->netns[l->machine_netns[0]].addr : "127.0.0.1";
+	snprintf(l->torch_addr, sizeof(l->torch_addr), "%s", addr);
+	l->torch_port = free_tcp_port();
 }
 
 /* Builds the environment of child `c`.  Returns NULL when out of memory;

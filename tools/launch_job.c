@@ -227,6 +227,7 @@ static int machine_job_configure(struct launcher *l, struct config *cfg)
 	}
 	if (machine_config(l) < 0)
 		return LAUNCH_EXIT_USAGE;
+	launch_torch_master(l);
 	if (l->node_mode) {
 		l->num_servers = l->node_servers;
 		if (node_runs_scheduler(l))
@@ -260,6 +261,7 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 		return rc;
 	if (launch_netns_setup(l) < 0 || launch_racks_setup(l) < 0)
 		return LAUNCH_EXIT_USAGE;
+	launch_torch_master(l);
 	if (l->elastic) {
 		/* Workers the discovery script places on other hosts reach the
 		 * scheduler (and the servers) at UNISUM_NODE_HOST, and get the

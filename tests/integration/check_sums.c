@@ -779,6 +779,11 @@ static void check_launch_env(void)
 			FAIL("%s is %s under unisum launch, not %d", vars[i].name, v ? v : "unset",
 			     vars[i].want);
 	}
+	/* torchrun's master: where rank 0 serves torch.distributed's store. */
+	const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
+	if (addr == NULL || *addr == '\0' || port == NULL || atoi(port) <= 0 || atoi(port) > 65535)
+		FAIL("MASTER_ADDR and MASTER_PORT are '%s' and '%s' under unisum launch, not an "
+		     "address and a port", addr ? addr : "unset", port ? port : "unset");
 }
 
 /* Keeps freed buffers for the next tensor, as a framework's caching
