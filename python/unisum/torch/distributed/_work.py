@@ -1,0 +1,179 @@
+"""The Work objects of the "unisum" process group, and the thread that
+completes them (private).
+
+Every operation of the group is started on the caller's thread, in the
+caller's order (the workers of a machine must start theirs in one order:
+see unisum.torch._core), as one or more unisum.torch handles whose
+operations have no second stage.  The completer, one daemon thread per
+process, then waits for them in the order they were started
+(``synchronize``, which releases the interpreter while it waits), runs what
+finishes the operation (copies into the caller's tensors), and completes
+its torch Future.  A failure sets the future's exception.
+
+torch 1.13 lets a Python ProcessGroup return a Python ``Work``, but C++
+callers (DDP's constructor and reducer, ``_broadcast_coalesced``) then call
+the C++ base class's ``wait()``, which never returns.  So the group returns
+a Python ``Work`` to torch.distributed's Python functions (whose ``wait()``
+raises the operation's error, honours the group's timeout, and returns to
+the interpreter every 100 ms so that Ctrl-C reaches it), and the C++ work
+that wraps the same future (``_create_work_from_future``) to everyone
+else.  C++ waits on it without a timeout, and its ``wait()`` does not
+raise: DDP reads the future's value, which raises the error.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import sys
+import threading
+import time
+from typing import Any, Callable, List, Optional
+
+import torch
+from torch._C._distributed_c10d import Work, _create_work_from_future
+from torch.futures import Future
+
+from unisum.torch.ops import synchronize
+
+_SLICE_S = 0.1      # a Python wait returns to the interpreter this often
+
+
+class _Pending:
+    """One operation of the group: its unisum.torch handles, what finishes
+    it, its result (a list of tensors) and its future."""
+
+    __slots__ = ("what", "handles", "post", "result", "future", "done", "error", "started")
+
+    def __init__(self, what: str, handles: List[int], result: List[torch.Tensor],
+                 post: Optional[Callable[[], None]]) -> None:
+        self.what = what
+        self.handles = handles
+        self.result = result
+        self.post = post
+        self.future: Future = Future()
+        self.done = threading.Event()
+        self.error: Optional[BaseException] = None
+        self.started = time.monotonic()
+
+    def run(self) -> None:
+        """Waits for every handle (all of them, even after one failed: each
+        must be taken), finishes, and completes the future."""
+        error: Optional[BaseException] = None
+        for h in self.handles:
+            try:
+                synchronize(h)
+            except BaseException as e:  # noqa: B902 (recorded, raised by wait())
+                error = error or e
+        if error is None and self.post is not None:
+            try:
+                self.post()
+            except BaseException as e:  # noqa: B902
+                error = e
+        self.complete(error)
+
+    def complete(self, error: Optional[BaseException]) -> None:
+        if error is not None and not isinstance(error, RuntimeError):
+            error = RuntimeError("unisum: %s failed: %s" % (self.what, error))
+        self.error = error
+        if error is None:
+            self.future.set_result(self.result)
+        else:
+            self.future.set_exception(error)
+        self.done.set()
+
+
+class _Completer:
+    """The daemon thread that completes the group's operations in order."""
+
+    def __init__(self) -> None:
+        self._queue: "queue.SimpleQueue[_Pending]" = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def submit(self, p: _Pending) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="unisum-completer",
+                                                daemon=True)
+                self._thread.start()
+        self._queue.put(p)
+
+    def _run(self) -> None:
+        while True:
+            self._queue.get().run()
+
+
+_completer = _Completer()
+
+
+class UnisumWork(Work):
+    """What torch.distributed's Python functions get back (see the module
+    docstring): wait() raises the operation's error as RuntimeError,
+    raises when the group's timeout passes first, and returns to the
+    interpreter every 100 ms."""
+
+    def __init__(self, pending: _Pending, timeout: datetime.timedelta) -> None:
+        super().__init__()
+        self._p = pending
+        self._timeout = timeout
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        limit = timeout if timeout and timeout.total_seconds() > 0 else self._timeout
+        deadline = self._p.started + limit.total_seconds()
+        while not self._p.done.wait(_SLICE_S):
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    "unisum: %s timed out after %.3f s (the process group's timeout; the "
+                    "operation stays in flight)" % (self._p.what, limit.total_seconds()))
+        if self._p.error is not None:
+            raise self._p.error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._p.done.is_set()
+
+    def is_success(self) -> bool:
+        return self._p.done.is_set() and self._p.error is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._p.error
+
+    def get_future(self) -> Future:
+        return self._p.future
+
+    def result(self) -> List[torch.Tensor]:
+        self.wait()
+        return self._p.result
+
+    def source_rank(self) -> int:
+        raise RuntimeError("unisum: source_rank() is for recv from any source, which unisum "
+                           "does not offer")
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+def python_caller(depth: int) -> bool:
+    """Whether the frame `depth` levels above python_caller's caller is
+    torch.distributed's own Python (distributed_c10d.py): then the Work
+    goes to Python code; from anywhere else (a Python frame that called
+    into C++, which called the group) it goes to C++."""
+    try:
+        frame = sys._getframe(depth + 1)  # 0: this function
+    except ValueError:
+        return False
+    return frame.f_code.co_filename.replace("\\", "/").endswith("distributed/distributed_c10d.py")
+
+
+def start(what: str, handles: List[int], result: List[torch.Tensor],
+          post: Optional[Callable[[], None]], timeout: datetime.timedelta,
+          to_python: bool) -> Any:
+    """The Work of an operation started as `handles`, completed by the
+    completer: a UnisumWork for Python callers (`to_python`, see
+    python_caller), else the C++ work wrapping its future."""
+    p = _Pending(what, handles, result, post)
+    _completer.submit(p)
+    if to_python:
+        return UnisumWork(p, timeout)
+    return _create_work_from_future(p.future)
