@@ -50,8 +50,9 @@ def _op_of(opts: Any, what: str) -> Tuple[int, str]:
     for torch_op, hvd_op, name in _OPS:
         if red == torch_op:
             return hvd_op, name
-    raise RuntimeError("unisum: %s with %s is not supported (unisum reduces with SUM, AVG, MIN, "
-                       "MAX and PRODUCT)" % (what, red))
+    names = [n for n in ("BAND", "BOR", "BXOR", "PREMUL_SUM") if red == getattr(ReduceOp, n)]
+    raise RuntimeError("unisum: %s with ReduceOp.%s is not supported (unisum reduces with SUM, "
+                       "AVG, MIN, MAX and PRODUCT)" % (what, names[0] if names else red))
 
 
 def _check_dtype(t: torch.Tensor, what: str, complex_ok: bool = True) -> None:
@@ -137,7 +138,7 @@ class ProcessGroupUnisum(ProcessGroup):
         with the result and what finishes it; returns the Work.  A start
         that fails raises RuntimeError; what it started is still waited
         for (by the completer)."""
-        to_python = _work.python_caller(2)
+        to_python = _work.python_caller()
         started: List[int] = []
         try:
             handles, result, post = build(started)

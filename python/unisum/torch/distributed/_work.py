@@ -154,14 +154,16 @@ class UnisumWork(Work):
         self.wait()
 
 
-def python_caller(depth: int) -> bool:
-    """Whether the frame `depth` levels above python_caller's caller is
+def python_caller() -> bool:
+    """Whether the group's method running now was called by
     torch.distributed's own Python (distributed_c10d.py): then the Work
-    goes to Python code; from anywhere else (a Python frame that called
-    into C++, which called the group) it goes to C++."""
-    try:
-        frame = sys._getframe(depth + 1)  # 0: this function
-    except ValueError:
+    goes to Python code.  Called by anything else (a Python frame that
+    called into C++, which called the group), it goes to C++."""
+    frame = sys._getframe(1)
+    ours = (__file__.rsplit("/", 1)[0] + "/",)
+    while frame is not None and frame.f_code.co_filename.startswith(ours):
+        frame = frame.f_back
+    if frame is None:
         return False
     return frame.f_code.co_filename.replace("\\", "/").endswith("distributed/distributed_c10d.py")
 
@@ -171,7 +173,7 @@ def start(what: str, handles: List[int], result: List[torch.Tensor],
           to_python: bool) -> Any:
     """The Work of an operation started as `handles`, completed by the
     completer: a UnisumWork for Python callers (`to_python`, see
-    python_caller), else the C++ work wrapping its future."""
+    python_caller()), else the C++ work wrapping its future."""
     p = _Pending(what, handles, result, post)
     _completer.submit(p)
     if to_python:

@@ -1,0 +1,194 @@
+"""dist_ops.py's modes beyond the calls themselves: DDP against gloo, and
+the failures (see dist_ops.py's docstring)."""
+
+import copy
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+STEPS = 20
+
+
+class Net(nn.Module):
+    """Two layers, and with `unused` a third that forward() never uses (for
+    find_unused_parameters)."""
+
+    def __init__(self, unused=False):
+        super().__init__()
+        torch.manual_seed(7)
+        self.a = nn.Linear(6, 5)
+        self.b = nn.Linear(5, 3)
+        if unused:
+            self.unused = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def batch(step, rank, integer):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    if integer:
+        return torch.randint(-3, 4, (4, 6), generator=g).float()
+    return torch.randn(4, 6, generator=g)
+
+
+def _rel(a, b):
+    return max(((p - q).abs().max() / q.abs().max().clamp(min=1e-30)).item()
+                for p, q in zip(a.parameters(), b.parameters()))
+
+
+def _pair(rank, gloo, integer, unused=False, **kw):
+    """Net under DDP over "unisum" and over gloo, trained alike; the
+    largest relative difference after each step."""
+    # Integer data and weights in float64, one linear layer, the sum of its
+    # outputs as the loss and a step of 1: every gradient is an integer
+    # (the data's sum) and every weight stays one, so every sum is exact,
+    # in any order.
+    nets = [Net(unused) for _ in range(2)]
+    if integer:
+        torch.manual_seed(7)
+        first = nn.Linear(6, 3).double()
+        with torch.no_grad():
+            for p in first.parameters():
+                p.copy_(torch.round(p * 4))
+        nets = [first, copy.deepcopy(first)]
+    ours = nn.parallel.DistributedDataParallel(nets[0], **kw)
+    theirs = nn.parallel.DistributedDataParallel(nets[1], process_group=gloo, **kw)
+    opts = [torch.optim.SGD(m.parameters(), lr=1.0 if integer else 0.1) for m in
+            (ours, theirs)]
+    diffs = []
+    for step in range(STEPS):
+        for m, opt in zip((ours, theirs), opts):
+            opt.zero_grad()
+            # DDP divides each gradient by the world size before summing:
+            # a loss times it leaves integers to sum.
+            if integer:
+                (m(batch(step, rank, True).double()).sum() * dist.get_world_size()).backward()
+            else:
+                m(batch(step, rank, False)).square().mean().backward()
+            opt.step()
+        diffs.append(_rel(ours.module, theirs.module))
+    return diffs, [p.detach().view(-1)[0].item() for p in ours.parameters()]
+
+
+def _no_sync(rank, gloo):
+    """Two micro-batches under no_sync(), then one synchronized, against the
+    same on gloo; and against the sum of the three in one pass."""
+    ours = nn.parallel.DistributedDataParallel(Net())
+    theirs = nn.parallel.DistributedDataParallel(Net(), process_group=gloo)
+    for m in (ours, theirs):
+        with m.no_sync():
+            for k in range(2):
+                m(batch(50 + k, rank, False)).sum().backward()
+        m(batch(52, rank, False)).sum().backward()
+    return max((p.grad - q.grad).abs().max().item()
+               for p, q in zip(ours.parameters(), theirs.parameters()))
+
+
+def run_ddp(rank, size):
+    gloo = dist.new_group(list(range(size)), backend="gloo")
+    res = {}
+    res["float"], res["first"] = _pair(rank, gloo, False)
+    res["integer"], _ = _pair(rank, gloo, True)
+    res["unused"], _ = _pair(rank, gloo, False, True, find_unused_parameters=True)
+    res["static"], _ = _pair(rank, gloo, False, static_graph=True)
+    res["no_sync"] = _no_sync(rank, gloo)
+    return res
+
+
+def run_mismatch(rank):
+    t0 = time.monotonic()
+    res = {}
+    try:
+        dist.all_reduce(torch.ones(3 + rank))
+        res["message"] = None
+    except RuntimeError as e:
+        res["message"] = str(e)
+    res["seconds"] = time.monotonic() - t0
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    res["after"] = t.tolist()
+    return res
+
+
+def run_timeout(rank, timeout):
+    res = {}
+    if rank == 0:
+        t = torch.ones(2)
+        work = dist.all_reduce(t, async_op=True)
+        t0 = time.monotonic()
+        try:
+            work.wait()
+            res["message"] = None
+        except RuntimeError as e:
+            res["message"] = str(e)
+        res["seconds"] = time.monotonic() - t0
+        work.get_future().wait()        # completes once rank 1 joins
+        res["sum"] = t.tolist()
+    else:
+        time.sleep(2 * timeout.total_seconds())
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        res["sum"] = t.tolist()
+    return res
+
+
+def run_dies(rank):
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.5)     # rank 0 is in its all_reduce by now
+        os._exit(0)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1 << 20))
+        return {"message": None}
+    except RuntimeError as e:
+        return {"message": str(e), "seconds": time.monotonic() - t0}
+
+
+def run_sigint(rank, out):
+    res = {}
+    if rank == 0:
+        with open(os.path.join(out, "pid0"), "w") as f:
+            f.write(str(os.getpid()))
+        dist.barrier()
+        t = torch.ones(3)
+        work = dist.all_reduce(t, async_op=True)
+        try:
+            work.wait()
+            res["interrupted"] = False
+        except KeyboardInterrupt:
+            res["interrupted"] = True
+            res["caught"] = time.time()
+        work.wait()
+        res["sum"] = t.tolist()
+    else:
+        dist.barrier()
+        time.sleep(1)
+        with open(os.path.join(out, "pid0")) as f:
+            pid = int(f.read())
+        res["sent"] = time.time()
+        os.kill(pid, signal.SIGINT)
+        time.sleep(2)
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        res["sum"] = t.tolist()
+    return res
+
+
+def run(mode, rank, size, out, timeout):
+    if mode == "ddp":
+        return run_ddp(rank, size)
+    if mode == "mismatch":
+        return run_mismatch(rank)
+    if mode == "timeout":
+        return run_timeout(rank, timeout)
+    if mode == "dies":
+        return run_dies(rank)
+    if mode == "sigint":
+        return run_sigint(rank, out)
+    raise SystemExit("dist_ops.py: unknown mode %r" % mode)
