@@ -20,9 +20,9 @@ from conftest import PYTHON, PYTHON_DIR, WORKERS_DIR, describe, run_launch, work
 PATHS = [pytest.param(1, id="servers"), pytest.param(None, id="one-machine")]
 
 
-def launched(tmp_path, nworkers, mode, local_size=1, ok=True, nservers=2):
+def launched(tmp_path, nworkers, mode, local_size=1, ok=True, nservers=2, env=None):
     rc, out, err = run_launch(nworkers, nservers, "dist_ops.py", tmp_path, mode, timeout=90,
-                              local_size=local_size)
+                              local_size=local_size, env=worker_env(env))
     if ok:
         assert rc == 0, describe(rc, out, err)
     found = []
@@ -87,15 +87,34 @@ def test_ddp_trains_as_over_gloo(tmp_path, nworkers, local_size):
     """DDP over "unisum" and DDP over gloo, same model, same data, 20
     steps: parameters agree within 1e-6 relative after every step, and
     exactly with integer-valued data; so do find_unused_parameters,
-    static_graph and no_sync() accumulation; every rank ends with the same
-    parameters."""
-    found, _ = launched(tmp_path, nworkers, "ddp", local_size)
+    static_graph and no_sync() accumulation, and DDP over gloo with
+    unisum's push_pull hook; every rank ends with the same parameters.
+    The compressing hooks (fp16, onebit, topk) train, every rank alike:
+    fp16 within 1e-2 of uncompressed, and through the servers none
+    exactly uncompressed (on one machine nothing crosses a network, and
+    nothing is compressed).
+    BytePS's DDP: no_sync() accumulation gives the parameters of one
+    backward over the same samples, and those of DDP over gloo."""
+    found, _ = launched(tmp_path, nworkers, "ddp", local_size,
+                        env={"UNISUM_MIN_COMPRESS_BYTES": "0"})
     for res in found:
-        for case in ("float", "unused", "static"):
+        for case in ("float", "unused", "static", "hook"):
             assert len(res[case]) == 20 and max(res[case]) <= 1e-6, (case, res[case])
         assert res["integer"] == [0.0] * 20, res["integer"]
+        assert res["hook_integer"] == [0.0] * 20, res["hook_integer"]
         assert res["no_sync"] <= 1e-6, res
         assert res["first"] == found[0]["first"], "ranks ended apart"
+        assert res["byteps"]["no_sync"] <= 1e-6 and res["byteps"]["gloo"] <= 1e-6, res["byteps"]
+        for codec in ("fp16", "onebit", "topk"):
+            assert res[codec]["first"] == found[0][codec]["first"], (codec, "ranks apart")
+            if local_size == 1:     # one machine sums in shared memory: nothing to compress
+                assert res[codec]["first"] != res["first"], (codec, "not compressed")
+        close = [abs(a - b) / abs(b) for a, b in zip(res["fp16"]["first"], res["first"])]
+        assert max(close) < 1e-2, close
+    for codec in ("fp16", "onebit", "topk"):
+        first = sum(r[codec]["losses"][0] for r in found)
+        last = sum(r[codec]["losses"][1] for r in found)
+        assert last < 0.5 * first, (codec, first, last)
 
 
 @pytest.mark.parametrize("local_size", PATHS)

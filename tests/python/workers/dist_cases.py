@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from unisum.torch import ddp_hooks
+
 STEPS = 20
 
 
@@ -41,7 +43,7 @@ def _rel(a, b):
                 for p, q in zip(a.parameters(), b.parameters()))
 
 
-def _pair(rank, gloo, integer, unused=False, **kw):
+def _pair(rank, gloo, integer, unused=False, hook=None, **kw):
     """Net under DDP over "unisum" and over gloo, trained alike; the
     largest relative difference after each step."""
     # Integer data and weights in float64, one linear layer, the sum of its
@@ -56,7 +58,12 @@ def _pair(rank, gloo, integer, unused=False, **kw):
             for p in first.parameters():
                 p.copy_(torch.round(p * 4))
         nets = [first, copy.deepcopy(first)]
-    ours = nn.parallel.DistributedDataParallel(nets[0], **kw)
+    if hook is None:
+        ours = nn.parallel.DistributedDataParallel(nets[0], **kw)
+    else:
+        # The group stays gloo; the hook sums through unisum.
+        ours = nn.parallel.DistributedDataParallel(nets[0], process_group=gloo, **kw)
+        ours.register_comm_hook(hook, ddp_hooks.push_pull_hook)
     theirs = nn.parallel.DistributedDataParallel(nets[1], process_group=gloo, **kw)
     opts = [torch.optim.SGD(m.parameters(), lr=1.0 if integer else 0.1) for m in
             (ours, theirs)]
@@ -89,6 +96,45 @@ def _no_sync(rank, gloo):
                for p, q in zip(ours.parameters(), theirs.parameters()))
 
 
+def _compressed(rank, gloo, state):
+    """DDP over gloo with a compressing hook, 20 steps of _pair's float
+    training: the loss at the first and last step, and the first weights
+    (every rank's the same).  (The test runs with
+    UNISUM_MIN_COMPRESS_BYTES=0: these buckets are small.)"""
+    m = nn.parallel.DistributedDataParallel(Net(), process_group=gloo)
+    m.register_comm_hook(state, ddp_hooks.push_pull_hook)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    losses = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = m(batch(step, rank, False)).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": [losses[0], losses[-1]],
+            "first": [p.detach().view(-1)[0].item() for p in m.parameters()]}
+
+
+def _byteps_ddp(rank, gloo):
+    """BytePS's DDP: two micro-batches under no_sync() and a third, then a
+    step, against one backward of the three together and a step; and that
+    against DDP over gloo.  The largest differences of the parameters."""
+    from unisum.torch.parallel import DistributedDataParallel as BytePSDDP
+    xs = [batch(60 + k, rank, False) for k in range(3)]
+    acc = BytePSDDP(Net())
+    with acc.no_sync():
+        for x in xs[:2]:
+            acc(x).sum().backward()
+    acc(xs[2]).sum().backward()
+    one = BytePSDDP(Net())
+    one(torch.cat(xs)).sum().backward()
+    ref = nn.parallel.DistributedDataParallel(Net(), process_group=gloo)
+    ref(torch.cat(xs)).sum().backward()
+    for m in (acc, one, ref):
+        torch.optim.SGD(m.parameters(), lr=0.1).step()
+    return {"no_sync": _rel(acc.module, one.module), "gloo": _rel(one.module, ref.module)}
+
+
 def run_ddp(rank, size):
     gloo = dist.new_group(list(range(size)), backend="gloo")
     res = {}
@@ -97,6 +143,13 @@ def run_ddp(rank, size):
     res["unused"], _ = _pair(rank, gloo, False, True, find_unused_parameters=True)
     res["static"], _ = _pair(rank, gloo, False, static_graph=True)
     res["no_sync"] = _no_sync(rank, gloo)
+    res["hook"], _ = _pair(rank, gloo, False, hook=ddp_hooks.State(prefix="plain"))
+    res["hook_integer"], _ = _pair(rank, gloo, True, hook=ddp_hooks.State(prefix="int"))
+    for name, state in (("fp16", ddp_hooks.fp16_state("fp16")),
+                        ("onebit", ddp_hooks.onebit_state(prefix="onebit")),
+                        ("topk", ddp_hooks.topk_state(0.25, prefix="topk"))):
+        res[name] = _compressed(rank, gloo, state)
+    res["byteps"] = _byteps_ddp(rank, gloo)
     return res
 
 

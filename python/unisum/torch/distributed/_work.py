@@ -41,11 +41,12 @@ _SLICE_S = 0.1      # a Python wait returns to the interpreter this often
 
 class _Pending:
     """One operation of the group: its unisum.torch handles, what finishes
-    it, its result (a list of tensors) and its future."""
+    it, its result (a list of tensors; a communication hook's, a tensor)
+    and its future."""
 
     __slots__ = ("what", "handles", "post", "result", "future", "done", "error", "started")
 
-    def __init__(self, what: str, handles: List[int], result: List[torch.Tensor],
+    def __init__(self, what: str, handles: List[int], result: Any,
                  post: Optional[Callable[[], None]]) -> None:
         self.what = what
         self.handles = handles
@@ -168,7 +169,7 @@ def python_caller() -> bool:
     return frame.f_code.co_filename.replace("\\", "/").endswith("distributed/distributed_c10d.py")
 
 
-def start(what: str, handles: List[int], result: List[torch.Tensor],
+def start(what: str, handles: List[int], result: Any,
           post: Optional[Callable[[], None]], timeout: datetime.timedelta,
           to_python: bool) -> Any:
     """The Work of an operation started as `handles`, completed by the
@@ -179,3 +180,12 @@ def start(what: str, handles: List[int], result: List[torch.Tensor],
     if to_python:
         return UnisumWork(p, timeout)
     return _create_work_from_future(p.future)
+
+
+def future_of(what: str, handles: List[int], result: Any,
+              post: Optional[Callable[[], None]] = None) -> Future:
+    """The future of an operation started as `handles` (a DDP
+    communication hook's), completed by the completer with `result`."""
+    p = _Pending(what, handles, result, post)
+    _completer.submit(p)
+    return p.future
