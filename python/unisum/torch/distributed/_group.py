@@ -12,7 +12,8 @@ waiting for that small gather here.
 from __future__ import annotations
 
 import datetime
-from typing import Any, Callable, List, Optional, Tuple
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -22,16 +23,18 @@ from unisum import _capi
 from unisum._capi import UnisumError
 from unisum.torch import _core
 from unisum.torch._core import _DTYPES, _Op, _raise_kept, _register
-from unisum.torch.ops import _by_order, synchronize
+from unisum.torch.functions import _broadcast_start
+from unisum.torch.ops import _by_order, _start, synchronize
 from unisum._horovod import basics as hb
 from unisum._horovod.common import _gather_launch
-from unisum._horovod.reduce import allreduce_async_, broadcast_async_
 from unisum.torch.distributed import _work
 
 # torch's ReduceOp -> Horovod's op (unisum._horovod.basics).
 _OPS = ((ReduceOp.SUM, hb.Sum, "SUM"), (ReduceOp.AVG, hb.Average, "AVG"),
         (ReduceOp.MIN, hb.Min, "MIN"), (ReduceOp.MAX, hb.Max, "MAX"),
         (ReduceOp.PRODUCT, hb.Product, "PRODUCT"))
+_PREFIX = "tdist"   # DDP's tensors' names: tdist.<kind>.<signature>.<slot>
+_SLOTS = 8          # names per signature: calls of one signature in flight at once
 # Dtypes the C library has no name for, carried as int32 (exact both ways;
 # a sum wraps as the narrow type's would when cast back).
 _NARROW = (torch.bool, torch.uint8, torch.int8, torch.int16)
@@ -102,6 +105,12 @@ class ProcessGroupUnisum(ProcessGroup):
         self._timeout = timeout
         self._ranks: Optional[List[int]] = None
         self._set: Any = None
+        self._counts: Dict[str, int] = {}       # C++ calls so far by kind and signature
+        self._last: Dict[str, Any] = {}         # name -> the call that used it last
+        # The call being started on this thread: whether it came from C++
+        # (.cpp) and the names it used (.using).  DDP's reducer starts its
+        # buckets on the autograd thread.
+        self._tl = threading.local()
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return "unisum"
@@ -130,7 +139,32 @@ class ProcessGroupUnisum(ProcessGroup):
                                % (what, group_rank, len(self._ranks or [])))
         return (self._ranks or [])[group_rank]
 
-    # ---- starting and finishing ------------------------------------------
+    # ---- naming and starting ----------------------------------------------
+
+    def _slot(self, kind: str, sig: str) -> Optional[str]:
+        """The name of this call's tensor.  Called from Python, None: a
+        name by the call's order among the group's calls, declared for the
+        call alone (as Horovod's unnamed collectives: ranks that pass
+        different shapes fail at the declaration, every one of them, and
+        the group goes on).  Called from C++ (DDP's reducer, its
+        broadcasts of buffers), whose tensors DDP checked across the ranks
+        when it was built: a name by kind and signature, then by how many
+        calls of that signature the group made, modulo _SLOTS, that stays
+        declared, so a training loop declares nothing after its first
+        steps.  The call before on the same name must have ended (a name
+        has one operation in flight): waited for here, in call order on
+        every rank."""
+        if not getattr(self._tl, "cpp", False):
+            return None
+        key = "%s.%s" % (kind, sig)
+        n = self._counts.get(key, 0)
+        self._counts[key] = n + 1
+        name = "%s.%s.%d" % (_PREFIX, key, n % _SLOTS)
+        prev = self._last.get(name)
+        if prev is not None:
+            prev.done.wait()
+        self._tl.using.append(name)
+        return name
 
     def _run(self, what: str, build: Callable[[List[int]], Built]) -> Any:
         """Runs `build`, which starts the operation's handles (appending
@@ -139,19 +173,31 @@ class ProcessGroupUnisum(ProcessGroup):
         that fails raises RuntimeError; what it started is still waited
         for (by the completer)."""
         to_python = _work.python_caller()
+        self._resolve()
+        self._tl.cpp, self._tl.using = not to_python, []
         started: List[int] = []
         try:
             handles, result, post = build(started)
         except (UnisumError, ValueError, TypeError) as e:
-            if started:
-                _work.start(what, started, [], None, self._timeout, False)
+            failed = _work.pending(what, started, [], None)
+            self._mark(failed)
+            _work.start(failed, self._timeout, False)
             raise RuntimeError("unisum: %s: %s" % (what, e)) from e
-        return _work.start(what, handles, result, post, self._timeout, to_python)
+        p = _work.pending(what, handles, result, post)
+        self._mark(p)
+        return _work.start(p, self._timeout, to_python)
+
+    def _mark(self, p: Any) -> None:
+        """Records `p` as the last call on the names it used."""
+        for name in self._tl.using:
+            self._last[name] = p
+        self._tl.using = []
 
     def _gather(self, kind: str, send: torch.Tensor, recv: torch.Tensor, counts: List[int],
                 flags: int = 0) -> int:
         """Starts the C library's `kind` (allgather, reducescatter,
-        alltoall) of wire tensors; returns its unisum.torch handle."""
+        alltoall) of wire tensors on a one-shot name; returns its
+        unisum.torch handle."""
         grp = hb._Group(self._set)
         name = _by_order(kind, pset=grp.pset)
         c_handle, finish = _gather_launch(kind, name, send, recv, counts, lambda: None, flags,
@@ -163,7 +209,10 @@ class ProcessGroupUnisum(ProcessGroup):
     def _reduce_into(self, t: torch.Tensor, op: int, started: List[int],
                      posts: List[Callable[[], None]]) -> None:
         w, back = _wire(t)
-        started.append(allreduce_async_(w, op=op, process_set=self._set))
+        flags, scale = _flags_of(op, w, len(self._ranks or []))
+        name = self._slot("allreduce", "%s[%d].%d" % (_dtype_name(w), w.numel(), op))
+        started.append(_start(w, False, name, 0, True, scale=scale, flags=flags,
+                              pset=self._pset()))
         if back is not None:
             posts.append(back)
 
@@ -193,7 +242,9 @@ class ProcessGroupUnisum(ProcessGroup):
 
         def build(started: List[int]) -> Built:
             for t in tensors:
-                started.append(broadcast_async_(t, root, process_set=self._set))
+                name = self._slot("broadcast", "%s%s" % (_dtype_name(t), list(t.shape)))
+                started.append(_broadcast_start(t, root, name, inplace=True,
+                                                one_shot=name is None, pset=self._pset()))
             return started, tensors, None
         return self._run("broadcast", build)
 
@@ -277,9 +328,10 @@ class ProcessGroupUnisum(ProcessGroup):
             return started, [out], lambda: out.copy_(recv.reshape(out.shape))
         return self._run(what, build)
 
-    def _matrix(self, mine: List[int]) -> List[int]:
+    def _matrix(self, what: str, mine: List[int]) -> List[int]:
         """Every rank's `mine` (n counts each), gathered and waited for here:
         the n x n counts of an alltoall, row s being rank s's."""
+        del what
         n = len(self._ranks or [])
         send = torch.tensor(mine, dtype=torch.int64)
         recv = torch.empty(n * n, dtype=torch.int64)
@@ -291,7 +343,7 @@ class ProcessGroupUnisum(ProcessGroup):
         """Starts nothing: checks and returns the wire buffer to receive
         into and the n x n counts (elements) of an alltoall."""
         n, k = len(self._ranks or []), (self._ranks or []).index(_core.rank())
-        counts = in_counts * n if even else self._matrix(in_counts)
+        counts = in_counts * n if even else self._matrix(what, in_counts)
         column = [counts[s * n + k] for s in range(n)]
         if out_counts is not None and column != out_counts:
             raise RuntimeError("unisum: %s: this rank expects %s elements from ranks %s, but "
@@ -399,7 +451,7 @@ class ProcessGroupUnisum(ProcessGroup):
         token = torch.zeros(1, dtype=torch.int32)
 
         def build(started: List[int]) -> Built:
-            started.append(allreduce_async_(token, op=hb.Sum, process_set=self._set))
+            self._reduce_into(token, hb.Sum, started, [])
             return started, [], None
         return self._run("barrier", build)
 
@@ -424,6 +476,20 @@ class ProcessGroupUnisum(ProcessGroup):
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Any:
         raise RuntimeError(_P2P % "recv")
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _flags_of(op: int, t: torch.Tensor, n: int) -> Tuple[int, float]:
+    """The C flags and the scale of the result for Horovod's op `op` on
+    `t` among `n` ranks (integers average as Horovod's do: a sum, scaled
+    in float64 and truncated)."""
+    if op == hb.Average:
+        return (_capi.AVERAGE, 1.0) if t.dtype.is_floating_point else (0, 1.0 / n)
+    return {hb.Sum: 0, hb.Min: _capi.MIN, hb.Max: _capi.MAX,
+            hb.Product: _capi.PRODUCT}[op], 1.0
 
 
 def _all(posts: List[Callable[[], None]]) -> Optional[Callable[[], None]]:

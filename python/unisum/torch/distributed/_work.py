@@ -34,7 +34,9 @@ import torch
 from torch._C._distributed_c10d import Work, _create_work_from_future
 from torch.futures import Future
 
-from unisum.torch.ops import synchronize
+from unisum._capi import UnisumError
+from unisum.torch._core import _nap
+from unisum.torch.ops import poll, synchronize
 
 _SLICE_S = 0.1      # a Python wait returns to the interpreter this often
 
@@ -44,7 +46,8 @@ class _Pending:
     it, its result (a list of tensors; a communication hook's, a tensor)
     and its future."""
 
-    __slots__ = ("what", "handles", "post", "result", "future", "done", "error", "started")
+    __slots__ = ("what", "handles", "post", "result", "future", "done", "error", "started",
+                 "claimed", "taken")
 
     def __init__(self, what: str, handles: List[int], result: Any,
                  post: Optional[Callable[[], None]]) -> None:
@@ -56,16 +59,45 @@ class _Pending:
         self.done = threading.Event()
         self.error: Optional[BaseException] = None
         self.started = time.monotonic()
+        self.claimed = False    # a thread runs it (claim())
+        self.taken = 0          # handles synchronized so far
 
-    def run(self) -> None:
+    def claim(self) -> bool:
+        """Makes the calling thread the one that runs this operation; False
+        when another thread has (or it is done)."""
+        with _claim_lock:
+            if self.claimed or self.done.is_set():
+                return False
+            self.claimed = True
+            return True
+
+    def unclaim(self) -> None:
+        """Gives the operation back (a wait that timed out or was
+        interrupted): the completer finishes it."""
+        with _claim_lock:
+            self.claimed = False
+        _completer.submit(self)
+
+    def run(self, deadline: Optional[float] = None) -> None:
         """Waits for every handle (all of them, even after one failed: each
-        must be taken), finishes, and completes the future."""
-        error: Optional[BaseException] = None
-        for h in self.handles:
+        must be taken), finishes, and completes the future.  By `deadline`
+        (time.monotonic()), or raises TimeoutError with the rest still to
+        take; a signal's exception leaves the same (run() goes on from
+        there)."""
+        error: Optional[BaseException] = self.error
+        while self.taken < len(self.handles):
+            h = self.handles[self.taken]
+            if deadline is not None:
+                while not poll(h):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError
+                    _nap(h, int(_SLICE_S * 1000))
             try:
                 synchronize(h)
-            except BaseException as e:  # noqa: B902 (recorded, raised by wait())
+            except UnisumError as e:
                 error = error or e
+            self.taken += 1
+            self.error = error
         if error is None and self.post is not None:
             try:
                 self.post()
@@ -102,10 +134,26 @@ class _Completer:
 
     def _run(self) -> None:
         while True:
-            self._queue.get().run()
+            p = self._queue.get()
+            if p.claim():
+                p.run()
 
 
 _completer = _Completer()
+_claim_lock = threading.Lock()
+# Operations started from Python that nobody has asked to complete yet: a
+# wait() runs one on its own thread (no hand-over to the completer and
+# back); the next start, or get_future(), hands them to the completer.
+_lazy: List[_Pending] = []
+
+
+def _hand_over_lazy() -> None:
+    with _claim_lock:
+        lazy = list(_lazy)
+        _lazy.clear()
+    for p in lazy:
+        if not p.claimed:
+            _completer.submit(p)
 
 
 class UnisumWork(Work):
@@ -122,17 +170,31 @@ class UnisumWork(Work):
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         limit = timeout if timeout and timeout.total_seconds() > 0 else self._timeout
         deadline = self._p.started + limit.total_seconds()
-        while not self._p.done.wait(_SLICE_S):
+        p = self._p
+        if p.claim():
+            try:
+                p.run(deadline)
+            except TimeoutError:
+                p.unclaim()
+            except BaseException:
+                p.unclaim()
+                raise
+        while not p.done.wait(_SLICE_S):
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    "unisum: %s timed out after %.3f s (the process group's timeout; the "
-                    "operation stays in flight)" % (self._p.what, limit.total_seconds()))
-        if self._p.error is not None:
-            raise self._p.error
+                break
+        if not p.done.is_set():
+            raise RuntimeError(
+                "unisum: %s timed out after %.3f s (the process group's timeout; the "
+                "operation stays in flight)" % (p.what, limit.total_seconds()))
+        if p.error is not None:
+            raise p.error
         return True
 
     def is_completed(self) -> bool:
-        return self._p.done.is_set()
+        p = self._p
+        if not p.done.is_set() and all(poll(h) for h in p.handles[p.taken:]) and p.claim():
+            p.run()
+        return p.done.is_set()
 
     def is_success(self) -> bool:
         return self._p.done.is_set() and self._p.error is None
@@ -141,6 +203,8 @@ class UnisumWork(Work):
         return self._p.error
 
     def get_future(self) -> Future:
+        if not self._p.claimed:
+            _completer.submit(self._p)
         return self._p.future
 
     def result(self) -> List[torch.Tensor]:
@@ -169,16 +233,22 @@ def python_caller() -> bool:
     return frame.f_code.co_filename.replace("\\", "/").endswith("distributed/distributed_c10d.py")
 
 
-def start(what: str, handles: List[int], result: Any,
-          post: Optional[Callable[[], None]], timeout: datetime.timedelta,
-          to_python: bool) -> Any:
-    """The Work of an operation started as `handles`, completed by the
-    completer: a UnisumWork for Python callers (`to_python`, see
-    python_caller()), else the C++ work wrapping its future."""
-    p = _Pending(what, handles, result, post)
-    _completer.submit(p)
+def pending(what: str, handles: List[int], result: Any,
+            post: Optional[Callable[[], None]]) -> _Pending:
+    """An operation started as `handles`, for start() to hand over."""
+    return _Pending(what, handles, result, post)
+
+
+def start(p: _Pending, timeout: datetime.timedelta, to_python: bool) -> Any:
+    """The Work of operation `p`: a UnisumWork for Python callers
+    (`to_python`, see python_caller()), which their wait() may run itself;
+    else the C++ work wrapping its future, which the completer completes."""
+    _hand_over_lazy()
     if to_python:
+        with _claim_lock:
+            _lazy.append(p)
         return UnisumWork(p, timeout)
+    _completer.submit(p)
     return _create_work_from_future(p.future)
 
 
@@ -187,5 +257,6 @@ def future_of(what: str, handles: List[int], result: Any,
     """The future of an operation started as `handles` (a DDP
     communication hook's), completed by the completer with `result`."""
     p = _Pending(what, handles, result, post)
+    _hand_over_lazy()
     _completer.submit(p)
     return p.future
