@@ -34,7 +34,7 @@ _OPS = ((ReduceOp.SUM, hb.Sum, "SUM"), (ReduceOp.AVG, hb.Average, "AVG"),
         (ReduceOp.MIN, hb.Min, "MIN"), (ReduceOp.MAX, hb.Max, "MAX"),
         (ReduceOp.PRODUCT, hb.Product, "PRODUCT"))
 _PREFIX = "tdist"   # DDP's tensors' names: tdist.<kind>.<signature>.<slot>
-_SLOTS = 8          # names per signature: calls of one signature in flight at once
+_SLOTS = 2          # names per signature: calls of one signature in flight at once
 # Dtypes the C library has no name for, carried as int32 (exact both ways;
 # a sum wraps as the narrow type's would when cast back).
 _NARROW = (torch.bool, torch.uint8, torch.int8, torch.int16)
