@@ -16,7 +16,9 @@ Each configuration runs in fresh processes:
   unisum   `unisum launch -w W -s 1` runs W copies of this script (they see
            UNISUM_LAUNCHED) with DistributedOptimizer and broadcast_parameters;
   ddp      W copies of this script join a gloo process group on 127.0.0.1
-           and wrap the model in DistributedDataParallel.
+           and wrap the model in DistributedDataParallel;
+  ddp-unisum  the same DDP under `unisum launch -w W -s 1`, its process
+           group the backend "unisum" (unisum.torch.distributed).
 
 for W = 1 and W = --workers.  Scaling efficiency is throughput(N) divided by
 N * throughput(1) of the same system; the 1-worker runs still go through
@@ -37,6 +39,7 @@ The launcher is $UNISUM_BUILD_DIR/unisum, else <repo>/build/unisum.
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import shlex
@@ -69,6 +72,7 @@ def parse_args():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=120, help="seconds per run, hard limit")
     ap.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--ddp-unisum", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args()
 
 
@@ -135,12 +139,14 @@ def unisum_worker(args):
     us.shutdown()
 
 
-def ddp_worker(args):
+def ddp_worker(args, backend="gloo"):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    if backend == "unisum":
+        importlib.import_module("unisum.torch.distributed")    # registers the backend
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=size,
+    dist.init_process_group(backend, rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=args.timeout))
     model, optimizer, x, y = build(args, rank)
     ddp_model = DistributedDataParallel(model)    # broadcasts rank 0's parameters
@@ -152,7 +158,9 @@ def ddp_worker(args):
     elapsed = timed_training(ddp_model, optimizer, x, y, args, dist.barrier)
     agree = replicas_agree(model, rank, allreduce_sum)
     if rank == 0:
-        report("ddp", size, args, elapsed, agree)
+        report("ddp" if backend == "gloo" else "ddp-unisum", size, args, elapsed, agree)
+    if backend == "unisum":
+        return      # leaves its job at exit
     # Every collective is done.  Exit without tearing down: in torch 1.13 the
     # Reducer's destructor (GIL held) can wait forever for a gloo thread that
     # needs the GIL to free a tensor.
@@ -186,14 +194,14 @@ def launcher_path():
     return os.path.normpath(os.path.join(build_dir, "unisum"))
 
 
-def run_unisum(args, workers):
+def run_unisum(args, workers, *extra):
     """One unisum job of `workers` workers and one server; returns (result, output)."""
     launcher = launcher_path()
     if not os.access(launcher, os.X_OK):
         return None, "no launcher at %s: build it (cmake -S . -B build && cmake --build build) " \
                      "or set UNISUM_BUILD_DIR" % launcher
     cmd = [launcher, "launch", "-w", str(workers), "-s", "1",
-           "--timeout", str(int(args.timeout)), "--", *worker_argv(args)]
+           "--timeout", str(int(args.timeout)), "--", *worker_argv(args, *extra)]
     try:
         proc = subprocess.run(cmd, env=worker_env(args), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=args.timeout + 10)
@@ -236,7 +244,7 @@ def print_table(args, results):
     n = args.workers
     print("%-8s %7s %12s %12s %11s %8s" % ("system", "workers", "samples/s", "per worker",
                                            "efficiency", "agree"))
-    for system in ("unisum", "ddp"):
+    for system in ("unisum", "ddp", "ddp-unisum"):
         one = results.get((system, 1))
         for workers in sorted({1, n}):
             r = results.get((system, workers))
@@ -251,6 +259,10 @@ def print_table(args, results):
     if u and d:
         print("unisum / DDP throughput at %d workers: %.3f"
               % (n, u["samples_per_s"] / d["samples_per_s"]))
+    du = results.get(("ddp-unisum", n))
+    if du and d:
+        print("DDP over unisum / DDP over gloo throughput at %d workers: %.3f"
+              % (n, du["samples_per_s"] / d["samples_per_s"]))
 
 
 def orchestrate(args):
@@ -262,7 +274,8 @@ def orchestrate(args):
                                           os.cpu_count(), torch.__version__))
     print("threads: %d torch thread(s) per worker in every run, 1-worker runs included, so "
           "that efficiency compares equal work per worker" % args.threads, flush=True)
-    runners = {"unisum": run_unisum, "ddp": run_ddp}
+    runners = {"unisum": run_unisum, "ddp": run_ddp,
+               "ddp-unisum": lambda a, w: run_unisum(a, w, "--ddp-unisum")}
     results = {}
     for system, runner in runners.items():
         for workers in sorted({1, args.workers}):
@@ -283,7 +296,9 @@ def orchestrate(args):
 
 def main():
     args = parse_args()
-    if os.environ.get("UNISUM_LAUNCHED"):
+    if os.environ.get("UNISUM_LAUNCHED") and args.ddp_unisum:
+        ddp_worker(args, "unisum")
+    elif os.environ.get("UNISUM_LAUNCHED"):
         unisum_worker(args)
     elif args.ddp_worker:
         ddp_worker(args)
