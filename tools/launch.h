@@ -269,10 +269,12 @@ int launch_options_check(struct launcher *l, const char *job_option, int nproc);
 const char *launch_role_name(int role);
 /* Chooses the workers' MASTER_ADDR and MASTER_PORT (l->torch_addr,
  * l->torch_port): a node of a multi-node job, the master's address and
- * the scheduler's port + 1 (the scheduler has the master's own); a job on
- * this machine, worker 0's address (127.0.0.1, or its namespace's) and a
- * port free here.  Elastic jobs and jobs over ssh leave them as they are
- * (their nodes choose).  Call once the namespaces are set up. */
+ * the scheduler's port + 1 (the scheduler has the master's own); one
+ * machine of a job the environment names, what the user set, else the
+ * scheduler's address and port + 1; a job on this machine, worker 0's
+ * address (127.0.0.1, or its namespace's) and a port free here.  Elastic
+ * jobs and jobs over ssh leave them as they are (their nodes choose).
+ * Call once the namespaces are set up. */
 void launch_torch_master(struct launcher *l);
 
 /* Allocates l->children and describes every child, none spawned yet:

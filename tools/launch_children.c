@@ -337,7 +337,17 @@ void launch_torch_master(struct launcher *l)
 		l->torch_port = l->master_port < 65535 ? l->master_port + 1 : 0;
 		return;
 	}
-	if (l->one_machine || l->nhosts > 0 || l->elastic || l->slurm)
+	if (l->one_machine) {
+		/* One machine of a job whose scheduler the environment names:
+		 * what the user set stays; else the scheduler's address and
+		 * port + 1, as a node's (rank 0's store beside the scheduler). */
+		if (getenv("MASTER_ADDR") != NULL && getenv("MASTER_PORT") != NULL)
+			return;
+		snprintf(l->torch_addr, sizeof(l->torch_addr), "%s", l->sched_host);
+		l->torch_port = l->sched_port > 0 && l->sched_port < 65535 ? l->sched_port + 1 : 0;
+		return;
+	}
+	if (l->nhosts > 0 || l->elastic || l->slurm)
 		return;
 	const char *addr = l->nnetns > 0 && l->machine_netns != NULL
 				   ? l->netns[l->machine_netns[0]].addr : "127.0.0.1";
