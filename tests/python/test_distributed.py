@@ -41,7 +41,7 @@ REDUCTIONS = ["all_reduce %s torch.%s" % (op, dt) for op in ("sum", "avg", "min"
               for dt in ("float32", "float64", "int64", "int8")
               if op != "avg" or dt.startswith("float")]
 CALLS = REDUCTIONS + [
-    "all_reduce complex", "all_reduce_coalesced", "get_future().then", "broadcast",
+    "all_reduce large", "all_reduce complex", "all_reduce_coalesced", "get_future().then", "broadcast",
     "broadcast bool", "all_gather", "all_gather_into_tensor", "reduce_scatter",
     "reduce_scatter_tensor", "reduce_scatter max", "all_to_all_single uneven",
     "all_to_all_single even", "all_to_all", "scatter", "barrier"]
@@ -120,12 +120,18 @@ def test_ddp_trains_as_over_gloo(tmp_path, nworkers, local_size):
 @pytest.mark.parametrize("local_size", PATHS)
 def test_shape_mismatch_fails_every_rank(tmp_path, local_size):
     """Ranks that pass different shapes to one all_reduce each raise
-    RuntimeError within 2 s naming both shapes; the next all_reduce sums."""
+    RuntimeError within 2 s naming their own; the next all_reduce sums.
+    Small (the fingerprint beside the elements) and large (the
+    declaration, which names both)."""
     found, _ = launched(tmp_path, 2, "mismatch", local_size)
     for res in found:
-        assert res["message"] is not None, res
-        assert "float32[3]" in res["message"] and "float32[4]" in res["message"], res
-        assert res["seconds"] < 2.0, res
+        small, large = res["small"], res["large"]
+        assert small["message"] is not None and large["message"] is not None, res
+        assert "disagree" in small["message"], res
+        assert "float32[%d]" % (3 + res["rank"]) in small["message"], res
+        assert "float32[1000]" in large["message"] and "float32[1001]" in large["message"], res
+        for case in (small, large):
+            assert case["seconds"] < 2.0, res
         assert res["after"] == [2.0, 2.0], res
 
 

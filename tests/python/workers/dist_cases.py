@@ -153,15 +153,17 @@ def run_ddp(rank, size):
     return res
 
 
-def run_mismatch(rank):
+def _mismatched(numel):
     t0 = time.monotonic()
-    res = {}
     try:
-        dist.all_reduce(torch.ones(3 + rank))
-        res["message"] = None
+        dist.all_reduce(torch.ones(numel))
+        return {"message": None}
     except RuntimeError as e:
-        res["message"] = str(e)
-    res["seconds"] = time.monotonic() - t0
+        return {"message": str(e), "seconds": time.monotonic() - t0}
+
+
+def run_mismatch(rank):
+    res = {"small": _mismatched(3 + rank), "large": _mismatched(1000 + rank)}
     t = torch.ones(2)
     dist.all_reduce(t)
     res["after"] = t.tolist()

@@ -15,8 +15,9 @@ ddp       the same model trained 20 steps by DDP over "unisum" and by DDP
           float data and for integer-valued data (whose sums are exact);
           then no_sync() accumulation, find_unused_parameters and
           static_graph, each against gloo.
-mismatch  ranks pass different shapes to one all_reduce: each raises
-          RuntimeError naming both shapes; then the group goes on.
+mismatch  ranks pass different shapes to one all_reduce, small (3 and 4
+          elements) then large (1000 and 1001): each raises RuntimeError
+          naming its shape; then the group goes on.
 timeout   the group's timeout is 2 s; rank 0 waits for an all_reduce rank 1
           joins 4 s later: wait() raises after 2 s, naming the timeout; the
           operation completes in the background once rank 1 joins.
@@ -89,6 +90,11 @@ def reduce_ops(group, ranks):
                 work.wait()
                 assert work.is_completed() and work.is_success()
             check("all_reduce %s %s" % (name, dtype), t, torch.full((5,), want, dtype=dtype))
+    # Over 64 elements: declared for the call (the small ones travel on
+    # kept names with a fingerprint: unisum.torch.distributed._small).
+    t = torch.full((1000,), vals[me])
+    dist.all_reduce(t, group=group)
+    check("all_reduce large", t, torch.full((1000,), sum(vals)))
     c = torch.full((3,), complex(me, 1))
     dist.all_reduce(c, group=group)
     check("all_reduce complex", c, torch.full((3,), complex(sum(range(len(ranks))), len(ranks))))

@@ -27,7 +27,7 @@ from unisum.torch.functions import _broadcast_start
 from unisum.torch.ops import _by_order, _start, synchronize
 from unisum._horovod import basics as hb
 from unisum._horovod.common import _gather_launch
-from unisum.torch.distributed import _work
+from unisum.torch.distributed import _small, _work
 
 # torch's ReduceOp -> Horovod's op (unisum._horovod.basics).
 _OPS = ((ReduceOp.SUM, hb.Sum, "SUM"), (ReduceOp.AVG, hb.Average, "AVG"),
@@ -156,7 +156,11 @@ class ProcessGroupUnisum(ProcessGroup):
         every rank."""
         if not getattr(self._tl, "cpp", False):
             return None
-        key = "%s.%s" % (kind, sig)
+        return self._kept("%s.%s" % (kind, sig))
+
+    def _kept(self, key: str) -> str:
+        """The next of `key`'s kept names (see _slot), the call before on
+        it waited for."""
         n = self._counts.get(key, 0)
         self._counts[key] = n + 1
         name = "%s.%s.%d" % (_PREFIX, key, n % _SLOTS)
@@ -174,6 +178,7 @@ class ProcessGroupUnisum(ProcessGroup):
         for (by the completer)."""
         to_python = _work.python_caller()
         self._resolve()
+        _work.hand_over_lazy()      # a call before on a kept name may be waited for
         self._tl.cpp, self._tl.using = not to_python, []
         started: List[int] = []
         try:
@@ -233,9 +238,22 @@ class ProcessGroupUnisum(ProcessGroup):
         def build(started: List[int]) -> Built:
             posts: List[Callable[[], None]] = []
             for t in tensors:
-                self._reduce_into(t, op, started, posts)
+                if not self._tl.cpp and _small.eligible(t, op):
+                    self._reduce_small(what, t, op, started, posts)
+                else:
+                    self._reduce_into(t, op, started, posts)
             return started, tensors, _all(posts)
         return self._run(what, build)
+
+    def _reduce_small(self, what: str, t: torch.Tensor, op: int, started: List[int],
+                      posts: List[Callable[[], None]]) -> None:
+        """A few elements from Python: on a kept name, checked in the same
+        round (_small.py)."""
+        buf = _small.buffer(t, op)
+        name = self._kept("small.%s" % _small.family(t))
+        started.append(_start(buf, False, name, 0, True, flags=_small.flags(op),
+                              pset=self._pset()))
+        posts.append(_small.finish(t, op, buf, len(self._ranks or []), what))
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         root = self._global(getattr(opts, "rootRank", 0), "broadcast")

@@ -147,7 +147,8 @@ _claim_lock = threading.Lock()
 _lazy: List[_Pending] = []
 
 
-def _hand_over_lazy() -> None:
+def hand_over_lazy() -> None:
+    """Hands every operation nobody has asked to complete to the completer."""
     with _claim_lock:
         lazy = list(_lazy)
         _lazy.clear()
@@ -243,7 +244,7 @@ def start(p: _Pending, timeout: datetime.timedelta, to_python: bool) -> Any:
     """The Work of operation `p`: a UnisumWork for Python callers
     (`to_python`, see python_caller()), which their wait() may run itself;
     else the C++ work wrapping its future, which the completer completes."""
-    _hand_over_lazy()
+    hand_over_lazy()
     if to_python:
         with _claim_lock:
             _lazy.append(p)
@@ -257,6 +258,6 @@ def future_of(what: str, handles: List[int], result: Any,
     """The future of an operation started as `handles` (a DDP
     communication hook's), completed by the completer with `result`."""
     p = _Pending(what, handles, result, post)
-    _hand_over_lazy()
+    hand_over_lazy()
     _completer.submit(p)
     return p.future
