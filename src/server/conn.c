@@ -147,7 +147,7 @@ static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wir
 		c->worker = peer;
 		/* A rank whose lazy connections failed part way closed them all
 		 * and tries again later (wk_ensure_conns): it is back. */
-		srv->left[peer] = false;
+		srv->left[peer] = 0;
 	}
 	pthread_mutex_unlock(&srv->lock);
 	return rc;
@@ -701,7 +701,7 @@ static void srv_on_closed(struct loop_conn *lc, int rc, const char *why)
 		srv->by_worker[c->worker] = NULL;
 		/* Rounds still waiting for it never end; in an elastic job the
 		 * scheduler re-forms the job without it instead. */
-		srv->left[c->worker] = !srv->cfg->elastic;
+		srv->left[c->worker] = srv->cfg->elastic ? 0 : timing_now_ms();
 	}
 	pthread_mutex_unlock(&srv->lock);
 	if (loop_post(c->loop, srv_conn_done, c) != 0)

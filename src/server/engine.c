@@ -557,14 +557,30 @@ static void srv_on_retire(struct server *srv, struct srv_key *k, int w)
 	}
 }
 
+/* How long a peer's connection must have been gone before a round waiting
+ * for it fails the job with this server's own words.  A process that died
+ * (killed by the OOM killer, a signal) is named with its cause by the
+ * scheduler, which hears it from the launcher or the node's monitor a few
+ * milliseconds later: that message wins when it comes first (issue 49's
+ * "every survivor names the real cause").  A stall check runs every second
+ * at most, so the job still fails within about two. */
+#define SRV_LEFT_GRACE_MS 1000
+
+/* Whether peer p's connection ended at least SRV_LEFT_GRACE_MS before
+ * `now`.  Called with srv->lock held. */
+static bool srv_peer_gone(const struct server *srv, int p, int64_t now)
+{
+	return srv->left[p] != 0 && now - srv->left[p] >= SRV_LEFT_GRACE_MS;
+}
+
 /* Whether slot s of key k waits for a machine whose connection ended (it
  * left the job, or died): then that round can never be summed, and msg
  * says so, naming it.  Called with srv->lock held. */
 static bool srv_slot_waits_for_left(const struct server *srv, const struct srv_key *k,
-				    const struct srv_slot *s, char *msg, size_t len)
+				    const struct srv_slot *s, int64_t now, char *msg, size_t len)
 {
 	for (int w = 0; w < k->nc; w++) {
-		if (s->arrived[w] || !srv->left[srv_key_peer(k, w)])
+		if (s->arrived[w] || !srv_peer_gone(srv, srv_key_peer(k, w), now))
 			continue;
 		char name[64];
 		snprintf(msg, len,
@@ -602,7 +618,7 @@ static void srv_ssp_stall(struct server *srv, struct srv_key *k, int64_t now, ch
 	int64_t waited = now - k->held_since_ms;
 	int level = srv_stall_level(cfg, waited);
 	int slow = srv_ssp_slowest(k);
-	if (srv->left[srv_key_peer(k, slow)]) {
+	if (srv_peer_gone(srv, srv_key_peer(k, slow), now)) {
 		char name[64];
 		if (left_msg[0] == '\0')
 			snprintf(left_msg, len, "%s closed its connection (it called shutdown, its "
@@ -670,8 +686,9 @@ static void srv_slot_missing(const struct server *srv, const struct srv_key *k,
 /* Engine e's look for stalls, every srv_stall_period_ms: a round of one
  * of its keys that has waited past UNISUM_STALL_WARN_MS is logged, past
  * UNISUM_STALL_ABORT_MS it fails the job (the first such message), and a
- * round waiting for a machine that left fails it at once (once per
- * engine), both naming who did not push.  Runs on the engine's thread;
+ * round waiting for a machine that left fails it once the machine has
+ * been gone SRV_LEFT_GRACE_MS (once per engine), both naming who did not
+ * push.  Runs on the engine's thread;
  * takes srv->lock to read the keys, then e->lock, and talks to the
  * scheduler with neither held. */
 static void srv_check_stalls(struct server *srv, struct srv_engine *e)
@@ -690,7 +707,7 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 			if (!s->active || s->ready || k->poison != NULL)
 				continue;
 			if (left_msg[0] == '\0' &&
-			    srv_slot_waits_for_left(srv, k, s, left_msg, sizeof left_msg))
+			    srv_slot_waits_for_left(srv, k, s, now, left_msg, sizeof left_msg))
 				continue;
 			int64_t waited = now - s->started_ms;
 			int level = srv_stall_level(cfg, waited);

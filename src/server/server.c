@@ -411,7 +411,7 @@ static int srv_join(struct server *srv, const char *bind_host, int port)
 	 * their process sets' tensors. */
 	srv->npeers = srv->nworkers + srv->nworkers * (srv->local_size > 0 ? srv->local_size : 1);
 	struct srv_conn **by = calloc((size_t)srv->npeers, sizeof *by);
-	bool *left = calloc((size_t)srv->npeers, sizeof *left);
+	int64_t *left = calloc((size_t)srv->npeers, sizeof *left);
 	if (by == NULL || left == NULL) {
 		free(by);
 		free(left);

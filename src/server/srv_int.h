@@ -236,7 +236,8 @@ struct server {
 	 * pushes only the tensors of its process sets (srv_rank_peer). */
 	int npeers;
 	struct srv_conn **by_worker;	/* [npeers] each peer's live connection */
-	bool *left;		/* [npeers] that connection ended: the peer pushes no more */
+	int64_t *left;		/* [npeers] when that connection ended (ms; 0: it has not):
+				 * the peer pushes no more */
 	struct srv_conn *conns;	/* every connection ever accepted */
 	struct srv_engine *engines;
 	int nengines;

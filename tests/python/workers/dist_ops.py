@@ -21,7 +21,7 @@ mismatch  ranks pass different shapes to one all_reduce, small (3 and 4
 timeout   the group's timeout is 2 s; rank 0 waits for an all_reduce rank 1
           joins 4 s later: wait() raises after 2 s, naming the timeout; the
           operation completes in the background once rank 1 joins.
-dies      rank 1 exits while rank 0 waits in an all_reduce, which raises
+dies      rank 1 exits while the others wait in an all_reduce, which raises
           RuntimeError naming the lost rank; writes how long it took.
 sigint    rank 0 waits for an all_reduce that rank 1 joins 3 s later; rank
           1 sends rank 0 SIGINT after 1 s: KeyboardInterrupt in wait();
