@@ -147,6 +147,16 @@ def test_timeout_fires_and_the_operation_completes(tmp_path):
     assert first["sum"] == found[1]["sum"] == [2.0, 2.0]
 
 
+def test_timeout_reaches_ddp(tmp_path):
+    """DDP's waits are C++'s; with timeout=2 s, rank 0's backward, waiting
+    for a bucket rank 1 sends 5 s later, raises naming the timeout."""
+    found, _ = launched(tmp_path, 2, "ddp_timeout")
+    first = found[0]
+    assert first["message"] is not None and "timed out after 2.000 s" in first["message"], first
+    assert first["seconds"] < 4.5, first
+    assert found[1]["message"] is None, found[1]
+
+
 @pytest.mark.parametrize("local_size", PATHS)
 def test_a_dead_rank_is_named(tmp_path, local_size):
     """Of 3 ranks, rank 1 exits while the others wait in an all_reduce:

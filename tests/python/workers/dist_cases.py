@@ -192,6 +192,27 @@ def run_timeout(rank, timeout):
     return res
 
 
+def run_ddp_timeout(rank):
+    """The group's timeout (2 s) reaches DDP's waits, which are C++'s:
+    rank 1 starts its backward 5 s after rank 0, whose backward raises."""
+    m = nn.parallel.DistributedDataParallel(Net())
+    x = batch(0, rank, False)
+    res = {}
+    if rank == 1:
+        time.sleep(5)
+    t0 = time.monotonic()
+    try:
+        m(x).sum().backward()
+        res["message"] = None
+    except RuntimeError as e:
+        res["message"] = str(e)
+    res["seconds"] = time.monotonic() - t0
+    if rank == 0:
+        time.sleep(4)   # rank 1's backward (which completes rank 0's buckets) ends first
+    dist.barrier()
+    return res
+
+
 def run_dies(rank):
     dist.barrier()
     if rank == 1:
@@ -244,6 +265,8 @@ def run(mode, rank, size, out, timeout):
         return run_timeout(rank, timeout)
     if mode == "dies":
         return run_dies(rank)
+    if mode == "ddp_timeout":
+        return run_ddp_timeout(rank)
     if mode == "sigint":
         return run_sigint(rank, out)
     raise SystemExit("dist_ops.py: unknown mode %r" % mode)

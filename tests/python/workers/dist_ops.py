@@ -21,6 +21,8 @@ mismatch  ranks pass different shapes to one all_reduce, small (3 and 4
 timeout   the group's timeout is 2 s; rank 0 waits for an all_reduce rank 1
           joins 4 s later: wait() raises after 2 s, naming the timeout; the
           operation completes in the background once rank 1 joins.
+ddp_timeout  the group's timeout is 2 s; rank 1 starts its DDP backward 5 s
+          after rank 0, whose backward (DDP's C++ waits) raises the timeout.
 dies      rank 1 exits while the others wait in an all_reduce, which raises
           RuntimeError naming the lost rank; writes how long it took.
 sigint    rank 0 waits for an all_reduce that rank 1 joins 3 s later; rank
@@ -48,7 +50,7 @@ assert _backend.BACKEND == "unisum"   # importing registered it
 
 torch.set_num_threads(1)
 OUT, MODE = sys.argv[1], sys.argv[2]
-TIMEOUT = datetime.timedelta(seconds=2 if MODE == "timeout" else 60)
+TIMEOUT = datetime.timedelta(seconds=2 if MODE in ("timeout", "ddp_timeout") else 60)
 if os.environ.get("DIST_OPS_INIT"):
     # An explicit init_method, rank and world size (no torchrun variables).
     dist.init_process_group("unisum", init_method=os.environ["DIST_OPS_INIT"],

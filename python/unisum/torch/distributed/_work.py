@@ -18,7 +18,9 @@ raises the operation's error, honours the group's timeout, and returns to
 the interpreter every 100 ms so that Ctrl-C reaches it), and the C++ work
 that wraps the same future (``_create_work_from_future``) to everyone
 else.  C++ waits on it without a timeout, and its ``wait()`` does not
-raise: DDP reads the future's value, which raises the error.
+raise: the completer fails the future once the group's timeout has
+passed, and DDP reads the future's value, which raises the error.  (A
+Ctrl-C reaches a C++ wait only when it ends, as with gloo.)
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class _Pending:
     and its future."""
 
     __slots__ = ("what", "handles", "post", "result", "future", "done", "error", "started",
-                 "claimed", "taken")
+                 "claimed", "taken", "limit_s")
 
     def __init__(self, what: str, handles: List[int], result: Any,
                  post: Optional[Callable[[], None]]) -> None:
@@ -61,6 +63,10 @@ class _Pending:
         self.started = time.monotonic()
         self.claimed = False    # a thread runs it (claim())
         self.taken = 0          # handles synchronized so far
+        # For the completer: fail the future after this many seconds (the
+        # group's timeout, for a C++ caller, whose wait has none); None:
+        # wait as long as it takes.
+        self.limit_s: Optional[float] = None
 
     def claim(self) -> bool:
         """Makes the calling thread the one that runs this operation; False
@@ -135,8 +141,17 @@ class _Completer:
     def _run(self) -> None:
         while True:
             p = self._queue.get()
-            if p.claim():
+            if not p.claim():
+                continue
+            if p.limit_s is None:
                 p.run()
+                continue
+            try:
+                p.run(p.started + p.limit_s)
+            except TimeoutError:
+                p.complete(RuntimeError(
+                    "unisum: %s timed out after %.3f s (the process group's timeout; the "
+                    "operation stays in flight)" % (p.what, p.limit_s)))
 
 
 _completer = _Completer()
@@ -249,8 +264,9 @@ def start(p: _Pending, timeout: datetime.timedelta, to_python: bool) -> Any:
         with _claim_lock:
             _lazy.append(p)
         return UnisumWork(p, timeout)
+    p.limit_s = timeout.total_seconds()
     _completer.submit(p)
-    return _create_work_from_future(p.future)
+    return _create_work_from_future(for_cpp(p.future))
 
 
 def future_of(what: str, handles: List[int], result: Any,
@@ -260,4 +276,17 @@ def future_of(what: str, handles: List[int], result: Any,
     p = _Pending(what, handles, result, post)
     hand_over_lazy()
     _completer.submit(p)
-    return p.future
+    return for_cpp(p.future)
+
+
+def _unwrap(f: Future) -> Any:
+    return f.value()
+
+
+def for_cpp(future: Future) -> Future:
+    """`future` as C++ must see it.  torch 1.13's Future.set_exception()
+    stores the exception as the future's *value*, raised only by Python's
+    wait() and value(); C++ (DDP's reducer) would take the exception object
+    for its tensors, and crash.  A then() whose callback raises it gives
+    the future C++ sees a real error instead."""
+    return future.then(_unwrap)
