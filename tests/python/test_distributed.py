@@ -123,7 +123,8 @@ def test_shape_mismatch_fails_every_rank(tmp_path, local_size):
     """Ranks that pass different shapes to one all_reduce each raise
     RuntimeError within 2 s naming their own; the next all_reduce sums.
     Small (the fingerprint beside the elements) and large (the
-    declaration, which names both)."""
+    declaration, which names both).  So do ranks that disagree on the op
+    (small and large) and on a broadcast's root."""
     found, _ = launched(tmp_path, 2, "mismatch", local_size)
     for res in found:
         small, large = res["small"], res["large"]
@@ -133,6 +134,13 @@ def test_shape_mismatch_fails_every_rank(tmp_path, local_size):
         assert "float32[1000]" in large["message"] and "float32[1001]" in large["message"], res
         for case in (small, large):
             assert case["seconds"] < 2.0, res
+        # Ranks that disagree on the op, or on a broadcast's root, fail too.
+        for case in ("op_small", "op_large", "root"):
+            assert res[case]["message"] is not None, (case, res)
+            assert res[case]["seconds"] < 2.0, (case, res)
+        for case in ("op_small", "op_large"):
+            assert "a sum" in res[case]["message"] and "a max" in res[case]["message"], res
+        assert "root 0" in res["root"]["message"] and "root 1" in res["root"]["message"], res
         assert res["after"] == [2.0, 2.0], res
 
 

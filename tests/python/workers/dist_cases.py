@@ -162,8 +162,25 @@ def _mismatched(numel):
         return {"message": str(e), "seconds": time.monotonic() - t0}
 
 
+def _refused(call):
+    t0 = time.monotonic()
+    try:
+        call()
+        return {"message": None}
+    except RuntimeError as e:
+        return {"message": str(e), "seconds": time.monotonic() - t0}
+
+
 def run_mismatch(rank):
     res = {"small": _mismatched(3 + rank), "large": _mismatched(1000 + rank)}
+    ops = (dist.ReduceOp.SUM, dist.ReduceOp.MAX)
+    res["op_small"] = _refused(lambda: dist.all_reduce(torch.ones(4), op=ops[rank % 2]))
+    res["op_large"] = _refused(lambda: dist.all_reduce(torch.ones(1000), op=ops[rank % 2]))
+    res["root"] = _refused(lambda: dist.broadcast(torch.ones(5), src=rank % 2))
+    for numel in (2, 3, 4, 5):      # every kept small name again: none is left broken
+        t = torch.ones(numel)
+        dist.all_reduce(t)
+        assert t.tolist() == [2.0] * numel, t
     t = torch.ones(2)
     dist.all_reduce(t)
     res["after"] = t.tolist()

@@ -17,7 +17,9 @@ ddp       the same model trained 20 steps by DDP over "unisum" and by DDP
           static_graph, each against gloo.
 mismatch  ranks pass different shapes to one all_reduce, small (3 and 4
           elements) then large (1000 and 1001): each raises RuntimeError
-          naming its shape; then the group goes on.
+          naming its shape; then different ops (SUM and MAX, small and
+          large) and different roots of a broadcast; then the group goes
+          on.
 timeout   the group's timeout is 2 s; rank 0 waits for an all_reduce rank 1
           joins 4 s later: wait() raises after 2 s, naming the timeout; the
           operation completes in the background once rank 1 joins.

@@ -12,6 +12,7 @@ waiting for that small gather here.
 from __future__ import annotations
 
 import datetime
+import re
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -107,6 +108,7 @@ class ProcessGroupUnisum(ProcessGroup):
         self._set: Any = None
         self._counts: Dict[str, int] = {}       # C++ calls so far by kind and signature
         self._last: Dict[str, Any] = {}         # name -> the call that used it last
+        self._retired: Dict[str, int] = {}      # kept name -> times a call on it failed
         # The call being started on this thread: whether it came from C++
         # (.cpp) and the names it used (.using).  DDP's reducer starts its
         # buckets on the autograd thread.
@@ -164,6 +166,10 @@ class ProcessGroupUnisum(ProcessGroup):
         n = self._counts.get(key, 0)
         self._counts[key] = n + 1
         name = "%s.%s.%d" % (_PREFIX, key, n % _SLOTS)
+        # A failed round leaves its tensor failed for good: a name whose
+        # call failed (every rank's did) is followed by a fresh one.
+        if name in self._retired:
+            name = "%s.r%d" % (name, self._retired[name])
         prev = self._last.get(name)
         if prev is not None:
             prev.done.wait()
@@ -189,8 +195,18 @@ class ProcessGroupUnisum(ProcessGroup):
             _work.start(failed, self._timeout, False)
             raise RuntimeError("unisum: %s: %s" % (what, e)) from e
         p = _work.pending(what, handles, result, post)
+        kept = [n for n in self._tl.using if n.startswith(_PREFIX + ".")]
+        if kept:
+            p.on_error = lambda: self._retire(kept)
         self._mark(p)
         return _work.start(p, self._timeout, to_python)
+
+    def _retire(self, names: List[str]) -> None:
+        """The call on kept names `names` failed: their next use takes a
+        fresh name (_kept).  Every rank's call failed alike."""
+        for name in names:
+            base = re.sub(r"\.r\d+$", "", name)
+            self._retired[base] = self._retired.get(base, 0) + 1
 
     def _mark(self, p: Any) -> None:
         """Records `p` as the last call on the names it used."""

@@ -49,7 +49,7 @@ class _Pending:
     and its future."""
 
     __slots__ = ("what", "handles", "post", "result", "future", "done", "error", "started",
-                 "claimed", "taken", "limit_s")
+                 "claimed", "taken", "limit_s", "on_error")
 
     def __init__(self, what: str, handles: List[int], result: Any,
                  post: Optional[Callable[[], None]]) -> None:
@@ -67,6 +67,8 @@ class _Pending:
         # group's timeout, for a C++ caller, whose wait has none); None:
         # wait as long as it takes.
         self.limit_s: Optional[float] = None
+        # Called (on the completing thread) when the operation failed.
+        self.on_error: Optional[Callable[[], None]] = None
 
     def claim(self) -> bool:
         """Makes the calling thread the one that runs this operation; False
@@ -93,12 +95,12 @@ class _Pending:
         error: Optional[BaseException] = self.error
         while self.taken < len(self.handles):
             h = self.handles[self.taken]
-            if deadline is not None:
-                while not poll(h):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError
-                    _nap(h, int(_SLICE_S * 1000))
             try:
+                if deadline is not None:
+                    while not poll(h):
+                        if time.monotonic() > deadline:
+                            raise TimeoutError
+                        _nap(h, int(_SLICE_S * 1000))
                 synchronize(h)
             except UnisumError as e:
                 error = error or e
@@ -115,6 +117,8 @@ class _Pending:
         if error is not None and not isinstance(error, RuntimeError):
             error = RuntimeError("unisum: %s failed: %s" % (self.what, error))
         self.error = error
+        if error is not None and self.on_error is not None:
+            self.on_error()
         if error is None:
             self.future.set_result(self.result)
         else:
