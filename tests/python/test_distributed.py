@@ -177,6 +177,19 @@ def test_a_dead_rank_is_named(tmp_path, local_size):
         assert res["seconds"] < 5.0, (r, res)
 
 
+def test_a_dead_rank_is_named_in_ddp(tmp_path):
+    """Of 3 ranks, rank 1 exits before its DDP backward: each survivor's
+    backward (DDP's waits are C++'s) raises RuntimeError naming worker 1
+    within 5 s, and no process crashes."""
+    found, (rc, out, err) = launched(tmp_path, 3, "ddp_dies", ok=False)
+    assert "SIGSEGV" not in out + err, describe(rc, out, err)
+    for r in (0, 2):
+        res = found[r]
+        assert res is not None and res["message"] is not None, (r, res)
+        assert "worker 1" in res["message"], (r, res)
+        assert res["seconds"] < 5.0, (r, res)
+
+
 def test_ctrl_c_reaches_wait(tmp_path):
     """SIGINT raises KeyboardInterrupt in a wait() for an all_reduce rank 1
     has not joined, within 1 s; the next wait() returns the right sum."""

@@ -230,6 +230,23 @@ def run_ddp_timeout(rank):
     return res
 
 
+def run_ddp_dies(rank):
+    """Rank 1 exits before its backward: every survivor's backward (DDP's
+    C++ waits) raises, naming it."""
+    m = nn.parallel.DistributedDataParallel(Net())
+    x = batch(0, rank, False)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.5)
+        os._exit(0)
+    t0 = time.monotonic()
+    try:
+        m(x).sum().backward()
+        return {"message": None}
+    except RuntimeError as e:
+        return {"message": str(e), "seconds": time.monotonic() - t0}
+
+
 def run_dies(rank):
     dist.barrier()
     if rank == 1:
@@ -284,6 +301,8 @@ def run(mode, rank, size, out, timeout):
         return run_dies(rank)
     if mode == "ddp_timeout":
         return run_ddp_timeout(rank)
+    if mode == "ddp_dies":
+        return run_ddp_dies(rank)
     if mode == "sigint":
         return run_sigint(rank, out)
     raise SystemExit("dist_ops.py: unknown mode %r" % mode)

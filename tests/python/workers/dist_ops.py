@@ -25,6 +25,8 @@ timeout   the group's timeout is 2 s; rank 0 waits for an all_reduce rank 1
           operation completes in the background once rank 1 joins.
 ddp_timeout  the group's timeout is 2 s; rank 1 starts its DDP backward 5 s
           after rank 0, whose backward (DDP's C++ waits) raises the timeout.
+ddp_dies  rank 1 exits before its DDP backward; the survivors' backward
+          (DDP's C++ waits) raises, naming it.
 dies      rank 1 exits while the others wait in an all_reduce, which raises
           RuntimeError naming the lost rank; writes how long it took.
 sigint    rank 0 waits for an all_reduce that rank 1 joins 3 s later; rank
