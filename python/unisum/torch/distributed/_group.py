@@ -1,12 +1,13 @@
 """ProcessGroupUnisum: torch.distributed's calls on unisum's collectives
 (private; see unisum.torch.distributed for what each call does).
 
-Each call starts its unisum operations here, on the caller's thread, named
-by their order among the group's calls (as Horovod names unnamed
-collectives: every rank of the group makes the same calls in the same
-order), and returns a Work that the completer finishes (_work.py).  Only
-alltoall with sizes that differ by rank first gathers every rank's sizes,
-waiting for that small gather here.
+Each call starts its unisum operations here, on the caller's thread, in
+call order (every rank of the group makes the same calls in the same
+order), and returns a Work (_work.py).  A call from torch.distributed's
+Python is named by its order and declared for the call, as Horovod's
+unnamed collectives are, except a small all_reduce (_small.py); DDP's calls
+from C++ keep their names (_slot).  Only alltoall with sizes that differ by
+rank first gathers every rank's sizes, waiting for that small gather here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from unisum.torch._core import _DTYPES, _Op, _raise_kept, _register
 from unisum.torch.functions import _broadcast_start
 from unisum.torch.ops import _by_order, _start, synchronize
 from unisum._horovod import basics as hb
-from unisum._horovod.common import _gather_launch
+from unisum._horovod.common import _gather_launch, _widened
 from unisum.torch.distributed import _small, _work
 
 # torch's ReduceOp -> Horovod's op (unisum._horovod.basics).
@@ -78,7 +79,7 @@ def _wire(t: torch.Tensor) -> Tuple[torch.Tensor, Optional[Callable[[], None]]]:
     if t.is_complex():
         w = torch.view_as_real(t.contiguous())
         return w, lambda: t.copy_(torch.view_as_complex(w))
-    w = t.to(torch.int32)
+    w = _widened(t)
     return w, lambda: t.copy_(w.to(t.dtype))
 
 
@@ -190,12 +191,12 @@ class ProcessGroupUnisum(ProcessGroup):
         try:
             handles, result, post = build(started)
         except (UnisumError, ValueError, TypeError) as e:
-            failed = _work.pending(what, started, [], None)
+            failed = _work.Pending(what, started, [], None)
             self._mark(failed)
             _work.start(failed, self._timeout, False)
             raise RuntimeError("unisum: %s: %s" % (what, e)) from e
-        p = _work.pending(what, handles, result, post)
-        kept = [n for n in self._tl.using if n.startswith(_PREFIX + ".")]
+        p = _work.Pending(what, handles, result, post)
+        kept = list(self._tl.using)     # only kept names are recorded
         if kept:
             p.on_error = lambda: self._retire(kept)
         self._mark(p)
@@ -362,10 +363,9 @@ class ProcessGroupUnisum(ProcessGroup):
             return started, [out], lambda: out.copy_(recv.reshape(out.shape))
         return self._run(what, build)
 
-    def _matrix(self, what: str, mine: List[int]) -> List[int]:
+    def _matrix(self, mine: List[int]) -> List[int]:
         """Every rank's `mine` (n counts each), gathered and waited for here:
         the n x n counts of an alltoall, row s being rank s's."""
-        del what
         n = len(self._ranks or [])
         send = torch.tensor(mine, dtype=torch.int64)
         recv = torch.empty(n * n, dtype=torch.int64)
@@ -377,7 +377,7 @@ class ProcessGroupUnisum(ProcessGroup):
         """Starts nothing: checks and returns the wire buffer to receive
         into and the n x n counts (elements) of an alltoall."""
         n, k = len(self._ranks or []), (self._ranks or []).index(_core.rank())
-        counts = in_counts * n if even else self._matrix(what, in_counts)
+        counts = in_counts * n if even else self._matrix(in_counts)
         column = [counts[s * n + k] for s in range(n)]
         if out_counts is not None and column != out_counts:
             raise RuntimeError("unisum: %s: this rank expects %s elements from ranks %s, but "
@@ -424,8 +424,8 @@ class ProcessGroupUnisum(ProcessGroup):
         wires = [_flat_wire(t) for t in input_tensors]
         send = torch.cat(wires) if wires else torch.empty(0)
         recv, counts = self._alltoall("all_to_all", send, [w.numel() for w in wires],
-                                      [t.numel() * (2 if t.is_complex() else 1)
-                                       for t in output_tensors], False)
+                                      [t.numel() * _width(t) for t in output_tensors],
+                                      False)
 
         def build(started: List[int]) -> Built:
             started.append(self._gather("alltoall", send, recv, counts))
@@ -520,10 +520,9 @@ def _flags_of(op: int, t: torch.Tensor, n: int) -> Tuple[int, float]:
     """The C flags and the scale of the result for Horovod's op `op` on
     `t` among `n` ranks (integers average as Horovod's do: a sum, scaled
     in float64 and truncated)."""
-    if op == hb.Average:
-        return (_capi.AVERAGE, 1.0) if t.dtype.is_floating_point else (0, 1.0 / n)
-    return {hb.Sum: 0, hb.Min: _capi.MIN, hb.Max: _capi.MAX,
-            hb.Product: _capi.PRODUCT}[op], 1.0
+    if op == hb.Average and not t.dtype.is_floating_point:
+        return 0, 1.0 / n
+    return hb._reduce_flags(None, op), 1.0
 
 
 def _all(posts: List[Callable[[], None]]) -> Optional[Callable[[], None]]:
@@ -537,12 +536,17 @@ def _all(posts: List[Callable[[], None]]) -> Optional[Callable[[], None]]:
     return run
 
 
+def _width(t: torch.Tensor) -> int:
+    """Wire elements per element of `t` (a complex one is two reals)."""
+    return 2 if t.is_complex() else 1
+
+
 def _row(t: torch.Tensor) -> int:
     """Wire elements in one row (first-dimension index) of `t`."""
     n = 1
     for d in t.shape[1:]:
         n *= d
-    return n * (2 if t.is_complex() else 1)
+    return n * _width(t)
 
 
 def _scatter_to(outs: List[torch.Tensor], recv: torch.Tensor) -> Callable[[], None]:
@@ -550,7 +554,7 @@ def _scatter_to(outs: List[torch.Tensor], recv: torch.Tensor) -> Callable[[], No
     def run() -> None:
         at = 0
         for o in outs:
-            n = o.numel() * (2 if o.is_complex() else 1)
+            n = o.numel() * _width(o)
             _unwire(o, recv[at:at + n])
             at += n
     return run

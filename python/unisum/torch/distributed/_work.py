@@ -4,11 +4,12 @@ completes them (private).
 Every operation of the group is started on the caller's thread, in the
 caller's order (the workers of a machine must start theirs in one order:
 see unisum.torch._core), as one or more unisum.torch handles whose
-operations have no second stage.  The completer, one daemon thread per
-process, then waits for them in the order they were started
+operations have no second stage.  Whoever claims it then waits for them
 (``synchronize``, which releases the interpreter while it waits), runs what
 finishes the operation (copies into the caller's tensors), and completes
-its torch Future.  A failure sets the future's exception.
+its torch Future: a Python wait() on its own thread, or else the
+completer, one daemon thread per process, in the order they were handed
+to it.  A failure sets the future's exception.
 
 torch 1.13 lets a Python ProcessGroup return a Python ``Work``, but C++
 callers (DDP's constructor and reducer, ``_broadcast_coalesced``) then call
@@ -43,7 +44,7 @@ from unisum.torch.ops import poll, synchronize
 _SLICE_S = 0.1      # a Python wait returns to the interpreter this often
 
 
-class _Pending:
+class Pending:
     """One operation of the group: its unisum.torch handles, what finishes
     it, its result (a list of tensors; a communication hook's, a tensor)
     and its future."""
@@ -130,11 +131,11 @@ class _Completer:
     """The daemon thread that completes the group's operations in order."""
 
     def __init__(self) -> None:
-        self._queue: "queue.SimpleQueue[_Pending]" = queue.SimpleQueue()
+        self._queue: "queue.SimpleQueue[Pending]" = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
 
-    def submit(self, p: _Pending) -> None:
+    def submit(self, p: Pending) -> None:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="unisum-completer",
@@ -147,15 +148,15 @@ class _Completer:
             p = self._queue.get()
             if not p.claim():
                 continue
-            if p.limit_s is None:
-                p.run()
-                continue
             try:
-                p.run(p.started + p.limit_s)
+                p.run(None if p.limit_s is None else p.started + p.limit_s)
             except TimeoutError:
-                p.complete(RuntimeError(
-                    "unisum: %s timed out after %.3f s (the process group's timeout; the "
-                    "operation stays in flight)" % (p.what, p.limit_s)))
+                p.complete(_timed_out(p.what, p.limit_s or 0))
+
+
+def _timed_out(what: str, seconds: float) -> RuntimeError:
+    return RuntimeError("unisum: %s timed out after %.3f s (the process group's timeout; the "
+                        "operation stays in flight)" % (what, seconds))
 
 
 _completer = _Completer()
@@ -163,7 +164,7 @@ _claim_lock = threading.Lock()
 # Operations started from Python that nobody has asked to complete yet: a
 # wait() runs one on its own thread (no hand-over to the completer and
 # back); the next start, or get_future(), hands them to the completer.
-_lazy: List[_Pending] = []
+_lazy: List[Pending] = []
 
 
 def hand_over_lazy() -> None:
@@ -182,7 +183,7 @@ class UnisumWork(Work):
     raises when the group's timeout passes first, and returns to the
     interpreter every 100 ms."""
 
-    def __init__(self, pending: _Pending, timeout: datetime.timedelta) -> None:
+    def __init__(self, pending: Pending, timeout: datetime.timedelta) -> None:
         super().__init__()
         self._p = pending
         self._timeout = timeout
@@ -203,9 +204,7 @@ class UnisumWork(Work):
             if time.monotonic() > deadline:
                 break
         if not p.done.is_set():
-            raise RuntimeError(
-                "unisum: %s timed out after %.3f s (the process group's timeout; the "
-                "operation stays in flight)" % (p.what, limit.total_seconds()))
+            raise _timed_out(p.what, limit.total_seconds())
         if p.error is not None:
             raise p.error
         return True
@@ -253,13 +252,7 @@ def python_caller() -> bool:
     return frame.f_code.co_filename.replace("\\", "/").endswith("distributed/distributed_c10d.py")
 
 
-def pending(what: str, handles: List[int], result: Any,
-            post: Optional[Callable[[], None]]) -> _Pending:
-    """An operation started as `handles`, for start() to hand over."""
-    return _Pending(what, handles, result, post)
-
-
-def start(p: _Pending, timeout: datetime.timedelta, to_python: bool) -> Any:
+def start(p: Pending, timeout: datetime.timedelta, to_python: bool) -> Any:
     """The Work of operation `p`: a UnisumWork for Python callers
     (`to_python`, see python_caller()), which their wait() may run itself;
     else the C++ work wrapping its future, which the completer completes."""
@@ -269,16 +262,19 @@ def start(p: _Pending, timeout: datetime.timedelta, to_python: bool) -> Any:
             _lazy.append(p)
         return UnisumWork(p, timeout)
     p.limit_s = timeout.total_seconds()
-    _completer.submit(p)
-    return _create_work_from_future(for_cpp(p.future))
+    return _create_work_from_future(_to_completer(p))
 
 
 def future_of(what: str, handles: List[int], result: Any,
               post: Optional[Callable[[], None]] = None) -> Future:
     """The future of an operation started as `handles` (a DDP
     communication hook's), completed by the completer with `result`."""
-    p = _Pending(what, handles, result, post)
     hand_over_lazy()
+    return _to_completer(Pending(what, handles, result, post))
+
+
+def _to_completer(p: Pending) -> Future:
+    """Hands `p` to the completer; returns its future as C++ must see it."""
     _completer.submit(p)
     return for_cpp(p.future)
 
