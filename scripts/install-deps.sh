@@ -78,12 +78,15 @@ munge            test   munged munge unmunge
 slurmctld        test   slurmctld
 slurmd           test   slurmd
 slurm-client     test   srun salloc sbatch scancel sinfo scontrol
+prometheus       test   promtool
+tmux             test   tmux
+chromium         test   chromium
+curl             test   curl
 
 # Benchmarks only.
 openmpi-bin      bench  mpirun mpicc
 libopenmpi-dev   bench
 gnuplot-nox      bench  gnuplot
-chromium         bench  chromium
 nodejs           bench  node npm
 time             bench  time
 

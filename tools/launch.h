@@ -109,6 +109,8 @@ struct launcher {
 	double timeout_s;		/* --timeout, 0 = none */
 	bool no_secret;			/* --no-secret: run without a job secret */
 	bool cpu_report;		/* --cpu-report: each process's CPU at the end */
+	int metrics_port;		/* --metrics[=PORT] (-1: a free one), else 0; once
+					 * configured: the scheduler's metrics port (0: off) */
 	char **cmd;			/* CMD ARGS..., NULL-terminated (argv's) */
 	const char *worker_netns_opt;	/* --worker-netns list, or NULL */
 	const char *server_netns_opt;	/* --server-netns list, or NULL */
@@ -349,6 +351,8 @@ int launch_output_fds(struct launcher *l, struct pollfd *fds, int first,
  * closes every pipe. */
 void launch_output_finish(struct launcher *l);
 void launch_cpu_report(const struct launcher *l);
+/* A TCP port free on this machine now (0: none found). */
+int launch_free_tcp_port(void);
 
 /* ---- launch_netns.c ------------------------------------------------------ */
 

@@ -313,8 +313,7 @@ static void env_add_ranks(const struct launcher *l, const struct child *c, struc
 	}
 }
 
-/* A TCP port free on this machine now (0: none found). */
-static int free_tcp_port(void)
+int launch_free_tcp_port(void)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY) };
 	socklen_t len = sizeof(a);
@@ -352,7 +351,7 @@ void launch_torch_master(struct launcher *l)
 	const char *addr = l->nnetns > 0 && l->machine_netns != NULL
 				   ? l->netns[l->machine_netns[0]].addr : "127.0.0.1";
 	snprintf(l->torch_addr, sizeof(l->torch_addr), "%s", addr);
-	l->torch_port = free_tcp_port();
+	l->torch_port = launch_free_tcp_port();
 }
 
 /* Builds the environment of child `c`.  Returns NULL when out of memory;

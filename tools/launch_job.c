@@ -259,6 +259,9 @@ int launch_job_configure(struct launcher *l, struct config *cfg)
 	rc = job_config(l, &env, cfg);
 	if (rc != 0)
 		return rc;
+	if (l->metrics_port != 0)
+		cfg->metrics_port = l->metrics_port > 0 ? l->metrics_port : launch_free_tcp_port();
+	l->metrics_port = cfg->metrics_port;
 	if (launch_netns_setup(l) < 0 || launch_racks_setup(l) < 0)
 		return LAUNCH_EXIT_USAGE;
 	launch_torch_master(l);
@@ -335,6 +338,10 @@ void launch_announce(const struct launcher *l)
 	for (char **a = l->cmd; *a; a++)
 		fprintf(stderr, " %s", *a);
 	fputc('\n', stderr);
+	if (l->metrics_port > 0 && !l->sched_done)
+		fprintf(stderr, "unisum launch: metrics at http://%s:%d/metrics, the live page at "
+			"http://%s:%d/, in a terminal: unisum top %s\n", l->sched_addr,
+			l->metrics_port, l->sched_addr, l->metrics_port, l->job_id);
 	if (!l->one_machine && l->machines == 1 && l->local_size > 1)
 		fprintf(stderr, "unisum launch: all %d workers share one machine: the "
 			"shared-memory local reduce is the whole job and the %d server(s) stay "

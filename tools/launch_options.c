@@ -148,6 +148,9 @@ static const char launch_help[] =
 	"      --no-secret     no job secret: connections are not authenticated\n"
 	"                      (by default a fresh UNISUM_SECRET is made for the job\n"
 	"                      unless UNISUM_SECRET or UNISUM_SECRET_FILE is set)\n"
+	"      --metrics[=PORT] the scheduler serves Prometheus metrics at\n"
+	"                      http://ADDR:PORT/metrics and a live page at /\n"
+	"                      (PORT: a free one); `unisum top` reads them\n"
 	"      --cpu-report    at the end, the CPU each process used (user and\n"
 	"                      system seconds, as `time` gives them) and its\n"
 	"                      context switches, by process and by role; the\n"
@@ -374,6 +377,18 @@ static int options_take(struct launcher *l, int argc, char **argv, int *i,
 
 	if ((m = options_take_tabled(l, argc, argv, i, job_option)) != 0)
 		return m > 0 ? 0 : -1;
+	if (strcmp(arg, "--metrics") == 0 || strncmp(arg, "--metrics=", 10) == 0) {
+		/* --metrics alone: a free port (its value is never the next word). */
+		char *end = NULL;
+		long port = arg[9] == '=' ? strtol(arg + 10, &end, 10) : -1;
+		if (end != NULL && (end == arg + 10 || *end != '\0' || port < 1 || port > 65535)) {
+			fprintf(stderr, "unisum launch: --metrics=PORT needs a port from 1 to 65535, "
+				"got '%s'\n", arg + 10);
+			return -1;
+		}
+		l->metrics_port = (int)port;
+		return 0;
+	}
 	if ((m = option_match(argc, argv, i, "-w", "--workers", &value)) != 0) {
 		if (m < 0 || parse_count("--workers", value, LAUNCH_PROCESSES_MAX,
 					 &l->num_workers) < 0)

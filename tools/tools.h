@@ -42,6 +42,7 @@ int server_main(int argc, char **argv);		/* tools/unisum.c */
 int bench_main(int argc, char **argv);		/* tools/bench.c */
 int bench_model_main(int argc, char **argv);	/* tools/bench_model.c: bench --model */
 int info_main(int argc, char **argv);		/* tools/unisum.c */
+int top_main(int argc, char **argv);		/* tools/top.c */
 
 /* tools/bench.c, for both benches: whether this process is a worker of a
  * job (launched, or configured by hand), and the path of this executable

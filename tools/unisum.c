@@ -44,6 +44,11 @@ static const struct command {
 	  "a training step replaying the model's gradients: iteration time, FIFO against "
 	  "priority" },
 	{ "info", "every environment variable, its default and value" },
+	{ "top [--once] [--interval S] [JOB | HOST:PORT]",
+	  "a running job's processes as a table that refreshes (CPU, memory, step time, "
+	  "operations and bytes per second, each server against its Theorem 1 share, the hosts' "
+	  "network, the stalls now), from the metrics of a job started with unisum launch "
+	  "--metrics (or UNISUM_METRICS_PORT): by its job id on this host, or its address" },
 	{ "--version", "the release and the wire protocol's version" },
 };
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -228,6 +233,8 @@ int main(int argc, char **argv)
 		return bench_main(argc - 1, argv + 1);
 	if (strcmp(cmd, "info") == 0)
 		return info_main(argc - 1, argv + 1);
+	if (strcmp(cmd, "top") == 0)
+		return top_main(argc - 1, argv + 1);
 	if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
 		/* A worker and a server refuse each other unless their wire
 		 * versions match. */

@@ -90,6 +90,12 @@ static const struct knob config_knobs[] = {
 	{"UNISUM_START_TIMEOUT_MS", NULL, NULL, KNOB_INT, FIELD(start_timeout_ms), "300000", 0, INT_MAX,
 	 "every node must register with the scheduler within this long (ms) of its start, else "
 	 "the job fails naming those missing (0: wait for ever, as BytePS does)"},
+	{"UNISUM_METRICS_PORT", NULL, NULL, KNOB_INT, FIELD(metrics_port), "0", 0, 65535,
+	 "the scheduler serves Prometheus metrics (/metrics) and a live page (/) on this port "
+	 "(0: off)"},
+	{"UNISUM_METRICS_ADDR", NULL, NULL, KNOB_STRING, FIELD(metrics_addr), NULL, 0, 0,
+	 "address the metrics port listens on (default: the scheduler's own; 0.0.0.0 only when "
+	 "asked)"},
 	{"UNISUM_HEARTBEAT_MS", NULL, NULL, KNOB_INT, FIELD(heartbeat_ms), "1000", 10, INT_MAX,
 	 "how often (ms) every node and the scheduler send a heartbeat"},
 	{"UNISUM_LOCAL_STAGE_BYTES", NULL, NULL, KNOB_U64, FIELD(local_stage_bytes), "0", 0,

@@ -57,6 +57,8 @@ struct config {
 					 * failed before every node registered still answers
 					 * newcomers with the failure (0: not at all) */
 	int heartbeat_ms;		/* how often nodes and scheduler say they are alive */
+	int metrics_port;		/* the scheduler serves /metrics and its page here (0: off) */
+	char metrics_addr[256];		/* ... on this address, "" = the scheduler's own */
 	int stall_warn_ms;		/* a round or barrier waiting this long for some workers is logged */
 	int stall_abort_ms;		/* ... and this long fails the job (0: never) */
 	char secret[256];		/* the job secret ("" = no authentication) */

@@ -112,6 +112,18 @@ void log_set_last_error(const char *fmt, ...)
 	va_end(ap);
 }
 
+static _Atomic uint64_t log_stall_count;
+
+void log_count_stall(void)
+{
+	atomic_fetch_add(&log_stall_count, 1);
+}
+
+uint64_t log_stalls(void)
+{
+	return atomic_load(&log_stall_count);
+}
+
 const char *log_last_error(void)
 {
 	return log_last;

@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 enum log_level {
 	LOG_LEVEL_TRACE = 0,
@@ -45,6 +46,12 @@ void log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2,
 #define LOG_INFO(...) LOG_AT(LOG_LEVEL_INFO, __VA_ARGS__)
 #define LOG_WARN(...) LOG_AT(LOG_LEVEL_WARNING, __VA_ARGS__)
 #define LOG_ERROR(...) LOG_AT(LOG_LEVEL_ERROR, __VA_ARGS__)
+
+/* Counts a stall report (a round, wait or barrier past
+ * UNISUM_STALL_WARN_MS, logged by the caller), and how many there were in
+ * this process: the metrics' unisum_stalls_total. */
+void log_count_stall(void);
+uint64_t log_stalls(void);
 
 /* Records `fmt` as this thread's last error (see unisum_last_error()),
  * logs it at ERROR level and returns `err`, so callers can write

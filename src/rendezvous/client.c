@@ -27,67 +27,13 @@
 #include "log/log.h"
 #include "loop/conn.h"
 #include "loop/loop.h"
+#include "rendezvous/client_int.h"
 #include "rendezvous/rdv_proto.h"
 #include "rendezvous/rendezvous.h"
 #include "placement/placement.h"
 #include "timing/timing.h"
 #include "wire/wire.h"
 
-struct rdv_client {
-	const struct transport_ops *tp;
-	struct tp_conn *conn;		/* to the scheduler */
-	int role;			/* CONFIG_ROLE_* of this node */
-	uint32_t id;			/* this node's id */
-	int rank;			/* this node's rank within its role */
-	struct rdv_node *nodes;		/* the address book */
-	int nnodes;
-	int local_size;			/* worker processes per machine (from the book) */
-	int num_machines;		/* worker machines (workers in the book / local_size) */
-	int num_servers;		/* servers in the book */
-	_Atomic int waiting;		/* elastic: workers waiting to join (RESIZE) */
-	rdv_notice_fn notice;		/* job-over callback */
-	rdv_tensor_error_fn tensor_error; /* poisoned-tensor callback, or NULL */
-	void *notice_arg;		/* both callbacks' argument */
-	rdv_tune_fn tune;		/* autotune settings (workers), or NULL; under lock */
-	void *tune_arg;
-	struct rdv_tune *early;		/* TUNEs that came before the callback was set */
-	int nearly;
-	rdv_join_fn join;		/* join events (workers), or NULL; under lock */
-	void *join_arg;
-	struct rdv_join_event_rec {
-		int event, rank;
-		struct rdv_announce a;
-	} *early_join;			/* join events that came before the callback */
-	int nearly_join;
-	rdv_failover_fn failover;	/* FAILOVER (workers), or NULL; under lock */
-	void *failover_arg;
-	struct rdv_failover *early_fo;	/* FAILOVERs that came before the callback */
-	int nearly_fo;
-	rdv_failover_fn migrate;	/* MIGRATE (servers), or NULL; under lock */
-	void *migrate_arg;
-	rdv_rejoin_fn rejoin;		/* REJOIN (workers), or NULL; under lock */
-	void *rejoin_arg;
-	struct loop_pool pool;		/* one loop: the connection and the heartbeat */
-	struct loop_conn *lc;		/* conn, served by it after registration */
-	struct loop_timer beat;		/* says we are alive; watches the scheduler */
-	int heartbeat_ms, timeout_ms;
-	int serving;			/* rdv_serve: 0 not yet, 1 done, else its error */
-	_Atomic int64_t last_rx_ms;	/* when the scheduler last sent anything */
-	pthread_mutex_t request_lock;	/* one request in flight */
-	pthread_mutex_t lock;		/* the reply slot and `failed` */
-	pthread_cond_t replied;
-	bool have_reply;		/* reply_hdr / reply_payload are set */
-	struct wire_hdr reply_hdr;
-	void *reply_payload;		/* malloc'd; taken by the requester */
-	uint32_t barrier_entered[4];	/* per group: barriers entered ... */
-	uint32_t barrier_done[4];	/* ... and completed (BARRIER_DONE) */
-	bool barrier_waiting[4];	/* a timed wait ran out: the next call waits
-					 * for the same barrier, even when it ended
-					 * in between */
-	int failed;			/* 0, or why no reply will ever come */
-	char failed_why[512];
-	bool closing;			/* rdv_client_free() has started */
-};
 
 
 /* Sends a message to the scheduler: blocking while the connection is
@@ -442,6 +388,9 @@ static int rdv_on_message(struct loop_conn *lc, const struct wire_hdr *hp, void 
 	case WIRE_ERROR:
 		go_on = rdv_on_ending(c, &h, payload);
 		break;
+	case WIRE_HEARTBEAT:
+		atomic_store(&c->metrics_asked, (h.aux & 1) != 0);
+		/* fall through */
 	default:
 		free(payload);
 		break;
@@ -464,6 +413,35 @@ static void rdv_on_closed(struct loop_conn *lc, int rc, const char *why)
 
 static const struct loop_conn_ops rdv_conn_ops = {.on_message = rdv_on_message,
 						   .on_closed = rdv_on_closed};
+
+/* The counters the scheduler asked for, into b (metrics.h): the process's,
+ * then the node's own through its callback (called without the lock: it
+ * takes the worker's or server's). */
+static void rdv_beat_metrics(struct rdv_client *c, struct wire_buf *b)
+{
+	pthread_mutex_lock(&c->lock);
+	rdv_metrics_fn fn = c->metrics;
+	void *arg = c->metrics_arg;
+	pthread_mutex_unlock(&c->lock);
+	uint32_t nservers = (uint32_t)rdv_client_num_servers(c);
+	struct rdv_metrics m = {.nservers = nservers};
+	if (nservers > RDV_METRICS_MAX_SERVERS ||
+	    (m.server_bytes = calloc(nservers ? nservers : 1, sizeof *m.server_bytes)) == NULL)
+		return;
+	rdv_metrics_process(&m);
+	if (fn != NULL)
+		fn(arg, &m);
+	rdv_metrics_encode(&m, b);
+	free(m.server_bytes);
+}
+
+void rdv_client_on_metrics(struct rdv_client *c, rdv_metrics_fn fn, void *arg)
+{
+	pthread_mutex_lock(&c->lock);
+	c->metrics = fn;
+	c->metrics_arg = arg;
+	pthread_mutex_unlock(&c->lock);
+}
 
 /* The heartbeat, a timer of the client's loop: says this node is alive,
  * or declares the scheduler lost when it has been silent too long. */
@@ -489,7 +467,13 @@ static void rdv_beat(struct loop_timer *t)
 		return;
 	}
 	struct wire_hdr hb = {.type = WIRE_HEARTBEAT, .sender = c->id};
-	rdv_send(c, &hb, NULL);
+	struct wire_buf b;
+	wire_buf_init(&b);
+	if (atomic_load(&c->metrics_asked))
+		rdv_beat_metrics(c, &b);
+	hb.payload_len = b.failed ? 0 : b.len;
+	rdv_send(c, &hb, b.data);
+	wire_buf_fini(&b);
 }
 
 /* Posted to the client's loop: serve the connection and start the
@@ -650,26 +634,6 @@ out_free:
 	return rc;
 }
 
-uint32_t rdv_client_id(const struct rdv_client *c)
-{
-	return c->id;
-}
-
-int rdv_client_rank(const struct rdv_client *c)
-{
-	return c->rank;
-}
-
-int rdv_client_local_size(const struct rdv_client *c)
-{
-	return c->local_size;
-}
-
-int rdv_client_num_servers(const struct rdv_client *c)
-{
-	return c->num_servers;
-}
-
 int rdv_client_waiting(struct rdv_client *c)
 {
 	return atomic_load(&c->waiting);
@@ -696,47 +660,6 @@ int rdv_client_wait_failed(struct rdv_client *c, int timeout_ms)
 	int rc = c->failed;
 	pthread_mutex_unlock(&c->lock);
 	return rc;
-}
-
-int rdv_client_num_machines(const struct rdv_client *c)
-{
-	return c->num_machines;
-}
-
-const struct rdv_node *rdv_client_nodes(const struct rdv_client *c, int *count)
-{
-	*count = c->nnodes;
-	return c->nodes;
-}
-
-const struct rdv_node *rdv_client_server(const struct rdv_client *c, int server_rank)
-{
-	for (int i = 0; i < c->nnodes; i++)
-		if (c->nodes[i].role == CONFIG_ROLE_SERVER && c->nodes[i].rank == server_rank)
-			return &c->nodes[i];
-	return NULL;
-}
-
-const struct rdv_node *rdv_client_worker(const struct rdv_client *c, int rank)
-{
-	for (int i = 0; i < c->nnodes; i++)
-		if (c->nodes[i].role == CONFIG_ROLE_WORKER && c->nodes[i].rank == rank)
-			return &c->nodes[i];
-	return NULL;
-}
-
-const struct rdv_node *rdv_client_node_by_id(const struct rdv_client *c, uint32_t id)
-{
-	for (int i = 0; i < c->nnodes; i++)
-		if (c->nodes[i].id == id)
-			return &c->nodes[i];
-	return NULL;
-}
-
-bool rdv_client_same_host(const struct rdv_client *c, const struct rdv_node *n)
-{
-	const struct rdv_node *me = rdv_client_node_by_id(c, c->id);
-	return me != NULL && n->pid > 0 && strcmp(me->host_id, n->host_id) == 0;
 }
 
 /* Sends a request and waits for its reply (type `want`).  On success the

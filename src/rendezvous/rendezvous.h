@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "config/config.h"
+#include "rendezvous/metrics.h"
 #include "transport/transport.h"
 
 /* Node ids: the scheduler is 0, servers 1..S, workers S+1..S+W by rank
@@ -307,6 +308,12 @@ int rdv_announce_decode(const struct wire_hdr *h, const void *payload, size_t le
 /* Tells the scheduler that this worker undeclared the tensor of `key`
  * (unisum_undeclare); once every worker has, it forgets the tensor. */
 void rdv_client_forget(struct rdv_client *c, uint64_t key);
+
+/* Sets the callback that adds this node's own counters to those its
+ * heartbeats carry while the scheduler serves metrics (metrics.h); NULL
+ * clears it.  The callback runs on the client's loop thread without the
+ * client's lock, until rdv_client_free(). */
+void rdv_client_on_metrics(struct rdv_client *c, rdv_metrics_fn fn, void *arg);
 
 /* Says goodbye (workers: "done"; the scheduler stops servers when all
  * workers are done) and frees the client. */

@@ -119,6 +119,7 @@ void sched_check_barriers(struct rdv_scheduler *s, int64_t now)
 			 "it) the same number of times?",
 			 (long long)waited, missing);
 		if (level == 1) {
+			log_count_stall();
 			LOG_WARN("%s", msg);
 		} else {
 			LOG_ERROR("%s (UNISUM_STALL_ABORT_MS=%d: failing the job)", msg, s->stall_abort_ms);

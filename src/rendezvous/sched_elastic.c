@@ -297,6 +297,7 @@ void sched_elastic_reap(struct rdv_scheduler *s)
 		bool needed = n->retired && s->reforming && n->gen + 1 == s->gen;
 		if (s->elastic && n->gone && !n->registered && !n->waiting && !needed) {
 			loop_conn_free(n->lc);	/* closed: gone is set as it closes */
+			rdv_metrics_free(&n->report);
 			free(n);
 			continue;
 		}

@@ -18,6 +18,7 @@
 #include "loop/conn.h"
 #include "loop/loop.h"
 #include "placement/placement.h"
+#include "rendezvous/metrics.h"
 #include "rendezvous/rendezvous.h"
 #include "transport/transport.h"
 #include "wire/wire.h"
@@ -50,6 +51,8 @@ struct sched_node {
 	int rack;			/* UNISUM_RACK as registered, -1: none */
 	bool in_barrier[4];		/* entered the barrier of group g */
 	_Atomic int64_t last_seen_ms;	/* when it last sent anything */
+	struct rdv_metrics report;	/* its last counters (sched_metrics.c) ... */
+	int64_t report_ms;		/* ... and when they came (0: none yet) */
 };
 
 /* The servers of one rack and their own placement (Theorem 1 among the
@@ -156,6 +159,10 @@ struct rdv_scheduler {
 	bool reforming;			/* REFORM sent: waiting for the nodes of gen */
 	int64_t reform_since;		/* ... since then */
 	int nwaiting;			/* workers waiting to join the next generation */
+	/* Metrics (UNISUM_METRICS_PORT, sched_metrics.c). */
+	struct http_server *http;	/* serving them, or NULL: off */
+	char host[64];			/* the address the scheduler listens on */
+	char job_file[300];		/* where `unisum top` finds the port, "" none */
 };
 
 /* sched_nodes.c: a node's connection.  Queues h (and a copy of payload)
@@ -280,5 +287,14 @@ void sched_check_barriers(struct rdv_scheduler *s, int64_t now);
  * node silent for timeout_ms, a barrier stalled past stall_abort_ms, or a
  * start that never completes.  Takes s->lock. */
 void sched_monitor_tick(struct loop_timer *t);
+
+/* sched_metrics.c.  Serves the metrics on cfg's UNISUM_METRICS_PORT (its
+ * loop not yet running): 0, or an error naming the variable. */
+int sched_metrics_start(struct rdv_scheduler *s, const struct config *cfg);
+/* Stops serving them, once the loop is done. */
+void sched_metrics_stop(struct rdv_scheduler *s);
+/* Node n's HEARTBEAT carried its counters (s->lock held): 0, or
+ * UNISUM_EPROTO / UNISUM_ENOMEM when they do not decode. */
+int sched_on_report(struct rdv_scheduler *s, struct sched_node *n, const void *payload, size_t len);
 
 #endif /* UNISUM_SCHED_INT_H */

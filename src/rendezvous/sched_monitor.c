@@ -188,7 +188,8 @@ void sched_monitor_tick(struct loop_timer *t)
 	} else {
 		sched_log_loads(s, now);
 		sched_check_barriers(s, now);
-		struct wire_hdr hb = {.type = WIRE_HEARTBEAT};
+		/* aux 1: send your counters (metrics.h) */
+		struct wire_hdr hb = {.type = WIRE_HEARTBEAT, .aux = s->http != NULL};
 		for (int i = 0; i < s->nnodes && s->error == 0; i++) {
 			struct sched_node *n = s->nodes[i];
 			if (!sched_node_is_watched(n))

@@ -438,7 +438,14 @@ static int sched_dispatch(struct rdv_scheduler *s, struct sched_node *n, const s
 	case WIRE_TUNE:
 		return sched_on_tune(s, n, h, payload, why, len);
 	case WIRE_HEARTBEAT:
-		return 0;
+		if (h->payload_len == 0)
+			return 0;
+		pthread_mutex_lock(&s->lock);
+		rc = sched_on_report(s, n, payload, h->payload_len);
+		pthread_mutex_unlock(&s->lock);
+		if (rc == UNISUM_EPROTO)
+			snprintf(why, len, "malformed HEARTBEAT counters");
+		return rc;
 	case WIRE_JOIN:
 		return sched_on_join(s, n, why, len);
 	case WIRE_ANNOUNCE:
@@ -751,6 +758,10 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 	rc = loop_io_add(s->loop, &s->lio, tp->listener_fd(s->listener), EPOLLIN, sched_accept, s);
 	if (rc != 0)
 		goto out_listener;
+	snprintf(s->host, sizeof s->host, "%s", host);
+	rc = sched_metrics_start(s, cfg);
+	if (rc != 0)
+		goto out_lio;
 	s->accepting = true;
 	loop_timer_start(s->loop, &s->monitor, s->heartbeat_ms, s->heartbeat_ms, sched_monitor_tick, s);
 	int e = pthread_create(&s->thread, NULL, sched_main, s);
@@ -767,6 +778,8 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 
 out_io:
 	loop_timer_stop(s->loop, &s->monitor);
+	sched_metrics_stop(s);
+out_lio:
 	loop_io_del(&s->lio);
 out_listener:
 	tp->listener_free(s->listener);
@@ -844,8 +857,10 @@ void rdv_scheduler_free(struct rdv_scheduler *s)
 {
 	if (s == NULL)
 		return;
+	sched_metrics_stop(s);
 	for (int i = 0; i < s->nnodes; i++) {
 		loop_conn_free(s->nodes[i]->lc);
+		rdv_metrics_free(&s->nodes[i]->report);
 		free(s->nodes[i]);
 	}
 	loop_io_del(&s->lio);

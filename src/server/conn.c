@@ -413,6 +413,8 @@ static int srv_push_handle(struct server *srv, struct srv_conn *c, const struct 
 		break;
 	}
 	k->next_round[w]++;
+	if (!(h->flags & WIRE_FLAG_ZERO))
+		atomic_fetch_add(&srv->bytes_in, k->comp.kind != COMPRESS_NONE ? k->wire_bytes : k->bytes);
 	/* The worker's credit comes back now, whatever the other workers
 	 * do: acknowledging only summed pushes would let two workers wait
 	 * on each other's credit. */

@@ -97,6 +97,7 @@ static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slo
 		h.payload_len = k->bytes;
 		payload = s->result == RESULT_OWNED ? s->acc : k->push_buf[s->borrowed];
 	}
+	atomic_fetch_add(&srv->bytes_out, h.payload_len);
 	srv_queue_reply(srv, srv_key_peer(k, w), &h, k, payload);
 	if (srv->crash_after > 0 && !skip)
 		srv_test_crash(srv, k, s);
@@ -282,6 +283,7 @@ static void srv_async_reply(struct server *srv, struct srv_key *k, int w, uint32
 		memcpy(*buf, k->value, k->bytes);
 		h.payload_len = k->bytes;
 		payload = *buf;
+		atomic_fetch_add(&srv->bytes_out, h.payload_len);
 	}
 	srv_queue_reply(srv, srv_key_peer(k, w), &h, k, payload);
 }
@@ -474,6 +476,7 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 		s->result = RESULT_OWNED;
 	}
 	s->ready = true;
+	atomic_fetch_add(&srv->rounds, 1);
 	srv_answer_waiting(srv, k, s);
 }
 
@@ -648,6 +651,7 @@ static void srv_ssp_stall(struct server *srv, struct srv_key *k, int64_t now, ch
 		 (unsigned)(k->key & 0xffff), k->staleness, k->ranks != NULL ? k->ranks[slow] : slow,
 		 k->clock[slow], k->ranks != NULL ? k->ranks[top] : top, k->clock[top], waiting,
 		 (long long)waited);
+	log_count_stall();
 	if (level == 1) {
 		LOG_WARN("%s", msg);
 	} else {
@@ -683,6 +687,56 @@ static void srv_slot_missing(const struct server *srv, const struct srv_key *k,
 	}
 }
 
+/* Slot s of key k has waited `waited` ms: past a stall limit it crossed
+ * since the last look it is logged, and past the abort limit its message
+ * goes into abort_msg (the first one).  Called with srv->lock held. */
+static void srv_slot_stall(struct server *srv, struct srv_key *k, struct srv_slot *s,
+			   int64_t waited, char *abort_msg, size_t abort_len)
+{
+	const struct config *cfg = srv->cfg;
+	int level = srv_stall_level(cfg, waited);
+	if (level <= s->stall_level)
+		return;
+	s->stall_level = level;
+	char missing[256], msg[768];
+	int L = srv->local_size;
+	srv_slot_missing(srv, k, s, missing, sizeof missing);
+	snprintf(msg, sizeof msg,
+		 "stall: tensor '%s' (partition %u) round %u has waited %lld ms for %s %s, "
+		 "which have not pushed it; the others have. Does every worker push "
+		 "every tensor every round?",
+		 k->name, (unsigned)(k->key & 0xffff), s->round, (long long)waited,
+		 L > 1 && k->ranks == NULL ? "machine(s)" : "worker(s)", missing);
+	log_count_stall();
+	if (level == 1) {
+		LOG_WARN("%s", msg);
+	} else {
+		LOG_ERROR("%s (UNISUM_STALL_ABORT_MS=%d: failing the job)", msg,
+			  cfg->stall_abort_ms);
+		if (abort_msg[0] == '\0')
+			snprintf(abort_msg, abort_len, "%s", msg);
+	}
+}
+
+/* Keeps engine e's longest wait past UNISUM_STALL_WARN_MS (k's slot s,
+ * `waited` ms; k NULL: none) for the metrics, named.  Called with
+ * srv->lock held. */
+static void srv_note_stall(struct server *srv, struct srv_engine *e, const struct srv_key *k,
+			   const struct srv_slot *s, int64_t waited)
+{
+	char missing[256] = "";
+	if (k != NULL)
+		srv_slot_missing(srv, k, s, missing, sizeof missing);
+	pthread_mutex_lock(&e->lock);
+	e->stall_ms = k != NULL ? waited : 0;
+	if (k != NULL)
+		snprintf(e->stall, sizeof e->stall,
+			 "server %d: tensor '%s' (partition %u) round %u waits for %s %s", srv->rank,
+			 k->name ? k->name : "?", (unsigned)(k->key & 0xffff), s->round,
+			 srv->local_size > 1 && k->ranks == NULL ? "machine(s)" : "worker(s)", missing);
+	pthread_mutex_unlock(&e->lock);
+}
+
 /* Engine e's look for stalls, every srv_stall_period_ms: a round of one
  * of its keys that has waited past UNISUM_STALL_WARN_MS is logged, past
  * UNISUM_STALL_ABORT_MS it fails the job (the first such message), and a
@@ -697,6 +751,9 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 	const struct config *cfg = srv->cfg;
 	char abort_msg[768] = "";	/* the first stall past the abort limit */
 	char left_msg[768] = "";	/* the first round waiting for a machine that left */
+	struct srv_key *worst_k = NULL;	/* the longest wait past the warning, for the metrics */
+	struct srv_slot *worst_s = NULL;
+	int64_t worst_ms = 0;
 	pthread_mutex_lock(&srv->lock);
 	for (size_t i = 0; i < e->nkeys; i++) {
 		struct srv_key *k = e->keys[i];
@@ -710,29 +767,15 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 			    srv_slot_waits_for_left(srv, k, s, now, left_msg, sizeof left_msg))
 				continue;
 			int64_t waited = now - s->started_ms;
-			int level = srv_stall_level(cfg, waited);
-			if (level <= s->stall_level)
-				continue;
-			s->stall_level = level;
-			char missing[256], msg[768];
-			int L = srv->local_size;
-			srv_slot_missing(srv, k, s, missing, sizeof missing);
-			snprintf(msg, sizeof msg,
-				 "stall: tensor '%s' (partition %u) round %u has waited %lld ms for %s %s, "
-				 "which have not pushed it; the others have. Does every worker push "
-				 "every tensor every round?",
-				 k->name, (unsigned)(k->key & 0xffff), s->round, (long long)waited,
-				 L > 1 && k->ranks == NULL ? "machine(s)" : "worker(s)", missing);
-			if (level == 1) {
-				LOG_WARN("%s", msg);
-			} else {
-				LOG_ERROR("%s (UNISUM_STALL_ABORT_MS=%d: failing the job)", msg,
-					  cfg->stall_abort_ms);
-				if (abort_msg[0] == '\0')
-					snprintf(abort_msg, sizeof abort_msg, "%s", msg);
+			if (waited >= cfg->stall_warn_ms && waited > worst_ms) {
+				worst_ms = waited;
+				worst_k = k;
+				worst_s = s;
 			}
+			srv_slot_stall(srv, k, s, waited, abort_msg, sizeof abort_msg);
 		}
 	}
+	srv_note_stall(srv, e, worst_k, worst_s, worst_ms);
 	pthread_mutex_unlock(&srv->lock);
 	/* A machine's last push may still wait in this engine's queue: it is
 	 * acknowledged as it arrives, before it is summed, and the machine

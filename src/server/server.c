@@ -401,6 +401,7 @@ static int srv_join(struct server *srv, const char *bind_host, int port)
 		return log_fail(rc, "server: cannot join the job through the scheduler at %s:%d: %s",
 				srv->cfg->scheduler_host, srv->cfg->scheduler_port, log_last_error());
 	rdv_client_on_migrate(srv->rdv, srv_on_migrate, srv);
+	rdv_client_on_metrics(srv->rdv, srv_metrics, srv);
 	srv->id = rdv_client_id(srv->rdv);
 	srv->rank = rdv_client_rank(srv->rdv);
 	srv->local_size = rdv_client_local_size(srv->rdv);

@@ -150,6 +150,8 @@ struct srv_engine {
 	uint64_t bytes;		/* bytes of keys pinned here (under srv->lock) */
 	struct srv_key **keys;	/* keys pinned here (under srv->lock) */
 	size_t nkeys, capkeys;
+	char stall[RDV_STALL_TEXT];	/* its longest wait past UNISUM_STALL_WARN_MS, named ... */
+	int64_t stall_ms;	/* ... and how long (0: none); both under lock (metrics) */
 };
 
 /* A reply on its way: sent from its payload without a copy (msg.tx). */
@@ -254,7 +256,14 @@ struct server {
 	const char *crash_name;	/* ... for keys of tensors whose name has this
 				 * (UNISUM_TEST_CRASH_KEY_NAME), or NULL: any */
 	atomic_long replies_sent;
+	/* stats.c: what the metrics report. */
+	_Atomic uint64_t bytes_in;	/* pushes' data (compressed: their encodings) */
+	_Atomic uint64_t bytes_out;	/* pull replies' data */
+	_Atomic uint64_t rounds;	/* partition rounds summed */
 };
+
+/* stats.c: the metrics' callback (rdv_client_on_metrics). */
+void srv_metrics(void *arg, struct rdv_metrics *m);
 
 /* A tensor whose workers disagree on its shape (the scheduler says so):
  * every pull of its keys is answered with an error instead of a sum. */

@@ -152,7 +152,6 @@ static int wire_check_payload(const struct wire_hdr *h, char *why, size_t why_le
 	case WIRE_PULL:
 	case WIRE_BARRIER:
 	case WIRE_BARRIER_DONE:
-	case WIRE_HEARTBEAT:
 	case WIRE_PUSH_ACK:
 	case WIRE_RETIRE:
 	case WIRE_JOIN:

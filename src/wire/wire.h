@@ -45,7 +45,7 @@
 /* (A build may set another, to test that two versions refuse each other:
  * the test_wire_version program of CMakeLists.txt.) */
 #ifndef WIRE_VERSION
-#define WIRE_VERSION 15
+#define WIRE_VERSION 16
 #endif
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
@@ -56,7 +56,9 @@ enum wire_type {
 	WIRE_ADDRBOOK = 2,	/* scheduler -> node: ids and addresses of every node */
 	WIRE_BARRIER = 3,	/* node -> scheduler: entered barrier of group `aux` */
 	WIRE_BARRIER_DONE = 4,	/* scheduler -> node: everyone entered */
-	WIRE_HEARTBEAT = 5,	/* liveness: node <-> scheduler every UNISUM_HEARTBEAT_MS */
+	WIRE_HEARTBEAT = 5,	/* liveness: node <-> scheduler every UNISUM_HEARTBEAT_MS; the
+				 * scheduler's aux 1 asks for the node's counters, which its
+				 * next ones carry (rendezvous/metrics.h) */
 	WIRE_PUSH = 6,		/* worker -> server: a partition's contribution */
 	WIRE_PUSH_ACK = 7,	/* server -> worker: the PUSH of key, round arrived (credit back) */
 	WIRE_PULL = 8,		/* worker -> server: send me the sum of this round */

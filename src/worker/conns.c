@@ -231,6 +231,8 @@ static int wk_send_push(struct wk_conn *c, struct wk_job *j)
 		compress_state_encode(j->cs, j->in,
 				      encoded, compress_draw_seed(&j->cs->spec, j->key,
 							  j->round, w->rank));
+		atomic_fetch_add(&w->comp_in, j->count * sizeof(float));
+		atomic_fetch_add(&w->comp_out, push.payload_len);
 		payload = encoded;
 	} else {
 		push.payload_len = j->count * unisum_dtype_size(j->dtype);

@@ -176,6 +176,7 @@ int lc_wait(struct local_op *op, lc_cond_fn cond, void *arg, const char *what)
 				return UNISUM_ECONN;
 			}
 			if (!warned && now - start >= lc->cfg.stall_warn_ms) {
+				log_count_stall();
 				LOG_WARN("stall: worker %d has waited %lld ms for %s: tensor '%s' round %u "
 					 "(held up by worker %d, local rank %d). Does every worker "
 					 "push every tensor every round?", lc->cfg.rank,

@@ -73,7 +73,8 @@ static int wk_op_file(struct worker *w, int tensor, struct wk_op *op)
 	op->round = t->round++;
 	t->busy = true;
 	op->traced = trace_wants(op->round);
-	op->t_start = op->traced ? trace_now_us() : 0;
+	op->t_start = trace_now_us();
+	wk_stats_started(w, op);
 	w->ops[w->nops++] = op;
 	return 0;
 }

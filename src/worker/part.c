@@ -64,8 +64,10 @@ void wk_op_part_done(struct wk_op *op, int err, const char *why)
 				   op->t->count * op->t->esize, 0, op->t_start, trace_now_us());
 		op->done = true;
 		op->t->busy = false;
-		if (op->error == 0)
+		if (op->error == 0) {
 			atomic_fetch_add(&w->operations, 1);
+			wk_stats_done(w, op);
+		}
 		pthread_cond_broadcast(&w->done_cond);
 		wk_begun_release(w);
 	}

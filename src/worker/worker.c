@@ -333,6 +333,7 @@ static int wk_join_job(struct worker *w)
 	if (rc != 0)
 		return log_fail(rc, "unisum_init: cannot join the job through the scheduler at %s:%d: %s",
 				w->cfg.scheduler_host, w->cfg.scheduler_port, log_last_error());
+	rdv_client_on_metrics(w->rdv, wk_metrics, w);
 	w->rank = rdv_client_rank(w->rdv);
 	if (w->cfg.elastic) {
 		/* The generation's size, not the one the process started with. */
@@ -530,35 +531,6 @@ int worker_local_size(const struct worker *w)
 }
 
 /* ---- the rest ------------------------------------------------------------------ */
-
-int worker_get_stats(struct worker *w, unisum_stats *out)
-{
-	if (wk_require_init(w) != 0)
-		return UNISUM_ENOTINIT;
-	if (out == NULL)
-		return log_fail(UNISUM_EINVAL, "unisum_get_stats: out must not be NULL");
-	struct pushq_stats st;
-	pushq_stats(&w->push_q, &st);
-	uint64_t pbytes = tune_partition_bytes(w->tuner);
-	*out = (unisum_stats){.credit_bytes = st.credit, .partition_bytes = pbytes,
-			      .max_inflight_bytes = st.max_inflight, .partitions_sent = st.taken,
-			      .bytes_pulled = atomic_load(&w->bytes_pulled),
-			      .operations = atomic_load(&w->operations),
-			      .nservers = w->nservers};
-	/* Under the lock: worker_leave takes lc and the connections away
-	 * under it. */
-	pthread_mutex_lock(&w->lock);
-	out->local_bytes = w->lc != NULL ? local_summed_bytes(w->lc) : 0;
-	for (int s = 0; s < w->nservers && w->conns != NULL; s++) {
-		uint64_t bytes = atomic_load(&w->conns[s].bytes_pushed);
-
-		out->bytes_pushed += bytes;
-		if (s < UNISUM_STATS_SERVERS)
-			out->server_bytes[s] = bytes;
-	}
-	pthread_mutex_unlock(&w->lock);
-	return 0;
-}
 
 void *worker_alloc(struct worker *w, size_t bytes)
 {

@@ -366,6 +366,14 @@ struct worker {
 	_Atomic uint64_t operations;	/* collectives completed without an error */
 	_Atomic uint64_t bytes_pulled;	/* data payloads received from the servers (conns.c;
 					 * what was pushed: each wk_conn's bytes_pushed) */
+	/* stats.c: what the metrics report beyond unisum_stats. */
+	_Atomic uint64_t lat[RDV_LAT_BUCKETS];	/* completed operations by latency */
+	_Atomic uint64_t lat_sum_us;
+	_Atomic uint64_t comp_in, comp_out;	/* bytes compressed, and their encodings */
+	bool step_seen;			/* a step began (w->lock, as the three below) */
+	uint32_t step_round;		/* the highest round started: its step ... */
+	int64_t step_start_us;		/* ... began then (trace clock) */
+	uint64_t step_us, steps;	/* the last whole step's time, and how many */
 	pthread_t tune_thread;		/* autotune: operations waiting for their cut */
 	bool tune_started, tune_stop;
 	pthread_cond_t tune_cond;	/* its queue is not empty, or it is to stop */
@@ -444,7 +452,7 @@ struct worker {
  * check_layers.py holds them to it.  The connection layer calls up only
  * through w->up (struct wk_conn_upcalls).
  *
- *   meter.c, conns.c, links.c, failover.c, phase.c, part.c, members.c,
+ *   stats.c, meter.c, conns.c, links.c, failover.c, phase.c, part.c, members.c,
  *   announce.c, cuts.c, tensor.c, dssync.c, op.c, gather.c, join.c, pset.c,
  *   worker.c
  *
@@ -458,6 +466,12 @@ static inline int wk_require_init(const struct worker *w)
 {
 	return w != NULL && w->initialized ? 0 : log_fail(UNISUM_ENOTINIT, "call unisum_init() first");
 }
+
+/* stats.c: operation op started (w->lock held), or completed without an
+ * error; and the metrics' callback (rdv_client_on_metrics). */
+void wk_stats_started(struct worker *w, const struct wk_op *op);
+void wk_stats_done(struct worker *w, const struct wk_op *op);
+void wk_metrics(void *arg, struct rdv_metrics *m);
 
 /* meter.c: fit mode's meter (worker 0 with UNISUM_AUTOTUNE=2): whether
  * this worker meters; a data push about to go out on c (c->lock held); a metered push

@@ -796,6 +796,30 @@ static void keep_freed_buffers(void)
 	mallopt(M_TRIM_THRESHOLD, INT32_MAX);
 }
 
+/* CHECK_SUMS_HOLD=DIR (test_metrics.sh): writes this rank's bytes per
+ * server, as unisum_get_stats gives them, to DIR/rank<R>, then stays in
+ * the job until DIR/go exists (60 s at most), so that the scheduler's
+ * metrics can be read while every count is final. */
+static void hold_for_scrape(const unisum_stats *st)
+{
+	const char *dir = getenv("CHECK_SUMS_HOLD");
+	if (dir == NULL || dir[0] == '\0')
+		return;
+	char path[512], tmp[520];
+	snprintf(path, sizeof path, "%s/rank%d", dir, rank);
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	FILE *f = fopen(tmp, "w");
+	if (f == NULL)
+		FAIL("cannot write %s", tmp);
+	for (int s = 0; s < st->nservers && s < UNISUM_STATS_SERVERS; s++)
+		fprintf(f, "%d %" PRIu64 "\n", s, st->server_bytes[s]);
+	fclose(f);
+	rename(tmp, path);
+	snprintf(path, sizeof path, "%s/go", dir);
+	for (int i = 0; i < 600 && access(path, F_OK) != 0; i++)
+		usleep(100 * 1000);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -867,6 +891,7 @@ int main(int argc, char **argv)
 		     st.max_inflight_bytes, st.credit_bytes);
 	printf("rank %d: at most %" PRIu64 " bytes in flight (credit %" PRIu64 "), %" PRIu64
 	       " partitions sent\n", rank, st.max_inflight_bytes, st.credit_bytes, st.partitions_sent);
+	hold_for_scrape(&st);
 	/* CHECK_SUMS_NO_SHUTDOWN=1: main returns without unisum_shutdown, as
 	 * BytePS and Horovod programs do; the library leaves at exit. */
 	const char *no_shutdown = getenv("CHECK_SUMS_NO_SHUTDOWN");

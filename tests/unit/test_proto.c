@@ -476,6 +476,49 @@ static void test_failover(void **state)
 	wire_buf_fini(&b);
 }
 
+static int decode_metrics(const void *p, size_t len)
+{
+	struct rdv_metrics m;
+	int rc = rdv_metrics_decode(p, len, &m);
+	rdv_metrics_free(&m);
+	return rc;
+}
+
+/* A HEARTBEAT's counters: every field back as sent; a payload cut short,
+ * one too long, or counts of another build are refused. */
+static void test_metrics(void **state)
+{
+	(void)state;
+	uint64_t servers[3] = {1, 1ull << 40, 0};
+	struct rdv_metrics in = {.nservers = 3, .server_bytes = servers};
+	for (int i = 0; i < RDV_M_COUNT; i++)
+		in.v[i] = 1000ull * (uint64_t)i + 7;
+	for (int i = 0; i < RDV_LAT_BUCKETS; i++)
+		in.lat[i] = (uint64_t)i * 3;
+	strcpy(in.stall, "server 1: tensor 'w' round 3 waits for worker(s) 2");
+	struct wire_buf b;
+	wire_buf_init(&b);
+	rdv_metrics_encode(&in, &b);
+	struct rdv_metrics out;
+	assert_int_equal(rdv_metrics_decode(b.data, b.len, &out), 0);
+	assert_memory_equal(out.v, in.v, sizeof in.v);
+	assert_memory_equal(out.lat, in.lat, sizeof in.lat);
+	assert_int_equal(out.nservers, 3);
+	assert_memory_equal(out.server_bytes, servers, sizeof servers);
+	assert_string_equal(out.stall, in.stall);
+	rdv_metrics_free(&out);
+	refuses_every_cut(&b, decode_metrics);
+	b.data[0] ^= 1;	/* another count of values: another build's layout */
+	assert_int_equal(decode_metrics(b.data, b.len), UNISUM_EPROTO);
+	wire_buf_fini(&b);
+	/* the latency buckets: the bound itself is in its bucket */
+	assert_int_equal(rdv_lat_bucket(0), 0);
+	assert_int_equal(rdv_lat_bucket(500), 0);
+	assert_int_equal(rdv_lat_bucket(501), 1);
+	assert_int_equal(rdv_lat_bucket(10000000), RDV_LAT_BUCKETS - 2);
+	assert_int_equal(rdv_lat_bucket(10000001), RDV_LAT_BUCKETS - 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -488,6 +531,7 @@ int main(void)
 		cmocka_unit_test(test_declare_reply),
 		cmocka_unit_test(test_tune),
 		cmocka_unit_test(test_failover),
+		cmocka_unit_test(test_metrics),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,109 @@
+# Integration: the scheduler's metrics (issue 54).  One job of two
+# machines (4 workers, 2 per machine, 2 servers) under `unisum launch
+# --metrics=PORT`, read while it runs:
+# - /metrics twice: the counters grow, promtool accepts the text, and the
+#   bytes each worker pushed to each server are what unisum_get_stats says
+#   (the workers write theirs and wait: CHECK_SUMS_HOLD), which is also what
+#   each server says it received;
+# - the live page in headless Chromium: its plots have data (the body's
+#   data-* counts), a screenshot in the build directory for a person;
+# - `unisum top JOB` under tmux: capture-pane shows every rank;
+# - bad requests (metrics_probe.py), and a second job asking for the same
+#   port fails at start naming UNISUM_METRICS_PORT, as does a standalone
+#   scheduler given it in the environment;
+# and the job, unharmed, ends with every sum right.
+. "$(dirname "$0")/lib.sh"
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+TMP=$(mktemp -d)
+PY=/usr/bin/python3
+SESSION=unisum-metrics-$$
+trap 'tmux kill-session -t "$SESSION" 2>/dev/null; rm -rf "$TMP"' EXIT
+for tool in curl promtool chromium tmux; do
+	command -v "$tool" >/dev/null || { skip "$tool is not installed (scripts/install-deps.sh)"; finish; }
+done
+
+PORT=$(free_port)
+JOB=metrics$$
+URL=http://127.0.0.1:$PORT
+mkdir "$TMP/hold"
+(
+	UNISUM_JOB_ID=$JOB UNISUM_HEARTBEAT_MS=200 CHECK_SUMS_HOLD="$TMP/hold" timeout 180 \
+		"$UNISUM" launch --metrics="$PORT" -w 4 --local-size 2 -s 2 -- "$CHECK" failover 1500 \
+		>"$TMP/job.out" 2>&1
+	echo $? >"$TMP/job.rc"
+) &
+JOB_PID=$!
+
+# total FILE NAME REGEX : the sum of the values of NAME's series whose
+# labels match REGEX.
+total() {
+	grep "^$2{" "$1" | grep -E -- "$3" | awk '{ s += $NF } END { printf "%.0f\n", s }'
+}
+
+# The first read, as soon as a worker has completed an operation.
+ops=0
+for _ in $(seq 150); do
+	curl -s --max-time 5 "$URL/metrics" >"$TMP/s1" 2>/dev/null &&
+		ops=$(total "$TMP/s1" unisum_worker_operations_total .)
+	[ "${ops:-0}" -gt 0 ] && break
+	sleep 0.2
+done
+expect "the metrics are served while the job runs (operations: $ops)" [ "${ops:-0}" -gt 0 ]
+expect "promtool check metrics accepts them" sh -c "promtool check metrics <'$TMP/s1'"
+expect "every rank is labelled" [ "$(grep -c '^unisum_node_up{role="worker"' "$TMP/s1")" = 4 ]
+expect "the job file names the port" grep -q ":$PORT\$" "/tmp/unisum-$(id -u)/$JOB.metrics"
+
+# The live page, in a real browser.
+chromium --headless=new --no-sandbox --disable-gpu --virtual-time-budget=6000 \
+	--dump-dom "$URL/" >"$TMP/dom.html" 2>"$TMP/chromium.err"
+attr() { sed -n "s/.*$1=\"\\([0-9]*\\)\".*/\\1/p" "$TMP/dom.html" | head -n 1; }
+expect "the page scraped the metrics ($(attr data-scrapes) times)" [ "$(attr data-scrapes)" -ge 2 ]
+expect "the step time plot has points ($(attr data-step-points))" [ "$(attr data-step-points)" -gt 0 ]
+expect "the server plot has bars ($(attr data-server-points))" [ "$(attr data-server-points)" -gt 0 ]
+chromium --headless=new --no-sandbox --disable-gpu --virtual-time-budget=4000 \
+	--window-size=1280,1000 --screenshot="$BUILD/metrics_page.png" "$URL/" 2>>"$TMP/chromium.err"
+expect "a screenshot of the page is in the build directory" [ -s "$BUILD/metrics_page.png" ]
+
+# unisum top, in a terminal.
+tmux new-session -d -s "$SESSION" -x 160 -y 40 "'$UNISUM' top $JOB"
+sleep 3
+tmux capture-pane -p -t "$SESSION" >"$TMP/top.txt"
+tmux kill-session -t "$SESSION"
+rows=$(grep -c -E '^(worker +[0-3]|server +[01]) ' "$TMP/top.txt")
+expect "unisum top shows every rank ($rows rows of 6)" [ "$rows" = 6 ]
+[ "$rows" = 6 ] || sed 's/^/    /' "$TMP/top.txt"
+
+# Bad requests are refused, and the port stays the scheduler's.
+$PY "$REPO/tests/integration/metrics_probe.py" "$PORT" >"$TMP/probe.txt" 2>&1
+expect "bad requests are refused" [ $? -eq 0 ]
+sed 's/^/    /' "$TMP/probe.txt"
+timeout 60 "$UNISUM" launch --metrics="$PORT" -w 1 -s 1 -- "$CHECK" once >"$TMP/taken.out" 2>&1
+expect "a job given a taken metrics port fails at start" [ $? -ne 0 ]
+expect "... naming UNISUM_METRICS_PORT" grep -q "UNISUM_METRICS_PORT=$PORT" "$TMP/taken.out"
+UNISUM_METRICS_PORT=$PORT UNISUM_ROLE=scheduler UNISUM_NUM_WORKER=1 UNISUM_NUM_SERVER=1 \
+	UNISUM_SCHEDULER_PORT=$(free_port) timeout 30 "$UNISUM" scheduler >"$TMP/sched.out" 2>&1
+expect "a scheduler given a taken metrics port fails at start, naming it" \
+	grep -q "UNISUM_METRICS_PORT=$PORT" "$TMP/sched.out"
+
+# The second read, once every worker's counts are final (5 heartbeats).
+for _ in $(seq 300); do
+	[ "$(ls "$TMP/hold" | grep -c '^rank[0-9]*$')" = 4 ] && break
+	sleep 0.2
+done
+sleep 1
+curl -s --max-time 5 "$URL/metrics" >"$TMP/s2"
+ops2=$(total "$TMP/s2" unisum_worker_operations_total .)
+expect "the counters grew ($ops, then $ops2 operations)" [ "${ops2:-0}" -gt "$ops" ]
+for s in 0 1; do
+	stats=$(cat "$TMP/hold"/rank* | awk -v s=$s '$1 == s { t += $2 } END { printf "%.0f\n", t }')
+	pushed=$(total "$TMP/s2" unisum_worker_pushed_bytes_total "server=\"$s\"")
+	got=$(total "$TMP/s2" unisum_server_received_bytes_total "role=\"server\",rank=\"$s\"")
+	expect "server $s: the workers' metrics say $pushed bytes, get_stats $stats, the server $got" \
+		test "$stats" -gt 0 -a "$pushed" = "$stats" -a "$got" = "$stats"
+done
+touch "$TMP/hold/go"
+wait "$JOB_PID"
+expect "the job ends with every sum right" [ "$(cat "$TMP/job.rc")" = 0 ]
+[ "$(cat "$TMP/job.rc")" = 0 ] || sed 's/^/    /' "$TMP/job.out"
+expect "the job file is gone with the job" [ ! -e "/tmp/unisum-$(id -u)/$JOB.metrics" ]
+finish
