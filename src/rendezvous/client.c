@@ -425,14 +425,15 @@ static void rdv_beat_metrics(struct rdv_client *c, struct wire_buf *b)
 	pthread_mutex_unlock(&c->lock);
 	uint32_t nservers = (uint32_t)rdv_client_num_servers(c);
 	struct rdv_metrics m = {.nservers = nservers};
-	if (nservers > RDV_METRICS_MAX_SERVERS ||
-	    (m.server_bytes = calloc(nservers ? nservers : 1, sizeof *m.server_bytes)) == NULL)
-		return;
-	rdv_metrics_process(&m);
-	if (fn != NULL)
-		fn(arg, &m);
-	rdv_metrics_encode(&m, b);
-	free(m.server_bytes);
+	m.server_bytes = calloc(nservers ? nservers : 1, sizeof *m.server_bytes);
+	m.server_pulled = calloc(nservers ? nservers : 1, sizeof *m.server_pulled);
+	if (nservers <= RDV_METRICS_MAX_SERVERS && m.server_bytes != NULL && m.server_pulled != NULL) {
+		rdv_metrics_process(&m);
+		if (fn != NULL)
+			fn(arg, &m);
+		rdv_metrics_encode(&m, b);
+	}
+	rdv_metrics_free(&m);
 }
 
 void rdv_client_on_metrics(struct rdv_client *c, rdv_metrics_fn fn, void *arg)

@@ -77,8 +77,10 @@ void rdv_metrics_encode(const struct rdv_metrics *m, struct wire_buf *b)
 	for (int i = 0; i < RDV_LAT_BUCKETS; i++)
 		wire_buf_u64(b, m->lat[i]);
 	wire_buf_u32(b, m->nservers);
-	for (uint32_t i = 0; i < m->nservers; i++)
+	for (uint32_t i = 0; i < m->nservers; i++) {
 		wire_buf_u64(b, m->server_bytes[i]);
+		wire_buf_u64(b, m->server_pulled[i]);
+	}
 	wire_buf_str(b, m->stall);
 }
 
@@ -96,13 +98,18 @@ int rdv_metrics_decode(const void *payload, size_t len, struct rdv_metrics *m)
 	for (int i = 0; i < RDV_LAT_BUCKETS; i++)
 		m->lat[i] = wire_read_u64(&r);
 	uint32_t n = wire_read_u32(&r);
-	if (r.failed || n > RDV_METRICS_MAX_SERVERS || (size_t)n * 8 > r.left)
+	if (r.failed || n > RDV_METRICS_MAX_SERVERS || (size_t)n * 16 > r.left)
 		return UNISUM_EPROTO;
-	if (n > 0 && (m->server_bytes = malloc((size_t)n * sizeof *m->server_bytes)) == NULL)
-		return UNISUM_ENOMEM;
 	m->nservers = n;
-	for (uint32_t i = 0; i < n; i++)
+	if (n > 0 && ((m->server_bytes = malloc((size_t)n * 8)) == NULL ||
+		      (m->server_pulled = malloc((size_t)n * 8)) == NULL)) {
+		rdv_metrics_free(m);
+		return UNISUM_ENOMEM;
+	}
+	for (uint32_t i = 0; i < n; i++) {
 		m->server_bytes[i] = wire_read_u64(&r);
+		m->server_pulled[i] = wire_read_u64(&r);
+	}
 	wire_read_str(&r, m->stall, sizeof m->stall);
 	if (r.failed || r.left != 0) {
 		rdv_metrics_free(m);
@@ -114,6 +121,7 @@ int rdv_metrics_decode(const void *payload, size_t len, struct rdv_metrics *m)
 void rdv_metrics_free(struct rdv_metrics *m)
 {
 	free(m->server_bytes);
-	m->server_bytes = NULL;
+	free(m->server_pulled);
+	m->server_bytes = m->server_pulled = NULL;
 	m->nservers = 0;
 }

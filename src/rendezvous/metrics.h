@@ -57,7 +57,8 @@ struct rdv_metrics {
 	uint64_t v[RDV_M_COUNT];
 	uint64_t lat[RDV_LAT_BUCKETS];	/* workers: operations by latency */
 	uint32_t nservers;		/* workers: bytes pushed to each server ... */
-	uint64_t *server_bytes;		/* ... [nservers] (decode: malloc'd) */
+	uint64_t *server_bytes;		/* ... [nservers] (decode: malloc'd, as the next) */
+	uint64_t *server_pulled;	/* ... and pulled from it, [nservers] */
 	char stall[RDV_STALL_TEXT];	/* the longest wait past UNISUM_STALL_WARN_MS, named */
 };
 
@@ -65,7 +66,8 @@ struct rdv_metrics {
 void rdv_metrics_process(struct rdv_metrics *m);
 
 /* The payload of a node's HEARTBEAT: u32 RDV_M_COUNT, that many u64, u32
- * RDV_LAT_BUCKETS, that many u64, u32 nservers, that many u64, str stall.
+ * RDV_LAT_BUCKETS, that many u64, u32 nservers, that many {u64 pushed, u64
+ * pulled}, str stall.
  * decode: 0, UNISUM_EPROTO (not that shape, or counts this build does not
  * know) or UNISUM_ENOMEM; free the result's array with rdv_metrics_free. */
 void rdv_metrics_encode(const struct rdv_metrics *m, struct wire_buf *b);
@@ -74,7 +76,8 @@ void rdv_metrics_free(struct rdv_metrics *m);
 
 /* Called on the client's loop thread, about once a heartbeat while the
  * scheduler asks: adds what the node knows to m (zeroed but for the
- * process counters; server_bytes has room for nservers entries). */
+ * process counters; server_bytes and server_pulled have room for nservers
+ * entries). */
 typedef void (*rdv_metrics_fn)(void *arg, struct rdv_metrics *m);
 
 #endif /* UNISUM_METRICS_H */

@@ -194,6 +194,18 @@ static void sched_render_workers(FILE *f, const struct rdv_scheduler *s)
 			fprintf(f, ",server=\"%u\"} %" PRIu64 "\n", j, n->report.server_bytes[j]);
 		}
 	}
+	sched_head(f, "unisum_worker_server_pulled_bytes_total", "counter",
+		   "Bytes a worker received from each server.");
+	for (int i = 0; i < s->nnodes; i++) {
+		const struct sched_node *n = s->nodes[i];
+		if (!sched_member(n) || n->report_ms == 0 || n->role != CONFIG_ROLE_WORKER)
+			continue;
+		for (uint32_t j = 0; j < n->report.nservers; j++) {
+			fputs("unisum_worker_server_pulled_bytes_total{", f);
+			sched_node_labels(f, n);
+			fprintf(f, ",server=\"%u\"} %" PRIu64 "\n", j, n->report.server_pulled[j]);
+		}
+	}
 	const char *name = "unisum_worker_operation_seconds";
 	sched_head(f, name, "histogram", "Time from a collective's start to its completion.");
 	for (int i = 0; i < s->nnodes; i++) {

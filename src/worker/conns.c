@@ -688,8 +688,10 @@ static void wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h)
 		into = j->out;
 		memset(into, 0, bytes);
 	}
-	if (!(h->flags & WIRE_FLAG_ZERO))
+	if (!(h->flags & WIRE_FLAG_ZERO)) {
 		atomic_fetch_add(&w->bytes_pulled, bytes);
+		atomic_fetch_add(&c->bytes_pulled, bytes);
+	}
 	if (j->kept != NULL)
 		j->kept->pulled = j->round + 1;
 	if (into != j->out) {

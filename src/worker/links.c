@@ -298,6 +298,7 @@ int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n)
 		return rc;
 	/* Counted anew: the bytes this server got since it came back. */
 	atomic_store(&c->bytes_pushed, 0);
+	atomic_store(&c->bytes_pulled, 0);
 	pthread_mutex_lock(&c->lock);
 	c->dead = false;
 	c->handed_over = false;

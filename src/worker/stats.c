@@ -112,8 +112,10 @@ void wk_metrics(void *arg, struct rdv_metrics *m)
 	pthread_mutex_lock(&w->lock);
 	m->v[RDV_M_STEP_US] = w->step_us;
 	m->v[RDV_M_STEPS] = w->steps;
-	for (uint32_t s = 0; s < m->nservers && (int)s < w->nservers && w->conns != NULL; s++)
+	for (uint32_t s = 0; s < m->nservers && (int)s < w->nservers && w->conns != NULL; s++) {
 		m->server_bytes[s] = atomic_load(&w->conns[s].bytes_pushed);
+		m->server_pulled[s] = atomic_load(&w->conns[s].bytes_pulled);
+	}
 	wk_metrics_stall(w, m);
 	pthread_mutex_unlock(&w->lock);
 }

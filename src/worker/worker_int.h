@@ -264,7 +264,8 @@ struct wk_meter {
 struct wk_conn {
 	struct worker *w;		/* its worker */
 	int server;			/* server rank */
-	_Atomic uint64_t bytes_pushed;	/* data payloads sent to this server */
+	_Atomic uint64_t bytes_pushed;	/* data payloads sent to this server ... */
+	_Atomic uint64_t bytes_pulled;	/* ... and received from it (the metrics) */
 	char label[128];		/* "server 0 (127.0.0.1:4000)" */
 	struct tp_conn *conn;		/* lc's transport connection */
 	const struct transport_ops *tp;	/* IPC (a server of this host) or TCP */

@@ -100,6 +100,10 @@ for s in 0 1; do
 	got=$(total "$TMP/s2" unisum_server_received_bytes_total "role=\"server\",rank=\"$s\"")
 	expect "server $s: the workers' metrics say $pushed bytes, get_stats $stats, the server $got" \
 		test "$stats" -gt 0 -a "$pushed" = "$stats" -a "$got" = "$stats"
+	pulled=$(total "$TMP/s2" unisum_worker_server_pulled_bytes_total "server=\"$s\"")
+	sent=$(total "$TMP/s2" unisum_server_sent_bytes_total "role=\"server\",rank=\"$s\"")
+	expect "server $s: the workers pulled $pulled bytes from it, it sent $sent" \
+		test "$pulled" -gt 0 -a "$pulled" = "$sent"
 done
 touch "$TMP/hold/go"
 wait "$JOB_PID"

@@ -489,8 +489,8 @@ static int decode_metrics(const void *p, size_t len)
 static void test_metrics(void **state)
 {
 	(void)state;
-	uint64_t servers[3] = {1, 1ull << 40, 0};
-	struct rdv_metrics in = {.nservers = 3, .server_bytes = servers};
+	uint64_t servers[3] = {1, 1ull << 40, 0}, pulled[3] = {5, 0, 1ull << 50};
+	struct rdv_metrics in = {.nservers = 3, .server_bytes = servers, .server_pulled = pulled};
 	for (int i = 0; i < RDV_M_COUNT; i++)
 		in.v[i] = 1000ull * (uint64_t)i + 7;
 	for (int i = 0; i < RDV_LAT_BUCKETS; i++)
@@ -505,6 +505,7 @@ static void test_metrics(void **state)
 	assert_memory_equal(out.lat, in.lat, sizeof in.lat);
 	assert_int_equal(out.nservers, 3);
 	assert_memory_equal(out.server_bytes, servers, sizeof servers);
+	assert_memory_equal(out.server_pulled, pulled, sizeof pulled);
 	assert_string_equal(out.stall, in.stall);
 	rdv_metrics_free(&out);
 	refuses_every_cut(&b, decode_metrics);
