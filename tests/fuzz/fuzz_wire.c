@@ -73,11 +73,12 @@ static bool type_is_tensor(uint8_t type)
 }
 
 /* Whether `type` never carries a payload.  DECLARE_CHECK is not one of
- * them: it carries the tensor's name (str), so it is a control message. */
+ * them: it carries the tensor's name (str), so it is a control message;
+ * nor is HEARTBEAT, which carries a node's counters when asked. */
 static bool type_is_payloadless(uint8_t type)
 {
 	return type == WIRE_PULL || type == WIRE_BARRIER || type == WIRE_BARRIER_DONE ||
-	       type == WIRE_HEARTBEAT || type == WIRE_PUSH_ACK || type == WIRE_RETIRE ||
+	       type == WIRE_PUSH_ACK || type == WIRE_RETIRE ||
 	       type == WIRE_JOIN || type == WIRE_JOIN_DONE || type == WIRE_MOVED ||
 	       type == WIRE_RESIZE;
 }

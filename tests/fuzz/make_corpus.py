@@ -133,6 +133,13 @@ def seeds():
         "03-barrier": header(BARRIER, sender=3, aux=2),
         "04-barrier-done": header(BARRIER_DONE, aux=2),
         "05-heartbeat": header(HEARTBEAT, sender=5),
+        # a node's counters (rendezvous/metrics.h): 19 values, 15 latency
+        # buckets, 2 servers' pushed and pulled bytes, the longest wait
+        "05-heartbeat-counters": message(
+            HEARTBEAT, u32(19) + b"".join(u64(i * 1000) for i in range(19)) + u32(15) +
+            b"".join(u64(i) for i in range(15)) + u32(2) + u64(1 << 20) + u64(1 << 20) +
+            u64(0) + u64(0) + wstr("server 0: tensor 'w' round 3 waits for worker(s) 1"),
+            sender=5),
         "06-push-float32": data_message(PUSH, FLOAT32, 4, sender=3, rnd=1, key=0x10000),
         "06-push-zero": data_message(PUSH, INT64, 1000, flags=FLAG_ZERO, rnd=2, key=0x10001,
                                      aux=OP_BROADCAST | 3 << 8),
