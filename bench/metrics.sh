@@ -8,7 +8,8 @@
 #    Prints the scrape's time (curl's time_total: median and max), the
 #    response's bytes and series, and what a heartbeat carries: 300 + 16 x S
 #    bytes of counters per node (section 4's layout), and so the scheduler's
-#    intake per second at one heartbeat a second.
+#    intake per second at one heartbeat a second.  Then the same scrape
+#    while the job's processes wait, which is the scheduler's own cost.
 # 2. The cost on the emulated cluster (as root; bench/cluster/netns.sh): n = 4
 #    worker hosts at 1 Gbit/s with k = 2 CPU-only servers (and one on each
 #    worker host), bench_pushpull's median of 64 MiB with nothing set,
@@ -80,6 +81,27 @@ sort -n "$TMP/scrapes" | awk -v s="$series" -v S="$S" -v W="$W" '
 	}'
 grep -E 'median_s|p50' "$TMP/scale.log" | head -n 2 | sed 's/^/  job: /'
 
+# The same scrape while the job's W + S processes wait (check_sums holds
+# them after 5 rounds: CHECK_SUMS_HOLD), so that the time is the
+# scheduler's own rather than the wait for a core among W + S busy ones.
+port=$("$BUILD/check_sums" free-port)
+mkdir "$TMP/hold"
+CHECK_SUMS_HOLD="$TMP/hold" "$BUILD/unisum" launch --metrics="$port" -w "$W" -s "$S" \
+	--local-size 1 -- "$BUILD/check_sums" rounds 5 >"$TMP/hold.log" 2>&1 &
+job=$!
+for _ in $(seq 600); do
+	[ "$(ls "$TMP/hold" | grep -c '^rank[0-9]*$')" = "$W" ] && break
+	sleep 0.5
+done
+sleep 2
+for _ in $(seq 20); do
+	curl -s -o /dev/null -w '%{time_total}\n' --max-time 5 "http://127.0.0.1:$port/metrics"
+done | sort -n | awk '{ t[++n] = $1 } END {
+	printf "the same, while the job waits: %d scrapes, median %.1f ms, max %.1f ms\n",
+		n, 1000 * t[int((n + 1) / 2)], 1000 * t[n] }'
+touch "$TMP/hold/go"
+wait "$job" || { cat "$TMP/hold.log" >&2; echo "metrics.sh: the held job failed" >&2; exit 1; }
+
 # ---- 2. the cost on the emulated cluster ---------------------------------
 [ "$CLUSTER" = 1 ] || { echo; echo "2. skipped (needs root for network namespaces)"; exit 0; }
 NETNS="$HERE/cluster/netns.sh"
@@ -113,7 +135,7 @@ run() {
 		wait "$loop"
 	fi
 	echo "$(sed -n 's/.*median_s=\([0-9.]*\).*/\1/p' "$TMP/c.log") $(echo "$c0 $(cpu_ticks)" |
-		awk '{ printf "%.0f", 100 * ($3 - $1) / ($4 - $2) }') $(wc -l <"$TMP/c" 2>/dev/null || echo 0)"
+		awk '{ printf "%.0f", 100 * ($3 - $1) / ($4 - $2) }') $(cat "$TMP/c" 2>/dev/null | wc -l)"
 }
 echo
 echo "2. emulated cluster: n = 4 worker hosts at 1 Gbit/s, k = 2 CPU-only servers, 64 MiB float32, median of $CLUSTER_ITERS; with metrics: a scrape every second"

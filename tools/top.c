@@ -175,7 +175,7 @@ static void top_take(struct top_sample *s, const char *name, const char *labels,
 	if (strcmp(name, "unisum_process_cpu_seconds_total") == 0 && (r = top_row_of(s, labels)))
 		r->cpu += v;
 	else if (strcmp(name, "unisum_worker_pushed_bytes_total") == 0 && (r = top_row_of(s, labels)))
-		r->out += v;
+		r->out = v;
 	else if (strcmp(name, "unisum_host_network_bytes_total") == 0 && s->nhosts < 256) {
 		char host[64], dir[8];
 		top_label(labels, "host", host, sizeof host);

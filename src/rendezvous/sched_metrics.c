@@ -38,6 +38,8 @@ static const struct sched_family {
 	{"unisum_process_resident_memory_bytes", "gauge", "Resident memory of the process.", -1,
 	 RDV_M_RSS_BYTES, 0},
 	{"unisum_stalls_total", "counter", "Stall reports the process logged.", -1, RDV_M_STALLS, 0},
+	{"unisum_worker_pushed_bytes_total", "counter", "Bytes a worker pushed to the servers.",
+	 CONFIG_ROLE_WORKER, RDV_M_PUSHED, 0},
 	{"unisum_worker_pulled_bytes_total", "counter", "Bytes a worker received from the servers.",
 	 CONFIG_ROLE_WORKER, RDV_M_PULLED, 0},
 	{"unisum_worker_operations_total", "counter", "Collectives a worker completed.",
@@ -179,33 +181,38 @@ static void sched_render_family(FILE *f, const struct rdv_scheduler *s,
 	}
 }
 
-/* The workers' bytes per server, and their operations' latency histogram. */
+/* What the workers pushed to and pulled from each server, summed over
+ * them (labelled by the server alone: a series per worker and server
+ * would be W x S of them). */
+static void sched_render_per_server(FILE *f, const struct rdv_scheduler *s)
+{
+	uint32_t S = (uint32_t)s->num_servers;
+	uint64_t *sum = calloc(2 * (size_t)S + 1, sizeof *sum);
+	if (sum == NULL)
+		return;
+	for (int i = 0; i < s->nnodes; i++) {
+		const struct sched_node *n = s->nodes[i];
+		if (!sched_member(n) || n->report_ms == 0 || n->role != CONFIG_ROLE_WORKER)
+			continue;
+		for (uint32_t j = 0; j < n->report.nservers && j < S; j++) {
+			sum[j] += n->report.server_bytes[j];
+			sum[S + j] += n->report.server_pulled[j];
+		}
+	}
+	for (int k = 0; k < 2; k++) {
+		const char *name = k ? "unisum_pulled_from_server_bytes_total"
+				     : "unisum_pushed_to_server_bytes_total";
+		sched_head(f, name, "counter", k ? "Bytes the workers received from each server."
+						 : "Bytes the workers pushed to each server.");
+		for (uint32_t j = 0; j < S; j++)
+			fprintf(f, "%s{server=\"%u\"} %" PRIu64 "\n", name, j, sum[k * S + j]);
+	}
+	free(sum);
+}
+
+/* The workers' operations' latency histogram. */
 static void sched_render_workers(FILE *f, const struct rdv_scheduler *s)
 {
-	sched_head(f, "unisum_worker_pushed_bytes_total", "counter",
-		   "Bytes a worker pushed to each server.");
-	for (int i = 0; i < s->nnodes; i++) {
-		const struct sched_node *n = s->nodes[i];
-		if (!sched_member(n) || n->report_ms == 0 || n->role != CONFIG_ROLE_WORKER)
-			continue;
-		for (uint32_t j = 0; j < n->report.nservers; j++) {
-			fputs("unisum_worker_pushed_bytes_total{", f);
-			sched_node_labels(f, n);
-			fprintf(f, ",server=\"%u\"} %" PRIu64 "\n", j, n->report.server_bytes[j]);
-		}
-	}
-	sched_head(f, "unisum_worker_server_pulled_bytes_total", "counter",
-		   "Bytes a worker received from each server.");
-	for (int i = 0; i < s->nnodes; i++) {
-		const struct sched_node *n = s->nodes[i];
-		if (!sched_member(n) || n->report_ms == 0 || n->role != CONFIG_ROLE_WORKER)
-			continue;
-		for (uint32_t j = 0; j < n->report.nservers; j++) {
-			fputs("unisum_worker_server_pulled_bytes_total{", f);
-			sched_node_labels(f, n);
-			fprintf(f, ",server=\"%u\"} %" PRIu64 "\n", j, n->report.server_pulled[j]);
-		}
-	}
 	const char *name = "unisum_worker_operation_seconds";
 	sched_head(f, name, "histogram", "Time from a collective's start to its completion.");
 	for (int i = 0; i < s->nnodes; i++) {
@@ -337,6 +344,7 @@ static char *sched_render(struct rdv_scheduler *s, size_t *len)
 	for (size_t i = 0; i < sizeof sched_families / sizeof sched_families[0]; i++)
 		sched_render_family(f, s, &sched_families[i], &me);
 	sched_render_workers(f, s);
+	sched_render_per_server(f, s);
 	sched_render_job(f, s);
 	sched_render_hosts(f, s);
 	sched_render_stalls(f, s, now);

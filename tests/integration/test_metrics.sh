@@ -96,11 +96,11 @@ ops2=$(total "$TMP/s2" unisum_worker_operations_total .)
 expect "the counters grew ($ops, then $ops2 operations)" [ "${ops2:-0}" -gt "$ops" ]
 for s in 0 1; do
 	stats=$(cat "$TMP/hold"/rank* | awk -v s=$s '$1 == s { t += $2 } END { printf "%.0f\n", t }')
-	pushed=$(total "$TMP/s2" unisum_worker_pushed_bytes_total "server=\"$s\"")
+	pushed=$(total "$TMP/s2" unisum_pushed_to_server_bytes_total "server=\"$s\"")
 	got=$(total "$TMP/s2" unisum_server_received_bytes_total "role=\"server\",rank=\"$s\"")
 	expect "server $s: the workers' metrics say $pushed bytes, get_stats $stats, the server $got" \
 		test "$stats" -gt 0 -a "$pushed" = "$stats" -a "$got" = "$stats"
-	pulled=$(total "$TMP/s2" unisum_worker_server_pulled_bytes_total "server=\"$s\"")
+	pulled=$(total "$TMP/s2" unisum_pulled_from_server_bytes_total "server=\"$s\"")
 	sent=$(total "$TMP/s2" unisum_server_sent_bytes_total "role=\"server\",rank=\"$s\"")
 	expect "server $s: the workers pulled $pulled bytes from it, it sent $sent" \
 		test "$pulled" -gt 0 -a "$pulled" = "$sent"
