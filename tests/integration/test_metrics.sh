@@ -24,11 +24,13 @@ done
 
 PORT=$(free_port)
 JOB=metrics$$
+ROUNDS=1500
+[ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && ROUNDS=300	# the sanitizer runs
 URL=http://127.0.0.1:$PORT
 mkdir "$TMP/hold"
 (
 	UNISUM_JOB_ID=$JOB UNISUM_HEARTBEAT_MS=200 CHECK_SUMS_HOLD="$TMP/hold" timeout 180 \
-		"$UNISUM" launch --metrics="$PORT" -w 4 --local-size 2 -s 2 -- "$CHECK" failover 1500 \
+		"$UNISUM" launch --metrics="$PORT" -w 4 --local-size 2 -s 2 -- "$CHECK" failover "$ROUNDS" \
 		>"$TMP/job.out" 2>&1
 	echo $? >"$TMP/job.rc"
 ) &
