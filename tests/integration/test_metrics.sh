@@ -11,7 +11,8 @@
 # - bad requests (metrics_probe.py), and a second job asking for the same
 #   port fails at start naming UNISUM_METRICS_PORT, as does a standalone
 #   scheduler given it in the environment;
-# and the job, unharmed, ends with every sum right.
+# and the job, unharmed, ends with every sum right.  Then a job whose
+# worker 1 stops: its stall is named in the metrics while it lasts.
 . "$(dirname "$0")/lib.sh"
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 TMP=$(mktemp -d)
@@ -112,4 +113,30 @@ wait "$JOB_PID"
 expect "the job ends with every sum right" [ "$(cat "$TMP/job.rc")" = 0 ]
 [ "$(cat "$TMP/job.rc")" = 0 ] || sed 's/^/    /' "$TMP/job.out"
 expect "the job file is gone with the job" [ ! -e "/tmp/unisum-$(id -u)/$JOB.metrics" ]
+
+# A stall, named while it lasts: worker 1 of 3 stops itself (SIGSTOP)
+# after 20 rounds; the others wait for it past UNISUM_STALL_WARN_MS, and
+# the metrics name the wait on the servers and on the workers, until the
+# scheduler finds worker 1 silent and fails the job.
+PORT=$(free_port)
+UNISUM_STALL_WARN_MS=300 UNISUM_HEARTBEAT_MS=200 UNISUM_TIMEOUT_MS=5000 timeout 120 \
+	"$UNISUM" launch --metrics="$PORT" -w 3 -s 2 --local-size 1 -- "$CHECK" stop 1 20 \
+	>"$TMP/stall.out" 2>&1 &
+STALL_PID=$!
+seen=""
+for _ in $(seq 60); do
+	curl -s --max-time 5 "http://127.0.0.1:$PORT/metrics" >"$TMP/s3" 2>/dev/null
+	seen=$(grep '^unisum_stall_seconds{' "$TMP/s3" || true)
+	contains "$seen" 'role="server".*waits for worker\(s\) 1' &&
+		contains "$seen" 'role="worker".*waits for tensor' && break
+	sleep 0.2
+done
+expect "a server's stall names the worker it waits for" contains "$seen" \
+	'role="server".*what="server [01]: tensor .die. .*waits for worker\(s\) 1"'
+expect "a waiting worker's stall names its tensor" contains "$seen" \
+	'role="worker",rank="[02]".*what="worker [02] waits for tensor .die. round 20"'
+[ -n "$seen" ] || sed 's/^/    /' "$TMP/s3"
+expect "stalls are counted" [ "$(total "$TMP/s3" unisum_stalls_total role=\"server\")" -gt 0 ]
+wait "$STALL_PID"
+expect "the job then fails, naming worker 1" grep -q "worker 1" "$TMP/stall.out"
 finish
