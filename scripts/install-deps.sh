@@ -78,7 +78,7 @@ munge            test   munged munge unmunge
 slurmctld        test   slurmctld
 slurmd           test   slurmd
 slurm-client     test   srun salloc sbatch scancel sinfo scontrol
-prometheus       test   promtool
+prometheus       test   promtool prometheus
 tmux             test   tmux
 chromium         test   chromium
 curl             test   curl

@@ -8,6 +8,8 @@
 # - the live page in headless Chromium: its plots have data (the body's
 #   data-* counts), a screenshot in the build directory for a person;
 # - `unisum top JOB` under tmux: capture-pane shows every rank;
+# - a real Prometheus scraping the job answers every query of the Grafana
+#   dashboard (deploy/grafana/unisum.json) with data;
 # - bad requests (metrics_probe.py), and a second job asking for the same
 #   port fails at start naming UNISUM_METRICS_PORT, as does a standalone
 #   scheduler given it in the environment;
@@ -19,7 +21,7 @@ TMP=$(mktemp -d)
 PY=/usr/bin/python3
 SESSION=unisum-metrics-$$
 trap 'tmux kill-session -t "$SESSION" 2>/dev/null; rm -rf "$TMP"' EXIT
-for tool in curl promtool chromium tmux; do
+for tool in curl promtool prometheus chromium tmux; do
 	command -v "$tool" >/dev/null || { skip "$tool is not installed (scripts/install-deps.sh)"; finish; }
 done
 
@@ -56,6 +58,14 @@ expect "promtool check metrics accepts them" sh -c "promtool check metrics <'$TM
 expect "every rank is labelled" [ "$(grep -c '^unisum_node_up{role="worker"' "$TMP/s1")" = 4 ]
 expect "the job file names the port" grep -q ":$PORT\$" "/tmp/unisum-$(id -u)/$JOB.metrics"
 
+# A real Prometheus scrapes the job meanwhile, for the dashboard's queries.
+PROM_PORT=$(free_port)
+printf 'global: {scrape_interval: 500ms}\nscrape_configs:\n  - job_name: unisum\n    static_configs: [{targets: ["127.0.0.1:%s"]}]\n' \
+	"$PORT" >"$TMP/prometheus.yml"
+timeout 120 prometheus --config.file="$TMP/prometheus.yml" --storage.tsdb.path="$TMP/tsdb" \
+	--web.listen-address="127.0.0.1:$PROM_PORT" >"$TMP/prometheus.log" 2>&1 &
+PROM_PID=$!
+
 # The live page, in a real browser.
 chromium --headless=new --no-sandbox --disable-gpu --virtual-time-budget=6000 \
 	--dump-dom "$URL/" >"$TMP/dom.html" 2>"$TMP/chromium.err"
@@ -87,6 +97,14 @@ UNISUM_METRICS_PORT=$PORT UNISUM_ROLE=scheduler UNISUM_NUM_WORKER=1 UNISUM_NUM_S
 	UNISUM_SCHEDULER_PORT=$(free_port) timeout 30 "$UNISUM" scheduler >"$TMP/sched.out" 2>&1
 expect "a scheduler given a taken metrics port fails at start, naming it" \
 	grep -q "UNISUM_METRICS_PORT=$PORT" "$TMP/sched.out"
+
+# Every query of the Grafana dashboard returns data from that Prometheus.
+$PY "$REPO/tests/integration/grafana_queries.py" "$PROM_PORT" "$REPO/deploy/grafana/unisum.json" \
+	>"$TMP/queries.txt" 2>&1
+expect "every query of deploy/grafana/unisum.json works on a real Prometheus" [ $? -eq 0 ]
+grep -v '^ok' "$TMP/queries.txt" | sed 's/^/    /'
+kill "$PROM_PID" 2>/dev/null
+wait "$PROM_PID" 2>/dev/null
 
 # The second read, once every worker's counts are final (5 heartbeats).
 for _ in $(seq 300); do
