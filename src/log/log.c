@@ -129,8 +129,7 @@ const char *log_last_error(void)
 	return log_last;
 }
 
-/* The first line of `path` as a number, or -1. */
-static long log_read_number(const char *path, const char *key)
+long log_read_number(const char *path, const char *key)
 {
 	FILE *f = fopen(path, "r");
 	if (f == NULL)

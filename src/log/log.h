@@ -47,6 +47,10 @@ void log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2,
 #define LOG_WARN(...) LOG_AT(LOG_LEVEL_WARNING, __VA_ARGS__)
 #define LOG_ERROR(...) LOG_AT(LOG_LEVEL_ERROR, __VA_ARGS__)
 
+/* The number after `key` on the first line of `path` that starts with it
+ * (key NULL: the first line), or -1 ("max" reads as -1). */
+long log_read_number(const char *path, const char *key);
+
 /* Counts a stall report (a round, wait or barrier past
  * UNISUM_STALL_WARN_MS, logged by the caller), and how many there were in
  * this process: the metrics' unisum_stalls_total. */

@@ -34,8 +34,6 @@
 #include "timing/timing.h"
 #include "wire/wire.h"
 
-
-
 /* Sends a message to the scheduler: blocking while the connection is
  * not yet the loop's (registration), else queued, from any thread.  A
  * scheduler that left LOOP_CONN_CAP bytes unread is as good as lost. */

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
+#include "log/log.h"
 #include "rendezvous/metrics.h"
 #include "unisum.h"
 
@@ -58,13 +58,8 @@ void rdv_metrics_process(struct rdv_metrics *m)
 		m->v[RDV_M_CPU_USER_US] = (uint64_t)ru.ru_utime.tv_sec * 1000000 + (uint64_t)ru.ru_utime.tv_usec;
 		m->v[RDV_M_CPU_SYS_US] = (uint64_t)ru.ru_stime.tv_sec * 1000000 + (uint64_t)ru.ru_stime.tv_usec;
 	}
-	FILE *f = fopen("/proc/self/statm", "r");
-	unsigned long long size, resident;
-	if (f != NULL) {
-		if (fscanf(f, "%llu %llu", &size, &resident) == 2)
-			m->v[RDV_M_RSS_BYTES] = resident * (uint64_t)sysconf(_SC_PAGESIZE);
-		fclose(f);
-	}
+	long kib = log_read_number("/proc/self/status", "VmRSS:");
+	m->v[RDV_M_RSS_BYTES] = kib > 0 ? (uint64_t)kib << 10 : 0;
 	rdv_net_bytes(&m->v[RDV_M_NET_RX], &m->v[RDV_M_NET_TX]);
 }
 

@@ -293,8 +293,8 @@ void sched_monitor_tick(struct loop_timer *t);
 int sched_metrics_start(struct rdv_scheduler *s, const struct config *cfg);
 /* Stops serving them, once the loop is done. */
 void sched_metrics_stop(struct rdv_scheduler *s);
-/* Node n's HEARTBEAT carried its counters (s->lock held): 0, or
+/* Node n's HEARTBEAT carried its counters (the scheduler's lock held): 0, or
  * UNISUM_EPROTO / UNISUM_ENOMEM when they do not decode. */
-int sched_on_report(struct rdv_scheduler *s, struct sched_node *n, const void *payload, size_t len);
+int sched_on_report(struct sched_node *n, const void *payload, size_t len);
 
 #endif /* UNISUM_SCHED_INT_H */

@@ -76,6 +76,12 @@ static bool sched_member(const struct sched_node *n)
 	       (n->role == CONFIG_ROLE_WORKER || n->role == CONFIG_ROLE_SERVER);
 }
 
+/* Whether n is a member that reported counters, of `role` (-1: any). */
+static bool sched_reported(const struct sched_node *n, int role)
+{
+	return sched_member(n) && n->report_ms != 0 && (role == -1 || n->role == role);
+}
+
 /* A label value, escaped as the text format wants. */
 static void sched_label_value(FILE *f, const char *v)
 {
@@ -127,7 +133,7 @@ static void sched_render_self(FILE *f, const struct rdv_scheduler *s, const stru
 		fprintf(f, ",mode=\"%s\"} %.6f\n", k ? "system" : "user", (double)me->v[idx] * 1e-6);
 		for (int i = 0; i < s->nnodes; i++) {
 			const struct sched_node *n = s->nodes[i];
-			if (!sched_member(n) || n->report_ms == 0)
+			if (!sched_reported(n, -1))
 				continue;
 			fputs("unisum_process_cpu_seconds_total{", f);
 			sched_node_labels(f, n);
@@ -153,7 +159,7 @@ static void sched_render_up(FILE *f, const struct rdv_scheduler *s, int64_t now)
 	sched_head(f, "unisum_node_report_age_seconds", "gauge",
 		   "Seconds since the node's counters last came.");
 	for (int i = 0; i < s->nnodes; i++)
-		if (sched_member(s->nodes[i]) && s->nodes[i]->report_ms != 0) {
+		if (sched_reported(s->nodes[i], -1)) {
 			fputs("unisum_node_report_age_seconds{", f);
 			sched_node_labels(f, s->nodes[i]);
 			fprintf(f, "} %.3f\n", (double)(now - s->nodes[i]->report_ms) / 1000);
@@ -172,7 +178,7 @@ static void sched_render_family(FILE *f, const struct rdv_scheduler *s,
 	}
 	for (int i = 0; i < s->nnodes; i++) {
 		const struct sched_node *n = s->nodes[i];
-		if (!sched_member(n) || n->report_ms == 0 || (fam->role != -1 && n->role != fam->role))
+		if (!sched_reported(n, fam->role))
 			continue;
 		fprintf(f, "%s{", fam->name);
 		sched_node_labels(f, n);
@@ -192,7 +198,7 @@ static void sched_render_per_server(FILE *f, const struct rdv_scheduler *s)
 		return;
 	for (int i = 0; i < s->nnodes; i++) {
 		const struct sched_node *n = s->nodes[i];
-		if (!sched_member(n) || n->report_ms == 0 || n->role != CONFIG_ROLE_WORKER)
+		if (!sched_reported(n, CONFIG_ROLE_WORKER))
 			continue;
 		for (uint32_t j = 0; j < n->report.nservers && j < S; j++) {
 			sum[j] += n->report.server_bytes[j];
@@ -217,7 +223,7 @@ static void sched_render_workers(FILE *f, const struct rdv_scheduler *s)
 	sched_head(f, name, "histogram", "Time from a collective's start to its completion.");
 	for (int i = 0; i < s->nnodes; i++) {
 		const struct sched_node *n = s->nodes[i];
-		if (!sched_member(n) || n->report_ms == 0 || n->role != CONFIG_ROLE_WORKER)
+		if (!sched_reported(n, CONFIG_ROLE_WORKER))
 			continue;
 		uint64_t cum = 0;
 		for (int b = 0; b < RDV_LAT_BUCKETS; b++) {
@@ -275,13 +281,13 @@ static void sched_render_hosts(FILE *f, const struct rdv_scheduler *s)
 		   "Bytes through the host's network interfaces (loopback aside).");
 	for (int i = 0; i < s->nnodes; i++) {
 		const struct sched_node *n = s->nodes[i];
-		if (!sched_member(n) || n->report_ms == 0)
+		if (!sched_reported(n, -1))
 			continue;
 		bool seen = false;
 		uint64_t rx = n->report.v[RDV_M_NET_RX], tx = n->report.v[RDV_M_NET_TX];
 		for (int j = 0; j < s->nnodes && !seen; j++) {
 			const struct sched_node *m = s->nodes[j];
-			if (j == i || !sched_member(m) || m->report_ms == 0 || strcmp(m->host, n->host) != 0)
+			if (j == i || !sched_reported(m, -1) || strcmp(m->host, n->host) != 0)
 				continue;
 			seen = j < i;
 			rx = m->report.v[RDV_M_NET_RX] > rx ? m->report.v[RDV_M_NET_RX] : rx;
@@ -303,7 +309,7 @@ static void sched_render_stalls(FILE *f, const struct rdv_scheduler *s, int64_t 
 		   "How long each stall now has waited, named by `what`.");
 	for (int i = 0; i < s->nnodes; i++) {
 		const struct sched_node *n = s->nodes[i];
-		if (!sched_member(n) || n->report_ms == 0 || n->report.v[RDV_M_STALL_MS] == 0 ||
+		if (!sched_reported(n, -1) || n->report.v[RDV_M_STALL_MS] == 0 ||
 		    now - n->report_ms > 3 * (int64_t)s->heartbeat_ms)
 			continue;
 		fputs("unisum_stall_seconds{", f);
@@ -420,9 +426,8 @@ void sched_metrics_stop(struct rdv_scheduler *s)
 	s->job_file[0] = '\0';
 }
 
-int sched_on_report(struct rdv_scheduler *s, struct sched_node *n, const void *payload, size_t len)
+int sched_on_report(struct sched_node *n, const void *payload, size_t len)
 {
-	(void)s;
 	struct rdv_metrics m;
 	int rc = rdv_metrics_decode(payload, len, &m);
 	if (rc != 0 || !n->registered) {

@@ -441,7 +441,7 @@ static int sched_dispatch(struct rdv_scheduler *s, struct sched_node *n, const s
 		if (h->payload_len == 0)
 			return 0;
 		pthread_mutex_lock(&s->lock);
-		rc = sched_on_report(s, n, payload, h->payload_len);
+		rc = sched_on_report(n, payload, h->payload_len);
 		pthread_mutex_unlock(&s->lock);
 		if (rc == UNISUM_EPROTO)
 			snprintf(why, len, "malformed HEARTBEAT counters");

@@ -664,26 +664,26 @@ static void srv_ssp_stall(struct server *srv, struct srv_key *k, int64_t now, ch
 /* Reports rounds of this engine's keys that some workers pushed and others
  * have not, for longer than the stall limits (see DESIGN above), and fails
  * the job at once for a round that waits for a machine that left. */
-/* The contributors slot s of key k waits for, in `missing`: "1, 3", or
- * with several workers per machine "1 (worker rank 4), 3 (worker rank
- * 12)" (machines).  Called with srv->lock held. */
+/* The contributors slot s of key k waits for, in `missing`: "worker(s)
+ * 1, 3", or with several workers per machine "machine(s) 1 (worker rank
+ * 4), 3 (worker rank 12)".  Called with srv->lock held. */
 static void srv_slot_missing(const struct server *srv, const struct srv_key *k,
 			     const struct srv_slot *s, char *missing, size_t len)
 {
-	size_t n = 0;
 	int L = srv->local_size;
+	bool machines = L > 1 && k->ranks == NULL;
+	size_t n = (size_t)snprintf(missing, len, "%s", machines ? "machine(s)" : "worker(s)");
 
-	missing[0] = '\0';
-	for (int w = 0; w < k->nc && n < len - 40; w++) {
+	for (int w = 0, first = 1; w < k->nc && n < len - 40; w++) {
 		if (s->arrived[w])
 			continue;
-		if (k->ranks != NULL)
-			n += (size_t)snprintf(missing + n, len - n, "%s%d", n ? ", " : "", k->ranks[w]);
-		else if (L > 1)
+		if (machines)
 			n += (size_t)snprintf(missing + n, len - n, "%s%d (worker rank %d)",
-					      n ? ", " : "", w, w * L);
+					      first ? " " : ", ", w, w * L);
 		else
-			n += (size_t)snprintf(missing + n, len - n, "%s%d", n ? ", " : "", w);
+			n += (size_t)snprintf(missing + n, len - n, "%s%d", first ? " " : ", ",
+					      k->ranks != NULL ? k->ranks[w] : w);
+		first = 0;
 	}
 }
 
@@ -699,14 +699,12 @@ static void srv_slot_stall(struct server *srv, struct srv_key *k, struct srv_slo
 		return;
 	s->stall_level = level;
 	char missing[256], msg[768];
-	int L = srv->local_size;
 	srv_slot_missing(srv, k, s, missing, sizeof missing);
 	snprintf(msg, sizeof msg,
-		 "stall: tensor '%s' (partition %u) round %u has waited %lld ms for %s %s, "
+		 "stall: tensor '%s' (partition %u) round %u has waited %lld ms for %s, "
 		 "which have not pushed it; the others have. Does every worker push "
 		 "every tensor every round?",
-		 k->name, (unsigned)(k->key & 0xffff), s->round, (long long)waited,
-		 L > 1 && k->ranks == NULL ? "machine(s)" : "worker(s)", missing);
+		 k->name, (unsigned)(k->key & 0xffff), s->round, (long long)waited, missing);
 	log_count_stall();
 	if (level == 1) {
 		LOG_WARN("%s", msg);
@@ -731,9 +729,8 @@ static void srv_note_stall(struct server *srv, struct srv_engine *e, const struc
 	e->stall_ms = k != NULL ? waited : 0;
 	if (k != NULL)
 		snprintf(e->stall, sizeof e->stall,
-			 "server %d: tensor '%s' (partition %u) round %u waits for %s %s", srv->rank,
-			 k->name ? k->name : "?", (unsigned)(k->key & 0xffff), s->round,
-			 srv->local_size > 1 && k->ranks == NULL ? "machine(s)" : "worker(s)", missing);
+			 "server %d: tensor '%s' (partition %u) round %u waits for %s", srv->rank,
+			 k->name ? k->name : "?", (unsigned)(k->key & 0xffff), s->round, missing);
 	pthread_mutex_unlock(&e->lock);
 }
 

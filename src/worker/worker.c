@@ -333,7 +333,6 @@ static int wk_join_job(struct worker *w)
 	if (rc != 0)
 		return log_fail(rc, "unisum_init: cannot join the job through the scheduler at %s:%d: %s",
 				w->cfg.scheduler_host, w->cfg.scheduler_port, log_last_error());
-	rdv_client_on_metrics(w->rdv, wk_metrics, w);
 	w->rank = rdv_client_rank(w->rdv);
 	if (w->cfg.elastic) {
 		/* The generation's size, not the one the process started with. */
@@ -361,15 +360,17 @@ static int wk_join_job(struct worker *w)
 		w->tuner = NULL;
 		return log_fail(rc, "unisum_init: out of memory");
 	}
+	/* Last: the client's loop thread reads the tuner and the PUSH queue. */
+	rdv_client_on_metrics(w->rdv, wk_metrics, w);
 	return 0;
 }
 
 /* Undoes wk_join_job (every thread that uses them stopped). */
 static void wk_unjoin(struct worker *w)
 {
-	pushq_fini(&w->push_q);
-	rdv_client_free(w->rdv);	/* before the tuner: see wk_join_job */
+	rdv_client_free(w->rdv);	/* before the tuner and the queue: see wk_join_job */
 	w->rdv = NULL;
+	pushq_fini(&w->push_q);
 	tune_free(w->tuner);
 	w->tuner = NULL;
 }
