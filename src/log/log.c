@@ -90,6 +90,13 @@ static void log_vset_last(const char *fmt, va_list ap)
 	memcpy(log_last, tmp, sizeof log_last);
 }
 
+static _Thread_local bool log_hushed;
+
+void log_hush(bool on)
+{
+	log_hushed = on;
+}
+
 int log_fail(int err, const char *fmt, ...)
 {
 	va_list ap;
@@ -99,7 +106,7 @@ int log_fail(int err, const char *fmt, ...)
 	/* An elastic job's re-form is news, said once (a warning), not a
 	 * failure of every operation it ends. */
 	int level = err == UNISUM_EMEMBERSHIP ? LOG_LEVEL_DEBUG : LOG_LEVEL_ERROR;
-	if (level >= log_threshold)
+	if (level >= log_threshold && !log_hushed)
 		log_write(level, "%s", log_last);
 	return err;
 }

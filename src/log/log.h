@@ -62,6 +62,11 @@ uint64_t log_stalls(void);
  * `return log_fail(UNISUM_EINVAL, "...")`. */
 int log_fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* While on, this thread's log_fail records its errors without logging
+ * them: a caller that expects failures and retries (a node redialing a
+ * restarted scheduler) says what matters itself. */
+void log_hush(bool on);
+
 /* Records a last error without logging it (the caller logged already). */
 void log_set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

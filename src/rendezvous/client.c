@@ -41,7 +41,9 @@ static int rdv_send(struct rdv_client *c, const struct wire_hdr *h, const void *
 {
 	if (c->lc == NULL)
 		return c->tp->send(c->conn, h, payload);
-	int rc = loop_conn_send(c->lc, h, payload);
+	pthread_mutex_lock(&c->send_lock);
+	int rc = c->resuming ? rdv_resume_hold(c, h, payload) : loop_conn_send(c->lc, h, payload);
+	pthread_mutex_unlock(&c->send_lock);
 	return rc == TP_AGAIN ? UNISUM_ECONN : rc;
 }
 
@@ -77,7 +79,7 @@ static int rdv_recv(struct rdv_client *c, struct wire_hdr *h, void **payload, ch
 	return rc;
 }
 
-static void rdv_fail(struct rdv_client *c, int err, const char *why)
+void rdv_fail(struct rdv_client *c, int err, const char *why)
 {
 	pthread_mutex_lock(&c->lock);
 	bool first = c->failed == 0;
@@ -101,6 +103,12 @@ static int rdv_on_tune(struct rdv_client *c, const struct wire_hdr *h, const voi
 	if (rdv_tune_decode(payload, h->payload_len, h->round, &t) != 0)
 		return UNISUM_EPROTO;
 	pthread_mutex_lock(&c->lock);
+	if ((int64_t)t.epoch <= c->tune_seen) {
+		/* Posted again to a restarted scheduler: had it. */
+		pthread_mutex_unlock(&c->lock);
+		return 0;
+	}
+	c->tune_seen = (int64_t)t.epoch;
 	rdv_tune_fn fn = c->tune;
 	void *arg = c->tune_arg;
 	if (fn == NULL) {
@@ -159,6 +167,8 @@ void rdv_client_on_join(struct rdv_client *c, rdv_join_fn fn, void *arg)
  * Frees f's arrays. */
 static void rdv_on_failover(struct rdv_client *c, struct rdv_failover *f, bool migrate)
 {
+	if (!migrate)
+		rdv_held_failover(c, f);
 	pthread_mutex_lock(&c->lock);
 	rdv_failover_fn fn = migrate ? c->migrate : c->failover;
 	void *arg = migrate ? c->migrate_arg : c->failover_arg;
@@ -227,6 +237,8 @@ static int rdv_on_rejoin(struct rdv_client *c, const struct wire_hdr *h, const v
 			at = &c->nodes[i];
 	if (at != NULL)
 		*at = nodes[0];
+	if (at != NULL && c->lost_servers != NULL && nodes[0].rank < c->num_servers)
+		c->lost_servers[nodes[0].rank] = 0;
 	rdv_rejoin_fn fn = c->rejoin;
 	void *arg = c->rejoin_arg;
 	pthread_mutex_unlock(&c->lock);
@@ -239,6 +251,9 @@ static int rdv_on_rejoin(struct rdv_client *c, const struct wire_hdr *h, const v
 int rdv_client_join(struct rdv_client *c)
 {
 	struct wire_hdr h = {.type = WIRE_JOIN, .sender = c->id};
+	pthread_mutex_lock(&c->lock);
+	c->joined = true;
+	pthread_mutex_unlock(&c->lock);
 	return rdv_send(c, &h, NULL);
 }
 
@@ -364,9 +379,21 @@ static int rdv_on_message(struct loop_conn *lc, const struct wire_hdr *hp, void 
 		pthread_cond_broadcast(&c->replied);
 		pthread_mutex_unlock(&c->lock);
 		break;
+	case WIRE_ADDRBOOK:
+		go_on = rdv_resume_done(c, &h, payload) == 0;
+		free(payload);
+		if (!go_on)
+			rdv_fail(c, UNISUM_EPROTO, "the scheduler sent an address book that is not "
+				 "this node's, or unasked (is every node the same unisum version?)");
+		break;
 	case WIRE_JOIN:
 	case WIRE_JOIN_DONE:
 		free(payload);
+		if (h.type == WIRE_JOIN_DONE) {
+			pthread_mutex_lock(&c->lock);
+			c->joined = false;
+			pthread_mutex_unlock(&c->lock);
+		}
 		rdv_on_join_event(c, h.type == WIRE_JOIN ? RDV_JOINED : RDV_JOIN_DONE,
 				  (int)h.aux, NULL);
 		break;
@@ -403,13 +430,15 @@ static int rdv_on_message(struct loop_conn *lc, const struct wire_hdr *hp, void 
 static void rdv_on_closed(struct loop_conn *lc, int rc, const char *why)
 {
 	struct rdv_client *c = loop_conn_arg(lc);
+	if (rdv_resume_start(c, rc, why))
+		return;
 	char msg[400];
 	snprintf(msg, sizeof msg, "lost the scheduler at %s: %s (did the scheduler or launcher exit?)",
 		 loop_conn_peer(lc), why);
 	rdv_fail(c, rc == UNISUM_EPROTO || rc == UNISUM_ENOMEM ? rc : UNISUM_ECONN, msg);
 }
 
-static const struct loop_conn_ops rdv_conn_ops = {.on_message = rdv_on_message,
+const struct loop_conn_ops rdv_conn_ops = {.on_message = rdv_on_message,
 						   .on_closed = rdv_on_closed};
 
 /* The counters the scheduler asked for, into b (metrics.h): the process's,
@@ -449,11 +478,16 @@ static void rdv_beat(struct loop_timer *t)
 	struct rdv_client *c = t->arg;
 	pthread_mutex_lock(&c->lock);
 	bool over = c->closing || c->failed != 0;
+	pthread_mutex_lock(&c->send_lock);
+	bool resuming = c->resuming;
+	pthread_mutex_unlock(&c->send_lock);
 	pthread_mutex_unlock(&c->lock);
 	if (over) {
 		loop_timer_stop(c->pool.loops[0], t);
 		return;
 	}
+	if (resuming)
+		return;		/* the redial timer watches the time */
 	int64_t silent = timing_now_ms() - atomic_load(&c->last_rx_ms);
 	if (silent >= c->timeout_ms) {
 		char msg[400];
@@ -481,6 +515,7 @@ static void rdv_serve(void *arg)
 {
 	struct rdv_client *c = arg;
 	struct loop *l = c->pool.loops[0];
+	c->conn_no = 1;
 	int rc = loop_conn_new(l, c->tp, c->conn, false, &rdv_conn_ops, c, &c->lc);
 	if (rc == 0)
 		loop_timer_start(l, &c->beat, c->heartbeat_ms, c->heartbeat_ms, rdv_beat, c);
@@ -502,6 +537,7 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 				"than %zu characters", cfg->node_host, sizeof m.host - 1);
 	memcpy(m.host, cfg->node_host, strlen(cfg->node_host) + 1);
 	rdv_host_identity(m.host_id, sizeof m.host_id);
+	c->reg = m;
 	struct wire_buf b;
 	wire_buf_init(&b);
 	rdv_register_encode(&m, &b);
@@ -528,6 +564,7 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 		return log_fail(UNISUM_EREMOTE, "the scheduler refused the job: %s", text);
 	}
 	uint32_t local_size = 0, n = 0;
+	c->gen = h.round;
 	rc = h.type == WIRE_ADDRBOOK ? rdv_book_decode(payload, h.payload_len, &c->id, &local_size,
 						       &c->nodes, &n)
 				     : UNISUM_EPROTO;
@@ -555,6 +592,9 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 	c->nnodes = (int)n;
 	c->num_machines = workers / L;
 	c->num_servers = (int)n - workers;
+	c->lost_servers = calloc((size_t)(c->num_servers > 0 ? c->num_servers : 1), 1);
+	if (c->lost_servers == NULL)
+		return UNISUM_ENOMEM;
 	if (!consistent || workers % L != 0)
 		return log_fail(UNISUM_EPROTO, "the scheduler sent a malformed address book");
 	return 0;
@@ -602,8 +642,12 @@ int rdv_client_new(const struct config *cfg, int listen_port, rdv_notice_fn noti
 	c->notice_arg = notice_arg;
 	pthread_mutex_init(&c->request_lock, NULL);
 	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&c->send_lock, NULL);
 	timing_cond_init(&c->replied);
-	c->beat.slot = -1;
+	c->beat.slot = c->redial.slot = -1;
+	c->tune_seen = -1;
+	snprintf(c->sched_host, sizeof c->sched_host, "%s", cfg->scheduler_host);
+	c->sched_port = cfg->scheduler_port;
 
 	int rc = transport_connect(c->tp, cfg->scheduler_host, cfg->scheduler_port, cfg->timeout_ms,
 				   &c->conn);
@@ -629,6 +673,8 @@ out_conn:
 		c->tp->conn_free(c->conn);
 out_free:
 	free(c->nodes);
+	free(c->lost_servers);
+	pthread_mutex_destroy(&c->send_lock);
 	free(c);
 	return rc;
 }
@@ -669,13 +715,14 @@ static int rdv_request(struct rdv_client *c, const struct wire_hdr *req, const v
 	pthread_mutex_lock(&c->request_lock);
 	pthread_mutex_lock(&c->lock);
 	int rc = c->failed;
-	pthread_mutex_unlock(&c->lock);
 	if (rc == 0)
-		rc = rdv_send(c, req, req_payload);
+		rc = rdv_request_send(c, req, req_payload);
+	pthread_mutex_unlock(&c->lock);
 	if (rc == 0) {
 		pthread_mutex_lock(&c->lock);
 		while (!c->have_reply && c->failed == 0)
 			pthread_cond_wait(&c->replied, &c->lock);
+		c->req_active = false;
 		if (c->have_reply) {
 			*reply = c->reply_hdr;
 			*payload = c->reply_payload;
@@ -706,20 +753,20 @@ int rdv_client_barrier_wait(struct rdv_client *c, int group, int timeout_ms)
 	int rc = c->failed;
 	bool enter = rc == 0 && !c->barrier_waiting[group] &&
 		     c->barrier_done[group] == c->barrier_entered[group];
-	if (enter)
-		c->barrier_entered[group]++;
-	pthread_mutex_unlock(&c->lock);
 	if (enter) {
+		/* Entered and sent under the lock: a resume (client_resume.c)
+		 * sees both or neither. */
+		c->barrier_entered[group]++;
 		struct wire_hdr h = {.type = WIRE_BARRIER, .sender = c->id, .aux = (uint32_t)group};
-		rc = rdv_send(c, &h, NULL);
-		if (rc != 0) {
-			pthread_mutex_lock(&c->lock);
+		int sent = rdv_send(c, &h, NULL);
+		if (sent != 0) {
 			c->barrier_entered[group]--;
 			pthread_mutex_unlock(&c->lock);
 			log_set_last_error("cannot reach the scheduler to enter a barrier");
-			return rc;
+			return sent;
 		}
 	}
+	pthread_mutex_unlock(&c->lock);
 	struct timespec until = timing_deadline(timeout_ms >= 0 ? timeout_ms : 0);
 	pthread_mutex_lock(&c->lock);
 	int timed_out = 0;
@@ -777,8 +824,8 @@ int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtyp
 			     .count = count, .aux = sync, .payload_len = b.len}, reply = {0};
 	void *payload = NULL;
 	int rc = rdv_request(c, &h, b.data, WIRE_DECLARE, &reply, &payload);
-	wire_buf_fini(&b);
 	if (rc != 0) {
+		wire_buf_fini(&b);
 		snprintf(why, why_len, "%s", log_last_error());
 		return rc;
 	}
@@ -789,6 +836,8 @@ int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtyp
 	rc = rdv_declare_reply_decode(payload, reply.payload_len, &status, why, why_len, &n, &parts,
 				      &servers);
 	free(payload);
+	if (rc != 0 || status != 0)
+		wire_buf_fini(&b);
 	if (rc == UNISUM_ENOMEM)
 		return rc;
 	if (rc == 0 && status != 0)
@@ -802,6 +851,9 @@ int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtyp
 		ok = parts[i].count > 0 && parts[i].count <= most && parts[i].count <= count - off;
 		off += ok ? parts[i].count : 0;
 	}
+	if (ok && off == count && reply.key == placement_tensor_key(name))
+		rdv_held_add(c, &h, b.data, reply.key, n, parts, servers);
+	wire_buf_fini(&b);
 	if (!ok || off != count || reply.key != placement_tensor_key(name)) {
 		free(parts);
 		free(servers);
@@ -839,7 +891,10 @@ int rdv_client_post_tune(struct rdv_client *c, const struct rdv_tune *t)
 	rdv_tune_encode(t, &b);
 	struct wire_hdr h = {.type = WIRE_TUNE, .sender = c->id, .round = t->epoch,
 			     .payload_len = b.len};
+	pthread_mutex_lock(&c->lock);	/* kept and sent as one, for a resume */
+	rdv_posted_add(c, t);
 	int rc = b.failed ? UNISUM_ENOMEM : rdv_send(c, &h, b.data);
+	pthread_mutex_unlock(&c->lock);
 	wire_buf_fini(&b);
 	return rc;
 }
@@ -857,6 +912,7 @@ void rdv_client_poison_tensor(struct rdv_client *c, uint64_t key, const char *wh
 void rdv_client_forget(struct rdv_client *c, uint64_t key)
 {
 	struct wire_hdr h = {.type = WIRE_RETIRE, .sender = c->id, .key = key};
+	rdv_held_forget(c, key);
 	rdv_send(c, &h, NULL);
 }
 
@@ -871,12 +927,18 @@ void rdv_client_free(struct rdv_client *c)
 	pthread_mutex_unlock(&c->lock);
 	if (c->role == CONFIG_ROLE_WORKER && !failed) {
 		struct wire_hdr h = {.type = WIRE_SHUTDOWN, .sender = c->id};
-		if (rdv_send(c, &h, NULL) == 0)
+		/* Under send_lock: a resume does not swap the connection meanwhile. */
+		pthread_mutex_lock(&c->send_lock);
+		if (!c->resuming && loop_conn_send(c->lc, &h, NULL) == 0)
 			loop_conn_flush(c->lc, 1000);
+		pthread_mutex_unlock(&c->send_lock);
 	}
+	pthread_mutex_lock(&c->send_lock);
 	loop_conn_shutdown(c->lc);
+	pthread_mutex_unlock(&c->send_lock);
 	loop_pool_halt(&c->pool);	/* its thread joined: nothing else runs */
 	loop_timer_stop(c->pool.loops[0], &c->beat);
+	loop_timer_stop(c->pool.loops[0], &c->redial);
 	loop_conn_free(c->lc);		/* c->conn too */
 	loop_pool_free(&c->pool);
 	free(c->reply_payload);
@@ -888,6 +950,8 @@ void rdv_client_free(struct rdv_client *c)
 	}
 	free(c->early_fo);
 	free(c->nodes);
+	rdv_held_free(c);
+	pthread_mutex_destroy(&c->send_lock);
 	pthread_mutex_destroy(&c->request_lock);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->replied);

@@ -14,6 +14,7 @@
 #include "loop/conn.h"
 #include "loop/loop.h"
 #include "rendezvous/metrics.h"
+#include "rendezvous/rdv_proto.h"
 #include "rendezvous/rendezvous.h"
 #include "transport/transport.h"
 #include "wire/wire.h"
@@ -75,6 +76,74 @@ struct rdv_client {
 	int failed;			/* 0, or why no reply will ever come */
 	char failed_why[512];
 	bool closing;			/* rdv_client_free() has started */
+	/* A lost scheduler, waited for and resumed with (client_resume.c). */
+	char sched_host[256];		/* where it listens */
+	int sched_port;
+	struct rdv_register reg;	/* this node's first REGISTER */
+	uint32_t gen;			/* the book's generation (its header's round) */
+	pthread_mutex_t send_lock;	/* lc, conn, resuming, dialed, the outbox and
+					 * req_conn, for senders; inside `lock` */
+	bool resuming;			/* the scheduler was lost: waiting for it */
+	bool dialed;			/* ... registered again, its answer awaited */
+	unsigned conn_no;		/* connections to a scheduler so far */
+	int64_t lost_ms;		/* when it was lost (under lock) ... */
+	char lost_why[300];		/* ... and how */
+	struct loop_timer redial;	/* tries to reach it again */
+	uint32_t reported_entered[4];	/* barriers entered as the resume reported them */
+	struct rdv_held *held;		/* every tensor declared (under lock) */
+	int nheld;
+	bool held_lost;			/* one could not be kept: no resume */
+	uint8_t *lost_servers;		/* [num_servers] lost and not replaced */
+	uint32_t failovers;		/* the last FAILOVER's number */
+	bool joined;			/* JOIN sent, no JOIN_DONE yet */
+	struct rdv_tune *posted;	/* worker 0's TUNEs, the last RDV_MAX_POSTED */
+	int nposted;
+	int64_t tune_seen;		/* the last TUNE epoch handed on, -1: none */
+	struct wire_hdr req_hdr;	/* the request in flight (under lock) ... */
+	void *req_payload;
+	bool req_active;
+	unsigned req_conn;		/* ... and the connection it went on (0: none) */
+	struct rdv_outbox {
+		struct wire_hdr h;
+		void *payload;
+	} *outbox;			/* sent while resuming, to send once back */
+	int noutbox;
 };
+
+/* client.c's connection callbacks, for the connection client_resume.c
+ * opens to a restarted scheduler. */
+extern const struct loop_conn_ops rdv_conn_ops;
+/* Fails the client once with err and why (wakes every waiter; calls the
+ * notice callback). */
+void rdv_fail(struct rdv_client *c, int err, const char *why);
+
+/* client_resume.c.  The scheduler's connection ended (rc, why), on the
+ * loop: true when this node waits for a restarted scheduler (a plain
+ * loss, while the job runs), false when the caller fails the client. */
+bool rdv_resume_start(struct rdv_client *c, int rc, const char *why);
+/* The redial timer: reaches the restarted scheduler and registers again,
+ * or fails the client once UNISUM_TIMEOUT_MS has passed. */
+void rdv_redial(struct loop_timer *t);
+/* An ADDRBOOK while resuming: the scheduler took the node back; what
+ * waited goes out.  0, or UNISUM_EPROTO (not the node's book, or not
+ * awaited). */
+int rdv_resume_done(struct rdv_client *c, const struct wire_hdr *h, const void *payload);
+/* A message sent while resuming (send_lock held): kept to send once the
+ * scheduler is back, or dropped when the resume carries it.  0 or an
+ * error. */
+int rdv_resume_hold(struct rdv_client *c, const struct wire_hdr *h, const void *payload);
+/* Sends request req, kept (with its payload) to send again to a
+ * restarted scheduler until answered (c->lock held). */
+int rdv_request_send(struct rdv_client *c, const struct wire_hdr *req, const void *payload);
+/* The tensors this worker declared (request h and payload req, the cut),
+ * forgotten, moved by a failover (and its lost server noted); freed with
+ * the rest of the resume's state. */
+void rdv_held_add(struct rdv_client *c, const struct wire_hdr *h, const void *req, uint64_t key,
+		  uint32_t n, const struct placement_part *parts, const uint32_t *servers);
+void rdv_held_forget(struct rdv_client *c, uint64_t key);
+void rdv_held_failover(struct rdv_client *c, const struct rdv_failover *f);
+void rdv_held_free(struct rdv_client *c);
+/* Worker 0 posted TUNE t (c->lock held). */
+void rdv_posted_add(struct rdv_client *c, const struct rdv_tune *t);
 
 #endif /* UNISUM_CLIENT_INT_H */

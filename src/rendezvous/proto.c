@@ -24,6 +24,41 @@ void rdv_register_encode(const struct rdv_register *m, struct wire_buf *b)
 	wire_buf_u32(b, (uint32_t)m->pid);
 	wire_buf_str(b, m->host_id);
 	wire_buf_u32(b, (uint32_t)m->rack);
+	const struct rdv_resume *z = &m->resume;
+	wire_buf_u32(b, z->on);
+	if (!z->on)
+		return;
+	uint32_t head[] = {z->id, z->rank, z->gen, z->local_size, z->workers, z->servers,
+			   z->joined, z->failovers};
+	for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
+		wire_buf_u32(b, head[i]);
+	for (int g = 0; g < 4; g++) {
+		wire_buf_u32(b, z->entered[g]);
+		wire_buf_u32(b, z->done[g]);
+	}
+	wire_buf_u32(b, z->nlost);
+	for (uint32_t i = 0; i < z->nlost && i < RDV_MAX_LOST; i++)
+		wire_buf_u32(b, z->lost[i]);
+}
+
+/* REGISTER's resume part (after its u32 on). */
+static void rdv_resume_read(struct wire_reader *r, struct rdv_resume *z)
+{
+	uint32_t *head[] = {&z->id, &z->rank, &z->gen, &z->local_size, &z->workers, &z->servers,
+			    &z->joined, &z->failovers};
+	for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
+		*head[i] = wire_read_u32(r);
+	for (int g = 0; g < 4; g++) {
+		z->entered[g] = wire_read_u32(r);
+		z->done[g] = wire_read_u32(r);
+	}
+	z->nlost = wire_read_u32(r);
+	if (z->nlost > RDV_MAX_LOST) {
+		r->failed = true;
+		return;
+	}
+	for (uint32_t i = 0; i < z->nlost; i++)
+		z->lost[i] = wire_read_u32(r);
 }
 
 int rdv_register_decode(const void *payload, size_t len, struct rdv_register *m)
@@ -39,7 +74,11 @@ int rdv_register_decode(const void *payload, size_t len, struct rdv_register *m)
 	m->pid = (int)wire_read_u32(&r);
 	wire_read_str(&r, m->host_id, sizeof m->host_id);
 	m->rack = (int)(int32_t)wire_read_u32(&r);
-	return r.failed || r.left != 0 ? UNISUM_EPROTO : 0;
+	memset(&m->resume, 0, sizeof m->resume);
+	m->resume.on = wire_read_u32(&r);
+	if (m->resume.on == 1)
+		rdv_resume_read(&r, &m->resume);
+	return r.failed || r.left != 0 || m->resume.on > 1 ? UNISUM_EPROTO : 0;
 }
 
 void rdv_book_encode_head(struct wire_buf *b, uint32_t your_id, uint32_t local_size, uint32_t n)
@@ -187,6 +226,29 @@ void rdv_refused_encode(struct wire_buf *b, int err, const char *why)
 {
 	wire_buf_u32(b, (uint32_t)err);
 	wire_buf_str(b, why);
+}
+
+void rdv_held_encode(struct wire_buf *b, const void *req, size_t req_len, uint32_t n,
+		     const struct placement_part *parts, const uint32_t *servers)
+{
+	wire_buf_u32(b, (uint32_t)req_len);
+	wire_buf_bytes(b, req, req_len);
+	rdv_placed_encode(b, n, parts, servers);
+}
+
+int rdv_held_split(const void *payload, size_t len, const void **req, size_t *req_len,
+		   const void **reply, size_t *reply_len)
+{
+	struct wire_reader r;
+	wire_reader_init(&r, payload, len);
+	uint32_t n = wire_read_u32(&r);
+	if (r.failed || n > r.left)
+		return UNISUM_EPROTO;
+	*req = r.p;
+	*req_len = n;
+	*reply = r.p + n;
+	*reply_len = r.left - n;
+	return 0;
 }
 
 int rdv_declare_reply_decode(const void *payload, size_t len, int *status, char *why, size_t why_len,

@@ -4,7 +4,13 @@
  *
  *   REGISTER   u32 role, u32 requested rank (int32, -1 = any; a worker's machine
  *              index), u32 port, u32 local rank, u32 local size (servers 0, 1), str host,
- *              u32 pid, str host identity, u32 rack (int32, UNISUM_RACK, -1 = none)
+ *              u32 pid, str host identity, u32 rack (int32, UNISUM_RACK, -1 = none),
+ *              u32 resume (0: a fresh node; 1: a node of a running job whose
+ *              scheduler was lost, then struct rdv_resume's fields in order,
+ *              the lost servers as u32 n and n x u32)
+ *   HELD       worker -> a restarted scheduler: header key, dtype, count, aux = sync;
+ *              payload u32 length and the tensor's DECLARE request, then the
+ *              DECLARE reply it got (the cut and where each piece lives now)
  *   ADDRBOOK   u32 your id, u32 local size, u32 n, n x {u32 id, u32 role, u32 rank,
  *              u32 machine (int32, -1 for servers), u32 local rank, u32 port, str host,
  *              u32 pid, str host identity, u32 rack (int32, -1 = none)}
@@ -50,6 +56,21 @@
  * missing, bytes left over, a string that does not fit), or UNISUM_ENOMEM;
  * the receiver checks what the values mean. */
 
+/* What a node of a running job tells a restarted scheduler (REGISTER's
+ * resume part; client_resume.c, sched_resume.c). */
+#define RDV_MAX_LOST 256		/* lost servers a resume can name */
+struct rdv_resume {
+	uint32_t on;			/* 1: this REGISTER resumes a running job */
+	uint32_t id, rank;		/* the node's, from its address book */
+	uint32_t gen;			/* the book's generation (elastic jobs) */
+	uint32_t local_size, workers, servers; /* the book's */
+	uint32_t entered[4], done[4];	/* per barrier group: entered and completed */
+	uint32_t joined;		/* 1: it joined (unisum_join) and awaits JOIN_DONE */
+	uint32_t failovers;		/* the last failover it heard of (its number) */
+	uint32_t nlost;
+	uint32_t lost[RDV_MAX_LOST];	/* the servers it heard were lost, not replaced */
+};
+
 /* REGISTER. */
 struct rdv_register {
 	int role;			/* CONFIG_ROLE_SERVER or CONFIG_ROLE_WORKER */
@@ -60,6 +81,7 @@ struct rdv_register {
 	int pid;
 	char host_id[64];		/* boot id and namespaces (rdv_client_same_host) */
 	int rack;			/* UNISUM_RACK: -1 = none */
+	struct rdv_resume resume;	/* resume.on 0: a fresh node */
 };
 void rdv_register_encode(const struct rdv_register *m, struct wire_buf *b);
 int rdv_register_decode(const void *payload, size_t len, struct rdv_register *m);
@@ -104,6 +126,15 @@ void rdv_placed_encode(struct wire_buf *b, uint32_t n, const struct placement_pa
 void rdv_refused_encode(struct wire_buf *b, int err, const char *why);
 int rdv_declare_reply_decode(const void *payload, size_t len, int *status, char *why, size_t why_len,
 			     uint32_t *n, struct placement_part **parts, uint32_t **servers);
+
+/* HELD: DECLARE's request payload (req, req_len) and its reply's cut. */
+void rdv_held_encode(struct wire_buf *b, const void *req, size_t req_len, uint32_t n,
+		     const struct placement_part *parts, const uint32_t *servers);
+/* Splits a HELD payload into the request's and the reply's bytes (both
+ * pointing into payload), for rdv_declare_decode and
+ * rdv_declare_reply_decode. */
+int rdv_held_split(const void *payload, size_t len, const void **req, size_t *req_len,
+		   const void **reply, size_t *reply_len);
 
 /* TUNE: rdv_tune_encode / rdv_tune_decode in rendezvous.h (worker.c's
  * tuner uses them too). */

@@ -50,20 +50,10 @@ void sched_check_left_barriers(struct rdv_scheduler *s)
 	}
 }
 
-/* Node n entered the barrier of `group`: once every registered node of
- * the group has, each gets BARRIER_DONE (see sched_int.h). */
-void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int group)
+void sched_barrier_settle(struct rdv_scheduler *s, int group)
 {
-	pthread_mutex_lock(&s->lock);
-	if (!n->registered) {	/* retired (elastic re-form) since it sent it */
-		pthread_mutex_unlock(&s->lock);
-		return;
-	}
-	n->in_barrier[group] = true;
-	if (s->barrier_since[group] == 0) {
-		s->barrier_since[group] = timing_now_ms();
-		s->barrier_stall[group] = 0;
-	}
+	if (s->resuming || s->barrier_since[group] == 0)
+		return;		/* a restarted scheduler waits for every node's report */
 	int need = 0, have = 0;
 	for (int i = 0; i < s->nnodes; i++) {
 		struct sched_node *m = s->nodes[i];
@@ -82,9 +72,27 @@ void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int group)
 			if (!m->registered || !group_has(group, m->role))
 				continue;
 			m->in_barrier[group] = false;
+			m->barrier_done[group]++;
 			sched_send(m, &h, NULL);
 		}
 	}
+}
+
+/* Node n entered the barrier of `group`: once every registered node of
+ * the group has, each gets BARRIER_DONE (see sched_int.h). */
+void sched_on_barrier(struct rdv_scheduler *s, struct sched_node *n, int group)
+{
+	pthread_mutex_lock(&s->lock);
+	if (!n->registered) {	/* retired (elastic re-form) since it sent it */
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
+	n->in_barrier[group] = true;
+	if (s->barrier_since[group] == 0) {
+		s->barrier_since[group] = timing_now_ms();
+		s->barrier_stall[group] = 0;
+	}
+	sched_barrier_settle(s, group);
 	pthread_mutex_unlock(&s->lock);
 }
 

@@ -114,7 +114,7 @@ int sched_send_addrbook(struct rdv_scheduler *s)
 			struct rdv_node entry = sched_entry_of(n);
 			rdv_book_encode_node(&b, &entry);
 		}
-		struct wire_hdr h = {.type = WIRE_ADDRBOOK, .payload_len = b.len};
+		struct wire_hdr h = {.type = WIRE_ADDRBOOK, .round = s->gen, .payload_len = b.len};
 		if (b.failed)
 			rc = UNISUM_ENOMEM;
 		else

@@ -24,6 +24,7 @@
 #include "wire/wire.h"
 
 struct rdv_register;
+struct rdv_segs;
 
 struct sched_node {
 	struct rdv_scheduler *s;	/* back pointer for the loop's calls */
@@ -50,6 +51,8 @@ struct sched_node {
 	char host_id[64];
 	int rack;			/* UNISUM_RACK as registered, -1: none */
 	bool in_barrier[4];		/* entered the barrier of group g */
+	uint32_t barrier_done[4];	/* ... and the barriers of g it completed (counted
+					 * from a resume's report, sched_resume.c) */
 	_Atomic int64_t last_seen_ms;	/* when it last sent anything */
 	struct rdv_metrics report;	/* its last counters (sched_metrics.c) ... */
 	int64_t report_ms;		/* ... and when they came (0: none yet) */
@@ -163,6 +166,18 @@ struct rdv_scheduler {
 	struct http_server *http;	/* serving them, or NULL: off */
 	char host[64];			/* the address the scheduler listens on */
 	char job_file[300];		/* where `unisum top` finds the port, "" none */
+	/* A restarted scheduler (sched_resume.c). */
+	bool resumed;			/* its nodes came back from a running job */
+	bool resuming;			/* ... and not all of them yet */
+	int64_t resume_since;		/* the first one's REGISTER */
+	bool lost_reported;		/* a worker reported the lost servers (s->lost) */
+	int lost_rank;			/* ... that worker's rank */
+	struct sched_deferred {
+		struct sched_node *n;
+		struct wire_hdr h;
+		void *payload;
+	} *deferred;			/* DECLAREs that came while resuming */
+	int ndeferred;
 };
 
 /* sched_nodes.c: a node's connection.  Queues h (and a copy of payload)
@@ -238,8 +253,55 @@ struct rdv_node sched_entry_of(const struct sched_node *n);
 /* Tells every worker of the job how many wait to join (RESIZE). */
 void sched_announce_waiting(struct rdv_scheduler *s);
 
+/* sched_resume.c: a scheduler that restarted takes a running job back
+ * from its nodes' reports.  A REGISTER with a resume part (s->lock held):
+ * 0, or an error with why (the node is told, its connection closes). */
+int sched_on_resume(struct rdv_scheduler *s, struct sched_node *n, const struct rdv_register *m,
+		    char *why, size_t len);
+/* A worker's HELD: the tensor filed as it was placed, or checked against
+ * another's report (takes s->lock).  0, or UNISUM_EPROTO with why. */
+int sched_on_held(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *h,
+		  const void *payload, char *why, size_t len);
+/* A DECLARE while nodes are still to come back: kept (true), answered by
+ * sched_resume_after once all are (takes s->lock). */
+bool sched_resume_defer(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *h,
+			const void *payload);
+/* Ends the resume once every node is back, or UNISUM_TIMEOUT_MS after
+ * the first: a worker missing then counts as one that left, a server
+ * missing is failed over (or fails the job).  s->lock held. */
+void sched_resume_check(struct rdv_scheduler *s, int64_t now);
+/* On the loop, without the lock: answers the deferred DECLAREs once the
+ * resume is over. */
+void sched_resume_after(struct rdv_scheduler *s);
+void sched_resume_free(struct rdv_scheduler *s);
+
+/* scheduler.c: once every worker said goodbye (or counts as gone), the
+ * servers are told to stop.  s->lock held. */
+void sched_stop_servers_if_done(struct rdv_scheduler *s);
+/* sched_barrier.c: completes the barrier of `group` when every node of
+ * it has entered (not while resuming).  s->lock held. */
+void sched_barrier_settle(struct rdv_scheduler *s, int group);
+
 /* sched_tensors.c.  Every function is called with s->lock held but
  * sched_on_declare, which takes it. */
+/* A new, zeroed entry at the end of the tensor table (not yet counted:
+ * the caller fills it and increments s->ntensors), or NULL. */
+struct sched_tensor *sched_new_tensor(struct rdv_scheduler *s);
+/* Fills entry t (parts and servers set, from sched_new_tensor) for node
+ * n's declaration of name and counts it in the table. */
+void sched_file_tensor(struct rdv_scheduler *s, struct sched_tensor *t, const struct sched_node *n,
+		       const char *name, uint64_t key, const struct wire_hdr *req, uint64_t pbytes,
+		       const struct rdv_segs *segs, const struct rdv_shape *shape, const char *comp,
+		       uint32_t nparts);
+struct sched_tensor *sched_find_tensor(struct rdv_scheduler *s, const char *name, uint64_t key);
+/* Whether a DECLARE (or HELD) header and payload are well formed. */
+bool sched_declare_valid(const struct wire_hdr *req, uint64_t pbytes,
+			 const struct rdv_segs *segs, const struct rdv_shape *shape);
+/* Why node n's declaration (req, ...) of name cannot use tensor t, into
+ * msg ("" when it can), and the error code. */
+int sched_refusal(const struct sched_tensor *t, const struct sched_node *n, const char *name,
+		  const struct wire_hdr *req, uint64_t pbytes, const struct rdv_segs *segs,
+		  const struct rdv_shape *shape, const char *comp, char *msg, size_t len);
 void sched_place_roles(struct rdv_scheduler *s);
 void sched_free_racks(struct rdv_scheduler *s);
 void sched_log_loads(struct rdv_scheduler *s, int64_t now);

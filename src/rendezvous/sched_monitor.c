@@ -186,6 +186,7 @@ void sched_monitor_tick(struct loop_timer *t)
 	} else if (!s->book_sent) {
 		sched_check_start(s, now);
 	} else {
+		sched_resume_check(s, now);
 		sched_log_loads(s, now);
 		sched_check_barriers(s, now);
 		/* aux 1: send your counters (metrics.h) */

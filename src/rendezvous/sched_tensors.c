@@ -173,7 +173,7 @@ void sched_log_loads(struct rdv_scheduler *s, int64_t now)
 			 p->total ? (double)p->loads[i] / (double)p->total : 0.0, p->weights[i]);
 }
 
-static struct sched_tensor *sched_find_tensor(struct rdv_scheduler *s, const char *name, uint64_t key)
+struct sched_tensor *sched_find_tensor(struct rdv_scheduler *s, const char *name, uint64_t key)
 {
 	for (int i = 0; i < s->ntensors; i++)
 		if (s->tensors[i].key == key || strcmp(s->tensors[i].name, name) == 0)
@@ -356,9 +356,9 @@ static bool sched_same_shape(const struct rdv_shape *a, const struct rdv_shape *
 	return true;
 }
 
-static int sched_refusal(const struct sched_tensor *t, const struct sched_node *n, const char *name,
-			 const struct wire_hdr *req, uint64_t pbytes, const struct rdv_segs *segs,
-			 const struct rdv_shape *shape, const char *comp, char *msg, size_t len)
+int sched_refusal(const struct sched_tensor *t, const struct sched_node *n, const char *name,
+		  const struct wire_hdr *req, uint64_t pbytes, const struct rdv_segs *segs,
+		  const struct rdv_shape *shape, const char *comp, char *msg, size_t len)
 {
 	char a[200], b[200];
 	if (strcmp(t->name, name) != 0) {
@@ -648,6 +648,21 @@ void sched_migrate_back(struct rdv_scheduler *s, int r)
 		 "from the next round", moved, r);
 }
 
+struct sched_tensor *sched_new_tensor(struct rdv_scheduler *s)
+{
+	if (s->ntensors == s->cap_tensors) {
+		int cap = s->cap_tensors ? s->cap_tensors * 2 : 64;
+		struct sched_tensor *nt = realloc(s->tensors, (size_t)cap * sizeof *nt);
+		if (nt == NULL)
+			return NULL;
+		s->tensors = nt;
+		s->cap_tensors = cap;
+	}
+	struct sched_tensor *t = &s->tensors[s->ntensors];
+	memset(t, 0, sizeof *t);
+	return t;
+}
+
 /* A new tensor: its cut and placement, filed in the table (*out); on the
  * servers of `rack` when it has any (a tensor of that rack's workers
  * alone).  0, UNISUM_ENOMEM, or UNISUM_EPROTO when it cannot be placed. */
@@ -656,16 +671,9 @@ static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *
 			      const struct rdv_segs *segs, const struct rdv_shape *shape, int rack,
 			      const char *comp, struct sched_tensor **out)
 {
-	if (s->ntensors == s->cap_tensors) {
-		int cap = s->cap_tensors ? s->cap_tensors * 2 : 64;
-		struct sched_tensor *nt = realloc(s->tensors, (size_t)cap * sizeof *nt);
-		if (nt == NULL)
-			return UNISUM_ENOMEM;
-		s->tensors = nt;
-		s->cap_tensors = cap;
-	}
-	struct sched_tensor *t = &s->tensors[s->ntensors];
-	memset(t, 0, sizeof *t);
+	struct sched_tensor *t = sched_new_tensor(s);
+	if (t == NULL)
+		return UNISUM_ENOMEM;
 	uint32_t nparts;
 	int rc;
 	if (segs->n > 0) {
@@ -698,10 +706,6 @@ static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *
 	if (rc != 0)
 		return rc == UNISUM_ENOMEM ? rc : UNISUM_EPROTO;
 	sched_avoid_lost(s, t->parts, t->servers, nparts, unisum_dtype_size(req->dtype));
-	t->nsegs = segs->n;
-	t->segs_hash = sched_segs_hash(segs);
-	t->shape = *shape;
-	t->shape_rank = n->rank;
 	s->placed_ms = timing_now_ms();
 	if (LOG_LEVEL_DEBUG >= log_threshold) {
 		for (uint32_t i = 0; i < nparts; i++)
@@ -709,6 +713,20 @@ static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *
 				  (unsigned long long)t->parts[i].count,
 				  (unsigned long long)t->parts[i].offset, t->servers[i]);
 	}
+	sched_file_tensor(s, t, n, name, key, req, pbytes, segs, shape, comp, nparts);
+	*out = t;
+	return 0;
+}
+
+void sched_file_tensor(struct rdv_scheduler *s, struct sched_tensor *t, const struct sched_node *n,
+		       const char *name, uint64_t key, const struct wire_hdr *req, uint64_t pbytes,
+		       const struct rdv_segs *segs, const struct rdv_shape *shape, const char *comp,
+		       uint32_t nparts)
+{
+	t->nsegs = segs->n;
+	t->segs_hash = sched_segs_hash(segs);
+	t->shape = *shape;
+	t->shape_rank = n->rank;
 	snprintf(t->name, sizeof t->name, "%s", name);
 	t->dtype = req->dtype;
 	t->count = req->count;
@@ -719,15 +737,13 @@ static int sched_place_tensor(struct rdv_scheduler *s, const struct sched_node *
 	snprintf(t->comp, sizeof t->comp, "%s", comp);
 	t->nparts = nparts;
 	s->ntensors++;
-	*out = t;
-	return 0;
 }
 
 /* Whether DECLARE req (partitions of pbytes, segments segs, shape) is
  * well formed: segments that add up to the count, a shape whose product
  * is the count, a known sync mode, and not too many partitions. */
-static bool sched_declare_valid(const struct wire_hdr *req, uint64_t pbytes,
-				const struct rdv_segs *segs, const struct rdv_shape *shape)
+bool sched_declare_valid(const struct wire_hdr *req, uint64_t pbytes,
+			 const struct rdv_segs *segs, const struct rdv_shape *shape)
 {
 	size_t esize = unisum_dtype_size(req->dtype);
 	uint64_t seg_total = 0;

@@ -100,7 +100,7 @@ static int sched_on_replacement(struct rdv_scheduler *s, struct sched_node *n,
 			rdv_book_encode_node(&b, &e);
 		}
 	}
-	struct wire_hdr h = {.type = WIRE_ADDRBOOK, .payload_len = b.len};
+	struct wire_hdr h = {.type = WIRE_ADDRBOOK, .round = s->gen, .payload_len = b.len};
 	if (!b.failed)
 		sched_send(n, &h, b.data);
 	wire_buf_fini(&b);
@@ -203,6 +203,12 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 		pthread_mutex_unlock(&s->lock);
 		snprintf(why, why_len, "the job had failed");
 		return UNISUM_ESHUTDOWN;
+	}
+	if (m.resume.on) {
+		int rrc = sched_on_resume(s, n, &m, why, why_len);
+		pthread_cond_broadcast(&s->changed);
+		pthread_mutex_unlock(&s->lock);
+		return rrc;
 	}
 	int rc = worker ? sched_worker_refused(s, n, &m, why, why_len) : 0;
 	if (rc != 0) {
@@ -350,7 +356,14 @@ static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 		s->workers_done++;
 		sched_check_left_barriers(s);
 	}
-	if (s->workers_done == s->num_workers && !s->servers_stopped) {
+	sched_stop_servers_if_done(s);
+	pthread_cond_broadcast(&s->changed);
+	pthread_mutex_unlock(&s->lock);
+}
+
+void sched_stop_servers_if_done(struct rdv_scheduler *s)
+{
+	if (s->workers_done >= s->num_workers && !s->servers_stopped && !s->resuming) {
 		sched_log_loads(s, INT64_MAX);	/* if not logged yet */
 		s->servers_stopped = true;
 		struct wire_hdr h = {.type = WIRE_SHUTDOWN};
@@ -367,8 +380,6 @@ static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 				sched_send_error(s->nodes[i], UNISUM_ESHUTDOWN,
 						 "the elastic job ended before this worker could join it");
 	}
-	pthread_cond_broadcast(&s->changed);
-	pthread_mutex_unlock(&s->lock);
 }
 
 /* An ERROR from node n: fail the job for its reason (a stalled round or
@@ -426,7 +437,11 @@ static int sched_dispatch(struct rdv_scheduler *s, struct sched_node *n, const s
 		}
 		sched_on_barrier(s, n, (int)h->aux);
 		return 0;
+	case WIRE_HELD:
+		return sched_on_held(s, n, h, payload, why, len);
 	case WIRE_DECLARE:
+		if (sched_resume_defer(s, n, h, payload))
+			return 0;	/* answered once every node is back */
 		rc = sched_on_declare(s, n, h, payload, h->payload_len);
 		if (rc == UNISUM_EPROTO)
 			snprintf(why, len, "malformed DECLARE");
@@ -658,7 +673,8 @@ static bool sched_accept_done(const struct rdv_scheduler *s)
 {
 	bool late = ((s->server_failover && s->num_servers > 1) || s->elastic) &&
 		    !sched_is_finished(s);
-	return (s->book_sent && !late) || s->aborted || (s->error != 0 && !sched_lingers(s));
+	return (s->book_sent && !late && !s->resuming) || s->aborted ||
+	       (s->error != 0 && !sched_lingers(s));
 }
 
 /* Lingering ended: sched_after, which runs next, sees it. */
@@ -674,6 +690,7 @@ static void sched_linger_over(struct loop_timer *t)
 static void sched_after(void *arg)
 {
 	struct rdv_scheduler *s = arg;
+	sched_resume_after(s);
 	pthread_mutex_lock(&s->lock);
 	if (s->accepting && sched_accept_done(s)) {
 		s->accepting = false;
@@ -881,6 +898,7 @@ void rdv_scheduler_free(struct rdv_scheduler *s)
 		free(s->moved_off[i].keys);
 	free(s->moved_off);
 	sched_free_racks(s);
+	sched_resume_free(s);
 	placement_fini(&s->placement);
 	pthread_mutex_destroy(&s->lock);
 	pthread_cond_destroy(&s->changed);

@@ -79,6 +79,7 @@ static const char *const wire_type_names[] = {
 	[WIRE_REJOIN] = "REJOIN",	  [WIRE_MIGRATE] = "MIGRATE",
 	[WIRE_MOVED] = "MOVED",		  [WIRE_REFORM] = "REFORM",
 	[WIRE_RESIZE] = "RESIZE",
+	[WIRE_HELD] = "HELD",
 };
 
 const char *wire_type_name(int type)
@@ -97,7 +98,8 @@ static size_t dtype_bytes(uint8_t dtype)
 static bool type_has_dtype(uint8_t type)
 {
 	return type == WIRE_PUSH || type == WIRE_PULL || type == WIRE_PULL_REPLY ||
-	       type == WIRE_RESTORE || type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE || type == WIRE_ANNOUNCE;
+	       type == WIRE_RESTORE || type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE ||
+	       type == WIRE_ANNOUNCE || type == WIRE_HELD;
 }
 
 /* A data message's payload (PUSH, PULL_REPLY): count x dtype bytes, the
@@ -444,13 +446,18 @@ void wire_buf_u64(struct wire_buf *b, uint64_t v)
 		put64(p, v);
 }
 
+void wire_buf_bytes(struct wire_buf *b, const void *src, size_t n)
+{
+	uint8_t *p = wire_buf_grow(b, n);
+	if (p != NULL && n > 0)
+		memcpy(p, src, n);
+}
+
 void wire_buf_str(struct wire_buf *b, const char *s)
 {
 	size_t n = strlen(s);
 	wire_buf_u32(b, (uint32_t)n);
-	uint8_t *p = wire_buf_grow(b, n);
-	if (p != NULL)
-		memcpy(p, s, n);
+	wire_buf_bytes(b, s, n);
 }
 
 void wire_reader_init(struct wire_reader *r, const void *data, size_t len)

@@ -45,7 +45,7 @@
 /* (A build may set another, to test that two versions refuse each other:
  * the test_wire_version program of CMakeLists.txt.) */
 #ifndef WIRE_VERSION
-#define WIRE_VERSION 16
+#define WIRE_VERSION 17
 #endif
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
@@ -106,7 +106,9 @@ enum wire_type {
 	WIRE_RESIZE = 25,	/* scheduler -> every worker of an elastic job: `aux`
 				 * workers wait to join (no payload); worker -> scheduler:
 				 * re-form the job now to take them in */
-	WIRE_TYPE_MAX = 25,
+	WIRE_HELD = 26,		/* worker -> a restarted scheduler: a tensor it declared and
+				 * where its pieces live (DECLARE's request and reply) */
+	WIRE_TYPE_MAX = 26,
 };
 
 /* PUSH: the contribution is all zeros and no payload follows (broadcast
@@ -271,6 +273,7 @@ void wire_buf_fini(struct wire_buf *b);
 void wire_buf_u32(struct wire_buf *b, uint32_t v);
 void wire_buf_u64(struct wire_buf *b, uint64_t v);
 void wire_buf_str(struct wire_buf *b, const char *s);	/* u32 length + bytes */
+void wire_buf_bytes(struct wire_buf *b, const void *p, size_t n);	/* n bytes as they are */
 
 /* The control payloads that more than one module writes or reads: one
  * codec each (the rendezvous messages have theirs in rdv_proto.h).

@@ -69,7 +69,7 @@ static bool type_is_tensor(uint8_t type)
 {
 	return type == WIRE_PUSH || type == WIRE_PULL || type == WIRE_PULL_REPLY ||
 	       type == WIRE_RESTORE || type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE ||
-	       type == WIRE_ANNOUNCE;
+	       type == WIRE_ANNOUNCE || type == WIRE_HELD;
 }
 
 /* Whether `type` never carries a payload.  DECLARE_CHECK is not one of

@@ -34,7 +34,7 @@ assert HDR.size == 48
 (REGISTER, ADDRBOOK, BARRIER, BARRIER_DONE, HEARTBEAT, PUSH, PUSH_ACK, PULL,
  PULL_REPLY, DECLARE_CHECK, ERROR, SHUTDOWN, DECLARE, TUNE, RETIRE) = range(1, 16)
 FAILOVER, RESTORE, REJOIN, MIGRATE, MOVED = 19, 20, 21, 22, 23
-REFORM, RESIZE = 24, 25
+REFORM, RESIZE, HELD = 24, 25, 26
 FLAG_ZERO, FLAG_IPC = 0x1, 0x2
 FLAG_PULL = 0x10  # a PUSH that carries its PULL (wire 15)
 OP_SUM, OP_AVERAGE, OP_BROADCAST = range(3)  # a PUSH's aux: kind | root << 8
@@ -93,10 +93,11 @@ HOST_ID_MAX = HOST_ID_B + "/" + "n" * (63 - len(HOST_ID_B) - 1)  # 63 chars, the
 assert len(HOST_ID_MAX) == 63
 
 
-def register(role, req, port, local_rank, local_size, host, pid, host_id, rack=-1):
-    """A REGISTER payload (client.c rdv_register)."""
-    return (u32(role) + u32(req) + u32(port) + u32(local_rank) + u32(local_size) + wstr(host) +
+def register(role, req, port, local_rank, local_size, host, pid, host_id, rack=-1, resume=None):
+    """A REGISTER payload (client.c rdv_register; resume: client_resume.c's part, u32s)."""
+    body = (u32(role) + u32(req) + u32(port) + u32(local_rank) + u32(local_size) + wstr(host) +
             u32(pid) + wstr(host_id) + u32(rack))
+    return body + u32(0) if resume is None else body + u32(1) + b"".join(map(u32, resume))
 
 
 def addrbook(me, local_size, nodes):
@@ -115,7 +116,17 @@ def seeds():
     reg = register(ROLE_WORKER, -1, 40123, 0, 1, "10.0.0.7", 31337, HOST_ID_A)
     reg_local = register(ROLE_WORKER, 1, 0, 3, 4, "10.0.0.8", 4242, HOST_ID_MAX, rack=1)
     reg_head = reg[:20]  # the five u32 before the host
-    reg_tail = u32(31337) + wstr(HOST_ID_A) + u32(-1)  # pid, host id and rack after it
+    # pid, host id, rack and resume (0: a fresh node) after it
+    reg_tail = u32(31337) + wstr(HOST_ID_A) + u32(-1) + u32(0)
+    # id, rank, generation, local size, workers, servers, joined, failovers,
+    # 4 x (entered, done), n lost, the lost
+    reg_resume = register(ROLE_WORKER, 1, 0, 1, 2, "10.0.0.8", 4242, HOST_ID_B, resume=[
+        5, 3, 1, 2, 4, 2, 0, 1, 0, 0, 2, 2, 0, 0, 3, 2, 1, 1])
+    # HELD: the DECLARE request (str name, u64 partition bytes, no segments,
+    # no shape, rack -1, no compression) and the reply's cut on servers 0, 1
+    held_req = wstr("grad.w") + struct.pack("<Q", 4096) + u32(0) + u32(0) + u32(-1) + wstr("")
+    held = (u32(len(held_req)) + held_req + u32(0) + u32(2) + struct.pack("<Q", 1024) + u32(0) +
+            struct.pack("<Q", 976) + u32(1))
     book = addrbook(3, 1, [(1, ROLE_SERVER, 0, 40000, "10.0.0.5", 1201, HOST_ID_A),
                            (2, ROLE_SERVER, 1, 40001, "node-b.example", 977, HOST_ID_B),
                            (3, ROLE_WORKER, 0, 40002, "127.0.0.1", 1202, HOST_ID_A)])
@@ -128,6 +139,9 @@ def seeds():
         # one valid message of every type
         "01-register": message(REGISTER, reg),
         "01-register-local-rank": message(REGISTER, reg_local),
+        "01-register-resume": message(REGISTER, reg_resume),
+        "26-held": message(HELD, held, sender=5, key=0x7A1B2C3D0000, count=2000,
+                           dtype=FLOAT32),
         "02-addrbook": message(ADDRBOOK, book),
         "02-addrbook-machines": message(ADDRBOOK, book_local),
         "03-barrier": header(BARRIER, sender=3, aux=2),
@@ -207,9 +221,11 @@ def seeds():
         "bad-register-host-too-long": message(REGISTER, reg_head + wstr("h" * 64) + reg_tail),
         "bad-register-host-nul": message(REGISTER, reg_head + wstr(b"10.0\x00.0.7") + reg_tail),
         "bad-register-host-id-too-long": message(REGISTER, reg_head + wstr("10.0.0.7") +
-                                                 u32(31337) + wstr(HOST_ID_MAX + "x") + u32(-1)),
+                                                 u32(31337) + wstr(HOST_ID_MAX + "x") + u32(-1) +
+                                                 u32(0)),
         "bad-register-no-host-id": message(REGISTER, reg_head + wstr("10.0.0.7") + u32(31337)),
-        "bad-register-rack": message(REGISTER, reg[:-4] + u32(-2)),
+        "bad-register-rack": message(REGISTER, reg[:-8] + u32(-2) + u32(0)),
+        "bad-register-resume-cut": message(REGISTER, reg_resume[:-4]),
         "bad-addrbook-truncated": message(ADDRBOOK, book[:-3]),
         "bad-short-header": header(BARRIER)[:20],
     }
