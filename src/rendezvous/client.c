@@ -79,7 +79,7 @@ static int rdv_recv(struct rdv_client *c, struct wire_hdr *h, void **payload, ch
 	return rc;
 }
 
-void rdv_fail(struct rdv_client *c, int err, const char *why)
+static void rdv_fail(struct rdv_client *c, int err, const char *why)
 {
 	pthread_mutex_lock(&c->lock);
 	bool first = c->failed == 0;
@@ -425,13 +425,28 @@ static int rdv_on_message(struct loop_conn *lc, const struct wire_hdr *hp, void 
 	return 0;
 }
 
+/* The redial timer, while the scheduler is lost (client_resume.c). */
+static void rdv_redial(struct loop_timer *t)
+{
+	struct rdv_client *c = t->arg;
+	char why[1100];
+	int rc = rdv_resume_try(c, why, sizeof why);
+	if (rc != 0)
+		loop_timer_stop(c->pool.loops[0], t);
+	if (rc < 0)
+		rdv_fail(c, rc, why);
+}
+
 /* The scheduler connection ended: the scheduler is lost, unless this
  * client failed or closes already (rdv_fail keeps the first reason). */
 static void rdv_on_closed(struct loop_conn *lc, int rc, const char *why)
 {
 	struct rdv_client *c = loop_conn_arg(lc);
-	if (rdv_resume_start(c, rc, why))
+	if (rdv_resume_start(c, rc, why)) {
+		loop_timer_start(c->pool.loops[0], &c->redial, RDV_REDIAL_MS, RDV_REDIAL_MS,
+				 rdv_redial, c);
 		return;
+	}
 	char msg[400];
 	snprintf(msg, sizeof msg, "lost the scheduler at %s: %s (did the scheduler or launcher exit?)",
 		 loop_conn_peer(lc), why);

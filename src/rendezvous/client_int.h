@@ -113,17 +113,17 @@ struct rdv_client {
 /* client.c's connection callbacks, for the connection client_resume.c
  * opens to a restarted scheduler. */
 extern const struct loop_conn_ops rdv_conn_ops;
-/* Fails the client once with err and why (wakes every waiter; calls the
- * notice callback). */
-void rdv_fail(struct rdv_client *c, int err, const char *why);
 
 /* client_resume.c.  The scheduler's connection ended (rc, why), on the
  * loop: true when this node waits for a restarted scheduler (a plain
  * loss, while the job runs), false when the caller fails the client. */
 bool rdv_resume_start(struct rdv_client *c, int rc, const char *why);
-/* The redial timer: reaches the restarted scheduler and registers again,
- * or fails the client once UNISUM_TIMEOUT_MS has passed. */
-void rdv_redial(struct loop_timer *t);
+/* A try of the redial timer (every RDV_REDIAL_MS): reaches the restarted
+ * scheduler and registers again.  0: go on; 1: over (back, or the client
+ * failed or closes); or an error with why: the client fails with it (the
+ * loss lasted UNISUM_TIMEOUT_MS, or its tensors cannot be told). */
+#define RDV_REDIAL_MS 100
+int rdv_resume_try(struct rdv_client *c, char *why, size_t len);
 /* An ADDRBOOK while resuming: the scheduler took the node back; what
  * waited goes out.  0, or UNISUM_EPROTO (not the node's book, or not
  * awaited). */

@@ -34,7 +34,6 @@
 #include "timing/timing.h"
 #include "wire/wire.h"
 
-#define RDV_REDIAL_MS 100	/* between two tries to reach a restarted scheduler */
 #define RDV_DIAL_MS 200		/* one try's bound (a refused connect fails at once) */
 #define RDV_MAX_POSTED 64	/* worker 0's TUNEs kept to post again */
 
@@ -185,9 +184,6 @@ bool rdv_resume_start(struct rdv_client *c, int rc, const char *why)
 				 why, c->timeout_ms);
 	}
 	pthread_mutex_unlock(&c->lock);
-	if (go)
-		loop_timer_start(c->pool.loops[0], &c->redial, RDV_REDIAL_MS, RDV_REDIAL_MS,
-				 rdv_redial, c);
 	return go;
 }
 
@@ -253,21 +249,19 @@ static int rdv_resume_held(struct rdv_client *c, struct loop_conn *lc)
 	return rc;
 }
 
-/* The loss has lasted UNISUM_TIMEOUT_MS: the node fails, naming it. */
-static void rdv_resume_give_up(struct rdv_client *c)
+/* The loss has lasted UNISUM_TIMEOUT_MS: why the node fails, naming it. */
+static int rdv_resume_give_up(struct rdv_client *c, char *msg, size_t len)
 {
-	char msg[1100];
-	snprintf(msg, sizeof msg,
+	snprintf(msg, len,
 		 "lost the scheduler at %s:%d (%s) and it did not come back within %d ms "
 		 "(UNISUM_TIMEOUT_MS): did the scheduler or launcher exit? A restarted scheduler "
 		 "must listen at the same address", c->sched_host, c->sched_port, c->lost_why,
 		 c->timeout_ms);
-	rdv_fail(c, UNISUM_ECONN, msg);
+	return UNISUM_ECONN;
 }
 
-void rdv_redial(struct loop_timer *t)
+int rdv_resume_try(struct rdv_client *c, char *why, size_t len)
 {
-	struct rdv_client *c = t->arg;
 	pthread_mutex_lock(&c->lock);
 	bool over = c->closing || c->failed != 0;
 	pthread_mutex_lock(&c->send_lock);
@@ -276,38 +270,32 @@ void rdv_redial(struct loop_timer *t)
 	pthread_mutex_unlock(&c->send_lock);
 	int64_t lost_for = timing_now_ms() - c->lost_ms;
 	pthread_mutex_unlock(&c->lock);
-	if (!over && lost_for >= c->timeout_ms) {
-		rdv_resume_give_up(c);
-		over = true;
-	}
-	if (over) {
-		loop_timer_stop(c->pool.loops[0], t);
-		return;
-	}
+	if (!over && lost_for >= c->timeout_ms)
+		return rdv_resume_give_up(c, why, len);
+	if (over)
+		return 1;
 	if (dialed)
-		return;		/* registered again: waiting for the answer */
+		return 0;	/* registered again: waiting for the answer */
 	struct tp_conn *conn;
 	log_hush(true);		/* refused until it listens: expected */
 	int dial = transport_connect(c->tp, c->sched_host, c->sched_port, RDV_DIAL_MS, &conn);
 	log_hush(false);
 	if (dial != 0)
-		return;
+		return 0;
 	struct loop_conn *lc = NULL;
 	int rc = rdv_resume_register(c, conn);
 	if (rc == 0)
 		rc = loop_conn_new(c->pool.loops[0], c->tp, conn, false, &rdv_conn_ops, c, &lc);
 	if (rc != 0) {
 		c->tp->conn_free(conn);
-		return;
+		return 0;
 	}
 	if ((rc = rdv_resume_held(c, lc)) != 0) {
 		loop_conn_free(lc);
-		char msg[300];
-		snprintf(msg, sizeof msg, "cannot tell the restarted scheduler this worker's tensors: %s",
+		snprintf(why, len, "cannot tell the restarted scheduler this worker's tensors: %s",
 			 rc == UNISUM_EINVAL ? "one's declaration is over the 1 MiB control limit"
 					     : "out of memory");
-		rdv_fail(c, rc, msg);
-		return;
+		return rc;
 	}
 	pthread_mutex_lock(&c->lock);
 	pthread_mutex_lock(&c->send_lock);
@@ -319,6 +307,7 @@ void rdv_redial(struct loop_timer *t)
 	pthread_mutex_unlock(&c->send_lock);
 	pthread_mutex_unlock(&c->lock);
 	loop_conn_free(old);
+	return 0;
 }
 
 /* Sends what waited for the scheduler (both locks held). */

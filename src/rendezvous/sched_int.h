@@ -275,7 +275,7 @@ void sched_resume_check(struct rdv_scheduler *s, int64_t now);
 void sched_resume_after(struct rdv_scheduler *s);
 void sched_resume_free(struct rdv_scheduler *s);
 
-/* scheduler.c: once every worker said goodbye (or counts as gone), the
+/* sched_job.c: once every worker said goodbye (or counts as gone), the
  * servers are told to stop.  s->lock held. */
 void sched_stop_servers_if_done(struct rdv_scheduler *s);
 /* sched_barrier.c: completes the barrier of `group` when every node of

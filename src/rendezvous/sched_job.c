@@ -65,3 +65,23 @@ bool sched_is_finished(const struct rdv_scheduler *s)
 			return false;
 	return true;
 }
+
+void sched_stop_servers_if_done(struct rdv_scheduler *s)
+{
+	if (s->workers_done >= s->num_workers && !s->servers_stopped && !s->resuming) {
+		s->servers_stopped = true;
+		struct wire_hdr h = {.type = WIRE_SHUTDOWN};
+		for (int i = 0; i < s->nnodes; i++) {
+			struct sched_node *m = s->nodes[i];
+			if (m->registered && m->role == CONFIG_ROLE_SERVER && !m->lost) {
+				m->said_goodbye = true;
+				sched_send(m, &h, NULL);
+			}
+		}
+		LOG_INFO("every worker is done; servers told to stop");
+		for (int i = 0; i < s->nnodes; i++)
+			if (s->nodes[i]->waiting)
+				sched_send_error(s->nodes[i], UNISUM_ESHUTDOWN,
+						 "the elastic job ended before this worker could join it");
+	}
+}

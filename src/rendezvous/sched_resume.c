@@ -441,6 +441,8 @@ void sched_resume_check(struct rdv_scheduler *s, int64_t now)
 	sched_place_roles(s);
 	for (int g = 1; g < 4; g++)
 		sched_barrier_settle(s, g);
+	if (s->workers_done >= s->num_workers)
+		sched_log_loads(s, INT64_MAX);	/* if not logged yet */
 	sched_stop_servers_if_done(s);
 	LOG_WARN("resumed the job %lld ms after the first node came back: %d tensors, %d lost "
 		 "servers", (long long)(now - s->resume_since), s->ntensors, lost);

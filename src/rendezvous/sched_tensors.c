@@ -288,6 +288,9 @@ int sched_on_forget(struct rdv_scheduler *s, struct sched_node *n, uint64_t key,
 	while (i < s->ntensors && s->tensors[i].key != key)
 		i++;
 	struct sched_tensor *t = i < s->ntensors ? &s->tensors[i] : NULL;
+	if (t == NULL && s->resumed)
+		return 0;	/* every worker that reported it to the restarted
+				 * scheduler had undeclared it already */
 	if (t != NULL && t->forgot == NULL)
 		t->forgot = calloc((size_t)s->num_workers, 1);
 	if (n->role != CONFIG_ROLE_WORKER || t == NULL || n->rank < 0 || n->rank >= s->num_workers ||

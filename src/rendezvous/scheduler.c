@@ -210,6 +210,13 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 		pthread_mutex_unlock(&s->lock);
 		return rrc;
 	}
+	if (s->resumed && !n->registered) {
+		pthread_mutex_unlock(&s->lock);
+		snprintf(why, why_len, "a %s at %s registered afresh with a scheduler that resumes a "
+			 "running job: only that job's nodes may come back to it",
+			 config_role_name(m.role), m.host);
+		return UNISUM_EPROTO;
+	}
 	int rc = worker ? sched_worker_refused(s, n, &m, why, why_len) : 0;
 	if (rc != 0) {
 		pthread_mutex_unlock(&s->lock);
@@ -356,31 +363,13 @@ static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 		s->workers_done++;
 		sched_check_left_barriers(s);
 	}
+	if (s->workers_done == s->num_workers)
+		sched_log_loads(s, INT64_MAX);	/* if not logged yet */
 	sched_stop_servers_if_done(s);
 	pthread_cond_broadcast(&s->changed);
 	pthread_mutex_unlock(&s->lock);
 }
 
-void sched_stop_servers_if_done(struct rdv_scheduler *s)
-{
-	if (s->workers_done >= s->num_workers && !s->servers_stopped && !s->resuming) {
-		sched_log_loads(s, INT64_MAX);	/* if not logged yet */
-		s->servers_stopped = true;
-		struct wire_hdr h = {.type = WIRE_SHUTDOWN};
-		for (int i = 0; i < s->nnodes; i++) {
-			struct sched_node *m = s->nodes[i];
-			if (m->registered && m->role == CONFIG_ROLE_SERVER && !m->lost) {
-				m->said_goodbye = true;
-				sched_send(m, &h, NULL);
-			}
-		}
-		LOG_INFO("every worker is done; servers told to stop");
-		for (int i = 0; i < s->nnodes; i++)
-			if (s->nodes[i]->waiting)
-				sched_send_error(s->nodes[i], UNISUM_ESHUTDOWN,
-						 "the elastic job ended before this worker could join it");
-	}
-}
 
 /* An ERROR from node n: fail the job for its reason (a stalled round or
  * barrier), or with a key, poison that tensor (its workers disagree on the

@@ -1,0 +1,159 @@
+/*
+ * chaos_modes.c - a worker program for the chaos tests of every sync mode
+ * (tests/integration/test_sched_restart.sh): N steps of integer-valued
+ * updates whose exact answer every worker knows, so that "no update lost,
+ * none applied twice" is an equality on every element.  Each step waits
+ * CHAOS_STEP_MS (default 2) so that a job lasts long enough to lose its
+ * processes along the way.  Exits 0 after printing "MODE N steps ok", or
+ * 1 with the first wrong element.
+ *
+ *   chaos_modes async N      an async tensor: the first push_pull sets the
+ *                            value (rank 0's zeros; others' deltas may be
+ *                            in it already), each later one adds 1 to every
+ *                            element; after a barrier a zero push reads
+ *                            size x N everywhere (each step's answer lies
+ *                            between this rank's own count and that)
+ *   chaos_modes ssp:S N      the same in SSP with staleness S
+ *   chaos_modes dssync:G N   every step averages 1s within the step's group
+ *                            (floor division): exactly 1, whatever the group
+ *   chaos_modes allgather N  rank r gives r + 1 elements of r*1000 + step;
+ *                            every rank checks the whole concatenation
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "unisum.h"
+
+enum { COUNT = 50021 };		/* several partitions at the default size */
+
+static int rank, size;
+
+static void check(int rc, const char *what)
+{
+	if (rc < 0) {
+		fprintf(stderr, "chaos_modes[rank %d] FAILED: %s: %s\n", rank, what,
+			unisum_last_error());
+		exit(1);
+	}
+}
+
+static void wrong(const char *mode, int step, size_t i, long long got, long long want)
+{
+	fprintf(stderr, "chaos_modes[rank %d] FAILED: %s step %d: element %zu is %lld, not %lld\n",
+		rank, mode, step, i, got, want);
+	exit(1);
+}
+
+static void pause_step(void)
+{
+	const char *v = getenv("CHAOS_STEP_MS");
+	long ms = v != NULL ? atol(v) : 2;
+	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+/* async and ssp:S: deltas of 1 on a value that starts at 0. */
+static void run_async(const char *mode, int n)
+{
+	int t = unisum_declare_sync("chaos.async", UNISUM_INT64, COUNT, 0, mode);
+	check(t, "declare chaos.async");
+	int64_t *in = calloc(COUNT, sizeof *in), *out = calloc(COUNT, sizeof *out);
+	if (in == NULL || out == NULL)
+		exit(1);
+	/* Others' deltas may be in the value already. */
+	check(unisum_push_pull(t, in, out, 0), "the first push_pull (the value)");
+	for (size_t i = 0; i < COUNT; i++)
+		if (out[i] < 0 || out[i] > (int64_t)size * n)
+			wrong(mode, 0, i, out[i], 0);
+	for (size_t i = 0; i < COUNT; i++)
+		in[i] = 1;
+	for (int step = 1; step <= n; step++) {
+		check(unisum_push_pull(t, in, out, 0), "push_pull");
+		for (size_t i = 0; i < COUNT; i++)
+			if (out[i] < step || out[i] > (int64_t)size * n)
+				wrong(mode, step, i, out[i], step);
+		pause_step();
+	}
+	check(unisum_barrier(), "barrier");
+	memset(in, 0, COUNT * sizeof *in);
+	check(unisum_push_pull(t, in, out, 0), "the last push_pull");
+	for (size_t i = 0; i < COUNT; i++)
+		if (out[i] != (int64_t)size * n)
+			wrong(mode, n + 1, i, out[i], (long long)size * n);
+	free(in);
+	free(out);
+}
+
+static void run_dssync(const char *mode, int n)
+{
+	int t = unisum_declare_sync("chaos.dssync", UNISUM_INT32, COUNT, 0, mode);
+	check(t, "declare chaos.dssync");
+	int32_t *buf = malloc(COUNT * sizeof *buf);
+	if (buf == NULL)
+		exit(1);
+	for (int step = 0; step < n; step++) {
+		for (size_t i = 0; i < COUNT; i++)
+			buf[i] = 1;
+		check(unisum_push_pull(t, buf, buf, UNISUM_AVERAGE), "push_pull");
+		for (size_t i = 0; i < COUNT; i++)
+			if (buf[i] != 1)
+				wrong(mode, step, i, buf[i], 1);
+		pause_step();
+	}
+	free(buf);
+}
+
+static void run_allgather(int n)
+{
+	uint64_t *counts = malloc((size_t)size * sizeof *counts), total = 0;
+	if (counts == NULL)
+		exit(1);
+	for (int r = 0; r < size; r++)
+		total += counts[r] = (uint64_t)(r + 1) * 1009;
+	int t = unisum_declare("chaos.gather", UNISUM_INT32, total, 0);
+	check(t, "declare chaos.gather");
+	int32_t *in = malloc(counts[rank] * sizeof *in), *out = malloc(total * sizeof *out);
+	if (in == NULL || out == NULL)
+		exit(1);
+	for (int step = 0; step < n; step++) {
+		for (uint64_t i = 0; i < counts[rank]; i++)
+			in[i] = rank * 1000 + step;
+		check(unisum_allgather(t, in, out, counts), "allgather");
+		uint64_t at = 0;
+		for (int r = 0; r < size; r++)
+			for (uint64_t i = 0; i < counts[r]; i++, at++)
+				if (out[at] != r * 1000 + step)
+					wrong("allgather", step, at, out[at], r * 1000 + step);
+		pause_step();
+	}
+	free(counts);
+	free(in);
+	free(out);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 3) {
+		fprintf(stderr, "usage: chaos_modes async|ssp:S|dssync:G|allgather N\n");
+		return 2;
+	}
+	const char *mode = argv[1];
+	int n = atoi(argv[2]);
+	check(unisum_init(), "init");
+	rank = unisum_rank();
+	size = unisum_size();
+	if (strcmp(mode, "async") == 0 || strncmp(mode, "ssp:", 4) == 0)
+		run_async(mode, n);
+	else if (strncmp(mode, "dssync:", 7) == 0)
+		run_dssync(mode, n);
+	else if (strcmp(mode, "allgather") == 0)
+		run_allgather(n);
+	else
+		return 2;
+	check(unisum_shutdown(), "shutdown");
+	printf("rank %d: %s %d steps ok\n", rank, mode, n);
+	return 0;
+}
