@@ -803,6 +803,8 @@ out_free_launcher:
 
 int launch_main(int argc, char **argv)
 {
+	if (argc == 2 && strcmp(argv[1], "--scheduler") == 0)
+		return launch_scheduler_role();
 	struct launcher *l = launcher_new();
 	if (!l)
 		return 1;

@@ -13,6 +13,8 @@
  *   launch_netns.c     --worker-netns, --server-netns, --scheduler-netns
  *   launch_job.c       the job id, secret and configuration, /dev/shm
  *                      cleanup, the in-process scheduler
+ *   launch_sched.c     --scheduler: the scheduler role as a child process,
+ *                      restarted when it dies
  */
 #ifndef UNISUM_TOOLS_LAUNCH_H
 #define UNISUM_TOOLS_LAUNCH_H
@@ -169,6 +171,8 @@ struct launcher {
 	bool sched_on_host;		/* --scheduler-host: node 0 (the first host) runs the
 					 * scheduler, not this launcher */
 	bool run_scheduler;		/* --remote --run-scheduler: ... that is this node */
+	bool no_scheduler;		/* --no-scheduler: node 0 runs none either (one runs
+					 * at the master's address: `launch --scheduler`) */
 	bool remote;			/* --remote: a node started by such a launcher */
 	bool remote_stdin_open;		/* ... and its stdin has not ended yet */
 
@@ -518,5 +522,9 @@ void launch_sched_collect(struct launcher *l);
  * does not (see "Stopping the scheduler" in launch_job.c), and folds its
  * result into the exit status. */
 void launch_sched_finish(struct launcher *l);
+
+/* `unisum launch --scheduler` (launch_sched.c): runs `unisum scheduler`,
+ * again whenever it dies of a signal; its exit status. */
+int launch_scheduler_role(void);
 
 #endif /* UNISUM_TOOLS_LAUNCH_H */

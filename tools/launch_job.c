@@ -182,10 +182,11 @@ static int job_config(struct launcher *l, const struct config *env, struct confi
  * `unisum scheduler`. */
 /* Whether this node runs the job's scheduler: node 0, unless a launcher
  * of -H or --slurm started it (that one runs it, but for --scheduler-host:
- * --run-scheduler). */
+ * --run-scheduler), or --no-scheduler says one runs at the master's
+ * address already. */
 static bool node_runs_scheduler(const struct launcher *l)
 {
-	return l->node_rank == 0 && (!l->remote || l->run_scheduler);
+	return l->node_rank == 0 && (!l->remote || l->run_scheduler) && !l->no_scheduler;
 }
 
 static int node_sched_config(struct launcher *l, struct config *cfg)

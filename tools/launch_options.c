@@ -36,7 +36,9 @@
 	"                     [--no-colocated-servers] [--scheduler-host] [--srun-args ARGS]\n" \
 	"                     [--timeout SEC] [--] CMD [ARGS...]\n" \
 	"       unisum launch --nproc-per-node L [--nnodes N --node-rank R\n" \
-	"                     --master-addr A --master-port P] [--timeout SEC] [--] CMD [ARGS...]\n"
+	"                     --master-addr A --master-port P] [--no-scheduler] [--timeout SEC]\n" \
+	"                     [--] CMD [ARGS...]\n" \
+	"       unisum launch --scheduler\n"
 
 /* `unisum launch --help`: the usage lines, then what each option does. */
 static const char launch_help[] =
@@ -85,6 +87,12 @@ static const char launch_help[] =
 	"                      and PET_NODE_RANK, or Kubernetes PyTorchJob's\n"
 	"                      WORLD_SIZE and RANK) say the same.  Every node needs\n"
 	"                      the same UNISUM_SECRET (or --no-secret)\n"
+	"      --no-scheduler  with them: node 0 runs no scheduler either; one runs\n"
+	"                      at A:P already (`unisum launch --scheduler` there)\n"
+	"      --scheduler     alone: the scheduler role as its own process (its\n"
+	"                      UNISUM_* variables are `unisum scheduler`'s), started\n"
+	"                      again on the same address when it dies of a signal;\n"
+	"                      the nodes wait UNISUM_TIMEOUT_MS for it and go on\n"
 	"      --server-only   with --nnodes, --master-addr, --master-port and\n"
 	"                      --cpu-servers, and no command: one of those CPU-only\n"
 	"                      servers, as a launcher (a Kubernetes server pod, say)\n"
@@ -324,6 +332,7 @@ static const struct flag_option {
 } flag_options[] = {
 	{"--scheduler-host", offsetof(struct launcher, sched_on_host)},
 	{"--run-scheduler", offsetof(struct launcher, run_scheduler)},
+	{"--no-scheduler", offsetof(struct launcher, no_scheduler)},
 	{"--no-colocated-servers", offsetof(struct launcher, no_colocated)},
 	{"--slurm", offsetof(struct launcher, slurm)},
 	{"--remote", offsetof(struct launcher, remote)},
@@ -460,6 +469,12 @@ static int options_check_pairs(const struct launcher *l, int nproc)
 	    (l->run_scheduler && !(l->remote && l->node_rank_opt && strcmp(l->node_rank_opt, "0") == 0))) {
 		fprintf(stderr, "unisum launch: --scheduler-host goes with -H, --hostfile or --slurm "
 			"(--run-scheduler is how such a launcher starts node 0)\n");
+		return -1;
+	}
+	if (l->no_scheduler && (nproc <= 0 || l->hosts_opt || l->hostfile_opt || l->slurm)) {
+		fprintf(stderr, "unisum launch: --no-scheduler goes with --nproc-per-node and the "
+			"node options (a node of a multi-node job whose scheduler runs on its own, "
+			"`unisum launch --scheduler` at --master-addr)\n");
 		return -1;
 	}
 	return 0;

@@ -13,7 +13,11 @@ environment contract itself, in network namespaces):
   the CPU-only server replicas, the servers' UNISUM_NUM_WORKER is its pods
   and they look for the scheduler at the Master's Service; the
   StatefulSet's NNODES is its replicas and MASTER_ADDR its pod 0;
-- the containers run `unisum launch --nproc-per-node` or `unisum server`.
+- the containers run `unisum launch --nproc-per-node`, `unisum server` or
+  `unisum launch --scheduler`;
+- scheduler.yaml's scheduler expects the nodes its StatefulSet runs (one
+  server each), and they run no scheduler of their own and look for it at
+  its Service.
 
 Exits 1 naming each problem.
 """
@@ -48,7 +52,7 @@ def containers(doc):
         for role, spec in doc["spec"]["pytorchReplicaSpecs"].items():
             for c in spec["template"]["spec"]["containers"]:
                 yield "%s/%s" % (role, c["name"]), c
-    elif doc.get("kind") == "StatefulSet":
+    elif doc.get("kind") in ("StatefulSet", "Deployment"):
         for c in doc["spec"]["template"]["spec"]["containers"]:
             yield "%s/%s" % (doc["metadata"]["name"], c["name"]), c
 
@@ -68,7 +72,7 @@ def main():
                 docs[name] = [d for d in yaml.safe_load_all(f) if d]
         except yaml.YAMLError as e:
             problems.append("%s does not parse as YAML: %s" % (name, e))
-    for need in ("pytorchjob.yaml", "cpu-servers.yaml", "statefulset.yaml"):
+    for need in ("pytorchjob.yaml", "cpu-servers.yaml", "statefulset.yaml", "scheduler.yaml"):
         if need not in docs:
             problems.append("deploy/kubernetes/%s is missing" % need)
     for name, ds in docs.items():
@@ -78,9 +82,11 @@ def main():
                     if var not in known:
                         problems.append("%s: %s sets %s, which unisum does not read" % (name, cname, var))
                 cmd = " ".join(c.get("command", []))
-                if "unisum launch --nproc-per-node" not in cmd and cmd != "unisum server":
-                    problems.append("%s: %s runs neither `unisum launch --nproc-per-node` nor "
-                                    "`unisum server`: %s" % (name, cname, cmd))
+                if ("unisum launch --nproc-per-node" not in cmd and
+                        cmd not in ("unisum server", "unisum launch --scheduler")):
+                    problems.append("%s: %s runs none of `unisum launch --nproc-per-node`, "
+                                    "`unisum server`, `unisum launch --scheduler`: %s"
+                                    % (name, cname, cmd))
     if not problems:
         check_numbers(docs)
     for p in problems:
@@ -119,6 +125,35 @@ def check_numbers(docs):
     pod0 = "%s-0.%s" % (sts["metadata"]["name"], sts["spec"]["serviceName"])
     if nenv.get("MASTER_ADDR") != pod0:
         problems.append("statefulset.yaml: MASTER_ADDR %s, not pod 0 (%s)" % (nenv.get("MASTER_ADDR"), pod0))
+    check_scheduler(docs["scheduler.yaml"])
+
+
+def check_scheduler(ds):
+    """scheduler.yaml: the scheduler's job is its nodes', which find it."""
+    dep = next(d for d in ds if d["kind"] == "Deployment")
+    svc = next(d for d in ds if d["kind"] == "Service" and
+               d["spec"].get("selector") == dep["spec"]["template"]["metadata"]["labels"])
+    senv = env_of(dep["spec"]["template"]["spec"]["containers"][0])
+    sts = next(d for d in ds if d["kind"] == "StatefulSet")
+    node = sts["spec"]["template"]["spec"]["containers"][0]
+    nenv = env_of(node)
+    n = str(sts["spec"]["replicas"])
+    if senv.get("UNISUM_NUM_WORKER") != n or senv.get("UNISUM_NUM_SERVER") != n or nenv.get("NNODES") != n:
+        problems.append("scheduler.yaml: the scheduler expects %s machines and %s servers, the "
+                        "nodes say NNODES %s, and there are %s"
+                        % (senv.get("UNISUM_NUM_WORKER"), senv.get("UNISUM_NUM_SERVER"),
+                           nenv.get("NNODES"), n))
+    if nenv.get("MASTER_ADDR") != svc["metadata"]["name"] or \
+            nenv.get("MASTER_PORT") != senv.get("UNISUM_SCHEDULER_PORT"):
+        problems.append("scheduler.yaml: the nodes look for the scheduler at %s:%s, not its "
+                        "Service %s:%s" % (nenv.get("MASTER_ADDR"), nenv.get("MASTER_PORT"),
+                                           svc["metadata"]["name"], senv.get("UNISUM_SCHEDULER_PORT")))
+    if "--no-scheduler" not in " ".join(node.get("command", [])):
+        problems.append("scheduler.yaml: the nodes run a scheduler of their own (no --no-scheduler)")
+    if nenv.get("UNISUM_TIMEOUT_MS") != senv.get("UNISUM_TIMEOUT_MS"):
+        problems.append("scheduler.yaml: the nodes and the scheduler wait differently "
+                        "(UNISUM_TIMEOUT_MS %s and %s)" % (nenv.get("UNISUM_TIMEOUT_MS"),
+                                                          senv.get("UNISUM_TIMEOUT_MS")))
 
 
 if __name__ == "__main__":

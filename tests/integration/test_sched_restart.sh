@@ -150,6 +150,42 @@ expect "a scheduler that never comes back: all 6 nodes fail naming it ($named di
 	sh -c "[ $named -eq 6 ] && [ $ms -le 6000 ]"
 rm -rf "$log"
 
+# `unisum launch --scheduler` runs the scheduler role and starts it again
+# when it dies; a node of the job (`launch --nproc-per-node 2
+# --no-scheduler`: 2 workers and a server) goes on through both kills.
+log=$(mktemp -d)
+port=$(free_port)
+UNISUM_LOG_LEVEL=INFO UNISUM_SCHEDULER_PORT=$port UNISUM_NUM_WORKER=1 UNISUM_NUM_SERVER=1 \
+	timeout 90 "$UNISUM" launch --scheduler >"$log/sched" 2>&1 &
+lpid=$!
+timeout 90 "$UNISUM" launch --nproc-per-node 2 --nnodes 1 --node-rank 0 --master-addr 127.0.0.1 \
+	--master-port "$port" --no-scheduler --no-secret -- "$CHECK" failover "$ROUNDS" \
+	>"$log/node" 2>&1 &
+npid=$!
+for _ in $(seq 200); do
+	grep -q "workers on 1 machines registered" "$log/sched" && break
+	sleep 0.05
+done
+ok=true
+for kill in 1 2; do
+	sleep 0.3
+	spid=$(pgrep -P "$(pgrep -P "$lpid" | head -n 1)" | head -n 1)
+	[ -n "$spid" ] && kill -KILL "$spid"
+	for _ in $(seq 200); do
+		[ "$(grep -c "is back: resumed" "$log/node")" -ge $((3 * kill)) ] && break
+		kill -0 "$npid" 2>/dev/null || break
+		sleep 0.05
+	done
+done
+wait "$npid" || ok=false
+wait "$lpid" || ok=false
+restarts=$(grep -c "starting another on the same address" "$log/sched")
+finished=$(grep -c "$ROUNDS failover rounds ok" "$log/node")
+[ "$restarts" -eq 2 ] && [ "$finished" -eq 2 ] || ok=false
+$ok || { echo "  the node's log ends:"; tail -n 5 "$log/node" | sed 's/^/    /'; }
+expect "launch --scheduler restarted its scheduler $restarts times; the node's 2 workers finished ($finished), exact" "$ok"
+rm -rf "$log"
+
 # The restarted scheduler's refusals, on the wire: one scheduler for a
 # resumed job, one for a job that starts afresh.
 port=$(free_port)
