@@ -6,7 +6,13 @@
 # while the job still ran.
 #
 #   sh bench/soak.sh [BUILD_DIR] [SECONDS]      (defaults: build, 600)
+#   sh bench/soak.sh --kills [N] [BUILD_DIR]    N kills of the scheduler and
+#                                               servers (bench/soak_kills.sh)
 set -eu
+if [ "${1:-}" = "--kills" ]; then
+	shift
+	exec sh "$(dirname "$0")/soak_kills.sh" "$@"
+fi
 sh "$(dirname "$0")/../scripts/install-deps.sh" bench
 BUILD=${1:-build}
 SECONDS_TOTAL=${2:-600}

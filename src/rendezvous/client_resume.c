@@ -74,9 +74,12 @@ void rdv_held_add(struct rdv_client *c, const struct wire_hdr *h, const void *re
 		c->held_lost = true;
 		rdv_held_clear(&t);
 	} else {
-		memcpy(t.req, req, t.req_len);
-		memcpy(t.parts, parts, n * sizeof *t.parts);
-		memcpy(t.servers, servers, n * sizeof *t.servers);
+		if (t.req_len > 0)
+			memcpy(t.req, req, t.req_len);
+		if (n > 0) {	/* an empty tensor has no cut */
+			memcpy(t.parts, parts, n * sizeof *t.parts);
+			memcpy(t.servers, servers, n * sizeof *t.servers);
+		}
 		c->held[c->nheld++] = t;
 	}
 	pthread_mutex_unlock(&c->lock);
