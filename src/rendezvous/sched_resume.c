@@ -38,7 +38,15 @@
 static int sched_resume_begin(struct rdv_scheduler *s, const struct sched_node *n,
 			      const struct rdv_resume *z, char *why, size_t len)
 {
-	if (s->registered > 0 || s->book_sent) {
+	if (s->book_sent) {
+		/* Its connection broke while this scheduler lived on: it was
+		 * counted as lost then, and is not taken back. */
+		snprintf(why, len, "a node at %s lost its connection to this scheduler, which did "
+			 "not restart: it runs the job still, and counted that node as lost",
+			 s->tp->peer_name(n->conn));
+		return UNISUM_ECONN;
+	}
+	if (s->registered > 0) {
 		snprintf(why, len, "a node at %s asks to resume a running job, but this scheduler "
 			 "started a job afresh (%d nodes registered): is another job using this "
 			 "address?", s->tp->peer_name(n->conn), s->registered);

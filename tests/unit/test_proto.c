@@ -201,6 +201,99 @@ static void test_register(void **state)
 	wire_buf_fini(&b);
 }
 
+/* A node of a running job back to a restarted scheduler: the resume
+ * part travels whole; a cut one, or one naming too many lost servers, is
+ * refused. */
+static void test_register_resume(void **state)
+{
+	(void)state;
+	struct rdv_register in = {.role = CONFIG_ROLE_WORKER, .req_rank = 1, .local_size = 2,
+				  .local_rank = 1, .host = "10.0.0.8", .pid = 4242,
+				  .host_id = "d83a1f02/f0000000/effffffc", .rack = -1};
+	in.resume = (struct rdv_resume){.on = 1, .id = 6, .rank = 3, .gen = 2, .local_size = 2,
+					.workers = 4, .servers = 2, .joined = 1, .failovers = 1,
+					.entered = {0, 5, 0, 3}, .done = {0, 4, 0, 3}, .nlost = 1,
+					.lost = {1}};
+	struct wire_buf b;
+	wire_buf_init(&b);
+	rdv_register_encode(&in, &b);
+	struct rdv_register out;
+	assert_int_equal(rdv_register_decode(b.data, b.len, &out), 0);
+	assert_memory_equal(&out.resume, &in.resume, sizeof in.resume);
+	assert_string_equal(out.host, "10.0.0.8");
+	refuses_every_cut(&b, decode_register);
+	wire_buf_fini(&b);
+
+	in.resume.nlost = RDV_MAX_LOST + 1;	/* encodes RDV_MAX_LOST of them */
+	wire_buf_init(&b);
+	rdv_register_encode(&in, &b);
+	assert_int_not_equal(rdv_register_decode(b.data, b.len, &out), 0);
+	wire_buf_fini(&b);
+}
+
+static int decode_held(const void *p, size_t len)
+{
+	const void *req, *reply;
+	size_t req_len, reply_len;
+	char name[64], spec[64], why[64];
+	uint64_t pbytes;
+	struct rdv_segs segs;
+	struct rdv_shape shape;
+	int rack, status;
+	uint32_t n;
+	struct placement_part *parts = NULL;
+	uint32_t *servers = NULL;
+	int rc = rdv_held_split(p, len, &req, &req_len, &reply, &reply_len);
+	if (rc == 0)
+		rc = rdv_declare_decode(req, req_len, name, sizeof name, &pbytes, &segs, &shape, &rack,
+					spec, sizeof spec);
+	if (rc != 0)
+		return rc;
+	rdv_segs_free(&segs);
+	rc = rdv_declare_reply_decode(reply, reply_len, &status, why, sizeof why, &n, &parts,
+				      &servers);
+	free(parts);
+	free(servers);
+	return rc != 0 ? rc : status;
+}
+
+/* HELD: a tensor's request and its cut, as a worker hands them to a
+ * restarted scheduler. */
+static void test_held(void **state)
+{
+	(void)state;
+	struct wire_buf req;
+	wire_buf_init(&req);
+	uint64_t dims[2] = {10, 200};
+	struct rdv_shape shape = {.ndim = 2, .dims = {dims[0], dims[1]}};
+	rdv_declare_encode(&req, "grad.w", 4096, NULL, &shape, -1, "fp16");
+	struct placement_part parts[2] = {{.count = 1024}, {.count = 976}};
+	uint32_t servers[2] = {1, 0};
+	struct wire_buf b;
+	wire_buf_init(&b);
+	rdv_held_encode(&b, req.data, req.len, 2, parts, servers);
+	const void *rq, *rp;
+	size_t rq_len, rp_len;
+	assert_int_equal(rdv_held_split(b.data, b.len, &rq, &rq_len, &rp, &rp_len), 0);
+	assert_int_equal(rq_len, req.len);
+	assert_memory_equal(rq, req.data, req.len);
+	int status;
+	char why[64];
+	uint32_t n;
+	struct placement_part *got;
+	uint32_t *where;
+	assert_int_equal(rdv_declare_reply_decode(rp, rp_len, &status, why, sizeof why, &n, &got,
+						  &where), 0);
+	assert_int_equal(n, 2);
+	assert_int_equal(where[0], 1);
+	assert_true(got[1].offset == 1024);
+	free(got);
+	free(where);
+	refuses_every_cut(&b, decode_held);
+	wire_buf_fini(&b);
+	wire_buf_fini(&req);
+}
+
 static int decode_book(const void *p, size_t len)
 {
 	uint32_t id, local_size, n;
@@ -527,6 +620,8 @@ int main(void)
 		cmocka_unit_test(test_declare_check),
 		cmocka_unit_test(test_announce),
 		cmocka_unit_test(test_register),
+		cmocka_unit_test(test_register_resume),
+		cmocka_unit_test(test_held),
 		cmocka_unit_test(test_addrbook),
 		cmocka_unit_test(test_declare_request),
 		cmocka_unit_test(test_declare_reply),
