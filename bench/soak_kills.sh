@@ -5,7 +5,8 @@
 #   sh bench/soak.sh --kills [N] [BUILD_DIR]
 #
 # Jobs of 3 workers and 4 servers on this host, every process started by
-# hand as on a cluster, one after another until N kills are done.  Modes
+# hand as on a cluster, one after another until N kills are done, at most
+# 10 in a job (each then runs to its end and is checked).  Modes
 # rotate: lock-step (check_sums failover: three tensors in flight, a
 # one-shot tensor every 20 rounds), async, SSP, dssync, allgather
 # (chaos_modes) and compressed (check_sums).  Each job alternates: the
@@ -113,7 +114,8 @@ while [ "$kills" -lt "$N" ]; do
 		grep -q "registered" "$log/scheduler" && break
 		sleep 0.02
 	done
-	while alive && [ "$kills" -lt "$N" ]; do
+	first=$kills
+	while alive && [ "$kills" -lt "$N" ] && [ $((kills - first)) -lt 10 ]; do
 		sleep 0.3
 		alive || break
 		kill_scheduler || break
