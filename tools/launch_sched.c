@@ -46,6 +46,9 @@ static pid_t sched_spawn(const char *self)
 	pid_t parent = getpid();
 	pid_t pid = fork();
 	if (pid == 0) {
+		sigset_t none;	/* the parent blocks its stops around the fork */
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		if (getppid() != parent)
 			_exit(1);
@@ -69,19 +72,34 @@ int launch_scheduler_role(void)
 	struct sigaction sa = {.sa_handler = sched_forward};
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGCHLD, SIG_DFL);	/* waitpid needs its children's status */
+	sigset_t stops, old;
+	sigemptyset(&stops);
+	sigaddset(&stops, SIGINT);
+	sigaddset(&stops, SIGTERM);
 	time_t deaths[LAUNCH_SCHED_RESTARTS];
 	int ndeaths = 0;
 	for (;;) {
-		pid_t pid = sched_spawn(self);
+		/* A stop asked for while no child runs is not lost: the child
+		 * is known before the handler can run again. */
+		sigprocmask(SIG_BLOCK, &stops, &old);
+		pid_t pid = sched_stopping ? 0 : sched_spawn(self);
+		sched_child = pid;
+		sigprocmask(SIG_SETMASK, &old, NULL);
+		if (pid == 0)
+			return 128 + sched_stopping;
 		if (pid < 0) {
 			perror("unisum launch: fork");
 			return 1;
 		}
-		sched_child = pid;
-		int status;
-		while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		int status = 0, w;
+		while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR)
 			;
 		sched_child = 0;
+		if (w < 0) {
+			perror("unisum launch: waitpid");
+			return 1;
+		}
 		if (WIFEXITED(status))
 			return WEXITSTATUS(status);
 		if (sched_stopping)

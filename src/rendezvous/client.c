@@ -39,10 +39,10 @@
  * scheduler that left LOOP_CONN_CAP bytes unread is as good as lost. */
 static int rdv_send(struct rdv_client *c, const struct wire_hdr *h, const void *payload)
 {
-	if (c->lc == NULL)
-		return c->tp->send(c->conn, h, payload);
 	pthread_mutex_lock(&c->send_lock);
-	int rc = c->resuming ? rdv_resume_hold(c, h, payload) : loop_conn_send(c->lc, h, payload);
+	int rc = c->lc == NULL	 ? c->tp->send(c->conn, h, payload)	/* registering */
+		 : c->resuming ? rdv_resume_hold(c, h, payload)
+				 : loop_conn_send(c->lc, h, payload);
 	pthread_mutex_unlock(&c->send_lock);
 	return rc == TP_AGAIN ? UNISUM_ECONN : rc;
 }
@@ -372,6 +372,17 @@ static int rdv_on_message(struct loop_conn *lc, const struct wire_hdr *hp, void 
 		break;
 	case WIRE_DECLARE:
 		pthread_mutex_lock(&c->lock);
+		if (!c->req_active) {
+			/* Answered already: a DECLARE sent again to a restarted
+			 * scheduler whose first answer came after all. */
+			pthread_mutex_unlock(&c->lock);
+			free(payload);
+			break;
+		}
+		/* Kept for a restarted scheduler now, on the thread that
+		 * reports them, so no resume misses it. */
+		c->req_active = false;
+		rdv_held_reply(c, &h, payload);
 		free(c->reply_payload);
 		c->reply_hdr = h;
 		c->reply_payload = payload;
@@ -732,12 +743,14 @@ static int rdv_request(struct rdv_client *c, const struct wire_hdr *req, const v
 	int rc = c->failed;
 	if (rc == 0)
 		rc = rdv_request_send(c, req, req_payload);
+	if (rc != 0)
+		c->req_active = false;
 	pthread_mutex_unlock(&c->lock);
 	if (rc == 0) {
 		pthread_mutex_lock(&c->lock);
 		while (!c->have_reply && c->failed == 0)
 			pthread_cond_wait(&c->replied, &c->lock);
-		c->req_active = false;
+		c->req_active = false;	/* failed: nothing to send again */
 		if (c->have_reply) {
 			*reply = c->reply_hdr;
 			*payload = c->reply_payload;
@@ -866,8 +879,6 @@ int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtyp
 		ok = parts[i].count > 0 && parts[i].count <= most && parts[i].count <= count - off;
 		off += ok ? parts[i].count : 0;
 	}
-	if (ok && off == count && reply.key == placement_tensor_key(name))
-		rdv_held_add(c, &h, b.data, reply.key, n, parts, servers);
 	wire_buf_fini(&b);
 	if (!ok || off != count || reply.key != placement_tensor_key(name)) {
 		free(parts);

@@ -135,11 +135,11 @@ int rdv_resume_hold(struct rdv_client *c, const struct wire_hdr *h, const void *
 /* Sends request req, kept (with its payload) to send again to a
  * restarted scheduler until answered (c->lock held). */
 int rdv_request_send(struct rdv_client *c, const struct wire_hdr *req, const void *payload);
-/* The tensors this worker declared (request h and payload req, the cut),
- * forgotten, moved by a failover (and its lost server noted); freed with
- * the rest of the resume's state. */
-void rdv_held_add(struct rdv_client *c, const struct wire_hdr *h, const void *req, uint64_t key,
-		  uint32_t n, const struct placement_part *parts, const uint32_t *servers);
+/* The tensors this worker declared: kept from a DECLARE reply of the
+ * request in flight, on the loop's thread (c->lock held), forgotten, moved
+ * by a failover (and its lost server noted); freed with the rest of the
+ * resume's state. */
+void rdv_held_reply(struct rdv_client *c, const struct wire_hdr *reply, const void *payload);
 void rdv_held_forget(struct rdv_client *c, uint64_t key);
 void rdv_held_failover(struct rdv_client *c, const struct rdv_failover *f);
 void rdv_held_free(struct rdv_client *c);

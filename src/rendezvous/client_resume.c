@@ -56,14 +56,15 @@ static void rdv_held_clear(struct rdv_held *t)
 	free(t->servers);
 }
 
-void rdv_held_add(struct rdv_client *c, const struct wire_hdr *h, const void *req, uint64_t key,
-		  uint32_t n, const struct placement_part *parts, const uint32_t *servers)
+/* Keeps tensor `key`: request h (payload req) and its cut (c->lock held). */
+static void rdv_held_add(struct rdv_client *c, const struct wire_hdr *h, const void *req,
+			 uint64_t key, uint32_t n, const struct placement_part *parts,
+			 const uint32_t *servers)
 {
 	struct rdv_held t = {.key = key, .h = *h, .req_len = h->payload_len, .nparts = n};
 	t.req = malloc(t.req_len ? t.req_len : 1);
 	t.parts = malloc((n ? n : 1) * sizeof *t.parts);
 	t.servers = malloc((n ? n : 1) * sizeof *t.servers);
-	pthread_mutex_lock(&c->lock);
 	struct rdv_held *grown = realloc(c->held, (size_t)(c->nheld + 1) * sizeof *grown);
 	if (grown != NULL)
 		c->held = grown;
@@ -82,7 +83,23 @@ void rdv_held_add(struct rdv_client *c, const struct wire_hdr *h, const void *re
 		}
 		c->held[c->nheld++] = t;
 	}
-	pthread_mutex_unlock(&c->lock);
+}
+
+void rdv_held_reply(struct rdv_client *c, const struct wire_hdr *reply, const void *payload)
+{
+	int status;
+	char why[8];
+	uint32_t n;
+	struct placement_part *parts = NULL;
+	uint32_t *servers = NULL;
+	int rc = rdv_declare_reply_decode(payload, reply->payload_len, &status, why, sizeof why, &n,
+					  &parts, &servers);
+	if (rc == UNISUM_ENOMEM)
+		c->held_lost = true;
+	if (rc == 0 && status == 0)	/* a refusal holds nothing */
+		rdv_held_add(c, &c->req_hdr, c->req_payload, reply->key, n, parts, servers);
+	free(parts);
+	free(servers);
 }
 
 void rdv_held_forget(struct rdv_client *c, uint64_t key)
@@ -179,8 +196,10 @@ bool rdv_resume_start(struct rdv_client *c, int rc, const char *why)
 		c->resuming = true;
 		c->dialed = false;
 		pthread_mutex_unlock(&c->send_lock);
-		c->lost_ms = timing_now_ms();
-		snprintf(c->lost_why, sizeof c->lost_why, "%s", why);
+		if (first) {	/* the wait counts from the first loss */
+			c->lost_ms = timing_now_ms();
+			snprintf(c->lost_why, sizeof c->lost_why, "%s", why);
+		}
 		if (first)
 			LOG_WARN("lost the scheduler at %s:%d (%s): waiting up to %d ms "
 				 "(UNISUM_TIMEOUT_MS) for it to come back", c->sched_host, c->sched_port,
@@ -197,7 +216,7 @@ static void rdv_resume_report(struct rdv_client *c, struct rdv_resume *z)
 				 .local_size = (uint32_t)c->local_size,
 				 .workers = (uint32_t)(c->num_machines * c->local_size),
 				 .servers = (uint32_t)c->num_servers, .joined = c->joined,
-				 .failovers = c->failovers};
+				 .failovers = c->failovers, .held = (uint32_t)c->nheld};
 	for (int g = 0; g < 4; g++) {
 		z->entered[g] = c->barrier_entered[g];
 		z->done[g] = c->barrier_done[g];
@@ -208,47 +227,37 @@ static void rdv_resume_report(struct rdv_client *c, struct rdv_resume *z)
 			z->lost[z->nlost++] = (uint32_t)r;
 }
 
-/* Registers again on conn (blocking, before the loop serves it), then
- * queues a HELD per tensor on lc.  0 or an error. */
-static int rdv_resume_register(struct rdv_client *c, struct tp_conn *conn)
+/* Queues a HELD for tensor t on lc. */
+static int rdv_resume_held(struct rdv_client *c, struct loop_conn *lc, const struct rdv_held *t)
+{
+	struct wire_buf b;
+	wire_buf_init(&b);
+	rdv_held_encode(&b, t->req, t->req_len, t->nparts, t->parts, t->servers);
+	struct wire_hdr h = {.type = WIRE_HELD, .sender = c->id, .key = t->key, .dtype = t->h.dtype,
+			     .count = t->h.count, .aux = t->h.aux, .payload_len = b.len};
+	int rc = b.failed ? UNISUM_ENOMEM
+		 : b.len > WIRE_MAX_CONTROL_PAYLOAD ? UNISUM_EINVAL
+						     : loop_conn_send(lc, &h, b.data);
+	wire_buf_fini(&b);
+	return rc;
+}
+
+/* Registers again on lc and queues a HELD per tensor, as one under the
+ * lock: the report counts the HELDs that follow it.  0 or an error. */
+static int rdv_resume_register(struct rdv_client *c, struct loop_conn *lc)
 {
 	struct wire_buf b;
 	wire_buf_init(&b);
 	pthread_mutex_lock(&c->lock);
 	struct rdv_register m = c->reg;
 	rdv_resume_report(c, &m.resume);
-	bool lost = c->held_lost;
-	pthread_mutex_unlock(&c->lock);
-	if (lost) {
-		wire_buf_fini(&b);
-		return UNISUM_ENOMEM;
-	}
 	rdv_register_encode(&m, &b);
 	struct wire_hdr h = {.type = WIRE_REGISTER, .sender = c->id, .payload_len = b.len};
-	int rc = b.failed ? UNISUM_ENOMEM : c->tp->send(conn, &h, b.data);
-	wire_buf_fini(&b);
-	return rc;
-}
-
-/* Queues a HELD for every tensor this worker declared on lc. */
-static int rdv_resume_held(struct rdv_client *c, struct loop_conn *lc)
-{
-	int rc = 0;
-	pthread_mutex_lock(&c->lock);
-	for (int i = 0; i < c->nheld && rc == 0; i++) {
-		const struct rdv_held *t = &c->held[i];
-		struct wire_buf b;
-		wire_buf_init(&b);
-		rdv_held_encode(&b, t->req, t->req_len, t->nparts, t->parts, t->servers);
-		struct wire_hdr h = {.type = WIRE_HELD, .sender = c->id, .key = t->key,
-				     .dtype = t->h.dtype, .count = t->h.count, .aux = t->h.aux,
-				     .payload_len = b.len};
-		rc = b.failed ? UNISUM_ENOMEM
-		     : b.len > WIRE_MAX_CONTROL_PAYLOAD ? UNISUM_EINVAL
-							 : loop_conn_send(lc, &h, b.data);
-		wire_buf_fini(&b);
-	}
+	int rc = c->held_lost || b.failed ? UNISUM_ENOMEM : loop_conn_send(lc, &h, b.data);
+	for (int i = 0; i < c->nheld && rc == 0; i++)
+		rc = rdv_resume_held(c, lc, &c->held[i]);
 	pthread_mutex_unlock(&c->lock);
+	wire_buf_fini(&b);
 	return rc;
 }
 
@@ -286,16 +295,14 @@ int rdv_resume_try(struct rdv_client *c, char *why, size_t len)
 	if (dial != 0)
 		return 0;
 	struct loop_conn *lc = NULL;
-	int rc = rdv_resume_register(c, conn);
-	if (rc == 0)
-		rc = loop_conn_new(c->pool.loops[0], c->tp, conn, false, &rdv_conn_ops, c, &lc);
+	int rc = loop_conn_new(c->pool.loops[0], c->tp, conn, false, &rdv_conn_ops, c, &lc);
 	if (rc != 0) {
 		c->tp->conn_free(conn);
 		return 0;
 	}
-	if ((rc = rdv_resume_held(c, lc)) != 0) {
+	if ((rc = rdv_resume_register(c, lc)) != 0) {
 		loop_conn_free(lc);
-		snprintf(why, len, "cannot tell the restarted scheduler this worker's tensors: %s",
+		snprintf(why, len, "cannot tell the restarted scheduler this node's state: %s",
 			 rc == UNISUM_EINVAL ? "one's declaration is over the 1 MiB control limit"
 					     : "out of memory");
 		return rc;
@@ -316,7 +323,7 @@ int rdv_resume_try(struct rdv_client *c, char *why, size_t len)
 /* Sends what waited for the scheduler (both locks held). */
 static void rdv_resume_flush(struct rdv_client *c)
 {
-	if (c->req_active && c->req_conn != c->conn_no) {
+	if (c->req_active && !c->have_reply && c->req_conn != c->conn_no) {
 		loop_conn_send(c->lc, &c->req_hdr, c->req_payload);
 		c->req_conn = c->conn_no;
 	}

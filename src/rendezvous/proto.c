@@ -29,7 +29,7 @@ void rdv_register_encode(const struct rdv_register *m, struct wire_buf *b)
 	if (!z->on)
 		return;
 	uint32_t head[] = {z->id, z->rank, z->gen, z->local_size, z->workers, z->servers,
-			   z->joined, z->failovers};
+			   z->joined, z->failovers, z->held};
 	for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
 		wire_buf_u32(b, head[i]);
 	for (int g = 0; g < 4; g++) {
@@ -45,7 +45,7 @@ void rdv_register_encode(const struct rdv_register *m, struct wire_buf *b)
 static void rdv_resume_read(struct wire_reader *r, struct rdv_resume *z)
 {
 	uint32_t *head[] = {&z->id, &z->rank, &z->gen, &z->local_size, &z->workers, &z->servers,
-			    &z->joined, &z->failovers};
+			    &z->joined, &z->failovers, &z->held};
 	for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
 		*head[i] = wire_read_u32(r);
 	for (int g = 0; g < 4; g++) {

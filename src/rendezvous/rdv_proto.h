@@ -67,6 +67,7 @@ struct rdv_resume {
 	uint32_t entered[4], done[4];	/* per barrier group: entered and completed */
 	uint32_t joined;		/* 1: it joined (unisum_join) and awaits JOIN_DONE */
 	uint32_t failovers;		/* the last failover it heard of (its number) */
+	uint32_t held;			/* the HELDs that follow the REGISTER */
 	uint32_t nlost;
 	uint32_t lost[RDV_MAX_LOST];	/* the servers it heard were lost, not replaced */
 };

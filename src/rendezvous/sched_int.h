@@ -53,6 +53,7 @@ struct sched_node {
 	bool in_barrier[4];		/* entered the barrier of group g */
 	uint32_t barrier_done[4];	/* ... and the barriers of g it completed (counted
 					 * from a resume's report, sched_resume.c) */
+	uint32_t held_expected, held_got; /* a resumed worker's HELDs: said, and come */
 	_Atomic int64_t last_seen_ms;	/* when it last sent anything */
 	struct rdv_metrics report;	/* its last counters (sched_metrics.c) ... */
 	int64_t report_ms;		/* ... and when they came (0: none yet) */
@@ -176,7 +177,8 @@ struct rdv_scheduler {
 		struct sched_node *n;
 		struct wire_hdr h;
 		void *payload;
-	} *deferred;			/* DECLAREs that came while resuming */
+	} *deferred;			/* DECLAREs that came while resuming, and TUNEs
+					 * (node NULL: for every worker once all are back) */
 	int ndeferred;
 };
 
@@ -262,18 +264,25 @@ int sched_on_resume(struct rdv_scheduler *s, struct sched_node *n, const struct 
  * another's report (takes s->lock).  0, or UNISUM_EPROTO with why. */
 int sched_on_held(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *h,
 		  const void *payload, char *why, size_t len);
-/* A DECLARE while nodes are still to come back: kept (true), answered by
- * sched_resume_after once all are (takes s->lock). */
+/* A DECLARE or TUNE while nodes are still to come back: kept (true),
+ * answered or passed on by sched_resume_after once all are (takes
+ * s->lock). */
 bool sched_resume_defer(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *h,
 			const void *payload);
 /* Ends the resume once every node is back, or UNISUM_TIMEOUT_MS after
  * the first: a worker missing then counts as one that left, a server
  * missing is failed over (or fails the job).  s->lock held. */
 void sched_resume_check(struct rdv_scheduler *s, int64_t now);
-/* On the loop, without the lock: answers the deferred DECLAREs once the
- * resume is over. */
+/* On the loop, without the lock: answers the deferred DECLAREs and passes
+ * the TUNEs on once the resume is over. */
 void sched_resume_after(struct rdv_scheduler *s);
 void sched_resume_free(struct rdv_scheduler *s);
+/* Node n is out of the resume (gone, stale, a duplicate): unregistered,
+ * what it deferred dropped.  s->lock held. */
+void sched_resume_drop(struct rdv_scheduler *s, struct sched_node *n);
+/* sched_nodes.c: worker 0's TUNE (h, payload) to every worker back.
+ * s->lock held. */
+void sched_send_tune(struct rdv_scheduler *s, const struct wire_hdr *h, const void *payload);
 
 /* sched_job.c: once every worker said goodbye (or counts as gone), the
  * servers are told to stop.  s->lock held. */

@@ -129,3 +129,9 @@ bool sched_node_end(const struct rdv_scheduler *s, const struct sched_node *n, c
 	snprintf(buf, len, "was %s", killed);
 	return true;
 }
+
+void sched_send_tune(struct rdv_scheduler *s, const struct wire_hdr *h, const void *payload)
+{
+	struct wire_hdr out = {.type = WIRE_TUNE, .round = h->round, .payload_len = h->payload_len};
+	sched_send_workers(s, &out, payload, false);
+}

@@ -85,8 +85,7 @@ static int sched_resume_newer(struct rdv_scheduler *s, const struct rdv_resume *
 		if (o->registered && o->gen < z->gen) {
 			sched_send_error(o, UNISUM_EMEMBERSHIP, msg);
 			sched_hangup(o);
-			o->registered = false;
-			s->registered--;
+			sched_resume_drop(s, o);
 		}
 	}
 	LOG_WARN("a node of generation %u resumed: those of generation %u were stale", z->gen,
@@ -104,6 +103,12 @@ static int sched_resume_fits(struct rdv_scheduler *s, const struct rdv_register 
 	bool worker = m->role == CONFIG_ROLE_WORKER;
 	int count = worker ? s->num_workers : s->num_servers;
 	uint32_t id = worker ? 1 + (uint32_t)s->num_servers + z->rank : 1 + z->rank;
+	if (!s->resuming) {
+		snprintf(why, len, "a %s at %s (rank %u) came back after the restarted scheduler's "
+			 "wait (UNISUM_TIMEOUT_MS) had ended without it: it was counted as gone",
+			 config_role_name(m->role), m->host, z->rank);
+		return UNISUM_ECONN;
+	}
 	if (z->gen < s->gen) {
 		snprintf(why, len, "a %s at %s (rank %u) of generation %u asks to resume the job, "
 			 "which went on at generation %u without it: it is stale and refused",
@@ -137,8 +142,7 @@ static int sched_resume_fits(struct rdv_scheduler *s, const struct rdv_register 
 				 config_role_name(m->role), z->rank, o->host, m->host);
 			return UNISUM_EPROTO;
 		}
-		o->registered = false;	/* its earlier try, whose connection broke */
-		s->registered--;
+		sched_resume_drop(s, o);	/* its earlier try, whose connection broke */
 	}
 	return 0;
 }
@@ -200,11 +204,33 @@ static void sched_resume_barriers(struct rdv_scheduler *s, struct sched_node *n,
 				sched_send(late, &done, NULL);
 			}
 		}
-		if (n->in_barrier[g] && s->barrier_since[g] == 0) {
+		/* Waiting only while someone is in it (a release above may have
+		 * emptied it). */
+		bool waits = false;
+		for (int i = 0; i < s->nnodes; i++)
+			waits |= s->nodes[i]->registered && s->nodes[i]->in_barrier[g];
+		if (!waits) {
+			s->barrier_since[g] = 0;
+		} else if (s->barrier_since[g] == 0) {
 			s->barrier_since[g] = timing_now_ms();
 			s->barrier_stall[g] = 0;
 		}
 	}
+}
+
+void sched_resume_drop(struct rdv_scheduler *s, struct sched_node *n)
+{
+	if (n->registered)
+		s->registered--;
+	n->registered = false;
+	int kept = 0;
+	for (int i = 0; i < s->ndeferred; i++) {
+		if (s->deferred[i].n == n)
+			free(s->deferred[i].payload);
+		else
+			s->deferred[kept++] = s->deferred[i];
+	}
+	s->ndeferred = kept;
 }
 
 /* Answers node n: an ADDRBOOK of its own entry. */
@@ -254,6 +280,8 @@ int sched_on_resume(struct rdv_scheduler *s, struct sched_node *n, const struct 
 	n->local_rank = worker ? n->rank % L : 0;
 	n->local_size = worker ? L : 1;
 	n->gen = z->gen;
+	n->held_expected = worker ? z->held : 0;
+	n->held_got = 0;
 	n->registered = true;
 	s->registered++;
 	if (worker)
@@ -355,6 +383,10 @@ int sched_on_held(struct rdv_scheduler *s, struct sched_node *n, const struct wi
 		  sched_held_valid(s, h, pbytes, np, parts, servers);
 	if (ok && s->error == 0)
 		sched_held_file(s, n, name, h, pbytes, &segs, &shape, comp, np, &parts, &servers);
+	if (ok) {
+		n->held_got++;
+		sched_resume_check(s, timing_now_ms());
+	}
 	pthread_mutex_unlock(&s->lock);
 	rdv_segs_free(&segs);
 	free(parts);
@@ -433,14 +465,17 @@ void sched_resume_check(struct rdv_scheduler *s, int64_t now)
 	if (!s->resuming || s->error != 0)
 		return;
 	int workers = 0, servers = 0, lost = 0;
+	bool reported = true;	/* every worker back told every tensor it holds */
 	for (int i = 0; i < s->nnodes; i++) {
 		const struct sched_node *o = s->nodes[i];
 		workers += o->registered && o->role == CONFIG_ROLE_WORKER;
 		servers += o->registered && o->role == CONFIG_ROLE_SERVER;
+		reported &= !o->registered || o->held_got >= o->held_expected;
 	}
 	for (int r = 0; s->lost != NULL && r < s->num_servers; r++)
 		lost += s->lost[r];
-	bool all = workers == s->num_workers && servers + lost == s->num_servers && s->lost_reported;
+	bool all = workers == s->num_workers && servers + lost == s->num_servers &&
+		   s->lost_reported && reported;
 	if (!all && now - s->resume_since < s->timeout_ms)
 		return;
 	s->resuming = false;
@@ -470,6 +505,13 @@ void sched_resume_after(struct rdv_scheduler *s)
 	}
 	pthread_mutex_unlock(&s->lock);
 	for (int i = 0; i < nd; i++) {
+		if (d[i].n == NULL) {	/* worker 0's TUNE */
+			pthread_mutex_lock(&s->lock);
+			sched_send_tune(s, &d[i].h, d[i].payload);
+			pthread_mutex_unlock(&s->lock);
+			free(d[i].payload);
+			continue;
+		}
 		int rc = sched_on_declare(s, d[i].n, &d[i].h, d[i].payload, d[i].h.payload_len);
 		if (rc != 0 && !loop_conn_closed(d[i].n->lc))
 			loop_conn_close(d[i].n->lc, rc, "malformed DECLARE");

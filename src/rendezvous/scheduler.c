@@ -277,16 +277,14 @@ static int sched_on_tune(struct rdv_scheduler *s, struct sched_node *n, const st
 		snprintf(why, len, "malformed TUNE");
 		return UNISUM_EPROTO;
 	}
-	struct wire_hdr out = {.type = WIRE_TUNE, .round = h->round, .payload_len = h->payload_len};
+	if (sched_resume_defer(s, NULL, h, payload))
+		return 0;	/* for every worker, once all are back */
 	pthread_mutex_lock(&s->lock);
-	for (int i = 0; i < s->nnodes; i++) {
-		struct sched_node *m = s->nodes[i];
-		if (m->registered && !m->gone && m->role == CONFIG_ROLE_WORKER)
-			sched_send(m, &out, payload);
-	}
+	sched_send_tune(s, h, payload);
 	pthread_mutex_unlock(&s->lock);
 	return 0;
 }
+
 
 /* Worker n joined (unisum_join): every worker hears of it (the others
  * announce their push_pulls in flight to the joined, sched_on_announce);
@@ -483,6 +481,14 @@ static void sched_node_gone(struct rdv_scheduler *s, struct sched_node *n, int r
 		sched_node_end(s, n, end, sizeof end);
 	pthread_mutex_lock(&s->lock);
 	n->gone = true;
+	if (s->resuming && n->registered) {
+		/* Back, then gone before the job went on: as if it never came
+		 * back (a worker that finished meanwhile, a server that died). */
+		sched_resume_drop(s, n);
+		pthread_cond_broadcast(&s->changed);
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
 	char label[160];
 	sched_node_label(n, label, sizeof label);
 	if (rc == UNISUM_EPROTO || rc == UNISUM_EAUTH)

@@ -119,9 +119,9 @@ def seeds():
     # pid, host id, rack and resume (0: a fresh node) after it
     reg_tail = u32(31337) + wstr(HOST_ID_A) + u32(-1) + u32(0)
     # id, rank, generation, local size, workers, servers, joined, failovers,
-    # 4 x (entered, done), n lost, the lost
+    # HELDs that follow, 4 x (entered, done), n lost, the lost
     reg_resume = register(ROLE_WORKER, 1, 0, 1, 2, "10.0.0.8", 4242, HOST_ID_B, resume=[
-        5, 3, 1, 2, 4, 2, 0, 1, 0, 0, 2, 2, 0, 0, 3, 2, 1, 1])
+        5, 3, 1, 2, 4, 2, 0, 1, 1, 0, 0, 2, 2, 0, 0, 3, 2, 1, 1])
     # HELD: the DECLARE request (str name, u64 partition bytes, no segments,
     # no shape, rack -1, no compression) and the reply's cut on servers 0, 1
     held_req = wstr("grad.w") + struct.pack("<Q", 4096) + u32(0) + u32(0) + u32(-1) + wstr("")

@@ -31,9 +31,10 @@ def register(role, rank, resume):
     if resume is None:
         return body + u32(0)
     node_id, rrank, gen = resume
-    # id, rank, gen, local size, workers, servers, joined, failovers,
-    # 4 x (entered, done), no lost server
-    return body + u32(1) + b"".join(map(u32, [node_id, rrank, gen, 1, 1, 1, 0, 0] + [0] * 8 + [0]))
+    # id, rank, gen, local size, workers, servers, joined, failovers, no
+    # HELD to follow, 4 x (entered, done), no lost server
+    return body + u32(1) + b"".join(map(u32, [node_id, rrank, gen, 1, 1, 1, 0, 0, 0] + [0] * 8 +
+                                             [0]))
 
 
 def ask(port, payload):

@@ -18,7 +18,7 @@
 CHAOS="$BUILD/chaos_modes"
 export UNISUM_NUM_WORKER=3 UNISUM_NUM_SERVER=3 UNISUM_SCHEDULER_HOST=127.0.0.1
 export UNISUM_HEARTBEAT_MS=200 UNISUM_TIMEOUT_MS=3000 UNISUM_START_TIMEOUT_MS=20000
-export CHAOS_STEP_MS=2
+export CHAOS_STEP_MS=3
 
 # start_scheduler LOG : a standalone scheduler on $UNISUM_SCHEDULER_PORT.
 start_scheduler() {
@@ -113,7 +113,7 @@ restart_run() {
 	rm -rf "$log"
 }
 
-ROUNDS=900 STEPS=900
+ROUNDS=500 STEPS=800
 restart_run 1 "lock-step" "$ROUNDS failover rounds ok" "$CHECK" failover "$ROUNDS"
 restart_run 2 "async" "async $STEPS steps ok" "$CHAOS" async "$STEPS"
 # The sanitizer runs (UNISUM_TEST_LIGHT=1) look for races in the resume
@@ -122,7 +122,7 @@ if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	restart_run 3 "ssp:2" "ssp:2 $STEPS steps ok" "$CHAOS" ssp:2 "$STEPS"
 	restart_run 4 "dssync:2" "dssync:2 $STEPS steps ok" "$CHAOS" dssync:2 "$STEPS"
 	restart_run 5 "allgather" "allgather $((STEPS * 2)) steps ok" "$CHAOS" allgather "$((STEPS * 2))"
-	restart_run 6 "compressed" "$STEPS compressed rounds ok" "$CHECK" compressed "$STEPS"
+	restart_run 6 "compressed" "$((STEPS / 2)) compressed rounds ok" "$CHECK" compressed "$((STEPS / 2))"
 fi
 
 # A scheduler that does not come back: every node fails naming it.

@@ -211,7 +211,7 @@ static void test_register_resume(void **state)
 				  .local_rank = 1, .host = "10.0.0.8", .pid = 4242,
 				  .host_id = "d83a1f02/f0000000/effffffc", .rack = -1};
 	in.resume = (struct rdv_resume){.on = 1, .id = 6, .rank = 3, .gen = 2, .local_size = 2,
-					.workers = 4, .servers = 2, .joined = 1, .failovers = 1,
+					.workers = 4, .servers = 2, .joined = 1, .failovers = 1, .held = 3,
 					.entered = {0, 5, 0, 3}, .done = {0, 4, 0, 3}, .nlost = 1,
 					.lost = {1}};
 	struct wire_buf b;
