@@ -3,6 +3,8 @@
 # cluster, in every sync mode: lock-step (check_sums failover: three
 # tensors in flight and a one-shot tensor declared and undeclared every
 # 20 rounds), compressed (fp16 with error feedback and onebit, exact),
+# autotune searching (its TUNEs go on across the restarts: every rank cuts
+# every round alike),
 # async, SSP, dssync and allgather (chaos_modes: integer updates whose
 # exact answer every worker knows).  In each, the scheduler is SIGKILLed
 # at a moment drawn from the run, restarted 200 ms later on the same
@@ -106,6 +108,14 @@ restart_run() {
 		}
 	done
 	echo "  $label: $(ms_since "$t_run") ms"
+	# Autotune (check_sums tune): every rank cut every round alike.
+	if grep -q "partition bytes by round" "$log/worker0"; then
+		n=$(sed -n 's/.*partition bytes by round: //p' "$log"/worker* | sort -u | grep -c .)
+		[ "$n" -eq 1 ] || {
+			echo "  $label: the ranks used different partition sizes ($n lines)"
+			ok=false
+		}
+	fi
 	back=$(grep -ho "resumed [0-9]* ms after its loss" "$log"/server* "$log"/worker* |
 		awk '{ if ($2 > m) m = $2 } END { print m + 0 }')
 	echo "  $label: 2 scheduler kills, the slowest node back $back ms after the loss (200 ms down)"
@@ -113,7 +123,7 @@ restart_run() {
 	rm -rf "$log"
 }
 
-ROUNDS=500 STEPS=800
+ROUNDS=500 STEPS=800 TUNE_ROUNDS=400
 restart_run 1 "lock-step" "$ROUNDS failover rounds ok" "$CHECK" failover "$ROUNDS"
 restart_run 2 "async" "async $STEPS steps ok" "$CHAOS" async "$STEPS"
 # The sanitizer runs (UNISUM_TEST_LIGHT=1) look for races in the resume
@@ -122,6 +132,8 @@ if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	restart_run 3 "ssp:2" "ssp:2 $STEPS steps ok" "$CHAOS" ssp:2 "$STEPS"
 	restart_run 4 "dssync:2" "dssync:2 $STEPS steps ok" "$CHAOS" dssync:2 "$STEPS"
 	restart_run 5 "allgather" "allgather $((STEPS * 2)) steps ok" "$CHAOS" allgather "$((STEPS * 2))"
+	UNISUM_AUTOTUNE=1 UNISUM_AUTOTUNE_STEPS=4 UNISUM_PARTITION_BYTES=262144 \
+		restart_run 7 "autotune (search)" "$TUNE_ROUNDS tuned rounds ok" "$CHECK" tune "$TUNE_ROUNDS"
 	restart_run 6 "compressed" "$((STEPS / 2)) compressed rounds ok" "$CHECK" compressed "$((STEPS / 2))"
 fi
 
