@@ -11,10 +11,10 @@
 # one-shot tensor every 20 rounds), async, SSP, dssync, allgather
 # (chaos_modes) and compressed (check_sums).  Each job alternates: the
 # scheduler SIGKILLed and started again at once on its port (what
-# `unisum launch --scheduler` does), then, in lock-step, a server
-# SIGKILLed (failed over; 3 of the 4 at most).  Servers are killed in
-# lock-step jobs only: in the other modes a server holds state that is
-# not replicated yet, and the job would fail by design.
+# `unisum launch --scheduler` does), then, in lock-step and dssync, a
+# server SIGKILLed (failed over; 3 of the 4 at most).  Servers are killed
+# in those modes only: in the others a server holds state that is not
+# replicated yet, and the job would fail by design.
 # Prints a line per kill: what, and its recovery:
 #   scheduler: the slowest node's "resumed X ms after its loss"
 #   server:    from the kill to worker 0's next completed round
@@ -119,7 +119,8 @@ while [ "$kills" -lt "$N" ]; do
 		sleep 0.3
 		alive || break
 		kill_scheduler || break
-		[ "$mode" = lock-step ] && [ "$lost" -lt 3 ] && [ "$kills" -lt "$N" ] && { sleep 0.3; kill_server || break; }
+		case $mode in lock-step | dssync:2) movable=true ;; *) movable=false ;; esac
+		$movable && [ "$lost" -lt 3 ] && [ "$kills" -lt "$N" ] && { sleep 0.3; kill_server || break; }
 	done
 	for p in $wpids; do
 		wait "$p" || failed=$((failed + 1))

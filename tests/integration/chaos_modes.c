@@ -1,11 +1,12 @@
 /*
  * chaos_modes.c - a worker program for the chaos tests of every sync mode
- * (tests/integration/test_sched_restart.sh): N steps of integer-valued
+ * (tests/integration/test_chaos_modes.sh): N steps of integer-valued
  * updates whose exact answer every worker knows, so that "no update lost,
  * none applied twice" is an equality on every element.  Each step waits
  * CHAOS_STEP_MS (default 2) so that a job lasts long enough to lose its
  * processes along the way.  Exits 0 after printing "MODE N steps ok", or
- * 1 with the first wrong element.
+ * 1 with the first wrong element.  CHECK_SUMS_TIMES=1 prints when each
+ * step completed.
  *
  *   chaos_modes async N      an async tensor: the first push_pull sets the
  *                            value (rank 0's zeros; others' deltas may be
@@ -47,6 +48,22 @@ static void wrong(const char *mode, int step, size_t i, long long got, long long
 	exit(1);
 }
 
+/* CHECK_SUMS_TIMES=1: when each step completed, as check_sums prints it
+ * (bench/soak_kills.sh measures a recovery from them). */
+static void step_done(int step)
+{
+	static int times = -1;
+	if (times < 0) {
+		const char *v = getenv("CHECK_SUMS_TIMES");
+		times = v != NULL && strcmp(v, "1") == 0;
+	}
+	if (times) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		printf("round %d done at %.3f ms\n", step, (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6);
+	}
+}
+
 static void pause_step(void)
 {
 	const char *v = getenv("CHAOS_STEP_MS");
@@ -75,6 +92,7 @@ static void run_async(const char *mode, int n)
 		for (size_t i = 0; i < COUNT; i++)
 			if (out[i] < step || out[i] > (int64_t)size * n)
 				wrong(mode, step, i, out[i], step);
+		step_done(step);
 		pause_step();
 	}
 	check(unisum_barrier(), "barrier");
@@ -101,6 +119,7 @@ static void run_dssync(const char *mode, int n)
 		for (size_t i = 0; i < COUNT; i++)
 			if (buf[i] != 1)
 				wrong(mode, step, i, buf[i], 1);
+		step_done(step);
 		pause_step();
 	}
 	free(buf);
@@ -127,6 +146,7 @@ static void run_allgather(int n)
 			for (uint64_t i = 0; i < counts[r]; i++, at++)
 				if (out[at] != r * 1000 + step)
 					wrong("allgather", step, at, out[at], r * 1000 + step);
+		step_done(step);
 		pause_step();
 	}
 	free(counts);

@@ -1,5 +1,5 @@
 """resume_probe.py PORT PORT2 - the refusals of a restarted scheduler, on the
-wire (test_sched_restart.sh; issue 52).  PORT's scheduler (1 worker, 1
+wire (test_chaos_modes.sh; issue 52).  PORT's scheduler (1 worker, 1
 server) is resumed by a server of generation 2; a worker of generation 1
 is refused as stale, and a node registering afresh is refused.  PORT2's
 scheduler (the same job) gets a fresh server first, then a resume: refused.

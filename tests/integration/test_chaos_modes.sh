@@ -1,20 +1,26 @@
-# Integration: the scheduler dies and a new one starts at its address
-# (issue 52).  Jobs of 3 workers and 3 servers started by hand, as on a
-# cluster, in every sync mode: lock-step (check_sums failover: three
-# tensors in flight and a one-shot tensor declared and undeclared every
-# 20 rounds), compressed (fp16 with error feedback and onebit, exact),
-# autotune searching (its TUNEs go on across the restarts: every rank cuts
-# every round alike),
-# async, SSP, dssync and allgather (chaos_modes: integer updates whose
-# exact answer every worker knows).  In each, the scheduler is SIGKILLed
-# at a moment drawn from the run, restarted 200 ms later on the same
-# port, and killed again once every node says it is back; every worker
-# must finish all its steps with every element exact and exit 0.  Then:
-# a scheduler that never comes back fails every node within
-# UNISUM_TIMEOUT_MS plus a margin, each naming it; and resume_probe.py
-# checks the restarted scheduler's refusals on the wire (a stale
-# generation, a fresh node in a resumed job, a resume to a job that
-# started afresh).
+# Integration, chaos in every sync mode (issue 52): jobs of 3 workers and
+# 3 servers started by hand, as on a cluster, losing processes to SIGKILL
+# one after another, each once the job has recovered from the last, at
+# moments drawn from the run.  Every worker checks every element of every
+# step against the exact answer (integer updates: "no update lost, none
+# doubled" is an equality) and must finish and exit 0.
+#   - lock-step (check_sums failover: three tensors in flight and a
+#     one-shot tensor declared and undeclared every 20 rounds) and dssync:2
+#     (chaos_modes): a server, then the scheduler, then another server;
+#   - async, SSP:2, allgather (chaos_modes), compressed (fp16 with error
+#     feedback and onebit, exact) and an autotune search (its TUNEs go on
+#     across the restarts: every rank cuts every round alike): the
+#     scheduler, twice.  A server of these modes holds state that is not
+#     replicated yet (the rest of issue 52): losing one fails the job by
+#     design, so they lose no server here.
+# A killed scheduler is started again 200 ms later on its port; the nodes
+# wait for it and register again with what they know.  Then: a scheduler
+# that never comes back fails every node within UNISUM_TIMEOUT_MS plus a
+# margin, each naming it; `unisum launch --scheduler` restarts the
+# scheduler it runs under a node (`launch --nproc-per-node 2
+# --no-scheduler`); and resume_probe.py checks a restarted scheduler's
+# refusals on the wire (a stale generation, a fresh node in a resumed job,
+# a resume to a job that started afresh).
 . "$(dirname "$0")/lib.sh"
 
 CHAOS="$BUILD/chaos_modes"
@@ -41,7 +47,7 @@ kill_scheduler() {
 	wait "$tpid" 2>/dev/null
 }
 
-# all_back N : waits (10 s at most) until every node's log says the
+# all_back N : waits (10 s at most) until every live node's log says the
 # scheduler is back N times.
 all_back() {
 	for _ in $(seq 200); do
@@ -49,25 +55,40 @@ all_back() {
 		for f in "$log"/server* "$log"/worker*; do
 			[ "$(grep -c "is back: resumed" "$f")" -ge "$1" ] && n=$((n + 1))
 		done
-		[ $n -eq 6 ] && return 0
+		[ $n -eq $((6 - lost)) ] && return 0
 		kill -0 $wpids 2>/dev/null || return 1	# the job ended meanwhile
 		sleep 0.05
 	done
 	return 1
 }
 
-# restart_run RUN LABEL OKTEXT PROGRAM ARGS... : the job, two kills.
+# kill_server R : SIGKILL to server R; waits (10 s at most) for the
+# scheduler's failover of it and for the workers to go on past it.
+kill_server() {
+	kill -KILL "$(pgrep -P "$(cat "$log/pid.server$1")" | head -n 1)" 2>/dev/null
+	lost=$((lost + 1))
+	for _ in $(seq 200); do
+		grep -q "failover $lost: server $1 is lost" "$log/scheduler" && return 0
+		kill -0 $wpids 2>/dev/null || return 1
+		sleep 0.05
+	done
+	return 1
+}
+
+# restart_run RUN LABEL OKTEXT KILLS PROGRAM ARGS... : the job, and the
+# kills in order (scheduler, server).
 restart_run() {
-	run=$1 label=$2 oktext=$3
-	shift 3
+	run=$1 label=$2 oktext=$3 kills=$4
+	shift 4
 	log=$(mktemp -d) t_run=$(date +%s%N)
 	export UNISUM_SCHEDULER_PORT=$(free_port)
 	start_scheduler "$log/scheduler"
 	for s in 0 1 2; do
 		UNISUM_ROLE=server UNISUM_SERVER_ID=$s timeout 90 "$UNISUM" server \
 			>"$log/server$s" 2>&1 &
+		echo $! >"$log/pid.server$s"
 	done
-	wpids=
+	wpids= lost=0 restarts=0
 	for w in 0 1 2; do
 		UNISUM_ROLE=worker UNISUM_WORKER_ID=$w timeout 90 "$@" >"$log/worker$w" 2>&1 &
 		wpids="$wpids $!"
@@ -78,17 +99,27 @@ restart_run() {
 		grep -q "workers on 3 machines registered" "$log/scheduler" && break
 		sleep 0.05
 	done
-	for kill in 1 2; do
+	kill=0
+	for victim in $kills; do
+		kill=$((kill + 1))
 		sleep "$(awk -v ms=$((200 + (run * 211 + kill * 97) % 300)) 'BEGIN { printf "%.3f", ms / 1000 }')"
 		if ! kill -0 $wpids 2>/dev/null; then
 			echo "  $label: the job ended before kill $kill (too few steps for this machine?)"
 			ok=false
 			break
 		fi
+		if [ "$victim" = server ]; then
+			# servers 1 then 2 (a server's loss moves its pieces to the others)
+			kill_server "$((lost + 1))" && continue
+			echo "  $label: no failover of server $lost after kill $kill"
+			ok=false
+			break
+		fi
 		kill_scheduler
 		sleep 0.2
 		start_scheduler "$log/scheduler"
-		if ! all_back $kill; then
+		restarts=$((restarts + 1))
+		if ! all_back $restarts; then
 			echo "  $label: not every node came back after kill $kill:"
 			grep -L "is back" "$log"/server* "$log"/worker* | sed 's/^/    /'
 			ok=false
@@ -118,23 +149,28 @@ restart_run() {
 	fi
 	back=$(grep -ho "resumed [0-9]* ms after its loss" "$log"/server* "$log"/worker* |
 		awk '{ if ($2 > m) m = $2 } END { print m + 0 }')
-	echo "  $label: 2 scheduler kills, the slowest node back $back ms after the loss (200 ms down)"
-	expect "$label: the scheduler killed twice and restarted, every sum exact" "$ok"
+	echo "  $label: kills $(echo $kills | tr ' ' ','); the slowest node back $back ms after the scheduler's loss (200 ms down)"
+	expect "$label: $(echo $kills | sed 's/ /, then /g') killed, every element exact" "$ok"
 	rm -rf "$log"
 }
 
 ROUNDS=500 STEPS=800 TUNE_ROUNDS=400
-restart_run 1 "lock-step" "$ROUNDS failover rounds ok" "$CHECK" failover "$ROUNDS"
-restart_run 2 "async" "async $STEPS steps ok" "$CHAOS" async "$STEPS"
+restart_run 1 "lock-step" "$ROUNDS failover rounds ok" "server scheduler server" \
+	"$CHECK" failover "$ROUNDS"
+restart_run 2 "async" "async $STEPS steps ok" "scheduler scheduler" "$CHAOS" async "$STEPS"
 # The sanitizer runs (UNISUM_TEST_LIGHT=1) look for races in the resume
 # itself: two modes are enough there (make test stays within its budget).
 if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
-	restart_run 3 "ssp:2" "ssp:2 $STEPS steps ok" "$CHAOS" ssp:2 "$STEPS"
-	restart_run 4 "dssync:2" "dssync:2 $STEPS steps ok" "$CHAOS" dssync:2 "$STEPS"
-	restart_run 5 "allgather" "allgather $((STEPS * 2)) steps ok" "$CHAOS" allgather "$((STEPS * 2))"
+	restart_run 3 "ssp:2" "ssp:2 $STEPS steps ok" "scheduler scheduler" "$CHAOS" ssp:2 "$STEPS"
+	restart_run 4 "dssync:2" "dssync:2 $STEPS steps ok" "server scheduler server" \
+		"$CHAOS" dssync:2 "$STEPS"
+	restart_run 5 "allgather" "allgather $((STEPS * 2)) steps ok" "scheduler scheduler" \
+		"$CHAOS" allgather "$((STEPS * 2))"
 	UNISUM_AUTOTUNE=1 UNISUM_AUTOTUNE_STEPS=4 UNISUM_PARTITION_BYTES=262144 \
-		restart_run 7 "autotune (search)" "$TUNE_ROUNDS tuned rounds ok" "$CHECK" tune "$TUNE_ROUNDS"
-	restart_run 6 "compressed" "$((STEPS / 2)) compressed rounds ok" "$CHECK" compressed "$((STEPS / 2))"
+		restart_run 7 "autotune (search)" "$TUNE_ROUNDS tuned rounds ok" "scheduler scheduler" \
+		"$CHECK" tune "$TUNE_ROUNDS"
+	restart_run 6 "compressed" "$((STEPS / 2)) compressed rounds ok" "scheduler scheduler" \
+		"$CHECK" compressed "$((STEPS / 2))"
 fi
 
 # A scheduler that does not come back: every node fails naming it.
