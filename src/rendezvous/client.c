@@ -341,6 +341,29 @@ static bool rdv_on_ending(struct rdv_client *c, const struct wire_hdr *h, void *
 	return false;
 }
 
+/* The answer to the DECLARE in flight (its payload taken): for the
+ * requester, and kept for a restarted scheduler now, on the thread that
+ * reports them, so no resume misses it.  One that comes when none is in
+ * flight is dropped: a DECLARE sent again to a restarted scheduler whose
+ * first answer came after all. */
+static void rdv_on_declare_reply(struct rdv_client *c, const struct wire_hdr *h, void *payload)
+{
+	pthread_mutex_lock(&c->lock);
+	if (!c->req_active) {
+		pthread_mutex_unlock(&c->lock);
+		free(payload);
+		return;
+	}
+	c->req_active = false;
+	rdv_held_reply(c, h, payload);
+	free(c->reply_payload);
+	c->reply_hdr = *h;
+	c->reply_payload = payload;
+	c->have_reply = true;
+	pthread_cond_broadcast(&c->replied);
+	pthread_mutex_unlock(&c->lock);
+}
+
 /* A message from the scheduler (on the client's loop): answers to
  * barriers and declarations, autotune settings, join and failover events,
  * the end of the job.  Any end (SHUTDOWN, a job-level ERROR, REFORM)
@@ -371,24 +394,7 @@ static int rdv_on_message(struct loop_conn *lc, const struct wire_hdr *hp, void 
 		pthread_mutex_unlock(&c->lock);
 		break;
 	case WIRE_DECLARE:
-		pthread_mutex_lock(&c->lock);
-		if (!c->req_active) {
-			/* Answered already: a DECLARE sent again to a restarted
-			 * scheduler whose first answer came after all. */
-			pthread_mutex_unlock(&c->lock);
-			free(payload);
-			break;
-		}
-		/* Kept for a restarted scheduler now, on the thread that
-		 * reports them, so no resume misses it. */
-		c->req_active = false;
-		rdv_held_reply(c, &h, payload);
-		free(c->reply_payload);
-		c->reply_hdr = h;
-		c->reply_payload = payload;
-		c->have_reply = true;
-		pthread_cond_broadcast(&c->replied);
-		pthread_mutex_unlock(&c->lock);
+		rdv_on_declare_reply(c, &h, payload);
 		break;
 	case WIRE_ADDRBOOK:
 		go_on = rdv_resume_done(c, &h, payload) == 0;
