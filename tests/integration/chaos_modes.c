@@ -19,6 +19,8 @@
  *                            (floor division): exactly 1, whatever the group
  *   chaos_modes allgather N  rank r gives r + 1 elements of r*1000 + step;
  *                            every rank checks the whole concatenation
+ *   chaos_modes mix N        async, ssp:2 and allgather in one job: each
+ *                            step runs one of each, checked as above
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -105,6 +107,84 @@ static void run_async(const char *mode, int n)
 	free(out);
 }
 
+/* One async-like tensor of a mixed job: declared, its value read. */
+struct mix_async {
+	const char *mode;
+	int t;
+	int64_t *in, *out;
+};
+
+static void mix_async_init(struct mix_async *a, const char *name, const char *mode, int n)
+{
+	a->mode = mode;
+	a->t = unisum_declare_sync(name, UNISUM_INT64, COUNT, 0, mode);
+	check(a->t, "declare a mixed async tensor");
+	a->in = calloc(COUNT, sizeof *a->in);
+	a->out = calloc(COUNT, sizeof *a->out);
+	if (a->in == NULL || a->out == NULL)
+		exit(1);
+	check(unisum_push_pull(a->t, a->in, a->out, 0), "the first push_pull (the value)");
+	for (size_t i = 0; i < COUNT; i++) {
+		if (a->out[i] < 0 || a->out[i] > (int64_t)size * n)
+			wrong(mode, 0, i, a->out[i], 0);
+		a->in[i] = 1;
+	}
+}
+
+static void mix_async_step(struct mix_async *a, int step, int n)
+{
+	check(unisum_push_pull(a->t, a->in, a->out, 0), "push_pull");
+	for (size_t i = 0; i < COUNT; i++)
+		if (a->out[i] < step || a->out[i] > (int64_t)size * n)
+			wrong(a->mode, step, i, a->out[i], step);
+}
+
+static void mix_async_end(struct mix_async *a, int n)
+{
+	memset(a->in, 0, COUNT * sizeof *a->in);
+	check(unisum_push_pull(a->t, a->in, a->out, 0), "the last push_pull");
+	for (size_t i = 0; i < COUNT; i++)
+		if (a->out[i] != (int64_t)size * n)
+			wrong(a->mode, n + 1, i, a->out[i], (long long)size * n);
+	free(a->in);
+	free(a->out);
+}
+
+/* async, ssp:2 and an allgather, one step of each per step. */
+static void run_mix(int n)
+{
+	struct mix_async as, ss;
+	mix_async_init(&as, "chaos.mix.async", "async", n);
+	mix_async_init(&ss, "chaos.mix.ssp", "ssp:2", n);
+	uint64_t counts[64], total = 0;
+	for (int r = 0; r < size && r < 64; r++)
+		total += counts[r] = (uint64_t)(r + 1) * 1009;
+	int g = unisum_declare("chaos.mix.gather", UNISUM_INT32, total, 0);
+	check(g, "declare chaos.mix.gather");
+	int32_t *in = malloc(counts[rank] * sizeof *in), *out = malloc(total * sizeof *out);
+	if (in == NULL || out == NULL || size > 64)
+		exit(1);
+	for (int step = 1; step <= n; step++) {
+		mix_async_step(&as, step, n);
+		mix_async_step(&ss, step, n);
+		for (uint64_t i = 0; i < counts[rank]; i++)
+			in[i] = rank * 1000 + step;
+		check(unisum_allgather(g, in, out, counts), "allgather");
+		uint64_t at = 0;
+		for (int r = 0; r < size; r++)
+			for (uint64_t i = 0; i < counts[r]; i++, at++)
+				if (out[at] != r * 1000 + step)
+					wrong("allgather", step, at, out[at], r * 1000 + step);
+		step_done(step);
+		pause_step();
+	}
+	check(unisum_barrier(), "barrier");
+	mix_async_end(&as, n);
+	mix_async_end(&ss, n);
+	free(in);
+	free(out);
+}
+
 static void run_dssync(const char *mode, int n)
 {
 	int t = unisum_declare_sync("chaos.dssync", UNISUM_INT32, COUNT, 0, mode);
@@ -157,7 +237,7 @@ static void run_allgather(int n)
 int main(int argc, char **argv)
 {
 	if (argc != 3) {
-		fprintf(stderr, "usage: chaos_modes async|ssp:S|dssync:G|allgather N\n");
+		fprintf(stderr, "usage: chaos_modes async|ssp:S|dssync:G|allgather|mix N\n");
 		return 2;
 	}
 	const char *mode = argv[1];
@@ -171,6 +251,8 @@ int main(int argc, char **argv)
 		run_dssync(mode, n);
 	else if (strcmp(mode, "allgather") == 0)
 		run_allgather(n);
+	else if (strcmp(mode, "mix") == 0)
+		run_mix(n);
 	else
 		return 2;
 	check(unisum_shutdown(), "shutdown");
