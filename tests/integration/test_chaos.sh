@@ -34,8 +34,12 @@ for run in $(seq "$RUNS"); do
 	export UNISUM_SCHEDULER_PORT=$(free_port)
 	UNISUM_ROLE=scheduler timeout 60 "$UNISUM" scheduler >"$log/scheduler" 2>&1 &
 	echo $! >"$log/pid.scheduler"
+	# A scheduler's loss: the survivors wait UNISUM_TIMEOUT_MS for a
+	# restarted one (test_chaos_modes.sh restarts it), here 1.5 s, then
+	# fail naming it.
+	export UNISUM_TIMEOUT_MS=3000
 	case $((run % 3)) in
-	0) victim=scheduler; label="scheduler" ;;
+	0) victim=scheduler; label="scheduler"; export UNISUM_TIMEOUT_MS=1500 ;;
 	1) victim=server$((run / 3 % 2)); label="server $((run / 3 % 2))" ;;
 	*) victim=worker$((run / 3 % 3)); label="worker $((run / 3 % 3))" ;;
 	esac
@@ -136,7 +140,7 @@ echo "chaos: $RUNS runs, worst time from the kill to the last exit: $worst ms (l
 # Runs 1-4 lose worker 1, worker 2, server 0, server 1 (5 and on cycle).
 ERUNS=${CHAOS_ELASTIC_RUNS:-4}
 [ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && ERUNS=${CHAOS_ELASTIC_RUNS:-2}
-export UNISUM_ELASTIC=1 UNISUM_PARTITION_BYTES=16384 ELASTIC_STEP_MS=2
+export UNISUM_ELASTIC=1 UNISUM_PARTITION_BYTES=16384 ELASTIC_STEP_MS=2 UNISUM_TIMEOUT_MS=3000
 for run in $(seq "$ERUNS"); do
 	log=$(mktemp -d)
 	export UNISUM_SCHEDULER_PORT=$(free_port)
