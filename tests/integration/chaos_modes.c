@@ -74,55 +74,23 @@ static void pause_step(void)
 	nanosleep(&ts, NULL);
 }
 
-/* async and ssp:S: deltas of 1 on a value that starts at 0. */
-static void run_async(const char *mode, int n)
-{
-	int t = unisum_declare_sync("chaos.async", UNISUM_INT64, COUNT, 0, mode);
-	check(t, "declare chaos.async");
-	int64_t *in = calloc(COUNT, sizeof *in), *out = calloc(COUNT, sizeof *out);
-	if (in == NULL || out == NULL)
-		exit(1);
-	/* Others' deltas may be in the value already. */
-	check(unisum_push_pull(t, in, out, 0), "the first push_pull (the value)");
-	for (size_t i = 0; i < COUNT; i++)
-		if (out[i] < 0 || out[i] > (int64_t)size * n)
-			wrong(mode, 0, i, out[i], 0);
-	for (size_t i = 0; i < COUNT; i++)
-		in[i] = 1;
-	for (int step = 1; step <= n; step++) {
-		check(unisum_push_pull(t, in, out, 0), "push_pull");
-		for (size_t i = 0; i < COUNT; i++)
-			if (out[i] < step || out[i] > (int64_t)size * n)
-				wrong(mode, step, i, out[i], step);
-		step_done(step);
-		pause_step();
-	}
-	check(unisum_barrier(), "barrier");
-	memset(in, 0, COUNT * sizeof *in);
-	check(unisum_push_pull(t, in, out, 0), "the last push_pull");
-	for (size_t i = 0; i < COUNT; i++)
-		if (out[i] != (int64_t)size * n)
-			wrong(mode, n + 1, i, out[i], (long long)size * n);
-	free(in);
-	free(out);
-}
-
-/* One async-like tensor of a mixed job: declared, its value read. */
-struct mix_async {
+/* An async or SSP tensor: deltas of 1 on a value that starts at 0. */
+struct chaos_async {
 	const char *mode;
 	int t;
 	int64_t *in, *out;
 };
 
-static void mix_async_init(struct mix_async *a, const char *name, const char *mode, int n)
+static void async_init(struct chaos_async *a, const char *name, const char *mode, int n)
 {
 	a->mode = mode;
 	a->t = unisum_declare_sync(name, UNISUM_INT64, COUNT, 0, mode);
-	check(a->t, "declare a mixed async tensor");
+	check(a->t, "declare an async tensor");
 	a->in = calloc(COUNT, sizeof *a->in);
 	a->out = calloc(COUNT, sizeof *a->out);
 	if (a->in == NULL || a->out == NULL)
 		exit(1);
+	/* Others' deltas may be in the value already. */
 	check(unisum_push_pull(a->t, a->in, a->out, 0), "the first push_pull (the value)");
 	for (size_t i = 0; i < COUNT; i++) {
 		if (a->out[i] < 0 || a->out[i] > (int64_t)size * n)
@@ -131,7 +99,7 @@ static void mix_async_init(struct mix_async *a, const char *name, const char *mo
 	}
 }
 
-static void mix_async_step(struct mix_async *a, int step, int n)
+static void async_step(struct chaos_async *a, int step, int n)
 {
 	check(unisum_push_pull(a->t, a->in, a->out, 0), "push_pull");
 	for (size_t i = 0; i < COUNT; i++)
@@ -139,7 +107,8 @@ static void mix_async_step(struct mix_async *a, int step, int n)
 			wrong(a->mode, step, i, a->out[i], step);
 }
 
-static void mix_async_end(struct mix_async *a, int n)
+/* After a barrier (every rank's deltas in): the value is size x n. */
+static void async_end(struct chaos_async *a, int n)
 {
 	memset(a->in, 0, COUNT * sizeof *a->in);
 	check(unisum_push_pull(a->t, a->in, a->out, 0), "the last push_pull");
@@ -150,39 +119,80 @@ static void mix_async_end(struct mix_async *a, int n)
 	free(a->out);
 }
 
-/* async, ssp:2 and an allgather, one step of each per step. */
-static void run_mix(int n)
+/* An allgather: rank r gives r + 1 x 1009 elements of r*1000 + step. */
+struct chaos_gather {
+	int t;
+	uint64_t *counts, total;
+	int32_t *in, *out;
+};
+
+static void gather_init(struct chaos_gather *g, const char *name)
 {
-	struct mix_async as, ss;
-	mix_async_init(&as, "chaos.mix.async", "async", n);
-	mix_async_init(&ss, "chaos.mix.ssp", "ssp:2", n);
-	uint64_t counts[64], total = 0;
-	for (int r = 0; r < size && r < 64; r++)
-		total += counts[r] = (uint64_t)(r + 1) * 1009;
-	int g = unisum_declare("chaos.mix.gather", UNISUM_INT32, total, 0);
-	check(g, "declare chaos.mix.gather");
-	int32_t *in = malloc(counts[rank] * sizeof *in), *out = malloc(total * sizeof *out);
-	if (in == NULL || out == NULL || size > 64)
+	g->counts = malloc((size_t)size * sizeof *g->counts);
+	if (g->counts == NULL)
 		exit(1);
+	g->total = 0;
+	for (int r = 0; r < size; r++)
+		g->total += g->counts[r] = (uint64_t)(r + 1) * 1009;
+	g->t = unisum_declare(name, UNISUM_INT32, g->total, 0);
+	check(g->t, "declare an allgather tensor");
+	g->in = malloc(g->counts[rank] * sizeof *g->in);
+	g->out = malloc(g->total * sizeof *g->out);
+	if (g->in == NULL || g->out == NULL)
+		exit(1);
+}
+
+static void gather_step(struct chaos_gather *g, int step)
+{
+	for (uint64_t i = 0; i < g->counts[rank]; i++)
+		g->in[i] = rank * 1000 + step;
+	check(unisum_allgather(g->t, g->in, g->out, g->counts), "allgather");
+	uint64_t at = 0;
+	for (int r = 0; r < size; r++)
+		for (uint64_t i = 0; i < g->counts[r]; i++, at++)
+			if (g->out[at] != r * 1000 + step)
+				wrong("allgather", step, at, g->out[at], r * 1000 + step);
+}
+
+static void gather_end(struct chaos_gather *g)
+{
+	free(g->counts);
+	free(g->in);
+	free(g->out);
+}
+
+static void run_async(const char *mode, int n)
+{
+	struct chaos_async a;
+	async_init(&a, "chaos.async", mode, n);
 	for (int step = 1; step <= n; step++) {
-		mix_async_step(&as, step, n);
-		mix_async_step(&ss, step, n);
-		for (uint64_t i = 0; i < counts[rank]; i++)
-			in[i] = rank * 1000 + step;
-		check(unisum_allgather(g, in, out, counts), "allgather");
-		uint64_t at = 0;
-		for (int r = 0; r < size; r++)
-			for (uint64_t i = 0; i < counts[r]; i++, at++)
-				if (out[at] != r * 1000 + step)
-					wrong("allgather", step, at, out[at], r * 1000 + step);
+		async_step(&a, step, n);
 		step_done(step);
 		pause_step();
 	}
 	check(unisum_barrier(), "barrier");
-	mix_async_end(&as, n);
-	mix_async_end(&ss, n);
-	free(in);
-	free(out);
+	async_end(&a, n);
+}
+
+/* async, ssp:2 and an allgather, one step of each per step. */
+static void run_mix(int n)
+{
+	struct chaos_async as, ss;
+	struct chaos_gather g;
+	async_init(&as, "chaos.mix.async", "async", n);
+	async_init(&ss, "chaos.mix.ssp", "ssp:2", n);
+	gather_init(&g, "chaos.mix.gather");
+	for (int step = 1; step <= n; step++) {
+		async_step(&as, step, n);
+		async_step(&ss, step, n);
+		gather_step(&g, step);
+		step_done(step);
+		pause_step();
+	}
+	check(unisum_barrier(), "barrier");
+	async_end(&as, n);
+	async_end(&ss, n);
+	gather_end(&g);
 }
 
 static void run_dssync(const char *mode, int n)
@@ -207,31 +217,14 @@ static void run_dssync(const char *mode, int n)
 
 static void run_allgather(int n)
 {
-	uint64_t *counts = malloc((size_t)size * sizeof *counts), total = 0;
-	if (counts == NULL)
-		exit(1);
-	for (int r = 0; r < size; r++)
-		total += counts[r] = (uint64_t)(r + 1) * 1009;
-	int t = unisum_declare("chaos.gather", UNISUM_INT32, total, 0);
-	check(t, "declare chaos.gather");
-	int32_t *in = malloc(counts[rank] * sizeof *in), *out = malloc(total * sizeof *out);
-	if (in == NULL || out == NULL)
-		exit(1);
+	struct chaos_gather g;
+	gather_init(&g, "chaos.gather");
 	for (int step = 0; step < n; step++) {
-		for (uint64_t i = 0; i < counts[rank]; i++)
-			in[i] = rank * 1000 + step;
-		check(unisum_allgather(t, in, out, counts), "allgather");
-		uint64_t at = 0;
-		for (int r = 0; r < size; r++)
-			for (uint64_t i = 0; i < counts[r]; i++, at++)
-				if (out[at] != r * 1000 + step)
-					wrong("allgather", step, at, out[at], r * 1000 + step);
+		gather_step(&g, step);
 		step_done(step);
 		pause_step();
 	}
-	free(counts);
-	free(in);
-	free(out);
+	gather_end(&g);
 }
 
 int main(int argc, char **argv)
