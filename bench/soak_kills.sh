@@ -33,7 +33,7 @@ kills=0 jobs=0 failed=0 wrong=0
 recov=$(mktemp)
 
 free_port() {
-	/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+	"$CHECK" free-port	# as tests/integration/lib.sh
 }
 
 start_scheduler() {

@@ -547,7 +547,6 @@ static void rdv_serve(void *arg)
 {
 	struct rdv_client *c = arg;
 	struct loop *l = c->pool.loops[0];
-	c->conn_no = 1;
 	int rc = loop_conn_new(l, c->tp, c->conn, false, &rdv_conn_ops, c, &c->lc);
 	if (rc == 0)
 		loop_timer_start(l, &c->beat, c->heartbeat_ms, c->heartbeat_ms, rdv_beat, c);
@@ -748,7 +747,9 @@ static int rdv_request(struct rdv_client *c, const struct wire_hdr *req, const v
 	pthread_mutex_lock(&c->lock);
 	int rc = c->failed;
 	if (rc == 0)
-		rc = rdv_request_send(c, req, req_payload);
+		rc = rdv_request_keep(c, req, req_payload);
+	if (rc == 0)	/* held while resuming: sent once the scheduler is back */
+		rc = rdv_send(c, req, req_payload);
 	if (rc != 0)
 		c->req_active = false;
 	pthread_mutex_unlock(&c->lock);
@@ -858,8 +859,8 @@ int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtyp
 			     .count = count, .aux = sync, .payload_len = b.len}, reply = {0};
 	void *payload = NULL;
 	int rc = rdv_request(c, &h, b.data, WIRE_DECLARE, &reply, &payload);
+	wire_buf_fini(&b);
 	if (rc != 0) {
-		wire_buf_fini(&b);
 		snprintf(why, why_len, "%s", log_last_error());
 		return rc;
 	}
@@ -870,8 +871,6 @@ int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtyp
 	rc = rdv_declare_reply_decode(payload, reply.payload_len, &status, why, why_len, &n, &parts,
 				      &servers);
 	free(payload);
-	if (rc != 0 || status != 0)
-		wire_buf_fini(&b);
 	if (rc == UNISUM_ENOMEM)
 		return rc;
 	if (rc == 0 && status != 0)
@@ -885,7 +884,6 @@ int rdv_client_declare_homed(struct rdv_client *c, const char *name, unisum_dtyp
 		ok = parts[i].count > 0 && parts[i].count <= most && parts[i].count <= count - off;
 		off += ok ? parts[i].count : 0;
 	}
-	wire_buf_fini(&b);
 	if (!ok || off != count || reply.key != placement_tensor_key(name)) {
 		free(parts);
 		free(servers);

@@ -81,11 +81,10 @@ struct rdv_client {
 	int sched_port;
 	struct rdv_register reg;	/* this node's first REGISTER */
 	uint32_t gen;			/* the book's generation (its header's round) */
-	pthread_mutex_t send_lock;	/* lc, conn, resuming, dialed, the outbox and
-					 * req_conn, for senders; inside `lock` */
+	pthread_mutex_t send_lock;	/* lc, conn, resuming, dialed and the outbox,
+					 * for senders; inside `lock` */
 	bool resuming;			/* the scheduler was lost: waiting for it */
 	bool dialed;			/* ... registered again, its answer awaited */
-	unsigned conn_no;		/* connections to a scheduler so far */
 	int64_t lost_ms;		/* when it was lost (under lock) ... */
 	char lost_why[300];		/* ... and how */
 	struct loop_timer redial;	/* tries to reach it again */
@@ -101,8 +100,7 @@ struct rdv_client {
 	int64_t tune_seen;		/* the last TUNE epoch handed on, -1: none */
 	struct wire_hdr req_hdr;	/* the request in flight (under lock) ... */
 	void *req_payload;
-	bool req_active;
-	unsigned req_conn;		/* ... and the connection it went on (0: none) */
+	bool req_active;		/* ... until answered (or failed) */
 	struct rdv_outbox {
 		struct wire_hdr h;
 		void *payload;
@@ -132,9 +130,10 @@ int rdv_resume_done(struct rdv_client *c, const struct wire_hdr *h, const void *
  * scheduler is back, or dropped when the resume carries it.  0 or an
  * error. */
 int rdv_resume_hold(struct rdv_client *c, const struct wire_hdr *h, const void *payload);
-/* Sends request req, kept (with its payload) to send again to a
- * restarted scheduler until answered (c->lock held). */
-int rdv_request_send(struct rdv_client *c, const struct wire_hdr *req, const void *payload);
+/* Keeps request req (with its payload), about to be sent, to send again
+ * to a restarted scheduler until answered (c->lock held).  0 or
+ * UNISUM_ENOMEM. */
+int rdv_request_keep(struct rdv_client *c, const struct wire_hdr *req, const void *payload);
 /* The tensors this worker declared: kept from a DECLARE reply of the
  * request in flight, on the loop's thread (c->lock held), forgotten, moved
  * by a failover (and its lost server noted); freed with the rest of the

@@ -199,11 +199,10 @@ bool rdv_resume_start(struct rdv_client *c, int rc, const char *why)
 		if (first) {	/* the wait counts from the first loss */
 			c->lost_ms = timing_now_ms();
 			snprintf(c->lost_why, sizeof c->lost_why, "%s", why);
-		}
-		if (first)
 			LOG_WARN("lost the scheduler at %s:%d (%s): waiting up to %d ms "
 				 "(UNISUM_TIMEOUT_MS) for it to come back", c->sched_host, c->sched_port,
 				 why, c->timeout_ms);
+		}
 	}
 	pthread_mutex_unlock(&c->lock);
 	return go;
@@ -312,7 +311,6 @@ int rdv_resume_try(struct rdv_client *c, char *why, size_t len)
 	struct loop_conn *old = c->lc;
 	c->lc = lc;
 	c->conn = conn;
-	c->conn_no++;
 	c->dialed = true;
 	pthread_mutex_unlock(&c->send_lock);
 	pthread_mutex_unlock(&c->lock);
@@ -323,10 +321,9 @@ int rdv_resume_try(struct rdv_client *c, char *why, size_t len)
 /* Sends what waited for the scheduler (both locks held). */
 static void rdv_resume_flush(struct rdv_client *c)
 {
-	if (c->req_active && !c->have_reply && c->req_conn != c->conn_no) {
+	/* Unanswered: sent to the lost scheduler, or held while resuming. */
+	if (c->req_active && !c->have_reply)
 		loop_conn_send(c->lc, &c->req_hdr, c->req_payload);
-		c->req_conn = c->conn_no;
-	}
 	for (int g = 0; g < 4; g++) {
 		if (c->barrier_entered[g] > c->reported_entered[g] &&
 		    c->barrier_entered[g] != c->barrier_done[g]) {
@@ -378,7 +375,7 @@ int rdv_resume_done(struct rdv_client *c, const struct wire_hdr *h, const void *
 	return was ? 0 : UNISUM_EPROTO;
 }
 
-int rdv_request_send(struct rdv_client *c, const struct wire_hdr *req, const void *payload)
+int rdv_request_keep(struct rdv_client *c, const struct wire_hdr *req, const void *payload)
 {
 	free(c->req_payload);
 	c->req_payload = NULL;
@@ -388,14 +385,5 @@ int rdv_request_send(struct rdv_client *c, const struct wire_hdr *req, const voi
 		memcpy(c->req_payload, payload, req->payload_len);
 	c->req_hdr = *req;
 	c->req_active = true;
-	pthread_mutex_lock(&c->send_lock);
-	int rc = 0;
-	if (c->resuming) {
-		c->req_conn = 0;	/* sent once the scheduler is back */
-	} else {
-		rc = loop_conn_send(c->lc, req, payload);
-		c->req_conn = c->conn_no;
-	}
-	pthread_mutex_unlock(&c->send_lock);
-	return rc == TP_AGAIN ? UNISUM_ECONN : rc;
+	return 0;
 }

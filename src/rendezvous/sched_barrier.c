@@ -72,7 +72,6 @@ void sched_barrier_settle(struct rdv_scheduler *s, int group)
 			if (!m->registered || !group_has(group, m->role))
 				continue;
 			m->in_barrier[group] = false;
-			m->barrier_done[group]++;
 			sched_send(m, &h, NULL);
 		}
 	}

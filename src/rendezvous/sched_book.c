@@ -83,6 +83,14 @@ struct rdv_node sched_entry_of(const struct sched_node *n)
 	return e;
 }
 
+void sched_book_of_one(const struct rdv_scheduler *s, struct wire_buf *b, uint32_t your_id,
+		       const struct sched_node *n)
+{
+	rdv_book_encode_head(b, your_id, (uint32_t)s->local_size, 1);
+	struct rdv_node e = sched_entry_of(n);
+	rdv_book_encode_node(b, &e);
+}
+
 /* Assigns ranks and ids and sends every node the address book.  Called
  * with s->lock held once all nodes have registered. */
 int sched_send_addrbook(struct rdv_scheduler *s)

@@ -51,8 +51,8 @@ struct sched_node {
 	char host_id[64];
 	int rack;			/* UNISUM_RACK as registered, -1: none */
 	bool in_barrier[4];		/* entered the barrier of group g */
-	uint32_t barrier_done[4];	/* ... and the barriers of g it completed (counted
-					 * from a resume's report, sched_resume.c) */
+	uint32_t barrier_done[4];	/* ... and the barriers of g it completed, as a
+					 * resume's report said (sched_resume.c) */
 	uint32_t held_expected, held_got; /* a resumed worker's HELDs: said, and come */
 	_Atomic int64_t last_seen_ms;	/* when it last sent anything */
 	struct rdv_metrics report;	/* its last counters (sched_metrics.c) ... */
@@ -252,6 +252,10 @@ void sched_take_register(struct sched_node *n, const struct rdv_register *m);
 int sched_send_addrbook(struct rdv_scheduler *s);
 /* The address book entry of node n. */
 struct rdv_node sched_entry_of(const struct sched_node *n);
+/* An address book of node n's entry alone, for your_id, into b (a
+ * replacement's REJOIN, a resumed node's answer). */
+void sched_book_of_one(const struct rdv_scheduler *s, struct wire_buf *b, uint32_t your_id,
+		       const struct sched_node *n);
 /* Tells every worker of the job how many wait to join (RESIZE). */
 void sched_announce_waiting(struct rdv_scheduler *s);
 

@@ -52,16 +52,12 @@ static int sched_resume_begin(struct rdv_scheduler *s, const struct sched_node *
 			 "address?", s->tp->peer_name(n->conn), s->registered);
 		return UNISUM_ECONFIG;
 	}
-	int machines = (int)(z->workers / z->local_size);
-	if (machines != s->num_machines || (int)z->servers != s->num_servers) {
-		s->local_size = (int)z->local_size;
-		if (sched_tensors_reset(s, (int)z->servers, machines) != 0) {
-			snprintf(why, len, "out of memory");
-			return UNISUM_ENOMEM;
-		}
-	}
+	/* The nodes' book is the job, whatever this scheduler was told. */
 	s->local_size = (int)z->local_size;
-	s->num_workers = (int)z->workers;
+	if (sched_tensors_reset(s, (int)z->servers, (int)(z->workers / z->local_size)) != 0) {
+		snprintf(why, len, "out of memory");
+		return UNISUM_ENOMEM;
+	}
 	s->resumed = s->resuming = true;
 	s->resume_since = timing_now_ms();
 	s->gen = z->gen;
@@ -238,9 +234,7 @@ static void sched_resume_answer(struct rdv_scheduler *s, struct sched_node *n)
 {
 	struct wire_buf b;
 	wire_buf_init(&b);
-	rdv_book_encode_head(&b, n->id, (uint32_t)s->local_size, 1);
-	struct rdv_node e = sched_entry_of(n);
-	rdv_book_encode_node(&b, &e);
+	sched_book_of_one(s, &b, n->id, n);
 	struct wire_hdr h = {.type = WIRE_ADDRBOOK, .round = s->gen, .payload_len = b.len};
 	if (!b.failed)
 		sched_send(n, &h, b.data);

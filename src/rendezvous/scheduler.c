@@ -106,9 +106,7 @@ static int sched_on_replacement(struct rdv_scheduler *s, struct sched_node *n,
 	wire_buf_fini(&b);
 	/* Every worker connects to it; new placements may use it. */
 	wire_buf_init(&b);
-	rdv_book_encode_head(&b, 0, (uint32_t)s->local_size, 1);
-	struct rdv_node e = sched_entry_of(n);
-	rdv_book_encode_node(&b, &e);
+	sched_book_of_one(s, &b, 0, n);
 	h = (struct wire_hdr){.type = WIRE_REJOIN, .aux = (uint32_t)r, .payload_len = b.len};
 	for (int i = 0; i < s->nnodes && !b.failed; i++) {
 		struct sched_node *o = s->nodes[i];
