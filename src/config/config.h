@@ -91,6 +91,7 @@ struct config {
 	int allgather_phases;		/* -1 auto, 0 never, 1 always: an allgather's pulls in
 					 * ring phases (src/worker/cuts.c) */
 	int server_failover;		/* a lost server's partitions move to the others */
+	int replicas;			/* servers copy held state to a backup (0 or 1) */
 	int elastic;			/* workers come and go: the job re-forms */
 	int elastic_min_workers;	/* ... and fails below this many */
 	int placement;			/* scheduler: enum placement_policy */

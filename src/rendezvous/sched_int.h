@@ -146,6 +146,9 @@ struct rdv_scheduler {
 	int result;			/* what rdv_scheduler_wait returns */
 	int server_failover;		/* UNISUM_SERVER_FAILOVER */
 	uint8_t *lost;			/* [num_servers] lost and failed over, or NULL */
+	uint8_t *replaced;		/* [num_servers] a replacement took the rank: it holds
+					 * no copies of other servers' keys, or NULL */
+	int replicas;			/* UNISUM_REPLICAS: async and SSP keys have copies */
 	int failovers;			/* how many so far */
 	struct sched_moved_off {
 		uint32_t n;

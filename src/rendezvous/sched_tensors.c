@@ -446,12 +446,13 @@ static void sched_move_load(struct rdv_scheduler *s, uint32_t from, uint32_t to,
 }
 
 /* Why tensor t's pieces cannot change servers (its state would be lost),
- * or NULL: a server of an async or SSP tensor holds its value; a
- * compressed tensor's holds error feedback; a gathering collective's
- * rows are only their owner's. */
-static const char *sched_unmovable(const struct sched_tensor *t)
+ * or NULL: a server of an async or SSP tensor holds its value (unless
+ * its backup holds a copy: UNISUM_REPLICAS); a compressed tensor's holds
+ * error feedback; a gathering collective's rows are only their owner's. */
+static const char *sched_unmovable(const struct rdv_scheduler *s, const struct sched_tensor *t)
 {
-	return t->sync != 0	    ? "an async or SSP tensor, whose value the server held"
+	return t->sync != 0 && !s->replicas
+		       ? "an async or SSP tensor, whose value the server held (UNISUM_REPLICAS=0)"
 	       : t->comp[0] != '\0' ? "a compressed tensor"
 	       : t->nsegs > 0	    ? "a gathering collective's tensor (allgather, alltoall, "
 				      "reduce-scatter)"
@@ -472,6 +473,18 @@ void sched_avoid_lost(struct rdv_scheduler *s, const struct placement_part *part
 	}
 }
 
+/* The backup of server `dead` (replica.c's rule): the next server by
+ * rank that is neither lost nor a replacement, or -1. */
+static int sched_backup_of(const struct rdv_scheduler *s, int dead)
+{
+	for (int i = 1; i < s->num_servers; i++) {
+		int r = (dead + i) % s->num_servers;
+		if (!sched_server_lost(s, r) && (s->replaced == NULL || !s->replaced[r]))
+			return r;
+	}
+	return -1;
+}
+
 /* Whether the job can go on without server `dead`: 0, or UNISUM_ECONN
  * with why set when it was the last server or held partitions of a
  * tensor whose state failover does not move. */
@@ -486,7 +499,10 @@ static int sched_failover_refused(struct rdv_scheduler *s, int dead, char *why, 
 	}
 	for (int i = 0; i < s->ntensors; i++) {
 		const struct sched_tensor *t = &s->tensors[i];
-		const char *what = sched_unmovable(t);
+		const char *what = sched_unmovable(s, t);
+		if (what == NULL && t->sync != 0 && sched_backup_of(s, dead) < 0)
+			what = "an async or SSP tensor, and no live server but replacements (which "
+			       "hold no copies) is left";
 		for (uint32_t p = 0; what != NULL && p < t->nparts; p++) {
 			if ((int)t->servers[p] == dead) {
 				snprintf(why, len, "it held partitions of '%s', %s, which failover "
@@ -511,7 +527,14 @@ static int sched_failover_move(struct rdv_scheduler *s, int dead, struct rdv_fai
 		for (uint32_t p = 0; p < t->nparts; p++) {
 			if ((int)t->servers[p] != dead)
 				continue;
-			sched_avoid_lost(s, &t->parts[p], &t->servers[p], 1, esize);
+			int to = t->sync != 0 ? sched_backup_of(s, dead) : -1;
+			if (to >= 0) {	/* where its copy is */
+				sched_move_load(s, (uint32_t)dead, (uint32_t)to,
+						t->parts[p].count * esize);
+				t->servers[p] = (uint32_t)to;
+			} else {
+				sched_avoid_lost(s, &t->parts[p], &t->servers[p], 1, esize);
+			}
 			f->keys[f->n] = t->key + p;
 			f->servers[f->n++] = t->servers[p];
 			moved = true;
@@ -615,8 +638,10 @@ void sched_migrate_back(struct rdv_scheduler *s, int r)
 				continue;
 			uint32_t p = (uint32_t)(key - t->key);
 			int from = (int)t->servers[p];
-			if (sched_unmovable(t) != NULL || from == r || sched_server_lost(s, from) ||
-			    per[from].keys == NULL || per[from].servers == NULL)
+			/* An async key stays: its copies are on from's backup. */
+			if (sched_unmovable(s, t) != NULL || t->sync != 0 || from == r ||
+			    sched_server_lost(s, from) || per[from].keys == NULL ||
+			    per[from].servers == NULL)
 				break;
 			sched_move_load(s, (uint32_t)from, (uint32_t)r,
 					t->parts[p].count * unisum_dtype_size(t->dtype));
@@ -863,6 +888,8 @@ int sched_tensors_reset(struct rdv_scheduler *s, int num_servers, int num_machin
 	s->ntensors = 0;
 	free(s->lost);
 	s->lost = NULL;
+	free(s->replaced);
+	s->replaced = NULL;
 	for (int i = 0; s->moved_off != NULL && i < s->num_servers; i++)
 		free(s->moved_off[i].keys);
 	free(s->moved_off);

@@ -115,8 +115,12 @@ static int sched_on_replacement(struct rdv_scheduler *s, struct sched_node *n,
 	}
 	int rc = b.failed ? UNISUM_ENOMEM : 0;
 	wire_buf_fini(&b);
+	if (rc == 0 && s->replaced == NULL)
+		s->replaced = calloc((size_t)s->num_servers, 1);
 	if (rc == 0) {
 		s->lost[r] = 0;
+		if (s->replaced != NULL)
+			s->replaced[r] = 1;
 		LOG_WARN("server %d is back (%s:%d): tensors placed from now on may go to it", r,
 			 n->host, n->port);
 		sched_migrate_back(s, r);
@@ -373,14 +377,23 @@ static void sched_on_goodbye(struct rdv_scheduler *s, struct sched_node *n)
 static int sched_on_error(struct rdv_scheduler *s, struct sched_node *n, const struct wire_hdr *h,
 			  const void *payload, char *why, size_t len)
 {
-	char text[512], label[160], msg[768];
+	char text[512], label[160], msg[900], lost[96] = "";
 	wire_error_decode(payload, h->payload_len, text, sizeof text);
 	pthread_mutex_lock(&s->lock);
 	int rc = 0;
 	if (h->key != 0) {
 		rc = sched_poison_reported(s, h->key, text, why, len);
 	} else {
-		snprintf(msg, sizeof msg, "%s: %s", sched_node_label(n, label, sizeof label), text);
+		/* After failovers, which servers are gone (a server's error
+		 * may come from a state it took over). */
+		for (int r = 0, k = 0; s->lost != NULL && r < s->num_servers; r++)
+			if (s->lost[r] && (size_t)k < sizeof lost - 12)
+				k += snprintf(lost + k, sizeof lost - (size_t)k, "%s%d",
+					      k ? ", " : " (servers lost so far: ", r);
+		if (lost[0] != '\0')
+			strcat(lost, ")");
+		snprintf(msg, sizeof msg, "%s: %s%s", sched_node_label(n, label, sizeof label), text,
+			 lost);
 		sched_fail(s, log_known_error(-(int)h->aux, UNISUM_EREMOTE), msg);
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -719,6 +732,22 @@ static void *sched_main(void *arg)
 	return NULL;
 }
 
+/* The settings the scheduler keeps of cfg. */
+static void sched_take_config(struct rdv_scheduler *s, const struct config *cfg)
+{
+	s->heartbeat_ms = cfg->heartbeat_ms;
+	s->timeout_ms = cfg->timeout_ms;
+	s->stall_warn_ms = cfg->stall_warn_ms;
+	s->stall_abort_ms = cfg->stall_abort_ms;
+	s->server_failover = cfg->server_failover;
+	s->replicas = cfg->replicas && !cfg->elastic;	/* as the servers decide (replica.c) */
+	s->elastic = cfg->elastic;
+	s->min_workers = cfg->elastic_min_workers;
+	s->max_servers = cfg->num_servers;
+	s->start_timeout_ms = cfg->start_timeout_ms;
+	s->started_ms = timing_now_ms();
+}
+
 int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 			const struct transport_ops *tp, struct rdv_scheduler **out, int *port_out)
 {
@@ -733,16 +762,7 @@ int rdv_scheduler_start(const char *host, int port, const struct config *cfg,
 	s->tp = tp;
 	s->num_machines = num_machines;
 	s->num_servers = num_servers;
-	s->heartbeat_ms = cfg->heartbeat_ms;
-	s->timeout_ms = cfg->timeout_ms;
-	s->stall_warn_ms = cfg->stall_warn_ms;
-	s->stall_abort_ms = cfg->stall_abort_ms;
-	s->server_failover = cfg->server_failover;
-	s->elastic = cfg->elastic;
-	s->min_workers = cfg->elastic_min_workers;
-	s->max_servers = num_servers;
-	s->start_timeout_ms = cfg->start_timeout_ms;
-	s->started_ms = timing_now_ms();
+	sched_take_config(s, cfg);
 	s->oom_kills = log_oom_kills();
 	/* Grows as connections come (see sched_max_connections). */
 	s->cap_nodes = 2 * (num_machines + num_servers) + 64;
@@ -887,6 +907,7 @@ void rdv_scheduler_free(struct rdv_scheduler *s)
 	free(s->home_server);
 	free(s->joined);
 	free(s->lost);
+	free(s->replaced);
 	for (int i = 0; s->moved_off != NULL && i < s->num_servers; i++)
 		free(s->moved_off[i].keys);
 	free(s->moved_off);

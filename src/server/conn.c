@@ -124,6 +124,12 @@ static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wir
 		return UNISUM_EPROTO;
 	}
 	const struct rdv_node *n = rdv_client_node_by_id(srv->rdv, h->sender);
+	if (n != NULL && n->role == CONFIG_ROLE_SERVER && srv->replicate && n->rank != srv->rank) {
+		c->from_server = true;	/* this one is its backup: it sends COPYs */
+		c->worker = srv->npeers;
+		LOG_INFO("server %d backs up server %d", srv->rank, n->rank);
+		return 0;
+	}
 	if (n == NULL || n->role != CONFIG_ROLE_WORKER) {
 		snprintf(why, len, "hello from node id %u, which is not a worker of this job", h->sender);
 		return UNISUM_EPROTO;
@@ -272,6 +278,13 @@ static int srv_on_declare_check(struct server *srv, struct srv_conn *c, const st
 	}
 	int rc = srv_key_declare(srv, c, h, name, members, n, spec, why, len);
 	free(members);
+	if (rc == UNISUM_EREMOTE) {
+		/* An acknowledged update has no copy left: the job fails,
+		 * naming the key, through the scheduler. */
+		LOG_ERROR("%s", why);
+		rdv_client_fail_job(srv->rdv, UNISUM_ECONN, why);
+		return 0;
+	}
 	return rc;
 }
 
@@ -584,7 +597,8 @@ static int srv_on_header(struct loop_conn *lc, struct tp_rx *rx, char *why, size
 	struct srv_conn *c = loop_conn_arg(lc);
 	if (c->worker < 0)
 		return srv_on_hello(c->srv, c, &rx->hdr, why, len);	/* no payload: refused */
-	int rc = srv_head(c->srv, c, &rx->hdr, why, len);
+	int rc = c->from_server ? srv_copy_head(c->srv, c, &rx->hdr, why, len)
+				: srv_head(c->srv, c, &rx->hdr, why, len);
 	rx->dst = c->pend.kind == PEND_PUSH || c->pend.kind == PEND_BUF ? c->pend.buf : NULL;
 	return rc;
 }
@@ -636,6 +650,15 @@ static int srv_on_msg(struct loop_conn *lc, const struct wire_hdr *h, void *payl
 	if (c->worker < 0)
 		return srv_on_hello(srv, c, h, why, len);
 	int rc = 0;
+	if (c->from_server) {
+		if (h->payload_len == 0)
+			rc = srv_copy_head(srv, c, h, why, len);
+		if (rc == 0)
+			rc = srv_copy_message(srv, c, h, why, len);
+		free(c->pend.buf);
+		c->pend = (struct srv_pend){0};
+		return rc;
+	}
 	if (h->payload_len == 0)	/* srv_on_header was not called */
 		rc = srv_head(srv, c, h, why, len);
 	if (rc == 0 && srv_hold_declare(srv, c, h))
@@ -646,19 +669,6 @@ static int srv_on_msg(struct loop_conn *lc, const struct wire_hdr *h, void *payl
 		free(c->pend.buf);
 	c->pend = (struct srv_pend){0};
 	return rc;
-}
-
-void srv_out_of_memory(struct server *srv, const char *what)
-{
-	if (atomic_exchange(&srv->oom_told, true))
-		return;
-	char limits[400], why[1000];
-	log_memory_limits(limits, sizeof limits);
-	snprintf(why, sizeof why, "server %d (pid %d) is out of memory: %s (%s)", srv->rank,
-		 (int)getpid(), what, limits);
-	LOG_ERROR("%s", why);
-	if (srv->rdv != NULL)
-		rdv_client_fail_job(srv->rdv, UNISUM_ENOMEM, why);
 }
 
 /* The loop is done with c (posted by srv_on_closed): it may be freed. */
@@ -699,7 +709,7 @@ static void srv_on_closed(struct loop_conn *lc, int rc, const char *why)
 		}
 	}
 	pthread_mutex_lock(&srv->lock);
-	if (c->worker >= 0 && srv->by_worker[c->worker] == c) {
+	if (c->worker >= 0 && !c->from_server && srv->by_worker[c->worker] == c) {
 		srv->by_worker[c->worker] = NULL;
 		/* Rounds still waiting for it never end; in an elastic job the
 		 * scheduler re-forms the job without it instead. */

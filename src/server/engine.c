@@ -265,8 +265,10 @@ static int srv_ssp_slowest(const struct srv_key *k)
 	return slow < 0 ? 0 : slow;
 }
 
-/* Answers contributor w's pull of round `round` with the value. */
-static void srv_async_reply(struct server *srv, struct srv_key *k, int w, uint32_t round, bool skip)
+/* Answers contributor w's pull of round `round` with the value (now:
+ * the backup holds it, or there is none). */
+static void srv_async_answer(struct server *srv, struct srv_key *k, int w, uint32_t round,
+			     bool skip)
 {
 	struct wire_hdr h = {.type = WIRE_PULL_REPLY, .sender = srv->id, .round = round,
 			     .key = k->key, .count = k->count, .dtype = (uint8_t)k->dtype};
@@ -288,6 +290,14 @@ static void srv_async_reply(struct server *srv, struct srv_key *k, int w, uint32
 	srv_queue_reply(srv, srv_key_peer(k, w), &h, k, payload);
 }
 
+/* Answers contributor w's pull once the backup holds its pushes
+ * (replica.c): at once without one. */
+static void srv_async_reply(struct server *srv, struct srv_key *k, int w, uint32_t round, bool skip)
+{
+	if (!srv_copy_gate(srv, k, w, round, skip))
+		srv_async_answer(srv, k, w, round, skip);
+}
+
 static void srv_ssp_release(struct server *srv, struct srv_key *k);
 
 static void srv_async_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
@@ -304,6 +314,9 @@ static void srv_async_push(struct server *srv, struct srv_key *k, const struct s
 		return;
 	}
 	struct srv_slot *s = &k->slot[0];
+	if (k->base != NULL && ev->round < k->base[w])
+		return;	/* re-pushed after a failover, and in the copy taken over */
+	k->need[w] = ++k->ver;
 	if (!k->first_seen[w]) {
 		k->first_seen[w] = 1;
 		if (w != 0) {
@@ -549,6 +562,7 @@ static void srv_on_retire(struct server *srv, struct srv_key *k, int w)
 	}
 	if (++k->nretired < k->nc)
 		return;
+	srv_copy_forget(srv, k);
 	LOG_INFO("every worker retired '%s' (key 0x%llx): its %zu-byte buffers are freed",
 		 k->name ? k->name : "?", (unsigned long long)k->key, k->bytes);
 	srv_key_remove(srv, k);
@@ -802,7 +816,12 @@ static void srv_check_stalls(struct server *srv, struct srv_engine *e)
 /* Runs one event on its key (the engine's thread, or a loop's). */
 static void srv_engine_run(struct srv_engine *e, struct srv_event *ev)
 {
-	if (ev->type == EVENT_PUSH)
+	if (ev->key->copy != NULL && srv_copy_install(ev->key) != 0)
+		srv_engine_oom(e->srv, ev->key, "for the value taken over from a copy of");
+	if (ev->type == EVENT_COPY_HELD || ev->type == EVENT_COPY_AGAIN)
+		srv_copy_held(e->srv, ev->key, (uint32_t)ev->worker,
+			      ev->type == EVENT_COPY_HELD ? ev->round : 0, srv_async_answer);
+	else if (ev->type == EVENT_PUSH)
 		srv_on_push(e->srv, ev->key, ev);
 	else if (ev->type == EVENT_PULL)
 		srv_on_pull(e->srv, ev->key, ev);

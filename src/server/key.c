@@ -5,13 +5,16 @@
  * free a key once nothing holds it.  The table is under srv->lock; a key's
  * state is its engine's (engine.c).
  */
+#include <endian.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "log/log.h"
 #include "server/srv_int.h"
 #include "timing/timing.h"
 #include "wire/wire.h"
@@ -31,6 +34,133 @@ struct srv_key *srv_key_find(struct server *srv, uint64_t key)
 		if (k->key == key)
 			return k;
 	return NULL;
+}
+
+void srv_out_of_memory(struct server *srv, const char *what)
+{
+	if (atomic_exchange(&srv->oom_told, true))
+		return;
+	char limits[400], why[1000];
+	log_memory_limits(limits, sizeof limits);
+	snprintf(why, sizeof why, "server %d (pid %d) is out of memory: %s (%s)", srv->rank,
+		 (int)getpid(), what, limits);
+	LOG_ERROR("%s", why);
+	if (srv->rdv != NULL)
+		rdv_client_fail_job(srv->rdv, UNISUM_ENOMEM, why);
+}
+
+/* ---- copies of other servers' keys (replica.c) ---------------------------- */
+
+static struct srv_copy **srv_copy_slot(struct server *srv, uint64_t key)
+{
+	struct srv_copy **at = &srv->copies[srv_hash(key, SRV_COPY_BUCKETS)];
+	while (*at != NULL && (*at)->key != key)
+		at = &(*at)->next;
+	return at;
+}
+
+static void srv_copy_free(struct srv_copy *c)
+{
+	if (c != NULL)
+		free(c->data);
+	free(c);
+}
+
+int srv_copy_put(struct server *srv, struct srv_copy *c)
+{
+	pthread_mutex_lock(&srv->lock);
+	if (srv->copies == NULL &&
+	    (srv->copies = calloc(SRV_COPY_BUCKETS, sizeof *srv->copies)) == NULL) {
+		pthread_mutex_unlock(&srv->lock);
+		return UNISUM_ENOMEM;
+	}
+	struct srv_copy **at = srv_copy_slot(srv, c->key), *old = *at;
+	c->next = old != NULL ? old->next : NULL;
+	*at = c;
+	pthread_mutex_unlock(&srv->lock);
+	srv_copy_free(old);
+	return 0;
+}
+
+/* Takes key's copy out of the table (srv->lock held), or NULL. */
+static struct srv_copy *srv_copy_take(struct server *srv, uint64_t key)
+{
+	if (srv->copies == NULL)
+		return NULL;
+	struct srv_copy **at = srv_copy_slot(srv, key), *c = *at;
+	if (c != NULL)
+		*at = c->next;
+	return c;
+}
+
+void srv_copy_drop(struct server *srv, uint64_t key)
+{
+	pthread_mutex_lock(&srv->lock);
+	struct srv_copy *c = srv_copy_take(srv, key);
+	pthread_mutex_unlock(&srv->lock);
+	srv_copy_free(c);
+}
+
+void srv_copies_free(struct server *srv)
+{
+	for (size_t i = 0; srv->copies != NULL && i < SRV_COPY_BUCKETS; i++)
+		while (srv->copies[i] != NULL) {
+			struct srv_copy *c = srv->copies[i];
+			srv->copies[i] = c->next;
+			srv_copy_free(c);
+		}
+	free(srv->copies);
+	srv->copies = NULL;
+}
+
+/* A failover moved async key k here: it takes this server's copy of it,
+ * if any (of its size), with each contributor's pushes it holds
+ * (k->base).  0 or UNISUM_ENOMEM; srv->lock held. */
+static int srv_key_take_copy(struct server *srv, struct srv_key *k)
+{
+	struct srv_copy *c = srv_copy_take(srv, k->key);
+	if (c == NULL)
+		return 0;
+	if (c->count != k->count || c->dtype != k->dtype || c->nc != (uint32_t)k->nc) {
+		LOG_WARN("key 0x%llx: the copy from server %u is %s[%llu] of %u contributors, not "
+			 "the key declared: dropped", (unsigned long long)k->key, c->from,
+			 unisum_dtype_name(c->dtype), (unsigned long long)c->count, c->nc);
+		srv_copy_free(c);
+		return 0;
+	}
+	k->base = calloc((size_t)k->nc, sizeof *k->base);
+	if (k->base == NULL) {
+		srv_copy_free(c);
+		return UNISUM_ENOMEM;
+	}
+	for (int w = 0; w < k->nc; w++) {
+		uint32_t have;
+		memcpy(&have, c->data + k->bytes + 4 * (size_t)w, 4);
+		k->base[w] = le32toh(have) & 0x7fffffffu;
+	}
+	k->copy = c;
+	return 0;
+}
+
+/* A declaration of async key k by contributor w, pushing `round` next
+ * (after a failover, the pushes it had answered): the key's copy here
+ * must hold them all, or an acknowledged update is lost and the job
+ * fails (UNISUM_EREMOTE with why).  srv->lock held. */
+static int srv_key_copy_check(struct server *srv, const struct srv_key *k, int w, uint32_t round,
+			      const char *name, char *why, size_t len)
+{
+	uint32_t have = k->base != NULL ? k->base[w] : 0;
+	if (!srv->replicate || !k->server_held || round <= have)
+		return 0;
+	char who[64];
+	snprintf(why, len, "server %d took over key 0x%llx of '%s' (async/SSP) from a lost server, "
+		 "but %s: %s had %u updates answered and %s %u; no whole copy of the key was "
+		 "left (its backup was lost too, or was still catching up)", srv->rank,
+		 (unsigned long long)k->key, name,
+		 k->base != NULL ? "its copy here is behind" : "it holds no copy of it",
+		 srv_worker_name(srv, srv_key_peer(k, w), who, sizeof who), round,
+		 k->base != NULL ? "the copy holds" : "the copy would have to hold", have);
+	return UNISUM_EREMOTE;
 }
 
 static int srv_key_grow(struct server *srv)
@@ -99,6 +229,11 @@ void srv_key_free(struct srv_key *k)
 	free(k->retired);
 	free(k->name);
 	free(k->own_poison);
+	free(k->need);
+	free(k->copy_wait);
+	free(k->copy_round);
+	free(k->base);
+	srv_copy_free(k->copy);
 	free(k);
 }
 
@@ -201,8 +336,10 @@ static int srv_key_redeclare(struct server *srv, struct srv_key *k, const struct
 			 unisum_dtype_name(h->dtype), (unsigned long long)h->count);
 		return UNISUM_EMISMATCH;
 	}
-	k->next_round[w] = h->round;
-	return 0;
+	int rc = srv_key_copy_check(srv, k, w, h->round, name, why, len);
+	if (rc == 0)
+		k->next_round[w] = h->round;
+	return rc;
 }
 
 /* Whether connection c's worker pushes a key of the process set `ranks`
@@ -263,8 +400,11 @@ static struct srv_key *srv_key_new(struct server *srv, size_t W, const int *rank
 		k->snap = calloc(2 * W, sizeof *k->snap);
 		k->replies = calloc(W, sizeof *k->replies);
 		k->gone = calloc(W, 1);
+		k->need = calloc(W, sizeof *k->need);
+		k->copy_wait = calloc(W, 1);
+		k->copy_round = calloc(W, sizeof *k->copy_round);
 		ok = ok && k->first_seen && k->value_waiting && k->wait_round && k->clock && k->snap &&
-		     k->replies && k->gone;
+		     k->replies && k->gone && k->need && k->copy_wait && k->copy_round;
 	}
 	for (int i = 0; i < 2; i++) {
 		k->slot[i].arrived = calloc(W, 1);
@@ -370,8 +510,12 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 	k->dtype = h->dtype;
 	k->count = h->count;
 	k->bytes = h->count * unisum_dtype_size(h->dtype);
-	k->next_round[srv_key_contrib(k, c->worker)] = h->round;
-	rc = srv_key_compress(k, &comp, name, spec, why, len);
+	int w = srv_key_contrib(k, c->worker);
+	k->next_round[w] = h->round;
+	if (k->server_held && srv->replicate && (rc = srv_key_take_copy(srv, k)) == 0)
+		rc = srv_key_copy_check(srv, k, w, h->round, name, why, len);
+	if (rc == 0)
+		rc = srv_key_compress(k, &comp, name, spec, why, len);
 	if (rc == 0)
 		rc = srv_key_insert(srv, k, name);
 	if (rc != 0)

@@ -479,6 +479,7 @@ static void srv_hang_up(struct server *srv)
 		srv->conns = c->next;
 		srv_conn_free(c);
 	}
+	srv_backup_stop(srv);
 	loop_pool_free(&srv->pool);
 }
 
@@ -505,7 +506,13 @@ static int srv_run_once(const struct config *cfg, bool *elsewhere, struct server
 	rc = srv_start_engines(srv, &started);
 	if (rc == 0)
 		rc = srv_join(srv, bind_host, port);
-	if (rc == 0 && (rc = srv_start_loops(srv)) != 0) {
+	if (rc == 0 && srv_backup_init(srv) != 0)
+		rc = log_fail(UNISUM_ENOMEM, "server %d: out of memory", srv->rank);
+	if (rc == 0 && (rc = srv_start_loops(srv)) == 0 && (rc = srv_backup_start(srv)) != 0) {
+		srv_out_of_threads(srv, rc, "the thread that dials its backup server");
+		rc = UNISUM_ESYS;
+	}
+	if (rc != 0 && srv->rdv != NULL) {
 		rdv_client_free(srv->rdv);	/* the job was told (srv_out_of_threads) */
 		srv->rdv = NULL;
 	}
@@ -526,6 +533,7 @@ static int srv_run_once(const struct config *cfg, bool *elsewhere, struct server
 out_stop_engines:
 	loop_pool_free(&srv->pool);
 	srv_stop_engines(srv, started);
+	srv_backup_free(srv);
 	transport_ipc()->listener_free(srv->ipc_listener);
 	transport_tcp()->listener_free(srv->listener);
 out_free:

@@ -110,6 +110,22 @@ struct srv_key {
 	int moved_to;		/* -1: stays */
 	uint32_t moved_at;
 	uint32_t claimed;
+	/* Replication (replica.c; async and SSP keys, UNISUM_REPLICAS):
+	 * engine-owned.  Every push accepted makes a new version of the
+	 * value; the backup is sent the newest (one COPY in flight at a
+	 * time), and a pull is answered only once the backup holds the
+	 * version of that contributor's last push. */
+	uint32_t ver;		/* the value's version (each accepted push) */
+	uint32_t ver_sent;	/* the newest sent to the backup of link ver_gen ... */
+	uint32_t ver_held;	/* ... and the newest it holds */
+	uint32_t ver_gen;	/* that link (srv->backup.gen when sent) */
+	uint32_t *need;		/* [W] the version of contributor w's last push */
+	uint8_t *copy_wait;	/* [W] a pull waits for the backup: 1, or 2 with SKIP ... */
+	uint32_t *copy_round;	/* [W] ... and its round */
+	struct srv_copy *copy;	/* a lost server's copy of the key, taken at its declaration
+				 * here (srv->lock), installed by the engine's next event */
+	uint32_t *base;		/* [W] with a copy: contributor w's pushes it held (pushes
+				 * of a lower round are in the value already), or NULL */
 	atomic_int pins;	/* the key table's 1, and 1 per queued reply pointing into
 				 * the key's memory: the last unpin frees it */
 	struct srv_key *next;	/* hash chain */
@@ -119,8 +135,11 @@ struct srv_key {
  * found by a connection thread): why is malloc'd, the engine frees it. */
 /* EVENT_RESTORE: a failover's RESTORE; why is the sum's bytes (malloc'd,
  * the engine takes them). */
+/* EVENT_COPY_HELD: the backup of link `worker` holds version `round`.
+ * EVENT_COPY_AGAIN: the backup changed (link `worker`): send it all. */
 enum srv_event_type {
-	EVENT_PUSH, EVENT_PULL, EVENT_POISON, EVENT_RETIRE, EVENT_FREE, EVENT_REFUSE, EVENT_RESTORE
+	EVENT_PUSH, EVENT_PULL, EVENT_POISON, EVENT_RETIRE, EVENT_FREE, EVENT_REFUSE, EVENT_RESTORE,
+	EVENT_COPY_HELD, EVENT_COPY_AGAIN
 };
 
 struct srv_event {
@@ -179,13 +198,55 @@ struct srv_pend {
 	uint8_t *buf;		/* PEND_BUF: malloc'd, taken by the handler */
 };
 
+/* A copy of a key of another server, which this one backs up: the value
+ * and each contributor's pushes it holds (wire COPY), as of `ver`. */
+struct srv_copy {
+	uint64_t key;
+	uint32_t from;		/* the server's rank */
+	uint32_t ver;
+	int dtype;
+	uint64_t count;
+	uint32_t nc;
+	uint8_t *data;		/* count x dtype bytes, then nc u32s (COPY's payload) */
+	struct srv_copy *next;	/* hash chain */
+};
+
+/* This server's backup: the next server by rank that it has not lost
+ * (replica.c).  A thread of its own dials it, so that no loop blocks. */
+enum srv_backup_state { BACKUP_DIALING, BACKUP_UP, BACKUP_NONE };
+struct srv_backup {
+	pthread_mutex_t lock;	/* all below */
+	pthread_cond_t cond;
+	pthread_t thread;
+	bool inited, started, stop, want;	/* want: dial (again) */
+	int state;		/* enum srv_backup_state */
+	int rank;		/* the backup's rank while UP */
+	_Atomic uint32_t gen;	/* bumps with each link up (and with none left) */
+	struct loop_conn *lc;	/* the link while UP */
+	struct srv_link *links;	/* every link made, freed at the end */
+	uint8_t *dead;		/* [servers] ranks this server lost (never a backup again) */
+	int nservers;
+};
+
+/* A link to a backup (the loop connection's arg). */
+struct srv_link {
+	struct server *srv;
+	uint32_t gen;
+	int rank;
+	struct loop_conn *lc;
+	struct srv_link *next;
+};
+
+#define SRV_COPY_BUCKETS 4096u
+
 /* A worker's connection, served by one of the server's event loops. */
 struct srv_conn {
 	struct server *srv;
 	struct loop *loop;	/* the loop that serves it */
 	struct loop_conn *lc;	/* NULL until the loop took it */
 	struct tp_conn *conn;	/* lc's transport connection */
-	int worker;		/* its machine after hello, -1 before */
+	int worker;		/* its machine after hello, -1 before (a server: npeers) */
+	bool from_server;	/* a server whose backup this one is (its COPYs) */
 	const struct transport_ops *tp;	/* the listener's that accepted it: TCP or IPC */
 	struct srv_pend pend;	/* the loop's thread's */
 	/* A DECLARE_CHECK of a key this worker undeclared, before the others
@@ -244,6 +305,10 @@ struct server {
 	struct srv_engine *engines;
 	int nengines;
 	struct srv_poison *poisoned;	/* tensors that can never be summed */
+	bool replicate;			/* UNISUM_REPLICAS with failover and several servers */
+	struct srv_backup backup;	/* replica.c: this server's backup */
+	struct srv_copy **copies;	/* [SRV_COPY_BUCKETS] the keys this one backs up
+					 * (under srv->lock), or NULL */
 	atomic_bool stopping;
 	atomic_int job_error;	/* the notice's error, 0 while running */
 	atomic_bool told;	/* job_error came from the scheduler's notice */
@@ -314,8 +379,8 @@ static inline int srv_key_contrib(const struct srv_key *k, int p)
 	return -1;
 }
 
-/* The server's files are layered, lowest first: key.c, conn.c,
- * engine.c, server.c; each calls only files earlier in the list
+/* The server's files are layered, lowest first: key.c, replica.c,
+ * conn.c, engine.c, server.c; each calls only files earlier in the list
  * (tests/docs/check_layers.py holds them to it).
  *
  * key.c: the key table (call srv_key_find with srv->lock held; the others
@@ -330,6 +395,15 @@ struct srv_key *srv_key_find(struct server *srv, uint64_t key);
  * declaration of it by this worker must wait. */
 bool srv_key_awaits_retires(struct server *srv, const struct srv_conn *c, uint64_t key);
 void srv_key_remove(struct server *srv, struct srv_key *k);
+/* The copies this server keeps of other servers' keys (replica.c's):
+ * srv_copy_put replaces the key's copy (0 or UNISUM_ENOMEM), _drop
+ * forgets it; each takes srv->lock. */
+int srv_copy_put(struct server *srv, struct srv_copy *c);
+/* The server could not allocate `what`: named here with the limits on
+ * memory and, once, through the scheduler to every process of the job. */
+void srv_out_of_memory(struct server *srv, const char *what);
+void srv_copy_drop(struct server *srv, uint64_t key);
+void srv_copies_free(struct server *srv);
 void srv_key_free(struct srv_key *k);
 void srv_key_unpin(struct srv_key *k);
 /* Signals the engines that this loop thread's posts of its round left
@@ -339,6 +413,36 @@ void srv_key_unpin(struct srv_key *k);
 void srv_wake_engines(void *srv);
 int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
 	     uint32_t wire_op, const char *why);
+
+/* replica.c: copies of async and SSP keys' values on a backup server.
+ * The primary's side: a link to the backup (srv_backup_start and _stop,
+ * around the loops), each key's copies sent after aggregation by its
+ * engine, and a pull's reply held until the backup has the pushes
+ * before it.  The backup's side: COPYs from a server kept until a
+ * failover moves the key here, when its declaration takes it. */
+int srv_backup_init(struct server *srv);	/* after joining, before the loops start */
+int srv_backup_start(struct server *srv);	/* its thread, once they run: 0 or errno */
+void srv_backup_stop(struct server *srv);	/* loops halted, before they are freed */
+void srv_backup_free(struct server *srv);	/* after the engines stopped */
+/* Engine: whether contributor w's reply (round, skip) must wait for the
+ * backup (it is kept, and the copy sent); false: answer now. */
+bool srv_copy_gate(struct server *srv, struct srv_key *k, int w, uint32_t round, bool skip);
+/* Engine: the backup holds version ver of link gen (COPY_ACK), or the
+ * link changed (gen, ver 0): the replies that may go now are handed to
+ * answer(srv, k, w, round, skip); a newer version is sent. */
+void srv_copy_held(struct server *srv, struct srv_key *k, uint32_t gen, uint32_t ver,
+		   void (*answer)(struct server *, struct srv_key *, int, uint32_t, bool));
+/* Engine: key k goes (every contributor retired): its copy too. */
+void srv_copy_forget(struct server *srv, struct srv_key *k);
+/* Engine, a held key's first event after its declaration took a copy:
+ * the value and the clocks as the copy has them. */
+int srv_copy_install(struct srv_key *k);
+/* Connection from a server (c->from_server): a COPY's header and the
+ * whole message. */
+int srv_copy_head(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
+		  size_t len);
+int srv_copy_message(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
+		     size_t len);
 
 /* engine.c: the engines' threads */
 void *srv_engine_main(void *arg);
@@ -354,8 +458,5 @@ void srv_conn_start(void *arg);
 void srv_tensor_error(void *arg, uint64_t key, const char *why);
 void srv_reply_error(struct server *srv, struct srv_conn *c, int p, uint64_t key, uint32_t round,
 		     int err, const char *why);
-/* The server could not allocate `what`: named here with the limits on
- * memory and, once, through the scheduler to every process of the job. */
-void srv_out_of_memory(struct server *srv, const char *what);
 
 #endif /* UNISUM_SRV_INT_H */

@@ -79,7 +79,8 @@ static const char *const wire_type_names[] = {
 	[WIRE_REJOIN] = "REJOIN",	  [WIRE_MIGRATE] = "MIGRATE",
 	[WIRE_MOVED] = "MOVED",		  [WIRE_REFORM] = "REFORM",
 	[WIRE_RESIZE] = "RESIZE",
-	[WIRE_HELD] = "HELD",
+	[WIRE_HELD] = "HELD",		  [WIRE_COPY] = "COPY",
+	[WIRE_COPY_ACK] = "COPY_ACK",
 };
 
 const char *wire_type_name(int type)
@@ -99,7 +100,7 @@ static bool type_has_dtype(uint8_t type)
 {
 	return type == WIRE_PUSH || type == WIRE_PULL || type == WIRE_PULL_REPLY ||
 	       type == WIRE_RESTORE || type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE ||
-	       type == WIRE_ANNOUNCE || type == WIRE_HELD;
+	       type == WIRE_ANNOUNCE || type == WIRE_HELD || type == WIRE_COPY;
 }
 
 /* A data message's payload (PUSH, PULL_REPLY): count x dtype bytes, the
@@ -143,6 +144,29 @@ static int wire_check_data(const struct wire_hdr *h, char *why, size_t why_len)
 	return 0;
 }
 
+/* A COPY: the value (count x dtype) and aux u32s, or nothing with count
+ * 0 (forget the key); aux at most WIRE_COPY_MAX_CONTRIB. */
+static int wire_check_copy(const struct wire_hdr *h, char *why, size_t why_len)
+{
+	uint64_t want = 0;
+	if (h->count > WIRE_MAX_DATA_PAYLOAD / dtype_bytes(h->dtype) ||
+	    h->aux > WIRE_COPY_MAX_CONTRIB) {
+		snprintf(why, why_len, "COPY: %llu elements and %u contributors exceed the limits",
+			 (unsigned long long)h->count, h->aux);
+		return UNISUM_EPROTO;
+	}
+	if (h->count > 0)
+		want = h->count * dtype_bytes(h->dtype) + 4ull * h->aux;
+	if (h->payload_len != want) {
+		snprintf(why, why_len, "COPY: payload of %llu bytes, but %llu %s elements and %u "
+			 "contributors need %llu", (unsigned long long)h->payload_len,
+			 (unsigned long long)h->count, unisum_dtype_name(h->dtype), h->aux,
+			 (unsigned long long)want);
+		return UNISUM_EPROTO;
+	}
+	return 0;
+}
+
 /* The payload's length for the message's type. */
 static int wire_check_payload(const struct wire_hdr *h, char *why, size_t why_len)
 {
@@ -151,6 +175,8 @@ static int wire_check_payload(const struct wire_hdr *h, char *why, size_t why_le
 	case WIRE_PULL_REPLY:
 	case WIRE_RESTORE:
 		return wire_check_data(h, why, why_len);
+	case WIRE_COPY:
+		return wire_check_copy(h, why, why_len);
 	case WIRE_PULL:
 	case WIRE_BARRIER:
 	case WIRE_BARRIER_DONE:
@@ -160,6 +186,7 @@ static int wire_check_payload(const struct wire_hdr *h, char *why, size_t why_le
 	case WIRE_JOIN_DONE:
 	case WIRE_MOVED:
 	case WIRE_RESIZE:
+	case WIRE_COPY_ACK:
 		if (h->payload_len != 0) {
 			snprintf(why, why_len, "%s: carries no payload, got %llu bytes",
 				 wire_type_name(h->type), (unsigned long long)h->payload_len);

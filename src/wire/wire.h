@@ -45,11 +45,12 @@
 /* (A build may set another, to test that two versions refuse each other:
  * the test_wire_version program of CMakeLists.txt.) */
 #ifndef WIRE_VERSION
-#define WIRE_VERSION 17
+#define WIRE_VERSION 18
 #endif
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
 #define WIRE_MAX_DATA_PAYLOAD (1ull << 30)	/* 1 GiB for one partition */
+#define WIRE_COPY_MAX_CONTRIB (1u << 16)	/* a COPY's contributors at most */
 
 enum wire_type {
 	WIRE_REGISTER = 1,	/* node -> scheduler: role, host, port; worker -> server: hello */
@@ -108,7 +109,13 @@ enum wire_type {
 				 * re-form the job now to take them in */
 	WIRE_HELD = 26,		/* worker -> a restarted scheduler: a tensor it declared and
 				 * where its pieces live (DECLARE's request and reply) */
-	WIRE_TYPE_MAX = 26,
+	WIRE_COPY = 27,		/* server -> its backup server: the state of a key after
+				 * aggregation (round = its version, aux = contributors n):
+				 * count x dtype bytes of value, then n x u32 (each
+				 * contributor's pushes the value holds); count 0 and no
+				 * payload: forget the key */
+	WIRE_COPY_ACK = 28,	/* backup -> server: it holds version `round` of key */
+	WIRE_TYPE_MAX = 28,
 };
 
 /* PUSH: the contribution is all zeros and no payload follows (broadcast

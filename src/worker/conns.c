@@ -647,7 +647,7 @@ static int wk_pull_reply_head(struct wk_conn *c, const struct wire_hdr *h, char 
 	 * overwrite it). */
 	size_t bytes = j->count * unisum_dtype_size(j->dtype);
 	c->rx_into = j->out;
-	if (j->kept != NULL) {
+	if (j->kept != NULL && !j->kept->round_only) {
 		if (j->kept->data == NULL)
 			j->kept->data = malloc(bytes ? bytes : 1);
 		if (j->kept->data != NULL)

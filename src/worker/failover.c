@@ -264,6 +264,8 @@ int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L)
 	if (!w->keep_replies || !pushes || L->nparts == 0 || L->homed != 0)
 		return 0;
 	L->kept = calloc(L->nparts, sizeof *L->kept);
+	for (uint32_t i = 0; L->kept != NULL && i < L->nparts; i++)
+		L->kept[i].round_only = t->sync != 0;
 	return L->kept != NULL ? 0 : UNISUM_ENOMEM;
 }
 
@@ -292,8 +294,8 @@ static int wk_redeclare(struct worker *w, struct wk_tensor *t, struct wk_layout 
 	struct wk_conn *c = &w->conns[to];
 	int rc = wk_queue_declare(c, L->key + i, t->dtype, L->parts[i].count, k->pulled, wire_name,
 				  t->ranks, t->nranks, t->sync);
-	if (rc != 0 || k->pulled == 0 || k->data == NULL)
-		return rc;
+	if (rc != 0 || k->pulled == 0 || k->data == NULL || k->round_only)
+		return rc;	/* an async key's new server has its value (replica.c) */
 	/* k->data is not written again before this is sent: the next reply
 	 * of the key answers a push queued behind it. */
 	return wk_queue_job(c, JOB_RESTORE, L->key + i, t->dtype, L->parts[i].count, k->pulled - 1,

@@ -347,7 +347,10 @@ static int wk_join_job(struct worker *w)
 		rdv_client_on_tune(w->rdv, wk_on_tune, w);
 	rdv_client_on_join(w->rdv, wk_on_join, w);	/* so do join events */
 	/* Server failover: every worker keeps the last reply of what it pushes. */
-	w->keep_replies = w->cfg.server_failover && w->nservers > 1 && w->cfg.num_workers > 1;
+	/* One machine needs no sums restored, but an async key's new server
+	 * needs its rounds (UNISUM_REPLICAS). */
+	w->keep_replies = w->cfg.server_failover && w->nservers > 1 &&
+			  (w->cfg.num_workers > 1 || (w->cfg.replicas && !w->cfg.elastic));
 	rdv_client_on_failover(w->rdv, wk_on_failover, w);
 	rdv_client_on_rejoin(w->rdv, wk_on_rejoin, w);
 	if (rc == 0)

@@ -56,6 +56,8 @@ struct wk_layout {
 struct wk_kept {
 	uint8_t *data;			/* count x esize, or NULL before the first reply */
 	uint32_t pulled;
+	bool round_only;		/* async or SSP: the new server has a copy of the
+					 * value (UNISUM_REPLICAS), only the round is kept */
 };
 
 /* A gathering collective's segments: counts[i] elements owned by machine

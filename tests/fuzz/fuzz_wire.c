@@ -69,7 +69,7 @@ static bool type_is_tensor(uint8_t type)
 {
 	return type == WIRE_PUSH || type == WIRE_PULL || type == WIRE_PULL_REPLY ||
 	       type == WIRE_RESTORE || type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE ||
-	       type == WIRE_ANNOUNCE || type == WIRE_HELD;
+	       type == WIRE_ANNOUNCE || type == WIRE_HELD || type == WIRE_COPY;
 }
 
 /* Whether `type` never carries a payload.  DECLARE_CHECK is not one of
@@ -80,7 +80,7 @@ static bool type_is_payloadless(uint8_t type)
 	return type == WIRE_PULL || type == WIRE_BARRIER || type == WIRE_BARRIER_DONE ||
 	       type == WIRE_PUSH_ACK || type == WIRE_RETIRE ||
 	       type == WIRE_JOIN || type == WIRE_JOIN_DONE || type == WIRE_MOVED ||
-	       type == WIRE_RESIZE;
+	       type == WIRE_RESIZE || type == WIRE_COPY_ACK;
 }
 
 /* Whether `type` sends tensor data: count x dtype bytes unless ZERO
@@ -161,6 +161,16 @@ static bool model_accepts(const uint8_t in[WIRE_HDR_SIZE])
 		 * reference travels (three u64s), but they still must fit one
 		 * partition. */
 		return payload_len == ((flags & WIRE_FLAG_IPC) ? 24 : bytes);
+	}
+	if (type == WIRE_COPY) {
+		/* The value and one u32 per contributor (aux, at most 65536),
+		 * or nothing at all with count 0 (forget the key). */
+		uint32_t n = (uint32_t)le_bytes(in + 44, 4);
+		uint64_t bytes;
+		if (n > 65536 || __builtin_mul_overflow(count, (uint64_t)unisum_dtype_size(dtype), &bytes) ||
+		    bytes > WIRE_MAX_DATA_PAYLOAD)
+			return false;
+		return payload_len == (count == 0 ? 0 : bytes + 4ull * n);
 	}
 	if (type_is_payloadless(type))
 		return payload_len == 0;

@@ -34,7 +34,7 @@ assert HDR.size == 48
 (REGISTER, ADDRBOOK, BARRIER, BARRIER_DONE, HEARTBEAT, PUSH, PUSH_ACK, PULL,
  PULL_REPLY, DECLARE_CHECK, ERROR, SHUTDOWN, DECLARE, TUNE, RETIRE) = range(1, 16)
 FAILOVER, RESTORE, REJOIN, MIGRATE, MOVED = 19, 20, 21, 22, 23
-REFORM, RESIZE, HELD = 24, 25, 26
+REFORM, RESIZE, HELD, COPY, COPY_ACK = 24, 25, 26, 27, 28
 FLAG_ZERO, FLAG_IPC = 0x1, 0x2
 FLAG_PULL = 0x10  # a PUSH that carries its PULL (wire 15)
 OP_SUM, OP_AVERAGE, OP_BROADCAST = range(3)  # a PUSH's aux: kind | root << 8
@@ -142,6 +142,14 @@ def seeds():
         "01-register-resume": message(REGISTER, reg_resume),
         "26-held": message(HELD, held, sender=5, key=0x7A1B2C3D0000, count=2000,
                            dtype=FLOAT32),
+        # a key's state to its backup: 3 int32 elements, 2 contributors' pushes;
+        # and forgetting a key
+        "27-copy": message(COPY, struct.pack("<3i", 5, -1, 7) + u32(4) + u32(3), sender=2,
+                           key=0x7A1B2C3D0001, rnd=9, count=3, dtype=INT32, aux=2),
+        "27-copy-forget": header(COPY, sender=2, key=0x7A1B2C3D0001, dtype=INT32),
+        "28-copy-ack": header(COPY_ACK, sender=3, key=0x7A1B2C3D0001, rnd=9),
+        "bad-copy-short": message(COPY, struct.pack("<3i", 5, -1, 7) + u32(4), sender=2,
+                                  key=0x7A1B2C3D0001, rnd=9, count=3, dtype=INT32, aux=2),
         "02-addrbook": message(ADDRBOOK, book),
         "02-addrbook-machines": message(ADDRBOOK, book_local),
         "03-barrier": header(BARRIER, sender=3, aux=2),

@@ -6,7 +6,7 @@
  * CHAOS_STEP_MS (default 2) so that a job lasts long enough to lose its
  * processes along the way.  Exits 0 after printing "MODE N steps ok", or
  * 1 with the first wrong element.  CHECK_SUMS_TIMES=1 prints when each
- * step completed.
+ * step completed; CHAOS_COUNT sets the elements of each tensor (50021).
  *
  *   chaos_modes async N      an async tensor: the first push_pull sets the
  *                            value (rank 0's zeros; others' deltas may be
@@ -21,7 +21,10 @@
  *                            every rank checks the whole concatenation
  *   chaos_modes mix N        async, ssp:2 and allgather in one job: each
  *                            step runs one of each, checked as above
+ *   chaos_modes held N       async and ssp:2 (the tensors whose value a
+ *                            server holds: UNISUM_REPLICAS moves them)
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +33,9 @@
 
 #include "unisum.h"
 
-enum { COUNT = 50021 };		/* several partitions at the default size */
+/* Elements of each tensor: several partitions at the default size, or
+ * CHAOS_COUNT (bench/replicas.sh). */
+static size_t nelem = 50021;
 
 static int rank, size;
 
@@ -84,15 +89,15 @@ struct chaos_async {
 static void async_init(struct chaos_async *a, const char *name, const char *mode, int n)
 {
 	a->mode = mode;
-	a->t = unisum_declare_sync(name, UNISUM_INT64, COUNT, 0, mode);
+	a->t = unisum_declare_sync(name, UNISUM_INT64, nelem, 0, mode);
 	check(a->t, "declare an async tensor");
-	a->in = calloc(COUNT, sizeof *a->in);
-	a->out = calloc(COUNT, sizeof *a->out);
+	a->in = calloc(nelem, sizeof *a->in);
+	a->out = calloc(nelem, sizeof *a->out);
 	if (a->in == NULL || a->out == NULL)
 		exit(1);
 	/* Others' deltas may be in the value already. */
 	check(unisum_push_pull(a->t, a->in, a->out, 0), "the first push_pull (the value)");
-	for (size_t i = 0; i < COUNT; i++) {
+	for (size_t i = 0; i < nelem; i++) {
 		if (a->out[i] < 0 || a->out[i] > (int64_t)size * n)
 			wrong(mode, 0, i, a->out[i], 0);
 		a->in[i] = 1;
@@ -102,7 +107,7 @@ static void async_init(struct chaos_async *a, const char *name, const char *mode
 static void async_step(struct chaos_async *a, int step, int n)
 {
 	check(unisum_push_pull(a->t, a->in, a->out, 0), "push_pull");
-	for (size_t i = 0; i < COUNT; i++)
+	for (size_t i = 0; i < nelem; i++)
 		if (a->out[i] < step || a->out[i] > (int64_t)size * n)
 			wrong(a->mode, step, i, a->out[i], step);
 }
@@ -110,9 +115,9 @@ static void async_step(struct chaos_async *a, int step, int n)
 /* After a barrier (every rank's deltas in): the value is size x n. */
 static void async_end(struct chaos_async *a, int n)
 {
-	memset(a->in, 0, COUNT * sizeof *a->in);
+	memset(a->in, 0, nelem * sizeof *a->in);
 	check(unisum_push_pull(a->t, a->in, a->out, 0), "the last push_pull");
-	for (size_t i = 0; i < COUNT; i++)
+	for (size_t i = 0; i < nelem; i++)
 		if (a->out[i] != (int64_t)size * n)
 			wrong(a->mode, n + 1, i, a->out[i], (long long)size * n);
 	free(a->in);
@@ -174,39 +179,43 @@ static void run_async(const char *mode, int n)
 	async_end(&a, n);
 }
 
-/* async, ssp:2 and an allgather, one step of each per step. */
-static void run_mix(int n)
+/* async, ssp:2 and (with `gather`) an allgather, one step of each per
+ * step. */
+static void run_mix(int n, bool gather)
 {
 	struct chaos_async as, ss;
 	struct chaos_gather g;
 	async_init(&as, "chaos.mix.async", "async", n);
 	async_init(&ss, "chaos.mix.ssp", "ssp:2", n);
-	gather_init(&g, "chaos.mix.gather");
+	if (gather)
+		gather_init(&g, "chaos.mix.gather");
 	for (int step = 1; step <= n; step++) {
 		async_step(&as, step, n);
 		async_step(&ss, step, n);
-		gather_step(&g, step);
+		if (gather)
+			gather_step(&g, step);
 		step_done(step);
 		pause_step();
 	}
 	check(unisum_barrier(), "barrier");
 	async_end(&as, n);
 	async_end(&ss, n);
-	gather_end(&g);
+	if (gather)
+		gather_end(&g);
 }
 
 static void run_dssync(const char *mode, int n)
 {
-	int t = unisum_declare_sync("chaos.dssync", UNISUM_INT32, COUNT, 0, mode);
+	int t = unisum_declare_sync("chaos.dssync", UNISUM_INT32, nelem, 0, mode);
 	check(t, "declare chaos.dssync");
-	int32_t *buf = malloc(COUNT * sizeof *buf);
+	int32_t *buf = malloc(nelem * sizeof *buf);
 	if (buf == NULL)
 		exit(1);
 	for (int step = 0; step < n; step++) {
-		for (size_t i = 0; i < COUNT; i++)
+		for (size_t i = 0; i < nelem; i++)
 			buf[i] = 1;
 		check(unisum_push_pull(t, buf, buf, UNISUM_AVERAGE), "push_pull");
-		for (size_t i = 0; i < COUNT; i++)
+		for (size_t i = 0; i < nelem; i++)
 			if (buf[i] != 1)
 				wrong(mode, step, i, buf[i], 1);
 		step_done(step);
@@ -230,11 +239,13 @@ static void run_allgather(int n)
 int main(int argc, char **argv)
 {
 	if (argc != 3) {
-		fprintf(stderr, "usage: chaos_modes async|ssp:S|dssync:G|allgather|mix N\n");
+		fprintf(stderr, "usage: chaos_modes async|ssp:S|dssync:G|allgather|mix|held N\n");
 		return 2;
 	}
 	const char *mode = argv[1];
 	int n = atoi(argv[2]);
+	if (getenv("CHAOS_COUNT") != NULL && atol(getenv("CHAOS_COUNT")) > 0)
+		nelem = (size_t)atol(getenv("CHAOS_COUNT"));
 	check(unisum_init(), "init");
 	rank = unisum_rank();
 	size = unisum_size();
@@ -244,8 +255,8 @@ int main(int argc, char **argv)
 		run_dssync(mode, n);
 	else if (strcmp(mode, "allgather") == 0)
 		run_allgather(n);
-	else if (strcmp(mode, "mix") == 0)
-		run_mix(n);
+	else if (strcmp(mode, "mix") == 0 || strcmp(mode, "held") == 0)
+		run_mix(n, strcmp(mode, "mix") == 0);
 	else
 		return 2;
 	check(unisum_shutdown(), "shutdown");

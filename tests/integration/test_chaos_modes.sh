@@ -7,12 +7,19 @@
 #   - lock-step (check_sums failover: three tensors in flight and a
 #     one-shot tensor declared and undeclared every 20 rounds) and dssync:2
 #     (chaos_modes): a server, then the scheduler, then another server;
-#   - async, SSP:2 and allgather together (chaos_modes mix: a step of each
-#     per step), compressed (fp16 with error feedback and onebit, exact)
-#     and an autotune search (its TUNEs go on across the restarts: every
-#     rank cuts every round alike): the scheduler, twice.  A server of these modes holds state that is not
-#     replicated yet (the rest of issue 52): losing one fails the job by
-#     design, so they lose no server here.
+#   - async and SSP:2 together (chaos_modes held: a step of each per
+#     step; their values are copied to each server's backup,
+#     UNISUM_REPLICAS=1 by default): a server, then the scheduler, then
+#     another server (the second takes over keys the first's loss moved);
+#   - async, SSP:2 and allgather together (chaos_modes mix), compressed
+#     (fp16 with error feedback and onebit, exact) and an autotune search
+#     (its TUNEs go on across the restarts: every rank cuts every round
+#     alike): the scheduler, twice.  A server of a gathering or compressed
+#     tensor holds state that is not replicated yet (the rest of issue
+#     52): losing one fails the job by design, so they lose no server.
+# Two servers lost at once (a server and its backup): the async keys of
+# the first have no copy left, and every worker fails naming a key and
+# both servers, without a hang.
 # A killed scheduler is started again 100 ms later on its port; the nodes
 # wait for it and register again with what they know.  Then: a scheduler
 # that never comes back fails every node within UNISUM_TIMEOUT_MS plus a
@@ -75,31 +82,39 @@ kill_server() {
 	return 1
 }
 
+# start_job LIMIT PROGRAM ARGS... : in $log, a scheduler, 3 servers
+# and 3 workers running PROGRAM (each under `timeout LIMIT`; the
+# workers' pids in $wpids); returns once the job runs (before, a kill
+# fails the nodes: no book yet).
+start_job() {
+	limit=$1
+	shift
+	export UNISUM_SCHEDULER_PORT=$(free_port)
+	start_scheduler "$log/scheduler"
+	for s in 0 1 2; do
+		UNISUM_ROLE=server UNISUM_SERVER_ID=$s timeout "$limit" "$UNISUM" server \
+			>"$log/server$s" 2>&1 &
+		echo $! >"$log/pid.server$s"
+	done
+	wpids=
+	for w in 0 1 2; do
+		UNISUM_ROLE=worker UNISUM_WORKER_ID=$w timeout "$limit" "$@" >"$log/worker$w" 2>&1 &
+		wpids="$wpids $!"
+	done
+	for _ in $(seq 200); do
+		grep -q "workers on 3 machines registered" "$log/scheduler" && break
+		sleep 0.05
+	done
+}
+
 # restart_run RUN LABEL OKTEXT KILLS PROGRAM ARGS... : the job, and the
 # kills in order (scheduler, server).
 restart_run() {
 	run=$1 label=$2 oktext=$3 kills=$4
 	shift 4
 	log=$(mktemp -d) t_run=$(date +%s%N)
-	export UNISUM_SCHEDULER_PORT=$(free_port)
-	start_scheduler "$log/scheduler"
-	for s in 0 1 2; do
-		UNISUM_ROLE=server UNISUM_SERVER_ID=$s timeout 90 "$UNISUM" server \
-			>"$log/server$s" 2>&1 &
-		echo $! >"$log/pid.server$s"
-	done
-	wpids= lost=0 restarts=0
-	for w in 0 1 2; do
-		UNISUM_ROLE=worker UNISUM_WORKER_ID=$w timeout 90 "$@" >"$log/worker$w" 2>&1 &
-		wpids="$wpids $!"
-	done
-	ok=true
-	# Killed once the job runs (before, the nodes fail: no book yet).
-	for _ in $(seq 200); do
-		grep -q "workers on 3 machines registered" "$log/scheduler" && break
-		sleep 0.05
-	done
-	kill=0
+	start_job 90 "$@"
+	lost=0 restarts=0 ok=true kill=0
 	for victim in $kills; do
 		kill=$((kill + 1))
 		sleep "$(awk -v ms=$((150 + (run * 211 + kill * 97) % 150)) 'BEGIN { printf "%.3f", ms / 1000 }')"
@@ -163,31 +178,43 @@ restart_run 1 "lock-step" "$ROUNDS failover rounds ok" "server scheduler server"
 if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	restart_run 2 "dssync:2" "dssync:2 $STEPS steps ok" "server scheduler server" \
 		"$CHAOS" dssync:2 "$STEPS"
-	restart_run 3 "async, ssp:2 and allgather" "mix 500 steps ok" "scheduler scheduler" \
+	restart_run 3 "async and ssp:2" "held 500 steps ok" "server scheduler server" \
+		"$CHAOS" held 500
+	restart_run 4 "async, ssp:2 and allgather" "mix 500 steps ok" "scheduler scheduler" \
 		"$CHAOS" mix 500
 	UNISUM_AUTOTUNE=1 UNISUM_AUTOTUNE_STEPS=4 UNISUM_PARTITION_BYTES=262144 \
-		restart_run 4 "autotune (search)" "$TUNE_ROUNDS tuned rounds ok" "scheduler scheduler" \
+		restart_run 5 "autotune (search)" "$TUNE_ROUNDS tuned rounds ok" "scheduler scheduler" \
 		"$CHECK" tune "$TUNE_ROUNDS"
-	restart_run 5 "compressed" "450 compressed rounds ok" "scheduler scheduler" \
+	restart_run 6 "compressed" "450 compressed rounds ok" "scheduler scheduler" \
 		"$CHECK" compressed 450
 fi
+
+# A server and its backup lost at once: the job fails (the first's async
+# keys have no copy left), every worker naming a key and both servers.
+log=$(mktemp -d)
+start_job 60 "$CHAOS" held 1000000
+sleep 0.4
+kill -KILL "$(pgrep -P "$(cat "$log/pid.server1")")" "$(pgrep -P "$(cat "$log/pid.server2")")"
+t0=$(date +%s%N)
+for p in $wpids; do wait "$p"; done
+ms=$(ms_since "$t0")
+named=0
+for w in 0 1 2; do
+	grep -q "FAILED.*took over key 0x[0-9a-f]* of 'chaos.mix.*no whole copy of the key was left.*(servers lost so far: 1, 2)" \
+		"$log/worker$w" && named=$((named + 1))
+done
+[ $named -eq 3 ] || tail -n 3 "$log"/worker*
+expect "a server and its backup lost at once: all 3 workers fail naming a key and both ($named did) within $ms ms (limit 10000)" \
+	sh -c "[ $named -eq 3 ] && [ $ms -le 10000 ]"
+kill_scheduler
+wait
+rm -rf "$log"
 
 # A scheduler that does not come back: every node fails naming it (here
 # after 1.5 s).
 log=$(mktemp -d)
-export UNISUM_SCHEDULER_PORT=$(free_port) UNISUM_TIMEOUT_MS=1500
-start_scheduler "$log/scheduler"
-for s in 0 1 2; do
-	UNISUM_ROLE=server UNISUM_SERVER_ID=$s timeout 60 "$UNISUM" server >"$log/server$s" 2>&1 &
-done
-for w in 0 1 2; do
-	UNISUM_ROLE=worker UNISUM_WORKER_ID=$w timeout 60 "$CHECK" rounds 1000000 \
-		>"$log/worker$w" 2>&1 &
-done
-for _ in $(seq 200); do
-	grep -q "workers on 3 machines registered" "$log/scheduler" && break
-	sleep 0.05
-done
+export UNISUM_TIMEOUT_MS=1500
+start_job 60 "$CHECK" rounds 1000000
 sleep 0.3
 kill_scheduler
 t0=$(date +%s%N)

@@ -31,13 +31,19 @@ static void test_round_trip_every_type(void **state)
 			in.payload_len = 12345 * 2;
 			if (type == WIRE_PUSH)
 				in.aux = WIRE_OP(WIRE_OP_BROADCAST, WIRE_OP_MAX_ROOT);
+		} else if (type == WIRE_COPY) {	/* the value, then aux contributors' counts */
+			in.dtype = UNISUM_BFLOAT16;
+			in.count = 12345;
+			in.aux = 3;
+			in.payload_len = 12345 * 2 + 3 * 4;
 		} else if (type == WIRE_PULL || type == WIRE_DECLARE_CHECK || type == WIRE_DECLARE ||
 			   type == WIRE_ANNOUNCE) {
 			in.dtype = UNISUM_INT64;
 			in.count = 7;
 		} else if (type != WIRE_BARRIER && type != WIRE_BARRIER_DONE && type != WIRE_HEARTBEAT &&
 			   type != WIRE_PUSH_ACK && type != WIRE_RETIRE && type != WIRE_JOIN &&
-			   type != WIRE_JOIN_DONE && type != WIRE_MOVED && type != WIRE_RESIZE) {
+			   type != WIRE_JOIN_DONE && type != WIRE_MOVED && type != WIRE_RESIZE &&
+			   type != WIRE_COPY_ACK) {
 			in.payload_len = 100;
 		}
 		uint8_t buf[WIRE_HDR_SIZE];
@@ -353,6 +359,36 @@ static void test_restore(void **state)
 	}
 }
 
+/* A COPY (replica.c): the value, then a u32 per contributor; one of
+ * no elements and no payload forgets the key; COPY_ACK carries none. */
+static void test_copy(void **state)
+{
+	(void)state;
+	uint8_t buf[WIRE_HDR_SIZE];
+	struct wire_hdr c = {.type = WIRE_COPY, .dtype = UNISUM_INT64, .count = 5, .aux = 3,
+			     .payload_len = 5 * 8 + 3 * 4, .round = 7, .key = 0x10002};
+	wire_encode(&c, buf);
+	struct wire_hdr h;
+	char why[256] = "";
+	assert_int_equal(decode(buf, &h, why), 0);
+	c.payload_len = 5 * 8;	/* the contributors' counts missing */
+	wire_encode(&c, buf);
+	expect_reject(buf, "contributors need 52");
+	c.payload_len = 5 * 8 + 3 * 4;
+	c.aux = WIRE_COPY_MAX_CONTRIB + 1;
+	wire_encode(&c, buf);
+	expect_reject(buf, "exceed the limits");
+	c = (struct wire_hdr){.type = WIRE_COPY, .dtype = UNISUM_INT64, .key = 0x10002};
+	wire_encode(&c, buf);
+	assert_int_equal(decode(buf, &h, why), 0);	/* forget */
+	c.payload_len = 4;
+	wire_encode(&c, buf);
+	expect_reject(buf, "payload");
+	struct wire_hdr a = {.type = WIRE_COPY_ACK, .round = 7, .key = 0x10002, .payload_len = 1};
+	wire_encode(&a, buf);
+	expect_reject(buf, "carries no payload");
+}
+
 static void test_reader_bounds(void **state)
 {
 	(void)state;
@@ -411,6 +447,7 @@ int main(void)
 		cmocka_unit_test(test_skip_flag),
 		cmocka_unit_test(test_pull_flag),
 		cmocka_unit_test(test_restore),
+		cmocka_unit_test(test_copy),
 		cmocka_unit_test(test_reader_bounds),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,490 @@
+/*
+ * replica.c - copies of a server's async and SSP keys on a backup
+ * server (UNISUM_REPLICAS=1), so that a lost server's keys move with
+ * every acknowledged update kept (issue 52).
+ *
+ * DESIGN.  The backup of server s is the next server by rank that s has
+ * not lost (a replacement never is one); the scheduler moves a lost
+ * server's async and SSP keys to that same server (sched_failover).  A
+ * thread of s's own dials it (srv_backup_main: a dial blocks, and a loop
+ * must not), sends a hello, and hands the connection (a "link") to one
+ * of s's loops; when the link closes, that backup is lost for good and
+ * the thread dials the next.
+ *
+ * Consistency rule: a pull's reply is sent only once the backup holds a
+ * version of the value that has the puller's last push in it.  Each push
+ * makes a new version (k->ver); the key's engine sends the newest to the
+ * backup after aggregation (a COPY: the value and, for each contributor,
+ * how many of its pushes the value holds), one at a time per key, and
+ * the backup answers COPY_ACK.  Replies that wait are answered when the
+ * acknowledgement comes, and the next COPY then carries every push that
+ * came meanwhile: under load one COPY covers many pushes (OSDI'14's
+ * replication after aggregation).  So an update a worker saw answered is
+ * on two servers; one it did not is re-pushed after a failover (the
+ * worker still has it: its operation did not end), and the new home
+ * drops a re-push its copy already holds (k->base), so every update is
+ * in the value exactly once.
+ *
+ * The backup keeps each key's newest COPY (srv->copies, under srv->lock)
+ * until the failover's first DECLARE_CHECK of the key here takes it; the
+ * key's engine installs it before its first event.  A worker whose
+ * declaration says it had more pushes answered than the copy holds (the
+ * backup was lost too, or was still catching up) fails the job, naming
+ * the key (key.c).  When the backup changes, every key's state is sent
+ * to the new one (COPY_AGAIN) while training goes on; its replies wait
+ * for that copy.  With no server left to be a backup, replies go at once.
+ */
+#include <endian.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log/log.h"
+#include "server/srv_int.h"
+#include "timing/timing.h"
+#include "transport/transport.h"
+#include "wire/wire.h"
+
+#define SRV_BACKUP_DIAL_MS 2000	/* one dial of a backup at most */
+
+/* ---- the primary's side: the link ---------------------------------------- */
+
+/* A COPY on its way: its payload is owned, freed once sent or dropped. */
+struct srv_copy_msg {
+	struct loop_conn_msg msg;
+	uint8_t *data;
+};
+
+static void srv_copy_msg_release(struct loop_conn_msg *m)
+{
+	struct srv_copy_msg *cm = (struct srv_copy_msg *)m;	/* msg is its first member */
+	free(cm->data);
+	free(cm);
+}
+
+/* Posts COPY_AGAIN for link gen to every async key (the backup changed). */
+static void srv_copy_again_all(struct server *srv, uint32_t gen)
+{
+	pthread_mutex_lock(&srv->lock);
+	for (size_t i = 0; i < srv->nbuckets; i++)
+		for (struct srv_key *k = srv->buckets[i]; k; k = k->next)
+			if (k->server_held && srv_post(srv, EVENT_COPY_AGAIN, k, (int)gen, 0, false, 0,
+						       NULL) != 0)
+				LOG_ERROR("out of memory: key 0x%llx is not copied to the new backup",
+					  (unsigned long long)k->key);
+	pthread_mutex_unlock(&srv->lock);
+}
+
+/* A COPY_ACK on link L: the key's engine hears of it (a key gone since
+ * is no longer in the table: dropped). */
+static int srv_link_msg(struct loop_conn *lc, const struct wire_hdr *h, void *payload, char *why,
+			size_t len)
+{
+	(void)payload;
+	struct srv_link *L = loop_conn_arg(lc);
+	struct server *srv = L->srv;
+	if (h->type != WIRE_COPY_ACK) {
+		snprintf(why, len, "unexpected %s from backup server %d", wire_type_name(h->type),
+			 L->rank);
+		return UNISUM_EPROTO;
+	}
+	pthread_mutex_lock(&srv->lock);
+	struct srv_key *k = srv_key_find(srv, h->key);
+	int rc = k != NULL && k->server_held
+			 ? srv_post(srv, EVENT_COPY_HELD, k, (int)L->gen, h->round, false, 0, NULL)
+			 : 0;
+	pthread_mutex_unlock(&srv->lock);
+	if (rc != 0)
+		snprintf(why, len, "out of memory");
+	return rc;
+}
+
+/* The link closed: that backup is lost for good; the thread dials the
+ * next (unless the job is ending). */
+static void srv_link_closed(struct loop_conn *lc, int rc, const char *why)
+{
+	struct srv_link *L = loop_conn_arg(lc);
+	struct server *srv = L->srv;
+	struct srv_backup *b = &srv->backup;
+	bool stopping = atomic_load(&srv->stopping);
+	pthread_mutex_lock(&b->lock);
+	if (b->lc == lc) {
+		b->dead[L->rank] = 1;
+		b->lc = NULL;
+		b->state = BACKUP_DIALING;
+		b->want = !stopping;
+		pthread_cond_signal(&b->cond);
+	}
+	pthread_mutex_unlock(&b->lock);
+	if (!stopping)
+		LOG_WARN("server %d lost its backup, server %d (%s): the next server gets its copies",
+			 srv->rank, L->rank, rc == UNISUM_ECONN ? "connection closed" : why);
+}
+
+static const struct loop_conn_ops srv_link_ops = {
+	.on_message = srv_link_msg,
+	.on_closed = srv_link_closed,
+};
+
+/* The next server after this one that it has not lost, or -1 (b->lock
+ * held). */
+static int srv_backup_pick(const struct server *srv)
+{
+	const struct srv_backup *b = &srv->backup;
+	for (int i = 1; i < b->nservers; i++) {
+		int r = (srv->rank + i) % b->nservers;
+		if (!b->dead[r])
+			return r;
+	}
+	return -1;
+}
+
+/* Dials server r and makes it the backup: 0, or an error (r is then
+ * lost to this server). */
+static int srv_backup_dial(struct server *srv, int r)
+{
+	struct srv_backup *b = &srv->backup;
+	const struct rdv_node *n = rdv_client_server(srv->rdv, r);
+	if (n == NULL)
+		return UNISUM_EINVAL;
+	struct tp_conn *conn = NULL;
+	int rc = transport_connect(transport_tcp(), n->host, n->port, SRV_BACKUP_DIAL_MS, &conn);
+	if (rc != 0)
+		return rc;
+	struct srv_link *L = calloc(1, sizeof *L);
+	if (L == NULL) {
+		transport_tcp()->conn_free(conn);
+		return UNISUM_ENOMEM;
+	}
+	L->srv = srv;
+	L->rank = r;
+	unsigned pick = atomic_fetch_add(&srv->next_loop, 1) % (unsigned)srv->pool.n;
+	pthread_mutex_lock(&b->lock);
+	L->gen = atomic_load(&b->gen) + 1;
+	rc = loop_conn_new(srv->pool.loops[pick], transport_tcp(), conn, false, &srv_link_ops, L,
+			   &L->lc);
+	if (rc != 0) {
+		pthread_mutex_unlock(&b->lock);
+		transport_tcp()->conn_free(conn);
+		free(L);
+		return rc;
+	}
+	L->next = b->links;
+	b->links = L;
+	struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = srv->id};
+	rc = loop_conn_send(L->lc, &hello, NULL);
+	if (rc == 0) {
+		b->lc = L->lc;
+		b->rank = r;
+		b->state = BACKUP_UP;
+		atomic_store(&b->gen, L->gen);
+	}
+	pthread_mutex_unlock(&b->lock);
+	return rc;
+}
+
+/* The backup's thread: dials the next backup whenever one is wanted. */
+static void *srv_backup_main(void *arg)
+{
+	struct server *srv = arg;
+	struct srv_backup *b = &srv->backup;
+	pthread_mutex_lock(&b->lock);
+	for (;;) {
+		while (!b->stop && !b->want)
+			pthread_cond_wait(&b->cond, &b->lock);
+		if (b->stop)
+			break;
+		b->want = false;
+		int r = srv_backup_pick(srv);
+		pthread_mutex_unlock(&b->lock);
+		int rc = r < 0 ? UNISUM_ECONN : srv_backup_dial(srv, r);
+		pthread_mutex_lock(&b->lock);
+		if (rc != 0 && r >= 0) {
+			LOG_WARN("server %d cannot reach server %d as its backup (%s): trying the next",
+				 srv->rank, r, unisum_strerror(rc));
+			b->dead[r] = 1;
+			b->want = true;
+			continue;
+		}
+		if (r < 0) {
+			b->state = BACKUP_NONE;
+			atomic_fetch_add(&b->gen, 1);
+			LOG_WARN("server %d has no server left to copy its async keys to", srv->rank);
+		} else {
+			LOG_INFO("server %d copies its async keys to server %d", srv->rank, r);
+		}
+		uint32_t gen = atomic_load(&b->gen);
+		pthread_mutex_unlock(&b->lock);
+		srv_copy_again_all(srv, gen);
+		pthread_mutex_lock(&b->lock);
+	}
+	pthread_mutex_unlock(&b->lock);
+	return NULL;
+}
+
+int srv_backup_init(struct server *srv)
+{
+	struct srv_backup *b = &srv->backup;
+	b->nservers = rdv_client_num_servers(srv->rdv);
+	bool on = srv->cfg->replicas && srv->cfg->server_failover && !srv->cfg->elastic &&
+		  b->nservers > 1;
+	if (!on)
+		return 0;
+	b->dead = calloc((size_t)b->nservers, 1);
+	if (b->dead == NULL)
+		return UNISUM_ENOMEM;
+	b->dead[srv->rank] = 1;
+	pthread_mutex_init(&b->lock, NULL);
+	pthread_cond_init(&b->cond, NULL);
+	b->state = BACKUP_DIALING;
+	b->want = true;
+	b->inited = true;
+	srv->replicate = true;
+	return 0;
+}
+
+int srv_backup_start(struct server *srv)
+{
+	struct srv_backup *b = &srv->backup;
+	if (!srv->replicate)
+		return 0;
+	int e = pthread_create(&b->thread, NULL, srv_backup_main, srv);
+	if (e != 0)
+		return e;
+	b->started = true;
+	return 0;
+}
+
+/* After the loops halted: the thread ends and the links are freed. */
+void srv_backup_stop(struct server *srv)
+{
+	struct srv_backup *b = &srv->backup;
+	if (b->started) {
+		b->started = false;
+		pthread_mutex_lock(&b->lock);
+		b->stop = true;
+		pthread_cond_signal(&b->cond);
+		pthread_mutex_unlock(&b->lock);
+		pthread_join(b->thread, NULL);
+		pthread_mutex_lock(&b->lock);	/* the engines still run: no link from now on */
+		b->state = BACKUP_NONE;
+		b->lc = NULL;
+		pthread_mutex_unlock(&b->lock);
+	}
+	while (b->links != NULL) {
+		struct srv_link *L = b->links;
+		b->links = L->next;
+		loop_conn_free(L->lc);
+		free(L);
+	}
+}
+
+/* After the engines stopped. */
+void srv_backup_free(struct server *srv)
+{
+	struct srv_backup *b = &srv->backup;
+	if (b->inited) {
+		pthread_mutex_destroy(&b->lock);
+		pthread_cond_destroy(&b->cond);
+		b->inited = false;
+	}
+	free(b->dead);
+	b->dead = NULL;
+	srv_copies_free(srv);
+}
+
+/* ---- the primary's side: a key's copies (its engine) --------------------- */
+
+/* Sends key k's value and clocks to the backup as version k->ver, when
+ * the link is up (false: it is not; a COPY_AGAIN will come). */
+static bool srv_copy_send(struct server *srv, struct srv_key *k)
+{
+	struct srv_backup *b = &srv->backup;
+	size_t n = (size_t)k->nc, bytes = k->bytes + 4 * n;
+	struct srv_copy_msg *cm = malloc(sizeof *cm);
+	uint8_t *data = malloc(bytes ? bytes : 1);
+	if (cm == NULL || data == NULL) {
+		free(cm);
+		free(data);
+		srv_out_of_memory(srv, "for a copy of an async key");
+		return false;
+	}
+	memcpy(data, k->value, k->bytes);
+	for (size_t w = 0; w < n; w++) {
+		uint32_t have = htole32((k->first_seen[w] + k->clock[w]) |
+					(k->gone[w] ? 0x80000000u : 0));
+		memcpy(data + k->bytes + 4 * w, &have, 4);
+	}
+	*cm = (struct srv_copy_msg){.data = data};
+	cm->msg.tx.hdr = (struct wire_hdr){.type = WIRE_COPY, .sender = srv->id, .round = k->ver,
+					   .key = k->key, .count = k->count,
+					   .dtype = (uint8_t)k->dtype, .aux = (uint32_t)n,
+					   .payload_len = bytes};
+	cm->msg.tx.payload = data;
+	cm->msg.release = srv_copy_msg_release;
+	/* Sent under b->lock, so that srv_backup_stop cannot free the link
+	 * meanwhile (a send never calls on_closed). */
+	pthread_mutex_lock(&b->lock);
+	bool up = b->state == BACKUP_UP && atomic_load(&b->gen) == k->ver_gen;
+	if (up) {
+		k->ver_sent = k->ver;
+		loop_conn_send_msg(b->lc, &cm->msg);	/* a closed one releases it */
+	}
+	pthread_mutex_unlock(&b->lock);
+	if (!up)
+		srv_copy_msg_release(&cm->msg);
+	return up;
+}
+
+bool srv_copy_gate(struct server *srv, struct srv_key *k, int w, uint32_t round, bool skip)
+{
+	if (!srv->replicate || k->value == NULL)
+		return false;
+	struct srv_backup *b = &srv->backup;
+	pthread_mutex_lock(&b->lock);
+	int state = b->state;
+	pthread_mutex_unlock(&b->lock);
+	uint32_t gen = atomic_load(&b->gen);
+	if (state == BACKUP_NONE)
+		return false;
+	if (k->ver_gen != gen) {
+		/* A key declared after the link came up (or whose COPY_AGAIN
+		 * is still queued): that backup holds none of it yet. */
+		k->ver_gen = gen;
+		k->ver_sent = k->ver_held = 0;
+	}
+	if (k->ver_held >= k->need[w])
+		return false;
+	k->copy_wait[w] = skip ? 2 : 1;
+	k->copy_round[w] = round;
+	if (k->ver_sent == k->ver_held && k->ver_sent < k->ver)
+		srv_copy_send(srv, k);	/* else one is on its way, or the link is down */
+	return true;
+}
+
+void srv_copy_held(struct server *srv, struct srv_key *k, uint32_t gen, uint32_t ver,
+		   void (*answer)(struct server *, struct srv_key *, int, uint32_t, bool))
+{
+	struct srv_backup *b = &srv->backup;
+	if (ver == 0 && gen == k->ver_gen) {
+		/* The gate met this link first. */
+	} else if (ver == 0) {	/* a new link (or none): it holds nothing yet */
+		k->ver_gen = gen;
+		k->ver_sent = k->ver_held = 0;
+	} else if (gen != k->ver_gen || ver <= k->ver_held) {
+		return;	/* an old link's, or an old version's */
+	} else {
+		k->ver_held = ver;
+	}
+	pthread_mutex_lock(&b->lock);
+	bool none = b->state == BACKUP_NONE;
+	pthread_mutex_unlock(&b->lock);
+	for (int w = 0; w < k->nc; w++) {
+		if (!k->copy_wait[w] || (!none && k->ver_held < k->need[w]))
+			continue;
+		bool skip = k->copy_wait[w] == 2;
+		k->copy_wait[w] = 0;
+		answer(srv, k, w, k->copy_round[w], skip);
+	}
+	if (!none && k->value != NULL && k->ver > k->ver_held && k->ver_sent <= k->ver_held)
+		srv_copy_send(srv, k);
+}
+
+void srv_copy_forget(struct server *srv, struct srv_key *k)
+{
+	struct srv_backup *b = &srv->backup;
+	if (!srv->replicate || !k->server_held)
+		return;
+	struct wire_hdr h = {.type = WIRE_COPY, .sender = srv->id, .key = k->key,
+			     .dtype = (uint8_t)k->dtype};
+	pthread_mutex_lock(&b->lock);
+	if (b->state == BACKUP_UP)
+		loop_conn_send(b->lc, &h, NULL);	/* best effort: a lost backup forgets all */
+	pthread_mutex_unlock(&b->lock);
+}
+
+int srv_copy_install(struct srv_key *k)
+{
+	struct srv_copy *c = k->copy;
+	k->copy = NULL;
+	free(k->value);
+	k->value = malloc(k->bytes ? k->bytes : 1);
+	if (k->value == NULL) {
+		free(c->data);
+		free(c);
+		return UNISUM_ENOMEM;
+	}
+	memcpy(k->value, c->data, k->bytes);
+	for (int w = 0; w < k->nc; w++) {
+		uint32_t have;
+		memcpy(&have, c->data + k->bytes + 4 * (size_t)w, 4);
+		have = le32toh(have);
+		k->gone[w] = (have & 0x80000000u) != 0;
+		have &= 0x7fffffffu;
+		k->first_seen[w] = have > 0;
+		k->clock[w] = have > 0 ? have - 1 : 0;
+		k->need[w] = 1;	/* the next replies wait for this server's own backup */
+	}
+	k->ver = 1;
+	LOG_INFO("key 0x%llx of '%s': taken over from server %u's copy (version %u)",
+		 (unsigned long long)k->key, k->name ? k->name : "?", c->from, c->ver);
+	free(c->data);
+	free(c);
+	return 0;
+}
+
+/* ---- the backup's side ---------------------------------------------------- */
+
+int srv_copy_head(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
+		  size_t len)
+{
+	(void)srv;
+	if (h->type != WIRE_COPY) {
+		snprintf(why, len, "unexpected %s from a server", wire_type_name(h->type));
+		return UNISUM_EPROTO;
+	}
+	if (h->payload_len == 0)
+		return 0;
+	c->pend = (struct srv_pend){.kind = PEND_BUF, .buf = malloc(h->payload_len)};
+	if (c->pend.buf == NULL) {
+		snprintf(why, len, "out of memory for a %llu-byte copy of key 0x%llx",
+			 (unsigned long long)h->payload_len, (unsigned long long)h->key);
+		return UNISUM_ENOMEM;
+	}
+	return 0;
+}
+
+int srv_copy_message(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
+		     size_t len)
+{
+	const struct rdv_node *n = rdv_client_node_by_id(srv->rdv, h->sender);
+	if (h->count == 0) {
+		srv_copy_drop(srv, h->key);
+		return 0;
+	}
+	struct srv_copy *cp = malloc(sizeof *cp);
+	if (cp == NULL) {
+		snprintf(why, len, "out of memory for a copy of key 0x%llx", (unsigned long long)h->key);
+		return UNISUM_ENOMEM;
+	}
+	*cp = (struct srv_copy){.key = h->key, .from = n != NULL ? (uint32_t)n->rank : 0,
+				.ver = h->round, .dtype = h->dtype, .count = h->count,
+				.nc = h->aux, .data = c->pend.buf};
+	c->pend.buf = NULL;
+	c->pend.kind = PEND_NONE;
+	int rc = srv_copy_put(srv, cp);
+	if (rc != 0) {
+		free(cp->data);
+		free(cp);
+		snprintf(why, len, "out of memory for a copy of key 0x%llx", (unsigned long long)h->key);
+		return rc;
+	}
+	struct wire_hdr ack = {.type = WIRE_COPY_ACK, .sender = srv->id, .round = h->round,
+			       .key = h->key};
+	rc = loop_conn_send(c->lc, &ack, NULL);
+	if (rc != 0)	/* a server that does not read its acknowledgements */
+		snprintf(why, len, "cannot acknowledge a copy: %s", unisum_strerror(rc));
+	return rc == TP_AGAIN ? UNISUM_ECONN : rc;
+}
