@@ -476,8 +476,9 @@ static int srv_push_done(struct server *srv, struct srv_conn *c, const struct wi
 }
 
 /* A RESTORE's header (failover: the sum of the round this worker last
- * received from a lost server, for the workers that did not): checked,
- * and a buffer for the sum (c->pend). */
+ * received from a lost server, for the workers that did not; of an async
+ * key, with replicas, the worker's last push that server answered):
+ * checked, and a buffer for the bytes (c->pend). */
 static int srv_restore_head(struct server *srv, struct srv_conn *c, const struct wire_hdr *h,
 			    char *why, size_t len)
 {
@@ -485,7 +486,8 @@ static int srv_restore_head(struct server *srv, struct srv_conn *c, const struct
 	struct srv_key *k = srv_check_data(srv, c, h, &w, why, len);
 	if (k == NULL)
 		return UNISUM_EPROTO;
-	if (k->comp.kind != COMPRESS_NONE || k->server_held || h->payload_len != k->bytes) {
+	if (k->comp.kind != COMPRESS_NONE || (k->server_held && !srv->replicate) ||
+	    h->payload_len != k->bytes) {
 		snprintf(why, len, "RESTORE of key 0x%llx of '%s', which is %s", (unsigned long long)h->key,
 			 k->name, k->server_held ? "async" : k->comp.kind != COMPRESS_NONE ?
 			 "compressed" : "of another size");

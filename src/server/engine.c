@@ -300,7 +300,10 @@ static void srv_async_reply(struct server *srv, struct srv_key *k, int w, uint32
 
 static void srv_ssp_release(struct server *srv, struct srv_key *k);
 
-static void srv_async_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
+/* Contributor ev->worker's push of round ev->round, whose bytes are
+ * `data` (its push buffer, or a RESTORE's after a failover). */
+static void srv_async_push(struct server *srv, struct srv_key *k, const struct srv_event *ev,
+			   const uint8_t *data)
 {
 	int w = ev->worker;
 	char msg[512], who[64], what[64];
@@ -316,7 +319,7 @@ static void srv_async_push(struct server *srv, struct srv_key *k, const struct s
 	struct srv_slot *s = &k->slot[0];
 	if (k->base != NULL && ev->round < k->base[w])
 		return;	/* re-pushed after a failover, and in the copy taken over */
-	k->need[w] = ++k->ver;
+	srv_copy_pushed(k, w);
 	if (!k->first_seen[w]) {
 		k->first_seen[w] = 1;
 		if (w != 0) {
@@ -335,7 +338,7 @@ static void srv_async_push(struct server *srv, struct srv_key *k, const struct s
 			srv_engine_oom(srv, k, "for the value of async");
 			return;
 		}
-		memcpy(k->value, k->push_buf[0], k->bytes);
+		memcpy(k->value, data, k->bytes);
 		s->active = false;
 		memset(s->arrived, 0, (size_t)k->nc);
 		for (int v = 0; v < k->nc; v++) {
@@ -356,7 +359,7 @@ static void srv_async_push(struct server *srv, struct srv_key *k, const struct s
 		srv_refuse_key(srv, k, msg);
 		return;
 	}
-	reducer_fold_into(REDUCER_SUM, k->value, k->push_buf[w], k->count, k->dtype);
+	reducer_fold_into(REDUCER_SUM, k->value, data, k->count, k->dtype);
 	k->clock[w]++;
 	srv_ssp_release(srv, k);
 }
@@ -417,7 +420,7 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 {
 	if (k->server_held) {
 		if (k->poison == NULL)
-			srv_async_push(srv, k, ev);
+			srv_async_push(srv, k, ev, k->push_buf[ev->worker]);
 		return;
 	}
 	struct srv_slot *s = &k->slot[ev->round & 1];
@@ -502,6 +505,13 @@ static void srv_on_restore(struct server *srv, struct srv_key *k, const struct s
 {
 	uint8_t *data = (uint8_t *)ev->why;
 	struct srv_slot *s = &k->slot[ev->round & 1];
+	if (k->server_held && k->poison == NULL) {
+		/* An async key's: the worker's last push answered by a lost
+		 * server, pushed again (dropped if the copy had it). */
+		srv_async_push(srv, k, ev, data);
+		free(data);
+		return;
+	}
 	if (k->poison != NULL || k->server_held || (s->active && s->round > ev->round)) {
 		free(data);
 		return;
@@ -827,8 +837,10 @@ static void srv_engine_run(struct srv_engine *e, struct srv_event *ev)
 		srv_on_pull(e->srv, ev->key, ev);
 	else if (ev->type == EVENT_RETIRE)
 		srv_on_retire(e->srv, ev->key, ev->worker);
-	else if (ev->type == EVENT_FREE)
+	else if (ev->type == EVENT_FREE) {
+		srv_copy_unlist(e, ev->key);
 		srv_key_unpin(ev->key);
+	}
 	else if (ev->type == EVENT_RESTORE)
 		srv_on_restore(e->srv, ev->key, ev);
 	else if (ev->type == EVENT_REFUSE) {
@@ -838,8 +850,11 @@ static void srv_engine_run(struct srv_engine *e, struct srv_event *ev)
 	}
 	else
 		srv_on_poison(e->srv, ev->key, ev->why);
+	if (ev->type != EVENT_FREE)
+		srv_copy_list(e, ev->key);	/* a version the backup lacks goes when due */
 	free(ev);
 }
+
 
 /* Runs e's events in order until none is left (those posted meanwhile
  * too: a post to a busy engine signals nobody), or `max` of them (0: no
@@ -858,7 +873,7 @@ void srv_engine_drain(struct srv_engine *e, int max)
 		pthread_mutex_lock(&e->lock);
 	}
 	e->busy = false;
-	if (e->head != NULL)
+	if (e->head != NULL || e->dirty != NULL)	/* the thread sends copies when due */
 		pthread_cond_signal(&e->cond);
 	pthread_mutex_unlock(&e->lock);
 }
@@ -897,23 +912,37 @@ void *srv_engine_main(void *arg)
 			next_check = timing_now_ms() + (srv_engine_check(e) ?
 							srv_stall_period_ms(e->srv) : 10);
 		pthread_mutex_lock(&e->lock);
-		/* Asleep until an event, the stop or the next stall check: an
-		 * idle engine wakes once a stall period, not more (issue 49). */
-		int64_t left;
-		while ((e->head == NULL || e->busy) && !e->stop &&
-		       (left = next_check - timing_now_ms()) > 0) {
-			struct timespec until = timing_deadline((int)left);
+		/* Asleep until an event, the stop, copies due or the next stall
+		 * check: an idle engine wakes once a stall period, not more
+		 * (issue 49).  (The dirty list is the busy one's: read only
+		 * when none is.) */
+		bool copies = false;
+		while (!e->stop && (e->busy || e->head == NULL)) {
+			int64_t now = timing_now_ms(), until_ms = next_check;
+			if (!e->busy && e->dirty != NULL) {
+				if ((copies = e->copy_due <= now))
+					break;
+				until_ms = e->copy_due < until_ms ? e->copy_due : until_ms;
+			}
+			if (until_ms <= now)
+				break;
+			struct timespec until = timing_deadline((int)(until_ms - now));
 			pthread_cond_timedwait(&e->cond, &e->lock, &until);
 		}
 		if (e->head == NULL && e->stop && !e->busy) {
 			pthread_mutex_unlock(&e->lock);
 			return NULL;
 		}
-		if (e->head == NULL || e->busy) {
+		if (e->busy || (e->head == NULL && !copies)) {
 			pthread_mutex_unlock(&e->lock);
 			continue;
 		}
 		e->busy = true;
+		if (copies) {
+			pthread_mutex_unlock(&e->lock);
+			e->copy_due = srv_copies_due(e);
+			pthread_mutex_lock(&e->lock);
+		}
 		srv_engine_drain(e, 0);
 	}
 }

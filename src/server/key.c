@@ -144,22 +144,22 @@ static int srv_key_take_copy(struct server *srv, struct srv_key *k)
 
 /* A declaration of async key k by contributor w, pushing `round` next
  * (after a failover, the pushes it had answered): the key's copy here
- * must hold them all, or an acknowledged update is lost and the job
- * fails (UNISUM_EREMOTE with why).  srv->lock held. */
+ * must hold all but the last, which the worker sends again (RESTORE), or
+ * an acknowledged update is lost and the job fails (UNISUM_EREMOTE with
+ * why).  srv->lock held. */
 static int srv_key_copy_check(struct server *srv, const struct srv_key *k, int w, uint32_t round,
 			      const char *name, char *why, size_t len)
 {
 	uint32_t have = k->base != NULL ? k->base[w] : 0;
-	if (!srv->replicate || !k->server_held || round <= have)
+	if (!srv->replicate || !k->server_held || round <= have + 1)
 		return 0;
 	char who[64];
 	snprintf(why, len, "server %d took over key 0x%llx of '%s' (async/SSP) from a lost server, "
-		 "but %s: %s had %u updates answered and %s %u; no whole copy of the key was "
-		 "left (its backup was lost too, or was still catching up)", srv->rank,
-		 (unsigned long long)k->key, name,
+		 "but %s: %s had %u updates answered, of which the copy must hold %u and holds "
+		 "%u; no whole copy of the key was left (its backup was lost too, or was still "
+		 "catching up)", srv->rank, (unsigned long long)k->key, name,
 		 k->base != NULL ? "its copy here is behind" : "it holds no copy of it",
-		 srv_worker_name(srv, srv_key_peer(k, w), who, sizeof who), round,
-		 k->base != NULL ? "the copy holds" : "the copy would have to hold", have);
+		 srv_worker_name(srv, srv_key_peer(k, w), who, sizeof who), round, round - 1, have);
 	return UNISUM_EREMOTE;
 }
 
@@ -230,6 +230,7 @@ void srv_key_free(struct srv_key *k)
 	free(k->name);
 	free(k->own_poison);
 	free(k->need);
+	free(k->last);
 	free(k->copy_wait);
 	free(k->copy_round);
 	free(k->base);
@@ -401,10 +402,11 @@ static struct srv_key *srv_key_new(struct server *srv, size_t W, const int *rank
 		k->replies = calloc(W, sizeof *k->replies);
 		k->gone = calloc(W, 1);
 		k->need = calloc(W, sizeof *k->need);
+		k->last = calloc(W, sizeof *k->last);
 		k->copy_wait = calloc(W, 1);
 		k->copy_round = calloc(W, sizeof *k->copy_round);
 		ok = ok && k->first_seen && k->value_waiting && k->wait_round && k->clock && k->snap &&
-		     k->replies && k->gone && k->need && k->copy_wait && k->copy_round;
+		     k->replies && k->gone && k->need && k->last && k->copy_wait && k->copy_round;
 	}
 	for (int i = 0; i < 2; i++) {
 		k->slot[i].arrived = calloc(W, 1);

@@ -12,18 +12,22 @@
  * the thread dials the next.
  *
  * Consistency rule: a pull's reply is sent only once the backup holds a
- * version of the value that has the puller's last push in it.  Each push
- * makes a new version (k->ver); the key's engine sends the newest to the
+ * version of the value with the puller's push before its last in it; the
+ * worker keeps its last push answered (wk_keep_push) until the next
+ * reply, and sends it again to the new home after a failover (RESTORE).
+ * So every update a worker saw answered is on two servers or in its own
+ * memory; one it did not see answered is re-pushed too (its operation
+ * did not end), and the new home drops a re-push its copy already holds
+ * (k->base): every update is in the value exactly once.  Each push makes
+ * a new version (k->ver); the key's engine sends the newest to the
  * backup after aggregation (a COPY: the value and, for each contributor,
  * how many of its pushes the value holds), one at a time per key, and
- * the backup answers COPY_ACK.  Replies that wait are answered when the
- * acknowledgement comes, and the next COPY then carries every push that
- * came meanwhile: under load one COPY covers many pushes (OSDI'14's
- * replication after aggregation).  So an update a worker saw answered is
- * on two servers; one it did not is re-pushed after a failover (the
- * worker still has it: its operation did not end), and the new home
- * drops a re-push its copy already holds (k->base), so every update is
- * in the value exactly once.
+ * the backup answers COPY_ACK.  A version goes when a reply waits for it
+ * (rare: the one it needs is a step old), or half a step after the first
+ * push the backup lacks (srv_copy_due_ms: a step is contributor 0's time
+ * between pushes), so that one COPY covers every worker's push of the
+ * step, sent while they compute (OSDI'14's replication after
+ * aggregation: async has no rounds to aggregate, so time does).
  *
  * The backup keeps each key's newest COPY (srv->copies, under srv->lock)
  * until the failover's first DECLARE_CHECK of the key here takes it; the
@@ -357,10 +361,12 @@ bool srv_copy_gate(struct server *srv, struct srv_key *k, int w, uint32_t round,
 	}
 	if (k->ver_held >= k->need[w])
 		return false;
+	/* The newest goes (unless one is on its way, or the link is down):
+	 * every push since the last one sent rides along. */
+	if (k->ver_sent == k->ver_held && k->ver_sent < k->ver)
+		srv_copy_send(srv, k);
 	k->copy_wait[w] = skip ? 2 : 1;
 	k->copy_round[w] = round;
-	if (k->ver_sent == k->ver_held && k->ver_sent < k->ver)
-		srv_copy_send(srv, k);	/* else one is on its way, or the link is down */
 	return true;
 }
 
@@ -381,15 +387,83 @@ void srv_copy_held(struct server *srv, struct srv_key *k, uint32_t gen, uint32_t
 	pthread_mutex_lock(&b->lock);
 	bool none = b->state == BACKUP_NONE;
 	pthread_mutex_unlock(&b->lock);
+	bool waiting = false;	/* then the next version goes now, else when idle */
 	for (int w = 0; w < k->nc; w++) {
+		if (k->copy_wait[w] && !none && k->ver_held < k->need[w])
+			waiting = true;
 		if (!k->copy_wait[w] || (!none && k->ver_held < k->need[w]))
 			continue;
 		bool skip = k->copy_wait[w] == 2;
 		k->copy_wait[w] = 0;
 		answer(srv, k, w, k->copy_round[w], skip);
 	}
-	if (!none && k->value != NULL && k->ver > k->ver_held && k->ver_sent <= k->ver_held)
+	if (waiting && k->value != NULL && k->ver > k->ver_held && k->ver_sent <= k->ver_held)
 		srv_copy_send(srv, k);
+}
+
+static int64_t srv_copy_due_ms(const struct srv_key *k)
+{
+	int64_t half = k->step_ms / 2;
+	return k->push_ms + (half < SRV_COPY_MIN_MS ? SRV_COPY_MIN_MS
+			     : half > SRV_COPY_MAX_MS ? SRV_COPY_MAX_MS : half);
+}
+
+static void srv_copy_idle(struct server *srv, struct srv_key *k)
+{
+	if (k->value != NULL && k->ver > k->ver_held && k->ver_sent <= k->ver_held)
+		srv_copy_send(srv, k);
+}
+
+void srv_copy_pushed(struct srv_key *k, int w)
+{
+	k->need[w] = k->last[w];
+	k->last[w] = ++k->ver;
+	int64_t now = timing_now_ms();
+	if (!k->copy_dirty)	/* the first push the backup lacks: its copy is due later */
+		k->push_ms = now;
+	if (w == 0 && k->push0_ms != 0)	/* a step, for when copies are due */
+		k->step_ms = (3 * k->step_ms + (now - k->push0_ms)) / 4;
+	if (w == 0)
+		k->push0_ms = now;
+}
+
+void srv_copy_list(struct srv_engine *e, struct srv_key *k)
+{
+	if (!k->server_held || !e->srv->replicate || k->copy_dirty || k->ver <= k->ver_sent)
+		return;
+	k->copy_dirty = true;
+	k->dirty_next = e->dirty;
+	e->dirty = k;
+	if (e->copy_due == 0 || srv_copy_due_ms(k) < e->copy_due)
+		e->copy_due = srv_copy_due_ms(k);
+}
+
+int64_t srv_copies_due(struct srv_engine *e)
+{
+	int64_t now = timing_now_ms(), due = 0;
+	for (struct srv_key **at = &e->dirty; *at != NULL;) {
+		struct srv_key *k = *at;
+		int64_t at_ms = srv_copy_due_ms(k);
+		if (now < at_ms) {
+			if (due == 0 || at_ms < due)
+				due = at_ms;
+			at = &k->dirty_next;
+			continue;
+		}
+		*at = k->dirty_next;
+		k->copy_dirty = false;
+		srv_copy_idle(e->srv, k);	/* one on its way: its ack adds k again */
+	}
+	return due;
+}
+
+void srv_copy_unlist(struct srv_engine *e, struct srv_key *k)
+{
+	for (struct srv_key **at = &e->dirty; k->copy_dirty && *at != NULL; at = &(*at)->dirty_next)
+		if (*at == k) {
+			*at = k->dirty_next;
+			k->copy_dirty = false;
+		}
 }
 
 void srv_copy_forget(struct server *srv, struct srv_key *k)
@@ -425,7 +499,8 @@ int srv_copy_install(struct srv_key *k)
 		have &= 0x7fffffffu;
 		k->first_seen[w] = have > 0;
 		k->clock[w] = have > 0 ? have - 1 : 0;
-		k->need[w] = 1;	/* the next replies wait for this server's own backup */
+		/* The next replies wait for this server's own backup. */
+		k->need[w] = k->last[w] = 1;
 	}
 	k->ver = 1;
 	LOG_INFO("key 0x%llx of '%s': taken over from server %u's copy (version %u)",

@@ -114,18 +114,26 @@ struct srv_key {
 	 * engine-owned.  Every push accepted makes a new version of the
 	 * value; the backup is sent the newest (one COPY in flight at a
 	 * time), and a pull is answered only once the backup holds the
-	 * version of that contributor's last push. */
+	 * version of the contributor's push before its last (the worker
+	 * keeps its last push until the next reply). */
 	uint32_t ver;		/* the value's version (each accepted push) */
 	uint32_t ver_sent;	/* the newest sent to the backup of link ver_gen ... */
 	uint32_t ver_held;	/* ... and the newest it holds */
 	uint32_t ver_gen;	/* that link (srv->backup.gen when sent) */
-	uint32_t *need;		/* [W] the version of contributor w's last push */
+	uint32_t *last;		/* [W] the version of contributor w's last push ... */
+	uint32_t *need;		/* [W] ... and of the one before: its reply waits for it */
 	uint8_t *copy_wait;	/* [W] a pull waits for the backup: 1, or 2 with SKIP ... */
 	uint32_t *copy_round;	/* [W] ... and its round */
 	struct srv_copy *copy;	/* a lost server's copy of the key, taken at its declaration
 				 * here (srv->lock), installed by the engine's next event */
 	uint32_t *base;		/* [W] with a copy: contributor w's pushes it held (pushes
 				 * of a lower round are in the value already), or NULL */
+	bool copy_dirty;	/* on its engine's dirty list: a newer version to send */
+	struct srv_key *dirty_next;
+	int64_t push_ms;	/* the first push the backup lacks: the copy is due ... */
+	int64_t step_ms;	/* ... half of this later (contributor 0's pushes' interval,
+				 * averaged) ... */
+	int64_t push0_ms;	/* ... from its last push's time */
 	atomic_int pins;	/* the key table's 1, and 1 per queued reply pointing into
 				 * the key's memory: the last unpin frees it */
 	struct srv_key *next;	/* hash chain */
@@ -166,6 +174,10 @@ struct srv_engine {
 				 * time, so a key's state still needs no lock */
 	bool joined;		/* exited: posts are dropped */
 	bool left_failed;	/* failed the job for a machine that left (its thread only) */
+	struct srv_key *dirty;	/* keys with a version the backup lacks, sent by the engine's
+				 * thread once due (srv_copy_due_ms; whoever is busy owns the
+				 * list) ... */
+	int64_t copy_due;	/* ... and when the first may be due (0: none) */
 	uint64_t bytes;		/* bytes of keys pinned here (under srv->lock) */
 	struct srv_key **keys;	/* keys pinned here (under srv->lock) */
 	size_t nkeys, capkeys;
@@ -238,6 +250,13 @@ struct srv_link {
 };
 
 #define SRV_COPY_BUCKETS 4096u
+/* A key's newest version goes to the backup when a reply waits for it,
+ * or half a step after the first push it lacks (a step: contributor 0's
+ * time between pushes, k->step_ms), within these bounds: the copy is
+ * there before the next step's replies need it, and covers every push
+ * of the half step (each worker's, in async, at its own time). */
+#define SRV_COPY_MIN_MS 2
+#define SRV_COPY_MAX_MS 1000
 
 /* A worker's connection, served by one of the server's event loops. */
 struct srv_conn {
@@ -432,6 +451,17 @@ bool srv_copy_gate(struct server *srv, struct srv_key *k, int w, uint32_t round,
  * answer(srv, k, w, round, skip); a newer version is sent. */
 void srv_copy_held(struct server *srv, struct srv_key *k, uint32_t gen, uint32_t ver,
 		   void (*answer)(struct server *, struct srv_key *, int, uint32_t, bool));
+/* Engine: contributor w's push was accepted (a new version). */
+void srv_copy_pushed(struct srv_key *k, int w);
+/* Engine, after an event of key k: on e's dirty list if the backup lacks
+ * its newest version, which goes when due (srv_copy_due_ms). */
+void srv_copy_list(struct srv_engine *e, struct srv_key *k);
+/* The engine's thread, busy: sends the due versions (each covers every
+ * push since the last copy; one on its way: its acknowledgement lists
+ * the key again); when the next is due, or 0. */
+int64_t srv_copies_due(struct srv_engine *e);
+/* Engine: key k is freed: off the dirty list. */
+void srv_copy_unlist(struct srv_engine *e, struct srv_key *k);
 /* Engine: key k goes (every contributor retired): its copy too. */
 void srv_copy_forget(struct server *srv, struct srv_key *k);
 /* Engine, a held key's first event after its declaration took a copy:

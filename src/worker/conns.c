@@ -617,6 +617,22 @@ static int wk_take_compressed(struct wk_conn *c, const struct wire_hdr *h, struc
 	return 0;
 }
 
+/* An async key's push, answered now (UNISUM_REPLICAS): kept until the
+ * next reply, which comes once the server's backup holds it; a lost
+ * server's successor gets it again (wk_redeclare).  Copied before the
+ * reply lands: the push may be in place. */
+static void wk_keep_push(struct wk_job *j)
+{
+	struct wk_kept *k = j->kept;
+	size_t bytes = j->count * unisum_dtype_size(j->dtype);
+	if (k->data == NULL && (k->data = malloc(bytes ? bytes : 1)) == NULL)
+		return;	/* a later failover then fails the job, naming the key */
+	if (j->in != NULL)
+		memcpy(k->data, j->in, bytes);
+	else
+		memset(k->data, 0, bytes);
+}
+
 /* A PULL_REPLY's header: takes its job and says where the sum goes
  * (c->rx_job, c->rx_into; a compressed one into c->rx_buf).  0, or 1
  * with msg set when the connection cannot go on. */
@@ -633,6 +649,8 @@ static int wk_pull_reply_head(struct wk_conn *c, const struct wire_hdr *h, char 
 		return 1;
 	}
 	c->rx_job = j;
+	if (j->kept != NULL && j->kept->keeps_push)
+		wk_keep_push(j);
 	if (j->skip_pull || (h->flags & WIRE_FLAG_ZERO))
 		return 0;
 	if (h->flags & WIRE_FLAG_COMPRESSED || j->cs != NULL) {
@@ -647,7 +665,7 @@ static int wk_pull_reply_head(struct wk_conn *c, const struct wire_hdr *h, char 
 	 * overwrite it). */
 	size_t bytes = j->count * unisum_dtype_size(j->dtype);
 	c->rx_into = j->out;
-	if (j->kept != NULL && !j->kept->round_only) {
+	if (j->kept != NULL && !j->kept->keeps_push) {
 		if (j->kept->data == NULL)
 			j->kept->data = malloc(bytes ? bytes : 1);
 		if (j->kept->data != NULL)

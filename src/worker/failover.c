@@ -265,7 +265,7 @@ int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L)
 		return 0;
 	L->kept = calloc(L->nparts, sizeof *L->kept);
 	for (uint32_t i = 0; L->kept != NULL && i < L->nparts; i++)
-		L->kept[i].round_only = t->sync != 0;
+		L->kept[i].keeps_push = t->sync != 0;
 	return L->kept != NULL ? 0 : UNISUM_ENOMEM;
 }
 
@@ -286,7 +286,9 @@ static int wk_moved_from(const struct worker *w, uint64_t key, int dead)
 
 /* Queues, on the new server of partition i of cut L of tensor t, the
  * DECLARE_CHECK of its key at the round this worker pushes next, and the
- * RESTORE of the last sum it received.  0 or an error (w->lock held). */
+ * RESTORE of the last sum it received (of an async key, with replicas:
+ * its last push answered, which the new server's copy may not hold,
+ * replica.c).  0 or an error (w->lock held). */
 static int wk_redeclare(struct worker *w, struct wk_tensor *t, struct wk_layout *L, uint32_t i,
 			int to, const char *wire_name)
 {
@@ -294,8 +296,8 @@ static int wk_redeclare(struct worker *w, struct wk_tensor *t, struct wk_layout 
 	struct wk_conn *c = &w->conns[to];
 	int rc = wk_queue_declare(c, L->key + i, t->dtype, L->parts[i].count, k->pulled, wire_name,
 				  t->ranks, t->nranks, t->sync);
-	if (rc != 0 || k->pulled == 0 || k->data == NULL || k->round_only)
-		return rc;	/* an async key's new server has its value (replica.c) */
+	if (rc != 0 || k->pulled == 0 || k->data == NULL)
+		return rc;
 	/* k->data is not written again before this is sent: the next reply
 	 * of the key answers a push queued behind it. */
 	return wk_queue_job(c, JOB_RESTORE, L->key + i, t->dtype, L->parts[i].count, k->pulled - 1,

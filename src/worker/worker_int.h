@@ -56,8 +56,9 @@ struct wk_layout {
 struct wk_kept {
 	uint8_t *data;			/* count x esize, or NULL before the first reply */
 	uint32_t pulled;
-	bool round_only;		/* async or SSP: the new server has a copy of the
-					 * value (UNISUM_REPLICAS), only the round is kept */
+	bool keeps_push;		/* async or SSP: data is the last push answered,
+					 * which the backup may not hold yet (UNISUM_REPLICAS;
+					 * the next reply says it does) */
 };
 
 /* A gathering collective's segments: counts[i] elements owned by machine
