@@ -37,7 +37,8 @@ export CHAOS_STEP_MS=3
 
 # start_scheduler LOG : a standalone scheduler on $UNISUM_SCHEDULER_PORT.
 start_scheduler() {
-	UNISUM_LOG_LEVEL=INFO UNISUM_ROLE=scheduler timeout 90 "$UNISUM" scheduler >>"$1" 2>&1 &
+	UNISUM_LOG_LEVEL=${SCHED_LOG_LEVEL:-INFO} UNISUM_ROLE=scheduler timeout 90 "$UNISUM" scheduler \
+		>>"$1" 2>&1 &
 	echo $! >"$log/pid.scheduler"
 }
 
@@ -82,18 +83,19 @@ kill_server() {
 	return 1
 }
 
-# start_job LIMIT PROGRAM ARGS... : in $log, a scheduler, 3 servers
-# and 3 workers running PROGRAM (each under `timeout LIMIT`; the
-# workers' pids in $wpids); returns once the job runs (before, a kill
-# fails the nodes: no book yet).
+# start_job LIMIT PROGRAM ARGS... : in $log, a scheduler,
+# $UNISUM_NUM_SERVER servers (at $SERVER_LOG_LEVEL, default WARNING) and
+# 3 workers running PROGRAM (each under `timeout LIMIT`; the workers'
+# pids in $wpids); returns once the job runs (before, a kill fails the
+# nodes: no book yet).
 start_job() {
 	limit=$1
 	shift
 	export UNISUM_SCHEDULER_PORT=$(free_port)
 	start_scheduler "$log/scheduler"
-	for s in 0 1 2; do
-		UNISUM_ROLE=server UNISUM_SERVER_ID=$s timeout "$limit" "$UNISUM" server \
-			>"$log/server$s" 2>&1 &
+	for s in $(seq 0 $((UNISUM_NUM_SERVER - 1))); do
+		UNISUM_LOG_LEVEL=${SERVER_LOG_LEVEL:-WARNING} UNISUM_ROLE=server UNISUM_SERVER_ID=$s \
+			timeout "$limit" "$UNISUM" server >"$log/server$s" 2>&1 &
 		echo $! >"$log/pid.server$s"
 	done
 	wpids=
@@ -208,6 +210,52 @@ expect "a server and its backup lost at once: all 3 workers fail naming a key an
 	sh -c "[ $named -eq 3 ] && [ $ms -le 10000 ]"
 kill_scheduler
 wait
+rm -rf "$log"
+
+# A backup that dies while it catches up: 4 servers and one async key
+# (one partition) on server S; S's backup S+1 is lost (it held nothing
+# but the copy), S copies the key to S+2 (catching up) and S+2 is killed
+# as soon as S says so; S copies it to S+3.  Then S is lost: the key
+# moves to S+3, which holds the copy, and the job ends exact.
+log=$(mktemp -d)
+export UNISUM_NUM_SERVER=4 CHAOS_COUNT=1000
+SCHED_LOG_LEVEL=DEBUG SERVER_LOG_LEVEL=INFO
+start_job 60 "$CHAOS" async 900
+SCHED_LOG_LEVEL=INFO SERVER_LOG_LEVEL=WARNING
+S=
+for _ in $(seq 200); do
+	S=$(sed -n "s/.*placed 'chaos.async' part 0 .* on server \([0-9]*\)$/\1/p" "$log/scheduler")
+	[ -n "$S" ] && break
+	sleep 0.05
+done
+ok=false
+if [ -n "$S" ]; then
+	b1=$(((S + 1) % 4)) b2=$(((S + 2) % 4)) b3=$(((S + 3) % 4))
+	sleep 0.3
+	kill -KILL "$(pgrep -P "$(cat "$log/pid.server$b1")")"
+	for _ in $(seq 400); do
+		grep -q "copies its async keys to server $b2" "$log/server$S" && break
+		sleep 0.005
+	done
+	kill -KILL "$(pgrep -P "$(cat "$log/pid.server$b2")")"
+	for _ in $(seq 200); do
+		grep -q "copies its async keys to server $b3" "$log/server$S" && break
+		sleep 0.05
+	done
+	sleep 0.3
+	kill -KILL "$(pgrep -P "$(cat "$log/pid.server$S")")"
+	ok=true
+fi
+for p in $wpids; do wait "$p" || ok=false; done
+kill_scheduler
+wait
+finished=$(cat "$log"/worker* | grep -c "async 900 steps ok")
+took=$(grep -c "taken over from server ${S:-?}'s copy" "$log/server${b3:-0}")
+export UNISUM_NUM_SERVER=3
+unset CHAOS_COUNT
+[ "$finished" -eq 3 ] && [ "$took" -ge 1 ] || ok=false
+$ok || { tail -n 3 "$log"/worker* "$log/server$S"; }
+expect "a backup lost while it catches up: the next one takes the copy; then its server lost (the key on server ${S:-?}, backups tried ${b1:-?}, ${b2:-?}, ${b3:-?}); $finished workers finished exact" "$ok"
 rm -rf "$log"
 
 # A scheduler that does not come back: every node fails naming it (here
