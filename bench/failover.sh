@@ -8,7 +8,9 @@
 # process started by hand, as on a cluster) doing rounds of check_sums'
 # failover mode (three tensors of 37 int64, 100003 int32 and 30011
 # float32 in flight at once, every element checked; 16 KiB partitions, so
-# every server holds pieces of each) and, 1 s in, loses server 1:
+# every server holds pieces of each; "/held": chaos_modes held, an async
+# and an SSP:2 tensor of 50021 int64, whose values move to the lost
+# server's backup, issue 52) and, 1 s in, loses server 1:
 #   crash: SIGKILL; the scheduler and the workers see its connections close;
 #   hang:  SIGSTOP; alive but silent, found after UNISUM_TIMEOUT_MS.
 # From worker 0's round completion times it prints:
@@ -37,11 +39,14 @@ free_port() {
 	/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# one HOW HB_MS TIMEOUT_MS: one job; prints the table's row.
+# one HOW HB_MS TIMEOUT_MS [held]: one job; prints the table's row.  With
+# "held", the workers run chaos_modes held instead (an async and an SSP:2
+# tensor, whose values move to the lost server's backup: UNISUM_REPLICAS).
 one() {
-	how=$1 hb=$2 to=$3
+	how=$1 hb=$2 to=$3 mode=${4:-}
 	log=$(mktemp -d)
-	rounds=400
+	rounds=400 prog="$BUILD/check_sums failover"
+	[ "$mode" = held ] && prog="$BUILD/chaos_modes held"
 	[ "$how" = hang ] && rounds=$(((3000 + to) / 10))
 	export UNISUM_NUM_WORKER=3 UNISUM_NUM_SERVER=3 UNISUM_SCHEDULER_HOST=127.0.0.1
 	export UNISUM_HEARTBEAT_MS=$hb UNISUM_TIMEOUT_MS=$to UNISUM_PARTITION_BYTES=16384
@@ -54,7 +59,7 @@ one() {
 	done
 	for w in 0 1 2; do
 		CHECK_SUMS_TIMES=1 UNISUM_ROLE=worker UNISUM_WORKER_ID=$w timeout 300 \
-			"$BUILD/check_sums" failover $rounds >"$log/worker$w" 2>&1 &
+			$prog $rounds >"$log/worker$w" 2>&1 &
 		pids="$pids $!"
 	done
 	sleep 1
@@ -74,14 +79,15 @@ one() {
 	kill -KILL "$server1" 2>/dev/null || true
 	kill -CONT "$server1" 2>/dev/null || true
 	wait "$server0" "$server1" "$server2" 2>/dev/null || true
-	if [ $rc -ne 0 ] || ! grep -q "$rounds failover rounds ok" "$log/worker0"; then
+	[ "$mode" = held ] && ok="held $rounds steps ok" || ok="$rounds failover rounds ok"
+	if [ $rc -ne 0 ] || ! grep -q "$ok" "$log/worker0"; then
 		echo "failover: the $how job failed; worker 0's log ends:" >&2
 		tail -n 5 "$log/worker0" >&2
 		rm -rf "$log"
 		exit 1
 	fi
 	noticed=$(($(cat "$log/noticed" 2>/dev/null || echo "$lost") - lost))
-	awk -v lost="$lost" -v how="$how" -v hb="$hb" -v to="$to" -v noticed="$noticed" '
+	awk -v lost="$lost" -v how="$how${mode:+/$mode}" -v hb="$hb" -v to="$to" -v noticed="$noticed" '
 		/^round [0-9]+ done at/ { t[n++] = $5 }
 		function median(a, k,    i, j, x) {
 			for (i = 1; i < k; i++) { x = a[i]; for (j = i - 1; j >= 0 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
@@ -107,7 +113,7 @@ one() {
 			na = 0
 			for (i = end + 1; i < n && na < 200; i++) after[na++] = t[i] - t[i - 1]
 			ma = median(after, na)
-			printf "%-6s %6d %8d %9.0f %10d %9.0f %10.2f %10.2f %6.2f\n", how, hb, to, stall, noticed, \
+			printf "%-10s %6d %8d %9.0f %10d %9.0f %10.2f %10.2f %6.2f\n", how, hb, to, stall, noticed, \
 				stall - noticed, mb, ma, ma / mb
 		}' "$log/worker0"
 	rm -rf "$log"
@@ -117,7 +123,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 {
 	echo "# $(date -u +%Y-%m-%d) server failover, 3 workers + 3 servers on one host, $(nproc) cores, $cpu"
 	echo "# command: sh bench/failover.sh; server 1 lost 1 s in"
-	printf "# %-4s %6s %8s %9s %10s %9s %10s %10s %6s\n" how hb_ms timeout stall_ms noticed_ms \
+	printf "# %-8s %6s %8s %9s %10s %9s %10s %10s %6s\n" how hb_ms timeout stall_ms noticed_ms \
 		after_ms round_ms round_ms2 ratio
 	echo "# (round_ms: the median round before the loss; round_ms2: after it, on 2 servers)"
 	one crash 1000 30000
@@ -125,4 +131,6 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 	one hang 200 1000
 	one hang 200 3000
 	one hang 1000 5000
+	one crash 200 3000 held
+	one hang 200 3000 held
 } | tee "$OUT"

@@ -575,9 +575,12 @@ static int sched_failover_tell(struct rdv_scheduler *s, const struct rdv_failove
 			used += (size_t)snprintf(to + used, sizeof to - used, "%s%d", used ? ", " : "", r);
 	LOG_WARN("failover %d: server %d is lost; its %u partitions of %d tensors move to servers "
 		 "%s (UNISUM_SERVER_FAILOVER=1)", s->failovers, f->dead, f->n, tensors, to);
+	/* With replicas the servers hear it too: one whose backup was lost
+	 * (silent, its link still open) dials the next. */
 	for (int i = 0; i < s->nnodes; i++) {
 		struct sched_node *m = s->nodes[i];
-		if (m->registered && !m->gone && m->role == CONFIG_ROLE_WORKER)
+		if (m->registered && !m->gone && !m->lost &&
+		    (m->role == CONFIG_ROLE_WORKER || (s->replicas && m->role == CONFIG_ROLE_SERVER)))
 			sched_send(m, &h, b.data);
 	}
 	wire_buf_fini(&b);

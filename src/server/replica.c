@@ -228,6 +228,22 @@ static void *srv_backup_main(void *arg)
 	return NULL;
 }
 
+/* The scheduler failed server f->dead over (on the client's thread): no
+ * backup again; if it is the backup now (alive but silent, or its link
+ * would have closed), the link is cut and the next one dialled. */
+static void srv_backup_on_failover(void *arg, const struct rdv_failover *f)
+{
+	struct server *srv = arg;
+	struct srv_backup *b = &srv->backup;
+	pthread_mutex_lock(&b->lock);
+	if (f->dead >= 0 && f->dead < b->nservers) {
+		b->dead[f->dead] = 1;
+		if (b->state == BACKUP_UP && b->rank == f->dead)
+			loop_conn_shutdown(b->lc);
+	}
+	pthread_mutex_unlock(&b->lock);
+}
+
 int srv_backup_init(struct server *srv)
 {
 	struct srv_backup *b = &srv->backup;
@@ -246,6 +262,7 @@ int srv_backup_init(struct server *srv)
 	b->want = true;
 	b->inited = true;
 	srv->replicate = true;
+	rdv_client_on_failover(srv->rdv, srv_backup_on_failover, srv);
 	return 0;
 }
 

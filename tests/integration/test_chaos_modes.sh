@@ -258,6 +258,31 @@ $ok || { tail -n 3 "$log"/worker* "$log/server$S"; }
 expect "a backup lost while it catches up: the next one takes the copy; then its server lost (the key on server ${S:-?}, backups tried ${b1:-?}, ${b2:-?}, ${b3:-?}); $finished workers finished exact" "$ok"
 rm -rf "$log"
 
+# A backup that hangs (SIGSTOP: alive, its links open, silent): the
+# scheduler fails it over after UNISUM_TIMEOUT_MS and tells the servers
+# too, so its primary cuts the link and copies to the next (else every
+# reply waiting for the hung backup would wait with it); exact.
+log=$(mktemp -d)
+export UNISUM_TIMEOUT_MS=1000
+SERVER_LOG_LEVEL=INFO
+start_job 60 "$CHAOS" held 700
+SERVER_LOG_LEVEL=WARNING
+sleep 0.4
+stopped=$(pgrep -P "$(cat "$log/pid.server1")")
+kill -STOP "$stopped"
+ok=true
+for p in $wpids; do wait "$p" || ok=false; done
+kill -KILL "$stopped"
+kill -CONT "$stopped"
+kill_scheduler
+wait
+finished=$(cat "$log"/worker* | grep -c "held 700 steps ok")
+cut=$(grep -c "server 0 lost its backup, server 1" "$log/server0")
+[ "$finished" -eq 3 ] && [ "$cut" -ge 1 ] || { ok=false; tail -n 3 "$log"/worker* "$log/server0"; }
+expect "a hung backup (SIGSTOP) is cut off by its primary once failed over; $finished workers finished exact" "$ok"
+export UNISUM_TIMEOUT_MS=3000
+rm -rf "$log"
+
 # A scheduler that does not come back: every node fails naming it (here
 # after 1.5 s).
 log=$(mktemp -d)
