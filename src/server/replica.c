@@ -40,6 +40,7 @@
  */
 #include <endian.h>
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,8 +123,10 @@ static void srv_link_closed(struct loop_conn *lc, int rc, const char *why)
 		pthread_cond_signal(&b->cond);
 	}
 	pthread_mutex_unlock(&b->lock);
+	/* (INFO: the scheduler names a lost server; a job's end closes
+	 * links too.) */
 	if (!stopping)
-		LOG_WARN("server %d lost its backup, server %d (%s): the next server gets its copies",
+		LOG_INFO("server %d lost its backup, server %d (%s): the next server gets its copies",
 			 srv->rank, L->rank, rc == UNISUM_ECONN ? "connection closed" : why);
 }
 
@@ -192,6 +195,7 @@ static int srv_backup_dial(struct server *srv, int r)
 /* The backup's thread: dials the next backup whenever one is wanted. */
 static void *srv_backup_main(void *arg)
 {
+	prctl(PR_SET_NAME, "unisum-backup"); /* for top -H, perf and gdb */
 	struct server *srv = arg;
 	struct srv_backup *b = &srv->backup;
 	pthread_mutex_lock(&b->lock);
@@ -206,8 +210,14 @@ static void *srv_backup_main(void *arg)
 		int rc = r < 0 ? UNISUM_ECONN : srv_backup_dial(srv, r);
 		pthread_mutex_lock(&b->lock);
 		if (rc != 0 && r >= 0) {
-			LOG_WARN("server %d cannot reach server %d as its backup (%s): trying the next",
-				 srv->rank, r, unisum_strerror(rc));
+			/* At a job's end a server that stopped first refuses: a
+			 * moment's wait tells (no word then). */
+			struct timespec until = timing_deadline(200);
+			while (!b->stop && pthread_cond_timedwait(&b->cond, &b->lock, &until) == 0)
+				;
+			if (!b->stop && !atomic_load(&srv->stopping))
+				LOG_WARN("server %d cannot reach server %d as its backup (%s): trying "
+					 "the next", srv->rank, r, log_last_error());
 			b->dead[r] = 1;
 			b->want = true;
 			continue;
@@ -257,7 +267,12 @@ int srv_backup_init(struct server *srv)
 		return UNISUM_ENOMEM;
 	b->dead[srv->rank] = 1;
 	pthread_mutex_init(&b->lock, NULL);
-	pthread_cond_init(&b->cond, NULL);
+	if (timing_cond_init(&b->cond) != 0) {	/* timed waits on the monotonic clock */
+		pthread_mutex_destroy(&b->lock);
+		free(b->dead);
+		b->dead = NULL;
+		return UNISUM_ENOMEM;
+	}
 	b->state = BACKUP_DIALING;
 	b->want = true;
 	b->inited = true;

@@ -12,13 +12,13 @@ W=128 S=16
 [ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && W=32 S=8
 export UNISUM_SERVER_ENGINE_THREAD=2 UNISUM_IO_THREADS=1
 # Whatever the cores: a server: main (running loop 0), 2 engines, the
-# scheduler client's loop (one more per further loop: 5 with a 2-core
-# machine's default of 2).  A worker: main, PUSH, autotune, one loop, the
+# scheduler client's loop, the thread that dials its backup (replicas;
+# one more per further loop: 6 with a 2-core machine's default of 2).  A worker: main, PUSH, autotune, one loop, the
 # reaper, the scheduler client's loop.  The launcher: main, output, the
 # scheduler.  One more each for ThreadSanitizer's own; a TSan server was
 # once seen with two more, so the sanitizer runs allow it.
-MAX_SERVER=5 MAX_WORKER=7 MAX_LAUNCHER=5
-[ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && MAX_SERVER=6
+MAX_SERVER=6 MAX_WORKER=7 MAX_LAUNCHER=5
+[ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && MAX_SERVER=7
 
 log=$(mktemp -d)
 # peak PATTERN : the most threads of one process matching PATTERN, each
