@@ -495,6 +495,7 @@ void srv_copy_unlist(struct srv_engine *e, struct srv_key *k)
 		if (*at == k) {
 			*at = k->dirty_next;
 			k->copy_dirty = false;
+			break;
 		}
 }
 
