@@ -263,6 +263,10 @@ int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L)
 	 * it; keeping its replies cost a second copy of every row pulled. */
 	if (!w->keep_replies || !pushes || L->nparts == 0 || L->homed != 0)
 		return 0;
+	/* One machine restores no sums (its re-pushes are the round); an
+	 * async key's new server needs its last push (replicas). */
+	if (t->sync == 0 && w->cfg.num_workers <= 1)
+		return 0;
 	L->kept = calloc(L->nparts, sizeof *L->kept);
 	for (uint32_t i = 0; L->kept != NULL && i < L->nparts; i++)
 		L->kept[i].keeps_push = t->sync != 0;
