@@ -265,7 +265,7 @@ rm -rf "$log"
 log=$(mktemp -d)
 export UNISUM_TIMEOUT_MS=1000
 SERVER_LOG_LEVEL=INFO
-steps=700	# about 3 s; under the sanitizers (about 20 ms a step) 200
+steps=450	# about 2 s; under the sanitizers (about 20 ms a step) 200
 [ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && steps=200
 start_job 60 "$CHAOS" held $steps
 SERVER_LOG_LEVEL=WARNING
