@@ -126,6 +126,11 @@ static void srv_on_poison(struct server *srv, struct srv_key *k, const char *why
 			srv_reply_error(srv, NULL, srv_key_peer(k, w), k->key, k->wait_round[w],
 					UNISUM_EMISMATCH, why);
 		}
+		if (k->copy_wait[w]) {	/* waiting for the backup (replica.c) */
+			k->copy_wait[w] = 0;
+			srv_reply_error(srv, NULL, srv_key_peer(k, w), k->key, k->copy_round[w],
+					UNISUM_EMISMATCH, why);
+		}
 	}
 	for (int i = 0; i < 2; i++) {
 		struct srv_slot *s = &k->slot[i];

@@ -181,7 +181,10 @@ static int srv_backup_dial(struct server *srv, int r)
 	L->next = b->links;
 	b->links = L;
 	struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = srv->id};
-	rc = loop_conn_send(L->lc, &hello, NULL);
+	/* A FAILOVER of r may have come while it was dialled. */
+	rc = b->dead[r] ? UNISUM_ECONN : loop_conn_send(L->lc, &hello, NULL);
+	if (rc != 0)
+		loop_conn_shutdown(L->lc);
 	if (rc == 0) {
 		b->lc = L->lc;
 		b->rank = r;
@@ -338,6 +341,11 @@ void srv_backup_free(struct server *srv)
 static bool srv_copy_send(struct server *srv, struct srv_key *k)
 {
 	struct srv_backup *b = &srv->backup;
+	pthread_mutex_lock(&b->lock);
+	bool up = b->state == BACKUP_UP && atomic_load(&b->gen) == k->ver_gen;
+	pthread_mutex_unlock(&b->lock);
+	if (!up)	/* (checked again below: it may go meanwhile) */
+		return false;
 	size_t n = (size_t)k->nc, bytes = k->bytes + 4 * n;
 	struct srv_copy_msg *cm = malloc(sizeof *cm);
 	uint8_t *data = malloc(bytes ? bytes : 1);
@@ -363,7 +371,7 @@ static bool srv_copy_send(struct server *srv, struct srv_key *k)
 	/* Sent under b->lock, so that srv_backup_stop cannot free the link
 	 * meanwhile (a send never calls on_closed). */
 	pthread_mutex_lock(&b->lock);
-	bool up = b->state == BACKUP_UP && atomic_load(&b->gen) == k->ver_gen;
+	up = b->state == BACKUP_UP && atomic_load(&b->gen) == k->ver_gen;
 	if (up) {
 		k->ver_sent = k->ver;
 		loop_conn_send_msg(b->lc, &cm->msg);	/* a closed one releases it */
@@ -406,7 +414,9 @@ void srv_copy_held(struct server *srv, struct srv_key *k, uint32_t gen, uint32_t
 		   void (*answer)(struct server *, struct srv_key *, int, uint32_t, bool))
 {
 	struct srv_backup *b = &srv->backup;
-	if (ver == 0 && gen == k->ver_gen) {
+	if (ver == 0 && gen < k->ver_gen) {
+		return;	/* an older link's COPY_AGAIN, behind the gate's newer one */
+	} else if (ver == 0 && gen == k->ver_gen) {
 		/* The gate met this link first. */
 	} else if (ver == 0) {	/* a new link (or none): it holds nothing yet */
 		k->ver_gen = gen;

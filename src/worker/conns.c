@@ -617,20 +617,32 @@ static int wk_take_compressed(struct wk_conn *c, const struct wire_hdr *h, struc
 	return 0;
 }
 
-/* An async key's push, answered now (UNISUM_REPLICAS): kept until the
+/* An async key's push, being answered (UNISUM_REPLICAS): kept until the
  * next reply, which comes once the server's backup holds it; a lost
- * server's successor gets it again (wk_redeclare).  Copied before the
- * reply lands: the push may be in place. */
+ * server's successor gets it again (wk_redeclare).  Staged before the
+ * reply lands (the push may be in place), and kept once it has
+ * (wk_kept_answered): a server lost in the middle of the reply leaves
+ * the last push answered kept. */
 static void wk_keep_push(struct wk_job *j)
 {
 	struct wk_kept *k = j->kept;
 	size_t bytes = j->count * unisum_dtype_size(j->dtype);
-	if (k->data == NULL && (k->data = malloc(bytes ? bytes : 1)) == NULL)
-		return;	/* a later failover then fails the job, naming the key */
 	if (j->in != NULL)
-		memcpy(k->data, j->in, bytes);
+		memcpy(k->stage, j->in, bytes);
 	else
-		memset(k->data, 0, bytes);
+		memset(k->stage, 0, bytes);
+}
+
+/* The reply of `round` came whole: the worker pushes round + 1 next, and
+ * an async key's staged push is its last answered. */
+static void wk_kept_answered(struct wk_kept *k, uint32_t round)
+{
+	k->pulled = round + 1;
+	if (k->keeps_push) {
+		uint8_t *t = k->data;
+		k->data = k->stage;
+		k->stage = t;
+	}
 }
 
 /* A PULL_REPLY's header: takes its job and says where the sum goes
@@ -693,7 +705,7 @@ static void wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h)
 	size_t bytes = j->count * unisum_dtype_size(j->dtype);
 	if (j->skip_pull) {
 		if (j->kept != NULL)
-			j->kept->pulled = j->round + 1;
+			wk_kept_answered(j->kept, j->round);
 		wk_job_finish(j, 0, NULL);
 		return;
 	}
@@ -711,7 +723,7 @@ static void wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h)
 		atomic_fetch_add(&c->bytes_pulled, bytes);
 	}
 	if (j->kept != NULL)
-		j->kept->pulled = j->round + 1;
+		wk_kept_answered(j->kept, j->round);
 	if (into != j->out) {
 		/* Copied in slices that stay in cache for the division, so
 		 * an average costs the memory traffic it did without the

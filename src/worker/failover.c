@@ -268,15 +268,30 @@ int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L)
 	if (t->sync == 0 && w->cfg.num_workers <= 1)
 		return 0;
 	L->kept = calloc(L->nparts, sizeof *L->kept);
-	for (uint32_t i = 0; L->kept != NULL && i < L->nparts; i++)
-		L->kept[i].keeps_push = t->sync != 0;
-	return L->kept != NULL ? 0 : UNISUM_ENOMEM;
+	if (L->kept == NULL)
+		return UNISUM_ENOMEM;
+	/* An async key's two push buffers (wk_keep_push), made now: a push
+	 * that could not be kept would be lost to a failover. */
+	for (uint32_t i = 0; t->sync != 0 && i < L->nparts; i++) {
+		size_t bytes = L->parts[i].count * unisum_dtype_size(t->dtype);
+		struct wk_kept *k = &L->kept[i];
+		k->keeps_push = true;
+		k->data = malloc(bytes ? bytes : 1);
+		k->stage = malloc(bytes ? bytes : 1);
+		if (k->data == NULL || k->stage == NULL) {
+			wk_kept_free(L);
+			return UNISUM_ENOMEM;
+		}
+	}
+	return 0;
 }
 
 void wk_kept_free(struct wk_layout *L)
 {
-	for (uint32_t i = 0; L->kept != NULL && i < L->nparts; i++)
+	for (uint32_t i = 0; L->kept != NULL && i < L->nparts; i++) {
 		free(L->kept[i].data);
+		free(L->kept[i].stage);
+	}
 	free(L->kept);
 	L->kept = NULL;
 }

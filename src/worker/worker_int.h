@@ -58,7 +58,9 @@ struct wk_kept {
 	uint32_t pulled;
 	bool keeps_push;		/* async or SSP: data is the last push answered,
 					 * which the backup may not hold yet (UNISUM_REPLICAS;
-					 * the next reply says it does) */
+					 * the next reply says it does) ... */
+	uint8_t *stage;			/* ... and this the push whose reply is arriving,
+					 * swapped in once it has (pulled moves with it) */
 };
 
 /* A gathering collective's segments: counts[i] elements owned by machine
