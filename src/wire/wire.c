@@ -145,12 +145,14 @@ static int wire_check_data(const struct wire_hdr *h, char *why, size_t why_len)
 }
 
 /* A COPY: the value (count x dtype) and aux u32s, or nothing with count
- * 0 (forget the key); aux at most WIRE_COPY_MAX_CONTRIB. */
+ * 0 (forget the key); aux at most WIRE_COPY_MAX_CONTRIB, the whole at
+ * most a data payload. */
 static int wire_check_copy(const struct wire_hdr *h, char *why, size_t why_len)
 {
 	uint64_t want = 0;
 	if (h->count > WIRE_MAX_DATA_PAYLOAD / dtype_bytes(h->dtype) ||
-	    h->aux > WIRE_COPY_MAX_CONTRIB) {
+	    h->aux > WIRE_COPY_MAX_CONTRIB ||
+	    h->count * dtype_bytes(h->dtype) + 4ull * h->aux > WIRE_MAX_DATA_PAYLOAD) {
 		snprintf(why, why_len, "COPY: %llu elements and %u contributors exceed the limits",
 			 (unsigned long long)h->count, h->aux);
 		return UNISUM_EPROTO;

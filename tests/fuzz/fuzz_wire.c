@@ -168,7 +168,7 @@ static bool model_accepts(const uint8_t in[WIRE_HDR_SIZE])
 		uint32_t n = (uint32_t)le_bytes(in + 44, 4);
 		uint64_t bytes;
 		if (n > 65536 || __builtin_mul_overflow(count, (uint64_t)unisum_dtype_size(dtype), &bytes) ||
-		    bytes > WIRE_MAX_DATA_PAYLOAD)
+		    bytes + 4ull * n > WIRE_MAX_DATA_PAYLOAD)
 			return false;
 		return payload_len == (count == 0 ? 0 : bytes + 4ull * n);
 	}
@@ -227,6 +227,10 @@ static void check_accepted(const uint8_t in[WIRE_HDR_SIZE], const struct wire_hd
 		}
 	} else if (type_is_payloadless(h->type)) {
 		CHECK(h->payload_len == 0);
+	} else if (h->type == WIRE_COPY) {	/* a value and its contributors' counts */
+		size_t size = unisum_dtype_size((unisum_dtype)h->dtype);
+		CHECK(h->aux <= WIRE_COPY_MAX_CONTRIB);
+		CHECK(h->payload_len == (h->count == 0 ? 0 : h->count * size + 4ull * h->aux));
 	} else {
 		CHECK(h->payload_len <= WIRE_MAX_CONTROL_PAYLOAD);
 	}
