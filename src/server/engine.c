@@ -860,7 +860,6 @@ static void srv_engine_run(struct srv_engine *e, struct srv_event *ev)
 	free(ev);
 }
 
-
 /* Runs e's events in order until none is left (those posted meanwhile
  * too: a post to a busy engine signals nobody), or `max` of them (0: no
  * limit), after which the engine's thread is woken for the rest: a loop

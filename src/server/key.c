@@ -5,7 +5,6 @@
  * free a key once nothing holds it.  The table is under srv->lock; a key's
  * state is its engine's (engine.c).
  */
-#include <endian.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -133,11 +132,9 @@ static int srv_key_take_copy(struct server *srv, struct srv_key *k)
 		srv_copy_free(c);
 		return UNISUM_ENOMEM;
 	}
-	for (int w = 0; w < k->nc; w++) {
-		uint32_t have;
-		memcpy(&have, c->data + k->bytes + 4 * (size_t)w, 4);
-		k->base[w] = le32toh(have) & 0x7fffffffu;
-	}
+	bool gone;
+	for (int w = 0; w < k->nc; w++)
+		k->base[w] = srv_copy_pushes(c, k->bytes, w, &gone);
 	k->copy = c;
 	return 0;
 }

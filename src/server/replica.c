@@ -341,10 +341,8 @@ void srv_backup_free(struct server *srv)
 static bool srv_copy_send(struct server *srv, struct srv_key *k)
 {
 	struct srv_backup *b = &srv->backup;
-	pthread_mutex_lock(&b->lock);
-	bool up = b->state == BACKUP_UP && atomic_load(&b->gen) == k->ver_gen;
-	pthread_mutex_unlock(&b->lock);
-	if (!up)	/* (checked again below: it may go meanwhile) */
+	bool up = atomic_load(&b->state) == BACKUP_UP && atomic_load(&b->gen) == k->ver_gen;
+	if (!up)	/* (checked again below, under the lock: it may go meanwhile) */
 		return false;
 	size_t n = (size_t)k->nc, bytes = k->bytes + 4 * n;
 	struct srv_copy_msg *cm = malloc(sizeof *cm);
@@ -387,9 +385,7 @@ bool srv_copy_gate(struct server *srv, struct srv_key *k, int w, uint32_t round,
 	if (!srv->replicate || k->value == NULL)
 		return false;
 	struct srv_backup *b = &srv->backup;
-	pthread_mutex_lock(&b->lock);
-	int state = b->state;
-	pthread_mutex_unlock(&b->lock);
+	int state = atomic_load(&b->state);
 	uint32_t gen = atomic_load(&b->gen);
 	if (state == BACKUP_NONE)
 		return false;
@@ -426,9 +422,7 @@ void srv_copy_held(struct server *srv, struct srv_key *k, uint32_t gen, uint32_t
 	} else {
 		k->ver_held = ver;
 	}
-	pthread_mutex_lock(&b->lock);
-	bool none = b->state == BACKUP_NONE;
-	pthread_mutex_unlock(&b->lock);
+	bool none = atomic_load(&b->state) == BACKUP_NONE;
 	bool waiting = false;	/* then the next version goes now, else when idle */
 	for (int w = 0; w < k->nc; w++) {
 		if (k->copy_wait[w] && !none && k->ver_held < k->need[w])
@@ -535,11 +529,9 @@ int srv_copy_install(struct srv_key *k)
 	}
 	memcpy(k->value, c->data, k->bytes);
 	for (int w = 0; w < k->nc; w++) {
-		uint32_t have;
-		memcpy(&have, c->data + k->bytes + 4 * (size_t)w, 4);
-		have = le32toh(have);
-		k->gone[w] = (have & 0x80000000u) != 0;
-		have &= 0x7fffffffu;
+		bool gone;
+		uint32_t have = srv_copy_pushes(c, k->bytes, w, &gone);
+		k->gone[w] = gone;
 		k->first_seen[w] = have > 0;
 		k->clock[w] = have > 0 ? have - 1 : 0;
 		/* The next replies wait for this server's own backup. */

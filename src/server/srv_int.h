@@ -8,12 +8,14 @@
 #ifndef UNISUM_SRV_INT_H
 #define UNISUM_SRV_INT_H
 
+#include <endian.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "compress/compress.h"
 #include "config/config.h"
@@ -231,7 +233,8 @@ struct srv_backup {
 	pthread_cond_t cond;
 	pthread_t thread;
 	bool inited, started, stop, want;	/* want: dial (again) */
-	int state;		/* enum srv_backup_state */
+	_Atomic int state;	/* enum srv_backup_state (written under lock; the
+				 * engines read it without) */
 	int rank;		/* the backup's rank while UP */
 	_Atomic uint32_t gen;	/* bumps with each link up (and with none left) */
 	struct loop_conn *lc;	/* the link while UP */
@@ -250,6 +253,17 @@ struct srv_link {
 };
 
 #define SRV_COPY_BUCKETS 4096u
+
+/* Contributor w's pushes in copy c (its COPY's u32 after the value), and
+ * in *gone whether it retired. */
+static inline uint32_t srv_copy_pushes(const struct srv_copy *c, size_t bytes, int w, bool *gone)
+{
+	uint32_t have;
+	memcpy(&have, c->data + bytes + 4 * (size_t)w, 4);
+	have = le32toh(have);
+	*gone = (have & 0x80000000u) != 0;
+	return have & 0x7fffffffu;
+}
 /* A key's newest version goes to the backup when a reply waits for it,
  * or half a step after the first push it lacks (a step: contributor 0's
  * time between pushes, k->step_ms), within these bounds: the copy is
