@@ -195,6 +195,18 @@ static int srv_backup_dial(struct server *srv, int r)
 	return rc;
 }
 
+/* Whether the job goes on after a backup was lost or refused (b->lock
+ * held): at a job's end the servers that stop first close their links
+ * and refuse dials, and a moment's wait tells (no word then). */
+static bool srv_backup_going_on(struct server *srv)
+{
+	struct srv_backup *b = &srv->backup;
+	struct timespec until = timing_deadline(200);
+	while (!b->stop && pthread_cond_timedwait(&b->cond, &b->lock, &until) == 0)
+		;
+	return !b->stop && !atomic_load(&srv->stopping);
+}
+
 /* The backup's thread: dials the next backup whenever one is wanted. */
 static void *srv_backup_main(void *arg)
 {
@@ -213,12 +225,7 @@ static void *srv_backup_main(void *arg)
 		int rc = r < 0 ? UNISUM_ECONN : srv_backup_dial(srv, r);
 		pthread_mutex_lock(&b->lock);
 		if (rc != 0 && r >= 0) {
-			/* At a job's end a server that stopped first refuses: a
-			 * moment's wait tells (no word then). */
-			struct timespec until = timing_deadline(200);
-			while (!b->stop && pthread_cond_timedwait(&b->cond, &b->lock, &until) == 0)
-				;
-			if (!b->stop && !atomic_load(&srv->stopping))
+			if (srv_backup_going_on(srv))
 				LOG_WARN("server %d cannot reach server %d as its backup (%s): trying "
 					 "the next", srv->rank, r, log_last_error());
 			b->dead[r] = 1;
@@ -228,7 +235,6 @@ static void *srv_backup_main(void *arg)
 		if (r < 0) {
 			b->state = BACKUP_NONE;
 			atomic_fetch_add(&b->gen, 1);
-			LOG_WARN("server %d has no server left to copy its async keys to", srv->rank);
 		} else {
 			LOG_INFO("server %d copies its async keys to server %d", srv->rank, r);
 		}
@@ -236,6 +242,8 @@ static void *srv_backup_main(void *arg)
 		pthread_mutex_unlock(&b->lock);
 		srv_copy_again_all(srv, gen);
 		pthread_mutex_lock(&b->lock);
+		if (r < 0 && srv_backup_going_on(srv))
+			LOG_WARN("server %d has no server left to copy its async keys to", srv->rank);
 	}
 	pthread_mutex_unlock(&b->lock);
 	return NULL;
