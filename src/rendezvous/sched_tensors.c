@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compress/compress.h"
 #include "log/log.h"
 #include "rendezvous/rdv_proto.h"
 #include "rendezvous/sched_int.h"
@@ -445,18 +446,39 @@ static void sched_move_load(struct rdv_scheduler *s, uint32_t from, uint32_t to,
 	loads[to] += bytes;
 }
 
+/* Whether tensor t is compressed with error feedback, which its servers
+ * keep from round to round (a spec without it keeps nothing). */
+static bool sched_feedback(const struct sched_tensor *t)
+{
+	struct compress_spec spec;
+	char err[128];
+	return t->comp[0] != '\0' && (compress_spec_parse(t->comp, &spec, err, sizeof err) != 0 ||
+				       spec.ef != COMPRESS_EF_NONE);
+}
+
 /* Why tensor t's pieces cannot change servers (its state would be lost),
- * or NULL: a server of an async or SSP tensor holds its value (unless
- * its backup holds a copy: UNISUM_REPLICAS); a compressed tensor's holds
- * error feedback; a gathering collective's rows are only their owner's. */
+ * or NULL: a server of an async or SSP tensor holds its value, and of a
+ * compressed tensor with error feedback that feedback (unless its backup
+ * holds a copy: UNISUM_REPLICAS); a gathering collective's rows are only
+ * their owner's. */
 static const char *sched_unmovable(const struct rdv_scheduler *s, const struct sched_tensor *t)
 {
 	return t->sync != 0 && !s->replicas
 		       ? "an async or SSP tensor, whose value the server held (UNISUM_REPLICAS=0)"
-	       : t->comp[0] != '\0' ? "a compressed tensor"
-	       : t->nsegs > 0	    ? "a gathering collective's tensor (allgather, alltoall, "
-				      "reduce-scatter)"
-				    : NULL;
+	       : sched_feedback(t) && !s->replicas
+		       ? "a compressed tensor, whose error feedback the server held "
+			 "(UNISUM_REPLICAS=0)"
+	       : t->nsegs > 0 ? "a gathering collective's tensor (allgather, alltoall, "
+				"reduce-scatter)"
+			      : NULL;
+}
+
+/* Whether tensor t's state lives on its servers beyond a round and goes
+ * to their backups (UNISUM_REPLICAS): async, SSP, compressed with error
+ * feedback. */
+static bool sched_replicated(const struct sched_tensor *t)
+{
+	return t->sync != 0 || sched_feedback(t);
 }
 
 void sched_avoid_lost(struct rdv_scheduler *s, const struct placement_part *parts,
@@ -500,9 +522,10 @@ static int sched_failover_refused(struct rdv_scheduler *s, int dead, char *why, 
 	for (int i = 0; i < s->ntensors; i++) {
 		const struct sched_tensor *t = &s->tensors[i];
 		const char *what = sched_unmovable(s, t);
-		if (what == NULL && t->sync != 0 && sched_backup_of(s, dead) < 0)
-			what = "an async or SSP tensor, and no live server but replacements (which "
-			       "hold no copies) is left";
+		if (what == NULL && sched_replicated(t) && sched_backup_of(s, dead) < 0)
+			what = "a tensor whose state the servers copy (async, SSP, compressed with "
+			       "error feedback), and no live server but replacements (which hold no "
+			       "copies) is left";
 		for (uint32_t p = 0; what != NULL && p < t->nparts; p++) {
 			if ((int)t->servers[p] == dead) {
 				snprintf(why, len, "it held partitions of '%s', %s, which failover "
@@ -527,7 +550,7 @@ static int sched_failover_move(struct rdv_scheduler *s, int dead, struct rdv_fai
 		for (uint32_t p = 0; p < t->nparts; p++) {
 			if ((int)t->servers[p] != dead)
 				continue;
-			int to = t->sync != 0 ? sched_backup_of(s, dead) : -1;
+			int to = sched_replicated(t) ? sched_backup_of(s, dead) : -1;
 			if (to >= 0) {	/* where its copy is */
 				sched_move_load(s, (uint32_t)dead, (uint32_t)to,
 						t->parts[p].count * esize);
@@ -642,7 +665,7 @@ void sched_migrate_back(struct rdv_scheduler *s, int r)
 			uint32_t p = (uint32_t)(key - t->key);
 			int from = (int)t->servers[p];
 			/* An async key stays: its copies are on from's backup. */
-			if (sched_unmovable(s, t) != NULL || t->sync != 0 || from == r ||
+			if (sched_unmovable(s, t) != NULL || sched_replicated(t) || from == r ||
 			    sched_server_lost(s, from) || per[from].keys == NULL ||
 			    per[from].servers == NULL)
 				break;

@@ -486,17 +486,20 @@ static int srv_restore_head(struct server *srv, struct srv_conn *c, const struct
 	struct srv_key *k = srv_check_data(srv, c, h, &w, why, len);
 	if (k == NULL)
 		return UNISUM_EPROTO;
-	if (k->comp.kind != COMPRESS_NONE || (k->server_held && !srv->replicate) ||
-	    h->payload_len != k->bytes) {
+	/* A compressed key's: the worker's last push answered, encoded. */
+	bool comp = k->comp.kind != COMPRESS_NONE;
+	size_t want = comp ? k->wire_bytes : k->bytes;
+	if ((k->server_held && !srv->replicate) || h->payload_len != want ||
+	    comp != ((h->flags & WIRE_FLAG_COMPRESSED) != 0)) {
 		snprintf(why, len, "RESTORE of key 0x%llx of '%s', which is %s", (unsigned long long)h->key,
-			 k->name, k->server_held ? "async" : k->comp.kind != COMPRESS_NONE ?
-			 "compressed" : "of another size");
+			 k->name, k->server_held ? "async" : comp ? "compressed otherwise"
+			 : "of another size");
 		return UNISUM_EPROTO;
 	}
 	c->pend = (struct srv_pend){.kind = PEND_BUF, .k = k, .w = w};
-	c->pend.buf = malloc(k->bytes ? k->bytes : 1);
+	c->pend.buf = malloc(want ? want : 1);
 	if (c->pend.buf == NULL) {
-		snprintf(why, len, "out of memory for a %zu-byte RESTORE", k->bytes);
+		snprintf(why, len, "out of memory for a %zu-byte RESTORE", want);
 		return UNISUM_ENOMEM;
 	}
 	return 0;

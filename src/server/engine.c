@@ -37,16 +37,6 @@ static void srv_engine_oom(struct server *srv, const struct srv_key *k, const ch
 	srv_out_of_memory(srv, what);
 }
 
-/* How often an engine looks for stalls: a quarter of the shortest limit,
- * at most once a second. */
-static int srv_stall_period_ms(const struct server *srv)
-{
-	int limit = srv->cfg->stall_warn_ms;
-	if (srv->cfg->stall_abort_ms > 0 && srv->cfg->stall_abort_ms < limit)
-		limit = srv->cfg->stall_abort_ms;
-	return limit / 4 < 1000 ? (limit / 4 > 5 ? limit / 4 : 5) : 1000;
-}
-
 /* Frees slot s of key k for another round (its accumulator stays). */
 static void srv_slot_reset(struct srv_key *k, struct srv_slot *s)
 {
@@ -58,6 +48,10 @@ static void srv_slot_reset(struct srv_key *k, struct srv_slot *s)
 	s->result = RESULT_NONE;
 	memset(s->arrived, 0, (size_t)k->nc);
 	memset(s->zero, 0, (size_t)k->nc);
+	for (int w = 0; s->rpush != NULL && w < k->nc; w++) {
+		free(s->rpush[w]);	/* a round no one needed after a failover */
+		s->rpush[w] = NULL;
+	}
 }
 
 /* UNISUM_TEST_CRASH_AFTER_REPLIES (failover tests only): once enough
@@ -79,8 +73,8 @@ static void srv_test_crash(struct server *srv, const struct srv_key *k, const st
 
 /* Answers worker w's pull of the slot's round: the sum, or with skip
  * (a machine that wants none of this key's elements) only the header. */
-static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slot *s, int w,
-			   bool skip)
+static void srv_send_pull(struct server *srv, struct srv_key *k, struct srv_slot *s, int w,
+			  bool skip)
 {
 	struct wire_hdr h = {.type = WIRE_PULL_REPLY, .sender = srv->id, .round = s->round,
 			     .key = k->key, .count = k->count, .dtype = (uint8_t)k->dtype};
@@ -105,6 +99,15 @@ static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slo
 		srv_slot_reset(k, s);	/* everyone has its reply: free for round + 2 */
 }
 
+/* srv_send_pull once the backup holds the error feedback of the round
+ * before (a compressed key's, replica.c): at once without one. */
+static void srv_reply_pull(struct server *srv, struct srv_key *k, struct srv_slot *s, int w,
+			   bool skip)
+{
+	if (!srv_copy_gate(srv, k, w, s->round, skip))
+		srv_send_pull(srv, k, s, w, skip);
+}
+
 /* The round of slot s is ready: answers the pulls that came before it. */
 static void srv_answer_waiting(struct server *srv, struct srv_key *k, struct srv_slot *s)
 {
@@ -120,8 +123,8 @@ static void srv_answer_waiting(struct server *srv, struct srv_key *k, struct srv
 static void srv_on_poison(struct server *srv, struct srv_key *k, const char *why)
 {
 	k->poison = why;
-	for (int w = 0; k->server_held && w < k->nc; w++) {
-		if (k->value_waiting[w]) {
+	for (int w = 0; k->copy_wait != NULL && w < k->nc; w++) {
+		if (k->server_held && k->value_waiting[w]) {
 			k->value_waiting[w] = 0;
 			srv_reply_error(srv, NULL, srv_key_peer(k, w), k->key, k->wait_round[w],
 					UNISUM_EMISMATCH, why);
@@ -161,8 +164,14 @@ static int srv_fold_compressed(struct srv_key *k, struct srv_slot *s, int w)
 		return UNISUM_ENOMEM;
 	bool first = s->result != RESULT_OWNED;
 	float *dst = first ? (float *)s->acc : k->scratch;
-	if (codec->decode(&k->comp, k->push_buf[w], k->wire_bytes, dst, (size_t)k->count,
-			  compress_draw_seed(&k->comp, k->key, s->round, -1)) != 0)
+	uint8_t *src = s->rpush != NULL && s->rpush[w] != NULL ? s->rpush[w] : k->push_buf[w];
+	int rc = codec->decode(&k->comp, src, k->wire_bytes, dst, (size_t)k->count,
+			       compress_draw_seed(&k->comp, k->key, s->round, -1));
+	if (src != k->push_buf[w]) {
+		free(src);
+		s->rpush[w] = NULL;
+	}
+	if (rc != 0)
 		return UNISUM_EPROTO;
 	if (!first)
 		reducer_fold_into(REDUCER_SUM, s->acc, dst, k->count, UNISUM_FLOAT32);
@@ -258,16 +267,6 @@ static bool srv_ssp_holds(const struct srv_key *k, int w)
 		if (!k->gone[v] && (uint64_t)k->clock[v] + k->staleness < k->clock[w])
 			return true;
 	return false;
-}
-
-/* The contributor with the fewest deltas (the one holding others back). */
-static int srv_ssp_slowest(const struct srv_key *k)
-{
-	int slow = -1;
-	for (int v = 0; v < k->nc; v++)
-		if (!k->gone[v] && (slow < 0 || k->clock[v] < k->clock[slow]))
-			slow = v;
-	return slow < 0 ? 0 : slow;
 }
 
 /* Answers contributor w's pull of round `round` with the value (now:
@@ -413,45 +412,11 @@ static void srv_async_pull(struct server *srv, struct srv_key *k, const struct s
 
 /* ---- lock-step keys ---------------------------------------------------- */
 
-/* A PUSH event of key k, on its engine's thread.  Serves: an async key's
- * delta goes to srv_async_push; a lock-step push is folded into the
- * round's slot in machine order (a restored round's laggard, a ZERO push,
- * the first push copies), and once every machine's push is in, the
- * held PULLs of the round are answered.  Owns the key's slots (only its
- * engine's thread touches them).  Never blocks: replies are queued on
- * their connections (written at once when the socket takes them, else
- * by the connection's loop). */
-static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
+/* Folds slot s's pushes that arrived, in machine order; once every
+ * machine's is in, a compressed key's sum is encoded once (with the
+ * server's error feedback) and the pulls that came before are answered. */
+static void srv_slot_advance(struct server *srv, struct srv_key *k, struct srv_slot *s)
 {
-	if (k->server_held) {
-		if (k->poison == NULL)
-			srv_async_push(srv, k, ev, k->push_buf[ev->worker]);
-		return;
-	}
-	struct srv_slot *s = &k->slot[ev->round & 1];
-	if (k->poison != NULL)
-		return;	/* never summed: its pull gets the error */
-	if (s->active && s->restored && s->round != ev->round)
-		srv_slot_reset(k, s);	/* restored round r - 2: every machine has it */
-	if (s->active && s->restored) {
-		/* A laggard's push of a round restored (failover): in the sum. */
-		LOG_DEBUG("key 0x%llx round %u: %d's push is in the restored sum",
-			  (unsigned long long)k->key, ev->round, ev->worker);
-		return;
-	}
-	if (!s->active) {
-		s->active = true;
-		s->round = ev->round;
-		s->started_ms = timing_now_ms();
-		s->stall_level = 0;
-		s->wire_op = ev->wire_op;
-		s->op_worker = ev->worker;
-	} else if (ev->wire_op != s->wire_op) {
-		srv_op_mismatch(srv, k, s, ev);
-		return;
-	}
-	s->arrived[ev->worker] = 1;
-	s->zero[ev->worker] = ev->zero;
 	while (s->next < k->nc && s->arrived[s->next]) {
 		int rc = srv_fold(k, s, s->next);
 		if (rc == UNISUM_EPROTO) {
@@ -472,14 +437,16 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 	}
 	if (s->next < k->nc)
 		return;
-	if (k->comp.kind != COMPRESS_NONE && s->result == RESULT_OWNED) {
+	if (k->comp.kind != COMPRESS_NONE) {
 		/* The sum is encoded once, for every worker's reply. */
-		if (s->enc == NULL && (s->enc = malloc(k->wire_bytes)) == NULL) {
-			srv_engine_oom(srv, k, "compressing");
-			return;
+		if (s->result == RESULT_OWNED) {
+			if (s->enc == NULL && (s->enc = malloc(k->wire_bytes)) == NULL) {
+				srv_engine_oom(srv, k, "compressing");
+				return;
+			}
+			compress_state_encode(&k->cstate, (const float *)s->acc, s->enc,
+					      compress_draw_seed(&k->comp, k->key, s->round, -1));
 		}
-		compress_state_encode(&k->cstate, (const float *)s->acc, s->enc,
-				      compress_draw_seed(&k->comp, k->key, s->round, -1));
 	}
 	/* Every worker folded.  A borrowed sum (one machine contributed: a
 	 * lone worker, a broadcast, an allgather's or alltoall's partition)
@@ -498,7 +465,108 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 	}
 	s->ready = true;
 	atomic_fetch_add(&srv->rounds, 1);
-	srv_answer_waiting(srv, k, s);
+	uint32_t round = s->round;
+	bool compressed = k->comp.kind != COMPRESS_NONE, zero = s->result == RESULT_ZERO;
+	srv_answer_waiting(srv, k, s);	/* (each waits for the round before's copy) */
+	if (compressed)	/* then this round's error feedback goes to the backup */
+		srv_copy_encoded(srv, k, round, zero);
+	if (s->active && s->round == round && s->replies == k->nc)
+		srv_slot_reset(k, s);	/* every machine had it (RESTOREs): none pulls */
+}
+
+/* Slot s takes round `round` (its first push, or RESTORE, came). */
+static void srv_slot_begin(struct srv_slot *s, uint32_t round, uint32_t wire_op, int w)
+{
+	s->active = true;
+	s->round = round;
+	s->started_ms = timing_now_ms();
+	s->stall_level = 0;
+	s->wire_op = wire_op;
+	s->op_worker = w;
+}
+
+/* A PUSH event of key k, on its engine's thread.  Serves: an async key's
+ * delta goes to srv_async_push; a lock-step push is folded into the
+ * round's slot in machine order (a restored round's laggard, a ZERO push,
+ * the first push copies), and once every machine's push is in, the
+ * held PULLs of the round are answered.  Owns the key's slots (only its
+ * engine's thread touches them).  Never blocks: replies are queued on
+ * their connections (written at once when the socket takes them, else
+ * by the connection's loop). */
+static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
+{
+	if (k->server_held) {
+		if (k->poison == NULL)
+			srv_async_push(srv, k, ev, k->push_buf[ev->worker]);
+		return;
+	}
+	struct srv_slot *s = &k->slot[ev->round & 1];
+	if (k->poison != NULL)
+		return;	/* never summed: its pull gets the error */
+	if (s->active && s->restored && s->round != ev->round)
+		srv_slot_reset(k, s);	/* restored round r - 2: every machine has it */
+	if (s->active && s->round + 2 <= ev->round)
+		srv_slot_reset(k, s);	/* a failover's RESTOREs of a round no one needed */
+	if (s->active && s->restored) {
+		/* A laggard's push of a round restored (failover): in the sum. */
+		LOG_DEBUG("key 0x%llx round %u: %d's push is in the restored sum",
+			  (unsigned long long)k->key, ev->round, ev->worker);
+		return;
+	}
+	if (!s->active) {
+		srv_slot_begin(s, ev->round, ev->wire_op, ev->worker);
+	} else if (s->op_worker < 0) {	/* begun by a RESTORE, which names no collective */
+		s->wire_op = ev->wire_op;
+		s->op_worker = ev->worker;
+	} else if (ev->wire_op != s->wire_op) {
+		srv_op_mismatch(srv, k, s, ev);
+		return;
+	}
+	s->arrived[ev->worker] = 1;
+	s->zero[ev->worker] = ev->zero;
+	srv_slot_advance(srv, k, s);
+}
+
+/* Failover, a compressed key: contributor w's last push answered by a
+ * lost server (round ev->round; ev->why its encoding, malloc'd, taken
+ * here; ev->zero: a ZERO push).  It pulls nothing of that round.  A
+ * round older than the copy's (k->ver - 1) is in every machine's hands;
+ * that round is the restored slot's (srv_copy_install): counted as
+ * answered; a later one is summed again here, this push in its turn,
+ * with the other machines' RESTOREs and re-pushes, into the same bytes
+ * the lost server sent (the codecs and the sums are deterministic). */
+static void srv_restore_push(struct server *srv, struct srv_key *k, const struct srv_event *ev)
+{
+	uint8_t *data = (uint8_t *)ev->why;
+	struct srv_slot *s = &k->slot[ev->round & 1];
+	int w = ev->worker;
+	if (s->active && s->round < ev->round)
+		srv_slot_reset(k, s);	/* r - 2: every machine has it (w completed r) */
+	if (k->poison != NULL || ev->round + 1 < k->ver || (s->active && s->round > ev->round) ||
+	    (s->active && s->arrived[w] && !s->restored)) {
+		free(data);
+		return;
+	}
+	if (s->active && s->restored) {	/* the copy's round: this machine had it */
+		free(data);
+		if (++s->replies == k->nc)
+			srv_slot_reset(k, s);
+		return;
+	}
+	if (s->rpush == NULL && (s->rpush = calloc((size_t)k->nc, sizeof *s->rpush)) == NULL) {
+		free(data);
+		srv_engine_oom(srv, k, "for a RESTORE of");
+		return;
+	}
+	if (!s->active)
+		srv_slot_begin(s, ev->round, 0, -1);
+	s->arrived[w] = 1;
+	s->zero[w] = ev->zero;
+	s->rpush[w] = data;
+	s->replies++;
+	LOG_DEBUG("key 0x%llx round %u: %d's push restored, summed again", (unsigned long long)k->key,
+		  ev->round, w);
+	srv_slot_advance(srv, k, s);
 }
 
 /* Failover: contributor w received round ev->round of key k from a server
@@ -510,6 +578,10 @@ static void srv_on_restore(struct server *srv, struct srv_key *k, const struct s
 {
 	uint8_t *data = (uint8_t *)ev->why;
 	struct srv_slot *s = &k->slot[ev->round & 1];
+	if (k->comp.kind != COMPRESS_NONE) {
+		srv_restore_push(srv, k, ev);
+		return;
+	}
 	if (k->server_held && k->poison == NULL) {
 		/* An async key's: the worker's last push answered by a lost
 		 * server, pushed again (dropped if the copy had it). */
@@ -589,243 +661,15 @@ static void srv_on_retire(struct server *srv, struct srv_key *k, int w)
 	}
 }
 
-/* How long a peer's connection must have been gone before a round waiting
- * for it fails the job with this server's own words.  A process that died
- * (killed by the OOM killer, a signal) is named with its cause by the
- * scheduler, which hears it from the launcher or the node's monitor a few
- * milliseconds later: that message wins when it comes first (issue 49's
- * "every survivor names the real cause").  A stall check runs every second
- * at most, so the job still fails within about two. */
-#define SRV_LEFT_GRACE_MS 1000
-
-/* Whether peer p's connection ended at least SRV_LEFT_GRACE_MS before
- * `now`.  Called with srv->lock held. */
-static bool srv_peer_gone(const struct server *srv, int p, int64_t now)
+/* A reply that waited for the backup (srv_copy_held): the value of an
+ * async key, a compressed key's round. */
+static void srv_copy_answer(struct server *srv, struct srv_key *k, int w, uint32_t round,
+			    bool skip)
 {
-	return srv->left[p] != 0 && now - srv->left[p] >= SRV_LEFT_GRACE_MS;
-}
-
-/* Whether slot s of key k waits for a machine whose connection ended (it
- * left the job, or died): then that round can never be summed, and msg
- * says so, naming it.  Called with srv->lock held. */
-static bool srv_slot_waits_for_left(const struct server *srv, const struct srv_key *k,
-				    const struct srv_slot *s, int64_t now, char *msg, size_t len)
-{
-	for (int w = 0; w < k->nc; w++) {
-		if (s->arrived[w] || !srv_peer_gone(srv, srv_key_peer(k, w), now))
-			continue;
-		char name[64];
-		snprintf(msg, len,
-			 "%s closed its connection (it called shutdown, its program ended or it "
-			 "died) while tensor '%s' (partition %u) round %u still waits for its push: "
-			 "the other workers pushed it. Does every worker run the same number of "
-			 "rounds?",
-			 srv_worker_name(srv, srv_key_peer(k, w), name, sizeof name), k->name,
-			 (unsigned)(k->key & 0xffff), s->round);
-		return true;
-	}
-	return false;
-}
-
-/* 0, 1 (past UNISUM_STALL_WARN_MS) or 2 (past UNISUM_STALL_ABORT_MS) for a
- * wait of `waited` ms. */
-static int srv_stall_level(const struct config *cfg, int64_t waited)
-{
-	return cfg->stall_abort_ms > 0 && waited >= cfg->stall_abort_ms ? 2
-	       : waited >= cfg->stall_warn_ms				 ? 1
-									 : 0;
-}
-
-/* SSP: a pull held for a slow contributor longer than the stall limits
- * is reported, naming the contributor that holds the others back (and
- * past UNISUM_STALL_ABORT_MS fails the job, into abort_msg); one that
- * left can never catch up, and goes into left_msg (the job fails at
- * once, as for a lock-step round waiting for a machine that left, unless
- * its last push is still queued: srv_check_stalls).  Called with
- * srv->lock held, on the key's engine thread. */
-static void srv_ssp_stall(struct server *srv, struct srv_key *k, int64_t now, char *abort_msg,
-			  char *left_msg, size_t len)
-{
-	const struct config *cfg = srv->cfg;
-	int64_t waited = now - k->held_since_ms;
-	int level = srv_stall_level(cfg, waited);
-	int slow = srv_ssp_slowest(k);
-	if (srv_peer_gone(srv, srv_key_peer(k, slow), now)) {
-		char name[64];
-		if (left_msg[0] == '\0')
-			snprintf(left_msg, len, "%s closed its connection (it called shutdown, its "
-				 "program ended or it died) while it held back the others on tensor "
-				 "'%s' (partition %u, bounded staleness %u): they wait for its next step",
-				 srv_worker_name(srv, srv_key_peer(k, slow), name, sizeof name),
-				 k->name ? k->name : "?", (unsigned)(k->key & 0xffff), k->staleness);
-		return;
-	}
-	if (level <= k->held_level)
-		return;
-	k->held_level = level;
-	char waiting[256] = "", msg[768];
-	size_t n = 0;
-	for (int w = 0; w < k->nc && n < sizeof waiting - 16; w++)
-		if (k->value_waiting[w])
-			n += (size_t)snprintf(waiting + n, sizeof waiting - n, "%s%d", n ? ", " : "",
-					      k->ranks != NULL ? k->ranks[w] : w);
-	int top = 0;
-	for (int w = 0; w < k->nc; w++)
-		top = k->clock[w] > k->clock[top] ? w : top;
-	snprintf(msg, sizeof msg,
-		 "stall: worker %d holds the others back: tensor '%s' (partition %u) runs with "
-		 "bounded staleness %u, worker %d has pushed %u steps and worker %d %u, so worker(s) "
-		 "%s have waited %lld ms for it",
-		 k->ranks != NULL ? k->ranks[slow] : slow, k->name ? k->name : "?",
-		 (unsigned)(k->key & 0xffff), k->staleness, k->ranks != NULL ? k->ranks[slow] : slow,
-		 k->clock[slow], k->ranks != NULL ? k->ranks[top] : top, k->clock[top], waiting,
-		 (long long)waited);
-	log_count_stall();
-	if (level == 1) {
-		LOG_WARN("%s", msg);
-	} else {
-		LOG_ERROR("%s (UNISUM_STALL_ABORT_MS=%d: failing the job)", msg, cfg->stall_abort_ms);
-		if (abort_msg[0] == '\0')
-			snprintf(abort_msg, len, "%s", msg);
-	}
-}
-
-/* Reports rounds of this engine's keys that some workers pushed and others
- * have not, for longer than the stall limits (see DESIGN above), and fails
- * the job at once for a round that waits for a machine that left. */
-/* The contributors slot s of key k waits for, in `missing`: "worker(s)
- * 1, 3", or with several workers per machine "machine(s) 1 (worker rank
- * 4), 3 (worker rank 12)".  Called with srv->lock held. */
-static void srv_slot_missing(const struct server *srv, const struct srv_key *k,
-			     const struct srv_slot *s, char *missing, size_t len)
-{
-	int L = srv->local_size;
-	bool machines = L > 1 && k->ranks == NULL;
-	size_t n = (size_t)snprintf(missing, len, "%s", machines ? "machine(s)" : "worker(s)");
-
-	for (int w = 0, first = 1; w < k->nc && n < len - 40; w++) {
-		if (s->arrived[w])
-			continue;
-		if (machines)
-			n += (size_t)snprintf(missing + n, len - n, "%s%d (worker rank %d)",
-					      first ? " " : ", ", w, w * L);
-		else
-			n += (size_t)snprintf(missing + n, len - n, "%s%d", first ? " " : ", ",
-					      k->ranks != NULL ? k->ranks[w] : w);
-		first = 0;
-	}
-}
-
-/* Slot s of key k has waited `waited` ms: past a stall limit it crossed
- * since the last look it is logged, and past the abort limit its message
- * goes into abort_msg (the first one).  Called with srv->lock held. */
-static void srv_slot_stall(struct server *srv, struct srv_key *k, struct srv_slot *s,
-			   int64_t waited, char *abort_msg, size_t abort_len)
-{
-	const struct config *cfg = srv->cfg;
-	int level = srv_stall_level(cfg, waited);
-	if (level <= s->stall_level)
-		return;
-	s->stall_level = level;
-	char missing[256], msg[768];
-	srv_slot_missing(srv, k, s, missing, sizeof missing);
-	snprintf(msg, sizeof msg,
-		 "stall: tensor '%s' (partition %u) round %u has waited %lld ms for %s, "
-		 "which have not pushed it; the others have. Does every worker push "
-		 "every tensor every round?",
-		 k->name, (unsigned)(k->key & 0xffff), s->round, (long long)waited, missing);
-	log_count_stall();
-	if (level == 1) {
-		LOG_WARN("%s", msg);
-	} else {
-		LOG_ERROR("%s (UNISUM_STALL_ABORT_MS=%d: failing the job)", msg,
-			  cfg->stall_abort_ms);
-		if (abort_msg[0] == '\0')
-			snprintf(abort_msg, abort_len, "%s", msg);
-	}
-}
-
-/* Keeps engine e's longest wait past UNISUM_STALL_WARN_MS (k's slot s,
- * `waited` ms; k NULL: none) for the metrics, named.  Called with
- * srv->lock held. */
-static void srv_note_stall(struct server *srv, struct srv_engine *e, const struct srv_key *k,
-			   const struct srv_slot *s, int64_t waited)
-{
-	char missing[256] = "";
-	if (k != NULL)
-		srv_slot_missing(srv, k, s, missing, sizeof missing);
-	pthread_mutex_lock(&e->lock);
-	e->stall_ms = k != NULL ? waited : 0;
-	if (k != NULL)
-		snprintf(e->stall, sizeof e->stall,
-			 "server %d: tensor '%s' (partition %u) round %u waits for %s", srv->rank,
-			 k->name ? k->name : "?", (unsigned)(k->key & 0xffff), s->round, missing);
-	pthread_mutex_unlock(&e->lock);
-}
-
-/* Engine e's look for stalls, every srv_stall_period_ms: a round of one
- * of its keys that has waited past UNISUM_STALL_WARN_MS is logged, past
- * UNISUM_STALL_ABORT_MS it fails the job (the first such message), and a
- * round waiting for a machine that left fails it once the machine has
- * been gone SRV_LEFT_GRACE_MS (once per engine), both naming who did not
- * push.  Runs on the engine's thread;
- * takes srv->lock to read the keys, then e->lock, and talks to the
- * scheduler with neither held. */
-static void srv_check_stalls(struct server *srv, struct srv_engine *e)
-{
-	int64_t now = timing_now_ms();
-	const struct config *cfg = srv->cfg;
-	char abort_msg[768] = "";	/* the first stall past the abort limit */
-	char left_msg[768] = "";	/* the first round waiting for a machine that left */
-	struct srv_key *worst_k = NULL;	/* the longest wait past the warning, for the metrics */
-	struct srv_slot *worst_s = NULL;
-	int64_t worst_ms = 0;
-	pthread_mutex_lock(&srv->lock);
-	for (size_t i = 0; i < e->nkeys; i++) {
-		struct srv_key *k = e->keys[i];
-		if (k->ssp && k->held_since_ms > 0 && k->poison == NULL)
-			srv_ssp_stall(srv, k, now, abort_msg, left_msg, sizeof abort_msg);
-		for (int j = 0; j < 2; j++) {
-			struct srv_slot *s = &k->slot[j];
-			if (!s->active || s->ready || k->poison != NULL)
-				continue;
-			if (left_msg[0] == '\0' &&
-			    srv_slot_waits_for_left(srv, k, s, now, left_msg, sizeof left_msg))
-				continue;
-			int64_t waited = now - s->started_ms;
-			if (waited >= cfg->stall_warn_ms && waited > worst_ms) {
-				worst_ms = waited;
-				worst_k = k;
-				worst_s = s;
-			}
-			srv_slot_stall(srv, k, s, waited, abort_msg, sizeof abort_msg);
-		}
-	}
-	srv_note_stall(srv, e, worst_k, worst_s, worst_ms);
-	pthread_mutex_unlock(&srv->lock);
-	/* A machine's last push may still wait in this engine's queue: it is
-	 * acknowledged as it arrives, before it is summed, and the machine
-	 * may leave at the acknowledgement (unisum_shutdown pushes ZERO for
-	 * a begun allgather round and leaves once that is acknowledged).  It
-	 * was queued before its connection closed (one thread does both), so
-	 * with the queue empty, the round truly waits; else look again at
-	 * the next check, once the queue has been worked off. */
-	if (left_msg[0] != '\0') {
-		pthread_mutex_lock(&e->lock);
-		if (e->head != NULL)
-			left_msg[0] = '\0';
-		pthread_mutex_unlock(&e->lock);
-	}
-	/* Socket I/O after the lock is let go; once for a machine that left. */
-	if (left_msg[0] != '\0') {
-		if (!e->left_failed) {
-			e->left_failed = true;
-			LOG_ERROR("%s", left_msg);
-			rdv_client_fail_job(srv->rdv, UNISUM_ECONN, left_msg);
-		}
-	} else if (abort_msg[0] != '\0') {
-		rdv_client_fail_job(srv->rdv, UNISUM_ETIMEDOUT, abort_msg);
-	}
+	if (k->server_held)
+		srv_async_answer(srv, k, w, round, skip);
+	else if (k->slot[round & 1].active && k->slot[round & 1].round == round)
+		srv_send_pull(srv, k, &k->slot[round & 1], w, skip);
 }
 
 /* Runs one event on its key (the engine's thread, or a loop's). */
@@ -835,7 +679,7 @@ static void srv_engine_run(struct srv_engine *e, struct srv_event *ev)
 		srv_engine_oom(e->srv, ev->key, "for the value taken over from a copy of");
 	if (ev->type == EVENT_COPY_HELD || ev->type == EVENT_COPY_AGAIN)
 		srv_copy_held(e->srv, ev->key, (uint32_t)ev->worker,
-			      ev->type == EVENT_COPY_HELD ? ev->round : 0, srv_async_answer);
+			      ev->type == EVENT_COPY_HELD ? ev->round : 0, srv_copy_answer);
 	else if (ev->type == EVENT_PUSH)
 		srv_on_push(e->srv, ev->key, ev);
 	else if (ev->type == EVENT_PULL)

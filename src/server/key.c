@@ -112,19 +112,38 @@ void srv_copies_free(struct server *srv)
 	srv->copies = NULL;
 }
 
-/* A failover moved async key k here: it takes this server's copy of it,
- * if any (of its size), with each contributor's pushes it holds
- * (k->base).  0 or UNISUM_ENOMEM; srv->lock held. */
+/* Whether copy c is of key k as declared: its size and contributors; of
+ * a compressed key, its error feedback and the round's encoding. */
+static bool srv_copy_fits(const struct srv_copy *c, const struct srv_key *k)
+{
+	bool compressed = !k->server_held;
+	size_t want = compressed ? k->bytes + k->wire_bytes : k->bytes + 4 * (size_t)k->nc;
+	return c->count == k->count && c->dtype == k->dtype &&
+	       (c->len == want || (compressed && c->len == k->bytes)) &&
+	       c->nc == (compressed ? 0u : (uint32_t)k->nc) &&
+	       ((c->flags & WIRE_FLAG_COMPRESSED) != 0) == compressed;
+}
+
+/* A failover moved key k (async, SSP, or compressed with error
+ * feedback) here: it takes this server's copy of it, if any (of its
+ * size), with each contributor's pushes it holds (k->base; a compressed
+ * key's: its version, k->copy_have).  0 or UNISUM_ENOMEM; srv->lock
+ * held. */
 static int srv_key_take_copy(struct server *srv, struct srv_key *k)
 {
 	struct srv_copy *c = srv_copy_take(srv, k->key);
 	if (c == NULL)
 		return 0;
-	if (c->count != k->count || c->dtype != k->dtype || c->nc != (uint32_t)k->nc) {
+	if (!srv_copy_fits(c, k)) {
 		LOG_WARN("key 0x%llx: the copy from server %u is %s[%llu] of %u contributors, not "
 			 "the key declared: dropped", (unsigned long long)k->key, c->from,
 			 unisum_dtype_name(c->dtype), (unsigned long long)c->count, c->nc);
 		srv_copy_free(c);
+		return 0;
+	}
+	if (!k->server_held) {
+		k->copy_have = c->ver;
+		k->copy = c;
 		return 0;
 	}
 	k->base = calloc((size_t)k->nc, sizeof *k->base);
@@ -139,24 +158,30 @@ static int srv_key_take_copy(struct server *srv, struct srv_key *k)
 	return 0;
 }
 
-/* A declaration of async key k by contributor w, pushing `round` next
- * (after a failover, the pushes it had answered): the key's copy here
- * must hold all but the last, which the worker sends again (RESTORE), or
- * an acknowledged update is lost and the job fails (UNISUM_EREMOTE with
- * why).  srv->lock held. */
+/* A declaration of replicated key k by contributor w, pushing `round`
+ * next (after a failover, the pushes it had answered): the key's copy
+ * here must hold all but the last, which the worker sends again
+ * (RESTORE); of a compressed key, the error feedback of the round before
+ * the worker's last, which is summed again here from every worker's
+ * push.  Else an acknowledged update is lost and the job fails
+ * (UNISUM_EREMOTE with why).  srv->lock held. */
 static int srv_key_copy_check(struct server *srv, const struct srv_key *k, int w, uint32_t round,
 			      const char *name, char *why, size_t len)
 {
-	uint32_t have = k->base != NULL ? k->base[w] : 0;
-	if (!srv->replicate || !k->server_held || round <= have + 1)
+	bool held = k->server_held;
+	uint32_t have = !held ? k->copy_have : k->base != NULL ? k->base[w] : 0;
+	if (!srv_key_replicated(srv, k) || round <= have + 1)
 		return 0;
 	char who[64];
-	snprintf(why, len, "server %d took over key 0x%llx of '%s' (async/SSP) from a lost server, "
-		 "but %s: %s had %u updates answered, of which the copy must hold %u and holds "
-		 "%u; no whole copy of the key was left (its backup was lost too, or was still "
-		 "catching up)", srv->rank, (unsigned long long)k->key, name,
-		 k->base != NULL ? "its copy here is behind" : "it holds no copy of it",
-		 srv_worker_name(srv, srv_key_peer(k, w), who, sizeof who), round, round - 1, have);
+	snprintf(why, len, "server %d took over key 0x%llx of '%s' (%s) from a lost server, but "
+		 "%s: %s had %u %s answered, of which the copy must hold %u and holds %u; no "
+		 "whole copy of the key was left (its backup was lost too, or was still catching "
+		 "up)", srv->rank, (unsigned long long)k->key, name,
+		 held ? "async/SSP" : "compressed, with error feedback",
+		 (held ? k->base != NULL : k->copy != NULL || k->copy_have > 0)
+			 ? "its copy here is behind" : "it holds no copy of it",
+		 srv_worker_name(srv, srv_key_peer(k, w), who, sizeof who), round,
+		 held ? "updates" : "rounds", round - 1, have);
 	return UNISUM_EREMOTE;
 }
 
@@ -205,6 +230,9 @@ void srv_key_free(struct srv_key *k)
 		free(k->slot[i].pull_waiting);
 		free(k->slot[i].acc);
 		free(k->slot[i].enc);
+		for (int w = 0; k->slot[i].rpush != NULL && w < k->nc; w++)
+			free(k->slot[i].rpush[w]);
+		free(k->slot[i].rpush);
 	}
 	compress_state_free(&k->cstate);
 	free(k->scratch);
@@ -442,6 +470,15 @@ static int srv_key_compress(struct srv_key *k, const struct compress_spec *comp,
 	return 0;
 }
 
+/* A compressed key with error feedback (replicated): its replies' waits
+ * for the backup.  0 or UNISUM_ENOMEM. */
+static int srv_key_copy_arrays(struct srv_key *k)
+{
+	k->copy_wait = calloc((size_t)k->nc, 1);
+	k->copy_round = calloc((size_t)k->nc, sizeof *k->copy_round);
+	return k->copy_wait != NULL && k->copy_round != NULL ? 0 : UNISUM_ENOMEM;
+}
+
 /* Files new key k (named `name`) in the table and pins it to the engine
  * with the fewest bytes.  0 or UNISUM_ENOMEM.  Called with srv->lock held. */
 static int srv_key_insert(struct server *srv, struct srv_key *k, const char *name)
@@ -511,10 +548,11 @@ int srv_key_declare(struct server *srv, struct srv_conn *c, const struct wire_hd
 	k->bytes = h->count * unisum_dtype_size(h->dtype);
 	int w = srv_key_contrib(k, c->worker);
 	k->next_round[w] = h->round;
-	if (k->server_held && srv->replicate && (rc = srv_key_take_copy(srv, k)) == 0)
+	rc = srv_key_compress(k, &comp, name, spec, why, len);
+	if (rc == 0 && !k->server_held && srv_key_replicated(srv, k))
+		rc = srv_key_copy_arrays(k);
+	if (rc == 0 && srv_key_replicated(srv, k) && (rc = srv_key_take_copy(srv, k)) == 0)
 		rc = srv_key_copy_check(srv, k, w, h->round, name, why, len);
-	if (rc == 0)
-		rc = srv_key_compress(k, &comp, name, spec, why, len);
 	if (rc == 0)
 		rc = srv_key_insert(srv, k, name);
 	if (rc != 0)

@@ -1,7 +1,11 @@
 /*
- * replica.c - copies of a server's async and SSP keys on a backup
- * server (UNISUM_REPLICAS=1), so that a lost server's keys move with
- * every acknowledged update kept (issue 52).
+ * replica.c - copies of a server's async and SSP keys, and of its
+ * compressed keys' error feedback, on a backup server
+ * (UNISUM_REPLICAS=1), so that a lost server's keys move with every
+ * acknowledged update kept (issue 52).  A compressed key's versions are
+ * its rounds (srv_copy_encoded; ARCHITECTURE section 5): a reply of
+ * round r waits for the feedback after round r - 1, and the new home
+ * sums a round the copy lacks again from the workers' kept pushes.
  *
  * DESIGN.  The backup of server s is the next server by rank that s has
  * not lost (a replacement never is one); the scheduler moves a lost
@@ -75,7 +79,7 @@ static void srv_copy_again_all(struct server *srv, uint32_t gen)
 	pthread_mutex_lock(&srv->lock);
 	for (size_t i = 0; i < srv->nbuckets; i++)
 		for (struct srv_key *k = srv->buckets[i]; k; k = k->next)
-			if (k->server_held && srv_post(srv, EVENT_COPY_AGAIN, k, (int)gen, 0, false, 0,
+			if (srv_key_replicated(srv, k) && srv_post(srv, EVENT_COPY_AGAIN, k, (int)gen, 0, false, 0,
 						       NULL) != 0)
 				LOG_ERROR("out of memory: key 0x%llx is not copied to the new backup",
 					  (unsigned long long)k->key);
@@ -97,7 +101,7 @@ static int srv_link_msg(struct loop_conn *lc, const struct wire_hdr *h, void *pa
 	}
 	pthread_mutex_lock(&srv->lock);
 	struct srv_key *k = srv_key_find(srv, h->key);
-	int rc = k != NULL && k->server_held
+	int rc = k != NULL && srv_key_replicated(srv, k)
 			 ? srv_post(srv, EVENT_COPY_HELD, k, (int)L->gen, h->round, false, 0, NULL)
 			 : 0;
 	pthread_mutex_unlock(&srv->lock);
@@ -344,34 +348,57 @@ void srv_backup_free(struct server *srv)
 
 /* ---- the primary's side: a key's copies (its engine) --------------------- */
 
-/* Sends key k's value and clocks to the backup as version k->ver, when
- * the link is up (false: it is not; a COPY_AGAIN will come). */
+/* Key k's newest version as a COPY's payload into data (srv_copy_bytes
+ * of it) and header h: an async key's value and clocks; a compressed
+ * key's error feedback and the encoding of round ver - 1. */
+static size_t srv_copy_bytes(const struct srv_key *k)
+{
+	if (k->server_held)
+		return k->bytes + 4 * (size_t)k->nc;
+	return k->bytes + (k->ver_zero ? 0 : k->wire_bytes);
+}
+
+static void srv_copy_fill(const struct server *srv, const struct srv_key *k, uint8_t *data,
+			  struct wire_hdr *h)
+{
+	*h = (struct wire_hdr){.type = WIRE_COPY, .sender = srv->id, .round = k->ver,
+			       .key = k->key, .count = k->count, .dtype = (uint8_t)k->dtype,
+			       .payload_len = srv_copy_bytes(k)};
+	if (!k->server_held) {
+		memcpy(data, k->cstate.residual, k->bytes);
+		if (!k->ver_zero)
+			memcpy(data + k->bytes, k->slot[(k->ver - 1) & 1].enc, k->wire_bytes);
+		h->flags = WIRE_FLAG_COMPRESSED;	/* no encoding after it: ZERO */
+		return;
+	}
+	memcpy(data, k->value, k->bytes);
+	for (int w = 0; w < k->nc; w++) {
+		uint32_t have = htole32((k->first_seen[w] + k->clock[w]) |
+					(k->gone[w] ? 0x80000000u : 0));
+		memcpy(data + k->bytes + 4 * (size_t)w, &have, 4);
+	}
+	h->aux = (uint32_t)k->nc;
+}
+
+/* Sends key k's newest version to the backup, when the link is up
+ * (false: it is not; a COPY_AGAIN will come). */
 static bool srv_copy_send(struct server *srv, struct srv_key *k)
 {
 	struct srv_backup *b = &srv->backup;
 	bool up = atomic_load(&b->state) == BACKUP_UP && atomic_load(&b->gen) == k->ver_gen;
 	if (!up)	/* (checked again below, under the lock: it may go meanwhile) */
 		return false;
-	size_t n = (size_t)k->nc, bytes = k->bytes + 4 * n;
+	size_t bytes = srv_copy_bytes(k);
 	struct srv_copy_msg *cm = malloc(sizeof *cm);
 	uint8_t *data = malloc(bytes ? bytes : 1);
 	if (cm == NULL || data == NULL) {
 		free(cm);
 		free(data);
-		srv_out_of_memory(srv, "for a copy of an async key");
+		srv_out_of_memory(srv, "for a copy of a key for the backup");
 		return false;
 	}
-	memcpy(data, k->value, k->bytes);
-	for (size_t w = 0; w < n; w++) {
-		uint32_t have = htole32((k->first_seen[w] + k->clock[w]) |
-					(k->gone[w] ? 0x80000000u : 0));
-		memcpy(data + k->bytes + 4 * w, &have, 4);
-	}
 	*cm = (struct srv_copy_msg){.data = data};
-	cm->msg.tx.hdr = (struct wire_hdr){.type = WIRE_COPY, .sender = srv->id, .round = k->ver,
-					   .key = k->key, .count = k->count,
-					   .dtype = (uint8_t)k->dtype, .aux = (uint32_t)n,
-					   .payload_len = bytes};
+	srv_copy_fill(srv, k, data, &cm->msg.tx.hdr);
 	cm->msg.tx.payload = data;
 	cm->msg.release = srv_copy_msg_release;
 	/* Sent under b->lock, so that srv_backup_stop cannot free the link
@@ -388,9 +415,24 @@ static bool srv_copy_send(struct server *srv, struct srv_key *k)
 	return up;
 }
 
+/* Whether key k has a version to copy: an async key's value is set, a
+ * compressed key encoded a round. */
+static bool srv_copy_has(const struct srv_key *k)
+{
+	return k->server_held ? k->value != NULL : k->ver > 0;
+}
+
+/* The version contributor w's reply of `round` waits for: an async
+ * key's, the one with its push before its last; a compressed key's,
+ * the error feedback of the round before. */
+static uint32_t srv_copy_need(const struct srv_key *k, int w, uint32_t round)
+{
+	return k->server_held ? k->need[w] : round;
+}
+
 bool srv_copy_gate(struct server *srv, struct srv_key *k, int w, uint32_t round, bool skip)
 {
-	if (!srv->replicate || k->value == NULL)
+	if (!srv_key_replicated(srv, k) || !srv_copy_has(k))
 		return false;
 	struct srv_backup *b = &srv->backup;
 	int state = atomic_load(&b->state);
@@ -403,7 +445,7 @@ bool srv_copy_gate(struct server *srv, struct srv_key *k, int w, uint32_t round,
 		k->ver_gen = gen;
 		k->ver_sent = k->ver_held = 0;
 	}
-	if (k->ver_held >= k->need[w])
+	if (k->ver_held >= srv_copy_need(k, w, round))
 		return false;
 	/* The newest goes (unless one is on its way, or the link is down):
 	 * every push since the last one sent rides along. */
@@ -433,15 +475,19 @@ void srv_copy_held(struct server *srv, struct srv_key *k, uint32_t gen, uint32_t
 	bool none = atomic_load(&b->state) == BACKUP_NONE;
 	bool waiting = false;	/* then the next version goes now, else when idle */
 	for (int w = 0; w < k->nc; w++) {
-		if (k->copy_wait[w] && !none && k->ver_held < k->need[w])
+		bool behind = !none && k->ver_held < srv_copy_need(k, w, k->copy_round[w]);
+		if (k->copy_wait[w] && behind)
 			waiting = true;
-		if (!k->copy_wait[w] || (!none && k->ver_held < k->need[w]))
+		if (!k->copy_wait[w] || behind)
 			continue;
 		bool skip = k->copy_wait[w] == 2;
 		k->copy_wait[w] = 0;
 		answer(srv, k, w, k->copy_round[w], skip);
 	}
-	if (waiting && k->value != NULL && k->ver > k->ver_held && k->ver_sent <= k->ver_held)
+	/* A compressed key's newest goes at once: the next round's replies
+	 * need it. */
+	if ((waiting || !k->server_held) && srv_copy_has(k) && k->ver > k->ver_held &&
+	    k->ver_sent <= k->ver_held)
 		srv_copy_send(srv, k);
 }
 
@@ -455,6 +501,24 @@ static int64_t srv_copy_due_ms(const struct srv_key *k)
 static void srv_copy_idle(struct server *srv, struct srv_key *k)
 {
 	if (k->value != NULL && k->ver > k->ver_held && k->ver_sent <= k->ver_held)
+		srv_copy_send(srv, k);
+}
+
+void srv_copy_encoded(struct server *srv, struct srv_key *k, uint32_t round, bool zero)
+{
+	k->ver = round + 1;
+	k->ver_zero = zero;
+	if (!srv_key_replicated(srv, k))
+		return;
+	struct srv_backup *b = &srv->backup;
+	uint32_t gen = atomic_load(&b->gen);
+	if (atomic_load(&b->state) == BACKUP_NONE)
+		return;
+	if (k->ver_gen != gen) {	/* as the gate does: that backup holds none of it */
+		k->ver_gen = gen;
+		k->ver_sent = k->ver_held = 0;
+	}
+	if (k->ver_sent <= k->ver_held)	/* else the acknowledgement sends it */
 		srv_copy_send(srv, k);
 }
 
@@ -514,7 +578,7 @@ void srv_copy_unlist(struct srv_engine *e, struct srv_key *k)
 void srv_copy_forget(struct server *srv, struct srv_key *k)
 {
 	struct srv_backup *b = &srv->backup;
-	if (!srv->replicate || !k->server_held)
+	if (!srv_key_replicated(srv, k))
 		return;
 	struct wire_hdr h = {.type = WIRE_COPY, .sender = srv->id, .key = k->key,
 			     .dtype = (uint8_t)k->dtype};
@@ -524,10 +588,45 @@ void srv_copy_forget(struct server *srv, struct srv_key *k)
 	pthread_mutex_unlock(&b->lock);
 }
 
+/* A compressed key's copy: the error feedback, and round ver - 1 as a
+ * round restored (its re-pushes dropped, its pulls answered from the
+ * encoding, as the lost server would have).  0 or UNISUM_ENOMEM. */
+static int srv_copy_install_compressed(struct srv_key *k, const struct srv_copy *c)
+{
+	memcpy(k->cstate.residual, c->data, k->bytes);
+	k->ver = c->ver;
+	k->ver_zero = c->len == k->bytes;
+	if (c->ver == 0)
+		return 0;
+	struct srv_slot *s = &k->slot[(c->ver - 1) & 1];
+	if (!k->ver_zero) {
+		if (s->enc == NULL && (s->enc = malloc(k->wire_bytes)) == NULL)
+			return UNISUM_ENOMEM;
+		memcpy(s->enc, c->data + k->bytes, k->wire_bytes);
+	}
+	s->active = s->ready = s->restored = true;
+	s->round = c->ver - 1;
+	s->result = k->ver_zero ? RESULT_ZERO : RESULT_OWNED;
+	s->next = k->nc;
+	s->replies = 0;
+	s->started_ms = timing_now_ms();
+	memset(s->arrived, 1, (size_t)k->nc);
+	return 0;
+}
+
 int srv_copy_install(struct srv_key *k)
 {
 	struct srv_copy *c = k->copy;
 	k->copy = NULL;
+	if (!k->server_held) {
+		int rc = srv_copy_install_compressed(k, c);
+		LOG_INFO("key 0x%llx of '%s': error feedback taken over from server %u's copy "
+			 "(after round %u)", (unsigned long long)k->key, k->name ? k->name : "?",
+			 c->from, c->ver - 1);
+		free(c->data);
+		free(c);
+		return rc;
+	}
 	free(k->value);
 	k->value = malloc(k->bytes ? k->bytes : 1);
 	if (k->value == NULL) {
@@ -589,7 +688,8 @@ int srv_copy_message(struct server *srv, struct srv_conn *c, const struct wire_h
 	}
 	*cp = (struct srv_copy){.key = h->key, .from = n != NULL ? (uint32_t)n->rank : 0,
 				.ver = h->round, .dtype = h->dtype, .count = h->count,
-				.nc = h->aux, .data = c->pend.buf};
+				.nc = h->aux, .flags = h->flags, .len = h->payload_len,
+				.data = c->pend.buf};
 	c->pend.buf = NULL;
 	c->pend.kind = PEND_NONE;
 	int rc = srv_copy_put(srv, cp);

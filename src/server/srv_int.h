@@ -49,6 +49,9 @@ struct srv_slot {
 	uint8_t *acc;		/* accumulator, key bytes, allocated on first use */
 	uint8_t *enc;		/* a compressed key: the sum's encoding (wire_bytes), the
 				 * replies' payload */
+	uint8_t **rpush;	/* [W] a compressed key taken over: contributor w's push of
+				 * the round from its RESTORE (its last push answered:
+				 * it pulls nothing), folded in turn; malloc'd, or NULL */
 	int64_t started_ms;	/* when the round's first push arrived */
 	uint32_t wire_op;	/* the collective of that push (WIRE_OP()) ... */
 	int op_worker;		/* ... and who sent it: every other push must agree */
@@ -130,6 +133,12 @@ struct srv_key {
 				 * here (srv->lock), installed by the engine's next event */
 	uint32_t *base;		/* [W] with a copy: contributor w's pushes it held (pushes
 				 * of a lower round are in the value already), or NULL */
+	/* A compressed key with error feedback replicates it too: version
+	 * r + 1 is the feedback after round r's sum was encoded, sent with
+	 * that encoding (or as ZERO: the round summed to nothing), and a
+	 * reply of round r waits until the backup holds version r. */
+	bool ver_zero;		/* round ver - 1 summed to ZERO (no encoding) */
+	uint32_t copy_have;	/* the version of the copy taken over (under srv->lock) */
 	bool copy_dirty;	/* on its engine's dirty list: a newer version to send */
 	struct srv_key *dirty_next;
 	int64_t push_ms;	/* the first push the backup lacks: the copy is due ... */
@@ -221,6 +230,9 @@ struct srv_copy {
 	int dtype;
 	uint64_t count;
 	uint32_t nc;
+	uint8_t flags;		/* COMPRESSED: a compressed key's error feedback (count
+				 * float32s), then its round's encoding (none: ZERO) */
+	size_t len;		/* data's bytes */
 	uint8_t *data;		/* count x dtype bytes, then nc u32s (COPY's payload) */
 	struct srv_copy *next;	/* hash chain */
 };
@@ -412,8 +424,15 @@ static inline int srv_key_contrib(const struct srv_key *k, int p)
 	return -1;
 }
 
+/* Whether key k's state goes to a backup (replica.c): an async or SSP
+ * key's value, a compressed key's error feedback. */
+static inline bool srv_key_replicated(const struct server *srv, const struct srv_key *k)
+{
+	return srv->replicate && (k->server_held || k->cstate.residual != NULL);
+}
+
 /* The server's files are layered, lowest first: key.c, replica.c,
- * conn.c, engine.c, server.c; each calls only files earlier in the list
+ * conn.c, stall.c, engine.c, server.c; each calls only files earlier in the list
  * (tests/docs/check_layers.py holds them to it).
  *
  * key.c: the key table (call srv_key_find with srv->lock held; the others
@@ -447,7 +466,8 @@ void srv_wake_engines(void *srv);
 int srv_post(struct server *srv, int type, struct srv_key *k, int w, uint32_t round, bool zero,
 	     uint32_t wire_op, const char *why);
 
-/* replica.c: copies of async and SSP keys' values on a backup server.
+/* replica.c: copies of async and SSP keys' values, and of compressed
+ * keys' error feedback, on a backup server.
  * The primary's side: a link to the backup (srv_backup_start and _stop,
  * around the loops), each key's copies sent after aggregation by its
  * engine, and a pull's reply held until the backup has the pushes
@@ -467,6 +487,11 @@ void srv_copy_held(struct server *srv, struct srv_key *k, uint32_t gen, uint32_t
 		   void (*answer)(struct server *, struct srv_key *, int, uint32_t, bool));
 /* Engine: contributor w's push was accepted (a new version). */
 void srv_copy_pushed(struct srv_key *k, int w);
+/* Engine: a compressed key's round was encoded (or summed to ZERO) and
+ * its waiting replies sent: version round + 1, sent at once unless one
+ * is on its way (the encoding stays in the round's slot until round + 2
+ * is encoded, which waits for every reply of this one). */
+void srv_copy_encoded(struct server *srv, struct srv_key *k, uint32_t round, bool zero);
 /* Engine, after an event of key k: on e's dirty list if the backup lacks
  * its newest version, which goes when due (srv_copy_due_ms). */
 void srv_copy_list(struct srv_engine *e, struct srv_key *k);
@@ -478,8 +503,9 @@ int64_t srv_copies_due(struct srv_engine *e);
 void srv_copy_unlist(struct srv_engine *e, struct srv_key *k);
 /* Engine: key k goes (every contributor retired): its copy too. */
 void srv_copy_forget(struct server *srv, struct srv_key *k);
-/* Engine, a held key's first event after its declaration took a copy:
- * the value and the clocks as the copy has them. */
+/* Engine, a key's first event after its declaration took a copy: the
+ * value and the clocks as the copy has them; a compressed key's error
+ * feedback, and its last round encoded as a restored round. */
 int srv_copy_install(struct srv_key *k);
 /* Connection from a server (c->from_server): a COPY's header and the
  * whole message. */
@@ -487,6 +513,10 @@ int srv_copy_head(struct server *srv, struct srv_conn *c, const struct wire_hdr 
 		  size_t len);
 int srv_copy_message(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
 		     size_t len);
+
+/* stall.c: an engine's look for stalls (its thread's), and how often */
+void srv_check_stalls(struct server *srv, struct srv_engine *e);
+int srv_stall_period_ms(const struct server *srv);
 
 /* engine.c: the engines' threads */
 void *srv_engine_main(void *arg);

@@ -144,12 +144,31 @@ static int wire_check_data(const struct wire_hdr *h, char *why, size_t why_len)
 	return 0;
 }
 
+/* A compressed key's COPY: count float32s of error feedback, then the
+ * round's encoding (its exact length is the key's codec's: the receiver
+ * checks it; none: the round summed to ZERO); no contributors. */
+static int wire_check_copy_compressed(const struct wire_hdr *h, char *why, size_t why_len)
+{
+	uint64_t feedback = h->count * 4ull;
+	if (h->dtype != UNISUM_FLOAT32 || h->aux != 0 || h->count == 0 ||
+	    h->count > WIRE_MAX_DATA_PAYLOAD / 4 || h->payload_len > WIRE_MAX_DATA_PAYLOAD ||
+	    h->payload_len < feedback || h->payload_len - feedback > WIRE_COMPRESSED_MAX(h->count)) {
+		snprintf(why, why_len, "COPY of a compressed key: a payload of %llu bytes for %llu "
+			 "%s elements and %u contributors", (unsigned long long)h->payload_len,
+			 (unsigned long long)h->count, unisum_dtype_name(h->dtype), h->aux);
+		return UNISUM_EPROTO;
+	}
+	return 0;
+}
+
 /* A COPY: the value (count x dtype) and aux u32s, or nothing with count
  * 0 (forget the key); aux at most WIRE_COPY_MAX_CONTRIB, the whole at
- * most a data payload. */
+ * most a data payload.  COMPRESSED: a compressed key's (above). */
 static int wire_check_copy(const struct wire_hdr *h, char *why, size_t why_len)
 {
 	uint64_t want = 0;
+	if (h->flags & WIRE_FLAG_COMPRESSED)
+		return wire_check_copy_compressed(h, why, why_len);
 	if (h->count > WIRE_MAX_DATA_PAYLOAD / dtype_bytes(h->dtype) ||
 	    h->aux > WIRE_COPY_MAX_CONTRIB ||
 	    h->count * dtype_bytes(h->dtype) + 4ull * h->aux > WIRE_MAX_DATA_PAYLOAD) {
@@ -239,6 +258,7 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 	uint16_t allowed = h->type == WIRE_PUSH		? data | WIRE_FLAG_PULL
 			   : h->type == WIRE_PULL_REPLY ? data | WIRE_FLAG_SKIP
 			   : h->type == WIRE_PULL	? WIRE_FLAG_SKIP
+			   : h->type == WIRE_RESTORE || h->type == WIRE_COPY ? WIRE_FLAG_COMPRESSED
 							: 0;
 	int nflags = !!(h->flags & WIRE_FLAG_ZERO) + !!(h->flags & WIRE_FLAG_IPC) +
 		     !!(h->flags & WIRE_FLAG_SKIP) + !!(h->flags & WIRE_FLAG_COMPRESSED);

@@ -108,6 +108,7 @@ static void wk_job_finish(struct wk_job *j, int err, const char *why)
 		local_pulled(op->local, j->part, err, why);
 	else
 		w->up->part_done(op, err, why);
+	free(j->enc);
 	free(j);
 }
 
@@ -156,7 +157,10 @@ static int wk_send_control(struct wk_conn *c, struct wk_job *j)
 		struct wire_hdr h = {.type = WIRE_RESTORE, .sender = rdv_client_id(w->rdv),
 				     .key = j->key, .round = j->round, .count = j->count,
 				     .dtype = (uint8_t)j->dtype,
-				     .payload_len = j->count * unisum_dtype_size(j->dtype)};
+				     .flags = j->restore_len > 0 ? WIRE_FLAG_COMPRESSED : 0,
+				     .payload_len = j->restore_len > 0
+							    ? j->restore_len
+							    : j->count * unisum_dtype_size(j->dtype)};
 		rc = wk_send(c, &h, j->in, j->owned);
 		free(j);
 	} else if (j->type == JOB_PULL) {
@@ -199,6 +203,39 @@ static int wk_send_control(struct wk_conn *c, struct wk_job *j)
 	return rc;
 }
 
+/* A compressed partition's push, into *encoded (len bytes, malloc'd):
+ * it goes through the socket (IPC too), and is freed once sent.  Under
+ * failover (j->kept) it is encoded once and kept with the job (j->enc):
+ * a re-push after a failover sends the same bytes, and once answered it
+ * is the partition's last push (wk_kept_answered).  0 or UNISUM_ENOMEM.
+ * c->lock held. */
+static int wk_encode_push(struct wk_conn *c, struct wk_job *j, size_t len, void **encoded)
+{
+	struct worker *w = c->w;
+	bool again = j->enc != NULL;	/* sent before: to a server lost since, or moved */
+	*encoded = malloc(len ? len : 1);
+	if (*encoded != NULL && j->kept != NULL && !again &&
+	    (j->enc = malloc(len ? len : 1)) == NULL) {
+		free(*encoded);
+		*encoded = NULL;
+	}
+	if (*encoded == NULL) {
+		LOG_ERROR("%s: out of memory compressing a push", c->label);
+		return UNISUM_ENOMEM;
+	}
+	if (again) {
+		memcpy(*encoded, j->enc, len);
+		return 0;
+	}
+	compress_state_encode(j->cs, j->in, *encoded,
+			      compress_draw_seed(&j->cs->spec, j->key, j->round, w->rank));
+	if (j->enc != NULL)
+		memcpy(j->enc, *encoded, len);
+	atomic_fetch_add(&w->comp_in, j->count * sizeof(float));
+	atomic_fetch_add(&w->comp_out, len);
+	return 0;
+}
+
 /* Sends PUSH_PULL job j: its PUSH (from the caller's buffer, or
  * compressed, or ZERO), then its PULL unless the PULL's ring phase has
  * not come.  The job stays in the pending table for the reply, which
@@ -219,20 +256,10 @@ static int wk_send_push(struct wk_conn *c, struct wk_job *j)
 	if (payload == NULL) {
 		push.flags = WIRE_FLAG_ZERO;
 	} else if (j->cs != NULL) {
-		/* A compressed partition: its encoding goes through
-		 * the socket (IPC too), and is freed once sent. */
 		push.flags = WIRE_FLAG_COMPRESSED;
 		push.payload_len = wk_push_bytes(j->op->t, j->count, j->cs);
-		encoded = malloc(push.payload_len ? push.payload_len : 1);
-		if (encoded == NULL) {
-			LOG_ERROR("%s: out of memory compressing a push", c->label);
+		if (wk_encode_push(c, j, push.payload_len, &encoded) != 0)
 			return UNISUM_ENOMEM;
-		}
-		compress_state_encode(j->cs, j->in,
-				      encoded, compress_draw_seed(&j->cs->spec, j->key,
-							  j->round, w->rank));
-		atomic_fetch_add(&w->comp_in, j->count * sizeof(float));
-		atomic_fetch_add(&w->comp_out, push.payload_len);
 		payload = encoded;
 	} else {
 		push.payload_len = j->count * unisum_dtype_size(j->dtype);
@@ -633,11 +660,19 @@ static void wk_keep_push(struct wk_job *j)
 		memset(k->stage, 0, bytes);
 }
 
-/* The reply of `round` came whole: the worker pushes round + 1 next, and
- * an async key's staged push is its last answered. */
-static void wk_kept_answered(struct wk_kept *k, uint32_t round)
+/* The reply of job j's round came whole: the worker pushes the next
+ * round next, and an async key's staged push, or a compressed one's
+ * encoding, is its last answered. */
+static void wk_kept_answered(struct wk_job *j)
 {
-	k->pulled = round + 1;
+	struct wk_kept *k = j->kept;
+	k->pulled = j->round + 1;
+	if (j->enc != NULL) {
+		free(k->data);
+		k->data = j->enc;
+		k->len = wk_push_bytes(j->op->t, j->count, j->cs);
+		j->enc = NULL;
+	}
 	if (k->keeps_push) {
 		uint8_t *t = k->data;
 		k->data = k->stage;
@@ -705,7 +740,7 @@ static void wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h)
 	size_t bytes = j->count * unisum_dtype_size(j->dtype);
 	if (j->skip_pull) {
 		if (j->kept != NULL)
-			wk_kept_answered(j->kept, j->round);
+			wk_kept_answered(j);
 		wk_job_finish(j, 0, NULL);
 		return;
 	}
@@ -723,7 +758,7 @@ static void wk_on_pull_reply(struct wk_conn *c, const struct wire_hdr *h)
 		atomic_fetch_add(&c->bytes_pulled, bytes);
 	}
 	if (j->kept != NULL)
-		wk_kept_answered(j->kept, j->round);
+		wk_kept_answered(j);
 	if (into != j->out) {
 		/* Copied in slices that stay in cache for the division, so
 		 * an average costs the memory traffic it did without the

@@ -147,21 +147,25 @@ void wk_on_rejoin(void *arg, const struct rdv_node *node)
 /* Queues on c the DECLARE_CHECK of piece `key` at `round` (the round this
  * worker pushes next there).  0 or an error, nothing left queued. */
 static int wk_queue_declare(struct wk_conn *c, uint64_t key, unisum_dtype dtype, uint64_t count,
-			    uint32_t round, const char *name, const int *ranks, int nranks,
-			    uint32_t sync)
+			    uint32_t round, const char *name, const struct wk_tensor *t)
 {
 	struct wk_job *d = calloc(1, sizeof *d);
 	if (d == NULL)
 		return UNISUM_ENOMEM;
+	int nranks = t != NULL ? t->nranks : 0;
 	*d = (struct wk_job){.type = JOB_DECLARE, .key = key, .dtype = dtype, .count = count,
-			     .round = round, .name = strdup(name), .nranks = nranks, .sync = sync};
+			     .round = round, .name = strdup(name), .nranks = nranks,
+			     .sync = t != NULL ? t->sync : 0};
 	if (nranks > 0 && (d->ranks = malloc((size_t)nranks * sizeof *d->ranks)) != NULL)
-		memcpy(d->ranks, ranks, (size_t)nranks * sizeof *d->ranks);
-	int rc = d->name != NULL && (nranks == 0 || d->ranks != NULL) ? wk_enqueue(c, d)
-								     : UNISUM_ENOMEM;
+		memcpy(d->ranks, t->ranks, (size_t)nranks * sizeof *d->ranks);
+	bool spec_ok = t == NULL || t->comp_text[0] == '\0' ||
+		       (d->spec = strdup(t->comp_text)) != NULL;
+	int rc = d->name != NULL && spec_ok && (nranks == 0 || d->ranks != NULL) ? wk_enqueue(c, d)
+										   : UNISUM_ENOMEM;
 	if (rc != 0) {
 		free(d->name);
 		free(d->ranks);
+		free(d->spec);
 		free(d);
 	}
 	return rc;
@@ -170,13 +174,13 @@ static int wk_queue_declare(struct wk_conn *c, uint64_t key, unisum_dtype dtype,
 /* Queues on c a job of `type` (RESTORE, its payload `in` and what of it
  * to free once sent, `owned`; RETIRE) for piece `key`.  0 or an error. */
 static int wk_queue_job(struct wk_conn *c, int type, uint64_t key, unisum_dtype dtype,
-			uint64_t count, uint32_t round, const void *in, void *owned)
+			uint64_t count, uint32_t round, const void *in, void *owned, size_t len)
 {
 	struct wk_job *j = calloc(1, sizeof *j);
 	if (j == NULL)
 		return UNISUM_ENOMEM;
 	*j = (struct wk_job){.type = type, .key = key, .dtype = dtype, .count = count, .round = round,
-			     .in = in, .owned = owned};
+			     .in = in, .owned = owned, .restore_len = len};
 	int rc = wk_enqueue(c, j);
 	if (rc != 0)
 		free(j);
@@ -206,11 +210,10 @@ int wk_move_key(struct worker *w, struct wk_conn *c, struct wk_job *j, int to)
 	if (!up)
 		return log_fail(UNISUM_ECONN, "server %d, where key 0x%llx moved, is not back", to,
 				(unsigned long long)j->key);
-	rc = wk_queue_declare(dst, j->key, j->dtype, j->count, j->round, t->name, t->ranks,
-			      t->nranks, t->sync);
+	rc = wk_queue_declare(dst, j->key, j->dtype, j->count, j->round, t->name, t);
 	/* Every reply of the key from c's server has come: it may forget it. */
 	if (rc == 0)
-		wk_queue_job(c, JOB_RETIRE, j->key, 0, 0, j->round, NULL, NULL);
+		wk_queue_job(c, JOB_RETIRE, j->key, 0, 0, j->round, NULL, NULL, 0);
 	return rc;
 }
 
@@ -264,8 +267,9 @@ int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L)
 	if (!w->keep_replies || !pushes || L->nparts == 0 || L->homed != 0)
 		return 0;
 	/* One machine restores no sums (its re-pushes are the round); an
-	 * async key's new server needs its last push (replicas). */
-	if (t->sync == 0 && w->cfg.num_workers <= 1)
+	 * async key's new server needs its last push (replicas), and a
+	 * compressed one's re-push its encoding as first sent. */
+	if (t->sync == 0 && w->cfg.num_workers <= 1 && L->cs == NULL)
 		return 0;
 	L->kept = calloc(L->nparts, sizeof *L->kept);
 	if (L->kept == NULL)
@@ -314,13 +318,13 @@ static int wk_redeclare(struct worker *w, struct wk_tensor *t, struct wk_layout 
 	struct wk_kept *k = &L->kept[i];
 	struct wk_conn *c = &w->conns[to];
 	int rc = wk_queue_declare(c, L->key + i, t->dtype, L->parts[i].count, k->pulled, wire_name,
-				  t->ranks, t->nranks, t->sync);
+				  t);
 	if (rc != 0 || k->pulled == 0 || k->data == NULL)
 		return rc;
 	/* k->data is not written again before this is sent: the next reply
 	 * of the key answers a push queued behind it. */
 	return wk_queue_job(c, JOB_RESTORE, L->key + i, t->dtype, L->parts[i].count, k->pulled - 1,
-			    k->data, NULL);
+			    k->data, NULL, L->cs != NULL ? k->len : 0);
 }
 
 /* The name a cut was declared under (as wk_cut's callers name it). */
@@ -367,8 +371,8 @@ static void wk_gone_drop(struct worker *w, int i)
 
 void wk_keep_gone(struct worker *w, struct wk_tensor *t)
 {
-	if (t->nranks > 0 || t->sync != 0)
-		return;	/* process sets and async: not restored (see wk_hand_over) */
+	if (t->nranks > 0 || t->sync != 0 || t->comp_text[0] != '\0')
+		return;	/* process sets, async, compressed: not restored (see wk_hand_over) */
 	for (int c = 0; c < t->ncuts; c++) {
 		struct wk_layout *L = &t->cuts[c];
 		for (uint32_t i = 0; L->kept != NULL && L->homed == 0 && i < L->nparts; i++) {
@@ -411,14 +415,14 @@ static int wk_restore_gone(struct worker *w, const struct wk_gone_kept *g, int t
 	if (copy == NULL)
 		return UNISUM_ENOMEM;
 	memcpy(copy, g->data, bytes);
-	int rc = wk_queue_declare(c, g->key, g->dtype, g->count, g->pulled, "(undeclared)", NULL, 0,
-				  g->sync);
+	int rc = wk_queue_declare(c, g->key, g->dtype, g->count, g->pulled, "(undeclared)", NULL);
 	if (rc == 0 &&
-	    wk_queue_job(c, JOB_RESTORE, g->key, g->dtype, g->count, g->pulled - 1, copy, copy) == 0)
+	    wk_queue_job(c, JOB_RESTORE, g->key, g->dtype, g->count, g->pulled - 1, copy, copy, 0) ==
+		    0)
 		copy = NULL;
 	free(copy);
 	if (rc == 0)
-		wk_queue_job(c, JOB_RETIRE, g->key, 0, 0, g->pulled, NULL, NULL);
+		wk_queue_job(c, JOB_RETIRE, g->key, 0, 0, g->pulled, NULL, NULL, 0);
 	return rc;
 }
 

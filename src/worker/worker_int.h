@@ -54,7 +54,10 @@ struct wk_layout {
 /* Failover: a partition's last reply as the server sent it (before any
  * division), and its rounds completed (the round it pushes next). */
 struct wk_kept {
-	uint8_t *data;			/* count x esize, or NULL before the first reply */
+	uint8_t *data;			/* count x esize, or NULL before the first reply; of a
+					 * compressed partition, its last push answered, as
+					 * encoded (len bytes), which a new server sums again */
+	size_t len;
 	uint32_t pulled;
 	bool keeps_push;		/* async or SSP: data is the last push answered,
 					 * which the backup may not hold yet (UNISUM_REPLICAS;
@@ -229,7 +232,12 @@ struct wk_job {
 	struct compress_state *cs;	/* a compressed partition's state (the push is
 					 * encoded with it, the reply decoded), or NULL */
 	struct wk_kept *kept;		/* its partition's (failover), or NULL */
+	void *enc;			/* with kept, compressed: its push encoded once (a
+					 * re-push after a failover sends these bytes: encoding
+					 * again would apply error feedback twice), or NULL */
 	void *owned;			/* RESTORE jobs: what `in` points to, freed once sent */
+	size_t restore_len;		/* RESTORE jobs: a compressed key's encoding's bytes
+					 * (flag COMPRESSED), or 0: count x dtype */
 	bool repushed;			/* routed again after a failover: its credit may
 					 * have come back from the lost server already */
 	struct wk_op *op;		/* NULL for DECLARE and RESTORE jobs */

@@ -85,8 +85,8 @@ static bool type_is_payloadless(uint8_t type)
 
 /* Whether `type` sends tensor data: count x dtype bytes unless ZERO
  * (none) or IPC (the reference: the data's address in the sender, its
- * guard's address and value).  RESTORE is data
- * that never takes a flag. */
+ * guard's address and value).  RESTORE is data that takes no flag but
+ * COMPRESSED (a compressed key's encoded push). */
 static bool type_is_data(uint8_t type)
 {
 	return type == WIRE_PUSH || type == WIRE_PULL_REPLY || type == WIRE_RESTORE;
@@ -106,7 +106,9 @@ static bool flags_allowed(uint8_t type, uint16_t flags)
 	if (type == WIRE_PULL_REPLY)
 		return flags == 0 || flags == WIRE_FLAG_ZERO || flags == WIRE_FLAG_IPC ||
 		       flags == WIRE_FLAG_SKIP || flags == WIRE_FLAG_COMPRESSED;
-	if (!type_is_data(type) || type == WIRE_RESTORE)
+	if (type == WIRE_RESTORE || type == WIRE_COPY)
+		return flags == 0 || flags == WIRE_FLAG_COMPRESSED;
+	if (!type_is_data(type))
 		return flags == 0;
 	return flags == 0 || flags == WIRE_FLAG_ZERO || flags == WIRE_FLAG_IPC ||
 	       flags == WIRE_FLAG_COMPRESSED;
@@ -162,6 +164,12 @@ static bool model_accepts(const uint8_t in[WIRE_HDR_SIZE])
 		 * partition. */
 		return payload_len == ((flags & WIRE_FLAG_IPC) ? 24 : bytes);
 	}
+	if (type == WIRE_COPY && (flags & WIRE_FLAG_COMPRESSED))
+		/* A compressed key's: count float32s of error feedback, then
+		 * at most an encoding's bytes (8 count + 8); no contributors. */
+		return dtype == UNISUM_FLOAT32 && le_bytes(in + 44, 4) == 0 && count >= 1 &&
+		       count <= (1ull << 28) && payload_len >= 4 * count &&
+		       payload_len - 4 * count <= 8 * count + 8 && payload_len <= WIRE_MAX_DATA_PAYLOAD;
 	if (type == WIRE_COPY) {
 		/* The value and one u32 per contributor (aux, at most 65536),
 		 * or nothing at all with count 0 (forget the key). */
@@ -227,6 +235,9 @@ static void check_accepted(const uint8_t in[WIRE_HDR_SIZE], const struct wire_hd
 		}
 	} else if (type_is_payloadless(h->type)) {
 		CHECK(h->payload_len == 0);
+	} else if (h->type == WIRE_COPY && (h->flags & WIRE_FLAG_COMPRESSED)) {
+		CHECK(h->dtype == UNISUM_FLOAT32 && h->aux == 0 && h->count >= 1);
+		CHECK(h->payload_len >= 4 * h->count && h->payload_len <= WIRE_MAX_DATA_PAYLOAD);
 	} else if (h->type == WIRE_COPY) {	/* a value and its contributors' counts */
 		size_t size = unisum_dtype_size((unisum_dtype)h->dtype);
 		CHECK(h->aux <= WIRE_COPY_MAX_CONTRIB);

@@ -36,6 +36,7 @@ assert HDR.size == 48
 FAILOVER, RESTORE, REJOIN, MIGRATE, MOVED = 19, 20, 21, 22, 23
 REFORM, RESIZE, HELD, COPY, COPY_ACK = 24, 25, 26, 27, 28
 FLAG_ZERO, FLAG_IPC = 0x1, 0x2
+F_COMPRESSED = 0x8  # WIRE_FLAG_COMPRESSED (wire 11; RESTORE and COPY since 19)
 FLAG_PULL = 0x10  # a PUSH that carries its PULL (wire 15)
 OP_SUM, OP_AVERAGE, OP_BROADCAST = range(3)  # a PUSH's aux: kind | root << 8
 IPC_PAYLOAD = 24  # WIRE_IPC_PAYLOAD: the addresses of the data and of the guard, the guard
@@ -148,6 +149,15 @@ def seeds():
                            key=0x7A1B2C3D0001, rnd=9, count=3, dtype=INT32, aux=2),
         "27-copy-forget": header(COPY, sender=2, key=0x7A1B2C3D0001, dtype=INT32),
         "28-copy-ack": header(COPY_ACK, sender=3, key=0x7A1B2C3D0001, rnd=9),
+        # a compressed key's error feedback (2 floats) and its round's
+        # encoding (onebit: scale and one word), and a compressed RESTORE
+        "27-copy-compressed": message(COPY, struct.pack("<2f", 0.5, -0.25) +
+                                      struct.pack("<fI", 1.0, 2), flags=F_COMPRESSED,
+                                      sender=2, key=0x7A1B2C3D0002, rnd=4, count=2,
+                                      dtype=FLOAT32),
+        "20-restore-compressed": message(RESTORE, struct.pack("<fI", 1.0, 2),
+                                         flags=F_COMPRESSED, sender=2, key=0x7A1B2C3D0002,
+                                         rnd=3, count=2, dtype=FLOAT32),
         "bad-copy-short": message(COPY, struct.pack("<3i", 5, -1, 7) + u32(4), sender=2,
                                   key=0x7A1B2C3D0001, rnd=9, count=3, dtype=INT32, aux=2),
         "02-addrbook": message(ADDRBOOK, book),

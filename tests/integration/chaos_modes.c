@@ -23,6 +23,14 @@
  *                            step runs one of each, checked as above
  *   chaos_modes held N       async and ssp:2 (the tensors whose value a
  *                            server holds: UNISUM_REPLICAS moves them)
+ *   chaos_modes feedback N   compressed tensors whose servers keep error
+ *                            feedback from round to round (onebit with
+ *                            scaling, top-k; both ef=vanilla): no exact
+ *                            answer is known, but every step is
+ *                            deterministic, so each rank prints a hash of
+ *                            every output, which a run that loses servers
+ *                            must print too (test_chaos_modes.sh runs
+ *                            the job twice)
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -204,6 +212,54 @@ static void run_mix(int n, bool gather)
 		gather_end(&g);
 }
 
+/* FNV-1a over n bytes, on from h. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ull;
+	return h;
+}
+
+static void run_feedback(int n)
+{
+	const char *specs[2] = {"onebit,ef=vanilla", "topk,k=0.05,ef=vanilla"};
+	int t[2];
+	float *in[2], *out[2];
+	for (int c = 0; c < 2; c++) {
+		in[c] = malloc(nelem * sizeof *in[c]);
+		out[c] = malloc(nelem * sizeof *out[c]);
+		if (in[c] == NULL || out[c] == NULL)
+			exit(1);
+	}
+	for (int c = 0; c < 2; c++) {
+		t[c] = unisum_declare_ex(c ? "chaos.topk" : "chaos.onebit", UNISUM_FLOAT32, nelem, c,
+					 specs[c]);
+		check(t[c], "declare a compressed tensor");
+	}
+	uint64_t h = 0xcbf29ce484222325ull;
+	for (int step = 0; step < n; step++) {
+		unisum_handle hd[2];
+		for (int c = 0; c < 2; c++) {
+			for (size_t i = 0; i < nelem; i++)
+				in[c][i] = (float)((int)((i * 7 + (size_t)step * 13 + (size_t)rank * 5 +
+						       (size_t)c) % 61) - 30) / 8.0f;
+			check(unisum_push_pull_async(t[c], in[c], out[c], 0, &hd[c]), "push_pull");
+		}
+		for (int c = 0; c < 2; c++) {
+			check(unisum_wait(hd[c]), "wait");
+			h = fnv(h, out[c], nelem * sizeof *out[c]);
+		}
+		step_done(step);
+		pause_step();
+	}
+	for (int c = 0; c < 2; c++) {
+		free(in[c]);
+		free(out[c]);
+	}
+	printf("rank %d: feedback %d steps hash %016llx\n", rank, n, (unsigned long long)h);
+}
+
 static void run_dssync(const char *mode, int n)
 {
 	int t = unisum_declare_sync("chaos.dssync", UNISUM_INT32, nelem, 0, mode);
@@ -239,7 +295,7 @@ static void run_allgather(int n)
 int main(int argc, char **argv)
 {
 	if (argc != 3) {
-		fprintf(stderr, "usage: chaos_modes async|ssp:S|dssync:G|allgather|mix|held N\n");
+		fprintf(stderr, "usage: chaos_modes async|ssp:S|dssync:G|allgather|mix|held|feedback N\n");
 		return 2;
 	}
 	const char *mode = argv[1];
@@ -255,6 +311,8 @@ int main(int argc, char **argv)
 		run_dssync(mode, n);
 	else if (strcmp(mode, "allgather") == 0)
 		run_allgather(n);
+	else if (strcmp(mode, "feedback") == 0)
+		run_feedback(n);
 	else if (strcmp(mode, "mix") == 0 || strcmp(mode, "held") == 0)
 		run_mix(n, strcmp(mode, "mix") == 0);
 	else

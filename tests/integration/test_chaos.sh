@@ -19,9 +19,9 @@
 
 # 12 runs lose each kind of process 4 times, at 12 different moments.
 RUNS=${CHAOS_RUNS:-12}
-# The sanitizer runs look for races, not odds: 9 runs lose each kind of
-# process 3 times (make test stays within its 15 minutes).
-[ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && RUNS=${CHAOS_RUNS:-9}
+# The sanitizer runs look for races, not odds: 6 runs lose each kind of
+# process twice (make test stays within its 10 minutes).
+[ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && RUNS=${CHAOS_RUNS:-6}
 FAILOVER_ROUNDS=${CHAOS_FAILOVER_ROUNDS:-300}
 # The sanitizer runs (UNISUM_TEST_LIGHT=1) once ran 150, as slower; with
 # a server on two loops, 150 ASan rounds ended before a kill at 648 ms on

@@ -11,12 +11,19 @@
 #     step; their values are copied to each server's backup,
 #     UNISUM_REPLICAS=1 by default): a server, then the scheduler, then
 #     another server (the second takes over keys the first's loss moved);
-#   - allgather (chaos_modes allgather), compressed
-#     (fp16 with error feedback and onebit, exact) and an autotune search
-#     (its TUNEs go on across the restarts: every rank cuts every round
-#     alike): the scheduler, twice.  A server of a gathering or compressed
-#     tensor holds state that is not replicated yet (the rest of issue
-#     52): losing one fails the job by design, so they lose no server.
+#   - compressed (check_sums compressed: fp16 with error feedback and
+#     onebit, exact): a server, then the scheduler, then another server;
+#   - allgather (chaos_modes allgather) and an autotune search (its TUNEs
+#     go on across the restarts: every rank cuts every round alike): the
+#     scheduler, twice.  A server of a gathering collective holds rows
+#     that are not replicated yet (the rest of issue 52): losing one
+#     fails the job by design, so they lose no server.
+# Compressed tensors whose error feedback matters (chaos_modes feedback:
+# onebit and top-k, ef=vanilla, no exact answer known) print a hash of
+# every output: a job whose server dies right after the first reply of
+# a round (before that round's feedback reached the backup, so the new
+# server sums the round again from the workers' kept pushes) prints the
+# hash of a job that lost nothing.
 # Two servers lost at once (a server and its backup): the async keys of
 # the first have no copy left, and every worker fails naming a key and
 # both servers, without a hang.
@@ -187,13 +194,38 @@ if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	UNISUM_AUTOTUNE=1 UNISUM_AUTOTUNE_STEPS=4 UNISUM_PARTITION_BYTES=262144 \
 		restart_run 5 "autotune (search)" "$TUNE_ROUNDS tuned rounds ok" "scheduler scheduler" \
 		"$CHECK" tune "$TUNE_ROUNDS"
-	restart_run 6 "compressed" "450 compressed rounds ok" "scheduler scheduler" \
+	restart_run 6 "compressed" "450 compressed rounds ok" "server scheduler server" \
 		"$CHECK" compressed 450
 fi
+
+# feedback_run LOG : chaos_modes feedback 300 in LOG; its hashes, one line.
+feedback_run() {
+	log=$1
+	start_job 60 "$CHAOS" feedback 300
+	for p in $wpids; do wait "$p"; done
+	kill_scheduler
+	wait
+	sed -n 's/.*feedback 300 steps hash //p' "$log"/worker* | sort | tr '\n' ' '
+}
 
 # Not in the sanitizer runs (make test's budget): the hung backup's test
 # below runs the same code there (copies, a takeover, a failover).
 if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
+	log=$(mktemp -d)
+	ref=$(feedback_run "$log")
+	rm -rf "$log"
+	log=$(mktemp -d)
+	SERVER_LOG_LEVEL=DEBUG
+	got=$(UNISUM_TEST_CRASH_AFTER_REPLIES=40:1 UNISUM_TEST_CRASH_KEY_NAME=chaos.onebit \
+		feedback_run "$log")
+	SERVER_LOG_LEVEL=WARNING
+	again=$(cat "$log"/server0 "$log"/server2 | grep -c "push restored, summed again")
+	crashed=$(grep -c "killing this server after the first reply" "$log/server1")
+	echo "  hashes without a loss: $ref; with server 1 lost: $got"
+	expect "compressed with error feedback: server 1 lost after a round's first reply ($crashed), the round summed again from kept pushes ($again), every output as without a loss" \
+		sh -c "[ -n '$ref' ] && [ '$ref' = '$got' ] && [ $crashed -eq 1 ] && [ $again -ge 1 ]"
+	rm -rf "$log"
+
 	# A server and its backup lost at once: the job fails (the first's async
 	# keys have no copy left), every worker naming a key and both servers.
 	log=$(mktemp -d)

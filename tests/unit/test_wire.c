@@ -351,12 +351,23 @@ static void test_restore(void **state)
 	wire_encode(&r, buf);
 	expect_reject(buf, "payload");
 	r.payload_len = 20;
-	for (unsigned f = 1; f <= WIRE_FLAG_COMPRESSED; f <<= 1) {
+	for (unsigned f = 1; f < WIRE_FLAG_COMPRESSED; f <<= 1) {
 		r.flags = (uint16_t)f;
 		r.payload_len = f == WIRE_FLAG_IPC ? 8 : 20;
 		wire_encode(&r, buf);
 		expect_reject(buf, "flags");
 	}
+	/* A compressed key's (wire 19): the push it encoded, float32 only. */
+	r.flags = WIRE_FLAG_COMPRESSED;
+	wire_encode(&r, buf);
+	expect_reject(buf, "float32");
+	r.dtype = UNISUM_FLOAT32;
+	r.payload_len = 8;	/* onebit of 5 elements: the scale and a word */
+	wire_encode(&r, buf);
+	assert_int_equal(decode(buf, &h, why), 0);
+	r.flags = WIRE_FLAG_COMPRESSED | WIRE_FLAG_ZERO;
+	wire_encode(&r, buf);
+	expect_reject(buf, "flags");
 }
 
 /* A COPY (replica.c): the value, then a u32 per contributor; one of
@@ -384,6 +395,26 @@ static void test_copy(void **state)
 	c.payload_len = 4;
 	wire_encode(&c, buf);
 	expect_reject(buf, "payload");
+	/* A compressed key's (wire 19): error feedback, then an encoding or
+	 * nothing (ZERO); float32, no contributors. */
+	c = (struct wire_hdr){.type = WIRE_COPY, .flags = WIRE_FLAG_COMPRESSED,
+			      .dtype = UNISUM_FLOAT32, .count = 5, .payload_len = 5 * 4 + 8,
+			      .round = 3, .key = 0x10002};
+	wire_encode(&c, buf);
+	assert_int_equal(decode(buf, &h, why), 0);
+	c.payload_len = 5 * 4;
+	wire_encode(&c, buf);
+	assert_int_equal(decode(buf, &h, why), 0);
+	c.payload_len = 5 * 4 - 1;	/* the feedback cut short */
+	wire_encode(&c, buf);
+	expect_reject(buf, "compressed key");
+	c.payload_len = 5 * 4 + 8 * 5 + 9;	/* more than any encoding */
+	wire_encode(&c, buf);
+	expect_reject(buf, "compressed key");
+	c.payload_len = 5 * 4 + 8;
+	c.aux = 1;
+	wire_encode(&c, buf);
+	expect_reject(buf, "compressed key");
 	struct wire_hdr a = {.type = WIRE_COPY_ACK, .round = 7, .key = 0x10002, .payload_len = 1};
 	wire_encode(&a, buf);
 	expect_reject(buf, "carries no payload");
