@@ -10,7 +10,9 @@
 # float32 in flight at once, every element checked; 16 KiB partitions, so
 # every server holds pieces of each; "/held": chaos_modes held, an async
 # and an SSP:2 tensor of 50021 int64, whose values move to the lost
-# server's backup, issue 52) and, 1 s in, loses server 1:
+# server's backup, issue 52; "/compressed": check_sums compressed, fp16
+# with error feedback, which moves the same way, and onebit) and, 1 s in,
+# loses server 1:
 #   crash: SIGKILL; the scheduler and the workers see its connections close;
 #   hang:  SIGSTOP; alive but silent, found after UNISUM_TIMEOUT_MS.
 # From worker 0's round completion times it prints:
@@ -39,14 +41,17 @@ free_port() {
 	/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# one HOW HB_MS TIMEOUT_MS [held]: one job; prints the table's row.  With
-# "held", the workers run chaos_modes held instead (an async and an SSP:2
-# tensor, whose values move to the lost server's backup: UNISUM_REPLICAS).
+# one HOW HB_MS TIMEOUT_MS [held|compressed]: one job; prints the table's
+# row.  With "held", the workers run chaos_modes held instead (an async
+# and an SSP:2 tensor, whose values move to the lost server's backup:
+# UNISUM_REPLICAS); with "compressed", check_sums compressed (fp16 with
+# error feedback, whose feedback moves the same way, and onebit).
 one() {
 	how=$1 hb=$2 to=$3 mode=${4:-}
 	log=$(mktemp -d)
 	rounds=400 prog="$BUILD/check_sums failover"
 	[ "$mode" = held ] && prog="$BUILD/chaos_modes held"
+	[ "$mode" = compressed ] && prog="$BUILD/check_sums compressed"
 	[ "$how" = hang ] && rounds=$(((3000 + to) / 10))
 	export UNISUM_NUM_WORKER=3 UNISUM_NUM_SERVER=3 UNISUM_SCHEDULER_HOST=127.0.0.1
 	export UNISUM_HEARTBEAT_MS=$hb UNISUM_TIMEOUT_MS=$to UNISUM_PARTITION_BYTES=16384
@@ -79,7 +84,9 @@ one() {
 	kill -KILL "$server1" 2>/dev/null || true
 	kill -CONT "$server1" 2>/dev/null || true
 	wait "$server0" "$server1" "$server2" 2>/dev/null || true
-	[ "$mode" = held ] && ok="held $rounds steps ok" || ok="$rounds failover rounds ok"
+	ok="$rounds failover rounds ok"
+	[ "$mode" = held ] && ok="held $rounds steps ok"
+	[ "$mode" = compressed ] && ok="$rounds compressed rounds ok"
 	if [ $rc -ne 0 ] || ! grep -q "$ok" "$log/worker0"; then
 		echo "failover: the $how job failed; worker 0's log ends:" >&2
 		tail -n 5 "$log/worker0" >&2
@@ -133,4 +140,6 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 	one hang 1000 5000
 	one crash 200 3000 held
 	one hang 200 3000 held
+	one crash 200 3000 compressed
+	one hang 200 3000 compressed
 } | tee "$OUT"

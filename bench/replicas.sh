@@ -1,14 +1,17 @@
 #!/bin/sh
-# replicas.sh - what copying async and SSP keys to a backup server costs
-# (UNISUM_REPLICAS, issue 52): the same jobs with replicas off and on,
-# alternating, measured in the same run.  3 workers and 3 servers on
-# this host.
+# replicas.sh - what copying async and SSP keys, and compressed keys'
+# error feedback, to a backup server costs (UNISUM_REPLICAS, issue 52):
+# the same jobs with replicas off and on, alternating, measured in the
+# same run.  3 workers and 3 servers on this host.
 #
 #   sh bench/replicas.sh [BUILD_DIR]
 #
 # 1. Training (the issue's measure): `unisum bench --model resnet50`
 #    (161 tensors, 97.5 MiB of float32) in async mode, 200 ms of emulated
 #    compute per step (a sleep: a GPU), 20 steps after 3; the mean step.
+#    Then the same in lock-step with every tensor compressed onebit with
+#    error feedback (--compressor onebit,ef=vanilla): the copies carry
+#    the servers' float32 feedback, 32 times a onebit push.
 # 2. Communication alone: chaos_modes held (an async and an SSP:2 tensor
 #    of CHAOS_COUNT int64, one push_pull of each per step, no pause,
 #    every element checked), 50,021 elements (391 KiB a tensor) for 2000
@@ -53,11 +56,13 @@ one() {
 
 median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
-# train REPLICAS: prints "mean_step_ms busy_percent"
+# train REPLICAS SYNC [BENCH_ARGS...]: prints "mean_step_ms busy_percent"
 train() {
+	rep=$1 sync=$2
+	shift 2
 	b0=$(busy)
-	ms=$(UNISUM_REPLICAS=$1 UNISUM_SYNC=async timeout 300 "$UNISUM" bench --model resnet50 -w 3 -s 3 \
-		--iters 20 --warmup 3 --compute-ms 200 --modes priority 2>&1 |
+	ms=$(UNISUM_REPLICAS=$rep UNISUM_SYNC=$sync timeout 300 "$UNISUM" bench --model resnet50 -w 3 \
+		-s 3 --iters 20 --warmup 3 --compute-ms 200 --modes priority "$@" 2>&1 |
 		awk '/priority\+autotune|^\[worker 0\] priority / && / ms / { for (i = 1; i <= NF; i++) if ($i == "ms") { print $(i - 1); exit } }')
 	b1=$(busy)
 	[ -n "$ms" ] || { echo "the training replay failed" >&2; exit 1; }
@@ -66,16 +71,23 @@ train() {
 
 echo "# $(date -u +%Y-%m-%d) $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1), $(nproc) cores"
 echo "# sh bench/replicas.sh: 3 workers, 3 servers, $REPS runs each, replicas off and on alternating"
-printf '%-22s %12s %12s %8s %10s %10s\n' "training (async)" "off step ms" "on step ms" "off/on" "busy off" "busy on"
-off= on= boff= bon=
-for _ in $(seq "$REPS"); do
-	r=$(train 0); off="$off ${r% *}"; boff="$boff ${r#* }"
-	r=$(train 1); on="$on ${r% *}"; bon="$bon ${r#* }"
+printf '%-30s %12s %12s %8s %10s %10s\n' "training, resnet50, 200 ms" "off step ms" "on step ms" "off/on" "busy off" "busy on"
+for case in "async" "onebit,ef=vanilla"; do
+	off= on= boff= bon=
+	for _ in $(seq "$REPS"); do
+		if [ "$case" = async ]; then
+			r=$(train 0 async); off="$off ${r% *}"; boff="$boff ${r#* }"
+			r=$(train 1 async); on="$on ${r% *}"; bon="$bon ${r#* }"
+		else
+			r=$(train 0 sync --compressor "$case"); off="$off ${r% *}"; boff="$boff ${r#* }"
+			r=$(train 1 sync --compressor "$case"); on="$on ${r% *}"; bon="$bon ${r#* }"
+		fi
+	done
+	mo=$(echo $off | tr ' ' '\n' | median) mn=$(echo $on | tr ' ' '\n' | median)
+	printf '%-30s %12s %12s %8s %9s%% %9s%%\n' "$case" "$mo" "$mn" \
+		"$(awk -v a="$mo" -v b="$mn" 'BEGIN { printf "%.3f", a / b }')" \
+		"$(echo $boff | tr ' ' '\n' | median)" "$(echo $bon | tr ' ' '\n' | median)"
 done
-mo=$(echo $off | tr ' ' '\n' | median) mn=$(echo $on | tr ' ' '\n' | median)
-printf '%-22s %12s %12s %8s %9s%% %9s%%\n' "resnet50, 200 ms" "$mo" "$mn" \
-	"$(awk -v a="$mo" -v b="$mn" 'BEGIN { printf "%.3f", a / b }')" \
-	"$(echo $boff | tr ' ' '\n' | median)" "$(echo $bon | tr ' ' '\n' | median)"
 echo
 printf '%-10s %-8s %12s %12s %8s %10s %10s\n' elements steps "off step/s" "on step/s" "on/off" "busy off" "busy on"
 for case in "50021 2000" "1048576 150"; do

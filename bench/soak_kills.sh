@@ -11,12 +11,12 @@
 # one-shot tensor every 20 rounds), async, SSP, dssync, allgather
 # (chaos_modes) and compressed (check_sums).  Each job alternates: the
 # scheduler SIGKILLed and started again at once on its port (what
-# `unisum launch --scheduler` does), then, in lock-step, dssync, async
-# and SSP, a server SIGKILLed (failed over; 3 of the 4 at most; async and
-# SSP keys move to the lost server's backup, which holds their copies:
-# UNISUM_REPLICAS=1).  Servers are killed in those modes only: in the
-# others (a gathering collective, compressed) a server holds state that
-# is not replicated, and the job would fail by design.
+# `unisum launch --scheduler` does), then, in every mode but allgather,
+# a server SIGKILLed (failed over; 3 of the 4 at most; async and SSP
+# keys, and compressed keys' error feedback, move to the lost server's
+# backup, which holds their copies: UNISUM_REPLICAS=1).  Not in
+# allgather: a gathering collective's server holds rows that are not
+# replicated yet, and the job would fail by design.
 # Prints a line per kill: what, and its recovery:
 #   scheduler: the slowest node's "resumed X ms after its loss"
 #   server:    from the kill to worker 0's next completed round
@@ -121,7 +121,7 @@ while [ "$kills" -lt "$N" ]; do
 		sleep 0.3
 		alive || break
 		kill_scheduler || break
-		case $mode in lock-step | dssync:2 | async | ssp:2) movable=true ;; *) movable=false ;; esac
+		case $mode in allgather) movable=false ;; *) movable=true ;; esac
 		$movable && [ "$lost" -lt 3 ] && [ "$kills" -lt "$N" ] && { sleep 0.3; kill_server || break; }
 	done
 	for p in $wpids; do

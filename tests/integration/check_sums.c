@@ -354,6 +354,8 @@ static float comp_value(int r, int round, size_t i)
 
 static void mode_compressed(int n)
 {
+	const char *t_env = getenv("CHECK_SUMS_TIMES");
+	bool times = t_env != NULL && strcmp(t_env, "1") == 0;
 	enum { COUNT = 100003 };	/* 400 KB: above UNISUM_MIN_COMPRESS_BYTES */
 	int L = unisum_local_size(), M = size / L;
 	int t16 = unisum_declare_ex("comp.fp16", UNISUM_FLOAT32, COUNT, 0, "fp16,ef=vanilla");
@@ -396,6 +398,8 @@ static void mode_compressed(int n)
 				exit(1);
 			}
 		}
+		if (times)	/* (bench/soak_kills.sh: a round after a kill) */
+			printf("round %d done at %.3f ms\n", round, now_ms());
 	}
 	free(a);
 	free(b);
