@@ -8,15 +8,16 @@
 # hand as on a cluster, one after another until N kills are done, at most
 # 10 in a job (each then runs to its end and is checked).  Modes
 # rotate: lock-step (check_sums failover: three tensors in flight, a
-# one-shot tensor every 20 rounds), async, SSP, dssync, allgather
+# one-shot tensor every 20 rounds), async, SSP, dssync, the gathering
+# collectives (an allgather, a reduce-scatter and an alltoall a step)
 # (chaos_modes) and compressed (check_sums).  Each job alternates: the
 # scheduler SIGKILLed and started again at once on its port (what
-# `unisum launch --scheduler` does), then, in every mode but allgather,
-# a server SIGKILLed (failed over; 3 of the 4 at most; async and SSP
-# keys, and compressed keys' error feedback, move to the lost server's
-# backup, which holds their copies: UNISUM_REPLICAS=1).  Not in
-# allgather: a gathering collective's server holds rows that are not
-# replicated yet, and the job would fail by design.
+# `unisum launch --scheduler` does), then a server SIGKILLed (failed
+# over; 3 of the 4 at most, server 0 first, the home of every homed cut
+# on one host; async and SSP keys, and compressed keys' error feedback,
+# move to the lost server's backup, which holds their copies:
+# UNISUM_REPLICAS=1; a homed cut's round is summed again from each
+# machine's last push).
 # Prints a line per kill: what, and its recovery:
 #   scheduler: the slowest node's "resumed X ms after its loss"
 #   server:    from the kill to worker 0's next completed round
@@ -90,7 +91,7 @@ kill_server() {
 	echo "kill $kills: server $r ($mode), the next round $next ms later"
 }
 
-modes="lock-step async ssp:2 dssync:2 allgather compressed"
+modes="lock-step async ssp:2 dssync:2 gathers compressed"
 while [ "$kills" -lt "$N" ]; do
 	mode=$(echo $modes | cut -d' ' -f$((jobs % 6 + 1)))
 	jobs=$((jobs + 1)) lost=0
@@ -104,7 +105,7 @@ while [ "$kills" -lt "$N" ]; do
 	case $mode in
 	lock-step) prog="$CHECK failover 2500" ;;
 	compressed) prog="$CHECK compressed 1500" ;;
-	allgather) prog="$CHAOS allgather 4000" ;;
+	gathers) prog="$CHAOS gathers 3000" ;;
 	*) prog="$CHAOS $mode 2500" ;;
 	esac
 	wpids=
@@ -121,8 +122,7 @@ while [ "$kills" -lt "$N" ]; do
 		sleep 0.3
 		alive || break
 		kill_scheduler || break
-		case $mode in allgather) movable=false ;; *) movable=true ;; esac
-		$movable && [ "$lost" -lt 3 ] && [ "$kills" -lt "$N" ] && { sleep 0.3; kill_server || break; }
+		[ "$lost" -lt 3 ] && [ "$kills" -lt "$N" ] && { sleep 0.3; kill_server || break; }
 	done
 	for p in $wpids; do
 		wait "$p" || failed=$((failed + 1))

@@ -459,8 +459,9 @@ static bool sched_feedback(const struct sched_tensor *t)
 /* Why tensor t's pieces cannot change servers (its state would be lost),
  * or NULL: a server of an async or SSP tensor holds its value, and of a
  * compressed tensor with error feedback that feedback (unless its backup
- * holds a copy: UNISUM_REPLICAS); a gathering collective's rows are only
- * their owner's. */
+ * holds a copy: UNISUM_REPLICAS).  (A gathering collective's homed cut
+ * moves: each machine keeps its last push, and the new server sums the
+ * round again from them.) */
 static const char *sched_unmovable(const struct rdv_scheduler *s, const struct sched_tensor *t)
 {
 	return t->sync != 0 && !s->replicas
@@ -468,9 +469,7 @@ static const char *sched_unmovable(const struct rdv_scheduler *s, const struct s
 	       : sched_feedback(t) && !s->replicas
 		       ? "a compressed tensor, whose error feedback the server held "
 			 "(UNISUM_REPLICAS=0)"
-	       : t->nsegs > 0 ? "a gathering collective's tensor (allgather, alltoall, "
-				"reduce-scatter)"
-			      : NULL;
+		       : NULL;
 }
 
 /* Whether tensor t's state lives on its servers beyond a round and goes
@@ -555,6 +554,12 @@ static int sched_failover_move(struct rdv_scheduler *s, int dead, struct rdv_fai
 				sched_move_load(s, (uint32_t)dead, (uint32_t)to,
 						t->parts[p].count * esize);
 				t->servers[p] = (uint32_t)to;
+			} else if (t->nsegs > 0) {
+				/* A homed cut's bytes are no server's load: every
+				 * piece of the lost one goes to one server (its
+				 * ring phases keep one flow a link). */
+				if ((to = sched_least_loaded(s)) >= 0)
+					t->servers[p] = (uint32_t)to;
 			} else {
 				sched_avoid_lost(s, &t->parts[p], &t->servers[p], 1, esize);
 			}
@@ -664,8 +669,10 @@ void sched_migrate_back(struct rdv_scheduler *s, int r)
 				continue;
 			uint32_t p = (uint32_t)(key - t->key);
 			int from = (int)t->servers[p];
-			/* An async key stays: its copies are on from's backup. */
-			if (sched_unmovable(s, t) != NULL || sched_replicated(t) || from == r ||
+			/* An async or compressed-with-feedback key stays (its copies are
+			 * on from's backup), and a homed cut (its phases, its names). */
+			if (sched_unmovable(s, t) != NULL || sched_replicated(t) || t->nsegs > 0 ||
+			    from == r ||
 			    sched_server_lost(s, from) || per[from].keys == NULL ||
 			    per[from].servers == NULL)
 				break;

@@ -486,10 +486,11 @@ static int srv_restore_head(struct server *srv, struct srv_conn *c, const struct
 	struct srv_key *k = srv_check_data(srv, c, h, &w, why, len);
 	if (k == NULL)
 		return UNISUM_EPROTO;
-	/* A compressed key's: the worker's last push answered, encoded. */
-	bool comp = k->comp.kind != COMPRESS_NONE;
-	size_t want = comp ? k->wire_bytes : k->bytes;
-	if ((k->server_held && !srv->replicate) || h->payload_len != want ||
+	/* A compressed key's: the worker's last push answered, encoded; a
+	 * PUSHED one's: its last push answered (ZERO: none). */
+	bool comp = k->comp.kind != COMPRESS_NONE, pushed = (h->flags & WIRE_FLAG_PUSHED) != 0;
+	size_t want = comp ? k->wire_bytes : (h->flags & WIRE_FLAG_ZERO) ? 0 : k->bytes;
+	if ((k->server_held && (!srv->replicate || pushed)) || h->payload_len != want ||
 	    comp != ((h->flags & WIRE_FLAG_COMPRESSED) != 0)) {
 		snprintf(why, len, "RESTORE of key 0x%llx of '%s', which is %s", (unsigned long long)h->key,
 			 k->name, k->server_held ? "async" : comp ? "compressed otherwise"
@@ -497,6 +498,8 @@ static int srv_restore_head(struct server *srv, struct srv_conn *c, const struct
 		return UNISUM_EPROTO;
 	}
 	c->pend = (struct srv_pend){.kind = PEND_BUF, .k = k, .w = w};
+	if (want == 0)
+		return 0;
 	c->pend.buf = malloc(want ? want : 1);
 	if (c->pend.buf == NULL) {
 		snprintf(why, len, "out of memory for a %zu-byte RESTORE", want);
@@ -510,7 +513,9 @@ static int srv_restore_done(struct server *srv, struct srv_conn *c, const struct
 {
 	uint8_t *data = c->pend.buf;
 	c->pend.buf = NULL;
-	int rc = srv_post(srv, EVENT_RESTORE, c->pend.k, c->pend.w, h->round, false, 0,
+	bool pushed = (h->flags & WIRE_FLAG_PUSHED) != 0;
+	int rc = srv_post(srv, pushed ? EVENT_RESTORE_PUSH : EVENT_RESTORE, c->pend.k, c->pend.w,
+			  h->round, (h->flags & WIRE_FLAG_ZERO) != 0, pushed ? h->aux : 0,
 			  (const char *)data);
 	if (rc != 0)
 		free(data);

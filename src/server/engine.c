@@ -46,6 +46,7 @@ static void srv_slot_reset(struct srv_key *k, struct srv_slot *s)
 	s->replies = 0;
 	s->next = 0;
 	s->result = RESULT_NONE;
+	s->dormant = false;
 	memset(s->arrived, 0, (size_t)k->nc);
 	memset(s->zero, 0, (size_t)k->nc);
 	for (int w = 0; s->rpush != NULL && w < k->nc; w++) {
@@ -93,7 +94,7 @@ static void srv_send_pull(struct server *srv, struct srv_key *k, struct srv_slot
 	}
 	atomic_fetch_add(&srv->bytes_out, h.payload_len);
 	srv_queue_reply(srv, srv_key_peer(k, w), &h, k, payload);
-	if (srv->crash_after > 0 && !skip)
+	if (srv->crash_after > 0)	/* (a SKIP reply too: a homed cut's machine is done) */
 		srv_test_crash(srv, k, s);
 	if (++s->replies == k->nc)
 		srv_slot_reset(k, s);	/* everyone has its reply: free for round + 2 */
@@ -179,6 +180,27 @@ static int srv_fold_compressed(struct srv_key *k, struct srv_slot *s, int w)
 	return 0;
 }
 
+/* Folds worker w's push from a RESTORE (a failover's, rpush[w]) into the
+ * slot's own sum: never borrowed, since replies send a borrowed sum from
+ * the push buffers. */
+static int srv_fold_restored(struct srv_key *k, struct srv_slot *s, int w)
+{
+	uint8_t *src = s->rpush[w];
+	reducer_op op = (reducer_op)wire_op_reduction(s->wire_op);
+	if (!srv_slot_acc(k, s))
+		return UNISUM_ENOMEM;
+	if (s->result == RESULT_BORROWED)
+		reducer_fold(op, s->acc, k->push_buf[s->borrowed], src, k->count, k->dtype);
+	else if (s->result == RESULT_OWNED)
+		reducer_fold_into(op, s->acc, src, k->count, k->dtype);
+	else
+		memcpy(s->acc, src, k->bytes);
+	s->result = RESULT_OWNED;
+	free(src);
+	s->rpush[w] = NULL;
+	return 0;
+}
+
 /* Folds worker w's contribution into the slot's sum. */
 static int srv_fold(struct srv_key *k, struct srv_slot *s, int w)
 {
@@ -189,6 +211,8 @@ static int srv_fold(struct srv_key *k, struct srv_slot *s, int w)
 	}
 	if (k->comp.kind != COMPRESS_NONE)
 		return srv_fold_compressed(k, s, w);
+	if (s->rpush != NULL && s->rpush[w] != NULL)
+		return srv_fold_restored(k, s, w);
 	switch (s->result) {
 	case RESULT_NONE:
 	case RESULT_ZERO:
@@ -513,6 +537,7 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 			  (unsigned long long)k->key, ev->round, ev->worker);
 		return;
 	}
+	s->dormant = false;	/* a machine needs the round */
 	if (!s->active) {
 		srv_slot_begin(s, ev->round, ev->wire_op, ev->worker);
 	} else if (s->op_worker < 0) {	/* begun by a RESTORE, which names no collective */
@@ -527,9 +552,10 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 	srv_slot_advance(srv, k, s);
 }
 
-/* Failover, a compressed key: contributor w's last push answered by a
- * lost server (round ev->round; ev->why its encoding, malloc'd, taken
- * here; ev->zero: a ZERO push).  It pulls nothing of that round.  A
+/* Failover, a compressed key or a PUSHED RESTORE (a homed cut's):
+ * contributor w's last push answered by a lost server (round ev->round;
+ * ev->why its bytes, malloc'd, taken here; ev->zero: a ZERO push).  It
+ * pulls nothing of that round.  A
  * round older than the copy's (k->ver - 1) is in every machine's hands;
  * that round is the restored slot's (srv_copy_install): counted as
  * answered; a later one is summed again here, this push in its turn,
@@ -558,8 +584,18 @@ static void srv_restore_push(struct server *srv, struct srv_key *k, const struct
 		srv_engine_oom(srv, k, "for a RESTORE of");
 		return;
 	}
-	if (!s->active)
-		srv_slot_begin(s, ev->round, 0, -1);
+	bool op_known = ev->type == EVENT_RESTORE_PUSH;	/* (a compressed one's is a sum) */
+	if (!s->active) {
+		srv_slot_begin(s, ev->round, ev->wire_op, op_known ? w : -1);
+		s->dormant = true;	/* until a machine pushes it again: it needs it */
+	} else if (op_known && s->op_worker >= 0 && ev->wire_op != s->wire_op) {
+		free(data);
+		srv_op_mismatch(srv, k, s, ev);
+		return;
+	} else if (op_known && s->op_worker < 0) {
+		s->wire_op = ev->wire_op;
+		s->op_worker = w;
+	}
 	s->arrived[w] = 1;
 	s->zero[w] = ev->zero;
 	s->rpush[w] = data;
@@ -692,6 +728,8 @@ static void srv_engine_run(struct srv_engine *e, struct srv_event *ev)
 	}
 	else if (ev->type == EVENT_RESTORE)
 		srv_on_restore(e->srv, ev->key, ev);
+	else if (ev->type == EVENT_RESTORE_PUSH)
+		srv_restore_push(e->srv, ev->key, ev);
 	else if (ev->type == EVENT_REFUSE) {
 		if (ev->key->poison == NULL)
 			srv_refuse_key(e->srv, ev->key, ev->why);

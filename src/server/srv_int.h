@@ -49,9 +49,12 @@ struct srv_slot {
 	uint8_t *acc;		/* accumulator, key bytes, allocated on first use */
 	uint8_t *enc;		/* a compressed key: the sum's encoding (wire_bytes), the
 				 * replies' payload */
-	uint8_t **rpush;	/* [W] a compressed key taken over: contributor w's push of
-				 * the round from its RESTORE (its last push answered:
-				 * it pulls nothing), folded in turn; malloc'd, or NULL */
+	uint8_t **rpush;	/* [W] a key taken over: contributor w's push of the round
+				 * from its RESTORE (its last push answered, a compressed
+				 * or a homed key's: it pulls nothing), folded in turn;
+				 * malloc'd, or NULL */
+	bool dormant;		/* begun by such RESTOREs alone: a round that no machine
+				 * may need (each that does pushes it again), so no stall */
 	int64_t started_ms;	/* when the round's first push arrived */
 	uint32_t wire_op;	/* the collective of that push (WIRE_OP()) ... */
 	int op_worker;		/* ... and who sent it: every other push must agree */
@@ -153,12 +156,14 @@ struct srv_key {
 /* EVENT_REFUSE: the key can never be summed (a malformed compressed push
  * found by a connection thread): why is malloc'd, the engine frees it. */
 /* EVENT_RESTORE: a failover's RESTORE; why is the sum's bytes (malloc'd,
- * the engine takes them). */
+ * the engine takes them).  EVENT_RESTORE_PUSH: one flagged PUSHED, the
+ * worker's push answered (why: its bytes, or NULL with zero; wire_op its
+ * collective). */
 /* EVENT_COPY_HELD: the backup of link `worker` holds version `round`.
  * EVENT_COPY_AGAIN: the backup changed (link `worker`): send it all. */
 enum srv_event_type {
 	EVENT_PUSH, EVENT_PULL, EVENT_POISON, EVENT_RETIRE, EVENT_FREE, EVENT_REFUSE, EVENT_RESTORE,
-	EVENT_COPY_HELD, EVENT_COPY_AGAIN
+	EVENT_COPY_HELD, EVENT_COPY_AGAIN, EVENT_RESTORE_PUSH
 };
 
 struct srv_event {

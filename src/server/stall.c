@@ -234,7 +234,7 @@ void srv_check_stalls(struct server *srv, struct srv_engine *e)
 			srv_ssp_stall(srv, k, now, abort_msg, left_msg, sizeof abort_msg);
 		for (int j = 0; j < 2; j++) {
 			struct srv_slot *s = &k->slot[j];
-			if (!s->active || s->ready || k->poison != NULL)
+			if (!s->active || s->ready || s->dormant || k->poison != NULL)
 				continue;
 			if (left_msg[0] == '\0' &&
 			    srv_slot_waits_for_left(srv, k, s, now, left_msg, sizeof left_msg))

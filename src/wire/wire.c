@@ -258,11 +258,17 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 	uint16_t allowed = h->type == WIRE_PUSH		? data | WIRE_FLAG_PULL
 			   : h->type == WIRE_PULL_REPLY ? data | WIRE_FLAG_SKIP
 			   : h->type == WIRE_PULL	? WIRE_FLAG_SKIP
-			   : h->type == WIRE_RESTORE || h->type == WIRE_COPY ? WIRE_FLAG_COMPRESSED
+			   : h->type == WIRE_RESTORE ? WIRE_FLAG_COMPRESSED | WIRE_FLAG_PUSHED |
+							       WIRE_FLAG_ZERO
+			   : h->type == WIRE_COPY	? WIRE_FLAG_COMPRESSED
 							: 0;
 	int nflags = !!(h->flags & WIRE_FLAG_ZERO) + !!(h->flags & WIRE_FLAG_IPC) +
 		     !!(h->flags & WIRE_FLAG_SKIP) + !!(h->flags & WIRE_FLAG_COMPRESSED);
-	if ((h->flags & ~allowed) != 0 || nflags > 1) {
+	/* A RESTORE's ZERO is a pushed one's; PUSHED is a raw key's. */
+	bool pushed = (h->flags & WIRE_FLAG_PUSHED) != 0;
+	if ((h->flags & ~allowed) != 0 || nflags > 1 ||
+	    (h->type == WIRE_RESTORE && (h->flags & WIRE_FLAG_ZERO) && !pushed) ||
+	    (pushed && (h->flags & WIRE_FLAG_COMPRESSED))) {
 		snprintf(why, why_len, "%s: unknown flags 0x%x", wire_type_name(h->type), h->flags);
 		return UNISUM_EPROTO;
 	}
@@ -271,15 +277,17 @@ int wire_decode(const uint8_t in[WIRE_HDR_SIZE], struct wire_hdr *h, char *why, 
 		return UNISUM_EPROTO;
 	}
 
-	if (h->type == WIRE_PUSH && (WIRE_OP_KIND(h->aux) > WIRE_OP_KIND_MAX ||
-				     (!wire_op_has_root(h->aux) && WIRE_OP_ROOT(h->aux) != 0))) {
-		snprintf(why, why_len, "PUSH: unknown collective 0x%x", h->aux);
+	/* A PUSH's collective, and a pushed RESTORE's (the push's). */
+	bool push = h->type == WIRE_PUSH || pushed;
+	if (push && (WIRE_OP_KIND(h->aux) > WIRE_OP_KIND_MAX ||
+		     (!wire_op_has_root(h->aux) && WIRE_OP_ROOT(h->aux) != 0))) {
+		snprintf(why, why_len, "%s: unknown collective 0x%x", wire_type_name(h->type), h->aux);
 		return UNISUM_EPROTO;
 	}
-	if (h->type == WIRE_PUSH && (h->flags & WIRE_FLAG_ZERO) &&
-	    wire_op_reduction(h->aux) != REDUCER_BOR && WIRE_OP_KIND(h->aux) != WIRE_OP_BROADCAST) {
+	if (push && (h->flags & WIRE_FLAG_ZERO) && wire_op_reduction(h->aux) != REDUCER_BOR &&
+	    WIRE_OP_KIND(h->aux) != WIRE_OP_BROADCAST) {
 		char what[64];
-		snprintf(why, why_len, "PUSH: %s takes no ZERO contribution",
+		snprintf(why, why_len, "%s: %s takes no ZERO contribution", wire_type_name(h->type),
 			 wire_op_describe(h->aux, what, sizeof what));
 		return UNISUM_EPROTO;
 	}

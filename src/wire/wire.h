@@ -45,7 +45,7 @@
 /* (A build may set another, to test that two versions refuse each other:
  * the test_wire_version program of CMakeLists.txt.) */
 #ifndef WIRE_VERSION
-#define WIRE_VERSION 19
+#define WIRE_VERSION 20
 #endif
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */
@@ -157,6 +157,16 @@ enum wire_type {
  * wait (a ring phase) or wants none of the result (SKIP) sends its PULL
  * apart instead. */
 #define WIRE_FLAG_PULL 0x10u
+
+/* RESTORE (server failover): the payload is the worker's push of that
+ * round, answered by the lost server (not the round's sum): the new
+ * server sums the round again from it and the other machines' pushes,
+ * and the worker pulls nothing of it; with ZERO, a ZERO push (no
+ * payload).  aux: the push's collective (WIRE_OP()).  A gathering
+ * collective's homed cut restores so (its machines pull with SKIP what
+ * they do not need, so no one machine's reply is the round).  Only on
+ * RESTORE, alone or with ZERO.  (A COMPRESSED RESTORE is always a push.) */
+#define WIRE_FLAG_PUSHED 0x20u
 #define WIRE_COMPRESSED_MAX(count) (8ull * (count) + 8)
 /* The longest compression spec a DECLARE or DECLARE_CHECK carries, with
  * its NUL (compress.h's COMPRESS_SPEC_MAX is below it). */

@@ -157,9 +157,12 @@ static int wk_send_control(struct wk_conn *c, struct wk_job *j)
 		struct wire_hdr h = {.type = WIRE_RESTORE, .sender = rdv_client_id(w->rdv),
 				     .key = j->key, .round = j->round, .count = j->count,
 				     .dtype = (uint8_t)j->dtype,
-				     .flags = j->restore_len > 0 ? WIRE_FLAG_COMPRESSED : 0,
-				     .payload_len = j->restore_len > 0
-							    ? j->restore_len
+				     .flags = j->restore_len > 0 ? WIRE_FLAG_COMPRESSED
+								 : j->restore_flags,
+				     .aux = j->wire_op,
+				     .payload_len = j->restore_len > 0 ? j->restore_len
+						    : (j->restore_flags & WIRE_FLAG_ZERO)
+							    ? 0
 							    : j->count * unisum_dtype_size(j->dtype)};
 		rc = wk_send(c, &h, j->in, j->owned);
 		free(j);
@@ -274,7 +277,10 @@ static int wk_send_push(struct wk_conn *c, struct wk_job *j)
 	/* Its PULL's phase has not come: it stays back.  (A
 	 * phased job is never routed again: failover does not
 	 * move a gathering collective's keys, it fails the job.) */
-	bool held = j->phase > atomic_load(&j->op->phase_sent);
+	/* A push again after a failover takes its PULL along: the phase's
+	 * JOB_PULL may have gone to the lost server, and one that comes
+	 * later finds it sent (wk_send_control). */
+	bool held = !j->repushed && j->phase > atomic_load(&j->op->phase_sent);
 	j->pull_waiting = held;
 	/* The PULL rides on the PUSH (one message, one send fewer) unless
 	 * it waits for its phase or wants nothing back. */
@@ -654,6 +660,19 @@ static void wk_keep_push(struct wk_job *j)
 {
 	struct wk_kept *k = j->kept;
 	size_t bytes = j->count * unisum_dtype_size(j->dtype);
+	if (k->homed) {	/* a homed cut's: ZERO, or its bytes (allocated now) */
+		k->stage_op = j->wire_op;
+		k->stage_zero = j->in == NULL;
+		k->stage_bad = false;
+		if (j->in == NULL)
+			return;
+		if (k->stage == NULL && (k->stage = malloc(bytes ? bytes : 1)) == NULL) {
+			LOG_WARN("out of memory keeping a push of key 0x%llx for failover",
+				 (unsigned long long)j->key);
+			k->stage_bad = true;
+			return;
+		}
+	}
 	if (j->in != NULL)
 		memcpy(k->stage, j->in, bytes);
 	else
@@ -677,6 +696,15 @@ static void wk_kept_answered(struct wk_job *j)
 		uint8_t *t = k->data;
 		k->data = k->stage;
 		k->stage = t;
+		bool z = k->zero;
+		k->zero = k->stage_zero;
+		k->stage_zero = z;
+		k->op = k->stage_op;
+		if (k->stage_bad) {	/* not kept: a new server would sum it wrong */
+			free(k->data);
+			k->data = NULL;
+			k->zero = false;
+		}
 	}
 }
 

@@ -304,6 +304,7 @@ const struct wk_layout *wk_homed_cut(struct wk_tensor *t, const struct wk_segs *
 	*rc = wk_cut(t, wire_name, segs->pbytes != 0 ? segs->pbytes : t->cuts[0].pbytes, segs, &L);
 	if (*rc != 0)
 		return NULL;
+	L.homed_no = t->nhomed - 1;	/* (failover declares it again by name) */
 	return wk_add_cut(t, &L, rc);
 }
 

@@ -187,6 +187,25 @@ static int wk_queue_job(struct wk_conn *c, int type, uint64_t key, unisum_dtype 
 	return rc;
 }
 
+/* Queues on c the RESTORE of a homed cut's piece `key`: this worker's
+ * push of `round`, answered by a lost server (data, NULL: ZERO; its
+ * collective op), which the new server sums again.  0 or an error. */
+static int wk_queue_pushed(struct wk_conn *c, uint64_t key, unisum_dtype dtype, uint64_t count,
+			   uint32_t round, const void *data, uint32_t op)
+{
+	struct wk_job *j = calloc(1, sizeof *j);
+	if (j == NULL)
+		return UNISUM_ENOMEM;
+	*j = (struct wk_job){.type = JOB_RESTORE, .key = key, .dtype = dtype, .count = count,
+			     .round = round, .in = data, .wire_op = op,
+			     .restore_flags = (uint16_t)(WIRE_FLAG_PUSHED |
+							 (data == NULL ? WIRE_FLAG_ZERO : 0))};
+	int rc = wk_enqueue(c, j);
+	if (rc != 0)
+		free(j);
+	return rc;
+}
+
 int wk_move_key(struct worker *w, struct wk_conn *c, struct wk_job *j, int to)
 {
 	struct wk_tensor *t = j->op->t;
@@ -261,10 +280,7 @@ int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L)
 {
 	const struct worker *w = t->w;
 	bool pushes = t->nranks > 0 || w->to_servers;
-	/* A homed cut (a gathering collective's) is never moved (a failover
-	 * fails its job: sched_unmovable), so nothing is ever restored from
-	 * it; keeping its replies cost a second copy of every row pulled. */
-	if (!w->keep_replies || !pushes || L->nparts == 0 || L->homed != 0)
+	if (!w->keep_replies || !pushes || L->nparts == 0)
 		return 0;
 	/* One machine restores no sums (its re-pushes are the round); an
 	 * async key's new server needs its last push (replicas), and a
@@ -274,9 +290,15 @@ int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L)
 	L->kept = calloc(L->nparts, sizeof *L->kept);
 	if (L->kept == NULL)
 		return UNISUM_ENOMEM;
+	/* A homed cut (a gathering collective's) keeps its last push answered,
+	 * as its machines pull with SKIP what they do not need: no one reply
+	 * is the round, but every machine's push is (a ZERO one is a flag;
+	 * the others' buffers come with their first data push). */
+	for (uint32_t i = 0; L->homed != 0 && i < L->nparts; i++)
+		L->kept[i].homed = L->kept[i].keeps_push = true;
 	/* An async key's two push buffers (wk_keep_push), made now: a push
 	 * that could not be kept would be lost to a failover. */
-	for (uint32_t i = 0; t->sync != 0 && i < L->nparts; i++) {
+	for (uint32_t i = 0; t->sync != 0 && L->homed == 0 && i < L->nparts; i++) {
 		size_t bytes = L->parts[i].count * unisum_dtype_size(t->dtype);
 		struct wk_kept *k = &L->kept[i];
 		k->keeps_push = true;
@@ -319,7 +341,10 @@ static int wk_redeclare(struct worker *w, struct wk_tensor *t, struct wk_layout 
 	struct wk_conn *c = &w->conns[to];
 	int rc = wk_queue_declare(c, L->key + i, t->dtype, L->parts[i].count, k->pulled, wire_name,
 				  t);
-	if (rc != 0 || k->pulled == 0 || k->data == NULL)
+	if (rc == 0 && k->homed && k->pulled > 0 && (k->data != NULL || k->zero))
+		return wk_queue_pushed(c, L->key + i, t->dtype, L->parts[i].count, k->pulled - 1,
+				       k->zero ? NULL : k->data, k->op);
+	if (rc != 0 || k->pulled == 0 || k->data == NULL || k->homed)
 		return rc;
 	/* k->data is not written again before this is sent: the next reply
 	 * of the key answers a push queued behind it. */
@@ -330,7 +355,9 @@ static int wk_redeclare(struct worker *w, struct wk_tensor *t, struct wk_layout 
 /* The name a cut was declared under (as wk_cut's callers name it). */
 static void wk_cut_name(const struct wk_tensor *t, int c, char *buf, size_t len)
 {
-	if (c == 0)
+	if (t->cuts[c].homed != 0)
+		snprintf(buf, len, "%.200s#%u", t->name, t->cuts[c].homed_no);
+	else if (c == 0)
 		snprintf(buf, len, "%s", t->name);
 	else
 		snprintf(buf, len, "%s@%llu", t->name, (unsigned long long)t->cuts[c].pbytes);
@@ -339,7 +366,7 @@ static void wk_cut_name(const struct wk_tensor *t, int c, char *buf, size_t len)
 void wk_redeclare_late(struct worker *w, struct wk_tensor *t, int c)
 {
 	struct wk_layout *L = &t->cuts[c];
-	if (w->lost == NULL || L->kept == NULL || L->homed != 0)
+	if (w->lost == NULL || L->kept == NULL)
 		return;
 	char name[WK_NAME_MAX + 32];
 	wk_cut_name(t, c, name, sizeof name);

@@ -34,6 +34,10 @@ static void wk_phases_send(struct worker *w, struct wk_op *op)
 		if (j == NULL || j->phase < from || j->phase > to)
 			continue;
 		op->pulls[i] = NULL;
+		/* Where its key lives now (a failover moved it); while the lost
+		 * server's hand-over runs, its connection drops the PULL and
+		 * the job, pushed again, takes its PULL along. */
+		j->server = (int)wk_server_of(w, j->key, (uint32_t)j->server);
 		if (wk_enqueue(&w->conns[j->server], j) != 0)
 			free(j);
 	}

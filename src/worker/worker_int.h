@@ -39,6 +39,7 @@ struct wk_layout {
 	bool retired;			/* autotune settled elsewhere: servers freed it */
 	uint64_t homed;			/* a homed cut (a gathering collective's layout):
 					 * the hash of its segments; 0: an ordinary cut */
+	uint32_t homed_no;		/* a homed cut's K, of its name NAME#K */
 	/* A compressed tensor, on the worker that pushes it (a machine's
 	 * root): each partition's momentum and error feedback (compress.h),
 	 * set up at its first push; used by one round at a time. */
@@ -46,8 +47,8 @@ struct wk_layout {
 	/* Server failover (UNISUM_SERVER_FAILOVER, several servers), on the
 	 * worker that pushes it: each partition's last reply, which a new
 	 * server gets (RESTORE) for the machines that did not receive it
-	 * from a lost one, and how many rounds of it this worker completed.
-	 * Never for a homed cut, which failover does not move. */
+	 * from a lost one, and how many rounds of it this worker completed
+	 * (of a homed cut, its last push answered instead). */
 	struct wk_kept *kept;		/* [nparts], or NULL */
 };
 
@@ -61,9 +62,16 @@ struct wk_kept {
 	uint32_t pulled;
 	bool keeps_push;		/* async or SSP: data is the last push answered,
 					 * which the backup may not hold yet (UNISUM_REPLICAS;
-					 * the next reply says it does) ... */
+					 * the next reply says it does); a homed cut's: which
+					 * a new server sums again (no one reply is the round:
+					 * machines pull with SKIP what they do not need) ... */
 	uint8_t *stage;			/* ... and this the push whose reply is arriving,
 					 * swapped in once it has (pulled moves with it) */
+	bool homed;			/* a homed cut's: data and stage are allocated at
+					 * their first data push ... */
+	bool zero, stage_zero;		/* ... and these pushes were ZERO ... */
+	bool stage_bad;			/* ... (or not kept: out of memory) ... */
+	uint32_t op, stage_op;		/* ... of these collectives (WIRE_OP()) */
 };
 
 /* A gathering collective's segments: counts[i] elements owned by machine
@@ -237,7 +245,9 @@ struct wk_job {
 					 * again would apply error feedback twice), or NULL */
 	void *owned;			/* RESTORE jobs: what `in` points to, freed once sent */
 	size_t restore_len;		/* RESTORE jobs: a compressed key's encoding's bytes
-					 * (flag COMPRESSED), or 0: count x dtype */
+					 * (flag COMPRESSED), or 0: count x dtype ... */
+	uint16_t restore_flags;		/* ... its flags otherwise (PUSHED: a homed cut's
+					 * push, its collective in wire_op; ZERO) */
 	bool repushed;			/* routed again after a failover: its credit may
 					 * have come back from the lost server already */
 	struct wk_op *op;		/* NULL for DECLARE and RESTORE jobs */

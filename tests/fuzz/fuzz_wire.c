@@ -106,7 +106,10 @@ static bool flags_allowed(uint8_t type, uint16_t flags)
 	if (type == WIRE_PULL_REPLY)
 		return flags == 0 || flags == WIRE_FLAG_ZERO || flags == WIRE_FLAG_IPC ||
 		       flags == WIRE_FLAG_SKIP || flags == WIRE_FLAG_COMPRESSED;
-	if (type == WIRE_RESTORE || type == WIRE_COPY)
+	if (type == WIRE_RESTORE)	/* a sum; a push: encoded, raw, or ZERO */
+		return flags == 0 || flags == WIRE_FLAG_COMPRESSED || flags == WIRE_FLAG_PUSHED ||
+		       flags == (WIRE_FLAG_PUSHED | WIRE_FLAG_ZERO);
+	if (type == WIRE_COPY)
 		return flags == 0 || flags == WIRE_FLAG_COMPRESSED;
 	if (!type_is_data(type))
 		return flags == 0;
@@ -134,8 +137,9 @@ static bool model_accepts(const uint8_t in[WIRE_HDR_SIZE])
 		return false;
 	if (type_is_tensor(type) ? dtype >= UNISUM_DTYPE_COUNT : dtype != 0)
 		return false;
-	if (type == WIRE_PUSH) {
-		/* aux: the collective, a kind in the low byte, a root above it
+	if (type == WIRE_PUSH || (type == WIRE_RESTORE && (flags & WIRE_FLAG_PUSHED))) {
+		/* aux (a PUSH's, and a pushed RESTORE's: the push's): the
+		 * collective, a kind in the low byte, a root above it
 		 * for a broadcast, a layout hash for allgather, alltoall and
 		 * reduce-scatter; a ZERO push only for broadcast, allgather and
 		 * alltoall. */

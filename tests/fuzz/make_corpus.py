@@ -37,8 +37,10 @@ FAILOVER, RESTORE, REJOIN, MIGRATE, MOVED = 19, 20, 21, 22, 23
 REFORM, RESIZE, HELD, COPY, COPY_ACK = 24, 25, 26, 27, 28
 FLAG_ZERO, FLAG_IPC = 0x1, 0x2
 F_COMPRESSED = 0x8  # WIRE_FLAG_COMPRESSED (wire 11; RESTORE and COPY since 19)
+F_PUSHED = 0x20  # WIRE_FLAG_PUSHED: a RESTORE that carries a push (wire 20)
 FLAG_PULL = 0x10  # a PUSH that carries its PULL (wire 15)
 OP_SUM, OP_AVERAGE, OP_BROADCAST = range(3)  # a PUSH's aux: kind | root << 8
+OP_ALLGATHER = 6  # WIRE_OP_ALLGATHER: rows OR-ed (a ZERO push is one's nothing)
 IPC_PAYLOAD = 24  # WIRE_IPC_PAYLOAD: the addresses of the data and of the guard, the guard
 IPC_REF = struct.pack("<QQQ", 0x7F3A5C001000, 0x7F3A5C000040, 7)  # such a payload
 FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32, INT64 = range(6)
@@ -155,6 +157,12 @@ def seeds():
                                       struct.pack("<fI", 1.0, 2), flags=F_COMPRESSED,
                                       sender=2, key=0x7A1B2C3D0002, rnd=4, count=2,
                                       dtype=FLOAT32),
+        # a homed cut's push answered (wire 20): raw, its collective in aux;
+        # and a ZERO one of an allgather
+        "20-restore-pushed": data_message(RESTORE, INT32, 5, flags=F_PUSHED, key=0x70003, rnd=7,
+                                          aux=OP_SUM),
+        "20-restore-pushed-zero": header(RESTORE, flags=F_PUSHED | FLAG_ZERO, key=0x70003, rnd=7,
+                                         count=5, dtype=INT32, aux=OP_ALLGATHER),
         "20-restore-compressed": message(RESTORE, struct.pack("<fI", 1.0, 2),
                                          flags=F_COMPRESSED, sender=2, key=0x7A1B2C3D0002,
                                          rnd=3, count=2, dtype=FLOAT32),

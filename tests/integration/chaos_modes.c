@@ -23,6 +23,13 @@
  *                            step runs one of each, checked as above
  *   chaos_modes held N       async and ssp:2 (the tensors whose value a
  *                            server holds: UNISUM_REPLICAS moves them)
+ *   chaos_modes gathers N    each step an allgather (as above), a
+ *                            reduce-scatter (rank r gives r + step + i
+ *                            at element i: a slice sums to size (step +
+ *                            i) + size (size - 1) / 2) and an alltoall
+ *                            (rank s sends d its rows of s*100 + d +
+ *                            step): the gathering collectives, whose
+ *                            homed cuts move with a lost server
  *   chaos_modes feedback N   compressed tensors whose servers keep error
  *                            feedback from round to round (onebit with
  *                            scaling, top-k; both ef=vanilla): no exact
@@ -280,6 +287,88 @@ static void run_dssync(const char *mode, int n)
 	free(buf);
 }
 
+/* A reduce-scatter and an alltoall, one step each, checked. */
+struct chaos_scatter {
+	int rs, a2a;
+	uint64_t *rcounts, *acounts, rtotal, atotal;
+	int64_t *rin, *rout, *ain, *aout;
+};
+
+static void scatter_init(struct chaos_scatter *c)
+{
+	c->rcounts = malloc((size_t)size * sizeof *c->rcounts);
+	c->acounts = malloc((size_t)size * size * sizeof *c->acounts);
+	if (c->rcounts == NULL || c->acounts == NULL)
+		exit(1);
+	c->rtotal = c->atotal = 0;
+	for (int r = 0; r < size; r++)
+		c->rtotal += c->rcounts[r] = (uint64_t)(r + 2) * 997;
+	for (int s = 0; s < size; s++)
+		for (int d = 0; d < size; d++)
+			c->atotal += c->acounts[s * size + d] = (uint64_t)(s + 2 * d + 1) * 499;
+	c->rs = unisum_declare("chaos.rs", UNISUM_INT64, c->rtotal, 0);
+	check(c->rs, "declare a reduce-scatter tensor");
+	c->a2a = unisum_declare("chaos.a2a", UNISUM_INT64, c->atotal, 0);
+	check(c->a2a, "declare an alltoall tensor");
+	c->rin = malloc(c->rtotal * sizeof *c->rin);
+	c->rout = malloc(c->rcounts[rank] * sizeof *c->rout);
+	c->ain = malloc(c->atotal * sizeof *c->ain);
+	c->aout = malloc(c->atotal * sizeof *c->aout);
+	if (c->rin == NULL || c->rout == NULL || c->ain == NULL || c->aout == NULL)
+		exit(1);
+}
+
+static void scatter_step(struct chaos_scatter *c, int step)
+{
+	for (uint64_t i = 0; i < c->rtotal; i++)
+		c->rin[i] = rank + step + (int64_t)i;
+	check(unisum_reduce_scatter(c->rs, c->rin, c->rout, c->rcounts, 0), "reduce_scatter");
+	uint64_t at = 0;
+	for (int r = 0; r < rank; r++)
+		at += c->rcounts[r];
+	for (uint64_t i = 0; i < c->rcounts[rank]; i++) {
+		int64_t want = (int64_t)size * (step + (int64_t)(at + i)) + size * (size - 1) / 2;
+		if (c->rout[i] != want)
+			wrong("reduce-scatter", step, i, c->rout[i], want);
+	}
+	uint64_t o = 0;
+	for (int d = 0; d < size; d++)
+		for (uint64_t i = 0; i < c->acounts[rank * size + d]; i++)
+			c->ain[o++] = rank * 100 + d + step;
+	check(unisum_alltoall(c->a2a, c->ain, c->aout, c->acounts), "alltoall");
+	o = 0;
+	for (int s = 0; s < size; s++)
+		for (uint64_t i = 0; i < c->acounts[s * size + rank]; i++, o++)
+			if (c->aout[o] != s * 100 + rank + step)
+				wrong("alltoall", step, o, c->aout[o], s * 100 + rank + step);
+}
+
+static void scatter_end(struct chaos_scatter *c)
+{
+	free(c->rcounts);
+	free(c->acounts);
+	free(c->rin);
+	free(c->rout);
+	free(c->ain);
+	free(c->aout);
+}
+
+static void run_gathers(int n)
+{
+	struct chaos_gather g;
+	struct chaos_scatter c;
+	gather_init(&g, "chaos.gathers.ag");
+	scatter_init(&c);
+	for (int step = 0; step < n; step++) {
+		gather_step(&g, step);
+		scatter_step(&c, step);
+		step_done(step);
+		pause_step();
+	}
+	gather_end(&g);
+	scatter_end(&c);
+}
+
 static void run_allgather(int n)
 {
 	struct chaos_gather g;
@@ -295,7 +384,7 @@ static void run_allgather(int n)
 int main(int argc, char **argv)
 {
 	if (argc != 3) {
-		fprintf(stderr, "usage: chaos_modes async|ssp:S|dssync:G|allgather|mix|held|feedback N\n");
+		fprintf(stderr, "usage: chaos_modes async|ssp:S|dssync:G|allgather|gathers|mix|held|feedback N\n");
 		return 2;
 	}
 	const char *mode = argv[1];
@@ -313,6 +402,8 @@ int main(int argc, char **argv)
 		run_allgather(n);
 	else if (strcmp(mode, "feedback") == 0)
 		run_feedback(n);
+	else if (strcmp(mode, "gathers") == 0)
+		run_gathers(n);
 	else if (strcmp(mode, "mix") == 0 || strcmp(mode, "held") == 0)
 		run_mix(n, strcmp(mode, "mix") == 0);
 	else

@@ -13,11 +13,14 @@
 #     another server (the second takes over keys the first's loss moved);
 #   - compressed (check_sums compressed: fp16 with error feedback and
 #     onebit, exact): a server, then the scheduler, then another server;
-#   - allgather (chaos_modes allgather) and an autotune search (its TUNEs
-#     go on across the restarts: every rank cuts every round alike): the
-#     scheduler, twice.  A server of a gathering collective holds rows
-#     that are not replicated yet (the rest of issue 52): losing one
-#     fails the job by design, so they lose no server.
+#   - the gathering collectives (chaos_modes gathers: an allgather, a
+#     reduce-scatter and an alltoall a step, exact; 8 KiB partitions and
+#     ring phases on): server 0 (on one host it holds every homed cut:
+#     each machine's home), then the scheduler, then server 1 (where the
+#     homed cuts may have moved); each machine keeps its last push of a
+#     homed piece, and the new server sums the round again from them;
+#   - an autotune search (its TUNEs go on across the restarts: every
+#     rank cuts every round alike): the scheduler, twice.
 # Compressed tensors whose error feedback matters (chaos_modes feedback:
 # onebit and top-k, ef=vanilla, no exact answer known) print a hash of
 # every output: a job whose server dies right after the first reply of
@@ -133,8 +136,9 @@ restart_run() {
 			break
 		fi
 		if [ "$victim" = server ]; then
-			# servers 1 then 2 (a server's loss moves its pieces to the others)
-			kill_server "$((lost + 1))" && continue
+			# servers 1 then 2 (a server's loss moves its pieces to the
+			# others), or from $VICTIM0
+			kill_server "$((lost + ${VICTIM0:-1}))" && continue
 			echo "  $label: no failover of server $lost after kill $kill"
 			ok=false
 			break
@@ -189,8 +193,9 @@ if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 		"$CHAOS" dssync:2 "$STEPS"
 	restart_run 3 "async and ssp:2" "held 500 steps ok" "server scheduler server" \
 		"$CHAOS" held 500
-	restart_run 4 "allgather" "allgather 500 steps ok" "scheduler scheduler" \
-		"$CHAOS" allgather 500
+	VICTIM0=0 UNISUM_PARTITION_BYTES=8192 UNISUM_ALLGATHER_PHASES=1 \
+		restart_run 4 "allgather, reduce-scatter, alltoall" "gathers 400 steps ok" \
+		"server scheduler server" "$CHAOS" gathers 400
 	UNISUM_AUTOTUNE=1 UNISUM_AUTOTUNE_STEPS=4 UNISUM_PARTITION_BYTES=262144 \
 		restart_run 5 "autotune (search)" "$TUNE_ROUNDS tuned rounds ok" "scheduler scheduler" \
 		"$CHECK" tune "$TUNE_ROUNDS"

@@ -175,6 +175,23 @@ expect "  ... the launcher went on without it" \
 	contains "$LAST" "server 1 .*killed by signal 9.*the job goes on without it"
 expect "  ... every worker finished" [ "$(printf '%s\n' "$LAST" | grep -c "$ROUNDS failover rounds ok")" -eq 4 ]
 
+# The gathering collectives' homed cuts (on one host, every machine's
+# home is server 0): server 0 dies right after the first reply of a
+# round of each, so some machines have the round and the others not;
+# each machine's last push of a homed piece sums the round again on the
+# new server.
+for name in chaos.rs chaos.gathers.ag chaos.a2a; do
+	check_job "launch: 4 workers on 2 machines, server 0 dies in a round of '$name' (homed)" \
+		env CHAOS_STEP_MS=1 UNISUM_PARTITION_BYTES=8192 UNISUM_TEST_CRASH_AFTER_REPLIES=60:0 \
+		UNISUM_TEST_CRASH_KEY_NAME=$name "$UNISUM" launch -w 4 -s 3 --local-size 2 -- \
+		"$BUILD/chaos_modes" gathers 150
+	expect "  ... server 0 died (the crash hook)" \
+		contains "$LAST" "server 0 .*killed by signal 9.*the job goes on without it"
+	expect "  ... every worker finished, exact" \
+		[ "$(printf '%s\n' "$LAST" | grep -c "gathers 150 steps ok")" -eq 4 ]
+	[ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && break	# the sanitizer runs: one
+done
+
 # The last server.
 log=$(mktemp -d)
 job 2 "$log" rounds 1000000

@@ -368,6 +368,32 @@ static void test_restore(void **state)
 	r.flags = WIRE_FLAG_COMPRESSED | WIRE_FLAG_ZERO;
 	wire_encode(&r, buf);
 	expect_reject(buf, "flags");
+	/* A homed cut's (wire 20): the push answered, raw, its collective in
+	 * aux; ZERO only with PUSHED, and only of a collective that takes it. */
+	r = (struct wire_hdr){.type = WIRE_RESTORE, .flags = WIRE_FLAG_PUSHED,
+			      .dtype = UNISUM_INT32, .count = 5, .payload_len = 20, .round = 9,
+			      .key = 0x10002, .aux = WIRE_OP_SUM};
+	wire_encode(&r, buf);
+	assert_int_equal(decode(buf, &h, why), 0);
+	r.flags = WIRE_FLAG_PUSHED | WIRE_FLAG_ZERO;
+	r.payload_len = 0;
+	wire_encode(&r, buf);
+	expect_reject(buf, "takes no ZERO");
+	r.aux = WIRE_OP_ALLGATHER;
+	wire_encode(&r, buf);
+	assert_int_equal(decode(buf, &h, why), 0);
+	r.flags = WIRE_FLAG_ZERO;
+	wire_encode(&r, buf);
+	expect_reject(buf, "flags");
+	r.flags = WIRE_FLAG_PUSHED | WIRE_FLAG_COMPRESSED;
+	r.dtype = UNISUM_FLOAT32;
+	r.payload_len = 8;
+	wire_encode(&r, buf);
+	expect_reject(buf, "flags");
+	r = (struct wire_hdr){.type = WIRE_RESTORE, .flags = WIRE_FLAG_PUSHED,
+			      .dtype = UNISUM_INT32, .count = 5, .payload_len = 20, .aux = 0x7f};
+	wire_encode(&r, buf);
+	expect_reject(buf, "unknown collective");
 }
 
 /* A COPY (replica.c): the value, then a u32 per contributor; one of
