@@ -490,10 +490,12 @@ static void srv_slot_advance(struct server *srv, struct srv_key *k, struct srv_s
 	s->ready = true;
 	atomic_fetch_add(&srv->rounds, 1);
 	uint32_t round = s->round;
-	bool compressed = k->comp.kind != COMPRESS_NONE, zero = s->result == RESULT_ZERO;
+	bool compressed = k->comp.kind != COMPRESS_NONE;
+	if (compressed)	/* the feedback is round + 1's: a copy sent from now on says so */
+		srv_copy_versioned(k, round, s->result == RESULT_ZERO);
 	srv_answer_waiting(srv, k, s);	/* (each waits for the round before's copy) */
 	if (compressed)	/* then this round's error feedback goes to the backup */
-		srv_copy_encoded(srv, k, round, zero);
+		srv_copy_encoded(srv, k);
 	if (s->active && s->round == round && s->replies == k->nc)
 		srv_slot_reset(k, s);	/* every machine had it (RESTOREs): none pulls */
 }
@@ -702,10 +704,18 @@ static void srv_on_retire(struct server *srv, struct srv_key *k, int w)
 static void srv_copy_answer(struct server *srv, struct srv_key *k, int w, uint32_t round,
 			    bool skip)
 {
-	if (k->server_held)
+	struct srv_slot *s = &k->slot[round & 1];
+	if (k->server_held) {
 		srv_async_answer(srv, k, w, round, skip);
-	else if (k->slot[round & 1].active && k->slot[round & 1].round == round)
-		srv_send_pull(srv, k, &k->slot[round & 1], w, skip);
+	} else if (s->active && s->round == round) {
+		srv_send_pull(srv, k, s, w, skip);
+	} else {	/* (no path leads here: a round is kept until every reply went) */
+		char why[256];
+		snprintf(why, sizeof why, "server %d lost round %u of key 0x%llx while its reply "
+			 "waited for the backup", srv->rank, round, (unsigned long long)k->key);
+		LOG_ERROR("%s", why);
+		srv_reply_error(srv, NULL, srv_key_peer(k, w), k->key, round, UNISUM_EPROTO, why);
+	}
 }
 
 /* Runs one event on its key (the engine's thread, or a loop's). */

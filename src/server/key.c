@@ -178,8 +178,8 @@ static int srv_key_copy_check(struct server *srv, const struct srv_key *k, int w
 		 "whole copy of the key was left (its backup was lost too, or was still catching "
 		 "up)", srv->rank, (unsigned long long)k->key, name,
 		 held ? "async/SSP" : "compressed, with error feedback",
-		 (held ? k->base != NULL : k->copy != NULL || k->copy_have > 0)
-			 ? "its copy here is behind" : "it holds no copy of it",
+		 (held ? k->base != NULL : k->copy_have > 0) ? "its copy here is behind"
+							     : "it holds no copy of it",
 		 srv_worker_name(srv, srv_key_peer(k, w), who, sizeof who), round,
 		 held ? "updates" : "rounds", round - 1, have);
 	return UNISUM_EREMOTE;

@@ -504,10 +504,14 @@ static void srv_copy_idle(struct server *srv, struct srv_key *k)
 		srv_copy_send(srv, k);
 }
 
-void srv_copy_encoded(struct server *srv, struct srv_key *k, uint32_t round, bool zero)
+void srv_copy_versioned(struct srv_key *k, uint32_t round, bool zero)
 {
 	k->ver = round + 1;
 	k->ver_zero = zero;
+}
+
+void srv_copy_encoded(struct server *srv, struct srv_key *k)
+{
 	if (!srv_key_replicated(srv, k))
 		return;
 	struct srv_backup *b = &srv->backup;

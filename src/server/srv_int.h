@@ -492,11 +492,14 @@ void srv_copy_held(struct server *srv, struct srv_key *k, uint32_t gen, uint32_t
 		   void (*answer)(struct server *, struct srv_key *, int, uint32_t, bool));
 /* Engine: contributor w's push was accepted (a new version). */
 void srv_copy_pushed(struct srv_key *k, int w);
-/* Engine: a compressed key's round was encoded (or summed to ZERO) and
- * its waiting replies sent: version round + 1, sent at once unless one
- * is on its way (the encoding stays in the round's slot until round + 2
- * is encoded, which waits for every reply of this one). */
-void srv_copy_encoded(struct server *srv, struct srv_key *k, uint32_t round, bool zero);
+/* Engine: a compressed key's round was encoded (or summed to ZERO): its
+ * feedback is version round + 1 (before any reply of the round: a copy
+ * the gate sends carries it); then, its waiting replies sent, _encoded
+ * sends it unless one is on its way (the encoding stays in the round's
+ * slot until round + 2 is encoded, which waits for every reply of this
+ * one). */
+void srv_copy_versioned(struct srv_key *k, uint32_t round, bool zero);
+void srv_copy_encoded(struct server *srv, struct srv_key *k);
 /* Engine, after an event of key k: on e's dirty list if the backup lacks
  * its newest version, which goes when due (srv_copy_due_ms). */
 void srv_copy_list(struct srv_engine *e, struct srv_key *k);

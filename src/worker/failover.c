@@ -284,8 +284,9 @@ int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L)
 		return 0;
 	/* One machine restores no sums (its re-pushes are the round); an
 	 * async key's new server needs its last push (replicas), and a
-	 * compressed one's re-push its encoding as first sent. */
-	if (t->sync == 0 && w->cfg.num_workers <= 1 && L->cs == NULL)
+	 * compressed one's re-push its encoding as first sent (L->cs comes
+	 * with the first push: the spec says). */
+	if (t->sync == 0 && w->cfg.num_workers <= 1 && t->comp_text[0] == '\0')
 		return 0;
 	L->kept = calloc(L->nparts, sizeof *L->kept);
 	if (L->kept == NULL)

@@ -95,9 +95,9 @@ kill_server() {
 
 # start_job LIMIT PROGRAM ARGS... : in $log, a scheduler,
 # $UNISUM_NUM_SERVER servers (at $SERVER_LOG_LEVEL, default WARNING) and
-# 3 workers running PROGRAM (each under `timeout LIMIT`; the workers'
-# pids in $wpids); returns once the job runs (before, a kill fails the
-# nodes: no book yet).
+# $UNISUM_NUM_WORKER workers running PROGRAM (each under `timeout LIMIT`;
+# the workers' pids in $wpids); returns once the job runs (before, a kill
+# fails the nodes: no book yet).
 start_job() {
 	limit=$1
 	shift
@@ -109,12 +109,12 @@ start_job() {
 		echo $! >"$log/pid.server$s"
 	done
 	wpids=
-	for w in 0 1 2; do
+	for w in $(seq 0 $((UNISUM_NUM_WORKER - 1))); do
 		UNISUM_ROLE=worker UNISUM_WORKER_ID=$w timeout "$limit" "$@" >"$log/worker$w" 2>&1 &
 		wpids="$wpids $!"
 	done
 	for _ in $(seq 200); do
-		grep -q "workers on 3 machines registered" "$log/scheduler" && break
+		grep -q "workers on $UNISUM_NUM_WORKER machines registered" "$log/scheduler" && break
 		sleep 0.05
 	done
 }
@@ -203,10 +203,16 @@ if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 		"$CHECK" compressed 450
 fi
 
-# feedback_run LOG : chaos_modes feedback 300 in LOG; its hashes, one line.
+# feedback_run LOG [SERVER...] : chaos_modes feedback 300 in LOG, each
+# SERVER killed 0.4 s after the last; its hashes, one line.
 feedback_run() {
 	log=$1
+	shift
 	start_job 60 "$CHAOS" feedback 300
+	for victim in "$@"; do
+		sleep 0.4
+		kill -KILL "$(pgrep -P "$(cat "$log/pid.server$victim")")"
+	done
 	for p in $wpids; do wait "$p"; done
 	kill_scheduler
 	wait
@@ -230,6 +236,26 @@ if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	expect "compressed with error feedback: server 1 lost after a round's first reply ($crashed), the round summed again from kept pushes ($again), every output as without a loss" \
 		sh -c "[ -n '$ref' ] && [ '$ref' = '$got' ] && [ $crashed -eq 1 ] && [ $again -ge 1 ]"
 	rm -rf "$log"
+	# Server 1, then server 2, which took over its keys: the feedback it
+	# copied since (to server 0) goes on.
+	log=$(mktemp -d)
+	got=$(feedback_run "$log" 1 2)
+	rm -rf "$log"
+	expect "compressed with error feedback: server 1, then server 2 (which took its keys over) lost, every output as without a loss" \
+		sh -c "[ '$ref' = '$got' ]"
+	# One machine: its re-pushes are its rounds, but it keeps its last
+	# push all the same (its error feedback must not run twice).
+	export UNISUM_NUM_WORKER=1
+	log=$(mktemp -d)
+	ref=$(feedback_run "$log")
+	rm -rf "$log"
+	log=$(mktemp -d)
+	got=$(feedback_run "$log" 1)
+	rm -rf "$log"
+	export UNISUM_NUM_WORKER=3
+	echo "  one machine: hashes without a loss: $ref; with server 1 lost: $got"
+	expect "compressed with error feedback, one machine: server 1 lost, every output as without a loss" \
+		sh -c "[ -n '$ref' ] && [ '$ref' = '$got' ]"
 
 	# A server and its backup lost at once: the job fails (the first's async
 	# keys have no copy left), every worker naming a key and both servers.
