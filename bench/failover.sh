@@ -41,20 +41,25 @@ free_port() {
 	/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# one HOW HB_MS TIMEOUT_MS [held|compressed]: one job; prints the table's
-# row.  With "held", the workers run chaos_modes held instead (an async
-# and an SSP:2 tensor, whose values move to the lost server's backup:
-# UNISUM_REPLICAS); with "compressed", check_sums compressed (fp16 with
-# error feedback, whose feedback moves the same way, and onebit).
+# one HOW HB_MS TIMEOUT_MS [held|compressed|gathers]: one job; prints the
+# table's row.  With "held", the workers run chaos_modes held instead (an
+# async and an SSP:2 tensor, whose values move to the lost server's
+# backup: UNISUM_REPLICAS); with "compressed", check_sums compressed (fp16
+# with error feedback, whose feedback moves the same way, and onebit);
+# with "gathers", chaos_modes gathers (an allgather, a reduce-scatter and
+# an alltoall a step, ring phases on), and the lost server is server 0,
+# the home of every homed cut on one host.
 one() {
 	how=$1 hb=$2 to=$3 mode=${4:-}
 	log=$(mktemp -d)
 	rounds=400 prog="$BUILD/check_sums failover"
 	[ "$mode" = held ] && prog="$BUILD/chaos_modes held"
 	[ "$mode" = compressed ] && prog="$BUILD/check_sums compressed"
+	[ "$mode" = gathers ] && prog="$BUILD/chaos_modes gathers"
 	[ "$how" = hang ] && rounds=$(((3000 + to) / 10))
 	export UNISUM_NUM_WORKER=3 UNISUM_NUM_SERVER=3 UNISUM_SCHEDULER_HOST=127.0.0.1
 	export UNISUM_HEARTBEAT_MS=$hb UNISUM_TIMEOUT_MS=$to UNISUM_PARTITION_BYTES=16384
+	export UNISUM_ALLGATHER_PHASES=1
 	export UNISUM_SCHEDULER_PORT=$(free_port)
 	UNISUM_ROLE=scheduler timeout 300 "$BUILD/unisum" scheduler >"$log/scheduler" 2>&1 &
 	pids=$!
@@ -62,6 +67,9 @@ one() {
 		UNISUM_ROLE=server UNISUM_SERVER_ID=$s "$BUILD/unisum" server >"$log/server$s" 2>&1 &
 		eval "server$s=\$!"
 	done
+	v=1
+	[ "$mode" = gathers ] && v=0
+	eval "victim=\$server$v"
 	for w in 0 1 2; do
 		CHECK_SUMS_TIMES=1 UNISUM_ROLE=worker UNISUM_WORKER_ID=$w timeout 300 \
 			$prog $rounds >"$log/worker$w" 2>&1 &
@@ -69,24 +77,25 @@ one() {
 	done
 	sleep 1
 	# When the scheduler's failover happens (its log line), to 10 ms.
-	(while ! grep -q "failover 1: server 1 is lost" "$log/scheduler" 2>/dev/null; do
+	(while ! grep -q "failover 1: server $v is lost" "$log/scheduler" 2>/dev/null; do
 		sleep 0.01
 	done; date +%s%3N >"$log/noticed") &
 	watcher=$!
 	lost=$(date +%s%3N)
 	case $how in
-	crash) kill -KILL "$server1" ;;
-	hang) kill -STOP "$server1" ;;
+	crash) kill -KILL "$victim" ;;
+	hang) kill -STOP "$victim" ;;
 	esac
 	rc=0
 	for p in $pids; do wait "$p" || rc=1; done
 	kill "$watcher" 2>/dev/null || true
-	kill -KILL "$server1" 2>/dev/null || true
-	kill -CONT "$server1" 2>/dev/null || true
+	kill -KILL "$victim" 2>/dev/null || true
+	kill -CONT "$victim" 2>/dev/null || true
 	wait "$server0" "$server1" "$server2" 2>/dev/null || true
 	ok="$rounds failover rounds ok"
 	[ "$mode" = held ] && ok="held $rounds steps ok"
 	[ "$mode" = compressed ] && ok="$rounds compressed rounds ok"
+	[ "$mode" = gathers ] && ok="gathers $rounds steps ok"
 	if [ $rc -ne 0 ] || ! grep -q "$ok" "$log/worker0"; then
 		echo "failover: the $how job failed; worker 0's log ends:" >&2
 		tail -n 5 "$log/worker0" >&2
@@ -142,4 +151,6 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 	one hang 200 3000 held
 	one crash 200 3000 compressed
 	one hang 200 3000 compressed
+	one crash 200 3000 gathers
+	one hang 200 3000 gathers
 } | tee "$OUT"
