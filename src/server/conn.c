@@ -126,6 +126,7 @@ static int srv_on_hello(struct server *srv, struct srv_conn *c, const struct wir
 	const struct rdv_node *n = rdv_client_node_by_id(srv->rdv, h->sender);
 	if (n != NULL && n->role == CONFIG_ROLE_SERVER && srv->replicate && n->rank != srv->rank) {
 		c->from_server = true;	/* this one is its backup: it sends COPYs */
+		c->from_rank = n->rank;
 		c->worker = srv->npeers;
 		LOG_INFO("server %d backs up server %d", srv->rank, n->rank);
 		return 0;
@@ -718,6 +719,8 @@ static void srv_on_closed(struct loop_conn *lc, int rc, const char *why)
 			loop_conn_flush(lc, 200);
 		}
 	}
+	if (c->from_server)
+		srv_copies_link_closed(srv, c->from_rank);
 	pthread_mutex_lock(&srv->lock);
 	if (c->worker >= 0 && !c->from_server && srv->by_worker[c->worker] == c) {
 		srv->by_worker[c->worker] = NULL;

@@ -100,6 +100,26 @@ void srv_copy_drop(struct server *srv, uint64_t key)
 	srv_copy_free(c);
 }
 
+int srv_copies_drop_from(struct server *srv, uint32_t from)
+{
+	int n = 0;
+	pthread_mutex_lock(&srv->lock);
+	for (size_t i = 0; srv->copies != NULL && i < SRV_COPY_BUCKETS; i++) {
+		for (struct srv_copy **at = &srv->copies[i]; *at != NULL;) {
+			struct srv_copy *c = *at;
+			if (c->from != from) {
+				at = &c->next;
+				continue;
+			}
+			*at = c->next;
+			srv_copy_free(c);
+			n++;
+		}
+	}
+	pthread_mutex_unlock(&srv->lock);
+	return n;
+}
+
 void srv_copies_free(struct server *srv)
 {
 	for (size_t i = 0; srv->copies != NULL && i < SRV_COPY_BUCKETS; i++)

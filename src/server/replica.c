@@ -41,6 +41,9 @@
  * the key (key.c).  When the backup changes, every key's state is sent
  * to the new one (COPY_AGAIN) while training goes on; its replies wait
  * for that copy.  With no server left to be a backup, replies go at once.
+ * A backup whose link from a primary closes with no FAILOVER of that
+ * primary within the timeout (it lives: a network's blip) drops its
+ * copies, stale from then on (srv_backup_chores).
  */
 #include <endian.h>
 #include <pthread.h>
@@ -211,6 +214,64 @@ static bool srv_backup_going_on(struct server *srv)
 	return !b->stop && !atomic_load(&srv->stopping);
 }
 
+/* How long a primary's link may be closed before its copies here are
+ * stale: the scheduler fails a lost server over within its timeout. */
+static int64_t srv_stale_after_ms(const struct server *srv)
+{
+	return (int64_t)srv->cfg->timeout_ms + 2000;
+}
+
+/* Drops the copies of every primary whose link closed long enough ago
+ * with no FAILOVER of it, and cuts the test's link when due; when the
+ * next of these is due, or 0 (b->lock held, let go meanwhile). */
+static int64_t srv_backup_chores(struct server *srv)
+{
+	struct srv_backup *b = &srv->backup;
+	int64_t now = timing_now_ms(), next = 0;
+	if (b->cut_at != 0 && now >= b->cut_at && b->state == BACKUP_UP) {
+		LOG_WARN("UNISUM_TEST_CUT_BACKUP_MS: server %d cuts its link to its backup, server %d",
+			 srv->rank, b->rank);
+		loop_conn_shutdown(b->lc);
+		b->cut_at = 0;
+	}
+	if (b->cut_at != 0)
+		next = b->cut_at;
+	for (int r = 0; r < b->nservers; r++) {
+		int64_t due = b->gone_ms[r] != 0 ? b->gone_ms[r] + srv_stale_after_ms(srv) : 0;
+		if (due == 0 || now < due) {
+			next = due != 0 && (next == 0 || due < next) ? due : next;
+			continue;
+		}
+		b->gone_ms[r] = 0;
+		pthread_mutex_unlock(&b->lock);
+		int n = srv_copies_drop_from(srv, (uint32_t)r);
+		LOG_INFO("server %d dropped the %d copies of server %d: its link closed and it was "
+			 "not failed over, so it lives and copies to another server (these are stale "
+			 "from then on, and must not be taken over)", srv->rank, n, r);
+		pthread_mutex_lock(&b->lock);
+	}
+	return next;
+}
+
+/* Waits until a backup is wanted or the thread stops, doing the chores
+ * when due (b->lock held). */
+static void srv_backup_wait(struct server *srv)
+{
+	struct srv_backup *b = &srv->backup;
+	while (!b->stop && !b->want) {
+		int64_t next = srv_backup_chores(srv);
+		if (b->stop || b->want)
+			break;
+		if (next == 0) {
+			pthread_cond_wait(&b->cond, &b->lock);
+		} else {
+			int64_t wait = next - timing_now_ms();
+			struct timespec until = timing_deadline(wait > 0 ? (int)wait : 0);
+			pthread_cond_timedwait(&b->cond, &b->lock, &until);
+		}
+	}
+}
+
 /* The backup's thread: dials the next backup whenever one is wanted. */
 static void *srv_backup_main(void *arg)
 {
@@ -219,8 +280,7 @@ static void *srv_backup_main(void *arg)
 	struct srv_backup *b = &srv->backup;
 	pthread_mutex_lock(&b->lock);
 	for (;;) {
-		while (!b->stop && !b->want)
-			pthread_cond_wait(&b->cond, &b->lock);
+		srv_backup_wait(srv);
 		if (b->stop)
 			break;
 		b->want = false;
@@ -241,6 +301,10 @@ static void *srv_backup_main(void *arg)
 			atomic_fetch_add(&b->gen, 1);
 		} else {
 			LOG_INFO("server %d copies its async keys to server %d", srv->rank, r);
+			if (b->cut_ms > 0) {	/* (tests only: once) */
+				b->cut_at = timing_now_ms() + b->cut_ms;
+				b->cut_ms = 0;
+			}
 		}
 		uint32_t gen = atomic_load(&b->gen);
 		pthread_mutex_unlock(&b->lock);
@@ -262,6 +326,8 @@ static void srv_backup_on_failover(void *arg, const struct rdv_failover *f)
 	struct srv_backup *b = &srv->backup;
 	pthread_mutex_lock(&b->lock);
 	if (f->dead >= 0 && f->dead < b->nservers) {
+		b->failed[f->dead] = 1;	/* its copies here are its keys' now */
+		b->gone_ms[f->dead] = 0;
 		b->dead[f->dead] = 1;
 		if (b->state == BACKUP_UP && b->rank == f->dead)
 			loop_conn_shutdown(b->lc);
@@ -278,8 +344,18 @@ int srv_backup_init(struct server *srv)
 	if (!on)
 		return 0;
 	b->dead = calloc((size_t)b->nservers, 1);
-	if (b->dead == NULL)
+	b->failed = calloc((size_t)b->nservers, 1);
+	b->gone_ms = calloc((size_t)b->nservers, sizeof *b->gone_ms);
+	if (b->dead == NULL || b->failed == NULL || b->gone_ms == NULL) {
+		free(b->dead);
+		free(b->failed);
+		free(b->gone_ms);
+		b->dead = b->failed = NULL;
+		b->gone_ms = NULL;
 		return UNISUM_ENOMEM;
+	}
+	const char *cut = getenv("UNISUM_TEST_CUT_BACKUP_MS");
+	b->cut_ms = cut != NULL ? atol(cut) : 0;
 	b->dead[srv->rank] = 1;
 	pthread_mutex_init(&b->lock, NULL);
 	if (timing_cond_init(&b->cond) != 0) {	/* timed waits on the monotonic clock */
@@ -342,7 +418,10 @@ void srv_backup_free(struct server *srv)
 		b->inited = false;
 	}
 	free(b->dead);
-	b->dead = NULL;
+	free(b->failed);
+	free(b->gone_ms);
+	b->dead = b->failed = NULL;
+	b->gone_ms = NULL;
 	srv_copies_free(srv);
 }
 
@@ -657,6 +736,19 @@ int srv_copy_install(struct srv_key *k)
 }
 
 /* ---- the backup's side ---------------------------------------------------- */
+
+void srv_copies_link_closed(struct server *srv, int r)
+{
+	struct srv_backup *b = &srv->backup;
+	if (!srv->replicate || r < 0 || r >= b->nservers || atomic_load(&srv->stopping))
+		return;
+	pthread_mutex_lock(&b->lock);
+	if (!b->failed[r]) {
+		b->gone_ms[r] = timing_now_ms();
+		pthread_cond_signal(&b->cond);
+	}
+	pthread_mutex_unlock(&b->lock);
+}
 
 int srv_copy_head(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
 		  size_t len)

@@ -258,6 +258,17 @@ struct srv_backup {
 	struct srv_link *links;	/* every link made, freed at the end */
 	uint8_t *dead;		/* [servers] ranks this server lost (never a backup again) */
 	int nservers;
+	/* As a backup: a primary's link closed at gone_ms[r] (0: none
+	 * pending); unless the scheduler fails r over (failed[r]) within
+	 * UNISUM_TIMEOUT_MS and a margin, r lives and copies to another
+	 * server now, and its copies here, stale from then on, are dropped
+	 * (a later declaration of one of its keys here must not take it). */
+	int64_t *gone_ms;
+	uint8_t *failed;
+	int64_t cut_ms;		/* UNISUM_TEST_CUT_BACKUP_MS (tests only): the first link
+				 * is cut this long after it came up, as a network would
+				 * (cut_at: then; 0: not pending) */
+	int64_t cut_at;
 };
 
 /* A link to a backup (the loop connection's arg). */
@@ -296,7 +307,8 @@ struct srv_conn {
 	struct loop_conn *lc;	/* NULL until the loop took it */
 	struct tp_conn *conn;	/* lc's transport connection */
 	int worker;		/* its machine after hello, -1 before (a server: npeers) */
-	bool from_server;	/* a server whose backup this one is (its COPYs) */
+	bool from_server;	/* a server whose backup this one is (its COPYs) ... */
+	int from_rank;		/* ... of this rank */
 	const struct transport_ops *tp;	/* the listener's that accepted it: TCP or IPC */
 	struct srv_pend pend;	/* the loop's thread's */
 	/* A DECLARE_CHECK of a key this worker undeclared, before the others
@@ -460,6 +472,8 @@ int srv_copy_put(struct server *srv, struct srv_copy *c);
  * memory and, once, through the scheduler to every process of the job. */
 void srv_out_of_memory(struct server *srv, const char *what);
 void srv_copy_drop(struct server *srv, uint64_t key);
+/* Drops every copy server `from` sent; how many. */
+int srv_copies_drop_from(struct server *srv, uint32_t from);
 void srv_copies_free(struct server *srv);
 void srv_key_free(struct srv_key *k);
 void srv_key_unpin(struct srv_key *k);
@@ -521,6 +535,9 @@ int srv_copy_head(struct server *srv, struct srv_conn *c, const struct wire_hdr 
 		  size_t len);
 int srv_copy_message(struct server *srv, struct srv_conn *c, const struct wire_hdr *h, char *why,
 		     size_t len);
+/* Connection from server r (its primary) closed: its copies go stale
+ * unless a FAILOVER of r follows (srv_backup_main drops them). */
+void srv_copies_link_closed(struct server *srv, int r);
 
 /* stall.c: an engine's look for stalls (its thread's), and how often */
 void srv_check_stalls(struct server *srv, struct srv_engine *e);

@@ -274,12 +274,10 @@ static int wk_send_push(struct wk_conn *c, struct wk_job *j)
 	pull.count = 0;
 	pull.payload_len = 0;
 	bool traced = j->op->traced;
-	/* Its PULL's phase has not come: it stays back.  (A
-	 * phased job is never routed again: failover does not
-	 * move a gathering collective's keys, it fails the job.) */
-	/* A push again after a failover takes its PULL along: the phase's
-	 * JOB_PULL may have gone to the lost server, and one that comes
-	 * later finds it sent (wk_send_control). */
+	/* Its PULL's phase has not come: it stays back.  A push again
+	 * after a failover takes its PULL along: the phase's JOB_PULL may
+	 * have gone to the lost server, and one that comes later finds it
+	 * sent (wk_send_control). */
 	bool held = !j->repushed && j->phase > atomic_load(&j->op->phase_sent);
 	j->pull_waiting = held;
 	/* The PULL rides on the PUSH (one message, one send fewer) unless

@@ -325,6 +325,35 @@ if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
 	rm -rf "$log"
 fi
 
+# A primary's link to its backup cut while both live (a network's blip:
+# UNISUM_TEST_CUT_BACKUP_MS, every server's first link): each primary
+# dials the next server and copies everything there; each backup that
+# lost its link drops that primary's copies once UNISUM_TIMEOUT_MS and a
+# margin pass with no failover of it (they are stale from then on: a
+# later declaration of one of those keys there must not take one).
+if [ "${UNISUM_TEST_LIGHT:-0}" != 1 ]; then
+	log=$(mktemp -d)
+	export UNISUM_TIMEOUT_MS=1000
+	SERVER_LOG_LEVEL=INFO
+	UNISUM_TEST_CUT_BACKUP_MS=300 start_job 60 "$CHAOS" held 1100
+	SERVER_LOG_LEVEL=WARNING
+	ok=true
+	for p in $wpids; do wait "$p" || ok=false; done
+	kill_scheduler
+	wait
+	unset UNISUM_TEST_CUT_BACKUP_MS
+	finished=$(cat "$log"/worker* | grep -c "held 1100 steps ok")
+	cuts=$(cat "$log"/server* | grep -c "UNISUM_TEST_CUT_BACKUP_MS: server .* cuts its link")
+	drops=$(cat "$log"/server* | grep -c "dropped the [1-9][0-9]* copies of server .*it was not failed over")
+	[ "$finished" -eq 3 ] && [ "$cuts" -eq 3 ] && [ "$drops" -eq 3 ] || {
+		ok=false
+		grep -h "cuts its link\|dropped the\|lost its backup" "$log"/server* | sed 's/^/    /'
+	}
+	expect "a primary's link to its backup cut while both live ($cuts of 3): each backup drops the stale copies ($drops of 3); $finished workers finished exact" "$ok"
+	export UNISUM_TIMEOUT_MS=3000
+	rm -rf "$log"
+fi
+
 # A backup that hangs (SIGSTOP: alive, its links open, silent): the
 # scheduler fails it over after UNISUM_TIMEOUT_MS and tells the servers
 # too, so its primary cuts the link and copies to the next (else every
