@@ -110,9 +110,15 @@ static const struct knob config_knobs[] = {
 	 "1: when a server is lost, the scheduler moves its partitions to the others and the "
 	 "round completes with exact sums (lock-step tensors); 0: the job fails, naming it"},
 	{"UNISUM_REPLICAS", NULL, NULL, KNOB_INT, FIELD(replicas), "1", 0, 1,
-	 "1: each server copies the state of its async and SSP keys, after aggregation, to the "
-	 "next server (its backup), and answers a pull once the backup holds it, so that "
-	 "failover moves those keys too (the scheduler and every server must agree); 0: none"},
+	 "1: each server copies the state of its async and SSP keys, and its compressed keys' "
+	 "error feedback, after aggregation, to the next server (its backup), and answers a "
+	 "pull once the backup holds it, so that failover moves those keys too (the scheduler "
+	 "and every server must agree); 0: none"},
+	{"UNISUM_GATHER_FAILOVER", NULL, NULL, KNOB_INT, FIELD(gather_failover), "1", 0, 1,
+	 "1: each machine keeps its last push of every piece of an allgather, reduce-scatter "
+	 "or alltoall (a copy of the pushed bytes each round), so that failover moves their "
+	 "pieces too; 0: none, and losing a server that held one fails the job (the scheduler "
+	 "and every worker must agree)"},
 	{"UNISUM_ELASTIC", NULL, NULL, KNOB_INT, FIELD(elastic), "0", 0, 1,
 	 "1: an elastic job (`unisum launch --elastic`): a lost worker, or workers waiting to "
 	 "join, re-form the job at its new size (every worker's operations fail with "

@@ -92,6 +92,7 @@ struct config {
 					 * ring phases (src/worker/cuts.c) */
 	int server_failover;		/* a lost server's partitions move to the others */
 	int replicas;			/* servers copy held state to a backup (0 or 1) */
+	int gather_failover;		/* workers keep homed cuts' last pushes (0 or 1) */
 	int elastic;			/* workers come and go: the job re-forms */
 	int elastic_min_workers;	/* ... and fails below this many */
 	int placement;			/* scheduler: enum placement_policy */

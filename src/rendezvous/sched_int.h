@@ -149,6 +149,7 @@ struct rdv_scheduler {
 	uint8_t *replaced;		/* [num_servers] a replacement took the rank: it holds
 					 * no copies of other servers' keys, or NULL */
 	int replicas;			/* UNISUM_REPLICAS: async and SSP keys have copies */
+	int gather_failover;		/* UNISUM_GATHER_FAILOVER: homed cuts move */
 	int failovers;			/* how many so far */
 	struct sched_moved_off {
 		uint32_t n;

@@ -459,9 +459,9 @@ static bool sched_feedback(const struct sched_tensor *t)
 /* Why tensor t's pieces cannot change servers (its state would be lost),
  * or NULL: a server of an async or SSP tensor holds its value, and of a
  * compressed tensor with error feedback that feedback (unless its backup
- * holds a copy: UNISUM_REPLICAS).  (A gathering collective's homed cut
- * moves: each machine keeps its last push, and the new server sums the
- * round again from them.) */
+ * holds a copy: UNISUM_REPLICAS).  A gathering collective's homed cut
+ * moves when each machine keeps its last push (UNISUM_GATHER_FAILOVER),
+ * from which the new server sums the round again. */
 static const char *sched_unmovable(const struct rdv_scheduler *s, const struct sched_tensor *t)
 {
 	return t->sync != 0 && !s->replicas
@@ -469,6 +469,9 @@ static const char *sched_unmovable(const struct rdv_scheduler *s, const struct s
 	       : sched_feedback(t) && !s->replicas
 		       ? "a compressed tensor, whose error feedback the server held "
 			 "(UNISUM_REPLICAS=0)"
+	       : t->nsegs > 0 && !s->gather_failover
+		       ? "a gathering collective's tensor (allgather, alltoall, reduce-scatter), "
+			 "whose rows only the server had (UNISUM_GATHER_FAILOVER=0)"
 		       : NULL;
 }
 

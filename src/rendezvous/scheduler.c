@@ -741,6 +741,7 @@ static void sched_take_config(struct rdv_scheduler *s, const struct config *cfg)
 	s->stall_abort_ms = cfg->stall_abort_ms;
 	s->server_failover = cfg->server_failover;
 	s->replicas = cfg->replicas && !cfg->elastic;	/* as the servers decide (replica.c) */
+	s->gather_failover = cfg->gather_failover;	/* as the workers decide (wk_kept_init) */
 	s->elastic = cfg->elastic;
 	s->min_workers = cfg->elastic_min_workers;
 	s->max_servers = cfg->num_servers;

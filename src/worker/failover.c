@@ -282,6 +282,11 @@ int wk_kept_init(const struct wk_tensor *t, struct wk_layout *L)
 	bool pushes = t->nranks > 0 || w->to_servers;
 	if (!w->keep_replies || !pushes || L->nparts == 0)
 		return 0;
+	/* A homed cut's last pushes cost a copy of every push: kept only
+	 * with UNISUM_GATHER_FAILOVER (without, a failover fails the job:
+	 * sched_unmovable). */
+	if (L->homed != 0 && !w->cfg.gather_failover)
+		return 0;
 	/* One machine restores no sums (its re-pushes are the round); an
 	 * async key's new server needs its last push (replicas), and a
 	 * compressed one's re-push its encoding as first sent (L->cs comes

@@ -191,6 +191,14 @@ for name in chaos.rs chaos.gathers.ag chaos.a2a; do
 		[ "$(printf '%s\n' "$LAST" | grep -c "gathers 150 steps ok")" -eq 4 ]
 	[ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && break	# the sanitizer runs: one
 done
+# Without the kept pushes (UNISUM_GATHER_FAILOVER=0) the job fails,
+# naming the variable.
+out=$(env CHAOS_STEP_MS=1 UNISUM_PARTITION_BYTES=8192 UNISUM_TEST_CRASH_AFTER_REPLIES=60:0 \
+	UNISUM_TEST_CRASH_KEY_NAME=chaos.rs UNISUM_GATHER_FAILOVER=0 timeout 120 "$UNISUM" launch \
+	-w 4 -s 3 --local-size 2 -- "$BUILD/chaos_modes" gathers 150 2>&1)
+rc=$?
+expect "launch: UNISUM_GATHER_FAILOVER=0, server 0 dies in a round of 'chaos.rs': the job fails ($rc), naming the variable" \
+	sh -c '[ "$1" -ne 0 ] && printf "%s\n" "$2" | grep -q "UNISUM_GATHER_FAILOVER=0"' _ "$rc" "$out"
 
 # The last server.
 log=$(mktemp -d)
