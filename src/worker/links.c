@@ -210,6 +210,25 @@ static void wk_serve_on_loop(void *arg)
 	pthread_mutex_unlock(&sv->lock);
 }
 
+/* The hello to c failed (rc): a server that hangs up then is usually
+ * failing itself (out of descriptors, say), which the scheduler is about
+ * to announce; its notice gets a moment, so that the error names the
+ * root cause rather than the echo.  Returns the error. */
+static int wk_hello_failed(struct worker *w, const struct wk_conn *c, int rc)
+{
+	char root[600] = "";
+	pthread_mutex_lock(&w->lock);
+	struct timespec until = timing_deadline(2000);
+	while (w->failed == 0 && pthread_cond_timedwait(&w->failed_cond, &w->lock, &until) == 0)
+		;
+	if (w->failed != 0) {
+		rc = w->failed;
+		snprintf(root, sizeof root, ": the job failed: %s", w->failed_why);
+	}
+	pthread_mutex_unlock(&w->lock);
+	return log_fail(rc, "worker %d lost %s while saying hello%s", w->rank, c->label, root);
+}
+
 /* Serves cs[0..n) (connected and authenticated), each on its loop, and
  * says hello on each.  0 or an error. */
 static int wk_serve(struct worker *w, struct wk_conn **cs, int n)
@@ -247,8 +266,7 @@ static int wk_serve(struct worker *w, struct wk_conn **cs, int n)
 	struct wire_hdr hello = {.type = WIRE_REGISTER, .sender = rdv_client_id(w->rdv)};
 	for (int i = 0; i < n; i++)
 		if ((rc = loop_conn_send(cs[i]->lc, &hello, NULL)) != 0)
-			return log_fail(rc, "worker %d lost %s while saying hello", w->rank,
-					cs[i]->label);
+			return wk_hello_failed(w, cs[i], rc);
 	return 0;
 }
 
