@@ -476,8 +476,8 @@ struct worker {
  * check_layers.py holds them to it.  The connection layer calls up only
  * through w->up (struct wk_conn_upcalls).
  *
- *   stats.c, meter.c, conns.c, links.c, failover.c, phase.c, part.c, members.c,
- *   announce.c, cuts.c, tensor.c, dssync.c, op.c, gather.c, join.c, pset.c,
+ *   stats.c, meter.c, keep.c, conns.c, links.c, failover.c, phase.c, part.c,
+ *   members.c, announce.c, cuts.c, tensor.c, dssync.c, op.c, gather.c, join.c, pset.c,
  *   worker.c
  *
  * api.c (unisum.h's functions) comes after them all; the local path
@@ -507,6 +507,18 @@ void wk_meter_acked(struct worker *w, size_t bytes, int64_t sent);
 void wk_meter_local(struct worker *w, size_t bytes);
 void wk_meter_read(struct worker *w, struct tune_meas *out);
 
+/* keep.c: what a worker keeps of its pushes for failover.  The bytes a
+ * push of count elements of t puts on the wire (cs NULL: raw); a
+ * compressed push encoded into *encoded (len bytes, malloc'd; under
+ * failover once, kept in j->enc: 0 or UNISUM_ENOMEM, c->lock held); a
+ * kept push staged as its reply's header comes (wk_keep_push), and kept
+ * once the reply is whole (wk_kept_answered, which also counts the
+ * round done). */
+size_t wk_push_bytes(const struct wk_tensor *t, uint64_t count, const struct compress_state *cs);
+int wk_encode_push(struct wk_conn *c, struct wk_job *j, size_t len, void **encoded);
+void wk_keep_push(struct wk_job *j);
+void wk_kept_answered(struct wk_job *j);
+
 /* conns.c: the connections to the servers: sending a job (from the
  * thread that routes or queues it), the replies (loop callbacks,
  * wk_conn_ops), the end of a connection (wk_conn_fail), and the PUSH
@@ -534,8 +546,6 @@ void wk_task_run(struct wk_task *t);
 int wk_connect_servers(struct worker *w);
 void wk_close_conns(struct worker *w);
 int wk_reconnect(struct worker *w, struct wk_conn *c, const struct rdv_node *n);
-/* What a push of count elements of t puts on the wire (cs NULL: raw). */
-size_t wk_push_bytes(const struct wk_tensor *t, uint64_t count, const struct compress_state *cs);
 
 /* failover.c: the server to send `key`'s jobs to (`placed` unless it
  * moved; while the hand-over of the server it moved from runs, that one,
