@@ -529,10 +529,9 @@ static void srv_on_push(struct server *srv, struct srv_key *k, const struct srv_
 	struct srv_slot *s = &k->slot[ev->round & 1];
 	if (k->poison != NULL)
 		return;	/* never summed: its pull gets the error */
-	if (s->active && s->restored && s->round != ev->round)
-		srv_slot_reset(k, s);	/* restored round r - 2: every machine has it */
-	if (s->active && s->round + 2 <= ev->round)
-		srv_slot_reset(k, s);	/* a failover's RESTOREs of a round no one needed */
+	if (s->active && s->round < ev->round)
+		srv_slot_reset(k, s);	/* round r - 2 (restored, or a failover's RESTOREs of a
+					 * round no one needed): every machine has it */
 	if (s->active && s->restored) {
 		/* A laggard's push of a round restored (failover): in the sum. */
 		LOG_DEBUG("key 0x%llx round %u: %d's push is in the restored sum",

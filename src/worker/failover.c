@@ -173,18 +173,25 @@ static int wk_queue_declare(struct wk_conn *c, uint64_t key, unisum_dtype dtype,
 
 /* Queues on c a job of `type` (RESTORE, its payload `in` and what of it
  * to free once sent, `owned`; RETIRE) for piece `key`.  0 or an error. */
-static int wk_queue_job(struct wk_conn *c, int type, uint64_t key, unisum_dtype dtype,
-			uint64_t count, uint32_t round, const void *in, void *owned, size_t len)
+/* Queues on c a job made as *tmpl.  0 or an error. */
+static int wk_queue(struct wk_conn *c, const struct wk_job *tmpl)
 {
-	struct wk_job *j = calloc(1, sizeof *j);
+	struct wk_job *j = malloc(sizeof *j);
 	if (j == NULL)
 		return UNISUM_ENOMEM;
-	*j = (struct wk_job){.type = type, .key = key, .dtype = dtype, .count = count, .round = round,
-			     .in = in, .owned = owned, .restore_len = len};
+	*j = *tmpl;
 	int rc = wk_enqueue(c, j);
 	if (rc != 0)
 		free(j);
 	return rc;
+}
+
+static int wk_queue_job(struct wk_conn *c, int type, uint64_t key, unisum_dtype dtype,
+			uint64_t count, uint32_t round, const void *in, void *owned, size_t len)
+{
+	return wk_queue(c, &(struct wk_job){.type = type, .key = key, .dtype = dtype,
+					    .count = count, .round = round, .in = in,
+					    .owned = owned, .restore_len = len});
 }
 
 /* Queues on c the RESTORE of a homed cut's piece `key`: this worker's
@@ -193,17 +200,12 @@ static int wk_queue_job(struct wk_conn *c, int type, uint64_t key, unisum_dtype 
 static int wk_queue_pushed(struct wk_conn *c, uint64_t key, unisum_dtype dtype, uint64_t count,
 			   uint32_t round, const void *data, uint32_t op)
 {
-	struct wk_job *j = calloc(1, sizeof *j);
-	if (j == NULL)
-		return UNISUM_ENOMEM;
-	*j = (struct wk_job){.type = JOB_RESTORE, .key = key, .dtype = dtype, .count = count,
-			     .round = round, .in = data, .wire_op = op,
-			     .restore_flags = (uint16_t)(WIRE_FLAG_PUSHED |
-							 (data == NULL ? WIRE_FLAG_ZERO : 0))};
-	int rc = wk_enqueue(c, j);
-	if (rc != 0)
-		free(j);
-	return rc;
+	return wk_queue(c, &(struct wk_job){.type = JOB_RESTORE, .key = key, .dtype = dtype,
+					    .count = count, .round = round, .in = data,
+					    .wire_op = op,
+					    .restore_flags = (uint16_t)(WIRE_FLAG_PUSHED |
+									(data == NULL ? WIRE_FLAG_ZERO
+										      : 0))});
 }
 
 int wk_move_key(struct worker *w, struct wk_conn *c, struct wk_job *j, int to)
