@@ -54,6 +54,8 @@ binutils         test   readelf
 groff-base       test   groff
 libcmocka-dev    test
 libsodium-dev    test
+libucx-dev       test
+ucx-utils        test   ucx_info
 clang            test   clang
 libclang-rt-14-dev test
 iproute2         test   ip tc ss

@@ -126,6 +126,11 @@ static const struct knob config_knobs[] = {
 	 "machine, lock-step tensors only"},
 	{"UNISUM_ELASTIC_MIN_WORKERS", NULL, NULL, KNOB_INT, FIELD(elastic_min_workers), "1", 1,
 	 65535, "an elastic job fails when fewer workers than this are left"},
+	{"UNISUM_TRANSPORT", NULL, NULL, KNOB_STRING, FIELD(transport), "tcp", 0, 0,
+	 "how workers and servers move data between hosts (and on one host with UNISUM_IPC=0): "
+	 "tcp, or ucx (UCX's active messages over whatever UCX picks: InfiniBand, RoCE, TCP, "
+	 "shared memory; UCX_TLS, UCX_NET_DEVICES and UCX's other variables pass through); "
+	 "every node of a job must agree (the scheduler's own link stays TCP)"},
 	{"UNISUM_IPC", NULL, NULL, KNOB_INT, FIELD(ipc), "1", 0, 1,
 	 "1: a worker and a server on the same host pass the data by cross-memory attach (the "
 	 "socket carries headers only; BytePS's IPC mode); 0: through the socket"},
@@ -468,6 +473,10 @@ int config_load(struct config *cfg, char *err, size_t err_len)
 	int rc = config_check_pairs(cfg, err, err_len);
 	if (rc == 0)
 		rc = config_check_sync(cfg, err, err_len);
+	if (rc == 0 && strcmp(cfg->transport, "tcp") != 0 && strcmp(cfg->transport, "ucx") != 0) {
+		snprintf(err, err_len, "UNISUM_TRANSPORT='%s' must be tcp or ucx", cfg->transport);
+		rc = UNISUM_ECONFIG;
+	}
 	if (rc != 0)
 		return rc;
 	if (cfg->autotune == CONFIG_AUTOTUNE_AUTO)

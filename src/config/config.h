@@ -66,6 +66,7 @@ struct config {
 	uint64_t credit_bytes;		/* PUSH-stage credit in bytes (resolved at load, never 0) */
 	uint64_t credit_parts;		/* the same in partitions (BytePS's unit), 0 = unset */
 	char sync[32];			/* default sync mode: "sync" (lock-step) or "async" */
+	char transport[8];		/* between workers and servers: "tcp" or "ucx" */
 	int enable_async;		/* BYTEPS_ENABLE_ASYNC: 1 means sync = "async" */
 	uint64_t min_compress_bytes;	/* smaller tensors go uncompressed (UNISUM_MIN_COMPRESS_BYTES) */
 	int dssync_every;		/* dssync: every this many steps is a global one (0: none) */

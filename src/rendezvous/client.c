@@ -567,6 +567,7 @@ static int rdv_register(struct rdv_client *c, const struct config *cfg, int list
 		return log_fail(UNISUM_ECONFIG, "this node's address '%s' (UNISUM_NODE_HOST) is longer "
 				"than %zu characters", cfg->node_host, sizeof m.host - 1);
 	memcpy(m.host, cfg->node_host, strlen(cfg->node_host) + 1);
+	snprintf(m.transport, sizeof m.transport, "%s", cfg->transport[0] ? cfg->transport : "tcp");
 	rdv_host_identity(m.host_id, sizeof m.host_id);
 	c->reg = m;
 	struct wire_buf b;

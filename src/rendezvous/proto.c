@@ -24,6 +24,7 @@ void rdv_register_encode(const struct rdv_register *m, struct wire_buf *b)
 	wire_buf_u32(b, (uint32_t)m->pid);
 	wire_buf_str(b, m->host_id);
 	wire_buf_u32(b, (uint32_t)m->rack);
+	wire_buf_str(b, m->transport);
 	const struct rdv_resume *z = &m->resume;
 	wire_buf_u32(b, z->on);
 	if (!z->on)
@@ -74,6 +75,7 @@ int rdv_register_decode(const void *payload, size_t len, struct rdv_register *m)
 	m->pid = (int)wire_read_u32(&r);
 	wire_read_str(&r, m->host_id, sizeof m->host_id);
 	m->rack = (int)(int32_t)wire_read_u32(&r);
+	wire_read_str(&r, m->transport, sizeof m->transport);
 	memset(&m->resume, 0, sizeof m->resume);
 	m->resume.on = wire_read_u32(&r);
 	if (m->resume.on == 1)

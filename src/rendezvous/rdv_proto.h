@@ -5,7 +5,7 @@
  *   REGISTER   u32 role, u32 requested rank (int32, -1 = any; a worker's machine
  *              index), u32 port, u32 local rank, u32 local size (servers 0, 1), str host,
  *              u32 pid, str host identity, u32 rack (int32, UNISUM_RACK, -1 = none),
- *              u32 resume (0: a fresh node; 1: a node of a running job whose
+ *              str transport (UNISUM_TRANSPORT), u32 resume (0: a fresh node; 1: a node of a running job whose
  *              scheduler was lost, then struct rdv_resume's fields in order,
  *              the lost servers as u32 n and n x u32)
  *   HELD       worker -> a restarted scheduler: header key, dtype, count, aux = sync;
@@ -82,6 +82,7 @@ struct rdv_register {
 	int pid;
 	char host_id[64];		/* boot id and namespaces (rdv_client_same_host) */
 	int rack;			/* UNISUM_RACK: -1 = none */
+	char transport[8];		/* UNISUM_TRANSPORT: "tcp" or "ucx" */
 	struct rdv_resume resume;	/* resume.on 0: a fresh node */
 };
 void rdv_register_encode(const struct rdv_register *m, struct wire_buf *b);

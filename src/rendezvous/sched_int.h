@@ -137,6 +137,8 @@ struct rdv_scheduler {
 	struct placement placement;	/* policy, weights (set once all registered), loads */
 	int *home_server;		/* [num_machines] the server on that machine's host, or -1
 					 * (set with the weights) */
+	char transport[8];		/* the first node's UNISUM_TRANSPORT, "" before it */
+	char transport_who[160];	/* ... and that node, for the error */
 	int worker_rack;		/* the first worker's UNISUM_RACK (every worker sets
 					 * one or none: -1), or -2 before the first */
 	struct sched_rack *racks;	/* [nracks] the racks that have servers (set with the

@@ -184,6 +184,31 @@ static int sched_worker_rack(struct rdv_scheduler *s, struct sched_node *n,
 	return 0;
 }
 
+/* Whether REGISTER m's UNISUM_TRANSPORT differs from the first node's:
+ * then the job fails naming both (the node hears why) and UNISUM_EPROTO
+ * closes the connection: TCP and UCX cannot reach each other.  Else the
+ * first node's is noted.  Called with s->lock held. */
+static int sched_check_transport(struct rdv_scheduler *s, struct sched_node *n,
+				 const struct rdv_register *m, char *why, size_t why_len)
+{
+	char who[160];
+	snprintf(who, sizeof who, "%s %d at %s", config_role_name(m->role),
+		 m->req_rank, m->host);
+	if (s->transport[0] == '\0') {
+		snprintf(s->transport, sizeof s->transport, "%s", m->transport);
+		snprintf(s->transport_who, sizeof s->transport_who, "%s", who);
+		return 0;
+	}
+	if (strcmp(s->transport, m->transport) == 0)
+		return 0;
+	snprintf(why, why_len, "%s (%s) has UNISUM_TRANSPORT=%s but %s has UNISUM_TRANSPORT=%s: "
+		 "every node of a job must use the same transport", who, s->tp->peer_name(n->conn),
+		 m->transport, s->transport_who, s->transport);
+	sched_send_error(n, UNISUM_ECONFIG, why);
+	sched_fail(s, UNISUM_ECONFIG, why);
+	return UNISUM_EPROTO;
+}
+
 /* A node's REGISTER: checked, then the node counts, or (elastic) waits
  * for the next generation, or (failover) replaces a lost server; the
  * address book goes out once every node has registered.  0, or an error
@@ -205,6 +230,11 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 		pthread_mutex_unlock(&s->lock);
 		snprintf(why, why_len, "the job had failed");
 		return UNISUM_ESHUTDOWN;
+	}
+	int crc = sched_check_transport(s, n, &m, why, why_len);
+	if (crc != 0) {
+		pthread_mutex_unlock(&s->lock);
+		return crc;
 	}
 	if (m.resume.on) {
 		int rrc = sched_on_resume(s, n, &m, why, why_len);

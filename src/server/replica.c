@@ -164,12 +164,19 @@ static int srv_backup_dial(struct server *srv, int r)
 	if (n == NULL)
 		return UNISUM_EINVAL;
 	struct tp_conn *conn = NULL;
-	int rc = transport_connect(transport_tcp(), n->host, n->port, SRV_BACKUP_DIAL_MS, &conn);
+	/* In short tries, so that a job that ends meanwhile (its servers
+	 * refusing as they stop) does not hold this thread, and the
+	 * server's stop, for the whole of SRV_BACKUP_DIAL_MS. */
+	int64_t until = timing_now_ms() + SRV_BACKUP_DIAL_MS;
+	int rc;
+	while ((rc = transport_connect(srv->tp, n->host, n->port, 200, &conn)) == UNISUM_ECONN &&
+	       timing_now_ms() < until && !atomic_load(&srv->stopping) && !b->stop)
+		;
 	if (rc != 0)
 		return rc;
 	struct srv_link *L = calloc(1, sizeof *L);
 	if (L == NULL) {
-		transport_tcp()->conn_free(conn);
+		srv->tp->conn_free(conn);
 		return UNISUM_ENOMEM;
 	}
 	L->srv = srv;
@@ -177,11 +184,11 @@ static int srv_backup_dial(struct server *srv, int r)
 	unsigned pick = atomic_fetch_add(&srv->next_loop, 1) % (unsigned)srv->pool.n;
 	pthread_mutex_lock(&b->lock);
 	L->gen = atomic_load(&b->gen) + 1;
-	rc = loop_conn_new(srv->pool.loops[pick], transport_tcp(), conn, false, &srv_link_ops, L,
+	rc = loop_conn_new(srv->pool.loops[pick], srv->tp, conn, false, &srv_link_ops, L,
 			   &L->lc);
 	if (rc != 0) {
 		pthread_mutex_unlock(&b->lock);
-		transport_tcp()->conn_free(conn);
+		srv->tp->conn_free(conn);
 		free(L);
 		return rc;
 	}

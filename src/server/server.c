@@ -237,7 +237,7 @@ static void srv_watch_listeners(void *arg)
 /* Accepts workers on loop 0 until the job ends (srv_notice). */
 static void srv_serve(struct server *srv)
 {
-	srv->acceptors[0] = (struct srv_acceptor){.srv = srv, .tp = transport_tcp(),
+	srv->acceptors[0] = (struct srv_acceptor){.srv = srv, .tp = srv->tp,
 						   .l = srv->listener, .resume.slot = -1};
 	srv->nacceptors = 1;
 	if (srv->ipc_listener != NULL)
@@ -436,8 +436,8 @@ static int srv_join(struct server *srv, const char *bind_host, int port)
 		srv->rdv = NULL;
 		return rc;
 	}
-	LOG_INFO("listening on %s:%d with %d engine threads, reducer %s", bind_host, port,
-		 srv->nengines, reducer_isa_name(reducer_active_isa()));
+	LOG_INFO("listening on %s:%d (%s) with %d engine threads, reducer %s", bind_host, port,
+		 srv->tp->name, srv->nengines, reducer_isa_name(reducer_active_isa()));
 	return 0;
 }
 
@@ -499,7 +499,10 @@ static int srv_run_once(const struct config *cfg, bool *elsewhere, struct server
 		return UNISUM_ENOMEM;
 	int started = 0, port = 0;
 	const char *bind_host = cfg->bind[0] ? cfg->bind : cfg->node_host;
-	int rc = transport_tcp()->listen(bind_host, cfg->port, &srv->listener, &port);
+	char why[512];
+	int rc = (srv->tp = transport_named(cfg->transport, why, sizeof why)) == NULL
+			 ? log_fail(UNISUM_ECONFIG, "server: %s", why)
+			 : srv->tp->listen(bind_host, cfg->port, &srv->listener, &port);
 	if (rc != 0)
 		goto out_free;
 	srv_listen_ipc(srv, port);
@@ -535,7 +538,7 @@ out_stop_engines:
 	srv_stop_engines(srv, started);
 	srv_backup_free(srv);
 	transport_ipc()->listener_free(srv->ipc_listener);
-	transport_tcp()->listener_free(srv->listener);
+	srv->tp->listener_free(srv->listener);
 out_free:
 	if (elsewhere != NULL && rc != 0)
 		*elsewhere = atomic_load(&srv->told);

@@ -334,7 +334,8 @@ struct server {
 	 * set, returns with e->busy clear and the lock let go (the engine's
 	 * thread woken for what is left). */
 	void (*drain)(struct srv_engine *e, int max);
-	struct tp_listener *listener;	/* TCP, watched by loop 0 */
+	const struct transport_ops *tp;	/* UNISUM_TRANSPORT's: TCP or UCX */
+	struct tp_listener *listener;	/* tp's, watched by loop 0 */
 	struct tp_listener *ipc_listener;	/* IPC for workers of this host, or NULL */
 	struct loop_pool pool;		/* serving the connections (UNISUM_IO_THREADS); loop 0
 					 * runs on server_run's thread (srv_serve) */

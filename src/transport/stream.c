@@ -6,8 +6,10 @@
  * staging buffer).  Receives read the header into a small buffer, then the
  * payload with MSG_WAITALL straight into the destination the caller chose.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -454,3 +456,20 @@ void stream_ipc_tokens(int fd, bool acceptor, pid_t peer_pid, uint64_t *tx, uint
 	*tx = *rx = 0;
 }
 #endif
+
+int stream_resolve(const char *host, int port, struct sockaddr_in *sa)
+{
+	memset(sa, 0, sizeof *sa);
+	sa->sin_family = AF_INET;
+	sa->sin_port = htons((uint16_t)port);
+	if (inet_pton(AF_INET, host, &sa->sin_addr) == 1)
+		return 0;
+	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM};
+	struct addrinfo *res = NULL;
+	int rc = getaddrinfo(host, NULL, &hints, &res);
+	if (rc != 0 || res == NULL)
+		return log_fail(UNISUM_ECONN, "cannot resolve host '%s': %s", host, gai_strerror(rc));
+	sa->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+	freeaddrinfo(res);
+	return 0;
+}

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -22,6 +23,10 @@ struct stream_listener {
 	int fd;
 	atomic_bool closing;
 };
+
+/* host (an IPv4 address or a name) and port as an IPv4 address: 0, or
+ * UNISUM_ECONN with the reason in log_last_error(). */
+int stream_resolve(const char *host, int port, struct sockaddr_in *sa);
 
 /* Blocks in accept() until a peer connects: 0 and *fd_out, UNISUM_ESHUTDOWN
  * once closing, or UNISUM_ESYS (logged; when descriptors ran out, not

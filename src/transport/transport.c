@@ -3,6 +3,9 @@
  */
 #include "transport/transport.h"
 
+#include <stdio.h>
+#include <string.h>
+
 #include "log/log.h"
 
 int transport_connect(const struct transport_ops *tp, const char *host, int port, int timeout_ms,
@@ -20,4 +23,28 @@ int transport_connect(const struct transport_ops *tp, const char *host, int port
 	}
 	*out = c;
 	return 0;
+}
+
+#ifndef UNISUM_HAVE_UCX
+const struct transport_ops *transport_ucx(char *why, size_t len)
+{
+	snprintf(why, len, "this build of unisum has no UCX transport (it was built without "
+		 "UCX's headers: Debian's libucx-dev)");
+	return NULL;
+}
+#endif
+
+const struct transport_ops *transport_named(const char *name, char *why, size_t len)
+{
+	if (strcmp(name, "tcp") == 0 || name[0] == '\0')	/* "": a configuration not loaded */
+		return transport_tcp();
+	if (strcmp(name, "ucx") != 0) {
+		snprintf(why, len, "UNISUM_TRANSPORT='%s' must be tcp or ucx", name);
+		return NULL;
+	}
+	char because[400];
+	const struct transport_ops *tp = transport_ucx(because, sizeof because);
+	if (tp == NULL)
+		snprintf(why, len, "UNISUM_TRANSPORT=ucx: %s", because);
+	return tp;
 }

@@ -4,8 +4,8 @@
  * A transport moves wire messages (a fixed header and an optional payload)
  * between two nodes.  It is a table of function pointers, chosen per
  * connection: TCP (tcp/) between any two nodes, IPC (ipc/) between a
- * worker and a server of one host; a UCX transport would go beside them
- * without touching any caller.  What the transports share (stream-socket
+ * worker and a server of one host; UCX (ucx/) where UNISUM_TRANSPORT
+ * asks for it.  What the transports share (stream-socket
  * I/O, the handshake) is in stream.c.
  *
  * Threading contract: a connection has two independent directions.  At most
@@ -175,5 +175,16 @@ const struct transport_ops *transport_tcp(void);
  * must stay unchanged until the protocol says the peer is done with it.
  * Its dial() fails without logging (the caller falls back to TCP). */
 const struct transport_ops *transport_ipc(void);
+
+/* The UCX transport (transport/ucx/): wire messages as UCP active
+ * messages over whatever UCX picks (verbs, RoCE, TCP, shared memory),
+ * libucp loaded at run time.  NULL, with the reason in why, when this
+ * build or this machine has no UCX or it would not start.  Its send() of
+ * tensor data lends the buffer as IPC's does. */
+const struct transport_ops *transport_ucx(char *why, size_t len);
+
+/* The transport UNISUM_TRANSPORT names ("tcp" or "ucx"): NULL, with the
+ * reason (naming the variable) in why, when it is not there. */
+const struct transport_ops *transport_named(const char *name, char *why, size_t len);
 
 #endif /* UNISUM_TRANSPORT_H */

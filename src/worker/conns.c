@@ -252,7 +252,7 @@ static int wk_send_push(struct wk_conn *c, struct wk_job *j)
 	bool with_pull = !held && !j->skip_pull;
 	if (with_pull)
 		push.flags |= WIRE_FLAG_PULL;
-	if (wk_metering(w) && c->tp == transport_tcp() && payload != NULL)
+	if (wk_metering(w) && c->tp != transport_ipc() && payload != NULL)
 		wk_meter_sent(c, j);
 	/* Over IPC the transport passes j->in by address, over TCP the
 	 * socket takes it as it can: either way it stays as it is until

@@ -107,7 +107,7 @@ static void wk_stop_links(struct worker *w)
 /* Dials server n for c, without the handshake (wk_handshake does it):
  * over IPC when n shares this host (same boot, network and pid
  * namespaces) and UNISUM_IPC allows, else (or when n does not listen for
- * IPC) over TCP. */
+ * IPC) over UNISUM_TRANSPORT's (TCP or UCX). */
 static int wk_dial_one(struct worker *w, struct wk_conn *c, const struct rdv_node *n)
 {
 	int rc = UNISUM_ECONN;
@@ -118,10 +118,11 @@ static int wk_dial_one(struct worker *w, struct wk_conn *c, const struct rdv_nod
 			LOG_INFO("worker %d passes data to %s by address (IPC: same host)", w->rank,
 				 c->label);
 		else
-			LOG_INFO("worker %d reaches %s over TCP: %s", w->rank, c->label, log_last_error());
+			LOG_INFO("worker %d reaches %s over %s: %s", w->rank, c->label, w->tp->name,
+				 log_last_error());
 	}
 	if (rc != 0) {
-		c->tp = transport_tcp();
+		c->tp = w->tp;
 		rc = c->tp->dial(n->host, n->port, w->cfg.timeout_ms, &c->conn);
 	}
 	if (rc == UNISUM_ESYS) {

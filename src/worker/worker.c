@@ -383,7 +383,10 @@ int worker_join(const struct config *cfg, struct worker **out)
 	struct worker *w = wk_new(cfg);
 	if (w == NULL)
 		return log_fail(UNISUM_ENOMEM, "unisum_init: out of memory");
-	int rc = wk_join_job(w);
+	char why[512];
+	int rc = (w->tp = transport_named(w->cfg.transport, why, sizeof why)) == NULL
+			 ? log_fail(UNISUM_ECONFIG, "unisum_init: %s", why)
+			 : wk_join_job(w);
 	if (rc != 0)
 		goto out_free;
 	if (w->local && (rc = wk_local_start(w)) != 0)

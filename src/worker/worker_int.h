@@ -366,6 +366,7 @@ struct worker {
 	pthread_cond_t failed_cond;	/* `failed` was set */
 	bool initialized;		/* in its job: between worker_join and worker_leave */
 	struct config cfg;
+	const struct transport_ops *tp;	/* UNISUM_TRANSPORT's, to servers not reached by IPC */
 	const struct wk_conn_upcalls *up;	/* conns.c's calls up (wk_new sets it) */
 	struct rdv_client *rdv;
 	int rank, size, nservers;

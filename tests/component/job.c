@@ -20,6 +20,9 @@
 #include "server/server.h"
 #include "transport/transport.h"
 
+/* Every job's UNISUM_TRANSPORT (job_test_setup). */
+static char job_transport[8] = "tcp";
+
 static void *server_main(void *arg)
 {
 	struct config *cfg = arg;
@@ -86,6 +89,7 @@ void job_start_with(struct job *j, int machines, int local, int servers, uint64_
 	j->nworkers = machines * local;
 	char err[256];
 	assert_int_equal(config_load(&j->cfg, err, sizeof err), 0);
+	snprintf(j->cfg.transport, sizeof j->cfg.transport, "%s", job_transport);
 	j->cfg.role = CONFIG_ROLE_SCHEDULER;
 	j->cfg.num_workers = machines;
 	j->cfg.num_servers = servers;
@@ -240,6 +244,10 @@ int push_pull(struct worker *w, int tensor, const void *in, void *out, int flags
 
 void job_test_setup(void)
 {
+	/* TEST_JOB_TRANSPORT=ucx runs every job's links over UCX. */
+	const char *tp = getenv("TEST_JOB_TRANSPORT");
+	if (tp != NULL)
+		snprintf(job_transport, sizeof job_transport, "%s", tp);
 	/* The configuration comes from the tests, not from the environment. */
 	extern char **environ;
 	for (char **e = environ; *e;)

@@ -15,12 +15,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "log/log.h"
+#include "timing/timing.h"
+#include "transport/auth.h"
 #include "transport/transport.h"
 #include "wire/wire.h"
 
@@ -37,8 +40,13 @@ static void pair_open(struct pair *p, const struct transport_ops *tp)
 	p->tp = tp;
 	int port = 0, got = 0;
 	/* The IPC listener is named after a TCP address: take a real one. */
-	assert_int_equal(transport_tcp()->listen("127.0.0.1", 0, &p->tcp_l, &port), 0);
-	if (tp == transport_ipc())
+	if (tp != transport_tcp() && tp != transport_ipc())	/* UCX listens itself */
+		assert_int_equal(tp->listen("127.0.0.1", 0, &p->l, &port), 0);
+	else
+		assert_int_equal(transport_tcp()->listen("127.0.0.1", 0, &p->tcp_l, &port), 0);
+	if (p->l != NULL)
+		got = port;
+	else if (tp == transport_ipc())
 		assert_int_equal(tp->listen("127.0.0.1", port, &p->l, &got), 0);
 	else
 		p->l = p->tcp_l, p->tcp_l = NULL, got = port;
@@ -272,8 +280,170 @@ static void test_ipc_nobody_listening(void **state)
 	transport_tcp()->listener_free(tcp_l);
 }
 
-int main(void)
+
+/* ---- UCX: the same contract, and what is its own ---- */
+
+/* The UCX transport, or NULL after reporting SKIPPED with the reason
+ * (which fails the test as root: CI installs UCX). */
+static const struct transport_ops *ucx_or_skip(void)
 {
+	char why[400];
+	const struct transport_ops *tp = transport_ucx(why, sizeof why);
+	if (tp == NULL && geteuid() == 0)
+		fail_msg("the UCX transport is not here, and as root nothing is skipped: %s", why);
+	if (tp == NULL) {
+		printf("SKIPPED: %s\n", why);
+		skip();
+	}
+	return tp;
+}
+
+static void test_ucx_messages(void **state)
+{
+	(void)state;
+	const struct transport_ops *tp = ucx_or_skip();
+	if (tp != NULL)
+		check_messages(tp);
+}
+
+/* Large tensor data (UCX's rendezvous: the receiver names the buffer
+ * after the header) both ways, many messages in flight, in order. */
+static void test_ucx_large_in_order(void **state)
+{
+	(void)state;
+	const struct transport_ops *tp = ucx_or_skip();
+	enum { N = 1 << 20, MSGS = 6 };
+	struct pair p;
+	pair_open(&p, tp);
+	float *in[MSGS], *out = malloc(N * sizeof *out);
+	assert_non_null(out);
+	for (int m = 0; m < MSGS; m++) {
+		assert_non_null(in[m] = malloc(N * sizeof(float)));
+		for (int i = 0; i < N; i++)
+			in[m][i] = (float)(i % 1000) + (float)m;
+		struct wire_hdr push = data_hdr(WIRE_PUSH, N - (uint64_t)m);
+		push.round = (uint32_t)m;
+		assert_int_equal(tp->send(p.a, &push, in[m]), 0);
+	}
+	for (int m = 0; m < MSGS; m++) {
+		struct wire_hdr h;
+		char why[256];
+		assert_int_equal(tp->recv_header(p.b, &h, why, sizeof why), 0);
+		assert_int_equal(h.round, m);
+		assert_int_equal(h.payload_len, (uint64_t)(N - m) * 4);
+		assert_int_equal(tp->recv_payload(p.b, out, (size_t)h.payload_len), 0);
+		assert_memory_equal(out, in[m], (size_t)h.payload_len);
+	}
+	for (int m = 0; m < MSGS; m++)
+		free(in[m]);
+	free(out);
+	pair_close(&p);
+}
+
+/* What a child of ucx_child() runs (this program again, by exec: UCX
+ * does not live through fork): connect to port over UCX with secret
+ * ("-": none), send a heartbeat, then exit (1 if any of it failed) or,
+ * with linger, wait to be killed. */
+static int ucx_child_main(int port, const char *secret, bool linger)
+{
+	char why[256];
+	auth_set_secret(strcmp(secret, "-") == 0 ? NULL : secret);
+	const struct transport_ops *tp = transport_ucx(why, sizeof why);
+	struct tp_conn *c;
+	struct wire_hdr beat = {.type = WIRE_HEARTBEAT, .sender = 1};
+	if (tp == NULL || transport_connect(tp, "127.0.0.1", port, 5000, &c) != 0 ||
+	    tp->send(c, &beat, NULL) != 0)
+		return 1;
+	while (linger)
+		pause();
+	return 0;
+}
+
+static pid_t ucx_child(int port, const char *secret, bool linger)
+{
+	pid_t child = fork();
+	assert_true(child >= 0);
+	if (child != 0)
+		return child;
+	char port_s[16];
+	snprintf(port_s, sizeof port_s, "%d", port);
+	execl("/proc/self/exe", "test_transport", "--ucx-child", port_s, secret != NULL ? secret : "-",
+	      linger ? "linger" : "exit", (char *)NULL);
+	_exit(127);
+}
+
+/* A peer killed: its connection breaks (UNISUM_ECONN) within seconds,
+ * as a reset socket would, and no receive hangs. */
+static void test_ucx_dead_peer(void **state)
+{
+	(void)state;
+	const struct transport_ops *tp = ucx_or_skip();
+	struct tp_listener *l;
+	int port;
+	assert_int_equal(tp->listen("127.0.0.1", 0, &l, &port), 0);
+	pid_t child = ucx_child(port, NULL, true);
+	struct tp_conn *b;
+	assert_int_equal(tp->accept(l, &b), 0);
+	char why[256];
+	assert_int_equal(tp->authenticate(b, false, why, sizeof why), 0);
+	struct wire_hdr h;
+	assert_int_equal(tp->recv_header(b, &h, why, sizeof why), 0);
+	assert_int_equal(h.type, WIRE_HEARTBEAT);
+	kill(child, SIGKILL);
+	waitpid(child, NULL, 0);
+	int64_t t0 = timing_now_ms();
+	assert_int_equal(tp->recv_header(b, &h, why, sizeof why), UNISUM_ECONN);
+	assert_true(timing_now_ms() - t0 < 30000);
+	tp->conn_free(b);
+	tp->listener_free(l);
+}
+
+/* A peer without the job's secret is refused over UCX as over TCP. */
+static void test_ucx_wrong_secret(void **state)
+{
+	(void)state;
+	const struct transport_ops *tp = ucx_or_skip();
+	assert_int_equal(auth_set_secret("the job's secret"), 0);
+	struct tp_listener *l;
+	int port;
+	assert_int_equal(tp->listen("127.0.0.1", 0, &l, &port), 0);
+	pid_t child = ucx_child(port, "another secret", false);
+	struct tp_conn *b;
+	assert_int_equal(tp->accept(l, &b), 0);
+	char why[256] = "";
+	assert_int_equal(tp->authenticate(b, false, why, sizeof why), UNISUM_EAUTH);
+	assert_non_null(strstr(why, "wrong or missing job secret"));
+	int64_t t0 = timing_now_ms();
+	tp->conn_free(b);	/* hanging up tells the child at once */
+	int status;
+	assert_int_equal(waitpid(child, &status, 0), child);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);	/* refused there too */
+	assert_true(timing_now_ms() - t0 < 5000);
+	tp->listener_free(l);
+	auth_set_secret(NULL);
+}
+
+/* Nobody listening: dialling fails after its timeout, naming the place. */
+static void test_ucx_nobody_listening(void **state)
+{
+	(void)state;
+	const struct transport_ops *tp = ucx_or_skip();
+	int port = 0;
+	struct tp_listener *tcp_l;
+	assert_int_equal(transport_tcp()->listen("127.0.0.1", 0, &tcp_l, &port), 0);
+	transport_tcp()->listener_free(tcp_l);	/* a port nobody has */
+	struct tp_conn *c = NULL;
+	assert_int_equal(tp->dial("127.0.0.1", port, 300, &c), UNISUM_ECONN);
+	assert_null(c);
+	char expect[64];
+	snprintf(expect, sizeof expect, "127.0.0.1:%d", port);
+	assert_non_null(strstr(log_last_error(), expect));
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 5 && strcmp(argv[1], "--ucx-child") == 0)
+		return ucx_child_main(atoi(argv[2]), argv[3], strcmp(argv[4], "linger") == 0);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_tcp_messages),
 		cmocka_unit_test(test_ipc_messages),
@@ -282,6 +452,11 @@ int main(void)
 		cmocka_unit_test(test_ipc_sender_gone),
 		cmocka_unit_test(test_tcp_refuses_ipc_flag),
 		cmocka_unit_test(test_ipc_nobody_listening),
+		cmocka_unit_test(test_ucx_messages),
+		cmocka_unit_test(test_ucx_large_in_order),
+		cmocka_unit_test(test_ucx_dead_peer),
+		cmocka_unit_test(test_ucx_wrong_secret),
+		cmocka_unit_test(test_ucx_nobody_listening),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

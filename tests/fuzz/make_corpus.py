@@ -96,10 +96,11 @@ HOST_ID_MAX = HOST_ID_B + "/" + "n" * (63 - len(HOST_ID_B) - 1)  # 63 chars, the
 assert len(HOST_ID_MAX) == 63
 
 
-def register(role, req, port, local_rank, local_size, host, pid, host_id, rack=-1, resume=None):
+def register(role, req, port, local_rank, local_size, host, pid, host_id, rack=-1, resume=None,
+             transport="tcp"):
     """A REGISTER payload (client.c rdv_register; resume: client_resume.c's part, u32s)."""
     body = (u32(role) + u32(req) + u32(port) + u32(local_rank) + u32(local_size) + wstr(host) +
-            u32(pid) + wstr(host_id) + u32(rack))
+            u32(pid) + wstr(host_id) + u32(rack) + wstr(transport))
     return body + u32(0) if resume is None else body + u32(1) + b"".join(map(u32, resume))
 
 
@@ -119,8 +120,8 @@ def seeds():
     reg = register(ROLE_WORKER, -1, 40123, 0, 1, "10.0.0.7", 31337, HOST_ID_A)
     reg_local = register(ROLE_WORKER, 1, 0, 3, 4, "10.0.0.8", 4242, HOST_ID_MAX, rack=1)
     reg_head = reg[:20]  # the five u32 before the host
-    # pid, host id, rack and resume (0: a fresh node) after it
-    reg_tail = u32(31337) + wstr(HOST_ID_A) + u32(-1) + u32(0)
+    # pid, host id, rack, transport and resume (0: a fresh node) after it
+    reg_tail = u32(31337) + wstr(HOST_ID_A) + u32(-1) + wstr("tcp") + u32(0)
     # id, rank, generation, local size, workers, servers, joined, failovers,
     # HELDs that follow, 4 x (entered, done), n lost, the lost
     reg_resume = register(ROLE_WORKER, 1, 0, 1, 2, "10.0.0.8", 4242, HOST_ID_B, resume=[

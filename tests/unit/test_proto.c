@@ -182,7 +182,7 @@ static void test_register(void **state)
 	struct rdv_register in = {.role = CONFIG_ROLE_WORKER, .req_rank = -1, .port = 0,
 				  .local_rank = 3, .local_size = 4, .host = "10.0.0.7", .pid = 31337,
 				  .host_id = "6f1c2e9a-43b7-4d0e-9a51-0c8e2b7f44d1/f0000098/effffffc",
-				  .rack = 5};
+				  .rack = 5, .transport = "ucx"};
 	struct wire_buf b;
 	wire_buf_init(&b);
 	rdv_register_encode(&in, &b);
@@ -197,6 +197,7 @@ static void test_register(void **state)
 	assert_int_equal(out.pid, 31337);
 	assert_string_equal(out.host_id, in.host_id);
 	assert_int_equal(out.rack, 5);
+	assert_string_equal(out.transport, "ucx");
 	refuses_every_cut(&b, decode_register);
 	wire_buf_fini(&b);
 }

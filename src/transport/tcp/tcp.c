@@ -69,23 +69,6 @@ static void tcp_tune(int fd)
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-static int tcp_resolve(const char *host, int port, struct sockaddr_in *sa)
-{
-	memset(sa, 0, sizeof *sa);
-	sa->sin_family = AF_INET;
-	sa->sin_port = htons((uint16_t)port);
-	if (inet_pton(AF_INET, host, &sa->sin_addr) == 1)
-		return 0;
-	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM};
-	struct addrinfo *res = NULL;
-	int rc = getaddrinfo(host, NULL, &hints, &res);
-	if (rc != 0 || res == NULL)
-		return log_fail(UNISUM_ECONN, "cannot resolve host '%s': %s", host, gai_strerror(rc));
-	sa->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
-	freeaddrinfo(res);
-	return 0;
-}
-
 static struct tp_conn *tcp_conn_new(int fd, const struct sockaddr_in *sa)
 {
 	struct tp_conn *c = calloc(1, sizeof *c);
@@ -113,7 +96,7 @@ static int tcp_adopt(int fd, const struct sockaddr_in *sa, struct tp_conn **out)
 static int tcp_listen(const char *host, int port, struct tp_listener **out, int *port_out)
 {
 	struct sockaddr_in sa;
-	int rc = tcp_resolve(host, port, &sa);
+	int rc = stream_resolve(host, port, &sa);
 	if (rc != 0)
 		return rc;
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -175,7 +158,7 @@ static void tcp_listener_free(struct tp_listener *l)
 static int tcp_dial(const char *host, int port, int timeout_ms, struct tp_conn **out)
 {
 	struct sockaddr_in sa;
-	int rc = tcp_resolve(host, port, &sa);
+	int rc = stream_resolve(host, port, &sa);
 	if (rc != 0)
 		return rc;
 	char peer[300];

@@ -1,0 +1,398 @@
+/*
+ * ucx_api.c - UCX loaded at run time, the process's UCP worker and the
+ * thread that progresses it, and the endpoint table (see ucx_int.h).
+ *
+ * DESIGN.  libucp is opened with dlopen() the first time a listener or a
+ * connection needs it, so the library and the CLI carry no dependency on
+ * it: a machine without UCX runs TCP, and only asking for UCX fails,
+ * saying why.  One UCP context and one worker serve the whole process
+ * (thread mode SINGLE), and one thread, "unisum-ucx", progresses it: it sleeps in poll() on the
+ * worker's event descriptor (ucp_worker_arm), never spinning, and runs
+ * the callbacks that move messages into the connections' queues.  The
+ * last reference stops it and UCX.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "log/log.h"
+#include "timing/timing.h"
+#include "transport/ucx/ucx_int.h"
+#include "unisum.h"
+
+struct ucx_api ucx_fn;
+
+static pthread_mutex_t ucx_lock = PTHREAD_MUTEX_INITIALIZER;	/* everything below */
+static void *ucx_dl;
+static struct ucx_ctx ucx_the;
+static int ucx_refs;
+
+/* Opens libucp and finds its functions once: 0, or -1 with why. */
+static int ucx_load(char *why, size_t len)
+{
+	if (ucx_dl != NULL)
+		return 0;
+	void *h = dlopen("libucp.so.0", RTLD_NOW | RTLD_GLOBAL);
+	if (h == NULL) {
+		snprintf(why, len, "UCX is not installed here (libucp.so.0: %s; Debian's package "
+			 "is libucx0)", dlerror());
+		return -1;
+	}
+#define UCX_FIND(name)                                                                  \
+	if ((*(void **)&ucx_fn.name = dlsym(h, #name)) == NULL) {                           \
+		snprintf(why, len, "libucp.so.0 lacks %s: UCX 1.13 or newer is needed", #name); \
+		dlclose(h);                                                                     \
+		return -1;                                                                      \
+	}
+	UCX_SYMBOLS(UCX_FIND)
+#undef UCX_FIND
+	ucx_dl = h;
+	return 0;
+}
+
+/* Runs the commands posted so far: whether there were any. */
+static bool ucx_run_cmds(struct ucx_ctx *u)
+{
+	pthread_mutex_lock(&u->cmd_lock);
+	struct ucx_cmd *list = u->cmds;
+	u->cmds = NULL;
+	u->cmds_tail = &u->cmds;
+	uint64_t n;
+	if (u->cmd_signaled && read(u->cmd_fd, &n, sizeof n) == sizeof n)
+		u->cmd_signaled = false;
+	pthread_mutex_unlock(&u->cmd_lock);
+	bool any = list != NULL;
+	while (list != NULL) {
+		struct ucx_cmd *cmd = list;
+		list = cmd->next;
+		bool sync = cmd->sync;	/* an async one may be freed by fn */
+		cmd->fn(cmd);
+		if (sync) {
+			pthread_mutex_lock(&u->cmd_lock);
+			cmd->done = true;
+			pthread_cond_broadcast(&u->cmd_done);
+			pthread_mutex_unlock(&u->cmd_lock);
+		}
+	}
+	return any;
+}
+
+static _Thread_local bool ucx_on_thread;
+
+static void *ucx_progress_main(void *arg)
+{
+	struct ucx_ctx *u = arg;
+	ucx_on_thread = true;
+	pthread_setname_np(pthread_self(), "unisum-ucx");
+	while (!atomic_load(&u->stop)) {
+		bool busy = ucx_run_cmds(u);
+		while (ucx_fn.ucp_worker_progress(u->worker) != 0)
+			busy = true;
+		if (busy || ucx_fn.ucp_worker_arm(u->worker) == UCS_ERR_BUSY)
+			continue;
+		struct pollfd p[2] = {{.fd = u->efd, .events = POLLIN}, {.fd = u->cmd_fd, .events = POLLIN}};
+		poll(p, 2, 1000);
+	}
+	ucx_run_cmds(u);
+	return NULL;
+}
+
+void ucx_post(struct ucx_ctx *u, struct ucx_cmd *cmd)
+{
+	cmd->next = NULL;
+	pthread_mutex_lock(&u->cmd_lock);
+	*u->cmds_tail = cmd;
+	u->cmds_tail = &cmd->next;
+	uint64_t one = 1;
+	if (!u->cmd_signaled && !ucx_on_thread && write(u->cmd_fd, &one, sizeof one) == sizeof one)
+		u->cmd_signaled = true;
+	pthread_mutex_unlock(&u->cmd_lock);
+}
+
+void ucx_run(struct ucx_ctx *u, struct ucx_cmd *cmd)
+{
+	if (ucx_on_thread) {
+		cmd->fn(cmd);
+		return;
+	}
+	cmd->sync = true;
+	cmd->done = false;
+	ucx_post(u, cmd);
+	pthread_mutex_lock(&u->cmd_lock);
+	while (!cmd->done)
+		pthread_cond_wait(&u->cmd_done, &u->cmd_lock);
+	pthread_mutex_unlock(&u->cmd_lock);
+}
+
+/* Starts the context, the worker and its thread: 0, or -1 with why. */
+static int ucx_start(struct ucx_ctx *u, char *why, size_t len)
+{
+	ucp_config_t *config;
+	ucs_status_t st = ucx_fn.ucp_config_read(NULL, NULL, &config);
+	if (st != UCS_OK) {
+		snprintf(why, len, "UCX's configuration (UCX_* variables): %s",
+			 ucx_fn.ucs_status_string(st));
+		return -1;
+	}
+	ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+			  .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP};
+	st = ucx_fn.ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &p, config, &u->context);
+	ucx_fn.ucp_config_release(config);
+	if (st != UCS_OK) {
+		snprintf(why, len, "UCX would not start (ucp_init): %s", ucx_fn.ucs_status_string(st));
+		return -1;
+	}
+	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+				  .thread_mode = UCS_THREAD_MODE_SINGLE};
+	ucp_am_handler_param_t am = {
+		.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+			      UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+		.id = UCX_AM_ID, .cb = ucx_on_am, .flags = UCP_AM_FLAG_WHOLE_MSG};
+	const char *step = "ucp_worker_create";
+	if ((st = ucx_fn.ucp_worker_create(u->context, &wp, &u->worker)) == UCS_OK &&
+	    (step = "ucp_worker_get_efd", st = ucx_fn.ucp_worker_get_efd(u->worker, &u->efd)) == UCS_OK &&
+	    (step = "ucp_worker_set_am_recv_handler",
+	     st = ucx_fn.ucp_worker_set_am_recv_handler(u->worker, &am)) == UCS_OK) {
+		atomic_store(&u->stop, false);
+		u->cmds_tail = &u->cmds;
+		u->cmd_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		pthread_mutex_init(&u->cmd_lock, NULL);
+		pthread_cond_init(&u->cmd_done, NULL);
+		int rc = u->cmd_fd < 0 ? errno : pthread_create(&u->thread, NULL, ucx_progress_main, u);
+		if (rc == 0)
+			return 0;
+		if (u->cmd_fd >= 0)
+			close(u->cmd_fd);
+		pthread_mutex_destroy(&u->cmd_lock);
+		pthread_cond_destroy(&u->cmd_done);
+		snprintf(why, len, "cannot start UCX's thread: %s", strerror(rc));
+	} else {
+		snprintf(why, len, "UCX would not start (%s): %s", step, ucx_fn.ucs_status_string(st));
+	}
+	if (u->worker != NULL)
+		ucx_fn.ucp_worker_destroy(u->worker);
+	ucx_fn.ucp_cleanup(u->context);
+	memset(u, 0, sizeof *u);
+	return -1;
+}
+
+static void ucx_forget_in_child(void);
+
+int ucx_loadable(char *why, size_t len)
+{
+	pthread_mutex_lock(&ucx_lock);
+	int rc = ucx_load(why, len);
+	pthread_mutex_unlock(&ucx_lock);
+	return rc;
+}
+
+struct ucx_ctx *ucx_ctx_get(char *why, size_t len)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	pthread_once(&once, ucx_forget_in_child);
+	pthread_mutex_lock(&ucx_lock);
+	struct ucx_ctx *u = &ucx_the;
+	if (ucx_refs == 0 && (ucx_load(why, len) != 0 || ucx_start(u, why, len) != 0))
+		u = NULL;
+	else
+		ucx_refs++;
+	pthread_mutex_unlock(&ucx_lock);
+	return u;
+}
+
+void ucx_ctx_put(struct ucx_ctx *u)
+{
+	if (u == NULL)
+		return;
+	pthread_mutex_lock(&ucx_lock);
+	if (--ucx_refs == 0) {
+		atomic_store(&u->stop, true);
+		uint64_t one = 1;
+		if (write(u->cmd_fd, &one, sizeof one) != sizeof one)
+			LOG_WARN("UCX: cannot wake its thread to stop it: %s", strerror(errno));
+		pthread_join(u->thread, NULL);
+		ucx_fn.ucp_worker_destroy(u->worker);
+		ucx_fn.ucp_cleanup(u->context);
+		close(u->cmd_fd);
+		pthread_mutex_destroy(&u->cmd_lock);
+		pthread_cond_destroy(&u->cmd_done);
+		memset(u, 0, sizeof *u);
+	}
+	pthread_mutex_unlock(&ucx_lock);
+}
+
+/* ---- the endpoint table ---------------------------------------------------- */
+
+/* Open addressing on the endpoint's address; small (a process holds a few
+ * thousand connections at most), grown at half full. */
+struct ucx_slot {
+	ucp_ep_h ep;			/* NULL: empty; UCX_GONE: deleted */
+	struct tp_conn *c;
+};
+#define UCX_GONE ((ucp_ep_h)(uintptr_t)1)
+#define UCX_ORPHAN_MS 30000
+
+static pthread_mutex_t map_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ucx_slot *map;
+static size_t map_cap, map_used;
+static struct ucx_msg *orphans;
+
+static size_t map_hash(ucp_ep_h ep, size_t cap)
+{
+	uint64_t x = (uint64_t)(uintptr_t)ep;
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdULL;
+	x ^= x >> 33;
+	return (size_t)x & (cap - 1);
+}
+
+static struct ucx_slot *map_slot(ucp_ep_h ep)
+{
+	for (size_t i = map_hash(ep, map_cap), n = 0; n < map_cap; i = (i + 1) & (map_cap - 1), n++) {
+		if (map[i].ep == ep)
+			return &map[i];
+		if (map[i].ep == NULL)
+			return NULL;
+	}
+	return NULL;
+}
+
+/* Rebuilds the table at cap (deleted slots dropped): 0 or -1. */
+static int map_grow(size_t cap)
+{
+	struct ucx_slot *old = map, *nu = calloc(cap, sizeof *nu);
+	if (nu == NULL)
+		return -1;
+	size_t old_cap = map_cap;
+	map = nu;
+	map_cap = cap;
+	map_used = 0;
+	for (size_t i = 0; i < old_cap; i++)
+		if (old[i].ep != NULL && old[i].ep != UCX_GONE) {
+			size_t j = map_hash(old[i].ep, cap);
+			while (map[j].ep != NULL)
+				j = (j + 1) & (cap - 1);
+			map[j] = old[i];
+			map_used++;
+		}
+	free(old);
+	return 0;
+}
+
+void ucx_map_add(ucp_ep_h ep, struct tp_conn *c)
+{
+	pthread_mutex_lock(&map_lock);
+	if ((map_used + 1) * 2 > map_cap && map_grow(map_cap ? map_cap * 2 : 64) != 0)
+		LOG_ERROR("the UCX transport is out of memory for its endpoint table");
+	size_t i = map_hash(ep, map_cap);
+	while (map[i].ep != NULL && map[i].ep != UCX_GONE)
+		i = (i + 1) & (map_cap - 1);
+	map[i] = (struct ucx_slot){ep, c};
+	map_used++;
+	pthread_mutex_unlock(&map_lock);
+}
+
+void ucx_map_del(ucp_ep_h ep)
+{
+	pthread_mutex_lock(&map_lock);
+	struct ucx_slot *s = map_cap ? map_slot(ep) : NULL;
+	if (s != NULL)
+		s->ep = UCX_GONE, s->c = NULL;
+	pthread_mutex_unlock(&map_lock);
+}
+
+struct tp_conn *ucx_map_find_or_park(ucp_ep_h ep, struct ucx_msg *m)
+{
+	pthread_mutex_lock(&map_lock);
+	struct ucx_slot *s = map_cap ? map_slot(ep) : NULL;
+	struct tp_conn *c = s != NULL ? s->c : NULL;
+	if (c == NULL && m != NULL) {
+		/* Its connection is being made on another thread; one
+		 * never made (its maker failed) expires. */
+		int64_t now = timing_now_ms();
+		for (struct ucx_msg **p = &orphans; *p != NULL;) {
+			struct ucx_msg *o = *p;
+			if (now - o->at_ms > UCX_ORPHAN_MS) {
+				*p = o->next;
+				ucx_msg_free(o);
+			} else {
+				p = &o->next;
+			}
+		}
+		m->ep = ep;
+		m->at_ms = now;
+		m->next = orphans;
+		orphans = m;
+	}
+	pthread_mutex_unlock(&map_lock);
+	return c;
+}
+
+void ucx_map_adopt(ucp_ep_h ep, struct tp_conn *c,
+		   void (*deliver)(struct tp_conn *c, struct ucx_msg *m))
+{
+	pthread_mutex_lock(&map_lock);
+	struct ucx_msg *mine = NULL;
+	for (struct ucx_msg **p = &orphans; *p != NULL;) {
+		struct ucx_msg *o = *p;
+		if (o->ep == ep) {
+			*p = o->next;
+			o->next = mine;
+			mine = o;
+		} else {
+			p = &o->next;
+		}
+	}
+	/* The list holds them newest first, so mine has them in the order
+	 * they came. */
+	while (mine != NULL) {
+		struct ucx_msg *next = mine->next;
+		mine->next = NULL;
+		deliver(c, mine);
+		mine = next;
+	}
+	pthread_mutex_unlock(&map_lock);
+}
+
+/* A child of fork() has none of its parent's threads, so none of its
+ * UCX: it starts its own (ucx_the, the table and the orphans are the
+ * parent's, left as they are). */
+static void ucx_child(void)
+{
+	pthread_mutex_init(&ucx_lock, NULL);
+	pthread_mutex_init(&map_lock, NULL);
+	memset(&ucx_the, 0, sizeof ucx_the);
+	ucx_refs = 0;
+	map = NULL;
+	map_cap = map_used = 0;
+	orphans = NULL;
+}
+
+static void ucx_forget_in_child(void)
+{
+	pthread_atfork(NULL, NULL, ucx_child);
+}
+
+static void ucx_do_release(struct ucx_cmd *cmd)
+{
+	struct ucx_msg *m = (struct ucx_msg *)((char *)cmd - offsetof(struct ucx_msg, cmd));
+	ucx_fn.ucp_am_data_release(ucx_the.worker, m->data);
+	free(m);
+}
+
+void ucx_msg_free(struct ucx_msg *m)
+{
+	if (m == NULL)
+		return;
+	if (m->how == UCX_DATA_KEPT || (m->how == UCX_DATA_RNDV && !m->posted)) {
+		m->cmd.fn = ucx_do_release;
+		ucx_post(&ucx_the, &m->cmd);
+		return;
+	}
+	free(m);
+}
