@@ -10,6 +10,7 @@
  * reference sums as the servers do (each machine's ranks in rank order,
  * then the machines), rounding as they do.  The other modes use the same.
  *
+ *   check_sums ucx-available  exits 0 when the UCX transport is here, else 1 saying why
  *   check_sums sums [--big]   every dtype x boundary sizes (and 64 MiB with --big),
  *                             summed and averaged, in place and out of place;
  *                             prints a digest of every result
@@ -97,6 +98,7 @@
 
 #include "config/config.h"
 #include "transport/auth.h"
+#include "transport/transport.h"
 #include "scenarios.h"
 #include "check_sums/strangers.h"
 #include "unisum.h"
@@ -832,6 +834,12 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(argv[1], "free-port") == 0)
 		return strangers_free_port();
+	if (strcmp(argv[1], "ucx-available") == 0) {
+		char why[400];
+		bool here = transport_ucx(why, sizeof why) != NULL;
+		printf("%s\n", here ? "yes" : why);
+		return here ? 0 : 1;
+	}
 	keep_freed_buffers();
 	check(unisum_init(), "unisum_init");
 	rank = unisum_rank();

@@ -27,7 +27,7 @@ def wstr(s):
 def register(role, rank, resume):
     """REGISTER; resume: None (fresh) or (id, rank, generation)."""
     body = (u32(role) + u32(rank) + u32(40000) + u32(0) + u32(1) + wstr("127.0.0.1") +
-            u32(4242) + wstr("probe-host") + u32(-1))
+            u32(4242) + wstr("probe-host") + u32(-1) + wstr("tcp"))
     if resume is None:
         return body + u32(0)
     node_id, rrank, gen = resume
