@@ -271,6 +271,10 @@ void loop_conn_close(struct loop_conn *lc, int rc, const char *why)
 	if (lc->closing)
 		return;
 	lc->closing = true;
+	/* A receive the transport writes on its own (UCX) ends before the
+	 * buffer it names (lc->own, or the owner's, let go in on_closed). */
+	if (lc->tp->conn_quiesce != NULL)
+		lc->tp->conn_quiesce(lc->c);
 	pthread_mutex_lock(&lc->txlock);	/* a sender's conn_watch_out */
 	loop_io_del(&lc->io);
 	pthread_mutex_unlock(&lc->txlock);

@@ -184,10 +184,12 @@ static int sched_worker_rack(struct rdv_scheduler *s, struct sched_node *n,
 	return 0;
 }
 
-/* Whether REGISTER m's UNISUM_TRANSPORT differs from the first node's:
- * then the job fails naming both (the node hears why) and UNISUM_EPROTO
- * closes the connection: TCP and UCX cannot reach each other.  Else the
- * first node's is noted.  Called with s->lock held. */
+/* Whether REGISTER m's UNISUM_TRANSPORT differs from the first node's
+ * that the job took: then the job fails naming both (the node hears why)
+ * and UNISUM_EPROTO closes the connection: TCP and UCX cannot reach each
+ * other.  Else the first node's is noted.  (A replacement server or a
+ * node resuming the job is not checked: its links fail, named, if it
+ * differs.)  Called with s->lock held. */
 static int sched_check_transport(struct rdv_scheduler *s, struct sched_node *n,
 				 const struct rdv_register *m, char *why, size_t why_len)
 {
@@ -231,11 +233,6 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 		snprintf(why, why_len, "the job had failed");
 		return UNISUM_ESHUTDOWN;
 	}
-	int crc = sched_check_transport(s, n, &m, why, why_len);
-	if (crc != 0) {
-		pthread_mutex_unlock(&s->lock);
-		return crc;
-	}
 	if (m.resume.on) {
 		int rrc = sched_on_resume(s, n, &m, why, why_len);
 		pthread_cond_broadcast(&s->changed);
@@ -275,7 +272,8 @@ static int sched_on_register(struct rdv_scheduler *s, struct sched_node *n, cons
 			 config_role_name(m.role), limit);
 		return UNISUM_EPROTO;
 	}
-	if (worker && (rc = sched_worker_rack(s, n, &m, why, why_len)) != 0) {
+	if ((worker && (rc = sched_worker_rack(s, n, &m, why, why_len)) != 0) ||
+	    (rc = sched_check_transport(s, n, &m, why, why_len)) != 0) {
 		pthread_mutex_unlock(&s->lock);
 		return rc;
 	}

@@ -52,6 +52,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log/log.h"
 #include "server/srv_int.h"
@@ -169,9 +170,11 @@ static int srv_backup_dial(struct server *srv, int r)
 	 * server's stop, for the whole of SRV_BACKUP_DIAL_MS. */
 	int64_t until = timing_now_ms() + SRV_BACKUP_DIAL_MS;
 	int rc;
+	log_hush(true);	/* the caller says what matters */
 	while ((rc = transport_connect(srv->tp, n->host, n->port, 200, &conn)) == UNISUM_ECONN &&
-	       timing_now_ms() < until && !atomic_load(&srv->stopping) && !b->stop)
-		;
+	       timing_now_ms() < until && !atomic_load(&srv->stopping))
+		usleep(50 * 1000);
+	log_hush(false);
 	if (rc != 0)
 		return rc;
 	struct srv_link *L = calloc(1, sizeof *L);

@@ -118,6 +118,13 @@ struct transport_ops {
 	 * makes later calls fail.  Never blocks; safe from any thread. */
 	void (*conn_shutdown)(struct tp_conn *c);
 
+	/* Where the transport writes a receive's payload outside recv_nb
+	 * (UCX's rendezvous, on its own thread): ends any such receive
+	 * begun, waiting until nothing more is written into the caller's
+	 * buffer, so that a closing connection's owner may let its buffers
+	 * go.  Bounded; NULL for the transports that never do (TCP, IPC). */
+	void (*conn_quiesce)(struct tp_conn *c);
+
 	/* Frees the connection; no thread may be using it. */
 	void (*conn_free)(struct tp_conn *c);
 

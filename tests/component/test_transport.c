@@ -423,6 +423,31 @@ static void test_ucx_wrong_secret(void **state)
 	auth_set_secret(NULL);
 }
 
+/* A connector without the secret where the acceptor has one: both ends
+ * fail at once, the connector naming the variable (nothing spins until a
+ * timeout). */
+static void test_ucx_secret_on_one_side(void **state)
+{
+	(void)state;
+	const struct transport_ops *tp = ucx_or_skip();
+	assert_int_equal(auth_set_secret("the job's secret"), 0);
+	struct tp_listener *l;
+	int port;
+	assert_int_equal(tp->listen("127.0.0.1", 0, &l, &port), 0);
+	pid_t child = ucx_child(port, NULL, true);	/* no secret; it sends a heartbeat */
+	struct tp_conn *b;
+	assert_int_equal(tp->accept(l, &b), 0);
+	char why[256] = "";
+	int64_t t0 = timing_now_ms();
+	assert_int_equal(tp->authenticate(b, false, why, sizeof why), UNISUM_EAUTH);
+	assert_true(timing_now_ms() - t0 < 5000);
+	kill(child, SIGKILL);
+	waitpid(child, NULL, 0);
+	tp->conn_free(b);
+	tp->listener_free(l);
+	auth_set_secret(NULL);
+}
+
 /* Nobody listening: dialling fails after its timeout, naming the place. */
 static void test_ucx_nobody_listening(void **state)
 {
@@ -456,6 +481,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_ucx_large_in_order),
 		cmocka_unit_test(test_ucx_dead_peer),
 		cmocka_unit_test(test_ucx_wrong_secret),
+		cmocka_unit_test(test_ucx_secret_on_one_side),
 		cmocka_unit_test(test_ucx_nobody_listening),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

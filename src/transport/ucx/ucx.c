@@ -49,6 +49,10 @@
 
 #define UCX_INLINE_MAX 8192	/* a payload up to this is copied in the callback */
 #define UCX_HELLO_MS 10000	/* a dialled peer's HELLO comes within this */
+#define UCX_PRE_AUTH_MSGS 4096	/* WIRE queued before the handshake ended, at most */
+#define UCX_PRE_AUTH_BYTES (256u << 20)
+#define UCX_LAST_WORD_MS 1000	/* a closing connection's sends may take this long */
+#define UCX_QUIESCE_MS 10000	/* a receive begun ends within this when its link is shut */
 
 
 struct tp_conn {
@@ -63,6 +67,11 @@ struct tp_conn {
 	uint64_t rx_next, tx_seq;
 	int inflight;			/* sends UCX has not finished */
 	bool hello, broken, shut, close_done, signaled, auth_new;
+	bool authed;			/* the handshake is done: WIRE counts from now */
+	bool broken_by_peer;		/* UCX reported the peer lost */
+	bool acceptor;			/* made by a listener */
+	const struct auth_state *auth;	/* the handshake auth_nb moves, meanwhile */
+	size_t pre_msgs, pre_bytes;	/* WIRE queued before it (bounded) */
 	char why[512];			/* broken's reason */
 	uint8_t auth_in[AUTH_MAX_READ];	/* the handshake's bytes from the peer */
 	size_t auth_len, auth_off;
@@ -81,7 +90,6 @@ struct ucx_sreq {
 	size_t hlen;
 	const void *payload;
 	size_t len;
-	bool rndv;			/* by rendezvous, whatever UCX's thresholds */
 	uint8_t data[];
 };
 
@@ -89,8 +97,10 @@ struct ucx_sreq {
 
 static bool conn_ready(const struct tp_conn *c)
 {
-	if (c->broken || c->auth_new)
+	if (c->broken)
 		return true;
+	if (!c->authed)
+		return c->auth_new;
 	if (c->cur != NULL)
 		return c->cur->how != UCX_DATA_RNDV || !c->cur->posted || c->cur->done;
 	return c->rxq != NULL && c->rxq->seq == c->rx_next;
@@ -132,6 +142,7 @@ static void ucx_on_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 	snprintf(why, sizeof why, "UCX lost the connection to %s: %s", c->peer,
 		 ucx_fn.ucs_status_string(status));
 	pthread_mutex_lock(&c->lock);
+	c->broken_by_peer = true;
 	conn_break(c, why);
 	pthread_mutex_unlock(&c->lock);
 }
@@ -151,6 +162,12 @@ static bool conn_take(struct tp_conn *c, struct ucx_msg *m)
 		c->hello = true;
 		pthread_cond_broadcast(&c->cond);
 		took = false;
+	} else if (m->kind == UCX_AUTH && c->authed) {
+		conn_break(c, auth_is_enabled()
+				      ? "the peer sent a second handshake"
+				      : "the peer asks for the job secret (UNISUM_SECRET), which this node "
+					"does not set");
+		took = false;
 	} else if (m->kind == UCX_AUTH) {
 		if (c->auth_len + m->len > sizeof c->auth_in)
 			conn_break(c, "the peer's handshake is longer than any handshake");
@@ -158,6 +175,15 @@ static bool conn_take(struct tp_conn *c, struct ucx_msg *m)
 			memcpy(c->auth_in + c->auth_len, m->data, m->len);
 		c->auth_len += m->len;
 		c->auth_new = true;
+		took = false;
+	} else if (!c->authed && c->acceptor && auth_is_enabled()) {
+		/* Nothing may come before the connector's answer. */
+		conn_break(c, "the peer sent a message before the handshake: is UNISUM_SECRET set "
+			      "on every node of the job (and only there)?");
+		took = false;
+	} else if (!c->authed && (++c->pre_msgs > UCX_PRE_AUTH_MSGS ||
+				   (c->pre_bytes += m->len) > UCX_PRE_AUTH_BYTES)) {
+		conn_break(c, "the peer sent too much before the handshake ended");
 		took = false;
 	} else {
 		struct ucx_msg **p = &c->rxq;
@@ -175,7 +201,7 @@ static bool conn_take(struct tp_conn *c, struct ucx_msg *m)
 static void conn_adopt(struct tp_conn *c, struct ucx_msg *m)
 {
 	if (!conn_take(c, m))
-		free(m);	/* HELLO or AUTH: inline, nothing of UCX's */
+		ucx_msg_free(m);
 }
 
 /* Builds the message of an AM: NULL when its header is malformed or
@@ -244,6 +270,8 @@ static void ucx_recv_done(void *request, ucs_status_t status, size_t length, voi
 	pthread_mutex_lock(&c->lock);
 	m->done = true;
 	m->status = status;
+	m->req = NULL;
+	pthread_cond_broadcast(&c->cond);
 	conn_signal(c);
 	pthread_mutex_unlock(&c->lock);
 	ucx_fn.ucp_request_free(request);
@@ -257,11 +285,16 @@ static void ucx_do_recv(struct ucx_cmd *cmd)
 		.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
 		.cb.recv_am = ucx_recv_done, .user_data = m};
 	ucs_status_ptr_t r = ucx_fn.ucp_am_recv_data_nbx(c->u->worker, m->data, m->dst, m->len, &p);
-	if (r != NULL && !UCS_PTR_IS_ERR(r))
-		return;	/* ucx_recv_done ends it */
 	pthread_mutex_lock(&c->lock);
+	if (r != NULL && !UCS_PTR_IS_ERR(r)) {
+		if (!m->done)
+			m->req = r;	/* ucx_recv_done ends it; a quiesce may cancel it */
+		pthread_mutex_unlock(&c->lock);
+		return;
+	}
 	m->done = true;
 	m->status = UCS_PTR_STATUS(r);
+	pthread_cond_broadcast(&c->cond);
 	conn_signal(c);
 	pthread_mutex_unlock(&c->lock);
 }
@@ -313,8 +346,11 @@ static int ucx_recv_nb(struct tp_conn *c, struct tp_rx *rx, char *why, size_t wh
 	if (rc == 0) {
 		m = c->cur;
 		if (m->how == UCX_DATA_RNDV && m->posted && !m->done) {
-			conn_rearm(c);
-			rc = TP_AGAIN;
+			/* (A broken link's receive may never end: its buffer is
+			 * the caller's until conn_quiesce.) */
+			rc = c->broken ? UNISUM_ECONN : TP_AGAIN;
+			if (!c->broken)
+				conn_rearm(c);
 			m = NULL;
 		} else if (m->how == UCX_DATA_RNDV && m->posted && m->status != UCS_OK) {
 			char lost[512];
@@ -360,25 +396,11 @@ static void ucx_do_send(struct ucx_cmd *cmd)
 	ucp_request_param_t p = {
 		.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
 				UCP_OP_ATTR_FIELD_FLAGS,
-		.flags = UCP_AM_SEND_FLAG_REPLY | (s->rndv ? UCP_AM_SEND_FLAG_RNDV : 0),
-		.cb.send = ucx_send_done, .user_data = s};
+		.flags = UCP_AM_SEND_FLAG_REPLY, .cb.send = ucx_send_done, .user_data = s};
 	ucs_status_ptr_t r = ucx_fn.ucp_am_send_nbx(s->c->ep, UCX_AM_ID, s->head, s->hlen,
 						    s->payload, s->len, &p);
 	if (r == NULL || UCS_PTR_IS_ERR(r))
 		ucx_send_done(NULL, UCS_PTR_STATUS(r), s);
-}
-
-/* Lent payloads from this size go by rendezvous, straight into the
- * receiver's buffer, unless the user set UCX_RNDV_THRESH: UCX's own
- * threshold over TCP sent 4 MiB eagerly, which the receiver assembled in
- * fresh memory (a page fault a page) and then copied.  Paired runs, 2 x 2
- * on loopback: 4 MiB 9.1 ms against 9.7 a round, 64 MiB 120 against 122. */
-static size_t ucx_rndv_bytes(void)
-{
-	static size_t bytes;
-	if (bytes == 0)
-		bytes = getenv("UCX_RNDV_THRESH") != NULL ? SIZE_MAX : (size_t)1 << 20;
-	return bytes;
 }
 
 /* Whether a message's payload is lent (tensor data, as IPC lends it). */
@@ -404,7 +426,6 @@ int ucx_conn_send(struct tp_conn *c, uint32_t kind, const struct wire_hdr *hdr,
 	s->hlen = kind == UCX_WIRE ? UCX_WIRE_HEAD : UCX_HEAD;
 	s->payload = lend || len == 0 ? payload : s->data;
 	s->len = len;
-	s->rndv = lend && len >= ucx_rndv_bytes();
 	if (!lend && len > 0)
 		memcpy(s->data, payload, len);
 	s->cmd.fn = ucx_do_send;
@@ -505,6 +526,51 @@ void ucx_conn_drop(struct tp_conn *c)
 	ucx_ctx_put(u);
 }
 
+struct ucx_cancel_cmd {
+	struct ucx_cmd cmd;
+	struct ucx_msg *m;
+};
+
+static void ucx_do_cancel(struct ucx_cmd *cmd)
+{
+	struct ucx_msg *m = ((struct ucx_cancel_cmd *)cmd)->m;
+	struct tp_conn *c = m->owner;
+	pthread_mutex_lock(&c->lock);
+	void *req = m->done ? NULL : m->req;
+	pthread_mutex_unlock(&c->lock);
+	if (req != NULL)
+		ucx_fn.ucp_request_cancel(c->u->worker, req);
+}
+
+/* A receive begun writes into its caller's buffer on the UCX thread:
+ * before a closing connection's owner lets its buffers go, the receive
+ * is cancelled and waited for (UCX ends it with its endpoint's failure
+ * otherwise).  Bounded: past UCX_QUIESCE_MS it is logged and left, and
+ * conn_free then keeps the connection rather than free what the receive
+ * still names. */
+static void ucx_conn_quiesce(struct tp_conn *c)
+{
+	pthread_mutex_lock(&c->lock);
+	struct ucx_msg *m = c->cur;
+	bool begun = m != NULL && m->how == UCX_DATA_RNDV && m->posted && !m->done;
+	pthread_mutex_unlock(&c->lock);
+	if (!begun)
+		return;
+	struct ucx_cancel_cmd cancel = {.cmd.fn = ucx_do_cancel, .m = m};
+	ucx_run(c->u, &cancel.cmd);	/* behind the receive's own command */
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += UCX_QUIESCE_MS / 1000;
+	pthread_mutex_lock(&c->lock);
+	while (!m->done && pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
+		;
+	bool done = m->done;
+	pthread_mutex_unlock(&c->lock);
+	if (!done)
+		LOG_ERROR("UCX: a receive from %s did not end within %d s of its connection's end",
+			  c->peer, UCX_QUIESCE_MS / 1000);
+}
+
 static void ucx_close_done(void *request, ucs_status_t status, void *user_data)
 {
 	(void)status;
@@ -520,6 +586,18 @@ static void ucx_close_done(void *request, ucs_status_t status, void *user_data)
 static void ucx_do_close(struct ucx_cmd *cmd)
 {
 	struct tp_conn *c = (struct tp_conn *)((char *)cmd - offsetof(struct tp_conn, close_cmd));
+	/* What was sent last (an ERROR naming why, a goodbye) goes out
+	 * before the endpoint is forced closed, which cancels what it holds;
+	 * bounded, as a peer may be gone. */
+	int64_t until = timing_now_ms() + UCX_LAST_WORD_MS;
+	for (;;) {
+		pthread_mutex_lock(&c->lock);
+		bool sending = c->inflight > 0 && !c->broken_by_peer;
+		pthread_mutex_unlock(&c->lock);
+		if (!sending || timing_now_ms() >= until)
+			break;
+		ucx_fn.ucp_worker_progress(c->u->worker);
+	}
 	ucx_map_del(c->ep);
 	ucp_request_param_t p = {
 		.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -551,21 +629,22 @@ void ucx_conn_free(struct tp_conn *c)
 	pthread_mutex_lock(&c->lock);
 	while ((c->ep != NULL && !c->close_done) || c->inflight > 0)
 		pthread_cond_wait(&c->cond, &c->lock);
-	/* A rendezvous receive begun ends with its endpoint (UCX fails it);
-	 * its data goes to the caller's buffer, so it is waited for. */
-	int64_t until = timing_now_ms() + 5000;
-	while (c->cur != NULL && c->cur->posted && !c->cur->done && timing_now_ms() < until) {
+	bool begun = c->cur != NULL && c->cur->how == UCX_DATA_RNDV && c->cur->posted &&
+		     !c->cur->done;
+	pthread_mutex_unlock(&c->lock);
+	if (begun)
+		ucx_conn_quiesce(c);
+	pthread_mutex_lock(&c->lock);
+	if (c->cur != NULL && c->cur->posted && !c->cur->done) {
+		/* UCX still names it (and c): kept, not freed. */
 		pthread_mutex_unlock(&c->lock);
-		usleep(1000);
-		pthread_mutex_lock(&c->lock);
+		LOG_ERROR("UCX: keeping a connection to %s whose receive never ended", c->peer);
+		return;
 	}
 	struct ucx_msg *left = c->rxq, *cur = c->cur;
 	c->rxq = c->cur = NULL;
 	pthread_mutex_unlock(&c->lock);
-	if (cur != NULL && cur->posted && !cur->done)
-		LOG_WARN("UCX: a receive from %s did not end with its connection", c->peer);
-	else
-		ucx_msg_free(cur);
+	ucx_msg_free(cur);
 	while (left != NULL) {
 		struct ucx_msg *next = left->next;
 		ucx_msg_free(left);
@@ -642,8 +721,8 @@ static int ucx_dial(const char *host, int port, int timeout_ms, struct tp_conn *
 	int64_t until = timing_now_ms() + timeout_ms;
 	for (;;) {
 		int64_t left = until - timing_now_ms();
-		rc = ucx_dial_once(&sa, peer, left > UCX_HELLO_MS ? (int)left : UCX_HELLO_MS, out,
-				   why, sizeof why);
+		int wait = left > UCX_HELLO_MS ? UCX_HELLO_MS : left < 1000 ? 1000 : (int)left;
+		rc = ucx_dial_once(&sa, peer, wait, out, why, sizeof why);
 		if (rc != UNISUM_ECONN || timing_now_ms() + 100 >= until)
 			break;
 		usleep(100 * 1000);	/* not listening yet: as TCP retries a refusal */
@@ -677,6 +756,13 @@ static int auth_read(void *ctx, void *dst, size_t len, size_t *off)
 static int auth_write(void *ctx, const void *src, size_t len, size_t *off)
 {
 	struct tp_conn *c = ctx;
+	if (!c->auth->connector && c->auth->stage == 2) {
+		/* The acceptor's last word: the connector's messages may
+		 * follow it at once, and count. */
+		pthread_mutex_lock(&c->lock);
+		c->authed = true;
+		pthread_mutex_unlock(&c->lock);
+	}
 	int rc = ucx_conn_send(c, UCX_AUTH, NULL, (const uint8_t *)src + *off, len - *off, false);
 	if (rc == 0)
 		*off = len;
@@ -685,11 +771,24 @@ static int auth_write(void *ctx, const void *src, size_t len, size_t *off)
 
 static int ucx_auth_nb(struct tp_conn *c, struct auth_state *a, char *why, size_t len)
 {
-	if (!auth_is_enabled())
-		return 0;
-	struct auth_io io = {.ctx = c, .read = auth_read, .write = auth_write};
-	int rc = auth_step(a, &io, c->peer, why, len);
-	return rc == AUTH_AGAIN ? TP_AGAIN : rc;
+	int rc = 0;
+	if (auth_is_enabled()) {
+		struct auth_io io = {.ctx = c, .read = auth_read, .write = auth_write};
+		c->auth = a;
+		rc = auth_step(a, &io, c->peer, why, len);
+		c->auth = NULL;
+	}
+	if (rc == AUTH_AGAIN)
+		return TP_AGAIN;
+	if (rc == 0) {
+		/* The messages that came meanwhile count from now. */
+		pthread_mutex_lock(&c->lock);
+		c->authed = true;
+		if (conn_ready(c))
+			conn_signal(c);
+		pthread_mutex_unlock(&c->lock);
+	}
+	return rc;
 }
 
 static int ucx_authenticate(struct tp_conn *c, bool connector, char *why, size_t len)
@@ -779,6 +878,7 @@ struct tp_conn *ucx_conn_accept(ucp_conn_request_h req)
 		inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof ip);
 		snprintf(c->peer, sizeof c->peer, "%s:%u", ip, ntohs(sa->sin_port));
 	}
+	c->acceptor = true;
 	ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST, .conn_request = req};
 	if (ucx_conn_connect(c, &ep, why, sizeof why) != 0) {
 		ucx_conn_drop(c);
@@ -800,6 +900,7 @@ static const struct transport_ops ucx_ops = {
 	.recv_header = ucx_recv_header,
 	.recv_payload = ucx_recv_payload,
 	.conn_shutdown = ucx_conn_shutdown,
+	.conn_quiesce = ucx_conn_quiesce,
 	.conn_free = ucx_conn_free,
 	.peer_name = ucx_peer_name,
 	.listener_fd = ucx_listener_fd,

@@ -22,13 +22,14 @@
 
 /* The UCP and UCS functions the transport calls, found with dlsym. */
 #define UCX_SYMBOLS(X)                                                                      \
-	X(ucp_config_read) X(ucp_config_release) X(ucp_init_version) X(ucp_cleanup)         \
+	X(ucp_config_read) X(ucp_config_release) X(ucp_config_modify) X(ucp_init_version)   \
+	X(ucp_cleanup)                                                                      \
 	X(ucp_worker_create) X(ucp_worker_destroy) X(ucp_worker_get_efd) X(ucp_worker_arm) \
 	X(ucp_worker_progress) X(ucp_worker_signal) X(ucp_worker_set_am_recv_handler)      \
 	X(ucp_listener_create) X(ucp_listener_destroy) X(ucp_listener_query)               \
 	X(ucp_listener_reject) X(ucp_conn_request_query) X(ucp_ep_create)                  \
 	X(ucp_ep_close_nbx) X(ucp_am_send_nbx) X(ucp_am_recv_data_nbx)                     \
-	X(ucp_am_data_release) X(ucp_request_free) X(ucp_request_check_status)             \
+	X(ucp_am_data_release) X(ucp_request_free) X(ucp_request_cancel)             \
 	X(ucs_status_string) X(ucp_get_version_string)
 
 struct ucx_api {
@@ -73,6 +74,7 @@ struct ucx_msg {
 	bool posted, done;		/* a rendezvous receive: begun, ended */
 	int status;			/* ... its status (ucs_status_t) */
 	void *dst;			/* ... where it goes */
+	void *req;			/* ... UCX's request, while under way */
 	struct ucx_cmd cmd;		/* the receive's, or the release's */
 	uint8_t inline_data[];
 };

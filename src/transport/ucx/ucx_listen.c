@@ -25,6 +25,7 @@ struct tp_listener {
 	int evfd;
 	pthread_mutex_t lock;	/* below */
 	struct tp_conn **conns;		/* made, waiting for accept() */
+	int fd_errno;			/* a peer refused for want of descriptors */
 	size_t nconns, cap;
 	bool closing;
 	bool signaled;
@@ -47,9 +48,19 @@ static void ucx_on_conn_request(ucp_conn_request_h req, void *arg)
 			l->conns = r, l->cap = cap;
 	}
 	pthread_mutex_unlock(&l->lock);
+	errno = 0;
 	struct tp_conn *c = take ? ucx_conn_accept(req) : NULL;
 	if (c == NULL) {
+		int e = errno;
 		ucx_fn.ucp_listener_reject(l->l, req);
+		if (e == EMFILE || e == ENFILE) {	/* accept() says so (RLIMIT_NOFILE) */
+			pthread_mutex_lock(&l->lock);
+			l->fd_errno = e;
+			uint64_t one = 1;
+			if (!l->signaled && write(l->evfd, &one, sizeof one) == sizeof one)
+				l->signaled = true;
+			pthread_mutex_unlock(&l->lock);
+		}
 		return;
 	}
 	pthread_mutex_lock(&l->lock);
@@ -132,13 +143,20 @@ int ucx_accept_nb(struct tp_listener *l, struct tp_conn **out)
 		c = l->conns[0];
 		memmove(l->conns, l->conns + 1, --l->nconns * sizeof *l->conns);
 	}
-	int rc = c != NULL ? 0 : l->closing ? UNISUM_ESHUTDOWN : TP_AGAIN;
+	int rc = c != NULL ? 0 : l->closing ? UNISUM_ESHUTDOWN : l->fd_errno ? UNISUM_ESYS : TP_AGAIN;
+	int fd_errno = l->fd_errno;
+	l->fd_errno = 0;
 	uint64_t n;
 	if (l->nconns == 0 && !l->closing && l->signaled && read(l->evfd, &n, sizeof n) == sizeof n)
 		l->signaled = false;
 	pthread_mutex_unlock(&l->lock);
 	if (c != NULL)
 		*out = c;
+	if (rc == UNISUM_ESYS) {
+		char why[512];
+		log_fd_limits(fd_errno, why, sizeof why);
+		log_set_last_error("a peer could not be accepted over UCX: %s", why);
+	}
 	return rc;
 }
 
