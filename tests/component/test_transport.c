@@ -398,18 +398,27 @@ static void test_ucx_dead_peer(void **state)
 	tp->listener_free(l);
 }
 
+/* With the job's secret set here, a listener, a child connecting with
+ * `secret` (NULL: none; see ucx_child) and its accepted connection. */
+static pid_t ucx_secret_pair(const struct transport_ops *tp, const char *secret, bool linger,
+			     struct tp_listener **l, struct tp_conn **b)
+{
+	assert_int_equal(auth_set_secret("the job's secret"), 0);
+	int port;
+	assert_int_equal(tp->listen("127.0.0.1", 0, l, &port), 0);
+	pid_t child = ucx_child(port, secret, linger);
+	assert_int_equal(tp->accept(*l, b), 0);
+	return child;
+}
+
 /* A peer without the job's secret is refused over UCX as over TCP. */
 static void test_ucx_wrong_secret(void **state)
 {
 	(void)state;
 	const struct transport_ops *tp = ucx_or_skip();
-	assert_int_equal(auth_set_secret("the job's secret"), 0);
 	struct tp_listener *l;
-	int port;
-	assert_int_equal(tp->listen("127.0.0.1", 0, &l, &port), 0);
-	pid_t child = ucx_child(port, "another secret", false);
 	struct tp_conn *b;
-	assert_int_equal(tp->accept(l, &b), 0);
+	pid_t child = ucx_secret_pair(tp, "another secret", false, &l, &b);
 	char why[256] = "";
 	assert_int_equal(tp->authenticate(b, false, why, sizeof why), UNISUM_EAUTH);
 	assert_non_null(strstr(why, "wrong or missing job secret"));
@@ -430,13 +439,9 @@ static void test_ucx_secret_on_one_side(void **state)
 {
 	(void)state;
 	const struct transport_ops *tp = ucx_or_skip();
-	assert_int_equal(auth_set_secret("the job's secret"), 0);
 	struct tp_listener *l;
-	int port;
-	assert_int_equal(tp->listen("127.0.0.1", 0, &l, &port), 0);
-	pid_t child = ucx_child(port, NULL, true);	/* no secret; it sends a heartbeat */
 	struct tp_conn *b;
-	assert_int_equal(tp->accept(l, &b), 0);
+	pid_t child = ucx_secret_pair(tp, NULL, true, &l, &b);	/* it sends a heartbeat */
 	char why[256] = "";
 	int64_t t0 = timing_now_ms();
 	assert_int_equal(tp->authenticate(b, false, why, sizeof why), UNISUM_EAUTH);

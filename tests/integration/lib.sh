@@ -197,6 +197,18 @@ wait_watching_secret() {
 # when the test exits, after running the commands in HOSTS_CLEANUP if set.
 # Without root the test is skipped; hosts that cannot be built fail it.
 # Sets CLUSTER (bench/cluster) and NETNS (its netns.sh).
+# cluster_job NAME WORKERS LOCAL ARGS... : check_sums ARGS on hosts 0 and 1
+# of hosts_up's 3 (servers beside them) and a CPU-only server on host 2.
+# LAUNCH_OPTS: more options of unisum launch.
+cluster_job() {
+	name=$1 w=$2 l=$3
+	shift 3
+	p=$HOSTS_PREFIX
+	check_job "$name" env UNISUM_LOG_LEVEL=INFO "$UNISUM" launch -w "$w" -s 3 --local-size "$l" \
+		--worker-netns "$p-h0,$p-h1" --server-netns "$p-h0,$p-h1,$p-h2" ${LAUNCH_OPTS:-} \
+		-- "$CHECK" "$@"
+}
+
 hosts_up() {
 	if [ "$(id -u)" != 0 ]; then
 		skip "emulated hosts need root to make network namespaces (ran as $(id -un))"

@@ -18,17 +18,7 @@ hosts_up "$P" 3 1gbit
 reaches() { ip netns exec "$P-h$1" ping -c 1 -W 2 "$(sh "$NETNS" addr "$P" "$2")" >/dev/null; }
 expect "the hosts reach each other" reaches 1 0
 
-# cluster_job NAME WORKERS LOCAL ARGS... : check_sums ARGS on hosts 0 and 1
-# (servers beside them) and a CPU-only server on host 2.
-# LAUNCH_OPTS: more options of unisum launch.
-cluster_job() {
-	name=$1 w=$2 l=$3
-	shift 3
-	check_job "$name" env UNISUM_LOG_LEVEL=INFO "$UNISUM" launch -w "$w" -s 3 --local-size "$l" \
-		--worker-netns "$P-h0,$P-h1" --server-netns "$P-h0,$P-h1,$P-h2" ${LAUNCH_OPTS:-} \
-		-- "$CHECK" "$@"
-}
-
+# (cluster_job: lib.sh's, on these 3 hosts.)
 cluster_job "2 worker hosts + 1 CPU-only host: every dtype, 0 elements to 3 partitions" 2 1 sums
 # n = 2, k = 1: the CPU-only server holds 2(n-1)/(n^2+kn-2k) = 1/2 of the
 # bytes, each colocated one (n-k)/(n^2+kn-2k) = 1/4.

@@ -1,6 +1,7 @@
 # Integration: the UCX transport (UNISUM_TRANSPORT=ucx) with real
 # processes.  On loopback over UCX's TCP (UCX_TLS=tcp) and over its shared
-# memory (UCX_TLS=sm,tcp: UCX's connection manager needs tcp beside sm):
+# memory as far as UCX uses it (UCX_TLS=sm,tcp: its connection manager
+# needs tcp beside sm, and makes TCP lanes; see ARCHITECTURE section 6):
 # every dtype and boundary size, tensors in flight, compressed pushes,
 # each server's log saying it listens over ucx.  The chaos suite (6 runs)
 # over UCX on loopback.  Between emulated hosts
@@ -65,13 +66,6 @@ printf '%s\n' "$LAST" | grep -E "^(ok|FAIL)|worst" | sed 's/^/    /'
 # Between emulated hosts: UCX over the veths.
 P="usx$$"
 hosts_up "$P" 3 1gbit
-cluster_job() {
-	name=$1 w=$2 l=$3
-	shift 3
-	check_job "$name" env UNISUM_LOG_LEVEL=INFO "$UNISUM" launch -w "$w" -s 3 --local-size "$l" \
-		--worker-netns "$P-h0,$P-h1" --server-netns "$P-h0,$P-h1,$P-h2" ${LAUNCH_OPTS:-} \
-		-- "$CHECK" "$@"
-}
 cluster_job "3 hosts over UCX: every dtype, 0 elements to 3 partitions" 2 1 sums
 expect "  ... every server listened over ucx" on_ucx 3
 ROUNDS=600

@@ -111,7 +111,7 @@ static void *ucx_progress_main(void *arg)
 void ucx_post(struct ucx_ctx *u, struct ucx_cmd *cmd)
 {
 	cmd->next = NULL;
-	if (u->cmds_tail == NULL)
+	if (!u->started)
 		return;	/* a parent's object, in a child of fork(): nothing to do */
 	pthread_mutex_lock(&u->cmd_lock);
 	*u->cmds_tail = cmd;
@@ -124,7 +124,7 @@ void ucx_post(struct ucx_ctx *u, struct ucx_cmd *cmd)
 
 void ucx_run(struct ucx_ctx *u, struct ucx_cmd *cmd)
 {
-	if (u->cmds_tail == NULL)
+	if (!u->started)
 		return;	/* (see ucx_post) */
 	if (ucx_on_thread) {
 		cmd->fn(cmd);
@@ -188,6 +188,7 @@ static int ucx_start(struct ucx_ctx *u, char *why, size_t len)
 	    (step = "ucp_worker_set_am_recv_handler",
 	     st = ucx_fn.ucp_worker_set_am_recv_handler(u->worker, &am)) == UCS_OK) {
 		atomic_store(&u->stop, false);
+		u->started = true;
 		u->cmds_tail = &u->cmds;
 		u->cmd_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 		pthread_mutex_init(&u->cmd_lock, NULL);

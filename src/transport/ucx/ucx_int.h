@@ -88,6 +88,7 @@ struct ucx_ctx {
 	int efd;			/* the worker's event descriptor */
 	int cmd_fd;			/* an eventfd: commands wait */
 	pthread_t thread;
+	bool started;			/* set before the thread, under ucx_lock */
 	atomic_bool stop;
 	pthread_mutex_t cmd_lock;	/* the commands and their ends */
 	pthread_cond_t cmd_done;

@@ -31,6 +31,14 @@ struct tp_listener {
 	bool signaled;
 };
 
+/* Makes the listener's eventfd readable.  l->lock held. */
+static void listener_signal(struct tp_listener *l)
+{
+	uint64_t one = 1;
+	if (!l->signaled && write(l->evfd, &one, sizeof one) == sizeof one)
+		l->signaled = true;
+}
+
 static void ucx_on_conn_request(ucp_conn_request_h req, void *arg)
 {
 	struct tp_listener *l = arg;
@@ -56,18 +64,14 @@ static void ucx_on_conn_request(ucp_conn_request_h req, void *arg)
 		if (e == EMFILE || e == ENFILE) {	/* accept() says so (RLIMIT_NOFILE) */
 			pthread_mutex_lock(&l->lock);
 			l->fd_errno = e;
-			uint64_t one = 1;
-			if (!l->signaled && write(l->evfd, &one, sizeof one) == sizeof one)
-				l->signaled = true;
+			listener_signal(l);
 			pthread_mutex_unlock(&l->lock);
 		}
 		return;
 	}
 	pthread_mutex_lock(&l->lock);
 	l->conns[l->nconns++] = c;	/* only this thread grows it */
-	uint64_t one = 1;
-	if (!l->signaled && write(l->evfd, &one, sizeof one) == sizeof one)
-		l->signaled = true;
+	listener_signal(l);
 	pthread_mutex_unlock(&l->lock);
 }
 
@@ -174,9 +178,7 @@ void ucx_listener_shutdown(struct tp_listener *l)
 {
 	pthread_mutex_lock(&l->lock);
 	l->closing = true;
-	uint64_t one = 1;
-	if (!l->signaled && write(l->evfd, &one, sizeof one) == sizeof one)
-		l->signaled = true;
+	listener_signal(l);
 	pthread_mutex_unlock(&l->lock);
 }
 
