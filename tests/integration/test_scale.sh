@@ -23,10 +23,15 @@ MAX_SERVER=6 MAX_WORKER=7 MAX_LAUNCHER=5
 log=$(mktemp -d)
 # peak PATTERN : the most threads of one process matching PATTERN, each
 # 0.2 s, into $log/peak.PATTERN's name, until $log/stop exists.
+# Only this job's processes count (their environment holds SCALE_TAG):
+# the tests beside it in ctest run servers too, over UCX with two threads
+# more (a server seen with 8 threads was one of test_ucx's).
+export SCALE_TAG="scale$$"
 peak() {
 	while [ ! -e "$log/stop" ]; do
 		for p in $(pgrep -f "$1"); do
-			awk '/^Threads:/ { print $2 }' "/proc/$p/status" 2>/dev/null
+			tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SCALE_TAG=$SCALE_TAG" &&
+				awk '/^Threads:/ { print $2 }' "/proc/$p/status" 2>/dev/null
 		done
 		sleep 0.2
 	done | sort -n | tail -n 1 >"$log/peak.$2"
