@@ -51,7 +51,7 @@
 #define UCX_HELLO_MS 10000	/* a dialled peer's HELLO comes within this */
 #define UCX_PRE_AUTH_MSGS 4096	/* WIRE queued before the handshake ended, at most */
 #define UCX_PRE_AUTH_BYTES (256u << 20)
-#define UCX_LAST_WORD_MS 1000	/* a closing connection's sends may take this long */
+#define UCX_LAST_WORD_MS 200	/* a closing connection's copied sends may take this long */
 #define UCX_QUIESCE_MS 10000	/* a receive begun ends within this when its link is shut */
 
 
@@ -65,7 +65,8 @@ struct tp_conn {
 	struct ucx_msg *rxq;		/* WIRE received, by sequence */
 	struct ucx_msg *cur;		/* the one recv_nb is on */
 	uint64_t rx_next, tx_seq;
-	int inflight;			/* sends UCX has not finished */
+	int inflight;			/* sends UCX has not finished, */
+	int copies_inflight;		/* ... of them with a copied payload (a last word) */
 	bool hello, broken, shut, close_done, signaled, auth_new;
 	bool authed;			/* the handshake is done: WIRE counts from now */
 	bool broken_by_peer;		/* UCX reported the peer lost */
@@ -90,6 +91,7 @@ struct ucx_sreq {
 	size_t hlen;
 	const void *payload;
 	size_t len;
+	bool lent;			/* payload is the caller's (transport.h) */
 	uint8_t data[];
 };
 
@@ -383,6 +385,7 @@ static void ucx_send_done(void *request, ucs_status_t status, void *user_data)
 		conn_break(c, why);
 	}
 	c->inflight--;
+	c->copies_inflight -= !s->lent;
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->lock);
 	free(s);
@@ -397,8 +400,21 @@ static void ucx_do_send(struct ucx_cmd *cmd)
 		.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
 				UCP_OP_ATTR_FIELD_FLAGS,
 		.flags = UCP_AM_SEND_FLAG_REPLY, .cb.send = ucx_send_done, .user_data = s};
-	ucs_status_ptr_t r = ucx_fn.ucp_am_send_nbx(s->c->ep, UCX_AM_ID, s->head, s->hlen,
-						    s->payload, s->len, &p);
+	/* A lent buffer is not handed to UCX once its connection is shut:
+	 * its owner lets it go then (a job that failed).  Chaos over UCX saw
+	 * a survivor get a sum with a failed worker's freed input, the send
+	 * having waited in this thread's queue past the shutdown.  (Not
+	 * under the lock across the UCX call: a send towards a dead peer can
+	 * take seconds in UCX, and a failover's shutdown, on the thread that
+	 * sends the heartbeats, then waited that long.)  What UCX holds
+	 * already, the close cancels.  A copy (a last word) still goes. */
+	struct tp_conn *c = s->c;
+	pthread_mutex_lock(&c->lock);
+	bool drop = c->shut && s->lent;
+	pthread_mutex_unlock(&c->lock);
+	ucs_status_ptr_t r = UCS_STATUS_PTR(UCS_ERR_CANCELED);
+	if (!drop)
+		r = ucx_fn.ucp_am_send_nbx(c->ep, UCX_AM_ID, s->head, s->hlen, s->payload, s->len, &p);
 	if (r == NULL || UCS_PTR_IS_ERR(r))
 		ucx_send_done(NULL, UCS_PTR_STATUS(r), s);
 }
@@ -426,6 +442,7 @@ int ucx_conn_send(struct tp_conn *c, uint32_t kind, const struct wire_hdr *hdr,
 	s->hlen = kind == UCX_WIRE ? UCX_WIRE_HEAD : UCX_HEAD;
 	s->payload = lend || len == 0 ? payload : s->data;
 	s->len = len;
+	s->lent = lend && len > 0;
 	if (!lend && len > 0)
 		memcpy(s->data, payload, len);
 	s->cmd.fn = ucx_do_send;
@@ -442,6 +459,7 @@ int ucx_conn_send(struct tp_conn *c, uint32_t kind, const struct wire_hdr *hdr,
 		wire_encode(hdr, s->head + UCX_HEAD);
 	}
 	c->inflight++;
+	c->copies_inflight += !s->lent;
 	ucx_post(c->u, &s->cmd);	/* under c->lock: ahead of the close */
 	pthread_mutex_unlock(&c->lock);
 	return 0;
@@ -586,13 +604,14 @@ static void ucx_close_done(void *request, ucs_status_t status, void *user_data)
 static void ucx_do_close(struct ucx_cmd *cmd)
 {
 	struct tp_conn *c = (struct tp_conn *)((char *)cmd - offsetof(struct tp_conn, close_cmd));
-	/* What was sent last (an ERROR naming why, a goodbye) goes out
-	 * before the endpoint is forced closed, which cancels what it holds;
-	 * bounded, as a peer may be gone. */
+	/* What was sent last (an ERROR naming why, a goodbye: a copy) goes
+	 * out before the endpoint is forced closed, which cancels what it
+	 * holds; bounded, as a peer may be gone, and short, as the UCX
+	 * thread serves every other connection meanwhile. */
 	int64_t until = timing_now_ms() + UCX_LAST_WORD_MS;
 	for (;;) {
 		pthread_mutex_lock(&c->lock);
-		bool sending = c->inflight > 0 && !c->broken_by_peer;
+		bool sending = c->copies_inflight > 0 && !c->broken_by_peer;
 		pthread_mutex_unlock(&c->lock);
 		if (!sending || timing_now_ms() >= until)
 			break;
@@ -608,6 +627,13 @@ static void ucx_do_close(struct ucx_cmd *cmd)
 		ucx_close_done(NULL, UCS_PTR_STATUS(r), c);
 }
 
+/* Shuts c: from now no send is made, and no lent payload is handed to
+ * UCX (ucx_do_send checks under the lock), so its owner may let its
+ * buffers go; the endpoint's close (forced: it cancels what UCX holds)
+ * follows every send made.  Never blocks.  (Waiting here for the close
+ * was tried: a worker's thread that shuts a lost server's link while it
+ * holds that link's lock then stalled long enough, in chaos runs, for
+ * the scheduler to take the worker for hung.) */
 static void ucx_conn_shutdown(struct tp_conn *c)
 {
 	pthread_mutex_lock(&c->lock);
