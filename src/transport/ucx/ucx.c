@@ -495,7 +495,7 @@ struct tp_conn *ucx_conn_new(void)
 	char ignored[8];
 	c->u = ucx_ctx_get(ignored, sizeof ignored);
 	pthread_mutex_init(&c->lock, NULL);
-	pthread_cond_init(&c->cond, NULL);
+	timing_cond_init(&c->cond);	/* timed waits on the monotonic clock */
 	return c;
 }
 
@@ -576,9 +576,7 @@ static void ucx_conn_quiesce(struct tp_conn *c)
 		return;
 	struct ucx_cancel_cmd cancel = {.cmd.fn = ucx_do_cancel, .m = m};
 	ucx_run(c->u, &cancel.cmd);	/* behind the receive's own command */
-	struct timespec until;
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += UCX_QUIESCE_MS / 1000;
+	struct timespec until = timing_deadline(UCX_QUIESCE_MS);
 	pthread_mutex_lock(&c->lock);
 	while (!m->done && pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
 		;
@@ -710,16 +708,11 @@ static int ucx_dial_once(const struct sockaddr_in *sa, const char *peer,
 			      .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
 			      .sockaddr = {.addr = (const struct sockaddr *)sa, .addrlen = sizeof *sa}};
 	int rc = ucx_conn_connect(c, &ep, why, len);
-	int64_t until = timing_now_ms() + wait_ms;
+	struct timespec until = timing_deadline(wait_ms);	/* HELLO and a break signal c->cond */
 	pthread_mutex_lock(&c->lock);
-	while (rc == 0 && !c->hello && !c->broken && timing_now_ms() < until) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 20 * 1000000L;
-		if (ts.tv_nsec >= 1000000000L)
-			ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-		pthread_cond_timedwait(&c->cond, &c->lock, &ts);
-	}
+	while (rc == 0 && !c->hello && !c->broken &&
+	       pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
+		;
 	if (rc == 0 && !c->hello) {
 		snprintf(why, len, "%.200s", c->broken ? c->why : "no answer");
 		rc = UNISUM_ECONN;
