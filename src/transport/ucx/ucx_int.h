@@ -25,12 +25,12 @@
 	X(ucp_config_read) X(ucp_config_release) X(ucp_config_modify) X(ucp_init_version)   \
 	X(ucp_cleanup)                                                                      \
 	X(ucp_worker_create) X(ucp_worker_destroy) X(ucp_worker_get_efd) X(ucp_worker_arm) \
-	X(ucp_worker_progress) X(ucp_worker_signal) X(ucp_worker_set_am_recv_handler)      \
+	X(ucp_worker_progress) X(ucp_worker_set_am_recv_handler)      \
 	X(ucp_listener_create) X(ucp_listener_destroy) X(ucp_listener_query)               \
 	X(ucp_listener_reject) X(ucp_conn_request_query) X(ucp_ep_create)                  \
 	X(ucp_ep_close_nbx) X(ucp_am_send_nbx) X(ucp_am_recv_data_nbx)                     \
 	X(ucp_am_data_release) X(ucp_request_free) X(ucp_request_cancel)             \
-	X(ucs_status_string) X(ucp_get_version_string)
+	X(ucs_status_string)
 
 struct ucx_api {
 #define UCX_FIELD(name) __typeof__(name) *name;
