@@ -297,7 +297,7 @@ static uint8_t *srv_push_buf(struct srv_key *k, int w, char *why, size_t len)
 {
 	size_t bytes = k->comp.kind != COMPRESS_NONE ? k->wire_bytes : k->bytes;
 	if (k->push_buf[w] == NULL)
-		k->push_buf[w] = malloc(bytes ? bytes : 1);
+		k->push_buf[w] = srv_key_buf(k, bytes);
 	if (k->push_buf[w] == NULL)
 		snprintf(why, len, "out of memory for a %zu-byte push", bytes);
 	return k->push_buf[w];

@@ -151,7 +151,7 @@ static void srv_on_poison(struct server *srv, struct srv_key *k, const char *why
 static bool srv_slot_acc(struct srv_key *k, struct srv_slot *s)
 {
 	if (s->acc == NULL)
-		s->acc = malloc(k->bytes ? k->bytes : 1);
+		s->acc = srv_key_buf(k, k->bytes);
 	return s->acc != NULL;
 }
 
@@ -305,7 +305,7 @@ static void srv_async_answer(struct server *srv, struct srv_key *k, int w, uint3
 		h.flags = WIRE_FLAG_SKIP;
 	} else {
 		uint8_t **buf = &k->snap[2 * w + (k->replies[w]++ & 1)];
-		if (*buf == NULL && (*buf = malloc(k->bytes ? k->bytes : 1)) == NULL) {
+		if (*buf == NULL && (*buf = srv_key_buf(k, k->bytes)) == NULL) {
 			srv_reply_error(srv, NULL, srv_key_peer(k, w), k->key, round, UNISUM_ENOMEM,
 					"out of memory for an async pull's reply");
 			return;
@@ -361,7 +361,7 @@ static void srv_async_push(struct server *srv, struct srv_key *k, const struct s
 			s->arrived[w] = 1;
 			return;	/* its initial copy */
 		}
-		k->value = malloc(k->bytes ? k->bytes : 1);
+		k->value = srv_key_buf(k, k->bytes);
 		if (k->value == NULL) {
 			srv_engine_oom(srv, k, "for the value of async");
 			return;
@@ -639,7 +639,7 @@ static void srv_on_restore(struct server *srv, struct srv_key *k, const struct s
 			s->started_ms = timing_now_ms();
 		s->active = true;
 		s->round = ev->round;
-		free(s->acc);
+		srv_key_buf_free(k, s->acc);
 		s->acc = data;
 		s->result = RESULT_OWNED;
 		s->ready = true;

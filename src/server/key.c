@@ -237,18 +237,31 @@ void srv_key_unpin(struct srv_key *k)
 		srv_key_free(k);
 }
 
+uint8_t *srv_key_buf(struct srv_key *k, size_t bytes)
+{
+	uint8_t *p = malloc(bytes ? bytes : 1);
+	transport_mem_register(k->tp, p, bytes);
+	return p;
+}
+
+void srv_key_buf_free(struct srv_key *k, void *p)
+{
+	transport_mem_unregister(k->tp, p);
+	free(p);
+}
+
 void srv_key_free(struct srv_key *k)
 {
 	if (k == NULL)
 		return;
 	if (k->push_buf)
 		for (int w = 0; w < k->nc; w++)
-			free(k->push_buf[w]);
+			srv_key_buf_free(k, k->push_buf[w]);
 	for (int i = 0; i < 2; i++) {
 		free(k->slot[i].arrived);
 		free(k->slot[i].zero);
 		free(k->slot[i].pull_waiting);
-		free(k->slot[i].acc);
+		srv_key_buf_free(k, k->slot[i].acc);
 		free(k->slot[i].enc);
 		for (int w = 0; k->slot[i].rpush != NULL && w < k->nc; w++)
 			free(k->slot[i].rpush[w]);
@@ -258,13 +271,13 @@ void srv_key_free(struct srv_key *k)
 	free(k->scratch);
 	free(k->comp_text);
 	free(k->push_buf);
-	free(k->value);
+	srv_key_buf_free(k, k->value);
 	free(k->first_seen);
 	free(k->value_waiting);
 	free(k->wait_round);
 	free(k->clock);
 	for (int i = 0; k->snap != NULL && i < 2 * k->nc; i++)
-		free(k->snap[i]);
+		srv_key_buf_free(k, k->snap[i]);
 	free(k->snap);
 	free(k->replies);
 	free(k->gone);
@@ -419,6 +432,7 @@ static struct srv_key *srv_key_new(struct server *srv, size_t W, const int *rank
 	if (k == NULL)
 		return NULL;
 	atomic_init(&k->pins, 1);
+	k->tp = srv->tp;
 	k->moved_to = -1;
 	k->nc = (int)W;
 	if (nranks > 0) {

@@ -720,8 +720,8 @@ int srv_copy_install(struct srv_key *k)
 		free(c);
 		return rc;
 	}
-	free(k->value);
-	k->value = malloc(k->bytes ? k->bytes : 1);
+	srv_key_buf_free(k, k->value);
+	k->value = srv_key_buf(k, k->bytes);
 	if (k->value == NULL) {
 		free(c->data);
 		free(c);

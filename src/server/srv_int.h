@@ -76,6 +76,8 @@ struct srv_key {
 	_Atomic uint32_t *next_round;	/* [W] next round worker w may push; written by its
 					 * conn thread (and a DECLARE_CHECK under srv->lock),
 					 * read by MIGRATE on the rendezvous thread */
+	const struct transport_ops *tp;	/* the server's, which registers the buffers below
+					 * (srv_key_buf: UCX's, RDMA) */
 	uint8_t **push_buf;	/* [W] worker w's push buffer (wire_bytes for a compressed
 				 * key); written by its conn thread */
 	/* A compressed key (its DECLARE_CHECK's spec): every push and reply
@@ -477,6 +479,11 @@ void srv_copy_drop(struct server *srv, uint64_t key);
 int srv_copies_drop_from(struct server *srv, uint32_t from);
 void srv_copies_free(struct server *srv);
 void srv_key_free(struct srv_key *k);
+/* A buffer of k's data (a push's, a sum, a value, a reply), registered
+ * with the server's transport (RDMA: transport.h's mem_register), or
+ * NULL; freed, unregistered, with srv_key_buf_free (NULL is ignored). */
+uint8_t *srv_key_buf(struct srv_key *k, size_t bytes);
+void srv_key_buf_free(struct srv_key *k, void *p);
 void srv_key_unpin(struct srv_key *k);
 /* Signals the engines that this loop thread's posts of its round left
  * waiting (srv_post defers the wake-up of an engine for a small key's

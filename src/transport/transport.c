@@ -48,3 +48,15 @@ const struct transport_ops *transport_named(const char *name, char *why, size_t 
 		snprintf(why, len, "UNISUM_TRANSPORT=ucx: %s", because);
 	return tp;
 }
+
+void transport_mem_register(const struct transport_ops *tp, void *p, size_t len)
+{
+	if (tp != NULL && tp->mem_register != NULL && p != NULL && len > 0)
+		tp->mem_register(p, len);
+}
+
+void transport_mem_unregister(const struct transport_ops *tp, void *p)
+{
+	if (tp != NULL && tp->mem_unregister != NULL && p != NULL)
+		tp->mem_unregister(p);
+}

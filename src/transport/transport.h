@@ -160,7 +160,24 @@ struct transport_ops {
 	/* Sends tx: 0 once all of it is with the kernel, TP_AGAIN, or
 	 * UNISUM_ECONN. */
 	int (*send_nb)(struct tp_conn *c, struct tp_tx *tx);
+
+	/* ---- registered memory (RDMA) ---- */
+
+	/* Registers [p, p + len), memory its caller owns for long (a shared
+	 * arena, a server's buffers of a key), once: payloads sent from it
+	 * or received into it then use that registration instead of one made
+	 * per message.  A failure is logged and leaves the memory as it was
+	 * (still usable).  mem_unregister(p) before the memory is freed; an
+	 * address never registered is ignored.  NULL for the transports that
+	 * register nothing (TCP, IPC): see transport_mem_register(). */
+	void (*mem_register)(void *p, size_t len);
+	void (*mem_unregister)(void *p);
 };
+
+/* tp's mem_register and mem_unregister, where it has them (tp may be
+ * NULL). */
+void transport_mem_register(const struct transport_ops *tp, void *p, size_t len);
+void transport_mem_unregister(const struct transport_ops *tp, void *p);
 
 /* Dials host:port over tp and runs the connector's side of the handshake,
  * blocking: a connection ready for messages.  0, or a negative error

@@ -417,6 +417,9 @@ void *unisum_alloc(size_t bytes)
 
 void unisum_free(void *p)
 {
-	if (p != NULL && !local_free(p))
+	if (p == NULL)
+		return;
+	worker_alloc_forget(p);	/* before the memory is reused */
+	if (!local_free(p))
 		free(p);
 }

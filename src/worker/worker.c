@@ -539,6 +539,10 @@ int worker_local_size(const struct worker *w)
 
 /* ---- the rest ------------------------------------------------------------------ */
 
+/* The transport that registered worker_alloc's memory (UCX's), for
+ * worker_alloc_forget, which has no worker; NULL while none did. */
+static const struct transport_ops *_Atomic wk_alloc_tp;
+
 void *worker_alloc(struct worker *w, size_t bytes)
 {
 	void *p = NULL;
@@ -547,9 +551,18 @@ void *worker_alloc(struct worker *w, size_t bytes)
 		pthread_mutex_lock(&w->lock);
 		if (w->initialized && w->lc != NULL)
 			p = local_alloc(w->lc, bytes);
+		if (p != NULL && w->tp != NULL && w->tp->mem_register != NULL) {
+			atomic_store(&wk_alloc_tp, w->tp);
+			transport_mem_register(w->tp, p, bytes);
+		}
 		pthread_mutex_unlock(&w->lock);
 	}
 	return p;
+}
+
+void worker_alloc_forget(void *p)
+{
+	transport_mem_unregister(atomic_load(&wk_alloc_tp), p);
 }
 
 int worker_barrier_timeout(struct worker *w, int timeout_ms)

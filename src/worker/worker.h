@@ -92,7 +92,10 @@ int worker_barrier_timeout(struct worker *w, int timeout_ms);
 int worker_get_stats(struct worker *w, unisum_stats *out);
 
 /* unisum_alloc's memory of w's arena (several workers on its machine), or
- * NULL: the caller falls back to ordinary memory. */
+ * NULL: the caller falls back to ordinary memory.  It is registered with
+ * w's transport (RDMA: transport.h's mem_register) until unisum_free
+ * calls worker_alloc_forget(p), which any p may be given. */
 void *worker_alloc(struct worker *w, size_t bytes);
+void worker_alloc_forget(void *p);
 
 #endif /* UNISUM_WORKER_WORKER_H */

@@ -26,6 +26,9 @@
 #include "transport/auth.h"
 #include "transport/transport.h"
 #include "wire/wire.h"
+#ifdef UNISUM_HAVE_UCX
+#include "transport/ucx/ucx_int.h"
+#endif
 
 /* A connected pair of transport tp: *a connected, *b accepted. */
 struct pair {
@@ -340,6 +343,57 @@ static void test_ucx_large_in_order(void **state)
 	pair_close(&p);
 }
 
+/* Memory registered once (mem_register: ucp_mem_map) carries its
+ * registration into the sends from it and the rendezvous receives into
+ * it, and the bytes arrive unchanged; unregistered, it is forgotten;
+ * what is too small to need one, or was never registered, is ignored. */
+static void test_ucx_registered_memory(void **state)
+{
+	(void)state;
+	const struct transport_ops *tp = ucx_or_skip();
+	if (tp == NULL)
+		return;
+#ifdef UNISUM_HAVE_UCX
+	enum { N = 1 << 20, MSGS = 3 };
+	struct pair p;
+	pair_open(&p, tp);
+	float *in = malloc(N * sizeof *in), *out = malloc(N * sizeof *out);
+	assert_non_null(in);
+	assert_non_null(out);
+	size_t regions0, regions;
+	unsigned long long uses0, uses;
+	ucx_mem_stats(&regions0, &uses0);
+	tp->mem_register(in, N * sizeof *in);
+	tp->mem_register(out, N * sizeof *out);
+	char small[64];
+	tp->mem_register(small, sizeof small);	/* below UCX_REG_MIN: not registered */
+	ucx_mem_stats(&regions, &uses);
+	assert_int_equal(regions, regions0 + 2);
+	for (int m = 0; m < MSGS; m++) {
+		for (int i = 0; i < N; i++)
+			in[i] = (float)(i % 977) * 0.5f + (float)m;
+		struct wire_hdr push = data_hdr(WIRE_PUSH, N - (uint64_t)m);	/* inside the region */
+		assert_int_equal(tp->send(p.a, &push, in + m), 0);
+		struct wire_hdr h;
+		char why[256];
+		assert_int_equal(tp->recv_header(p.b, &h, why, sizeof why), 0);
+		assert_int_equal(tp->recv_payload(p.b, out, (size_t)h.payload_len), 0);
+		assert_memory_equal(out, in + m, (size_t)h.payload_len);
+	}
+	ucx_mem_stats(&regions, &uses);
+	assert_true(uses - uses0 >= 2 * MSGS);	/* every send, every rendezvous receive */
+	tp->mem_unregister(in);
+	tp->mem_unregister(out);
+	tp->mem_unregister(small);
+	tp->mem_unregister(in);	/* twice: ignored */
+	ucx_mem_stats(&regions, &uses);
+	assert_int_equal(regions, regions0);
+	free(in);
+	free(out);
+	pair_close(&p);
+#endif
+}
+
 /* What a child of ucx_child() runs (this program again, by exec: UCX
  * does not live through fork): connect to port over UCX with secret
  * ("-": none), send a heartbeat, then exit (1 if any of it failed) or,
@@ -484,6 +538,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_ipc_nobody_listening),
 		cmocka_unit_test(test_ucx_messages),
 		cmocka_unit_test(test_ucx_large_in_order),
+		cmocka_unit_test(test_ucx_registered_memory),
 		cmocka_unit_test(test_ucx_dead_peer),
 		cmocka_unit_test(test_ucx_wrong_secret),
 		cmocka_unit_test(test_ucx_secret_on_one_side),

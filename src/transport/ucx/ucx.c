@@ -286,6 +286,8 @@ static void ucx_do_recv(struct ucx_cmd *cmd)
 	ucp_request_param_t p = {
 		.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
 		.cb.recv_am = ucx_recv_done, .user_data = m};
+	if ((p.memh = ucx_mem_find(m->dst, m->len)) != NULL)
+		p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
 	ucs_status_ptr_t r = ucx_fn.ucp_am_recv_data_nbx(c->u->worker, m->data, m->dst, m->len, &p);
 	pthread_mutex_lock(&c->lock);
 	if (r != NULL && !UCS_PTR_IS_ERR(r)) {
@@ -413,6 +415,8 @@ static void ucx_do_send(struct ucx_cmd *cmd)
 	bool drop = c->shut && s->lent;
 	pthread_mutex_unlock(&c->lock);
 	ucs_status_ptr_t r = UCS_STATUS_PTR(UCS_ERR_CANCELED);
+	if (s->lent && (p.memh = ucx_mem_find(s->payload, s->len)) != NULL)
+		p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;	/* registered once (ucx_mem.c) */
 	if (!drop)
 		r = ucx_fn.ucp_am_send_nbx(c->ep, UCX_AM_ID, s->head, s->hlen, s->payload, s->len, &p);
 	if (r == NULL || UCS_PTR_IS_ERR(r))
@@ -928,6 +932,8 @@ static const struct transport_ops ucx_ops = {
 	.auth_nb = ucx_auth_nb,
 	.recv_nb = ucx_recv_nb,
 	.send_nb = ucx_send_nb,
+	.mem_register = ucx_mem_register,
+	.mem_unregister = ucx_mem_unregister,
 };
 
 const struct transport_ops *transport_ucx(char *why, size_t len)

@@ -30,6 +30,7 @@
 	X(ucp_listener_reject) X(ucp_conn_request_query) X(ucp_ep_create)                  \
 	X(ucp_ep_close_nbx) X(ucp_am_send_nbx) X(ucp_am_recv_data_nbx)                     \
 	X(ucp_am_data_release) X(ucp_request_free) X(ucp_request_cancel)             \
+	X(ucp_mem_map) X(ucp_mem_unmap)                                                    \
 	X(ucs_status_string)
 
 struct ucx_api {
@@ -134,6 +135,15 @@ int ucx_conn_send(struct tp_conn *c, uint32_t kind, const struct wire_hdr *hdr,
 		  const void *payload, size_t len, bool lend);
 void ucx_conn_drop(struct tp_conn *c);
 void ucx_conn_free(struct tp_conn *c);
+
+/* ucx_mem.c's: the transport's mem_register and mem_unregister
+ * (transport.h); the registration holding [p, p + len), or NULL; how
+ * many regions are registered, and how many payloads went with one (the
+ * tests'). */
+void ucx_mem_register(void *p, size_t len);
+void ucx_mem_unregister(void *p);
+ucp_mem_h ucx_mem_find(const void *p, size_t len);
+void ucx_mem_stats(size_t *nregions, unsigned long long *uses);
 
 /* ucx_listen.c's operations (transport.h). */
 int ucx_listen(const char *host, int port, struct tp_listener **out, int *port_out);

@@ -1,0 +1,180 @@
+/*
+ * ucx_mem.c - memory registered with UCX once (ucp_mem_map), so that a
+ * payload sent from it or received into it carries that registration
+ * (UCP_OP_ATTR_FIELD_MEMH) instead of UCX registering, or finding in its
+ * own cache, the buffer of each message.  Over InfiniBand and RoCE a
+ * registration pins the pages and tells the NIC about them (ibv_reg_mr):
+ * costly, and what the reference system's users ran out of (byteps#216,
+ * #282).  Over TCP and shared memory it is cheap and changes nothing.
+ *
+ * Who registers: the owners of long-lived buffers, through the
+ * transport's mem_register (transport.h): a server its keys' buffers, a
+ * worker its shared arena.  A table of regions, sorted by address, finds
+ * the one holding a payload; each region holds a reference to the UCX
+ * context, so UCX outlives every registration.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log/log.h"
+#include "transport/ucx/ucx_int.h"
+
+struct ucx_region {
+	uintptr_t base;
+	size_t len;
+	ucp_mem_h memh;
+	struct ucx_ctx *u;
+};
+
+/* Smaller buffers go by UCX's copying protocols, where a registration
+ * has no use. */
+#define UCX_REG_MIN 8192
+
+static pthread_rwlock_t regions_lock = PTHREAD_RWLOCK_INITIALIZER;
+static struct ucx_region *regions;	/* by base */
+static size_t nregions, regions_cap;
+static atomic_ullong region_uses;	/* payloads that went with a registration */
+
+struct ucx_map_cmd {
+	struct ucx_cmd cmd;
+	struct ucx_ctx *u;
+	void *p;
+	size_t len;
+	ucp_mem_h memh;
+	ucs_status_t status;
+};
+
+/* On the UCX thread, as every UCX call. */
+static void ucx_do_mem_map(struct ucx_cmd *cmd)
+{
+	struct ucx_map_cmd *m = (struct ucx_map_cmd *)cmd;
+	ucp_mem_map_params_t params = {
+		.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+		.address = m->p, .length = m->len};
+	m->status = ucx_fn.ucp_mem_map(m->u->context, &params, &m->memh);
+}
+
+static void ucx_do_mem_unmap(struct ucx_cmd *cmd)
+{
+	struct ucx_map_cmd *m = (struct ucx_map_cmd *)cmd;
+	m->status = ucx_fn.ucp_mem_unmap(m->u->context, m->memh);
+}
+
+/* The index of the last region whose base is at most p, or -1.  Lock
+ * held. */
+static ptrdiff_t region_at(uintptr_t p)
+{
+	ptrdiff_t lo = 0, hi = (ptrdiff_t)nregions - 1, found = -1;
+	while (lo <= hi) {
+		ptrdiff_t mid = lo + (hi - lo) / 2;
+		if (regions[mid].base <= p) {
+			found = mid;
+			lo = mid + 1;
+		} else {
+			hi = mid - 1;
+		}
+	}
+	return found;
+}
+
+/* Enters r in the table: false when memory ran out. */
+static bool region_add(const struct ucx_region *r)
+{
+	pthread_rwlock_wrlock(&regions_lock);
+	bool ok = true;
+	if (nregions == regions_cap) {
+		size_t cap = regions_cap ? 2 * regions_cap : 16;
+		struct ucx_region *grown = realloc(regions, cap * sizeof *grown);
+		if (grown == NULL)
+			ok = false;
+		else {
+			regions = grown;
+			regions_cap = cap;
+		}
+	}
+	if (ok) {
+		size_t at = (size_t)(region_at(r->base) + 1);
+		memmove(regions + at + 1, regions + at, (nregions - at) * sizeof *regions);
+		regions[at] = *r;
+		nregions++;
+	}
+	pthread_rwlock_unlock(&regions_lock);
+	return ok;
+}
+
+void ucx_mem_register(void *p, size_t len)
+{
+	if (len < UCX_REG_MIN)
+		return;
+	char why[256];
+	struct ucx_ctx *u = ucx_ctx_get(why, sizeof why);
+	if (u == NULL) {
+		LOG_WARN("UCX: cannot register %zu bytes: %s", len, why);
+		return;
+	}
+	struct ucx_map_cmd m = {.cmd.fn = ucx_do_mem_map, .u = u, .p = p, .len = len};
+	ucx_run(u, &m.cmd);
+	if (m.status != UCS_OK) {
+		LOG_WARN("UCX: cannot register %zu bytes at %p (ucp_mem_map: %s); they go as UCX "
+			 "registers them per message (over InfiniBand or RoCE, see `ulimit -l`)",
+			 len, p, ucx_fn.ucs_status_string(m.status));
+		ucx_ctx_put(u);
+		return;
+	}
+	struct ucx_region r = {.base = (uintptr_t)p, .len = len, .memh = m.memh, .u = u};
+	if (!region_add(&r)) {
+		m.cmd.fn = ucx_do_mem_unmap;
+		ucx_run(u, &m.cmd);
+		ucx_ctx_put(u);
+		return;
+	}
+	LOG_DEBUG("UCX: registered %zu bytes at %p", len, p);
+}
+
+void ucx_mem_unregister(void *p)
+{
+	pthread_rwlock_wrlock(&regions_lock);
+	ptrdiff_t i = region_at((uintptr_t)p);
+	struct ucx_region r = {0};
+	if (i >= 0 && regions[i].base == (uintptr_t)p) {
+		r = regions[i];
+		memmove(regions + i, regions + i + 1, (nregions - (size_t)i - 1) * sizeof *regions);
+		nregions--;
+	}
+	pthread_rwlock_unlock(&regions_lock);
+	if (r.u == NULL)
+		return;	/* never registered (or its registration failed) */
+	struct ucx_map_cmd m = {.cmd.fn = ucx_do_mem_unmap, .u = r.u, .memh = r.memh};
+	ucx_run(r.u, &m.cmd);
+	if (m.status != UCS_OK)
+		LOG_WARN("UCX: cannot unregister the memory at %p: %s", p,
+			 ucx_fn.ucs_status_string(m.status));
+	ucx_ctx_put(r.u);
+}
+
+ucp_mem_h ucx_mem_find(const void *p, size_t len)
+{
+	if (p == NULL || len == 0)
+		return NULL;
+	uintptr_t at = (uintptr_t)p;
+	ucp_mem_h memh = NULL;
+	pthread_rwlock_rdlock(&regions_lock);
+	ptrdiff_t i = nregions > 0 ? region_at(at) : -1;
+	if (i >= 0 && at - regions[i].base <= regions[i].len &&
+	    len <= regions[i].len - (at - regions[i].base))
+		memh = regions[i].memh;
+	pthread_rwlock_unlock(&regions_lock);
+	if (memh != NULL)
+		atomic_fetch_add_explicit(&region_uses, 1, memory_order_relaxed);
+	return memh;
+}
+
+void ucx_mem_stats(size_t *nregions_out, unsigned long long *uses)
+{
+	pthread_rwlock_rdlock(&regions_lock);
+	*nregions_out = nregions;
+	pthread_rwlock_unlock(&regions_lock);
+	*uses = atomic_load(&region_uses);
+}
