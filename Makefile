@@ -32,15 +32,11 @@ demo-c: build
 	$(BUILD)/unisum launch -w 2 -s 1 -- $(BUILD)/train_logreg
 
 # Everything: the suites, then the C suites again under ASan+UBSan and
-# under ThreadSanitizer, and how long each part took.  `make check` is the
-# first part alone.
+# under ThreadSanitizer (their trees built meanwhile, at the lowest
+# priority), and how long each part took: tests/make_test.sh.  `make
+# check` is the first part alone.
 test: build
-	@t0=$$(date +%s); \
-	$(MAKE) --no-print-directory check || exit 1; t1=$$(date +%s); \
-	sh tests/sanitize.sh asan || exit 1; t2=$$(date +%s); \
-	sh tests/sanitize.sh tsan || exit 1; t3=$$(date +%s); \
-	echo "make test: every suite passed: tests $$((t1 - t0)) s, ASan+UBSan $$((t2 - t1)) s," \
-		"TSan $$((t3 - t2)) s; $$((t3 - t0)) s in all"
+	@MAKE="$(MAKE)" BUILD="$(BUILD)" sh tests/make_test.sh
 
 # ctest's slots are half-cores, plus one for a test that only waits; each
 # test takes as many as it keeps busy (its PROCESSORS, in CMakeLists.txt).

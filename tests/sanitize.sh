@@ -2,6 +2,7 @@
 # sanitize.sh - the C test suites again under a sanitizer.
 #
 #   tests/sanitize.sh asan|tsan [BUILD_DIR]
+#   tests/sanitize.sh build asan|tsan [BUILD_DIR]    (the build alone)
 #
 # asan: AddressSanitizer + UndefinedBehaviorSanitizer + LeakSanitizer;
 # tsan: ThreadSanitizer.  Builds the whole tree with clang into BUILD_DIR
@@ -17,6 +18,11 @@
 # test passed and no process reported anything.
 set -u
 
+BUILD_ONLY=0
+if [ "${1:-}" = build ]; then
+	BUILD_ONLY=1
+	shift
+fi
 KIND=${1:-}
 case $KIND in
 asan)
@@ -26,7 +32,7 @@ tsan)
 	FLAGS="-fsanitize=thread -O1 -g"
 	;;
 *)
-	echo "usage: $0 asan|tsan [BUILD_DIR]" >&2
+	echo "usage: $0 [build] asan|tsan [BUILD_DIR]" >&2
 	exit 2
 	;;
 esac
@@ -49,6 +55,7 @@ if ! CC=$CLANG cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS="
 	echo "sanitize[$KIND]: FAIL: the build failed (log: $BUILD.log)" >&2
 	exit 1
 fi
+[ "$BUILD_ONLY" = 1 ] && exit 0
 
 REPORTS=$(mktemp -d "${TMPDIR:-/tmp}/sanitize-$KIND.XXXXXX") || exit 2
 trap 'rm -rf "$REPORTS"' EXIT

@@ -1,0 +1,35 @@
+#!/bin/sh
+# make_test.sh - what `make test` runs after the build: every suite (make
+# check), then the C suites again under ASan+UBSan and under TSan
+# (tests/sanitize.sh), and how long each part took.
+#
+# The two sanitizer trees are built meanwhile, at the lowest CPU priority
+# (nice 19): the suites leave a core idle now and then (a test waiting on
+# a timeout, a daemon or a heartbeat), and a build there takes nothing
+# from them that shows, where built after them the two cost make test
+# about 90 s of its 10 minutes on 2 cores.  The sanitizer runs build
+# again, incrementally (nothing is left to do), so a warm-up that failed
+# or was cut short costs only its time: their build is the one that
+# counts, and its errors are shown.
+set -u
+cd "$(dirname "$0")/.." || exit 2
+MAKE=${MAKE:-make}
+
+t0=$(date +%s)
+# Its own session, so that a failure below stops the whole build.
+setsid sh -c 'nice -n 19 sh tests/sanitize.sh build asan &&
+	nice -n 19 sh tests/sanitize.sh build tsan' >/dev/null 2>&1 &
+warm=$!
+trap 'kill -TERM -- -"$warm" 2>/dev/null' EXIT
+trap 'exit 130' INT TERM
+
+$MAKE --no-print-directory check ${BUILD:+BUILD="$BUILD"} || exit 1
+t1=$(date +%s)
+wait "$warm"
+t2=$(date +%s)
+sh tests/sanitize.sh asan || exit 1
+t3=$(date +%s)
+sh tests/sanitize.sh tsan || exit 1
+t4=$(date +%s)
+echo "make test: every suite passed: tests $((t1 - t0)) s, then the sanitizer builds" \
+	"$((t2 - t1)) s more, ASan+UBSan $((t3 - t2)) s, TSan $((t4 - t3)) s; $((t4 - t0)) s in all"
