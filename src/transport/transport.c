@@ -60,3 +60,8 @@ void transport_mem_unregister(const struct transport_ops *tp, void *p)
 	if (tp != NULL && tp->mem_unregister != NULL && p != NULL)
 		tp->mem_unregister(p);
 }
+
+int transport_lent_settle(const struct transport_ops *tp, int timeout_ms)
+{
+	return tp != NULL && tp->lent_settle != NULL ? tp->lent_settle(timeout_ms) : 0;
+}

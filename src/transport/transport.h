@@ -172,12 +172,24 @@ struct transport_ops {
 	 * register nothing (TCP, IPC): see transport_mem_register(). */
 	void (*mem_register)(void *p, size_t len);
 	void (*mem_unregister)(void *p);
+
+	/* Waits, at most timeout_ms, until the transport reads no payload
+	 * lent to any of its connections any more (each sent, or cancelled by
+	 * its connection's shutdown): a caller told that an operation failed
+	 * calls it before letting that operation's buffers go, since a lent
+	 * buffer freed and reused would reach the peer as the data.  How many
+	 * are still read (0: none; each then logged).  NULL where a payload
+	 * is the transport's no longer once send returns (TCP) or the peer
+	 * checks the sender's guard (IPC). */
+	int (*lent_settle)(int timeout_ms);
 };
 
 /* tp's mem_register and mem_unregister, where it has them (tp may be
  * NULL). */
 void transport_mem_register(const struct transport_ops *tp, void *p, size_t len);
 void transport_mem_unregister(const struct transport_ops *tp, void *p);
+/* tp's lent_settle where it has one (0 otherwise). */
+int transport_lent_settle(const struct transport_ops *tp, int timeout_ms);
 
 /* Dials host:port over tp and runs the connector's side of the handshake,
  * blocking: a connection ready for messages.  0, or a negative error

@@ -209,6 +209,20 @@ static int wk_waitable(const struct worker *w, unisum_handle h, const char *what
 	return 0;
 }
 
+/* An operation's failure goes to its caller only once the transport
+ * reads none of the buffers it lent (UCX: a push handed to it before its
+ * link was shut; transport.h's lent_settle): the caller may free them
+ * then, and a freed buffer sent after all would be summed as this
+ * worker's push by a server the job kept (elastic jobs, failover).
+ * Bounded; not under w->lock. */
+#define WK_LENT_SETTLE_MS 2000
+
+static void wk_settle_if_failed(struct worker *w, int rc)
+{
+	if (rc < 0)
+		transport_lent_settle(w->tp, WK_LENT_SETTLE_MS);
+}
+
 int worker_poll_timeout(struct worker *w, unisum_handle h, int timeout_ms)
 {
 	if (wk_require_init(w) != 0)
@@ -234,6 +248,7 @@ int worker_poll_timeout(struct worker *w, unisum_handle h, int timeout_ms)
 	}
 	pthread_mutex_unlock(&w->lock);
 	wk_dssync_retire(w, retire);
+	wk_settle_if_failed(w, rc);
 	return rc;
 }
 
@@ -251,6 +266,7 @@ int worker_wait(struct worker *w, unisum_handle h)
 	}
 	pthread_mutex_unlock(&w->lock);
 	wk_dssync_retire(w, retire);
+	wk_settle_if_failed(w, rc);
 	return rc;
 }
 

@@ -388,6 +388,8 @@ static void ucx_send_done(void *request, ucs_status_t status, void *user_data)
 	}
 	c->inflight--;
 	c->copies_inflight -= !s->lent;
+	if (s->lent)
+		ucx_lent_end();
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->lock);
 	free(s);
@@ -464,6 +466,8 @@ int ucx_conn_send(struct tp_conn *c, uint32_t kind, const struct wire_hdr *hdr,
 	}
 	c->inflight++;
 	c->copies_inflight += !s->lent;
+	if (s->lent)
+		ucx_lent_begin();
 	ucx_post(c->u, &s->cmd);	/* under c->lock: ahead of the close */
 	pthread_mutex_unlock(&c->lock);
 	return 0;
@@ -934,6 +938,7 @@ static const struct transport_ops ucx_ops = {
 	.send_nb = ucx_send_nb,
 	.mem_register = ucx_mem_register,
 	.mem_unregister = ucx_mem_unregister,
+	.lent_settle = ucx_lent_settle,
 };
 
 const struct transport_ops *transport_ucx(char *why, size_t len)

@@ -12,13 +12,22 @@
  * worker its shared arena.  A table of regions, sorted by address, finds
  * the one holding a payload; each region holds a reference to the UCX
  * context, so UCX outlives every registration.
+ *
+ * Lent memory.  A lent payload (transport.h) stays UCX's to read until
+ * its send ends, or the connection's forced close cancels it, on the UCX
+ * thread, later than the caller's send returned.  The count of such
+ * sends lets a caller told that its operation failed wait for them
+ * (lent_settle) before it lets its buffers go: a buffer freed and reused
+ * under a send would reach a server as that worker's push.
  */
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "log/log.h"
+#include "timing/timing.h"
 #include "transport/ucx/ucx_int.h"
 
 struct ucx_region {
@@ -36,6 +45,11 @@ static pthread_rwlock_t regions_lock = PTHREAD_RWLOCK_INITIALIZER;
 static struct ucx_region *regions;	/* by base */
 static size_t nregions, regions_cap;
 static atomic_ullong region_uses;	/* payloads that went with a registration */
+
+static pthread_mutex_t lent_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t lent_none;	/* lent_count fell to 0 */
+static pthread_once_t lent_once = PTHREAD_ONCE_INIT;
+static long lent_count;			/* lent sends UCX may still read */
 
 struct ucx_map_cmd {
 	struct ucx_cmd cmd;
@@ -177,4 +191,40 @@ void ucx_mem_stats(size_t *nregions_out, unsigned long long *uses)
 	*nregions_out = nregions;
 	pthread_rwlock_unlock(&regions_lock);
 	*uses = atomic_load(&region_uses);
+}
+
+static void lent_init(void)
+{
+	timing_cond_init(&lent_none);	/* timed waits on the monotonic clock */
+}
+
+void ucx_lent_begin(void)
+{
+	pthread_once(&lent_once, lent_init);
+	pthread_mutex_lock(&lent_lock);
+	lent_count++;
+	pthread_mutex_unlock(&lent_lock);
+}
+
+void ucx_lent_end(void)
+{
+	pthread_mutex_lock(&lent_lock);
+	if (--lent_count == 0)
+		pthread_cond_broadcast(&lent_none);
+	pthread_mutex_unlock(&lent_lock);
+}
+
+int ucx_lent_settle(int timeout_ms)
+{
+	pthread_once(&lent_once, lent_init);
+	struct timespec until = timing_deadline(timeout_ms);
+	pthread_mutex_lock(&lent_lock);
+	while (lent_count > 0 && pthread_cond_timedwait(&lent_none, &lent_lock, &until) == 0)
+		;
+	int left = lent_count > INT_MAX ? INT_MAX : (int)lent_count;
+	pthread_mutex_unlock(&lent_lock);
+	if (left > 0)
+		LOG_WARN("UCX: %d lent send(s) still under way after %d ms; their buffers are let go "
+			 "all the same", left, timeout_ms);
+	return left;
 }
