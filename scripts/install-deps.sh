@@ -30,7 +30,7 @@ TABLE='
 # A minimal Debian 12.
 coreutils        base   basename cat cksum cp cut date dirname env head id ls mkdir mktemp nproc od
 coreutils        base   realpath rm seq sleep sort tail tee timeout touch tr uniq wc
-coreutils        base   chmod dd du mv rmdir nice
+coreutils        base   chmod dd du mv rmdir
 libc-bin         base   ldd
 findutils        base   find
 apt              base   apt-cache apt-get
@@ -40,7 +40,7 @@ grep             base   grep
 mawk             base   awk
 mount            base   mount
 sed              base   sed
-util-linux       base   unshare nsenter flock setsid
+util-linux       base   unshare nsenter flock setsid chrt
 bsdutils         base   script
 
 # Build, demo and tests.
