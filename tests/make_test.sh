@@ -21,12 +21,14 @@ t0=$(date +%s)
 setsid sh -c 'chrt -i 0 sh tests/sanitize.sh build asan &&
 	chrt -i 0 sh tests/sanitize.sh build tsan' >/dev/null 2>&1 &
 warm=$!
-trap 'kill -TERM -- -"$warm" 2>/dev/null' EXIT
+# (dash's kill takes no "--": the group is -PID after the signal.)
+trap 'kill -TERM -"$warm" 2>/dev/null' EXIT
 trap 'exit 130' INT TERM
 
 $MAKE --no-print-directory check ${BUILD:+BUILD="$BUILD"} || exit 1
 t1=$(date +%s)
 wait "$warm"
+trap - EXIT	# the group is gone: its number may be another's by now
 t2=$(date +%s)
 sh tests/sanitize.sh asan || exit 1
 t3=$(date +%s)

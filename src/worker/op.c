@@ -210,17 +210,20 @@ static int wk_waitable(const struct worker *w, unisum_handle h, const char *what
 }
 
 /* An operation's failure goes to its caller only once the transport
- * reads none of the buffers it lent (UCX: a push handed to it before its
- * link was shut; transport.h's lent_settle): the caller may free them
- * then, and a freed buffer sent after all would be summed as this
- * worker's push by a server the job kept (elastic jobs, failover).
- * Bounded; not under w->lock. */
+ * reads none of the buffers lent before it (UCX: a push handed to it
+ * before its link was shut; transport.h's lent_settle): the caller may
+ * free them then, and a freed buffer sent after all would be summed as
+ * this worker's push by a server the job kept (elastic jobs, failover).
+ * Bounded; not under w->lock; not for a wait refused (no operation). */
 #define WK_LENT_SETTLE_MS 2000
 
-static void wk_settle_if_failed(struct worker *w, int rc)
+static void wk_settle_if_failed(struct worker *w, bool op_failed)
 {
-	if (rc < 0)
-		transport_lent_settle(w->tp, WK_LENT_SETTLE_MS);
+	int left = op_failed ? transport_lent_settle(w->tp, WK_LENT_SETTLE_MS) : 0;
+	if (left > 0)
+		LOG_WARN("worker %d: %d lent send(s) still under way %d ms after an operation "
+			 "failed; its buffers go back to the caller all the same", w->rank, left,
+			 WK_LENT_SETTLE_MS);
 }
 
 int worker_poll_timeout(struct worker *w, unisum_handle h, int timeout_ms)
@@ -233,6 +236,7 @@ int worker_poll_timeout(struct worker *w, unisum_handle h, int timeout_ms)
 	struct timespec until = timing_deadline(timeout_ms);
 	pthread_mutex_lock(&w->lock);
 	int i, rc = wk_waitable(w, h, "unisum_poll", &i), retire = -1;
+	bool failed = false;
 	if (rc == 0) {
 		struct wk_op *op = w->ops[i];
 		int timed_out = 0;
@@ -242,13 +246,14 @@ int worker_poll_timeout(struct worker *w, unisum_handle h, int timeout_ms)
 			rc = 0;
 		} else {
 			rc = wk_release(w, wk_find_op(w, h), &retire);
+			failed = rc < 0;
 			if (rc == 0)
 				rc = 1;
 		}
 	}
 	pthread_mutex_unlock(&w->lock);
 	wk_dssync_retire(w, retire);
-	wk_settle_if_failed(w, rc);
+	wk_settle_if_failed(w, failed);
 	return rc;
 }
 
@@ -258,15 +263,17 @@ int worker_wait(struct worker *w, unisum_handle h)
 		return UNISUM_ENOTINIT;
 	pthread_mutex_lock(&w->lock);
 	int i, rc = wk_waitable(w, h, "unisum_wait", &i), retire = -1;
+	bool failed = false;
 	if (rc == 0) {
 		struct wk_op *op = w->ops[i];
 		while (!op->done)
 			pthread_cond_wait(&w->done_cond, &w->lock);
 		rc = wk_release(w, wk_find_op(w, h), &retire);
+		failed = rc < 0;
 	}
 	pthread_mutex_unlock(&w->lock);
 	wk_dssync_retire(w, retire);
-	wk_settle_if_failed(w, rc);
+	wk_settle_if_failed(w, failed);
 	return rc;
 }
 

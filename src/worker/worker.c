@@ -551,11 +551,12 @@ void *worker_alloc(struct worker *w, size_t bytes)
 		pthread_mutex_lock(&w->lock);
 		if (w->initialized && w->lc != NULL)
 			p = local_alloc(w->lc, bytes);
-		if (p != NULL && w->tp != NULL && w->tp->mem_register != NULL) {
-			atomic_store(&wk_alloc_tp, w->tp);
-			transport_mem_register(w->tp, p, bytes);
-		}
 		pthread_mutex_unlock(&w->lock);
+	}
+	if (p != NULL && w->tp != NULL && w->tp->mem_register != NULL) {
+		/* Not under w->lock: a registration waits for the UCX thread. */
+		atomic_store(&wk_alloc_tp, w->tp);
+		transport_mem_register(w->tp, p, bytes);
 	}
 	return p;
 }

@@ -92,6 +92,7 @@ struct ucx_sreq {
 	const void *payload;
 	size_t len;
 	bool lent;			/* payload is the caller's (transport.h) */
+	unsigned lent_half;		/* ... counted there (ucx_lent_begin) */
 	uint8_t data[];
 };
 
@@ -389,7 +390,7 @@ static void ucx_send_done(void *request, ucs_status_t status, void *user_data)
 	c->inflight--;
 	c->copies_inflight -= !s->lent;
 	if (s->lent)
-		ucx_lent_end();
+		ucx_lent_end(s->lent_half);
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->lock);
 	free(s);
@@ -467,7 +468,7 @@ int ucx_conn_send(struct tp_conn *c, uint32_t kind, const struct wire_hdr *hdr,
 	c->inflight++;
 	c->copies_inflight += !s->lent;
 	if (s->lent)
-		ucx_lent_begin();
+		s->lent_half = ucx_lent_begin();
 	ucx_post(c->u, &s->cmd);	/* under c->lock: ahead of the close */
 	pthread_mutex_unlock(&c->lock);
 	return 0;

@@ -144,10 +144,11 @@ void ucx_mem_register(void *p, size_t len);
 void ucx_mem_unregister(void *p);
 ucp_mem_h ucx_mem_find(const void *p, size_t len);
 void ucx_mem_stats(size_t *nregions, unsigned long long *uses);
-/* Lent sends: one handed to UCX (begin) and ended (end, cancelled
- * included); the transport's lent_settle, how many were left. */
-void ucx_lent_begin(void);
-void ucx_lent_end(void);
+/* Lent sends: one handed to UCX (begin: its half of the count) and
+ * ended (end, cancelled included); the transport's lent_settle, how
+ * many of those begun before it were left. */
+unsigned ucx_lent_begin(void);
+void ucx_lent_end(unsigned half);
 int ucx_lent_settle(int timeout_ms);
 
 /* ucx_listen.c's operations (transport.h). */

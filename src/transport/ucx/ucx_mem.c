@@ -15,10 +15,16 @@
  *
  * Lent memory.  A lent payload (transport.h) stays UCX's to read until
  * its send ends, or the connection's forced close cancels it, on the UCX
- * thread, later than the caller's send returned.  The count of such
- * sends lets a caller told that its operation failed wait for them
+ * thread, later than the caller's send returned.  Counting such sends
+ * lets a caller told that its operation failed wait for them
  * (lent_settle) before it lets its buffers go: a buffer freed and reused
- * under a send would reach a server as that worker's push.
+ * under a send would reach a server as that worker's push.  The count is
+ * kept in two halves, by epoch, so that a settle waits only for the
+ * sends begun before it, and traffic that goes on meanwhile (other
+ * operations, other links) does not hold it: the other half (sends older
+ * than the last flip) must empty first, then the settle flips (new sends
+ * count in the emptied half) and waits for the current one.  An
+ * unregistering settles too: UCX's sends name the registration.
  */
 #include <limits.h>
 #include <pthread.h>
@@ -40,6 +46,7 @@ struct ucx_region {
 /* Smaller buffers go by UCX's copying protocols, where a registration
  * has no use. */
 #define UCX_REG_MIN 8192
+#define UCX_UNREG_SETTLE_MS 1000	/* an unregistering waits this long for sends */
 
 static pthread_rwlock_t regions_lock = PTHREAD_RWLOCK_INITIALIZER;
 static struct ucx_region *regions;	/* by base */
@@ -47,9 +54,10 @@ static size_t nregions, regions_cap;
 static atomic_ullong region_uses;	/* payloads that went with a registration */
 
 static pthread_mutex_t lent_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t lent_none;	/* lent_count fell to 0 */
+static pthread_cond_t lent_none;	/* a half of lent_count fell to 0 */
 static pthread_once_t lent_once = PTHREAD_ONCE_INIT;
-static long lent_count;			/* lent sends UCX may still read */
+static long lent_count[2];		/* lent sends UCX may still read, by epoch & 1 */
+static unsigned lent_epoch;		/* which half counts the sends begun now */
 
 struct ucx_map_cmd {
 	struct ucx_cmd cmd;
@@ -160,6 +168,13 @@ void ucx_mem_unregister(void *p)
 	pthread_rwlock_unlock(&regions_lock);
 	if (r.u == NULL)
 		return;	/* never registered (or its registration failed) */
+	/* A send under way may name the registration: it goes first. */
+	int left = ucx_lent_settle(UCX_UNREG_SETTLE_MS);
+	if (left > 0) {
+		LOG_WARN("UCX: %d lent send(s) still under way after %d ms: the registration of the "
+			 "memory at %p is kept (not unmapped) for them", left, UCX_UNREG_SETTLE_MS, p);
+		return;
+	}
 	struct ucx_map_cmd m = {.cmd.fn = ucx_do_mem_unmap, .u = r.u, .memh = r.memh};
 	ucx_run(r.u, &m.cmd);
 	if (m.status != UCS_OK)
@@ -198,18 +213,20 @@ static void lent_init(void)
 	timing_cond_init(&lent_none);	/* timed waits on the monotonic clock */
 }
 
-void ucx_lent_begin(void)
+unsigned ucx_lent_begin(void)
 {
 	pthread_once(&lent_once, lent_init);
 	pthread_mutex_lock(&lent_lock);
-	lent_count++;
+	unsigned half = lent_epoch & 1;
+	lent_count[half]++;
 	pthread_mutex_unlock(&lent_lock);
+	return half;
 }
 
-void ucx_lent_end(void)
+void ucx_lent_end(unsigned half)
 {
 	pthread_mutex_lock(&lent_lock);
-	if (--lent_count == 0)
+	if (--lent_count[half] == 0)
 		pthread_cond_broadcast(&lent_none);
 	pthread_mutex_unlock(&lent_lock);
 }
@@ -219,12 +236,18 @@ int ucx_lent_settle(int timeout_ms)
 	pthread_once(&lent_once, lent_init);
 	struct timespec until = timing_deadline(timeout_ms);
 	pthread_mutex_lock(&lent_lock);
-	while (lent_count > 0 && pthread_cond_timedwait(&lent_none, &lent_lock, &until) == 0)
-		;
-	int left = lent_count > INT_MAX ? INT_MAX : (int)lent_count;
+	unsigned half = lent_epoch & 1, older = half ^ 1;
+	int rc = 0;
+	while (lent_count[older] > 0 && rc == 0)
+		rc = pthread_cond_timedwait(&lent_none, &lent_lock, &until);
+	long n = lent_count[older];	/* then: older sends not ended (none begun since) */
+	if (n == 0) {
+		lent_epoch++;	/* sends from now count in the emptied half */
+		while (lent_count[half] > 0 && rc == 0)
+			rc = pthread_cond_timedwait(&lent_none, &lent_lock, &until);
+	}
+	n += lent_count[half];
+	int left = n > INT_MAX ? INT_MAX : (int)n;
 	pthread_mutex_unlock(&lent_lock);
-	if (left > 0)
-		LOG_WARN("UCX: %d lent send(s) still under way after %d ms; their buffers are let go "
-			 "all the same", left, timeout_ms);
 	return left;
 }
