@@ -49,7 +49,7 @@ fi
 
 echo "sanitize[$KIND]: building $BUILD"
 if ! CC=$CLANG cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS="$FLAGS" \
-	-DUNISUM_COPY_TO_PYTHON=OFF >/dev/null ||
+	-DUNISUM_COPY_TO_PYTHON=OFF -DUNISUM_TEST_ORDER="$KIND" >/dev/null ||
 	! cmake --build "$BUILD" -j "$JOBS" -- --no-print-directory >"$BUILD.log" 2>&1; then
 	tail -n 40 "$BUILD.log" >&2
 	echo "sanitize[$KIND]: FAIL: the build failed (log: $BUILD.log)" >&2
