@@ -8,10 +8,10 @@
 # suites leave a core idle now and then (a test waiting on a timeout, a
 # daemon or a heartbeat), where built after them the two cost make test
 # about 90 s of its 10 minutes on 2 cores.  (At nice 19 instead, the
-# suites took 45 s longer, 463 s against 418 s, AMD EPYC, 2 cores.)  The sanitizer runs build
-# again, incrementally (nothing is left to do), so a warm-up that failed
-# or was cut short costs only its time: their build is the one that
-# counts, and its errors are shown.
+# suites took 45 s longer, 463 s against 418 s, AMD EPYC, 2 cores.)  The
+# sanitizer runs build again, incrementally (nothing is left to do), so a
+# warm-up that failed or was cut short costs only its time: their build
+# is the one that counts, and its errors are shown.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 MAKE=${MAKE:-make}

@@ -178,7 +178,7 @@ struct transport_ops {
 	 * its connection's shutdown): a caller told that an operation failed
 	 * calls it before letting that operation's buffers go, since a lent
 	 * buffer freed and reused would reach the peer as the data.  How many
-	 * are still read (0: none; each then logged).  NULL where a payload
+	 * are still read (0: none).  NULL where a payload
 	 * is the transport's no longer once send returns (TCP) or the peer
 	 * checks the sender's guard (IPC). */
 	int (*lent_settle)(int timeout_ms);

@@ -539,7 +539,7 @@ int worker_local_size(const struct worker *w)
 
 /* ---- the rest ------------------------------------------------------------------ */
 
-/* The transport that registered worker_alloc's memory (UCX's), for
+/* The transport that registered worker_alloc's memory, for
  * worker_alloc_forget, which has no worker; NULL while none did. */
 static const struct transport_ops *_Atomic wk_alloc_tp;
 
@@ -553,7 +553,7 @@ void *worker_alloc(struct worker *w, size_t bytes)
 			p = local_alloc(w->lc, bytes);
 		pthread_mutex_unlock(&w->lock);
 	}
-	if (p != NULL && w->tp != NULL && w->tp->mem_register != NULL) {
+	if (p != NULL) {
 		/* Not under w->lock: a registration waits for the UCX thread. */
 		atomic_store(&wk_alloc_tp, w->tp);
 		transport_mem_register(w->tp, p, bytes);

@@ -418,10 +418,11 @@ static void ucx_do_send(struct ucx_cmd *cmd)
 	bool drop = c->shut && s->lent;
 	pthread_mutex_unlock(&c->lock);
 	ucs_status_ptr_t r = UCS_STATUS_PTR(UCS_ERR_CANCELED);
-	if (s->lent && (p.memh = ucx_mem_find(s->payload, s->len)) != NULL)
-		p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;	/* registered once (ucx_mem.c) */
-	if (!drop)
+	if (!drop) {
+		if (s->lent && (p.memh = ucx_mem_find(s->payload, s->len)) != NULL)
+			p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;	/* registered once (ucx_mem.c) */
 		r = ucx_fn.ucp_am_send_nbx(c->ep, UCX_AM_ID, s->head, s->hlen, s->payload, s->len, &p);
+	}
 	if (r == NULL || UCS_PTR_IS_ERR(r))
 		ucx_send_done(NULL, UCS_PTR_STATUS(r), s);
 }

@@ -190,7 +190,7 @@ ucp_mem_h ucx_mem_find(const void *p, size_t len)
 	uintptr_t at = (uintptr_t)p;
 	ucp_mem_h memh = NULL;
 	pthread_rwlock_rdlock(&regions_lock);
-	ptrdiff_t i = nregions > 0 ? region_at(at) : -1;
+	ptrdiff_t i = region_at(at);
 	if (i >= 0 && at - regions[i].base <= regions[i].len &&
 	    len <= regions[i].len - (at - regions[i].base))
 		memh = regions[i].memh;
