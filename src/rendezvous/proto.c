@@ -372,6 +372,7 @@ void rdv_announce_encode(const struct rdv_announce *a, struct wire_hdr *h, struc
 	wire_buf_u32(b, ndim);
 	for (uint32_t i = 0; i < ndim; i++)
 		wire_buf_u64(b, a->shape.dims[i]);
+	wire_buf_u64(b, a->key);
 	h->payload_len = b->len;
 }
 
@@ -382,11 +383,12 @@ int rdv_announce_decode(const struct wire_hdr *h, const void *payload, size_t le
 	wire_reader_init(&r, payload, len);
 	wire_read_str(&r, a->name, sizeof a->name);
 	uint32_t ndim = wire_read_u32(&r);
-	if (r.failed || a->name[0] == '\0' || ndim > RDV_MAX_DIMS || r.left != (size_t)ndim * 8)
+	if (r.failed || a->name[0] == '\0' || ndim > RDV_MAX_DIMS || r.left != (size_t)ndim * 8 + 8)
 		return UNISUM_EPROTO;
 	a->shape.ndim = ndim;
 	for (uint32_t i = 0; i < ndim; i++)
 		a->shape.dims[i] = wire_read_u64(&r);
+	a->key = wire_read_u64(&r);
 	a->dtype = (unisum_dtype)h->dtype;
 	a->count = h->count;
 	a->round = h->round;

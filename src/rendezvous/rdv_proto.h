@@ -35,7 +35,7 @@
  *              u64 partition_bytes (8 .. 1 GiB), u64 credit_bytes (> 0), u32 final (0/1)
  *   JOIN       worker -> scheduler: it joined; scheduler -> every worker: aux = who
  *   ANNOUNCE   worker -> scheduler -> joined workers: header dtype, count, round, aux =
- *              collective; payload str name, u32 ndim, ndim x u64 (rdv_announce_*)
+ *              collective; payload str name, u32 ndim, ndim x u64, u64 key (rdv_announce_*)
  *   JOIN_DONE  scheduler -> every worker: everyone joined, aux = the last
  */
 #ifndef UNISUM_RDV_PROTO_H

@@ -289,6 +289,10 @@ struct rdv_announce {
 	uint64_t life;			/* which declaration of the name (1, then 2 when
 					 * declared again after an undeclare ...), in
 					 * the header's key field */
+	uint64_t key;			/* the tensor's key (its first cut's), 0 when
+					 * not known yet: what a joined rank poisons
+					 * when it never ran an announced gathering
+					 * collective's round */
 	struct rdv_shape shape;
 };
 enum rdv_join_event { RDV_JOINED, RDV_ANNOUNCED, RDV_JOIN_DONE };
@@ -300,7 +304,7 @@ void rdv_client_on_join(struct rdv_client *c, rdv_join_fn fn, void *arg);
 int rdv_client_join(struct rdv_client *c);
 int rdv_client_announce(struct rdv_client *c, const struct rdv_announce *a);
 /* ANNOUNCE's codec: the header's dtype, count, round and aux, and the
- * payload str name, u32 ndim, ndim x u64. */
+ * payload str name, u32 ndim, ndim x u64, u64 key. */
 void rdv_announce_encode(const struct rdv_announce *a, struct wire_hdr *h, struct wire_buf *b);
 int rdv_announce_decode(const struct wire_hdr *h, const void *payload, size_t len,
 			struct rdv_announce *a);

@@ -45,7 +45,7 @@
 /* (A build may set another, to test that two versions refuse each other:
  * the test_wire_version program of CMakeLists.txt.) */
 #ifndef WIRE_VERSION
-#define WIRE_VERSION 21
+#define WIRE_VERSION 22
 #endif
 #define WIRE_HDR_SIZE 48
 #define WIRE_MAX_CONTROL_PAYLOAD (1u << 20)	/* 1 MiB for control messages */

@@ -1,7 +1,8 @@
 /*
  * announce.c - the news of joins (join.c's DESIGN says why): announcing
- * the push_pulls in flight when a rank joins, queueing those announced to
- * a joined worker, poisoning a gathering collective a join strands, and
+ * the push_pulls (and pushed gathering collectives) in flight when a rank
+ * joins, queueing those announced to a joined worker, poisoning a
+ * gathering collective a join strands, and
  * the lives of names (which declaration of a name a round belongs to).
  *
  * It runs on the scheduler client's loop thread (wk_on_join) and under
@@ -50,7 +51,66 @@ void wk_announce_fill(const struct wk_op *op, struct rdv_announce *a)
 	a->round = op->round;
 	a->wire_op = op->wire_op;
 	a->life = t->life;
+	a->key = t->ncuts > 0 ? t->cuts[0].key : 0;
 	a->shape = t->shape;
+}
+
+/* Rank `rank` joined (the client's loop thread): what this worker has in
+ * flight is announced to it, or poisoned. */
+static void wk_on_joined(struct worker *w, int rank)
+{
+	/* Announce what is in flight: the new joiner has heard of none of it,
+	 * and it may wait for it. */
+	struct rdv_announce *list = NULL;
+	int n = 0;
+	pthread_mutex_lock(&w->lock);
+	w->join_seen = true;
+	if (!w->joined && w->nops > 0)
+		list = malloc((size_t)w->nops * sizeof *list);
+	uint64_t *poison = w->nops > 0 ? malloc((size_t)w->nops * sizeof *poison) : NULL;
+	char (*pnames)[WK_NAME_MAX] = w->nops > 0 ? malloc((size_t)w->nops * WK_NAME_MAX) : NULL;
+	int np = 0;
+	for (int i = 0; !w->joined && i < w->nops; i++) {
+		struct wk_op *op = w->ops[i];
+		/* An allgather begun and not supplied (or supplied nothing
+		 * by this worker's own join) is not a call in flight
+		 * (unisum_allgather_begin): it ends with zeros once every
+		 * rank has joined or supplied it. */
+		if (op->done || op->t->nranks != 0 ||
+		    (op->deferred && (!op->supplied || op->nothing)))
+			continue;
+		if (!wk_join_runs(op->wire_op) && (!op->launched || list == NULL)) {
+			/* A gathering collective this worker has not pushed yet:
+			 * the joined rank cannot have run it, so it can never
+			 * complete. */
+			op->join_poison = true;
+			op->join_rank = rank;
+			if (op->launched && poison != NULL && pnames != NULL) {
+				poison[np] = op->t->cuts[0].key;
+				snprintf(pnames[np++], WK_NAME_MAX, "%s", op->t->name);
+			}
+			continue;
+		}
+		if (list == NULL)
+			continue;
+		/* A gathering collective pushed already is announced too: the
+		 * joined rank may have run this round before it joined (this
+		 * worker still pulling it), and only it knows; it poisons the
+		 * tensor if not (join.c). */
+		wk_announce_fill(op, &list[n++]);
+		/* A broadcast needs every rank's part: it completes with the
+		 * joined rank's zeros, and then fails, as it would have had it
+		 * started a moment later. */
+		op->join_refused = WIRE_OP_KIND(op->wire_op) == WIRE_OP_BROADCAST;
+	}
+	pthread_mutex_unlock(&w->lock);
+	for (int i = 0; i < np; i++)
+		wk_join_poison(w, poison[i], pnames[i], rank);
+	free(poison);
+	free(pnames);
+	for (int i = 0; i < n; i++)
+		rdv_client_announce(w->rdv, &list[i]);
+	free(list);
 }
 
 /* The scheduler's join events (the client's loop thread). */
@@ -58,54 +118,8 @@ void wk_on_join(void *arg, int event, int rank, const struct rdv_announce *a)
 {
 	struct worker *w = arg;
 	if (event == RDV_JOINED) {
-		if (rank == w->rank)
-			return;
-		/* Announce what is in flight: the new joiner has heard of none of
-		 * it, and it may wait for it. */
-		struct rdv_announce *list = NULL;
-		int n = 0;
-		pthread_mutex_lock(&w->lock);
-		w->join_seen = true;
-		if (!w->joined && w->nops > 0)
-			list = malloc((size_t)w->nops * sizeof *list);
-		uint64_t *poison = w->nops > 0 ? malloc((size_t)w->nops * sizeof *poison) : NULL;
-		char (*pnames)[WK_NAME_MAX] = w->nops > 0 ? malloc((size_t)w->nops * WK_NAME_MAX) : NULL;
-		int np = 0;
-		for (int i = 0; !w->joined && i < w->nops; i++) {
-			struct wk_op *op = w->ops[i];
-			/* An allgather begun and not supplied (or supplied
-			 * nothing by this worker's own join) is not a call in
-			 * flight (unisum_allgather_begin): it ends with zeros
-			 * once every rank has joined or supplied it. */
-			if (op->done || op->t->nranks != 0 ||
-			    (op->deferred && (!op->supplied || op->nothing)))
-				continue;
-			if (!wk_join_runs(op->wire_op)) {
-				/* A gathering collective: it can never complete. */
-				op->join_poison = true;
-				op->join_rank = rank;
-				if (op->launched && poison != NULL && pnames != NULL) {
-					poison[np] = op->t->cuts[0].key;
-					snprintf(pnames[np++], WK_NAME_MAX, "%s", op->t->name);
-				}
-				continue;
-			}
-			if (list == NULL)
-				continue;
-			wk_announce_fill(op, &list[n++]);
-			/* A broadcast needs every rank's part: it completes with the
-			 * joined rank's zeros, and then fails, as it would have
-			 * had it started a moment later. */
-			op->join_refused = !wk_reduces(op->wire_op);
-		}
-		pthread_mutex_unlock(&w->lock);
-		for (int i = 0; i < np; i++)
-			wk_join_poison(w, poison[i], pnames[i], rank);
-		free(poison);
-		free(pnames);
-		for (int i = 0; i < n; i++)
-			rdv_client_announce(w->rdv, &list[i]);
-		free(list);
+		if (rank != w->rank)
+			wk_on_joined(w, rank);
 		return;
 	}
 	pthread_mutex_lock(&w->lock);

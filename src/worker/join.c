@@ -23,11 +23,16 @@
  * (UNISUM_EINVAL), as Horovod does; a broadcast that was already in flight
  * is announced too, runs with the joined rank's zeros (its rounds stay in
  * step) and then fails at its wait (wk_release).  A gathering collective
- * started before the news came would wait for the joined rank for ever:
- * the worker poisons its tensor (the scheduler tells every server, and
- * every rank's wait fails with the reason), at once or, when its cut is
- * not known yet, at its launch.  The PyTorch plugin's exchange of shapes,
- * a push_pull, comes first and usually carries the news.
+ * started before the news came would wait for the joined rank for ever,
+ * unless the joined rank ran that round before joining (a worker still
+ * pulling it as a faster one joined).  One not pushed yet cannot have
+ * been run: the worker poisons its tensor (the scheduler tells every
+ * server, and every rank's wait fails with the reason), at once or, when
+ * its cut is not known yet, at its launch.  One pushed is announced, with
+ * its tensor's key, and the joined rank, which alone knows whether it ran
+ * that round (its tensor's round), poisons it if not.  The PyTorch
+ * plugin's exchange of shapes, a push_pull, comes first and usually
+ * carries the news.
  *
  * A joined worker's contribution is the reduction's identity: zero for a
  * sum or an average (Horovod's "zeros"), +inf (or the integer maximum)
@@ -118,11 +123,36 @@ static int wk_zero_wait(struct worker *w, struct wk_zero *z)
 	return rc;
 }
 
+/* An announced round of a gathering collective, which a joined rank does
+ * not run: another worker was still pulling it when this one joined.  If
+ * this worker ran that round before joining, it completes there; if not,
+ * it never can, and this worker poisons the tensor (every rank's wait
+ * fails, naming the join). */
+static void wk_join_gather_check(struct worker *w, const struct rdv_announce *a)
+{
+	if (wk_ran_and_retired(w, a->name, a->life, a->round))
+		return;
+	pthread_mutex_lock(&w->lock);
+	bool ran = false;
+	for (int i = 0; i < w->ntensors && !ran; i++) {
+		const struct wk_tensor *t = w->tensors[i];
+		ran = t != NULL && t->life == a->life && t->round > a->round &&
+		      strcmp(t->name, a->name) == 0;
+	}
+	pthread_mutex_unlock(&w->lock);
+	if (!ran && a->key != 0)
+		wk_join_poison(w, a->key, a->name, w->rank);
+}
+
 /* Runs announced round a->round of a->name with zeros, unless this worker
  * ran it already.  0 or an error (logged). */
 static int wk_join_contribute(struct worker *w, const struct rdv_announce *a,
 			      struct wk_zero **zs, int *nz)
 {
+	if (!wk_join_runs(a->wire_op)) {
+		wk_join_gather_check(w, a);
+		return 0;
+	}
 	if (wk_ran_and_retired(w, a->name, a->life, a->round))
 		return 0;	/* announced again, after this worker was done with it */
 	/* A compressed tensor: a joined rank's zeros would go through its

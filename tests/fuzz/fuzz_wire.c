@@ -570,8 +570,8 @@ static void parse_declare_check(const uint8_t *data, size_t len)
 }
 
 /* ANNOUNCE (scheduler.c sched_on_announce, client.c): str name, u32
- * ndim (at most RDV_MAX_DIMS), ndim x u64, nothing after; what the codec
- * takes re-encodes to the same bytes. */
+ * ndim (at most RDV_MAX_DIMS), ndim x u64, u64 key, nothing after; what
+ * the codec takes re-encodes to the same bytes. */
 static void parse_announce(const uint8_t *data, size_t len)
 {
 	struct checked_reader c;
@@ -579,7 +579,7 @@ static void parse_announce(const uint8_t *data, size_t len)
 	char name[256];
 	cr_str(&c, name, sizeof name);
 	uint32_t ndim = cr_u32(&c);
-	bool ok = !c.r.failed && name[0] != '\0' && ndim <= RDV_MAX_DIMS && c.r.left == 8ull * ndim;
+	bool ok = !c.r.failed && name[0] != '\0' && ndim <= RDV_MAX_DIMS && c.r.left == 8ull * ndim + 8;
 	struct wire_hdr h = {.dtype = UNISUM_INT32, .count = 3, .round = 9, .aux = 1, .key = 5};
 	struct rdv_announce a;
 	int rc = rdv_announce_decode(&h, data, len, &a);
@@ -588,6 +588,7 @@ static void parse_announce(const uint8_t *data, size_t len)
 		return;
 	for (uint32_t i = 0; i < ndim; i++)
 		CHECK(a.shape.dims[i] == cr_u64(&c));
+	CHECK(a.key == cr_u64(&c));
 	CHECK(strcmp(a.name, name) == 0 && a.shape.ndim == ndim && a.count == 3 && a.round == 9 &&
 	      a.life == 5);
 	struct wire_buf b;

@@ -33,6 +33,7 @@ assert HDR.size == 48
 
 (REGISTER, ADDRBOOK, BARRIER, BARRIER_DONE, HEARTBEAT, PUSH, PUSH_ACK, PULL,
  PULL_REPLY, DECLARE_CHECK, ERROR, SHUTDOWN, DECLARE, TUNE, RETIRE) = range(1, 16)
+ANNOUNCE = 17
 FAILOVER, RESTORE, REJOIN, MIGRATE, MOVED = 19, 20, 21, 22, 23
 REFORM, RESIZE, HELD, COPY, COPY_ACK = 24, 25, 26, 27, 28
 FLAG_ZERO, FLAG_IPC = 0x1, 0x2
@@ -212,6 +213,12 @@ def seeds():
         "14-tune-final": message(TUNE, u64(2 << 20) + u64(8 << 20) + u32(1) + u32(2) + u32(1),
                                  rnd=9),
         "15-retire": header(RETIRE, key=0x70003, rnd=12),
+        # a push_pull of float32[4, 8] to a joined worker; an allgather's
+        # round (the tensor's key after the shape, wire 22)
+        "17-announce": message(ANNOUNCE, wstr("layer1.weight") + u32(2) + u64(4) + u64(8) +
+                               u64(0x70000), dtype=FLOAT32, count=32, rnd=3, key=1),
+        "17-announce-allgather": message(ANNOUNCE, wstr("gather") + u32(0) + u64(0x80000),
+                                         dtype=INT32, count=6, rnd=2, aux=6, key=2),
         # server 1 lost (failover 1): two pieces moved to servers 0 and 2
         "19-failover": message(FAILOVER, u32(2) + u64(0x70000) + u32(0) + u64(0x70001) + u32(2),
                                rnd=1, aux=1),

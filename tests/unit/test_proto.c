@@ -139,7 +139,7 @@ static void test_announce(void **state)
 {
 	(void)state;
 	struct rdv_announce a = {.dtype = UNISUM_FLOAT16, .count = 42, .round = 7,
-				 .wire_op = 1, .life = 0xabcd0000, .shape = {.ndim = 2, .dims = {6, 7}}},
+				 .wire_op = 1, .life = 0xabcd0000, .key = 0x1234567890abcdefull, .shape = {.ndim = 2, .dims = {6, 7}}},
 			    got;
 	snprintf(a.name, sizeof a.name, "gradient.layer1.weight");
 	struct wire_buf b;
@@ -156,6 +156,7 @@ static void test_announce(void **state)
 	assert_int_equal(got.wire_op, 1);
 	assert_int_equal(got.life, 0xabcd0000);
 	assert_int_equal(announce_hdr.key, 0xabcd0000);
+	assert_true(got.key == 0x1234567890abcdefull);
 	assert_int_equal(got.shape.ndim, 2);
 	assert_int_equal(got.shape.dims[1], 7);
 	refuses_every_cut(&b, decode_announce);
