@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check_sums/strangers.h"
@@ -163,19 +164,50 @@ void strangers_garbage(int port, int rank)
 	expect_hangup(port, hdr, 20, true, "a truncated header and end of stream");
 }
 
-/* Prints a port that is free right now (for tests that start nodes by
- * hand); the kernel picks it. */
-int strangers_free_port(void)
+/* Whether port `port` (0: any) of 127.0.0.1 can be bound now; the port
+ * bound in *got. */
+static bool bind_probe(int port, int *got)
 {
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET};
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
 	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
 	socklen_t len = sizeof sa;
-	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-	    getsockname(fd, (struct sockaddr *)&sa, &len) != 0)
+	bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+		  getsockname(fd, (struct sockaddr *)&sa, &len) == 0;
+	*got = ntohs(sa.sin_port);
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
+/* Prints a port that is free right now (for tests that start nodes by
+ * hand).  Below the kernel's ephemeral range (ip_local_port_range) where
+ * it can: a port the kernel picked may go to another test's connection or
+ * listener before the node binds it (seen once with make test's two
+ * sanitizer trees side by side), while one below the range goes only to
+ * whoever names it. */
+int strangers_free_port(void)
+{
+	int low = 32768, got = 0;
+	FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+	if (f != NULL) {
+		if (fscanf(f, "%d", &low) != 1)
+			low = 32768;
+		fclose(f);
+	}
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	unsigned seed = (unsigned)getpid() * 2654435761u ^ (unsigned)now.tv_nsec;
+	for (int i = 0; low > 12000 && i < 100; i++) {
+		int port = 10000 + (int)(rand_r(&seed) % (unsigned)(low - 10000));
+		if (bind_probe(port, &got)) {
+			printf("%d\n", got);
+			return 0;
+		}
+	}
+	if (!bind_probe(0, &got))
 		return 1;
-	printf("%d\n", ntohs(sa.sin_port));
-	close(fd);
+	printf("%d\n", got);
 	return 0;
 }
 
