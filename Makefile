@@ -45,12 +45,11 @@ check: build
 	cd $(BUILD) && ctest --output-on-failure -j $(SLOTS)
 
 # The C suites again under AddressSanitizer + UndefinedBehaviorSanitizer +
-# LeakSanitizer, then under ThreadSanitizer (the Python suite loads the
+# LeakSanitizer and under ThreadSanitizer, side by side (the Python suite loads the
 # library into an uninstrumented interpreter, and the fuzzers carry their
 # own sanitizers).  A report from any process fails the run.
 test-sanitize: deps
-	sh tests/sanitize.sh asan
-	sh tests/sanitize.sh tsan
+	sh tests/sanitize.sh both
 
 # The fuzzers for ten minutes each (make test runs them for 15 s and 3 s).
 fuzz: deps
