@@ -382,17 +382,19 @@ static void children_reap(struct launcher *l)
 				pass = -1;
 				break;
 			}
-			if (pass == 0) {
-				siginfo_t info = {0};
-				int w;
-				do
-					w = waitid(P_PID, (id_t)c->pid, &info, WEXITED | WNOHANG | WNOWAIT);
-				while (w < 0 && errno == EINTR);
-				if (w == 0 && info.si_pid == 0)
-					continue;	/* still running */
-				if (w == 0 && info.si_code != CLD_KILLED && info.si_code != CLD_DUMPED)
-					continue;	/* exited: the second pass */
-			}
+			siginfo_t info = {0};
+			int w;
+			do
+				w = waitid(P_PID, (id_t)c->pid, &info, WEXITED | WNOHANG | WNOWAIT);
+			while (w < 0 && errno == EINTR);
+			if (w == 0 && info.si_pid == 0)
+				continue;	/* still running */
+			if (pass == 0 && w == 0 && info.si_code != CLD_KILLED &&
+			    info.si_code != CLD_DUMPED)
+				continue;	/* exited: the second pass */
+			/* The scheduler (a thread here) may still look for it. */
+			if (w == 0)
+				rdv_note_child_end(&info);
 			do
 				r = wait4(c->pid, &status, WNOHANG, &c->ru);
 			while (r < 0 && errno == EINTR);

@@ -20,6 +20,7 @@
 #ifndef UNISUM_RENDEZVOUS_H
 #define UNISUM_RENDEZVOUS_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -91,6 +92,13 @@ bool rdv_scheduler_worker_rank(struct rdv_scheduler *s, int pid, int *rank);
  * from the connections that the stop then closes.  Not logged here: the
  * launcher said it.  Safe from any thread before rdv_scheduler_free(). */
 void rdv_scheduler_stop(struct rdv_scheduler *s, const char *why);
+
+/* The launcher reaps its children, the scheduler's nodes among them, and
+ * notes how each ended here first (`info` from waitid(WNOWAIT)): a node
+ * reaped before the scheduler could look is still named with its real
+ * cause (killed by the OOM killer, say), not "exited or crashed".  Safe
+ * from any thread. */
+void rdv_note_child_end(const siginfo_t *info);
 
 /* Makes a running scheduler give up (the launcher calls it when a process
  * dies); rdv_scheduler_wait() then returns UNISUM_ESHUTDOWN.  Safe from any

@@ -103,6 +103,36 @@ void sched_take_register(struct sched_node *n, const struct rdv_register *m)
 	atomic_store(&n->last_seen_ms, timing_now_ms());
 }
 
+/* The ends of this process's children that the launcher reaped (the
+ * scheduler runs in the launcher's process: a child reaped there can no
+ * longer be waited for here), newest last, in a ring. */
+enum { RDV_CHILD_ENDS = 256 };
+static struct {
+	pthread_mutex_t lock;
+	siginfo_t ends[RDV_CHILD_ENDS];
+	unsigned next;
+} rdv_child_ends = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+void rdv_note_child_end(const siginfo_t *info)
+{
+	pthread_mutex_lock(&rdv_child_ends.lock);
+	rdv_child_ends.ends[rdv_child_ends.next++ % RDV_CHILD_ENDS] = *info;
+	pthread_mutex_unlock(&rdv_child_ends.lock);
+}
+
+static bool rdv_child_end(pid_t pid, siginfo_t *info)
+{
+	bool found = false;
+	pthread_mutex_lock(&rdv_child_ends.lock);
+	for (unsigned i = 0; i < RDV_CHILD_ENDS && !found; i++) {
+		const siginfo_t *e = &rdv_child_ends.ends[(rdv_child_ends.next - 1 - i) % RDV_CHILD_ENDS];
+		if (e->si_pid == pid)
+			*info = *e, found = true;
+	}
+	pthread_mutex_unlock(&rdv_child_ends.lock);
+	return found;
+}
+
 bool sched_node_end(const struct rdv_scheduler *s, const struct sched_node *n, char *buf,
 		    size_t len)
 {
@@ -113,8 +143,13 @@ bool sched_node_end(const struct rdv_scheduler *s, const struct sched_node *n, c
 	siginfo_t info = {0};
 	/* Its socket closes a moment before it can be waited for. */
 	for (int i = 0; i < 100 && info.si_pid == 0; i++) {
-		if (waitid(P_PID, (id_t)n->pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0)
-			return false;	/* not a child of this process */
+		if (waitid(P_PID, (id_t)n->pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+			/* Not a child of this process, or one the launcher
+			 * reaped first (it notes how it ended before). */
+			if (!rdv_child_end((pid_t)n->pid, &info))
+				return false;
+			break;
+		}
 		if (info.si_pid == 0)
 			usleep(2000);
 	}
