@@ -132,7 +132,7 @@ TSAN="$TSAN|integration_test_cluster|integration_test_output|integration_test_bl
 # 9299976, 5411ccb); their memory paths are test_failover's (a server
 # lost, a round restored), test_chaos_modes' (replicas, modes, feedback)
 # and test_job's (a worker leaving in flight), which ASan runs.  (make
-# test's 10 minutes: each of the two runs cost about 2.5 of them.)
+# test's 10 minutes: each of the two runs alone cost about 2 of them.)
 ASAN="integration_test_ssh|integration_test_chaos\$|integration_test_elastic|integration_test_pipeline"
 # Slots are half-cores, as in make check (CMakeLists.txt's test loads).
 # Both trees: one ctest over a directory that holds the two (ctest's

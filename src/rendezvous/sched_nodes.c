@@ -106,28 +106,40 @@ void sched_take_register(struct sched_node *n, const struct rdv_register *m)
 /* The ends of this process's children that the launcher reaped (the
  * scheduler runs in the launcher's process: a child reaped there can no
  * longer be waited for here), newest last, in a ring. */
-enum { RDV_CHILD_ENDS = 256 };
+enum { RDV_CHILD_ENDS = 256, RDV_CHILD_END_MS = 30000 };
 static struct {
 	pthread_mutex_t lock;
-	siginfo_t ends[RDV_CHILD_ENDS];
+	struct {
+		siginfo_t info;
+		int64_t at_ms;		/* when noted: a pid comes back, in time */
+	} ends[RDV_CHILD_ENDS];
 	unsigned next;
 } rdv_child_ends = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 void rdv_note_child_end(const siginfo_t *info)
 {
 	pthread_mutex_lock(&rdv_child_ends.lock);
-	rdv_child_ends.ends[rdv_child_ends.next++ % RDV_CHILD_ENDS] = *info;
+	unsigned i = rdv_child_ends.next++ % RDV_CHILD_ENDS;
+	rdv_child_ends.ends[i].info = *info;
+	rdv_child_ends.ends[i].at_ms = timing_now_ms();
 	pthread_mutex_unlock(&rdv_child_ends.lock);
 }
 
+/* How child `pid` ended, if the launcher noted it lately; the note is
+ * taken (a later process of the same pid is another). */
 static bool rdv_child_end(pid_t pid, siginfo_t *info)
 {
 	bool found = false;
+	int64_t now = timing_now_ms();
 	pthread_mutex_lock(&rdv_child_ends.lock);
 	for (unsigned i = 0; i < RDV_CHILD_ENDS && !found; i++) {
-		const siginfo_t *e = &rdv_child_ends.ends[(rdv_child_ends.next - 1 - i) % RDV_CHILD_ENDS];
-		if (e->si_pid == pid)
-			*info = *e, found = true;
+		unsigned k = (rdv_child_ends.next - 1 - i) % RDV_CHILD_ENDS;
+		siginfo_t *e = &rdv_child_ends.ends[k].info;
+		if (e->si_pid == pid && now - rdv_child_ends.ends[k].at_ms <= RDV_CHILD_END_MS) {
+			*info = *e;
+			e->si_pid = 0;
+			found = true;
+		}
 	}
 	pthread_mutex_unlock(&rdv_child_ends.lock);
 	return found;

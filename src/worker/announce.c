@@ -108,8 +108,12 @@ static void wk_on_joined(struct worker *w, int rank)
 		wk_join_poison(w, poison[i], pnames[i], rank);
 	free(poison);
 	free(pnames);
+	/* A gathering collective whose announcement could not go out is
+	 * poisoned here, as the joined rank cannot judge it. */
 	for (int i = 0; i < n; i++)
-		rdv_client_announce(w->rdv, &list[i]);
+		if (rdv_client_announce(w->rdv, &list[i]) != 0 && !wk_join_runs(list[i].wire_op) &&
+		    list[i].key != 0)
+			wk_join_poison(w, list[i].key, list[i].name, rank);
 	free(list);
 }
 

@@ -227,6 +227,26 @@ static int wk_join_contribute(struct worker *w, const struct rdv_announce *a,
 	return 0;
 }
 
+/* A join that ended on an error leaves announcements unread (w->joined
+ * false: no more come): a gathering collective among them would wait for
+ * this worker's rows for ever, so each is judged as the loop would have
+ * (the push_pulls fail with the job, or are announced again to the next
+ * joiner). */
+static void wk_join_drain_gathers(struct worker *w)
+{
+	for (;;) {
+		pthread_mutex_lock(&w->lock);
+		if (w->nannounced == 0) {
+			pthread_mutex_unlock(&w->lock);
+			return;
+		}
+		struct rdv_announce a = w->announced[--w->nannounced];
+		pthread_mutex_unlock(&w->lock);
+		if (!wk_join_runs(a.wire_op))
+			wk_join_gather_check(w, &a);
+	}
+}
+
 int worker_join_wait(struct worker *w)
 {
 	if (w == NULL || !w->initialized)
@@ -290,10 +310,10 @@ int worker_join_wait(struct worker *w)
 	int last = w->join_last;
 	/* join_seen stays: the client's loop thread cleared it at JOIN_DONE, and a
 	 * JOINED of the next join may have set it again since. */
-	w->joined = false;
+	w->joined = false;	/* no announcement is queued from here on */
 	w->join_done = false;
-	w->nannounced = 0;
 	pthread_mutex_unlock(&w->lock);
+	wk_join_drain_gathers(w);
 	return rc != 0 ? rc : last;
 }
 
