@@ -137,8 +137,7 @@ ASAN="integration_test_ssh|integration_test_chaos\$|integration_test_elastic|int
 # Slots are half-cores, as in make check (CMakeLists.txt's test loads).
 # Both trees: one ctest over a directory that holds the two (ctest's
 # subdirs), each tree's exclusions applied to its own tests' names, with
-# a core and a half more: the loads were measured in the plain tree, and
-# the sanitizers' tests wait more than they compute.  (AMD EPYC, 2 cores,
+# a core and a half more, as measured (AMD EPYC, 2 cores,
 # 2026-12-07: one after the other at 5 slots, 103 + 122 s; side by side
 # at 5 slots 225 s, the cores 70% busy; at 7 slots 164, 172 and 181 s,
 # 88% busy, every test passed.  With each tree's own loads, 2026-12-08:

@@ -327,14 +327,23 @@ static void child_ended(struct launcher *l, struct child *c, int status)
 	}
 }
 
+/* How child c ended, without reaping it: waitid's result (0 with
+ * info->si_pid 0 while it runs). */
+static int child_peek(const struct child *c, siginfo_t *info)
+{
+	int w;
+	*info = (siginfo_t){0};
+	do
+		w = waitid(P_PID, (id_t)c->pid, info, WEXITED | WNOHANG | WNOWAIT);
+	while (w < 0 && errno == EINTR);
+	return w;
+}
+
 /* Whether child c has been killed by a signal (not reaped yet). */
 static bool child_was_killed(const struct child *c)
 {
-	siginfo_t info = {0};
-	int w;
-	do
-		w = waitid(P_PID, (id_t)c->pid, &info, WEXITED | WNOHANG | WNOWAIT);
-	while (w < 0 && errno == EINTR);
+	siginfo_t info;
+	int w = child_peek(c, &info);
 	return w == 0 && info.si_pid != 0 && (info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED);
 }
 
@@ -345,11 +354,8 @@ static bool child_was_killed(const struct child *c)
  * Returns false when another child turned out killed. */
 static bool child_may_be_blamed(const struct launcher *l, const struct child *c)
 {
-	siginfo_t info = {0};
-	int w;
-	do
-		w = waitid(P_PID, (id_t)c->pid, &info, WEXITED | WNOHANG | WNOWAIT);
-	while (w < 0 && errno == EINTR);
+	siginfo_t info;
+	int w = child_peek(c, &info);
 	if (w != 0 || info.si_pid == 0 || info.si_code != CLD_EXITED || info.si_status == 0)
 		return true;
 	for (int tries = 0; tries < 30; tries++) {
@@ -382,11 +388,8 @@ static void children_reap(struct launcher *l)
 				pass = -1;
 				break;
 			}
-			siginfo_t info = {0};
-			int w;
-			do
-				w = waitid(P_PID, (id_t)c->pid, &info, WEXITED | WNOHANG | WNOWAIT);
-			while (w < 0 && errno == EINTR);
+			siginfo_t info;
+			int w = child_peek(c, &info);
 			if (w == 0 && info.si_pid == 0)
 				continue;	/* still running */
 			if (pass == 0 && w == 0 && info.si_code != CLD_KILLED &&
