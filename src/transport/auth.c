@@ -136,3 +136,24 @@ int auth_step(struct auth_state *a, const struct auth_io *io, const char *peer, 
 	return a->connector ? auth_connector_step(a, io, peer, why, len)
 			    : auth_acceptor_step(a, io, why, len);
 }
+
+void auth_digest(const char *label, const void *msg, size_t len, uint8_t out[AUTH_TAG_BYTES])
+{
+	static const uint8_t none[crypto_generichash_KEYBYTES];
+	if (sodium_init() < 0)
+		memset(out, 0, AUTH_TAG_BYTES);	/* (then nothing is valid but zeros) */
+	crypto_generichash_state st;
+	crypto_generichash_init(&st, auth_is_enabled() ? auth_key : none, sizeof none,
+				AUTH_TAG_BYTES);
+	crypto_generichash_update(&st, (const unsigned char *)label, strlen(label) + 1);
+	crypto_generichash_update(&st, msg, len);
+	crypto_generichash_final(&st, out, AUTH_TAG_BYTES);
+}
+
+bool auth_digest_is_valid(const char *label, const void *msg, size_t len,
+			  const uint8_t tag[AUTH_TAG_BYTES])
+{
+	uint8_t want[AUTH_TAG_BYTES];
+	auth_digest(label, msg, len, want);
+	return sodium_memcmp(want, tag, AUTH_TAG_BYTES) == 0;
+}

@@ -38,6 +38,14 @@ void auth_tag(const char *label, const uint8_t *first, const uint8_t *second,
 bool auth_tag_is_valid(const char *label, const uint8_t *first, const uint8_t *second,
 		       const uint8_t tag[AUTH_TAG_BYTES]);
 
+/* out = keyed BLAKE2b of label and msg: keyed with the secret's key when
+ * one is set (a tag only its holders can make), else with zeros (a
+ * checksum).  For what is not a handshake: a UCX worker's address, which
+ * UCX 1.13 trusts (a malformed one aborts the process). */
+void auth_digest(const char *label, const void *msg, size_t len, uint8_t out[AUTH_TAG_BYTES]);
+bool auth_digest_is_valid(const char *label, const void *msg, size_t len,
+			  const uint8_t tag[AUTH_TAG_BYTES]);
+
 /* Fills `nonce` with fresh random bytes. */
 void auth_nonce(uint8_t nonce[AUTH_NONCE_BYTES]);
 

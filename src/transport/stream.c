@@ -28,6 +28,35 @@
 /* How long a handshake may wait for the peer's next bytes. */
 #define STREAM_AUTH_TIMEOUT_S 10
 
+int stream_listen(const char *host, int port, int *fd_out, int *port_out)
+{
+	struct sockaddr_in sa;
+	int rc = stream_resolve(host, port, &sa);
+	if (rc != 0)
+		return rc;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return log_fail(UNISUM_ESYS, "socket(): %s", strerror(errno));
+	int one = 1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+		rc = log_fail(UNISUM_ESYS,
+			      "cannot listen on %s:%d: %s (is another job using the port? "
+			      "pick another or use 0 for a free one)",
+			      host, port, strerror(errno));
+	} else if (listen(fd, 1024) != 0) {
+		rc = log_fail(UNISUM_ESYS, "listen(): %s", strerror(errno));
+	} else {
+		socklen_t len = sizeof sa;
+		getsockname(fd, (struct sockaddr *)&sa, &len);
+		*fd_out = fd;
+		*port_out = ntohs(sa.sin_port);
+		return 0;
+	}
+	close(fd);
+	return rc;
+}
+
 int stream_accept(struct stream_listener *l, struct sockaddr *sa, socklen_t *sa_len, int *fd_out)
 {
 	socklen_t cap = *sa_len;
@@ -222,6 +251,7 @@ int stream_accept_nb(struct stream_listener *l, struct sockaddr *sa, socklen_t *
 	else
 		snprintf(why, sizeof why, "%s", strerror(e));
 	log_set_last_error("cannot accept a connection: accept(): %s", why);
+	errno = e;	/* (the UCX listener tells its loop which) */
 	return UNISUM_ESYS;
 }
 

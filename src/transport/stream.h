@@ -28,6 +28,10 @@ struct stream_listener {
  * UNISUM_ECONN with the reason in log_last_error(). */
 int stream_resolve(const char *host, int port, struct sockaddr_in *sa);
 
+/* A listening TCP socket on host:port (0: a free port): 0 with it and
+ * its port, or UNISUM_ECONN (host) / UNISUM_ESYS, logged. */
+int stream_listen(const char *host, int port, int *fd_out, int *port_out);
+
 /* Blocks in accept() until a peer connects: 0 and *fd_out, UNISUM_ESHUTDOWN
  * once closing, or UNISUM_ESYS (logged; when descriptors ran out, not
  * logged: the reason, naming RLIMIT_NOFILE, is in log_last_error()).

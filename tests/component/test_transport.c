@@ -8,6 +8,7 @@
  * a read whose sender exited with UNISUM_ECONN; TCP refuses the IPC flag;
  * connecting where nobody listens fails at once for IPC.
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -454,6 +458,8 @@ static pid_t ucx_child(int port, const char *secret, bool linger)
 	assert_true(child >= 0);
 	if (child != 0)
 		return child;
+	if (!linger)	/* a refused one: its error is the test's (ucx_refused) */
+		dup2(STDOUT_FILENO, STDERR_FILENO);
 	char port_s[16];
 	snprintf(port_s, sizeof port_s, "%d", port);
 	execl("/proc/self/exe", "test_transport", "--ucx-child", port_s, secret != NULL ? secret : "-",
@@ -487,59 +493,171 @@ static void test_ucx_dead_peer(void **state)
 	tp->listener_free(l);
 }
 
-/* With the job's secret set here, a listener, a child connecting with
- * `secret` (NULL: none; see ucx_child) and its accepted connection. */
-static pid_t ucx_secret_pair(const struct transport_ops *tp, const char *secret, bool linger,
-			     struct tp_listener **l, struct tp_conn **b)
+/* A child connecting with `secret` (NULL: none) to a listener here with
+ * the job's own secret (mine true) or none: it is refused before any UCX
+ * code reads its worker's address (the request's tag), and fails at once
+ * with why, which *out holds; the listener makes no connection. */
+static void ucx_refused(const char *secret, bool mine, char *out, size_t len)
 {
-	assert_int_equal(auth_set_secret("the job's secret"), 0);
-	int port;
-	assert_int_equal(tp->listen("127.0.0.1", 0, l, &port), 0);
-	pid_t child = ucx_child(port, secret, linger);
-	assert_int_equal(tp->accept(*l, b), 0);
-	return child;
+	const struct transport_ops *tp = ucx_or_skip();
+	assert_int_equal(auth_set_secret(mine ? "the job's secret" : NULL), 0);
+	struct tp_listener *l;
+	int port, fds[2];
+	assert_int_equal(tp->listen("127.0.0.1", 0, &l, &port), 0);
+	assert_int_equal(pipe(fds), 0);
+	fflush(stdout);
+	int saved = dup(STDOUT_FILENO);
+	dup2(fds[1], STDOUT_FILENO);	/* the child's errors (ucx_child) */
+	int64_t t0 = timing_now_ms();
+	pid_t child = ucx_child(port, secret != NULL ? secret : "-", false);
+	dup2(saved, STDOUT_FILENO);
+	close(saved);
+	close(fds[1]);
+	int status;
+	assert_int_equal(waitpid(child, &status, 0), child);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+	assert_true(timing_now_ms() - t0 < 5000);	/* at once, not at its timeout */
+	ssize_t n = read(fds[0], out, len - 1);
+	out[n > 0 ? n : 0] = '\0';
+	close(fds[0]);
+	struct tp_conn *b;
+	assert_int_equal(tp->accept_nb(l, &b), TP_AGAIN);
+	tp->listener_free(l);
+	auth_set_secret(NULL);
 }
 
-/* A peer without the job's secret is refused over UCX as over TCP. */
+/* A peer with another secret is refused over UCX as over TCP. */
 static void test_ucx_wrong_secret(void **state)
 {
 	(void)state;
-	const struct transport_ops *tp = ucx_or_skip();
-	struct tp_listener *l;
-	struct tp_conn *b;
-	pid_t child = ucx_secret_pair(tp, "another secret", false, &l, &b);
-	char why[256] = "";
-	assert_int_equal(tp->authenticate(b, false, why, sizeof why), UNISUM_EAUTH);
-	assert_non_null(strstr(why, "wrong or missing job secret"));
-	int64_t t0 = timing_now_ms();
-	tp->conn_free(b);	/* hanging up tells the child at once */
-	int status;
-	assert_int_equal(waitpid(child, &status, 0), child);
-	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);	/* refused there too */
-	assert_true(timing_now_ms() - t0 < 5000);
-	tp->listener_free(l);
-	auth_set_secret(NULL);
+	char why[2048];
+	ucx_refused("another secret", true, why, sizeof why);
+	assert_non_null(strstr(why, "refused this node's UNISUM_SECRET"));
 }
 
-/* A connector without the secret where the acceptor has one: both ends
- * fail at once, the connector naming the variable (nothing spins until a
- * timeout). */
+/* A secret on one side only: refused both ways, the side without one
+ * told to set the variable. */
 static void test_ucx_secret_on_one_side(void **state)
+{
+	(void)state;
+	char why[2048];
+	ucx_refused("-", true, why, sizeof why);
+	assert_non_null(strstr(why, "asks for the job secret (UNISUM_SECRET)"));
+	ucx_refused("the job's secret", false, why, sizeof why);
+	assert_non_null(strstr(why, "refused this node's UNISUM_SECRET"));
+}
+
+/* A stranger connects to port and sends len bytes of what (none: it
+ * stays, its socket returned); otherwise it waits for the listener to
+ * close the connection, which must come within 6 s. */
+static int stranger(int port, const void *what, size_t len)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(fd >= 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+	if (len == 0)
+		return fd;
+	assert_int_equal(send(fd, what, len, MSG_NOSIGNAL), (ssize_t)len);
+	struct timeval tv = {.tv_sec = 6};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	char buf[256];
+	ssize_t n;
+	while ((n = recv(fd, buf, sizeof buf, 0)) > 0)
+		;	/* (a refusal's answer) */
+	if (!(n == 0 || errno == ECONNRESET))
+		fail_msg("stranger %zu bytes: recv %zd, %s", len, n, strerror(errno));	/* closed (reset: bytes left unread) */
+	close(fd);
+	return -1;
+}
+
+/* Strangers on a UCX listener's port are closed, each alone, and no UCX
+ * code reads their bytes (UCX 1.13's own listener aborted the process on
+ * the zeros and the HTTP request): zeros, an HTTP request, a request
+ * naming an impossible length, and one naming noise as its worker's
+ * address.  A real peer connects after them, while a silent stranger
+ * still holds its connection, and its messages go both ways. */
+static void test_ucx_strangers(void **state)
 {
 	(void)state;
 	const struct transport_ops *tp = ucx_or_skip();
 	struct tp_listener *l;
-	struct tp_conn *b;
-	pid_t child = ucx_secret_pair(tp, NULL, true, &l, &b);	/* it sends a heartbeat */
-	char why[256] = "";
-	int64_t t0 = timing_now_ms();
-	assert_int_equal(tp->authenticate(b, false, why, sizeof why), UNISUM_EAUTH);
-	assert_true(timing_now_ms() - t0 < 5000);
-	kill(child, SIGKILL);
-	waitpid(child, NULL, 0);
+	int port;
+	assert_int_equal(tp->listen("127.0.0.1", 0, &l, &port), 0);
+	int silent = stranger(port, NULL, 0);
+	uint8_t zeros[40] = {0}, noise[44 + 64] = {0};	/* magic, length, tag, address */
+	stranger(port, zeros, sizeof zeros);
+	const char http[] = "GET / HTTP/1.0\r\n\r\n";
+	stranger(port, http, strlen(http));
+	stranger(port, "UNISUMX1\xff\xff\xff\xff", 12);
+	memcpy(noise, "UNISUMX1\0\0\0\x40", 12);
+	for (size_t i = 44; i < sizeof noise; i++)
+		noise[i] = (uint8_t)(i * 37 + 11);
+	stranger(port, noise, sizeof noise);	/* UCX 1.13 aborts on such an address */
+	struct tp_conn *a, *b;
+	assert_int_equal(transport_connect(tp, "127.0.0.1", port, 5000, &a), 0);
+	assert_int_equal(tp->accept(l, &b), 0);
+	char why[256];
+	assert_int_equal(tp->authenticate(b, false, why, sizeof why), 0);
+	struct wire_hdr beat = {.type = WIRE_HEARTBEAT, .sender = 3}, h;
+	assert_int_equal(tp->send(a, &beat, NULL), 0);
+	assert_int_equal(tp->recv_header(b, &h, why, sizeof why), 0);
+	assert_int_equal(h.type, WIRE_HEARTBEAT);
+	beat.sender = 4;
+	assert_int_equal(tp->send(b, &beat, NULL), 0);
+	assert_int_equal(tp->recv_header(a, &h, why, sizeof why), 0);
+	assert_int_equal(h.sender, 4);
+	close(silent);
+	tp->conn_free(a);
 	tp->conn_free(b);
 	tp->listener_free(l);
-	auth_set_secret(NULL);
+}
+
+/* What closing one end of a connection shows at the other: what it
+ * sent last, then its end, within seconds. */
+static void check_closed_by(const struct transport_ops *tp, struct tp_conn *closing,
+			    struct tp_conn *other)
+{
+	char why[256];
+	struct wire_hdr beat = {.type = WIRE_HEARTBEAT, .sender = 5}, h;
+	assert_int_equal(tp->send(closing, &beat, NULL), 0);
+	tp->conn_free(closing);
+	int64_t t0 = timing_now_ms();
+	assert_int_equal(tp->recv_header(other, &h, why, sizeof why), 0);	/* its last word */
+	assert_int_equal(h.sender, 5);
+	assert_int_equal(tp->recv_header(other, &h, why, sizeof why), UNISUM_ECONN);
+	assert_true(timing_now_ms() - t0 < 5000);
+	tp->conn_free(other);
+}
+
+/* Three connections between the same two processes (here one): the
+ * dialler of one closes it, the acceptor of another (UCX does not tell
+ * the peer of an endpoint closed: BYE does), and the third stays whole,
+ * both ways (UCX pairs endpoints made from addresses by a count, which
+ * one worker a dial keeps exact). */
+static void test_ucx_close_one_of_three(void **state)
+{
+	(void)state;
+	const struct transport_ops *tp = ucx_or_skip();
+	struct pair p, q, r;
+	pair_open(&p, tp);
+	pair_open(&q, tp);
+	pair_open(&r, tp);
+	check_closed_by(tp, p.a, p.b);
+	check_closed_by(tp, q.b, q.a);
+	tp->listener_free(p.l);
+	tp->listener_free(q.l);
+	char why[256];
+	struct wire_hdr beat = {.type = WIRE_HEARTBEAT, .sender = 5}, h;
+	assert_int_equal(tp->send(r.a, &beat, NULL), 0);
+	assert_int_equal(tp->recv_header(r.b, &h, why, sizeof why), 0);
+	assert_int_equal(h.sender, 5);
+	beat.sender = 6;
+	assert_int_equal(tp->send(r.b, &beat, NULL), 0);
+	assert_int_equal(tp->recv_header(r.a, &h, why, sizeof why), 0);
+	assert_int_equal(h.sender, 6);
+	pair_close(&r);
 }
 
 /* Nobody listening: dialling fails after its timeout, naming the place. */
@@ -579,6 +697,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_ucx_wrong_secret),
 		cmocka_unit_test(test_ucx_secret_on_one_side),
 		cmocka_unit_test(test_ucx_nobody_listening),
+		cmocka_unit_test(test_ucx_strangers),
+		cmocka_unit_test(test_ucx_close_one_of_three),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

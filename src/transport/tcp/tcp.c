@@ -95,42 +95,19 @@ static int tcp_adopt(int fd, const struct sockaddr_in *sa, struct tp_conn **out)
 
 static int tcp_listen(const char *host, int port, struct tp_listener **out, int *port_out)
 {
-	struct sockaddr_in sa;
-	int rc = stream_resolve(host, port, &sa);
+	int fd;
+	int rc = stream_listen(host, port, &fd, port_out);
 	if (rc != 0)
 		return rc;
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return log_fail(UNISUM_ESYS, "socket(): %s", strerror(errno));
-	int one = 1;
-	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-		rc = log_fail(UNISUM_ESYS,
-			      "cannot listen on %s:%d: %s (is another job using the port? "
-			      "pick another or use 0 for a free one)",
-			      host, port, strerror(errno));
-		goto out_close_fd;
-	}
-	if (listen(fd, 1024) != 0) {
-		rc = log_fail(UNISUM_ESYS, "listen(): %s", strerror(errno));
-		goto out_close_fd;
-	}
-	socklen_t len = sizeof sa;
-	getsockname(fd, (struct sockaddr *)&sa, &len);
 	struct tp_listener *l = calloc(1, sizeof *l);
 	if (l == NULL) {
-		rc = UNISUM_ENOMEM;
-		goto out_close_fd;
+		close(fd);
+		return UNISUM_ENOMEM;
 	}
 	l->s.fd = fd;
 	atomic_init(&l->s.closing, false);
 	*out = l;
-	*port_out = ntohs(sa.sin_port);
 	return 0;
-
-out_close_fd:
-	close(fd);
-	return rc;
 }
 
 static int tcp_accept(struct tp_listener *l, struct tp_conn **out)

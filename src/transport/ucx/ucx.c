@@ -10,9 +10,11 @@
  * the receiver learns the header first (the AM callback keeps the
  * descriptor), the caller says where the payload belongs (TP_HEADER, as
  * on TCP), and ucp_am_recv_data_nbx() brings the data straight there.
- * Smaller ones arrive whole and are copied once.  Connections come from
- * UCX's sockaddr connection manager, with peer error handling on, so a
- * peer that dies breaks the connection as a reset socket would.
+ * Smaller ones arrive whole and are copied once.  Connections are made
+ * from the workers' addresses, exchanged over a TCP socket of ours
+ * (ucx_listen.c), with peer error handling on, so a peer that dies
+ * breaks the connection as a reset socket would; one that closes says
+ * BYE first, as UCX does not tell it.
  *
  * Readiness.  The loops watch descriptors; UCX has one for its whole
  * worker, which its progress thread (ucx_api.c) watches.  So each
@@ -57,6 +59,8 @@
 
 struct tp_conn {
 	struct ucx_ctx *u;
+	ucp_worker_h worker;		/* the accepting one, or (own) the dial's */
+	bool own_worker;
 	ucp_ep_h ep;
 	int evfd;			/* readable while something is ready */
 	char peer[96];
@@ -65,6 +69,10 @@ struct tp_conn {
 	struct ucx_msg *rxq;		/* WIRE received, by sequence */
 	struct ucx_msg *cur;		/* the one recv_nb is on */
 	uint64_t rx_next, tx_seq;
+	uint64_t tx_handed;		/* WIRE messages handed to UCX (its thread's) */
+	uint64_t rx_arrived;		/* WIRE messages queued so far */
+	uint64_t bye_after;		/* the peer closed after this many (bye) */
+	bool bye;
 	int inflight;			/* sends UCX has not finished, */
 	int copies_inflight;		/* ... of them with a copied payload (a last word) */
 	bool hello, broken, shut, close_done, signaled, auth_new;
@@ -161,6 +169,13 @@ static bool conn_take(struct tp_conn *c, struct ucx_msg *m)
 	pthread_mutex_lock(&c->lock);
 	bool took = !c->shut;
 	if (!took) {
+	} else if (m->kind == UCX_BYE) {
+		/* The break waits for the WIRE messages sent before it (m->seq
+		 * of them), which are read before it, as a socket's data
+		 * before its end. */
+		c->bye = true;
+		c->bye_after = m->seq;
+		took = false;
 	} else if (m->kind == UCX_HELLO) {
 		c->hello = true;
 		pthread_cond_broadcast(&c->cond);
@@ -194,6 +209,11 @@ static bool conn_take(struct tp_conn *c, struct ucx_msg *m)
 			p = &(*p)->next;
 		m->next = *p;
 		*p = m;
+		c->rx_arrived++;
+	}
+	if (c->bye && c->rx_arrived >= c->bye_after) {
+		c->broken_by_peer = true;
+		conn_break(c, "the peer closed the connection");
 	}
 	if (!c->shut)
 		conn_signal(c);
@@ -220,7 +240,7 @@ static struct ucx_msg *msg_new(const void *header, size_t hlen, void *data, size
 	memcpy(&kind, h, 4);
 	memcpy(&seq, h + 8, 8);
 	kind = le32toh(kind);
-	if (kind < UCX_HELLO || kind > UCX_WIRE || hlen != (kind == UCX_WIRE ? UCX_WIRE_HEAD : UCX_HEAD))
+	if (kind < UCX_HELLO || kind > UCX_BYE || hlen != (kind == UCX_WIRE ? UCX_WIRE_HEAD : UCX_HEAD))
 		return NULL;
 	bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
 	bool keep = !rndv && len > UCX_INLINE_MAX && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA);
@@ -245,10 +265,11 @@ static struct ucx_msg *msg_new(const void *header, size_t hlen, void *data, size
 ucs_status_t ucx_on_am(void *arg, const void *header, size_t header_length, void *data,
 		       size_t length, const ucp_am_recv_param_t *param)
 {
-	(void)arg;
 	if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep == NULL)
 		return UCS_OK;	/* every sender asks for the reply endpoint */
 	struct ucx_msg *m = msg_new(header, header_length, data, length, param);
+	if (m != NULL)
+		m->worker = arg;	/* (ucx_worker_make) */
 	bool kept = m != NULL && (m->how == UCX_DATA_RNDV || m->how == UCX_DATA_KEPT);
 	struct tp_conn *c = ucx_map_find_or_park(param->reply_ep, m);
 	if (c == NULL)
@@ -289,7 +310,7 @@ static void ucx_do_recv(struct ucx_cmd *cmd)
 		.cb.recv_am = ucx_recv_done, .user_data = m};
 	if ((p.memh = ucx_mem_find(m->dst, m->len)) != NULL)
 		p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-	ucs_status_ptr_t r = ucx_fn.ucp_am_recv_data_nbx(c->u->worker, m->data, m->dst, m->len, &p);
+	ucs_status_ptr_t r = ucx_fn.ucp_am_recv_data_nbx(c->worker, m->data, m->dst, m->len, &p);
 	pthread_mutex_lock(&c->lock);
 	if (r != NULL && !UCS_PTR_IS_ERR(r)) {
 		if (!m->done)
@@ -417,6 +438,14 @@ static void ucx_do_send(struct ucx_cmd *cmd)
 	pthread_mutex_lock(&c->lock);
 	bool drop = c->shut && s->lent;
 	pthread_mutex_unlock(&c->lock);
+	uint32_t kind;
+	memcpy(&kind, s->head, 4);
+	if (le32toh(kind) == UCX_BYE) {	/* how many WIRE messages went before it */
+		uint64_t n = htole64(c->tx_handed);
+		memcpy(s->head + 8, &n, 8);
+	} else if (le32toh(kind) == UCX_WIRE && !drop) {
+		c->tx_handed++;
+	}
 	ucs_status_ptr_t r = UCS_STATUS_PTR(UCS_ERR_CANCELED);
 	if (!drop) {
 		if (s->lent && (p.memh = ucx_mem_find(s->payload, s->len)) != NULL)
@@ -456,7 +485,7 @@ int ucx_conn_send(struct tp_conn *c, uint32_t kind, const struct wire_hdr *hdr,
 	s->cmd.fn = ucx_do_send;
 	s->cmd.sync = false;
 	pthread_mutex_lock(&c->lock);
-	if (c->broken || c->shut) {
+	if ((c->broken || c->shut) && (kind != UCX_BYE || c->broken_by_peer)) {
 		pthread_mutex_unlock(&c->lock);
 		free(s);
 		return UNISUM_ECONN;
@@ -519,18 +548,32 @@ struct ucx_ep_cmd {
 static void ucx_do_ep_create(struct ucx_cmd *cmd)
 {
 	struct ucx_ep_cmd *e = (struct ucx_ep_cmd *)cmd;
-	e->status = ucx_fn.ucp_ep_create(e->c->u->worker, e->params, &e->c->ep);
+	e->status = ucx_fn.ucp_ep_create(e->c->worker, e->params, &e->c->ep);
 }
 
-/* Makes c's endpoint from ep_params (a connection request or an address)
- * and enters it in the table: 0, or UNISUM_ECONN with why. */
-int ucx_conn_connect(struct tp_conn *c, ucp_ep_params_t *ep, char *why, size_t len)
+struct ucx_ctx *ucx_conn_ctx(struct tp_conn *c)
 {
-	ep->field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-	ep->err_mode = UCP_ERR_HANDLING_MODE_PEER;
-	ep->err_handler.cb = ucx_on_error;
-	ep->err_handler.arg = c;
-	struct ucx_ep_cmd e = {.cmd.fn = ucx_do_ep_create, .c = c, .params = ep};
+	return c->u;
+}
+
+void ucx_conn_set_worker(struct tp_conn *c, ucp_worker_h w, bool own, const char *peer)
+{
+	c->worker = w;
+	c->own_worker = own;
+	if (peer != NULL)
+		snprintf(c->peer, sizeof c->peer, "%.90s", peer);
+}
+
+/* Makes c's endpoint, towards the worker whose address is addr, and
+ * enters it in the table: 0, or UNISUM_ECONN with why. */
+int ucx_conn_connect(struct tp_conn *c, const void *addr, char *why, size_t len)
+{
+	ucp_ep_params_t ep = {
+		.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+			      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+		.address = addr, .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+		.err_handler = {.cb = ucx_on_error, .arg = c}};
+	struct ucx_ep_cmd e = {.cmd.fn = ucx_do_ep_create, .c = c, .params = &ep};
 	ucx_run(c->u, &e.cmd);
 	if (e.status != UCS_OK) {
 		c->ep = NULL;
@@ -550,6 +593,8 @@ void ucx_conn_drop(struct tp_conn *c)
 	pthread_cond_destroy(&c->cond);
 	pthread_mutex_destroy(&c->lock);
 	struct ucx_ctx *u = c->u;
+	if (c->own_worker)
+		ucx_worker_free(u, c->worker);	/* after the releases posted before */
 	free(c);
 	ucx_ctx_put(u);
 }
@@ -567,7 +612,7 @@ static void ucx_do_cancel(struct ucx_cmd *cmd)
 	void *req = m->done ? NULL : m->req;
 	pthread_mutex_unlock(&c->lock);
 	if (req != NULL)
-		ucx_fn.ucp_request_cancel(c->u->worker, req);
+		ucx_fn.ucp_request_cancel(c->worker, req);
 }
 
 /* A receive begun writes into its caller's buffer on the UCX thread:
@@ -623,7 +668,7 @@ static void ucx_do_close(struct ucx_cmd *cmd)
 		pthread_mutex_unlock(&c->lock);
 		if (!sending || timing_now_ms() >= until)
 			break;
-		ucx_fn.ucp_worker_progress(c->u->worker);
+		ucx_fn.ucp_worker_progress(c->worker);
 	}
 	ucx_map_del(c->ep);
 	ucp_request_param_t p = {
@@ -644,6 +689,11 @@ static void ucx_do_close(struct ucx_cmd *cmd)
  * the scheduler to take the worker for hung.) */
 static void ucx_conn_shutdown(struct tp_conn *c)
 {
+	pthread_mutex_lock(&c->lock);
+	bool bye = !c->shut && c->ep != NULL && !c->broken_by_peer;
+	pthread_mutex_unlock(&c->lock);
+	if (bye)	/* the peer's end breaks, as a socket's close tells it */
+		ucx_conn_send(c, UCX_BYE, NULL, NULL, 0, false);
 	pthread_mutex_lock(&c->lock);
 	bool first = !c->shut;
 	c->shut = true;
@@ -714,10 +764,7 @@ static int ucx_dial_once(const struct sockaddr_in *sa, const char *peer,
 		return UNISUM_ESYS;
 	}
 	snprintf(c->peer, sizeof c->peer, "%.90s", peer);
-	ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR,
-			      .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-			      .sockaddr = {.addr = (const struct sockaddr *)sa, .addrlen = sizeof *sa}};
-	int rc = ucx_conn_connect(c, &ep, why, len);
+	int rc = ucx_boot_dial(sa, peer, wait_ms, c, why, len);
 	struct timespec until = timing_deadline(wait_ms);	/* HELLO and a break signal c->cond */
 	pthread_mutex_lock(&c->lock);
 	while (rc == 0 && !c->hello && !c->broken &&
@@ -892,24 +939,20 @@ static int ucx_recv_payload(struct tp_conn *c, void *dst, size_t len)
 	return 0;
 }
 
-/* A peer connects: its connection is made here, on the progress
- * thread, and greeted (HELLO ends the peer's dial), then waits for
- * accept(), as a socket waits in the kernel's backlog. */
-struct tp_conn *ucx_conn_accept(ucp_conn_request_h req)
+/* A peer dialled (ucx_listen.c): its connection is made on the
+ * accepting worker, towards the peer's own worker, and greeted (HELLO
+ * ends the peer's dial), then waits for accept(), as a socket waits in
+ * the kernel's backlog. */
+struct tp_conn *ucx_conn_accept(const void *addr, const char *peer)
 {
 	struct tp_conn *c = ucx_conn_new();
 	if (c == NULL)
 		return NULL;
-	ucp_conn_request_attr_t attr = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
-	char ip[INET_ADDRSTRLEN] = "?", why[256];
-	if (ucx_fn.ucp_conn_request_query(req, &attr) == UCS_OK) {
-		struct sockaddr_in *sa = (struct sockaddr_in *)&attr.client_address;
-		inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof ip);
-		snprintf(c->peer, sizeof c->peer, "%s:%u", ip, ntohs(sa->sin_port));
-	}
+	ucx_conn_set_worker(c, c->u->worker, false, peer);
 	c->acceptor = true;
-	ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST, .conn_request = req};
-	if (ucx_conn_connect(c, &ep, why, sizeof why) != 0) {
+	char why[256];
+	if (ucx_conn_connect(c, addr, why, sizeof why) != 0) {
+		LOG_WARN("UCX: cannot make the connection of %s: %s", peer, why);
 		ucx_conn_drop(c);
 		return NULL;
 	}

@@ -85,6 +85,62 @@ static bool ucx_run_cmds(struct ucx_ctx *u)
 
 static _Thread_local bool ucx_on_thread;
 
+/* A bounded turn of progress on w: whether it had anything to do. */
+static bool ucx_progress_turn(ucp_worker_h w)
+{
+	bool busy = false;
+	for (int i = 0; i < 64 && ucx_fn.ucp_worker_progress(w) != 0; i++)
+		busy = true;
+	return busy;
+}
+
+/* Sleeps until a worker or a command has something (at most 1 s), unless
+ * one is busy already: every worker is armed first. */
+static void ucx_sleep(struct ucx_ctx *u)
+{
+	if (ucx_fn.ucp_worker_arm(u->worker) == UCS_ERR_BUSY)
+		return;
+	for (size_t i = 0; i < u->ndial; i++)
+		if (ucx_fn.ucp_worker_arm(u->dial[i]) == UCS_ERR_BUSY)
+			return;
+	struct pollfd fixed[16], *p = fixed;
+	size_t all = u->nwatch + u->ndial + 2, n = all;
+	if (n > 16 && (p = malloc(n * sizeof *p)) == NULL) {
+		p = fixed;
+		n = 2;	/* (then a 10 ms nap: the others go unwatched) */
+	}
+	p[0] = (struct pollfd){.fd = u->efd, .events = POLLIN};
+	p[1] = (struct pollfd){.fd = u->cmd_fd, .events = POLLIN};
+	for (size_t i = 2; i < n; i++)
+		p[i] = (struct pollfd){.fd = i - 2 < u->nwatch ? u->watch[i - 2].fd
+							    : u->dial_efd[i - 2 - u->nwatch],
+				       .events = POLLIN};
+	poll(p, n, n == all ? 1000 : 10);
+	if (p != fixed)
+		free(p);
+}
+
+/* Serves the descriptors watched (ucx_watch) that are readable, at once
+ * when asleep, else every few milliseconds, so that a stream of arrivals
+ * does not starve them; and each of them once a second all the same (a
+ * listener's timeouts). */
+static void ucx_serve_watches(struct ucx_ctx *u, bool slept)
+{
+	static _Thread_local int64_t last, tick;
+	int64_t now = timing_now_ms();
+	if (u->nwatch == 0 || (!slept && now - last < 5))
+		return;
+	last = now;
+	bool all = now - tick >= 1000;
+	if (all)
+		tick = now;
+	for (size_t i = 0; i < u->nwatch; i++) {
+		struct pollfd p = {.fd = u->watch[i].fd, .events = POLLIN};
+		if (all || poll(&p, 1, 0) == 1)
+			u->watch[i].fn(u->watch[i].arg);
+	}
+}
+
 static void *ucx_progress_main(void *arg)
 {
 	struct ucx_ctx *u = arg;
@@ -92,17 +148,17 @@ static void *ucx_progress_main(void *arg)
 	pthread_setname_np(pthread_self(), "unisum-ucx");
 	while (!atomic_load(&u->stop)) {
 		bool busy = ucx_run_cmds(u);
-		/* A bounded turn, so that a stream of arrivals does not hold
+		/* Bounded turns, so that a stream of arrivals does not hold
 		 * back the commands (sends, receives, closes). */
-		for (int i = 0; i < 64 && ucx_fn.ucp_worker_progress(u->worker) != 0; i++)
-			busy = true;
+		busy = ucx_progress_turn(u->worker) || busy;
+		for (size_t i = 0; i < u->ndial; i++)
+			busy = ucx_progress_turn(u->dial[i]) || busy;
 		pthread_mutex_lock(&u->cmd_lock);
 		busy = busy || u->cmds != NULL;	/* posted from this thread's callbacks */
 		pthread_mutex_unlock(&u->cmd_lock);
-		if (busy || ucx_fn.ucp_worker_arm(u->worker) == UCS_ERR_BUSY)
-			continue;
-		struct pollfd p[2] = {{.fd = u->efd, .events = POLLIN}, {.fd = u->cmd_fd, .events = POLLIN}};
-		poll(p, 2, 1000);
+		if (!busy)
+			ucx_sleep(u);
+		ucx_serve_watches(u, !busy);
 	}
 	ucx_run_cmds(u);
 	return NULL;
@@ -157,6 +213,32 @@ static void ucx_tune(ucp_config_t *config)
 		LOG_WARN("UCX: cannot set its rendezvous threshold to %s; its own stands", UCX_TCP_RNDV);
 }
 
+/* Makes a worker of u's context, which calls ucx_on_am with itself for
+ * every active message: 0, or -1 with why. */
+static int ucx_worker_make(struct ucx_ctx *u, ucp_worker_h *out, int *efd, char *why, size_t len)
+{
+	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+				  .thread_mode = UCS_THREAD_MODE_SINGLE};
+	ucp_worker_h w = NULL;
+	const char *step = "ucp_worker_create";
+	ucs_status_t st = ucx_fn.ucp_worker_create(u->context, &wp, &w);
+	if (st == UCS_OK) {
+		ucp_am_handler_param_t am = {
+			.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+				      UCP_AM_HANDLER_PARAM_FIELD_FLAGS | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+			.id = UCX_AM_ID, .cb = ucx_on_am, .flags = UCP_AM_FLAG_WHOLE_MSG, .arg = w};
+		if ((step = "ucp_worker_get_efd", st = ucx_fn.ucp_worker_get_efd(w, efd)) == UCS_OK &&
+		    (step = "ucp_worker_set_am_recv_handler",
+		     st = ucx_fn.ucp_worker_set_am_recv_handler(w, &am)) == UCS_OK) {
+			*out = w;
+			return 0;
+		}
+		ucx_fn.ucp_worker_destroy(w);
+	}
+	snprintf(why, len, "UCX would not start (%s): %s", step, ucx_fn.ucs_status_string(st));
+	return -1;
+}
+
 /* Starts the context, the worker and its thread: 0, or -1 with why. */
 static int ucx_start(struct ucx_ctx *u, char *why, size_t len)
 {
@@ -176,17 +258,7 @@ static int ucx_start(struct ucx_ctx *u, char *why, size_t len)
 		snprintf(why, len, "UCX would not start (ucp_init): %s", ucx_fn.ucs_status_string(st));
 		return -1;
 	}
-	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-				  .thread_mode = UCS_THREAD_MODE_SINGLE};
-	ucp_am_handler_param_t am = {
-		.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-			      UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-		.id = UCX_AM_ID, .cb = ucx_on_am, .flags = UCP_AM_FLAG_WHOLE_MSG};
-	const char *step = "ucp_worker_create";
-	if ((st = ucx_fn.ucp_worker_create(u->context, &wp, &u->worker)) == UCS_OK &&
-	    (step = "ucp_worker_get_efd", st = ucx_fn.ucp_worker_get_efd(u->worker, &u->efd)) == UCS_OK &&
-	    (step = "ucp_worker_set_am_recv_handler",
-	     st = ucx_fn.ucp_worker_set_am_recv_handler(u->worker, &am)) == UCS_OK) {
+	if (ucx_worker_make(u, &u->worker, &u->efd, why, len) == 0) {
 		atomic_store(&u->stop, false);
 		u->started = true;
 		u->cmds_tail = &u->cmds;
@@ -201,11 +273,8 @@ static int ucx_start(struct ucx_ctx *u, char *why, size_t len)
 		pthread_mutex_destroy(&u->cmd_lock);
 		pthread_cond_destroy(&u->cmd_done);
 		snprintf(why, len, "cannot start UCX's thread: %s", strerror(rc));
-	} else {
-		snprintf(why, len, "UCX would not start (%s): %s", step, ucx_fn.ucs_status_string(st));
-	}
-	if (u->worker != NULL)
 		ucx_fn.ucp_worker_destroy(u->worker);
+	}
 	ucx_fn.ucp_cleanup(u->context);
 	memset(u, 0, sizeof *u);
 	return -1;
@@ -254,6 +323,9 @@ void ucx_ctx_put(struct ucx_ctx *u)
 		pthread_join(u->thread, NULL);
 		ucx_orphans_drop();
 		ucx_fn.ucp_worker_destroy(u->worker);
+		free(u->dial);
+		free(u->dial_efd);
+		free(u->watch);
 		ucx_fn.ucp_cleanup(u->context);
 		close(u->cmd_fd);
 		pthread_mutex_destroy(&u->cmd_lock);
@@ -330,7 +402,26 @@ static void ucx_orphans_drop(void)
 		struct ucx_msg *o = orphans;
 		orphans = o->next;
 		if (o->how == UCX_DATA_KEPT || (o->how == UCX_DATA_RNDV && !o->posted))
-			ucx_fn.ucp_am_data_release(ucx_the.worker, o->data);
+			ucx_fn.ucp_am_data_release(o->worker, o->data);
+		free(o);
+	}
+	pthread_mutex_unlock(&map_lock);
+}
+
+/* The orphans that worker w received, released before w goes (on the
+ * UCX thread). */
+static void ucx_orphans_drop_of(ucp_worker_h w)
+{
+	pthread_mutex_lock(&map_lock);
+	for (struct ucx_msg **p = &orphans; *p != NULL;) {
+		struct ucx_msg *o = *p;
+		if (o->worker != w) {
+			p = &o->next;
+			continue;
+		}
+		*p = o->next;
+		if (o->how == UCX_DATA_KEPT || (o->how == UCX_DATA_RNDV && !o->posted))
+			ucx_fn.ucp_am_data_release(w, o->data);
 		free(o);
 	}
 	pthread_mutex_unlock(&map_lock);
@@ -441,7 +532,7 @@ static void ucx_forget_in_child(void)
 static void ucx_do_release(struct ucx_cmd *cmd)
 {
 	struct ucx_msg *m = (struct ucx_msg *)((char *)cmd - offsetof(struct ucx_msg, cmd));
-	ucx_fn.ucp_am_data_release(ucx_the.worker, m->data);
+	ucx_fn.ucp_am_data_release(m->worker, m->data);
 	free(m);
 }
 
@@ -455,4 +546,143 @@ void ucx_msg_free(struct ucx_msg *m)
 		return;
 	}
 	free(m);
+}
+
+/* ---- the dialled connections' workers ------------------------------------ */
+
+struct ucx_worker_cmd {
+	struct ucx_cmd cmd;
+	struct ucx_ctx *u;
+	ucp_worker_h w;
+	void *buf;
+	size_t cap, len;
+	int rc;
+	char *why;
+	size_t why_len;
+};
+
+static void ucx_do_worker_new(struct ucx_cmd *cmd)
+{
+	struct ucx_worker_cmd *c = (struct ucx_worker_cmd *)cmd;
+	struct ucx_ctx *u = c->u;
+	c->rc = -1;
+	if (u->ndial == u->dial_cap) {
+		size_t cap = u->dial_cap ? u->dial_cap * 2 : 16;
+		ucp_worker_h *d = realloc(u->dial, cap * sizeof *d);
+		if (d != NULL)
+			u->dial = d;
+		int *e = d != NULL ? realloc(u->dial_efd, cap * sizeof *e) : NULL;
+		if (e == NULL) {
+			snprintf(c->why, c->why_len, "out of memory for a UCX worker");
+			return;
+		}
+		u->dial_efd = e;
+		u->dial_cap = cap;
+	}
+	int efd;
+	if (ucx_worker_make(u, &c->w, &efd, c->why, c->why_len) != 0)
+		return;
+	u->dial[u->ndial] = c->w;
+	u->dial_efd[u->ndial++] = efd;
+	c->rc = 0;
+}
+
+int ucx_worker_new(struct ucx_ctx *u, ucp_worker_h *out, char *why, size_t len)
+{
+	struct ucx_worker_cmd c = {.cmd.fn = ucx_do_worker_new, .u = u, .why = why, .why_len = len};
+	ucx_run(u, &c.cmd);
+	if (!u->started)
+		snprintf(why, len, "UCX is not running in this process");
+	if (c.rc == 0)
+		*out = c.w;
+	return u->started ? c.rc : -1;
+}
+
+static void ucx_do_worker_free(struct ucx_cmd *cmd)
+{
+	struct ucx_worker_cmd *c = (struct ucx_worker_cmd *)cmd;
+	struct ucx_ctx *u = c->u;
+	for (size_t i = 0; i < u->ndial; i++)
+		if (u->dial[i] == c->w) {
+			u->dial[i] = u->dial[--u->ndial];
+			u->dial_efd[i] = u->dial_efd[u->ndial];
+			break;
+		}
+	ucx_orphans_drop_of(c->w);
+	ucx_fn.ucp_worker_destroy(c->w);
+	free(c);
+}
+
+void ucx_worker_free(struct ucx_ctx *u, ucp_worker_h w)
+{
+	struct ucx_worker_cmd *c = calloc(1, sizeof *c);
+	if (c == NULL) {
+		LOG_ERROR("UCX: out of memory to free a connection's worker; it is kept");
+		return;
+	}
+	c->cmd.fn = ucx_do_worker_free;
+	c->u = u;
+	c->w = w;
+	ucx_post(u, &c->cmd);
+}
+
+static void ucx_do_worker_address(struct ucx_cmd *cmd)
+{
+	struct ucx_worker_cmd *c = (struct ucx_worker_cmd *)cmd;
+	ucp_address_t *a;
+	size_t n;
+	if (ucx_fn.ucp_worker_get_address(c->w, &a, &n) != UCS_OK)
+		return;
+	if (n <= c->cap) {
+		memcpy(c->buf, a, n);
+		c->len = n;
+	}
+	ucx_fn.ucp_worker_release_address(c->w, a);
+}
+
+size_t ucx_worker_address(struct ucx_ctx *u, ucp_worker_h w, void *buf, size_t cap)
+{
+	struct ucx_worker_cmd c = {.cmd.fn = ucx_do_worker_address, .u = u, .w = w, .buf = buf,
+				   .cap = cap};
+	ucx_run(u, &c.cmd);
+	return c.len;
+}
+
+/* ---- descriptors the UCX thread serves -------------------------------------- */
+
+struct ucx_watch_cmd {
+	struct ucx_cmd cmd;
+	struct ucx_ctx *u;
+	struct ucx_watch w;
+	int rc;
+};
+
+static void ucx_do_watch(struct ucx_cmd *cmd)
+{
+	struct ucx_watch_cmd *c = (struct ucx_watch_cmd *)cmd;
+	struct ucx_ctx *u = c->u;
+	if (c->w.fn == NULL) {
+		for (size_t i = 0; i < u->nwatch; i++)
+			if (u->watch[i].fd == c->w.fd)
+				u->watch[i] = u->watch[--u->nwatch];
+		return;
+	}
+	if (u->nwatch == u->watch_cap) {
+		size_t cap = u->watch_cap ? u->watch_cap * 2 : 8;
+		struct ucx_watch *w = realloc(u->watch, cap * sizeof *w);
+		if (w == NULL) {
+			c->rc = -1;
+			return;
+		}
+		u->watch = w;
+		u->watch_cap = cap;
+	}
+	u->watch[u->nwatch++] = c->w;
+}
+
+int ucx_watch(struct ucx_ctx *u, int fd, void (*fn)(void *arg), void *arg)
+{
+	struct ucx_watch_cmd c = {.cmd.fn = ucx_do_watch, .u = u, .w = {fd, fn, arg}};
+	ucx_run(u, &c.cmd);
+	return u->started ? c.rc : -1;
 }

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <netinet/in.h>
 
 #include <ucp/api/ucp.h>
 
@@ -26,8 +27,7 @@
 	X(ucp_cleanup)                                                                      \
 	X(ucp_worker_create) X(ucp_worker_destroy) X(ucp_worker_get_efd) X(ucp_worker_arm) \
 	X(ucp_worker_progress) X(ucp_worker_set_am_recv_handler)      \
-	X(ucp_listener_create) X(ucp_listener_destroy) X(ucp_listener_query)               \
-	X(ucp_listener_reject) X(ucp_conn_request_query) X(ucp_ep_create)                  \
+	X(ucp_worker_get_address) X(ucp_worker_release_address) X(ucp_ep_create)           \
 	X(ucp_ep_close_nbx) X(ucp_am_send_nbx) X(ucp_am_recv_data_nbx)                     \
 	X(ucp_am_data_release) X(ucp_request_free) X(ucp_request_cancel)             \
 	X(ucp_mem_map) X(ucp_mem_unmap)                                                    \
@@ -43,8 +43,10 @@ struct ucx_api {
 extern struct ucx_api ucx_fn;
 
 /* A message as the AM header carries it: kind, then (WIRE) the sender's
- * sequence number of wire messages and the wire header. */
-enum { UCX_HELLO = 1, UCX_AUTH = 2, UCX_WIRE = 3 };
+ * sequence number of wire messages and the wire header.  BYE: the
+ * sender closes the connection (its endpoint's close does not tell the
+ * peer: UCX keeps a closed endpoint's socket for receiving). */
+enum { UCX_HELLO = 1, UCX_AUTH = 2, UCX_WIRE = 3, UCX_BYE = 4 };
 #define UCX_AM_ID 0
 #define UCX_HEAD 16			/* u32 kind, u32 zero, u64 sequence */
 #define UCX_WIRE_HEAD (UCX_HEAD + WIRE_HDR_SIZE)
@@ -65,6 +67,7 @@ struct ucx_msg {
 	struct ucx_msg *next;
 	struct tp_conn *owner;		/* a rendezvous receive's connection */
 	ucp_ep_h ep;			/* whose (an orphan's: its connection unknown yet) */
+	ucp_worker_h worker;		/* which worker received it (it releases UCX's data) */
 	int64_t at_ms;			/* when it came (orphans expire) */
 	uint32_t kind;
 	uint64_t seq;
@@ -81,12 +84,26 @@ struct ucx_msg {
 };
 enum { UCX_DATA_NONE, UCX_DATA_INLINE, UCX_DATA_KEPT, UCX_DATA_RNDV };
 
-/* The process's UCP context and worker, shared by every listener and
- * connection, and its thread. */
+/* A descriptor the UCX thread watches, and what it runs (on that
+ * thread) when the descriptor is readable. */
+struct ucx_watch {
+	int fd;
+	void (*fn)(void *arg);
+	void *arg;
+};
+
+/* The process's UCP context; its accepting worker, whose address every
+ * listener hands out; the workers of the connections it dialled, one
+ * each (ucx_listen.c says why); and the thread that progresses them. */
 struct ucx_ctx {
 	ucp_context_h context;
-	ucp_worker_h worker;
-	int efd;			/* the worker's event descriptor */
+	ucp_worker_h worker;		/* the accepting worker */
+	int efd;			/* its event descriptor */
+	ucp_worker_h *dial;		/* the dialled connections' workers, */
+	int *dial_efd;			/* ... their event descriptors (UCX thread only) */
+	size_t ndial, dial_cap;
+	struct ucx_watch *watch;	/* descriptors it serves (UCX thread only) */
+	size_t nwatch, watch_cap;
 	int cmd_fd;			/* an eventfd: commands wait */
 	pthread_t thread;
 	bool started;			/* set before the thread, under ucx_lock */
@@ -123,14 +140,30 @@ void ucx_map_adopt(ucp_ep_h ep, struct tp_conn *c,
 /* Frees a message, releasing what UCX lent it (on the UCX thread). */
 void ucx_msg_free(struct ucx_msg *m);
 
+/* A dialled connection's own worker, made (ucx_worker_new: 0, or -1 with
+ * why) and progressed by the UCX thread, and destroyed there
+ * (ucx_worker_free: posted, so after every command posted before; the
+ * messages it received and nobody took are released first). */
+int ucx_worker_new(struct ucx_ctx *u, ucp_worker_h *out, char *why, size_t len);
+void ucx_worker_free(struct ucx_ctx *u, ucp_worker_h w);
+/* The UCX thread runs fn(arg) whenever fd is readable, from now until
+ * ucx_watch(u, fd, NULL, NULL): 0, or -1 (out of memory). */
+int ucx_watch(struct ucx_ctx *u, int fd, void (*fn)(void *arg), void *arg);
+/* A worker's address, copied into buf (at most cap bytes): its length,
+ * or 0 when UCX failed or it does not fit. */
+size_t ucx_worker_address(struct ucx_ctx *u, ucp_worker_h w, void *buf, size_t cap);
+
 /* ucx.c's connections, for the listeners: a new one (holding a
- * reference to the context), its endpoint made (0 or UNISUM_ECONN with
- * why), one made and greeted for a peer's connection request (NULL when
- * that failed), a message sent, one freed without (drop) or with its
- * endpoint. */
+ * reference to the context) on worker w (own: the connection's alone,
+ * freed with it; peer, unless NULL, its name), its endpoint made towards a worker's address (0 or
+ * UNISUM_ECONN with why), one made on the accepting worker and greeted
+ * for a peer that dialled (NULL when that failed), a message sent, one
+ * freed without (drop) or with its endpoint. */
 struct tp_conn *ucx_conn_new(void);
-int ucx_conn_connect(struct tp_conn *c, ucp_ep_params_t *ep, char *why, size_t len);
-struct tp_conn *ucx_conn_accept(ucp_conn_request_h req);
+struct ucx_ctx *ucx_conn_ctx(struct tp_conn *c);
+void ucx_conn_set_worker(struct tp_conn *c, ucp_worker_h w, bool own, const char *peer);
+int ucx_conn_connect(struct tp_conn *c, const void *addr, char *why, size_t len);
+struct tp_conn *ucx_conn_accept(const void *addr, const char *peer);
 int ucx_conn_send(struct tp_conn *c, uint32_t kind, const struct wire_hdr *hdr,
 		  const void *payload, size_t len, bool lend);
 void ucx_conn_drop(struct tp_conn *c);
@@ -151,7 +184,12 @@ unsigned ucx_lent_begin(void);
 void ucx_lent_end(unsigned half);
 int ucx_lent_settle(int timeout_ms);
 
-/* ucx_listen.c's operations (transport.h). */
+/* ucx_listen.c's operations (transport.h), and the dialling side of
+ * its address exchange: c gets its own worker and its endpoint towards
+ * the listener's worker (0, UNISUM_ECONN with why: not listening, or the
+ * exchange failed, or UNISUM_ESYS). */
+int ucx_boot_dial(const struct sockaddr_in *sa, const char *peer, int wait_ms, struct tp_conn *c,
+		  char *why, size_t len);
 int ucx_listen(const char *host, int port, struct tp_listener **out, int *port_out);
 int ucx_accept_nb(struct tp_listener *l, struct tp_conn **out);
 int ucx_accept(struct tp_listener *l, struct tp_conn **out);
