@@ -140,8 +140,10 @@ int auth_step(struct auth_state *a, const struct auth_io *io, const char *peer, 
 void auth_digest(const char *label, const void *msg, size_t len, uint8_t out[AUTH_TAG_BYTES])
 {
 	static const uint8_t none[crypto_generichash_KEYBYTES];
-	if (sodium_init() < 0)
+	if (sodium_init() < 0) {
 		memset(out, 0, AUTH_TAG_BYTES);	/* (then nothing is valid but zeros) */
+		return;
+	}
 	crypto_generichash_state st;
 	crypto_generichash_init(&st, auth_is_enabled() ? auth_key : none, sizeof none,
 				AUTH_TAG_BYTES);

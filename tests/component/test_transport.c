@@ -572,12 +572,41 @@ static int stranger(int port, const void *what, size_t len)
 	return -1;
 }
 
+/* Sends port a well-formed request (a real worker's address, its tag)
+ * and resets the connection at once. */
+static void reset_after_request(int port)
+{
+	char why[256];
+	struct ucx_ctx *u = ucx_ctx_get(why, sizeof why);
+	assert_non_null(u);
+	ucp_worker_h w;
+	assert_int_equal(ucx_worker_new(u, &w, why, sizeof why), 0);
+	uint8_t req[44 + 4096];
+	size_t n = ucx_worker_address(u, w, req + 44, sizeof req - 44);
+	assert_true(n > 0);
+	memcpy(req, "UNISUMX1", 8);
+	uint32_t be = htonl((uint32_t)n);
+	memcpy(req + 8, &be, 4);
+	auth_digest("ucx-request", req + 44, n, req + 12);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+	assert_int_equal(send(fd, req, 44 + n, MSG_NOSIGNAL), (ssize_t)(44 + n));
+	struct linger reset = {.l_onoff = 1, .l_linger = 0};
+	setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+	close(fd);
+	ucx_worker_free(u, w);
+	ucx_ctx_put(u);
+}
+
 /* Strangers on a UCX listener's port are closed, each alone, and no UCX
  * code reads their bytes (UCX 1.13's own listener aborted the process on
  * the zeros and the HTTP request): zeros, an HTTP request, a request
  * naming an impossible length, and one naming noise as its worker's
- * address.  A real peer connects after them, while a silent stranger
- * still holds its connection, and its messages go both ways. */
+ * address (its tag wrong: UCX never sees it).  A real peer connects
+ * after them, while a silent stranger still holds its connection, and
+ * its messages go both ways; then one resets right after its request. */
 static void test_ucx_strangers(void **state)
 {
 	(void)state;
@@ -611,6 +640,12 @@ static void test_ucx_strangers(void **state)
 	close(silent);
 	tp->conn_free(a);
 	tp->conn_free(b);
+	/* A request whose sender resets its socket at once (its answer
+	 * cannot go): the listener goes on, and a dial after it ends (the
+	 * UCX thread once waited there for ever on a connection it freed). */
+	reset_after_request(port);
+	assert_int_equal(transport_connect(tp, "127.0.0.1", port, 5000, &a), 0);
+	tp->conn_free(a);
 	tp->listener_free(l);
 }
 

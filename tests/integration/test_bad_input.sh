@@ -9,33 +9,15 @@ check_job "... the same among the workers of one machine (shared memory)" \
 check_job "... the same across machines of 2 workers each" \
 	"$UNISUM" launch -w 4 -s 2 --local-size 2 -- "$CHECK" disagree
 
-# Garbage to a server's port: start the pieces by hand, as on a cluster,
-# with a known server port.
-sport=$(free_port)
-pport=$(free_port)
+# Garbage to a server's port (garbage_job: the pieces started by hand).
 log=$(mktemp -d)
-export UNISUM_NUM_WORKER=2 UNISUM_NUM_SERVER=1 UNISUM_SCHEDULER_HOST=127.0.0.1 UNISUM_SCHEDULER_PORT=$pport
-UNISUM_ROLE=scheduler timeout 120 "$UNISUM" scheduler >"$log/scheduler" 2>&1 &
-sched=$!
-UNISUM_ROLE=server UNISUM_PORT=$sport timeout 120 "$UNISUM" server >"$log/server" 2>&1 &
-server=$!
-UNISUM_ROLE=worker UNISUM_WORKER_ID=0 timeout 120 "$CHECK" garbage "$sport" >"$log/w0" 2>&1 &
-w0=$!
-UNISUM_ROLE=worker UNISUM_WORKER_ID=1 timeout 120 "$CHECK" garbage "$sport" >"$log/w1" 2>&1
-rc1=$?
-wait $w0
-rc0=$?
-wait $server
-rcs=$?
-wait $sched
-rcp=$?
+garbage_job "$log"
 expect "garbage: worker 0 survived and finished its rounds" [ $rc0 -eq 0 ]
 expect "garbage: worker 1 finished its rounds" [ $rc1 -eq 0 ]
 expect "garbage: the server kept serving and exited cleanly" [ $rcs -eq 0 ]
 expect "garbage: the scheduler exited cleanly" [ $rcp -eq 0 ]
 expect "garbage: the server logged why it closed a connection" grep -q "closing a connection from" "$log/server"
 drop_logs "$log"
-unset UNISUM_NUM_WORKER UNISUM_NUM_SERVER UNISUM_SCHEDULER_HOST UNISUM_SCHEDULER_PORT
 
 # A bad environment value fails at start and names the variable.
 out=$(UNISUM_NUM_WORKER=two UNISUM_NUM_SERVER=1 UNISUM_SCHEDULER_HOST=127.0.0.1 \

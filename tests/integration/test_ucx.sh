@@ -66,6 +66,18 @@ expect "a job whose nodes disagree on the transport fails, every process naming 
 drop_logs "$log"
 unset UNISUM_SCHEDULER_HOST UNISUM_TIMEOUT_MS
 
+# Strangers' bytes on a server's UCX port (garbage_job: random bytes,
+# wire messages of unisum's TCP, a truncated header): each connection is
+# closed alone and the job goes on.  UCX 1.13's own listener aborted the
+# server on such bytes (ARCHITECTURE section 6, "Strangers").
+log=$(mktemp -d)
+garbage_job "$log"
+expect "strangers on a server's UCX port: every process finished cleanly" \
+	[ "$rc0 $rc1 $rcs $rcp" = "0 0 0 0" ]
+expect "  ... the server closed each of the 6 connections, saying why" \
+	[ "$(grep -c "UCX: closing the connection of .*not a unisum UCX peer" "$log/server")" -eq 6 ]
+drop_logs "$log"
+
 [ "${UNISUM_TEST_LIGHT:-0}" = 1 ] && finish
 # The chaos suite over UCX (3 of its runs: the scheduler, a server and a
 # worker killed; then 2 elastic runs): every survivor names the victim

@@ -70,6 +70,9 @@
 #define BOOT_MS 5000			/* a request arrives within this */
 #define BOOT_PENDING 64			/* requests read at once, at most */
 
+static bool listener_room(struct tp_listener *l);
+static void listener_push(struct tp_listener *l, struct tp_conn *c, int fd_errno);
+
 /* A request's or an answer's head for addr. */
 static void boot_head(uint8_t head[BOOT_HEAD], const char *label, const void *addr, size_t len)
 {
@@ -95,6 +98,7 @@ struct tp_listener {
 	struct stream_listener s;
 	int epfd;			/* the UCX thread's: s.fd and the boots */
 	bool watched;			/* ... which it watches */
+	int64_t paused_ms;		/* s.fd left out since (accept() failed) */
 	struct boot *boots[BOOT_PENDING];	/* (the UCX thread's) */
 	size_t nboots;
 	uint8_t addr[BOOT_ADDR_MAX];	/* the accepting worker's address */
@@ -125,18 +129,28 @@ static void boot_free(struct tp_listener *l, size_t i)
 	l->boots[i] = l->boots[--l->nboots];
 }
 
-/* Drops request i, saying why (a stranger, or a peer gone). */
+/* Drops request i, saying why (a stranger, or a peer gone).  What it
+ * sent is read first (up to 64 KiB), so that it sees the connection end,
+ * not reset. */
 static void boot_drop(struct tp_listener *l, size_t i, const char *why)
 {
 	LOG_WARN("UCX: closing the connection of %s: %s", l->boots[i]->peer, why);
+	char sink[4096];
+	for (int k = 0; k < 16 && recv(l->boots[i]->fd, sink, sizeof sink, MSG_DONTWAIT) > 0; k++)
+		;
 	boot_free(l, i);
 }
 
 /* A peer connected: its request is read from now. */
 static void boot_add(struct tp_listener *l, int fd, const struct sockaddr_in *sa)
 {
-	if (l->nboots == BOOT_PENDING)
-		boot_drop(l, 0, "its request is the oldest of too many waiting");
+	if (l->nboots == BOOT_PENDING) {
+		size_t old = 0;
+		for (size_t i = 1; i < l->nboots; i++)
+			if (l->boots[i]->since_ms < l->boots[old]->since_ms)
+				old = i;
+		boot_drop(l, old, "its request is the oldest of too many waiting");
+	}
 	struct boot *b = calloc(1, sizeof *b);
 	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = b};
 	if (b == NULL || epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
@@ -161,14 +175,14 @@ static int boot_read(struct tp_listener *l, size_t i)
 	int rc = 0;
 	if (b->addr == NULL) {
 		rc = stream_read_nb(b->fd, b->head, BOOT_HEAD, &b->got);
-		if (rc != UNISUM_ECONN && b->got >= 8 && memcmp(b->head, BOOT_MAGIC, 8) != 0) {
+		if (b->got >= 8 && memcmp(b->head, BOOT_MAGIC, 8) != 0) {
 			boot_drop(l, i, "not a unisum UCX peer (its first bytes are not a request)");
 			return -1;
 		}
 		uint32_t n;
 		memcpy(&n, b->head + 8, 4);
 		n = be32toh(n);
-		if (rc != UNISUM_ECONN && b->got >= 12 && (n == 0 || n > BOOT_ADDR_MAX)) {
+		if (b->got >= 12 && (n == 0 || n > BOOT_ADDR_MAX)) {
 			boot_drop(l, i, "its request names an address of impossible length");
 			return -1;
 		}
@@ -206,11 +220,9 @@ static struct tp_conn *boot_finish(struct tp_listener *l, size_t i)
 						    "node sets no UNISUM_SECRET (or it is not a unisum peer)");
 		return NULL;
 	}
-	struct tp_conn *c = ucx_conn_accept(b->addr, b->peer);
-	if (c == NULL) {
-		boot_free(l, i);	/* (ucx_conn_accept said why) */
-		return NULL;
-	}
+	/* The answer first (it names this process's worker alone), then
+	 * the connection: one made is never freed here, on the UCX thread,
+	 * whose commands its freeing waits for. */
 	uint8_t head[BOOT_HEAD];
 	boot_head(head, BOOT_ANSWER, l->addr, l->addr_len);
 	struct iovec iov[2] = {{head, BOOT_HEAD}, {l->addr, l->addr_len}};
@@ -218,29 +230,40 @@ static struct tp_conn *boot_finish(struct tp_listener *l, size_t i)
 	ssize_t sent = sendmsg(b->fd, &mh, MSG_NOSIGNAL);	/* a fresh socket takes it whole */
 	if (sent != (ssize_t)(BOOT_HEAD + l->addr_len)) {
 		boot_drop(l, i, "it did not take the answer");
-		ucx_conn_free(c);
 		return NULL;
 	}
+	errno = 0;
+	struct tp_conn *c = listener_room(l) ? ucx_conn_accept(b->addr, b->peer) : NULL;
+	int e = errno;
+	if (c == NULL && (e == EMFILE || e == ENFILE))
+		listener_push(l, NULL, e);	/* accept() says so (RLIMIT_NOFILE) */
+	else if (c == NULL)
+		LOG_WARN("UCX: cannot make the connection of %s (out of memory)", b->peer);
 	boot_free(l, i);
 	return c;
 }
 
-/* A connection made: it waits for accept().  An accept() that failed
- * for want of descriptors is told too. */
+/* Whether the queue has room for one more connection (grown if not). */
+static bool listener_room(struct tp_listener *l)
+{
+	pthread_mutex_lock(&l->lock);
+	if (l->nconns == l->cap) {
+		size_t cap = l->cap ? l->cap * 2 : 16;
+		struct tp_conn **r = realloc(l->conns, cap * sizeof *r);
+		if (r != NULL)
+			l->conns = r, l->cap = cap;
+	}
+	bool room = l->nconns < l->cap;
+	pthread_mutex_unlock(&l->lock);
+	return room;
+}
+
+/* A connection made (room for it reserved: listener_room): it waits for
+ * accept().  An accept() that failed for want of descriptors is told
+ * too. */
 static void listener_push(struct tp_listener *l, struct tp_conn *c, int fd_errno)
 {
 	pthread_mutex_lock(&l->lock);
-	if (c != NULL && l->nconns == l->cap) {
-		size_t cap = l->cap ? l->cap * 2 : 16;
-		struct tp_conn **r = realloc(l->conns, cap * sizeof *r);
-		if (r == NULL) {
-			pthread_mutex_unlock(&l->lock);
-			LOG_WARN("UCX: out of memory to queue a connection; it is closed");
-			ucx_conn_free(c);
-			return;
-		}
-		l->conns = r, l->cap = cap;
-	}
 	if (c != NULL)
 		l->conns[l->nconns++] = c;
 	if (fd_errno != 0)
@@ -260,8 +283,13 @@ static void listener_event(struct tp_listener *l, struct epoll_event *ev)
 			boot_add(l, fd, &sa);
 			continue;
 		}
-		if (rc == UNISUM_ESYS)
+		if (rc == UNISUM_ESYS) {
+			/* The peer stays in the backlog: not watched for a
+			 * second, rather than spin on it (listener_serve). */
 			listener_push(l, NULL, errno == EMFILE || errno == ENFILE ? errno : EIO);
+			epoll_ctl(l->epfd, EPOLL_CTL_DEL, l->s.fd, NULL);
+			l->paused_ms = timing_now_ms();
+		}
 		return;
 	}
 	if (ev->data.ptr == &l->s)
@@ -281,12 +309,23 @@ static void listener_serve(void *arg)
 {
 	struct tp_listener *l = arg;
 	int64_t now = timing_now_ms();
-	for (size_t i = l->nboots; i-- > 0;)
-		if (now - l->boots[i]->since_ms > BOOT_MS)
+	bool closing = atomic_load(&l->s.closing);
+	for (size_t i = l->nboots; i-- > 0;) {
+		if (closing)	/* (a peer's dial as a job ends: not worth a warning) */
+			LOG_INFO("UCX: closing the connection of %s: the listener was shut",
+				 l->boots[i]->peer);
+		if (closing)
+			boot_free(l, i);
+		else if (now - l->boots[i]->since_ms > BOOT_MS)
 			boot_drop(l, i, "no request within 5 s");
+	}
+	struct epoll_event a = {.events = EPOLLIN, .data.ptr = &l->s};
+	if (l->paused_ms != 0 && now - l->paused_ms >= 1000 && !closing &&
+	    epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->s.fd, &a) == 0)
+		l->paused_ms = 0;
 	struct epoll_event ev[16];
-	int n = epoll_wait(l->epfd, ev, 16, 0);
-	for (int i = 0; i < n && !atomic_load(&l->s.closing); i++)
+	int n = closing ? 0 : epoll_wait(l->epfd, ev, 16, 0);
+	for (int i = 0; i < n; i++)
 		listener_event(l, &ev[i]);
 }
 
@@ -301,7 +340,8 @@ int ucx_accept_nb(struct tp_listener *l, struct tp_conn **out)
 	bool closing = atomic_load(&l->s.closing);
 	int rc = c != NULL ? 0 : closing ? UNISUM_ESHUTDOWN : l->fd_errno ? UNISUM_ESYS : TP_AGAIN;
 	int fd_errno = l->fd_errno;
-	l->fd_errno = 0;
+	if (rc == UNISUM_ESYS)
+		l->fd_errno = 0;	/* told once */
 	uint64_t n;
 	if (l->nconns == 0 && !closing && l->signaled && read(l->evfd, &n, sizeof n) == sizeof n)
 		l->signaled = false;
@@ -396,10 +436,15 @@ int ucx_listen(const char *host, int port, struct tp_listener **out, int *port_o
 	return 0;
 }
 
+/* New dialers are refused from now, as TCP's listener refuses them, and
+ * the requests being read are dropped (listener_serve). */
 void ucx_listener_shutdown(struct tp_listener *l)
 {
 	pthread_mutex_lock(&l->lock);
-	atomic_store(&l->s.closing, true);
+	if (!atomic_load(&l->s.closing)) {
+		epoll_ctl(l->epfd, EPOLL_CTL_DEL, l->s.fd, NULL);	/* (not readable for ever) */
+		stream_listener_shutdown(&l->s);
+	}
 	listener_signal(l);
 	pthread_mutex_unlock(&l->lock);
 }
