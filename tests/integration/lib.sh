@@ -175,32 +175,33 @@ new_cgroup() {
 }
 
 # free_port : a TCP port nobody listens on right now.
-# garbage_job LOG: a job of a scheduler, a server on a known port and 2
-# workers, started by hand as on a cluster, each worker sending garbage to
-# the server's port before its rounds (check_sums garbage); logs in LOG,
-# exit codes in rc0, rc1 (workers), rcs (server) and rcp (scheduler).
-garbage_job() {
+# stranger_job LOG MODE [HOOK]: a job of a scheduler, a server on a known
+# port and 2 workers, started by hand as on a cluster, each worker running
+# `check_sums MODE PORT` (strangers sent to the server's port before its
+# rounds: garbage, auth); HOOK, when given, runs once the server started.
+# Logs in LOG; exit codes in rc0, rc1 (workers), rcs (server), rcp
+# (scheduler).
+stranger_job() {
 	sport=$(free_port)
-	pport=$(free_port)
-	(
-		export UNISUM_NUM_WORKER=2 UNISUM_NUM_SERVER=1 UNISUM_SCHEDULER_HOST=127.0.0.1 \
-			UNISUM_SCHEDULER_PORT=$pport
-		UNISUM_ROLE=scheduler timeout 120 "$UNISUM" scheduler >"$1/scheduler" 2>&1 &
-		sched=$!
-		UNISUM_ROLE=server UNISUM_PORT=$sport timeout 120 "$UNISUM" server >"$1/server" 2>&1 &
-		server=$!
-		UNISUM_ROLE=worker UNISUM_WORKER_ID=0 timeout 120 "$CHECK" garbage "$sport" >"$1/w0" 2>&1 &
-		w0=$!
-		UNISUM_ROLE=worker UNISUM_WORKER_ID=1 timeout 120 "$CHECK" garbage "$sport" >"$1/w1" 2>&1
-		rc1=$?
-		wait $w0
-		rc0=$?
-		wait $server
-		rcs=$?
-		wait $sched
-		echo "$rc0 $rc1 $rcs $?" >"$1/rcs"
-	)
-	read -r rc0 rc1 rcs rcp <"$1/rcs"
+	UNISUM_NUM_WORKER=2 UNISUM_NUM_SERVER=1 UNISUM_SCHEDULER_HOST=127.0.0.1
+	UNISUM_SCHEDULER_PORT=$(free_port)
+	export UNISUM_NUM_WORKER UNISUM_NUM_SERVER UNISUM_SCHEDULER_HOST UNISUM_SCHEDULER_PORT
+	UNISUM_ROLE=scheduler timeout 120 "$UNISUM" scheduler >"$1/scheduler" 2>&1 &
+	sched=$!
+	UNISUM_ROLE=server UNISUM_PORT=$sport timeout 120 "$UNISUM" server >"$1/server" 2>&1 &
+	server=$!
+	[ -z "${3:-}" ] || "$3"
+	UNISUM_ROLE=worker UNISUM_WORKER_ID=0 timeout 120 "$CHECK" "$2" "$sport" >"$1/w0" 2>&1 &
+	w0=$!
+	UNISUM_ROLE=worker UNISUM_WORKER_ID=1 timeout 120 "$CHECK" "$2" "$sport" >"$1/w1" 2>&1
+	rc1=$?
+	wait $w0
+	rc0=$?
+	wait $server
+	rcs=$?
+	wait $sched
+	rcp=$?
+	unset UNISUM_NUM_WORKER UNISUM_NUM_SERVER UNISUM_SCHEDULER_HOST UNISUM_SCHEDULER_PORT
 }
 
 free_port() {

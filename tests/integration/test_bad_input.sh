@@ -9,9 +9,9 @@ check_job "... the same among the workers of one machine (shared memory)" \
 check_job "... the same across machines of 2 workers each" \
 	"$UNISUM" launch -w 4 -s 2 --local-size 2 -- "$CHECK" disagree
 
-# Garbage to a server's port (garbage_job: the pieces started by hand).
+# Garbage to a server's port (stranger_job: the pieces started by hand).
 log=$(mktemp -d)
-garbage_job "$log"
+stranger_job "$log" garbage
 expect "garbage: worker 0 survived and finished its rounds" [ $rc0 -eq 0 ]
 expect "garbage: worker 1 finished its rounds" [ $rc1 -eq 0 ]
 expect "garbage: the server kept serving and exited cleanly" [ $rcs -eq 0 ]

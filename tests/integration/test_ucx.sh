@@ -66,12 +66,12 @@ expect "a job whose nodes disagree on the transport fails, every process naming 
 drop_logs "$log"
 unset UNISUM_SCHEDULER_HOST UNISUM_TIMEOUT_MS
 
-# Strangers' bytes on a server's UCX port (garbage_job: random bytes,
+# Strangers' bytes on a server's UCX port (stranger_job: random bytes,
 # wire messages of unisum's TCP, a truncated header): each connection is
 # closed alone and the job goes on.  UCX 1.13's own listener aborted the
 # server on such bytes (ARCHITECTURE section 6, "Strangers").
 log=$(mktemp -d)
-garbage_job "$log"
+stranger_job "$log" garbage
 expect "strangers on a server's UCX port: every process finished cleanly" \
 	[ "$rc0 $rc1 $rcs $rcp" = "0 0 0 0" ]
 expect "  ... the server closed each of the 6 connections, saying why" \
