@@ -274,5 +274,33 @@ def test_explicit_init_method(tmp_path):
          "DIST_OPS_SIZE": "2"} for r in range(2)])
 
 
+def test_scheduler_port_taken_first(monkeypatch):
+    """Rank 0's scheduler outside the launcher: when the port chosen for it
+    is taken before it binds (another socket got there first), it is
+    started again on another, and the port returned is the one it listens
+    on."""
+    from unisum.torch.distributed import _bootstrap
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    ports = [taken.getsockname()[1], _free_port()]
+    monkeypatch.setattr(_bootstrap, "_free_port", lambda host: ports.pop(0))
+    before = len(_bootstrap._children)
+    try:
+        port = _bootstrap._start_scheduler("127.0.0.1", {
+            "UNISUM_SCHEDULER_HOST": "127.0.0.1", "UNISUM_NUM_WORKER": "1",
+            "UNISUM_NUM_SERVER": "1", "UNISUM_SECRET": "s"}, 30.0)
+        assert port != taken.getsockname()[1] and not ports
+        child = _bootstrap._children[-1]
+        assert len(_bootstrap._children) == before + 1 and child.poll() is None
+        assert _bootstrap._listens(child.pid, port)
+    finally:
+        taken.close()
+        for child in _bootstrap._children[before:]:
+            child.kill()
+            child.wait()
+        del _bootstrap._children[before:]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -4,7 +4,9 @@ servers (private): the way torchrun's rendezvous gets its store.
 ``init_process_group("unisum")`` outside ``unisum launch`` (torchrun's
 variables, or an explicit ``init_method``, ``rank`` and ``world_size``)
 finds no scheduler in the environment.  Then rank 0 starts one
-(``unisum scheduler``, at MASTER_ADDR, on a port free there) and makes a
+(``unisum scheduler``, at MASTER_ADDR, on a port free there, again on
+another while the one it chose was taken before the scheduler bound it)
+and makes a
 job secret; the first rank of every machine starts that machine's server
 (``unisum server``: one per machine, beside its workers, Theorem 1's
 all-reduce placement); and every rank reads where the scheduler is, and
@@ -21,11 +23,13 @@ import atexit
 import ctypes
 import datetime
 import os
+import random
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import time
 from typing import Any, Dict, List
 
 _children: List[subprocess.Popen] = []
@@ -59,18 +63,80 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGTERM, 0, 0, 0)   # PR_SET_PDEATHSIG
 
 
-def _spawn(role: str, env: Dict[str, str]) -> None:
+def _spawn(role: str, env: Dict[str, str]) -> subprocess.Popen:
     child_env = dict(os.environ)
     child_env.update(env)
     child_env["UNISUM_ROLE"] = role
-    _children.append(subprocess.Popen([_binary(), role], env=child_env,
-                                      stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent))
+    child = subprocess.Popen([_binary(), role], env=child_env, stdin=subprocess.DEVNULL,
+                             preexec_fn=_die_with_parent)
+    _children.append(child)
+    return child
 
 
 def _free_port(host: str) -> int:
+    """A port of host free now: below the kernel's ephemeral range where it
+    can, where the kernel never puts a connection of its own choosing."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.SystemRandom()
+    for port in [rng.randrange(10000, low) for _ in range(50)] if low > 12000 else []:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process pid listens on TCP port `port` (one of its sockets
+    among /proc/net/tcp's listeners)."""
+    mine = set()
+    try:
+        for fd in os.listdir("/proc/%d/fd" % pid):
+            try:
+                mine.add(os.readlink("/proc/%d/fd/%s" % (pid, fd)))
+            except OSError:
+                pass
+        with open("/proc/net/tcp") as f:
+            rows = f.readlines()[1:]
+    except OSError:
+        return False
+    for row in rows:
+        cols = row.split()
+        if (len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port
+                and "socket:[%s]" % cols[9] in mine):
+            return True
+    return False
+
+
+def _start_scheduler(host: str, env: Dict[str, str], timeout: float) -> int:
+    """Rank 0's scheduler on a port of host free now: its port, once it
+    listens there.  Another socket may take the port between the choice
+    and the scheduler's bind (a busy host), and that scheduler exits at
+    once: then another port, 5 times at most."""
+    for _ in range(5):
+        port = _free_port(host)
+        child = _spawn("scheduler", dict(env, UNISUM_SCHEDULER_PORT=str(port)))
+        deadline = time.monotonic() + timeout
+        while child.poll() is None and time.monotonic() < deadline:
+            if _listens(child.pid, port):
+                return port
+            time.sleep(0.01)
+        _children.remove(child)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+            raise RuntimeError("unisum: the scheduler started for this job did not listen on "
+                               "%s:%d within %.0f s" % (host, port, timeout))
+    raise RuntimeError("unisum: the scheduler for this job would not start on %s (5 ports "
+                       "tried; its error is above)" % host)
 
 
 def _int_env(name: str, default: int) -> int:
@@ -117,11 +183,12 @@ def start_job(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> 
     if rank == 0:
         host = socket.gethostbyname(os.environ.get("UNISUM_NODE_HOST") or
                                     os.environ.get("MASTER_ADDR") or "127.0.0.1")
-        port = _free_port(host)
         secret = secrets.token_hex(24)
-        _spawn("scheduler", {"UNISUM_SCHEDULER_HOST": host, "UNISUM_SCHEDULER_PORT": str(port),
-                             "UNISUM_NUM_WORKER": str(machines),
-                             "UNISUM_NUM_SERVER": str(machines), "UNISUM_SECRET": secret})
+        port = _start_scheduler(host, {"UNISUM_SCHEDULER_HOST": host,
+                                       "UNISUM_NUM_WORKER": str(machines),
+                                       "UNISUM_NUM_SERVER": str(machines),
+                                       "UNISUM_SECRET": secret},
+                                min(timeout.total_seconds(), 60.0))
         store.set(_KEY + "scheduler", "%s:%d" % (host, port))
         store.set(_KEY + "secret", secret)
     host, _, port_s = store.get(_KEY + "scheduler").decode().rpartition(":")
