@@ -433,12 +433,17 @@ static void test_ucx_lent_settle(void **state)
 	pair_close(&p);
 }
 
+enum { BIG = 3 << 18 };	/* floats: 3 MiB, a rendezvous over TCP */
+
 /* What a child of ucx_child() runs (this program again, by exec: UCX
  * does not live through fork): connect to port over UCX with secret
- * ("-": none), send a heartbeat, then exit (1 if any of it failed) or,
- * with linger, wait to be killed. */
-static int ucx_child_main(int port, const char *secret, bool linger)
+ * ("-": none), send a heartbeat, then by mode: exit (1 if any of it
+ * failed); linger, waiting to be killed; or big: send BIG floats 0, 1,
+ * 2, ... copied (compressed, not lent), a heartbeat from sender 7, and
+ * close the connection. */
+static int ucx_child_main(int port, const char *secret, const char *mode)
 {
+	bool linger = strcmp(mode, "linger") == 0;
 	char why[256];
 	auth_set_secret(strcmp(secret, "-") == 0 ? NULL : secret);
 	const struct transport_ops *tp = transport_ucx(why, sizeof why);
@@ -449,6 +454,18 @@ static int ucx_child_main(int port, const char *secret, bool linger)
 		return 1;
 	while (linger)
 		pause();
+	if (strcmp(mode, "big") != 0)
+		return 0;
+	float *in = malloc(BIG * sizeof *in);
+	for (int i = 0; in != NULL && i < BIG; i++)
+		in[i] = (float)i;
+	struct wire_hdr big = data_hdr(WIRE_PUSH, BIG);
+	big.flags = WIRE_FLAG_COMPRESSED;	/* a copy, not lent (ucx_lends) */
+	beat.sender = 7;
+	if (in == NULL || tp->send(c, &big, in) != 0 || tp->send(c, &beat, NULL) != 0)
+		return 1;
+	tp->conn_free(c);	/* the last words go first, then BYE */
+	free(in);
 	return 0;
 }
 
@@ -463,7 +480,7 @@ static pid_t ucx_child(int port, const char *secret, bool linger)
 	char port_s[16];
 	snprintf(port_s, sizeof port_s, "%d", port);
 	execl("/proc/self/exe", "test_transport", "--ucx-child", port_s, secret != NULL ? secret : "-",
-	      linger ? "linger" : "exit", (char *)NULL);
+	      linger ? "linger" : getenv("UCX_CHILD_BIG") != NULL ? "big" : "exit", (char *)NULL);
 	_exit(127);
 }
 
@@ -489,6 +506,47 @@ static void test_ucx_dead_peer(void **state)
 	int64_t t0 = timing_now_ms();
 	assert_int_equal(tp->recv_header(b, &h, why, sizeof why), UNISUM_ECONN);
 	assert_true(timing_now_ms() - t0 < 30000);
+	tp->conn_free(b);
+	tp->listener_free(l);
+}
+
+/* A peer in another process sends 3 MiB copied (a rendezvous over TCP)
+ * and a heartbeat, and closes: both arrive whole, then the end, within
+ * seconds (BYE goes once its copies went). */
+static void test_ucx_last_words(void **state)
+{
+	(void)state;
+	const struct transport_ops *tp = ucx_or_skip();
+	struct tp_listener *l;
+	int port;
+	assert_int_equal(tp->listen("127.0.0.1", 0, &l, &port), 0);
+	setenv("UCX_CHILD_BIG", "1", 1);
+	pid_t child = ucx_child(port, NULL, false);
+	unsetenv("UCX_CHILD_BIG");
+	struct tp_conn *b;
+	assert_int_equal(tp->accept(l, &b), 0);
+	char why[256];
+	assert_int_equal(tp->authenticate(b, false, why, sizeof why), 0);
+	struct wire_hdr h;
+	assert_int_equal(tp->recv_header(b, &h, why, sizeof why), 0);
+	assert_int_equal(h.type, WIRE_HEARTBEAT);
+	float *out = malloc(BIG * sizeof *out);
+	assert_non_null(out);
+	assert_int_equal(tp->recv_header(b, &h, why, sizeof why), 0);
+	assert_int_equal(h.payload_len, (uint64_t)BIG * 4);
+	assert_int_equal(tp->recv_payload(b, out, (size_t)h.payload_len), 0);
+	for (int i = 0; i < BIG; i++)
+		if (out[i] != (float)i)
+			fail_msg("element %d is %g", i, (double)out[i]);
+	free(out);
+	assert_int_equal(tp->recv_header(b, &h, why, sizeof why), 0);
+	assert_int_equal(h.sender, 7);
+	int64_t t0 = timing_now_ms();
+	assert_int_equal(tp->recv_header(b, &h, why, sizeof why), UNISUM_ECONN);
+	assert_true(timing_now_ms() - t0 < 5000);
+	int status;
+	assert_int_equal(waitpid(child, &status, 0), child);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 	tp->conn_free(b);
 	tp->listener_free(l);
 }
@@ -581,7 +639,7 @@ static void reset_after_request(int port)
 	assert_non_null(u);
 	ucp_worker_h w;
 	assert_int_equal(ucx_worker_new(u, &w, why, sizeof why), 0);
-	uint8_t req[44 + 4096];
+	static uint8_t req[44 + 65536];	/* a worker's address is at most 64 KiB */
 	size_t n = ucx_worker_address(u, w, req + 44, sizeof req - 44);
 	assert_true(n > 0);
 	memcpy(req, "UNISUMX1", 8);
@@ -715,7 +773,7 @@ static void test_ucx_nobody_listening(void **state)
 int main(int argc, char **argv)
 {
 	if (argc == 5 && strcmp(argv[1], "--ucx-child") == 0)
-		return ucx_child_main(atoi(argv[2]), argv[3], strcmp(argv[4], "linger") == 0);
+		return ucx_child_main(atoi(argv[2]), argv[3], argv[4]);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_tcp_messages),
 		cmocka_unit_test(test_ipc_messages),
@@ -729,6 +787,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_ucx_registered_memory),
 		cmocka_unit_test(test_ucx_lent_settle),
 		cmocka_unit_test(test_ucx_dead_peer),
+		cmocka_unit_test(test_ucx_last_words),
 		cmocka_unit_test(test_ucx_wrong_secret),
 		cmocka_unit_test(test_ucx_secret_on_one_side),
 		cmocka_unit_test(test_ucx_nobody_listening),

@@ -174,7 +174,6 @@ new_cgroup() {
 	trap 'rmdir "$CG" 2>/dev/null' EXIT
 }
 
-# free_port : a TCP port nobody listens on right now.
 # stranger_job LOG MODE [HOOK]: a job of a scheduler, a server on a known
 # port and 2 workers, started by hand as on a cluster, each worker running
 # `check_sums MODE PORT` (strangers sent to the server's port before its
@@ -204,6 +203,7 @@ stranger_job() {
 	unset UNISUM_NUM_WORKER UNISUM_NUM_SERVER UNISUM_SCHEDULER_HOST UNISUM_SCHEDULER_PORT
 }
 
+# free_port : a TCP port nobody listens on right now.
 free_port() {
 	"$BUILD/check_sums" free-port
 }

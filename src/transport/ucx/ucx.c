@@ -68,7 +68,7 @@ struct tp_conn {
 	pthread_cond_t cond;		/* hello, inflight, close_done */
 	struct ucx_msg *rxq;		/* WIRE received, by sequence */
 	struct ucx_msg *cur;		/* the one recv_nb is on */
-	uint64_t rx_next, tx_seq;
+	uint64_t rx_next;
 	uint64_t tx_handed;		/* WIRE messages handed to UCX (its thread's) */
 	uint64_t rx_arrived;		/* WIRE messages queued so far */
 	uint64_t bye_after;		/* the peer closed after this many (bye) */
@@ -438,20 +438,23 @@ static void ucx_do_send(struct ucx_cmd *cmd)
 	pthread_mutex_lock(&c->lock);
 	bool drop = c->shut && s->lent;
 	pthread_mutex_unlock(&c->lock);
+	/* A WIRE message's number, and BYE's count of them, are the
+	 * messages handed to UCX (this thread's, in posting order): one
+	 * dropped leaves no gap that would hold back a last word behind it. */
 	uint32_t kind;
 	memcpy(&kind, s->head, 4);
-	if (le32toh(kind) == UCX_BYE) {	/* how many WIRE messages went before it */
-		uint64_t n = htole64(c->tx_handed);
+	kind = le32toh(kind);
+	uint64_t n = htole64(c->tx_handed);
+	if (kind == UCX_BYE || (kind == UCX_WIRE && !drop))
 		memcpy(s->head + 8, &n, 8);
-	} else if (le32toh(kind) == UCX_WIRE && !drop) {
-		c->tx_handed++;
-	}
 	ucs_status_ptr_t r = UCS_STATUS_PTR(UCS_ERR_CANCELED);
 	if (!drop) {
 		if (s->lent && (p.memh = ucx_mem_find(s->payload, s->len)) != NULL)
 			p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;	/* registered once (ucx_mem.c) */
 		r = ucx_fn.ucp_am_send_nbx(c->ep, UCX_AM_ID, s->head, s->hlen, s->payload, s->len, &p);
 	}
+	if (kind == UCX_WIRE && !drop && !UCS_PTR_IS_ERR(r))
+		c->tx_handed++;
 	if (r == NULL || UCS_PTR_IS_ERR(r))
 		ucx_send_done(NULL, UCS_PTR_STATUS(r), s);
 }
@@ -485,16 +488,13 @@ int ucx_conn_send(struct tp_conn *c, uint32_t kind, const struct wire_hdr *hdr,
 	s->cmd.fn = ucx_do_send;
 	s->cmd.sync = false;
 	pthread_mutex_lock(&c->lock);
-	if ((c->broken || c->shut) && (kind != UCX_BYE || c->broken_by_peer)) {
+	if (c->broken || c->shut) {
 		pthread_mutex_unlock(&c->lock);
 		free(s);
 		return UNISUM_ECONN;
 	}
-	if (kind == UCX_WIRE) {
-		uint64_t seq = htole64(c->tx_seq++);
-		memcpy(s->head + 8, &seq, 8);
-		wire_encode(hdr, s->head + UCX_HEAD);
-	}
+	if (kind == UCX_WIRE)
+		wire_encode(hdr, s->head + UCX_HEAD);	/* (its number: ucx_do_send) */
 	c->inflight++;
 	c->copies_inflight += !s->lent;
 	if (s->lent)
@@ -654,21 +654,49 @@ static void ucx_close_done(void *request, ucs_status_t status, void *user_data)
 		ucx_fn.ucp_request_free(request);
 }
 
+/* Waits, progressing, until c's copied sends went or ms passed: false
+ * when the peer is lost. */
+static bool conn_last_words(struct tp_conn *c, int ms)
+{
+	int64_t until = timing_now_ms() + ms;
+	for (;;) {
+		pthread_mutex_lock(&c->lock);
+		bool lost = c->broken_by_peer, sending = c->copies_inflight > 0 && !lost;
+		pthread_mutex_unlock(&c->lock);
+		if (!sending || timing_now_ms() >= until)
+			return !lost;
+		ucx_fn.ucp_worker_progress(c->worker);
+	}
+}
+
+/* Sends BYE at once (on the UCX thread, as c closes). */
+static void conn_bye(struct tp_conn *c)
+{
+	struct ucx_sreq *s = calloc(1, sizeof *s);
+	if (s == NULL)
+		return;	/* (the peer learns of it by its heartbeats) */
+	s->c = c;
+	uint32_t k = htole32(UCX_BYE);
+	memcpy(s->head, &k, 4);
+	s->hlen = UCX_HEAD;
+	pthread_mutex_lock(&c->lock);
+	c->inflight++;
+	c->copies_inflight++;
+	pthread_mutex_unlock(&c->lock);
+	ucx_do_send(&s->cmd);
+}
+
 static void ucx_do_close(struct ucx_cmd *cmd)
 {
 	struct tp_conn *c = (struct tp_conn *)((char *)cmd - offsetof(struct tp_conn, close_cmd));
-	/* What was sent last (an ERROR naming why, a goodbye: a copy) goes
-	 * out before the endpoint is forced closed, which cancels what it
-	 * holds; bounded, as a peer may be gone, and short, as the UCX
-	 * thread serves every other connection meanwhile. */
-	int64_t until = timing_now_ms() + UCX_LAST_WORD_MS;
-	for (;;) {
-		pthread_mutex_lock(&c->lock);
-		bool sending = c->copies_inflight > 0 && !c->broken_by_peer;
-		pthread_mutex_unlock(&c->lock);
-		if (!sending || timing_now_ms() >= until)
-			break;
-		ucx_fn.ucp_worker_progress(c->worker);
+	/* What was sent last (an ERROR naming why: a copy) goes out before
+	 * the endpoint is forced closed, which cancels what it holds; then
+	 * BYE, so that the peer reads it whole (a rendezvous's data too)
+	 * before its end.  Bounded, as a peer may be gone, and short, as the
+	 * UCX thread serves every other connection meanwhile. */
+	if (conn_last_words(c, UCX_LAST_WORD_MS)) {
+		conn_bye(c);
+		conn_last_words(c, UCX_LAST_WORD_MS);
 	}
 	ucx_map_del(c->ep);
 	ucp_request_param_t p = {
@@ -689,11 +717,6 @@ static void ucx_do_close(struct ucx_cmd *cmd)
  * the scheduler to take the worker for hung.) */
 static void ucx_conn_shutdown(struct tp_conn *c)
 {
-	pthread_mutex_lock(&c->lock);
-	bool bye = !c->shut && c->ep != NULL && !c->broken_by_peer;
-	pthread_mutex_unlock(&c->lock);
-	if (bye)	/* the peer's end breaks, as a socket's close tells it */
-		ucx_conn_send(c, UCX_BYE, NULL, NULL, 0, false);
 	pthread_mutex_lock(&c->lock);
 	bool first = !c->shut;
 	c->shut = true;
@@ -942,12 +965,17 @@ static int ucx_recv_payload(struct tp_conn *c, void *dst, size_t len)
 /* A peer dialled (ucx_listen.c): its connection is made on the
  * accepting worker, towards the peer's own worker, and greeted (HELLO
  * ends the peer's dial), then waits for accept(), as a socket waits in
- * the kernel's backlog. */
-struct tp_conn *ucx_conn_accept(const void *addr, const char *peer)
+ * the kernel's backlog.  NULL when that failed, logged, with *err the
+ * errno of running out of descriptors or memory (0 otherwise). */
+struct tp_conn *ucx_conn_accept(const void *addr, const char *peer, int *err)
 {
+	errno = 0;
 	struct tp_conn *c = ucx_conn_new();
-	if (c == NULL)
+	if (c == NULL) {
+		*err = errno ? errno : ENOMEM;
+		LOG_WARN("UCX: cannot make the connection of %s: %s", peer, strerror(*err));
 		return NULL;
+	}
 	ucx_conn_set_worker(c, c->u->worker, false, peer);
 	c->acceptor = true;
 	char why[256];

@@ -205,15 +205,38 @@ void ucx_run(struct ucx_ctx *u, struct ucx_cmd *cmd)
  * copies (64 MiB: 0.12 s a round against 0.18 eagerly), so larger
  * messages keep it.  With an RDMA device UCX's own estimate stands. */
 #define UCX_TCP_RNDV "2m"
+
+/* Whether UCX's configuration (its variables or its configuration files)
+ * holds name=value: a setting of UCX's own default, which unisum may
+ * change; one the user set stands. */
+static bool ucx_config_holds(const ucp_config_t *config, const char *name, const char *value)
+{
+	char *buf = NULL, want[128];
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	if (f == NULL)
+		return false;
+	ucx_fn.ucp_config_print(config, f, NULL, UCS_CONFIG_PRINT_CONFIG);
+	fclose(f);
+	snprintf(want, sizeof want, "\n%s=%s\n", name, value);
+	bool holds = buf != NULL && (strstr(buf, want) != NULL ||
+				     strncmp(buf, want + 1, strlen(want + 1)) == 0);
+	free(buf);
+	return holds;
+}
+
 static void ucx_tune(ucp_config_t *config)
 {
 	/* Every endpoint has peer error handling, which UCX's shared-memory
 	 * message transports lack, so they are never chosen; left out unless
-	 * the user names UCX_TLS, they save each worker (one a dial) their
-	 * segments: 46 MB against 9 MB of a worker process with 8 servers. */
-	if (getenv("UCX_TLS") == NULL && ucx_fn.ucp_config_modify(config, "TLS", "^posix,sysv") != UCS_OK)
+	 * UCX_TLS is set (its variable or UCX's configuration files), they
+	 * save each worker (one a dial) their segments: 46 MB against 9 MB of
+	 * a worker process with 8 servers. */
+	if (ucx_config_holds(config, "UCX_TLS", "all") &&
+	    ucx_fn.ucp_config_modify(config, "TLS", "^posix,sysv") != UCS_OK)
 		LOG_WARN("UCX: cannot leave its shared-memory transports out; they stay");
-	if (getenv("UCX_RNDV_THRESH") != NULL || access("/sys/class/infiniband", F_OK) == 0)
+	if (!ucx_config_holds(config, "UCX_RNDV_THRESH", "auto") ||
+	    access("/sys/class/infiniband", F_OK) == 0)
 		return;
 	if (ucx_fn.ucp_config_modify(config, "RNDV_THRESH", UCX_TCP_RNDV) != UCS_OK)
 		LOG_WARN("UCX: cannot set its rendezvous threshold to %s; its own stands", UCX_TCP_RNDV);

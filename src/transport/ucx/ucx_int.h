@@ -24,6 +24,7 @@
 /* The UCP and UCS functions the transport calls, found with dlsym. */
 #define UCX_SYMBOLS(X)                                                                      \
 	X(ucp_config_read) X(ucp_config_release) X(ucp_config_modify) X(ucp_init_version)   \
+	X(ucp_config_print)                                                                 \
 	X(ucp_cleanup)                                                                      \
 	X(ucp_worker_create) X(ucp_worker_destroy) X(ucp_worker_get_efd) X(ucp_worker_arm) \
 	X(ucp_worker_progress) X(ucp_worker_set_am_recv_handler)      \
@@ -163,7 +164,7 @@ struct tp_conn *ucx_conn_new(void);
 struct ucx_ctx *ucx_conn_ctx(struct tp_conn *c);
 void ucx_conn_set_worker(struct tp_conn *c, ucp_worker_h w, bool own, const char *peer);
 int ucx_conn_connect(struct tp_conn *c, const void *addr, char *why, size_t len);
-struct tp_conn *ucx_conn_accept(const void *addr, const char *peer);
+struct tp_conn *ucx_conn_accept(const void *addr, const char *peer, int *err);
 int ucx_conn_send(struct tp_conn *c, uint32_t kind, const struct wire_hdr *hdr,
 		  const void *payload, size_t len, bool lend);
 void ucx_conn_drop(struct tp_conn *c);

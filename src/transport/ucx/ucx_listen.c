@@ -220,9 +220,13 @@ static struct tp_conn *boot_finish(struct tp_listener *l, size_t i)
 						    "node sets no UNISUM_SECRET (or it is not a unisum peer)");
 		return NULL;
 	}
-	/* The answer first (it names this process's worker alone), then
-	 * the connection: one made is never freed here, on the UCX thread,
-	 * whose commands its freeing waits for. */
+	/* Room first; then the answer (it names this process's worker
+	 * alone), then the connection: one made is never freed here, on the
+	 * UCX thread, whose commands its freeing waits for. */
+	if (!listener_room(l)) {
+		boot_drop(l, i, "too many connections wait for accept() already");
+		return NULL;
+	}
 	uint8_t head[BOOT_HEAD];
 	boot_head(head, BOOT_ANSWER, l->addr, l->addr_len);
 	struct iovec iov[2] = {{head, BOOT_HEAD}, {l->addr, l->addr_len}};
@@ -232,22 +236,20 @@ static struct tp_conn *boot_finish(struct tp_listener *l, size_t i)
 		boot_drop(l, i, "it did not take the answer");
 		return NULL;
 	}
-	errno = 0;
-	struct tp_conn *c = listener_room(l) ? ucx_conn_accept(b->addr, b->peer) : NULL;
-	int e = errno;
+	int e = 0;
+	struct tp_conn *c = ucx_conn_accept(b->addr, b->peer, &e);
 	if (c == NULL && (e == EMFILE || e == ENFILE))
 		listener_push(l, NULL, e);	/* accept() says so (RLIMIT_NOFILE) */
-	else if (c == NULL)
-		LOG_WARN("UCX: cannot make the connection of %s (out of memory)", b->peer);
 	boot_free(l, i);
 	return c;
 }
 
-/* Whether the queue has room for one more connection (grown if not). */
+/* Whether the queue has room for one more connection (grown if not, to
+ * a backlog's 1,024 at most, as listen()'s). */
 static bool listener_room(struct tp_listener *l)
 {
 	pthread_mutex_lock(&l->lock);
-	if (l->nconns == l->cap) {
+	if (l->nconns == l->cap && l->cap < 1024) {
 		size_t cap = l->cap ? l->cap * 2 : 16;
 		struct tp_conn **r = realloc(l->conns, cap * sizeof *r);
 		if (r != NULL)
@@ -319,10 +321,13 @@ static void listener_serve(void *arg)
 		else if (now - l->boots[i]->since_ms > BOOT_MS)
 			boot_drop(l, i, "no request within 5 s");
 	}
-	struct epoll_event a = {.events = EPOLLIN, .data.ptr = &l->s};
-	if (l->paused_ms != 0 && now - l->paused_ms >= 1000 && !closing &&
-	    epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->s.fd, &a) == 0)
-		l->paused_ms = 0;
+	if (l->paused_ms != 0 && now - l->paused_ms >= 1000 && !closing) {
+		struct epoll_event a = {.events = EPOLLIN, .data.ptr = &l->s};
+		pthread_mutex_lock(&l->lock);	/* (a shutdown meanwhile leaves it out) */
+		if (!atomic_load(&l->s.closing) && epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->s.fd, &a) == 0)
+			l->paused_ms = 0;
+		pthread_mutex_unlock(&l->lock);
+	}
 	struct epoll_event ev[16];
 	int n = closing ? 0 : epoll_wait(l->epfd, ev, 16, 0);
 	for (int i = 0; i < n; i++)

@@ -90,7 +90,12 @@ def _free_port(host: str) -> int:
                 continue
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+        try:
+            s.bind((host, 0))
+        except OSError as e:
+            raise RuntimeError("unisum: rank 0 starts the job's scheduler at %s (MASTER_ADDR, "
+                               "or UNISUM_NODE_HOST), and cannot listen there: %s (is it an "
+                               "address of this machine?)" % (host, e)) from None
         return int(s.getsockname()[1])
 
 
