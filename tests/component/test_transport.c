@@ -469,19 +469,36 @@ static int ucx_child_main(int port, const char *secret, const char *mode)
 	return 0;
 }
 
-static pid_t ucx_child(int port, const char *secret, bool linger)
+static pid_t ucx_child(int port, const char *secret, const char *mode)
 {
 	pid_t child = fork();
 	assert_true(child >= 0);
 	if (child != 0)
 		return child;
-	if (!linger)	/* a refused one: its error is the test's (ucx_refused) */
+	if (strcmp(mode, "exit") == 0)	/* a refused one: its error is the test's (ucx_refused) */
 		dup2(STDOUT_FILENO, STDERR_FILENO);
 	char port_s[16];
 	snprintf(port_s, sizeof port_s, "%d", port);
 	execl("/proc/self/exe", "test_transport", "--ucx-child", port_s, secret != NULL ? secret : "-",
-	      linger ? "linger" : getenv("UCX_CHILD_BIG") != NULL ? "big" : "exit", (char *)NULL);
+	      mode, (char *)NULL);
 	_exit(127);
+}
+
+/* A listener here, a child of ucx_child() in `mode` connected to it, its
+ * connection accepted and the child's first heartbeat read. */
+static pid_t ucx_child_heard(const struct transport_ops *tp, const char *mode,
+			     struct tp_listener **l, struct tp_conn **b)
+{
+	int port;
+	assert_int_equal(tp->listen("127.0.0.1", 0, l, &port), 0);
+	pid_t child = ucx_child(port, NULL, mode);
+	assert_int_equal(tp->accept(*l, b), 0);
+	char why[256];
+	assert_int_equal(tp->authenticate(*b, false, why, sizeof why), 0);
+	struct wire_hdr h;
+	assert_int_equal(tp->recv_header(*b, &h, why, sizeof why), 0);
+	assert_int_equal(h.type, WIRE_HEARTBEAT);
+	return child;
 }
 
 /* A peer killed: its connection breaks (UNISUM_ECONN) within seconds,
@@ -491,16 +508,10 @@ static void test_ucx_dead_peer(void **state)
 	(void)state;
 	const struct transport_ops *tp = ucx_or_skip();
 	struct tp_listener *l;
-	int port;
-	assert_int_equal(tp->listen("127.0.0.1", 0, &l, &port), 0);
-	pid_t child = ucx_child(port, NULL, true);
 	struct tp_conn *b;
-	assert_int_equal(tp->accept(l, &b), 0);
+	pid_t child = ucx_child_heard(tp, "linger", &l, &b);
 	char why[256];
-	assert_int_equal(tp->authenticate(b, false, why, sizeof why), 0);
 	struct wire_hdr h;
-	assert_int_equal(tp->recv_header(b, &h, why, sizeof why), 0);
-	assert_int_equal(h.type, WIRE_HEARTBEAT);
 	kill(child, SIGKILL);
 	waitpid(child, NULL, 0);
 	int64_t t0 = timing_now_ms();
@@ -518,18 +529,10 @@ static void test_ucx_last_words(void **state)
 	(void)state;
 	const struct transport_ops *tp = ucx_or_skip();
 	struct tp_listener *l;
-	int port;
-	assert_int_equal(tp->listen("127.0.0.1", 0, &l, &port), 0);
-	setenv("UCX_CHILD_BIG", "1", 1);
-	pid_t child = ucx_child(port, NULL, false);
-	unsetenv("UCX_CHILD_BIG");
 	struct tp_conn *b;
-	assert_int_equal(tp->accept(l, &b), 0);
+	pid_t child = ucx_child_heard(tp, "big", &l, &b);
 	char why[256];
-	assert_int_equal(tp->authenticate(b, false, why, sizeof why), 0);
 	struct wire_hdr h;
-	assert_int_equal(tp->recv_header(b, &h, why, sizeof why), 0);
-	assert_int_equal(h.type, WIRE_HEARTBEAT);
 	float *out = malloc(BIG * sizeof *out);
 	assert_non_null(out);
 	assert_int_equal(tp->recv_header(b, &h, why, sizeof why), 0);
@@ -567,7 +570,7 @@ static void ucx_refused(const char *secret, bool mine, char *out, size_t len)
 	int saved = dup(STDOUT_FILENO);
 	dup2(fds[1], STDOUT_FILENO);	/* the child's errors (ucx_child) */
 	int64_t t0 = timing_now_ms();
-	pid_t child = ucx_child(port, secret != NULL ? secret : "-", false);
+	pid_t child = ucx_child(port, secret != NULL ? secret : "-", "exit");
 	dup2(saved, STDOUT_FILENO);
 	close(saved);
 	close(fds[1]);

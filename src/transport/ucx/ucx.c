@@ -12,7 +12,7 @@
  * on TCP), and ucp_am_recv_data_nbx() brings the data straight there.
  * Smaller ones arrive whole and are copied once.  Connections are made
  * from the workers' addresses, exchanged over a TCP socket of ours
- * (ucx_listen.c), with peer error handling on, so a peer that dies
+ * (ucx_connect.c), with peer error handling on, so a peer that dies
  * breaks the connection as a reset socket would; one that closes says
  * BYE first, as UCX does not tell it.
  *
@@ -50,7 +50,6 @@
 #include "unisum.h"
 
 #define UCX_INLINE_MAX 8192	/* a payload up to this is copied in the callback */
-#define UCX_HELLO_MS 10000	/* a dialled peer's HELLO comes within this */
 #define UCX_PRE_AUTH_MSGS 4096	/* WIRE queued before the handshake ended, at most */
 #define UCX_PRE_AUTH_BYTES (256u << 20)
 #define UCX_LAST_WORD_MS 200	/* a closing connection's copied sends may take this long */
@@ -556,10 +555,12 @@ struct ucx_ctx *ucx_conn_ctx(struct tp_conn *c)
 	return c->u;
 }
 
-void ucx_conn_set_worker(struct tp_conn *c, ucp_worker_h w, bool own, const char *peer)
+void ucx_conn_set_worker(struct tp_conn *c, ucp_worker_h w, bool own, bool acceptor,
+			 const char *peer)
 {
 	c->worker = w;
 	c->own_worker = own;
+	c->acceptor = acceptor;
 	if (peer != NULL)
 		snprintf(c->peer, sizeof c->peer, "%.90s", peer);
 }
@@ -771,65 +772,28 @@ static int ucx_nb_fd(struct tp_conn *c)
 	return c->evfd;
 }
 
+/* Waits for the HELLO that ends c's dial, at most wait_ms: 0, or
+ * UNISUM_ECONN with why. */
+int ucx_conn_wait_hello(struct tp_conn *c, int wait_ms, char *why, size_t len)
+{
+	struct timespec until = timing_deadline(wait_ms);	/* HELLO and a break signal c->cond */
+	int rc = 0;
+	pthread_mutex_lock(&c->lock);
+	while (!c->hello && !c->broken && pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
+		;
+	if (!c->hello) {
+		snprintf(why, len, "%.200s", c->broken ? c->why : "no answer");
+		rc = UNISUM_ECONN;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return rc;
+}
+
 /* Waits until c's descriptor is readable, at most ms. */
 static void conn_wait(struct tp_conn *c, int ms)
 {
 	struct pollfd p = {.fd = c->evfd, .events = POLLIN};
 	poll(&p, 1, ms);
-}
-
-static int ucx_dial_once(const struct sockaddr_in *sa, const char *peer,
-			 int wait_ms, struct tp_conn **out, char *why, size_t len)
-{
-	struct tp_conn *c = ucx_conn_new();
-	if (c == NULL) {
-		snprintf(why, len, "out of memory or descriptors for a UCX connection");
-		return UNISUM_ESYS;
-	}
-	snprintf(c->peer, sizeof c->peer, "%.90s", peer);
-	int rc = ucx_boot_dial(sa, peer, wait_ms, c, why, len);
-	struct timespec until = timing_deadline(wait_ms);	/* HELLO and a break signal c->cond */
-	pthread_mutex_lock(&c->lock);
-	while (rc == 0 && !c->hello && !c->broken &&
-	       pthread_cond_timedwait(&c->cond, &c->lock, &until) == 0)
-		;
-	if (rc == 0 && !c->hello) {
-		snprintf(why, len, "%.200s", c->broken ? c->why : "no answer");
-		rc = UNISUM_ECONN;
-	}
-	pthread_mutex_unlock(&c->lock);
-	if (rc != 0) {
-		ucx_conn_free(c);
-		return rc;
-	}
-	*out = c;
-	return 0;
-}
-
-static int ucx_dial(const char *host, int port, int timeout_ms, struct tp_conn **out)
-{
-	struct sockaddr_in sa;
-	int rc = stream_resolve(host, port, &sa);
-	if (rc != 0)
-		return rc;
-	char why[256] = "", peer[300];
-	snprintf(peer, sizeof peer, "%s:%d", host, port);
-	struct ucx_ctx *u = ucx_ctx_get(why, sizeof why);
-	if (u == NULL)
-		return log_fail(UNISUM_ECONFIG, "UNISUM_TRANSPORT=ucx: %s", why);
-	int64_t until = timing_now_ms() + timeout_ms;
-	for (;;) {
-		int64_t left = until - timing_now_ms();
-		int wait = left > UCX_HELLO_MS ? UCX_HELLO_MS : left < 1000 ? 1000 : (int)left;
-		rc = ucx_dial_once(&sa, peer, wait, out, why, sizeof why);
-		if (rc != UNISUM_ECONN || timing_now_ms() + 100 >= until)
-			break;
-		usleep(100 * 1000);	/* not listening yet: as TCP retries a refusal */
-	}
-	ucx_ctx_put(u);	/* a connection holds its own */
-	if (rc == 0)
-		return 0;
-	return log_fail(rc, "cannot reach %s over UCX: %s", peer, why);
 }
 
 /* ---- the handshake ------------------------------------------------------------ */
@@ -960,32 +924,6 @@ static int ucx_recv_payload(struct tp_conn *c, void *dst, size_t len)
 		c->bgot = 0;
 	}
 	return 0;
-}
-
-/* A peer dialled (ucx_listen.c): its connection is made on the
- * accepting worker, towards the peer's own worker, and greeted (HELLO
- * ends the peer's dial), then waits for accept(), as a socket waits in
- * the kernel's backlog.  NULL when that failed, logged, with *err the
- * errno of running out of descriptors or memory (0 otherwise). */
-struct tp_conn *ucx_conn_accept(const void *addr, const char *peer, int *err)
-{
-	errno = 0;
-	struct tp_conn *c = ucx_conn_new();
-	if (c == NULL) {
-		*err = errno ? errno : ENOMEM;
-		LOG_WARN("UCX: cannot make the connection of %s: %s", peer, strerror(*err));
-		return NULL;
-	}
-	ucx_conn_set_worker(c, c->u->worker, false, peer);
-	c->acceptor = true;
-	char why[256];
-	if (ucx_conn_connect(c, addr, why, sizeof why) != 0) {
-		LOG_WARN("UCX: cannot make the connection of %s: %s", peer, why);
-		ucx_conn_drop(c);
-		return NULL;
-	}
-	ucx_conn_send(c, UCX_HELLO, NULL, NULL, 0, false);	/* a failure breaks c */
-	return c;
 }
 
 static const struct transport_ops ucx_ops = {

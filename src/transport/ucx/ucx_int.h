@@ -95,7 +95,7 @@ struct ucx_watch {
 
 /* The process's UCP context; its accepting worker, whose address every
  * listener hands out; the workers of the connections it dialled, one
- * each (ucx_listen.c says why); and the thread that progresses them. */
+ * each (ucx_connect.c says why); and the thread that progresses them. */
 struct ucx_ctx {
 	ucp_context_h context;
 	ucp_worker_h worker;		/* the accepting worker */
@@ -162,9 +162,10 @@ size_t ucx_worker_address(struct ucx_ctx *u, ucp_worker_h w, void *buf, size_t c
  * freed without (drop) or with its endpoint. */
 struct tp_conn *ucx_conn_new(void);
 struct ucx_ctx *ucx_conn_ctx(struct tp_conn *c);
-void ucx_conn_set_worker(struct tp_conn *c, ucp_worker_h w, bool own, const char *peer);
+void ucx_conn_set_worker(struct tp_conn *c, ucp_worker_h w, bool own, bool acceptor,
+			 const char *peer);
 int ucx_conn_connect(struct tp_conn *c, const void *addr, char *why, size_t len);
-struct tp_conn *ucx_conn_accept(const void *addr, const char *peer, int *err);
+int ucx_conn_wait_hello(struct tp_conn *c, int wait_ms, char *why, size_t len);
 int ucx_conn_send(struct tp_conn *c, uint32_t kind, const struct wire_hdr *hdr,
 		  const void *payload, size_t len, bool lend);
 void ucx_conn_drop(struct tp_conn *c);
@@ -185,12 +186,8 @@ unsigned ucx_lent_begin(void);
 void ucx_lent_end(unsigned half);
 int ucx_lent_settle(int timeout_ms);
 
-/* ucx_listen.c's operations (transport.h), and the dialling side of
- * its address exchange: c gets its own worker and its endpoint towards
- * the listener's worker (0, UNISUM_ECONN with why: not listening, or the
- * exchange failed, or UNISUM_ESYS). */
-int ucx_boot_dial(const struct sockaddr_in *sa, const char *peer, int wait_ms, struct tp_conn *c,
-		  char *why, size_t len);
+/* ucx_connect.c's operations (transport.h): the listeners and dial. */
+int ucx_dial(const char *host, int port, int timeout_ms, struct tp_conn **out);
 int ucx_listen(const char *host, int port, struct tp_listener **out, int *port_out);
 int ucx_accept_nb(struct tp_listener *l, struct tp_conn **out);
 int ucx_accept(struct tp_listener *l, struct tp_conn **out);

@@ -1,7 +1,8 @@
 /*
- * ucx_listen.c - how UCX connections are made (see ucx.c): a listener is
- * a TCP socket of ours, and over it the two sides exchange their UCP
- * workers' addresses; each then makes its endpoint from the other's.
+ * ucx_connect.c - how UCX connections are made (see ucx.c), both sides:
+ * a listener is a TCP socket of ours, and over it the two sides exchange
+ * their UCP workers' addresses; each then makes its endpoint from the
+ * other's, and dial() ends with the listener's HELLO.
  *
  * DESIGN.  UCX's own listener (its sockaddr connection manager) reads a
  * connection request before any code of ours runs, and UCX 1.13 asserts
@@ -204,6 +205,31 @@ static int boot_read(struct tp_listener *l, size_t i)
 	return rc;
 }
 
+/* A peer dialled: its connection is made on the
+ * accepting worker, towards the peer's own worker, and greeted (HELLO
+ * ends the peer's dial), then waits for accept(), as a socket waits in
+ * the kernel's backlog.  NULL when that failed, logged, with *err the
+ * errno of running out of descriptors or memory (0 otherwise). */
+static struct tp_conn *conn_accept(const void *addr, const char *peer, int *err)
+{
+	errno = 0;
+	struct tp_conn *c = ucx_conn_new();
+	if (c == NULL) {
+		*err = errno ? errno : ENOMEM;
+		LOG_WARN("UCX: cannot make the connection of %s: %s", peer, strerror(*err));
+		return NULL;
+	}
+	ucx_conn_set_worker(c, ucx_conn_ctx(c)->worker, false, true, peer);
+	char why[256];
+	if (ucx_conn_connect(c, addr, why, sizeof why) != 0) {
+		LOG_WARN("UCX: cannot make the connection of %s: %s", peer, why);
+		ucx_conn_drop(c);
+		return NULL;
+	}
+	ucx_conn_send(c, UCX_HELLO, NULL, NULL, 0, false);	/* a failure breaks c */
+	return c;
+}
+
 /* Request i is whole: the connection made and the answer sent (NULL when
  * either failed: dropped). */
 static struct tp_conn *boot_finish(struct tp_listener *l, size_t i)
@@ -237,7 +263,7 @@ static struct tp_conn *boot_finish(struct tp_listener *l, size_t i)
 		return NULL;
 	}
 	int e = 0;
-	struct tp_conn *c = ucx_conn_accept(b->addr, b->peer, &e);
+	struct tp_conn *c = conn_accept(b->addr, b->peer, &e);
 	if (c == NULL && (e == EMFILE || e == ENFILE))
 		listener_push(l, NULL, e);	/* accept() says so (RLIMIT_NOFILE) */
 	boot_free(l, i);
@@ -512,8 +538,8 @@ static int boot_exchange(int fd, const uint8_t *mine, size_t mine_len, uint8_t *
 	return 0;
 }
 
-int ucx_boot_dial(const struct sockaddr_in *sa, const char *peer, int wait_ms, struct tp_conn *c,
-		  char *why, size_t len)
+static int boot_dial(const struct sockaddr_in *sa, const char *peer, int wait_ms, struct tp_conn *c,
+		     char *why, size_t len)
 {
 	int fd, rc = stream_connect(AF_INET, (const struct sockaddr *)sa, sizeof *sa, wait_ms, peer,
 				    &fd);	/* (retrying a refusal meanwhile) */
@@ -530,7 +556,7 @@ int ucx_boot_dial(const struct sockaddr_in *sa, const char *peer, int wait_ms, s
 	size_t mine_len = 0;
 	rc = UNISUM_ESYS;
 	if (ucx_worker_new(u, &w, why, len) == 0) {
-		ucx_conn_set_worker(c, w, true, NULL);	/* freed with c */
+		ucx_conn_set_worker(c, w, true, false, NULL);	/* freed with c */
 		if ((mine = malloc(BOOT_ADDR_MAX)) != NULL)
 			mine_len = ucx_worker_address(u, w, mine, BOOT_ADDR_MAX);
 		if (mine_len == 0)
@@ -544,4 +570,51 @@ int ucx_boot_dial(const struct sockaddr_in *sa, const char *peer, int wait_ms, s
 	free(mine);
 	free(theirs);
 	return rc;
+}
+
+#define UCX_HELLO_MS 10000	/* a dialled peer's HELLO comes within this */
+
+static int dial_once(const struct sockaddr_in *sa, const char *peer, int wait_ms, struct tp_conn **out, char *why, size_t len)
+{
+	struct tp_conn *c = ucx_conn_new();
+	if (c == NULL) {
+		snprintf(why, len, "out of memory or descriptors for a UCX connection");
+		return UNISUM_ESYS;
+	}
+	ucx_conn_set_worker(c, NULL, false, false, peer);	/* (its worker: boot_dial) */
+	int rc = boot_dial(sa, peer, wait_ms, c, why, len);
+	if (rc == 0)
+		rc = ucx_conn_wait_hello(c, wait_ms, why, len);
+	if (rc != 0) {
+		ucx_conn_free(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
+int ucx_dial(const char *host, int port, int timeout_ms, struct tp_conn **out)
+{
+	struct sockaddr_in sa;
+	int rc = stream_resolve(host, port, &sa);
+	if (rc != 0)
+		return rc;
+	char why[256] = "", peer[300];
+	snprintf(peer, sizeof peer, "%s:%d", host, port);
+	struct ucx_ctx *u = ucx_ctx_get(why, sizeof why);
+	if (u == NULL)
+		return log_fail(UNISUM_ECONFIG, "UNISUM_TRANSPORT=ucx: %s", why);
+	int64_t until = timing_now_ms() + timeout_ms;
+	for (;;) {
+		int64_t left = until - timing_now_ms();
+		int wait = left > UCX_HELLO_MS ? UCX_HELLO_MS : left < 1000 ? 1000 : (int)left;
+		rc = dial_once(&sa, peer, wait, out, why, sizeof why);
+		if (rc != UNISUM_ECONN || timing_now_ms() + 100 >= until)
+			break;
+		usleep(100 * 1000);	/* not listening yet: as TCP retries a refusal */
+	}
+	ucx_ctx_put(u);	/* a connection holds its own */
+	if (rc == 0)
+		return 0;
+	return log_fail(rc, "cannot reach %s over UCX: %s", peer, why);
 }
