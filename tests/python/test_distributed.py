@@ -8,11 +8,9 @@ rank writes what it saw, checked here.
 """
 
 import os
-import random
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -204,25 +202,12 @@ def test_ctrl_c_reaches_wait(tmp_path):
 
 
 def _free_port():
-    """A port free now, below the kernel's ephemeral range where it can
-    (as check_sums free-port): one the kernel picked may go to another
-    test's socket before the scheduler binds it."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random(os.getpid() ^ time.time_ns())
-    for port in [rng.randrange(10000, low) for _ in range(100)] if low > 12000 else []:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, chosen as the product's bootstrap chooses its
+    scheduler's: below the kernel's ephemeral range where it can, as
+    check_sums free-port (one the kernel picked may go to another test's
+    socket before the scheduler binds it)."""
+    from unisum.torch.distributed import _bootstrap
+    return _bootstrap._free_port("127.0.0.1")
 
 
 def _unlaunched(tmp_path, envs):

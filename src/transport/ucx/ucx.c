@@ -16,8 +16,8 @@
  * breaks the connection as a reset socket would; one that closes says
  * BYE first, as UCX does not tell it.
  *
- * Readiness.  The loops watch descriptors; UCX has one for its whole
- * worker, which its progress thread (ucx_api.c) watches.  So each
+ * Readiness.  The loops watch descriptors; UCX has one for each of its
+ * workers, which its progress thread (ucx_api.c) watches.  So each
  * connection has an eventfd: the progress thread's callbacks queue what
  * arrives and signal it; recv_nb() takes from the queue and, when nothing
  * is ready, clears it.  Sends never wait for the descriptor: UCX takes

@@ -74,13 +74,18 @@
 static bool listener_room(struct tp_listener *l);
 static void listener_push(struct tp_listener *l, struct tp_conn *c, int fd_errno);
 
-/* A request's or an answer's head for addr. */
-static void boot_head(uint8_t head[BOOT_HEAD], const char *label, const void *addr, size_t len)
+/* Sends a request or an answer (label) naming addr (len 0: a refusal)
+ * in one write: whether all of it went (a fresh socket takes it whole). */
+static bool boot_send(int fd, const char *label, const void *addr, size_t len)
 {
+	uint8_t head[BOOT_HEAD];
 	memcpy(head, BOOT_MAGIC, 8);
 	uint32_t n = htobe32((uint32_t)len);
 	memcpy(head + 8, &n, 4);
 	auth_digest(label, addr, len, head + 12);
+	struct iovec iov[2] = {{head, BOOT_HEAD}, {(void *)addr, len}};
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+	return sendmsg(fd, &mh, MSG_NOSIGNAL) == (ssize_t)(BOOT_HEAD + len);
 }
 
 /* A request being read. */
@@ -238,8 +243,7 @@ static struct tp_conn *boot_finish(struct tp_listener *l, size_t i)
 	if (!auth_digest_is_valid(BOOT_ASK, b->addr, b->addr_len, b->head + 12)) {
 		/* Refused (an answer naming no address), so that a peer
 		 * holding another secret, or none, fails at once. */
-		uint8_t no[BOOT_HEAD] = BOOT_MAGIC;
-		if (send(b->fd, no, sizeof no, MSG_NOSIGNAL) < 0)
+		if (!boot_send(b->fd, BOOT_ANSWER, NULL, 0))
 			LOG_DEBUG("UCX: %s did not take its refusal", b->peer);
 		boot_drop(l, i, auth_is_enabled() ? "wrong or missing job secret (its request's tag)"
 						  : "its request carries a job secret's tag, and this "
@@ -253,12 +257,7 @@ static struct tp_conn *boot_finish(struct tp_listener *l, size_t i)
 		boot_drop(l, i, "too many connections wait for accept() already");
 		return NULL;
 	}
-	uint8_t head[BOOT_HEAD];
-	boot_head(head, BOOT_ANSWER, l->addr, l->addr_len);
-	struct iovec iov[2] = {{head, BOOT_HEAD}, {l->addr, l->addr_len}};
-	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
-	ssize_t sent = sendmsg(b->fd, &mh, MSG_NOSIGNAL);	/* a fresh socket takes it whole */
-	if (sent != (ssize_t)(BOOT_HEAD + l->addr_len)) {
+	if (!boot_send(b->fd, BOOT_ANSWER, l->addr, l->addr_len)) {
 		boot_drop(l, i, "it did not take the answer");
 		return NULL;
 	}
@@ -300,10 +299,11 @@ static void listener_push(struct tp_listener *l, struct tp_conn *c, int fd_errno
 	pthread_mutex_unlock(&l->lock);
 }
 
-/* One event of the listener's, on the UCX thread. */
-static void listener_event(struct tp_listener *l, struct epoll_event *ev)
+/* Takes the peers waiting in the backlog (a turn's worth), on the UCX
+ * thread. */
+static void listener_accept(struct tp_listener *l)
 {
-	for (int k = 0; ev->data.ptr == &l->s && k < BOOT_PENDING; k++) {
+	for (int k = 0; k < BOOT_PENDING; k++) {
 		struct sockaddr_in sa;
 		socklen_t sl = sizeof sa;
 		int fd, rc = stream_accept_nb(&l->s, (struct sockaddr *)&sa, &sl, &fd);
@@ -320,8 +320,15 @@ static void listener_event(struct tp_listener *l, struct epoll_event *ev)
 		}
 		return;
 	}
-	if (ev->data.ptr == &l->s)
+}
+
+/* One event of the listener's, on the UCX thread. */
+static void listener_event(struct tp_listener *l, struct epoll_event *ev)
+{
+	if (ev->data.ptr == &l->s) {
+		listener_accept(l);
 		return;
+	}
 	size_t i = 0;
 	while (i < l->nboots && l->boots[i] != ev->data.ptr)
 		i++;
@@ -339,13 +346,13 @@ static void listener_serve(void *arg)
 	int64_t now = timing_now_ms();
 	bool closing = atomic_load(&l->s.closing);
 	for (size_t i = l->nboots; i-- > 0;) {
-		if (closing)	/* (a peer's dial as a job ends: not worth a warning) */
+		if (closing) {	/* (a peer's dial as a job ends: not worth a warning) */
 			LOG_INFO("UCX: closing the connection of %s: the listener was shut",
 				 l->boots[i]->peer);
-		if (closing)
 			boot_free(l, i);
-		else if (now - l->boots[i]->since_ms > BOOT_MS)
+		} else if (now - l->boots[i]->since_ms > BOOT_MS) {
 			boot_drop(l, i, "no request within 5 s");
+		}
 	}
 	if (l->paused_ms != 0 && now - l->paused_ms >= 1000 && !closing) {
 		struct epoll_event a = {.events = EPOLLIN, .data.ptr = &l->s};
@@ -502,11 +509,7 @@ static int boot_exchange(int fd, const uint8_t *mine, size_t mine_len, uint8_t *
 			 char *why, size_t len)
 {
 	uint8_t head[BOOT_HEAD];
-	boot_head(head, BOOT_ASK, mine, mine_len);
-	struct iovec iov[2] = {{head, BOOT_HEAD}, {(void *)mine, mine_len}};
-	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
-	if (sendmsg(fd, &mh, MSG_NOSIGNAL) != (ssize_t)(BOOT_HEAD + mine_len) ||
-	    stream_read_full(fd, head, BOOT_HEAD) != 0) {
+	if (!boot_send(fd, BOOT_ASK, mine, mine_len) || stream_read_full(fd, head, BOOT_HEAD) != 0) {
 		snprintf(why, len, "the listener hung up or did not answer (%s)", strerror(errno));
 		return UNISUM_ECONN;
 	}
@@ -574,7 +577,9 @@ static int boot_dial(const struct sockaddr_in *sa, const char *peer, int wait_ms
 
 #define UCX_HELLO_MS 10000	/* a dialled peer's HELLO comes within this */
 
-static int dial_once(const struct sockaddr_in *sa, const char *peer, int wait_ms, struct tp_conn **out, char *why, size_t len)
+/* One dial: a connection that heard the listener's HELLO, or why not. */
+static int dial_once(const struct sockaddr_in *sa, const char *peer, int wait_ms,
+		     struct tp_conn **out, char *why, size_t len)
 {
 	struct tp_conn *c = ucx_conn_new();
 	if (c == NULL) {

@@ -154,12 +154,12 @@ int ucx_watch(struct ucx_ctx *u, int fd, void (*fn)(void *arg), void *arg);
  * or 0 when UCX failed or it does not fit. */
 size_t ucx_worker_address(struct ucx_ctx *u, ucp_worker_h w, void *buf, size_t cap);
 
-/* ucx.c's connections, for the listeners: a new one (holding a
- * reference to the context) on worker w (own: the connection's alone,
- * freed with it; peer, unless NULL, its name), its endpoint made towards a worker's address (0 or
- * UNISUM_ECONN with why), one made on the accepting worker and greeted
- * for a peer that dialled (NULL when that failed), a message sent, one
- * freed without (drop) or with its endpoint. */
+/* ucx.c's connections, for ucx_connect.c: a new one (holding a
+ * reference to the context); its worker w (own: the connection's alone,
+ * freed with it), side and name (peer, unless NULL); its endpoint made
+ * towards a worker's address (0 or UNISUM_ECONN with why); the wait for
+ * the HELLO that ends a dial; a message sent; one freed without (drop) or
+ * with its endpoint. */
 struct tp_conn *ucx_conn_new(void);
 struct ucx_ctx *ucx_conn_ctx(struct tp_conn *c);
 void ucx_conn_set_worker(struct tp_conn *c, ucp_worker_h w, bool own, bool acceptor,
